@@ -1,0 +1,35 @@
+from setuptools import find_packages, setup
+
+
+# torch is not pinned here: install the build that fits your machine first (the README pins torch==2.13.0, the
+# CPU build; on a GPU machine install your CUDA build of torch instead).
+install_requires = [
+    "torch>=2.5",
+    "diffusers>=0.40",
+    "transformers>=4.56",
+    "accelerate>=1.0",
+    "safetensors>=0.4",
+    "huggingface_hub>=0.34",
+    "datasets>=3.0",
+]
+
+extras = {
+    "train": ["tensorboard", "tqdm"],
+    "space": ["gradio>=5"],
+    "test": ["pytest>=8", "ruff"],
+}
+extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
+
+setup(
+    name="diffusers-lmlp",
+    version="0.1.0.dev0",
+    description="Attention-free MLP diffusion backbones (L-MLP, MoE-MLP) for Hugging Face diffusers",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    python_requires=">=3.11",
+    install_requires=install_requires,
+    extras_require=extras,
+)

@@ -1,0 +1,107 @@
+"""`MoEMLPModel`: the full-MLP backbone of "Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"."""
+
+from dataclasses import dataclass
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.utils import BaseOutput
+
+from .backbone import UShapedMixerModel
+from .mixers.moe import MoEMLPBlock
+
+
+@dataclass
+class MoEMLPModelOutput(BaseOutput):
+    """Output of `MoEMLPModel`.
+
+    Args:
+        sample (`torch.Tensor`): (B, out_channels, H, W) ε prediction.
+        router_probs (`torch.Tensor`, *optional*): (num_blocks, B, H, E) gate probabilities of every block, only
+            when the forward was called with `output_router_probs=True` (feed it to `load_balancing_loss`).
+    """
+
+    sample: torch.Tensor
+    router_probs: torch.Tensor | None = None
+
+
+class MoEMLPModel(UShapedMixerModel, ConfigMixin):
+    """The U-shaped MoE-MLP backbone: L-MLP blocks whose token mixing is multi-head MoE-linear attention.
+
+    Same skeleton, token layout and initialisation as `LMLPTransformer2DModel`; see
+    `diffusers_lmlp.models.mixers.moe` for the block and how we read the paper's Algorithm 1. With
+    `num_experts=1, num_heads=1` it computes exactly the UL-MLP. The paper's models are the named configurations
+    "2E1H", "4E1H" and "4E2H" (`MoEMLPModel.from_named_config`); the defaults are 4E1H.
+
+    Parameters:
+        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
+        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
+        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
+        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        num_layers (`int`, *optional*, defaults to 16): Even depth: num_layers // 2 in-, 1 mid-, num_layers // 2
+            out-blocks.
+        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP hidden width as a multiple of D.
+        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
+        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
+        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
+        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
+        num_experts (`int`, *optional*, defaults to 4): Experts E (L×L token-mixing matrices) per head.
+        num_heads (`int`, *optional*, defaults to 1): Channel heads H, each with its own experts and gate.
+    """
+
+    _no_split_modules = ["MoEMLPBlock"]
+    _repeated_blocks = ["MoEMLPBlock"]
+    # Table 2 of the paper: F2's skeleton with E experts and H heads per block.
+    named_configs = {
+        "2E1H": {"num_experts": 2, "num_heads": 1},
+        "4E1H": {"num_experts": 4, "num_heads": 1},
+        "4E2H": {"num_experts": 4, "num_heads": 2},
+    }
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        out_channels: int | None = None,
+        hidden_size: int = 512,
+        num_layers: int = 16,
+        mlp_ratio: float = 4.0,
+        text_embed_dim: int = 768,
+        text_seq_len: int = 77,
+        conv_out: bool = True,
+        norm_eps: float = 1e-5,
+        num_experts: int = 4,
+        num_heads: int = 1,
+    ):
+        super().__init__()
+        self._build(lambda seq_len: MoEMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps, num_experts, num_heads))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        output_router_probs: bool = False,
+        return_dict: bool = True,
+    ) -> MoEMLPModelOutput | tuple[torch.Tensor, ...]:
+        """Predict the noise ε of a noisy latent.
+
+        Args:
+            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states.
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps in [0, 999]
+                (embedded as t + 1, the reference convention; see `LMLPTransformer2DModel.forward`).
+            output_router_probs (`bool`, *optional*, defaults to `False`): Also return the gate probabilities of
+                every block, for `load_balancing_loss`.
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `MoEMLPModelOutput` rather than a tuple.
+
+        Returns:
+            [`MoEMLPModelOutput`] or `tuple`: `(sample,)`, or `(sample, router_probs)` with `output_router_probs`.
+        """
+        sample, router_probs = self._predict(hidden_states, encoder_hidden_states, timestep)
+        router_probs = torch.stack(router_probs) if output_router_probs else None  # (num_blocks, B, H, E)
+        if not return_dict:
+            return (sample,) if router_probs is None else (sample, router_probs)
+        return MoEMLPModelOutput(sample=sample, router_probs=router_probs)

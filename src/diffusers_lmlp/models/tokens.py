@@ -1,0 +1,117 @@
+"""Token I/O shared by every backbone of the family: latent, timestep and text in; ε prediction out.
+
+The layout is the reference UL-MLP / U-ViT one (shared/reference/reference-implementations.md §A.1):
+
+    tokens = [time (1) | text (T) | image patches (N)] + learned positional embedding, L = 1 + T + N
+
+`TokenEmbedder` builds that sequence, `OutputHead` turns the processed sequence back into a latent.
+"""
+
+import torch
+from diffusers.models.embeddings import get_timestep_embedding
+from torch import nn
+
+
+class TokenEmbedder(nn.Module):
+    """Patchify the latent, embed the timestep and adapt the text states into one token sequence.
+
+    Args:
+        sample_size (`int`): Side of the square latent.
+        patch_size (`int`): Side of a square patch; `sample_size` must be a multiple of it.
+        in_channels (`int`): Latent channels C.
+        hidden_size (`int`): Token width D.
+        text_embed_dim (`int`): Width of the text encoder states (768 for CLIP ViT-L/14).
+        text_seq_len (`int`): Number of text tokens T (77 for CLIP).
+    """
+
+    def __init__(
+        self,
+        sample_size: int,
+        patch_size: int,
+        in_channels: int,
+        hidden_size: int,
+        text_embed_dim: int,
+        text_seq_len: int,
+    ):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.num_extra_tokens = 1 + text_seq_len
+        self.num_patches = (sample_size // patch_size) ** 2
+        self.patch_embed = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
+        self.text_adapter = nn.Linear(text_embed_dim, hidden_size)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_extra_tokens + self.num_patches, hidden_size))
+
+    @property
+    def seq_len(self) -> int:
+        """L = 1 + T + N, the number of tokens every block mixes."""
+        return self.num_extra_tokens + self.num_patches
+
+    def forward(self, latents: torch.Tensor, text_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        """Build the token sequence.
+
+        Args:
+            latents (`torch.Tensor`): (B, C, H, W) noisy latents.
+            text_states (`torch.Tensor`): (B, T, text_embed_dim) text encoder states.
+            timestep (`torch.Tensor`): (B,) network timesteps, already in the reference's 1..1000 convention.
+
+        Returns:
+            `torch.Tensor`: (B, L, D) tokens.
+        """
+        patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
+        patches = patches.flatten(2).transpose(1, 2)  # (B, N, D), row-major over the patch grid
+        # The reference time token is the bare sinusoid, cos half first, with no MLP.
+        time = get_timestep_embedding(timestep, self.hidden_size, flip_sin_to_cos=True, downscale_freq_shift=0)
+        time = time.to(patches.dtype).unsqueeze(1)  # (B, 1, D)
+        text = self.text_adapter(text_states).to(patches.dtype)  # (B, T, D)
+        tokens = torch.cat([time, text, patches], dim=1)  # (B, L, D)
+        return tokens + self.pos_embed.to(tokens.dtype)
+
+
+class OutputHead(nn.Module):
+    """Final LayerNorm, Linear to patch pixels, drop the time and text tokens, unpatchify, 3×3 conv.
+
+    Args:
+        sample_size (`int`): Side of the square latent.
+        patch_size (`int`): Side of a square patch.
+        hidden_size (`int`): Token width D.
+        out_channels (`int`): Channels of the prediction.
+        num_extra_tokens (`int`): Tokens before the image patches (1 time + T text) that are dropped.
+        conv_out (`bool`): Whether the reference's final 3×3 convolution is applied.
+        norm_eps (`float`): LayerNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        sample_size: int,
+        patch_size: int,
+        hidden_size: int,
+        out_channels: int,
+        num_extra_tokens: int,
+        conv_out: bool,
+        norm_eps: float,
+    ):
+        super().__init__()
+        self.patch_size = patch_size
+        self.grid_size = sample_size // patch_size
+        self.out_channels = out_channels
+        self.num_extra_tokens = num_extra_tokens
+        self.norm = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.proj = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
+        self.conv = nn.Conv2d(out_channels, out_channels, 3, padding=1) if conv_out else nn.Identity()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Turn the processed sequence into the prediction.
+
+        Args:
+            tokens (`torch.Tensor`): (B, L, D) output of the last block.
+
+        Returns:
+            `torch.Tensor`: (B, out_channels, H, W) prediction.
+        """
+        batch_size = tokens.shape[0]
+        g, p, c = self.grid_size, self.patch_size, self.out_channels
+        pixels = self.proj(self.norm(tokens))  # (B, L, p·p·C)
+        pixels = pixels[:, self.num_extra_tokens :]  # (B, N, p·p·C); within a patch the order is (p1, p2, C)
+        pixels = pixels.reshape(batch_size, g, g, p, p, c)  # (B, h, w, p1, p2, C)
+        pixels = torch.einsum("nhwpqc->nchpwq", pixels).reshape(batch_size, c, g * p, g * p)  # (B, C, H, W)
+        return self.conv(pixels)

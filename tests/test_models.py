@@ -1,0 +1,211 @@
+"""diffusers model conventions and input checking, for both backbones, on tiny configs."""
+
+import os
+
+import pytest
+import torch
+
+from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+
+
+TINY = dict(
+    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
+)
+MODELS = {
+    "lmlp": lambda **kw: LMLPTransformer2DModel(**{**TINY, **kw}),
+    "moe_mlp": lambda **kw: MoEMLPModel(**{**TINY, "num_experts": 3, "num_heads": 2, **kw}),
+}
+
+
+def make_model(kind, seed=0, **kw):
+    torch.manual_seed(seed)
+    return MODELS[kind](**kw).eval()
+
+
+def public_config(config):
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def make_inputs(batch=2, seed=0, channels=4, side=8, text_len=5, text_dim=16):
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(batch, channels, side, side, generator=gen),
+        torch.randn(batch, text_len, text_dim, generator=gen),
+        torch.randint(0, 1000, (batch,), generator=gen),
+    )
+
+
+@pytest.fixture(params=list(MODELS))
+def kind(request):
+    return request.param
+
+
+def test_f2_default_is_the_paper_model():
+    model = LMLPTransformer2DModel()
+    assert sum(p.numel() for p in model.parameters()) == 47_139_122
+    assert model.seq_len == 334  # 1 + 77 + (32 / 2)²
+    assert len(model.stack.in_blocks) == 8 and len(model.stack.out_blocks) == 8
+
+
+def test_named_configs():
+    assert LMLPTransformer2DModel.from_named_config("F2", num_layers=2).config.num_layers == 2
+    model = MoEMLPModel.from_named_config("4E2H", num_layers=0)
+    assert (model.config.num_experts, model.config.num_heads) == (4, 2)
+    with pytest.raises(ValueError, match=r"Unknown MoEMLPModel configuration 'F2'; choose one of \['2E1H'"):
+        MoEMLPModel.from_named_config("F2")
+
+
+def test_output_shape_and_return_dict(kind):
+    model = make_model(kind, out_channels=8)
+    x, ctx, t = make_inputs()
+    with torch.no_grad():
+        out = model(x, ctx, t)
+        as_tuple = model(x, ctx, t, return_dict=False)
+    assert out.sample.shape == (2, 8, 8, 8)
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == 1
+    torch.testing.assert_close(as_tuple[0], out.sample, rtol=0, atol=0)
+
+
+def test_scalar_and_batched_timesteps_agree(kind):
+    model = make_model(kind)
+    x, ctx, _ = make_inputs()
+    with torch.no_grad():
+        scalar = model(x, ctx, 250).sample
+        one = model(x, ctx, torch.tensor([250])).sample
+        batched = model(x, ctx, torch.tensor([250, 250])).sample
+        other = model(x, ctx, torch.tensor([250, 251])).sample
+    torch.testing.assert_close(scalar, batched, rtol=0, atol=0)
+    torch.testing.assert_close(one, batched, rtol=0, atol=0)
+    assert not torch.allclose(other[1], batched[1])
+
+
+def test_determinism(kind):
+    model = make_model(kind)
+    x, ctx, t = make_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, ctx, t).sample, model(x, ctx, t).sample, rtol=0, atol=0)
+    torch.testing.assert_close(
+        make_model(kind, seed=3).state_dict(), make_model(kind, seed=3).state_dict(), rtol=0, atol=0
+    )
+
+
+def test_batch_consistency(kind):
+    model = make_model(kind)
+    x, ctx, t = make_inputs(batch=3)
+    with torch.no_grad():
+        batched = model(x, ctx, t).sample
+        singles = torch.cat([model(x[i : i + 1], ctx[i : i + 1], t[i : i + 1]).sample for i in range(3)])
+    torch.testing.assert_close(batched, singles, rtol=1e-5, atol=1e-5)
+
+
+def test_save_load_round_trip_uses_safetensors(kind, tmp_path):
+    model = make_model(kind)
+    x, ctx, t = make_inputs()
+    model.save_pretrained(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "diffusion_pytorch_model.safetensors"]
+    loaded = type(model).from_pretrained(tmp_path, use_safetensors=True)
+    assert public_config(loaded.config) == public_config(model.config)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, ctx, t).sample, model(x, ctx, t).sample, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype_kwarg", ["torch_dtype", "dtype"])
+def test_load_in_bfloat16_runs_in_bfloat16(kind, tmp_path, dtype_kwarg):
+    model = make_model(kind)
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path, **{dtype_kwarg: torch.bfloat16})
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    x, ctx, t = make_inputs()
+    with torch.no_grad():
+        out = loaded(x.bfloat16(), ctx.bfloat16(), t).sample
+        ref = model(x, ctx, t).sample
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).norm() / ref.norm() < 0.05
+
+
+def test_bf16_autocast_matches_fp32(kind):
+    model = make_model(kind)
+    x, ctx, t = make_inputs()
+    with torch.no_grad():
+        ref = model(x, ctx, t).sample
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x, ctx, t).sample
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).norm() / ref.norm() < 0.05
+
+
+def _loss_and_grads(model, inputs):
+    model.zero_grad(set_to_none=True)
+    x, ctx, t = inputs
+    loss = (model(x, ctx, t).sample - x).pow(2).mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_every_parameter_gets_a_gradient(kind):
+    model = make_model(kind).train()
+    _, grads = _loss_and_grads(model, make_inputs())
+    assert set(grads) == {n for n, _ in model.named_parameters()}
+    zero = [n for n, g in grads.items() if not torch.isfinite(g).all() or g.abs().sum() == 0]
+    assert not zero, f"parameters without gradient signal: {zero}"
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(kind):
+    model = make_model(kind).train()
+    inputs = make_inputs()
+    loss, grads = _loss_and_grads(model, inputs)
+    model.enable_gradient_checkpointing()
+    assert model.is_gradient_checkpointing and model.stack.gradient_checkpointing
+    assert {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)} == {
+        "UShapedStack"
+    }
+    ckpt_loss, ckpt_grads = _loss_and_grads(model, inputs)
+    torch.testing.assert_close(ckpt_loss, loss)
+    for name, grad in grads.items():
+        torch.testing.assert_close(ckpt_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    model.disable_gradient_checkpointing()
+    assert not model.stack.gradient_checkpointing
+
+
+def test_torch_compile_gives_the_same_output(kind):
+    model = make_model(kind)
+    x, ctx, t = make_inputs()
+    with torch.no_grad():
+        eager = model(x, ctx, t).sample
+        compiled = torch.compile(model)(x, ctx, t).sample
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (dict(side=16), r"expects latents of shape \(B, 4, 8, 8\).*got \(2, 4, 16, 16\).*L = 22"),
+        (dict(channels=3), r"expects latents of shape \(B, 4, 8, 8\) \(in_channels=4.*got \(2, 3, 8, 8\)"),
+        (dict(text_len=7), r"encoder_hidden_states of shape \(B, 5, 16\).*got \(2, 7, 16\).*max_length=5"),
+        (dict(text_dim=8), r"encoder_hidden_states of shape \(B, 5, 16\).*got \(2, 5, 8\).*hidden size 16"),
+    ],
+)
+def test_bad_shapes_raise_clear_errors(kind, inputs, message):
+    model = make_model(kind)
+    with pytest.raises(ValueError, match=message):
+        model(*make_inputs(**inputs))
+
+
+def test_batch_mismatches_raise_clear_errors(kind):
+    model = make_model(kind)
+    x, ctx, t = make_inputs(batch=2)
+    with pytest.raises(ValueError, match="hidden_states has 2 samples but encoder_hidden_states has 1"):
+        model(x, ctx[:1], t)
+    with pytest.raises(ValueError, match=r"timestep must be a scalar or a 1-D tensor of length 2.*got shape \(3,\)"):
+        model(x, ctx, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match='needs encoder_hidden_states.*empty prompt ""'):
+        model(x, None, t)
+
+
+def test_bad_configs_raise_clear_errors():
+    with pytest.raises(ValueError, match="num_layers must be even"):
+        LMLPTransformer2DModel(**{**TINY, "num_layers": 3})
+    with pytest.raises(ValueError, match=r"sample_size \(9\) must be a multiple of patch_size \(2\)"):
+        LMLPTransformer2DModel(**{**TINY, "sample_size": 9})
+    with pytest.raises(ValueError, match=r"hidden_size \(32\) must be divisible by num_heads \(3\)"):
+        MoEMLPModel(**{**TINY, "num_heads": 3})
