@@ -1,0 +1,107 @@
+"""Complexity accounting against the papers' tables and against the models themselves."""
+
+import pytest
+import torch
+
+from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp.complexity import (
+    analytic_complexity,
+    lmlp_block_macs,
+    measured_macs,
+    moe_block_macs,
+    transformer_block_macs,
+)
+
+
+# F2 and the MoE-MLP paper's models: exact parameter counts and per-sample forward MACs (L = 334, 17 blocks).
+NAMED = {
+    "F2": (LMLPTransformer2DModel, 47_139_122, 15_890_778_112),
+    "2E1H": (MoEMLPModel, 49_052_642, 15_894_593_728),
+    "4E1H": (MoEMLPModel, 52_868_292, 15_898_409_344),
+    "4E2H": (MoEMLPModel, 60_499_592, 15_906_040_576),
+}
+# L = 1 + 5 + (8 / 2)² = 22, 3 blocks.
+TINY = {"sample_size": 8, "patch_size": 2, "hidden_size": 32, "num_layers": 2, "text_embed_dim": 16, "text_seq_len": 5}
+TINY_CASES = {
+    "lmlp": (LMLPTransformer2DModel, {}, 35_766, 753_536),
+    "lmlp_no_conv_out": (
+        LMLPTransformer2DModel,
+        {"conv_out": False, "out_channels": 8, "mlp_ratio": 2.5},
+        26_786,
+        552_832,
+    ),
+    "moe_3e2h": (MoEMLPModel, {"num_experts": 3, "num_heads": 2}, 43_770, 763_040),
+    "moe_3e2h_no_conv_out": (MoEMLPModel, {"num_experts": 3, "num_heads": 2, "conv_out": False}, 43_622, 753_824),
+}
+
+
+def build_named(name: str) -> torch.nn.Module:
+    # On the meta device: shapes without storage, so the F2-sized models build and run their counted forward at once.
+    model_cls = NAMED[name][0]
+    with torch.device("meta"):
+        return model_cls.from_named_config(name)
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_lmlp_block_formula_matches_lmlp_table3():
+    macs = lmlp_block_macs(seq_len=334, hidden_size=512, mlp_ratio=4)
+    assert macs == 10 * 334 * 512**2 + 334**2 * 512 == 932_677_632
+    assert round(macs / 1e9, 3) == 0.933
+
+
+def test_transformer_block_formula_matches_lmlp_table3():
+    macs = transformer_block_macs(seq_len=334, hidden_size=512, mlp_ratio=4)
+    assert macs == 12 * 334 * 512**2 + 2 * 334**2 * 512 == 1_164_906_496
+    assert round(macs / 1e9, 3) == 1.165
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_analytic_params_equal_named_model_parameters(name):
+    model = build_named(name)
+    expected_params, expected_macs = NAMED[name][1:]
+    complexity = analytic_complexity(model.config)
+    assert complexity.params == expected_params == num_parameters(model)
+    assert complexity.macs == expected_macs
+    assert (complexity.seq_len, complexity.num_blocks) == (334, 17)
+
+
+@pytest.mark.parametrize("case", TINY_CASES)
+def test_analytic_counts_equal_tiny_model(case):
+    model_cls, overrides, expected_params, expected_macs = TINY_CASES[case]
+    torch.manual_seed(0)
+    model = model_cls(**TINY, **overrides)
+    complexity = analytic_complexity(model)  # the model itself is accepted as well as its config
+    assert complexity == analytic_complexity(model.config)
+    assert complexity.params == expected_params == num_parameters(model)
+    assert complexity.macs == expected_macs
+    # A real forward with batch 3: the counter sees only matmuls and convolutions, exactly what the formulas count.
+    assert measured_macs(model, batch_size=3) == expected_macs
+
+
+def test_measured_f2_macs_match_analytic():
+    model = build_named("F2")
+    measured = measured_macs(model)
+    assert 15.8e9 <= measured <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
+    assert measured == pytest.approx(analytic_complexity(model.config).macs, rel=0.02)
+
+
+def test_measured_moe_4e2h_macs_match_analytic():
+    model = build_named("4E2H")
+    assert measured_macs(model) == pytest.approx(analytic_complexity(model.config).macs, rel=0.02)
+
+
+def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
+    seq_len = 334
+    extra = moe_block_macs(seq_len, 512, 4, num_experts=1, num_heads=1) - lmlp_block_macs(seq_len, 512, 4)
+    assert extra == seq_len**2 + 2 * seq_len == 112_224  # g·W (L²), g·b (L) and the L→1 gate (L)
+    assert extra / lmlp_block_macs(seq_len, 512, 4) < 1.3e-4
+
+    with torch.device("meta"):
+        moe = MoEMLPModel(num_experts=1, num_heads=1)
+    lmlp = analytic_complexity(build_named("F2").config)
+    moe_complexity = analytic_complexity(moe.config)
+    assert moe_complexity.macs - lmlp.macs == 17 * extra
+    assert moe_complexity.params - lmlp.params == 17 * (seq_len + 1)  # only the gate's weight and bias are new
