@@ -8,6 +8,7 @@ Only the ratio "achieved GFLOP/s / GEMM GFLOP/s" is a claim; absolute times depe
     python benchmarks/benchmark_backbones.py                 # the full table: batch 8, fp32 and bf16
     python benchmarks/benchmark_backbones.py --quick         # batch 2, fewer repeats; bf16 only where it is fast
     python benchmarks/benchmark_backbones.py --compile       # also time torch.compile'd models
+    python benchmarks/benchmark_backbones.py --reuse-freed-memory   # glibc keeps freed buffers (see allocator.py)
 """
 
 import argparse
@@ -17,9 +18,10 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp.allocator import reuse_freed_memory
+from diffusers_lmlp.complexity import flop_counter
 
 
 MODELS = {"F2": LMLPTransformer2DModel, "2E1H": MoEMLPModel, "4E1H": MoEMLPModel, "4E2H": MoEMLPModel}
@@ -34,6 +36,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each step (the best one counts)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(model)")
     parser.add_argument("--quick", action="store_true", help="batch 2, 2 repeats, skip precisions that are slow here")
+    parser.add_argument(
+        "--reuse-freed-memory", action="store_true", help="let glibc reuse freed buffers (no page fault per pass)"
+    )
     parser.add_argument("--num-layers", type=int, help="override the depth (e.g. 2 for a smoke run)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -56,7 +61,7 @@ def best_seconds(step: Callable[[], object]) -> float:
 
 
 def count_flops(step: Callable[[], object]) -> int:
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter() as counter:
         step()
     return counter.get_total_flops()
 
@@ -108,9 +113,12 @@ def cpu_flags() -> str:
 def main() -> None:
     args = parse_args()
     torch.manual_seed(args.seed)
+    allocator = "glibc default"
+    if args.reuse_freed_memory:
+        allocator = "reusing freed memory" if reuse_freed_memory() else "glibc default (no glibc found)"
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-        f"CPU flags: {cpu_flags()}, batch {args.batch_size}, best of {args.repeats}\n"
+        f"CPU flags: {cpu_flags()}, allocator: {allocator}, batch {args.batch_size}, best of {args.repeats}\n"
     )
     rows = []
     for precision in args.precisions:

@@ -109,6 +109,17 @@ def test_save_load_round_trip_uses_safetensors(kind, tmp_path):
         torch.testing.assert_close(loaded(x, ctx, t).sample, model(x, ctx, t).sample, rtol=0, atol=0)
 
 
+def test_loading_never_unpickles(kind, tmp_path, monkeypatch):
+    make_model(kind).save_pretrained(tmp_path, safe_serialization=False)
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "diffusion_pytorch_model.bin"]
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("from_pretrained unpickled a file"))
+    model_class = type(make_model(kind))
+    with pytest.raises(OSError, match="no file named diffusion_pytorch_model.safetensors"):
+        model_class.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="safetensors weights only.*use_safetensors=False"):
+        model_class.from_pretrained(tmp_path, use_safetensors=False)
+
+
 @pytest.mark.parametrize("dtype_kwarg", ["torch_dtype", "dtype"])
 def test_load_in_bfloat16_runs_in_bfloat16(kind, tmp_path, dtype_kwarg):
     model = make_model(kind)
@@ -132,6 +143,19 @@ def test_bf16_autocast_matches_fp32(kind):
             out = model(x, ctx, t).sample
     assert torch.isfinite(out).all()
     assert (out.float() - ref).norm() / ref.norm() < 0.05
+
+
+def test_layerwise_casting_stores_bf16_and_computes_fp32(kind):
+    model = make_model(kind)
+    x, ctx, t = make_inputs()
+    with torch.no_grad():
+        ref = model(x, ctx, t).sample
+        model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
+        out = model(x, ctx, t).sample
+    assert model.stack.mid_block.merge.weight.dtype == torch.bfloat16
+    assert model.stack.mid_block.channel_norm.weight.dtype == torch.float32  # "norm" is skipped
+    assert model.embed.pos_embed.dtype == torch.float32
+    assert out.dtype == torch.float32 and (out - ref).norm() / ref.norm() < 0.05
 
 
 def _loss_and_grads(model, inputs):

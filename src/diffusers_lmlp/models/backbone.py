@@ -71,6 +71,27 @@ class UShapedMixerModel(ModelMixin):
     named_configs: dict[str, dict] = {}
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """`ModelMixin.from_pretrained`, reading safetensors weights only: loading never unpickles.
+
+        Every loader (this one, `LMLPPipeline.from_pretrained`, `DiffusionPipeline.from_pretrained`) comes through
+        here, so a folder with only pickled weights (`.bin`) fails instead of being unpickled.
+
+        Args:
+            pretrained_model_name_or_path (`str` or `os.PathLike`): A Hub repo id or a local folder.
+            **kwargs: Everything `ModelMixin.from_pretrained` takes (`subfolder`, `dtype`, `variant`, ...);
+                `use_safetensors` may only be `True`.
+        """
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError(
+                f"{cls.__name__} loads safetensors weights only, so that loading never unpickles; got "
+                "use_safetensors=False. Convert trusted pickled weights once by loading them with torch.load(..., "
+                "weights_only=True), load_state_dict, and save_pretrained (safetensors is the default)."
+            )
+        kwargs["use_safetensors"] = True
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def from_named_config(cls, name: str, **overrides):
         """Build a randomly initialised model from one of the papers' named configurations.
 

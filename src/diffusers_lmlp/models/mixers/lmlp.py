@@ -72,6 +72,28 @@ class TokenLinear(nn.Module):
         return mixed, None
 
 
+def residual_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """`residual + linear(x)` with the bias and the residual folded into one in-place GEMM (its beta = 1 epilogue).
+
+    PyTorch's `addmm` first writes the broadcast bias into its output and a separate add then reads two tensors;
+    here one pass builds `residual + bias` and the GEMM accumulates into it. On two CPU cores this lifts an L-MLP
+    block from ~81% to ~90% of the GEMM peak (benchmarks/). When the dtypes differ (under autocast: a low-precision
+    input, a full-precision residual), the plain form keeps autocast's dtype policy.
+
+    Args:
+        residual (`torch.Tensor`): (B, L, D_out).
+        x (`torch.Tensor`): (B, L, D_in).
+        linear (`nn.Linear`): D_in -> D_out.
+
+    Returns:
+        `torch.Tensor`: (B, L, D_out).
+    """
+    if not residual.dtype == x.dtype == linear.weight.dtype:
+        return residual + linear(x)
+    out = (residual + linear.bias).flatten(0, 1)  # (B·L, D_out)
+    return out.addmm_(x.flatten(0, 1), linear.weight.t()).view_as(residual)
+
+
 class JointMLP(nn.Module):
     """FNN_C: the transformer-style channel MLP, Linear → GELU (exact) → Linear.
 
@@ -86,16 +108,17 @@ class JointMLP(nn.Module):
         self.fc1 = nn.Linear(hidden_size, inner)
         self.fc2 = nn.Linear(inner, hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along channels.
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Apply the MLP along channels and add the result to the residual stream.
 
         Args:
-            x (`torch.Tensor`): (B, L, D).
+            x (`torch.Tensor`): (B, L, D) normalised input.
+            residual (`torch.Tensor`): (B, L, D) stream the output is added to.
 
         Returns:
-            `torch.Tensor`: (B, L, D).
+            `torch.Tensor`: (B, L, D) `residual + fc2(gelu(fc1(x)))`.
         """
-        return self.fc2(F.gelu(self.fc1(x)))  # (B, L, s·D) inside
+        return residual_linear(residual, F.gelu(self.fc1(x)), self.fc2)  # (B, L, s·D) inside
 
 
 class LMLPBlock(nn.Module):
@@ -137,6 +160,6 @@ class LMLPBlock(nn.Module):
         x_tok = self.token_norm(x)  # (B, L, D), from the un-normalised x
         x = self.channel_norm(x)  # (B, L, D)
         left, router_probs = self.left(x_tok)  # (B, L, D)
-        x = x + self.merge(left + self.right(x))
-        x = x + self.joint_mlp(self.channel_norm(x))
+        x = residual_linear(x, self.right(x).add_(left), self.merge)  # x + merge(left + right)
+        x = self.joint_mlp(self.channel_norm(x), residual=x)  # x + joint_mlp(LN_D(x))
         return x, router_probs

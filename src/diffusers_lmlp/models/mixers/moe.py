@@ -73,21 +73,24 @@ class MoELinearAttention(nn.Module):
         """
         batch_size, seq_len, hidden_size = x_tok.shape
         num_heads = self.num_heads
-        x_heads = x_tok.unflatten(-1, (num_heads, hidden_size // num_heads))  # (B, L, H, D/H)
+        # Work in the permuted layout z' (B, D, L) of the paper: each head's channels are one (D/H, L) slab, and
+        # the token LayerNorm already leaves z' contiguous, so these are views.
+        x_perm = x_tok.transpose(1, 2).reshape(
+            batch_size * num_heads, hidden_size // num_heads, seq_len
+        )  # (B·H, D/H, L)
 
-        logits = torch.einsum("blh,hel->bhe", x_heads.mean(-1), self.gate_weight) + self.gate_bias  # (B, H, E)
+        head_mean = x_perm.mean(1).view(batch_size, num_heads, seq_len)  # (B, H, L)
+        logits = torch.einsum("bhl,hel->bhe", head_mean, self.gate_weight) + self.gate_bias  # (B, H, E)
         router_probs = logits.softmax(-1)  # (B, H, E)
 
         probs_by_head = router_probs.transpose(0, 1)  # (H, B, E)
         weight = torch.bmm(probs_by_head, self.expert_weight.flatten(2))  # (H, B, L·L)
         bias = torch.bmm(probs_by_head, self.expert_bias)  # (H, B, L)
-        weight = weight.view(num_heads * batch_size, seq_len, seq_len)  # (H·B, L, L)
-        bias = bias.view(num_heads * batch_size, seq_len, 1)  # (H·B, L, 1)
+        weight = weight.transpose(0, 1).reshape(batch_size * num_heads, seq_len, seq_len)  # (B·H, L, L)
+        bias = bias.transpose(0, 1).reshape(batch_size * num_heads, 1, seq_len)  # (B·H, 1, L)
 
-        x_by_head = x_heads.permute(2, 0, 1, 3).reshape(num_heads * batch_size, seq_len, -1)  # (H·B, L, D/H)
-        mixed = torch.baddbmm(bias, weight, x_by_head)  # (H·B, L, D/H)
-        mixed = mixed.view(num_heads, batch_size, seq_len, -1).permute(1, 2, 0, 3)  # (B, L, H, D/H)
-        return mixed.reshape(batch_size, seq_len, hidden_size), router_probs
+        mixed = torch.baddbmm(bias, x_perm, weight.transpose(1, 2))  # (B·H, D/H, L): z'_h W_hᵀ, eq. 5
+        return mixed.view(batch_size, hidden_size, seq_len).transpose(1, 2), router_probs  # (B, L, D) view
 
 
 class MoEMLPBlock(LMLPBlock):
