@@ -1,5 +1,11 @@
 """diffusers-lmlp: attention-free MLP diffusion backbones (L-MLP, MoE-MLP) for Hugging Face diffusers."""
 
+import diffusers
+
+# diffusers resolves a `model_index.json` entry ["diffusers_lmlp", "<Class>"] with `getattr(diffusers_lmlp, ...)`,
+# and picks the loading method by looking up these base classes by name on the same module.
+from diffusers import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin  # noqa: F401
+
 from .models import (
     LMLPTransformer2DModel,
     MoEMLPModel,
@@ -7,14 +13,28 @@ from .models import (
     convert_lmlp_reference_state_dict,
     load_balancing_loss,
 )
+from .pipelines import LMLPPipeline, default_scheduler
 
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "LMLPPipeline",
     "LMLPTransformer2DModel",
     "MoEMLPModel",
     "MoEMLPModelOutput",
     "convert_lmlp_reference_state_dict",
+    "default_scheduler",
     "load_balancing_loss",
 ]
+
+# `save_pretrained` records a component's `__module__`; pinning it to the package keeps model_index.json entries
+# ["diffusers_lmlp", "<Class>"] valid however the modules are reorganised.
+for _class in (LMLPTransformer2DModel, MoEMLPModel, LMLPPipeline):
+    _class.__module__ = __name__
+del _class
+
+# `DiffusionPipeline.from_pretrained` resolves `_class_name` as an attribute of the diffusers package: registering
+# the pipeline there makes it work for our folders once `diffusers_lmlp` is imported.
+if not hasattr(diffusers, LMLPPipeline.__name__):
+    setattr(diffusers, LMLPPipeline.__name__, LMLPPipeline)

@@ -1,0 +1,607 @@
+"""`LMLPPipeline`: text-to-image sampling with an L-MLP or MoE-MLP backbone, the SD VAE, CLIP and DPM-Solver++.
+
+The sampling setup is the papers' (the U-ViT MS-COCO recipe that both L-MLP and MoE-MLP use;
+shared/reference/reference-implementations.md §B.2–B.6):
+
+| reference                                       | here                                                          |
+|-------------------------------------------------|---------------------------------------------------------------|
+| SD betas, √-linear 0.00085 → 0.012, 1000 steps  | `default_scheduler()`: `beta_schedule="scaled_linear"`        |
+| DPM-Solver with `predict_x0=True`, 50 steps     | `algorithm_type="dpmsolver++"`, `num_inference_steps=50`      |
+| network timestep n ∈ 1..1000                    | the backbone embeds the scheduler's t (0..999) as t + 1       |
+| ε = ε_c + s·(ε_c − ε_u), null context CLIP("")  | `guidance_scale` g = s + 1; `negative_prompt` defaults to ""  |
+| CLIP ViT-L/14 last hidden state, 77 tokens      | `text_encoder(input_ids)[0]`, tokenised to `text_seq_len`     |
+| latents × 0.23010 (COCO)                        | `vae.config.scaling_factor` (and `shift_factor`)              |
+"""
+
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any, Self
+
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DiffusionPipeline,
+    DPMSolverMultistepScheduler,
+    ImagePipelineOutput,
+    SchedulerMixin,
+)
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.utils import logging, replace_example_docstring
+from diffusers.utils.torch_utils import randn_tensor
+from huggingface_hub import snapshot_download
+from transformers import CLIPTextModel, CLIPTokenizer
+
+from ..models import LMLPTransformer2DModel, MoEMLPModel
+
+
+logger = logging.get_logger(__name__)
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+# What `from_pretrained` fetches for a Hub repo id: configs, tokenizer files and safetensors weights, nothing that
+# would be unpickled.
+HUB_ALLOW_PATTERNS = ["*.json", "*.txt", "*.safetensors"]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+EXAMPLE_DOC_STRING = """
+    Examples:
+        ```py
+        >>> import torch
+        >>> from diffusers_lmlp import LMLPPipeline
+
+        >>> pipe = LMLPPipeline.from_pretrained("<user>/<lmlp-repo>")  # a Hub repo id or a local folder
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> image = pipe("a red circle on a blue square", guidance_scale=2.0, generator=generator).images[0]
+        >>> image.save("red_circle.png")
+        ```
+"""
+
+
+def default_scheduler() -> DPMSolverMultistepScheduler:
+    """The papers' sampler: DPM-Solver++ on the Stable Diffusion noise schedule.
+
+    `beta_schedule="scaled_linear"` from 0.00085 to 0.012 over 1000 training steps (the reference's
+    "stable-diffusion" betas) with `algorithm_type="dpmsolver++"` (the reference's `predict_x0=True`) and
+    ε-prediction. The reference runs a single-step order-3 solver on its own time grid; diffusers' multistep solver
+    (order 2, recommended for guided sampling) is close but not bit-exact.
+
+    Returns:
+        `DPMSolverMultistepScheduler`: A fresh scheduler; swap it with any diffusers scheduler built with
+        `Scheduler.from_config(pipe.scheduler.config)`.
+    """
+    return DPMSolverMultistepScheduler(
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        algorithm_type="dpmsolver++",
+        prediction_type="epsilon",
+    )
+
+
+def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
+    """Raise if the folder of a component named in `model_index.json` holds pickled weights and no safetensors."""
+    for component in sorted(name for name, entry in model_index.items() if isinstance(entry, list)):
+        directory = os.path.join(folder, component)
+        if not os.path.isdir(directory):
+            continue
+        files = os.listdir(directory)
+        pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
+        if pickled and not any(f.endswith(".safetensors") for f in files):
+            raise ValueError(
+                f"{directory} holds only pickled weights ({', '.join(pickled)}), and LMLPPipeline loads safetensors "
+                "weights only, so that loading never unpickles. If you trust the files, convert them once: load the "
+                "pipeline with DiffusionPipeline.from_pretrained(folder, use_safetensors=False) and save it again "
+                "with save_pretrained (safetensors is the default)."
+            )
+
+
+class LMLPPipeline(DiffusionPipeline):
+    """Text-to-image generation with an attention-free MLP backbone, [L-MLP](https://arxiv.org/abs/2405.16098)
+    or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
+
+    The backbone mixes a fixed number of tokens L = 1 + text_seq_len + (sample_size / patch_size)², so a pipeline
+    generates at one size only: `transformer.config.sample_size * vae_scale_factor` (256×256 for the papers' F2).
+
+    Guidance: `guidance_scale` g follows diffusers, ε = ε_u + g·(ε_c − ε_u). The papers (and the U-ViT code) write
+    ε = ε_c + s·(ε_c − ε_u), so g = s + 1: the reference COCO setting s = 1 is `guidance_scale=2.0`, the default.
+
+    Parameters:
+        vae ([`AutoencoderKL`]): Encodes images to latents and decodes them back. Its `config.scaling_factor` (and
+            `shift_factor`, when set) must be the one the backbone was trained with: the papers' COCO models use
+            0.23010, not Stable Diffusion's 0.18215.
+        text_encoder ([`~transformers.CLIPTextModel`]): Frozen CLIP text encoder (`openai/clip-vit-large-patch14`
+            in the papers); its last hidden state conditions the backbone.
+        tokenizer ([`~transformers.CLIPTokenizer`]): CLIP tokenizer whose `model_max_length` is the backbone's
+            `text_seq_len`.
+        transformer ([`LMLPTransformer2DModel`] or [`MoEMLPModel`]): The ε-prediction backbone.
+        scheduler ([`~schedulers.SchedulerMixin`]): Any diffusers scheduler for ε-prediction models;
+            `default_scheduler()` is the papers' DPM-Solver++ setup.
+    """
+
+    model_cpu_offload_seq = "text_encoder->transformer->vae"
+    _callback_tensor_inputs = ["latents", "prompt_embeds", "negative_prompt_embeds"]
+
+    def __init__(
+        self,
+        vae: AutoencoderKL,
+        text_encoder: CLIPTextModel,
+        tokenizer: CLIPTokenizer,
+        transformer: LMLPTransformer2DModel | MoEMLPModel,
+        scheduler: SchedulerMixin,
+    ):
+        super().__init__()
+        self.register_modules(
+            vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, scheduler=scheduler
+        )
+        self._check_components()
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1) if getattr(self, "vae", None) else 8
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
+
+    def _check_components(self) -> None:
+        """Refuse a text encoder, tokenizer or VAE that does not fit the backbone's config (any may be None)."""
+        if getattr(self, "transformer", None) is None:
+            return
+        config = self.transformer.config
+        name = type(self.transformer).__name__
+        if getattr(self, "text_encoder", None) is not None and self.text_encoder.config.hidden_size != (
+            config.text_embed_dim
+        ):
+            raise ValueError(
+                f"The text encoder's hidden size is {self.text_encoder.config.hidden_size} but the {name} expects "
+                f"text states of width text_embed_dim={config.text_embed_dim}. Use the text encoder the backbone was "
+                f"trained with (CLIP ViT-L/14, hidden size 768, for the papers' models)."
+            )
+        if getattr(self, "tokenizer", None) is not None and self.tokenizer.model_max_length != config.text_seq_len:
+            raise ValueError(
+                f"The tokenizer pads prompts to model_max_length={self.tokenizer.model_max_length} tokens but the "
+                f"{name} mixes text_seq_len={config.text_seq_len} text tokens. Load the tokenizer with "
+                f"model_max_length={config.text_seq_len}."
+            )
+        if getattr(self, "vae", None) is not None and self.vae.config.latent_channels != config.in_channels:
+            raise ValueError(
+                f"The VAE has latent_channels={self.vae.config.latent_channels} but the {name} takes "
+                f"in_channels={config.in_channels}. Use the VAE the backbone was trained with (the SD KL-f8 VAE, "
+                f"4 latent channels, for the papers' models)."
+            )
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> Self:
+        """Load a saved pipeline from a local directory or a Hub repo id, like `DiffusionPipeline.from_pretrained`.
+
+        Weights are read from safetensors files only; nothing is ever unpickled. A Hub repo id is first fetched with
+        `huggingface_hub.snapshot_download` (configs, tokenizer files and `*.safetensors` only), honouring
+        `cache_dir`, `revision`, `token`, `force_download`, `local_files_only` and `HF_HUB_OFFLINE`, and then the
+        local snapshot is loaded.
+
+        Why: for a repo id, diffusers 0.42's `DiffusionPipeline.download` refuses any component whose library in
+        `model_index.json` is not diffusers, transformers or a `<component>/<library>.py` file in the repo, which
+        rules out `["diffusers_lmlp", "LMLPTransformer2DModel"]`. Local folders skip that check, and the classes
+        resolve because this module has imported `diffusers_lmlp`.
+
+        Args:
+            pretrained_model_name_or_path (`str` or `os.PathLike`): A local directory written by `save_pretrained`, or
+                a Hub repo id such as `"user/repo"`.
+            **kwargs: Everything `DiffusionPipeline.from_pretrained` accepts, such as `dtype` (or the deprecated
+                `torch_dtype`), `variant`, `device_map` or a component to use instead of the saved one
+                (`transformer=...`). `use_safetensors` may only be `True`.
+
+        Returns:
+            `LMLPPipeline`: The loaded pipeline.
+        """
+        if kwargs.get("use_safetensors") not in (None, True):
+            raise ValueError(
+                "LMLPPipeline loads safetensors weights only, so that loading never unpickles; got "
+                f"use_safetensors={kwargs['use_safetensors']!r}. Convert pickled weights once, in a process that "
+                "trusts them, by loading them and calling save_pretrained(..., safe_serialization=True)."
+            )
+        kwargs["use_safetensors"] = True
+        path = os.fspath(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            _refuse_pickled_weights(path, cls.load_config(path))
+            return super().from_pretrained(path, **kwargs)
+
+        variant = kwargs.get("variant")
+        snapshot = snapshot_download(
+            path,
+            revision=kwargs.pop("revision", None),
+            cache_dir=kwargs.pop("cache_dir", None),
+            token=kwargs.pop("token", None),
+            force_download=kwargs.pop("force_download", False),
+            local_files_only=kwargs.pop("local_files_only", None) or False,
+            allow_patterns=HUB_ALLOW_PATTERNS,
+            # Without a variant, skip variant weights such as `model.fp16.safetensors`.
+            ignore_patterns=None if variant else ["*.*.safetensors"],
+        )
+        pipeline = super().from_pretrained(snapshot, **kwargs)
+        pipeline.register_to_config(_name_or_path=path)
+        return pipeline
+
+    @property
+    def guidance_scale(self) -> float:
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return self._guidance_scale > 1
+
+    @property
+    def num_timesteps(self) -> int:
+        return self._num_timesteps
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
+
+    @property
+    def native_size(self) -> int:
+        """Side in pixels of the only image size the backbone supports: `sample_size * vae_scale_factor`."""
+        return self.transformer.config.sample_size * self.vae_scale_factor
+
+    def enable_vae_slicing(self) -> None:
+        """Decode the batch one image at a time (less memory for large batches)."""
+        self.vae.enable_slicing()
+
+    def disable_vae_slicing(self) -> None:
+        """Decode the whole batch at once again."""
+        self.vae.disable_slicing()
+
+    def enable_vae_tiling(self) -> None:
+        """Decode in overlapping tiles (less memory for large images)."""
+        self.vae.enable_tiling()
+
+    def disable_vae_tiling(self) -> None:
+        """Decode in one piece again."""
+        self.vae.disable_tiling()
+
+    def _encode_text(self, texts: list[str], device: torch.device) -> torch.Tensor:
+        """CLIP's last hidden state of each text, tokenised to `model_max_length` with padding and truncation.
+
+        Returns:
+            `torch.Tensor`: (len(texts), model_max_length, hidden_size) text states.
+        """
+        max_length = self.tokenizer.model_max_length
+        for text, ids in zip(texts, self.tokenizer(texts, verbose=False).input_ids):
+            if len(ids) > max_length:
+                dropped = self.tokenizer.decode(ids[max_length - 1 : -1])  # the truncated ids keep bos ... eos
+                logger.warning(
+                    f"The prompt {text!r} is longer than the {max_length} tokens the text encoder takes and was "
+                    f"truncated; this part was dropped: {dropped!r}"
+                )
+        input_ids = self.tokenizer(
+            texts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
+        ).input_ids  # (B, T)
+        return self.text_encoder(input_ids.to(device))[0]  # (B, T, hidden_size)
+
+    def encode_prompt(
+        self,
+        prompt: str | list[str] | None,
+        device: torch.device,
+        num_images_per_prompt: int = 1,
+        do_classifier_free_guidance: bool = True,
+        negative_prompt: str | list[str] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        negative_prompt_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encode the prompts (and, for guidance, the unconditional context) into CLIP text states.
+
+        Args:
+            prompt (`str` or `list[str]`, *optional*): The prompts; ignored when `prompt_embeds` is given.
+            device (`torch.device`): Device of the returned states.
+            num_images_per_prompt (`int`, *optional*, defaults to 1): Repeats of each prompt's states.
+            do_classifier_free_guidance (`bool`, *optional*, defaults to `True`): Also return the unconditional states.
+            negative_prompt (`str` or `list[str]`, *optional*): The unconditional prompts; `""` (the reference's null
+                context) when not given.
+            prompt_embeds (`torch.Tensor`, *optional*): (B, T, D) precomputed text states.
+            negative_prompt_embeds (`torch.Tensor`, *optional*): (B, T, D) precomputed unconditional states.
+
+        Returns:
+            `tuple`: `prompt_embeds` (B·num_images_per_prompt, T, D) and `negative_prompt_embeds` of the same shape,
+            or `None` without guidance.
+        """
+        if prompt_embeds is None:
+            prompt_embeds = self._encode_text([prompt] if isinstance(prompt, str) else prompt, device)  # (B, T, D)
+        batch_size = prompt_embeds.shape[0]
+        if do_classifier_free_guidance and negative_prompt_embeds is None:
+            negative_prompt = "" if negative_prompt is None else negative_prompt
+            negatives = [negative_prompt] * batch_size if isinstance(negative_prompt, str) else negative_prompt
+            negative_prompt_embeds = self._encode_text(negatives, device)  # (B, T, D)
+
+        prompt_embeds = prompt_embeds.to(device).repeat_interleave(num_images_per_prompt, dim=0)  # (B·n, T, D)
+        if negative_prompt_embeds is not None:
+            negative_prompt_embeds = negative_prompt_embeds.to(device).repeat_interleave(num_images_per_prompt, dim=0)
+        return prompt_embeds, negative_prompt_embeds
+
+    def check_inputs(
+        self,
+        prompt: str | list[str] | None,
+        height: int,
+        width: int,
+        num_inference_steps: int,
+        timesteps: list[int] | None,
+        sigmas: list[float] | None,
+        guidance_scale: float,
+        negative_prompt: str | list[str] | None,
+        num_images_per_prompt: int,
+        generator: torch.Generator | list[torch.Generator] | None,
+        latents: torch.Tensor | None,
+        prompt_embeds: torch.Tensor | None,
+        negative_prompt_embeds: torch.Tensor | None,
+        output_type: str,
+        callback_on_step_end_tensor_inputs: list[str],
+    ) -> int:
+        """Validate every argument of `__call__` before any compute.
+
+        Returns:
+            `int`: The number of prompts B.
+        """
+        if (prompt is None) == (prompt_embeds is None):
+            raise ValueError(
+                "Pass exactly one of `prompt` (text) and `prompt_embeds` (precomputed text states), got "
+                f"{'both' if prompt is not None else 'neither'}."
+            )
+        if prompt is not None and not (
+            isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
+        ):
+            raise ValueError(f"`prompt` must be a string or a list of strings, got {type(prompt).__name__}.")
+        if prompt is not None and (self.tokenizer is None or self.text_encoder is None):
+            raise ValueError(
+                "This pipeline has no tokenizer or text encoder; pass `prompt_embeds` instead of `prompt`."
+            )
+        batch_size = 1 if isinstance(prompt, str) else len(prompt) if prompt is not None else prompt_embeds.shape[0]
+        if batch_size < 1:
+            raise ValueError("`prompt` is an empty list; pass at least one prompt.")
+
+        config = self.transformer.config
+        expected_embeds = (config.text_seq_len, config.text_embed_dim)
+        for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
+            if embeds is not None and embeds.shape != (batch_size, *expected_embeds):
+                raise ValueError(
+                    f"`{name}` must have shape (batch size, text_seq_len, text_embed_dim) = "
+                    f"({batch_size}, {expected_embeds[0]}, {expected_embeds[1]}), got {tuple(embeds.shape)}. Compute "
+                    "it with `pipe.encode_prompt` (or the text encoder's last hidden state of prompts padded to "
+                    f"{expected_embeds[0]} tokens), one row per prompt."
+                )
+        if negative_prompt is not None and negative_prompt_embeds is not None:
+            raise ValueError("Pass at most one of `negative_prompt` and `negative_prompt_embeds`, got both.")
+        if negative_prompt is not None and not isinstance(negative_prompt, str) and len(negative_prompt) != batch_size:
+            raise ValueError(
+                f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts. Pass one "
+                "negative prompt per prompt, or a single string for all of them."
+            )
+        if guidance_scale > 1 and negative_prompt_embeds is None and self.text_encoder is None:
+            raise ValueError(
+                "Classifier-free guidance (guidance_scale > 1) needs the unconditional context: pass "
+                '`negative_prompt_embeds` (the text states of ""), since this pipeline has no text encoder.'
+            )
+
+        if height != self.native_size or width != self.native_size:
+            raise ValueError(
+                f"This pipeline generates {self.native_size}×{self.native_size} images only (sample_size="
+                f"{config.sample_size} latents × VAE factor {self.vae_scale_factor}), got height={height}, "
+                f"width={width}. The backbone mixes a fixed number of tokens (L = {self.transformer.seq_len}), so "
+                "leave height and width unset, or resize the result."
+            )
+        if timesteps is not None and sigmas is not None:
+            raise ValueError("Pass at most one of `timesteps` and `sigmas`, got both.")
+        for name, schedule in (("timesteps", timesteps), ("sigmas", sigmas)):
+            if schedule is not None and name not in inspect.signature(self.scheduler.set_timesteps).parameters:
+                raise ValueError(
+                    f"{type(self.scheduler).__name__} does not accept custom `{name}`; use `num_inference_steps`, or "
+                    f"a scheduler whose `set_timesteps` takes `{name}`."
+                )
+        if timesteps is None and sigmas is None and num_inference_steps < 1:
+            raise ValueError(f"`num_inference_steps` must be at least 1, got {num_inference_steps}.")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"`num_images_per_prompt` must be at least 1, got {num_images_per_prompt}.")
+
+        num_images = batch_size * num_images_per_prompt
+        if isinstance(generator, list) and len(generator) != num_images:
+            raise ValueError(
+                f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "
+                f"{num_images_per_prompt} per prompt). Pass one generator per image, or a single generator."
+            )
+        if latents is not None and latents.shape != self._latents_shape(num_images):
+            raise ValueError(
+                f"`latents` must have shape (prompts × images per prompt, in_channels, sample_size, sample_size) = "
+                f"{self._latents_shape(num_images)}, got {tuple(latents.shape)}."
+            )
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
+        unknown = set(callback_on_step_end_tensor_inputs) - set(self._callback_tensor_inputs)
+        if unknown:
+            raise ValueError(
+                f"`callback_on_step_end_tensor_inputs` may only name {self._callback_tensor_inputs}, got "
+                f"{sorted(unknown)}."
+            )
+        return batch_size
+
+    def _latents_shape(self, num_images: int) -> tuple[int, int, int, int]:
+        config = self.transformer.config
+        return (num_images, config.in_channels, config.sample_size, config.sample_size)
+
+    def prepare_latents(
+        self,
+        num_images: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        generator: torch.Generator | list[torch.Generator] | None,
+        latents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Draw the initial noise (or take the given `latents`) and scale it by the scheduler's initial sigma.
+
+        Returns:
+            `torch.Tensor`: (num_images, in_channels, sample_size, sample_size) initial latents.
+        """
+        if latents is None:
+            latents = randn_tensor(self._latents_shape(num_images), generator=generator, device=device, dtype=dtype)
+        latents = latents.to(device=device, dtype=dtype)
+        return latents * self.scheduler.init_noise_sigma
+
+    @torch.no_grad()
+    @replace_example_docstring(EXAMPLE_DOC_STRING)
+    def __call__(
+        self,
+        prompt: str | list[str] | None = None,
+        negative_prompt: str | list[str] | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_inference_steps: int = 50,
+        timesteps: list[int] | None = None,
+        sigmas: list[float] | None = None,
+        guidance_scale: float = 2.0,
+        num_images_per_prompt: int = 1,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        latents: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        negative_prompt_embeds: torch.Tensor | None = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Callable[["LMLPPipeline", int, int, dict[str, Any]], dict[str, Any]]
+        | PipelineCallback
+        | MultiPipelineCallbacks
+        | None = None,
+        callback_on_step_end_tensor_inputs: list[str] = ["latents"],
+    ) -> ImagePipelineOutput | tuple:
+        """Generate images from text.
+
+        Args:
+            prompt (`str` or `list[str]`, *optional*): The prompt(s); or pass `prompt_embeds`.
+            negative_prompt (`str` or `list[str]`, *optional*): What to guide away from; defaults to `""`, the
+                reference's unconditional context. Ignored when `guidance_scale <= 1`.
+            height (`int`, *optional*): Image height; defaults to, and must equal, `native_size`.
+            width (`int`, *optional*): Image width; defaults to, and must equal, `native_size`.
+            num_inference_steps (`int`, *optional*, defaults to 50): Denoising steps (50 in both papers).
+            timesteps (`list[int]`, *optional*): Custom timesteps, for schedulers whose `set_timesteps` accepts them;
+                overrides `num_inference_steps`.
+            sigmas (`list[float]`, *optional*): Custom sigmas, for schedulers whose `set_timesteps` accepts them;
+                overrides `num_inference_steps`.
+            guidance_scale (`float`, *optional*, defaults to 2.0): Classifier-free guidance in diffusers' convention,
+                ε = ε_u + g·(ε_c − ε_u). The papers' scale s is g − 1 (their COCO setting s = 1 is g = 2). With
+                `guidance_scale <= 1` the unconditional pass is skipped entirely.
+            num_images_per_prompt (`int`, *optional*, defaults to 1): Images per prompt.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the initial noise; a list
+                needs one generator per image.
+            latents (`torch.Tensor`, *optional*): (B·num_images_per_prompt, C, sample_size, sample_size) initial
+                noise, e.g. to reuse one noise for several prompts.
+            prompt_embeds (`torch.Tensor`, *optional*): (B, text_seq_len, text_embed_dim) precomputed text states.
+            negative_prompt_embeds (`torch.Tensor`, *optional*): (B, text_seq_len, text_embed_dim) precomputed
+                unconditional states.
+            output_type (`str`, *optional*, defaults to `"pil"`): `"pil"` (list of `PIL.Image`), `"np"` (B, H, W, 3)
+                array in [0, 1], `"pt"` (B, 3, H, W) tensor in [0, 1], or `"latent"` (the undecoded, scaled
+                latents).
+            return_dict (`bool`, *optional*, defaults to `True`): Return an `ImagePipelineOutput` rather than a
+                tuple.
+            callback_on_step_end (`Callable`, `PipelineCallback` or `MultiPipelineCallbacks`, *optional*): Called
+                after every step as `callback_on_step_end(pipe, step, timestep, callback_kwargs)`; the tensors it
+                returns in a dict replace the pipeline's.
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*, defaults to `["latents"]`): Which of
+                `latents`, `prompt_embeds` and `negative_prompt_embeds` go into `callback_kwargs`.
+
+        Examples:
+
+        Returns:
+            [`~pipelines.ImagePipelineOutput`] or `tuple`: The images, as `ImagePipelineOutput(images=...)` or
+            `(images,)`.
+        """
+        if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        height = height or self.native_size
+        width = width or self.native_size
+        batch_size = self.check_inputs(
+            prompt,
+            height,
+            width,
+            num_inference_steps,
+            timesteps,
+            sigmas,
+            guidance_scale,
+            negative_prompt,
+            num_images_per_prompt,
+            generator,
+            latents,
+            prompt_embeds,
+            negative_prompt_embeds,
+            output_type,
+            callback_on_step_end_tensor_inputs,
+        )
+        self._guidance_scale = guidance_scale
+        self._interrupt = False
+        device = self._execution_device
+        dtype = self.transformer.dtype
+
+        prompt_embeds, negative_prompt_embeds = self.encode_prompt(
+            prompt,
+            device,
+            num_images_per_prompt,
+            self.do_classifier_free_guidance,
+            negative_prompt,
+            prompt_embeds,
+            negative_prompt_embeds,
+        )  # (B·n, T, D) each
+        prompt_embeds = prompt_embeds.to(dtype)
+        if negative_prompt_embeds is not None:
+            negative_prompt_embeds = negative_prompt_embeds.to(dtype)
+
+        if timesteps is not None or sigmas is not None:
+            schedule = {"timesteps": timesteps} if timesteps is not None else {"sigmas": sigmas}
+            self.scheduler.set_timesteps(device=device, **schedule)
+            num_inference_steps = len(self.scheduler.timesteps)
+        else:
+            self.scheduler.set_timesteps(num_inference_steps, device=device)
+        timesteps = self.scheduler.timesteps
+        self._num_timesteps = len(timesteps)
+
+        latents = self.prepare_latents(batch_size * num_images_per_prompt, dtype, device, generator, latents)
+        # Stochastic schedulers (SDE-DPM-Solver++, ancestral samplers) draw their noise from the generator too.
+        step_kwargs = (
+            {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
+        )
+
+        num_warmup_steps = len(timesteps) - num_inference_steps * self.scheduler.order
+        with self.progress_bar(total=num_inference_steps) as progress_bar:
+            for i, t in enumerate(timesteps):
+                if self.interrupt:
+                    continue
+                if self.do_classifier_free_guidance:
+                    # One forward over [unconditional | conditional]; uncond first, as in diffusers.
+                    model_input = torch.cat([latents, latents])  # (2·B·n, C, h, w)
+                    text_states = torch.cat([negative_prompt_embeds, prompt_embeds])  # (2·B·n, T, D)
+                else:
+                    model_input, text_states = latents, prompt_embeds
+                model_input = self.scheduler.scale_model_input(model_input, t)
+                noise_pred = self.transformer(
+                    model_input, text_states, t.expand(model_input.shape[0]), return_dict=False
+                )[0]  # (2·B·n or B·n, C, h, w)
+                if self.do_classifier_free_guidance:
+                    noise_uncond, noise_cond = noise_pred.chunk(2)  # (B·n, C, h, w) each
+                    noise_pred = noise_uncond + self.guidance_scale * (noise_cond - noise_uncond)
+                latents = self.scheduler.step(noise_pred, t, latents, **step_kwargs, return_dict=False)[0]
+
+                if callback_on_step_end is not None:
+                    callback_kwargs = {}
+                    for name in callback_on_step_end_tensor_inputs:
+                        callback_kwargs[name] = locals()[name]
+                    callback_outputs = callback_on_step_end(self, i, t, callback_kwargs)
+                    latents = callback_outputs.pop("latents", latents)
+                    prompt_embeds = callback_outputs.pop("prompt_embeds", prompt_embeds)
+                    negative_prompt_embeds = callback_outputs.pop("negative_prompt_embeds", negative_prompt_embeds)
+
+                if i == len(timesteps) - 1 or ((i + 1) > num_warmup_steps and (i + 1) % self.scheduler.order == 0):
+                    progress_bar.update()
+
+        if output_type == "latent":
+            image = latents
+        else:
+            latents = latents.to(self.vae.dtype) / self.vae.config.scaling_factor
+            if self.vae.config.shift_factor is not None:
+                latents = latents + self.vae.config.shift_factor
+            image = self.vae.decode(latents, return_dict=False)[0]  # (B·n, 3, H, W) in [-1, 1]
+            image = self.image_processor.postprocess(image, output_type=output_type)
+
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (image,)
+        return ImagePipelineOutput(images=image)

@@ -1,0 +1,177 @@
+"""Tiny, randomly initialised `LMLPPipeline` components, built fully offline (no Hub access, no downloads).
+
+For tests, examples and the Space: `build_tiny_pipeline()` returns a complete pipeline (CLIP tokenizer written from
+vocab/merges files, CLIP text encoder, AutoencoderKL, an L-MLP or MoE-MLP backbone, the reference scheduler) that
+is deterministic for a seed and runs a few sampling steps in milliseconds on a CPU. Its images are noise: the
+weights are random.
+"""
+
+import json
+import os
+import tempfile
+
+import torch
+from diffusers import AutoencoderKL
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+from .models import LMLPTransformer2DModel, MoEMLPModel
+from .pipelines import LMLPPipeline, default_scheduler
+
+
+# Words that get whole-word BPE merges; any other word still tokenizes, byte by byte.
+TINY_VOCAB_WORDS = (
+    "a", "an", "the", "of", "on", "in", "and", "with", "photo", "picture", "small", "large", "big", "red", "green",
+    "blue", "yellow", "white", "black", "circle", "square", "triangle", "shape", "cat", "dog", "astronaut", "horse",
+    "riding", "painting",
+)  # fmt: skip
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode map, the base alphabet of CLIP's byte-level BPE.
+
+    Re-implemented because transformers 5 no longer exports it.
+    """
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    shift = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + shift)
+            shift += 1
+    return dict(zip(printable, map(chr, codes)))
+
+
+def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Byte-pair encode one word: repeatedly merge the adjacent pair with the lowest rank."""
+    while len(symbols) > 1:
+        pairs = [(ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(symbols, symbols[1:]))]
+        rank, i = min(pairs)
+        if rank == len(ranks):
+            break
+        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2 :]
+    return symbols
+
+
+def _tiny_vocab_and_merges(words: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A CLIP byte-level vocabulary (256 symbols, their `</w>` forms, one token per word) and whole-word merges."""
+    alphabet = list(_bytes_to_unicode().values())
+    tokens = alphabet + [symbol + "</w>" for symbol in alphabet]
+    merges: list[tuple[str, str]] = []
+    for word in words:
+        # Merge what the earlier merges leave of the word, left to right, until it is one token.
+        symbols = _apply_merges(list(word[:-1]) + [word[-1] + "</w>"], {pair: i for i, pair in enumerate(merges)})
+        while len(symbols) > 1:
+            merges.append((symbols[0], symbols[1]))
+            symbols = [symbols[0] + symbols[1]] + symbols[2:]
+            tokens.append(symbols[0])
+    tokens += ["<|startoftext|>", "<|endoftext|>"]
+    return {token: i for i, token in enumerate(dict.fromkeys(tokens))}, merges
+
+
+def tiny_clip_tokenizer(model_max_length: int = 16, save_directory: str | os.PathLike | None = None) -> CLIPTokenizer:
+    """Write a tiny CLIP BPE vocabulary (`vocab.json`, `merges.txt`) and load a `CLIPTokenizer` from it.
+
+    The vocabulary is CLIP's byte-level alphabet plus whole-word merges for `TINY_VOCAB_WORDS`; unknown words
+    fall back to single bytes, never to an unknown token. Special tokens follow SD 1.x: bos `<|startoftext|>`,
+    eos = pad = unk `<|endoftext|>`.
+
+    Args:
+        model_max_length (`int`, *optional*, defaults to 16): Tokens per prompt, bos and eos included (77 for
+            CLIP ViT-L/14). Must equal the backbone's `text_seq_len`.
+        save_directory (`str` or `os.PathLike`, *optional*): Where to write the vocabulary files; a temporary
+            directory, removed after loading, when not given.
+
+    Returns:
+        `CLIPTokenizer`: The tokenizer, with `model_max_length` set.
+    """
+    if save_directory is None:
+        with tempfile.TemporaryDirectory() as temporary_directory:
+            return tiny_clip_tokenizer(model_max_length, temporary_directory)
+    vocab, merges = _tiny_vocab_and_merges(TINY_VOCAB_WORDS)
+    os.makedirs(save_directory, exist_ok=True)
+    with open(os.path.join(save_directory, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(save_directory, "merges.txt"), "w", encoding="utf-8") as f:
+        # The first line of merges.txt is a header that the tokenizer skips.
+        f.write("#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in merges))
+    return CLIPTokenizer.from_pretrained(save_directory, model_max_length=model_max_length)
+
+
+def build_tiny_pipeline(
+    backbone: str = "lmlp",
+    seed: int = 0,
+    text_seq_len: int = 16,
+    sample_size: int = 8,
+    hidden_size: int = 32,
+) -> LMLPPipeline:
+    """Build a complete, tiny, randomly initialised `LMLPPipeline`, fully offline.
+
+    Components: the tiny CLIP tokenizer (`tiny_clip_tokenizer`), a 2-layer CLIP text encoder of width 32, a 2-level
+    AutoencoderKL (VAE scale factor 2, 4 latent channels, the COCO latent scale 0.23010), a 2-layer backbone with
+    patch 2, and `default_scheduler()`. With the defaults the images are 16×16 and L = 1 + 16 + 16 = 33.
+    The global RNG state is left untouched.
+
+    Args:
+        backbone (`str`, *optional*, defaults to `"lmlp"`): `"lmlp"` (`LMLPTransformer2DModel`) or `"moe"`
+            (`MoEMLPModel` with 2 experts and 2 heads).
+        seed (`int`, *optional*, defaults to 0): Seed of every random initialisation; equal seeds give equal
+            weights.
+        text_seq_len (`int`, *optional*, defaults to 16): Tokens per prompt, shared by tokenizer and backbone.
+        sample_size (`int`, *optional*, defaults to 8): Side of the latent; images are twice as large.
+        hidden_size (`int`, *optional*, defaults to 32): Token width of the backbone.
+
+    Returns:
+        `LMLPPipeline`: The pipeline, on the CPU in float32, with its models in eval mode.
+    """
+    backbones = {"lmlp": (LMLPTransformer2DModel, {}), "moe": (MoEMLPModel, {"num_experts": 2, "num_heads": 2})}
+    if backbone not in backbones:
+        raise ValueError(f"Unknown backbone {backbone!r}; choose one of {sorted(backbones)}.")
+    backbone_class, backbone_kwargs = backbones[backbone]
+
+    tokenizer = tiny_clip_tokenizer(model_max_length=text_seq_len)
+    text_config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=37,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        max_position_embeddings=text_seq_len,
+        projection_dim=32,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        text_encoder = CLIPTextModel(text_config)
+        vae = AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2,
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=4,
+            sample_size=2 * sample_size,
+            scaling_factor=0.23010,
+        )
+        transformer = backbone_class(
+            sample_size=sample_size,
+            patch_size=2,
+            in_channels=4,
+            hidden_size=hidden_size,
+            num_layers=2,
+            text_embed_dim=text_config.hidden_size,
+            text_seq_len=text_seq_len,
+            **backbone_kwargs,
+        )
+    return LMLPPipeline(
+        vae=vae.eval(),
+        text_encoder=text_encoder.eval(),
+        tokenizer=tokenizer,
+        transformer=transformer.eval(),
+        scheduler=default_scheduler(),
+    )

@@ -1,0 +1,48 @@
+"""Shared test setup: every test runs offline (no Hub access), on tiny randomly initialised components."""
+
+import os
+
+
+# Read by huggingface_hub at import, so it is set before anything imports it: a test that tries to download fails.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from diffusers_lmlp import LMLPPipeline  # noqa: E402
+from diffusers_lmlp.tiny import build_tiny_pipeline  # noqa: E402
+
+
+@pytest.fixture
+def make_pipe():
+    """Build fresh tiny pipelines (16×16 images, 16 text tokens) with the progress bar off, on one CPU thread.
+
+    With models this small, a second thread costs more in synchronisation than it saves, and much more on a busy
+    machine (a 2-step call: ~0.01 s on one thread, up to ~1 s on two).
+    """
+
+    def make(backbone: str = "lmlp", seed: int = 0) -> LMLPPipeline:
+        pipe = build_tiny_pipeline(backbone, seed=seed)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield make
+    torch.set_num_threads(num_threads)
+
+
+@pytest.fixture
+def pipe(make_pipe) -> LMLPPipeline:
+    return make_pipe()
+
+
+@pytest.fixture
+def generate():
+    """Run a pipeline with 2 steps, a seeded CPU generator and `output_type="pt"` unless overridden."""
+
+    def run(pipe: LMLPPipeline, seed: int = 0, **kwargs):
+        kwargs = {"prompt": "a red circle", "num_inference_steps": 2, "output_type": "pt", **kwargs}
+        return pipe(generator=torch.Generator().manual_seed(seed), **kwargs).images
+
+    return run

@@ -1,0 +1,332 @@
+"""`LMLPPipeline.__call__`: generation, guidance, inputs and outputs, errors, and the tiny offline components."""
+
+import inspect
+import json
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
+from diffusers.utils.torch_utils import randn_tensor
+
+from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, default_scheduler
+from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_tokenizer
+
+
+NATIVE = 16  # tiny pipeline: 8×8 latents × VAE factor 2
+LATENT_SHAPE = (4, 8, 8)
+TEXT_SHAPE = (16, 32)  # text_seq_len, text_embed_dim
+
+
+def record_batch_sizes(module: torch.nn.Module) -> list[int]:
+    """Record the batch size of every forward call of `module`."""
+    batch_sizes = []
+    module.register_forward_pre_hook(lambda _, args: batch_sizes.append(args[0].shape[0]))
+    return batch_sizes
+
+
+@pytest.mark.parametrize("backbone", ["lmlp", "moe"])
+def test_generates_images_with_guidance(make_pipe, generate, backbone):
+    pipe = make_pipe(backbone)
+    guided = generate(pipe, guidance_scale=3.0)
+    unguided = generate(pipe, guidance_scale=1.0)
+    assert guided.shape == (1, 3, NATIVE, NATIVE)
+    assert torch.isfinite(guided).all() and guided.min() >= 0 and guided.max() <= 1
+    assert not torch.allclose(guided, unguided)
+
+
+def test_guidance_follows_diffusers_convention(pipe):
+    # One step by hand: ε = ε_u + g·(ε_c − ε_u), with ε_u from the text encoder's states of "".
+    latents = randn_tensor((1, *LATENT_SHAPE), generator=torch.Generator().manual_seed(0))
+    scheduler = default_scheduler()
+    scheduler.set_timesteps(1)
+    t = scheduler.timesteps[0]
+    with torch.no_grad():
+        cond, uncond = pipe.encode_prompt("a red circle", "cpu")
+        eps_cond = pipe.transformer(latents, cond, t).sample
+        eps_uncond = pipe.transformer(latents, uncond, t).sample
+    expected = scheduler.step(eps_uncond + 3.0 * (eps_cond - eps_uncond), t, latents).prev_sample
+
+    out = pipe("a red circle", num_inference_steps=1, guidance_scale=3.0, latents=latents, output_type="latent")
+    torch.testing.assert_close(out.images, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_unconditional_context_is_the_empty_prompt(pipe, generate):
+    default = generate(pipe, guidance_scale=3.0)
+    torch.testing.assert_close(generate(pipe, guidance_scale=3.0, negative_prompt=""), default, rtol=0, atol=0)
+    assert not torch.allclose(generate(pipe, guidance_scale=3.0, negative_prompt="blue"), default)
+
+
+@pytest.mark.parametrize("guidance_scale, forward_batch, text_encoder_calls", [(1.0, 2, 1), (0.0, 2, 1), (2.5, 4, 2)])
+def test_one_backbone_forward_per_step(pipe, generate, guidance_scale, forward_batch, text_encoder_calls):
+    # guidance <= 1: conditional batch only; guidance > 1: [uncond | cond] batched in one forward.
+    transformer_batches = record_batch_sizes(pipe.transformer)
+    text_encoder_batches = record_batch_sizes(pipe.text_encoder)
+    generate(pipe, prompt=["a red circle", "a blue square"], num_inference_steps=3, guidance_scale=guidance_scale)
+    assert transformer_batches == [forward_batch] * 3
+    assert len(text_encoder_batches) == text_encoder_calls
+
+
+def test_same_generator_gives_identical_images(pipe, generate):
+    first = generate(pipe, seed=0)
+    torch.testing.assert_close(generate(pipe, seed=0), first, rtol=0, atol=0)
+    assert not torch.allclose(generate(pipe, seed=1), first)
+
+
+@pytest.mark.parametrize("num_prompts, num_images_per_prompt", [(1, 2), (2, 1), (2, 3)])
+def test_output_shapes_for_prompts_times_images_per_prompt(pipe, num_prompts, num_images_per_prompt):
+    prompts = ["a red circle", "a blue square"][:num_prompts]
+    num_images = num_prompts * num_images_per_prompt
+    generators = [torch.Generator().manual_seed(i) for i in range(num_images)]
+    kwargs = {"num_inference_steps": 2, "num_images_per_prompt": num_images_per_prompt, "generator": generators}
+    assert pipe(prompts, output_type="np", **kwargs).images.shape == (num_images, NATIVE, NATIVE, 3)
+    assert len(pipe(prompts, output_type="pil", **kwargs).images) == num_images
+
+
+def test_images_of_one_prompt_are_consecutive(pipe):
+    prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(["red", "blue"], "cpu", num_images_per_prompt=2)
+    assert prompt_embeds.shape == negative_prompt_embeds.shape == (4, *TEXT_SHAPE)
+    assert torch.equal(prompt_embeds[0], prompt_embeds[1]) and torch.equal(prompt_embeds[2], prompt_embeds[3])
+    assert not torch.equal(prompt_embeds[1], prompt_embeds[2])
+
+
+def test_prompt_and_prompt_embeds_paths_give_the_same_images(pipe, generate):
+    prompts = ["a red circle", "a blue square"]
+    from_prompts = generate(pipe, prompt=prompts, guidance_scale=2.0, negative_prompt=["green", "yellow"])
+    prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(prompts, "cpu", negative_prompt=["green", "yellow"])
+    from_embeds = generate(
+        pipe,
+        prompt=None,
+        prompt_embeds=prompt_embeds,
+        negative_prompt_embeds=negative_prompt_embeds,
+        guidance_scale=2.0,
+    )
+    torch.testing.assert_close(from_embeds, from_prompts)
+    # prompt_embeds alone: the unconditional context is still the encoding of "".
+    torch.testing.assert_close(
+        generate(pipe, prompt=None, prompt_embeds=prompt_embeds, guidance_scale=2.0),
+        generate(pipe, prompt=prompts, guidance_scale=2.0),
+    )
+
+
+def test_callback_reads_and_replaces_latents(pipe, generate):
+    seen = []
+
+    def callback(pipeline, step, timestep, callback_kwargs):
+        seen.append((step, tuple(callback_kwargs["latents"].shape), tuple(callback_kwargs["prompt_embeds"].shape)))
+        if step == pipeline.num_timesteps - 1:
+            return {"latents": torch.zeros_like(callback_kwargs["latents"])}
+        return {}
+
+    latents = generate(
+        pipe,
+        num_inference_steps=3,
+        output_type="latent",
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["latents", "prompt_embeds"],
+    )
+    assert seen == [(step, (1, *LATENT_SHAPE), (1, *TEXT_SHAPE)) for step in range(3)]
+    assert torch.count_nonzero(latents) == 0
+
+
+def test_callback_can_change_guidance_every_step(pipe, generate):
+    def callback(pipeline, step, timestep, callback_kwargs):
+        pipeline._guidance_scale += 1.0
+        return callback_kwargs
+
+    generate(pipe, num_inference_steps=3, guidance_scale=2.0, callback_on_step_end=callback)
+    assert pipe.guidance_scale == 2.0 + pipe.num_timesteps
+
+
+def test_every_output_type(pipe, generate):
+    pt = generate(pipe, output_type="pt")
+    assert pt.shape == (1, 3, NATIVE, NATIVE)
+    np_images = generate(pipe, output_type="np")
+    assert isinstance(np_images, np.ndarray) and np_images.shape == (1, NATIVE, NATIVE, 3)
+    np.testing.assert_allclose(np_images, pt.permute(0, 2, 3, 1).numpy(), atol=1e-6)
+    pil = generate(pipe, output_type="pil")
+    assert isinstance(pil[0], PIL.Image.Image) and pil[0].size == (NATIVE, NATIVE)
+    np.testing.assert_allclose(np.asarray(pil[0]) / 255, np_images[0], atol=1 / 255 + 1e-6)
+    assert generate(pipe, output_type="latent").shape == (1, *LATENT_SHAPE)
+
+    out = pipe("a red circle", num_inference_steps=2, return_dict=False)
+    assert isinstance(out, tuple) and isinstance(out[0][0], PIL.Image.Image)
+
+
+def test_decoding_uses_the_vae_scaling_and_shift_factor(pipe, generate):
+    pipe.vae.register_to_config(scaling_factor=0.5, shift_factor=0.25)
+    latents = generate(pipe, output_type="latent")
+    with torch.no_grad():
+        decoded = pipe.vae.decode(latents / 0.5 + 0.25).sample
+    torch.testing.assert_close(generate(pipe, output_type="pt"), (decoded / 2 + 0.5).clamp(0, 1))
+
+
+def test_latents_reuse_reproduces_the_generator_noise(pipe, generate):
+    latents = randn_tensor((1, *LATENT_SHAPE), generator=torch.Generator().manual_seed(0))
+    from_latents = pipe("a red circle", num_inference_steps=2, latents=latents, output_type="pt").images
+    torch.testing.assert_close(from_latents, generate(pipe, seed=0), rtol=0, atol=0)
+    variation = pipe("a blue square", num_inference_steps=2, latents=latents, output_type="pt").images
+    assert not torch.allclose(variation, from_latents)
+
+
+def test_custom_timesteps_and_sigmas_pass_through(pipe, generate):
+    generate(pipe, timesteps=[999, 600, 300])
+    assert pipe.scheduler.timesteps.tolist() == [999, 600, 300] and pipe.num_timesteps == 3
+
+    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+    images = generate(pipe, sigmas=[14.6, 3.0, 0.5])
+    assert pipe.num_timesteps == 2 and torch.isfinite(images).all()
+
+
+def test_truncated_prompt_warns_with_the_dropped_text(pipe, generate, caplog):
+    prompt = "a red circle on a blue square with a green triangle and a yellow shape riding a horse"
+    generate(pipe, prompt=prompt, num_inference_steps=1)
+    assert "dropped: 'shape riding a horse'" in caplog.text
+    caplog.clear()
+    generate(pipe, prompt="a red circle", num_inference_steps=1)
+    assert "truncated" not in caplog.text
+
+
+def test_defaults_follow_the_papers(pipe, generate):
+    parameters = inspect.signature(LMLPPipeline.__call__).parameters
+    assert parameters["num_inference_steps"].default == 50
+    assert parameters["guidance_scale"].default == 2.0  # the reference's s = 1
+    scheduler = default_scheduler()
+    assert isinstance(scheduler, DPMSolverMultistepScheduler)
+    assert scheduler.config.algorithm_type == "dpmsolver++" and scheduler.config.beta_schedule == "scaled_linear"
+    assert (scheduler.config.beta_start, scheduler.config.beta_end) == (0.00085, 0.012)
+    assert scheduler.config.num_train_timesteps == 1000 and scheduler.config.prediction_type == "epsilon"
+    assert pipe.native_size == NATIVE and generate(pipe, height=None, width=None).shape[-2:] == (NATIVE, NATIVE)
+
+
+def test_bf16_on_cpu(pipe):
+    pipe.to("cpu", torch.bfloat16)
+    assert {pipe.transformer.dtype, pipe.text_encoder.dtype, pipe.vae.dtype} == {torch.bfloat16}
+    images = pipe("a red circle", num_inference_steps=2, output_type="np").images
+    assert images.shape == (1, NATIVE, NATIVE, 3) and np.isfinite(images).all()
+
+
+def test_vae_slicing_and_tiling_pass_through(pipe, generate):
+    reference = generate(pipe, prompt=["a red circle", "a blue square"])
+    pipe.enable_vae_slicing()
+    pipe.enable_vae_tiling()
+    assert pipe.vae.use_slicing and pipe.vae.use_tiling
+    torch.testing.assert_close(generate(pipe, prompt=["a red circle", "a blue square"]), reference)
+    pipe.disable_vae_slicing()
+    pipe.disable_vae_tiling()
+    assert not pipe.vae.use_slicing and not pipe.vae.use_tiling
+
+
+@pytest.mark.skipif(not torch.accelerator.is_available(), reason="model CPU offload needs an accelerator")
+def test_model_cpu_offload(make_pipe, generate):
+    device = torch.accelerator.current_accelerator()
+    on_device = generate(make_pipe().to(device))
+    pipe = make_pipe()
+    pipe.enable_model_cpu_offload(device=device)
+    offloaded = generate(pipe)
+    torch.testing.assert_close(offloaded, on_device, rtol=1e-3, atol=1e-3)
+    assert pipe.transformer.device.type == "cpu"  # back on the CPU after the call
+
+
+ERROR_CASES = {
+    "prompt and prompt_embeds": (lambda: {"prompt_embeds": torch.zeros(1, *TEXT_SHAPE)}, "got both"),
+    "neither prompt nor prompt_embeds": (lambda: {"prompt": None}, "got neither"),
+    "prompt not text": (lambda: {"prompt": 3}, "a string or a list of strings"),
+    "negative_prompt length": (
+        lambda: {"prompt": ["a", "b"], "negative_prompt": ["c"]},
+        "`negative_prompt` has 1 entries but there are 2 prompts",
+    ),
+    "negative_prompt and negative_prompt_embeds": (
+        lambda: {"negative_prompt": "c", "negative_prompt_embeds": torch.zeros(1, *TEXT_SHAPE)},
+        "at most one of `negative_prompt` and `negative_prompt_embeds`",
+    ),
+    "prompt_embeds shape": (
+        lambda: {"prompt": None, "prompt_embeds": torch.zeros(1, 8, 32)},
+        r"`prompt_embeds` must have shape .* = \(1, 16, 32\), got \(1, 8, 32\)",
+    ),
+    "negative_prompt_embeds batch": (
+        lambda: {"prompt": ["a", "b"], "negative_prompt_embeds": torch.zeros(1, *TEXT_SHAPE)},
+        r"`negative_prompt_embeds` must have shape .* = \(2, 16, 32\), got \(1, 16, 32\)",
+    ),
+    "num_inference_steps": (lambda: {"num_inference_steps": 0}, "at least 1, got 0"),
+    "num_images_per_prompt": (lambda: {"num_images_per_prompt": 0}, "at least 1, got 0"),
+    "generator list length": (
+        lambda: {"num_images_per_prompt": 2, "generator": [torch.Generator()] * 3},
+        r"list of 3 generators for 2 images \(1 prompts × 2 per prompt\)",
+    ),
+    "latents shape": (
+        lambda: {"num_images_per_prompt": 2, "latents": torch.zeros(1, *LATENT_SHAPE)},
+        r"`latents` must have shape .* = \(2, 4, 8, 8\), got \(1, 4, 8, 8\)",
+    ),
+    "output_type": (lambda: {"output_type": "jpeg"}, "`output_type` must be one of"),
+    "height": (lambda: {"height": 32}, "generates 16×16 images only"),
+    "width": (lambda: {"width": 8}, "generates 16×16 images only"),
+    "callback tensor inputs": (
+        lambda: {"callback_on_step_end_tensor_inputs": ["noise_pred"]},
+        r"may only name .* got \['noise_pred'\]",
+    ),
+    "sigmas unsupported": (lambda: {"sigmas": [1.0, 0.5]}, "does not accept custom `sigmas`"),
+    "timesteps and sigmas": (lambda: {"timesteps": [999], "sigmas": [1.0]}, "at most one of `timesteps`"),
+}
+
+
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_invalid_inputs_raise_before_any_compute(pipe, case):
+    make_kwargs, message = ERROR_CASES[case]
+    transformer_calls, text_encoder_calls = record_batch_sizes(pipe.transformer), record_batch_sizes(pipe.text_encoder)
+    with pytest.raises(ValueError, match=message):
+        pipe(**{"prompt": "a red circle", "num_inference_steps": 2, **make_kwargs()})
+    assert transformer_calls == text_encoder_calls == []
+
+
+def test_scheduler_without_custom_timesteps_is_refused(pipe):
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    with pytest.raises(ValueError, match="DDIMScheduler does not accept custom `timesteps`"):
+        pipe("a red circle", timesteps=[999, 500])
+
+
+@pytest.mark.parametrize(
+    "mismatch, message",
+    [
+        ({"text_embed_dim": 48}, "text encoder's hidden size is 32 .* text_embed_dim=48"),
+        ({"text_seq_len": 8}, "model_max_length=16 .* text_seq_len=8"),
+        ({"in_channels": 8}, "latent_channels=4 .* in_channels=8"),
+    ],
+)
+def test_mismatched_components_are_refused(pipe, mismatch, message):
+    config = {"sample_size": 8, "hidden_size": 32, "num_layers": 2, "text_embed_dim": 32, "text_seq_len": 16}
+    transformer = LMLPTransformer2DModel(**{**config, **mismatch})
+    with pytest.raises(ValueError, match=message):
+        LMLPPipeline(**{**pipe.components, "transformer": transformer})
+
+
+def test_tiny_pipeline_is_deterministic_for_a_seed_and_leaves_the_global_rng_alone():
+    rng_state = torch.get_rng_state()
+    first, second, other = build_tiny_pipeline(seed=0), build_tiny_pipeline(seed=0), build_tiny_pipeline(seed=1)
+    assert torch.equal(torch.get_rng_state(), rng_state)
+    for name in ("transformer", "text_encoder", "vae"):
+        weights, same = getattr(first, name).state_dict(), getattr(second, name).state_dict()
+        assert all(torch.equal(weights[key], same[key]) for key in weights), name
+        assert not torch.equal(
+            next(iter(getattr(first, name).parameters())), next(iter(getattr(other, name).parameters()))
+        )
+
+
+def test_tiny_tokenizer_merges_common_words_and_still_tokenizes_unknown_ones(tmp_path):
+    tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=tmp_path)
+    assert (tmp_path / "merges.txt").read_text().startswith("#version: 0.2\n")
+    assert len(json.loads((tmp_path / "vocab.json").read_text())) == len(tokenizer)
+    assert tokenizer.model_max_length == 77
+    for word in TINY_VOCAB_WORDS:
+        assert tokenizer.convert_ids_to_tokens(tokenizer(word).input_ids) == [
+            "<|startoftext|>",
+            f"{word}</w>",
+            "<|endoftext|>",
+        ]
+    ids = tokenizer("A zebra", padding="max_length", max_length=77).input_ids
+    assert len(ids) == 77
+    assert tokenizer.convert_ids_to_tokens(ids[:8]) == ["<|startoftext|>", "a</w>", "z", "e", "b", "r", "a</w>"] + [
+        "<|endoftext|>"
+    ]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "a zebra"

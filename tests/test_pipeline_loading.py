@@ -1,0 +1,156 @@
+"""Saving and loading `LMLPPipeline` the diffusers ways, offline: local folders, the Hub cache, dtypes, variants."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from diffusers import DiffusionPipeline
+
+from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel
+
+
+BACKBONES = {"lmlp": LMLPTransformer2DModel, "moe": MoEMLPModel}
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(autouse=True)
+def no_unpickling(monkeypatch):
+    """Every load in this module must read safetensors only: `torch.load` (pickle) fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading unpickled a file with torch.load")
+
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def fill_hub_cache(folder: Path, cache_dir: Path, repo_id: str, listed_but_not_cached: tuple[str, ...] = ()) -> None:
+    """Lay out `folder` the way huggingface_hub caches a downloaded snapshot of `repo_id` at `COMMIT`.
+
+    `<cache>/models--user--repo/` holds `blobs/<sha256>`, `snapshots/<commit>/<path>` symlinks to them, `refs/main`
+    (the commit of the main branch) and `trees/<commit>.json` (the repo's file listing). Files named in
+    `listed_but_not_cached` are in the listing only: a download that asks for them finds the snapshot incomplete.
+    """
+    storage = cache_dir / f"models--{repo_id.replace('/', '--')}"
+    (storage / "refs").mkdir(parents=True)
+    (storage / "refs" / "main").write_text(COMMIT)
+    listing = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative, data = path.relative_to(folder).as_posix(), path.read_bytes()
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(data)
+        link = storage / "snapshots" / COMMIT / relative
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+        listing[relative] = {"size": len(data), "blob_id": hashlib.sha1(data).hexdigest()}
+    for relative in listed_but_not_cached:
+        listing[relative] = {"size": 1, "blob_id": "0" * 40}
+    (storage / "trees").mkdir()
+    (storage / "trees" / f"{COMMIT}.json").write_text(json.dumps({"format_version": 1, "files": listing}))
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_save_writes_the_stable_package_path_and_safetensors_only(make_pipe, tmp_path, backbone):
+    make_pipe(backbone).save_pretrained(tmp_path)
+    model_index = json.loads((tmp_path / "model_index.json").read_text())
+    assert model_index["_class_name"] == "LMLPPipeline"
+    assert model_index["transformer"] == ["diffusers_lmlp", BACKBONES[backbone].__name__]
+    weights = [p.name for p in tmp_path.rglob("*") if p.suffix in {".safetensors", ".bin", ".pt", ".pth", ".ckpt"}]
+    assert sorted(weights) == ["diffusion_pytorch_model.safetensors"] * 2 + ["model.safetensors"]
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+def test_round_trip_through_lmlp_pipeline_from_pretrained(make_pipe, generate, tmp_path, backbone):
+    pipe = make_pipe(backbone)
+    pipe.save_pretrained(tmp_path)
+    loaded = LMLPPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert isinstance(loaded.transformer, BACKBONES[backbone])
+    torch.testing.assert_close(generate(loaded), generate(pipe), rtol=0, atol=0)
+
+
+def test_round_trip_through_diffusion_pipeline_from_pretrained(pipe, generate, tmp_path):
+    # Works because `import diffusers_lmlp` registered LMLPPipeline on the diffusers namespace.
+    pipe.save_pretrained(tmp_path)
+    loaded = DiffusionPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert type(loaded) is LMLPPipeline
+    torch.testing.assert_close(generate(loaded), generate(pipe), rtol=0, atol=0)
+
+
+def test_backbone_loads_on_its_own_from_the_transformer_subfolder(pipe, generate, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    transformer = LMLPTransformer2DModel.from_pretrained(tmp_path, subfolder="transformer")
+    rebuilt = LMLPPipeline(**{**pipe.components, "transformer": transformer})
+    rebuilt.set_progress_bar_config(disable=True)
+    torch.testing.assert_close(generate(rebuilt), generate(pipe), rtol=0, atol=0)
+
+
+def test_round_trip_through_a_hub_repo_id(pipe, generate, tmp_path, monkeypatch):
+    # The real resolution code runs offline against a pre-filled cache. Its file listing also names pickled and
+    # variant weights that were never fetched: asking for them would make the snapshot "incomplete" and fail.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    pipe.save_pretrained(tmp_path / "saved")
+    not_cached = ("transformer/diffusion_pytorch_model.bin", "vae/diffusion_pytorch_model.fp16.safetensors")
+    fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp", listed_but_not_cached=not_cached)
+
+    loaded = LMLPPipeline.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache")
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.name_or_path == "user/tiny-lmlp"
+    torch.testing.assert_close(generate(loaded), generate(pipe), rtol=0, atol=0)
+
+
+def test_diffusers_own_loader_refuses_the_hub_repo_id(pipe, tmp_path, monkeypatch):
+    # Why LMLPPipeline.from_pretrained resolves Hub ids itself: diffusers 0.42 refuses third-party libraries there.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    pipe.save_pretrained(tmp_path / "saved")
+    fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp")
+    with pytest.raises(ValueError, match="transformer/diffusers_lmlp.py .* does not exist"):
+        DiffusionPipeline.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache")
+
+
+def test_dtype_torch_dtype_and_per_component_dtype(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    components = ("transformer", "text_encoder", "vae")
+    loaded = LMLPPipeline.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert {getattr(loaded, name).dtype for name in components} == {torch.bfloat16}
+    with pytest.warns(FutureWarning, match="dtype"):
+        loaded = LMLPPipeline.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
+    assert {getattr(loaded, name).dtype for name in components} == {torch.bfloat16}
+
+    loaded = LMLPPipeline.from_pretrained(tmp_path, dtype={"transformer": torch.bfloat16, "default": torch.float32})
+    loaded.set_progress_bar_config(disable=True)
+    assert (loaded.transformer.dtype, loaded.text_encoder.dtype) == (torch.bfloat16, torch.float32)
+    images = loaded("a red circle", num_inference_steps=2, output_type="pt").images
+    assert torch.isfinite(images).all()
+
+
+def test_variant_round_trip(pipe, generate, tmp_path):
+    pipe.to(torch.bfloat16)
+    pipe.save_pretrained(tmp_path, variant="bf16")
+    assert (tmp_path / "transformer" / "diffusion_pytorch_model.bf16.safetensors").is_file()
+    loaded = LMLPPipeline.from_pretrained(tmp_path, variant="bf16", dtype=torch.bfloat16)
+    loaded.set_progress_bar_config(disable=True)
+    torch.testing.assert_close(generate(loaded), generate(pipe), rtol=0, atol=0)
+    with pytest.raises(OSError, match=r"no file named (diffusion_pytorch_)?model.safetensors"):
+        LMLPPipeline.from_pretrained(tmp_path)
+
+
+def test_pickled_weights_are_refused(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path / "pickled", safe_serialization=False)
+    with pytest.raises(ValueError, match=r"transformer holds only pickled weights \(diffusion_pytorch_model.bin\)"):
+        LMLPPipeline.from_pretrained(tmp_path / "pickled")
+    with pytest.raises(ValueError, match="use_safetensors=False"):
+        LMLPPipeline.from_pretrained(tmp_path / "pickled", use_safetensors=False)
+
+
+def test_pickles_outside_the_components_do_not_block_loading(pipe, tmp_path):
+    # e.g. a training run's output folder, with accelerate checkpoints next to the saved pipeline.
+    pipe.save_pretrained(tmp_path)
+    (tmp_path / "checkpoint-500").mkdir()
+    (tmp_path / "checkpoint-500" / "optimizer.bin").write_bytes(b"not read")
+    assert isinstance(LMLPPipeline.from_pretrained(tmp_path), LMLPPipeline)
