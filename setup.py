@@ -16,7 +16,7 @@ install_requires = [
 extras = {
     "train": ["tensorboard", "tqdm"],
     "space": ["gradio>=5"],
-    "test": ["pytest>=8", "ruff"],
+    "test": ["pytest>=8", "ruff", "tensorboard"],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
 

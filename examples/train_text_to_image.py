@@ -1,0 +1,870 @@
+#!/usr/bin/env python
+"""Train an L-MLP or MoE-MLP text-to-image backbone with 🤗 accelerate, from a laptop CPU to many GPUs.
+
+    accelerate launch examples/train_text_to_image.py                     # the embedded default: the shapes world
+    accelerate launch examples/train_text_to_image.py --preset coco-f2 --train_data_dir coco/   # the L-MLP paper
+
+With no dataset argument it trains a small UL-MLP on the procedural shapes world with the offline tokenizer,
+text encoder and VAE that ship with the package, then scores its samples. Arguments and behaviour follow diffusers'
+examples/text_to_image/train_text_to_image.py; the recipe defaults are the papers' COCO recipe (ε-prediction MSE,
+AdamW 2e-4 / wd 0.03 / betas (0.9, 0.9), linear warm-up then constant, EMA, caption dropout 0.1).
+
+Every random choice (data order, caption pick, caption dropout, noise, timesteps) is a function of (seed, step,
+sample position), so a resumed run continues exactly as the uninterrupted one, and N accumulation steps of b
+samples see the same samples and noise as one step of N·b.
+"""
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import ProjectConfiguration
+from diffusers import AutoencoderKL, DDPMScheduler
+from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel, compute_snr
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers import CLIPTextModel, CLIPTokenizer
+
+from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, default_scheduler, load_balancing_loss
+from diffusers_lmlp.hub import write_model_card
+from diffusers_lmlp.image_grid import make_image_grid
+
+
+logger = get_logger(__name__)
+
+MODEL_TYPES = {"lmlp": LMLPTransformer2DModel, "moe_mlp": MoEMLPModel}
+# The papers' frozen components, used when training on real data without a base pipeline.
+COCO_VAE = ("CompVis/stable-diffusion-v1-4", "vae")  # the SD-v1 KL-f8 VAE
+COCO_TEXT_ENCODER = "openai/clip-vit-large-patch14"
+
+# `--preset NAME` sets these defaults; explicit arguments still win.
+PRESETS = {
+    # The embedded default: the procedural shapes world with the package's offline components, ≤ 10 min on 2 CPUs.
+    "shapes": dict(
+        model_config="shapes-S",
+        resolution=32,
+        train_batch_size=64,
+        max_train_steps=1500,
+        learning_rate=1e-3,
+        adam_beta2=0.99,
+        adam_weight_decay=0.0,
+        lr_warmup_steps=100,
+        use_ema=True,
+        ema_decay=0.995,
+        cache_features=True,
+        checkpointing_steps=500,
+        checkpoints_total_limit=2,
+        validation_steps=500,
+        validation_inference_steps=20,
+        output_dir="lmlp-shapes",
+    ),
+    # The L-MLP paper's MS-COCO run (reference configs/lmlp_f2.py + the U-ViT COCO recipe): F2, SD VAE, CLIP L/14,
+    # batch 256 (32 per GPU on 8 GPUs; on one GPU add --gradient_accumulation_steps 8), 1M steps.
+    "coco-f2": dict(
+        model_type="lmlp",
+        model_config="F2",
+        pretrained_vae=COCO_VAE[0],
+        vae_subfolder=COCO_VAE[1],
+        pretrained_text_encoder=COCO_TEXT_ENCODER,
+        latent_scale=0.23010,
+        resolution=256,
+        train_batch_size=32,
+        max_train_steps=1_000_000,
+        learning_rate=2e-4,
+        lr_warmup_steps=5000,
+        use_ema=True,
+        ema_decay=0.9999,
+        cache_features=True,
+        mixed_precision="fp16",
+        checkpointing_steps=10_000,
+        validation_steps=5000,
+        output_dir="lmlp-coco-f2",
+    ),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="recipe defaults (default: shapes without data)")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--model_type", choices=sorted(MODEL_TYPES), help="default: lmlp, or the base pipeline's")
+    model.add_argument(
+        "--model_config",
+        default="F2",
+        help="a named configuration (F2, 2E1H, 4E1H, 4E2H, shapes-S, shapes-moe-S) or a JSON file of config values",
+    )
+    model.add_argument("--model_overrides", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. num_layers=12")
+    model.add_argument("--pretrained_model_name_or_path", help="a saved LMLPPipeline to fine-tune")
+    model.add_argument("--revision")
+    model.add_argument("--variant")
+
+    components = parser.add_argument_group("frozen components")
+    components.add_argument(
+        "--pretrained_vae", help=f"Hub id or folder of an AutoencoderKL (default: {COCO_VAE[0]}, or the shapes VAE)"
+    )
+    components.add_argument("--vae_subfolder")
+    components.add_argument(
+        "--pretrained_text_encoder",
+        help=f"Hub id or folder of CLIP tokenizer + text model (default: {COCO_TEXT_ENCODER})",
+    )
+    components.add_argument("--text_encoder_subfolder", help="subfolder of the text model (tokenizer: 'tokenizer')")
+    components.add_argument("--latent_scale", type=float, help="latent scaling factor (default: the VAE config's)")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset_name", help="a datasets Hub id or a local dataset script/folder")
+    data.add_argument("--dataset_config_name")
+    data.add_argument("--streaming", action="store_true")
+    data.add_argument("--train_data_dir", help="an imagefolder with metadata.jsonl")
+    data.add_argument("--image_column", default="image")
+    data.add_argument("--caption_column", default="text")
+    data.add_argument("--max_train_samples", type=int)
+    data.add_argument("--resolution", type=int, default=256)
+    data.add_argument("--random_flip", action="store_true")
+    data.add_argument("--caption_dropout", type=float, default=0.1, help='probability of training on "" instead')
+    data.add_argument("--cache_features", action="store_true", help="encode VAE moments and text states once")
+    data.add_argument("--cache_dir", help="where datasets and features are cached (default: <output_dir>/../.cache)")
+    data.add_argument("--dataloader_num_workers", type=int, default=0)
+
+    train = parser.add_argument_group("optimisation")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--train_batch_size", type=int, default=16, help="per device, per accumulation step")
+    train.add_argument("--max_train_steps", type=int, default=10_000)
+    train.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    train.add_argument("--gradient_checkpointing", action="store_true")
+    train.add_argument("--learning_rate", type=float, default=2e-4)
+    train.add_argument("--adam_beta1", type=float, default=0.9)
+    train.add_argument("--adam_beta2", type=float, default=0.9)
+    train.add_argument("--adam_weight_decay", type=float, default=0.03)
+    train.add_argument("--adam_epsilon", type=float, default=1e-8)
+    train.add_argument("--max_grad_norm", type=float, help="clip gradients to this norm (off by default)")
+    train.add_argument("--lr_scheduler", default="constant_with_warmup")
+    train.add_argument("--lr_warmup_steps", type=int, default=5000)
+    train.add_argument("--snr_gamma", type=float, help="Min-SNR loss weighting (5.0 is the usual value)")
+    train.add_argument("--noise_offset", type=float, default=0.0)
+    train.add_argument("--load_balance_weight", type=float, default=0.0, help="MoE-MLP balancing loss (paper: 0.01)")
+    train.add_argument("--use_ema", action="store_true")
+    train.add_argument("--ema_decay", type=float, default=0.9999)
+    train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"])
+
+    out = parser.add_argument_group("output, logging, validation")
+    out.add_argument("--output_dir", default="lmlp-model")
+    out.add_argument("--logging_dir", default="logs")
+    out.add_argument("--report_to", default="tensorboard", help='"tensorboard", "wandb", "all" or "none"')
+    out.add_argument("--tracker_project_name", default="lmlp-text-to-image")
+    out.add_argument("--validation_prompts", nargs="*")
+    out.add_argument("--validation_steps", type=int, default=1000)
+    out.add_argument("--validation_inference_steps", type=int, default=25)
+    out.add_argument("--validation_guidance_scale", type=float, default=2.0)
+    out.add_argument("--checkpointing_steps", type=int, default=1000)
+    out.add_argument("--checkpoints_total_limit", type=int)
+    out.add_argument("--resume_from_checkpoint", help='"latest" or a checkpoint folder')
+    out.add_argument("--push_to_hub", action="store_true")
+    out.add_argument("--hub_model_id")
+    out.add_argument("--hub_token")
+
+    # Presets change defaults only: read the preset first, then parse everything with its defaults in place.
+    known, _ = parser.parse_known_args(argv)
+    uses_data = any(a.split("=")[0] in ("--dataset_name", "--train_data_dir") for a in (argv or sys.argv[1:]))
+    preset = known.preset or (None if uses_data else "shapes")
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
+    args = parser.parse_args(argv)
+    args.preset = preset
+    validate_args(parser, args)
+    return args
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fail at start-up, with a message that says what to change, rather than after minutes of set-up."""
+    if args.dataset_name and args.train_data_dir:
+        parser.error("pass either --dataset_name or --train_data_dir, not both")
+    if args.preset == "coco-f2" and not (args.dataset_name or args.train_data_dir):
+        parser.error("--preset coco-f2 needs the COCO images: pass --train_data_dir (imagefolder) or --dataset_name")
+    if args.streaming and not args.dataset_name:
+        parser.error("--streaming applies to --dataset_name")
+    if args.streaming and args.cache_features:
+        parser.error("--cache_features needs a map-style dataset: drop --streaming or --cache_features")
+    if args.random_flip and args.cache_features:
+        parser.error("--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)")
+    if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
+        if not Path(args.resume_from_checkpoint).is_dir():
+            parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: no such checkpoint folder")
+    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not 0.0 <= args.caption_dropout < 1.0:
+        parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    args.model_overrides = parse_overrides(parser, args.model_overrides)
+
+
+def parse_overrides(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            parser.error(f"--model_overrides takes KEY=VALUE pairs, got {pair!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+# --------------------------------------------------------------------------------------------- model and components
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    if args.pretrained_model_name_or_path:
+        config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
+        saved = next(kind for kind, cls in MODEL_TYPES.items() if cls.__name__ == config["transformer"][1])
+        if args.model_type not in (None, saved):
+            raise SystemExit(
+                f"error: --model_type {args.model_type} conflicts with the base pipeline, whose backbone is "
+                f"{config['transformer'][1]} (--model_type {saved}); fine-tuning keeps the saved backbone."
+            )
+        args.model_type = saved
+        if args.load_balance_weight and saved != "moe_mlp":
+            raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
+        return MODEL_TYPES[saved].from_pretrained(
+            args.pretrained_model_name_or_path, subfolder="transformer", revision=args.revision, variant=args.variant
+        )
+    args.model_type = args.model_type or "lmlp"
+    model_class = MODEL_TYPES[args.model_type]
+    if args.load_balance_weight and args.model_type != "moe_mlp":
+        raise SystemExit("error: --load_balance_weight applies to --model_type moe_mlp only")
+    if args.model_config.endswith(".json"):
+        with open(args.model_config, encoding="utf-8") as f:
+            config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+        return model_class(**{**config, **args.model_overrides})
+    named = {**LMLPTransformer2DModel.named_configs, **MoEMLPModel.named_configs}
+    if args.model_config not in named:
+        raise SystemExit(f"error: unknown --model_config {args.model_config!r}; choose one of {sorted(named)}")
+    if args.model_config not in model_class.named_configs:
+        other = next(kind for kind, cls in MODEL_TYPES.items() if args.model_config in cls.named_configs)
+        raise SystemExit(f"error: --model_config {args.model_config} is a --model_type {other} configuration")
+    return model_class.from_named_config(args.model_config, **args.model_overrides)
+
+
+def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
+    """The frozen tokenizer, text encoder and VAE.
+
+    A base pipeline's own, else the shapes world's (the embedded default), else the papers' SD VAE and CLIP L/14;
+    `--pretrained_vae` / `--pretrained_text_encoder` replace either.
+    """
+    text_id, text_subfolder = args.pretrained_text_encoder, args.text_encoder_subfolder
+    vae_id, vae_subfolder = args.pretrained_vae, args.vae_subfolder
+    if args.pretrained_model_name_or_path:
+        pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
+        tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
+    elif args.preset == "shapes":
+        from diffusers_lmlp.shapes.text import shapes_components
+
+        tokenizer, text_encoder, vae = shapes_components()
+    else:
+        text_id = text_id or COCO_TEXT_ENCODER
+        vae_id, vae_subfolder = (vae_id, vae_subfolder) if vae_id else COCO_VAE
+    if text_id:
+        tokenizer = CLIPTokenizer.from_pretrained(text_id, subfolder="tokenizer" if text_subfolder else None)
+        text_encoder = CLIPTextModel.from_pretrained(text_id, subfolder=text_subfolder, use_safetensors=True)
+    if vae_id:
+        vae = AutoencoderKL.from_pretrained(vae_id, subfolder=vae_subfolder, use_safetensors=True)
+    if args.latent_scale is not None:
+        vae.register_to_config(scaling_factor=args.latent_scale)
+    return tokenizer, text_encoder.requires_grad_(False).eval(), vae.requires_grad_(False).eval()
+
+
+def check_compatible(model, tokenizer, text_encoder, vae, resolution: int) -> None:
+    """Refuse components and a resolution that do not fit the backbone, before any data is touched."""
+    config = model.config
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    if resolution != config.sample_size * factor:
+        raise SystemExit(
+            f"error: --resolution {resolution} does not match the model: sample_size {config.sample_size} × VAE "
+            f"factor {factor} = {config.sample_size * factor} px. Token mixing is over a fixed number of tokens: "
+            f"pass --resolution {config.sample_size * factor}, or --model_overrides sample_size={resolution // factor}."
+        )
+    # LMLPPipeline's constructor checks text width, tokenizer length and latent channels with clear messages.
+    try:
+        LMLPPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model, scheduler=None)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------- data
+
+
+def load_training_data(args: argparse.Namespace, cache_dir: str):
+    """The training split: a map-style `datasets.Dataset` (or an IterableDataset with --streaming)."""
+    import datasets
+
+    if args.dataset_name:
+        dataset = datasets.load_dataset(
+            args.dataset_name, args.dataset_config_name, cache_dir=cache_dir, streaming=args.streaming
+        )["train"]
+    elif args.train_data_dir:
+        dataset = datasets.load_dataset("imagefolder", data_dir=args.train_data_dir, cache_dir=cache_dir)["train"]
+    else:
+        from diffusers_lmlp.shapes.world import make_dataset
+
+        dataset = make_dataset("train", seed=args.seed)
+    columns = dataset.column_names or list(dataset.features or [])
+    for flag, column in (("--image_column", args.image_column), ("--caption_column", args.caption_column)):
+        if column not in columns:
+            raise SystemExit(f"error: {flag} {column!r} is not a column of the dataset; its columns are {columns}")
+    if args.max_train_samples is not None:
+        dataset = (
+            dataset.take(args.max_train_samples)
+            if args.streaming
+            else dataset.select(range(min(args.max_train_samples, len(dataset))))
+        )
+    return dataset
+
+
+def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.Tensor:
+    """Centre-crop to a square, resize to `resolution` (Lanczos, as the reference), map to [-1, 1].
+
+    Returns:
+        `torch.Tensor`: (3, resolution, resolution).
+    """
+    image = image.convert("RGB")
+    side = min(image.size)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    image = image.crop((left, top, left + side, top + side)).resize((resolution, resolution), Image.Resampling.LANCZOS)
+    if flip:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 127.5 - 1.0)  # (H, W, 3)
+    return pixels.permute(2, 0, 1).contiguous()
+
+
+def captions_of(value) -> list[str]:
+    captions = [value] if isinstance(value, str) else list(value)
+    if not captions or not all(isinstance(c, str) for c in captions):
+        raise ValueError(f"a caption must be a string or a non-empty list of strings, got {value!r}")
+    return captions
+
+
+def step_generator(seed: int, *keys: int) -> torch.Generator:
+    """A generator that depends only on the seed and the keys (step, sample position, …): exact resume."""
+    digest = hashlib.sha256(repr((seed, *keys)).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+class FeatureCache:
+    """VAE moments (mean ‖ logvar) of every image and text states of every caption (and of ""), on disk.
+
+    Keyed by the data and the encoders: the same dataset and components reuse one cache across runs and processes.
+    Files are written to a temporary name and renamed, so an interrupted build is never read.
+    """
+
+    def __init__(self, moments: torch.Tensor, text_states: torch.Tensor, caption_index: list[list[int]]):
+        self.moments = moments  # (N, 2C, h, w)
+        self.text_states = text_states  # (M + 1, T, D); row 0 is ""
+        self.caption_index = caption_index  # per image, rows of text_states
+
+    @staticmethod
+    def key(dataset, args: argparse.Namespace, text_encoder, vae) -> str:
+        parts = [
+            getattr(dataset, "_fingerprint", None) or str(len(dataset)),
+            args.image_column,
+            args.caption_column,
+            str(args.resolution),
+            hashlib.sha256(json.dumps(vae.config, sort_keys=True, default=str).encode()).hexdigest(),
+            hashlib.sha256(
+                json.dumps(text_encoder.config.to_dict(), sort_keys=True, default=str).encode()
+            ).hexdigest(),
+            str(sum(float(p.double().sum()) for p in vae.parameters())),
+            str(sum(float(p.double().sum()) for p in text_encoder.parameters())),
+        ]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+    @classmethod
+    def load_or_build(cls, path: Path, dataset, args, tokenizer, text_encoder, vae, accelerator) -> "FeatureCache":
+        if accelerator.is_main_process and not (path / "features.safetensors").is_file():
+            logger.info(f"building the feature cache {path}")
+            cls._build(path, dataset, args, tokenizer, text_encoder, vae)
+        accelerator.wait_for_everyone()
+        tensors = load_file(path / "features.safetensors")
+        with open(path / "caption_index.json", encoding="utf-8") as f:
+            caption_index = json.load(f)
+        return cls(tensors["moments"], tensors["text_states"], caption_index)
+
+    @staticmethod
+    @torch.no_grad()
+    def _build(path: Path, dataset, args, tokenizer, text_encoder, vae) -> None:
+        texts, caption_index, moments = [""], [], []
+        batch_size = 64
+        for start in tqdm(range(0, len(dataset), batch_size), desc="caching features", unit="batch"):
+            rows = dataset[start : start + batch_size]
+            pixels = torch.stack([preprocess_image(img, args.resolution, False) for img in rows[args.image_column]])
+            moments.append(vae.encode(pixels.to(vae.dtype)).latent_dist.parameters.float())  # (b, 2C, h, w)
+            for value in rows[args.caption_column]:
+                captions = captions_of(value)
+                caption_index.append(list(range(len(texts), len(texts) + len(captions))))
+                texts += captions
+        states = torch.cat(
+            [encode_text(tokenizer, text_encoder, texts[i : i + 256]) for i in range(0, len(texts), 256)]
+        )
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {"moments": torch.cat(moments).contiguous(), "text_states": states.float().contiguous()}
+        save_file(tensors, tmp / "features.safetensors")
+        with open(tmp / "caption_index.json", "w", encoding="utf-8") as f:
+            json.dump(caption_index, f)
+        tmp.rename(path)
+
+
+@torch.no_grad()
+def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
+    """CLIP's last hidden state of each text, padded and truncated to the tokenizer's length: (B, T, D)."""
+    ids = tokenizer(
+        texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+    ).input_ids
+    return text_encoder(ids.to(text_encoder.device))[0]
+
+
+class BatchSource:
+    """Produces the clean latents and conditioning of the samples at given positions of the sample stream.
+
+    A map-style dataset is read as an endless stream of per-epoch permutations (sample k of step s is a pure
+    function of the seed and s), so resuming needs no data state. A streaming dataset is read in order from this
+    process's shard, shuffled per epoch with a seeded buffer, skipping what earlier steps used. With a feature
+    cache the latents are re-sampled from the cached moments at every use, as the reference does.
+    """
+
+    def __init__(self, args, dataset, cache: FeatureCache | None, tokenizer, text_encoder, vae, accelerator, step):
+        self.args, self.dataset, self.cache = args, dataset, cache
+        self.tokenizer, self.text_encoder, self.vae = tokenizer, text_encoder, vae
+        self.empty_states = encode_text(tokenizer, text_encoder, [""])  # (1, T, D)
+        self._permutation = (-1, None)
+        self._stream = None
+        if args.streaming:
+            from datasets.distributed import split_dataset_by_node
+
+            shard = split_dataset_by_node(dataset, accelerator.process_index, accelerator.num_processes)
+            self._shard, self._epoch = shard.shuffle(seed=args.seed, buffer_size=1000), 0
+            self._stream = iter(self._shard)
+            per_step = args.train_batch_size * args.gradient_accumulation_steps
+            self._next_records(step * per_step)  # what the steps before a resume consumed
+
+    def sample_index(self, position: int) -> int:
+        """Index of the sample at `position` of the endless stream of per-epoch permutations."""
+        epoch, offset = divmod(position, len(self.dataset))
+        if self._permutation[0] != epoch:
+            generator = step_generator(self.args.seed, "epoch", epoch)
+            self._permutation = (epoch, torch.randperm(len(self.dataset), generator=generator))
+        return int(self._permutation[1][offset])
+
+    def _next_records(self, count: int) -> list[dict]:
+        records = []
+        while len(records) < count:
+            try:
+                records.append(next(self._stream))
+            except StopIteration:
+                self._epoch += 1
+                self._shard.set_epoch(self._epoch)
+                self._stream = iter(self._shard)
+        return records
+
+    @torch.no_grad()
+    def batch(self, positions: list[int], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied."""
+        args = self.args
+        choice = torch.rand(len(positions), generator=generator)  # caption pick
+        drop = torch.rand(len(positions), generator=generator) < args.caption_dropout
+        flip = torch.rand(len(positions), generator=generator) < 0.5
+        if self.cache is not None:
+            indices = [self.sample_index(p) for p in positions]
+            rows = [
+                self.cache.caption_index[i][int(c * len(self.cache.caption_index[i]))] for i, c in zip(indices, choice)
+            ]
+            states = self.cache.text_states[rows]  # (b, T, D)
+            mean, logvar = self.cache.moments[indices].chunk(2, dim=1)  # (b, C, h, w) each
+            noise = torch.randn(mean.shape, generator=generator)
+            latents = mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * noise
+        else:
+            if self._stream is not None:
+                records = self._next_records(len(positions))
+            else:
+                records = [self.dataset[self.sample_index(p)] for p in positions]
+            captions = [captions_of(r[args.caption_column]) for r in records]
+            texts = [caps[int(c * len(caps))] for caps, c in zip(captions, choice)]
+            states = encode_text(self.tokenizer, self.text_encoder, texts).float()
+            pixels = torch.stack(
+                [
+                    preprocess_image(r[args.image_column], args.resolution, bool(f and args.random_flip))
+                    for r, f in zip(records, flip)
+                ]
+            )
+            dist = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist
+            latents = dist.mean + dist.std * torch.randn(dist.mean.shape, generator=generator).to(dist.mean)
+        states = torch.where(drop[:, None, None], self.empty_states.float().to(states), states.float())
+        config = self.vae.config
+        latents = latents.float()
+        if config.shift_factor is not None:
+            latents = latents - config.shift_factor
+        return latents * config.scaling_factor, states
+
+
+# --------------------------------------------------------------------------------------------------- checkpoints
+
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. A checkpoint is written under a temporary name and renamed when complete,
+    so an interrupted write (`.checkpoint-N.tmp`) never appears here."""
+    found = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, limit: int | None) -> Path:
+    final = output_dir / f"checkpoint-{step}"
+    if limit is not None:
+        for old in list_checkpoints(output_dir)[: max(0, len(list_checkpoints(output_dir)) - limit + 1)]:
+            shutil.rmtree(old)
+    tmp = output_dir / f".checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.save_state(str(tmp))
+    os.replace(tmp, final)
+    return final
+
+
+def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None) -> None:
+    """Checkpoints hold diffusers model folders (safetensors), not pickled modules."""
+
+    def save_hook(models, weights, output_dir):
+        if accelerator.is_main_process:
+            for model in models:
+                accelerator.unwrap_model(model).save_pretrained(os.path.join(output_dir, "transformer"))
+                weights.pop()
+            if ema is not None:
+                ema.save_pretrained(os.path.join(output_dir, "transformer_ema"))
+
+    def load_hook(models, input_dir):
+        for _ in range(len(models)):
+            model = models.pop()
+            loaded = model_class.from_pretrained(input_dir, subfolder="transformer")
+            accelerator.unwrap_model(model).load_state_dict(loaded.state_dict())
+        if ema is None:
+            return
+        ema_dir = os.path.join(input_dir, "transformer_ema")
+        if os.path.isdir(ema_dir):
+            ema.load_state_dict(EMAModel.from_pretrained(ema_dir, model_class).state_dict())
+        else:
+            logger.warning(f"{input_dir} has no EMA weights (trained without --use_ema): the EMA starts from them")
+            ema.load_state_dict(EMAModel(loaded.parameters(), decay=ema.decay).state_dict())
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+# ------------------------------------------------------------------------------------------ validation and output
+
+
+@torch.no_grad()
+def generate(pipe: LMLPPipeline, prompts: list[str], args, seed: int) -> list[Image.Image]:
+    generator = torch.Generator().manual_seed(seed)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe(
+        prompts,
+        num_inference_steps=args.validation_inference_steps,
+        guidance_scale=args.validation_guidance_scale,
+        generator=generator,
+    ).images
+
+
+def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
+    return LMLPPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model, scheduler=default_scheduler()
+    )
+
+
+def default_validation_prompts(args) -> list[str]:
+    if args.validation_prompts:
+        return args.validation_prompts
+    if args.preset == "shapes":
+        from diffusers_lmlp.shapes.world import held_out_specs, train_specs
+
+        return [s.caption for s in train_specs()[:: max(1, len(train_specs()) // 6)][:6]] + [
+            s.caption for s in held_out_specs()[:2]
+        ]
+    return []
+
+
+def shapes_scores(pipe: LMLPPipeline, args, num_per_split: int = 48) -> dict[str, dict[str, float]]:
+    """Score samples for training captions and for held-out caption combinations with the shapes scorer."""
+    from diffusers_lmlp.shapes.scorer import score_images
+    from diffusers_lmlp.shapes.world import held_out_specs, train_specs
+
+    scores = {}
+    for split, specs in (("train", train_specs()), ("held-out", held_out_specs())):
+        rng = np.random.default_rng(args.seed)
+        captions = [specs[i].caption for i in rng.choice(len(specs), size=num_per_split, replace=False)]
+        images = []
+        for start in range(0, len(captions), 16):
+            images += generate(pipe, captions[start : start + 16], args, seed=args.seed + start)
+        scores[split] = score_images(images, captions)
+    return scores
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    output_dir = Path(args.output_dir)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
+        log_with=None if args.report_to == "none" else args.report_to,
+        project_config=ProjectConfiguration(
+            project_dir=str(output_dir), logging_dir=str(output_dir / args.logging_dir)
+        ),
+    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    logger.info(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}")
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+
+    model = build_model(args)
+    tokenizer, text_encoder, vae = load_components(args)
+    check_compatible(model, tokenizer, text_encoder, vae, args.resolution)
+    text_encoder.to(accelerator.device)
+    vae.to(accelerator.device)
+    model_class = type(model)
+
+    cache_dir = Path(args.cache_dir) if args.cache_dir else output_dir.parent / ".lmlp-cache"
+    with accelerator.main_process_first():
+        dataset = load_training_data(args, str(cache_dir / "datasets"))
+    cache = None
+    if args.cache_features:
+        key = FeatureCache.key(dataset, args, text_encoder, vae)
+        start = time.perf_counter()
+        cache = FeatureCache.load_or_build(
+            cache_dir / "features" / key, dataset, args, tokenizer, text_encoder, vae, accelerator
+        )
+        logger.info(f"feature cache {key}: {len(cache.moments)} images ready in {time.perf_counter() - start:.1f} s")
+
+    if args.gradient_checkpointing:
+        model.enable_gradient_checkpointing()
+    model.train()
+    ema = None
+    if args.use_ema:
+        ema = EMAModel(model.parameters(), decay=args.ema_decay, model_cls=model_class, model_config=model.config)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        weight_decay=args.adam_weight_decay,
+        eps=args.adam_epsilon,
+    )
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler,
+        optimizer=optimizer,
+        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
+        num_training_steps=args.max_train_steps * accelerator.num_processes,
+    )
+    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    register_checkpoint_hooks(accelerator, model_class, ema)
+    noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
+
+    global_step = 0
+    if args.resume_from_checkpoint:
+        checkpoints = list_checkpoints(output_dir)
+        path = (
+            Path(args.resume_from_checkpoint)
+            if args.resume_from_checkpoint != "latest"
+            else (checkpoints[-1] if checkpoints else None)
+        )
+        if path is None:
+            logger.info("--resume_from_checkpoint latest: no checkpoint yet, starting from scratch")
+        else:
+            accelerator.load_state(str(path))
+            global_step = int(CHECKPOINT_PATTERN.match(path.name).group(1))
+            logger.info(f"resumed from {path} at step {global_step}")
+
+    source = BatchSource(args, dataset, cache, tokenizer, text_encoder, vae, accelerator, global_step)
+    if accelerator.is_main_process:
+        config = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | bool)}
+        accelerator.init_trackers(args.tracker_project_name, config=config)
+
+    micro = args.train_batch_size
+    per_step = micro * args.gradient_accumulation_steps  # per process
+    global_batch = per_step * accelerator.num_processes
+    progress = tqdm(
+        range(args.max_train_steps), initial=global_step, desc="steps", disable=not accelerator.is_local_main_process
+    )
+    start_time = time.perf_counter()
+    while global_step < args.max_train_steps:
+        # The samples and noise of one optimizer step, for this process, drawn before the micro-batches split them.
+        first = global_step * global_batch + accelerator.process_index * per_step
+        generator = step_generator(args.seed, "step", global_step, accelerator.process_index)
+        latents, text_states = source.batch(list(range(first, first + per_step)), generator)
+        latents, text_states = latents.to(accelerator.device), text_states.to(accelerator.device)
+        noise = torch.randn(latents.shape, generator=generator).to(latents)
+        if args.noise_offset:
+            noise += args.noise_offset * torch.randn(latents.shape[:2] + (1, 1), generator=generator).to(latents)
+        timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (per_step,), generator=generator)
+        noisy = noise_scheduler.add_noise(latents, noise, timesteps)
+
+        step_loss = torch.zeros((), device=accelerator.device)
+        for start in range(0, per_step, micro):
+            part = slice(start, start + micro)
+            with accelerator.accumulate(model):
+                out = model(
+                    noisy[part],
+                    text_states[part],
+                    timesteps[part].to(accelerator.device),
+                    **({"output_router_probs": True} if args.load_balance_weight else {}),
+                )
+                mse = F.mse_loss(out.sample.float(), noise[part].float(), reduction="none").mean(dim=(1, 2, 3))
+                if args.snr_gamma is not None:
+                    snr = compute_snr(noise_scheduler, timesteps[part])
+                    mse = mse * torch.clamp(snr, max=args.snr_gamma).to(mse) / snr.to(mse)
+                loss = mse.mean()
+                if args.load_balance_weight:
+                    loss = loss + load_balancing_loss(out.router_probs, weight=args.load_balance_weight)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:  # the norm is logged; it is clipped only with --max_grad_norm
+                    max_norm = args.max_grad_norm if args.max_grad_norm is not None else math.inf
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            step_loss += loss.detach() / args.gradient_accumulation_steps
+
+        global_step += 1
+        if ema is not None:
+            ema.step(model.parameters())
+        logs = {
+            "loss": accelerator.gather(step_loss).mean().item(),
+            "lr": lr_scheduler.get_last_lr()[0],
+            "grad_norm": float(grad_norm),
+        }
+        progress.update(1)
+        progress.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}")
+        accelerator.log(logs, step=global_step)
+
+        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
+            if accelerator.is_main_process:
+                saved = save_checkpoint(accelerator, output_dir, global_step, args.checkpoints_total_limit)
+                logger.info(f"saved {saved}")
+            accelerator.wait_for_everyone()
+        prompts = default_validation_prompts(args)
+        if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
+            validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
+    progress.close()
+    train_seconds = time.perf_counter() - start_time
+
+    accelerator.wait_for_everyone()
+    in_sync = ranks_in_sync(accelerator, model)
+    if accelerator.is_main_process:
+        finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, in_sync)
+    accelerator.end_training()
+
+
+def ranks_in_sync(accelerator: Accelerator, model) -> bool:
+    """Whether every process ended with the same weights (a wrong multi-process launch trains them separately)."""
+    flat = torch.cat([p.detach().float().flatten() for p in accelerator.unwrap_model(model).parameters()])
+    digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
+    gathered = accelerator.gather(digest[None]).view(-1, 2)
+    return bool((gathered == gathered[0]).all())
+
+
+@contextlib.contextmanager
+def ema_weights(model, ema: EMAModel | None):
+    """Temporarily swap the EMA weights into the model."""
+    if ema is None:
+        yield
+        return
+    ema.store(model.parameters())
+    ema.copy_to(model.parameters())
+    try:
+        yield
+    finally:
+        ema.restore(model.parameters())
+
+
+def validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir: Path, step: int):
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.eval()
+    with ema_weights(unwrapped, ema):
+        images = generate(build_pipeline(unwrapped, tokenizer, text_encoder, vae), prompts, args, seed=args.seed)
+    unwrapped.train()
+    grid = make_image_grid(images, captions=prompts)
+    path = output_dir / "validation" / f"step-{step:07d}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            tracker.writer.add_images(
+                "validation", np.stack([np.asarray(i) for i in images]), step, dataformats="NHWC"
+            )
+        elif tracker.name == "wandb":
+            import wandb
+
+            tracker.log({"validation": [wandb.Image(i, caption=p) for i, p in zip(images, prompts)]}, step=step)
+    logger.info(f"validation grid: {path}")
+
+
+def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:
+    """Save the pipeline (EMA weights unless EMA is off) with a model card; score it on the shapes world."""
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = getattr(unwrapped, "_orig_mod", unwrapped)
+    if ema is not None:
+        ema.copy_to(unwrapped.parameters())
+    unwrapped.eval()
+    pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
+    pipe.save_pretrained(output_dir)
+
+    summary = {
+        "num_processes": accelerator.num_processes,
+        "ranks_in_sync": in_sync,
+        "steps": args.max_train_steps,
+        "train_seconds": round(seconds, 1),
+    }
+    prompts = default_validation_prompts(args)
+    grid_path = None
+    if prompts:
+        images = generate(pipe, prompts, args, seed=args.seed)
+        grid_path = output_dir / "samples.png"
+        make_image_grid(images, captions=prompts).save(grid_path)
+    if args.preset == "shapes":
+        summary["scores"] = shapes_scores(pipe, args)
+        logger.info(f"shapes scores: {json.dumps(summary['scores'], indent=1)}")
+    with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    write_model_card(output_dir, pipe, args=vars(args), summary=summary, sample_grid=grid_path)
+    logger.info(f"saved the pipeline to {output_dir} ({json.dumps(summary)})")
+
+    if args.push_to_hub:
+        from huggingface_hub import create_repo, upload_folder
+
+        repo_id = args.hub_model_id or output_dir.name
+        create_repo(repo_id, exist_ok=True, token=args.hub_token)
+        upload_folder(
+            repo_id=repo_id,
+            folder_path=output_dir,
+            token=args.hub_token,
+            ignore_patterns=["checkpoint-*", ".checkpoint-*", f"{args.logging_dir}/*", "*.bin", "*.pkl", "*.pt"],
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""examples/train_text_to_image.py, run as users run it (subprocesses), on a tiny pipeline and a tiny imagefolder."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.tiny import build_tiny_pipeline
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_text_to_image.py"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A tiny saved pipeline (16 px images) and an imagefolder of 24 images with caption lists (one has two)."""
+    root = tmp_path_factory.mktemp("train")
+    build_tiny_pipeline("lmlp").save_pretrained(root / "tiny")
+    build_tiny_pipeline("moe").save_pretrained(root / "tiny-moe")
+    data = root / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    with open(data / "metadata.jsonl", "w") as f:
+        for i in range(24):
+            Image.fromarray(rng.integers(0, 255, (20, 18, 3), dtype=np.uint8)).save(data / f"{i}.png")
+            text = ["a red circle", "a blue square"] if i == 0 else [["a red circle", "a blue square"][i % 2]]
+            f.write(json.dumps({"file_name": f"{i}.png", "text": text}) + "\n")
+    return root
+
+
+def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: bool = True, **popen):
+    args = [
+        sys.executable, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / base),
+        "--train_data_dir", str(workspace / "data"), "--resolution", "16", "--train_batch_size", "4",
+        "--report_to", "none", "--output_dir", str(workspace / output), "--cache_dir", str(workspace / "cache"),
+        "--lr_warmup_steps", "0", "--learning_rate", "1e-3", *extra,
+    ]  # fmt: skip
+    if popen:
+        return subprocess.Popen(args, env=ENV, **popen)
+    result = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=600)
+    if check and result.returncode:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors")
+
+
+def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
+    base = weights(workspace / "tiny")
+    result = train(
+        workspace, "run", "--max_train_steps", "3", "--checkpointing_steps", "2", "--use_ema",
+        "--validation_prompts", "a red circle", "a blue square", "--validation_steps", "2",
+        "--validation_inference_steps", "2",
+    )  # fmt: skip
+    out = workspace / "run"
+    assert "steps: 100%" in result.stderr and "loss=" in result.stderr  # the progress bar shows the loss
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert (out / "checkpoint-2" / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
+    assert (out / "checkpoint-2" / "transformer_ema" / "diffusion_pytorch_model.safetensors").is_file()
+    assert (out / "validation" / "step-0000002.png").is_file() and (out / "samples.png").is_file()
+    card = (out / "README.md").read_text()
+    assert "library_name: diffusers" in card and "pipeline_tag: text-to-image" in card and "samples.png" in card
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["num_processes"] == 1 and summary["ranks_in_sync"] and summary["steps"] == 3
+
+    pipe = LMLPPipeline.from_pretrained(out)
+    trained = pipe.transformer.state_dict()
+    assert any(not torch.equal(trained[k], base[k]) for k in base)  # it learned something
+    image = pipe("a red circle", num_inference_steps=2, output_type="np").images
+    assert image.shape == (1, 16, 16, 3)
+
+
+def test_gradient_accumulation_matches_the_large_batch(workspace):
+    train(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
+    train(
+        workspace, "accum", "--max_train_steps", "3", "--train_batch_size", "4", "--gradient_accumulation_steps", "2",
+        "--checkpointing_steps", "100",
+    )  # fmt: skip
+    big, accum = weights(workspace / "big"), weights(workspace / "accum")
+    base = weights(workspace / "tiny")
+    assert any(not torch.equal(big[k], base[k]) for k in big)
+    for key in big:
+        torch.testing.assert_close(accum[key], big[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_killed_run_resumes_exactly_and_ignores_a_half_written_checkpoint(workspace):
+    steps = ["--max_train_steps", "60", "--checkpointing_steps", "10", "--use_ema", "--cache_features"]
+    train(workspace, "straight", *steps)
+
+    out = workspace / "killed"
+    process = train(workspace, "killed", *steps, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoint-10").is_dir():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "model_index.json").exists(), "the run finished before it was killed"
+    latest = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    # An interrupted write of the next checkpoint: never complete, so never picked as the latest.
+    (out / f".checkpoint-{latest + 10}.tmp" / "transformer").mkdir(parents=True, exist_ok=True)
+    (out / f".checkpoint-{latest + 10}.tmp" / "transformer" / "config.json").write_text("{truncated")
+
+    result = train(workspace, "killed", *steps, "--resume_from_checkpoint", "latest")
+    assert f"resumed from {out / f'checkpoint-{latest}'} at step {latest}" in result.stderr
+    straight, resumed = weights(workspace / "straight"), weights(out)
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
+
+
+def test_feature_cache_is_built_once_and_reused(workspace):
+    first = train(workspace, "cache1", "--max_train_steps", "1", "--cache_features", "--cache_dir",
+                  str(workspace / "fresh-cache"))  # fmt: skip
+    second = train(workspace, "cache2", "--max_train_steps", "1", "--cache_features", "--cache_dir",
+                   str(workspace / "fresh-cache"))  # fmt: skip
+    assert "building the feature cache" in first.stderr
+    assert "building the feature cache" not in second.stderr and "25 images ready" not in second.stderr
+    assert len(list((workspace / "fresh-cache" / "features").iterdir())) == 1
+
+
+def test_streaming_dataset_trains_and_resumes(workspace):
+    common = ["--dataset_name", str(workspace / "data"), "--streaming", "--checkpointing_steps", "3"]
+    args = [
+        sys.executable, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / "tiny"), "--resolution", "16",
+        "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(workspace / "stream"),
+        "--cache_dir", str(workspace / "cache"), *common,
+    ]  # fmt: skip
+    first = subprocess.run([*args, "--max_train_steps", "3"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = subprocess.run(
+        [*args, "--max_train_steps", "8", "--resume_from_checkpoint", "latest"],
+        env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "at step 3" in second.stderr  # 12 samples skipped, then 5 more steps through the epoch boundary
+    assert json.loads((workspace / "stream" / "training_summary.json").read_text())["steps"] == 8
+
+
+def test_moe_backbone_with_load_balancing(workspace):
+    train(workspace, "moe", "--max_train_steps", "2", "--load_balance_weight", "0.01", base="tiny-moe")
+    assert (workspace / "moe" / "model_index.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model_type", "transformer"], "argument --model_type: invalid choice: 'transformer'"),
+        (["--caption_column", "caption"], "--caption_column 'caption' is not a column of the dataset"),
+        (["--resolution", "32"], "--resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px"),
+        (["--resume_from_checkpoint", "no/such/checkpoint"], "no/such/checkpoint: no such checkpoint folder"),
+        (["--model_type", "moe_mlp"], "--model_type moe_mlp conflicts with the base pipeline"),
+        (["--load_balance_weight", "0.01"], "--load_balance_weight applies to MoE-MLP backbones only"),
+        (["--random_flip", "--cache_features"], "--random_flip cannot be combined with --cache_features"),
+    ],
+)
+def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, message):
+    result = train(workspace, "bad", "--max_train_steps", "1", *extra, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not (workspace / "bad" / "checkpoint-1").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_cpu_processes_really_train_together(workspace):
+    launch = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()),
+    ]  # fmt: skip
+    env = {**ENV, "ACCELERATE_USE_CPU": "1"}
+    args = [
+        str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / "tiny"), "--train_data_dir",
+        str(workspace / "data"), "--resolution", "16", "--train_batch_size", "2", "--report_to", "none",
+        "--output_dir", str(workspace / "ddp"), "--cache_dir", str(workspace / "cache"), "--max_train_steps", "3",
+        "--cache_features", "--checkpointing_steps", "2",
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(launch + args, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as error:
+        raise AssertionError(f"the 2-process run hung:\n{(error.stderr or b'').decode()[-6000:]}") from None
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((workspace / "ddp" / "training_summary.json").read_text())
+    assert summary["num_processes"] == 2  # the wrong launches silently give 1
+    assert summary["ranks_in_sync"] is True
