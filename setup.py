@@ -29,6 +29,18 @@ setup(
     license="Apache-2.0",
     package_dir={"": "src"},
     packages=find_packages("src"),
+    # The shapes world's trained VAE and pipeline ship inside the package, so pip users get them offline.
+    package_data={
+        "diffusers_lmlp": [
+            "shapes/assets/*/*.json",
+            "shapes/assets/*/*.safetensors",
+            "shapes/assets/*/*/*.json",
+            "shapes/assets/*/*/*.safetensors",
+            "shapes/assets/*/*/*.txt",
+            "shapes/assets/*/*.md",
+            "shapes/assets/*/*.png",
+        ]
+    },
     python_requires=">=3.11",
     install_requires=install_requires,
     extras_require=extras,

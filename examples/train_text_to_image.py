@@ -60,7 +60,7 @@ PRESETS = {
         model_config="shapes-S",
         resolution=32,
         train_batch_size=64,
-        max_train_steps=1500,
+        max_train_steps=2200,
         learning_rate=1e-3,
         adam_beta2=0.99,
         adam_weight_decay=0.0,
@@ -68,10 +68,11 @@ PRESETS = {
         use_ema=True,
         ema_decay=0.995,
         cache_features=True,
-        checkpointing_steps=500,
+        checkpointing_steps=550,
         checkpoints_total_limit=2,
-        validation_steps=500,
+        validation_steps=550,
         validation_inference_steps=20,
+        validation_guidance_scale=4.0,  # the papers' s = 3; colour and position follow the caption better
         output_dir="lmlp-shapes",
     ),
     # The L-MLP paper's MS-COCO run (reference configs/lmlp_f2.py + the U-ViT COCO recipe): F2, SD VAE, CLIP L/14,
@@ -618,7 +619,8 @@ def shapes_scores(pipe: LMLPPipeline, args, num_per_split: int = 48) -> dict[str
     scores = {}
     for split, specs in (("train", train_specs()), ("held-out", held_out_specs())):
         rng = np.random.default_rng(args.seed)
-        captions = [specs[i].caption for i in rng.choice(len(specs), size=num_per_split, replace=False)]
+        picks = rng.choice(len(specs), size=num_per_split, replace=len(specs) < num_per_split)
+        captions = [specs[i].caption for i in picks]
         images = []
         for start in range(0, len(captions), 16):
             images += generate(pipe, captions[start : start + 16], args, seed=args.seed + start)

@@ -84,6 +84,26 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
     assert image.shape == (1, 16, 16, 3)
 
 
+def test_embedded_default_runs_offline_end_to_end(tmp_path):
+    # The README's main command, shortened: no data arguments means the shapes world and the package's components.
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", str(SCRIPT), "--max_train_steps", "2", "--validation_inference_steps", "2",
+        "--output_dir", str(tmp_path / "shapes"), "--cache_dir", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = tmp_path / "shapes"
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert set(summary["scores"]) == {"train", "held-out"}
+    assert set(summary["scores"]["train"]) >= {"colour", "shape", "position", "colour+position"}
+    assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
+    pipe = LMLPPipeline.from_pretrained(out)
+    assert pipe.transformer.config.sample_size == 8 and pipe.native_size == 32
+    assert pipe.vae.config.scaling_factor == pytest.approx(json.loads((out / "vae" / "config.json").read_text())[
+        "scaling_factor"])  # fmt: skip
+
+
 def test_gradient_accumulation_matches_the_large_batch(workspace):
     train(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
     train(

@@ -70,26 +70,32 @@ def _tiny_vocab_and_merges(words: tuple[str, ...]) -> tuple[dict[str, int], list
     return {token: i for i, token in enumerate(dict.fromkeys(tokens))}, merges
 
 
-def tiny_clip_tokenizer(model_max_length: int = 16, save_directory: str | os.PathLike | None = None) -> CLIPTokenizer:
+def tiny_clip_tokenizer(
+    model_max_length: int = 16,
+    save_directory: str | os.PathLike | None = None,
+    words: tuple[str, ...] = TINY_VOCAB_WORDS,
+) -> CLIPTokenizer:
     """Write a tiny CLIP BPE vocabulary (`vocab.json`, `merges.txt`) and load a `CLIPTokenizer` from it.
 
-    The vocabulary is CLIP's byte-level alphabet plus whole-word merges for `TINY_VOCAB_WORDS`; unknown words
-    fall back to single bytes, never to an unknown token. Special tokens follow SD 1.x: bos `<|startoftext|>`,
-    eos = pad = unk `<|endoftext|>`.
+    The vocabulary is CLIP's byte-level alphabet plus whole-word merges for `words`; unknown words fall back to
+    single bytes, never to an unknown token. Special tokens follow SD 1.x: bos `<|startoftext|>`, eos = pad = unk
+    `<|endoftext|>`.
 
     Args:
         model_max_length (`int`, *optional*, defaults to 16): Tokens per prompt, bos and eos included (77 for
             CLIP ViT-L/14). Must equal the backbone's `text_seq_len`.
         save_directory (`str` or `os.PathLike`, *optional*): Where to write the vocabulary files; a temporary
             directory, removed after loading, when not given.
+        words (`tuple[str, ...]`, *optional*, defaults to `TINY_VOCAB_WORDS`): Lower-case words that become one
+            token each.
 
     Returns:
         `CLIPTokenizer`: The tokenizer, with `model_max_length` set.
     """
     if save_directory is None:
         with tempfile.TemporaryDirectory() as temporary_directory:
-            return tiny_clip_tokenizer(model_max_length, temporary_directory)
-    vocab, merges = _tiny_vocab_and_merges(TINY_VOCAB_WORDS)
+            return tiny_clip_tokenizer(model_max_length, temporary_directory, words)
+    vocab, merges = _tiny_vocab_and_merges(words)
     os.makedirs(save_directory, exist_ok=True)
     with open(os.path.join(save_directory, "vocab.json"), "w", encoding="utf-8") as f:
         json.dump(vocab, f, ensure_ascii=False)

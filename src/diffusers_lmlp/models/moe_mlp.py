@@ -56,6 +56,16 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin):
         "2E1H": {"num_experts": 2, "num_heads": 1},
         "4E1H": {"num_experts": 4, "num_heads": 1},
         "4E2H": {"num_experts": 4, "num_heads": 2},
+        "shapes-moe-S": dict(
+            sample_size=8,
+            patch_size=2,
+            hidden_size=96,
+            num_layers=8,
+            text_embed_dim=64,
+            text_seq_len=16,
+            num_experts=2,
+            num_heads=2,
+        ),
     }
 
     @register_to_config
