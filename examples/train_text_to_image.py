@@ -139,7 +139,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--resolution", type=int, default=256)
     data.add_argument("--random_flip", action="store_true")
     data.add_argument("--caption_dropout", type=float, default=0.1, help='probability of training on "" instead')
-    data.add_argument("--cache_features", action="store_true", help="encode VAE moments and text states once")
+    data.add_argument(
+        "--cache_features", action=argparse.BooleanOptionalAction, default=False,
+        help="encode VAE moments and text states once (the shapes default; --no-cache_features encodes every step)",
+    )  # fmt: skip
     data.add_argument("--cache_dir", help="where datasets and features are cached (default: <output_dir>/../.cache)")
     data.add_argument("--dataloader_num_workers", type=int, default=0)
 
@@ -160,7 +163,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--snr_gamma", type=float, help="Min-SNR loss weighting (5.0 is the usual value)")
     train.add_argument("--noise_offset", type=float, default=0.0)
     train.add_argument("--load_balance_weight", type=float, default=0.0, help="MoE-MLP balancing loss (paper: 0.01)")
-    train.add_argument("--use_ema", action="store_true")
+    train.add_argument("--use_ema", action=argparse.BooleanOptionalAction, default=False)
     train.add_argument("--ema_decay", type=float, default=0.9999)
     train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"])
 

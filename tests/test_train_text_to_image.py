@@ -170,8 +170,11 @@ def test_streaming_dataset_trains_and_resumes(workspace):
     assert json.loads((workspace / "stream" / "training_summary.json").read_text())["steps"] == 8
 
 
-def test_moe_backbone_with_load_balancing(workspace):
-    train(workspace, "moe", "--max_train_steps", "2", "--load_balance_weight", "0.01", base="tiny-moe")
+def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspace):
+    train(
+        workspace, "moe", "--max_train_steps", "2", "--load_balance_weight", "0.01", "--snr_gamma", "5.0",
+        "--noise_offset", "0.05", "--mixed_precision", "bf16", base="tiny-moe",
+    )  # fmt: skip
     assert (workspace / "moe" / "model_index.json").is_file()
 
 
