@@ -715,6 +715,7 @@ def main(argv: list[str] | None = None) -> None:
     progress = tqdm(
         range(args.max_train_steps), initial=global_step, desc="steps", disable=not accelerator.is_local_main_process
     )
+    prompts = default_validation_prompts(args)
     start_time = time.perf_counter()
     while global_step < args.max_train_steps:
         # The samples and noise of one optimizer step, for this process, drawn before the micro-batches split them.
@@ -771,7 +772,6 @@ def main(argv: list[str] | None = None) -> None:
                 saved = save_checkpoint(accelerator, output_dir, global_step, args.checkpoints_total_limit)
                 logger.info(f"saved {saved}")
             accelerator.wait_for_everyone()
-        prompts = default_validation_prompts(args)
         if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
             validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
     progress.close()

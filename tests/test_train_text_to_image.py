@@ -104,6 +104,19 @@ def test_embedded_default_runs_offline_end_to_end(tmp_path):
         "scaling_factor"])  # fmt: skip
 
 
+def test_components_from_folders_checkpointing_clipping_and_flips(workspace):
+    # The frozen components can come from any folder (here the tiny pipeline's subfolders), not only a base pipeline.
+    result = train(
+        workspace, "components", "--max_train_steps", "2", "--pretrained_vae", str(workspace / "tiny"),
+        "--vae_subfolder", "vae", "--pretrained_text_encoder", str(workspace / "tiny"), "--text_encoder_subfolder",
+        "text_encoder", "--latent_scale", "0.5", "--gradient_checkpointing", "--max_grad_norm", "0.5",
+        "--random_flip",
+    )  # fmt: skip
+    assert result.returncode == 0
+    saved = json.loads((workspace / "components" / "vae" / "config.json").read_text())
+    assert saved["scaling_factor"] == 0.5  # --latent_scale travels with the pipeline
+
+
 def test_gradient_accumulation_matches_the_large_batch(workspace):
     train(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
     train(
