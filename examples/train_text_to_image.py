@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import ProjectConfiguration
+from accelerate.utils import ProjectConfiguration, set_seed
 from diffusers import AutoencoderKL, DDPMScheduler
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel, compute_snr
@@ -647,6 +647,7 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
 
+    set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
     model = build_model(args)
     tokenizer, text_encoder, vae = load_components(args)
     check_compatible(model, tokenizer, text_encoder, vae, args.resolution)

@@ -100,6 +100,11 @@ def test_embedded_default_runs_offline_end_to_end(tmp_path):
     assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
     pipe = LMLPPipeline.from_pretrained(out)
     assert pipe.transformer.config.sample_size == 8 and pipe.native_size == 32
+    again = subprocess.run([*command[:-4], "--output_dir", str(tmp_path / "again"), "--cache_dir",
+                            str(tmp_path / "cache")], env=ENV, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-4000:]
+    first, second = weights(out), weights(tmp_path / "again")
+    assert all(torch.equal(first[k], second[k]) for k in first)  # a from-scratch run is reproducible from its seed
     assert pipe.vae.config.scaling_factor == pytest.approx(json.loads((out / "vae" / "config.json").read_text())[
         "scaling_factor"])  # fmt: skip
 

@@ -105,6 +105,33 @@ def tiny_clip_tokenizer(
     return CLIPTokenizer.from_pretrained(save_directory, model_max_length=model_max_length)
 
 
+def tiny_clip_text_encoder(
+    tokenizer: CLIPTokenizer, hidden_size: int = 32, intermediate_size: int = 37
+) -> CLIPTextModel:
+    """A randomly initialised 2-layer, 4-head CLIP text encoder that reads `tokenizer`'s ids and length.
+
+    Seed the global RNG first (or wrap the call in `torch.random.fork_rng`) for reproducible weights.
+
+    Args:
+        tokenizer (`CLIPTokenizer`): Gives the vocabulary size, the special ids and `model_max_length` positions.
+        hidden_size (`int`, *optional*, defaults to 32): Width of the states.
+        intermediate_size (`int`, *optional*, defaults to 37): Width of the MLPs.
+    """
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        max_position_embeddings=tokenizer.model_max_length,
+        projection_dim=hidden_size,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return CLIPTextModel(config)
+
+
 def build_tiny_pipeline(
     backbone: str = "lmlp",
     seed: int = 0,
@@ -137,21 +164,9 @@ def build_tiny_pipeline(
     backbone_class, backbone_kwargs = backbones[backbone]
 
     tokenizer = tiny_clip_tokenizer(model_max_length=text_seq_len)
-    text_config = CLIPTextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=37,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        max_position_embeddings=text_seq_len,
-        projection_dim=32,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        text_encoder = CLIPTextModel(text_config)
+        text_encoder = tiny_clip_text_encoder(tokenizer)
         vae = AutoencoderKL(
             in_channels=3,
             out_channels=3,
@@ -170,7 +185,7 @@ def build_tiny_pipeline(
             in_channels=4,
             hidden_size=hidden_size,
             num_layers=2,
-            text_embed_dim=text_config.hidden_size,
+            text_embed_dim=text_encoder.config.hidden_size,
             text_seq_len=text_seq_len,
             **backbone_kwargs,
         )

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKL
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+from transformers import CLIPTextModel, CLIPTokenizer
 
-from ..tiny import tiny_clip_tokenizer
+from ..tiny import tiny_clip_text_encoder, tiny_clip_tokenizer
 from .world import COLOURS, SHAPES, SIZES
 
 
@@ -37,21 +37,9 @@ def shapes_text_encoder(tokenizer: CLIPTokenizer, seed: int = 0) -> CLIPTextMode
         tokenizer (`CLIPTokenizer`): The tokenizer it reads (`shapes_tokenizer()`).
         seed (`int`, *optional*, defaults to 0): Seed of the initialisation.
     """
-    config = CLIPTextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        max_position_embeddings=TEXT_SEQ_LEN,
-        projection_dim=64,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        encoder = CLIPTextModel(config)
+        encoder = tiny_clip_text_encoder(tokenizer, hidden_size=64, intermediate_size=128)
     return encoder.requires_grad_(False).eval()
 
 
