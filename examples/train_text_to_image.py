@@ -782,6 +782,9 @@ def main(argv: list[str] | None = None) -> None:
     in_sync = ranks_in_sync(accelerator, model)
     if accelerator.is_main_process:
         finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, in_sync)
+    # Every process leaves together: a rank that tears down its process group while the main process still saves
+    # leaves the main process waiting for it at exit (seen with gloo).
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 
