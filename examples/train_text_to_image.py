@@ -863,16 +863,14 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
     logger.info(f"saved the pipeline to {output_dir} ({json.dumps(summary)})")
 
     if args.push_to_hub:
-        from huggingface_hub import create_repo, upload_folder
+        # The same upload as `python -m diffusers_lmlp.hub push`: safetensors, configs, tokenizer, images and the
+        # card (its usage block names the repo), never checkpoints, logs or pickles; one commit.
+        from diffusers_lmlp.hub import push_pipeline
 
-        repo_id = args.hub_model_id or output_dir.name
-        create_repo(repo_id, exist_ok=True, token=args.hub_token)
-        upload_folder(
-            repo_id=repo_id,
-            folder_path=output_dir,
-            token=args.hub_token,
-            ignore_patterns=["checkpoint-*", ".checkpoint-*", f"{args.logging_dir}/*", "*.bin", "*.pkl", "*.pt"],
+        commit = push_pipeline(
+            output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, commit_message="End of training"
         )
+        logger.info(f"pushed to the Hub: {commit.commit_url}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,14 @@
+"""Publishing to the Hugging Face Hub: model cards, a saved pipeline as a model repo, the demo as a Space.
+
+From the command line (`python -m diffusers_lmlp.hub --help`):
+
+    python -m diffusers_lmlp.hub push lmlp-shapes owner/lmlp-shapes [--dry-run]
+    python -m diffusers_lmlp.hub push-space owner/lmlp-demo --model owner/lmlp-shapes [--dry-run]
+"""
+
+from .card import write_model_card
+from .model import push_pipeline, stage_pipeline
+from .space import push_space, stage_space
+
+
+__all__ = ["push_pipeline", "push_space", "stage_pipeline", "stage_space", "write_model_card"]

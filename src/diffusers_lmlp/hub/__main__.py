@@ -1,0 +1,116 @@
+"""`python -m diffusers_lmlp.hub`: publish a saved pipeline (`push`) or the demo Space (`push-space`)."""
+
+import argparse
+import sys
+
+from .model import push_pipeline, stage_pipeline
+from .space import DEFAULT_SPACE_DIR, MODEL_VARIABLE, push_space, stage_space
+from .upload import StagedUpload, check_repo_id
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m diffusers_lmlp.hub",
+        description="Publish to the Hugging Face Hub. Each push is one commit; --dry-run uploads nothing and writes "
+        "the exact folder that would be uploaded.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    push = commands.add_parser(
+        "push",
+        help="a saved pipeline folder -> a model repo",
+        description="Upload a folder written by LMLPPipeline.save_pretrained (or the training script) with its "
+        "model card: safetensors weights, configs, tokenizer files and images only (never checkpoint-*, logs or "
+        "pickles). An existing README.md keeps its text; its metadata and usage block are updated.",
+    )
+    push.add_argument("folder", help="the saved pipeline folder (with model_index.json)")
+    push.add_argument("repo_id", help="the model repo, owner/name (or name: the token's user)")
+    push.add_argument("--license", help="the card's license (default: the card's own, else apache-2.0)")
+    push.add_argument("--base-model", help="the Hub model it was fine-tuned from (card metadata)")
+    push.add_argument("--dataset", action="append", dest="datasets", help="a Hub dataset it was trained on (repeat)")
+    push.add_argument("--sample-prompts", nargs="+", help="generate a captioned samples.png from these prompts")
+    push.add_argument("--sample-steps", type=int, default=25, help="sampling steps for --sample-prompts")
+    push.add_argument("--seed", type=int, default=0, help="seed for --sample-prompts")
+    push.add_argument("--revision", help="an existing branch to commit to (default: main)")
+    push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
+    push.add_argument("--commit-message", default="Upload LMLPPipeline")
+
+    space = commands.add_parser(
+        "push-space",
+        help="the demo (spaces/) -> a Gradio Space serving a model repo",
+        description=f"Upload the demo folder with the package vendored as diffusers_lmlp/, the README front matter's "
+        f"models: set to --model, and the Space variable {MODEL_VARIABLE}=--model.",
+    )
+    space.add_argument("space_id", help="the Space repo, owner/name")
+    space.add_argument("--model", required=True, help="the model repo the Space serves, owner/name")
+    space.add_argument("--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: %(default)s)")
+    space.add_argument("--commit-message", default="Upload the diffusers-lmlp demo")
+
+    for command in (push, space):
+        command.add_argument("--token", help="a Hub token with write access (default: HF_TOKEN or `hf auth login`)")
+        command.add_argument("--private", action="store_true", default=None, help="create the repo private")
+        command.add_argument("--dry-run", action="store_true", help="upload nothing; write the folder to upload")
+        command.add_argument("--output-dir", help="with --dry-run: where to write it (default: a new temp folder)")
+    return parser
+
+
+def report_dry_run(staged: StagedUpload, repo: str) -> None:
+    print(f"Dry run, nothing was uploaded. The folder that would be uploaded to {repo}: {staged.folder.resolve()}")
+    print("\n".join(f"  {path}" for path in staged.files))
+    if staged.left_out:
+        print(f"Left out: {', '.join(staged.left_out)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.output_dir and not args.dry_run:
+        parser.error("--output-dir only goes with --dry-run (a real push stages in a temporary folder)")
+    try:
+        if args.command == "push":
+            card_options = {
+                "license": args.license,
+                "base_model": args.base_model,
+                "datasets": args.datasets,
+                "sample_prompts": args.sample_prompts,
+                "sample_steps": args.sample_steps,
+                "seed": args.seed,
+            }
+            if args.dry_run:
+                staged = stage_pipeline(args.folder, args.repo_id, args.output_dir, **card_options)
+                report_dry_run(staged, f"the model repo {args.repo_id}")
+                if "/" not in args.repo_id:
+                    print(f"A push names the repo <token user>/{args.repo_id}, in the card too.")
+                return
+            commit = push_pipeline(
+                args.folder,
+                args.repo_id,
+                token=args.token,
+                private=args.private,
+                commit_message=args.commit_message,
+                revision=args.revision,
+                create_pr=args.create_pr,
+                **card_options,
+            )
+        else:
+            check_repo_id(args.space_id, "Space id", namespace=True)
+            if args.dry_run:
+                staged = stage_space(args.model, args.space_dir, args.output_dir)
+                report_dry_run(staged, f"the Space {args.space_id}")
+                print(f"A push also sets the Space variable {MODEL_VARIABLE}={args.model}.")
+                return
+            commit = push_space(
+                args.space_id,
+                args.model,
+                args.space_dir,
+                token=args.token,
+                private=args.private,
+                commit_message=args.commit_message,
+            )
+    except (ValueError, OSError) as err:  # bad input, and huggingface_hub's HTTP and offline errors
+        sys.exit(f"error: {err}")
+    print(f"Uploaded: {commit.pr_url or commit.commit_url}")
+
+
+if __name__ == "__main__":
+    main()

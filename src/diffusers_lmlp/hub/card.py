@@ -1,0 +1,244 @@
+"""Model cards for saved pipelines: Hub metadata, what the model is, and how to load it.
+
+A card is YAML metadata plus a markdown body. We own a few metadata keys and two marked blocks of the body; the rest
+is the user's and is kept as it is when a card is updated:
+
+- metadata: `library_name` and `pipeline_tag` are set, our tags are added to the existing ones, and `license`,
+  `datasets` and `base_model` are set when given (the license defaults to apache-2.0 when the card has none);
+- the `description` block (architecture, parameter count, training recipe and scores, sample grid) is written at
+  training time, when the training arguments are known (and on a push of a folder that has no card yet);
+- the `usage` block (how to load the model from its repo id) is written again on every push, when the repo id is
+  known.
+
+Each block sits between `<!-- begin diffusers-lmlp:<name> ... -->` and `<!-- end diffusers-lmlp:<name> -->`
+markers. A block found in the card is replaced in place; a missing one is appended at the end of the body.
+"""
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+
+DEFAULT_LICENSE = "apache-2.0"
+BASE_TAGS = ("text-to-image", "diffusers", "diffusers-lmlp", "mlp")
+
+
+def block_markers(name: str) -> tuple[str, str]:
+    """The begin and end markers around the generated block `name` of a card body."""
+    return (
+        f"<!-- begin diffusers-lmlp:{name} (generated: edits inside this block are replaced) -->",
+        f"<!-- end diffusers-lmlp:{name} -->",
+    )
+
+
+def _block_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"<!-- begin diffusers-lmlp:{name}\b[^>]*-->.*?{re.escape(block_markers(name)[1])}", re.DOTALL)
+
+
+def without_block(text: str, name: str) -> str:
+    """`text` with the generated block `name` taken out: what the rest of a card says."""
+    return _block_pattern(name).sub("", text)
+
+
+def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
+    """`value` if it names a Hub repo (a valid repo id that is not a local path), else None.
+
+    Training arguments such as `pretrained_model_name_or_path` may be local folders, which are no use in metadata.
+    """
+    if value is None or os.path.exists(value):
+        return None
+    try:
+        validate_repo_id(str(value))
+    except HFValidationError:
+        return None
+    return str(value)
+
+
+def write_model_card(
+    folder: str | os.PathLike,
+    pipe,
+    args: Mapping | None = None,
+    summary: Mapping | None = None,
+    sample_grid: str | os.PathLike | None = None,
+) -> ModelCard:
+    """Write or update `README.md` (metadata, description and usage) in a saved `LMLPPipeline` folder.
+
+    Both generated blocks are written again; what the user wrote outside them in an existing card is kept.
+
+    Args:
+        folder (`str` or `os.PathLike`): The folder `pipe.save_pretrained` wrote.
+        pipe (`LMLPPipeline`): The saved pipeline (its backbone config goes into the card).
+        args (`Mapping`, *optional*): The training arguments (recipe, `dataset_name`, `pretrained_model_name_or_path`
+            as the base model, `hub_model_id` for the usage snippet).
+        summary (`Mapping`, *optional*): Training results (`steps`, `train_seconds`, `num_processes`, `scores`).
+        sample_grid (`str` or `os.PathLike`, *optional*): A sample grid inside `folder` to show.
+
+    Returns:
+        `ModelCard`: The card, also saved as `<folder>/README.md`.
+    """
+    args = args or {}
+    folder = Path(folder)
+    base_model = hub_id_or_none(args.get("pretrained_model_name_or_path"))
+    dataset = hub_id_or_none(args.get("dataset_name"))
+    path = folder / "README.md"
+    card = update_card(
+        path.read_text(encoding="utf-8") if path.is_file() else None,
+        pipe,
+        blocks={
+            "description": describe_pipeline(
+                pipe, folder.resolve().name, args=args, summary=summary, sample_grid=sample_grid, base_model=base_model
+            ),
+            "usage": usage_section(args.get("hub_model_id") or folder.resolve().name),
+        },
+        base_model=base_model,
+        datasets=[dataset] if dataset else None,
+    )
+    card.save(path)
+    return card
+
+
+def update_card(
+    existing: str | None,
+    pipe,
+    blocks: Mapping[str, str],
+    license: str | None = None,
+    datasets: list[str] | None = None,
+    base_model: str | None = None,
+) -> ModelCard:
+    """Merge our metadata and generated blocks into a card's text, keeping everything else in it.
+
+    Args:
+        existing (`str`, *optional*): The current card (`README.md` text), or None to start a new one.
+        pipe (`LMLPPipeline`): The pipeline the card describes (its backbone picks the `l-mlp`/`moe-mlp` tag).
+        blocks (`Mapping[str, str]`): Generated blocks by name (`"description"`, `"usage"`), in the order in which
+            missing ones are appended.
+        license (`str`, *optional*): The license; by default the card's own, or apache-2.0 if it has none.
+        datasets (`list[str]`, *optional*): Hub datasets the model was trained on.
+        base_model (`str`, *optional*): The Hub model this one was fine-tuned from.
+
+    Returns:
+        `ModelCard`: The updated card (not saved).
+    """
+    card = ModelCard(existing) if existing else None
+    data = card.data if card is not None else ModelCardData()
+    family_tag = "moe-mlp" if "num_experts" in pipe.transformer.config else "l-mlp"
+    data.library_name = "diffusers"
+    data.pipeline_tag = "text-to-image"
+    data.tags = list(dict.fromkeys([*(data.tags or []), *BASE_TAGS, family_tag]))
+    data.license = license or data.license or DEFAULT_LICENSE
+    if datasets:
+        data.datasets = datasets
+    if base_model:
+        data.base_model = base_model
+
+    body = card.text.strip("\n") if card is not None else ""
+    for name, content in blocks.items():
+        begin, end = block_markers(name)
+        block = f"{begin}\n{content.strip()}\n{end}"
+        pattern = _block_pattern(name)
+        if pattern.search(body):
+            body = pattern.sub(lambda _: block, body, count=1)
+        else:
+            body = f"{body}\n\n{block}" if body else block
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n")
+
+
+def describe_pipeline(
+    pipe,
+    title: str,
+    args: Mapping | None = None,
+    summary: Mapping | None = None,
+    sample_grid: str | os.PathLike | None = None,
+    base_model: str | None = None,
+) -> str:
+    """The `description` block: the backbone, its size, how it was trained and how well it does.
+
+    Args:
+        pipe (`LMLPPipeline`): The pipeline to describe.
+        title (`str`): The card's heading (the folder or repo name).
+        args (`Mapping`, *optional*): Training arguments; with a `learning_rate` they give the full recipe.
+        summary (`Mapping`, *optional*): Training results (`training_summary.json`).
+        sample_grid (`str` or `os.PathLike`, *optional*): A sample grid next to the card to show.
+        base_model (`str`, *optional*): The Hub model this one was fine-tuned from.
+
+    Returns:
+        `str`: Markdown.
+    """
+    args, summary = args or {}, summary or {}
+    backbone = pipe.transformer
+    config = backbone.config
+    is_moe = "num_experts" in config
+    num_params = sum(p.numel() for p in backbone.parameters())
+    trained = "learning_rate" in args or "steps" in summary
+    origin = "trained with diffusers-lmlp (`examples/train_text_to_image.py`)" if trained else "for diffusers-lmlp"
+    experts = f", {config.num_experts} experts × {config.num_heads} heads" if is_moe else ""
+    lines = [
+        f"# {title}",
+        "",
+        f"A text-to-image latent diffusion model with a **{'MoE-MLP' if is_moe else 'UL-MLP (L-MLP)'}** backbone "
+        f"({num_params:,} parameters), {origin}.",
+        "",
+        f"- Backbone: `{type(backbone).__name__}`, hidden size {config.hidden_size}, {config.num_layers} layers "
+        f"(+1 mid block), patch {config.patch_size}, {config.sample_size}×{config.sample_size} latents, "
+        f"{backbone.seq_len} tokens{experts}",
+        f"- Native resolution: {pipe.native_size}×{pipe.native_size} px; latent scale "
+        f"{pipe.vae.config.scaling_factor:.5f}",
+    ]
+    if base_model:
+        lines.append(f"- Fine-tuned from [{base_model}](https://huggingface.co/{base_model})")
+    if "learning_rate" in args:
+        data_source = args.get("dataset_name") or args.get("train_data_dir") or "the procedural shapes world"
+        lines.append(
+            f"- Training: {summary.get('steps', args.get('max_train_steps'))} steps on {data_source}, batch "
+            f"{args.get('train_batch_size')} × {args.get('gradient_accumulation_steps', 1)} accumulation × "
+            f"{summary.get('num_processes', 1)} process(es), AdamW lr {args['learning_rate']}, "
+            f"EMA {args.get('ema_decay') if args.get('use_ema') else 'off'}, caption dropout {args.get('caption_dropout')}"
+        )
+    elif "steps" in summary:
+        lines.append(
+            f"- Training: {summary['steps']} steps on {summary.get('num_processes', 1)} process(es)"
+            + (f", {summary['train_seconds']} s" if "train_seconds" in summary else "")
+        )
+    for split, scores in summary.get("scores", {}).items():
+        shown = ", ".join(f"{k} {v:.0%}" for k, v in scores.items())
+        lines.append(f"- Shapes scorer on {split} captions: {shown}")
+    if sample_grid is not None:
+        lines += ["", f"![samples]({Path(sample_grid).name})"]
+    return "\n".join(lines)
+
+
+def usage_section(repo_id: str, sample_grid: str | None = None) -> str:
+    """The `usage` block: how to load the pipeline from `repo_id`.
+
+    Args:
+        repo_id (`str`): The Hub repo id (or local folder) to load from.
+        sample_grid (`str`, *optional*): A sample grid to show first, for cards that do not show one yet.
+
+    Returns:
+        `str`: Markdown.
+    """
+    lines = [f"![samples]({sample_grid})", ""] if sample_grid else []
+    return "\n".join(
+        lines
+        + [
+            "## Use",
+            "",
+            "With the `diffusers-lmlp` package installed:",
+            "",
+            "```python",
+            "import diffusers_lmlp  # registers the pipeline and backbones with diffusers",
+            "from diffusers_lmlp import LMLPPipeline",
+            "",
+            f'pipe = LMLPPipeline.from_pretrained("{repo_id}")',
+            'image = pipe("a prompt", guidance_scale=2.0).images[0]',
+            "```",
+            "",
+            "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1). Load Hub repos with "
+            "`LMLPPipeline.from_pretrained`: diffusers' `DiffusionPipeline.from_pretrained` refuses third-party "
+            "component libraries for Hub ids.",
+        ]
+    )

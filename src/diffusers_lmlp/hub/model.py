@@ -1,0 +1,172 @@
+"""Publish a saved pipeline folder as a Hub model repo: what belongs in the upload, its card, the one commit."""
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from fnmatch import fnmatch
+from pathlib import Path
+
+import torch
+from huggingface_hub import CommitInfo, HfApi
+
+from ..image_grid import make_image_grid
+from ..pipelines import LMLPPipeline
+from .card import describe_pipeline, update_card, usage_section, without_block
+from .upload import (
+    StagedUpload,
+    check_repo_id,
+    commit_staged,
+    copy_tree,
+    list_files,
+    require_token,
+    staging_folder,
+    with_namespace,
+)
+
+
+# Uploaded: weights (safetensors only), configs, tokenizer files, images, and the card. Never: pickles (*.bin, *.pt,
+# *.pth, *.ckpt, *.pkl), training state, logs, or anything else.
+UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
+SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
+SAMPLE_GRID = "samples.png"
+TRAINING_SUMMARY = "training_summary.json"
+
+
+def check_pipeline_folder(folder: str | os.PathLike) -> Path:
+    """Raise, saying what is wrong, unless `folder` is a pipeline saved by `LMLPPipeline.save_pretrained`.
+
+    Returns:
+        `Path`: The folder.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder; pass the folder that LMLPPipeline.save_pretrained wrote.")
+    index = folder / "model_index.json"
+    if not index.is_file():
+        raise ValueError(
+            f"{folder} is not a saved pipeline: it has no model_index.json. Pass the folder that "
+            "LMLPPipeline.save_pretrained (or examples/train_text_to_image.py's --output_dir) wrote."
+        )
+    class_name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+    if class_name != LMLPPipeline.__name__:
+        raise ValueError(f"{folder} holds a {class_name}, not an LMLPPipeline; this command publishes LMLPPipelines.")
+    return folder
+
+
+def is_uploaded_folder(path: str) -> bool:
+    """Whether a folder of a pipeline folder (POSIX path relative to it) may hold files of the upload."""
+    return not any(fnmatch(path.rsplit("/", 1)[-1], pattern) for pattern in SKIPPED_FOLDERS)
+
+
+def is_uploaded(path: str) -> bool:
+    """Whether a file of a pipeline folder (POSIX path relative to it) belongs in the upload."""
+    name = path.rsplit("/", 1)[-1]
+    return path == "README.md" or (name.endswith(UPLOAD_SUFFIXES) and not name.startswith("."))
+
+
+def stage_pipeline(
+    folder: str | os.PathLike,
+    repo_id: str,
+    output_dir: str | os.PathLike | None = None,
+    license: str | None = None,
+    base_model: str | None = None,
+    datasets: Sequence[str] | None = None,
+    sample_prompts: Sequence[str] | None = None,
+    sample_steps: int = 25,
+    seed: int = 0,
+) -> StagedUpload:
+    """Build the exact folder that `push_pipeline` uploads, card included; the source folder is not changed.
+
+    The pipeline is loaded first (`LMLPPipeline.from_pretrained`, safetensors only), so a folder that would not
+    load from the Hub is refused. The card (`README.md`) is the folder's own, updated (see `diffusers_lmlp.hub.card`:
+    metadata and the usage block are ours, the rest is kept), or a new one described from the pipeline and
+    `training_summary.json` when the folder has none.
+
+    Args:
+        folder (`str` or `os.PathLike`): The saved pipeline.
+        repo_id (`str`): The model repo it is for (the card's usage snippet loads it).
+        output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
+            temporary folder.
+        license (`str`, *optional*): The card's license (default: the card's own, else apache-2.0).
+        base_model (`str`, *optional*): The Hub model it was fine-tuned from.
+        datasets (`Sequence[str]`, *optional*): Hub datasets it was trained on.
+        sample_prompts (`Sequence[str]`, *optional*): Generate a captioned sample grid (`samples.png`) from these
+            prompts, replacing the folder's own.
+        sample_steps (`int`, *optional*, defaults to 25): Sampling steps for the grid.
+        seed (`int`, *optional*, defaults to 0): Seed of the grid's noise.
+
+    Returns:
+        `StagedUpload`: The staging folder, its files and what was left out of the source folder.
+    """
+    folder = check_pipeline_folder(folder)
+    check_repo_id(repo_id, "model repo id")
+    if base_model:
+        check_repo_id(base_model, "base model")
+    for dataset in datasets or []:
+        check_repo_id(dataset, "dataset")
+    pipe = LMLPPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+
+    target = staging_folder(output_dir, "lmlp-upload-", source=folder)
+    left_out = copy_tree(folder, target, keep_dir=is_uploaded_folder, keep_file=is_uploaded)
+    if sample_prompts:
+        images = pipe(
+            list(sample_prompts), num_inference_steps=sample_steps, generator=torch.Generator().manual_seed(seed)
+        ).images
+        make_image_grid(images, captions=list(sample_prompts)).save(target / SAMPLE_GRID)
+
+    card_path = folder / "README.md"
+    existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
+    grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
+    if existing is None:
+        summary_path = folder / TRAINING_SUMMARY
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
+        description = describe_pipeline(
+            pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
+        )
+        blocks = {"description": description, "usage": usage_section(repo_id)}
+    else:
+        shown = grid is not None and grid in without_block(existing, "usage")
+        blocks = {"usage": usage_section(repo_id, sample_grid=None if shown else grid)}
+    card = update_card(
+        existing, pipe, blocks, license=license, datasets=list(datasets) if datasets else None, base_model=base_model
+    )
+    card.save(target / "README.md")
+    return StagedUpload(target, list_files(target), left_out)
+
+
+def push_pipeline(
+    folder: str | os.PathLike,
+    repo_id: str,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "Upload LMLPPipeline",
+    revision: str | None = None,
+    create_pr: bool = False,
+    **card_options,
+) -> CommitInfo:
+    """Publish a saved pipeline: stage it (`stage_pipeline`), `create_repo(exist_ok=True)`, then one commit.
+
+    Args:
+        folder (`str` or `os.PathLike`): The saved pipeline.
+        repo_id (`str`): The model repo, `"owner/name"` or `"name"` (then the token's user owns it).
+        token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
+        private (`bool`, *optional*): Create the repo private (an existing repo keeps its visibility).
+        commit_message (`str`, *optional*): The commit's title.
+        revision (`str`, *optional*): An existing branch to commit to (default `main`).
+        create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
+        **card_options: `license`, `base_model`, `datasets`, `sample_prompts`, `sample_steps`, `seed` (see
+            `stage_pipeline`).
+
+    Returns:
+        `CommitInfo`: The commit (`commit_url`, and `pr_url` with `create_pr`).
+    """
+    check_pipeline_folder(folder)
+    check_repo_id(repo_id, "model repo id")
+    api = HfApi(token=require_token(token))
+    repo_id = with_namespace(api, repo_id)
+    with tempfile.TemporaryDirectory(prefix="lmlp-upload-") as tmp:
+        staged = stage_pipeline(folder, repo_id, Path(tmp) / "upload", **card_options)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return commit_staged(api, repo_id, staged.folder, commit_message, revision=revision, create_pr=create_pr)

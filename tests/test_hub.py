@@ -1,0 +1,385 @@
+"""Publishing to the Hub, offline: the staged upload, its model card, the calls to huggingface_hub, and the CLI."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelInfo, RepoUrl, SpaceCard
+from huggingface_hub.errors import RepositoryNotFoundError
+from PIL import Image
+from test_pipeline_loading import fill_hub_cache
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_space, write_model_card
+from diffusers_lmlp.hub.__main__ import main
+from diffusers_lmlp.hub.card import block_markers
+from diffusers_lmlp.hub.space import PACKAGE_DIR
+from diffusers_lmlp.image_grid import make_image_grid
+from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+
+
+PIPELINE_FILES = {
+    "README.md",
+    "model_index.json",
+    "scheduler/scheduler_config.json",
+    "text_encoder/config.json",
+    "text_encoder/model.safetensors",
+    "tokenizer/tokenizer.json",
+    "tokenizer/tokenizer_config.json",
+    "transformer/config.json",
+    "transformer/diffusion_pytorch_model.safetensors",
+    "vae/config.json",
+    "vae/diffusion_pytorch_model.safetensors",
+}
+MODEL_INFO = HfApi.model_info
+# What a training run leaves next to the pipeline, none of which belongs on the Hub.
+TRAINING_LEFTOVERS = {
+    "checkpoint-100/model.safetensors": b"x",
+    "checkpoint-100/optimizer.bin": b"x",
+    ".checkpoint-200.tmp/model.safetensors": b"x",
+    "logs/lmlp-text-to-image/events.out.tfevents.1.host": b"x",
+    "logs/lmlp-text-to-image/run.json": b"{}",
+    "transformer/diffusion_pytorch_model.bin": b"x",
+    "optimizer.pt": b"x",
+    "ema.pth": b"x",
+    "model.ckpt": b"x",
+    "state.pkl": b"x",
+    "scratch.tmp/notes.json": b"{}",
+    "__pycache__/x.json": b"{}",
+}
+
+
+@pytest.fixture
+def saved(pipe, tmp_path) -> Path:
+    """The tiny pipeline saved with `save_pretrained`, plus training leftovers that must not be uploaded."""
+    folder = tmp_path / "tiny-lmlp"
+    pipe.save_pretrained(folder)
+    assert {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} == PIPELINE_FILES - {
+        "README.md"
+    }
+    for path, data in TRAINING_LEFTOVERS.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(data)
+    return folder
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """Replace the HfApi methods that touch the network with recorders; return the list of (method, arguments).
+
+    Each call's arguments are bound to the real method's signature, so a call the real API would reject fails here
+    too. `create_commit` also records the bytes of every file it would upload, read while the staging folder exists.
+    """
+    calls = []
+    results = {
+        "whoami": lambda arguments: {"name": "alice"},
+        "create_repo": lambda arguments: RepoUrl(f"https://huggingface.co/{arguments['repo_id']}"),
+        "add_space_variable": lambda arguments: {},
+        "model_info": lambda arguments: ModelInfo(id=arguments["repo_id"], private=False),
+        "create_commit": lambda arguments: CommitInfo(
+            commit_url=f"https://huggingface.co/{arguments['repo_id']}/commit/abc",
+            commit_message=arguments["commit_message"],
+            commit_description="",
+            oid="abc",
+        ),
+    }
+
+    def recorder(name):
+        signature = inspect.signature(getattr(HfApi, name))
+
+        def record(self, *args, **kwargs):
+            arguments = signature.bind(self, *args, **kwargs).arguments
+            del arguments["self"]
+            if name == "create_commit":
+                arguments["files"] = {op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in args[1]}
+            calls.append((name, arguments))
+            return results[name](arguments)
+
+        return record
+
+    for name in results:
+        monkeypatch.setattr(HfApi, name, recorder(name))
+    return calls
+
+
+def card_of(folder: Path) -> ModelCard:
+    return ModelCard.load(folder / "README.md")
+
+
+def test_dry_run_folder_loads_and_generates_the_same_image(saved, generate, tmp_path):
+    staged = stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
+    assert staged.folder == tmp_path / "upload"
+    source, uploaded = LMLPPipeline.from_pretrained(saved), LMLPPipeline.from_pretrained(staged.folder)
+    assert torch.equal(generate(source, seed=3), generate(uploaded, seed=3))
+
+
+def test_upload_leaves_out_checkpoints_logs_and_pickles(saved, tmp_path):
+    staged = stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
+    assert set(staged.files) == PIPELINE_FILES
+    assert {p.relative_to(staged.folder).as_posix() for p in staged.folder.rglob("*") if p.is_file()} == PIPELINE_FILES
+    assert staged.left_out == sorted(
+        [
+            ".checkpoint-200.tmp/",
+            "__pycache__/",
+            "checkpoint-100/",
+            "ema.pth",
+            "logs/",
+            "model.ckpt",
+            "optimizer.pt",
+            "scratch.tmp/",
+            "state.pkl",
+            "transformer/diffusion_pytorch_model.bin",
+        ]
+    )
+    assert (saved / "optimizer.pt").is_file() and not (saved / "README.md").exists()  # the source is untouched
+
+
+def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_path):
+    (saved / "training_summary.json").write_text(json.dumps({"steps": 120, "num_processes": 2}))
+    stage_pipeline(
+        saved, "alice/tiny-lmlp", tmp_path / "upload", base_model="bob/lmlp-base", datasets=["bob/captions"]
+    )
+    card = card_of(tmp_path / "upload")
+    assert card.data.library_name == "diffusers"
+    assert card.data.pipeline_tag == "text-to-image"
+    assert card.data.license == "apache-2.0"
+    assert card.data.tags == ["text-to-image", "diffusers", "diffusers-lmlp", "mlp", "l-mlp"]
+    assert card.data.base_model == "bob/lmlp-base" and card.data.datasets == ["bob/captions"]
+    num_params = sum(p.numel() for p in LMLPPipeline.from_pretrained(saved).transformer.parameters())
+    assert f"({num_params:,} parameters)" in card.text
+    assert "- Training: 120 steps on 2 process(es)" in card.text
+    assert "- Fine-tuned from [bob/lmlp-base](https://huggingface.co/bob/lmlp-base)" in card.text
+    code = card.text.split("```python\n")[1].split("```")[0]
+    assert code.index("import diffusers_lmlp") < code.index('LMLPPipeline.from_pretrained("alice/tiny-lmlp")')
+
+
+def test_card_update_keeps_what_the_user_wrote(saved, tmp_path):
+    begin, end = block_markers("usage")
+    (saved / "README.md").write_text(
+        "---\nlicense: mit\nlanguage: en\ntags:\n- shapes\n---\n\n# My model\n\nNotes the user wrote.\n\n"
+        f"{begin}\nold usage for alice/old-name\n{end}\n\n## Limitations\n\nMore user text.\n"
+    )
+    stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload", sample_prompts=["a red circle"], sample_steps=2)
+    card = card_of(tmp_path / "upload")
+    assert card.data.license == "mit" and card.data.language == "en"
+    assert card.data.tags == ["shapes", "text-to-image", "diffusers", "diffusers-lmlp", "mlp", "l-mlp"]
+    assert card.data.library_name == "diffusers" and card.data.pipeline_tag == "text-to-image"
+    assert card.text.startswith("\n# My model\n\nNotes the user wrote.\n\n" + begin)
+    assert card.text.endswith(f"{end}\n\n## Limitations\n\nMore user text.\n")
+    assert "alice/old-name" not in card.text and card.text.count(begin) == 1
+    assert 'LMLPPipeline.from_pretrained("alice/tiny-lmlp")' in card.text
+    assert "![samples](samples.png)" in card.text and (tmp_path / "upload" / "samples.png").is_file()
+
+    # Staging the staged folder again changes nothing: the update is idempotent.
+    stage_pipeline(tmp_path / "upload", "alice/tiny-lmlp", tmp_path / "again")
+    assert card_of(tmp_path / "again").content == card.content
+
+
+def test_training_script_push_uploads_the_run_without_its_state(pipe, hub_calls, tmp_path):
+    # The output folder as examples/train_text_to_image.py's finish() leaves it, then its --push_to_hub call.
+    output_dir = tmp_path / "lmlp-model"
+    pipe.save_pretrained(output_dir)
+    make_image_grid([Image.new("RGB", (16, 16))], captions=["a red circle"]).save(output_dir / "samples.png")
+    (output_dir / "validation").mkdir()
+    (output_dir / "validation" / "step-0000010.png").write_bytes((output_dir / "samples.png").read_bytes())
+    summary = {"num_processes": 1, "steps": 10}
+    (output_dir / "training_summary.json").write_text(json.dumps(summary))
+    args = {
+        "pretrained_model_name_or_path": str(tmp_path / "base"),  # a local folder: not a base_model for the Hub
+        "learning_rate": 1e-3,
+        "train_batch_size": 64,
+        "use_ema": True,
+        "ema_decay": 0.995,
+        "caption_dropout": 0.1,
+        "hub_model_id": None,
+    }
+    write_model_card(output_dir, pipe, args=args, summary=summary, sample_grid=output_dir / "samples.png")
+    for path, data in TRAINING_LEFTOVERS.items():
+        (output_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        (output_dir / path).write_bytes(data)
+
+    push_pipeline(output_dir, output_dir.name, token="hf_test", commit_message="End of training")
+    files = hub_calls[-1][1]["files"]
+    assert set(files) == PIPELINE_FILES | {"samples.png", "training_summary.json", "validation/step-0000010.png"}
+    card = ModelCard(files["README.md"].decode())
+    assert card.data.base_model is None and card.data.library_name == "diffusers"
+    assert "- Training: 10 steps on the procedural shapes world, batch 64" in card.text
+    assert card.text.count("## Use") == 1 and card.text.count("![samples](samples.png)") == 1
+    assert 'from_pretrained("alice/lmlp-model")' in card.text and 'from_pretrained("lmlp-model")' not in card.text
+
+
+def test_committed_shapes_pipeline_stages_with_its_card(tmp_path):
+    staged = stage_pipeline(PIPELINE_PATH, "alice/lmlp-shapes", tmp_path / "upload")
+    assert {"README.md", "samples.png", "training_summary.json", "transformer/config.json"} <= set(staged.files)
+    card = card_of(staged.folder)
+    assert card.data.library_name == "diffusers" and "l-mlp" in card.data.tags
+    assert "Shapes scorer on held-out captions" in card.text  # the existing description is kept
+
+
+def test_folders_that_are_not_saved_pipelines_are_refused(saved, tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        stage_pipeline(tmp_path / "missing", "alice/x")
+    (saved / "model_index.json").rename(saved / "index.json")
+    with pytest.raises(ValueError, match="no model_index.json"):
+        stage_pipeline(saved, "alice/x")
+    (saved / "index.json").rename(saved / "model_index.json")
+    (saved / "transformer" / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(ValueError, match="holds only pickled weights"):
+        stage_pipeline(saved, "alice/x")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"repo_id": "alice/bad name"}, "model repo id 'alice/bad name' is not a valid Hub repo id"),
+        ({"base_model": "a/b/c"}, "base model 'a/b/c' is not a valid Hub repo id"),
+        ({"output_dir": "NOT_EMPTY"}, "already exists and is not an empty folder"),
+        ({"output_dir": "INSIDE"}, "is inside .*tiny-lmlp, which it copies"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_written(saved, tmp_path, kwargs, message):
+    outputs = {"NOT_EMPTY": tmp_path, "INSIDE": saved / "upload"}
+    kwargs = {key: outputs.get(value, value) for key, value in kwargs.items()}
+    with pytest.raises((ValueError, FileExistsError), match=message):
+        stage_pipeline(saved, **{"repo_id": "alice/x", **kwargs})
+
+
+def test_push_creates_the_repo_then_makes_one_commit(saved, hub_calls, generate, tmp_path, monkeypatch):
+    commit = push_pipeline(saved, "tiny-lmlp", token="hf_test", private=True, commit_message="End of training")
+    assert [name for name, _ in hub_calls] == ["whoami", "create_repo", "create_commit"]
+    create_repo, create_commit = hub_calls[1][1], hub_calls[2][1]
+    assert create_repo == {"repo_id": "alice/tiny-lmlp", "private": True, "exist_ok": True}
+    assert create_commit["repo_id"] == "alice/tiny-lmlp" and create_commit["commit_message"] == "End of training"
+    assert set(create_commit["files"]) == PIPELINE_FILES
+    assert commit.commit_url == "https://huggingface.co/alice/tiny-lmlp/commit/abc"
+
+    # What the commit would upload loads back from the Hub cache by repo id and generates the same image.
+    uploaded = tmp_path / "commit"
+    for path, data in create_commit["files"].items():
+        (uploaded / path).parent.mkdir(parents=True, exist_ok=True)
+        (uploaded / path).write_bytes(data)
+    assert 'from_pretrained("alice/tiny-lmlp")' in card_of(uploaded).text
+    fill_hub_cache(uploaded, tmp_path / "cache", "alice/tiny-lmlp")
+    monkeypatch.setattr(HfApi, "model_info", MODEL_INFO)  # the real one: offline, the download reads the cache
+    from_hub = LMLPPipeline.from_pretrained("alice/tiny-lmlp", cache_dir=tmp_path / "cache")
+    assert torch.equal(generate(from_hub), generate(LMLPPipeline.from_pretrained(saved)))
+
+
+def test_push_without_a_token_says_how_to_get_one(saved, hub_calls, monkeypatch):
+    monkeypatch.setattr("diffusers_lmlp.hub.upload.get_token", lambda: None)
+    with pytest.raises(ValueError, match="No Hugging Face token: pass --token"):
+        push_pipeline(saved, "alice/tiny-lmlp")
+    assert hub_calls == []
+
+
+@pytest.fixture
+def space_dir(tmp_path) -> Path:
+    """A demo folder like the repo's spaces/, with local run leftovers."""
+    folder = tmp_path / "spaces"
+    (folder / "__pycache__").mkdir(parents=True)
+    (folder / "__pycache__" / "app.cpython-311.pyc").write_bytes(b"x")
+    (folder / ".gradio").mkdir()
+    (folder / ".gradio" / "cache.json").write_text("{}")
+    (folder / "app.py").write_text('import os\nMODEL = os.environ.get("LMLP_MODEL")\n')
+    (folder / "requirements.txt").write_text("diffusers\n")
+    (folder / "README.md").write_text(
+        "---\ntitle: L-MLP demo\nsdk: gradio\nsdk_version: 6.31.0\napp_file: app.py\nmodels:\n- someone/else\n---\n\n"
+        "# Demo\n"
+    )
+    return folder
+
+
+def test_space_upload_vendors_the_package_and_names_the_model(space_dir, tmp_path):
+    staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")
+    vendored = {p.removeprefix("diffusers_lmlp/") for p in staged.files if p.startswith("diffusers_lmlp/")}
+    package = {p.relative_to(PACKAGE_DIR).as_posix() for p in PACKAGE_DIR.rglob("*") if p.is_file()}
+    assert vendored == {p for p in package if "__pycache__" not in p}
+    assert {"__init__.py", "hub/__main__.py", "shapes/assets/pipeline/model_index.json"} <= vendored
+    assert set(staged.files) - {f"diffusers_lmlp/{p}" for p in vendored} == {"README.md", "app.py", "requirements.txt"}
+    assert staged.left_out == [".gradio/", "__pycache__/"]
+    card = SpaceCard.load(staged.folder / "README.md")
+    assert card.data.models == ["alice/tiny-lmlp"] and card.data.sdk == "gradio" and card.data.title == "L-MLP demo"
+    assert card.text == "\n# Demo\n"
+
+
+def test_repo_space_folder_stages_a_self_contained_space(tmp_path):
+    staged = stage_space("alice/lmlp-shapes", output_dir=tmp_path / "space")
+    assert {"app.py", "README.md", "requirements.txt", "diffusers_lmlp/__init__.py"} <= set(staged.files)
+    card = SpaceCard.load(staged.folder / "README.md")
+    assert card.data.models == ["alice/lmlp-shapes"] and card.data.sdk == "gradio"
+    # The Space runs app.py from its folder: the vendored package is the one it imports.
+    code = "import app, diffusers_lmlp; print(diffusers_lmlp.__file__)"
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=staged.folder, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == staged.folder / "diffusers_lmlp" / "__init__.py"
+
+
+def test_push_space_sets_the_model_variable_then_makes_one_commit(space_dir, hub_calls):
+    push_space("alice/lmlp-demo", "alice/tiny-lmlp", space_dir, token="hf_test")
+    assert [name for name, _ in hub_calls] == ["model_info", "create_repo", "add_space_variable", "create_commit"]
+    model_info, create_repo, variable, commit = (arguments for _, arguments in hub_calls)
+    assert model_info == {"repo_id": "alice/tiny-lmlp"}
+    assert create_repo == {"repo_id": "alice/lmlp-demo", "repo_type": "space", "space_sdk": "gradio", "private": None,
+                           "exist_ok": True}  # fmt: skip
+    assert variable == {"repo_id": "alice/lmlp-demo", "key": "LMLP_MODEL", "value": "alice/tiny-lmlp"}
+    assert commit["repo_id"] == "alice/lmlp-demo" and commit["repo_type"] == "space"
+    assert {"app.py", "README.md", "requirements.txt", "diffusers_lmlp/__init__.py"} <= set(commit["files"])
+    assert b"models:\n- alice/tiny-lmlp\n" in commit["files"]["README.md"]
+
+
+def test_space_refuses_a_missing_model_repo_and_a_folder_without_app(space_dir, hub_calls, monkeypatch):
+    with pytest.raises(ValueError, match="needs its owner: write 'owner/tiny-lmlp'"):
+        push_space("alice/lmlp-demo", "tiny-lmlp", space_dir, token="hf_test")
+
+    def not_found(self, repo_id, **kwargs):
+        raise RepositoryNotFoundError("404 Repository Not Found", response=SimpleNamespace(headers={}, request=None))
+
+    monkeypatch.setattr(HfApi, "model_info", not_found)
+    with pytest.raises(ValueError, match="The model repo alice/missing does not exist, or this token cannot see it"):
+        push_space("alice/lmlp-demo", "alice/missing", space_dir, token="hf_test")
+    (space_dir / "app.py").unlink()
+    with pytest.raises(FileNotFoundError, match="is not a Gradio Space folder \\(no app.py\\)"):
+        stage_space("alice/tiny-lmlp", space_dir)
+    assert hub_calls == []
+
+
+def test_cli_dry_run_prints_the_folder_it_wrote(saved, tmp_path):
+    out = tmp_path / "upload"
+    cmd = [sys.executable, "-m", "diffusers_lmlp.hub", "push", str(saved), "alice/tiny-lmlp", "--dry-run"]
+    result = subprocess.run(cmd + ["--output-dir", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"nothing was uploaded. The folder that would be uploaded to the model repo alice/tiny-lmlp: {out}" in (
+        result.stdout
+    )
+    assert "  transformer/diffusion_pytorch_model.safetensors\n" in result.stdout
+    assert "Left out: .checkpoint-200.tmp/, __pycache__/, checkpoint-100/" in result.stdout
+    assert (out / "README.md").is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["push", "MISSING", "alice/x", "--dry-run"], "error: MISSING is not a folder"),
+        (["push", "SAVED", "alice/x y", "--dry-run"], "error: model repo id 'alice/x y' is not a valid Hub repo id"),
+        (["push", "SAVED", "alice/x", "--output-dir", "o"], "--output-dir only goes with --dry-run"),
+        (
+            ["push-space", "lmlp-demo", "--model", "alice/x", "--dry-run"],
+            "error: Space id 'lmlp-demo' needs its owner",
+        ),
+        (["push-space", "alice/lmlp-demo", "--dry-run"], "the following arguments are required: --model"),
+    ],
+)
+def test_cli_bad_arguments_give_clear_messages(saved, argv, message, capsys):
+    argv = [str(saved) if a == "SAVED" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code != 0
+    output = capsys.readouterr().err + str(exit_info.value.code)
+    assert message in output
