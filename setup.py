@@ -15,8 +15,10 @@ install_requires = [
 
 extras = {
     "train": ["tensorboard", "tqdm"],
-    "space": ["gradio>=5"],
-    "test": ["pytest>=8", "ruff", "tensorboard"],
+    "space": ["gradio>=6"],
+    # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
+    # browser itself comes from the system: `apt-get install chromium`).
+    "test": ["pytest>=8", "ruff", "tensorboard", "gradio>=6", "gradio_client", "playwright"],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
 

@@ -1,0 +1,464 @@
+"""Gradio Space: text-to-image with an L-MLP or MoE-MLP pipeline (diffusers-lmlp).
+
+`python spaces/app.py` serves the pipeline named by `LMLP_MODEL` (a Hub repo id or a local folder written by
+`save_pretrained`), or, without it, the 32×32 shapes-world model that ships in the package (offline). It works with
+`diffusers_lmlp` installed or vendored as a folder next to this file (which is how a Space repo holds it).
+
+Environment variables:
+
+| variable | default | meaning |
+|---|---|---|
+| `LMLP_MODEL` | the shipped shapes model | pipeline to serve: Hub repo id or local folder |
+| `LMLP_QUEUE_SIZE` | 32 | requests that may wait in the queue; more are refused ("Queue is full") |
+| `LMLP_CONCURRENCY` | 1 | requests that run at the same time |
+
+The UI and the named API endpoint `/generate` run the same function. Every input is checked on the server by
+`validate_inputs` (API calls do not pass through the browser's sliders), and a bad value raises `gr.Error` with a
+message that names the input and its allowed range.
+"""
+
+# ZeroGPU wants `spaces` imported before torch initialises CUDA. Off ZeroGPU its decorator returns the function
+# unchanged; without the package (or when this repo's own `spaces/` folder shadows it) we use the identity.
+try:
+    import spaces
+
+    gpu = spaces.GPU
+except (ImportError, AttributeError):
+
+    def gpu(fn):
+        return fn
+
+
+import copy
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import gradio as gr
+import torch
+from huggingface_hub import ModelCard
+from huggingface_hub.errors import EntryNotFoundError, HFValidationError
+from PIL import Image
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+
+
+MAX_SEED = 2**31 - 1  # np.iinfo(np.int32).max, the Space convention
+MAX_PROMPT_CHARS = 400
+MAX_STEPS = 100
+MAX_IMAGES = 4
+MAX_GUIDANCE = 10.0
+DEFAULT_STEPS = 50  # both papers sample with 50 DPM-Solver++ steps
+DEFAULT_GUIDANCE = 2.0  # diffusers' g = s + 1 for the papers' s = 1
+DEFAULT_QUEUE_SIZE = 32
+DEFAULT_CONCURRENCY = 1
+
+SHAPES_EXAMPLES = [
+    "a large red circle at the center",
+    "a small blue square at the top left",
+    "a large green triangle at the bottom right",
+    "a large yellow square at the top",
+    "a small magenta circle at the right",
+    "a large cyan triangle at the left",
+]
+GENERIC_EXAMPLES = [
+    "a red circle on a blue square",
+    "a photograph of an astronaut riding a horse",
+    "a bowl of fruit on a wooden table",
+    "a lighthouse on a cliff at sunset",
+]
+
+# The model makes small images (32×32 px for the shapes model): the gallery shows the native pixels, scaled up by
+# the browser without smoothing.
+CSS = """
+#gallery img { image-rendering: pixelated; }
+"""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """The inputs of one generation, validated and normalised by `validate_inputs`."""
+
+    prompt: str
+    negative_prompt: str
+    seed: int
+    randomize_seed: bool
+    num_inference_steps: int
+    guidance_scale: float
+    num_images: int
+
+
+def invalid_input(message: str) -> gr.Error:
+    """The error for a bad input: shown to the user (and the API caller) as the message alone, and not logged with
+    a traceback, since the request, not the server, is at fault."""
+    return gr.Error(message, title="Invalid input", print_exception=False)
+
+
+def _check_text(name: str, value, tokenizer, required: bool) -> str:
+    """`value` stripped, if it is a string within the character and token limits; else raise `gr.Error`."""
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise invalid_input(f"The {name} must be text, got {type(value).__name__}.")
+    text = value.strip()
+    if required and not text:
+        raise invalid_input(f"The {name} is empty: describe the image you want (1 to {MAX_PROMPT_CHARS} characters).")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise invalid_input(f"The {name} has {len(text)} characters; at most {MAX_PROMPT_CHARS} are allowed.")
+    if tokenizer is not None and text:
+        num_tokens = len(tokenizer(text, verbose=False).input_ids)  # with the start and end tokens
+        if num_tokens > tokenizer.model_max_length:
+            raise invalid_input(
+                f"The {name} is {num_tokens} tokens long (with the start and end tokens), but this model reads at "
+                f"most {tokenizer.model_max_length}; shorten it so that nothing is cut off."
+            )
+    return text
+
+
+def _check_int(name: str, value, low: int, high: int) -> int:
+    """`value` as an int if it is a whole number in [low, high]; else raise `gr.Error`."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or not low <= value <= high:
+        raise invalid_input(f"The {name} must be a whole number from {low} to {high}, got {value!r}.")
+    return int(value)
+
+
+def validate_inputs(
+    prompt,
+    negative_prompt,
+    seed,
+    randomize_seed,
+    num_inference_steps,
+    guidance_scale,
+    num_images,
+    tokenizer=None,
+) -> GenerationRequest:
+    """Check and bound every input of a generation; raise `gr.Error` naming the first bad one and its range.
+
+    The values arrive as sent (API calls do not pass through the browser's sliders), so anything may come in.
+
+    Args:
+        prompt: Text of 1 to `MAX_PROMPT_CHARS` characters (stripped), and at most the tokenizer's
+            `model_max_length` tokens with the start and end tokens.
+        negative_prompt: Text of at most `MAX_PROMPT_CHARS` characters and `model_max_length` tokens; `None` or
+            `""` for the reference's unconditional context.
+        seed: Whole number from 0 to `MAX_SEED`.
+        randomize_seed (`bool`): Draw a new seed instead of using `seed`.
+        num_inference_steps: Whole number from 1 to `MAX_STEPS`.
+        guidance_scale: Finite number from 0 to `MAX_GUIDANCE` (diffusers' convention; ≤ 1 means no guidance).
+        num_images: Whole number from 1 to `MAX_IMAGES`.
+        tokenizer (`CLIPTokenizer`, *optional*): The pipeline's tokenizer, to count the prompts' tokens.
+
+    Returns:
+        `GenerationRequest`: The inputs with whole numbers as `int`, the guidance as `float` and stripped texts.
+    """
+    prompt = _check_text("prompt", prompt, tokenizer, required=True)
+    negative_prompt = _check_text("negative prompt", negative_prompt, tokenizer, required=False)
+    seed = _check_int("seed", seed, 0, MAX_SEED)
+    if not isinstance(randomize_seed, bool):
+        raise invalid_input(f"'Randomize seed' must be true or false, got {randomize_seed!r}.")
+    num_inference_steps = _check_int("number of steps", num_inference_steps, 1, MAX_STEPS)
+    number = isinstance(guidance_scale, int | float) and not isinstance(guidance_scale, bool)
+    if not number or not math.isfinite(guidance_scale) or not 0 <= guidance_scale <= MAX_GUIDANCE:
+        raise invalid_input(f"The guidance scale must be a number from 0 to {MAX_GUIDANCE:g}, got {guidance_scale!r}.")
+    num_images = _check_int("number of images", num_images, 1, MAX_IMAGES)
+    return GenerationRequest(
+        prompt, negative_prompt, seed, randomize_seed, num_inference_steps, float(guidance_scale), num_images
+    )
+
+
+def time_matmul(dtype: torch.dtype, size: int = 256, repeats: int = 5) -> float:
+    """Best time in seconds of a (size, size) @ (size, size) matmul on the CPU in `dtype`, after one warm-up."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cpu_prefers_bf16(timer: Callable[[torch.dtype], float] = time_matmul, margin: float = 0.8) -> bool:
+    """Whether bf16 runs faster than fp32 on this CPU, by a short timed matmul (a few milliseconds).
+
+    CPUs with native bf16 (`avx512_bf16`, AMX) run bf16 GEMMs faster than fp32; without it (AVX2 only) bf16 is
+    emulated and 10 to several hundred times slower.
+
+    Args:
+        timer (`Callable`, *optional*): Seconds for a fixed matmul in the given dtype; `time_matmul` by default.
+        margin (`float`, *optional*, defaults to 0.8): bf16 is chosen only if it takes less than `margin` times the
+            fp32 time, so that timing noise does not pick it.
+
+    Returns:
+        `bool`: True to run in bf16.
+    """
+    return timer(torch.bfloat16) < margin * timer(torch.float32)
+
+
+def pick_device_and_dtype() -> tuple[str, torch.dtype]:
+    """The device and precision to serve with: bf16 only where it is faster than fp32.
+
+    On CUDA, bf16 where the GPU has bf16 tensor cores (compute capability 8.0 and up), else fp32. On the CPU, bf16
+    if `cpu_prefers_bf16()` measures it faster, else fp32.
+
+    Returns:
+        `tuple`: (`"cuda"` or `"cpu"`, `torch.bfloat16` or `torch.float32`).
+    """
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float32
+    return "cpu", torch.bfloat16 if cpu_prefers_bf16() else torch.float32
+
+
+def load_model_card(source: str) -> ModelCard | None:
+    """The model card (`README.md`) of a local pipeline folder or Hub repo, or None if there is none to be had.
+
+    Args:
+        source (`str`): The local folder or Hub repo id the pipeline was loaded from.
+    """
+    if os.path.isdir(source):
+        readme = os.path.join(source, "README.md")
+        return ModelCard.load(readme) if os.path.isfile(readme) else None
+    try:
+        return ModelCard.load(source)
+    except (OSError, EntryNotFoundError, HFValidationError):  # no card, the Hub cannot be reached, or not a repo id
+        return None
+
+
+def training_data(card: ModelCard | None) -> str:
+    """What the model was trained on, from its card: the `datasets` metadata, else the "- Training:" line.
+
+    Args:
+        card (`ModelCard`, *optional*): The model card (`write_model_card` writes the "- Training:" line).
+
+    Returns:
+        `str`: Markdown text, or a note that the card does not say.
+    """
+    if card is None:
+        return "not recorded (no model card found)"
+    if card.data.datasets:
+        return ", ".join(f"`{name}`" for name in card.data.datasets)
+    for line in card.text.splitlines():
+        if line.startswith("- Training:"):
+            return line.removeprefix("- Training:").strip()
+    return "not recorded in the model card"
+
+
+def describe_model(pipe: LMLPPipeline, source: str) -> str:
+    """The model panel: backbone kind, parameter count, native resolution, text length and training data.
+
+    Args:
+        pipe (`LMLPPipeline`): The served pipeline.
+        source (`str`): The local folder or Hub repo id it was loaded from.
+
+    Returns:
+        `str`: Markdown.
+    """
+    card = load_model_card(source)
+    headings = [line[2:].strip() for line in card.text.splitlines() if line.startswith("# ")] if card else []
+    name = headings[0] if headings else os.path.basename(os.path.normpath(source))
+    backbone = pipe.transformer
+    config = backbone.config
+    is_moe = "num_experts" in config
+    num_params = sum(p.numel() for p in backbone.parameters())
+    layout = f"hidden size {config.hidden_size}, {config.num_layers} + 1 blocks, patch {config.patch_size}"
+    if is_moe:
+        layout += f", {config.num_experts} experts × {config.num_heads} heads"
+    latent = config.sample_size
+    shipped = os.path.isdir(source) and os.path.samefile(source, PIPELINE_PATH)
+    origin = "ships with diffusers-lmlp: `pretrained_shapes_pipeline()`" if shipped else f"`{source}`"
+    return "\n".join(
+        [
+            f"### Model: {name}",
+            origin,
+            "",
+            f"- **Backbone:** {'MoE-MLP' if is_moe else 'UL-MLP'} (`{type(backbone).__name__}`), {num_params:,} "
+            f"parameters; {layout}",
+            f"- **Native resolution:** {pipe.native_size}×{pipe.native_size} px ({latent}×{latent} latents × VAE "
+            f"factor {pipe.vae_scale_factor}); images are shown unresampled",
+            f"- **Text:** up to {pipe.tokenizer.model_max_length} tokens, start and end tokens included",
+            f"- **Training data:** {training_data(card)}",
+            f"- **Running on:** {pipe.device.type}, {str(backbone.dtype).removeprefix('torch.')}",
+        ]
+    )
+
+
+def make_generate_fn(pipe: LMLPPipeline) -> Callable:
+    """The UI's and the API's generate function for `pipe`.
+
+    It validates the inputs first, so that a bad request never waits for a GPU; only the sampling is wrapped with
+    `@spaces.GPU`. Each call samples with its own `LMLPPipeline` view of the shared modules and a fresh scheduler
+    (the scheduler's step state and the guidance scale live on the pipeline), so concurrent requests do not step on
+    each other.
+
+    Args:
+        pipe (`LMLPPipeline`): The served pipeline, already on its device and in its dtype.
+
+    Returns:
+        `Callable`: `generate(prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale,
+        num_images, progress)` -> (list of PIL images at the native size, the seed used).
+    """
+
+    @gpu
+    def sample(request: GenerationRequest, seed: int, progress: gr.Progress) -> list[Image.Image]:
+        call_pipe = type(pipe)(**{**pipe.components, "scheduler": copy.deepcopy(pipe.scheduler)})
+        call_pipe.set_progress_bar_config(disable=True)
+
+        def report_step(_pipe, step: int, _timestep, callback_kwargs: dict) -> dict:
+            progress((step + 1, request.num_inference_steps), desc="Denoising", unit="steps")
+            return callback_kwargs
+
+        progress((0, request.num_inference_steps), desc="Denoising", unit="steps")
+        return call_pipe(
+            request.prompt,
+            negative_prompt=request.negative_prompt,
+            num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale,
+            num_images_per_prompt=request.num_images,
+            # A CPU generator gives the same noise for a seed on every device.
+            generator=torch.Generator("cpu").manual_seed(seed),
+            callback_on_step_end=report_step,
+        ).images
+
+    def generate(
+        prompt: str,
+        negative_prompt: str,
+        seed: int,
+        randomize_seed: bool,
+        num_inference_steps: int,
+        guidance_scale: float,
+        num_images: int,
+        progress: gr.Progress = gr.Progress(),
+    ) -> tuple[list[Image.Image], int]:
+        request = validate_inputs(
+            prompt,
+            negative_prompt,
+            seed,
+            randomize_seed,
+            num_inference_steps,
+            guidance_scale,
+            num_images,
+            tokenizer=pipe.tokenizer,
+        )
+        seed = random.randint(0, MAX_SEED) if request.randomize_seed else request.seed
+        return sample(request, seed, progress), seed
+
+    return generate
+
+
+def build_demo(pipe: LMLPPipeline, source: str | None = None, queue_size: int | None = None, concurrency: int = 1):
+    """The Space's `gr.Blocks`, queued; serve it with `demo.launch(css=CSS)`.
+
+    Args:
+        pipe (`LMLPPipeline`): The pipeline to serve, already on its device and in its dtype.
+        source (`str`, *optional*): Where it was loaded from (for the model panel); `pipe.name_or_path` by default.
+        queue_size (`int`, *optional*): Requests that may wait; more are refused with "Queue is full". Unbounded
+            when None.
+        concurrency (`int`, *optional*, defaults to 1): Requests that run at the same time.
+
+    Returns:
+        `gr.Blocks`: The app, with the API endpoint `/generate` returning (gallery images, seed used).
+    """
+    source = source or pipe.name_or_path
+    info = describe_model(pipe, source)
+    examples = SHAPES_EXAMPLES if "shapes world" in info else GENERIC_EXAMPLES
+    with gr.Blocks(title="diffusers-lmlp") as demo:
+        gr.Markdown(
+            "# diffusers-lmlp: attention-free MLP text-to-image\n"
+            "A latent diffusion model whose backbone is a U-shaped lateralization MLP (L-MLP) or a MoE-MLP: no "
+            "attention anywhere. Images come at the model's native size only."
+        )
+        with gr.Row():
+            prompt = gr.Textbox(
+                label="Prompt",
+                placeholder=examples[0],
+                max_lines=2,
+                max_length=MAX_PROMPT_CHARS,
+                scale=4,
+                elem_id="prompt",
+            )
+            run = gr.Button("Generate", variant="primary", scale=1, elem_id="generate")
+        with gr.Row():
+            with gr.Column(scale=3):
+                gallery = gr.Gallery(
+                    label="Images",
+                    columns=2,
+                    height=720,
+                    object_fit="contain",
+                    format="png",  # lossless: the pixels the model made
+                    elem_id="gallery",
+                )
+            with gr.Column(scale=2):
+                gr.Markdown(info, elem_id="model-info")
+                with gr.Accordion("Advanced settings", open=False):
+                    negative_prompt = gr.Textbox("", label="Negative prompt", max_lines=2, max_length=MAX_PROMPT_CHARS)
+                    with gr.Row():
+                        seed = gr.Slider(0, MAX_SEED, value=0, step=1, label="Seed")
+                        randomize_seed = gr.Checkbox(value=True, label="Randomize seed")
+                    num_inference_steps = gr.Slider(1, MAX_STEPS, value=DEFAULT_STEPS, step=1, label="Steps")
+                    guidance_scale = gr.Slider(
+                        0.0,
+                        MAX_GUIDANCE,
+                        value=DEFAULT_GUIDANCE,
+                        step=0.1,
+                        label="Guidance scale",
+                        info="diffusers' g; the papers' s is g − 1 (≤ 1: no guidance)",
+                    )
+                    num_images = gr.Slider(1, MAX_IMAGES, value=MAX_IMAGES, step=1, label="Number of images")
+        gr.Examples(examples=[[example] for example in examples], inputs=[prompt])
+        gr.on(
+            triggers=[run.click, prompt.submit],
+            fn=make_generate_fn(pipe),
+            inputs=[prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images],
+            outputs=[gallery, seed],
+            api_name="generate",
+            # The inputs reach `validate_inputs` as sent: the sliders' own bounds checks would answer first, with
+            # messages that do not name the input.
+            preprocess=False,
+        )
+    demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
+    return demo
+
+
+def queue_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """The queue's size and concurrency from `LMLP_QUEUE_SIZE` and `LMLP_CONCURRENCY`.
+
+    Args:
+        environ (`Mapping[str, str]`, *optional*): The environment; `os.environ` by default.
+
+    Returns:
+        `tuple`: (requests that may wait, requests that run at once), each a whole number of at least 1.
+    """
+    settings = []
+    for name, default in (("LMLP_QUEUE_SIZE", DEFAULT_QUEUE_SIZE), ("LMLP_CONCURRENCY", DEFAULT_CONCURRENCY)):
+        value = environ.get(name, str(default))
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
+        settings.append(int(value))
+    return settings[0], settings[1]
+
+
+def main() -> None:
+    """Load the pipeline named by `LMLP_MODEL` (or the shipped shapes model) and serve it."""
+    queue_size, concurrency = queue_settings()
+    device, dtype = pick_device_and_dtype()
+    if device == "cpu":
+        # Requests running side by side share the cores; more threads than cores slow every one of them down.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // concurrency))
+    model = os.environ.get("LMLP_MODEL")
+    if model:
+        pipe = LMLPPipeline.from_pretrained(model, dtype=dtype)
+    else:
+        pipe = pretrained_shapes_pipeline(dtype=dtype)
+    pipe = pipe.to(device)
+    build_demo(pipe, source=model, queue_size=queue_size, concurrency=concurrency).launch(css=CSS)
+
+
+if __name__ == "__main__":
+    main()

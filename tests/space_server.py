@@ -1,0 +1,77 @@
+"""Helpers for the Space tests: import `spaces/app.py` and serve its demo on 127.0.0.1."""
+
+import importlib.util
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+
+
+# Read by gradio at import: no usage analytics (and no network) from the tests.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+APP_PATH = Path(__file__).resolve().parents[1] / "spaces" / "app.py"
+
+
+@cache
+def load_app():
+    """`spaces/app.py` as a module (it is a script, not part of the package); imported once per session."""
+    spec = importlib.util.spec_from_file_location("lmlp_space_app", APP_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def one_cpu_thread() -> Iterator[None]:
+    """Run torch on one CPU thread (restored after): the shapes model is far too small to gain from a second one,
+    and on a busy machine a second thread costs it up to 50 times its run time (see conftest.py)."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(num_threads)
+
+
+def shapes_pipeline():
+    """A fresh copy of the shapes pipeline that ships in the package (32×32 images), its progress bar off."""
+    pipe = pretrained_shapes_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def image_std(image: Image.Image) -> float:
+    """Standard deviation of an image's RGB values (0..255): near 0 for a blank image, ~20 for a shapes sample."""
+    return float(np.asarray(image.convert("RGB"), dtype=np.float64).std())
+
+
+@contextmanager
+def serve(demo) -> Iterator[str]:
+    """Serve a gradio app on 127.0.0.1 in a background thread; yield its URL, then shut it down.
+
+    Args:
+        demo (`gr.Blocks`): The app (already queued).
+    """
+    _, url, _ = demo.launch(
+        server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, css=load_app().CSS
+    )
+    try:
+        yield url
+    finally:
+        demo.close()

@@ -1,0 +1,185 @@
+"""The Gradio Space (`spaces/app.py`) in-process: input validation, the bf16 decision, the model panel and the
+generate function on the shipped shapes model."""
+
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+import torch
+from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
+
+from diffusers_lmlp.tiny import build_tiny_pipeline
+
+
+app = load_app()
+
+PROMPT = "a large red circle at the center"
+VALID = dict(
+    prompt=PROMPT,
+    negative_prompt="",
+    seed=7,
+    randomize_seed=False,
+    num_inference_steps=4,
+    guidance_scale=2.0,
+    num_images=2,
+)
+
+
+@pytest.fixture(scope="module")
+def shapes_pipe():
+    with one_cpu_thread():
+        yield shapes_pipeline()
+
+
+def test_validate_inputs_normalises_valid_values(shapes_pipe):
+    request = app.validate_inputs(
+        **{**VALID, "prompt": f"  {PROMPT} ", "seed": 3.0, "num_inference_steps": 5.0, "guidance_scale": 1},
+        tokenizer=shapes_pipe.tokenizer,
+    )
+    assert request == app.GenerationRequest(PROMPT, "", 3, False, 5, 1.0, 2)
+    assert isinstance(request.seed, int) and isinstance(request.num_inference_steps, int)
+    assert app.validate_inputs(**{**VALID, "negative_prompt": None}).negative_prompt == ""
+    edges = dict(seed=app.MAX_SEED, num_inference_steps=app.MAX_STEPS, guidance_scale=0, num_images=app.MAX_IMAGES)
+    assert app.validate_inputs(**{**VALID, **edges}).seed == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(prompt=""), r"prompt is empty.*1 to 400 characters"),
+        (dict(prompt="   "), r"prompt is empty"),
+        (dict(prompt=None), r"prompt must be text, got NoneType"),
+        (dict(prompt="a" * 401), r"prompt has 401 characters; at most 400"),
+        (dict(negative_prompt="b" * 401), r"negative prompt has 401 characters; at most 400"),
+        (dict(negative_prompt=3), r"negative prompt must be text"),
+        (dict(seed=-1), r"seed must be a whole number from 0 to 2147483647, got -1"),
+        (dict(seed=2**31), r"seed must be a whole number from 0 to 2147483647"),
+        (dict(seed=2.5), r"seed must be a whole number .* got 2\.5"),
+        (dict(seed="7"), r"seed must be a whole number .* got '7'"),
+        (dict(seed=True), r"seed must be a whole number"),
+        (dict(randomize_seed="yes"), r"'Randomize seed' must be true or false"),
+        (dict(num_inference_steps=0), r"number of steps must be a whole number from 1 to 100, got 0"),
+        (dict(num_inference_steps=101), r"number of steps must be a whole number from 1 to 100, got 101"),
+        (dict(num_inference_steps=None), r"number of steps must be a whole number from 1 to 100, got None"),
+        (dict(guidance_scale=-0.5), r"guidance scale must be a number from 0 to 10, got -0\.5"),
+        (dict(guidance_scale=10.5), r"guidance scale must be a number from 0 to 10"),
+        (dict(guidance_scale=float("nan")), r"guidance scale must be a number from 0 to 10, got nan"),
+        (dict(guidance_scale="2"), r"guidance scale must be a number"),
+        (dict(num_images=0), r"number of images must be a whole number from 1 to 4, got 0"),
+        (dict(num_images=5), r"number of images must be a whole number from 1 to 4, got 5"),
+    ],
+)
+def test_validate_inputs_refuses_bad_values_with_a_clear_message(bad, message):
+    with pytest.raises(gr.Error, match=message) as error:
+        app.validate_inputs(**{**VALID, **bad})
+    assert error.value.title == "Invalid input" and not error.value.print_exception
+
+
+def test_validate_inputs_refuses_prompts_longer_than_the_tokenizer_takes(shapes_pipe):
+    tokenizer = shapes_pipe.tokenizer  # 16 tokens, start and end included
+    long_prompt = f"{PROMPT} and {PROMPT}"  # 69 characters, 19 tokens
+    assert len(tokenizer(long_prompt).input_ids) == 19
+    with pytest.raises(gr.Error, match=r"prompt is 19 tokens long .* at most 16; shorten it"):
+        app.validate_inputs(**{**VALID, "prompt": long_prompt}, tokenizer=tokenizer)
+    with pytest.raises(gr.Error, match=r"negative prompt is 19 tokens long"):
+        app.validate_inputs(**{**VALID, "negative_prompt": long_prompt}, tokenizer=tokenizer)
+    app.validate_inputs(**VALID, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("bf16_seconds, expected", [(0.001, True), (0.0079, True), (0.0081, False), (0.5, False)])
+def test_cpu_prefers_bf16_only_when_it_is_clearly_faster(bf16_seconds, expected):
+    def timer(dtype):
+        return bf16_seconds if dtype == torch.bfloat16 else 0.01
+
+    assert app.cpu_prefers_bf16(timer=timer) is expected  # bf16 must beat 0.8 × the fp32 time
+
+
+def test_cpu_prefers_bf16_measures_fp32_on_cpus_without_native_bf16():
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    flags = set(cpuinfo.read_text().split())
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        pytest.skip("this CPU has native bf16, where either choice can be right")
+    assert app.time_matmul(torch.float32) > 0
+    assert app.cpu_prefers_bf16() is False  # emulated bf16 is 10 to several hundred times slower
+
+
+def test_pick_device_and_dtype_on_cpu_follows_the_measurement(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(app, "cpu_prefers_bf16", lambda: False)
+    assert app.pick_device_and_dtype() == ("cpu", torch.float32)
+    monkeypatch.setattr(app, "cpu_prefers_bf16", lambda: True)
+    assert app.pick_device_and_dtype() == ("cpu", torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [({}, (32, 1)), ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3"}, (2, 3))],
+)
+def test_queue_settings_read_the_environment(environ, expected):
+    assert app.queue_settings(environ) == expected
+
+
+@pytest.mark.parametrize("environ", [{"LMLP_QUEUE_SIZE": "0"}, {"LMLP_CONCURRENCY": "two"}, {"LMLP_QUEUE_SIZE": "-1"}])
+def test_queue_settings_refuse_bad_values(environ):
+    ((name, value),) = environ.items()
+    with pytest.raises(ValueError, match=rf"{name} must be a whole number of at least 1, got '{value}'"):
+        app.queue_settings(environ)
+
+
+def test_model_panel_describes_the_shipped_model(shapes_pipe):
+    text = app.describe_model(shapes_pipe, shapes_pipe.name_or_path)
+    num_params = sum(p.numel() for p in shapes_pipe.transformer.parameters())
+    assert num_params == 860_840  # the model card's figure
+    assert f"{num_params:,} parameters" in text
+    assert "Model: lmlp-shapes" in text and "pretrained_shapes_pipeline()" in text
+    assert "UL-MLP (`LMLPTransformer2DModel`)" in text and "MoE-MLP" not in text
+    assert "32×32 px (8×8 latents × VAE factor 4)" in text
+    assert "up to 16 tokens" in text
+    assert "**Training data:** 2200 steps on the procedural shapes world" in text
+    assert "cpu, float32" in text
+
+
+def test_model_panel_reads_training_data_from_the_card_or_says_it_is_missing(tmp_path):
+    pipe = build_tiny_pipeline("moe", seed=0)
+    pipe.save_pretrained(tmp_path)
+    text = app.describe_model(pipe, str(tmp_path))
+    num_params = sum(p.numel() for p in pipe.transformer.parameters())
+    assert "MoE-MLP (`MoEMLPModel`)" in text and f"{num_params:,} parameters" in text and "experts" in text
+    assert f"Model: {tmp_path.name}" in text and "16×16 px" in text
+    assert "**Training data:** not recorded (no model card found)" in text
+
+    (tmp_path / "README.md").write_text("---\ndatasets:\n- someone/captions\n---\n\n# tiny\n", encoding="utf-8")
+    text = app.describe_model(pipe, str(tmp_path))
+    assert "Model: tiny" in text and "**Training data:** `someone/captions`" in text
+
+
+def test_generate_makes_native_size_images_reproducibly(shapes_pipe):
+    generate = app.make_generate_fn(shapes_pipe)
+    args = tuple(VALID.values())
+    images, seed = generate(*args)
+    assert seed == VALID["seed"]
+    assert len(images) == VALID["num_images"]
+    for image in images:
+        assert image.size == (32, 32) and image.mode == "RGB"
+        assert image_std(image) > 8, "the image is blank"
+    again, _ = generate(*args)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(images, again))
+    other, _ = generate(*{**VALID, "seed": 8}.values())
+    assert not np.array_equal(np.asarray(images[0]), np.asarray(other[0]))
+
+
+def test_generate_with_randomize_seed_returns_the_seed_it_used(shapes_pipe):
+    generate = app.make_generate_fn(shapes_pipe)
+    images, seed = generate(*{**VALID, "randomize_seed": True, "num_images": 1}.values())
+    assert 0 <= seed <= app.MAX_SEED
+    replay, _ = generate(*{**VALID, "seed": seed, "num_images": 1}.values())
+    assert np.array_equal(np.asarray(images[0]), np.asarray(replay[0]))
+
+
+def test_generate_refuses_bad_input_before_sampling(shapes_pipe, monkeypatch):
+    monkeypatch.setattr(type(shapes_pipe), "__call__", lambda *args, **kwargs: pytest.fail("sampled"))
+    with pytest.raises(gr.Error, match="number of images must be a whole number from 1 to 4, got 9"):
+        app.make_generate_fn(shapes_pipe)(*{**VALID, "num_images": 9}.values())

@@ -1,0 +1,119 @@
+"""The Space under load, over loopback with gradio_client: concurrent requests all come back, right and whole, and
+a full queue refuses the request beyond it with a clear message, then serves again."""
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from gradio_client.utils import QueueError, Status
+from PIL import Image
+from space_server import image_std, load_app, one_cpu_thread, serve, shapes_pipeline
+
+
+PROMPT = "a large red circle at the center"
+NUM_REQUESTS = 16
+STEPS = 3
+TIMEOUT_S = 120  # for any one request or wait
+
+
+def request_args(seed: int, steps: int = STEPS, num_images: int = 1) -> tuple:
+    # (prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images)
+    return (PROMPT, "", seed, False, steps, 2.0, num_images)
+
+
+def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def shapes_pipe():
+    with one_cpu_thread():
+        yield shapes_pipeline()
+
+
+def test_concurrent_requests_all_complete_with_their_own_images(shapes_pipe):
+    app = load_app()
+    # What each seed must give, computed one at a time in-process.
+    generate = app.make_generate_fn(shapes_pipe)
+    expected = {seed: np.asarray(generate(*request_args(seed))[0][0]) for seed in range(NUM_REQUESTS)}
+
+    with serve(app.build_demo(shapes_pipe, queue_size=32, concurrency=4)) as url:
+        client = Client(url, verbose=False)
+        jobs = {seed: client.submit(*request_args(seed), api_name="/generate") for seed in range(NUM_REQUESTS)}
+        results = {seed: job.result(timeout=TIMEOUT_S) for seed, job in jobs.items()}
+
+    for seed, (gallery, used_seed) in results.items():
+        assert used_seed == seed
+        assert len(gallery) == 1
+        image = Image.open(gallery[0]["image"])
+        assert image.size == (32, 32) and image_std(image) > 8
+        # Requests run side by side on one model; each still gets exactly the image of its own seed.
+        assert np.array_equal(np.asarray(image.convert("RGB")), expected[seed]), f"seed {seed} came back wrong"
+
+
+def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
+    app = load_app()
+    queue_size = 2
+    demo = app.build_demo(shapes_pipe, queue_size=queue_size, concurrency=1)
+    # Test-only slow-down: the first request holds the one worker inside the model until the gate opens.
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(module, args):
+        started.set()
+        gate.wait(TIMEOUT_S)
+
+    hook = shapes_pipe.transformer.register_forward_pre_hook(hold)
+    try:
+        with serve(demo) as url:
+            client = Client(url, verbose=False)
+            running = client.submit(*request_args(1), api_name="/generate")
+            assert started.wait(TIMEOUT_S), "the first request never started"
+            waiting = [client.submit(*request_args(seed), api_name="/generate") for seed in (2, 3)]
+            wait_until(lambda: all(job.status().code == Status.IN_QUEUE for job in waiting), "the queue to fill")
+
+            with pytest.raises(QueueError, match="Queue is full"):
+                client.submit(*request_args(4), api_name="/generate").result(timeout=TIMEOUT_S)
+            # What the server itself answers: HTTP 503 with the queue's size.
+            fn_index = next(index for index, fn in demo.fns.items() if fn.api_name == "generate")
+            refused = httpx.post(
+                f"{url}gradio_api/queue/join",
+                json={"data": list(request_args(5)), "fn_index": fn_index, "session_hash": "load-test"},
+                timeout=TIMEOUT_S,
+            )
+            assert refused.status_code == 503
+            assert refused.json()["detail"] == f"Queue is full. Max size is {queue_size} and size is {queue_size}."
+
+            gate.set()
+            for seed, job in zip((1, 2, 3), [running, *waiting]):
+                gallery, used_seed = job.result(timeout=TIMEOUT_S)
+                assert used_seed == seed and Image.open(gallery[0]["image"]).size == (32, 32)
+            hook.remove()
+            gallery, used_seed = client.predict(*request_args(6), api_name="/generate")
+            assert used_seed == 6 and image_std(Image.open(gallery[0]["image"])) > 8
+    finally:
+        gate.set()
+        hook.remove()
+
+
+def test_api_refuses_out_of_range_values_with_the_input_and_its_range(shapes_pipe):
+    app = load_app()
+    with serve(app.build_demo(shapes_pipe, queue_size=4)) as url:
+        client = Client(url, verbose=False)
+        # The browser's sliders stop at their bounds; the API does not, so the server checks.
+        for args, message in [
+            (request_args(0, steps=500), "number of steps must be a whole number from 1 to 100, got 500"),
+            (request_args(-3), "seed must be a whole number from 0 to 2147483647, got -3"),
+            (request_args(0, num_images=9), "number of images must be a whole number from 1 to 4, got 9"),
+        ]:
+            with pytest.raises(AppError, match=message):
+                client.predict(*args, api_name="/generate")
+        gallery, _ = client.predict(*request_args(0), api_name="/generate")
+        assert Image.open(gallery[0]["image"]).size == (32, 32)
