@@ -215,6 +215,14 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not 0.0 <= args.caption_dropout < 1.0:
         parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    if args.push_to_hub:  # checked now, not after hours of training
+        from diffusers_lmlp.hub.upload import check_repo_id, require_token
+
+        try:
+            check_repo_id(args.hub_model_id or Path(args.output_dir).name, "--hub_model_id")
+            require_token(args.hub_token, option="--hub_token")
+        except ValueError as error:
+            parser.error(str(error))
     args.model_overrides = parse_overrides(parser, args.model_overrides)
 
 

@@ -206,6 +206,7 @@ def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspac
         (["--model_type", "moe_mlp"], "--model_type moe_mlp conflicts with the base pipeline"),
         (["--load_balance_weight", "0.01"], "--load_balance_weight applies to MoE-MLP backbones only"),
         (["--random_flip", "--cache_features"], "--random_flip cannot be combined with --cache_features"),
+        (["--push_to_hub", "--hub_model_id", "a/b/c"], "--hub_model_id 'a/b/c' is not a valid Hub repo id"),
     ],
 )
 def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, message):
@@ -213,6 +214,19 @@ def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, m
     assert result.returncode != 0
     assert message in result.stderr
     assert not (workspace / "bad" / "checkpoint-1").exists()
+
+
+def test_push_to_hub_without_a_token_fails_at_start_up(workspace, tmp_path):
+    args = [
+        sys.executable, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / "tiny"),
+        "--train_data_dir", str(workspace / "data"), "--output_dir", str(tmp_path / "out"),
+        "--push_to_hub", "--hub_model_id", "alice/tiny",
+    ]  # fmt: skip
+    env = {**ENV, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf-home")}  # no token anywhere
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "No Hugging Face token: pass --hub_token" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def free_port() -> int:

@@ -42,13 +42,18 @@ def check_repo_id(repo_id: str, what: str = "repo id", namespace: bool = False) 
         raise ValueError(f"{what} {repo_id!r} needs its owner: write 'owner/{repo_id}'.")
 
 
-def require_token(token: str | None) -> str:
-    """The token to upload with: `token`, else the one huggingface_hub finds (`HF_TOKEN`, `hf auth login`)."""
+def require_token(token: str | None, option: str = "--token (token=...)") -> str:
+    """The token to upload with: `token`, else the one huggingface_hub finds (`HF_TOKEN`, `hf auth login`).
+
+    Args:
+        token (`str`, *optional*): The token given by the caller.
+        option (`str`, *optional*): How the caller passes a token, for the message.
+    """
     token = token or get_token()
     if not token:
         raise ValueError(
-            "No Hugging Face token: pass --token (token=...), set HF_TOKEN, or run `hf auth login` first. A token "
-            "with write access is needed to upload (or use --dry-run to see what would be uploaded)."
+            f"No Hugging Face token: pass {option}, set HF_TOKEN, or run `hf auth login` first. A token with write "
+            "access is needed to upload (or use --dry-run to see what would be uploaded)."
         )
     return token
 
