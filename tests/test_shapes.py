@@ -91,7 +91,7 @@ def test_tokenizer_has_one_token_per_world_word_and_still_reads_other_words():
     for word in WORLD_WORDS:
         assert len(tokenizer(word, add_special_tokens=False).input_ids) == 1, word
     longest = max((s.caption for s in all_specs()), key=len)
-    assert len(tokenizer(longest).input_ids) <= tokenizer.model_max_length == 16
+    assert len(tokenizer(longest).input_ids) <= tokenizer.model_max_length == 10
     assert len(tokenizer("zebra", add_special_tokens=False).input_ids) > 1
     assert tokenizer.decode(tokenizer("a zebra").input_ids, skip_special_tokens=True) == "a zebra"
 
@@ -103,7 +103,7 @@ def test_text_encoder_is_frozen_and_deterministic_for_a_seed():
     encoder = shapes_text_encoder(tokenizer, seed=0)
     assert not any(p.requires_grad for p in encoder.parameters())
     states = encoder(ids)[0]
-    assert states.shape == (2, 16, 64)
+    assert states.shape == (2, 10, 64)
     torch.testing.assert_close(shapes_text_encoder(tokenizer, seed=0)(ids)[0], states, rtol=0, atol=0)
     assert not torch.allclose(states[0], states[1])
 
@@ -124,9 +124,10 @@ def test_committed_vae_reconstructs_held_out_images():
 def test_shipped_pipeline_draws_the_captions_colour_and_position():
     pipe = pretrained_shapes_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    specs = train_specs()[::12]  # 25 training captions
-    images = pipe([s.caption for s in specs], num_inference_steps=20, guidance_scale=4.0,
-                  generator=torch.Generator().manual_seed(0)).images  # fmt: skip
-    scores = score_images(images, [s.caption for s in specs])
-    assert images[0].size == (32, 32)
-    assert scores["colour+position"] >= 0.72 and scores["position"] >= 0.9, scores
+    # Measured at commit: 96% colour+position on these 25 training captions, 91% on the 32 held-out ones.
+    for specs, least in ((train_specs()[::12], 0.88), (held_out_specs(), 0.8)):
+        images = pipe([s.caption for s in specs], num_inference_steps=20, guidance_scale=4.0,
+                      generator=torch.Generator().manual_seed(0)).images  # fmt: skip
+        scores = score_images(images, [s.caption for s in specs])
+        assert images[0].size == (32, 32)
+        assert scores["colour+position"] >= least and scores["position"] >= 0.9, scores

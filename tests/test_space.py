@@ -77,10 +77,10 @@ def test_validate_inputs_refuses_bad_values_with_a_clear_message(bad, message):
 
 
 def test_validate_inputs_refuses_prompts_longer_than_the_tokenizer_takes(shapes_pipe):
-    tokenizer = shapes_pipe.tokenizer  # 16 tokens, start and end included
+    tokenizer = shapes_pipe.tokenizer  # 10 tokens, start and end included
     long_prompt = f"{PROMPT} and {PROMPT}"  # 69 characters, 19 tokens
     assert len(tokenizer(long_prompt).input_ids) == 19
-    with pytest.raises(gr.Error, match=r"prompt is 19 tokens long .* at most 16; shorten it"):
+    with pytest.raises(gr.Error, match=r"prompt is 19 tokens long .* at most 10; shorten it"):
         app.validate_inputs(**{**VALID, "prompt": long_prompt}, tokenizer=tokenizer)
     with pytest.raises(gr.Error, match=r"negative prompt is 19 tokens long"):
         app.validate_inputs(**{**VALID, "negative_prompt": long_prompt}, tokenizer=tokenizer)
@@ -132,13 +132,13 @@ def test_queue_settings_refuse_bad_values(environ):
 def test_model_panel_describes_the_shipped_model(shapes_pipe):
     text = app.describe_model(shapes_pipe, shapes_pipe.name_or_path)
     num_params = sum(p.numel() for p in shapes_pipe.transformer.parameters())
-    assert num_params == 860_840  # the model card's figure
+    assert num_params == 856_862  # the model card's figure
     assert f"{num_params:,} parameters" in text
     assert "Model: lmlp-shapes" in text and "pretrained_shapes_pipeline()" in text
     assert "UL-MLP (`LMLPTransformer2DModel`)" in text and "MoE-MLP" not in text
     assert "32×32 px (8×8 latents × VAE factor 4)" in text
-    assert "up to 16 tokens" in text
-    assert "**Training data:** 2200 steps on the procedural shapes world" in text
+    assert "up to 10 tokens" in text
+    assert "**Training data:** 2600 steps on the procedural shapes world" in text
     assert "cpu, float32" in text
 
 

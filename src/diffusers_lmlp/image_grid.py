@@ -6,7 +6,11 @@ from PIL import Image, ImageDraw, ImageFont
 
 
 def make_image_grid(
-    images: list[Image.Image], captions: list[str] | None = None, columns: int | None = None, cell: int = 128
+    images: list[Image.Image],
+    captions: list[str] | None = None,
+    columns: int | None = None,
+    cell: int = 128,
+    gap: int = 6,
 ) -> Image.Image:
     """Tile images in a grid, each scaled to `cell` pixels (nearest neighbour, so small images stay crisp).
 
@@ -15,6 +19,8 @@ def make_image_grid(
         captions (`list[str]`, *optional*): One caption per image, drawn under it (wrapped to the cell width).
         columns (`int`, *optional*): Images per row; defaults to a near-square grid.
         cell (`int`, *optional*, defaults to 128): Side of each image in the grid, in pixels.
+        gap (`int`, *optional*, defaults to 6): White pixels between neighbouring cells, so that images with the
+            same background read as separate images.
 
     Returns:
         `PIL.Image.Image`: The grid.
@@ -28,10 +34,11 @@ def make_image_grid(
     font = ImageFont.load_default()
     lines = [_wrap(c, font, cell) for c in captions] if captions else [[] for _ in images]
     text_height = max(len(wrapped) for wrapped in lines) * 12 + (4 if captions else 0)
-    grid = Image.new("RGB", (columns * cell, rows * (cell + text_height)), "white")
+    step_x, step_y = cell + gap, cell + text_height + gap
+    grid = Image.new("RGB", (columns * step_x - gap, rows * step_y - gap), "white")
     draw = ImageDraw.Draw(grid)
     for i, (image, wrapped) in enumerate(zip(images, lines)):
-        x, y = (i % columns) * cell, (i // columns) * (cell + text_height)
+        x, y = (i % columns) * step_x, (i // columns) * step_y
         grid.paste(image.convert("RGB").resize((cell, cell), Image.Resampling.NEAREST), (x, y))
         for j, line in enumerate(wrapped):
             draw.text((x + 2, y + cell + 2 + 12 * j), line, fill="black", font=font)

@@ -37,9 +37,9 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin):
     _repeated_blocks = ["LMLPBlock"]
     named_configs = {
         "F2": {},  # the reference configs/lmlp_f2.py: the defaults
-        # The shapes world (diffusers_lmlp.shapes): 8×8×4 latents of 32 px images, 16 tokens of a 64-wide text encoder.
+        # The shapes world (diffusers_lmlp.shapes): 8×8×4 latents of 32 px images, 10 tokens of a 64-wide text encoder.
         "shapes-S": dict(
-            sample_size=8, patch_size=2, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=16
+            sample_size=8, patch_size=2, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
         ),
     }
 

@@ -62,7 +62,7 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin):
             hidden_size=96,
             num_layers=8,
             text_embed_dim=64,
-            text_seq_len=16,
+            text_seq_len=10,
             num_experts=2,
             num_heads=2,
         ),

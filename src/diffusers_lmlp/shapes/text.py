@@ -11,7 +11,9 @@ from ..tiny import tiny_clip_text_encoder, tiny_clip_tokenizer
 from .world import COLOURS, SHAPES, SIZES
 
 
-TEXT_SEQ_LEN = 16  # bos + "a {size} {colour} {shape} at the {position}" (≤ 9 words) + eos, padded
+# bos + "a {size} {colour} {shape} at the {position}" (≤ 8 words) + eos: every caption fits exactly, and the
+# backbone mixes no padding tokens (its sequence is 1 + 10 + 16 tokens; with 16 text tokens, 1 + 16 + 16).
+TEXT_SEQ_LEN = 10
 WORLD_WORDS = ("a", "at", "the", *SIZES, *COLOURS, *SHAPES, "top", "bottom", "left", "right", "center")
 # The VAE of the shipped pipeline; the embedded default trains on its latents, so the two stay one file.
 VAE_PATH = Path(__file__).resolve().parent / "assets" / "pipeline" / "vae"
