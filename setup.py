@@ -3,22 +3,26 @@ from setuptools import find_packages, setup
 
 # torch is not pinned here: install the build that fits your machine first (the README pins torch==2.13.0, the
 # CPU build; on a GPU machine install your CUDA build of torch instead).
+# The floors are the lowest versions that resolve together (transformers 5 and diffusers 0.40 both need
+# huggingface_hub 1.x) and pass the model, pipeline and LoRA tests: CI installs exactly these floors and runs them
+# (scripts/test_lowest_versions.sh). torch's floor is the one exception: only the 2.13.0 CPU build is tested.
 install_requires = [
     "torch>=2.5",
     "diffusers>=0.40",
-    "transformers>=4.56",
+    "transformers>=5.0",
     "accelerate>=1.0",
-    "safetensors>=0.4",
-    "huggingface_hub>=0.34",
+    "safetensors>=0.8",
+    "huggingface_hub>=1.23",
     "datasets>=3.0",
 ]
 
 extras = {
-    "train": ["tensorboard", "tqdm"],
+    # peft: LoRA adapters on the backbones (`model.add_adapter`); diffusers' own floor for its PEFT integration.
+    "train": ["tensorboard", "tqdm", "peft>=0.17"],
     "space": ["gradio>=6"],
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
-    "test": ["pytest>=8", "ruff", "tensorboard", "gradio>=6", "gradio_client", "playwright"],
+    "test": ["pytest>=8", "ruff", "peft>=0.17", "tensorboard", "gradio>=6", "gradio_client", "playwright"],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
 
