@@ -8,21 +8,25 @@ Only the ratio "achieved GFLOP/s / GEMM GFLOP/s" is a claim; absolute times depe
     python benchmarks/benchmark_backbones.py                 # the full table: batch 8, fp32 and bf16
     python benchmarks/benchmark_backbones.py --quick         # batch 2, fewer repeats; bf16 only where it is fast
     python benchmarks/benchmark_backbones.py --compile       # also time torch.compile'd models
+    python benchmarks/benchmark_backbones.py --models F2 --precisions fp32 --compare-bypass   # issue 9 before/after
     python benchmarks/benchmark_backbones.py --reuse-freed-memory   # glibc keeps freed buffers (see allocator.py)
 """
 
 import argparse
 import contextlib
+import copy
 import platform
 import time
+import types
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
 from diffusers_lmlp.allocator import reuse_freed_memory
-from diffusers_lmlp.complexity import flop_counter
 
 
 MODELS = {"F2": LMLPTransformer2DModel, "2E1H": MoEMLPModel, "4E1H": MoEMLPModel, "4E2H": MoEMLPModel}
@@ -36,6 +40,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each step (the best one counts)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(model)")
+    parser.add_argument(
+        "--compare-bypass",
+        action="store_true",
+        help="also time the blocks as they were before issue 9 (residuals folded into addmm_ on the Linear weights)",
+    )
     parser.add_argument("--quick", action="store_true", help="batch 2, 2 repeats, skip precisions that are slow here")
     parser.add_argument(
         "--reuse-freed-memory", action="store_true", help="let glibc reuse freed buffers (no page fault per pass)"
@@ -62,9 +71,45 @@ def best_seconds(step: Callable[[], object]) -> float:
 
 
 def count_flops(step: Callable[[], object]) -> int:
-    with flop_counter() as counter:
+    with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops()
+
+
+def _bypass_residual_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """`residual + linear(x)` as one in-place GEMM on the Linear's weight: the removed pre-issue-9 route."""
+    if not residual.dtype == x.dtype == linear.weight.dtype:
+        return residual + linear(x)
+    out = (residual + linear.bias).flatten(0, 1)  # (B·L, D_out)
+    return out.addmm_(x.flatten(0, 1), linear.weight.t()).view_as(residual)
+
+
+def _bypass_block_forward(block: nn.Module, x: torch.Tensor, skip: torch.Tensor | None = None) -> tuple:
+    """An L-MLP/MoE-MLP block as it ran before issue 9: `merge`, `joint_mlp.fc2` and the L-MLP's token matrix were
+    applied by reading their weights, so hooks, LoRA and FLOP counters missed them. Kept here only to measure what
+    calling every layer as a module costs; the library never does this.
+    """
+    if skip is not None:
+        x = x + skip
+    x_tok = block.token_norm(x.transpose(1, 2))  # (B, D, L)
+    x = block.channel_norm(x)  # (B, L, D)
+    if isinstance(block.left, nn.Linear):
+        weight = block.left.weight.expand(x.shape[0], -1, -1)  # (B, L, L)
+        left, router_probs = torch.baddbmm(block.left.bias[:, None], weight, x_tok.transpose(1, 2)), None
+    else:
+        left, router_probs = block.mix_tokens(x_tok)
+        left = left.transpose(1, 2)  # (B, L, D) view
+    x = _bypass_residual_linear(x, block.right(x).add_(left), block.merge)
+    hidden = F.gelu(block.joint_mlp.fc1(block.channel_norm(x)))  # (B, L, s·D)
+    return _bypass_residual_linear(x, hidden, block.joint_mlp.fc2), router_probs
+
+
+def bypass_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose blocks run `_bypass_block_forward` (the same weights, so the same outputs)."""
+    before = copy.deepcopy(model)
+    for block in [*before.stack.in_blocks, before.stack.mid_block, *before.stack.out_blocks]:
+        block.forward = types.MethodType(_bypass_block_forward, block)
+    return before
 
 
 def make_steps(model: torch.nn.Module, batch_size: int, precision: str, seed: int) -> dict[str, Callable]:
@@ -148,19 +193,31 @@ def main() -> None:
                     )
                     continue
             variants = {"eager": model}
+            if args.compare_bypass:
+                variants["before (bypass)"] = bypass_copy(model)
             if args.compile:
                 variants["compiled"] = torch.compile(model)
-            for variant, runner in variants.items():
+            for runner in variants.values():
                 runner.train()
-                steps = make_steps(runner, args.batch_size, precision, args.seed)
-                for mode, step in steps.items():
-                    flops = count_flops(make_steps(model, 1, "fp32", args.seed)[mode]) * args.batch_size
+            for mode in ("forward", "forward+backward"):
+                # The eager model calls every layer as a module, so torch's counter sees all of its FLOPs; every
+                # variant computes the same thing.
+                flops = count_flops(make_steps(model, 1, "fp32", args.seed)[mode]) * args.batch_size
+                steps = {
+                    variant: make_steps(runner, args.batch_size, precision, args.seed)[mode]
+                    for variant, runner in variants.items()
+                }
+                for step in steps.values():
                     step()  # warm-up (and compilation)
-                    model_times, gemm_times = [], []
-                    for _ in range(args.repeats):  # interleaved, so both see the same machine load
-                        gemm_times.append(best_seconds(gemm))
-                        model_times.append(best_seconds(step))
-                    seconds, peak = min(model_times), gemm_flops / min(gemm_times) / 1e9
+                model_times, gemm_times = {variant: [] for variant in steps}, []
+                for repeat in range(args.repeats):  # interleaved, so all see the same machine load
+                    gemm_times.append(best_seconds(gemm))
+                    order = list(steps) if repeat % 2 == 0 else list(reversed(steps))  # no variant always goes first
+                    for variant in order:
+                        model_times[variant].append(best_seconds(steps[variant]))
+                peak = gemm_flops / min(gemm_times) / 1e9
+                for variant, times in model_times.items():
+                    seconds = min(times)
                     achieved = flops / seconds / 1e9
                     rows.append(
                         (
@@ -170,13 +227,25 @@ def main() -> None:
                             variant,
                             mode,
                             f"{args.batch_size / seconds:.2f}",
+                            f"{min(model_times['eager']) / seconds:.3f}",
                             f"{achieved:.1f}",
                             f"{peak:.1f}",
                             f"{achieved / peak:.0%}",
                         )
                     )
                     print("| " + " | ".join(rows[-1]) + " |", flush=True)
-    header = ("model", "params", "precision", "variant", "pass", "images/s", "GFLOP/s", "GEMM GFLOP/s", "of GEMM")
+    header = (
+        "model",
+        "params",
+        "precision",
+        "variant",
+        "pass",
+        "images/s",
+        "speed vs eager",
+        "GFLOP/s",
+        "GEMM GFLOP/s",
+        "of GEMM",
+    )
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")

@@ -42,9 +42,9 @@ def test_moe_block_with_one_expert_and_one_head_equals_lmlp_block():
     randomize_(lmlp, seed=0)
     moe = MoEMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5, num_experts=1, num_heads=1)
     missing, unexpected = moe.load_state_dict(lmlp_to_moe_state_dict(lmlp.state_dict()), strict=False)
-    assert set(missing) == {"left.gate_weight", "left.gate_bias"} and not unexpected
+    assert set(missing) == {"left.gates.0.weight", "left.gates.0.bias"} and not unexpected
     with torch.no_grad():
-        moe.left.gate_weight.normal_()  # any gate gives probability 1 to the only expert
+        moe.left.gates[0].weight.normal_()  # any gate gives probability 1 to the only expert
         x, skip = torch.randn(3, 22, 32), torch.randn(3, 22, 32)
         out_lmlp, probs_lmlp = lmlp(x, skip)
         out_moe, probs_moe = moe(x, skip)
@@ -74,7 +74,7 @@ def naive_moe_linear_attention(mixer, x_tok):
             channels = slice(h * head_dim, (h + 1) * head_dim)
             z = x_tok[b, :, channels]  # (L, D/H): this head's channels
             # the gate of every channel of the head, averaged (the pseudo-code's .mean(dim=2)), then softmax
-            logits = (z.T @ mixer.gate_weight[h].T + mixer.gate_bias[h]).mean(0)  # (E,)
+            logits = (z.T @ mixer.gates[h].weight.T + mixer.gates[h].bias).mean(0)  # (E,)
             g = logits.softmax(-1)
             probs[b, h] = g
             for e in range(experts):
@@ -88,10 +88,10 @@ def test_moe_linear_attention_matches_naive_per_expert_computation(experts, head
     randomize_(mixer, seed=experts * 10 + heads)
     x_tok = torch.randn(3, 11, 16)
     with torch.no_grad():
-        mixed, probs = mixer(x_tok)
+        mixed, probs = mixer(x_tok.transpose(1, 2))  # the mixer works on the permuted (B, D, L) layout
         expected, expected_probs = naive_moe_linear_attention(mixer, x_tok)
     torch.testing.assert_close(probs, expected_probs, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(mixed, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mixed.transpose(1, 2), expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(probs[0], probs[1])  # routing is per sample
 
 
@@ -130,5 +130,5 @@ def test_load_balancing_loss_trains_the_gates():
     x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([1, 2])
     out = model(x, ctx, t, output_router_probs=True)
     (F.mse_loss(out.sample, x) + load_balancing_loss(out.router_probs)).backward()
-    gate = model.stack.mid_block.left.gate_weight
+    gate = model.stack.mid_block.left.gates[1].weight
     assert gate.grad is not None and gate.grad.abs().sum() > 0

@@ -23,21 +23,6 @@ from diffusers.configuration_utils import ConfigMixin
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def _addmm_flops(self_shape, a_shape, b_shape, out_shape=None, **kwargs) -> int:
-    """FLOPs of `self.addmm_(a, b)`: 2·m·k·n, as torch counts the out-of-place `addmm`."""
-    (m, k), (_, n) = a_shape, b_shape
-    return 2 * m * k * n
-
-
-def flop_counter() -> FlopCounterMode:
-    """torch's FLOP counter, taught the in-place `addmm_` that the blocks use to fold residuals into GEMMs.
-
-    Returns:
-        `FlopCounterMode`: use as a context manager, then read `get_total_flops()`.
-    """
-    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addmm_: _addmm_flops})
-
-
 @dataclass(frozen=True)
 class Complexity:
     """Size and per-sample forward cost of a backbone.
@@ -110,14 +95,14 @@ def moe_block_macs(seq_len: int, hidden_size: int, mlp_ratio: float, num_experts
 
 
 def _block_params(seq_len: int, hidden_size: int, mlp_ratio: float, num_experts: int | None, num_heads: int) -> int:
-    """Parameters of one block; `num_experts=None` is the L-MLP block's single `TokenLinear`."""
+    """Parameters of one block; `num_experts=None` is the L-MLP block's single token-mixing `nn.Linear(L, L)`."""
     inner = int(hidden_size * mlp_ratio)
     norms = 2 * hidden_size + 2 * seq_len  # channel_norm (D weights + D biases), token_norm (L + L)
     channel = 2 * (hidden_size**2 + hidden_size)  # right, merge
     joint_mlp = hidden_size * inner + inner + inner * hidden_size + hidden_size
     if num_experts is None:
         left = seq_len**2 + seq_len
-    else:  # H·E experts (L×L weight, L bias) and H gates (E×L weight, E bias)
+    else:  # H·E experts (L×L weight, L bias) and H gates (nn.Linear(L, E): E×L weight, E bias)
         left = num_heads * num_experts * (seq_len**2 + seq_len + seq_len + 1)
     return norms + channel + joint_mlp + left
 
@@ -177,7 +162,7 @@ def analytic_complexity(config: Mapping | ConfigMixin) -> Complexity:
 
 
 def measured_macs(model: torch.nn.Module, batch_size: int = 1) -> float:
-    """Forward MACs per sample as `torch.utils.flop_counter.FlopCounterMode` counts them (FLOPs / 2).
+    """Forward MACs per sample as torch's own `torch.utils.flop_counter.FlopCounterMode` counts them (FLOPs / 2).
 
     Runs one forward pass without gradients on zero latents, zero text states and timestep 0, on the model's
     device and dtype.
@@ -195,7 +180,7 @@ def measured_macs(model: torch.nn.Module, batch_size: int = 1) -> float:
     latents = weight.new_zeros(batch_size, config.in_channels, side, side)
     text_states = weight.new_zeros(batch_size, config.text_seq_len, config.text_embed_dim)
     timestep = torch.zeros(batch_size, dtype=torch.long, device=weight.device)
-    counter = flop_counter()
+    counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         model(latents, text_states, timestep)
     return counter.get_total_flops() / 2 / batch_size

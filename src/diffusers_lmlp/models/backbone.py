@@ -6,15 +6,44 @@
 inputs and keeps all initialisation in one place. The public models only choose the block.
 """
 
+import math
+import numbers
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from .mixers.lmlp import TokenLayerNorm, TokenLinear
 from .mixers.moe import MoELinearAttention
 from .tokens import OutputHead, TokenEmbedder
+
+
+# The reference network's timestep n runs over 1..1000: diffusers' t in [0, 1000) of the SD noise schedule, plus 1.
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_positive_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+# The config fields every backbone shares: field -> (test, what the field must be). A mixer checks its own
+# arguments (the MoE-MLP's num_experts and num_heads).
+CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "sample_size": (_is_positive_int, "a positive integer (the side of the square latent)"),
+    "patch_size": (_is_positive_int, "a positive integer (the side of a square patch)"),
+    "in_channels": (_is_positive_int, "a positive integer (the latent channels)"),
+    "out_channels": (lambda v: v is None or _is_positive_int(v), "a positive integer or None (None: in_channels)"),
+    "hidden_size": (_is_positive_int, "a positive integer (the token width D)"),
+    "mlp_ratio": (_is_positive_real, "a positive finite number (the joint MLP's width as a multiple of hidden_size)"),
+    "text_embed_dim": (_is_positive_int, "a positive integer (the width of the text encoder states)"),
+    "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
+    "norm_eps": (_is_positive_real, "a positive finite number (the LayerNorm epsilon)"),
+}
 
 
 class UShapedStack(nn.Module):
@@ -111,16 +140,8 @@ class UShapedMixerModel(ModelMixin):
         Args:
             make_block (`Callable[[int], nn.Module]`): Builds one block given the sequence length L.
         """
+        self._check_config()
         config = self.config
-        if config.sample_size % config.patch_size:
-            raise ValueError(
-                f"sample_size ({config.sample_size}) must be a multiple of patch_size ({config.patch_size})."
-            )
-        if config.num_layers < 0 or config.num_layers % 2:
-            raise ValueError(
-                f"num_layers must be even and >= 0 (num_layers // 2 in-blocks, 1 mid-block, num_layers // 2 "
-                f"out-blocks), got {config.num_layers}."
-            )
         self.embed = TokenEmbedder(
             config.sample_size,
             config.patch_size,
@@ -142,6 +163,28 @@ class UShapedMixerModel(ModelMixin):
         )
         self.initialize_weights()
 
+    def _check_config(self) -> None:
+        """Raise a `ValueError` naming the first config field that cannot build the model, before any layer is built."""
+        config = self.config
+        name = type(self).__name__
+        for field, (is_valid, requirement) in CONFIG_REQUIREMENTS.items():
+            if not is_valid(config[field]):
+                raise ValueError(f"{field}={config[field]!r} cannot build a {name}: {field} must be {requirement}.")
+        if config.sample_size % config.patch_size:
+            raise ValueError(
+                f"sample_size ({config.sample_size}) must be a multiple of patch_size ({config.patch_size})."
+            )
+        if not isinstance(config.num_layers, int) or config.num_layers < 0 or config.num_layers % 2:
+            raise ValueError(
+                f"num_layers must be even and >= 0 (num_layers // 2 in-blocks, 1 mid-block, num_layers // 2 "
+                f"out-blocks), got {config.num_layers!r}."
+            )
+        if int(config.hidden_size * config.mlp_ratio) < 1:
+            raise ValueError(
+                f"mlp_ratio={config.mlp_ratio} gives a joint MLP of int({config.hidden_size} × {config.mlp_ratio}) = 0 "
+                f"hidden units; use mlp_ratio >= 1 / hidden_size (the papers use 4)."
+            )
+
     @property
     def seq_len(self) -> int:
         """L = 1 + text_seq_len + (sample_size / patch_size)², the number of tokens every block mixes."""
@@ -155,23 +198,25 @@ class UShapedMixerModel(ModelMixin):
         The two convolutions keep PyTorch's default init, as in the reference.
         """
         for module in self.modules():
-            if isinstance(module, nn.Linear | TokenLinear):
+            if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm | TokenLayerNorm):
+            elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, MoELinearAttention):
                 nn.init.trunc_normal_(module.expert_weight, std=0.02)
                 nn.init.zeros_(module.expert_bias)
-                nn.init.trunc_normal_(module.gate_weight, std=0.02)
-                nn.init.zeros_(module.gate_bias)
         nn.init.trunc_normal_(self.embed.pos_embed, std=0.02)
 
     def _check_inputs(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int
     ) -> torch.Tensor:
-        """Validate the inputs and return the timesteps as a float (B,) tensor."""
+        """Validate the inputs and return the timesteps as a float (B,) tensor.
+
+        Timesteps must be real numbers in [0, `NUM_TRAIN_TIMESTEPS`); floats are fine (some diffusers schedulers
+        pass them). On the meta device and under `torch.compile` the values are not checked.
+        """
         config = self.config
         name = type(self).__name__
         side = config.sample_size
@@ -188,6 +233,12 @@ class UShapedMixerModel(ModelMixin):
                 f"{name} needs encoder_hidden_states (B, {config.text_seq_len}, {config.text_embed_dim}); for the "
                 'unconditional branch pass the text encoder\'s states of the empty prompt "".'
             )
+        for argument, tensor in (("hidden_states", hidden_states), ("encoder_hidden_states", encoder_hidden_states)):
+            if not tensor.is_floating_point():
+                raise ValueError(
+                    f"{argument} must be a floating-point tensor, got {tensor.dtype}. Pass latents and text encoder "
+                    "states as floats (any float dtype: they are cast to the model's)."
+                )
         expected_text = (config.text_seq_len, config.text_embed_dim)
         if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[1:] != expected_text:
             raise ValueError(
@@ -203,6 +254,21 @@ class UShapedMixerModel(ModelMixin):
                 f"{encoder_hidden_states.shape[0]}. Repeat the text states (or latents) so both have the same batch."
             )
         timestep = torch.as_tensor(timestep, device=hidden_states.device)
+        if timestep.dtype == torch.bool or timestep.is_complex():
+            raise ValueError(
+                f"timestep must hold real numbers (diffusers scheduler timesteps in [0, {NUM_TRAIN_TIMESTEPS})), got "
+                f"dtype {timestep.dtype}."
+            )
+        # Values cannot be read on the meta device (shape-only runs, e.g. FLOP counting), and reading them under
+        # torch.compile would split the graph.
+        if timestep.device.type != "meta" and not torch.compiler.is_compiling():
+            in_range = (timestep >= 0) & (timestep < NUM_TRAIN_TIMESTEPS)  # False for NaN
+            if not in_range.all():
+                raise ValueError(
+                    f"timestep must lie in [0, {NUM_TRAIN_TIMESTEPS}) (diffusers scheduler timesteps t of the "
+                    f"{NUM_TRAIN_TIMESTEPS}-step training schedule; the network embeds t + 1), got "
+                    f"{timestep[in_range.logical_not()].tolist()}."
+                )
         if timestep.ndim == 0 or timestep.shape == (1,):
             timestep = timestep.reshape(1).expand(batch_size)
         elif timestep.shape != (batch_size,):

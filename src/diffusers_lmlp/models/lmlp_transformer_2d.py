@@ -4,19 +4,24 @@ import re
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
 from .backbone import UShapedMixerModel
 from .mixers.lmlp import LMLPBlock
 
 
-class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin):
+class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped L-MLP text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
 
     The defaults build the paper's F2 model (the reference `configs/lmlp_f2.py`, called F2-deep in the paper):
     32×32×4 latents, patch 2, D = 512, 8 + 1 + 8 L-MLP blocks, MLP ratio 4, 77 CLIP ViT-L/14 tokens;
     47,139,122 parameters. The sequence length L = 1 + text_seq_len + (sample_size / patch_size)² (334 for F2)
     is derived from the config.
+
+    Every layer is called as a module, so PEFT adapters work as on diffusers' own transformers: each block's
+    `nn.Linear` layers are `left` (the L×L token mixer, over the token axis), `right`, `merge`, `joint_mlp.fc1` and
+    `joint_mlp.fc2`, e.g. `model.add_adapter(LoraConfig(r=8, target_modules=["left", "right", "merge"]))`.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.

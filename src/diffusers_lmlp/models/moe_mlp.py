@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
 from diffusers.utils import BaseOutput
 
 from .backbone import UShapedMixerModel
@@ -24,13 +25,18 @@ class MoEMLPModelOutput(BaseOutput):
     router_probs: torch.Tensor | None = None
 
 
-class MoEMLPModel(UShapedMixerModel, ConfigMixin):
+class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped MoE-MLP backbone: L-MLP blocks whose token mixing is multi-head MoE-linear attention.
 
     Same skeleton, token layout and initialisation as `LMLPTransformer2DModel`; see
     `diffusers_lmlp.models.mixers.moe` for the block and how we read the paper's Algorithm 1. With
     `num_experts=1, num_heads=1` it computes exactly the UL-MLP. The paper's models are the named configurations
     "2E1H", "4E1H" and "4E2H" (`MoEMLPModel.from_named_config`); the defaults are 4E1H.
+
+    PEFT adapters (`model.add_adapter(LoraConfig(...))`) can target each block's `nn.Linear` layers: `right`,
+    `merge`, `joint_mlp.fc1`, `joint_mlp.fc2` and the per-head gates `left.gates.<h>`. The expert matrices are mixed
+    per sample rather than applied as Linear layers, so LoRA cannot target them; train them with
+    `modules_to_save=["left"]` instead.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.

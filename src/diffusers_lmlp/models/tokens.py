@@ -9,6 +9,7 @@ The layout is the reference UL-MLP / U-ViT one (shared/reference/reference-imple
 
 import torch
 from diffusers.models.embeddings import get_timestep_embedding
+from diffusers.models.modeling_utils import get_parameter_dtype
 from torch import nn
 
 
@@ -49,14 +50,21 @@ class TokenEmbedder(nn.Module):
     def forward(self, latents: torch.Tensor, text_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
         """Build the token sequence.
 
+        Each input is cast to the compute dtype of the layer that reads it, as diffusers' own transformers do (e.g.
+        MiniMax-H3's `proj_in(hidden_states.to(get_parameter_dtype(self.proj_in)))`), so float64 or bfloat16 inputs
+        work with a float32 model; under layerwise casting that is the compute dtype, and autocast still picks the
+        dtype of the convolution and matmul.
+
         Args:
-            latents (`torch.Tensor`): (B, C, H, W) noisy latents.
-            text_states (`torch.Tensor`): (B, T, text_embed_dim) text encoder states.
+            latents (`torch.Tensor`): (B, C, H, W) noisy latents, any float dtype.
+            text_states (`torch.Tensor`): (B, T, text_embed_dim) text encoder states, any float dtype.
             timestep (`torch.Tensor`): (B,) network timesteps, already in the reference's 1..1000 convention.
 
         Returns:
-            `torch.Tensor`: (B, L, D) tokens.
+            `torch.Tensor`: (B, L, D) tokens, in the patch embedding's dtype.
         """
+        latents = latents.to(get_parameter_dtype(self.patch_embed))
+        text_states = text_states.to(get_parameter_dtype(self.text_adapter))
         patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
         patches = patches.flatten(2).transpose(1, 2)  # (B, N, D), row-major over the patch grid
         # The reference time token is the bare sinusoid, cos half first, with no MLP.

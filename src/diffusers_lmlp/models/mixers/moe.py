@@ -21,7 +21,12 @@ How we read the paper where its pseudo-code slips (Algorithm 1):
   same gate weights, so that with E = 1 and H = 1 the block is exactly the L-MLP block (bias included).
 
 Cost: forming W[b, h] costs H·E·L² multiply-adds per sample and applying it L²·D, instead of the E·L²·D of
-applying every expert. There are no Python loops over experts or heads.
+applying every expert. There are no Python loops over experts; the only loop runs over the H gates.
+
+What is a module: each head's gate is an `nn.Linear(L, E)`, called as a module, so hooks, quantizers and PEFT LoRA
+adapters (target `left.gates.<h>`) see it. The expert matrices are parameters of `MoELinearAttention`: they are
+mixed per sample (Σ_e g_e·W_e, then one bmm), which is not a Linear layer, so LoRA cannot target them; fine-tune
+them whole with PEFT's `modules_to_save=["left"]`, or adapt the block's Linear layers around them.
 
 Expert initialisation: the pseudo-code zero-initialises every expert. That makes them identical and the token
 mixing a zero map at the start, so the gate gets no gradient (∂left/∂g_e = W_e x = 0) and the experts receive
@@ -59,28 +64,24 @@ class MoELinearAttention(nn.Module):
         self.num_heads = num_heads
         self.expert_weight = nn.Parameter(torch.empty(num_heads, num_experts, seq_len, seq_len))  # (H, E, Lo, Li)
         self.expert_bias = nn.Parameter(torch.zeros(num_heads, num_experts, seq_len))  # (H, E, L)
-        self.gate_weight = nn.Parameter(torch.empty(num_heads, num_experts, seq_len))  # W_σ: (H, E, L)
-        self.gate_bias = nn.Parameter(torch.zeros(num_heads, num_experts))  # (H, E)
+        self.gates = nn.ModuleList(nn.Linear(seq_len, num_experts) for _ in range(num_heads))  # W_σ[h]: L -> E
 
     def forward(self, x_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mix tokens with the routed expert matrices.
 
         Args:
-            x_tok (`torch.Tensor`): (B, L, D) token-normalised input.
+            x_tok (`torch.Tensor`): (B, D, L) token-normalised input, tokens on the last axis (the paper's z').
 
         Returns:
-            `tuple`: the mixed tokens (B, L, D), and the router probabilities (B, H, E).
+            `tuple`: the mixed tokens (B, D, L), and the router probabilities (B, H, E).
         """
-        batch_size, seq_len, hidden_size = x_tok.shape
+        batch_size, hidden_size, seq_len = x_tok.shape
         num_heads = self.num_heads
-        # Work in the permuted layout z' (B, D, L) of the paper: each head's channels are one (D/H, L) slab, and
-        # the token LayerNorm already leaves z' contiguous, so these are views.
-        x_perm = x_tok.transpose(1, 2).reshape(
-            batch_size * num_heads, hidden_size // num_heads, seq_len
-        )  # (B·H, D/H, L)
+        # Each head's channels are one (D/H, L) slab of z'; the token LayerNorm leaves z' contiguous, so this is a view.
+        x_perm = x_tok.reshape(batch_size * num_heads, hidden_size // num_heads, seq_len)  # (B·H, D/H, L)
 
         head_mean = x_perm.mean(1).view(batch_size, num_heads, seq_len)  # (B, H, L)
-        logits = torch.einsum("bhl,hel->bhe", head_mean, self.gate_weight) + self.gate_bias  # (B, H, E)
+        logits = torch.stack([gate(head_mean[:, h]) for h, gate in enumerate(self.gates)], dim=1)  # (B, H, E)
         router_probs = logits.softmax(-1)  # (B, H, E)
 
         probs_by_head = router_probs.transpose(0, 1)  # (H, B, E)
@@ -90,7 +91,7 @@ class MoELinearAttention(nn.Module):
         bias = bias.transpose(0, 1).reshape(batch_size * num_heads, 1, seq_len)  # (B·H, 1, L)
 
         mixed = torch.baddbmm(bias, x_perm, weight.transpose(1, 2))  # (B·H, D/H, L): z'_h W_hᵀ, eq. 5
-        return mixed.view(batch_size, hidden_size, seq_len).transpose(1, 2), router_probs  # (B, L, D) view
+        return mixed.view(batch_size, hidden_size, seq_len), router_probs  # (B, D, L)
 
 
 class MoEMLPBlock(LMLPBlock):
@@ -115,6 +116,17 @@ class MoEMLPBlock(LMLPBlock):
             norm_eps,
             left=MoELinearAttention(seq_len, hidden_size, num_experts, num_heads),
         )
+
+    def mix_tokens(self, x_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multi-head MoE-linear attention in place of the L-MLP's single token-mixing matrix.
+
+        Args:
+            x_tok (`torch.Tensor`): (B, D, L) token-normalised input, tokens on the last axis.
+
+        Returns:
+            `tuple`: the mixed tokens (B, D, L), and the router probabilities (B, H, E).
+        """
+        return self.left(x_tok)
 
 
 def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha: float = 1e-10) -> torch.Tensor:

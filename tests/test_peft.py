@@ -1,0 +1,155 @@
+"""Every layer is called as a module: PEFT LoRA adapters, forward hooks and the block's arithmetic see all of them."""
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig
+from torch import nn
+
+from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
+
+
+TINY = dict(
+    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
+)
+MODELS = {
+    "lmlp": lambda: LMLPTransformer2DModel(**TINY),
+    "moe_mlp": lambda: MoEMLPModel(**TINY, num_experts=3, num_heads=2),
+}
+# The nn.Linear layers of one block, by name inside the block: the paper's FNN_L (`left`, L×L over the token axis),
+# FNN_R (`right`), the merge projection and the joint MLP; the MoE-MLP block has one L→E gate per head instead of
+# the single `left` matrix (its expert matrices are mixed per sample, so they are parameters, not Linear layers).
+BLOCK_LINEARS = {
+    "lmlp": {"left", "right", "merge", "joint_mlp.fc1", "joint_mlp.fc2"},
+    "moe_mlp": {"left.gates.0", "left.gates.1", "right", "merge", "joint_mlp.fc1", "joint_mlp.fc2"},
+}
+
+
+@pytest.fixture(params=list(MODELS))
+def kind(request):
+    return request.param
+
+
+def make_model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    return MODELS[kind]().eval()
+
+
+def make_inputs(batch: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(batch, 4, 8, 8, generator=gen), torch.randn(batch, 5, 16, generator=gen), torch.tensor([3, 700])
+
+
+def lora_config(targets: list[str]) -> LoraConfig:
+    # init_lora_weights=False draws lora_B at random too, so a fresh adapter already changes the output.
+    return LoraConfig(r=2, lora_alpha=2, target_modules=targets, init_lora_weights=False)
+
+
+def randomize_(module: nn.Module, seed: int) -> None:
+    """Random values everywhere (biases and norms too), so that no term can hide behind a zero init."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen) + (1.0 if p.ndim == 1 else 0.0))
+
+
+def test_every_linear_of_a_block_is_an_nn_linear(kind):
+    block = make_model(kind).stack.mid_block
+    assert {name for name, module in block.named_modules() if isinstance(module, nn.Linear)} == BLOCK_LINEARS[kind]
+
+
+@pytest.mark.parametrize("kind, layer", [(kind, layer) for kind in MODELS for layer in sorted(BLOCK_LINEARS[kind])])
+def test_lora_on_each_linear_of_a_block_changes_the_output(kind, layer):
+    model = make_model(kind)
+    randomize_(model, seed=3)  # distinct experts, so that the gates matter too
+    inputs = make_inputs()
+    with torch.no_grad():
+        before = model(*inputs).sample
+        model.add_adapter(lora_config([f"stack.mid_block.{layer}"]))
+        after = model(*inputs).sample
+    assert (after - before).abs().max() > 1e-4, f"a LoRA adapter on {layer} does not change the output"
+
+
+def test_lora_on_every_linear_of_every_block_trains(kind):
+    model = make_model(kind).train()
+    model.add_adapter(lora_config(sorted(BLOCK_LINEARS[kind])))  # name suffixes: every block
+    lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
+    assert len(lora) == 2 * len(BLOCK_LINEARS[kind]) * 3  # lora_A and lora_B, per layer, in 3 blocks
+    assert all(p.requires_grad for p in lora.values())
+    assert not any(p.requires_grad for name, p in model.named_parameters() if name not in lora)  # base frozen
+
+    x, ctx, t = make_inputs()
+    (model(x, ctx, t).sample - x).pow(2).mean().backward()
+    no_grad = [name for name, p in lora.items() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not no_grad, f"LoRA parameters without gradient: {no_grad}"
+
+
+def test_disabling_the_adapter_restores_the_base_output(kind):
+    model = make_model(kind)
+    inputs = make_inputs()
+    with torch.no_grad():
+        base = model(*inputs).sample
+        model.add_adapter(lora_config(sorted(BLOCK_LINEARS[kind])))
+        adapted = model(*inputs).sample
+        model.disable_adapters()
+        disabled = model(*inputs).sample
+    assert not torch.allclose(adapted, base)
+    torch.testing.assert_close(disabled, base, rtol=0, atol=0)
+
+
+def test_lora_adapter_save_and_load_round_trip(kind, tmp_path):
+    model = make_model(kind)
+    model.add_adapter(lora_config(sorted(BLOCK_LINEARS[kind])))
+    model.save_lora_adapter(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["pytorch_lora_weights.safetensors"]
+    fresh = make_model(kind)
+    fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
+    inputs = make_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(*inputs).sample, model(*inputs).sample, rtol=0, atol=0)
+
+
+def test_forward_hooks_fire_on_every_module(kind):
+    model = make_model(kind)
+    calls: Counter[str] = Counter()
+
+    def count(module: nn.Module, args: tuple, output: object) -> None:
+        calls[names[module]] += 1
+
+    # Containers are not called, their members are.
+    names = {module: name for name, module in model.named_modules() if name and not isinstance(module, nn.ModuleList)}
+    for module in names:
+        module.register_forward_hook(count)
+    with torch.no_grad():
+        model(*make_inputs())
+    # The reference's norm1 is applied twice per block (before the mixers and before the joint MLP).
+    assert calls == {name: 2 if name.endswith("channel_norm") else 1 for name in names.values()}
+
+
+def test_lmlp_block_equals_plain_restatement():
+    """The block is the module docstring's five lines, written with plain functions on the block's parameters."""
+    block = LMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5)
+    randomize_(block, seed=0)
+    gen = torch.Generator().manual_seed(2)
+    x, skip = torch.randn(3, 22, 32, generator=gen), torch.randn(3, 22, 32, generator=gen)
+    p = {name: value.detach() for name, value in block.named_parameters()}
+
+    h = x + skip
+    h_tok = F.layer_norm(h.transpose(1, 2), (22,), p["token_norm.weight"], p["token_norm.bias"])  # (B, D, L)
+    h = F.layer_norm(h, (32,), p["channel_norm.weight"], p["channel_norm.bias"])
+    left = F.linear(h_tok, p["left.weight"], p["left.bias"]).transpose(1, 2)  # (B, L, D)
+    right = F.linear(h, p["right.weight"], p["right.bias"])
+    h = h + F.linear(left + right, p["merge.weight"], p["merge.bias"])
+    h_norm = F.layer_norm(h, (32,), p["channel_norm.weight"], p["channel_norm.bias"])
+    mlp = F.linear(
+        F.gelu(F.linear(h_norm, p["joint_mlp.fc1.weight"], p["joint_mlp.fc1.bias"])), p["joint_mlp.fc2.weight"]
+    )
+    expected = h + mlp + p["joint_mlp.fc2.bias"]
+
+    with torch.no_grad():
+        out, router_probs = block(x, skip)
+    assert router_probs is None
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
