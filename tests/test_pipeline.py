@@ -249,7 +249,10 @@ ERROR_CASES = {
         lambda: {"prompt": ["a", "b"], "negative_prompt_embeds": torch.zeros(1, *TEXT_SHAPE)},
         r"`negative_prompt_embeds` must have shape .* = \(2, 16, 32\), got \(1, 16, 32\)",
     ),
-    "num_inference_steps": (lambda: {"num_inference_steps": 0}, "at least 1, got 0"),
+    "num_inference_steps": (
+        lambda: {"num_inference_steps": 0},
+        r"`num_inference_steps` must be an integer in \[1, 999\].*got 0",
+    ),
     "num_images_per_prompt": (lambda: {"num_images_per_prompt": 0}, "at least 1, got 0"),
     "generator list length": (
         lambda: {"num_images_per_prompt": 2, "generator": [torch.Generator()] * 3},

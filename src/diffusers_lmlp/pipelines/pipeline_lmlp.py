@@ -14,6 +14,8 @@ shared/reference/reference-implementations.md §B.2–B.6):
 """
 
 import inspect
+import math
+import numbers
 import os
 from collections.abc import Callable
 from typing import Any, Self
@@ -79,6 +81,54 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
         algorithm_type="dpmsolver++",
         prediction_type="epsilon",
     )
+
+
+def _is_integer(value: Any) -> bool:
+    """True for Python and NumPy integers; False for bools, floats and everything else."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Raise a `ValueError` unless `schedule` is a non-empty, strictly decreasing list of acceptable numbers.
+
+    Args:
+        name (`str`): The `__call__` argument, `"timesteps"` or `"sigmas"`.
+        schedule (`Any`): What the caller passed: a list, tuple, NumPy array or tensor.
+        valid (`str`): What `is_valid` accepts, in words, e.g. "integers in [0, 1000)".
+        is_valid (`Callable[[torch.Tensor], torch.Tensor]`): Maps the (S,) float64 values to an (S,) bool mask of
+            the acceptable ones (NaN must map to `False`).
+    """
+    try:
+        values = torch.as_tensor(schedule, dtype=torch.float64, device="cpu")  # (S,)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.") from error
+    if values.ndim != 1:
+        raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.")
+    if values.numel() == 0:
+        raise ValueError(
+            f"`{name}` is empty, which would decode the initial noise unchanged; pass at least one value, or leave "
+            "it unset and choose `num_inference_steps`."
+        )
+    bad = values[~is_valid(values)]  # (K,)
+    if bad.numel():
+        raise ValueError(f"`{name}` must be {valid}, got {bad.tolist()} in {values.tolist()}.")
+    if not (values[1:] < values[:-1]).all():
+        raise ValueError(
+            f"`{name}` must be strictly decreasing (sampling runs from noise to image, and a repeated value makes "
+            f"multistep solvers divide by zero), got {values.tolist()}."
+        )
+
+
+def _raise_if_not_finite(images: torch.Tensor, message: str) -> None:
+    """Raise a `FloatingPointError` naming the images of the batch that hold NaN or inf.
+
+    Args:
+        images (`torch.Tensor`): (B, ...) latents or decoded images.
+        message (`str`): The error, with `{bad}` (indices of the bad images) and `{total}` (B) to fill in.
+    """
+    finite = torch.isfinite(images).flatten(1).all(1)  # (B,)
+    if not finite.all():
+        raise FloatingPointError(message.format(bad=(~finite).nonzero().flatten().tolist(), total=len(finite)))
 
 
 def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
@@ -371,6 +421,13 @@ class LMLPPipeline(DiffusionPipeline):
                 f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts. Pass one "
                 "negative prompt per prompt, or a single string for all of them."
             )
+        if isinstance(guidance_scale, bool) or not (
+            isinstance(guidance_scale, numbers.Real) and math.isfinite(guidance_scale)
+        ):
+            raise ValueError(
+                f"`guidance_scale` must be a finite number, got {guidance_scale!r}. Values <= 1 turn guidance off; "
+                "the papers' setting is 2.0."
+            )
         if guidance_scale > 1 and negative_prompt_embeds is None and self.text_encoder is None:
             raise ValueError(
                 "Classifier-free guidance (guidance_scale > 1) needs the unconditional context: pass "
@@ -392,10 +449,25 @@ class LMLPPipeline(DiffusionPipeline):
                     f"{type(self.scheduler).__name__} does not accept custom `{name}`; use `num_inference_steps`, or "
                     f"a scheduler whose `set_timesteps` takes `{name}`."
                 )
-        if timesteps is None and sigmas is None and num_inference_steps < 1:
-            raise ValueError(f"`num_inference_steps` must be at least 1, got {num_inference_steps}.")
-        if num_images_per_prompt < 1:
-            raise ValueError(f"`num_images_per_prompt` must be at least 1, got {num_images_per_prompt}.")
+        # Every diffusers noise scheduler has it; 1000 is also the range the backbones embed.
+        num_train_timesteps = self.scheduler.config.get("num_train_timesteps", 1000)
+        if timesteps is not None:
+            _check_schedule(
+                "timesteps",
+                timesteps,
+                f"integers in [0, {num_train_timesteps}) (the scheduler's num_train_timesteps={num_train_timesteps})",
+                lambda t: (t == t.round()) & (t >= 0) & (t < num_train_timesteps),
+            )
+        elif sigmas is not None:
+            _check_schedule("sigmas", sigmas, "finite and >= 0", lambda s: s.isfinite() & (s >= 0))
+        elif not (_is_integer(num_inference_steps) and 1 <= num_inference_steps < num_train_timesteps):
+            raise ValueError(
+                f"`num_inference_steps` must be an integer in [1, {num_train_timesteps - 1}] (at least 1, and fewer "
+                f"than the scheduler's num_train_timesteps={num_train_timesteps}: more would repeat timesteps, and "
+                f"multistep solvers then return NaN), got {num_inference_steps!r}."
+            )
+        if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
+            raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
 
         num_images = batch_size * num_images_per_prompt
         if isinstance(generator, list) and len(generator) != num_images:
@@ -417,6 +489,30 @@ class LMLPPipeline(DiffusionPipeline):
                 f"{sorted(unknown)}."
             )
         return batch_size
+
+    def _set_timesteps(
+        self, num_inference_steps: int, timesteps: list[int] | None, sigmas: list[float] | None, device: torch.device
+    ) -> int:
+        """Set the scheduler's schedule and refuse one with no denoising step.
+
+        Runs before the text encoder: a schedule that `check_inputs` cannot judge alone (a scheduler reads the last
+        of its `sigmas` as the end point, so one sigma is zero steps) fails before any compute.
+
+        Returns:
+            `int`: The number of denoising steps.
+        """
+        if timesteps is not None or sigmas is not None:
+            name, schedule = ("timesteps", timesteps) if timesteps is not None else ("sigmas", sigmas)
+            self.scheduler.set_timesteps(device=device, **{name: schedule})
+            if len(self.scheduler.timesteps) == 0:
+                raise ValueError(
+                    f"`{name}`={list(schedule)} gives {type(self.scheduler).__name__} no denoising steps, which would "
+                    f"decode the initial noise unchanged; pass a longer `{name}` (for sigmas, the last value is the "
+                    "end point)."
+                )
+            return len(self.scheduler.timesteps)
+        self.scheduler.set_timesteps(num_inference_steps, device=device)
+        return num_inference_steps
 
     def _latents_shape(self, num_images: int) -> tuple[int, int, int, int]:
         config = self.transformer.config
@@ -473,14 +569,18 @@ class LMLPPipeline(DiffusionPipeline):
                 reference's unconditional context. Ignored when `guidance_scale <= 1`.
             height (`int`, *optional*): Image height; defaults to, and must equal, `native_size`.
             width (`int`, *optional*): Image width; defaults to, and must equal, `native_size`.
-            num_inference_steps (`int`, *optional*, defaults to 50): Denoising steps (50 in both papers).
+            num_inference_steps (`int`, *optional*, defaults to 50): Denoising steps (50 in both papers), from 1 to
+                the scheduler's `num_train_timesteps - 1` (999).
             timesteps (`list[int]`, *optional*): Custom timesteps, for schedulers whose `set_timesteps` accepts them;
-                overrides `num_inference_steps`.
+                overrides `num_inference_steps`. Non-empty, strictly decreasing integers in
+                [0, `num_train_timesteps`).
             sigmas (`list[float]`, *optional*): Custom sigmas, for schedulers whose `set_timesteps` accepts them;
-                overrides `num_inference_steps`.
+                overrides `num_inference_steps`. Non-empty, strictly decreasing, finite and >= 0.
             guidance_scale (`float`, *optional*, defaults to 2.0): Classifier-free guidance in diffusers' convention,
-                ε = ε_u + g·(ε_c − ε_u). The papers' scale s is g − 1 (their COCO setting s = 1 is g = 2). With
-                `guidance_scale <= 1` the unconditional pass is skipped entirely.
+                ε = ε_u + g·(ε_c − ε_u). The papers' scale s is g − 1 (their COCO setting s = 1 is g = 2). Must be
+                finite. Any `guidance_scale <= 1` means no guidance, as in every diffusers pipeline: the
+                unconditional pass is skipped entirely and ε = ε_c, exactly as with g = 1 (so 0.5 does not weaken
+                the prompt, and 0 does not sample unconditionally).
             num_images_per_prompt (`int`, *optional*, defaults to 1): Images per prompt.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the initial noise; a list
                 needs one generator per image.
@@ -505,6 +605,11 @@ class LMLPPipeline(DiffusionPipeline):
         Returns:
             [`~pipelines.ImagePipelineOutput`] or `tuple`: The images, as `ImagePipelineOutput(images=...)` or
             `(images,)`.
+
+        Raises:
+            `ValueError`: An argument is invalid; raised by `check_inputs` before any model runs.
+            `FloatingPointError`: The sampled latents or the decoded images hold NaN or inf (for example a float16
+                overflow); a NaN image is never returned.
         """
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
@@ -531,6 +636,9 @@ class LMLPPipeline(DiffusionPipeline):
         self._interrupt = False
         device = self._execution_device
         dtype = self.transformer.dtype
+        num_inference_steps = self._set_timesteps(num_inference_steps, timesteps, sigmas, device)
+        timesteps = self.scheduler.timesteps
+        self._num_timesteps = len(timesteps)
 
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(
             prompt,
@@ -544,15 +652,6 @@ class LMLPPipeline(DiffusionPipeline):
         prompt_embeds = prompt_embeds.to(dtype)
         if negative_prompt_embeds is not None:
             negative_prompt_embeds = negative_prompt_embeds.to(dtype)
-
-        if timesteps is not None or sigmas is not None:
-            schedule = {"timesteps": timesteps} if timesteps is not None else {"sigmas": sigmas}
-            self.scheduler.set_timesteps(device=device, **schedule)
-            num_inference_steps = len(self.scheduler.timesteps)
-        else:
-            self.scheduler.set_timesteps(num_inference_steps, device=device)
-        timesteps = self.scheduler.timesteps
-        self._num_timesteps = len(timesteps)
 
         latents = self.prepare_latents(batch_size * num_images_per_prompt, dtype, device, generator, latents)
         # Stochastic schedulers (SDE-DPM-Solver++, ancestral samplers) draw their noise from the generator too.
@@ -592,6 +691,12 @@ class LMLPPipeline(DiffusionPipeline):
                 if i == len(timesteps) - 1 or ((i + 1) > num_warmup_steps and (i + 1) % self.scheduler.order == 0):
                     progress_bar.update()
 
+        _raise_if_not_finite(
+            latents,
+            "Sampling produced non-finite latents (NaN or inf) in images {bad} of {total}. The transformer (or a "
+            "`callback_on_step_end`) returned NaN or inf: in float16 its activations can overflow, so run it in "
+            "bfloat16 or float32; otherwise check its weights, e.g. for a NaN from training.",
+        )
         if output_type == "latent":
             image = latents
         else:
@@ -599,6 +704,12 @@ class LMLPPipeline(DiffusionPipeline):
             if self.vae.config.shift_factor is not None:
                 latents = latents + self.vae.config.shift_factor
             image = self.vae.decode(latents, return_dict=False)[0]  # (B·n, 3, H, W) in [-1, 1]
+            _raise_if_not_finite(
+                image,
+                "The VAE decoded non-finite images (NaN or inf): images {bad} of {total}, from finite latents. The "
+                "Stable Diffusion VAE overflows in float16; run it in float32 or bfloat16 "
+                "(`pipe.vae.to(torch.float32)`).",
+            )
             image = self.image_processor.postprocess(image, output_type=output_type)
 
         self.maybe_free_model_hooks()
