@@ -14,7 +14,9 @@ Environment variables:
 
 The UI and the named API endpoint `/generate` run the same function. Every input is checked on the server by
 `validate_inputs` (API calls do not pass through the browser's sliders), and a bad value raises `gr.Error` with a
-message that names the input and its allowed range.
+message that names the input and its allowed range. The app takes no files, so the server refuses any upload over
+`MAX_FILE_SIZE` (gradio answers HTTP 413): anonymous visitors cannot fill the Space's disk through
+`/gradio_api/upload`.
 """
 
 # ZeroGPU wants `spaces` imported before torch initialises CUDA. Off ZeroGPU its decorator returns the function
@@ -57,6 +59,8 @@ DEFAULT_STEPS = 50  # both papers sample with 50 DPM-Solver++ steps
 DEFAULT_GUIDANCE = 2.0  # diffusers' g = s + 1 for the papers' s = 1
 DEFAULT_QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 1
+# Uploads above this are refused; the app takes no files at all (gradio's default is no limit).
+MAX_FILE_SIZE = "1kb"
 
 SHAPES_EXAMPLES = [
     "a large red circle at the center",
@@ -353,7 +357,7 @@ def make_generate_fn(pipe: LMLPPipeline) -> Callable:
 
 
 def build_demo(pipe: LMLPPipeline, source: str | None = None, queue_size: int | None = None, concurrency: int = 1):
-    """The Space's `gr.Blocks`, queued; serve it with `demo.launch(css=CSS)`.
+    """The Space's `gr.Blocks`, queued; serve it with `launch(demo)`.
 
     Args:
         pipe (`LMLPPipeline`): The pipeline to serve, already on its device and in its dtype.
@@ -444,6 +448,19 @@ def queue_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
     return settings[0], settings[1]
 
 
+def launch(demo: gr.Blocks, **server_options):
+    """Serve the demo with the Space's settings: its CSS and the upload limit `MAX_FILE_SIZE`.
+
+    Args:
+        demo (`gr.Blocks`): The app from `build_demo`.
+        **server_options: More `gr.Blocks.launch` arguments (`server_name`, `server_port`, `prevent_thread_lock`).
+
+    Returns:
+        `tuple`: What `gr.Blocks.launch` returns: (the FastAPI app, the local URL, the share URL).
+    """
+    return demo.launch(css=CSS, max_file_size=MAX_FILE_SIZE, **server_options)
+
+
 def main() -> None:
     """Load the pipeline named by `LMLP_MODEL` (or the shipped shapes model) and serve it."""
     queue_size, concurrency = queue_settings()
@@ -457,7 +474,7 @@ def main() -> None:
     else:
         pipe = pretrained_shapes_pipeline(dtype=dtype)
     pipe = pipe.to(device)
-    build_demo(pipe, source=model, queue_size=queue_size, concurrency=concurrency).launch(css=CSS)
+    launch(build_demo(pipe, source=model, queue_size=queue_size, concurrency=concurrency))
 
 
 if __name__ == "__main__":

@@ -63,13 +63,14 @@ def image_std(image: Image.Image) -> float:
 
 @contextmanager
 def serve(demo) -> Iterator[str]:
-    """Serve a gradio app on 127.0.0.1 in a background thread; yield its URL, then shut it down.
+    """Serve a gradio app on 127.0.0.1 in a background thread, as the Space does (`app.launch`: its CSS and upload
+    limit); yield its URL, then shut it down.
 
     Args:
         demo (`gr.Blocks`): The app (already queued).
     """
-    _, url, _ = demo.launch(
-        server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, css=load_app().CSS
+    _, url, _ = load_app().launch(
+        demo, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True
     )
     try:
         yield url

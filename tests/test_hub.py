@@ -19,7 +19,9 @@ from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_space, write_model_card
 from diffusers_lmlp.hub.__main__ import main
 from diffusers_lmlp.hub.card import block_markers
+from diffusers_lmlp.hub.model import TEXT_LIMIT
 from diffusers_lmlp.hub.space import PACKAGE_DIR
+from diffusers_lmlp.hub.upload import looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
@@ -38,6 +40,7 @@ PIPELINE_FILES = {
     "vae/diffusion_pytorch_model.safetensors",
 }
 MODEL_INFO = HfApi.model_info
+HUB_TOKEN = "hf_TestTokenThatMustNeverBeUploaded"
 # What a training run leaves next to the pipeline, none of which belongs on the Hub.
 TRAINING_LEFTOVERS = {
     "checkpoint-100/model.safetensors": b"x",
@@ -123,21 +126,130 @@ def test_upload_leaves_out_checkpoints_logs_and_pickles(saved, tmp_path):
     staged = stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
     assert set(staged.files) == PIPELINE_FILES
     assert {p.relative_to(staged.folder).as_posix() for p in staged.folder.rglob("*") if p.is_file()} == PIPELINE_FILES
-    assert staged.left_out == sorted(
-        [
-            ".checkpoint-200.tmp/",
-            "__pycache__/",
-            "checkpoint-100/",
-            "ema.pth",
-            "logs/",
-            "model.ckpt",
-            "optimizer.pt",
-            "scratch.tmp/",
-            "state.pkl",
-            "transformer/diffusion_pytorch_model.bin",
-        ]
-    )
+    assert list(staged.left_out) == [
+        ".checkpoint-200.tmp/",
+        "__pycache__/",
+        "checkpoint-100/",
+        "ema.pth",
+        "logs/",
+        "model.ckpt",
+        "optimizer.pt",
+        "scratch.tmp/",
+        "state.pkl",
+        "transformer/diffusion_pytorch_model.bin",
+    ]
+    assert staged.left_out["checkpoint-100/"].startswith("matches 'checkpoint-*': training state")
+    assert staged.left_out["optimizer.pt"].startswith("pickled (only safetensors weights are uploaded")
+    assert staged.refused == {}
     assert (saved / "optimizer.pt").is_file() and not (saved / "README.md").exists()  # the source is untouched
+
+
+OUTSIDE_SECRET = b"OUTSIDE-THE-FOLDER: must never be uploaded\n"
+# The legitimate tokenizer files a credential rule must not catch, and a file of the size of CLIP's tokenizer.json as
+# transformers 5 saves it (3,642,074 bytes): below the text limit.
+LEGITIMATE = {"tokenizer/special_tokens_map.json", "tokenizer/added_tokens.json", "clip/tokenizer.json"}
+
+
+def add_hostile_files(folder: Path, outside: Path) -> dict[str, str]:
+    """Add links out of `folder` (and one inside it), credential-like files, an oversize json and legitimate tokenizer
+    files to a saved pipeline; return the refusals the upload must report: {path: start of the reason}."""
+    outside.mkdir()
+    (outside / "secret.txt").write_bytes(OUTSIDE_SECRET)
+    (outside / "folder").mkdir()
+    (outside / "folder" / "config.json").write_bytes(b'{"outside": true}')
+    (folder / "tokenizer" / "vocab.txt").symlink_to(outside / "secret.txt")  # a link to a file outside
+    (folder / "passwd.txt").symlink_to("/etc/passwd")
+    (folder / "extra").symlink_to(outside / "folder", target_is_directory=True)  # a link to a folder outside
+    (folder / "tokenizer" / "copy.json").symlink_to("tokenizer.json")  # a link inside the folder: refused too
+    (folder / "up.json").symlink_to("../outside/secret.txt")  # a relative `..` link
+    (folder / "token.txt").write_text("hf_abc")
+    (folder / "secrets.json").write_text('{"api_key": "abc"}')
+    (folder / ".env").write_text("HF_TOKEN=hf_abc")
+    (folder / "credentials").mkdir()
+    (folder / "credentials" / "hub.json").write_text('{"token": "hf_abc"}')
+    os.mkfifo(folder / "pipe.json")  # copying a FIFO would block or fail
+    (folder / "big.json").write_bytes(b" " * (TEXT_LIMIT[0] + 1))
+    (folder / "limit.json").write_bytes(b" " * TEXT_LIMIT[0])  # exactly at the limit: uploaded
+    special_tokens = LMLPPipeline.from_pretrained(folder).tokenizer.special_tokens_map
+    (folder / "tokenizer" / "special_tokens_map.json").write_text(json.dumps(special_tokens))
+    (folder / "tokenizer" / "added_tokens.json").write_text("{}")
+    (folder / "clip").mkdir()
+    (folder / "clip" / "tokenizer.json").write_bytes(b" " * 3_642_074)
+    return {
+        "big.json": "16,000,001 bytes, over the limit of 16,000,000 bytes for .json, .txt and .md files",
+        "credentials/": "the name looks like a credential",
+        "extra/": f"a symbolic link to a folder, {outside / 'folder'}; links are never followed",
+        "passwd.txt": "a symbolic link to /etc/passwd; links are never followed",
+        "pipe.json": "not a regular file (a FIFO, socket or device)",
+        "secrets.json": "the name looks like a credential",
+        "token.txt": "the name looks like a credential",
+        "tokenizer/copy.json": "a symbolic link to tokenizer.json; links are never followed",
+        "tokenizer/vocab.txt": f"a symbolic link to {outside / 'secret.txt'}; links are never followed",
+        "up.json": "a symbolic link to ../outside/secret.txt; links are never followed",
+    }
+
+
+def test_links_credentials_and_oversize_files_are_refused_by_the_dry_run_and_the_push(
+    saved, hub_calls, generate, tmp_path, capsys, caplog
+):
+    refused = add_hostile_files(saved, tmp_path / "outside")
+    expected_files = PIPELINE_FILES | LEGITIMATE | {"limit.json"}
+
+    main(["push", str(saved), "alice/tiny-lmlp", "--dry-run", "--output-dir", str(tmp_path / "upload")])
+    dry_run = capsys.readouterr().out
+    staged = {p.relative_to(tmp_path / "upload").as_posix() for p in (tmp_path / "upload").rglob("*")}
+    assert {path for path in staged if (tmp_path / "upload" / path).is_file()} == expected_files
+    assert not any((tmp_path / "upload" / path).is_symlink() for path in staged)
+    report = "Refused, never uploaded:\n" + "".join(f"  {path}: {reason}\n" for path, reason in refused.items())
+    assert report in dry_run
+    assert "Left out, not part of the upload:\n" in dry_run and "  .env: a hidden file\n" in dry_run
+
+    main(["push", str(saved), "alice/tiny-lmlp", "--token", HUB_TOKEN])
+    files = hub_calls[-1][1]["files"]
+    assert set(files) == expected_files
+    assert not [path for path, data in files.items() if OUTSIDE_SECRET in data or b"root:" in data]
+    assert not [path for path, data in files.items() if HUB_TOKEN.encode() in data or b"hf_abc" in data]
+    # The real push logs the same report, as a warning.
+    assert report in caplog.text and "  .env: a hidden file\n" in caplog.text
+    assert [r.levelname for r in caplog.records if r.name == "diffusers_lmlp.hub.upload"] == ["WARNING"]
+    # What goes up still loads and generates the source's image.
+    assert torch.equal(
+        generate(LMLPPipeline.from_pretrained(tmp_path / "upload")), generate(LMLPPipeline.from_pretrained(saved))
+    )
+
+
+def test_a_refused_file_the_pipeline_needs_stops_the_upload(saved, hub_calls, tmp_path):
+    outside = tmp_path / "tokenizer.json"
+    (saved / "tokenizer" / "tokenizer.json").rename(outside)
+    (saved / "tokenizer" / "tokenizer.json").symlink_to(outside)
+    message = (
+        r"Without the files refused for upload \(tokenizer/tokenizer.json: a symbolic link to .*\), the uploaded "
+    )
+    with pytest.raises(ValueError, match=message + "pipeline would not work: its tokenizer differs"):
+        push_pipeline(saved, "alice/tiny-lmlp", token=HUB_TOKEN)
+    assert hub_calls == []  # nothing was created or committed
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["token.txt", "HF_TOKEN", "hf_token.json", "hfToken.txt", "access-token.json", "secrets.json", "my_secret.txt",
+     "password.txt", "credentials.json", "git-credential", ".env", "prod.env", ".env.local", "id_rsa", "id_ed25519.pub",
+     ".netrc", "server.pem", "tls.key", "api_key.json", "apiKey.txt", "APIKey.txt", "aws_access_key.txt",
+     "service-account.json", "cookies.txt", ".pypirc"],
+)  # fmt: skip
+def test_credential_like_names_are_recognised(name):
+    assert looks_like_credential(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+     "vocab.txt", "merges.txt", "model_index.json", "config.json", "scheduler_config.json", "samples.png",
+     "diffusion_pytorch_model.safetensors", "training_summary.json", "README.md", "environment.json", "keyframes.json",
+     "monkey.png", "tokens.txt"],
+)  # fmt: skip
+def test_pipeline_file_names_are_not_taken_for_credentials(name):
+    assert not looks_like_credential(name)
 
 
 def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_path):
@@ -198,15 +310,17 @@ def test_training_script_push_uploads_the_run_without_its_state(pipe, hub_calls,
         "ema_decay": 0.995,
         "caption_dropout": 0.1,
         "hub_model_id": None,
+        "hub_token": HUB_TOKEN,
     }
     write_model_card(output_dir, pipe, args=args, summary=summary, sample_grid=output_dir / "samples.png")
     for path, data in TRAINING_LEFTOVERS.items():
         (output_dir / path).parent.mkdir(parents=True, exist_ok=True)
         (output_dir / path).write_bytes(data)
 
-    push_pipeline(output_dir, output_dir.name, token="hf_test", commit_message="End of training")
+    push_pipeline(output_dir, output_dir.name, token=HUB_TOKEN, commit_message="End of training")
     files = hub_calls[-1][1]["files"]
     assert set(files) == PIPELINE_FILES | {"samples.png", "training_summary.json", "validation/step-0000010.png"}
+    assert not [path for path, data in files.items() if HUB_TOKEN.encode() in data]  # the token is in no file
     card = ModelCard(files["README.md"].decode())
     assert card.data.base_model is None and card.data.library_name == "diffusers"
     assert "- Training: 10 steps on the procedural shapes world, batch 64" in card.text
@@ -302,7 +416,7 @@ def test_space_upload_vendors_the_package_and_names_the_model(space_dir, tmp_pat
     assert vendored == {p for p in package if "__pycache__" not in p}
     assert {"__init__.py", "hub/__main__.py", "shapes/assets/pipeline/model_index.json"} <= vendored
     assert set(staged.files) - {f"diffusers_lmlp/{p}" for p in vendored} == {"README.md", "app.py", "requirements.txt"}
-    assert staged.left_out == [".gradio/", "__pycache__/"]
+    assert list(staged.left_out) == [".gradio/", "__pycache__/"] and staged.refused == {}
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/tiny-lmlp"] and card.data.sdk == "gradio" and card.data.title == "L-MLP demo"
     assert card.text == "\n# Demo\n"
@@ -311,6 +425,7 @@ def test_space_upload_vendors_the_package_and_names_the_model(space_dir, tmp_pat
 def test_repo_space_folder_stages_a_self_contained_space(tmp_path):
     staged = stage_space("alice/lmlp-shapes", output_dir=tmp_path / "space")
     assert {"app.py", "README.md", "requirements.txt", "diffusers_lmlp/__init__.py"} <= set(staged.files)
+    assert staged.refused == {}  # no file of the demo or the package is taken for a credential
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/lmlp-shapes"] and card.data.sdk == "gradio"
     # The Space runs app.py from its folder: the vendored package is the one it imports.
@@ -332,6 +447,41 @@ def test_push_space_sets_the_model_variable_then_makes_one_commit(space_dir, hub
     assert commit["repo_id"] == "alice/lmlp-demo" and commit["repo_type"] == "space"
     assert {"app.py", "README.md", "requirements.txt", "diffusers_lmlp/__init__.py"} <= set(commit["files"])
     assert b"models:\n- alice/tiny-lmlp\n" in commit["files"]["README.md"]
+
+
+def test_space_upload_refuses_links_and_credentials(space_dir, hub_calls, tmp_path, caplog):
+    (tmp_path / "secret.txt").write_bytes(OUTSIDE_SECRET)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "cat.png").write_bytes(OUTSIDE_SECRET)
+    (space_dir / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    (space_dir / "examples").symlink_to(tmp_path / "examples", target_is_directory=True)
+    (space_dir / "hf_token.txt").write_text("hf_abc")
+    (space_dir / "server.pem").write_text("-----BEGIN PRIVATE KEY-----")
+    refused = {
+        "examples/": f"a symbolic link to a folder, {tmp_path / 'examples'}; links are never followed",
+        "hf_token.txt": "the name looks like a credential",
+        "notes.txt": f"a symbolic link to {tmp_path / 'secret.txt'}; links are never followed",
+        "server.pem": "the name looks like a credential",
+    }
+
+    staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")  # what the dry run writes
+    assert {"app.py", "README.md", "requirements.txt"} == {p for p in staged.files if "/" not in p}
+    assert not any(p.startswith("examples/") for p in staged.files)
+    assert staged.refused == refused
+
+    push_space("alice/lmlp-demo", "alice/tiny-lmlp", space_dir, token=HUB_TOKEN)
+    files = hub_calls[-1][1]["files"]
+    assert set(files) == set(staged.files)
+    assert not [path for path, data in files.items() if OUTSIDE_SECRET in data or b"hf_abc" in data]
+    assert not [path for path, data in files.items() if HUB_TOKEN.encode() in data]
+    assert "Refused, never uploaded:\n" + "".join(f"  {p}: {r}\n" for p, r in refused.items()) in caplog.text
+
+    (space_dir / "app.py").rename(tmp_path / "app.py")
+    (space_dir / "app.py").symlink_to(tmp_path / "app.py")
+    with pytest.raises(
+        ValueError, match=r"app.py cannot be uploaded: a symbolic link to .*; links are never followed"
+    ):
+        stage_space("alice/tiny-lmlp", space_dir)
 
 
 def test_space_refuses_a_missing_model_repo_and_a_folder_without_app(space_dir, hub_calls, monkeypatch):
@@ -359,7 +509,9 @@ def test_cli_dry_run_prints_the_folder_it_wrote(saved, tmp_path):
         result.stdout
     )
     assert "  transformer/diffusion_pytorch_model.safetensors\n" in result.stdout
-    assert "Left out: .checkpoint-200.tmp/, __pycache__/, checkpoint-100/" in result.stdout
+    assert (
+        "Left out, not part of the upload:\n  .checkpoint-200.tmp/: matches '*.tmp': training state" in result.stdout
+    )
     assert (out / "README.md").is_file()
 
 

@@ -1,5 +1,5 @@
-"""The Space under load, over loopback with gradio_client: concurrent requests all come back, right and whole, and
-a full queue refuses the request beyond it with a clear message, then serves again."""
+"""The Space under load, over loopback with gradio_client: concurrent requests all come back, right and whole, a
+full queue refuses the request beyond it with a clear message, then serves again, and file uploads are refused."""
 
 import threading
 import time
@@ -116,4 +116,15 @@ def test_api_refuses_out_of_range_values_with_the_input_and_its_range(shapes_pip
             with pytest.raises(AppError, match=message):
                 client.predict(*args, api_name="/generate")
         gallery, _ = client.predict(*request_args(0), api_name="/generate")
+        assert Image.open(gallery[0]["image"]).size == (32, 32)
+
+
+def test_file_uploads_are_refused_and_the_app_still_generates(shapes_pipe):
+    app = load_app()
+    with serve(app.build_demo(shapes_pipe, queue_size=4)) as url:
+        # The app takes no files, so anyone's upload to the server's disk is refused: HTTP 413 for 100 kB.
+        upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("x.bin", b"x" * 100_000)}, timeout=TIMEOUT_S)
+        assert upload.status_code == 413, upload.text
+        assert upload.text == "File size exceeded maximum allowed size of 1024 bytes."
+        gallery, _ = Client(url, verbose=False).predict(*request_args(0), api_name="/generate")
         assert Image.open(gallery[0]["image"]).size == (32, 32)

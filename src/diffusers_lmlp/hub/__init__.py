@@ -4,6 +4,8 @@ From the command line (`python -m diffusers_lmlp.hub --help`):
 
     python -m diffusers_lmlp.hub push lmlp-shapes owner/lmlp-shapes [--dry-run]
     python -m diffusers_lmlp.hub push-space owner/lmlp-demo --model owner/lmlp-shapes [--dry-run]
+
+No upload follows a symbolic link or takes a file named like a credential; see `diffusers_lmlp.hub.upload`.
 """
 
 from .card import write_model_card

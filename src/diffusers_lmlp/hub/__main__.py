@@ -1,11 +1,12 @@
 """`python -m diffusers_lmlp.hub`: publish a saved pipeline (`push`) or the demo Space (`push-space`)."""
 
 import argparse
+import logging
 import sys
 
-from .model import push_pipeline, stage_pipeline
+from .model import IMAGE_LIMIT, TEXT_LIMIT, push_pipeline, stage_pipeline
 from .space import DEFAULT_SPACE_DIR, MODEL_VARIABLE, push_space, stage_space
-from .upload import StagedUpload, check_repo_id
+from .upload import StagedUpload, check_repo_id, upload_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a saved pipeline folder -> a model repo",
         description="Upload a folder written by LMLPPipeline.save_pretrained (or the training script) with its "
         "model card: safetensors weights, configs, tokenizer files and images only (never checkpoint-*, logs or "
-        "pickles). An existing README.md keeps its text; its metadata and usage block are updated.",
+        "pickles). Never uploaded either: symbolic links (none is followed), files named like credentials (token.txt, "
+        f"secrets.json, .env, *.pem, ...), and files other than the weights over {TEXT_LIMIT[0] // 10**6} MB (images: "
+        f"{IMAGE_LIMIT[0] // 10**6} MB); the dry run and "
+        "the push list each with its reason. An existing README.md keeps its text; its metadata and usage block are "
+        "updated.",
     )
     push.add_argument("folder", help="the saved pipeline folder (with model_index.json)")
     push.add_argument("repo_id", help="the model repo, owner/name (or name: the token's user)")
@@ -55,15 +60,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_dry_run(staged: StagedUpload, repo: str) -> None:
+    """Print the folder a push would upload, its files, and what it refuses and leaves out (the push logs these)."""
     print(f"Dry run, nothing was uploaded. The folder that would be uploaded to {repo}: {staged.folder.resolve()}")
     print("\n".join(f"  {path}" for path in staged.files))
-    if staged.left_out:
-        print(f"Left out: {', '.join(staged.left_out)}")
+    report = upload_report(staged)
+    if report:
+        print(report)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A push logs what it did not upload (`upload_report`, as the dry run prints it): show the bare messages.
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("diffusers_lmlp.hub").setLevel(logging.INFO)
     if args.output_dir and not args.dry_run:
         parser.error("--output-dir only goes with --dry-run (a real push stages in a temporary folder)")
     try:

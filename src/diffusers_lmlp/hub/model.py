@@ -12,13 +12,16 @@ from huggingface_hub import CommitInfo, HfApi
 
 from ..image_grid import make_image_grid
 from ..pipelines import LMLPPipeline
+from ..pipelines.pipeline_lmlp import PICKLE_SUFFIXES
 from .card import describe_pipeline, update_card, usage_section, without_block
 from .upload import (
+    SizeLimit,
     StagedUpload,
     check_repo_id,
     commit_staged,
     copy_tree,
     list_files,
+    log_upload_report,
     require_token,
     staging_folder,
     with_namespace,
@@ -26,11 +29,18 @@ from .upload import (
 
 
 # Uploaded: weights (safetensors only), configs, tokenizer files, images, and the card. Never: pickles (*.bin, *.pt,
-# *.pth, *.ckpt, *.pkl), training state, logs, or anything else.
+# *.pth, *.ckpt, *.pkl), training state, logs, or anything else; never links or credentials (see `.upload`).
 UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
 SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
 SAMPLE_GRID = "samples.png"
 TRAINING_SUMMARY = "training_summary.json"
+# Size limits (bytes) for everything but the weights, which have none. Real files are far below them: CLIP's
+# tokenizer.json as transformers 5 saves it is 3,642,074 bytes (its vocab.json 1,059,961, merges.txt 524,619); a 4×4
+# grid of 512×512 samples is at most 12.6 MB as PNG (the size of the raw RGB).
+TEXT_LIMIT: SizeLimit = (16_000_000, "for .json, .txt and .md files")
+IMAGE_LIMIT: SizeLimit = (32_000_000, "for images")
+# A prompt whose tokens show whether a staged tokenizer splits text as the source's does.
+TOKENIZER_PROBE = "a red circle on a blue square, photographed at dusk"
 
 
 def check_pipeline_folder(folder: str | os.PathLike) -> Path:
@@ -54,15 +64,67 @@ def check_pipeline_folder(folder: str | os.PathLike) -> Path:
     return folder
 
 
-def is_uploaded_folder(path: str) -> bool:
-    """Whether a folder of a pipeline folder (POSIX path relative to it) may hold files of the upload."""
-    return not any(fnmatch(path.rsplit("/", 1)[-1], pattern) for pattern in SKIPPED_FOLDERS)
-
-
-def is_uploaded(path: str) -> bool:
-    """Whether a file of a pipeline folder (POSIX path relative to it) belongs in the upload."""
+def left_out_folder(path: str) -> str | None:
+    """Why a folder of a pipeline folder (POSIX path relative to it) is not uploaded, or None if its files may be."""
     name = path.rsplit("/", 1)[-1]
-    return path == "README.md" or (name.endswith(UPLOAD_SUFFIXES) and not name.startswith("."))
+    pattern = next((pattern for pattern in SKIPPED_FOLDERS if fnmatch(name, pattern)), None)
+    return f"matches {pattern!r}: training state, logs, caches and hidden folders stay local" if pattern else None
+
+
+def left_out_file(path: str) -> str | None:
+    """Why a file of a pipeline folder (POSIX path relative to it) is not uploaded, or None if it belongs."""
+    name = path.rsplit("/", 1)[-1]
+    if path == "README.md":
+        return None
+    if name.startswith("."):
+        return "a hidden file"
+    if name.endswith(PICKLE_SUFFIXES):
+        return "pickled (only safetensors weights are uploaded, so that loading never unpickles)"
+    if not name.endswith(UPLOAD_SUFFIXES):
+        return f"not weights, a config, a tokenizer file or an image ({', '.join(UPLOAD_SUFFIXES)})"
+    return None
+
+
+def size_limit(path: str) -> SizeLimit | None:
+    """The size limit of a file of the upload (POSIX path relative to the folder); None for the weights."""
+    if path.endswith(".safetensors"):
+        return None
+    return IMAGE_LIMIT if path.endswith((".png", ".jpg", ".jpeg")) else TEXT_LIMIT
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two tokenizers (either may be None) have the same vocabulary and split a probe prompt the same way."""
+    if a is None or b is None:
+        return a is b
+    return a.get_vocab() == b.get_vocab() and a(TOKENIZER_PROBE).input_ids == b(TOKENIZER_PROBE).input_ids
+
+
+def check_loads_without(staged: Path, refused: dict[str, str], pipe: LMLPPipeline) -> None:
+    """Raise, naming the refused files, unless the staged pipeline loads without them and tokenizes as `pipe` does.
+
+    A refused file may be one the pipeline needs (a tokenizer or weights file that is a link, say); the repo would
+    then hold a pipeline that does not load, or worse, one that loads wrong: transformers builds an empty tokenizer
+    from a tokenizer folder without its tokenizer.json. Loading the staged folder and comparing its tokenizer is the
+    check (the other components fail to load without their files); it runs only when something was refused.
+
+    Args:
+        staged (`Path`): The staging folder.
+        refused (`dict[str, str]`): The refused files and folders, with their reasons (`StagedUpload.refused`).
+        pipe (`LMLPPipeline`): The pipeline loaded from the source folder.
+    """
+    if not refused:
+        return
+    try:
+        uploaded = LMLPPipeline.from_pretrained(staged)
+        problem = None if same_tokenizer(pipe.tokenizer, uploaded.tokenizer) else "its tokenizer differs"
+    except Exception as err:  # whatever diffusers or transformers raise for a folder that lacks a file
+        problem = f"loading it fails with {type(err).__name__}: {err}"
+    if problem:
+        listed = "; ".join(f"{path}: {reason}" for path, reason in refused.items())
+        raise ValueError(
+            f"Without the files refused for upload ({listed}), the uploaded pipeline would not work: {problem}. "
+            "Replace links with the files themselves (cp -L), and rename files that are not credentials."
+        )
 
 
 def stage_pipeline(
@@ -79,9 +141,10 @@ def stage_pipeline(
     """Build the exact folder that `push_pipeline` uploads, card included; the source folder is not changed.
 
     The pipeline is loaded first (`LMLPPipeline.from_pretrained`, safetensors only), so a folder that would not
-    load from the Hub is refused. The card (`README.md`) is the folder's own, updated (see `diffusers_lmlp.hub.card`:
-    metadata and the usage block are ours, the rest is kept), or a new one described from the pipeline and
-    `training_summary.json` when the folder has none.
+    load from the Hub is refused. Links, credential-like names and files over `TEXT_LIMIT` / `IMAGE_LIMIT` are
+    refused (see `diffusers_lmlp.hub.upload`); when anything was refused, the staged folder must still load. The card
+    (`README.md`) is the folder's own, updated (see `diffusers_lmlp.hub.card`: metadata and the usage block are ours,
+    the rest is kept), or a new one described from the pipeline and `training_summary.json` when the folder has none.
 
     Args:
         folder (`str` or `os.PathLike`): The saved pipeline.
@@ -97,7 +160,7 @@ def stage_pipeline(
         seed (`int`, *optional*, defaults to 0): Seed of the grid's noise.
 
     Returns:
-        `StagedUpload`: The staging folder, its files and what was left out of the source folder.
+        `StagedUpload`: The staging folder, its files, and what of the source folder was left out or refused.
     """
     folder = check_pipeline_folder(folder)
     check_repo_id(repo_id, "model repo id")
@@ -109,18 +172,20 @@ def stage_pipeline(
     pipe.set_progress_bar_config(disable=True)
 
     target = staging_folder(output_dir, "lmlp-upload-", source=folder)
-    left_out = copy_tree(folder, target, keep_dir=is_uploaded_folder, keep_file=is_uploaded)
+    left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+    check_loads_without(target, refused, pipe)
     if sample_prompts:
         images = pipe(
             list(sample_prompts), num_inference_steps=sample_steps, generator=torch.Generator().manual_seed(seed)
         ).images
         make_image_grid(images, captions=list(sample_prompts)).save(target / SAMPLE_GRID)
 
-    card_path = folder / "README.md"
+    # The card and the summary are read from their staged copies, which passed the checks (no links, size limits).
+    card_path = target / "README.md"
     existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
     grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
     if existing is None:
-        summary_path = folder / TRAINING_SUMMARY
+        summary_path = target / TRAINING_SUMMARY
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
         description = describe_pipeline(
             pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
@@ -133,7 +198,7 @@ def stage_pipeline(
         existing, pipe, blocks, license=license, datasets=list(datasets) if datasets else None, base_model=base_model
     )
     card.save(target / "README.md")
-    return StagedUpload(target, list_files(target), left_out)
+    return StagedUpload(target, list_files(target), left_out, refused)
 
 
 def push_pipeline(
@@ -168,5 +233,6 @@ def push_pipeline(
     repo_id = with_namespace(api, repo_id)
     with tempfile.TemporaryDirectory(prefix="lmlp-upload-") as tmp:
         staged = stage_pipeline(folder, repo_id, Path(tmp) / "upload", **card_options)
+        log_upload_report(staged, Path(folder))
         api.create_repo(repo_id, private=private, exist_ok=True)
         return commit_staged(api, repo_id, staged.folder, commit_message, revision=revision, create_pr=create_pr)

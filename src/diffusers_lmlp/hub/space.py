@@ -18,7 +18,16 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, HfApi, SpaceCard
 from huggingface_hub.errors import RepositoryNotFoundError
 
-from .upload import StagedUpload, check_repo_id, commit_staged, copy_tree, list_files, require_token, staging_folder
+from .upload import (
+    StagedUpload,
+    check_repo_id,
+    commit_staged,
+    copy_tree,
+    list_files,
+    log_upload_report,
+    require_token,
+    staging_folder,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -32,13 +41,20 @@ DEFAULT_SPACE_DIR = PACKAGE_DIR.parents[1] / "spaces"
 SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE_DIR.name)
 
 
-def _kept(path: str) -> bool:
-    return not any(fnmatch(path.rsplit("/", 1)[-1], pattern) for pattern in SKIPPED)
+def _left_out(path: str) -> str | None:
+    """Why a file or folder of the demo folder (POSIX path relative to it) is not uploaded, or None."""
+    pattern = next((pattern for pattern in SKIPPED if fnmatch(path.rsplit("/", 1)[-1], pattern)), None)
+    if pattern is None:
+        return None
+    if pattern == PACKAGE_DIR.name:
+        return "the package is vendored from this checkout instead"
+    return f"matches {pattern!r}: caches, hidden files and local run outputs stay local"
 
 
-def _kept_in_package(path: str) -> bool:
+def _left_out_of_package(path: str) -> str | None:
+    """Why a file or folder of the package (POSIX path relative to it) is not vendored, or None."""
     name = path.rsplit("/", 1)[-1]
-    return name != "__pycache__" and not name.endswith(".pyc")
+    return "a Python cache" if name == "__pycache__" or name.endswith(".pyc") else None
 
 
 def stage_space(
@@ -53,7 +69,8 @@ def stage_space(
             temporary folder.
 
     Returns:
-        `StagedUpload`: The staging folder, its files and what was left out of the demo folder.
+        `StagedUpload`: The staging folder, its files, and what of the demo folder was left out or refused (links,
+        credential-like names: see `diffusers_lmlp.hub.upload`; the vendored package is checked the same way).
     """
     check_repo_id(model_id, "model repo id", namespace=True)
     space_dir = Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR
@@ -64,13 +81,18 @@ def stage_space(
             "with app.py and README.md (the repo's spaces/)."
         )
     target = staging_folder(output_dir, "lmlp-space-", source=space_dir)
-    left_out = copy_tree(space_dir, target, keep_dir=_kept, keep_file=_kept)
-    copy_tree(PACKAGE_DIR, target / PACKAGE_DIR.name, keep_dir=_kept_in_package, keep_file=_kept_in_package)
+    left_out, refused = copy_tree(space_dir, target, _left_out, _left_out)
+    _, package_refused = copy_tree(PACKAGE_DIR, target / PACKAGE_DIR.name, _left_out_of_package, _left_out_of_package)
+    refused |= {f"{PACKAGE_DIR.name}/{path}": reason for path, reason in package_refused.items()}
+    for name in ("app.py", "README.md"):
+        if name in refused:
+            raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}. Put the file itself there.")
 
-    card = SpaceCard.load(space_dir / "README.md")
+    # Read from the staged copy, which passed the checks (not a link).
+    card = SpaceCard.load(target / "README.md")
     card.data.models = [model_id]
     card.save(target / "README.md")
-    return StagedUpload(target, list_files(target), left_out)
+    return StagedUpload(target, list_files(target), left_out, dict(sorted(refused.items())))
 
 
 def push_space(
@@ -101,6 +123,7 @@ def push_space(
     api = HfApi(token=require_token(token))
     with tempfile.TemporaryDirectory(prefix="lmlp-space-") as tmp:
         staged = stage_space(model_id, space_dir, Path(tmp) / "upload")
+        log_upload_report(staged, Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR)
         try:
             model = api.model_info(model_id)
         except RepositoryNotFoundError:

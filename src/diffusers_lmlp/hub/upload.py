@@ -1,7 +1,25 @@
-"""The steps every upload shares: checking repo ids and the token, staging files, and the one commit."""
+"""The steps every upload shares: checking repo ids and the token, staging files, and the one commit.
 
+Each kind of upload has its own rules for what belongs in it (a model repo takes weights, configs, tokenizer files
+and images; a Space takes the demo folder). On top of them, one rule for every upload keeps things on the machine
+that must never leave it. `copy_tree` refuses, whatever the upload's own rules say:
+
+- symbolic links, to files or folders, wherever they point (inside the folder or outside it): no link is ever
+  followed, so nothing outside the folder can be uploaded through one (to upload a linked file, replace the link
+  with a copy, `cp -L`);
+- anything that is not a regular file: FIFOs, sockets, devices;
+- files and folders whose names look like credentials (`looks_like_credential`);
+- files over the upload's size limit, when it has one (a model repo limits every file but the weights).
+
+The dry run and the push stage through the same code, so they refuse the same files; both report them
+(`upload_report`).
+"""
+
+import logging
 import os
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,19 +29,72 @@ from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 
+logger = logging.getLogger(__name__)
+
+# A name looks like a credential when one of its words (split at anything but letters and digits, and at
+# camelCase humps; case-insensitive) is one of CREDENTIAL_WORDS, two adjacent words are one of CREDENTIAL_WORD_PAIRS,
+# or it ends with one of CREDENTIAL_SUFFIXES. "token" is a credential word but "tokens" and "tokenizer" are not, so
+# tokenizer.json, tokenizer_config.json, special_tokens_map.json and added_tokens.json are uploaded.
+CREDENTIAL_WORDS = frozenset(
+    {
+        "token",
+        "secret",
+        "secrets",
+        "password",
+        "passwords",
+        "passwd",
+        "credential",
+        "credentials",
+        "apikey",
+        "env",
+        "netrc",
+        "pypirc",
+        "npmrc",
+        "pgpass",
+        "htpasswd",
+        "cookie",
+        "cookies",
+    }
+)
+CREDENTIAL_WORD_PAIRS = frozenset(
+    {
+        ("api", "key"),
+        ("access", "key"),
+        ("private", "key"),
+        ("service", "account"),
+        ("id", "rsa"),
+        ("id", "dsa"),
+        ("id", "ecdsa"),
+        ("id", "ed25519"),
+    }
+)
+CREDENTIAL_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk", ".kdbx")
+# Words of a name: runs of capitals not followed by a lower-case letter ("HF" in "HFToken"), a capitalised or
+# lower-case word with its trailing digits ("ed25519"), or digits.
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+[0-9]*|[0-9]+")
+
+# A size limit: (the most bytes a file may have, the files it is for, e.g. "for .json, .txt and .md files").
+SizeLimit = tuple[int, str]
+
+
 @dataclass
 class StagedUpload:
-    """A folder holding exactly what would be uploaded.
+    """A folder holding exactly what would be uploaded, and what of the source was not copied into it, and why.
 
     Args:
         folder (`Path`): The staging folder.
         files (`list[str]`): Every file in it, as POSIX paths relative to it (= paths in the repo), sorted.
-        left_out (`list[str]`): Files and folders (with a trailing `/`) of the source that are not uploaded.
+        left_out (`dict[str, str]`): Files and folders (with a trailing `/`) of the source that are not part of this
+            kind of upload (training state, logs, pickles, caches), each with the reason; sorted by path.
+        refused (`dict[str, str]`): Files and folders (with a trailing `/`) of the source that this kind of upload
+            would take but that are never uploaded (links, credentials, oversize files: see the module docstring),
+            each with the reason; sorted by path.
     """
 
     folder: Path
     files: list[str]
-    left_out: list[str]
+    left_out: dict[str, str]
+    refused: dict[str, str]
 
 
 def check_repo_id(repo_id: str, what: str = "repo id", namespace: bool = False) -> None:
@@ -89,34 +160,154 @@ def staging_folder(output_dir: str | os.PathLike | None, prefix: str, source: Pa
     return output_dir
 
 
+def looks_like_credential(name: str) -> bool:
+    """Whether a file or folder name looks like it holds a credential (the rule is above `CREDENTIAL_WORDS`).
+
+    Args:
+        name (`str`): The name, without its folder (`"hf_token.txt"`, `".env"`, `"id_rsa"`).
+    """
+    words = [word.lower() for word in _WORD.findall(name)]
+    return (
+        any(word in CREDENTIAL_WORDS for word in words)
+        or any(pair in CREDENTIAL_WORD_PAIRS for pair in zip(words, words[1:]))
+        or name.lower().endswith(CREDENTIAL_SUFFIXES)
+    )
+
+
+def refused_folder(path: Path) -> str | None:
+    """Why a folder of an upload's source is never uploaded (a link, a credential-like name), or None.
+
+    Args:
+        path (`Path`): The folder, inside the source folder; a link is not followed.
+    """
+    if path.is_symlink():
+        return f"a symbolic link to a folder, {os.readlink(path)}; links are never followed"
+    if looks_like_credential(path.name):
+        return "the name looks like a credential"
+    return None
+
+
+def refused_file(info: os.stat_result, path: Path, limit: SizeLimit | None) -> str | None:
+    """Why a file of an upload's source is never uploaded (a link, not a regular file, a credential-like name, over
+    the size limit), or None.
+
+    Args:
+        info (`os.stat_result`): The file's `os.lstat` (a link is not followed).
+        path (`Path`): The file.
+        limit (`SizeLimit`, *optional*): The upload's size limit for this file, if it has one.
+    """
+    if stat.S_ISLNK(info.st_mode):
+        return f"a symbolic link to {os.readlink(path)}; links are never followed"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, socket or device)"
+    if looks_like_credential(path.name):
+        return "the name looks like a credential"
+    if limit is not None and info.st_size > limit[0]:
+        return f"{info.st_size:,} bytes, over the limit of {limit[0]:,} bytes {limit[1]}"
+    return None
+
+
+def copy_regular_file(source: Path, target: Path, expected: os.stat_result) -> None:
+    """Copy `source` to a new file `target` without following a link, and only if it is still the file checked.
+
+    Opening with `O_NOFOLLOW` and comparing the opened file with the one checked (`expected`) closes the window in
+    which the checked file could be swapped for a link.
+
+    Args:
+        source (`Path`): The file to copy.
+        target (`Path`): Where to copy it; must not exist.
+        expected (`os.stat_result`): `os.lstat(source)` as checked before.
+    """
+    fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with open(fd, "rb") as src:
+        opened = os.fstat(src.fileno())
+        if (opened.st_dev, opened.st_ino, opened.st_size) != (expected.st_dev, expected.st_ino, expected.st_size):
+            raise OSError(f"{source} changed while it was staged for upload; stage again.")
+        with open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
 def copy_tree(
-    source: Path, target: Path, keep_dir: Callable[[str], bool], keep_file: Callable[[str], bool]
-) -> list[str]:
-    """Copy the files of `source` that pass the filters into `target`; return what was left out.
+    source: Path,
+    target: Path,
+    leave_out_dir: Callable[[str], str | None],
+    leave_out_file: Callable[[str], str | None],
+    size_limit: Callable[[str], SizeLimit | None] | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Copy the files of `source` that belong in an upload into `target`; return what was left out and refused.
+
+    A file or folder that the upload's rules leave out is not looked at further; every other one is checked by the
+    rule every upload shares (the module docstring: links, non-regular files, credential-like names, size).
 
     Args:
         source (`Path`): The folder to copy from.
         target (`Path`): The folder to copy into (created as needed).
-        keep_dir (`Callable[[str], bool]`): Called with a folder's path relative to `source`; False skips it all.
-        keep_file (`Callable[[str], bool]`): Called with a file's path relative to `source`.
+        leave_out_dir (`Callable[[str], str | None]`): Called with a folder's POSIX path relative to `source`; returns
+            why the whole folder is not part of the upload, or None.
+        leave_out_file (`Callable[[str], str | None]`): The same for a file.
+        size_limit (`Callable[[str], SizeLimit | None]`, *optional*): Called with a file's relative path; returns
+            its size limit, or None for none. Defaults to no limits.
 
     Returns:
-        `list[str]`: The files and folders (with a trailing `/`) left out, relative to `source`, sorted.
+        `tuple[dict[str, str], dict[str, str]]`: The files and folders (with a trailing `/`) left out by the upload's
+        rules, and those refused by the shared rule, relative to `source`, each with its reason, sorted by path.
     """
-    left_out = []
-    for root, dirs, files in os.walk(source):
+    left_out, refused = {}, {}
+    for root, dirs, files in os.walk(source):  # os.walk lists a link to a folder in `dirs` but never enters it
         relative = Path(root).relative_to(source)
-        kept = [d for d in sorted(dirs) if keep_dir((relative / d).as_posix())]
-        left_out += [f"{(relative / d).as_posix()}/" for d in dirs if d not in kept]
+        kept = []
+        for name in sorted(dirs):
+            path = (relative / name).as_posix()
+            if reason := leave_out_dir(path):
+                left_out[f"{path}/"] = reason
+            elif reason := refused_folder(Path(root) / name):
+                refused[f"{path}/"] = reason
+            else:
+                kept.append(name)
         dirs[:] = kept
         for name in sorted(files):
             path = (relative / name).as_posix()
-            if not keep_file(path):
-                left_out.append(path)
+            if reason := leave_out_file(path):
+                left_out[path] = reason
+                continue
+            info = os.lstat(Path(root) / name)
+            if reason := refused_file(info, Path(root) / name, size_limit(path) if size_limit else None):
+                refused[path] = reason
                 continue
             (target / relative).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(Path(root) / name, target / path)
-    return sorted(left_out)
+            copy_regular_file(Path(root) / name, target / path, info)
+    return dict(sorted(left_out.items())), dict(sorted(refused.items()))
+
+
+def upload_report(staged: StagedUpload) -> str:
+    """What of the source is not uploaded and why, one line each: the refused files first, then those left out.
+
+    Args:
+        staged (`StagedUpload`): The staged upload.
+
+    Returns:
+        `str`: The report, or `""` when everything was uploaded.
+    """
+    lines = []
+    if staged.refused:
+        lines.append("Refused, never uploaded:")
+        lines += [f"  {path}: {reason}" for path, reason in staged.refused.items()]
+    if staged.left_out:
+        lines.append("Left out, not part of the upload:")
+        lines += [f"  {path}: {reason}" for path, reason in staged.left_out.items()]
+    return "\n".join(lines)
+
+
+def log_upload_report(staged: StagedUpload, source: Path) -> None:
+    """Log `upload_report`: a warning when files were refused, else at info level.
+
+    Args:
+        staged (`StagedUpload`): The staged upload.
+        source (`Path`): The folder it was staged from, for the message.
+    """
+    report = upload_report(staged)
+    if report:
+        logger.log(logging.WARNING if staged.refused else logging.INFO, f"Not uploaded from {source}:\n{report}")
 
 
 def list_files(folder: Path) -> list[str]:
