@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import huggingface_hub
@@ -154,3 +155,22 @@ def test_pickles_outside_the_components_do_not_block_loading(pipe, tmp_path):
     (tmp_path / "checkpoint-500").mkdir()
     (tmp_path / "checkpoint-500" / "optimizer.bin").write_bytes(b"not read")
     assert isinstance(LMLPPipeline.from_pretrained(tmp_path), LMLPPipeline)
+
+
+def test_a_missing_component_folder_is_named(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    shutil.rmtree(tmp_path / "tokenizer")
+    # Not the `model_max_length=1e30` mismatch of the empty tokenizer transformers would build.
+    with pytest.raises(ValueError, match=r"has no tokenizer/ folder, but its model_index.json names the tokenizer"):
+        LMLPPipeline.from_pretrained(tmp_path)
+    # A component passed in is not read from disk.
+    assert LMLPPipeline.from_pretrained(tmp_path, tokenizer=pipe.tokenizer).tokenizer is pipe.tokenizer
+
+
+def test_a_tokenizer_folder_without_its_files_is_refused_not_loaded_empty(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "vocab.json"):
+        (tmp_path / "tokenizer" / name).unlink(missing_ok=True)
+    assert (tmp_path / "tokenizer" / "tokenizer_config.json").is_file()  # what is left: transformers loads it empty
+    with pytest.raises(ValueError, match=r"tokenizer folder .* has neither tokenizer.json nor vocab.json"):
+        LMLPPipeline.from_pretrained(tmp_path)

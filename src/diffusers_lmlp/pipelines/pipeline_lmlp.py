@@ -148,6 +148,39 @@ def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
             )
 
 
+# A tokenizer folder holds a fast tokenizer (`tokenizer.json`) or a slow one's vocabulary (CLIP's `vocab.json`).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+
+
+def _require_component_folders(folder: str, model_index: dict[str, Any], passed: set[str]) -> None:
+    """Raise if a component named in `model_index.json` (and not passed in) has no folder, or a tokenizer no files.
+
+    Without this, transformers builds an empty two-token tokenizer from a folder that lacks the tokenizer's files,
+    and a missing tokenizer folder surfaces as a `model_max_length=1e30` mismatch.
+
+    Args:
+        folder (`str`): The pipeline folder (or its Hub snapshot).
+        model_index (`dict`): Its `model_index.json`.
+        passed (`set[str]`): Components given to `from_pretrained` as objects, which are not loaded from disk.
+    """
+    for component, entry in sorted(model_index.items()):
+        if not isinstance(entry, list) or entry[0] is None or component in passed:
+            continue
+        directory = os.path.join(folder, component)
+        if not os.path.isdir(directory):
+            raise ValueError(
+                f"{folder} has no {component}/ folder, but its model_index.json names the {component} "
+                f"({entry[1]}). Copy that component's files into {directory}, or pass {component}=... to "
+                "from_pretrained."
+            )
+        if "Tokenizer" in entry[1] and not any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES):
+            raise ValueError(
+                f"The tokenizer folder {directory} has neither {' nor '.join(TOKENIZER_FILES)}, so the tokenizer "
+                "would load empty. Save the tokenizer there (tokenizer.save_pretrained), or pass tokenizer=... to "
+                "from_pretrained."
+            )
+
+
 class LMLPPipeline(DiffusionPipeline):
     """Text-to-image generation with an attention-free MLP backbone, [L-MLP](https://arxiv.org/abs/2405.16098)
     or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
@@ -250,7 +283,9 @@ class LMLPPipeline(DiffusionPipeline):
         kwargs["use_safetensors"] = True
         path = os.fspath(pretrained_model_name_or_path)
         if os.path.isdir(path):
-            _refuse_pickled_weights(path, cls.load_config(path))
+            model_index = cls.load_config(path)
+            _require_component_folders(path, model_index, passed=set(kwargs))
+            _refuse_pickled_weights(path, model_index)
             return super().from_pretrained(path, **kwargs)
 
         variant = kwargs.get("variant")
@@ -265,6 +300,7 @@ class LMLPPipeline(DiffusionPipeline):
             # Without a variant, skip variant weights such as `model.fp16.safetensors`.
             ignore_patterns=None if variant else ["*.*.safetensors"],
         )
+        _require_component_folders(snapshot, cls.load_config(snapshot), passed=set(kwargs))
         pipeline = super().from_pretrained(snapshot, **kwargs)
         pipeline.register_to_config(_name_or_path=path)
         return pipeline
