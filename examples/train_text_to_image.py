@@ -16,7 +16,12 @@ samples see the same samples and noise as one step of N·b.
 
 import argparse
 import contextlib
+import csv
+import errno
+import fcntl
+import functools
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -25,6 +30,7 @@ import re
 import shutil
 import sys
 import time
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import ProjectConfiguration, broadcast, set_seed
 from diffusers import AutoencoderKL, DDPMScheduler
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel, compute_snr
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
@@ -49,9 +56,13 @@ from diffusers_lmlp.image_grid import make_image_grid
 logger = get_logger(__name__)
 
 MODEL_TYPES = {"lmlp": LMLPTransformer2DModel, "moe_mlp": MoEMLPModel}
+# A CLIP tokenizer folder holds one of these (vocab.json with merges.txt, or the fast tokenizer's tokenizer.json).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 # The papers' frozen components, used when training on real data without a base pipeline.
 COCO_VAE = ("CompVis/stable-diffusion-v1-4", "vae")  # the SD-v1 KL-f8 VAE
 COCO_TEXT_ENCODER = "openai/clip-vit-large-patch14"
+# Arguments that never leave this process: kept out of trackers, logs, the model card and training_summary.json.
+SECRET_ARGUMENTS = frozenset({"hub_token"})
 
 # `--preset NAME` sets these defaults; explicit arguments still win.
 PRESETS = {
@@ -178,11 +189,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     out.add_argument("--validation_inference_steps", type=int, default=25)
     out.add_argument("--validation_guidance_scale", type=float, default=2.0)
     out.add_argument("--checkpointing_steps", type=int, default=1000)
-    out.add_argument("--checkpoints_total_limit", type=int)
-    out.add_argument("--resume_from_checkpoint", help='"latest" or a checkpoint folder')
+    out.add_argument(
+        "--checkpoints_total_limit", type=int,
+        help="keep the newest N checkpoints (the oldest is removed once the new one is complete: N + 1 for a moment)",
+    )  # fmt: skip
+    out.add_argument(
+        "--resume_from_checkpoint",
+        help='"latest" or a checkpoint folder; an older one abandons the later checkpoints, overwritten as reached',
+    )
     out.add_argument("--push_to_hub", action="store_true")
     out.add_argument("--hub_model_id")
-    out.add_argument("--hub_token")
+    out.add_argument("--hub_token", help="used for the upload only: never logged, tracked or written to the output")
 
     # Presets change defaults only: read the preset first, then parse everything with its defaults in place.
     known, _ = parser.parse_known_args(argv)
@@ -211,11 +228,23 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not Path(args.resume_from_checkpoint).is_dir():
             parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: no such checkpoint folder")
+        if not CHECKPOINT_PATTERN.match(Path(args.resume_from_checkpoint).name):
+            parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: not a checkpoint-<step> folder")
     for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
+        parser.error(
+            f"--checkpoints_total_limit must be >= 1 (or left out to keep all), got {args.checkpoints_total_limit}"
+        )
+    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+        parser.error(f"--learning_rate must be a positive number, got {args.learning_rate}")
     if not 0.0 <= args.caption_dropout < 1.0:
         parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    try:
+        check_component_sources(args)
+    except ValueError as error:
+        parser.error(str(error))
     if args.push_to_hub:  # checked now, not after hours of training
         from diffusers_lmlp.hub.upload import check_repo_id, require_token
 
@@ -224,20 +253,130 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             require_token(args.hub_token, option="--hub_token")
         except ValueError as error:
             parser.error(str(error))
-    args.model_overrides = parse_overrides(parser, args.model_overrides)
+    if args.model_overrides and args.pretrained_model_name_or_path:
+        parser.error(
+            "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose "
+            "configuration is kept: drop one of them"
+        )
+    try:
+        args.model_overrides = parse_overrides(args.model_overrides, MODEL_TYPES[args.model_type or "lmlp"])
+    except ValueError as error:
+        parser.error(str(error))
 
 
-def parse_overrides(parser: argparse.ArgumentParser, pairs: list[str]) -> dict:
+def parse_overrides(pairs: list[str], model_class: type) -> dict:
+    """`KEY=VALUE` pairs as config values (JSON, else a string), checked against the model class's config signature.
+
+    Args:
+        pairs (`list[str]`): The `--model_overrides` arguments, e.g. `["num_layers=12", "mlp_ratio=2.5"]`.
+        model_class (`type`): The backbone class whose `__init__` arguments are the accepted keys.
+
+    Raises:
+        `ValueError`: For a pair without `=`, an unknown key or a value of the wrong type; the message lists the
+            accepted keys.
+    """
+    parameters = inspect.signature(model_class.__init__, eval_str=True).parameters
+    keys = sorted(name for name in parameters if name != "self")
+    accepted = f"the accepted keys of {model_class.__name__} are {', '.join(keys)}"
     overrides = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
+        key, sep, text = pair.partition("=")
         if not sep:
-            parser.error(f"--model_overrides takes KEY=VALUE pairs, got {pair!r}")
+            raise ValueError(f"--model_overrides takes KEY=VALUE pairs, got {pair!r}; {accepted}")
+        if key not in keys:
+            raise ValueError(f"--model_overrides {pair}: unknown config key {key!r}; {accepted}")
         try:
-            overrides[key] = json.loads(value)
+            value = json.loads(text)
         except json.JSONDecodeError:
-            overrides[key] = value
+            value = text
+        kinds = typing.get_args(parameters[key].annotation) or (parameters[key].annotation,)  # int | None → both
+        if not value_fits(value, kinds):
+            names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+            raise ValueError(f"--model_overrides {pair}: {key} takes {names}, got {text!r}")
+        overrides[key] = value
     return overrides
+
+
+def value_fits(value, kinds: tuple[type, ...]) -> bool:
+    """Whether a JSON value is of one of the annotated types (a bool is not an int; an int is a valid float).
+
+    Args:
+        value: The decoded value.
+        kinds (`tuple[type, ...]`): The types of the annotation (`inspect.Parameter.empty` when unannotated).
+    """
+    if inspect.Parameter.empty in kinds:
+        return True
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds) or (isinstance(value, int) and float in kinds)
+
+
+def check_component_sources(args: argparse.Namespace) -> None:
+    """Name a missing local folder or file of a base pipeline or frozen component, before any loading.
+
+    Loaders turn these into confusing errors: transformers builds an empty tokenizer from a folder without tokenizer
+    files (then `model_max_length=1e30` does not match the model), and a missing folder reads as a failed download.
+    A source that is not a local folder must be a valid Hub id; the loader fetches it.
+
+    Raises:
+        `ValueError`: Naming the option, the folder and what it lacks.
+    """
+    option = "--pretrained_model_name_or_path"
+    if args.pretrained_model_name_or_path and is_local(args.pretrained_model_name_or_path, option):
+        base = Path(args.pretrained_model_name_or_path)
+        if not (base / "model_index.json").is_file():
+            raise ValueError(f"{option} {base} is not a saved pipeline: it has no model_index.json")
+        for name in ("transformer", "vae", "text_encoder"):
+            require_files(option, base, name, ("config.json",), f"the {name}")
+        require_files(option, base, "tokenizer", TOKENIZER_FILES, "the tokenizer")
+    option = "--pretrained_text_encoder"
+    if args.pretrained_text_encoder and is_local(args.pretrained_text_encoder, option):
+        source, subfolder = Path(args.pretrained_text_encoder), args.text_encoder_subfolder or ""
+        require_files(option, source, "tokenizer" if subfolder else "", TOKENIZER_FILES, "the tokenizer")
+        require_files(option, source, subfolder, ("config.json",), "the text model")
+    if args.pretrained_vae and is_local(args.pretrained_vae, "--pretrained_vae"):
+        require_files(
+            "--pretrained_vae", Path(args.pretrained_vae), args.vae_subfolder or "", ("config.json",), "the VAE"
+        )
+
+
+def is_local(source: str, option: str) -> bool:
+    """Whether a component source is a local folder; if not, it must be a Hub repo id.
+
+    Args:
+        source (`str`): The folder or Hub id given.
+        option (`str`): The option that gave it, for the message.
+
+    Raises:
+        `ValueError`: When it is neither a folder nor a valid Hub id (a path that does not exist).
+    """
+    if Path(source).is_dir():
+        return True
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise ValueError(f"{option} {source}: no such folder") from None
+    return False
+
+
+def require_files(option: str, source: Path, subfolder: str, files: tuple[str, ...], what: str) -> None:
+    """Require the folder `source/subfolder`, holding at least one of `files`.
+
+    Args:
+        option (`str`): The option that gave `source`, for the message.
+        source (`Path`): The local folder given.
+        subfolder (`str`): Where in it the component lives ("" for the folder itself).
+        files (`tuple[str, ...]`): The component's files; one of them is enough.
+        what (`str`): The component, for the message ("the tokenizer").
+
+    Raises:
+        `ValueError`: Naming the missing folder, or the folder and the files it lacks.
+    """
+    folder = source / subfolder
+    if not folder.is_dir():
+        raise ValueError(f"{option} {source} has no {subfolder}/ folder: {what} is missing")
+    if not any((folder / name).is_file() for name in files):
+        raise ValueError(f"{option} {source}: {what} folder {folder} has no {' or '.join(files)}")
 
 
 # --------------------------------------------------------------------------------------------- model and components
@@ -265,14 +404,19 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.model_config.endswith(".json"):
         with open(args.model_config, encoding="utf-8") as f:
             config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
-        return model_class(**{**config, **args.model_overrides})
-    named = {**LMLPTransformer2DModel.named_configs, **MoEMLPModel.named_configs}
-    if args.model_config not in named:
-        raise SystemExit(f"error: unknown --model_config {args.model_config!r}; choose one of {sorted(named)}")
-    if args.model_config not in model_class.named_configs:
-        other = next(kind for kind, cls in MODEL_TYPES.items() if args.model_config in cls.named_configs)
-        raise SystemExit(f"error: --model_config {args.model_config} is a --model_type {other} configuration")
-    return model_class.from_named_config(args.model_config, **args.model_overrides)
+        build = functools.partial(model_class, **{**config, **args.model_overrides})
+    else:
+        named = {**LMLPTransformer2DModel.named_configs, **MoEMLPModel.named_configs}
+        if args.model_config not in named:
+            raise SystemExit(f"error: unknown --model_config {args.model_config!r}; choose one of {sorted(named)}")
+        if args.model_config not in model_class.named_configs:
+            other = next(kind for kind, cls in MODEL_TYPES.items() if args.model_config in cls.named_configs)
+            raise SystemExit(f"error: --model_config {args.model_config} is a --model_type {other} configuration")
+        build = functools.partial(model_class.from_named_config, args.model_config, **args.model_overrides)
+    try:
+        return build()
+    except ValueError as error:  # a value the model refuses (hidden_size=0)
+        raise SystemExit(f"error: --model_config {args.model_config} with --model_overrides: {error}") from None
 
 
 def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
@@ -294,13 +438,30 @@ def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextMo
         text_id = text_id or COCO_TEXT_ENCODER
         vae_id, vae_subfolder = (vae_id, vae_subfolder) if vae_id else COCO_VAE
     if text_id:
-        tokenizer = CLIPTokenizer.from_pretrained(text_id, subfolder="tokenizer" if text_subfolder else None)
-        text_encoder = CLIPTextModel.from_pretrained(text_id, subfolder=text_subfolder, use_safetensors=True)
+        with loading_from("the text encoder", text_id):  # subfolder "" is the folder itself (None breaks transformers)
+            tokenizer = CLIPTokenizer.from_pretrained(text_id, subfolder="tokenizer" if text_subfolder else "")
+            text_encoder = CLIPTextModel.from_pretrained(text_id, subfolder=text_subfolder or "", use_safetensors=True)
     if vae_id:
-        vae = AutoencoderKL.from_pretrained(vae_id, subfolder=vae_subfolder, use_safetensors=True)
+        with loading_from("the VAE", vae_id):
+            vae = AutoencoderKL.from_pretrained(vae_id, subfolder=vae_subfolder, use_safetensors=True)
     if args.latent_scale is not None:
         vae.register_to_config(scaling_factor=args.latent_scale)
     return tokenizer, text_encoder.requires_grad_(False).eval(), vae.requires_grad_(False).eval()
+
+
+@contextlib.contextmanager
+def loading_from(what: str, source: str):
+    """Turn a loader's `OSError` for a Hub id (local folders were checked at start-up) into a message that says so.
+
+    Args:
+        what (`str`): The component, for the message.
+        source (`str`): The Hub id or folder it is loaded from.
+    """
+    try:
+        yield
+    except OSError as error:
+        where = "a local folder" if Path(source).is_dir() else "not a local folder, so it was looked up on the Hub"
+        raise SystemExit(f"error: could not load {what} from {source!r} ({where}): {error}") from None
 
 
 def check_compatible(model, tokenizer, text_encoder, vae, resolution: int) -> None:
@@ -328,10 +489,13 @@ def load_training_data(args: argparse.Namespace, cache_dir: str):
     import datasets
 
     if args.dataset_name:
+        if Path(args.dataset_name).is_dir():  # a local imagefolder, when it has metadata
+            check_imagefolder_captions(Path(args.dataset_name), args.caption_column)
         dataset = datasets.load_dataset(
             args.dataset_name, args.dataset_config_name, cache_dir=cache_dir, streaming=args.streaming
         )["train"]
     elif args.train_data_dir:
+        check_imagefolder_captions(Path(args.train_data_dir), args.caption_column)
         dataset = datasets.load_dataset("imagefolder", data_dir=args.train_data_dir, cache_dir=cache_dir)["train"]
     else:
         from diffusers_lmlp.shapes.world import make_dataset
@@ -366,10 +530,76 @@ def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.T
     return pixels.permute(2, 0, 1).contiguous()
 
 
+def check_imagefolder_captions(folder: Path, caption_column: str) -> None:
+    """Refuse an imagefolder whose metadata (`metadata.jsonl` or `metadata.csv`) has a row without a usable caption.
+
+    Checked before any feature extraction: `datasets` fills a missing caption with None (a crash much later), and an
+    empty caption would silently train as the unconditional "".
+
+    Args:
+        folder (`Path`): The imagefolder (metadata files may also sit in its subfolders).
+        caption_column (`str`): The `--caption_column`.
+
+    Raises:
+        `SystemExit`: Naming the metadata file, the line, the row's `file_name` and what is wrong (or, when no row
+            has the column, the columns there are).
+    """
+    for metadata in sorted([*folder.rglob("metadata.jsonl"), *folder.rglob("metadata.csv")]):
+        columns, problem = set(), None
+        for line, row in metadata_rows(metadata):
+            columns |= row.keys()
+            if problem is None and caption_column not in row:
+                problem = f"line {line} (file_name {row.get('file_name')!r}): it has no {caption_column!r} field"
+            elif problem is None:
+                try:
+                    captions_of(row[caption_column])
+                except ValueError as error:
+                    problem = f"line {line} (file_name {row.get('file_name')!r}): {error}"
+        if columns and caption_column not in columns:
+            raise SystemExit(
+                f"error: --caption_column {caption_column!r} is not a column of the dataset; the columns of "
+                f"{metadata} are {sorted(columns)}"
+            )
+        if problem:
+            raise SystemExit(f"error: {metadata} {problem}. Every image needs a caption: fix or remove that row.")
+
+
+def metadata_rows(metadata: Path):
+    """Yield `(line number, row)` for each row of an imagefolder's `metadata.jsonl` or `metadata.csv`.
+
+    Args:
+        metadata (`Path`): The metadata file.
+    """
+    with open(metadata, encoding="utf-8", newline="") as f:
+        if metadata.suffix == ".csv":
+            reader = csv.DictReader(f)
+            for row in reader:
+                yield reader.line_num, {k: v for k, v in row.items() if v is not None}
+            return
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise SystemExit(f"error: {metadata} line {line} is not valid JSON: {error}") from None
+            if not isinstance(row, dict):
+                raise SystemExit(f"error: {metadata} line {line} is not a JSON object")
+            yield line, row
+
+
 def captions_of(value) -> list[str]:
-    captions = [value] if isinstance(value, str) else list(value)
-    if not captions or not all(isinstance(c, str) for c in captions):
-        raise ValueError(f"a caption must be a string or a non-empty list of strings, got {value!r}")
+    """The captions of one sample: a non-empty string, or a non-empty list of them.
+
+    Args:
+        value: The sample's caption column.
+
+    Raises:
+        `ValueError`: For anything else (None, a number, "", a list with a blank entry).
+    """
+    captions = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
+    if not captions or not all(isinstance(c, str) and c.strip() for c in captions):
+        raise ValueError(f"a caption must be a non-empty string or a non-empty list of them, got {value!r}")
     return captions
 
 
@@ -539,26 +769,223 @@ class BatchSource:
 # --------------------------------------------------------------------------------------------------- checkpoints
 
 
+# A checkpoint is only ever complete under this name. The other names are those of an operation under way (see
+# `save_checkpoint` and `remove_checkpoint`), which a killed run leaves behind and the next one cleans up:
+#   .checkpoint-N.tmp       being written                       → removed
+#   .checkpoint-N.old       set aside while checkpoint-N is     → removed, or renamed back when checkpoint-N is missing
+#                           replaced
+#   .checkpoint-N.deleting  being deleted                       → removed
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+UNDER_WAY_PATTERN = re.compile(r"^\.checkpoint-(\d+)\.(tmp|old|deleting)$")
+# The run's own state inside a checkpoint, next to accelerate's: {"step": ..., "train_seconds": ...}.
+STATE_FILE = "training_state.json"
+# Held (flock) by the main process of the run that uses the output folder.
+LOCK_FILE = ".train.lock"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a `checkpoint-N` folder.
+
+    Args:
+        path (`Path`): The checkpoint folder.
+    """
+    return int(CHECKPOINT_PATTERN.match(path.name).group(1))
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first. A checkpoint is written under a temporary name and renamed when complete,
     so an interrupted write (`.checkpoint-N.tmp`) never appears here."""
     found = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
-    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+    return sorted(found, key=checkpoint_step)
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, limit: int | None) -> Path:
-    final = output_dir / f"checkpoint-{step}"
-    if limit is not None:
-        for old in list_checkpoints(output_dir)[: max(0, len(list_checkpoints(output_dir)) - limit + 1)]:
-            shutil.rmtree(old)
-    tmp = output_dir / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.save_state(str(tmp))
+@contextlib.contextmanager
+def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
+    """Hold `output_dir` for this run: a second run on it is refused at start-up, by every one of its processes.
+
+    The main process takes an exclusive `flock` on `output_dir/.train.lock` and keeps it for the whole run. The OS
+    drops it when the process ends, however it ends, so a killed run never leaves the folder locked. Holding it, the
+    main process cleans up the checkpoint operations that killed runs left half-done. The other processes learn the
+    outcome from it (a broadcast flag), so that they stop too rather than wait for it.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        output_dir (`Path`): The `--output_dir`.
+
+    Raises:
+        `SystemExit`: When another run holds the folder.
+    """
+    lock = None
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(output_dir / LOCK_FILE, "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            lock = None
+        else:
+            clean_up_interrupted_checkpoints(output_dir)
+    refused = torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)
+    if broadcast(refused).item():
+        raise SystemExit(
+            f"error: another training run is using --output_dir {output_dir} (it holds {output_dir / LOCK_FILE}): "
+            "wait for it to finish, stop it, or pass another --output_dir."
+        )
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def clean_up_interrupted_checkpoints(output_dir: Path) -> None:
+    """Finish or undo what killed runs left of checkpoint operations (the names are listed at `CHECKPOINT_PATTERN`).
+
+    Args:
+        output_dir (`Path`): The `--output_dir`, held by this run.
+    """
+    for path in sorted(output_dir.glob(".checkpoint-*")):
+        match = UNDER_WAY_PATTERN.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        final = output_dir / f"checkpoint-{match.group(1)}"
+        if match.group(2) == "old" and not final.exists():
+            os.replace(path, final)
+            logger.warning(f"restored {final.name} from {path.name}, set aside by an interrupted run")
+        else:
+            shutil.rmtree(path)
+            logger.warning(f"removed {path.name}, left by an interrupted run")
+
+
+def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
+    """Name the checkpoints past the step this run starts from: they belong to an abandoned run.
+
+    Args:
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The step this run starts from.
+    """
+    later = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) > step]
+    if later:
+        logger.warning(
+            f"this run starts at step {step}, and {output_dir} holds later checkpoints {', '.join(later)} from a run "
+            "it abandons: they will be overwritten as this run reaches their steps (or pruned first under "
+            f"--checkpoints_total_limit). Until then, --resume_from_checkpoint latest picks {later[-1]}."
+        )
+
+
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: Path, step: int, limit: int | None, train_seconds: float
+) -> Path:
+    """Write `checkpoint-{step}` so that a complete checkpoint exists at every instant, then prune old ones.
+
+    The state is written to `.checkpoint-{step}.tmp`, flushed to disk and renamed into place (replacing an existing
+    `checkpoint-{step}` of an abandoned run); only then are checkpoints over `limit` removed.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The optimizer steps done.
+        limit (`int`, *optional*): `--checkpoints_total_limit`.
+        train_seconds (`float`): Training time up to now, over every segment of the run (stored in `STATE_FILE`).
+
+    Raises:
+        `SystemExit`: When the disk is full; the partial write is removed and the earlier checkpoints stay.
+    """
+    final, tmp = output_dir / f"checkpoint-{step}", output_dir / f".checkpoint-{step}.tmp"
+    try:
+        accelerator.save_state(str(tmp))
+        with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:
+            json.dump({"step": step, "train_seconds": train_seconds}, f)
+        fsync_tree(tmp)
+    except Exception as error:
+        full = disk_full(error, output_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        earlier = [p.name for p in list_checkpoints(output_dir)]
+        kept = f"the earlier checkpoints are intact: {', '.join(earlier)}" if earlier else "there is no earlier one"
+        raise SystemExit(
+            f"error: no space left on the device while saving checkpoint-{step} in --output_dir {output_dir} "
+            f"({error}). The partial checkpoint was removed, and {kept}. Free some space there (or write to another "
+            "disk), then resume with --resume_from_checkpoint latest."
+        ) from None
+    aside = output_dir / f".checkpoint-{step}.old"
+    if final.exists():  # from an abandoned run (see `warn_about_later_checkpoints`)
+        os.replace(final, aside)
     os.replace(tmp, final)
+    fsync_tree(output_dir, recursive=False)
+    shutil.rmtree(aside, ignore_errors=True)
+    prune_checkpoints(output_dir, step, limit)
     return final
+
+
+def disk_full(error: Exception, folder: Path) -> bool:
+    """Whether a failed write ran out of space: the error says so, or the device is full (torch.save reports a full
+    disk as an `unexpected pos` RuntimeError).
+
+    Args:
+        error (`Exception`): What the write raised.
+        folder (`Path`): Where it wrote.
+    """
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return shutil.disk_usage(folder).free < 2**20
+
+
+def fsync_tree(folder: Path, recursive: bool = True) -> None:
+    """Flush a folder (and with `recursive`, everything in it) to disk, so that a rename never publishes lost data.
+
+    Args:
+        folder (`Path`): The folder.
+        recursive (`bool`, *optional*, defaults to `True`): Also flush the files and folders inside it.
+    """
+    for path in [*(folder.rglob("*") if recursive else []), folder]:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def prune_checkpoints(output_dir: Path, step: int, limit: int | None) -> None:
+    """Keep the `limit` newest checkpoints of this run; checkpoints past `step` (an abandoned run's) go first.
+
+    Args:
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The step of the checkpoint just saved.
+        limit (`int`, *optional*): `--checkpoints_total_limit`; None keeps all.
+    """
+    if limit is None:
+        return
+    # Oldest first, an abandoned run's checkpoints counting as older than any of this run's.
+    ordered = sorted(list_checkpoints(output_dir), key=lambda p: (checkpoint_step(p) <= step, checkpoint_step(p)))
+    for path in ordered[: max(0, len(ordered) - limit)]:
+        remove_checkpoint(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint; it is renamed first, so that a kill half-way never leaves a partial `checkpoint-N`.
+
+    Args:
+        path (`Path`): The checkpoint folder.
+    """
+    doomed = path.with_name(f".{path.name}.deleting")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def saved_train_seconds(checkpoint: Path) -> float:
+    """The training time up to a checkpoint, over all of its run's segments (0 for checkpoints that predate it).
+
+    Args:
+        checkpoint (`Path`): The checkpoint folder.
+    """
+    state = checkpoint / STATE_FILE
+    if not state.is_file():
+        logger.warning(f"{checkpoint} has no {STATE_FILE}: the summary counts the training time from here")
+        return 0.0
+    return float(json.loads(state.read_text(encoding="utf-8"))["train_seconds"])
 
 
 def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None) -> None:
@@ -653,9 +1080,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     logger.info(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}")
-    if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_output_dir(accelerator, output_dir):
+        run_training(args, accelerator, output_dir)
 
+
+def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir: Path) -> None:
+    """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub).
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments.
+        accelerator (`Accelerator`): The run's accelerator.
+        output_dir (`Path`): The `--output_dir`, held by this run.
+    """
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
     model = build_model(args)
     tokenizer, text_encoder, vae = load_components(args)
@@ -699,7 +1135,7 @@ def main(argv: list[str] | None = None) -> None:
     register_checkpoint_hooks(accelerator, model_class, ema)
     noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
 
-    global_step = 0
+    global_step, seconds_before = 0, 0.0
     if args.resume_from_checkpoint:
         checkpoints = list_checkpoints(output_dir)
         path = (
@@ -711,12 +1147,13 @@ def main(argv: list[str] | None = None) -> None:
             logger.info("--resume_from_checkpoint latest: no checkpoint yet, starting from scratch")
         else:
             accelerator.load_state(str(path))
-            global_step = int(CHECKPOINT_PATTERN.match(path.name).group(1))
+            global_step, seconds_before = checkpoint_step(path), saved_train_seconds(path)
             logger.info(f"resumed from {path} at step {global_step}")
+    warn_about_later_checkpoints(output_dir, global_step)
 
     source = BatchSource(args, dataset, cache, tokenizer, text_encoder, vae, accelerator, global_step)
     if accelerator.is_main_process:
-        config = {k: v for k, v in vars(args).items() if isinstance(v, int | float | str | bool)}
+        config = {k: v for k, v in public_args(args).items() if isinstance(v, int | float | str | bool)}
         accelerator.init_trackers(args.tracker_project_name, config=config)
 
     micro = args.train_batch_size
@@ -779,13 +1216,14 @@ def main(argv: list[str] | None = None) -> None:
 
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             if accelerator.is_main_process:
-                saved = save_checkpoint(accelerator, output_dir, global_step, args.checkpoints_total_limit)
+                seconds = seconds_before + time.perf_counter() - start_time
+                saved = save_checkpoint(accelerator, output_dir, global_step, args.checkpoints_total_limit, seconds)
                 logger.info(f"saved {saved}")
             accelerator.wait_for_everyone()
         if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
             validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
     progress.close()
-    train_seconds = time.perf_counter() - start_time
+    train_seconds = seconds_before + time.perf_counter() - start_time  # over every segment of a resumed run
 
     accelerator.wait_for_everyone()
     in_sync = ranks_in_sync(accelerator, model)
@@ -795,6 +1233,15 @@ def main(argv: list[str] | None = None) -> None:
     # leaves the main process waiting for it at exit (seen with gloo).
     accelerator.wait_for_everyone()
     accelerator.end_training()
+
+
+def public_args(args: argparse.Namespace) -> dict:
+    """The arguments without the secrets (`SECRET_ARGUMENTS`): all that trackers, the card and the summary see.
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments.
+    """
+    return {name: value for name, value in vars(args).items() if name not in SECRET_ARGUMENTS}
 
 
 def ranks_in_sync(accelerator: Accelerator, model) -> bool:
@@ -868,7 +1315,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         logger.info(f"shapes scores: {json.dumps(summary['scores'], indent=1)}")
     with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
-    write_model_card(output_dir, pipe, args=vars(args), summary=summary, sample_grid=grid_path)
+    write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)
     logger.info(f"saved the pipeline to {output_dir} ({json.dumps(summary)})")
 
     if args.push_to_hub:

@@ -25,8 +25,11 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("train"))
+
+
+def make_workspace(root: Path) -> Path:
     """A tiny saved pipeline (16 px images) and an imagefolder of 24 images with caption lists (one has two)."""
-    root = tmp_path_factory.mktemp("train")
     build_tiny_pipeline("lmlp").save_pretrained(root / "tiny")
     build_tiny_pipeline("moe").save_pretrained(root / "tiny-moe")
     data = root / "data"
@@ -40,9 +43,10 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
-def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: bool = True, **popen):
+def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: bool = True, launcher=(), **popen):
+    """Run the script on the tiny pipeline and imagefolder; `launcher` goes between python and the script (`-c ...`)."""
     args = [
-        sys.executable, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / base),
+        sys.executable, *launcher, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / base),
         "--train_data_dir", str(workspace / "data"), "--resolution", "16", "--train_batch_size", "4",
         "--report_to", "none", "--output_dir", str(workspace / output), "--cache_dir", str(workspace / "cache"),
         "--lr_warmup_steps", "0", "--learning_rate", "1e-3", *extra,
@@ -227,6 +231,46 @@ def test_push_to_hub_without_a_token_fails_at_start_up(workspace, tmp_path):
     assert result.returncode != 0
     assert "No Hugging Face token: pass --hub_token" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# Run the script with the Hub upload replaced by a stub that records what it was given (in the file named by the
+# first argument) instead of uploading.
+MOCK_PUSH = """
+import json, runpy, sys, types
+import diffusers_lmlp.hub
+
+record = sys.argv.pop(1)
+
+
+def push_pipeline(folder, repo_id, token=None, commit_message=None):
+    with open(record, "w") as f:
+        json.dump({"repo_id": repo_id, "token": token}, f)
+    return types.SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0")
+
+
+diffusers_lmlp.hub.push_pipeline = push_pipeline
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_hub_token_reaches_the_upload_and_nothing_else(workspace, tmp_path):
+    secret = "hf_SECRETtest0123456789abcdefghijklmnop"
+    record = tmp_path / "push.json"
+    result = train(
+        workspace, "secret", "--max_train_steps", "2", "--checkpointing_steps", "1", "--report_to", "tensorboard",
+        "--validation_prompts", "a red circle", "--validation_steps", "1", "--validation_inference_steps", "1",
+        "--push_to_hub", "--hub_model_id", "alice/tiny", "--hub_token", secret, launcher=("-c", MOCK_PUSH, str(record)),
+    )  # fmt: skip
+    assert json.loads(record.read_text()) == {"repo_id": "alice/tiny", "token": secret}
+    files = [p for p in (workspace / "secret").rglob("*") if p.is_file()]
+    hparams = next(p for p in files if p.name == "hparams.yml").read_text()
+    assert "learning_rate" in hparams and "hub_model_id" in hparams  # the trackers still get the recipe
+    assert (
+        any(p.name.startswith("events.out.tfevents") for p in files) and (workspace / "secret" / "README.md") in files
+    )
+    assert [p for p in files if b"SECRETtest" in p.read_bytes()] == []  # logs, tfevents, card, summary, checkpoints
+    assert "SECRETtest" not in result.stdout + result.stderr
 
 
 def free_port() -> int:

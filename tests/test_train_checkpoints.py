@@ -1,0 +1,222 @@
+"""Checkpoints of examples/train_text_to_image.py survive kills, full disks, resumes from older checkpoints and a
+second run on the same output folder. The helpers and the tiny workspace are those of test_train_text_to_image."""
+
+import errno
+import fcntl
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import accelerate.accelerator
+import pytest
+import torch
+from test_train_text_to_image import ENV, SCRIPT, free_port, make_workspace, train, weights
+
+
+STEPS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--use_ema", "--cache_features"]
+
+# Run the script with accelerate's write of the optimizer state replaced by a SIGKILL at the checkpoint of step
+# sys.argv[1]: the model and EMA folders of that checkpoint are written, the rest is not.
+KILL_DURING_WRITE = """
+import os, runpy, signal, sys
+import accelerate.accelerator
+
+kill_at, save = f"checkpoint-{sys.argv.pop(1)}", accelerate.accelerator.save_accelerator_state
+
+
+def save_accelerator_state(output_dir, *args, **kwargs):
+    if os.path.basename(output_dir).startswith(f".{kill_at}."):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return save(output_dir, *args, **kwargs)
+
+
+accelerate.accelerator.save_accelerator_state = save_accelerator_state
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="module")
+def straight(workspace) -> Path:
+    """An uninterrupted 6-step run with checkpoints at steps 2, 4 and 6: the reference for every resume."""
+    train(workspace, "straight", *STEPS)
+    return workspace / "straight"
+
+
+@pytest.fixture(scope="module")
+def script():
+    """The training script as a module, to run `main` in this process (where monkeypatch reaches)."""
+    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def in_process_args(workspace: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "--pretrained_model_name_or_path", str(workspace / "tiny"), "--train_data_dir", str(workspace / "data"),
+        "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(output),
+        "--cache_dir", str(workspace / "cache"), "--lr_warmup_steps", "0", "--learning_rate", "1e-3", *extra,
+    ]  # fmt: skip
+
+
+def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0, msg=key)
+
+
+def test_sigkill_while_writing_the_only_checkpoint_keeps_the_previous_one(workspace, straight):
+    out = workspace / "killed-limit-1"
+    killed = train(
+        workspace, out.name, *STEPS, "--checkpoints_total_limit", "1", launcher=("-c", KILL_DURING_WRITE, "4"),
+        check=False,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (out / ".checkpoint-4.tmp" / "transformer").is_dir()  # killed half-way through the write
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert (out / ".train.lock").is_file()  # the killed run's lock file stays; its lock went with the process
+
+    resumed = train(
+        workspace, out.name, *STEPS, "--checkpoints_total_limit", "1", "--resume_from_checkpoint", "latest"
+    )
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr
+    assert "removed .checkpoint-4.tmp" in resumed.stderr  # the interrupted write is cleaned up at start-up
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-6"]
+    assert_same_weights(weights(out), weights(straight))
+    assert_same_weights(weights(out / "checkpoint-6"), weights(straight / "checkpoint-6"))
+
+
+def test_resuming_from_an_older_checkpoint_overwrites_the_abandoned_later_ones(workspace, straight):
+    out = workspace / "older"
+    shutil.copytree(straight, out)
+    for stale in ("checkpoint-4", "checkpoint-6"):  # an abandoned future: other weights under the same names
+        shutil.rmtree(out / stale)
+        shutil.copytree(straight / "checkpoint-2", out / stale)
+
+    result = train(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert "later checkpoints checkpoint-4, checkpoint-6" in result.stderr and "will be overwritten" in result.stderr
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
+    for step in (4, 6):
+        assert_same_weights(weights(out / f"checkpoint-{step}"), weights(straight / f"checkpoint-{step}"))
+    assert_same_weights(weights(out), weights(straight))
+
+
+def test_pruning_after_a_resume_from_an_older_checkpoint_removes_the_abandoned_ones_first(workspace, straight):
+    out = workspace / "older-limit-2"
+    shutil.copytree(straight, out)
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "checkpoint-6")
+    shutil.copytree(straight / "checkpoint-2", out / "checkpoint-6")  # abandoned
+    steps = [*STEPS[2:], "--max_train_steps", "4", "--checkpoints_total_limit", "2"]
+
+    train(workspace, out.name, *steps, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2", "checkpoint-4"]
+    assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
+
+
+def test_a_checkpoint_set_aside_while_being_replaced_is_restored_at_start_up(workspace, straight):
+    # Killed between the two renames of a replacement: checkpoint-6 is set aside, the new one not yet in place.
+    out = workspace / "set-aside"
+    shutil.copytree(straight, out)
+    (out / "checkpoint-6").rename(out / ".checkpoint-6.old")
+    (out / ".checkpoint-6.tmp" / "transformer").mkdir(parents=True)
+
+    result = train(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
+    assert f"resumed from {out / 'checkpoint-6'} at step 6" in result.stderr
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
+
+
+def test_stale_temporary_folders_are_removed_at_start_up(workspace, script):
+    out = workspace / "stale"
+    for name in (".checkpoint-7.tmp", ".checkpoint-3.deleting"):
+        (out / name / "transformer").mkdir(parents=True)
+        (out / name / "transformer" / "config.json").write_text("{truncated")
+    script.main(in_process_args(workspace, out, "--max_train_steps", "1"))
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-1"]
+
+
+def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(workspace, script, monkeypatch):
+    out = workspace / "full-disk"
+    save = accelerate.accelerator.save_accelerator_state
+
+    def save_accelerator_state(output_dir, *args, **kwargs):
+        if "checkpoint-4" in Path(output_dir).name:  # the model is written; the optimizer state does not fit
+            (Path(output_dir) / "optimizer.bin").write_bytes(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device", str(Path(output_dir) / "optimizer.bin"))
+        return save(output_dir, *args, **kwargs)
+
+    monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state", save_accelerator_state)
+    args = in_process_args(workspace, out, *STEPS, "--checkpoints_total_limit", "1")
+    with pytest.raises(SystemExit) as error:
+        script.main(args)
+    message = str(error.value)
+    assert "no space left on the device" in message and str(out) in message and "checkpoint-4" in message
+    assert "the earlier checkpoints are intact: checkpoint-2" in message
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2"]
+
+    monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state", save)  # space was freed: resume
+    script.main([*args, "--resume_from_checkpoint", "latest"])
+    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-6"]
+
+
+@pytest.fixture
+def busy(workspace):
+    """An output folder that another run holds (its lock taken by this process, as the other run's would be)."""
+    out = workspace / "busy"
+    out.mkdir(exist_ok=True)
+    with open(out / ".train.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield out
+
+
+def test_a_second_run_on_a_busy_output_dir_is_refused(workspace, busy):
+    result = train(workspace, busy.name, "--max_train_steps", "1", check=False)
+    assert result.returncode != 0
+    assert f"another training run is using --output_dir {busy}" in result.stderr
+    assert "wait for it to finish, stop it, or pass another --output_dir" in result.stderr
+    assert not list(busy.glob("*checkpoint-*")) and not (busy / "model_index.json").exists()
+
+
+def test_every_process_of_a_multi_process_run_stops_on_a_busy_output_dir(workspace, busy):
+    launch = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(free_port()), str(SCRIPT), "--pretrained_model_name_or_path",
+        str(workspace / "tiny"), "--train_data_dir", str(workspace / "data"), "--resolution", "16",
+        "--train_batch_size", "2", "--report_to", "none", "--output_dir", str(busy), "--max_train_steps", "1",
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(launch, env={**ENV, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True,
+                                timeout=120)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise AssertionError("a process of the refused run hung") from None
+    assert result.returncode != 0
+    assert result.stderr.count(f"another training run is using --output_dir {busy}") == 2  # both ranks say why
+
+
+def test_training_time_adds_up_across_resumes(workspace, straight):
+    out = workspace / "time"
+    shutil.copytree(straight, out)
+    state = json.loads((straight / "checkpoint-4" / "training_state.json").read_text())
+    first = json.loads((straight / "training_summary.json").read_text())["train_seconds"]
+    assert 0 < state["train_seconds"] <= first  # the time up to step 4, inside the checkpoint
+    # Pretend the first segment took 1000 s; the summary of the resumed run must include it.
+    (out / "checkpoint-4" / "training_state.json").write_text(json.dumps({**state, "train_seconds": 1000.0}))
+
+    start = time.monotonic()
+    train(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-4"))
+    elapsed = time.monotonic() - start
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert 1000.0 <= summary["train_seconds"] < 1000.0 + elapsed  # rounded to 0.1 s
+    saved = json.loads((out / "checkpoint-6" / "training_state.json").read_text())["train_seconds"]
+    assert 1000.0 < saved < 1000.0 + elapsed and saved == pytest.approx(summary["train_seconds"], abs=0.1)

@@ -1,0 +1,192 @@
+"""examples/train_text_to_image.py refuses bad arguments and bad data at start-up, before any feature extraction,
+with a message that names the problem. The script runs in this process here (its `parse_args` and `main`)."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_train_text_to_image import SCRIPT, make_workspace
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("validation"))
+
+
+@pytest.fixture(scope="module")
+def script():
+    """The training script as a module."""
+    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_args(workspace: Path, output: Path, *extra: str, data: Path | None = None) -> list[str]:
+    return [
+        "--pretrained_model_name_or_path", str(workspace / "tiny"), "--train_data_dir", str(data or workspace / "data"),
+        "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(output),
+        "--cache_dir", str(output / "cache"), "--lr_warmup_steps", "0", "--max_train_steps", "1", *extra,
+    ]  # fmt: skip
+
+
+def parser_error(script, argv: list[str], capsys) -> str:
+    """The message of the parser error that `argv` must give."""
+    with pytest.raises(SystemExit) as error:
+        script.parse_args(argv)
+    assert error.value.code == 2
+    return capsys.readouterr().err
+
+
+def start_up_error(script, argv: list[str]) -> str:
+    """The message that `main(argv)` must stop with."""
+    with pytest.raises(SystemExit) as error:
+        script.main(argv)
+    assert isinstance(error.value.code, str), error.value.code
+    return error.value.code
+
+
+@pytest.mark.parametrize("value", ["0", "-1e-4", "nan", "inf"])
+def test_a_learning_rate_that_is_not_positive_is_refused(script, capsys, value):
+    message = parser_error(script, ["--output_dir", "x", f"--learning_rate={value}"], capsys)
+    assert f"--learning_rate must be a positive number, got {float(value)}" in message
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("no_such_key=3", "--model_overrides no_such_key=3: unknown config key 'no_such_key'"),
+        ("hidden_size", "--model_overrides takes KEY=VALUE pairs, got 'hidden_size'"),
+        ("num_experts=2", "unknown config key 'num_experts'"),  # a MoE-MLP key, and the model is an L-MLP
+    ],
+)
+def test_an_unknown_model_override_is_refused_naming_the_accepted_keys(script, capsys, override, message):
+    error = parser_error(script, ["--output_dir", "x", "--model_overrides", override], capsys)
+    assert message in error
+    # The accepted keys are read from the model class's signature.
+    assert "the accepted keys of LMLPTransformer2DModel are conv_out, hidden_size, in_channels, mlp_ratio" in error
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("hidden_size=abc", "--model_overrides hidden_size=abc: hidden_size takes int, got 'abc'"),
+        ("hidden_size=64.5", "hidden_size takes int, got '64.5'"),
+        ("conv_out=1", "conv_out takes bool, got '1'"),
+        ("out_channels=four", "out_channels takes int or null, got 'four'"),
+    ],
+)
+def test_a_model_override_of_the_wrong_type_is_refused_naming_the_key(script, capsys, override, message):
+    assert message in parser_error(script, ["--output_dir", "x", "--model_overrides", override], capsys)
+
+
+def test_a_model_override_the_model_refuses_stops_before_any_data(script, tmp_path):
+    message = start_up_error(
+        script, ["--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--model_overrides",
+                 "hidden_size=0"]
+    )  # fmt: skip
+    assert message.startswith("error: --model_config shapes-S with --model_overrides: ") and "hidden_size" in message
+    assert not (tmp_path / "cache").exists()
+
+
+def test_well_formed_model_overrides_are_typed_by_the_model_class(script):
+    args = script.parse_args(
+        ["--output_dir", "x", "--model_type", "moe_mlp", "--model_config", "shapes-moe-S", "--model_overrides",
+         "num_experts=2", "mlp_ratio=2", "out_channels=null", "conv_out=false"]
+    )  # fmt: skip
+    assert args.model_overrides == {"num_experts": 2, "mlp_ratio": 2, "out_channels": None, "conv_out": False}
+
+
+def test_model_overrides_are_refused_when_fine_tuning(script, workspace, capsys):
+    # Fine-tuning keeps the saved configuration: the overrides used to be dropped without a word.
+    message = parser_error(script, tiny_args(workspace, Path("x"), "--model_overrides", "num_layers=4"), capsys)
+    assert (
+        "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one" in message
+    )
+
+
+def write_metadata(workspace: Path, folder: Path, rows: list[dict]) -> Path:
+    """An imagefolder with the workspace's first images and these metadata rows."""
+    folder.mkdir()
+    for row in rows:
+        shutil.copy(workspace / "data" / row["file_name"], folder / row["file_name"])
+    with open(folder / "metadata.jsonl", "w") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "bad_row, problem",
+    [
+        ({"file_name": "2.png"}, "it has no 'text' field"),
+        ({"file_name": "2.png", "text": ""}, "a caption must be a non-empty string or a non-empty list of them"),
+        ({"file_name": "2.png", "text": []}, "got []"),
+        ({"file_name": "2.png", "text": 3}, "got 3"),
+        ({"file_name": "2.png", "text": None}, "got None"),
+    ],
+)
+def test_an_imagefolder_row_without_a_usable_caption_is_refused_before_feature_extraction(
+    script, workspace, tmp_path, bad_row, problem
+):
+    rows = [{"file_name": "0.png", "text": "a red circle"}, {"file_name": "1.png", "text": "a blue square"}, bad_row]
+    data = write_metadata(workspace, tmp_path / "data", rows)
+    message = start_up_error(script, tiny_args(workspace, tmp_path / "out", "--cache_features", data=data))
+    assert f"{data / 'metadata.jsonl'} line 3 (file_name '2.png'): " in message and problem in message
+    assert not (tmp_path / "out" / "cache").exists()  # no dataset was loaded, no feature extracted
+
+
+def test_a_csv_imagefolder_row_without_a_caption_is_refused(script, workspace, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(2):
+        shutil.copy(workspace / "data" / f"{i}.png", data / f"{i}.png")
+    (data / "metadata.csv").write_text("file_name,text\n0.png,a red circle\n1.png,\n")
+    message = start_up_error(script, tiny_args(workspace, tmp_path / "out", data=data))
+    assert f"{data / 'metadata.csv'} line 3 (file_name '1.png'): " in message
+
+
+@pytest.fixture
+def without_tokenizer(workspace, tmp_path) -> Path:
+    """The tiny pipeline without its tokenizer/ folder."""
+    base = tmp_path / "no-tokenizer"
+    shutil.copytree(workspace / "tiny", base)
+    shutil.rmtree(base / "tokenizer")
+    return base
+
+
+def test_a_base_pipeline_without_its_tokenizer_folder_is_named(script, workspace, without_tokenizer, capsys):
+    argv = tiny_args(workspace, Path("x"))
+    argv[argv.index("--pretrained_model_name_or_path") + 1] = str(without_tokenizer)
+    message = parser_error(script, argv, capsys)
+    assert f"--pretrained_model_name_or_path {without_tokenizer} has no tokenizer/ folder" in message
+    assert "model_max_length" not in message
+
+
+def test_a_text_encoder_folder_without_its_tokenizer_is_named(script, workspace, without_tokenizer, capsys):
+    component = ["--pretrained_text_encoder", str(without_tokenizer), "--text_encoder_subfolder", "text_encoder"]
+    message = parser_error(script, tiny_args(workspace, Path("x"), *component), capsys)
+    assert f"--pretrained_text_encoder {without_tokenizer} has no tokenizer/ folder" in message
+
+
+def test_a_text_encoder_folder_without_tokenizer_files_is_named(script, workspace, capsys):
+    # A CLIP-layout folder (tokenizer and model side by side) that holds only the model.
+    folder = workspace / "tiny" / "text_encoder"
+    message = parser_error(script, tiny_args(workspace, Path("x"), "--pretrained_text_encoder", str(folder)), capsys)
+    assert f"the tokenizer folder {folder} has no tokenizer.json or vocab.json" in message
+
+
+def test_a_component_path_that_does_not_exist_is_named(script, workspace, tmp_path, capsys):
+    missing = tmp_path / "no" / "such" / "clip"
+    message = parser_error(script, tiny_args(workspace, Path("x"), "--pretrained_text_encoder", str(missing)), capsys)
+    assert f"--pretrained_text_encoder {missing}: no such folder" in message
+
+
+def test_a_clip_layout_text_encoder_folder_trains(script, workspace, tmp_path):
+    # openai/clip-vit-large-patch14's layout, saved locally: the tokenizer and the model in one folder, no subfolder.
+    clip = tmp_path / "clip"
+    shutil.copytree(workspace / "tiny" / "text_encoder", clip)
+    shutil.copytree(workspace / "tiny" / "tokenizer", clip, dirs_exist_ok=True)
+    script.main(tiny_args(workspace, tmp_path / "out", "--pretrained_text_encoder", str(clip)))
+    assert (tmp_path / "out" / "model_index.json").is_file()
