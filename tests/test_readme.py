@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from space_server import load_app, one_cpu_thread, serve, shapes_pipeline
 
@@ -65,6 +66,17 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     assert Path("tiny-lmlp/model_index.json").is_file()
     assert Path("ul-mlp-f2/diffusion_pytorch_model.safetensors").is_file()
     assert namespace["eps"].shape == (2, 4, 32, 32) and namespace["loss"].ndim == 0
+    # LoRA: every Linear of every block carries an adapter (none skipped), and the adapter file is written.
+    model = namespace["model"]
+    adapted = [name for name, module in model.stack.named_modules() if hasattr(module, "lora_A")]
+    bare = [
+        name
+        for name, module in model.stack.named_modules()
+        if isinstance(module, torch.nn.Linear) and "lora_" not in name and not name.endswith(".base_layer")
+    ]
+    assert len(adapted) == 5 * 9 and bare == []  # 9 blocks × 5 Linear layers
+    assert namespace["trainable"] == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert Path("shapes-lora/pytorch_lora_weights.safetensors").is_file()
 
 
 def test_hub_dry_run_commands_run_as_written(tmp_path):
