@@ -17,12 +17,12 @@ install_requires = [
 ]
 
 extras = {
-    # peft: LoRA adapters on the backbones (`model.add_adapter`); diffusers' own floor for its PEFT integration.
-    "train": ["tensorboard", "tqdm", "peft>=0.17"],
+    # peft: LoRA adapters on the backbones (`model.add_adapter`); 0.17 still imports what transformers 5 removed.
+    "train": ["tensorboard", "tqdm", "peft>=0.18"],
     "space": ["gradio>=6"],
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
-    "test": ["pytest>=8", "ruff", "peft>=0.17", "tensorboard", "gradio>=6", "gradio_client", "playwright"],
+    "test": ["pytest>=8", "ruff", "peft>=0.18", "tensorboard", "gradio>=6", "gradio_client", "playwright"],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
 
