@@ -3,7 +3,6 @@ second run on the same output folder. The helpers and the tiny workspace are tho
 
 import errno
 import fcntl
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 import accelerate.accelerator
 import pytest
 import torch
-from test_train_text_to_image import ENV, SCRIPT, free_port, make_workspace, train, weights
+from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, make_workspace, train, weights
 
 
 STEPS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--use_ema", "--cache_features"]
@@ -55,10 +54,7 @@ def straight(workspace) -> Path:
 @pytest.fixture(scope="module")
 def script():
     """The training script as a module, to run `main` in this process (where monkeypatch reaches)."""
-    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script()
 
 
 def in_process_args(workspace: Path, output: Path, *extra: str) -> list[str]:

@@ -1,5 +1,6 @@
 """examples/train_text_to_image.py, run as users run it (subprocesses), on a tiny pipeline and a tiny imagefolder."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -57,6 +58,14 @@ def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: 
     if check and result.returncode:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+def load_script():
+    """The training script as a module, to run its functions and `main` in this process (where monkeypatch reaches)."""
+    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

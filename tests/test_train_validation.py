@@ -1,13 +1,12 @@
 """examples/train_text_to_image.py refuses bad arguments and bad data at start-up, before any feature extraction,
 with a message that names the problem. The script runs in this process here (its `parse_args` and `main`)."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-from test_train_text_to_image import SCRIPT, make_workspace
+from test_train_text_to_image import load_script, make_workspace
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +17,7 @@ def workspace(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def script():
     """The training script as a module."""
-    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script()
 
 
 def tiny_args(workspace: Path, output: Path, *extra: str, data: Path | None = None) -> list[str]:
