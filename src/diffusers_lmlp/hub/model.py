@@ -118,7 +118,7 @@ def check_loads_without(staged: Path, refused: dict[str, str], pipe: LMLPPipelin
         uploaded = LMLPPipeline.from_pretrained(staged)
         problem = None if same_tokenizer(pipe.tokenizer, uploaded.tokenizer) else "its tokenizer differs"
     except Exception as err:  # whatever diffusers or transformers raise for a folder that lacks a file
-        problem = f"loading it fails with {type(err).__name__}: {err}"
+        problem = f"loading it fails with {type(err).__name__}: {str(err).rstrip('.')}"
     if problem:
         listed = "; ".join(f"{path}: {reason}" for path, reason in refused.items())
         raise ValueError(
