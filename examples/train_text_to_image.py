@@ -16,7 +16,6 @@ samples see the same samples and noise as one step of N·b.
 
 import argparse
 import contextlib
-import csv
 import errno
 import fcntl
 import functools
@@ -51,6 +50,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, default_scheduler, load_balancing_loss
 from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.image_grid import make_image_grid
+from diffusers_lmlp.training import DATA_LAYOUTS, captions_of, load_training_data, preprocess_image
 
 
 logger = get_logger(__name__)
@@ -95,6 +95,7 @@ PRESETS = {
         pretrained_vae=COCO_VAE[0],
         vae_subfolder=COCO_VAE[1],
         pretrained_text_encoder=COCO_TEXT_ENCODER,
+        data_layout="coco2014",
         latent_scale=0.23010,
         resolution=256,
         train_batch_size=32,
@@ -144,7 +145,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--dataset_name", help="a datasets Hub id or a local dataset script/folder")
     data.add_argument("--dataset_config_name")
     data.add_argument("--streaming", action="store_true")
-    data.add_argument("--train_data_dir", help="an imagefolder with metadata.jsonl")
+    data.add_argument(
+        "--train_data_dir",
+        help="a local folder: an imagefolder with metadata.jsonl, or the COCO-2014 folder with --data_layout coco2014",
+    )
+    data.add_argument(
+        "--data_layout", choices=DATA_LAYOUTS, default="imagefolder",
+        help="how --train_data_dir is laid out: imagefolder (images + metadata.jsonl/.csv), or coco2014 (the "
+        "official COCO-2014 folder: annotations/captions_train2014.json and train2014/*.jpg; one sample per image, "
+        "one of its captions picked at random at each use; the coco-f2 preset's default)",
+    )  # fmt: skip
     data.add_argument("--image_column", default="image")
     data.add_argument("--caption_column", default="text")
     data.add_argument("--max_train_samples", type=int)
@@ -218,7 +228,12 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if args.dataset_name and args.train_data_dir:
         parser.error("pass either --dataset_name or --train_data_dir, not both")
     if args.preset == "coco-f2" and not (args.dataset_name or args.train_data_dir):
-        parser.error("--preset coco-f2 needs the COCO images: pass --train_data_dir (imagefolder) or --dataset_name")
+        parser.error(
+            "--preset coco-f2 needs the COCO images: pass --train_data_dir with the COCO-2014 folder (annotations/ "
+            "and train2014/), or --data_layout imagefolder --train_data_dir, or --dataset_name"
+        )
+    if args.data_layout == "coco2014" and not (args.train_data_dir or args.dataset_name):
+        parser.error("--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder there")
     if args.streaming and not args.dataset_name:
         parser.error("--streaming applies to --dataset_name")
     if args.streaming and args.cache_features:
@@ -482,125 +497,6 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int) -> No
 
 
 # ----------------------------------------------------------------------------------------------------------- data
-
-
-def load_training_data(args: argparse.Namespace, cache_dir: str):
-    """The training split: a map-style `datasets.Dataset` (or an IterableDataset with --streaming)."""
-    import datasets
-
-    if args.dataset_name:
-        if Path(args.dataset_name).is_dir():  # a local imagefolder, when it has metadata
-            check_imagefolder_captions(Path(args.dataset_name), args.caption_column)
-        dataset = datasets.load_dataset(
-            args.dataset_name, args.dataset_config_name, cache_dir=cache_dir, streaming=args.streaming
-        )["train"]
-    elif args.train_data_dir:
-        check_imagefolder_captions(Path(args.train_data_dir), args.caption_column)
-        dataset = datasets.load_dataset("imagefolder", data_dir=args.train_data_dir, cache_dir=cache_dir)["train"]
-    else:
-        from diffusers_lmlp.shapes.world import make_dataset
-
-        dataset = make_dataset("train", seed=args.seed)
-    columns = dataset.column_names or list(dataset.features or [])
-    for flag, column in (("--image_column", args.image_column), ("--caption_column", args.caption_column)):
-        if column not in columns:
-            raise SystemExit(f"error: {flag} {column!r} is not a column of the dataset; its columns are {columns}")
-    if args.max_train_samples is not None:
-        dataset = (
-            dataset.take(args.max_train_samples)
-            if args.streaming
-            else dataset.select(range(min(args.max_train_samples, len(dataset))))
-        )
-    return dataset
-
-
-def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.Tensor:
-    """Centre-crop to a square, resize to `resolution` (Lanczos, as the reference), map to [-1, 1].
-
-    Returns:
-        `torch.Tensor`: (3, resolution, resolution).
-    """
-    image = image.convert("RGB")
-    side = min(image.size)
-    left, top = (image.width - side) // 2, (image.height - side) // 2
-    image = image.crop((left, top, left + side, top + side)).resize((resolution, resolution), Image.Resampling.LANCZOS)
-    if flip:
-        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 127.5 - 1.0)  # (H, W, 3)
-    return pixels.permute(2, 0, 1).contiguous()
-
-
-def check_imagefolder_captions(folder: Path, caption_column: str) -> None:
-    """Refuse an imagefolder whose metadata (`metadata.jsonl` or `metadata.csv`) has a row without a usable caption.
-
-    Checked before any feature extraction: `datasets` fills a missing caption with None (a crash much later), and an
-    empty caption would silently train as the unconditional "".
-
-    Args:
-        folder (`Path`): The imagefolder (metadata files may also sit in its subfolders).
-        caption_column (`str`): The `--caption_column`.
-
-    Raises:
-        `SystemExit`: Naming the metadata file, the line, the row's `file_name` and what is wrong (or, when no row
-            has the column, the columns there are).
-    """
-    for metadata in sorted([*folder.rglob("metadata.jsonl"), *folder.rglob("metadata.csv")]):
-        columns, problem = set(), None
-        for line, row in metadata_rows(metadata):
-            columns |= row.keys()
-            if problem is None and caption_column not in row:
-                problem = f"line {line} (file_name {row.get('file_name')!r}): it has no {caption_column!r} field"
-            elif problem is None:
-                try:
-                    captions_of(row[caption_column])
-                except ValueError as error:
-                    problem = f"line {line} (file_name {row.get('file_name')!r}): {error}"
-        if columns and caption_column not in columns:
-            raise SystemExit(
-                f"error: --caption_column {caption_column!r} is not a column of the dataset; the columns of "
-                f"{metadata} are {sorted(columns)}"
-            )
-        if problem:
-            raise SystemExit(f"error: {metadata} {problem}. Every image needs a caption: fix or remove that row.")
-
-
-def metadata_rows(metadata: Path):
-    """Yield `(line number, row)` for each row of an imagefolder's `metadata.jsonl` or `metadata.csv`.
-
-    Args:
-        metadata (`Path`): The metadata file.
-    """
-    with open(metadata, encoding="utf-8", newline="") as f:
-        if metadata.suffix == ".csv":
-            reader = csv.DictReader(f)
-            for row in reader:
-                yield reader.line_num, {k: v for k, v in row.items() if v is not None}
-            return
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise SystemExit(f"error: {metadata} line {line} is not valid JSON: {error}") from None
-            if not isinstance(row, dict):
-                raise SystemExit(f"error: {metadata} line {line} is not a JSON object")
-            yield line, row
-
-
-def captions_of(value) -> list[str]:
-    """The captions of one sample: a non-empty string, or a non-empty list of them.
-
-    Args:
-        value: The sample's caption column.
-
-    Raises:
-        `ValueError`: For anything else (None, a number, "", a list with a blank entry).
-    """
-    captions = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
-    if not captions or not all(isinstance(c, str) and c.strip() for c in captions):
-        raise ValueError(f"a caption must be a non-empty string or a non-empty list of them, got {value!r}")
-    return captions
 
 
 def step_generator(seed: int, *keys: int) -> torch.Generator:
@@ -1102,7 +998,21 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else output_dir.parent / ".lmlp-cache"
     with accelerator.main_process_first():
-        dataset = load_training_data(args, str(cache_dir / "datasets"))
+        try:
+            dataset = load_training_data(
+                dataset_name=args.dataset_name,
+                dataset_config_name=args.dataset_config_name,
+                train_data_dir=args.train_data_dir,
+                data_layout=args.data_layout,
+                image_column=args.image_column,
+                caption_column=args.caption_column,
+                max_train_samples=args.max_train_samples,
+                streaming=args.streaming,
+                seed=args.seed,
+                cache_dir=str(cache_dir / "datasets"),
+            )
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
     cache = None
     if args.cache_features:
         key = FeatureCache.key(dataset, args, text_encoder, vae)

@@ -1,0 +1,242 @@
+"""The real-data path, offline: the README's COCO commands on the official COCO-2014 layout, with the recipe's
+default component ids resolved from a pre-filled HF cache (tests/coco_fixture.py). Only the model size, the batch,
+the step count and the warm-up are overridden, to make the runs tiny."""
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from coco_fixture import CLIP_TEXT_WIDTH, write_coco2014, write_hub_cache
+from test_train_checkpoints import KILL_DURING_WRITE
+from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, weights
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.tiny import build_tiny_pipeline
+from diffusers_lmlp.training import load_coco2014
+
+
+ROOT = Path(__file__).resolve().parents[1]
+BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+COCO_COMMANDS = [
+    line.split("#", 1)[0].strip()
+    for block in BASH_BLOCKS
+    for line in block.splitlines()
+    if "--preset coco-f2" in line.split("#", 1)[0]
+]
+TINY = [
+    "--model_overrides", "hidden_size=32", "num_layers=2", f"text_embed_dim={CLIP_TEXT_WIDTH}",
+    "--train_batch_size", "2", "--lr_warmup_steps", "0", "--report_to", "none",
+]  # fmt: skip
+STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
+
+
+def readme_command(gpus: int) -> list[str]:
+    """The README's COCO command for `gpus` GPUs, as argv with `accelerate` run by this Python."""
+    [command] = [c for c in COCO_COMMANDS if ("--multi_gpu" in c) == (gpus > 1)]
+    argv = shlex.split(command)
+    assert argv[:2] == ["accelerate", "launch"], command
+    argv[argv.index("examples/train_text_to_image.py")] = str(SCRIPT)
+    return [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> SimpleNamespace:
+    """A folder holding `coco2014/` (the official layout) and the env of a user whose HF cache has the recipe's
+    components under their real ids; the commands run from that folder, as the README's relative paths need."""
+    root = tmp_path_factory.mktemp("coco")
+    write_coco2014(root / "coco2014")
+    cache = write_hub_cache(root / "hf")
+    env = {**ENV, "HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    return SimpleNamespace(root=root, env=env)
+
+
+def run(world, command: list[str], *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a training command in the COCO folder; fail with its stderr."""
+    result = subprocess.run(
+        [*command, *extra], cwd=world.root, env=env or world.env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, f"{shlex.join(command + list(extra))} failed:\n{result.stderr[-5000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def straight(world) -> Path:
+    """The README's 1-GPU command (32 per step × 8 accumulation steps, here 2 × 8), 4 steps, checkpoints at 2, 4."""
+    result = run(world, readme_command(1), *TINY, *STEPS, "--output_dir", "straight")
+    assert "24 images ready" in result.stderr  # one sample per train2014 image, not per caption
+    return world.root / "straight"
+
+
+def test_readme_has_the_coco_commands():
+    assert len(COCO_COMMANDS) == 2, COCO_COMMANDS
+    assert all("--train_data_dir coco2014" in command for command in COCO_COMMANDS)
+
+
+def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(straight):
+    summary = json.loads((straight / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["num_processes"] == 1
+    assert sorted(p.name for p in straight.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    pipe = LMLPPipeline.from_pretrained(straight)
+    assert pipe.vae.config.scaling_factor == pytest.approx(0.23010)  # the recipe's COCO scale travels with the VAE
+    assert len(pipe.vae.config.block_out_channels) == 4 and pipe.native_size == 256  # SD's ×8 at 256 px
+    assert pipe.tokenizer.model_max_length == 77 and pipe.text_encoder.config.hidden_size == CLIP_TEXT_WIDTH
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(
+        ["A dog on a street.", "A woman in a kitchen."],
+        num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+    ).images
+    assert images.shape == (2, 3, 256, 256) and torch.isfinite(images).all() and images.std() > 0
+
+
+def test_gradient_accumulation_matches_the_large_batch(world, straight):
+    big = world.root / "big"
+    run(world, readme_command(1), *TINY, *STEPS, "--output_dir", "big", "--gradient_accumulation_steps", "1",
+        "--train_batch_size", "16")  # fmt: skip
+    accumulated, large = weights(straight / "checkpoint-4"), weights(big / "checkpoint-4")
+    initial = weights(straight / "checkpoint-2")
+    assert any(not torch.equal(large[k], initial[k]) for k in large)  # the steps moved the weights
+    for key in large:
+        torch.testing.assert_close(accumulated[key], large[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_sigkill_then_resume_equals_the_uninterrupted_run(world, straight):
+    # SIGKILL while checkpoint-4 is being written: checkpoint-2 is the latest complete one.
+    command = [sys.executable, "-c", KILL_DURING_WRITE, "4", str(SCRIPT), *readme_command(1)[4:]]
+    args = [*TINY, *STEPS, "--output_dir", "killed"]
+    killed = subprocess.run([*command, *args], cwd=world.root, env=world.env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert not (world.root / "killed" / "checkpoint-4").exists()
+    result = run(world, readme_command(1), *args, "--resume_from_checkpoint", "latest")
+    assert "at step 2" in result.stderr
+    for folder in ("checkpoint-4", "."):  # the raw weights and the saved pipeline's EMA weights
+        expected, resumed = weights(straight / folder), weights(world.root / "killed" / folder)
+        assert resumed.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=f"{folder} {key}")
+
+
+def test_component_folders_downloaded_like_the_repos_load_without_the_cache(world):
+    # `hf download CompVis/stable-diffusion-v1-4 --local-dir ...` and the same for CLIP: local folders, no Hub cache.
+    env = {**world.env, "HF_HUB_CACHE": str(world.root / "empty-cache")}
+    repos = world.root / "hf" / "repos"
+    run(world, readme_command(1), *TINY, "--max_train_steps", "1", "--output_dir", "local", "--pretrained_vae",
+        str(repos / "CompVis" / "stable-diffusion-v1-4"), "--pretrained_text_encoder",
+        str(repos / "openai" / "clip-vit-large-patch14"), env=env)  # fmt: skip
+    assert not (world.root / "empty-cache").exists() or not any((world.root / "empty-cache").iterdir())
+    assert LMLPPipeline.from_pretrained(world.root / "local").vae.config.scaling_factor == pytest.approx(0.23010)
+
+
+def test_two_cpu_processes_train_together(world):
+    # The README's multi-GPU command on 2 CPU processes, with ACCELERATE_USE_CPU=1 as its CPU line documents.
+    command = readme_command(8)
+    command[command.index("--num_processes") + 1] = "2"
+    command[3:3] = ["--main_process_port", str(free_port())]
+    run(world, command, *TINY, "--max_train_steps", "2", "--output_dir", "ddp", env={**world.env,
+        "ACCELERATE_USE_CPU": "1"})  # fmt: skip
+    summary = json.loads((world.root / "ddp" / "training_summary.json").read_text())
+    assert summary["num_processes"] == 2 and summary["ranks_in_sync"] is True
+    assert (world.root / "ddp" / "checkpoint-2").is_dir()
+
+
+# ------------------------------------------------------------------------------------------ the COCO reader
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory) -> Path:
+    return write_coco2014(tmp_path_factory.mktemp("layout") / "coco2014", num_train=8, num_val=2, seed=1)
+
+
+def test_coco_reader_gives_one_row_per_image_with_all_its_captions(coco):
+    annotations = json.loads((coco / "annotations" / "captions_train2014.json").read_text())
+    dataset = load_coco2014(coco)
+    ids = sorted(image["id"] for image in annotations["images"])
+    assert dataset["image_id"] == ids and len(dataset) == 8
+    for row in dataset:
+        expected = [a["caption"] for a in annotations["annotations"] if a["image_id"] == row["image_id"]]
+        assert row["text"] == expected and 5 <= len(expected) <= 7
+        meta = next(image for image in annotations["images"] if image["id"] == row["image_id"])
+        assert row["image"].size == (meta["width"], meta["height"])
+    assert {len(captions) for captions in dataset["text"]} > {5}  # some images have 6 or 7, as in COCO
+    assert len(load_coco2014(coco, "val2014")) == 2
+
+
+def test_a_missing_annotations_file_is_named(coco, tmp_path):
+    shutil.copytree(coco / "train2014", tmp_path / "train2014")
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "annotations" / "captions_train2014.json"))):
+        load_coco2014(tmp_path)
+
+
+def test_a_listed_but_missing_image_is_named(coco, tmp_path):
+    shutil.copytree(coco, tmp_path / "coco")
+    victim = sorted((tmp_path / "coco" / "train2014").iterdir())[3]
+    victim.unlink()
+    with pytest.raises(ValueError, match=re.escape(f"lists 1 image(s) that {victim.parent} lacks, e.g. {victim}")):
+        load_coco2014(tmp_path / "coco")
+
+
+def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(coco):
+    # The feature cache's text states are tagged by row, so the rows the batches pick can be read back.
+    script = load_script()
+    dataset = load_coco2014(coco)
+    caption_index, rows = [], 1  # row 0 is ""
+    for captions in dataset["text"]:
+        caption_index.append(list(range(rows, rows + len(captions))))
+        rows += len(captions)
+    states = torch.arange(rows, dtype=torch.float32)[:, None, None].expand(rows, 77, CLIP_TEXT_WIDTH)  # (M+1, T, D)
+    cache = script.FeatureCache(torch.zeros(len(dataset), 8, 2, 2), states.contiguous(), caption_index)
+    pipe = build_tiny_pipeline(text_seq_len=77)
+    args = SimpleNamespace(
+        seed=0, caption_dropout=0.0, streaming=False, train_batch_size=8, gradient_accumulation_steps=1
+    )
+    source = script.BatchSource(args, dataset, cache, pipe.tokenizer, pipe.text_encoder, pipe.vae, None, 0)
+
+    def picked(step: int) -> list[int]:
+        _, text_states = source.batch(list(range(8 * step, 8 * step + 8)), script.step_generator(0, "step", step, 0))
+        return [int(row) for row in text_states[:, 0, 0]]
+
+    used: dict[int, set[int]] = {}
+    for step in range(40):
+        for row in picked(step):
+            image = next(i for i, rows_of in enumerate(caption_index) if row in rows_of)
+            used.setdefault(image, set()).add(row)
+    assert all(used[image] == set(caption_index[image]) for image in range(len(dataset)))  # every caption is used
+    assert picked(7) == picked(7)  # a pure function of the step: a resumed run picks the same
+
+
+def test_a_bad_coco_folder_stops_the_script_naming_the_file(world, coco, tmp_path):
+    script = load_script()
+    broken = tmp_path / "coco2014"
+    shutil.copytree(coco / "train2014", broken / "train2014")  # annotations/ was not unpacked
+    repos = world.root / "hf" / "repos"
+    argv = [
+        "--preset", "coco-f2", "--train_data_dir", str(broken), *TINY, "--output_dir", str(tmp_path / "out"),
+        "--pretrained_vae", str(repos / "CompVis" / "stable-diffusion-v1-4"),
+        "--pretrained_text_encoder", str(repos / "openai" / "clip-vit-large-patch14"),
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as error:
+        script.main(argv)
+    assert f"is not a COCO-2014 folder: {broken / 'annotations' / 'captions_train2014.json'} is missing" in str(
+        error.value.code
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--data_layout", "coco2014"], "--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder"),
+        (["--preset", "coco-f2"], "pass --train_data_dir with the COCO-2014 folder (annotations/ and train2014/)"),
+    ],
+)
+def test_coco_without_a_folder_is_refused_at_start_up(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(argv)
+    assert message in capsys.readouterr().err
