@@ -15,8 +15,10 @@ samples see the same samples and noise as one step of N·b.
 """
 
 import argparse
+import atexit
 import contextlib
 import errno
+import faulthandler
 import fcntl
 import functools
 import hashlib
@@ -677,6 +679,8 @@ UNDER_WAY_PATTERN = re.compile(r"^\.checkpoint-(\d+)\.(tmp|old|deleting)$")
 STATE_FILE = "training_state.json"
 # Held (flock) by the main process of the run that uses the output folder.
 LOCK_FILE = ".train.lock"
+# A finished multi-process run's teardown that takes longer has hung: its Python stacks are dumped and it exits (1).
+TEARDOWN_TIMEOUT_SECONDS = 120
 
 
 def checkpoint_step(path: Path) -> int:
@@ -1142,6 +1146,8 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     # Every process leaves together: a rank that tears down its process group while the main process still saves
     # leaves the main process waiting for it at exit (seen with gloo).
     accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1:  # everything is saved: a teardown that hangs must not hold the job forever
+        faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT_SECONDS, exit=True)
     accelerator.end_training()
 
 
@@ -1239,5 +1245,21 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         logger.info(f"pushed to the Hub: {commit.commit_url}")
 
 
+def leave_finished_process() -> None:
+    """End a process of a finished multi-process run without the interpreter's finalization.
+
+    By then everything is saved and closed and the process group is destroyed. The exit handlers still run
+    (`atexit`: logging, file locks, multiprocessing children); what is skipped is the teardown of modules and C++
+    statics, where torch's autograd and gloo threads can race the GIL's destruction and hang a process forever after a
+    complete run (pytorch/pytorch#190489; seen here as a 2-process CPU run that never exited after saving everything).
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        leave_finished_process()

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from coco_fixture import CLIP_TEXT_WIDTH, write_coco2014, write_hub_cache
+from processes import run_bounded
 from test_train_checkpoints import KILL_DURING_WRITE
 from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, weights
 
@@ -59,9 +60,7 @@ def world(tmp_path_factory) -> SimpleNamespace:
 
 def run(world, command: list[str], *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a training command in the COCO folder; fail with its stderr."""
-    result = subprocess.run(
-        [*command, *extra], cwd=world.root, env=env or world.env, capture_output=True, text=True, timeout=300
-    )
+    result = run_bounded([*command, *extra], cwd=world.root, env=env or world.env, timeout=300)
     assert result.returncode == 0, f"{shlex.join(command + list(extra))} failed:\n{result.stderr[-5000:]}"
     return result
 

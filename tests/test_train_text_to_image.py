@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from processes import run_bounded
 from safetensors.torch import load_file
 
 from diffusers_lmlp import LMLPPipeline
@@ -301,10 +302,7 @@ def test_two_cpu_processes_really_train_together(workspace):
         "--output_dir", str(workspace / "ddp"), "--cache_dir", str(workspace / "cache"), "--max_train_steps", "3",
         "--cache_features", "--checkpointing_steps", "2",
     ]  # fmt: skip
-    try:
-        result = subprocess.run(launch + args, env=env, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired as error:
-        raise AssertionError(f"the 2-process run hung:\n{(error.stderr or b'').decode()[-6000:]}") from None
+    result = run_bounded(launch + args, env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((workspace / "ddp" / "training_summary.json").read_text())
     assert summary["num_processes"] == 2  # the wrong launches silently give 1
