@@ -8,9 +8,19 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from accelerate.state import AcceleratorState  # noqa: E402
 
 from diffusers_lmlp import LMLPPipeline  # noqa: E402
 from diffusers_lmlp.tiny import build_tiny_pipeline  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    """Every test starts and ends with no accelerate state: the training script's `main`, run in this process,
+    builds an `Accelerator` whose state is process-wide (a later run with another mixed precision would be refused)."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture
