@@ -23,6 +23,7 @@ import fcntl
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ import shutil
 import sys
 import time
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,14 +47,23 @@ from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel, compute_snr
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from PIL import Image
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, default_scheduler, load_balancing_loss
 from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.image_grid import make_image_grid
-from diffusers_lmlp.training import DATA_LAYOUTS, captions_of, load_training_data, preprocess_image
+from diffusers_lmlp.training import (
+    DATA_LAYOUTS,
+    TEXT_DTYPES,
+    FeatureStore,
+    captions_of,
+    encode_text,
+    feature_store_key,
+    load_training_data,
+    open_feature_store,
+    preprocess_image,
+)
 
 
 logger = get_logger(__name__)
@@ -165,10 +176,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     data.add_argument("--caption_dropout", type=float, default=0.1, help='probability of training on "" instead')
     data.add_argument(
         "--cache_features", action=argparse.BooleanOptionalAction, default=False,
-        help="encode VAE moments and text states once (the shapes default; --no-cache_features encodes every step)",
+        help="encode VAE moments and text states once, into an on-disk feature store under --cache_dir, read lazily "
+        "(the shapes and coco-f2 default; --no-cache_features encodes every step)",
+    )  # fmt: skip
+    data.add_argument(
+        "--cache_text_dtype", choices=sorted(TEXT_DTYPES),
+        help="how the feature store keeps the text states (default: float32); float16 halves the store's size, the "
+        "VAE moments stay float32",
     )  # fmt: skip
     data.add_argument("--cache_dir", help="where datasets and features are cached (default: <output_dir>/../.cache)")
-    data.add_argument("--dataloader_num_workers", type=int, default=0)
+    data.add_argument(
+        "--dataloader_num_workers", type=int, default=0,
+        help="worker processes that read the feature store (or decode and crop the images) ahead of the training "
+        "steps, and decode the images of the feature extraction; 0 reads in the training process. The batches are "
+        "the same with any number",
+    )  # fmt: skip
 
     train = parser.add_argument_group("optimisation")
     train.add_argument("--seed", type=int, default=0)
@@ -189,14 +211,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--load_balance_weight", type=float, default=0.0, help="MoE-MLP balancing loss (paper: 0.01)")
     train.add_argument("--use_ema", action=argparse.BooleanOptionalAction, default=False)
     train.add_argument("--ema_decay", type=float, default=0.9999)
-    train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"])
+    train.add_argument(
+        "--mixed_precision", choices=["no", "fp16", "bf16"],
+        help="autocast the backbone's forward (default: accelerate's config); bf16 runs on Ampere or newer GPUs and on "
+        "CPU, fp16 on GPUs only (on CPU accelerate trains in float32)",
+    )  # fmt: skip
+    train.add_argument(
+        "--allow_tf32", action="store_true",
+        help="let float32 matmuls and convolutions use TF32 on Ampere and newer NVIDIA GPUs (faster, 10-bit "
+        "mantissa); no effect on CPU",
+    )  # fmt: skip
 
     out = parser.add_argument_group("output, logging, validation")
     out.add_argument("--output_dir", default="lmlp-model")
     out.add_argument("--logging_dir", default="logs")
     out.add_argument("--report_to", default="tensorboard", help='"tensorboard", "wandb", "all" or "none"')
     out.add_argument("--tracker_project_name", default="lmlp-text-to-image")
-    out.add_argument("--validation_prompts", nargs="*")
+    prompts = out.add_mutually_exclusive_group()
+    prompts.add_argument(
+        "--validation_prompts", nargs="*",
+        help="prompts sampled every --validation_steps and at the end (default: shapes captions on the shapes world)",
+    )  # fmt: skip
+    prompts.add_argument(
+        "--validation_prompts_file", metavar="PATH",
+        help="a UTF-8 text file of validation prompts, one per line; blank lines and lines starting with # are skipped",
+    )  # fmt: skip
     out.add_argument("--validation_steps", type=int, default=1000)
     out.add_argument("--validation_inference_steps", type=int, default=25)
     out.add_argument("--validation_guidance_scale", type=float, default=2.0)
@@ -242,6 +281,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--cache_features needs a map-style dataset: drop --streaming or --cache_features")
     if args.random_flip and args.cache_features:
         parser.error("--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)")
+    if args.cache_text_dtype and not args.cache_features:
+        parser.error("--cache_text_dtype is how --cache_features stores text states: add --cache_features or drop it")
+    if args.dataloader_num_workers < 0:
+        parser.error(
+            f"--dataloader_num_workers must be >= 0 (0 reads the data in the training process), got "
+            f"{args.dataloader_num_workers}"
+        )
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not Path(args.resume_from_checkpoint).is_dir():
             parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: no such checkpoint folder")
@@ -258,6 +304,11 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--learning_rate must be a positive number, got {args.learning_rate}")
     if not 0.0 <= args.caption_dropout < 1.0:
         parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    if args.validation_prompts_file:
+        try:
+            args.validation_prompts = read_prompts_file(args.validation_prompts_file)
+        except ValueError as error:
+            parser.error(str(error))
     try:
         check_component_sources(args)
     except ValueError as error:
@@ -481,21 +532,75 @@ def loading_from(what: str, source: str):
         raise SystemExit(f"error: could not load {what} from {source!r} ({where}): {error}") from None
 
 
-def check_compatible(model, tokenizer, text_encoder, vae, resolution: int) -> None:
-    """Refuse components and a resolution that do not fit the backbone, before any data is touched."""
+def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
+    """Refuse components and a resolution that do not fit the backbone, before any data is touched.
+
+    The model mixes a fixed number of tokens, so the VAE must turn `resolution` px images into latents of exactly
+    the model's `sample_size`. That size is measured from the VAE's layers, not only computed from its config: the
+    pipeline sizes images by the config's factor, so a VAE whose layers downsample otherwise is refused too.
+
+    Args:
+        model: The backbone.
+        tokenizer: The CLIP tokenizer.
+        text_encoder: The CLIP text model.
+        vae (`AutoencoderKL`): The VAE.
+        resolution (`int`): `--resolution`, in pixels.
+        fine_tuning (`bool`, *optional*, defaults to `False`): Whether the model is a saved one, whose `sample_size`
+            is kept (so the message does not offer `--model_overrides`).
+
+    Raises:
+        `SystemExit`: With a message that says what to pass instead.
+    """
     config = model.config
-    factor = 2 ** (len(vae.config.block_out_channels) - 1)
-    if resolution != config.sample_size * factor:
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
+    native = config.sample_size * factor
+    if resolution != native:
+        fix = f"pass --resolution {native}"
+        if fine_tuning:
+            fix += " (a fine-tuned model keeps its sample_size)"
+        elif resolution % (factor * config.patch_size) == 0:
+            fix += f", or --model_overrides sample_size={resolution // factor}"
         raise SystemExit(
             f"error: --resolution {resolution} does not match the model: sample_size {config.sample_size} × VAE "
-            f"factor {factor} = {config.sample_size * factor} px. Token mixing is over a fixed number of tokens: "
-            f"pass --resolution {config.sample_size * factor}, or --model_overrides sample_size={resolution // factor}."
+            f"factor {factor} = {native} px. Token mixing is over a fixed number of tokens: {fix}."
+        )
+    height, width = vae_latent_size(vae, resolution)
+    if (height, width) != (config.sample_size, config.sample_size):
+        raise SystemExit(
+            f"error: the VAE encodes {resolution}×{resolution} px images to {height}×{width} latents, but the "
+            f"model's sample_size is {config.sample_size}: its config (block_out_channels of "
+            f"{len(vae.config.block_out_channels)} entries) gives a factor of {factor}, its layers downsample by "
+            f"{resolution // height}. Use a VAE whose config matches its layers (one down block per entry of "
+            "block_out_channels)."
         )
     # LMLPPipeline's constructor checks text width, tokenizer length and latent channels with clear messages.
     try:
         LMLPPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model, scheduler=None)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
+
+
+def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
+    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device: shapes
+    only, no memory for a copy of the weights and no arithmetic, even for SD's VAE at 512 px.
+
+    Args:
+        vae (`AutoencoderKL`): The VAE.
+        resolution (`int`): The image side, in pixels.
+
+    Raises:
+        `SystemExit`: When the encoder cannot take images of that size.
+    """
+    encoder = vae.encoder
+    tensors = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
+    meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors.items()}
+    image = torch.empty(1, vae.config.in_channels, resolution, resolution, dtype=vae.dtype, device="meta")
+    try:
+        with torch.no_grad():
+            moments = torch.func.functional_call(encoder, meta, (image,))  # (1, 2C, h, w)
+    except RuntimeError as error:
+        raise SystemExit(f"error: the VAE cannot encode {resolution}×{resolution} px images: {error}") from None
+    return tuple(moments.shape[-2:])
 
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -507,103 +612,62 @@ def step_generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
-class FeatureCache:
-    """VAE moments (mean ‖ logvar) of every image and text states of every caption (and of ""), on disk.
+def build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator, cache_dir: Path) -> FeatureStore:
+    """The feature store of this data and these components, extracted first by every process (each its shards).
 
-    Keyed by the data and the encoders: the same dataset and components reuse one cache across runs and processes.
-    Files are written to a temporary name and renamed, so an interrupted build is never read.
+    Args:
+        args (`argparse.Namespace`): The parsed arguments (columns, resolution, `--cache_text_dtype`, workers).
+        dataset (`datasets.Dataset`): The training data.
+        tokenizer (`CLIPTokenizer`): The tokenizer.
+        text_encoder (`CLIPTextModel`): The text encoder.
+        vae (`AutoencoderKL`): The VAE.
+        accelerator (`Accelerator`): The run's accelerator (rank, number of processes, barrier).
+        cache_dir (`Path`): The store is `<cache_dir>/features/<key>`.
     """
-
-    def __init__(self, moments: torch.Tensor, text_states: torch.Tensor, caption_index: list[list[int]]):
-        self.moments = moments  # (N, 2C, h, w)
-        self.text_states = text_states  # (M + 1, T, D); row 0 is ""
-        self.caption_index = caption_index  # per image, rows of text_states
-
-    @staticmethod
-    def key(dataset, args: argparse.Namespace, text_encoder, vae) -> str:
-        parts = [
-            getattr(dataset, "_fingerprint", None) or str(len(dataset)),
-            args.image_column,
-            args.caption_column,
-            str(args.resolution),
-            hashlib.sha256(json.dumps(vae.config, sort_keys=True, default=str).encode()).hexdigest(),
-            hashlib.sha256(
-                json.dumps(text_encoder.config.to_dict(), sort_keys=True, default=str).encode()
-            ).hexdigest(),
-            str(sum(float(p.double().sum()) for p in vae.parameters())),
-            str(sum(float(p.double().sum()) for p in text_encoder.parameters())),
-        ]
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
-
-    @classmethod
-    def load_or_build(cls, path: Path, dataset, args, tokenizer, text_encoder, vae, accelerator) -> "FeatureCache":
-        if accelerator.is_main_process and not (path / "features.safetensors").is_file():
-            logger.info(f"building the feature cache {path}")
-            cls._build(path, dataset, args, tokenizer, text_encoder, vae)
-        accelerator.wait_for_everyone()
-        tensors = load_file(path / "features.safetensors")
-        with open(path / "caption_index.json", encoding="utf-8") as f:
-            caption_index = json.load(f)
-        return cls(tensors["moments"], tensors["text_states"], caption_index)
-
-    @staticmethod
-    @torch.no_grad()
-    def _build(path: Path, dataset, args, tokenizer, text_encoder, vae) -> None:
-        texts, caption_index, moments = [""], [], []
-        batch_size = 64
-        for start in tqdm(range(0, len(dataset), batch_size), desc="caching features", unit="batch"):
-            rows = dataset[start : start + batch_size]
-            pixels = torch.stack([preprocess_image(img, args.resolution, False) for img in rows[args.image_column]])
-            moments.append(vae.encode(pixels.to(vae.dtype)).latent_dist.parameters.float())  # (b, 2C, h, w)
-            for value in rows[args.caption_column]:
-                captions = captions_of(value)
-                caption_index.append(list(range(len(texts), len(texts) + len(captions))))
-                texts += captions
-        states = torch.cat(
-            [encode_text(tokenizer, text_encoder, texts[i : i + 256]) for i in range(0, len(texts), 256)]
+    columns = dict(image_column=args.image_column, caption_column=args.caption_column, resolution=args.resolution)
+    components = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae)
+    text_dtype = args.cache_text_dtype or "float32"
+    key = feature_store_key(dataset, **columns, **components, text_dtype=text_dtype)
+    try:
+        return open_feature_store(
+            cache_dir / "features" / key,
+            dataset,
+            process_index=accelerator.process_index,
+            num_processes=accelerator.num_processes,
+            wait_for_everyone=accelerator.wait_for_everyone,
+            **columns,
+            **components,
+            text_dtype=text_dtype,
+            num_workers=args.dataloader_num_workers,
         )
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        tensors = {"moments": torch.cat(moments).contiguous(), "text_states": states.float().contiguous()}
-        save_file(tensors, tmp / "features.safetensors")
-        with open(tmp / "caption_index.json", "w", encoding="utf-8") as f:
-            json.dump(caption_index, f)
-        tmp.rename(path)
+    except (OSError, ValueError) as error:  # a caption that is not one, a store other processes cannot see
+        raise SystemExit(f"error: {error}") from None
 
 
-@torch.no_grad()
-def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
-    """CLIP's last hidden state of each text, padded and truncated to the tokenizer's length: (B, T, D)."""
-    ids = tokenizer(
-        texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
-    ).input_ids
-    return text_encoder(ids.to(text_encoder.device))[0]
-
-
-class BatchSource:
-    """Produces the clean latents and conditioning of the samples at given positions of the sample stream.
+class BatchReader:
+    """The CPU half of making a batch, which runs in `DataLoader` worker processes: the caption pick, caption dropout
+    and flip draws, then the samples, read from the feature store (latents re-sampled from the stored moments at
+    every use, as the reference does) or decoded and cropped.
 
     A map-style dataset is read as an endless stream of per-epoch permutations (sample k of step s is a pure
     function of the seed and s), so resuming needs no data state. A streaming dataset is read in order from this
-    process's shard, shuffled per epoch with a seeded buffer, skipping what earlier steps used. With a feature
-    cache the latents are re-sampled from the cached moments at every use, as the reference does.
+    process's shard, shuffled per epoch with a seeded buffer, skipping what the steps before `step` used; the stream
+    is opened by the process that reads it.
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments (seed, columns, resolution, flips, batch sizes, streaming).
+        dataset (`datasets.Dataset` or `datasets.IterableDataset`): The training data.
+        store (`FeatureStore`, *optional*): The feature store of `dataset`, read instead of its images.
+        process_index (`int`): This process's rank.
+        num_processes (`int`): The number of training processes.
+        step (`int`): The first step read.
     """
 
-    def __init__(self, args, dataset, cache: FeatureCache | None, tokenizer, text_encoder, vae, accelerator, step):
-        self.args, self.dataset, self.cache = args, dataset, cache
-        self.tokenizer, self.text_encoder, self.vae = tokenizer, text_encoder, vae
-        self.empty_states = encode_text(tokenizer, text_encoder, [""])  # (1, T, D)
+    def __init__(self, args, dataset, store: FeatureStore | None, process_index: int, num_processes: int, step: int):
+        self.args, self.dataset, self.store = args, dataset, store
+        self.process_index, self.num_processes, self.step = process_index, num_processes, step
         self._permutation = (-1, None)
         self._stream = None
-        if args.streaming:
-            from datasets.distributed import split_dataset_by_node
-
-            shard = split_dataset_by_node(dataset, accelerator.process_index, accelerator.num_processes)
-            self._shard, self._epoch = shard.shuffle(seed=args.seed, buffer_size=1000), 0
-            self._stream = iter(self._shard)
-            per_step = args.train_batch_size * args.gradient_accumulation_steps
-            self._next_records(step * per_step)  # what the steps before a resume consumed
 
     def sample_index(self, position: int) -> int:
         """Index of the sample at `position` of the endless stream of per-epoch permutations."""
@@ -614,54 +678,177 @@ class BatchSource:
         return int(self._permutation[1][offset])
 
     def _next_records(self, count: int) -> list[dict]:
-        records = []
-        while len(records) < count:
-            try:
-                records.append(next(self._stream))
-            except StopIteration:
-                self._epoch += 1
-                self._shard.set_epoch(self._epoch)
-                self._stream = iter(self._shard)
-        return records
+        if self._stream is None:
+            self._stream = self._epochs()
+            per_step = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            self._next_records(self.step * per_step)  # what the steps before a resume consumed
+        return [next(self._stream) for _ in range(count)]
+
+    def _epochs(self) -> Iterator[dict]:
+        """This process's shard of the stream, shuffled, epoch after epoch, one record at a time.
+
+        Read with `iter(batch_size=1)`: iterating the dataset itself in a `DataLoader` worker would let `datasets`
+        split it between the workers, in another order than in the main process.
+        """
+        from datasets.distributed import split_dataset_by_node
+
+        shard = split_dataset_by_node(self.dataset, self.process_index, self.num_processes)
+        shard = shard.shuffle(seed=self.args.seed, buffer_size=1000)
+        for epoch in itertools.count():
+            shard.set_epoch(epoch)
+            empty = True
+            for batch in shard.iter(batch_size=1):
+                empty = False
+                yield {column: values[0] for column, values in batch.items()}
+            if empty:
+                raise ValueError(f"the stream of process {self.process_index} is empty: it has no records to train on")
 
     @torch.no_grad()
-    def batch(self, positions: list[int], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied."""
+    def load(self, positions: list[int], generator: torch.Generator) -> dict:
+        """The CPU half of the batch of the samples at `positions` of the sample stream.
+
+        Args:
+            positions (`list[int]`): The positions.
+            generator (`torch.Generator`): The step's generator; `BatchSource.finish` continues where this leaves it.
+
+        Returns:
+            `dict`: `drop` (b,) (caption dropout), and `latents` (b, C, h, w) unscaled and `states` (b, T, D) from the
+            store, or `pixels` (b, 3, H, W) and `texts` (b captions) to encode.
+        """
         args = self.args
         choice = torch.rand(len(positions), generator=generator)  # caption pick
         drop = torch.rand(len(positions), generator=generator) < args.caption_dropout
         flip = torch.rand(len(positions), generator=generator) < 0.5
-        if self.cache is not None:
-            indices = [self.sample_index(p) for p in positions]
-            rows = [
-                self.cache.caption_index[i][int(c * len(self.cache.caption_index[i]))] for i, c in zip(indices, choice)
-            ]
-            states = self.cache.text_states[rows]  # (b, T, D)
-            mean, logvar = self.cache.moments[indices].chunk(2, dim=1)  # (b, C, h, w) each
+        if self.store is not None:
+            moments, states = self.store.read([self.sample_index(p) for p in positions], choice)
+            mean, logvar = moments.chunk(2, dim=1)  # (b, C, h, w) each
             noise = torch.randn(mean.shape, generator=generator)
-            latents = mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * noise
+            latents = mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * noise  # (b, C, h, w)
+            return {"drop": drop, "latents": latents, "states": states}
+        if args.streaming:
+            records = self._next_records(len(positions))
         else:
-            if self._stream is not None:
-                records = self._next_records(len(positions))
-            else:
-                records = [self.dataset[self.sample_index(p)] for p in positions]
-            captions = [captions_of(r[args.caption_column]) for r in records]
-            texts = [caps[int(c * len(caps))] for caps, c in zip(captions, choice)]
-            states = encode_text(self.tokenizer, self.text_encoder, texts).float()
-            pixels = torch.stack(
-                [
-                    preprocess_image(r[args.image_column], args.resolution, bool(f and args.random_flip))
-                    for r, f in zip(records, flip)
-                ]
-            )
-            dist = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist
+            records = [self.dataset[self.sample_index(p)] for p in positions]
+        captions = [captions_of(r[args.caption_column]) for r in records]
+        pixels = torch.stack(
+            [
+                preprocess_image(r[args.image_column], args.resolution, bool(f and args.random_flip))
+                for r, f in zip(records, flip)
+            ]
+        )  # (b, 3, H, W)
+        texts = [caps[int(c * len(caps))] for caps, c in zip(captions, choice)]
+        return {"drop": drop, "pixels": pixels, "texts": texts}
+
+
+class StepBatches(torch.utils.data.IterableDataset):
+    """This process's `BatchReader.load` of steps `first` … `last - 1`, each with its step generator's state after it.
+
+    Worker w of W makes steps first + w, first + w + W, …, and a `DataLoader` returns its workers' items in turn,
+    so the steps come back in order. A stream, read in order, is read by one worker.
+
+    Args:
+        reader (`BatchReader`): Makes each step's batch.
+        first (`int`): The first step.
+        last (`int`): The step after the last.
+    """
+
+    def __init__(self, reader: BatchReader, first: int, last: int):
+        self.reader, self.first, self.last = reader, first, last
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        args, rank = self.reader.args, self.reader.process_index
+        per_step = args.train_batch_size * args.gradient_accumulation_steps  # per process
+        for step in range(self.first + worker, self.last, workers):
+            first = (step * self.reader.num_processes + rank) * per_step
+            generator = step_generator(args.seed, "step", step, rank)
+            yield self.reader.load(list(range(first, first + per_step)), generator), generator.get_state()
+
+
+class BatchSource:
+    """Produces the clean latents and conditioning of the samples at given positions of the sample stream.
+
+    A `BatchReader` makes the CPU half (in `--dataloader_num_workers` worker processes, ahead of the training step
+    that needs it); this process runs the encoders when there is no feature store, applies caption dropout and scales
+    the latents. Every random draw comes from the step's generator, in one order whichever process makes it, so the
+    batches, their noise and timesteps are the same with any number of workers, and a resumed run continues exactly.
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments.
+        dataset (`datasets.Dataset` or `datasets.IterableDataset`): The training data.
+        store (`FeatureStore`, *optional*): Its feature store.
+        tokenizer (`CLIPTokenizer`): The tokenizer.
+        text_encoder (`CLIPTextModel`): The text encoder (for "" and, without a store, every caption).
+        vae (`AutoencoderKL`): The VAE (its config's scale and shift; without a store, it encodes every image).
+        step (`int`): The first step.
+        process_index (`int`, *optional*, defaults to 0): This process's rank.
+        num_processes (`int`, *optional*, defaults to 1): The number of training processes.
+    """
+
+    def __init__(self, args, dataset, store, tokenizer, text_encoder, vae, step, process_index=0, num_processes=1):
+        self.args, self.tokenizer, self.text_encoder, self.vae = args, tokenizer, text_encoder, vae
+        self.reader = BatchReader(args, dataset, store, process_index, num_processes, step)
+        self.empty_states = encode_text(tokenizer, text_encoder, [""])  # (1, T, D)
+
+    def batch(self, positions: list[int], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied.
+
+        Args:
+            positions (`list[int]`): Positions in the sample stream.
+            generator (`torch.Generator`): The step's generator.
+        """
+        return self.finish(self.reader.load(positions, generator), generator)
+
+    @torch.no_grad()
+    def finish(self, loaded: dict, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied.
+
+        Args:
+            loaded (`dict`): What `BatchReader.load` made.
+            generator (`torch.Generator`): The step's generator, where `load` left it.
+        """
+        if "pixels" in loaded:
+            states = encode_text(self.tokenizer, self.text_encoder, loaded["texts"])  # (b, T, D)
+            dist = self.vae.encode(loaded["pixels"].to(self.vae.device, self.vae.dtype)).latent_dist
             latents = dist.mean + dist.std * torch.randn(dist.mean.shape, generator=generator).to(dist.mean)
-        states = torch.where(drop[:, None, None], self.empty_states.float().to(states), states.float())
+        else:
+            latents, states = loaded["latents"], loaded["states"]
+        states = states.float()
+        empty = self.empty_states.float().to(states.device)
+        states = torch.where(loaded["drop"].to(states.device)[:, None, None], empty, states)  # (b, T, D)
         config = self.vae.config
         latents = latents.float()
         if config.shift_factor is not None:
             latents = latents - config.shift_factor
         return latents * config.scaling_factor, states
+
+    def steps(self, first: int, last: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Generator]]:
+        """The batches of steps `first` … `last - 1`, read by `--dataloader_num_workers` worker processes.
+
+        Args:
+            first (`int`): The first step.
+            last (`int`): The step after the last.
+
+        Yields:
+            `tuple`: Latents (b, C, h, w), text states (b, T, D) and the step's generator, where the batch left it
+            (the step's noise and timesteps come next).
+        """
+        workers = self.args.dataloader_num_workers
+        if self.args.streaming and workers > 1:
+            logger.info(f"--dataloader_num_workers {workers}: a stream is read in order, by one worker process")
+            workers = 1
+        loader = torch.utils.data.DataLoader(
+            StepBatches(self.reader, first, last),
+            batch_size=None,  # items are batches already
+            num_workers=workers,
+            pin_memory=self.vae.device.type == "cuda",
+            generator=torch.Generator().manual_seed(0),  # DataLoader would otherwise draw from the global RNG
+        )
+        for loaded, state in loader:
+            generator = torch.Generator()
+            generator.set_state(state)
+            yield *self.finish(loaded, generator), generator
 
 
 # --------------------------------------------------------------------------------------------------- checkpoints
@@ -938,7 +1125,42 @@ def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
     )
 
 
+def read_prompts_file(path: str) -> list[str]:
+    """The prompts of a `--validation_prompts_file`: one per line, stripped; blank lines and `#` lines are skipped.
+
+    Args:
+        path (`str`): The UTF-8 text file.
+
+    Raises:
+        `ValueError`: For a file that is missing, a folder, unreadable, not UTF-8, or without any prompt.
+    """
+    option = f"--validation_prompts_file {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{option}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{option} is a folder, not a text file of prompts") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{option} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
+    except OSError as error:
+        raise ValueError(f"{option}: cannot read it ({error.strerror})") from None
+    prompts = [line.strip() for line in text.splitlines()]
+    prompts = [prompt for prompt in prompts if prompt and not prompt.startswith("#")]
+    if not prompts:
+        raise ValueError(
+            f"{option} has no prompts: write one prompt per line (blank lines and lines starting with # are skipped)"
+        )
+    return prompts
+
+
 def default_validation_prompts(args) -> list[str]:
+    """The validation grid's prompts: `--validation_prompts` (or the file's), else on the shapes world 6 training
+    captions and 2 held-out combinations, else none (no validation during training, no sample grid at the end).
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments.
+    """
     if args.validation_prompts:
         return args.validation_prompts
     if args.preset == "shapes":
@@ -967,6 +1189,15 @@ def shapes_scores(pipe: LMLPPipeline, args, num_per_split: int = 48) -> dict[str
     return scores
 
 
+def allow_tf32() -> None:
+    """Let float32 matmuls and cuDNN convolutions run on TF32 tensor cores (NVIDIA Ampere and newer), as diffusers'
+    `--allow_tf32` does: several times faster, with a 10-bit mantissa. The matmul switch is the one that
+    `torch.set_float32_matmul_precision("high")` sets. CPUs have no TF32: there it changes nothing."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    logger.info("TF32 allowed for float32 matmuls and convolutions (Ampere and newer GPUs)")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     output_dir = Path(args.output_dir)
@@ -979,7 +1210,12 @@ def main(argv: list[str] | None = None) -> None:
         ),
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
-    logger.info(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}")
+    logger.info(
+        f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}, "
+        f"mixed precision {accelerator.mixed_precision}"
+    )
+    if args.allow_tf32:
+        allow_tf32()
     with exclusive_output_dir(accelerator, output_dir):
         run_training(args, accelerator, output_dir)
 
@@ -995,7 +1231,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
     model = build_model(args)
     tokenizer, text_encoder, vae = load_components(args)
-    check_compatible(model, tokenizer, text_encoder, vae, args.resolution)
+    check_compatible(model, tokenizer, text_encoder, vae, args.resolution, bool(args.pretrained_model_name_or_path))
     text_encoder.to(accelerator.device)
     vae.to(accelerator.device)
     model_class = type(model)
@@ -1017,14 +1253,14 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
             )
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
-    cache = None
+    store = None
     if args.cache_features:
-        key = FeatureCache.key(dataset, args, text_encoder, vae)
         start = time.perf_counter()
-        cache = FeatureCache.load_or_build(
-            cache_dir / "features" / key, dataset, args, tokenizer, text_encoder, vae, accelerator
+        store = build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator, cache_dir)
+        logger.info(
+            f"feature cache {store.path.name}: {len(store)} images ready in {time.perf_counter() - start:.1f} s "
+            f"({store.nbytes() / len(store):,.0f} bytes per image, text states in {args.cache_text_dtype or 'float32'})"
         )
-        logger.info(f"feature cache {key}: {len(cache.moments)} images ready in {time.perf_counter() - start:.1f} s")
 
     if args.gradient_checkpointing:
         model.enable_gradient_checkpointing()
@@ -1065,14 +1301,17 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
             logger.info(f"resumed from {path} at step {global_step}")
     warn_about_later_checkpoints(output_dir, global_step)
 
-    source = BatchSource(args, dataset, cache, tokenizer, text_encoder, vae, accelerator, global_step)
+    source = BatchSource(
+        args, dataset, store, tokenizer, text_encoder, vae, global_step,
+        process_index=accelerator.process_index, num_processes=accelerator.num_processes,
+    )  # fmt: skip
+    batches = source.steps(global_step, args.max_train_steps)
     if accelerator.is_main_process:
         config = {k: v for k, v in public_args(args).items() if isinstance(v, int | float | str | bool)}
         accelerator.init_trackers(args.tracker_project_name, config=config)
 
     micro = args.train_batch_size
     per_step = micro * args.gradient_accumulation_steps  # per process
-    global_batch = per_step * accelerator.num_processes
     progress = tqdm(
         range(args.max_train_steps), initial=global_step, desc="steps", disable=not accelerator.is_local_main_process
     )
@@ -1080,9 +1319,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     start_time = time.perf_counter()
     while global_step < args.max_train_steps:
         # The samples and noise of one optimizer step, for this process, drawn before the micro-batches split them.
-        first = global_step * global_batch + accelerator.process_index * per_step
-        generator = step_generator(args.seed, "step", global_step, accelerator.process_index)
-        latents, text_states = source.batch(list(range(first, first + per_step)), generator)
+        latents, text_states, generator = next(batches)  # read ahead by the data loader's workers
         latents, text_states = latents.to(accelerator.device), text_states.to(accelerator.device)
         noise = torch.randn(latents.shape, generator=generator).to(latents)
         if args.noise_offset:
@@ -1136,6 +1373,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
             accelerator.wait_for_everyone()
         if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
             validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
+    batches.close()  # the data loader's workers exit now, not when the pipeline is saved
     progress.close()
     train_seconds = seconds_before + time.perf_counter() - start_time  # over every segment of a resumed run
 
@@ -1183,6 +1421,19 @@ def ema_weights(model, ema: EMAModel | None):
 
 
 def validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir: Path, step: int):
+    """Sample the prompts (EMA weights if any) and save `validation/step-<step>.png`, a grid captioned with them;
+    log the samples to tensorboard (one tiled image, tag "validation") and wandb (one image per prompt, captioned).
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator; its trackers receive the images.
+        model: The prepared backbone.
+        ema (`EMAModel`, *optional*): The EMA weights, swapped in for sampling.
+        tokenizer, text_encoder, vae: The frozen components.
+        prompts (`list[str]`): The validation prompts.
+        args (`argparse.Namespace`): The parsed arguments (seed, sampling steps, guidance scale).
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The optimizer step, the images' step in the trackers.
+    """
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
     with ema_weights(unwrapped, ema):

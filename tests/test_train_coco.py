@@ -15,6 +15,7 @@ import pytest
 import torch
 from coco_fixture import CLIP_TEXT_WIDTH, write_coco2014, write_hub_cache
 from processes import run_bounded
+from test_feature_store import write_store
 from test_train_checkpoints import KILL_DURING_WRITE
 from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, weights
 
@@ -182,21 +183,21 @@ def test_a_listed_but_missing_image_is_named(coco, tmp_path):
         load_coco2014(tmp_path / "coco")
 
 
-def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(coco):
-    # The feature cache's text states are tagged by row, so the rows the batches pick can be read back.
+def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(coco, tmp_path):
+    # The feature store's text states are tagged by row, so the rows the batches pick can be read back.
     script = load_script()
     dataset = load_coco2014(coco)
-    caption_index, rows = [], 1  # row 0 is ""
+    caption_index, rows = [], 0
     for captions in dataset["text"]:
         caption_index.append(list(range(rows, rows + len(captions))))
         rows += len(captions)
-    states = torch.arange(rows, dtype=torch.float32)[:, None, None].expand(rows, 77, CLIP_TEXT_WIDTH)  # (M+1, T, D)
-    cache = script.FeatureCache(torch.zeros(len(dataset), 8, 2, 2), states.contiguous(), caption_index)
+    states = torch.arange(rows, dtype=torch.float32)[:, None, None].expand(rows, 77, CLIP_TEXT_WIDTH)  # (M, T, D)
+    store = write_store(tmp_path, torch.zeros(len(dataset), 8, 2, 2), states, [len(c) for c in caption_index])
     pipe = build_tiny_pipeline(text_seq_len=77)
     args = SimpleNamespace(
         seed=0, caption_dropout=0.0, streaming=False, train_batch_size=8, gradient_accumulation_steps=1
     )
-    source = script.BatchSource(args, dataset, cache, pipe.tokenizer, pipe.text_encoder, pipe.vae, None, 0)
+    source = script.BatchSource(args, dataset, store, pipe.tokenizer, pipe.text_encoder, pipe.vae, 0)
 
     def picked(step: int) -> list[int]:
         _, text_states = source.batch(list(range(8 * step, 8 * step + 8)), script.step_generator(0, "step", step, 0))

@@ -1,6 +1,27 @@
-"""Training as library code: reading the data (`data`); the example script is a thin entry point over it."""
+"""Training as library code: reading the data (`data`) and the on-disk feature store (`features`); the example script
+is a thin entry point over them."""
 
 from .data import DATA_LAYOUTS, captions_of, load_coco2014, load_training_data, preprocess_image
+from .features import (
+    TEXT_DTYPES,
+    FeatureStore,
+    encode_text,
+    extract_features,
+    feature_store_key,
+    open_feature_store,
+)
 
 
-__all__ = ["DATA_LAYOUTS", "captions_of", "load_coco2014", "load_training_data", "preprocess_image"]
+__all__ = [
+    "DATA_LAYOUTS",
+    "TEXT_DTYPES",
+    "FeatureStore",
+    "captions_of",
+    "encode_text",
+    "extract_features",
+    "feature_store_key",
+    "load_coco2014",
+    "load_training_data",
+    "open_feature_store",
+    "preprocess_image",
+]

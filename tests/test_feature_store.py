@@ -1,0 +1,349 @@
+"""The on-disk feature store (`diffusers_lmlp.training.features`) and the training script's data-loading workers."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from test_train_checkpoints import in_process_args
+from test_train_text_to_image import ENV, load_script, make_workspace, weights
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.tiny import build_tiny_pipeline
+from diffusers_lmlp.training import (
+    FeatureStore,
+    encode_text,
+    extract_features,
+    feature_store_key,
+    open_feature_store,
+    preprocess_image,
+)
+from diffusers_lmlp.training.features import ShardWriter, shard_name, write_manifest
+
+
+def write_store(
+    folder: Path, moments: torch.Tensor, text_states: torch.Tensor, counts: list[int], shard_size: int = 1024
+) -> FeatureStore:
+    """A store of given tensors, written as the extraction writes one: moments (N, 2C, h, w), text states (M, T, D)
+    float32, `counts[i]` captions for image i."""
+    folder.mkdir(parents=True, exist_ok=True)
+    offsets = torch.tensor([0, *counts]).cumsum(0)  # (N + 1,)
+    for shard, start in enumerate(range(0, len(counts), shard_size)):
+        stop = min(start + shard_size, len(counts))
+        rows = slice(int(offsets[start]), int(offsets[stop]))
+        writer = ShardWriter(
+            folder / shard_name(shard),
+            {
+                "moments": (torch.float32, (stop - start, *moments.shape[1:])),
+                "caption_offsets": (torch.int64, (stop - start + 1,)),
+                "text_states": (torch.float32, (rows.stop - rows.start, *text_states.shape[1:])),
+            },
+        )
+        writer.write("moments", 0, moments[start:stop])
+        writer.write("caption_offsets", 0, offsets[start : stop + 1] - offsets[start])
+        writer.write("text_states", 0, text_states[rows])
+        writer.commit()
+    write_manifest(folder, num_images=len(counts), shard_size=shard_size, text_dtype="float32")
+    return FeatureStore(folder)
+
+
+@pytest.fixture(scope="module")
+def pipe() -> LMLPPipeline:
+    return build_tiny_pipeline()
+
+
+@pytest.fixture(scope="module")
+def dataset() -> datasets.Dataset:
+    """10 images of 20×18 px; image i has 1 + i % 3 captions, "caption k of image i"."""
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (20, 18, 3), dtype=np.uint8)) for _ in range(10)]
+    captions = [[f"caption {k} of image {i}" for k in range(1 + i % 3)] for i in range(10)]
+    return datasets.Dataset.from_dict({"image": images, "text": captions}).cast_column("image", datasets.Image())
+
+
+def extract(path: Path, dataset, pipe, **kwargs) -> None:
+    """Extract `dataset`'s features with `pipe`'s components, 4 images per shard, 2 per batch."""
+    components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+    kwargs = {"shard_size": 4, "batch_size": 2, **kwargs}
+    extract_features(path, dataset, image_column="image", caption_column="text", resolution=16, **components, **kwargs)
+
+
+def store_files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, dataset, pipe) -> Path:
+    """A store extracted in one go by one process: the reference of the resumed and multi-process extractions."""
+    path = tmp_path_factory.mktemp("straight") / "store"
+    extract(path, dataset, pipe)
+    return path
+
+
+def test_shards_are_safetensors_files_of_each_images_moments_and_caption_states(straight, dataset, pipe):
+    assert sorted(store_files(straight)) == ["manifest.json", *[shard_name(s) for s in range(3)]]
+    counts = [len(captions) for captions in dataset["text"]]
+    pixels = torch.stack([preprocess_image(image, 16, False) for image in dataset["image"]])  # (10, 3, 16, 16)
+    with torch.no_grad():
+        moments = pipe.vae.encode(pixels).latent_dist.parameters  # (10, 8, 8, 8)
+    states = encode_text(pipe.tokenizer, pipe.text_encoder, sum(dataset["text"], []))  # (19, 16, 32)
+    for shard, start in enumerate(range(0, 10, 4)):
+        tensors = load_file(straight / shard_name(shard))  # the safetensors library reads what was written in place
+        n = min(4, 10 - start)
+        offsets = torch.tensor([0, *counts[start : start + n]]).cumsum(0)
+        assert tensors["caption_offsets"].tolist() == offsets.tolist()
+        torch.testing.assert_close(tensors["moments"], moments[start : start + n], rtol=0, atol=1e-5)
+        first = sum(counts[:start])
+        torch.testing.assert_close(tensors["text_states"], states[first : first + int(offsets[-1])], rtol=0, atol=1e-5)
+    manifest = json.loads((straight / "manifest.json").read_text())
+    assert (manifest["num_images"], manifest["num_captions"], manifest["text_dtype"]) == (10, 19, "float32")
+
+    store = FeatureStore(straight)
+    got_moments, got_states = store.read([9, 4, 5], torch.tensor([0.99, 0.0, 0.5]))
+    torch.testing.assert_close(got_moments, moments[[9, 4, 5]], rtol=0, atol=1e-5)
+    # image 9: last of its 1 caption; image 4: first of 2; image 5: caption ⌊0.5 · 3⌋ = 1 of 3
+    rows = [sum(counts[:9]), sum(counts[:4]), sum(counts[:5]) + 1]
+    torch.testing.assert_close(got_states, states[rows], rtol=0, atol=1e-5)
+
+
+def test_a_batch_reads_only_its_own_rows(straight, monkeypatch):
+    store = FeatureStore(straight)
+    read = []
+    preadv = os.preadv
+
+    def counting_preadv(fd, buffers, offset):
+        read.append(sum(memoryview(b).nbytes for b in buffers))
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counting_preadv)
+    moments, states = store.read([1, 8, 6], torch.tensor([0.2, 0.7, 0.9]))
+    per_image = 2 * 8 + moments[0].numel() * 4 + states[0].numel() * 4  # 2 caption offsets, moments, 1 text state
+    assert sum(read) == 3 * per_image and len(read) == 9
+
+
+def test_a_killed_extraction_resumes_at_its_first_incomplete_shard(tmp_path, straight, dataset, pipe):
+    dataset.save_to_disk(tmp_path / "data")
+    pipe.save_pretrained(tmp_path / "pipe")
+    path = tmp_path / "store"
+    # SIGKILL in the 4th VAE call: shard 0 (calls 1, 2) is complete, shard 1 (calls 3, 4) is half written.
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXTRACTION, str(tmp_path), "4"], env=ENV, capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert sorted(p.name for p in path.iterdir()) == [shard_name(0), shard_name(1) + ".tmp"]
+
+    calls = []
+    encode = pipe.vae.encode
+    pipe.vae.encode = lambda pixels: calls.append(len(pixels)) or encode(pixels)
+    try:
+        extract(path, dataset, pipe)
+    finally:
+        del pipe.vae.encode
+    assert calls == [2, 2, 2]  # shard 1 (images 4-7) and shard 2 (images 8, 9): shard 0 is not extracted again
+    assert sorted(store_files(path)) == sorted(store_files(straight))
+    assert (path / "manifest.json").read_text() == (straight / "manifest.json").read_text()
+    for shard in range(3):  # shard 0 from the killed process, whose thread count differs: equal to rounding
+        got, expected = load_file(path / shard_name(shard)), load_file(straight / shard_name(shard))
+        assert got.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6, msg=name)
+
+
+# Extract the store of tmp/data with tmp/pipe's components into tmp/store, SIGKILLed in VAE call number argv[2].
+KILLED_EXTRACTION = """
+import os, signal, sys
+from pathlib import Path
+from types import SimpleNamespace
+import datasets
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.training import extract_features
+
+tmp, kill_at = Path(sys.argv[1]), int(sys.argv[2])
+pipe = LMLPPipeline.from_pretrained(tmp / "pipe")
+encode, calls = pipe.vae.encode, []
+
+
+def encode_then_die(pixels):
+    calls.append(1)
+    if len(calls) == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return encode(pixels)
+
+
+pipe.vae.encode = encode_then_die
+extract_features(
+    tmp / "store", datasets.load_from_disk(tmp / "data"), image_column="image", caption_column="text",
+    resolution=16, tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, shard_size=4, batch_size=2,
+)
+"""
+
+
+def test_each_process_writes_its_own_shards_and_the_main_process_the_manifest(tmp_path, straight, dataset, pipe):
+    path, barriers = tmp_path / "store", []
+    extract(path, dataset, pipe, process_index=1, num_processes=2, wait_for_everyone=lambda: barriers.append(1))
+    assert sorted(p.name for p in path.iterdir()) == [shard_name(1)]  # shards 1, 3, …; no manifest
+    extract(path, dataset, pipe, process_index=0, num_processes=2, wait_for_everyone=lambda: barriers.append(0))
+    assert barriers == [1, 1, 0, 0]  # all wait before the manifest and after it
+    assert store_files(path) == store_files(straight)
+
+
+def test_two_workers_decode_the_images_of_the_extraction_alike(tmp_path, straight, dataset, pipe):
+    extract(tmp_path / "store", dataset, pipe, num_workers=2)
+    assert store_files(tmp_path / "store") == store_files(straight)
+
+
+def test_float16_text_states_take_half_the_bytes_and_read_back_close(tmp_path, straight, dataset, pipe):
+    extract(tmp_path / "store", dataset, pipe, text_dtype="float16")
+    half, full = load_file(tmp_path / "store" / shard_name(0)), load_file(straight / shard_name(0))
+    assert half["text_states"].dtype == torch.float16 and half["moments"].dtype == torch.float32
+    assert half["text_states"].nbytes * 2 == full["text_states"].nbytes
+    torch.testing.assert_close(half["moments"], full["moments"], rtol=0, atol=0)
+    torch.testing.assert_close(half["text_states"].float(), full["text_states"], rtol=1e-3, atol=1e-3)
+    _, states = FeatureStore(tmp_path / "store").read([3], torch.tensor([0.0]))
+    assert states.dtype == torch.float16
+
+
+def test_the_key_changes_with_the_data_the_resolution_and_the_dtype(dataset, pipe):
+    def key(data=dataset, **changes):
+        arguments = dict(image_column="image", caption_column="text", resolution=16, text_dtype="float32")
+        components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+        return feature_store_key(data, **{**arguments, **changes}, **components)
+
+    assert key() == key()
+    others = [key(dataset.select(range(9))), key(resolution=32), key(text_dtype="float16"), key(caption_column="c")]
+    assert len({key(), *others}) == 5
+
+
+def test_a_store_without_its_manifest_is_refused_with_the_fix(tmp_path, straight):
+    shutil.copytree(straight, tmp_path / "store")
+    (tmp_path / "store" / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match="manifest.json is missing.*a file system that every process sees"):
+        FeatureStore(tmp_path / "store")
+    (tmp_path / "store" / shard_name(1)).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{shard_name(1)} is missing after the extraction.*--cache_dir"):
+        write_manifest(tmp_path / "store", num_images=10, shard_size=4, text_dtype="float32")
+
+
+def test_open_extracts_once_then_reads(tmp_path, dataset, pipe, caplog):
+    components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+    arguments = dict(image_column="image", caption_column="text", resolution=16, shard_size=4, **components)
+    with caplog.at_level("INFO"):
+        first = open_feature_store(tmp_path / "store", dataset, **arguments)
+        second = open_feature_store(tmp_path / "store", dataset, **arguments)
+    assert len(first) == len(second) == 10 and first.num_captions == 19
+    assert [r.message for r in caplog.records].count(f"building the feature cache {tmp_path / 'store'}") == 1
+
+
+# ----------------------------------------------------------------------------------------- the training script
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("workers"))
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script()
+
+
+@pytest.mark.parametrize("cache", ["--cache_features", "--no-cache_features"])
+def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(workspace, script, monkeypatch, cache):
+    name = cache.strip("-")
+    steps = ["--max_train_steps", "4", "--checkpointing_steps", "2", cache]
+    script.main(in_process_args(workspace, workspace / f"{name}-straight", *steps, "--dataloader_num_workers", "0"))
+
+    resumed = workspace / f"{name}-resumed"
+    shutil.copytree(workspace / f"{name}-straight" / "checkpoint-2", resumed / "checkpoint-2")
+    pids = workspace / f"{name}-pids"
+    load = script.BatchReader.load
+
+    def recording_load(self, positions, generator):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return load(self, positions, generator)
+
+    monkeypatch.setattr(script.BatchReader, "load", recording_load)
+    args = in_process_args(workspace, resumed, *steps, "--dataloader_num_workers", "2")
+    script.main([*args, "--resume_from_checkpoint", "latest"])
+    readers = pids.read_text().split()
+    assert len(readers) == 2 and len(set(readers)) == 2 and str(os.getpid()) not in readers  # steps 3, 4: 2 workers
+    straight, got = weights(workspace / f"{name}-straight"), weights(resumed)
+    for key in straight:
+        torch.testing.assert_close(got[key], straight[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, monkeypatch):
+    def args(out: str, *extra: str) -> list[str]:
+        return [
+            "--pretrained_model_name_or_path", str(workspace / "tiny"), "--dataset_name", str(workspace / "data"),
+            "--streaming", "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir",
+            str(workspace / out), "--cache_dir", str(workspace / "cache"), "--max_train_steps", "8",
+            "--checkpointing_steps", "3", *extra,
+        ]  # fmt: skip
+
+    script.main(args("stream-straight"))
+    shutil.copytree(workspace / "stream-straight" / "checkpoint-3", workspace / "stream-resumed" / "checkpoint-3")
+    pids = workspace / "stream-pids"
+    next_records = script.BatchReader._next_records
+
+    def recording_next_records(self, count):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return next_records(self, count)
+
+    monkeypatch.setattr(script.BatchReader, "_next_records", recording_next_records)
+    script.main(args("stream-resumed", "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest"))
+    readers = set(pids.read_text().split())
+    assert len(readers) == 1 and str(os.getpid()) not in readers  # one worker reads the stream, in order
+    straight, got = weights(workspace / "stream-straight"), weights(workspace / "stream-resumed")
+    for key in straight:  # 12 samples skipped, then 5 more steps through the epoch boundary, as without workers
+        torch.testing.assert_close(got[key], straight[key], rtol=0, atol=0, msg=key)
+
+
+def test_an_empty_stream_is_an_error_not_an_endless_wait(script):
+    def nothing():
+        yield from ()
+
+    empty = datasets.IterableDataset.from_generator(
+        nothing, features=datasets.Features({"text": datasets.Value("string")})
+    )
+    args = SimpleNamespace(seed=0, train_batch_size=2, gradient_accumulation_steps=1, streaming=True)
+    with pytest.raises(ValueError, match="the stream of process 0 is empty"):
+        script.BatchReader(args, empty, None, 0, 1, 0)._next_records(2)
+
+
+def test_float16_storage_trains_like_float32(workspace, script):
+    runs = {}
+    for dtype in ("float32", "float16"):
+        out = workspace / f"fp-{dtype}"
+        script.main(in_process_args(workspace, out, "--max_train_steps", "5", "--cache_features",
+                                    "--cache_text_dtype", dtype))  # fmt: skip
+        runs[dtype] = weights(out)
+    initial = build_tiny_pipeline().transformer.state_dict()  # the workspace's "tiny" pipeline, before training
+    moved = sum(float((runs["float32"][k] - initial[k]).norm() ** 2) for k in initial) ** 0.5
+    apart = sum(float((runs["float16"][k] - runs["float32"][k]).norm() ** 2) for k in initial) ** 0.5
+    assert 0 < apart < 0.01 * moved  # float16 text states: a trace of the change 5 steps of training make
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dataloader_num_workers", "-1"], "--dataloader_num_workers must be >= 0"),
+        (["--no-cache_features", "--cache_text_dtype", "float16"], "--cache_text_dtype is how --cache_features"),
+    ],
+)
+def test_bad_loading_arguments_fail_at_start_up(script, extra, message, capsys):
+    with pytest.raises(SystemExit):
+        script.parse_args(extra)
+    assert message in capsys.readouterr().err
