@@ -22,7 +22,8 @@ extras = {
     "space": ["gradio>=6"],
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
-    "test": ["pytest>=8", "ruff", "peft>=0.18", "tensorboard", "gradio>=6", "gradio_client", "playwright"],
+    # wandb: the test that validation images reach wandb runs it offline (no account, nothing sent).
+    "test": ["pytest>=8", "ruff", "peft>=0.18", "tensorboard", "wandb", "gradio>=6", "gradio_client", "playwright"],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
 
