@@ -184,7 +184,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how the feature store keeps the text states (default: float32); float16 halves the store's size, the "
         "VAE moments stay float32",
     )  # fmt: skip
-    data.add_argument("--cache_dir", help="where datasets and features are cached (default: <output_dir>/../.cache)")
+    data.add_argument(
+        "--cache_dir",
+        help="where datasets and the feature store are kept (default: <output_dir>/../.lmlp-cache); on several "
+        "machines, a folder that all of them see",
+    )  # fmt: skip
     data.add_argument(
         "--dataloader_num_workers", type=int, default=0,
         help="worker processes that read the feature store (or decode and crop the images) ahead of the training "
@@ -1317,64 +1321,68 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     )
     prompts = default_validation_prompts(args)
     start_time = time.perf_counter()
-    while global_step < args.max_train_steps:
-        # The samples and noise of one optimizer step, for this process, drawn before the micro-batches split them.
-        latents, text_states, generator = next(batches)  # read ahead by the data loader's workers
-        latents, text_states = latents.to(accelerator.device), text_states.to(accelerator.device)
-        noise = torch.randn(latents.shape, generator=generator).to(latents)
-        if args.noise_offset:
-            noise += args.noise_offset * torch.randn(latents.shape[:2] + (1, 1), generator=generator).to(latents)
-        timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (per_step,), generator=generator)
-        noisy = noise_scheduler.add_noise(latents, noise, timesteps)
+    try:
+        while global_step < args.max_train_steps:
+            # The samples and noise of one optimizer step, for this process, drawn before the micro-batches split them.
+            latents, text_states, generator = next(batches)  # read ahead by the data loader's workers
+            latents, text_states = latents.to(accelerator.device), text_states.to(accelerator.device)
+            noise = torch.randn(latents.shape, generator=generator).to(latents)
+            if args.noise_offset:
+                noise += args.noise_offset * torch.randn(latents.shape[:2] + (1, 1), generator=generator).to(latents)
+            timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (per_step,), generator=generator)
+            noisy = noise_scheduler.add_noise(latents, noise, timesteps)
 
-        step_loss = torch.zeros((), device=accelerator.device)
-        for start in range(0, per_step, micro):
-            part = slice(start, start + micro)
-            with accelerator.accumulate(model):
-                out = model(
-                    noisy[part],
-                    text_states[part],
-                    timesteps[part].to(accelerator.device),
-                    **({"output_router_probs": True} if args.load_balance_weight else {}),
-                )
-                mse = F.mse_loss(out.sample.float(), noise[part].float(), reduction="none").mean(dim=(1, 2, 3))
-                if args.snr_gamma is not None:
-                    snr = compute_snr(noise_scheduler, timesteps[part])
-                    mse = mse * torch.clamp(snr, max=args.snr_gamma).to(mse) / snr.to(mse)
-                loss = mse.mean()
-                if args.load_balance_weight:
-                    loss = loss + load_balancing_loss(out.router_probs, weight=args.load_balance_weight)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:  # the norm is logged; it is clipped only with --max_grad_norm
-                    max_norm = args.max_grad_norm if args.max_grad_norm is not None else math.inf
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-            step_loss += loss.detach() / args.gradient_accumulation_steps
+            step_loss = torch.zeros((), device=accelerator.device)
+            for start in range(0, per_step, micro):
+                part = slice(start, start + micro)
+                with accelerator.accumulate(model):
+                    out = model(
+                        noisy[part],
+                        text_states[part],
+                        timesteps[part].to(accelerator.device),
+                        **({"output_router_probs": True} if args.load_balance_weight else {}),
+                    )
+                    mse = F.mse_loss(out.sample.float(), noise[part].float(), reduction="none").mean(dim=(1, 2, 3))
+                    if args.snr_gamma is not None:
+                        snr = compute_snr(noise_scheduler, timesteps[part])
+                        mse = mse * torch.clamp(snr, max=args.snr_gamma).to(mse) / snr.to(mse)
+                    loss = mse.mean()
+                    if args.load_balance_weight:
+                        loss = loss + load_balancing_loss(out.router_probs, weight=args.load_balance_weight)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:  # the norm is logged; it is clipped only with --max_grad_norm
+                        max_norm = args.max_grad_norm if args.max_grad_norm is not None else math.inf
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+                    optimizer.step()
+                    lr_scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                step_loss += loss.detach() / args.gradient_accumulation_steps
 
-        global_step += 1
-        if ema is not None:
-            ema.step(model.parameters())
-        logs = {
-            "loss": accelerator.gather(step_loss).mean().item(),
-            "lr": lr_scheduler.get_last_lr()[0],
-            "grad_norm": float(grad_norm),
-        }
-        progress.update(1)
-        progress.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}")
-        accelerator.log(logs, step=global_step)
+            global_step += 1
+            if ema is not None:
+                ema.step(model.parameters())
+            logs = {
+                "loss": accelerator.gather(step_loss).mean().item(),
+                "lr": lr_scheduler.get_last_lr()[0],
+                "grad_norm": float(grad_norm),
+            }
+            progress.update(1)
+            progress.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}")
+            accelerator.log(logs, step=global_step)
 
-        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
-            if accelerator.is_main_process:
-                seconds = seconds_before + time.perf_counter() - start_time
-                saved = save_checkpoint(accelerator, output_dir, global_step, args.checkpoints_total_limit, seconds)
-                logger.info(f"saved {saved}")
-            accelerator.wait_for_everyone()
-        if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
-            validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
-    batches.close()  # the data loader's workers exit now, not when the pipeline is saved
-    progress.close()
+            if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
+                if accelerator.is_main_process:
+                    seconds = seconds_before + time.perf_counter() - start_time
+                    saved = save_checkpoint(
+                        accelerator, output_dir, global_step, args.checkpoints_total_limit, seconds
+                    )
+                    logger.info(f"saved {saved}")
+                accelerator.wait_for_everyone()
+            if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
+                validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
+    finally:  # also when a step fails: the workers exit and the bar is closed now, not at interpreter exit
+        batches.close()
+        progress.close()
     train_seconds = seconds_before + time.perf_counter() - start_time  # over every segment of a resumed run
 
     accelerator.wait_for_everyone()

@@ -1,5 +1,6 @@
 """The on-disk feature store (`diffusers_lmlp.training.features`) and the training script's data-loading workers."""
 
+import errno
 import json
 import os
 import shutil
@@ -9,8 +10,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import accelerate
 import datasets
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image
@@ -281,6 +284,20 @@ def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(work
     straight, got = weights(workspace / f"{name}-straight"), weights(resumed)
     for key in straight:
         torch.testing.assert_close(got[key], straight[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_run_that_fails_mid_training_leaves_no_worker_processes(workspace, script, monkeypatch):
+    def full_disk(output_dir, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(output_dir))
+
+    monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state", full_disk)  # the first checkpoint fails
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    args = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--dataloader_num_workers", "2"]
+    with pytest.raises(SystemExit, match="no space left on the device") as failure:
+        script.main(in_process_args(workspace, workspace / "fails", *args))
+    # The failure is still held (its traceback, as a caller's handler would hold it), and the workers are gone.
+    assert failure.value is not None
+    assert [child for child in psutil.Process().children(recursive=True) if child.pid not in before] == []
 
 
 def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, monkeypatch):

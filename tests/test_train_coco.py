@@ -8,14 +8,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from coco_fixture import CLIP_TEXT_WIDTH, write_coco2014, write_hub_cache
+from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_coco2014, write_hub_cache
 from processes import run_bounded
 from test_feature_store import write_store
+from test_pipeline_loading import fill_hub_cache
 from test_train_checkpoints import KILL_DURING_WRITE
 from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, weights
 
@@ -37,11 +39,23 @@ TINY = [
     "--train_batch_size", "2", "--lr_warmup_steps", "0", "--report_to", "none",
 ]  # fmt: skip
 STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
+REPOS = (SD_REPO, CLIP_REPO)
 
 
-def readme_command(gpus: int) -> list[str]:
-    """The README's COCO command for `gpus` GPUs, as argv with `accelerate` run by this Python."""
-    [command] = [c for c in COCO_COMMANDS if ("--multi_gpu" in c) == (gpus > 1)]
+# Which README COCO command is which.
+SETUPS = {
+    "1 GPU": lambda command: "--multi_gpu" not in command,
+    "8 GPUs": lambda command: "--multi_gpu" in command and "--num_machines" not in command,
+    "2 machines": lambda command: "--num_machines" in command,
+}
+
+
+def readme_command(setup: str, **values: str) -> list[str]:
+    """The README's COCO command for `setup` (a `SETUPS` key), as argv with `accelerate` run by this Python, its
+    `$NAME`s replaced by `values`."""
+    [command] = [c for c in COCO_COMMANDS if SETUPS[setup](c)]
+    for name, value in values.items():
+        command = command.replace(f"${name}", value)
     argv = shlex.split(command)
     assert argv[:2] == ["accelerate", "launch"], command
     argv[argv.index("examples/train_text_to_image.py")] = str(SCRIPT)
@@ -69,14 +83,16 @@ def run(world, command: list[str], *extra: str, env: dict | None = None) -> subp
 @pytest.fixture(scope="module")
 def straight(world) -> Path:
     """The README's 1-GPU command (32 per step × 8 accumulation steps, here 2 × 8), 4 steps, checkpoints at 2, 4."""
-    result = run(world, readme_command(1), *TINY, *STEPS, "--output_dir", "straight")
+    result = run(world, readme_command("1 GPU"), *TINY, *STEPS, "--output_dir", "straight")
     assert "24 images ready" in result.stderr  # one sample per train2014 image, not per caption
     return world.root / "straight"
 
 
 def test_readme_has_the_coco_commands():
-    assert len(COCO_COMMANDS) == 2, COCO_COMMANDS
-    assert all("--train_data_dir coco2014" in command for command in COCO_COMMANDS)
+    assert len(COCO_COMMANDS) == 3, COCO_COMMANDS
+    for setup in ("1 GPU", "8 GPUs", "2 machines"):
+        assert "--train_data_dir" in readme_command(setup, MACHINE_RANK="0", HEAD_IP="10.0.0.1")
+    assert "$" not in " ".join(readme_command("2 machines", MACHINE_RANK="0", HEAD_IP="10.0.0.1"))
 
 
 def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(straight):
@@ -99,7 +115,7 @@ def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(st
 
 def test_gradient_accumulation_matches_the_large_batch(world, straight):
     big = world.root / "big"
-    run(world, readme_command(1), *TINY, *STEPS, "--output_dir", "big", "--gradient_accumulation_steps", "1",
+    run(world, readme_command("1 GPU"), *TINY, *STEPS, "--output_dir", "big", "--gradient_accumulation_steps", "1",
         "--train_batch_size", "16")  # fmt: skip
     accumulated, large = weights(straight / "checkpoint-4"), weights(big / "checkpoint-4")
     initial = weights(straight / "checkpoint-2")
@@ -110,12 +126,12 @@ def test_gradient_accumulation_matches_the_large_batch(world, straight):
 
 def test_sigkill_then_resume_equals_the_uninterrupted_run(world, straight):
     # SIGKILL while checkpoint-4 is being written: checkpoint-2 is the latest complete one.
-    command = [sys.executable, "-c", KILL_DURING_WRITE, "4", str(SCRIPT), *readme_command(1)[4:]]
+    command = [sys.executable, "-c", KILL_DURING_WRITE, "4", str(SCRIPT), *readme_command("1 GPU")[4:]]
     args = [*TINY, *STEPS, "--output_dir", "killed"]
     killed = subprocess.run([*command, *args], cwd=world.root, env=world.env, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert not (world.root / "killed" / "checkpoint-4").exists()
-    result = run(world, readme_command(1), *args, "--resume_from_checkpoint", "latest")
+    result = run(world, readme_command("1 GPU"), *args, "--resume_from_checkpoint", "latest")
     assert "at step 2" in result.stderr
     for folder in ("checkpoint-4", "."):  # the raw weights and the saved pipeline's EMA weights
         expected, resumed = weights(straight / folder), weights(world.root / "killed" / folder)
@@ -128,16 +144,44 @@ def test_component_folders_downloaded_like_the_repos_load_without_the_cache(worl
     # `hf download CompVis/stable-diffusion-v1-4 --local-dir ...` and the same for CLIP: local folders, no Hub cache.
     env = {**world.env, "HF_HUB_CACHE": str(world.root / "empty-cache")}
     repos = world.root / "hf" / "repos"
-    run(world, readme_command(1), *TINY, "--max_train_steps", "1", "--output_dir", "local", "--pretrained_vae",
+    run(world, readme_command("1 GPU"), *TINY, "--max_train_steps", "1", "--output_dir", "local", "--pretrained_vae",
         str(repos / "CompVis" / "stable-diffusion-v1-4"), "--pretrained_text_encoder",
         str(repos / "openai" / "clip-vit-large-patch14"), env=env)  # fmt: skip
     assert not (world.root / "empty-cache").exists() or not any((world.root / "empty-cache").iterdir())
     assert LMLPPipeline.from_pretrained(world.root / "local").vae.config.scaling_factor == pytest.approx(0.23010)
 
 
+def test_readme_downloads_are_the_files_the_run_reads(world, tmp_path):
+    # The README's offline preparation: `hf download <repo> <files>`. The files it names, and no others, are put in a
+    # fresh HF cache; the download lines then run as written (offline, from that cache), and the 1-GPU command trains.
+    downloads = [
+        shlex.split(line.split("#", 1)[0])
+        for block in BASH_BLOCKS
+        for line in block.splitlines()
+        if line.startswith("hf download ")
+    ]
+    assert sorted(argv[2] for argv in downloads) == sorted(REPOS), downloads
+    cache = tmp_path / "hub"
+    for argv in downloads:
+        repo, files = argv[2], argv[3:]
+        folder = tmp_path / "listed" / repo
+        for name in files:
+            source = world.root / "hf" / "repos" / repo / name
+            assert source.is_file(), f"the README downloads {name} from {repo}, which the repo has no file of"
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, folder / name)
+        fill_hub_cache(folder, cache, repo)
+    env = {**world.env, "HF_HUB_CACHE": str(cache)}
+    for argv in downloads:
+        result = subprocess.run(argv, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, f"{shlex.join(argv)}:\n{result.stderr}"
+    run(world, readme_command("1 GPU"), *TINY, "--max_train_steps", "1", "--output_dir", "downloaded", env=env)
+    assert LMLPPipeline.from_pretrained(world.root / "downloaded").text_encoder.config.hidden_size == CLIP_TEXT_WIDTH
+
+
 def test_two_cpu_processes_train_together(world):
     # The README's multi-GPU command on 2 CPU processes, with ACCELERATE_USE_CPU=1 as its CPU line documents.
-    command = readme_command(8)
+    command = readme_command("8 GPUs")
     command[command.index("--num_processes") + 1] = "2"
     command[3:3] = ["--main_process_port", str(free_port())]
     run(world, command, *TINY, "--max_train_steps", "2", "--output_dir", "ddp", env={**world.env,
@@ -145,6 +189,32 @@ def test_two_cpu_processes_train_together(world):
     summary = json.loads((world.root / "ddp" / "training_summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["ranks_in_sync"] is True
     assert (world.root / "ddp" / "checkpoint-2").is_dir()
+
+
+def test_two_machines_command_trains_as_one_run(world):
+    # The README's several-machines command as 2 "machines" of 1 CPU process each on this host (the head at
+    # 127.0.0.1), its shared file system a local folder.
+    shared, port = world.root / "shared", str(free_port())
+    commands = []
+    for rank in ("0", "1"):
+        command = readme_command("2 machines", MACHINE_RANK=rank, HEAD_IP="127.0.0.1")
+        command[command.index("--num_processes") + 1] = "2"
+        command[command.index("--main_process_port") + 1] = port
+        command = [arg.replace("/shared/coco2014", str(world.root / "coco2014")) for arg in command]
+        commands.append([arg.replace("/shared/", f"{shared}/") for arg in command])
+    env = {**world.env, "ACCELERATE_USE_CPU": "1"}
+    with ThreadPoolExecutor(2) as pool:
+        machines = [
+            pool.submit(run_bounded, [*command, *TINY, "--max_train_steps", "2"], cwd=world.root, env=env, timeout=300)
+            for command in commands
+        ]
+        results = [machine.result() for machine in machines]
+    for rank, result in enumerate(results):
+        assert result.returncode == 0, f"machine {rank}:\n{result.stderr[-5000:]}"
+    summary = json.loads((shared / "lmlp-coco-f2" / "training_summary.json").read_text())
+    assert summary["num_processes"] == 2 and summary["ranks_in_sync"] is True
+    assert (shared / "lmlp-coco-f2" / "checkpoint-2").is_dir()
+    assert len(list((shared / "lmlp-cache" / "features").glob("*/manifest.json"))) == 1
 
 
 # ------------------------------------------------------------------------------------------ the COCO reader
