@@ -1,5 +1,5 @@
-"""Training as library code: reading the data (`data`) and the on-disk feature store (`features`); the example script
-is a thin entry point over them."""
+"""Training as library code: reading the data (`data`) and the on-disk feature store (`features`), used by
+examples/train_text_to_image.py (which still holds the training loop and the checkpoints)."""
 
 from .data import DATA_LAYOUTS, captions_of, load_coco2014, load_training_data, preprocess_image
 from .features import (
