@@ -60,6 +60,7 @@ from diffusers_lmlp.training import (
     captions_of,
     encode_text,
     feature_store_key,
+    fsync_tree,
     load_training_data,
     open_feature_store,
     preprocess_image,
@@ -1022,21 +1023,6 @@ def disk_full(error: Exception, folder: Path) -> bool:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     return shutil.disk_usage(folder).free < 2**20
-
-
-def fsync_tree(folder: Path, recursive: bool = True) -> None:
-    """Flush a folder (and with `recursive`, everything in it) to disk, so that a rename never publishes lost data.
-
-    Args:
-        folder (`Path`): The folder.
-        recursive (`bool`, *optional*, defaults to `True`): Also flush the files and folders inside it.
-    """
-    for path in [*(folder.rglob("*") if recursive else []), folder]:
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
 
 
 def prune_checkpoints(output_dir: Path, step: int, limit: int | None) -> None:

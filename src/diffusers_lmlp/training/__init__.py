@@ -1,7 +1,8 @@
-"""Training as library code: reading the data (`data`) and the on-disk feature store (`features`), used by
-examples/train_text_to_image.py (which still holds the training loop and the checkpoints)."""
+"""Training as library code: reading the data (`data`), the on-disk feature store (`features`) and durable writes
+(`durable`), used by examples/train_text_to_image.py (which still holds the training loop and the checkpoints)."""
 
 from .data import DATA_LAYOUTS, captions_of, load_coco2014, load_training_data, preprocess_image
+from .durable import fsync_tree
 from .features import (
     TEXT_DTYPES,
     FeatureStore,
@@ -20,6 +21,7 @@ __all__ = [
     "encode_text",
     "extract_features",
     "feature_store_key",
+    "fsync_tree",
     "load_coco2014",
     "load_training_data",
     "open_feature_store",

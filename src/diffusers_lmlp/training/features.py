@@ -57,6 +57,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import captions_of, preprocess_image
+from .durable import fsync_tree
 
 
 logger = logging.getLogger(__name__)
@@ -200,20 +201,7 @@ class ShardWriter:
         os.fsync(self.fd)
         os.close(self.fd)
         os.replace(self.tmp, self.path)
-        fsync_folder(self.path.parent)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable.
-
-    Args:
-        folder (`Path`): The folder.
-    """
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_tree(self.path.parent, recursive=False)
 
 
 class ShardBatches(torch.utils.data.Dataset):
@@ -425,7 +413,7 @@ def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: 
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path / MANIFEST)
-    fsync_folder(path)
+    fsync_tree(path, recursive=False)
 
 
 def open_feature_store(
