@@ -23,7 +23,18 @@ extras = {
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
     # wandb: the test that validation images reach wandb runs it offline (no account, nothing sent).
-    "test": ["pytest>=8", "ruff", "peft>=0.18", "tensorboard", "wandb", "gradio>=6", "gradio_client", "playwright"],
+    # torchmetrics: the independent reference the FID and CLIP score tests compare with.
+    "test": [
+        "pytest>=8",
+        "ruff",
+        "peft>=0.18",
+        "tensorboard",
+        "wandb",
+        "gradio>=6",
+        "gradio_client",
+        "playwright",
+        "torchmetrics",
+    ],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
 
@@ -48,6 +59,7 @@ setup(
             "shapes/assets/*/*.png",
         ]
     },
+    entry_points={"console_scripts": ["diffusers-lmlp-evaluate = diffusers_lmlp.evaluation.__main__:main"]},
     python_requires=">=3.11",
     install_requires=install_requires,
     extras_require=extras,

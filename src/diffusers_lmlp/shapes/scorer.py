@@ -104,7 +104,15 @@ def score_images(images, captions: list[str]) -> dict[str, float]:
     """
     if len(images) != len(captions) or not captions:
         raise ValueError(f"Pass one caption per image (got {len(images)} images and {len(captions)} captions).")
-    results = [score_image(image, caption) for image, caption in zip(images, captions)]
+    return accuracies([score_image(image, caption) for image, caption in zip(images, captions)])
+
+
+def accuracies(results: list[dict[str, bool]]) -> dict[str, float]:
+    """Accuracy of each attribute over `score_image` results, plus "colour+position" (both right) and "all".
+
+    Args:
+        results (`list[dict[str, bool]]`): One `score_image` result per image.
+    """
     scores = {key: float(np.mean([r[key] for r in results])) for key in results[0]}
     scores["colour+position"] = float(np.mean([r["colour"] and r["position"] for r in results]))
     scores["all"] = float(np.mean([all(r.values()) for r in results]))

@@ -169,6 +169,19 @@ def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
     return captions
 
 
+def center_crop_resize(image: Image.Image, resolution: int) -> Image.Image:
+    """Centre-crop to a square on the short side and resize to `resolution` with Lanczos, as U-ViT prepares COCO.
+
+    Args:
+        image (`Image.Image`): Any PIL image (converted to RGB).
+        resolution (`int`): The side of the output.
+    """
+    image = image.convert("RGB")
+    side = min(image.size)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    return image.crop((left, top, left + side, top + side)).resize((resolution, resolution), Image.Resampling.LANCZOS)
+
+
 def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.Tensor:
     """Centre-crop to a square, resize to `resolution` (Lanczos, as the reference), map to [-1, 1].
 
@@ -180,10 +193,7 @@ def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.T
     Returns:
         `torch.Tensor`: (3, resolution, resolution).
     """
-    image = image.convert("RGB")
-    side = min(image.size)
-    left, top = (image.width - side) // 2, (image.height - side) // 2
-    image = image.crop((left, top, left + side, top + side)).resize((resolution, resolution), Image.Resampling.LANCZOS)
+    image = center_crop_resize(image, resolution)
     if flip:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 127.5 - 1.0)  # (H, W, 3)

@@ -1,0 +1,127 @@
+"""The captions an evaluation samples: COCO val2014's as the reference protocol draws them, a captions file, or the
+shapes world's."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..training.data import coco_captions
+
+
+COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
+# A source name → the shapes-world combinations it draws from.
+SHAPES_SOURCES = {"shapes": "all_specs", "shapes:train": "train_specs", "shapes:heldout": "held_out_specs"}
+DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000}
+
+
+def read_captions_file(path: str | Path, option: str = "--captions") -> list[str]:
+    """The captions of a text file: one per line, stripped; blank lines and `#` lines are skipped.
+
+    Args:
+        path (`str` or `Path`): The UTF-8 text file.
+        option (`str`, *optional*, defaults to `"--captions"`): The option that named it, for the messages.
+
+    Raises:
+        `ValueError`: For a file that is missing, a folder, unreadable, not UTF-8, or without any caption.
+    """
+    option = f"{option} {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{option}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{option} is a folder, not a text file of prompts") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{option} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
+    except OSError as error:
+        raise ValueError(f"{option}: cannot read it ({error.strerror})") from None
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if not lines:
+        raise ValueError(
+            f"{option} has no prompts: write one prompt per line (blank lines and lines starting with # are skipped)"
+        )
+    return lines
+
+
+def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) -> list[str]:
+    """COCO captions drawn as U-ViT's FID protocol draws them: the images in seeded shuffled passes (a new
+    permutation each pass, as a shuffled data loader over the 40,504 val2014 images), one random caption per draw.
+
+    Args:
+        annotations_file (`str` or `Path`): `captions_val2014.json` (from `annotations_trainval2014.zip`).
+        num_images (`int`): How many captions.
+        seed (`int`): Seed of the draw.
+    """
+    annotations_file = Path(annotations_file)
+    try:
+        coco = json.loads(annotations_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--captions {annotations_file}: not a readable COCO captions JSON file ({error})") from None
+    if not isinstance(coco, dict) or not {"images", "annotations"} <= coco.keys():
+        raise ValueError(f"{annotations_file} is not a COCO captions file: it needs 'images' and 'annotations' lists")
+    by_image = coco_captions(coco, annotations_file)
+    image_ids = sorted(by_image)
+    rng = np.random.default_rng(seed)
+    captions = []
+    while len(captions) < num_images:
+        for position in rng.permutation(len(image_ids))[: num_images - len(captions)]:
+            options = by_image[image_ids[position]]
+            captions.append(options[rng.integers(len(options))])
+    return captions
+
+
+def shapes_captions(source: str, num_images: int, seed: int) -> list[str]:
+    """Shapes-world captions, each combination of the source drawn evenly (±1) in a seeded order.
+
+    Args:
+        source (`str`): `"shapes"` (all 324 combinations), `"shapes:train"` or `"shapes:heldout"`.
+        num_images (`int`): How many captions.
+        seed (`int`): Seed of the order.
+    """
+    from ..shapes import world
+
+    specs = getattr(world, SHAPES_SOURCES[source])()
+    rng = np.random.default_rng(seed)
+    rounds = -(-num_images // len(specs))
+    order = np.concatenate([rng.permutation(len(specs)) for _ in range(rounds)])[:num_images]
+    return [specs[i].caption for i in order]
+
+
+def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> list[str]:
+    """The captions to sample for a source.
+
+    Args:
+        source (`str`): `"shapes"`, `"shapes:train"` or `"shapes:heldout"`; a COCO folder (holding
+            `annotations/captions_val2014.json`) or a COCO captions `.json`; or a text file, one caption per line.
+        num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (the papers' FID-30k), 1,000 for the
+            shapes world and every line once for a text file. A text file shorter than `num_images` is repeated.
+        seed (`int`, *optional*, defaults to 0): Seed of the COCO and shapes draws.
+
+    Raises:
+        `ValueError`: For a source that is none of these, or a non-positive `num_images`.
+    """
+    if num_images is not None and num_images < 1:
+        raise ValueError(f"The number of images must be positive; got {num_images}")
+    if source in SHAPES_SOURCES:
+        return shapes_captions(source, num_images or DEFAULT_NUM_IMAGES["shapes"], seed)
+    path = Path(source)
+    if path.is_dir():
+        if not (path / COCO_VAL_ANNOTATIONS).is_file():
+            raise ValueError(
+                f"--captions {source} is a folder without {COCO_VAL_ANNOTATIONS}: pass the COCO-2014 folder (unpacked "
+                "annotations_trainval2014.zip), a captions .json, a text file or one of "
+                f"{sorted(SHAPES_SOURCES)}"
+            )
+        path = path / COCO_VAL_ANNOTATIONS
+    if path.suffix == ".json":
+        return coco_fid_captions(path, num_images or DEFAULT_NUM_IMAGES["coco"], seed)
+    if not path.exists():
+        raise ValueError(
+            f"--captions {source}: no such file or folder; pass a COCO-2014 folder, a captions .json, a text file "
+            f"(one caption per line) or one of {sorted(SHAPES_SOURCES)}"
+        )
+    lines = read_captions_file(path)
+    num_images = num_images or len(lines)
+    return [lines[i % len(lines)] for i in range(num_images)]

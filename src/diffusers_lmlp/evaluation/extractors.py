@@ -1,0 +1,128 @@
+"""Feature networks for FID: the standard Inception network, the shapes world's network, or any module.
+
+A feature network maps a (B, 3, H, W) float batch of RGB images in [0, 1] to (B, D) features. It should have an
+int `num_features` (D) and a `name` for reports; a module without them is run once on a dummy batch to find D, and
+is named by its class.
+"""
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+
+INCEPTION = "inception"
+SHAPES = "shapes"
+INCEPTION_INSTALL = (
+    "FID with the standard Inception network needs torch-fidelity (`pip install torch-fidelity`; it brings "
+    "torchvision, so install the torchvision build that matches your torch). Without it no FID comparable with the "
+    "papers' can be computed; pass another feature network (`fid_extractor=<torch.nn.Module>`) for a different, "
+    "self-consistent FID."
+)
+
+
+class InceptionFeatures(nn.Module):
+    """The FID Inception network (TF's pt_inception-2015-12-05 weights), 2048-d pool features, as torch-fidelity
+    runs it: uint8 input, TensorFlow-1-compatible bilinear resize to 299 × 299, as in the papers' FID.
+
+    Args:
+        weights_path (`str`, *optional*): A local copy of `pt_inception-2015-12-05-6726825d.pth` for machines
+            without internet; torch-fidelity downloads it on first use otherwise.
+    """
+
+    num_features = 2048
+    name = "inception-v3-compat (torch-fidelity, pt_inception-2015-12-05)"
+
+    def __init__(self, weights_path: str | None = None):
+        super().__init__()
+        try:
+            from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+        except ImportError:
+            raise ImportError(INCEPTION_INSTALL) from None
+        try:
+            self.network = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], weights_path)
+        except OSError as error:  # includes urllib's URLError: no internet and no cached weights
+            raise OSError(
+                f"Could not load the FID Inception weights ({error}). torch-fidelity downloads "
+                "pt_inception-2015-12-05-6726825d.pth from GitHub on first use into torch's hub cache; on a machine "
+                "without internet copy that file there, or pass its path as `weights_path`."
+            ) from None
+        self.network.eval()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) images in [0, 1] → (B, 2048) features."""
+        pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8)  # exact for images that were uint8
+        (features,) = self.network(pixels)
+        return features
+
+
+def load_extractor(extractor: str | nn.Module) -> nn.Module:
+    """The feature network for a name (`"inception"`, `"shapes"`) or a module passed as is.
+
+    Args:
+        extractor (`str` or `nn.Module`): The name or the module.
+
+    Raises:
+        `ValueError`: For an unknown name. `ImportError`: For `"inception"` without torch-fidelity.
+    """
+    if isinstance(extractor, nn.Module):
+        return extractor.eval()
+    if extractor == INCEPTION:
+        return InceptionFeatures()
+    if extractor == SHAPES:
+        from .shapes_features import pretrained_shapes_features
+
+        return pretrained_shapes_features()
+    raise ValueError(
+        f"Unknown FID feature network {extractor!r}: use {INCEPTION!r} (the papers' FID), {SHAPES!r} (the shapes "
+        "world's offline network) or pass a torch.nn.Module"
+    )
+
+
+def extractor_name(extractor: nn.Module) -> str:
+    """The network's `name`, else its class name."""
+    return str(getattr(extractor, "name", type(extractor).__name__))
+
+
+def images_to_tensor(images: list[Image.Image]) -> torch.Tensor:
+    """RGB images of one size → a (B, 3, H, W) float32 batch in [0, 1].
+
+    Raises:
+        `ValueError`: When the images differ in size.
+    """
+    sizes = {image.size for image in images}
+    if len(sizes) != 1:
+        raise ValueError(f"The images of one batch must have one size; got {sorted(sizes)}")
+    pixels = np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) for image in images]) / 255.0
+    return torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous()  # (B, 3, H, W)
+
+
+@torch.no_grad()
+def feature_size(extractor: nn.Module, resolution: int) -> int:
+    """D: the network's `num_features`, else the width of its output for one black image of the given size."""
+    if isinstance(getattr(extractor, "num_features", None), int):
+        return extractor.num_features
+    return image_features(extractor, torch.zeros(1, 3, resolution, resolution)).shape[1]
+
+
+@torch.no_grad()
+def image_features(extractor: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Run the feature network on a batch, on its device.
+
+    Args:
+        extractor (`nn.Module`): The feature network.
+        images (`torch.Tensor`): (B, 3, H, W) in [0, 1].
+
+    Returns:
+        `torch.Tensor`: (B, D) float32 features on the CPU.
+    """
+    parameter = next(extractor.parameters(), None)
+    device = parameter.device if parameter is not None else images.device
+    features = extractor(images.to(device))
+    if not isinstance(features, torch.Tensor) or features.ndim != 2 or features.shape[0] != images.shape[0]:
+        shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+        raise ValueError(
+            f"The FID feature network {extractor_name(extractor)} returned {shape} for {images.shape[0]} images; it "
+            "must return a (batch, features) tensor"
+        )
+    return features.float().cpu()

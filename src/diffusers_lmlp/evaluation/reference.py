@@ -1,0 +1,115 @@
+"""FID reference statistics: a published `.npz`, or computed once from a folder of real images and cached."""
+
+import hashlib
+import json
+from pathlib import Path
+
+from huggingface_hub import constants
+from PIL import Image, UnidentifiedImageError
+from tqdm.auto import tqdm
+
+from ..training.data import center_crop_resize
+from .extractors import extractor_name, feature_size, image_features, images_to_tensor
+from .fid import FeatureMoments, FIDStatistics
+
+
+SHAPES_REFERENCE = "shapes"  # renders of the evaluated captions by the shapes world
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+
+
+def default_cache_dir() -> Path:
+    """`$HF_HOME/diffusers_lmlp/fid_stats`."""
+    return Path(constants.HF_HOME) / "diffusers_lmlp" / "fid_stats"
+
+
+def reference_statistics(
+    reference, extractor, resolution: int, *, processes, cache_dir=None, batch_size: int = 50, progress: bool = True
+) -> FIDStatistics:
+    """The statistics FID compares with, checked against the feature network.
+
+    Args:
+        reference (`str`, `Path` or `FIDStatistics`): An `.npz` of `mu` and `sigma`, or a folder of real images.
+        extractor (`torch.nn.Module`): The feature network.
+        resolution (`int`): The generated images' side: a folder's images are centre-cropped and resized to it.
+        processes (`Processes`): This process's share of the work.
+        cache_dir (`str` or `Path`, *optional*): Where a folder's statistics are cached; `default_cache_dir()`.
+        batch_size (`int`, *optional*, defaults to 50): Images per feature batch.
+        progress (`bool`, *optional*, defaults to `True`): Show a progress bar while a folder is read.
+
+    Raises:
+        `ValueError`: For a missing path, a folder without images, or statistics of another network.
+    """
+    name = extractor_name(extractor)
+    if isinstance(reference, FIDStatistics):
+        statistics, source = reference, "the given statistics"
+    else:
+        source = Path(reference)
+        if source.is_dir():
+            statistics = folder_statistics(source, extractor, resolution, processes, cache_dir, batch_size, progress)
+        else:
+            check_exists(source)
+            statistics = FIDStatistics.load(source)
+    if statistics.extractor is not None and statistics.extractor != name:
+        raise ValueError(
+            f"FID reference {source} was computed with {statistics.extractor}, not {name}: FID compares features "
+            "of one network; recompute the reference with this one or pass the matching network"
+        )
+    num_features = feature_size(extractor, resolution)
+    if statistics.mu.size != num_features:
+        raise ValueError(
+            f"FID reference {source} holds {statistics.mu.size}-d statistics, but {name} gives {num_features}-d "
+            "features: the reference must come from the same network (the papers' Inception pool features are 2048-d)"
+        )
+    return statistics
+
+
+def check_exists(reference) -> None:
+    """Fail early, before any model loads, for a reference path that does not exist.
+
+    Args:
+        reference: What `reference_statistics` takes.
+    """
+    if not isinstance(reference, FIDStatistics) and not Path(reference).exists():
+        raise ValueError(
+            f"FID reference {reference}: no such file or folder; pass an .npz of mu/sigma (such as U-ViT's "
+            f"fid_stats_mscoco256_val.npz), a folder of real images, or {SHAPES_REFERENCE!r} on the shapes world"
+        )
+
+
+def folder_statistics(
+    folder: Path, extractor, resolution, processes, cache_dir, batch_size, progress
+) -> FIDStatistics:
+    """The statistics of every image under a folder (recursively, sorted), centre-cropped and resized to
+    `resolution`; cached under a key of the network, the resolution and every file's path, size and mtime."""
+    files = sorted(path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
+    if len(files) < 2:
+        raise ValueError(
+            f"FID reference folder {folder} holds {len(files)} image(s) ({', '.join(sorted(IMAGE_SUFFIXES))}); "
+            "FID needs many real images (the papers use all 40,504 of COCO val2014)"
+        )
+    name = extractor_name(extractor)
+    listing = [(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
+    key = hashlib.sha256(json.dumps([name, resolution, listing]).encode()).hexdigest()[:16]
+    cache = Path(cache_dir or default_cache_dir()) / f"{folder.resolve().name}-{resolution}px-{key}.npz"
+    if cache.is_file():
+        return FIDStatistics.load(cache)
+    moments = FeatureMoments(feature_size(extractor, resolution))
+    batches = processes.batches(len(files), batch_size)
+    bar = tqdm(total=len(files), desc="reference", unit="img", disable=not progress or processes.index != 0)
+    for batch in batches:
+        images = []
+        for i in batch:
+            try:
+                with Image.open(files[i]) as image:
+                    images.append(center_crop_resize(image, resolution))
+            except (UnidentifiedImageError, OSError) as error:
+                raise ValueError(f"FID reference folder: cannot read {files[i]} as an image ({error})") from None
+        moments.update(image_features(extractor, images_to_tensor(images)))
+        bar.update(min(len(batch) * processes.count, bar.total - bar.n))
+    bar.close()
+    moments.reduce(processes.device)
+    statistics = moments.statistics(name)
+    if processes.index == 0:
+        statistics.save(cache)
+    processes.wait()
+    return statistics

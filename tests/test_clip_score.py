@@ -1,0 +1,327 @@
+"""CLIP score (`diffusers_lmlp.evaluation.clip_score`), offline, on tiny CLIP models in the real repo layout.
+
+The default id `openai/clip-vit-large-patch14` resolves from a pre-filled HF cache; the numbers are checked against
+torchmetrics' functional `clip_score` and `CLIPScore`, and the ranking on a tiny CLIP trained for a few seconds to
+match shapes-world images with their captions.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import huggingface_hub
+import numpy as np
+import pytest
+import torch
+from coco_fixture import CLIP_REPO
+from PIL import Image
+from test_pipeline_loading import fill_hub_cache
+from torchmetrics.functional.multimodal import clip_score
+from torchmetrics.multimodal import CLIPScore
+from transformers import CLIPConfig, CLIPModel, CLIPProcessor
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+from diffusers_lmlp.evaluation.clip_score import CLIPScorer
+from diffusers_lmlp.shapes.world import COLOURS, POSITIONS, SHAPES, SIZES, all_specs, render
+from diffusers_lmlp.tiny import tiny_clip_tokenizer
+
+
+IMAGE_SIZE = 32  # the tiny vision tower's input side (224 for the real L/14)
+# Whole-word tokens, in a fixed order (a set's order changes with the hash seed, and the token ids with it).
+WORDS = tuple(
+    dict.fromkeys(["a", "at", "the", "photo", "of", *COLOURS, *SHAPES, *SIZES, *" ".join(POSITIONS).split()])
+)
+CAPTIONS = ["a red circle", "a photo of a blue square", "the green triangle at the top", "a yellow shape", "a", "cat"]
+
+
+class TensorFeaturesCLIP(CLIPModel):
+    """`CLIPModel` whose `get_*_features` return the projected tensor, as torchmetrics 1.9 expects (transformers 5
+    returns a `BaseModelOutputWithPooling`; environment-notes §7)."""
+
+    def get_image_features(self, *args, **kwargs):
+        return super().get_image_features(*args, **kwargs).pooler_output
+
+    def get_text_features(self, *args, **kwargs):
+        return super().get_text_features(*args, **kwargs).pooler_output
+
+
+def write_tiny_clip(folder: Path, seed: int = 0) -> tuple[CLIPModel, CLIPProcessor]:
+    """Write a tiny CLIP in the layout of the `openai/clip-vit-large-patch14` repo and return it.
+
+    Files: `config.json`, `model.safetensors`, `preprocessor_config.json`, `vocab.json`, `merges.txt`,
+    `tokenizer.json`, `tokenizer_config.json`. Both towers are 32 wide with 2 layers, patch 8 on 32 px images, a
+    16-d projection, 77 text positions and a BPE vocabulary with whole-word tokens for `WORDS`.
+    """
+    tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=folder, words=WORDS)
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    tower = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2)
+    text_config = dict(
+        **tower,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=77,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CLIPModel(
+            CLIPConfig(
+                text_config=text_config,
+                vision_config=dict(**tower, image_size=IMAGE_SIZE, patch_size=8),
+                projection_dim=16,
+            )
+        )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    image_processor.save_pretrained(folder)
+    return model, CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
+
+
+def varied_images(count: int, seed: int = 0) -> list[Image.Image]:
+    """Random RGB images of varied sizes and aspect ratios (the processor resizes and centre-crops them)."""
+    rng = np.random.default_rng(seed)
+    sizes = [(int(rng.integers(20, 80)), int(rng.integers(20, 80))) for _ in range(count)]
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+
+
+def as_uint8_tensor(image: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1)  # (3, H, W) uint8, torchmetrics' image input
+
+
+@pytest.fixture(autouse=True)
+def no_unpickling(monkeypatch):
+    """Every load here must read safetensors only: `torch.load` (pickle) fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading unpickled a file with torch.load")
+
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one CPU thread, and much faster than on two on a busy machine."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("clip")
+    write_tiny_clip(folder)
+    return folder
+
+
+def use_hub_cache(cache: Path, monkeypatch) -> None:
+    """Point huggingface_hub at `cache`, offline. Its constants are read at import, so they are patched too."""
+    monkeypatch.setenv("HF_HOME", str(cache.parent))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HOME", str(cache.parent))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def hub_cache(clip_folder, tmp_path, monkeypatch) -> Path:
+    """An HF cache holding the tiny CLIP as `openai/clip-vit-large-patch14`, used offline."""
+    cache = tmp_path / "hf" / "hub"
+    fill_hub_cache(clip_folder, cache, CLIP_REPO)
+    use_hub_cache(cache, monkeypatch)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def scorer(clip_folder) -> CLIPScorer:
+    return CLIPScorer.from_pretrained(clip_folder)
+
+
+@pytest.fixture(scope="module")
+def trained_scorer(tmp_path_factory) -> CLIPScorer:
+    """The tiny CLIP trained contrastively (seeded, 100 steps, ~1 s) on shapes-world images against their captions."""
+    folder = tmp_path_factory.mktemp("trained-clip")
+    model, processor = write_tiny_clip(folder, seed=0)
+    specs = all_specs()
+    rng = np.random.default_rng(0)
+    pixel_values = processor.image_processor(images=[render(s, rng=rng) for s in specs], return_tensors="pt")
+    pixel_values = pixel_values["pixel_values"]  # (324, 3, 32, 32)
+    text = processor.tokenizer([s.caption for s in specs], padding=True, return_tensors="pt")  # (324, L)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for _ in range(100):
+            batch = torch.randperm(len(specs), generator=generator)[:32]
+            loss = model(
+                input_ids=text["input_ids"][batch],
+                attention_mask=text["attention_mask"][batch],
+                pixel_values=pixel_values[batch],
+                return_loss=True,
+            ).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.save_pretrained(folder)
+    return CLIPScorer.from_pretrained(folder)
+
+
+def test_the_default_id_loads_from_a_prefilled_hub_cache_offline(hub_cache, clip_folder):
+    scorer = CLIPScorer.from_pretrained()
+    assert scorer.name == CLIP_REPO == "openai/clip-vit-large-patch14"
+    assert not scorer.model.training and scorer.model.dtype == torch.float32
+    reference = CLIPModel.from_pretrained(clip_folder, use_safetensors=True)
+    for (name, loaded), expected in zip(scorer.model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(loaded, expected, rtol=0, atol=0, msg=name)
+    scores = scorer.score(varied_images(3), CAPTIONS[:3])
+    assert scores.shape == (3,) and scores.dtype == torch.float64 and scores.device.type == "cpu"
+    assert ((scores >= 0) & (scores <= 100)).all()
+
+
+def test_a_local_folder_loads_and_is_named_as_given(clip_folder):
+    for name_or_path in (clip_folder, str(clip_folder)):
+        scorer = CLIPScorer.from_pretrained(name_or_path, dtype=torch.float64)
+        assert scorer.name == str(clip_folder)
+        assert scorer.model.dtype == torch.float64
+        assert scorer.score(varied_images(2), CAPTIONS[:2]).shape == (2,)
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["as-saved", "negated-text-projection"])
+def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
+    # sign -1 negates every cosine, so that one of the two cases has negative ones and checks the clamp at 0.
+    model, reference = (
+        cls.from_pretrained(clip_folder, use_safetensors=True) for cls in (CLIPModel, TensorFeaturesCLIP)
+    )
+    processor = CLIPProcessor.from_pretrained(clip_folder)
+    with torch.no_grad():
+        model.text_projection.weight.mul_(sign)
+        reference.text_projection.weight.mul_(sign)
+    scorer = CLIPScorer(model, processor, name="tiny")
+
+    def load():
+        return reference.eval(), processor
+
+    images = varied_images(len(CAPTIONS))
+    tensors = [as_uint8_tensor(image) for image in images]  # torchmetrics' input: (3, H, W) uint8
+    scores = scorer.score(images, CAPTIONS, batch_size=4)  # (6,)
+    raw = scorer.score(images, CAPTIONS, batch_size=4, clamp=False)  # (6,) 100 · cos
+    assert (raw != 0).all()
+    torch.testing.assert_close(scores, raw.clamp(min=0), rtol=0, atol=0)
+
+    # torchmetrics clamps the mean, so one pair per call gives the per-pair score.
+    expected = torch.stack([clip_score(t, c, load).double() for t, c in zip(tensors, CAPTIONS)])
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-4)
+    # Over the set, torchmetrics' function and metric give max(mean(100 · cos), 0) ...
+    metric = CLIPScore(model_name_or_path=load)
+    metric.update(tensors[:4], CAPTIONS[:4])
+    metric.update(tensors[4:], CAPTIONS[4:])
+    for value in (clip_score(tensors, CAPTIONS, load), metric.compute()):
+        assert value.item() == pytest.approx(raw.mean().clamp(min=0).item(), abs=1e-4)
+        if (raw > 0).all() or (raw < 0).all():  # then that is the mean of the per-pair scores (or both are 0)
+            assert value.item() == pytest.approx(scores.mean().item(), abs=1e-4)
+
+
+def test_batch_size_does_not_change_the_scores(scorer):
+    images = varied_images(5, seed=1)
+    captions = CAPTIONS[:5]
+    torch.testing.assert_close(
+        scorer.score(images, captions, batch_size=2), scorer.score(images, captions), atol=1e-5, rtol=0
+    )
+
+
+def test_a_float_tensor_scores_as_its_8_bit_images(scorer):
+    images = torch.rand(3, 3, 40, 52, generator=torch.Generator().manual_seed(0))  # (N, 3, H, W) in [0, 1]
+    pixels = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
+    as_pil = [Image.fromarray(array) for array in pixels]
+    torch.testing.assert_close(scorer.score(images, CAPTIONS[:3]), scorer.score(as_pil, CAPTIONS[:3]), rtol=0, atol=0)
+
+
+def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(scorer):
+    rng = np.random.default_rng(0)
+    words = [str(w) for w in rng.choice(list(COLOURS) + list(SHAPES), size=200)]
+    assert len(scorer.processor.tokenizer.tokenize(" ".join(words))) == 200  # one token each
+    image = varied_images(1)
+    # 77 positions: bos, the first 75 words, eos. Later words cannot change the score; the 75th still does.
+    captions = [" ".join(words), " ".join(words[:75] + ["circle"] * 125), " ".join(words[:75]), " ".join(words[:74])]
+    scores = scorer.score(image * 4, captions)  # (4,)
+    torch.testing.assert_close(scores[:3], scores[:1].expand(3), rtol=0, atol=1e-4)  # padding: float noise only
+    assert abs(scores[3] - scores[0]) > 1e-2
+
+
+@pytest.mark.parametrize("wrong", ["shuffled", "recoloured"])
+def test_trained_clip_scores_matching_captions_above_wrong_ones(trained_scorer, wrong):
+    rng = np.random.default_rng(1)  # fresh renders: other jitter than in training
+    specs = [all_specs()[i] for i in rng.choice(len(all_specs()), size=36, replace=False)]
+    images = [render(spec, rng=rng) for spec in specs]
+    if wrong == "shuffled":  # each image gets the next one's caption (the specs are in random order)
+        others = specs[1:] + specs[:1]
+    else:  # its own caption with the next colour: only one word differs
+        colours = list(COLOURS)
+        others = [replace(s, colour=colours[(colours.index(s.colour) + 1) % len(colours)]) for s in specs]
+    assert all(other != spec for other, spec in zip(others, specs))
+    matching = trained_scorer.score(images, [s.caption for s in specs])  # (36,)
+    wrong_scores = trained_scorer.score(images, [s.caption for s in others])  # (36,)
+    assert matching.mean() > wrong_scores.mean() + 30, (matching.mean(), wrong_scores.mean())
+    assert (matching > wrong_scores).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize(
+    "images, captions, kwargs, message",
+    [
+        (2, ["a red circle"], {}, "Got 2 images and 1 captions"),
+        (0, [], {}, "at least one image"),
+        (2, ["a red circle", ""], {}, "Caption 1 is ''"),
+        (1, ["   "], {}, "Caption 0 is '   '"),
+        (1, [None], {}, "Caption 0 is None"),
+        (torch.zeros(1, 3, 8, 8) - 1, ["a"], {}, r"\[0, 1\]"),
+        (torch.zeros(1, 8, 8), ["a"], {}, r"\(N, 3, H, W\)"),
+        (["not an image"], ["a"], {}, "Image 0 is a str"),
+        (1, ["a"], {"batch_size": 0}, "batch_size must be at least 1"),
+    ],
+)
+def test_bad_inputs_raise_value_errors_that_say_what_to_pass(scorer, images, captions, kwargs, message):
+    images = varied_images(images) if isinstance(images, int) else images
+    with pytest.raises(ValueError, match=message):
+        scorer.score(images, captions, **kwargs)
+
+
+def write_pickle_only_repo(folder: Path, clip_folder: Path) -> None:
+    """The CLIP repo with a (fake) `pytorch_model.bin` instead of `model.safetensors`."""
+    folder.mkdir(parents=True)
+    for path in clip_folder.iterdir():
+        if path.name != "model.safetensors":
+            (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this fails loudly")
+
+
+def test_a_folder_with_pickled_weights_only_is_refused_unread(clip_folder, tmp_path):
+    write_pickle_only_repo(tmp_path / "pickled", clip_folder)
+    with pytest.raises(
+        OSError,
+        match=r"no safetensors weights .* pickled weights only \(pytorch_model.bin\), which CLIPScorer never loads",
+    ):
+        CLIPScorer.from_pretrained(tmp_path / "pickled")
+
+
+def test_a_cached_hub_repo_with_pickled_weights_only_is_refused_unread(clip_folder, tmp_path, monkeypatch):
+    write_pickle_only_repo(tmp_path / "pickled", clip_folder)
+    fill_hub_cache(tmp_path / "pickled", tmp_path / "hf" / "hub", CLIP_REPO)
+    use_hub_cache(tmp_path / "hf" / "hub", monkeypatch)
+    with pytest.raises(
+        OSError, match=r"'openai/clip-vit-large-patch14' is in the Hugging Face cache .* without `model.safetensors`"
+    ):
+        CLIPScorer.from_pretrained()
+
+
+def test_a_model_missing_offline_is_named_with_how_to_get_it(tmp_path, monkeypatch):
+    use_hub_cache(tmp_path / "hf" / "hub", monkeypatch)
+    with pytest.raises(OSError) as error:
+        CLIPScorer.from_pretrained()
+    message = str(error.value)
+    assert "'openai/clip-vit-large-patch14' is not in the Hugging Face cache" in message
+    assert "HF_HUB_OFFLINE" in message and "`hf download openai/clip-vit-large-patch14 --include" in message
+    assert "pass a local folder" in message

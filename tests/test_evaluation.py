@@ -1,0 +1,351 @@
+"""FID, its reference statistics, the caption draws and `evaluate`, against independent references and offline."""
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageFilter
+
+from diffusers_lmlp.evaluation import (
+    FeatureMoments,
+    FIDStatistics,
+    InceptionFeatures,
+    Processes,
+    draw_captions,
+    evaluate,
+    frechet_distance,
+    load_extractor,
+)
+from diffusers_lmlp.evaluation.evaluate import image_seed
+from diffusers_lmlp.evaluation.extractors import image_features, images_to_tensor
+from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+from diffusers_lmlp.shapes.world import all_specs, render
+from tests.coco_fixture import write_coco2014
+
+
+class TinyFeatures(torch.nn.Module):
+    """A fixed random conv net: (B, 3, H, W) in [0, 1] → (B, 16) pooled ReLU features."""
+
+    num_features = 16
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, images):
+        return torch.relu(self.conv(images * 2 - 1)).mean(dim=(2, 3))
+
+
+def renders(num_images: int, seed: int) -> list[Image.Image]:
+    """Real shapes-world images of every combination in turn, with seeded jitter."""
+    rng = np.random.default_rng(seed)
+    specs = all_specs()
+    return [render(specs[i % len(specs)], rng=rng) for i in range(num_images)]
+
+
+def statistics_of(extractor, images) -> FIDStatistics:
+    moments = FeatureMoments(extractor.num_features)
+    moments.update(image_features(extractor, images_to_tensor(images)))
+    return moments.statistics()
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return pretrained_shapes_pipeline()
+
+
+# ------------------------------------------------------------------------------------------------------------ FID
+
+
+def test_frechet_distance_is_the_closed_form_for_diagonal_covariances():
+    rng = np.random.default_rng(0)
+    mu1, mu2 = rng.normal(size=5), rng.normal(size=5)
+    var1, var2 = rng.uniform(0.1, 2, 5), rng.uniform(0.1, 2, 5)
+    expected = ((mu1 - mu2) ** 2).sum() + ((np.sqrt(var1) - np.sqrt(var2)) ** 2).sum()
+    actual = frechet_distance(FIDStatistics(mu1, np.diag(var1)), FIDStatistics(mu2, np.diag(var2)))
+    assert actual == pytest.approx(expected, rel=1e-10)
+
+
+def test_fid_equals_torchmetrics_with_the_same_feature_network():
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    extractor = TinyFeatures()
+    real, fake = renders(64, seed=1), corrupt(renders(48, seed=2), noise=0.3, blur=1)
+    reference = FrechetInceptionDistance(feature=extractor, normalize=True, input_img_size=(3, 32, 32))
+    reference.update(images_to_tensor(real), real=True)
+    reference.update(images_to_tensor(fake), real=False)
+    expected = float(reference.compute())
+    actual = frechet_distance(statistics_of(extractor, fake), statistics_of(extractor, real))
+    assert actual == pytest.approx(expected, rel=1e-5)
+    assert actual > 0.01
+
+
+def test_fid_of_real_images_against_themselves_is_zero():
+    extractor = TinyFeatures()
+    statistics = statistics_of(extractor, renders(40, seed=3))
+    assert abs(frechet_distance(statistics, statistics)) < 1e-9
+
+
+def corrupt(images, noise: float, blur: float, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for image in images:
+        image = image.filter(ImageFilter.GaussianBlur(blur)) if blur else image
+        pixels = np.asarray(image, np.float32) + rng.normal(0, noise * 255, (32, 32, 3))
+        out.append(Image.fromarray(np.clip(np.round(pixels), 0, 255).astype(np.uint8)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["noise", "blur"])
+def test_shapes_fid_grows_monotonically_with_corruption(kind):
+    extractor = load_extractor("shapes")
+    reference = statistics_of(extractor, renders(400, seed=4))
+    images = renders(400, seed=5)
+    levels = [0.0, 0.05, 0.1, 0.2, 0.4] if kind == "noise" else [0.0, 0.5, 1.0, 1.5, 2.5]
+    fids = [
+        frechet_distance(
+            statistics_of(extractor, corrupt(images, **{kind: level, "noise" if kind == "blur" else "blur": 0})),
+            reference,
+        )
+        for level in levels
+    ]
+    assert fids == sorted(fids) and fids[-1] > 10 * fids[0], fids
+
+
+def test_feature_moments_give_numpys_mean_and_covariance_and_add_up_in_parts():
+    features = torch.randn(37, 6, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    whole, parts = FeatureMoments(6), FeatureMoments(6)
+    whole.update(features)
+    for part in features.split(10):
+        parts.update(part)
+    for moments in (whole, parts):
+        statistics = moments.statistics("tiny")
+        np.testing.assert_allclose(statistics.mu, features.double().mean(0).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(statistics.sigma, np.cov(features.double().numpy(), rowvar=False), rtol=1e-10)
+        assert statistics.num_images == 37 and statistics.extractor == "tiny"
+
+
+def test_feature_moments_refuse_nan_and_a_wrong_width():
+    moments = FeatureMoments(4)
+    with pytest.raises(FloatingPointError, match="NaN"):
+        moments.update(torch.tensor([[0.0, float("nan"), 0.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"expected \(batch, 4\)"):
+        moments.update(torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="at least 2 images"):
+        moments.statistics()
+
+
+# ------------------------------------------------------------------------------------------ reference statistics
+
+
+def test_statistics_round_trip_in_pytorch_fids_format(tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(8, 8))
+    statistics = FIDStatistics(rng.normal(size=8), a @ a.T, 123, "tiny")
+    statistics.save(tmp_path / "stats.npz")
+    loaded = FIDStatistics.load(tmp_path / "stats.npz")
+    np.testing.assert_array_equal(loaded.mu, statistics.mu)
+    np.testing.assert_array_equal(loaded.sigma, statistics.sigma)
+    assert (loaded.num_images, loaded.extractor) == (123, "tiny")
+    with np.load(tmp_path / "stats.npz") as f:  # what pytorch-fid reads
+        np.testing.assert_array_equal(f["mu"][:], statistics.mu)
+    # A file as pytorch-fid and U-ViT write it: mu and sigma only.
+    np.savez(tmp_path / "fid_stats_mscoco256_val.npz", mu=statistics.mu, sigma=statistics.sigma)
+    plain = FIDStatistics.load(tmp_path / "fid_stats_mscoco256_val.npz")
+    assert plain.num_images is None and plain.extractor is None
+    assert frechet_distance(plain, loaded) == pytest.approx(0.0, abs=1e-9)
+
+
+class Payload:
+    """Unpickling this touches a marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_statistics_are_never_unpickled(tmp_path):
+    marker = tmp_path / "unpickled"
+    np.savez(tmp_path / "evil.npz", mu=np.array([Payload(marker)], dtype=object), sigma=np.eye(1))
+    with pytest.raises(ValueError, match="not an .npz of arrays"):
+        FIDStatistics.load(tmp_path / "evil.npz")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        (dict(mu=np.zeros(3)), r"lacks \['sigma'\]"),
+        (dict(mu=np.zeros(3), sigma=np.eye(2)), r"`mu` must be \(D,\) and `sigma` \(D, D\)"),
+        (dict(mu=np.array([0.0, np.nan]), sigma=np.eye(2)), "NaN or inf"),
+    ],
+)
+def test_bad_statistics_files_are_named(tmp_path, arrays, message):
+    np.savez(tmp_path / "stats.npz", **arrays)
+    with pytest.raises(ValueError, match=message):
+        FIDStatistics.load(tmp_path / "stats.npz")
+    with pytest.raises(ValueError, match="no such file"):
+        FIDStatistics.load(tmp_path / "missing.npz")
+
+
+# --------------------------------------------------------------------------------------------- feature networks
+
+
+def test_inception_without_torch_fidelity_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_fidelity", None)
+    monkeypatch.setitem(sys.modules, "torch_fidelity.feature_extractor_inceptionv3", None)
+    with pytest.raises(ImportError, match="pip install torch-fidelity"):
+        load_extractor("inception")
+
+
+def test_inception_features_feed_torch_fidelity_exact_uint8_images(monkeypatch):
+    seen = {}
+
+    class FeatureExtractorInceptionV3(torch.nn.Module):  # torch-fidelity's interface: uint8 in, a tuple out
+        def __init__(self, name, features_list, weights_path):
+            super().__init__()
+            seen["args"] = (name, features_list, weights_path)
+
+        def forward(self, x):
+            seen["input"] = x
+            return (x.float().mean(dim=(2, 3)).repeat(1, 683)[:, :2048],)
+
+    module = types.ModuleType("torch_fidelity.feature_extractor_inceptionv3")
+    module.FeatureExtractorInceptionV3 = FeatureExtractorInceptionV3
+    monkeypatch.setitem(sys.modules, "torch_fidelity", types.ModuleType("torch_fidelity"))
+    monkeypatch.setitem(sys.modules, "torch_fidelity.feature_extractor_inceptionv3", module)
+    images = renders(3, seed=0)
+    features = image_features(InceptionFeatures(), images_to_tensor(images))
+    assert seen["args"] == ("inception-v3-compat", ["2048"], None)
+    assert seen["input"].dtype == torch.uint8
+    np.testing.assert_array_equal(seen["input"].permute(0, 2, 3, 1).numpy(), np.stack([np.asarray(i) for i in images]))
+    assert features.shape == (3, 2048)
+
+
+def test_an_unknown_extractor_is_named():
+    with pytest.raises(ValueError, match="Unknown FID feature network 'clip'"):
+        load_extractor("clip")
+
+
+# ------------------------------------------------------------------------------------------------------ captions
+
+
+def test_coco_captions_are_drawn_as_the_reference_protocol(tmp_path):
+    root = write_coco2014(tmp_path / "coco", num_train=2, num_val=6)
+    annotations = root / "annotations" / "captions_val2014.json"
+    assert draw_captions(str(root), 6, seed=0) == draw_captions(str(annotations), 6, seed=0)
+    # Captions that name their image: each pass over the images covers each once, one of its captions per draw.
+    coco = json.loads(annotations.read_text())
+    for annotation in coco["annotations"]:
+        annotation["caption"] = f"image {annotation['image_id']} caption {annotation['id']}"
+    annotations.write_text(json.dumps(coco))
+    drawn = draw_captions(str(root), 15, seed=0)
+    owners = [int(caption.split()[1]) for caption in drawn]
+    images = sorted(image["id"] for image in coco["images"])
+    assert sorted(owners[:6]) == images and sorted(owners[6:12]) == images and owners[:6] != owners[6:12]
+    used = {caption.split()[3] for caption in drawn}
+    assert len(used) > 6  # not always an image's first caption
+    assert drawn != draw_captions(str(root), 15, seed=1)
+
+
+def test_caption_files_and_the_shapes_world(tmp_path):
+    (tmp_path / "captions.txt").write_text("# header\na red square\n\na blue circle\n", encoding="utf-8")
+    assert draw_captions(str(tmp_path / "captions.txt")) == ["a red square", "a blue circle"]
+    assert draw_captions(str(tmp_path / "captions.txt"), 3) == ["a red square", "a blue circle", "a red square"]
+    heldout = draw_captions("shapes:heldout", 64, seed=0)
+    assert len(set(heldout)) == 32 and all(heldout.count(c) == 2 for c in set(heldout))
+    with pytest.raises(ValueError, match="no such file or folder"):
+        draw_captions(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="without annotations/captions_val2014.json"):
+        draw_captions(str(tmp_path))
+    with pytest.raises(ValueError, match="must be positive"):
+        draw_captions("shapes", 0)
+
+
+# ------------------------------------------------------------------------------------------------------ evaluate
+
+
+def test_each_image_depends_only_on_its_seed_and_index(pipe, tmp_path):
+    captions = draw_captions("shapes", 6, seed=0)
+    settings = dict(num_inference_steps=3, guidance_scale=2.0, seed=7, progress=False)
+    report, grid = evaluate(pipe, captions, batch_size=6, image_dir=tmp_path / "6", **settings)
+    rebatched, _ = evaluate(pipe, captions, batch_size=4, image_dir=tmp_path / "4", **settings)
+    generator = torch.Generator().manual_seed(image_seed(7, 4))
+    alone = pipe(captions[4], num_inference_steps=3, guidance_scale=2.0, generator=generator).images[0]
+    pixels = {
+        size: [np.asarray(Image.open(tmp_path / size / f"{i:06d}.png"), np.int16) for i in range(6)] for size in "64"
+    }
+    assert max(np.abs(a - b).max() for a, b in zip(pixels["6"], pixels["4"])) <= 1  # float noise of batch shapes
+    assert np.abs(pixels["6"][4] - np.asarray(alone, np.int16)).max() <= 1
+    assert report["shapes"] == rebatched["shapes"]
+    assert image_seed(7, 4) != image_seed(4, 7)
+    assert grid.width > 6 * 32  # six captioned cells
+
+
+def test_evaluate_reports_shapes_fid_with_its_floor_and_saves_an_imagefolder(pipe, tmp_path):
+    import datasets
+
+    captions = draw_captions("shapes", 40, seed=0)
+    report, grid = evaluate(
+        pipe, captions, fid_reference="shapes", num_inference_steps=4, batch_size=16, image_dir=tmp_path / "images",
+        progress=False,
+    )  # fmt: skip
+    assert report["fid"] > report["fid_floor"] > 0
+    assert report["fid_extractor"] == load_extractor("shapes").name
+    assert report["num_images"] == 40 and report["sampler"]["num_inference_steps"] == 4
+    assert set(report["shapes"]) == {"colour", "shape", "position", "size", "colour+position", "all"}
+    saved = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "images"), split="train")
+    assert saved["text"] == captions
+    generator = torch.Generator().manual_seed(image_seed(0, 5))
+    again = pipe(captions[5], num_inference_steps=4, generator=generator).images[0]
+    np.testing.assert_array_equal(np.asarray(saved[5]["image"]), np.asarray(again))
+
+
+def test_a_reference_folder_is_read_once_then_cached(pipe, tmp_path):
+    folder = tmp_path / "real"
+    folder.mkdir()
+    for i, image in enumerate(renders(24, seed=9)):
+        image.resize((48, 48)).save(folder / f"{i}.png")  # resized back to the generated 32 px
+    extractor = load_extractor("shapes")
+    calls = []
+    extractor.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape))
+    settings = dict(
+        fid_reference=folder, fid_extractor=extractor, num_inference_steps=2, batch_size=8, cache_dir=tmp_path / "cache",
+        progress=False,
+    )  # fmt: skip
+    first, _ = evaluate(pipe, draw_captions("shapes", 8), **settings)
+    assert sum(shape[0] for shape in calls) == 24 + 8 and all(shape[-1] == 32 for shape in calls)
+    calls.clear()
+    second, _ = evaluate(pipe, draw_captions("shapes", 8), **settings)
+    assert sum(shape[0] for shape in calls) == 8  # only the samples: the reference came from the cache
+    assert second["fid"] == pytest.approx(first["fid"], rel=1e-12)
+    assert len(list((tmp_path / "cache").glob("real-32px-*.npz"))) == 1
+
+
+def test_statistics_of_another_network_are_refused_before_sampling(pipe, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(type(pipe), "__call__", lambda *a, **k: calls.append(1))
+    FIDStatistics(np.zeros(16), np.eye(16), 10, "another network").save(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="computed with another network, not"):
+        evaluate(pipe, ["a small red circle at the top left"], fid_reference=tmp_path / "other.npz",
+                 fid_extractor=TinyFeatures())  # fmt: skip
+    np.savez(tmp_path / "wide.npz", mu=np.zeros(2048), sigma=np.eye(2048))
+    with pytest.raises(ValueError, match="holds 2048-d statistics, but TinyFeatures gives 16-d features"):
+        evaluate(pipe, ["a small red circle at the top left"], fid_reference=tmp_path / "wide.npz",
+                 fid_extractor=TinyFeatures())  # fmt: skip
+    with pytest.raises(ValueError, match="some captions are not shapes-world captions"):
+        evaluate(pipe, ["a dog on a beach"], fid_reference="shapes")
+    assert not calls
+
+
+def test_processes_split_batches_round_robin_and_cover_everything():
+    shares = [Processes(index, 3).batches(23, 4) for index in range(3)]
+    assert [list(map(list, share))[0] for share in shares] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert sorted(i for share in shares for batch in share for i in batch) == list(range(23))

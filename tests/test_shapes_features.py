@@ -1,0 +1,123 @@
+"""The shapes world's feature network (the Inception of shapes-FID): the shipped weights, the features, the heads."""
+
+import numpy as np
+import pytest
+import torch
+
+from diffusers_lmlp.evaluation.shapes_features import (
+    ATTRIBUTES,
+    FEATURES_PATH,
+    ShapesFeatureNetwork,
+    pretrained_shapes_features,
+)
+from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
+
+
+# Training used seed 0 and evaluation seed 1000 (`scripts/train_shapes_features.py`); these renders are new.
+SEED = 2024
+
+
+def renders(specs: list[ShapeSpec], seed: int, image_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Jittered renders (N, 3, S, S) in [0, 1] and their labels (N, 4), one column per attribute of `ATTRIBUTES`."""
+    rng = np.random.default_rng(seed)
+    pixels = np.stack([np.asarray(render(spec, image_size, rng), dtype=np.float32) for spec in specs])  # (N, S, S, 3)
+    labels = [[values.index(getattr(spec, name)) for name, values in ATTRIBUTES.items()] for spec in specs]
+    return torch.from_numpy(pixels / 255).permute(0, 3, 1, 2).contiguous(), torch.tensor(labels)
+
+
+def some_specs(count: int, seed: int) -> list[ShapeSpec]:
+    """`count` combinations drawn at random from all 324."""
+    specs = all_specs()
+    return [specs[i] for i in np.random.default_rng(seed).integers(0, len(specs), count)]
+
+
+@pytest.fixture(scope="module")
+def network() -> ShapesFeatureNetwork:
+    return pretrained_shapes_features()
+
+
+@torch.no_grad()
+def accuracy(network: ShapesFeatureNetwork, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    logits = network.classify(images)
+    return {name: (logits[name].argmax(1) == labels[:, i]).float().mean().item() for i, name in enumerate(ATTRIBUTES)}
+
+
+def test_shipped_network_loads_offline_in_eval_mode(network):
+    assert (FEATURES_PATH / "config.json").is_file()
+    assert (FEATURES_PATH / "diffusion_pytorch_model.safetensors").is_file()
+    assert not network.training
+    assert isinstance(network.num_features, int) and network.num_features == 128
+    assert network.name == "shapes-features"
+    assert sum(p.numel() for p in network.parameters()) < 150_000  # a few hundred KB of fp32 weights
+
+
+@torch.no_grad()
+def test_features_are_batch_by_num_features_and_deterministic(network):
+    images, _ = renders(some_specs(8, SEED), SEED)
+    features = network(images)
+    assert features.shape == (8, network.num_features)
+    assert features.dtype == torch.float32
+    assert torch.equal(features, network(images))
+    # Each image's features do not depend on the rest of the batch.
+    torch.testing.assert_close(network(images[:3]), features[:3], rtol=1e-5, atol=1e-6)
+
+
+def test_reads_every_attribute_of_fresh_renders(network):
+    images, labels = renders(some_specs(216, SEED), SEED)
+    scores = accuracy(network, images, labels)
+    assert min(scores.values()) >= 0.98, scores
+
+
+@torch.no_grad()
+def test_resizes_64_pixel_input_to_the_world_size(network):
+    specs = some_specs(108, SEED + 1)
+    images, labels = renders(specs, SEED + 1, image_size=64)
+    assert network(images).shape == (108, network.num_features)
+    scores = accuracy(network, images, labels)
+    assert min(scores.values()) >= 0.98, scores
+    # A 32-pixel image upsampled to 64 pixels is read back at 32 pixels (slightly smoothed): nearly the same features.
+    small, _ = renders(specs, SEED + 1)
+    upsampled = small.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)  # (N, 3, 64, 64)
+    features = network(small)  # (N, num_features)
+    relative = (network(upsampled) - features).norm(dim=1) / features.norm(dim=1)  # (N,)
+    assert relative.max() < 0.15, relative.max()
+
+
+@torch.no_grad()
+def test_save_pretrained_round_trip_gives_identical_features(network, tmp_path):
+    network.save_pretrained(tmp_path)
+    assert (tmp_path / "diffusion_pytorch_model.safetensors").is_file()
+    loaded = ShapesFeatureNetwork.from_pretrained(tmp_path).eval()
+    assert {k: v for k, v in loaded.config.items() if k != "_name_or_path"} == {
+        k: v for k, v in network.config.items() if k != "_name_or_path"
+    }
+    images, _ = renders(some_specs(16, SEED), SEED)
+    assert torch.equal(loaded(images), network(images))
+    assert all(torch.equal(loaded.classify(images)[k], v) for k, v in network.classify(images).items())
+
+
+@pytest.mark.parametrize(
+    "images",
+    [torch.rand(3, 32, 32), torch.rand(2, 1, 32, 32), torch.rand(2, 4, 32, 32), torch.rand(2, 32, 32, 3)],
+    ids=["3-d", "grey", "rgba", "channels-last"],
+)
+def test_bad_input_shape_raises_a_clear_error(network, images):
+    with pytest.raises(ValueError, match=r"\(B, 3, H, W\)"):
+        network(images)
+
+
+def test_integer_images_raise_a_clear_error(network):
+    with pytest.raises(ValueError, match=r"float tensor of shape \(B, 3, H, W\)"):
+        network.classify(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+
+
+@torch.no_grad()
+def test_features_separate_renders_from_corrupted_renders(network):
+    specs = all_specs()
+    first, _ = renders(specs, SEED)
+    second, _ = renders(specs, SEED + 1)
+    noisy = (second + 0.3 * torch.randn(second.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    mean_first, mean_second, mean_noisy = (network(x).mean(0) for x in (first, second, noisy))  # (num_features,)
+    same = (mean_first - mean_second).norm()
+    corrupted = (mean_first - mean_noisy).norm()
+    assert corrupted > 10 * same, (same, corrupted)
