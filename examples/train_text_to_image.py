@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, default_scheduler, load_balancing_loss
+from diffusers_lmlp.evaluation import draw_captions, evaluate, read_captions_file
 from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training import (
@@ -244,6 +245,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     out.add_argument("--validation_steps", type=int, default=1000)
     out.add_argument("--validation_inference_steps", type=int, default=25)
     out.add_argument("--validation_guidance_scale", type=float, default=2.0)
+    out.add_argument(
+        "--validation_fid_images", type=int, default=0,
+        help="at every validation, sample this many images and log their FID (0: off); the shapes world uses the "
+        "shapes feature network, other data the Inception network (needs torch-fidelity)",
+    )  # fmt: skip
+    out.add_argument(
+        "--validation_fid_captions", metavar="SOURCE",
+        help="the captions FID samples, as `python -m diffusers_lmlp.evaluation --captions` takes them: a COCO-2014 "
+        "folder, a captions .json or a text file (default on the shapes world: shapes:train)",
+    )  # fmt: skip
+    out.add_argument(
+        "--validation_fid_reference", metavar="PATH",
+        help="what that FID compares with: an .npz of mu/sigma (e.g. fid_stats_mscoco256_val.npz) or a folder of real "
+        "images (default on the shapes world: renders of the same captions)",
+    )  # fmt: skip
     out.add_argument("--checkpointing_steps", type=int, default=1000)
     out.add_argument(
         "--checkpoints_total_limit", type=int,
@@ -309,9 +325,30 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--learning_rate must be a positive number, got {args.learning_rate}")
     if not 0.0 <= args.caption_dropout < 1.0:
         parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    if args.validation_fid_images < 0:
+        parser.error(
+            f"--validation_fid_images must be >= 0 (0: no FID during training), got {args.validation_fid_images}"
+        )
+    if args.validation_fid_images and args.preset != "shapes":
+        missing = [
+            f"--{name}" for name in ("validation_fid_captions", "validation_fid_reference") if not getattr(args, name)
+        ]
+        if missing:
+            parser.error(
+                f"--validation_fid_images on your data needs {' and '.join(missing)}: the captions to sample (e.g. the "
+                "COCO-2014 folder, whose val2014 captions are drawn) and the real images' statistics (e.g. "
+                "fid_stats_mscoco256_val.npz)"
+            )
+    if args.validation_fid_captions:
+        try:
+            draw_captions(args.validation_fid_captions, 1)
+        except ValueError as error:
+            parser.error(str(error).replace("--captions", "--validation_fid_captions"))
+    if args.validation_fid_reference and not Path(args.validation_fid_reference).exists():
+        parser.error(f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder")
     if args.validation_prompts_file:
         try:
-            args.validation_prompts = read_prompts_file(args.validation_prompts_file)
+            args.validation_prompts = read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
         except ValueError as error:
             parser.error(str(error))
     try:
@@ -1115,35 +1152,6 @@ def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
     )
 
 
-def read_prompts_file(path: str) -> list[str]:
-    """The prompts of a `--validation_prompts_file`: one per line, stripped; blank lines and `#` lines are skipped.
-
-    Args:
-        path (`str`): The UTF-8 text file.
-
-    Raises:
-        `ValueError`: For a file that is missing, a folder, unreadable, not UTF-8, or without any prompt.
-    """
-    option = f"--validation_prompts_file {path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"{option}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"{option} is a folder, not a text file of prompts") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{option} is not UTF-8 text (byte {error.start}): save it as UTF-8") from None
-    except OSError as error:
-        raise ValueError(f"{option}: cannot read it ({error.strerror})") from None
-    prompts = [line.strip() for line in text.splitlines()]
-    prompts = [prompt for prompt in prompts if prompt and not prompt.startswith("#")]
-    if not prompts:
-        raise ValueError(
-            f"{option} has no prompts: write one prompt per line (blank lines and lines starting with # are skipped)"
-        )
-    return prompts
-
-
 def default_validation_prompts(args) -> list[str]:
     """The validation grid's prompts: `--validation_prompts` (or the file's), else on the shapes world 6 training
     captions and 2 held-out combinations, else none (no validation during training, no sample grid at the end).
@@ -1162,21 +1170,31 @@ def default_validation_prompts(args) -> list[str]:
     return []
 
 
-def shapes_scores(pipe: LMLPPipeline, args, num_per_split: int = 48) -> dict[str, dict[str, float]]:
-    """Score samples for training captions and for held-out caption combinations with the shapes scorer."""
-    from diffusers_lmlp.shapes.scorer import score_images
-    from diffusers_lmlp.shapes.world import held_out_specs, train_specs
+def final_evaluation(pipe: LMLPPipeline, args, num_per_split: int = 100) -> dict[str, dict]:
+    """Evaluate the finished pipeline on the shapes world, for training captions and for the held-out combinations:
+    the shapes scorer's accuracies, and shapes-FID against renders of the same captions with its real-vs-real floor.
 
-    scores = {}
-    for split, specs in (("train", train_specs()), ("held-out", held_out_specs())):
-        rng = np.random.default_rng(args.seed)
-        picks = rng.choice(len(specs), size=num_per_split, replace=len(specs) < num_per_split)
-        captions = [specs[i].caption for i in picks]
-        images = []
-        for start in range(0, len(captions), 16):
-            images += generate(pipe, captions[start : start + 16], args, seed=args.seed + start)
-        scores[split] = score_images(images, captions)
-    return scores
+    Args:
+        pipe (`LMLPPipeline`): The trained pipeline.
+        args (`argparse.Namespace`): The parsed arguments (seed, validation sampler settings).
+        num_per_split (`int`, *optional*, defaults to 100): Images per split.
+
+    Returns:
+        `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
+    """
+    reports = {}
+    for split, source in (("train", "shapes:train"), ("held-out", "shapes:heldout")):
+        reports[split], _ = evaluate(
+            pipe,
+            draw_captions(source, num_per_split, args.seed),
+            fid_reference="shapes",
+            num_inference_steps=args.validation_inference_steps,
+            guidance_scale=args.validation_guidance_scale,
+            batch_size=num_per_split,
+            seed=args.seed,
+            progress=False,
+        )
+    return reports
 
 
 def allow_tf32() -> None:
@@ -1306,6 +1324,11 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
         range(args.max_train_steps), initial=global_step, desc="steps", disable=not accelerator.is_local_main_process
     )
     prompts = default_validation_prompts(args)
+    fid_captions = (
+        draw_captions(args.validation_fid_captions or "shapes:train", args.validation_fid_images, args.seed)
+        if args.validation_fid_images
+        else []
+    )
     start_time = time.perf_counter()
     try:
         while global_step < args.max_train_steps:
@@ -1364,8 +1387,20 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
                     )
                     logger.info(f"saved {saved}")
                 accelerator.wait_for_everyone()
-            if prompts and accelerator.is_main_process and global_step % args.validation_steps == 0:
-                validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir, global_step)
+            if (prompts or fid_captions) and accelerator.is_main_process and global_step % args.validation_steps == 0:
+                validate(
+                    accelerator,
+                    model,
+                    ema,
+                    tokenizer,
+                    text_encoder,
+                    vae,
+                    prompts,
+                    fid_captions,
+                    args,
+                    output_dir,
+                    global_step,
+                )
     finally:  # also when a step fails: the workers exit and the bar is closed now, not at interpreter exit
         batches.close()
         progress.close()
@@ -1414,25 +1449,46 @@ def ema_weights(model, ema: EMAModel | None):
         ema.restore(model.parameters())
 
 
-def validate(accelerator, model, ema, tokenizer, text_encoder, vae, prompts, args, output_dir: Path, step: int):
+def validate(
+    accelerator, model, ema, tokenizer, text_encoder, vae, prompts, fid_captions, args, output_dir: Path, step: int
+):
     """Sample the prompts (EMA weights if any) and save `validation/step-<step>.png`, a grid captioned with them;
     log the samples to tensorboard (one tiled image, tag "validation") and wandb (one image per prompt, captioned).
+    With `--validation_fid_images`, also sample the FID captions and log their FID ("fid").
 
     Args:
         accelerator (`Accelerator`): The run's accelerator; its trackers receive the images.
         model: The prepared backbone.
         ema (`EMAModel`, *optional*): The EMA weights, swapped in for sampling.
         tokenizer, text_encoder, vae: The frozen components.
-        prompts (`list[str]`): The validation prompts.
-        args (`argparse.Namespace`): The parsed arguments (seed, sampling steps, guidance scale).
+        prompts (`list[str]`): The validation prompts (none: no grid).
+        fid_captions (`list[str]`): The captions FID samples (none: no FID).
+        args (`argparse.Namespace`): The parsed arguments (seed, sampling steps, guidance scale, FID reference).
         output_dir (`Path`): The `--output_dir`.
         step (`int`): The optimizer step, the images' step in the trackers.
     """
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
+    pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
     with ema_weights(unwrapped, ema):
-        images = generate(build_pipeline(unwrapped, tokenizer, text_encoder, vae), prompts, args, seed=args.seed)
+        images = generate(pipe, prompts, args, seed=args.seed) if prompts else []
+        if fid_captions:
+            report, _ = evaluate(
+                pipe,
+                fid_captions,
+                fid_reference=args.validation_fid_reference or "shapes",
+                num_inference_steps=args.validation_inference_steps,
+                guidance_scale=args.validation_guidance_scale,
+                seed=args.seed,
+                progress=False,
+            )
+            accelerator.log({"fid": report["fid"]}, step=step)
+            logger.info(
+                f"step {step}: FID {report['fid']:.3f} ({len(fid_captions)} images, {report['fid_extractor']})"
+            )
     unwrapped.train()
+    if not prompts:
+        return
     grid = make_image_grid(images, captions=prompts)
     path = output_dir / "validation" / f"step-{step:07d}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1472,8 +1528,14 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         grid_path = output_dir / "samples.png"
         make_image_grid(images, captions=prompts).save(grid_path)
     if args.preset == "shapes":
-        summary["scores"] = shapes_scores(pipe, args)
-        logger.info(f"shapes scores: {json.dumps(summary['scores'], indent=1)}")
+        reports = final_evaluation(pipe, args)
+        summary["scores"] = {split: report["shapes"] for split, report in reports.items()}
+        summary["shapes_fid"] = {
+            split: {key: report[key] for key in ("fid", "fid_floor", "num_images")}
+            for split, report in reports.items()
+        }
+        summary["evaluation_sampler"] = reports["train"]["sampler"]
+        logger.info(f"evaluation: {json.dumps(reports, indent=1)}")
     with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)

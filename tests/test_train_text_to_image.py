@@ -45,8 +45,11 @@ def make_workspace(root: Path) -> Path:
     return root
 
 
-def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: bool = True, launcher=(), **popen):
-    """Run the script on the tiny pipeline and imagefolder; `launcher` goes between python and the script (`-c ...`)."""
+def train(
+    workspace: Path, output: str, *extra: str, base: str = "tiny", check: bool = True, launcher=(), env=None, **popen
+):
+    """Run the script on the tiny pipeline and imagefolder; `launcher` goes between python and the script (`-c ...`);
+    `env` replaces the environment (`ENV`)."""
     args = [
         sys.executable, *launcher, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / base),
         "--train_data_dir", str(workspace / "data"), "--resolution", "16", "--train_batch_size", "4",
@@ -54,8 +57,8 @@ def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: 
         "--lr_warmup_steps", "0", "--learning_rate", "1e-3", *extra,
     ]  # fmt: skip
     if popen:
-        return subprocess.Popen(args, env=ENV, **popen)
-    result = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=600)
+        return subprocess.Popen(args, env=env or ENV, **popen)
+    result = subprocess.run(args, env=env or ENV, capture_output=True, text=True, timeout=600)
     if check and result.returncode:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result

@@ -206,6 +206,17 @@ def describe_pipeline(
     for split, scores in summary.get("scores", {}).items():
         shown = ", ".join(f"{k} {v:.0%}" for k, v in scores.items())
         lines.append(f"- Shapes scorer on {split} captions: {shown}")
+    for split, fid in summary.get("shapes_fid", {}).items():
+        lines.append(
+            f"- Shapes-FID on {split} captions: {fid['fid']:.2f} over {fid['num_images']} images (real renders "
+            f"against real renders: {fid['fid_floor']:.2f})"
+        )
+    if "evaluation_sampler" in summary:
+        sampler = summary["evaluation_sampler"]
+        lines.append(
+            f"- Scores measured with `python -m diffusers_lmlp.evaluation` settings: {sampler['scheduler']}, "
+            f"{sampler['num_inference_steps']} steps, guidance scale {sampler['guidance_scale']}"
+        )
     if sample_grid is not None:
         lines += ["", f"![samples]({Path(sample_grid).name})"]
     return "\n".join(lines)
