@@ -18,7 +18,7 @@ import torch
 from diffusers import AutoencoderKL
 from PIL import Image
 from test_pipeline_loading import fill_hub_cache
-from transformers import CLIPConfig, CLIPModel
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from diffusers_lmlp.tiny import tiny_clip_tokenizer
 
@@ -134,9 +134,9 @@ def write_sd_vae_repo(folder: Path, seed: int = 0) -> Path:
 def write_clip_repo(folder: Path, seed: int = 0) -> Path:
     """Write the `openai/clip-vit-large-patch14` layout: a `CLIPModel` (text and vision towers) and its tokenizer.
 
-    Files: `config.json`, `model.safetensors`, `vocab.json`, `merges.txt`, `tokenizer_config.json` and
-    `special_tokens_map.json`. The vocabulary is a real byte-level BPE (every word tokenizes); 77 text positions
-    as L/14; both towers are `CLIP_TEXT_WIDTH` wide.
+    Files: `config.json`, `model.safetensors`, `preprocessor_config.json` (the image processor the CLIP score
+    uses), `vocab.json`, `merges.txt`, `tokenizer_config.json` and `special_tokens_map.json`. The vocabulary is a
+    real byte-level BPE (every word tokenizes); 77 text positions as L/14; both towers are `CLIP_TEXT_WIDTH` wide.
 
     Args:
         folder (`Path`): The repo folder to create.
@@ -167,6 +167,8 @@ def write_clip_repo(folder: Path, seed: int = 0) -> Path:
             CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=CLIP_TEXT_WIDTH)
         )
     model.save_pretrained(folder)
+    # The image processor's config, as the real repo's (resize the short side, centre crop, CLIP's mean and std).
+    CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(folder)
     special = {"content": None, "lstrip": False, "normalized": True, "rstrip": False, "single_word": False}
     bos, eos = {**special, "content": "<|startoftext|>"}, {**special, "content": "<|endoftext|>"}
     (folder / "special_tokens_map.json").write_text(

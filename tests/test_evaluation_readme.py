@@ -1,0 +1,150 @@
+"""The README's evaluation commands, run as written: the shapes one on the shipped pipeline, the COCO ones on the
+official COCO-2014 layout with a trained-pipeline folder, U-ViT's statistics file, CLIP ViT-L/14 under its real id in
+an HF cache, and torch-fidelity's Inception interface (a stand-in: the real package cannot be installed here), all
+offline. `--fid_images`-style FID during training is exercised the same way."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from coco_fixture import CLIP_REPO, write_coco2014, write_hub_cache
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_train_text_to_image import ENV, train
+
+from diffusers_lmlp.evaluation import FIDStatistics
+from diffusers_lmlp.tiny import build_tiny_pipeline
+from tests.processes import run_bounded
+
+
+ROOT = Path(__file__).resolve().parents[1]
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"  # torch_fidelity's interface, with a fixed random network
+BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+COMMANDS = [line for block in BASH_BLOCKS for line in block.splitlines() if "-m diffusers_lmlp.evaluation" in line]
+# The README's 30k images and 50 steps, shortened: the options are the README's, these only come after them.
+SHORT = ["--num_images", "8", "--num_inference_steps", "2", "--batch_size", "2", "--no_progress"]
+
+
+def as_argv(command: str, num_processes: int = 2) -> list[str]:
+    """A README command as argv: `accelerate` and `python` are this Python, 8 GPUs are `num_processes` CPU ones."""
+    argv = shlex.split(command)
+    if argv[:2] == ["accelerate", "launch"]:
+        argv[argv.index("--num_processes") + 1] = str(num_processes)
+        return [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
+    assert argv[0] == "python", command
+    return [sys.executable, *argv[1:]]
+
+
+def test_readme_has_the_evaluation_commands():
+    assert COMMANDS[0] == "python -m diffusers_lmlp.evaluation --pipeline shapes", COMMANDS
+    assert len(COMMANDS) == 3 and all("--captions coco2014" in command for command in COMMANDS[1:])
+
+
+def test_the_shapes_command_runs_as_written_offline(tmp_path):
+    result = run_bounded(as_argv(COMMANDS[0]), env={**ENV, "OMP_NUM_THREADS": "2"}, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "evaluation" / "report.json").read_text())
+    assert report["num_images"] == 1000 and report["sampler"]["num_inference_steps"] == 50
+    assert report["fid"] > report["fid_floor"] > 0 and report["shapes"]["colour"] > 0.8
+    assert result.stdout.strip().endswith("report: evaluation/report.json")
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory) -> SimpleNamespace:
+    """The folder a COCO user evaluates from: `coco2014/`, the trained `lmlp-coco-f2/`, U-ViT's statistics file (here
+    of the val images by the stand-in network, in pytorch-fid's format: `mu` and `sigma` only), and an HF cache with
+    CLIP ViT-L/14 under its real id."""
+    root = tmp_path_factory.mktemp("coco-eval")
+    write_coco2014(root / "coco2014", num_train=1, num_val=6)
+    build_tiny_pipeline().save_pretrained(root / "lmlp-coco-f2")
+    cache = write_hub_cache(root / "hf")
+    env = {
+        **ENV,
+        "HF_HOME": str(root / "hf"),
+        "HF_HUB_CACHE": str(cache),
+        "PYTHONPATH": os.pathsep.join([str(STAND_INS), ENV.get("PYTHONPATH", "")]),
+        "ACCELERATE_USE_CPU": "1",
+    }
+    statistics = """
+import sys
+from diffusers_lmlp.evaluation import FIDStatistics, InceptionFeatures, Processes, reference_statistics
+s = reference_statistics("coco2014/val2014", InceptionFeatures(), 16, processes=Processes(), cache_dir="stats-cache")
+FIDStatistics(s.mu, s.sigma).save("fid_stats_mscoco256_val.npz")
+"""
+    result = subprocess.run([sys.executable, "-c", statistics], cwd=root, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return SimpleNamespace(root=root, env=env)
+
+
+def run_readme(coco, index: int) -> dict:
+    result = run_bounded([*as_argv(COMMANDS[index]), *SHORT], env=coco.env, timeout=300, cwd=coco.root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = Path(shlex.split(COMMANDS[index])[-1])
+    assert result.stdout.strip().endswith(f"report: {output / 'report.json'}")
+    return json.loads((coco.root / output / "report.json").read_text())
+
+
+def test_coco_fid_and_clip_score_against_the_published_statistics(coco):
+    report = run_readme(coco, 1)
+    assert report["num_processes"] == 2 and report["num_images"] == 8 and report["captions"] == "coco2014"
+    assert report["fid_reference"] == "fid_stats_mscoco256_val.npz" and report["fid_reference_images"] is None
+    assert report["fid_extractor"].startswith("inception-v3-compat (torch-fidelity") and report["fid"] > 0
+    assert report["clip_model"] == CLIP_REPO and 0 <= report["clip_score"] <= 100
+    coco.published = report
+
+
+def test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics(coco):
+    report = run_readme(coco, 2)
+    assert report["fid_reference"] == "coco2014/val2014" and report["fid_reference_images"] == 6
+    cached = list((coco.root / "hf" / "diffusers_lmlp" / "fid_stats").glob("val2014-16px-*.npz"))
+    assert len(cached) == 1 and FIDStatistics.load(cached[0]).extractor == report["fid_extractor"]
+    # The same images and the same reference images: the same FID and CLIP score as against the .npz.
+    published = getattr(coco, "published", None) or run_readme(coco, 1)
+    assert report["fid"] == pytest.approx(published["fid"], rel=1e-6)
+    assert report["clip_score"] == pytest.approx(published["clip_score"], rel=1e-9)
+
+
+def test_inception_fid_without_torch_fidelity_stops_and_says_what_to_install(coco):
+    env = {**coco.env, "PYTHONPATH": ENV.get("PYTHONPATH", "")}
+    argv = [sys.executable, "-m", "diffusers_lmlp.evaluation", *shlex.split(COMMANDS[1])[7:], *SHORT]
+    result = run_bounded(argv, env=env, timeout=300, cwd=coco.root)
+    assert result.returncode != 0 and "pip install torch-fidelity" in result.stderr
+    assert "FID" not in result.stdout
+
+
+def test_fid_during_training_is_logged_at_every_validation(tmp_path):
+    (tmp_path / "captions.txt").write_text("a red circle\na blue square\n", encoding="utf-8")
+    workspace = tmp_path / "work"
+    from test_train_text_to_image import make_workspace
+
+    make_workspace(workspace)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(STAND_INS), ENV.get("PYTHONPATH", "")])}
+    result = train(
+        workspace, "fid", "--max_train_steps", "2", "--validation_steps", "1", "--validation_inference_steps", "2",
+        "--validation_fid_images", "4", "--validation_fid_captions", str(tmp_path / "captions.txt"),
+        "--validation_fid_reference", str(workspace / "data"), "--report_to", "tensorboard", env=env,
+    )  # fmt: skip
+    assert "FID" in result.stderr
+    events = EventAccumulator(str(workspace / "fid" / "logs" / "lmlp-text-to-image")).Reload()
+    fids = events.Scalars("fid")
+    assert [event.step for event in fids] == [1, 2] and all(event.value > 0 for event in fids)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--validation_fid_images", "4"], "needs --validation_fid_captions and --validation_fid_reference"),
+        (["--validation_fid_images", "-1"], "--validation_fid_images must be >= 0"),
+    ],
+)
+def test_fid_during_training_on_your_data_needs_captions_and_a_reference(tmp_path, extra, message):
+    from test_train_text_to_image import make_workspace
+
+    make_workspace(tmp_path)
+    result = train(tmp_path, "bad", "--max_train_steps", "1", *extra, check=False)
+    assert result.returncode != 0 and message in result.stderr
