@@ -297,9 +297,9 @@ def make_generate_fn(pipe: LMLPPipeline) -> Callable:
     """The UI's and the API's generate function for `pipe`.
 
     It validates the inputs first, so that a bad request never waits for a GPU; only the sampling is wrapped with
-    `@spaces.GPU`. Each call samples with its own `LMLPPipeline` view of the shared modules and a fresh scheduler
-    (the scheduler's step state and the guidance scale live on the pipeline), so concurrent requests do not step on
-    each other.
+    `@spaces.GPU`. Each call samples with its own `LMLPPipeline` view of the shared modules, a fresh scheduler (the
+    scheduler's step state and the guidance scale live on the pipeline) and its own tokenizer (a fast tokenizer's
+    padding state is set per call), so concurrent requests do not step on each other.
 
     Args:
         pipe (`LMLPPipeline`): The served pipeline, already on its device and in its dtype.
@@ -311,7 +311,16 @@ def make_generate_fn(pipe: LMLPPipeline) -> Callable:
 
     @gpu
     def sample(request: GenerationRequest, seed: int, progress: gr.Progress) -> list[Image.Image]:
-        call_pipe = type(pipe)(**{**pipe.components, "scheduler": copy.deepcopy(pipe.scheduler)})
+        # A fast tokenizer keeps its padding and truncation settings in its Rust object and sets them on every call:
+        # shared between threads, one request's unpadded call can land between another's settings and its encoding
+        # (seen as 9 and 10 text tokens in one batch). So each request gets its own copy, as its own scheduler.
+        call_pipe = type(pipe)(
+            **{
+                **pipe.components,
+                "scheduler": copy.deepcopy(pipe.scheduler),
+                "tokenizer": copy.deepcopy(pipe.tokenizer),
+            }
+        )
         call_pipe.set_progress_bar_config(disable=True)
 
         def report_step(_pipe, step: int, _timestep, callback_kwargs: dict) -> dict:

@@ -3,6 +3,7 @@ full queue refuses the request beyond it with a clear message, then serves again
 
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -57,6 +58,25 @@ def test_concurrent_requests_all_complete_with_their_own_images(shapes_pipe):
         assert image.size == (32, 32) and image_std(image) > 8
         # Requests run side by side on one model; each still gets exactly the image of its own seed.
         assert np.array_equal(np.asarray(image.convert("RGB")), expected[seed]), f"seed {seed} came back wrong"
+
+
+def test_every_request_samples_with_its_own_tokenizer(shapes_pipe, monkeypatch):
+    # A fast tokenizer sets its padding state on every call, so one shared between threads mixes the settings of
+    # concurrent calls (seen in CI as 9 and 10 text tokens in one batch, and reproduced with 4 threads calling the
+    # shared tokenizer padded and unpadded: 47 of 1,200 padded batches came back unpadded).
+    app = load_app()
+    seen = []
+
+    def record(self, *args, **kwargs):
+        seen.append(self.tokenizer)
+        return SimpleNamespace(images=[Image.new("RGB", (32, 32))])
+
+    monkeypatch.setattr(type(shapes_pipe), "__call__", record)
+    generate = app.make_generate_fn(shapes_pipe)
+    for seed in range(2):
+        generate(*request_args(seed))
+    assert len(seen) == 2 and all(t is not shapes_pipe.tokenizer for t in seen) and seen[0] is not seen[1]
+    assert seen[0](PROMPT).input_ids == shapes_pipe.tokenizer(PROMPT).input_ids  # a copy: the same tokens
 
 
 def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
