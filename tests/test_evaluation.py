@@ -20,10 +20,11 @@ from diffusers_lmlp.evaluation import (
     frechet_distance,
     load_extractor,
 )
-from diffusers_lmlp.evaluation.evaluate import image_seed
+from diffusers_lmlp.evaluation.evaluate import image_seed, shapes_renders
 from diffusers_lmlp.evaluation.extractors import image_features, images_to_tensor
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-from diffusers_lmlp.shapes.world import all_specs, render
+from diffusers_lmlp.shapes.scorer import accuracies, parse_caption, read_image, score_image
+from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
 from tests.coco_fixture import write_coco2014
 
 
@@ -269,6 +270,28 @@ def test_caption_files_and_the_shapes_world(tmp_path):
         draw_captions("shapes", 0)
 
 
+def test_varied_shapes_captions_phrase_the_canonical_draw_differently():
+    canonical = draw_captions("shapes:heldout", 64, seed=0)
+    varied = draw_captions("shapes:heldout:varied", 64, seed=0)
+    assert varied == draw_captions("shapes:heldout:varied", 64, seed=0) and varied != canonical
+    triples = [[(s.colour, s.shape, s.position) for s in map(parse_caption, c)] for c in (canonical, varied)]
+    assert triples[0] == triples[1]  # caption i describes the same combination
+    assert all(parse_caption(c).size in (None, parse_caption(v).size) for c, v in zip(varied, canonical))
+    assert any(parse_caption(c).size is None for c in varied)
+    assert all(parse_caption(c).size is not None for c in canonical)
+
+
+def test_shapes_references_draw_an_unstated_size_from_their_seed():
+    captions = ["red circle, top left"] * 8
+    first, again = shapes_renders(captions, range(8), 3, 1, 32), shapes_renders(captions, range(8), 3, 1, 32)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first, again))
+    assert {read_image(image)["size"] for image in first} == {"small", "large"}
+    assert {read_image(image)["position"] for image in first} == {"top left"}
+    stated = shapes_renders(["a small red circle at the top left"], range(5, 6), 3, 1, 32)[0]
+    expected = render(ShapeSpec("small", "red", "circle", "top left"), 32, np.random.default_rng([3, 1, 5]))
+    np.testing.assert_array_equal(np.asarray(stated), np.asarray(expected))  # stated sizes: renders as before
+
+
 # ------------------------------------------------------------------------------------------------------ evaluate
 
 
@@ -306,6 +329,17 @@ def test_evaluate_reports_shapes_fid_with_its_floor_and_saves_an_imagefolder(pip
     generator = torch.Generator().manual_seed(image_seed(0, 5))
     again = pipe(captions[5], num_inference_steps=4, generator=generator).images[0]
     np.testing.assert_array_equal(np.asarray(saved[5]["image"]), np.asarray(again))
+
+
+def test_evaluate_scores_each_caption_on_what_it_states(pipe, tmp_path):
+    captions = draw_captions("shapes:varied", 8, seed=0)
+    assert any(parse_caption(c).size is None for c in captions) and any(parse_caption(c).size for c in captions)
+    report, _ = evaluate(
+        pipe, captions, fid_reference="shapes", num_inference_steps=2, batch_size=8, image_dir=tmp_path, progress=False
+    )
+    images = [Image.open(tmp_path / f"{i:06d}.png") for i in range(8)]
+    assert report["shapes"] == accuracies([score_image(image, caption) for image, caption in zip(images, captions)])
+    assert np.isfinite(report["fid"]) and np.isfinite(report["fid_floor"])
 
 
 def test_a_reference_folder_is_read_once_then_cached(pipe, tmp_path):

@@ -10,8 +10,16 @@ from ..training.data import coco_captions
 
 
 COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
-# A source name → the shapes-world combinations it draws from.
-SHAPES_SOURCES = {"shapes": "all_specs", "shapes:train": "train_specs", "shapes:heldout": "held_out_specs"}
+# A source name → the shapes-world combinations it draws from. A `:varied` source phrases each caption at random
+# (`world.describe`), the others canonically ("a {size} {colour} {shape} at the {position}").
+SHAPES_SOURCES = {
+    "shapes": "all_specs",
+    "shapes:train": "train_specs",
+    "shapes:heldout": "held_out_specs",
+    "shapes:varied": "all_specs",
+    "shapes:train:varied": "train_specs",
+    "shapes:heldout:varied": "held_out_specs",
+}
 DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000}
 
 
@@ -76,9 +84,11 @@ def shapes_captions(source: str, num_images: int, seed: int) -> list[str]:
     """Shapes-world captions, each combination of the source drawn evenly (±1) in a seeded order.
 
     Args:
-        source (`str`): `"shapes"` (all 324 combinations), `"shapes:train"` or `"shapes:heldout"`.
+        source (`str`): `"shapes"` (all 324 combinations), `"shapes:train"` or `"shapes:heldout"`, canonical; with
+            `":varied"` appended, each caption in a random phrasing (after the same order, so caption i describes the
+            same combination either way).
         num_images (`int`): How many captions.
-        seed (`int`): Seed of the order.
+        seed (`int`): Seed of the order and the phrasing.
     """
     from ..shapes import world
 
@@ -86,6 +96,8 @@ def shapes_captions(source: str, num_images: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     rounds = -(-num_images // len(specs))
     order = np.concatenate([rng.permutation(len(specs)) for _ in range(rounds)])[:num_images]
+    if source.endswith(":varied"):
+        return [world.describe(specs[i], rng) for i in order]
     return [specs[i].caption for i in order]
 
 
@@ -93,8 +105,9 @@ def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> 
     """The captions to sample for a source.
 
     Args:
-        source (`str`): `"shapes"`, `"shapes:train"` or `"shapes:heldout"`; a COCO folder (holding
-            `annotations/captions_val2014.json`) or a COCO captions `.json`; or a text file, one caption per line.
+        source (`str`): `"shapes"`, `"shapes:train"` or `"shapes:heldout"` (with `":varied"` appended, in varied
+            phrasings); a COCO folder (holding `annotations/captions_val2014.json`) or a COCO captions `.json`; or a
+            text file, one caption per line.
         num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (the papers' FID-30k), 1,000 for the
             shapes world and every line once for a text file. A text file shorter than `num_images` is repeated.
         seed (`int`, *optional*, defaults to 0): Seed of the COCO and shapes draws.

@@ -8,7 +8,7 @@ give the result of one, for the same seed.
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,8 @@ from .reference import SHAPES_REFERENCE, check_exists, reference_statistics
 
 GRID_SIZE = 16  # images in the report's grid: the first ones
 ATTRIBUTES = ("colour", "shape", "position", "size")
-# One row per image in the gathered scores: index, CLIP score, then the shapes scorer's attributes (NaN if unused).
+# One row per image in the gathered scores: index, CLIP score, then the shapes scorer's attributes (NaN if unused or
+# unstated by the caption).
 COLUMNS = ("index", "clip_score", *ATTRIBUTES)
 
 
@@ -95,11 +96,11 @@ def is_shapes_world(captions: list[str]) -> bool:
 
 
 def shapes_flags(image: Image.Image, caption: str) -> list[float]:
-    """The shapes scorer's verdict per attribute, as 1.0 / 0.0."""
+    """The shapes scorer's verdict per attribute, as 1.0 / 0.0, or NaN for one the caption leaves unstated."""
     from ..shapes.scorer import score_image
 
     verdict = score_image(image, caption)
-    return [float(verdict[key]) for key in ATTRIBUTES]
+    return [float(verdict.get(key, float("nan"))) for key in ATTRIBUTES]
 
 
 @torch.no_grad()
@@ -164,7 +165,7 @@ def evaluate(
         if shapes_reference and not shapes:
             raise ValueError(
                 "The 'shapes' FID reference renders the captions with the shapes world, but some captions are not "
-                "shapes-world captions ('a {size} {colour} {shape} at the {position}')"
+                "shapes-world captions (e.g. 'a {size} {colour} {shape} at the {position}')"
             )
         if not shapes_reference:
             check_exists(fid_reference)
@@ -246,8 +247,10 @@ def evaluate(
     if shapes:
         from ..shapes.scorer import accuracies
 
-        flags = scores[:, COLUMNS.index(ATTRIBUTES[0]) :].bool().tolist()  # (N, 4)
-        report["shapes"] = accuracies([dict(zip(ATTRIBUTES, row)) for row in flags])
+        flags = scores[:, COLUMNS.index(ATTRIBUTES[0]) :].tolist()  # (N, 4)
+        report["shapes"] = accuracies(
+            [{key: bool(flag) for key, flag in zip(ATTRIBUTES, row) if not np.isnan(flag)} for row in flags]
+        )
     report["seconds"] = round(time.perf_counter() - started, 1)
     if image_dir is not None and processes.index == 0:
         with open(Path(image_dir) / "metadata.jsonl", "w", encoding="utf-8") as f:
@@ -257,14 +260,18 @@ def evaluate(
 
 
 def shapes_renders(prompts: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
-    """Real shapes-world images of the captions, each with its own jitter, seeded by (seed, stream, index)."""
+    """Real shapes-world images of the captions, each with its own jitter, seeded by (seed, stream, index); a caption
+    that leaves the size unstated gets a size drawn first from the same generator."""
     from ..shapes.scorer import parse_caption
-    from ..shapes.world import render
+    from ..shapes.world import SIZES, render
 
-    return [
-        render(parse_caption(prompt), resolution, np.random.default_rng([seed, stream, index]))
-        for prompt, index in zip(prompts, batch)
-    ]
+    images = []
+    for prompt, index in zip(prompts, batch):
+        spec, rng = parse_caption(prompt), np.random.default_rng([seed, stream, index])
+        if spec.size is None:
+            spec = replace(spec, size=SIZES[rng.integers(len(SIZES))])
+        images.append(render(spec, resolution, rng))
+    return images
 
 
 def fid_results(extractor, reference, fid_reference, generated, renders, floor, processes) -> dict:

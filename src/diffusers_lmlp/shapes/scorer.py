@@ -3,7 +3,8 @@
 The background is estimated from the image border; each pixel's coverage α is its projection onto the direction
 from the background to the nearest palette colour. The colour is that palette colour; the shape is the template
 (rendered by the world itself at the measured centre and size) closest to the α map; the position is the grid
-cell of the shape's centre; the size compares the shape's radius with the midpoint of the world's two sizes.
+cell of the shape's centre; the size compares the shape's radius with the midpoint of the world's two sizes. A
+caption is scored on what it states: one that leaves the size unstated is neither right nor wrong about it.
 """
 
 import re
@@ -11,10 +12,31 @@ import re
 import numpy as np
 from PIL import Image
 
-from .world import COLOURS, POSITIONS, SHAPES, SIZE_RADII, SIZES, ShapeSpec, shape_coverage
+from .world import (
+    COLOURS,
+    POSITION_WORDS,
+    POSITIONS,
+    SHAPES,
+    SIZE_RADII,
+    SIZE_WORDS,
+    SIZES,
+    TEMPLATES,
+    ShapeSpec,
+    shape_coverage,
+)
 
 
-CAPTION = re.compile(r"^a (\w+) (\w+) (\w+) at the (.+)$")
+ATTRIBUTES = ("colour", "shape", "position", "size")
+# The slots of `TEMPLATES` as patterns: any words, so that a caption with an unknown word is told which word.
+SLOTS = {
+    "object": r"(?:a )?(?:(?P<size>\w+) )?(?P<colour>\w+) (?P<shape>\w+)",
+    "position": r"(?P<position>\w+(?: \w+)?)",
+}
+# One pattern per template, in the order of `TEMPLATES`: the template's text with each {slot} replaced.
+CAPTIONS = [re.compile(re.sub(r"\\\{(\w+)\\\}", lambda slot: SLOTS[slot[1]], re.escape(t))) for t in TEMPLATES]
+# A caption's word for a size or position → its canonical name.
+SIZE_NAMES = {word: size for size, words in SIZE_WORDS.items() for word in words}
+POSITION_NAMES = {words: position for position, phrases in POSITION_WORDS.items() for words in phrases}
 # Area of a shape of bounding-box half-side r, over r²: circle π, square 4, triangle 2.
 AREA_OVER_R2 = {"circle": np.pi, "square": 4.0, "triangle": 2.0}
 MIN_FOREGROUND = 0.25  # coverage below which a pixel is background
@@ -22,19 +44,33 @@ MIN_AREA = 2.0  # total coverage (pixels) below which the image shows no shape
 
 
 def parse_caption(text: str) -> ShapeSpec:
-    """Read a world caption such as "a small red circle at the top left".
+    """Read a world caption in any of its phrasings, e.g. "a small red circle at the top left", "red circle, upper
+    left" or "middle: a big blue square", whatever its case and spacing.
+
+    Returns:
+        `ShapeSpec`: What the caption states; `size` is `None` when it leaves the size unstated.
 
     Raises:
-        ValueError: for text that is not a caption of the world.
+        ValueError: for text that is not a caption of the world, naming the expected forms.
     """
-    match = CAPTION.match(text.strip().lower())
-    if match is None:
-        raise ValueError(f"{text!r} is not a shapes-world caption: expected 'a {{size}} {{colour}} {{shape}} at the "
-                         "{position}', e.g. 'a small red circle at the top left'.")  # fmt: skip
-    try:
-        return ShapeSpec(*match.groups())
-    except ValueError as error:
-        raise ValueError(f"{text!r} is not a shapes-world caption: {error}") from None
+    # "Red circle ,top  left" → "red circle, top left"
+    normal = " ".join(re.sub(r"\s*([,:])", r"\1 ", text.lower()).split())
+    problem = ""
+    for pattern in CAPTIONS:
+        if (match := pattern.fullmatch(normal)) is not None:
+            size, colour, shape, position = match.group("size", "colour", "shape", "position")
+            try:
+                return ShapeSpec(SIZE_NAMES.get(size, size), colour, shape, POSITION_NAMES.get(position, position))
+            except ValueError as error:
+                problem = f"{error} "
+                break
+    forms = ", ".join(f"'{template}'" for template in TEMPLATES)
+    raise ValueError(
+        f"{text!r} is not a shapes-world caption: {problem}Expected one of {forms}, where {{object}} is '[a] [{{size}}] "
+        f"{{colour}} {{shape}}' (article and size optional) and the words are: size {', '.join(SIZE_NAMES)}; "
+        f"colour {', '.join(COLOURS)}; shape {', '.join(SHAPES)}; position {', '.join(POSITION_NAMES)}. E.g. 'a small "
+        "red circle at the top left' or 'red circle, upper left'."
+    )
 
 
 def read_image(image: Image.Image | np.ndarray) -> dict[str, str] | None:
@@ -82,21 +118,23 @@ def score_image(image: Image.Image | np.ndarray, caption: str) -> dict[str, bool
 
     Args:
         image (`PIL.Image.Image` or `np.ndarray`): An RGB image of the world (H, W, 3).
-        caption (`str`): Its caption.
+        caption (`str`): Its caption, in any phrasing.
 
     Returns:
-        `dict[str, bool]`: keys "colour", "shape", "position", "size" (all `False` when no shape is visible).
+        `dict[str, bool]`: keys "colour", "shape", "position" and, when the caption states it, "size" (all `False`
+        when no shape is visible).
     """
     spec = parse_caption(caption)
     seen = read_image(image)
-    keys = ("colour", "shape", "position", "size")
+    keys = [key for key in ATTRIBUTES if getattr(spec, key) is not None]
     if seen is None:
         return dict.fromkeys(keys, False)
     return {key: seen[key] == getattr(spec, key) for key in keys}
 
 
 def score_images(images, captions: list[str]) -> dict[str, float]:
-    """Accuracy of each attribute over a set of images, plus "colour+position" (both right) and "all".
+    """Accuracy of each attribute over a set of images, plus "colour+position" (both right) and "all" (every stated
+    attribute right); see `accuracies`.
 
     Args:
         images (`list`): RGB images (PIL or (H, W, 3) arrays).
@@ -108,12 +146,14 @@ def score_images(images, captions: list[str]) -> dict[str, float]:
 
 
 def accuracies(results: list[dict[str, bool]]) -> dict[str, float]:
-    """Accuracy of each attribute over `score_image` results, plus "colour+position" (both right) and "all".
+    """Accuracy of each attribute over the `score_image` results that state it (no key for an attribute none
+    states), plus "colour+position" (both right) and "all" (every stated attribute right), over all results.
 
     Args:
         results (`list[dict[str, bool]]`): One `score_image` result per image.
     """
-    scores = {key: float(np.mean([r[key] for r in results])) for key in results[0]}
+    stated = [key for key in ATTRIBUTES if any(key in r for r in results)]
+    scores = {key: float(np.mean([r[key] for r in results if key in r])) for key in stated}
     scores["colour+position"] = float(np.mean([r["colour"] and r["position"] for r in results]))
     scores["all"] = float(np.mean([all(r.values()) for r in results]))
     return scores

@@ -11,10 +11,13 @@ from ..tiny import tiny_clip_text_encoder, tiny_clip_tokenizer
 from .world import COLOURS, SHAPES, SIZES
 
 
-# bos + "a {size} {colour} {shape} at the {position}" (≤ 8 words) + eos: every caption fits exactly, and the
-# backbone mixes no padding tokens (its sequence is 1 + 10 + 16 tokens; with 16 text tokens, 1 + 16 + 16).
+# bos + the longest phrasings (8 words and punctuation marks, e.g. "a small red circle at the top left") + eos: every
+# caption fits, and the backbone mixes no padding tokens (its sequence is 1 + 10 + 16 tokens; with 16 text tokens,
+# 1 + 16 + 16). "," and ":" are tokens of their own.
 TEXT_SEQ_LEN = 10
-WORLD_WORDS = ("a", "at", "the", *SIZES, *COLOURS, *SHAPES, "top", "bottom", "left", "right", "center")
+# The words of every phrasing (`world.phrasings`), one token each; new words go last, so that earlier ids stay.
+WORLD_WORDS = ("a", "at", "the", *SIZES, *COLOURS, *SHAPES, "top", "bottom", "left", "right", "center",
+               "in", "big", "upper", "lower", "middle", "centre")  # fmt: skip
 # The VAE of the shipped pipeline; the embedded default trains on its latents, so the two stay one file.
 VAE_PATH = Path(__file__).resolve().parent / "assets" / "pipeline" / "vae"
 

@@ -1,8 +1,11 @@
 """The shapes world: seeded, captioned images of one coloured shape on a grey background.
 
-Every image shows one shape, described by a `ShapeSpec` (size × colour × shape × position on a 3×3 grid) and
-captioned "a {size} {colour} {shape} at the {position}", e.g. "a small red circle at the top left". Of the 324
-caption combinations, a fixed tenth (`held_out_specs()`) never appears in training, to test composition.
+Every image shows one shape, described by a `ShapeSpec` (size × colour × shape × position on a 3×3 grid). Its
+canonical caption is "a {size} {colour} {shape} at the {position}", e.g. "a small red circle at the top left"; a
+dataset also phrases it in the other `TEMPLATES`, with or without "a", often without its size and with synonyms
+("red circle, top left", "upper left: a big red circle", ...), so that a model reads the words rather than their
+places (`describe`, `phrasings`). A fixed tenth of the 162 colour × shape × position combinations, at both sizes
+(`held_out_specs()`), never appears in training, with or without its size, to test composition.
 
 The geometry, in pixels of an `image_size`-sided image whose pixel (i, j) covers [j, j+1) × [i, i+1):
 
@@ -45,7 +48,31 @@ SIZE_RADII = {"small": 0.28, "large": 0.42}
 JITTER_SHIFT = 0.08  # largest shift of the centre per axis, as a fraction of a cell's side
 JITTER_SCALE = 0.1  # largest relative change of the radius
 SUPERSAMPLING = 4  # sub-pixel samples per axis for anti-aliasing
-HELD_OUT_STRIDE = 10  # every 10th combination of `all_specs()` is held out
+# The phrasings of a caption, the canonical one first. {object} is "[a] [{size}] {colour} {shape}": the article
+# and the size are optional. At most 8 words and punctuation marks ("a small red circle in the top left").
+TEMPLATES = (
+    "{object} at the {position}",
+    "{object} in the {position}",
+    "{object}, {position}",
+    "{position}: {object}",
+)
+# The words a caption may use for each size and position, the canonical one first.
+SIZE_WORDS = {"small": ("small",), "large": ("large", "big")}
+POSITION_WORDS = {
+    "top left": ("top left", "upper left"),
+    "top": ("top",),
+    "top right": ("top right", "upper right"),
+    "left": ("left",),
+    "center": ("center", "middle", "centre"),
+    "right": ("right",),
+    "bottom left": ("bottom left", "lower left"),
+    "bottom": ("bottom",),
+    "bottom right": ("bottom right", "lower right"),
+}
+CANONICAL_SHARE = 1 / 3  # share of `describe`'s captions that are canonical
+ARTICLE_SHARE = 1 / 2  # share of the others with the article "a"
+SIZELESS_SHARE = 3 / 8  # share of the others that leave the size unstated: a quarter of all captions
+HELD_OUT_STRIDE = 10  # every 10th colour × shape × position combination is held out, at both sizes
 DEFAULT_NUM_IMAGES = {"train": 8000, "heldout": 800}
 
 
@@ -54,13 +81,14 @@ class ShapeSpec:
     """What one image of the world shows, and what its caption says.
 
     Args:
-        size (`str`): One of `SIZES`.
+        size (`str` or `None`): One of `SIZES`; `None` for a caption that leaves the size unstated (such a spec
+            fits both sizes, and `render` refuses it).
         colour (`str`): One of `COLOURS`.
         shape (`str`): One of `SHAPES`.
         position (`str`): One of `POSITIONS`.
     """
 
-    size: str
+    size: str | None
     colour: str
     shape: str
     position: str
@@ -72,13 +100,62 @@ class ShapeSpec:
             ("shape", self.shape, SHAPES),
             ("position", self.position, POSITIONS),
         ):
-            if value not in allowed:
+            if value not in allowed and not (field == "size" and value is None):
                 raise ValueError(f"Unknown {field} {value!r}; choose one of {list(allowed)}.")
 
     @property
     def caption(self) -> str:
-        """The caption, e.g. "a small red circle at the top left"."""
-        return f"a {self.size} {self.colour} {self.shape} at the {self.position}"
+        """The canonical caption, e.g. "a small red circle at the top left" ("a red circle at the top left" without
+        size)."""
+        return phrase(TEMPLATES[0], True, self.size, self.colour, self.shape, self.position)
+
+
+def phrase(template: str, article: bool, size: str | None, colour: str, shape: str, position: str) -> str:
+    """Fill one of `TEMPLATES` with the words of a caption.
+
+    Args:
+        template (`str`): One of `TEMPLATES`.
+        article (`bool`): Whether the object starts with "a".
+        size (`str` or `None`): A word of `SIZE_WORDS`, or `None` to leave the size unstated.
+        colour (`str`): One of `COLOURS`.
+        shape (`str`): One of `SHAPES`.
+        position (`str`): Words of `POSITION_WORDS`, e.g. "upper left".
+    """
+    words = [word for word in ("a" if article else None, size, colour, shape) if word is not None]
+    return template.format(object=" ".join(words), position=position)
+
+
+def phrasings(spec: ShapeSpec) -> list[str]:
+    """Every caption that states what `spec` states, the canonical one first: each template, with and without the
+    article, with each word of its size (none for a sizeless spec) and of its position. E.g. 48 for a large shape at
+    the center, 8 for a sizeless one at the top."""
+    sizes = (None,) if spec.size is None else SIZE_WORDS[spec.size]
+    return [
+        phrase(template, article, size, spec.colour, spec.shape, position)
+        for template in TEMPLATES
+        for article in (True, False)
+        for size in sizes
+        for position in POSITION_WORDS[spec.position]
+    ]
+
+
+def describe(spec: ShapeSpec, rng: np.random.Generator) -> str:
+    """A random caption of `spec`: canonical with probability `CANONICAL_SHARE`; otherwise a uniformly drawn
+    template, with the article with probability `ARTICLE_SHARE`, without the size with probability `SIZELESS_SHARE`
+    and with uniformly drawn words for its size and position.
+
+    Args:
+        spec (`ShapeSpec`): What the caption describes; a sizeless spec gets sizeless captions.
+        rng (`np.random.Generator`): The draws.
+    """
+    if rng.random() < CANONICAL_SHARE:
+        return spec.caption
+    template = TEMPLATES[rng.integers(len(TEMPLATES))]
+    article = rng.random() < ARTICLE_SHARE
+    sizes = (None,) if spec.size is None or rng.random() < SIZELESS_SHARE else SIZE_WORDS[spec.size]
+    positions = POSITION_WORDS[spec.position]
+    size, position = sizes[rng.integers(len(sizes))], positions[rng.integers(len(positions))]
+    return phrase(template, article, size, spec.colour, spec.shape, position)
 
 
 def all_specs() -> list[ShapeSpec]:
@@ -87,12 +164,15 @@ def all_specs() -> list[ShapeSpec]:
 
 
 def held_out_specs() -> list[ShapeSpec]:
-    """The combinations never seen in training: every `HELD_OUT_STRIDE`-th of `all_specs()` (32 of 324).
+    """The combinations never seen in training, in the order of `all_specs()`: both sizes of every
+    `HELD_OUT_STRIDE`-th colour × shape × position combination (16 of 162, so 32 of 324 specs).
 
-    The stride is coprime with the 9 positions and spreads the held-out combinations over every size, colour, shape
-    and position, while each value still occurs in many training combinations.
+    A caption that leaves the size unstated names only colour, shape and position, so whole triples are held out.
+    The stride spreads them over every colour, shape and position, while each value still occurs in many training
+    combinations.
     """
-    return all_specs()[HELD_OUT_STRIDE // 2 :: HELD_OUT_STRIDE]
+    triples = list(product(COLOURS, SHAPES, POSITIONS))[HELD_OUT_STRIDE // 2 :: HELD_OUT_STRIDE]
+    return [spec for spec in all_specs() if (spec.colour, spec.shape, spec.position) in triples]
 
 
 def train_specs() -> list[ShapeSpec]:
@@ -148,6 +228,8 @@ def render(spec: ShapeSpec, image_size: int = IMAGE_SIZE, rng: np.random.Generat
     Returns:
         `PIL.Image.Image`: An RGB image.
     """
+    if spec.size is None:
+        raise ValueError(f"{spec} states no size, so it cannot be drawn: give it one of {list(SIZES)}.")
     cell = image_size / 3
     centre_x, centre_y = cell_centre(spec.position, image_size)
     radius = SIZE_RADII[spec.size] * cell
@@ -167,13 +249,14 @@ def make_dataset(
     """A captioned image dataset of the world, identical for equal arguments.
 
     The split's combinations are drawn evenly (each appears `num_images / len(specs)` times, ±1) in a seeded random
-    order, and each image gets its own jitter.
+    order, and each image gets its own jitter. Each caption is drawn by `describe` from a second seeded stream (so
+    the images do not depend on the phrasing): over a third are canonical, a quarter leave the size unstated.
 
     Args:
         split (`str`, *optional*, defaults to `"train"`): `"train"` (`train_specs()`) or `"heldout"`
             (`held_out_specs()`).
         num_images (`int`, *optional*): Number of rows; 8000 for `"train"` and 800 for `"heldout"` when not given.
-        seed (`int`, *optional*, defaults to 0): Seed of the order and the jitter.
+        seed (`int`, *optional*, defaults to 0): Seed of the order, the jitter and the phrasing.
         image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side of the images, in pixels.
 
     Returns:
@@ -187,11 +270,13 @@ def make_dataset(
         raise ValueError(f"`num_images` must be non-negative, got {num_images}.")
     specs = splits[split]()
     rng = np.random.default_rng([seed, list(splits).index(split)])
+    phrasing_rng = np.random.default_rng([seed, list(splits).index(split), 1])
     num_rounds = -(-num_images // len(specs))
     order = np.concatenate([rng.permutation(len(specs)) for _ in range(num_rounds)])[:num_images]
     images = [render(specs[i], image_size, rng) for i in order]
+    captions = [describe(specs[i], phrasing_rng) for i in order]
     features = Features({"image": ImageFeature(), "text": Value("string")})
-    return Dataset.from_dict({"image": images, "text": [specs[i].caption for i in order]}, features=features)
+    return Dataset.from_dict({"image": images, "text": captions}, features=features)
 
 
 def write_imagefolder(dataset: Dataset, directory: str | os.PathLike) -> str | os.PathLike:
