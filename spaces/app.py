@@ -14,7 +14,9 @@ Environment variables:
 
 The UI and the named API endpoint `/generate` run the same function. Every input is checked on the server by
 `validate_inputs` (API calls do not pass through the browser's sliders), and a bad value raises `gr.Error` with a
-message that names the input and its allowed range. The app takes no files, so the server refuses any upload over
+message that names the input and its allowed range. A model whose tokenizer has a closed vocabulary (as the shapes
+model's: a few dozen words) lists its words in the model panel; a prompt that is mostly other words is refused, and one
+with a few gets a warning that names them. The app takes no files, so the server refuses any upload over
 `MAX_FILE_SIZE` (gradio answers HTTP 413): anonymous visitors cannot fill the Space's disk through
 `/gradio_api/upload`.
 """
@@ -45,7 +47,8 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import EntryNotFoundError, HFValidationError
 from PIL import Image
 
-from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp import LMLPPipeline, unknown_words
+from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary, prompt_words
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
@@ -55,6 +58,8 @@ MAX_PROMPT_CHARS = 400
 MAX_STEPS = 100
 MAX_IMAGES = 4
 MAX_GUIDANCE = 10.0
+# A prompt with more than this share of its words outside a closed vocabulary is refused; with fewer, flagged.
+MAX_UNKNOWN_SHARE = 0.5
 DEFAULT_STEPS = 50  # both papers sample with 50 DPM-Solver++ steps
 DEFAULT_GUIDANCE = 2.0  # diffusers' g = s + 1 for the papers' s = 1
 DEFAULT_QUEUE_SIZE = 32
@@ -95,6 +100,8 @@ class GenerationRequest:
     num_inference_steps: int
     guidance_scale: float
     num_images: int
+    # Messages to show the user: the prompts' words outside the model's closed vocabulary.
+    warnings: tuple[str, ...] = ()
 
 
 def invalid_input(message: str) -> gr.Error:
@@ -103,10 +110,11 @@ def invalid_input(message: str) -> gr.Error:
     return gr.Error(message, title="Invalid input", print_exception=False)
 
 
-def _check_text(name: str, value, tokenizer, required: bool) -> str:
-    """`value` stripped, if it is a string within the character and token limits; else raise `gr.Error`."""
+def _check_text(name: str, value, tokenizer, required: bool) -> tuple[str, str | None]:
+    """`value` stripped, if it is a string within the character and token limits and not mostly unknown words
+    (`_check_words`), and the warning for the unknown words it has; else raise `gr.Error`."""
     if value is None and not required:
-        return ""
+        return "", None
     if not isinstance(value, str):
         raise invalid_input(f"The {name} must be text, got {type(value).__name__}.")
     text = value.strip()
@@ -114,14 +122,43 @@ def _check_text(name: str, value, tokenizer, required: bool) -> str:
         raise invalid_input(f"The {name} is empty: describe the image you want (1 to {MAX_PROMPT_CHARS} characters).")
     if len(text) > MAX_PROMPT_CHARS:
         raise invalid_input(f"The {name} has {len(text)} characters; at most {MAX_PROMPT_CHARS} are allowed.")
-    if tokenizer is not None and text:
+    if tokenizer is None:
+        return text, None
+    # Words first: a closed vocabulary spells an unknown word byte by byte, which is also what makes a text too long.
+    warning = _check_words(name, text, tokenizer)
+    if text:
         num_tokens = len(tokenizer(text, verbose=False).input_ids)  # with the start and end tokens
         if num_tokens > tokenizer.model_max_length:
             raise invalid_input(
                 f"The {name} is {num_tokens} tokens long (with the start and end tokens), but this model reads at "
                 f"most {tokenizer.model_max_length}; shorten it so that nothing is cut off."
+                + (f" {warning}" if warning else "")
             )
-    return text
+    return text, warning
+
+
+def _check_words(name: str, text: str, tokenizer) -> str | None:
+    """Raise `gr.Error` if most words of `text` are outside the tokenizer's closed vocabulary (see `known_words`).
+
+    Returns:
+        `str` or `None`: A warning naming the unknown words when there are some, but at most `MAX_UNKNOWN_SHARE` of
+        the words; None when every word is known, or the vocabulary is open.
+    """
+    unknown = unknown_words(tokenizer, text)
+    if not unknown:
+        return None
+    words = prompt_words(tokenizer, text)
+    num_unknown = sum(word in unknown for word in words)
+    named = ", ".join(map(repr, unknown))
+    if num_unknown > MAX_UNKNOWN_SHARE * len(words):
+        raise invalid_input(
+            f"The {name} is mostly words this model does not know ({num_unknown} of its {len(words)} words: "
+            f"{named}), so it would generate noise. This model knows only {describe_vocabulary(tokenizer)}."
+        )
+    return (
+        f"The {name} has words this model does not know: {named}. They do not steer the images; the model panel "
+        "lists the words it knows."
+    )
 
 
 def _check_int(name: str, value, low: int, high: int) -> int:
@@ -156,13 +193,17 @@ def validate_inputs(
         num_inference_steps: Whole number from 1 to `MAX_STEPS`.
         guidance_scale: Finite number from 0 to `MAX_GUIDANCE` (diffusers' convention; ≤ 1 means no guidance).
         num_images: Whole number from 1 to `MAX_IMAGES`.
-        tokenizer (`CLIPTokenizer`, *optional*): The pipeline's tokenizer, to count the prompts' tokens.
+        tokenizer (`CLIPTokenizer`, *optional*): The pipeline's tokenizer, to count the prompts' tokens and, for a
+            closed vocabulary, to refuse prompts that are mostly unknown words (more than `MAX_UNKNOWN_SHARE`) and
+            flag those with some.
 
     Returns:
-        `GenerationRequest`: The inputs with whole numbers as `int`, the guidance as `float` and stripped texts.
+        `GenerationRequest`: The inputs with whole numbers as `int`, the guidance as `float` and stripped texts, and
+        the warnings to show.
     """
-    prompt = _check_text("prompt", prompt, tokenizer, required=True)
-    negative_prompt = _check_text("negative prompt", negative_prompt, tokenizer, required=False)
+    prompt, prompt_warning = _check_text("prompt", prompt, tokenizer, required=True)
+    negative_prompt, negative_warning = _check_text("negative prompt", negative_prompt, tokenizer, required=False)
+    warnings = tuple(message for message in (prompt_warning, negative_warning) if message)
     seed = _check_int("seed", seed, 0, MAX_SEED)
     if not isinstance(randomize_seed, bool):
         raise invalid_input(f"'Randomize seed' must be true or false, got {randomize_seed!r}.")
@@ -172,7 +213,7 @@ def validate_inputs(
         raise invalid_input(f"The guidance scale must be a number from 0 to {MAX_GUIDANCE:g}, got {guidance_scale!r}.")
     num_images = _check_int("number of images", num_images, 1, MAX_IMAGES)
     return GenerationRequest(
-        prompt, negative_prompt, seed, randomize_seed, num_inference_steps, float(guidance_scale), num_images
+        prompt, negative_prompt, seed, randomize_seed, num_inference_steps, float(guidance_scale), num_images, warnings
     )
 
 
@@ -255,7 +296,7 @@ def training_data(card: ModelCard | None) -> str:
 
 
 def describe_model(pipe: LMLPPipeline, source: str) -> str:
-    """The model panel: backbone kind, parameter count, native resolution, text length and training data.
+    """The model panel: backbone kind, parameter count, native resolution, text length, vocabulary and training data.
 
     Args:
         pipe (`LMLPPipeline`): The served pipeline.
@@ -277,6 +318,11 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
     latent = config.sample_size
     shipped = os.path.isdir(source) and os.path.samefile(source, PIPELINE_PATH)
     origin = "ships with diffusers-lmlp: `pretrained_shapes_pipeline()`" if shipped else f"`{source}`"
+    vocabulary = describe_vocabulary(pipe.tokenizer)
+    if vocabulary is None:
+        vocabulary = "open: the tokenizer spells any word in subword pieces the text encoder knows"
+    else:
+        vocabulary = f"closed: use only its {vocabulary}"
     return "\n".join(
         [
             f"### Model: {name}",
@@ -287,6 +333,7 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
             f"- **Native resolution:** {pipe.native_size}×{pipe.native_size} px ({latent}×{latent} latents × VAE "
             f"factor {pipe.vae_scale_factor}); images are shown unresampled",
             f"- **Text:** up to {pipe.tokenizer.model_max_length} tokens, start and end tokens included",
+            f"- **Vocabulary:** {vocabulary}",
             f"- **Training data:** {training_data(card)}",
             f"- **Running on:** {pipe.device.type}, {str(backbone.dtype).removeprefix('torch.')}",
         ]
@@ -359,6 +406,8 @@ def make_generate_fn(pipe: LMLPPipeline) -> Callable:
             num_images,
             tokenizer=pipe.tokenizer,
         )
+        for message in request.warnings:
+            gr.Warning(message, title="Unknown words")
         seed = random.randint(0, MAX_SEED) if request.randomize_seed else request.seed
         return sample(request, seed, progress), seed
 

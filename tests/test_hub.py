@@ -14,16 +14,18 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelInfo, RepoUrl, Sp
 from huggingface_hub.errors import RepositoryNotFoundError
 from PIL import Image
 from test_pipeline_loading import fill_hub_cache
+from test_vocabulary import subword_tokenizer
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_space, write_model_card
 from diffusers_lmlp.hub.__main__ import main
-from diffusers_lmlp.hub.card import block_markers
+from diffusers_lmlp.hub.card import GENERIC_PROMPT, block_markers
 from diffusers_lmlp.hub.model import TEXT_LIMIT
 from diffusers_lmlp.hub.space import PACKAGE_DIR
 from diffusers_lmlp.hub.upload import looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, tiny_clip_text_encoder
 
 
 PIPELINE_FILES = {
@@ -269,7 +271,7 @@ def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_pat
     assert f"({num_params:,} parameters)" in card.text
     assert "- Training: 120 steps on 2 process(es)" in card.text
     assert "- Fine-tuned from [bob/lmlp-base](https://huggingface.co/bob/lmlp-base)" in card.text
-    code = card.text.split("```python\n")[1].split("```")[0]
+    code = usage_code(card)
     assert code.index("import diffusers_lmlp") < code.index('LMLPPipeline.from_pretrained("alice/tiny-lmlp")')
 
 
@@ -328,6 +330,55 @@ def test_training_script_push_uploads_the_run_without_its_state(pipe, hub_calls,
     assert "- Training: 10 steps on the procedural shapes world, batch 64" in card.text
     assert card.text.count("## Use") == 1 and card.text.count("![samples](samples.png)") == 1
     assert 'from_pretrained("alice/lmlp-model")' in card.text and 'from_pretrained("lmlp-model")' not in card.text
+
+
+def usage_code(card: ModelCard) -> str:
+    """The Python snippet of a card's usage block."""
+    return card.text.split("```python\n")[1].split("```")[0]
+
+
+def test_card_lists_the_closed_vocabulary_and_its_snippet_samples_a_caption_as_the_scores_were(
+    pipe, tmp_path, monkeypatch, caplog
+):
+    folder = tmp_path / "tiny-lmlp"
+    pipe.save_pretrained(folder)
+    sampler = {"scheduler": "DPMSolverMultistepScheduler", "num_inference_steps": 3, "guidance_scale": 1.5}
+    sampler.update(batch_size=100, dtype="float32", resolution=16)
+    summary = {"steps": 10, "evaluation_sampler": sampler, "sample_prompts": ["a small red circle", "a blue square"]}
+    card = write_model_card(folder, pipe, summary=summary)
+
+    words = sorted(word for word in TINY_VOCAB_WORDS if len(word) > 1)
+    assert (
+        f"- Vocabulary: closed, {len(words)} words: {', '.join(words)}, and any single letter or digit. " in card.text
+    )
+    assert (
+        "- Scores measured (`diffusers_lmlp.evaluation`) with the sampler settings "
+        "`scheduler=DPMSolverMultistepScheduler`, `num_inference_steps=3`, `guidance_scale=1.5`, `batch_size=100`, "
+        "`dtype=float32`, `resolution=16`\n"
+    ) in card.text
+    code = usage_code(card)
+    assert 'image = pipe("a small red circle", num_inference_steps=3, guidance_scale=1.5).images[0]' in code
+    assert "These are the settings the scores were measured with." in card.text
+
+    # The snippet runs as a user pastes it (the repo id is the folder's name here), and its caption is all known words.
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(code, namespace)
+    assert namespace["image"].size == (16, 16)
+    assert "outside the tokenizer's vocabulary" not in caplog.text
+
+
+def test_card_of_an_open_vocabulary_lists_no_words_and_its_snippet_has_a_generic_prompt(pipe, tmp_path):
+    tokenizer = subword_tokenizer(tmp_path / "tokenizer")
+    open_pipe = LMLPPipeline(
+        **{**pipe.components, "tokenizer": tokenizer, "text_encoder": tiny_clip_text_encoder(tokenizer)}
+    )
+    folder = tmp_path / "open"
+    open_pipe.save_pretrained(folder)
+    card = write_model_card(folder, open_pipe)
+    assert "Vocabulary" not in card.text and "Scores measured" not in card.text
+    assert f"image = pipe({json.dumps(GENERIC_PROMPT)}).images[0]" in usage_code(card)
+    assert "These are the settings" not in card.text
 
 
 def test_committed_shapes_pipeline_stages_with_its_card(tmp_path):

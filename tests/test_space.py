@@ -9,6 +9,7 @@ import pytest
 import torch
 from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
+from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
@@ -87,6 +88,36 @@ def test_validate_inputs_refuses_prompts_longer_than_the_tokenizer_takes(shapes_
     app.validate_inputs(**VALID, tokenizer=tokenizer)
 
 
+def test_validate_inputs_refuses_prompts_of_mostly_unknown_words_with_the_known_ones(shapes_pipe):
+    tokenizer = shapes_pipe.tokenizer
+    known = describe_vocabulary(tokenizer)
+    assert "circle, cyan, green" in known and known.endswith("and any single letter or digit")
+    with pytest.raises(gr.Error) as error:
+        app.validate_inputs(**{**VALID, "prompt": "A dog on a beach!"}, tokenizer=tokenizer)
+    assert error.value.message == (
+        "The prompt is mostly words this model does not know (3 of its 5 words: 'dog', 'on', 'beach'), so it would "
+        f"generate noise. This model knows only {known}."
+    )
+    with pytest.raises(gr.Error, match=r"negative prompt is mostly words .* \(1 of its 1 words: 'blurry'\)"):
+        app.validate_inputs(**{**VALID, "negative_prompt": "blurry"}, tokenizer=tokenizer)
+
+
+def test_validate_inputs_flags_prompts_with_some_unknown_words(shapes_pipe):
+    tokenizer = shapes_pipe.tokenizer
+    flag = (
+        "The prompt has words this model does not know: 'xyz'. They do not steer the images; the model panel lists "
+        "the words it knows."
+    )
+    request = app.validate_inputs(**{**VALID, "prompt": "a red circle xyz"}, tokenizer=tokenizer)  # 8 tokens
+    assert request.prompt == "a red circle xyz" and request.warnings == (flag,)
+    assert app.validate_inputs(**VALID, tokenizer=tokenizer).warnings == ()
+    assert app.validate_inputs(**{**VALID, "prompt": "a dog on a beach"}).warnings == ()  # no tokenizer: no check
+    # An unknown word is spelled byte by byte, which is what makes this prompt too long: the message says so.
+    with pytest.raises(gr.Error) as error:
+        app.validate_inputs(**{**VALID, "prompt": f"{PROMPT} xyz"}, tokenizer=tokenizer)
+    assert error.value.message.endswith(f"at most 10; shorten it so that nothing is cut off. {flag}")
+
+
 @pytest.mark.parametrize("bf16_seconds, expected", [(0.001, True), (0.0079, True), (0.0081, False), (0.5, False)])
 def test_cpu_prefers_bf16_only_when_it_is_clearly_faster(bf16_seconds, expected):
     def timer(dtype):
@@ -138,6 +169,7 @@ def test_model_panel_describes_the_shipped_model(shapes_pipe):
     assert "UL-MLP (`LMLPTransformer2DModel`)" in text and "MoE-MLP" not in text
     assert "32×32 px (8×8 latents × VAE factor 4)" in text
     assert "up to 10 tokens" in text
+    assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in text
     assert "**Training data:** 2600 steps on the procedural shapes world" in text
     assert "cpu, float32" in text
 
@@ -183,3 +215,13 @@ def test_generate_refuses_bad_input_before_sampling(shapes_pipe, monkeypatch):
     monkeypatch.setattr(type(shapes_pipe), "__call__", lambda *args, **kwargs: pytest.fail("sampled"))
     with pytest.raises(gr.Error, match="number of images must be a whole number from 1 to 4, got 9"):
         app.make_generate_fn(shapes_pipe)(*{**VALID, "num_images": 9}.values())
+    with pytest.raises(gr.Error, match="prompt is mostly words this model does not know"):
+        app.make_generate_fn(shapes_pipe)(*{**VALID, "prompt": "a dog on a beach"}.values())
+
+
+def test_generate_shows_the_warning_for_unknown_words(shapes_pipe):
+    # Outside a request, gradio turns `gr.Warning` into a Python warning; in the UI it is a toast.
+    generate = app.make_generate_fn(shapes_pipe)
+    with pytest.warns(UserWarning, match="The prompt has words this model does not know: 'xyz'"):
+        images, _ = generate(*{**VALID, "prompt": "a red circle xyz", "num_images": 1}.values())
+    assert len(images) == 1

@@ -13,7 +13,7 @@ from .models import (
     convert_lmlp_reference_state_dict,
     load_balancing_loss,
 )
-from .pipelines import LMLPPipeline, default_scheduler
+from .pipelines import LMLPPipeline, default_scheduler, known_words, unknown_words
 
 
 __version__ = "0.1.0.dev0"
@@ -25,7 +25,9 @@ __all__ = [
     "MoEMLPModelOutput",
     "convert_lmlp_reference_state_dict",
     "default_scheduler",
+    "known_words",
     "load_balancing_loss",
+    "unknown_words",
 ]
 
 # `save_pretrained` records a component's `__module__`; pinning it to the package keeps model_index.json entries

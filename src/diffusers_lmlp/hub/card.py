@@ -5,15 +5,17 @@ is the user's and is kept as it is when a card is updated:
 
 - metadata: `library_name` and `pipeline_tag` are set, our tags are added to the existing ones, and `license`,
   `datasets` and `base_model` are set when given (the license defaults to apache-2.0 when the card has none);
-- the `description` block (architecture, parameter count, training recipe and scores, sample grid) is written at
-  training time, when the training arguments are known (and on a push of a folder that has no card yet);
-- the `usage` block (how to load the model from its repo id) is written again on every push, when the repo id is
-  known.
+- the `description` block (architecture, parameter count, a closed vocabulary's words, training recipe, scores and
+  the sampler settings they were measured with, sample grid) is written at training time, when the training
+  arguments are known (and on a push of a folder that has no card yet);
+- the `usage` block (how to load the model from its repo id and sample a caption of its sample grid with the
+  settings of its scores) is written again on every push, when the repo id is known.
 
 Each block sits between `<!-- begin diffusers-lmlp:<name> ... -->` and `<!-- end diffusers-lmlp:<name> -->`
 markers. A block found in the card is replaced in place; a missing one is appended at the end of the body.
 """
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -22,9 +24,15 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from ..pipelines.vocabulary import describe_vocabulary
+
 
 DEFAULT_LICENSE = "apache-2.0"
 BASE_TAGS = ("text-to-image", "diffusers", "diffusers-lmlp", "mlp")
+# The usage snippet's prompt when the training summary records no sample-grid captions (`sample_prompts`).
+GENERIC_PROMPT = "a photograph of an astronaut riding a horse"
+# The settings of the scores' sampler (`summary["evaluation_sampler"]`) that are `LMLPPipeline.__call__` arguments.
+SAMPLER_CALL_ARGUMENTS = ("num_inference_steps", "guidance_scale")
 
 
 def block_markers(name: str) -> tuple[str, str]:
@@ -74,7 +82,9 @@ def write_model_card(
         pipe (`LMLPPipeline`): The saved pipeline (its backbone config goes into the card).
         args (`Mapping`, *optional*): The training arguments (recipe, `dataset_name`, `pretrained_model_name_or_path`
             as the base model, `hub_model_id` for the usage snippet).
-        summary (`Mapping`, *optional*): Training results (`steps`, `train_seconds`, `num_processes`, `scores`).
+        summary (`Mapping`, *optional*): Training results (`steps`, `train_seconds`, `num_processes`, `scores`,
+            `shapes_fid`, `evaluation_sampler`), and `sample_prompts`, the sample grid's captions: the usage snippet
+            samples the first with the `evaluation_sampler` settings.
         sample_grid (`str` or `os.PathLike`, *optional*): A sample grid inside `folder` to show.
 
     Returns:
@@ -92,7 +102,7 @@ def write_model_card(
             "description": describe_pipeline(
                 pipe, folder.resolve().name, args=args, summary=summary, sample_grid=sample_grid, base_model=base_model
             ),
-            "usage": usage_section(args.get("hub_model_id") or folder.resolve().name),
+            "usage": usage_section(args.get("hub_model_id") or folder.resolve().name, summary=summary),
         },
         base_model=base_model,
         datasets=[dataset] if dataset else None,
@@ -155,7 +165,8 @@ def describe_pipeline(
     sample_grid: str | os.PathLike | None = None,
     base_model: str | None = None,
 ) -> str:
-    """The `description` block: the backbone, its size, how it was trained and how well it does.
+    """The `description` block: the backbone, its size, its vocabulary when closed, how it was trained and how well
+    it does, with the sampler settings of the scores.
 
     Args:
         pipe (`LMLPPipeline`): The pipeline to describe.
@@ -188,6 +199,12 @@ def describe_pipeline(
         f"- Native resolution: {pipe.native_size}×{pipe.native_size} px; latent scale "
         f"{pipe.vae.config.scaling_factor:.5f}",
     ]
+    vocabulary = describe_vocabulary(pipe.tokenizer)
+    if vocabulary is not None:
+        lines.append(
+            f"- Vocabulary: closed, {vocabulary}. The tokenizer spells any other word byte by byte, into tokens the "
+            "model was not trained on, and the pipeline warns about such words"
+        )
     if base_model:
         lines.append(f"- Fine-tuned from [{base_model}](https://huggingface.co/{base_model})")
     if "learning_rate" in args:
@@ -212,26 +229,30 @@ def describe_pipeline(
             f"against real renders: {fid['fid_floor']:.2f})"
         )
     if "evaluation_sampler" in summary:
-        sampler = summary["evaluation_sampler"]
-        lines.append(
-            f"- Scores measured with `python -m diffusers_lmlp.evaluation` settings: {sampler['scheduler']}, "
-            f"{sampler['num_inference_steps']} steps, guidance scale {sampler['guidance_scale']}"
-        )
+        settings = ", ".join(f"`{key}={value}`" for key, value in summary["evaluation_sampler"].items())
+        lines.append(f"- Scores measured (`diffusers_lmlp.evaluation`) with the sampler settings {settings}")
     if sample_grid is not None:
         lines += ["", f"![samples]({Path(sample_grid).name})"]
     return "\n".join(lines)
 
 
-def usage_section(repo_id: str, sample_grid: str | None = None) -> str:
-    """The `usage` block: how to load the pipeline from `repo_id`.
+def usage_section(repo_id: str, sample_grid: str | None = None, summary: Mapping | None = None) -> str:
+    """The `usage` block: how to load the pipeline from `repo_id` and sample it.
 
     Args:
         repo_id (`str`): The Hub repo id (or local folder) to load from.
         sample_grid (`str`, *optional*): A sample grid to show first, for cards that do not show one yet.
+        summary (`Mapping`, *optional*): Training results (`training_summary.json`). The snippet samples the first
+            of its `sample_prompts` (else `GENERIC_PROMPT`) with the `num_inference_steps` and `guidance_scale` of
+            its `evaluation_sampler`, the settings the scores were measured with (else the pipeline's defaults).
 
     Returns:
         `str`: Markdown.
     """
+    summary = summary or {}
+    prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
+    sampler = summary.get("evaluation_sampler", {})
+    settings = "".join(f", {key}={sampler[key]!r}" for key in SAMPLER_CALL_ARGUMENTS if key in sampler)
     lines = [f"![samples]({sample_grid})", ""] if sample_grid else []
     return "\n".join(
         lines
@@ -245,10 +266,11 @@ def usage_section(repo_id: str, sample_grid: str | None = None) -> str:
             "from diffusers_lmlp import LMLPPipeline",
             "",
             f'pipe = LMLPPipeline.from_pretrained("{repo_id}")',
-            'image = pipe("a prompt", guidance_scale=2.0).images[0]',
+            f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]",
             "```",
             "",
-            "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1). Load Hub repos with "
+            ("These are the settings the scores were measured with. " if settings else "")
+            + "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1). Load Hub repos with "
             "`LMLPPipeline.from_pretrained`: diffusers' `DiffusionPipeline.from_pretrained` refuses third-party "
             "component libraries for Hub ids.",
         ]

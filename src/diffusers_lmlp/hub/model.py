@@ -184,16 +184,16 @@ def stage_pipeline(
     card_path = target / "README.md"
     existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
     grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
+    summary_path = target / TRAINING_SUMMARY
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
     if existing is None:
-        summary_path = target / TRAINING_SUMMARY
-        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
         description = describe_pipeline(
             pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
         )
-        blocks = {"description": description, "usage": usage_section(repo_id)}
+        blocks = {"description": description, "usage": usage_section(repo_id, summary=summary)}
     else:
         shown = grid is not None and grid in without_block(existing, "usage")
-        blocks = {"usage": usage_section(repo_id, sample_grid=None if shown else grid)}
+        blocks = {"usage": usage_section(repo_id, sample_grid=None if shown else grid, summary=summary)}
     card = update_card(
         existing, pipe, blocks, license=license, datasets=list(datasets) if datasets else None, base_model=base_model
     )

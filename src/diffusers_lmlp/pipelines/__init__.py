@@ -1,4 +1,5 @@
 from .pipeline_lmlp import LMLPPipeline, default_scheduler
+from .vocabulary import known_words, unknown_words
 
 
-__all__ = ["LMLPPipeline", "default_scheduler"]
+__all__ = ["LMLPPipeline", "default_scheduler", "known_words", "unknown_words"]

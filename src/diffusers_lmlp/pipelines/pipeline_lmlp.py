@@ -36,6 +36,7 @@ from huggingface_hub import snapshot_download
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..models import LMLPTransformer2DModel, MoEMLPModel
+from .vocabulary import unknown_words
 
 
 logger = logging.get_logger(__name__)
@@ -342,18 +343,39 @@ class LMLPPipeline(DiffusionPipeline):
         """Decode in one piece again."""
         self.vae.disable_tiling()
 
-    def _encode_text(self, texts: list[str], device: torch.device) -> torch.Tensor:
+    def _warn_unknown_words(self, texts: list[str], name: str) -> None:
+        """Log a warning for each distinct text with words outside a closed vocabulary (see `known_words`)."""
+        for text in dict.fromkeys(texts):
+            unknown = unknown_words(self.tokenizer, text)
+            if unknown:
+                logger.warning(
+                    f"The {name} {text!r} has words outside the tokenizer's vocabulary: "
+                    f"{', '.join(map(repr, unknown))}. This tokenizer has whole-word tokens for a closed list of "
+                    "words only and spells any other word byte by byte, into tokens the model was not trained on, "
+                    "so these words do not steer the image. Use only the known words: "
+                    "`diffusers_lmlp.known_words(pipe.tokenizer)` lists them."
+                )
+
+    def _encode_text(self, texts: list[str], device: torch.device, name: str = "prompt") -> torch.Tensor:
         """CLIP's last hidden state of each text, tokenised to `model_max_length` with padding and truncation.
+
+        Warns (once per distinct text) about words outside a closed vocabulary and about truncated texts.
+
+        Args:
+            texts (`list[str]`): The texts.
+            device (`torch.device`): Device of the returned states.
+            name (`str`, *optional*, defaults to `"prompt"`): What the texts are, for the warnings.
 
         Returns:
             `torch.Tensor`: (len(texts), model_max_length, hidden_size) text states.
         """
+        self._warn_unknown_words(texts, name)
         max_length = self.tokenizer.model_max_length
         for text, ids in zip(texts, self.tokenizer(texts, verbose=False).input_ids):
             if len(ids) > max_length:
                 dropped = self.tokenizer.decode(ids[max_length - 1 : -1])  # the truncated ids keep bos ... eos
                 logger.warning(
-                    f"The prompt {text!r} is longer than the {max_length} tokens the text encoder takes and was "
+                    f"The {name} {text!r} is longer than the {max_length} tokens the text encoder takes and was "
                     f"truncated; this part was dropped: {dropped!r}"
                 )
         input_ids = self.tokenizer(
@@ -393,7 +415,7 @@ class LMLPPipeline(DiffusionPipeline):
         if do_classifier_free_guidance and negative_prompt_embeds is None:
             negative_prompt = "" if negative_prompt is None else negative_prompt
             negatives = [negative_prompt] * batch_size if isinstance(negative_prompt, str) else negative_prompt
-            negative_prompt_embeds = self._encode_text(negatives, device)  # (B, T, D)
+            negative_prompt_embeds = self._encode_text(negatives, device, name="negative prompt")  # (B, T, D)
 
         prompt_embeds = prompt_embeds.to(device).repeat_interleave(num_images_per_prompt, dim=0)  # (B·n, T, D)
         if negative_prompt_embeds is not None:
@@ -600,7 +622,8 @@ class LMLPPipeline(DiffusionPipeline):
         """Generate images from text.
 
         Args:
-            prompt (`str` or `list[str]`, *optional*): The prompt(s); or pass `prompt_embeds`.
+            prompt (`str` or `list[str]`, *optional*): The prompt(s); or pass `prompt_embeds`. A warning names the
+                words of a prompt outside a closed vocabulary, such as the shapes world's (`known_words`).
             negative_prompt (`str` or `list[str]`, *optional*): What to guide away from; defaults to `""`, the
                 reference's unconditional context. Ignored when `guidance_scale <= 1`.
             height (`int`, *optional*): Image height; defaults to, and must equal, `native_size`.

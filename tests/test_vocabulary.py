@@ -1,0 +1,139 @@
+"""Closed and open tokenizer vocabularies (`diffusers_lmlp.pipelines.vocabulary`) and the pipeline's warning about
+prompt words outside a closed one."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import CLIPTokenizer
+
+from diffusers_lmlp import LMLPPipeline, known_words, unknown_words
+from diffusers_lmlp.pipelines import vocabulary
+from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary, prompt_words
+from diffusers_lmlp.shapes import shapes_tokenizer
+from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.shapes.text import WORLD_WORDS
+from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, tiny_clip_text_encoder, tiny_clip_tokenizer
+
+
+# Subword merges as CLIP ViT-L/14 has them: "restaurant" is "re" + "staur" + "ant</w>", and the piece "staur" (as
+# "staur" and "nific" in CLIP) begins no whole-word token.
+SUBWORD_MERGES = [("s", "t"), ("st", "a"), ("sta", "u"), ("stau", "r"), ("a", "n"), ("an", "t</w>")]
+
+
+def subword_tokenizer(folder: Path) -> CLIPTokenizer:
+    """A CLIP-layout BPE (`vocab.json`, `merges.txt`, 16 tokens) whose merges build subword pieces: an open
+    vocabulary, as CLIP's."""
+    tiny_clip_tokenizer(16, folder, words=("red",))  # the byte alphabet, and "re" on the way to "red</w>"
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    for left, right in SUBWORD_MERGES:
+        vocab[left + right] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    with open(folder / "merges.txt", "a", encoding="utf-8") as f:
+        f.write("".join(f"{left} {right}\n" for left, right in SUBWORD_MERGES))
+    return CLIPTokenizer.from_pretrained(folder, model_max_length=16)
+
+
+def saved_and_reloaded(tokenizer: CLIPTokenizer, folder: Path) -> CLIPTokenizer:
+    """`tokenizer` loaded back from `save_pretrained` (`tokenizer.json`, as pipelines save it)."""
+    tokenizer.save_pretrained(folder)
+    assert (folder / "tokenizer.json").is_file()
+    return CLIPTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture
+def shipped_tokenizer():
+    """The tokenizer of the shapes pipeline that ships in the package."""
+    return CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")
+
+
+def test_shapes_tokenizers_are_closed_over_the_world_words(shipped_tokenizer):
+    expected = tuple(sorted(word for word in WORLD_WORDS if len(word) > 1))  # "a" is a byte symbol, always known
+    assert known_words(shapes_tokenizer()) == expected
+    shipped = known_words(shipped_tokenizer)  # the words of the world when the shipped pipeline was trained
+    assert {"at", "the", "small", "large", "red", "circle", "square", "triangle", "top", "center"} <= set(shipped)
+    assert describe_vocabulary(shipped_tokenizer) == (
+        f"{len(shipped)} words: {', '.join(shipped)}, and any single letter or digit"
+    )
+
+
+@pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
+def test_whole_word_merges_make_a_closed_vocabulary_in_either_file_layout(tmp_path, layout):
+    tokenizer = tiny_clip_tokenizer(16, tmp_path / "files", words=TINY_VOCAB_WORDS)
+    if layout == "tokenizer.json":
+        tokenizer = saved_and_reloaded(tokenizer, tmp_path / "saved")
+    assert known_words(tokenizer) == tuple(sorted(word for word in TINY_VOCAB_WORDS if len(word) > 1))
+    assert unknown_words(tokenizer, "a red cat on a beach") == ["beach"]
+
+
+@pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
+def test_subword_merges_make_an_open_vocabulary_in_either_file_layout(tmp_path, layout):
+    tokenizer = subword_tokenizer(tmp_path / "files")
+    if layout == "tokenizer.json":
+        tokenizer = saved_and_reloaded(tokenizer, tmp_path / "saved")
+    assert tokenizer.tokenize("restaurant") == ["re", "staur", "ant</w>"]
+    assert known_words(tokenizer) is None and describe_vocabulary(tokenizer) is None
+    assert unknown_words(tokenizer, "a restaurant with xylophones") == []
+
+
+def test_words_are_split_and_lower_cased_as_the_tokenizer_does(shipped_tokenizer):
+    prompt = "A Red, circle!! at the DOG's café 12"
+    assert prompt_words(shipped_tokenizer, prompt) == "a red circle at the dog 's café 1 2".split()
+    assert unknown_words(shipped_tokenizer, prompt) == ["dog", "'s", "café"]
+    assert unknown_words(shipped_tokenizer, "a dog, a DOG and a Dog") == ["dog", "and"]  # each word once
+    assert unknown_words(shipped_tokenizer, "") == [] and unknown_words(shipped_tokenizer, "?!") == []
+
+
+def test_known_words_are_decided_once_per_tokenizer(shipped_tokenizer, monkeypatch):
+    calls = []
+    decide = vocabulary._closed_words
+    monkeypatch.setattr(vocabulary, "_closed_words", lambda tokenizer: calls.append(tokenizer) or decide(tokenizer))
+    for _ in range(3):
+        known_words(shipped_tokenizer)
+        unknown_words(shipped_tokenizer, "a dog")
+    assert calls == [shipped_tokenizer]
+
+
+def unknown_word_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "outside the tokenizer's vocabulary" in r.getMessage()]
+
+
+def test_pipeline_warns_once_per_prompt_naming_its_unknown_words(pipe, generate, caplog):
+    caplog.set_level(logging.WARNING)
+    generate(pipe, prompt=["a red beach", "a red beach", "the Blue sky!"], num_inference_steps=1)
+    assert unknown_word_warnings(caplog) == [
+        "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. This tokenizer has "
+        "whole-word tokens for a closed list of words only and spells any other word byte by byte, into tokens the "
+        "model was not trained on, so these words do not steer the image. Use only the known words: "
+        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists them.",
+        "The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'. This tokenizer has "
+        "whole-word tokens for a closed list of words only and spells any other word byte by byte, into tokens the "
+        "model was not trained on, so these words do not steer the image. Use only the known words: "
+        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists them.",
+    ]
+    caplog.clear()
+    generate(pipe, prompt="a red circle", negative_prompt="blurry", guidance_scale=2.0, num_inference_steps=1)
+    assert [m.split(" has ")[0] for m in unknown_word_warnings(caplog)] == ["The negative prompt 'blurry'"]
+
+
+def test_pipeline_does_not_warn_for_known_words_empty_prompts_or_embeddings(pipe, generate, caplog):
+    caplog.set_level(logging.WARNING)
+    generate(pipe, prompt="A red circle, on a blue square.", num_inference_steps=1)
+    generate(pipe, prompt="", num_inference_steps=1)
+    prompt_embeds, _ = pipe.encode_prompt("a red circle", "cpu", do_classifier_free_guidance=False)
+    generate(pipe, prompt=None, prompt_embeds=torch.randn_like(prompt_embeds), num_inference_steps=1)
+    assert unknown_word_warnings(caplog) == []
+
+
+def test_pipeline_does_not_warn_for_an_open_vocabulary(pipe, generate, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    tokenizer = subword_tokenizer(tmp_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        text_encoder = tiny_clip_text_encoder(tokenizer)
+    open_pipe = LMLPPipeline(**{**pipe.components, "tokenizer": tokenizer, "text_encoder": text_encoder})
+    open_pipe.set_progress_bar_config(disable=True)
+    generate(open_pipe, prompt="a restaurant by the sea", num_inference_steps=1)
+    assert unknown_word_warnings(caplog) == []
