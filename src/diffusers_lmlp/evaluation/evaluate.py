@@ -28,6 +28,7 @@ from .extractors import (
     load_extractor,
 )
 from .fid import FeatureMoments, FIDStatistics, frechet_distance
+from .intervals import bootstrap_intervals
 from .reference import SHAPES_REFERENCE, check_exists, reference_statistics
 
 
@@ -251,6 +252,8 @@ def evaluate(
         report["shapes"] = accuracies(
             [{key: bool(flag) for key, flag in zip(ATTRIBUTES, row) if not np.isnan(flag)} for row in flags]
         )
+        # 95% intervals, resampling captions with all their images (several seeds of one caption are not independent)
+        report["shapes_intervals"] = bootstrap_intervals(np.array(flags), captions, seed=seed)
     report["seconds"] = round(time.perf_counter() - started, 1)
     if image_dir is not None and processes.index == 0:
         with open(Path(image_dir) / "metadata.jsonl", "w", encoding="utf-8") as f:

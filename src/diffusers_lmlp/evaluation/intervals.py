@@ -1,0 +1,68 @@
+"""Confidence intervals of the shapes scorer's accuracies, by a bootstrap over captions.
+
+Images sampled from the same caption (several seeds each) are not independent: a model that cannot draw one
+held-out combination fails on all its seeds. So the bootstrap resamples captions, each with all its images, and
+reads the percentile interval of every accuracy from the resampled means.
+"""
+
+import numpy as np
+
+
+def correctness_columns(flags: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-image correctness of each attribute and of their combinations, NaN where the caption leaves it unstated.
+
+    Args:
+        flags (`np.ndarray`): (N, 4) verdicts of "colour", "shape", "position", "size" as 1.0 / 0.0, NaN for an
+            attribute the caption does not state.
+
+    Returns:
+        `dict[str, np.ndarray]`: (N,) columns "colour", "shape", "position", "size", "colour+position" (both right)
+        and "all" (every stated attribute right).
+    """
+    colour, shape, position, size = flags.T
+    stated = ~np.isnan(flags)
+    columns = {"colour": colour, "shape": shape, "position": position, "size": size}
+    columns["colour+position"] = colour * position
+    columns["all"] = np.where(stated, flags, 1.0).prod(axis=1)
+    return columns
+
+
+def bootstrap_intervals(
+    flags: np.ndarray,
+    captions: list[str],
+    confidence: float = 0.95,
+    num_resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, list[float]]:
+    """Percentile intervals of each accuracy, resampling captions with all their images.
+
+    Args:
+        flags (`np.ndarray`): (N, 4) per-image verdicts (see `correctness_columns`).
+        captions (`list[str]`): The caption of each image; images of equal captions are resampled together.
+        confidence (`float`, *optional*, defaults to 0.95): Coverage of each interval.
+        num_resamples (`int`, *optional*, defaults to 2000): Bootstrap resamples.
+        seed (`int`, *optional*, defaults to 0): Seed of the resampling.
+
+    Returns:
+        `dict[str, list[float]]`: `[low, high]` per accuracy, keyed as `correctness_columns`; an attribute that no
+        caption states is left out.
+    """
+    if len(captions) != len(flags):
+        raise ValueError(f"Pass one caption per row of flags (got {len(flags)} rows and {len(captions)} captions).")
+    if not 0 < confidence < 1:
+        raise ValueError(f"The confidence must lie strictly between 0 and 1; got {confidence}.")
+    groups, group_of = np.unique(np.asarray(captions), return_inverse=True)
+    rng = np.random.default_rng(seed)
+    # How often each caption is drawn in each resample: (R, G).
+    weights = rng.multinomial(len(groups), np.full(len(groups), 1 / len(groups)), size=num_resamples)
+    tail = (1 - confidence) / 2 * 100
+    intervals = {}
+    for name, column in correctness_columns(flags).items():
+        stated = ~np.isnan(column)
+        if not stated.any():
+            continue
+        right = np.bincount(group_of[stated], weights=column[stated], minlength=len(groups))  # (G,)
+        counted = np.bincount(group_of[stated], minlength=len(groups)).astype(float)  # (G,)
+        means = (weights @ right) / np.maximum(weights @ counted, 1)  # (R,)
+        intervals[name] = [float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))]
+    return intervals

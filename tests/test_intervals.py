@@ -1,0 +1,57 @@
+"""The bootstrap intervals of the shapes scorer's accuracies: resampling captions, not images."""
+
+import numpy as np
+import pytest
+
+from diffusers_lmlp.evaluation.intervals import bootstrap_intervals, correctness_columns
+from diffusers_lmlp.shapes.scorer import accuracies
+
+
+NAN = float("nan")
+
+
+def test_columns_match_the_scorer_accuracies_with_unstated_sizes():
+    flags = np.array([[1, 1, 1, 1], [1, 0, 1, NAN], [0, 1, 1, 0], [1, 1, 1, NAN]], dtype=float)
+    results = [{k: bool(v) for k, v in zip(("colour", "shape", "position", "size"), row) if not np.isnan(v)}
+               for row in flags]  # fmt: skip
+    columns = correctness_columns(flags)
+    assert {name: float(np.nanmean(column)) for name, column in columns.items()} == accuracies(results)
+
+
+def test_intervals_contain_the_accuracy_and_are_reproducible():
+    rng = np.random.default_rng(0)
+    captions = [f"caption {i // 4}" for i in range(128)]  # 32 captions × 4 seeds
+    flags = (rng.random((128, 4)) < [0.95, 0.6, 0.9, 0.8]).astype(float)
+    intervals = bootstrap_intervals(flags, captions, seed=3)
+    for name, column in correctness_columns(flags).items():
+        low, high = intervals[name]
+        assert low <= column.mean() <= high
+    assert intervals == bootstrap_intervals(flags, captions, seed=3)
+
+
+def test_a_caption_failing_on_every_seed_widens_the_interval_over_independent_failures():
+    # The same 16 failures out of 128 images: spread over 16 captions, or all on the 4 seeds of 4 captions.
+    captions = [f"caption {i // 4}" for i in range(128)]
+    spread, clustered = np.ones((128, 4)), np.ones((128, 4))
+    spread[np.arange(16) * 8, 1] = 0  # one seed of every other caption
+    clustered[:16, 1] = 0  # every seed of the first 4 captions
+    width = {}
+    for name, flags in (("spread", spread), ("clustered", clustered)):
+        low, high = bootstrap_intervals(flags, captions)["shape"]
+        width[name] = high - low
+    assert width["clustered"] > 1.5 * width["spread"]
+
+
+def test_all_right_gives_a_point_interval_and_unstated_sizes_are_left_out():
+    flags = np.ones((12, 4))
+    flags[:, 3] = NAN
+    intervals = bootstrap_intervals(flags, [str(i % 3) for i in range(12)])
+    assert "size" not in intervals
+    assert intervals["all"] == [1.0, 1.0]
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="one caption per row"):
+        bootstrap_intervals(np.ones((3, 4)), ["a", "b"])
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        bootstrap_intervals(np.ones((2, 4)), ["a", "b"], confidence=1.0)
