@@ -47,8 +47,8 @@ from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel, compute_snr
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from PIL import Image
-from tqdm.auto import tqdm
 from transformers import CLIPTextModel, CLIPTokenizer
+from transformers.utils import logging as transformers_logging
 
 from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, default_scheduler, load_balancing_loss
 from diffusers_lmlp.evaluation import draw_captions, evaluate, read_captions_file
@@ -61,10 +61,13 @@ from diffusers_lmlp.training import (
     captions_of,
     encode_text,
     feature_store_key,
+    format_run_summary,
     fsync_tree,
+    is_terminal,
     load_training_data,
     open_feature_store,
     preprocess_image,
+    progress_bar,
 )
 
 
@@ -79,6 +82,9 @@ COCO_TEXT_ENCODER = "openai/clip-vit-large-patch14"
 # Arguments that never leave this process: kept out of trackers, logs, the model card and training_summary.json.
 SECRET_ARGUMENTS = frozenset({"hub_token"})
 
+# Images per caption (each from its own noise seed) in the final shapes evaluation: the intervals resample captions,
+# so more seeds of the 32 held-out combinations narrow them.
+FINAL_EVALUATION_SEEDS = {"train": 3, "held-out": 4}
 # `--preset NAME` sets these defaults; explicit arguments still win.
 PRESETS = {
     # The embedded default: the procedural shapes world with the package's offline components, ≤ 10 min on 2 CPUs.
@@ -1170,29 +1176,28 @@ def default_validation_prompts(args) -> list[str]:
     return []
 
 
-def final_evaluation(pipe: LMLPPipeline, args, num_per_split: int = 100) -> dict[str, dict]:
-    """Evaluate the finished pipeline on the shapes world, for training captions and for the held-out combinations:
-    the shapes scorer's accuracies, and shapes-FID against renders of the same captions with its real-vs-real floor.
+def final_evaluation(pipe: LMLPPipeline, args, num_captions: int = 32, seeds: dict | None = None) -> dict[str, dict]:
+    """Evaluate the finished pipeline on the shapes world at the pipeline's default sampler settings (what a user
+    gets from `pipe(caption)`): the shapes scorer's accuracies with 95% intervals over captions, and shapes-FID
+    against renders of the same captions with its real-vs-real floor.
 
     Args:
         pipe (`LMLPPipeline`): The trained pipeline.
-        args (`argparse.Namespace`): The parsed arguments (seed, validation sampler settings).
-        num_per_split (`int`, *optional*, defaults to 100): Images per split.
+        args (`argparse.Namespace`): The parsed arguments (the seed).
+        num_captions (`int`, *optional*, defaults to 32): Captions per split: every held-out combination (there are
+            32), and as many training combinations.
+        seeds (`dict`, *optional*): Images per caption, each from its own noise seed, per split; defaults to
+            `FINAL_EVALUATION_SEEDS`.
 
     Returns:
         `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
     """
+    seeds = seeds or FINAL_EVALUATION_SEEDS
     reports = {}
     for split, source in (("train", "shapes:train"), ("held-out", "shapes:heldout")):
+        captions = draw_captions(source, num_captions, args.seed) * seeds[split]
         reports[split], _ = evaluate(
-            pipe,
-            draw_captions(source, num_per_split, args.seed),
-            fid_reference="shapes",
-            num_inference_steps=args.validation_inference_steps,
-            guidance_scale=args.validation_guidance_scale,
-            batch_size=num_per_split,
-            seed=args.seed,
-            progress=False,
+            pipe, captions, fid_reference="shapes", batch_size=64, seed=args.seed, progress=False
         )
     return reports
 
@@ -1218,6 +1223,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    if not is_terminal(sys.stderr):  # a log file: the libraries' own bars (transformers' "Writing model shards" when
+        transformers_logging.disable_progress_bar()  # saving, Hub downloads) would redraw with carriage returns there
     logger.info(
         f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}, "
         f"mixed precision {accelerator.mixed_precision}"
@@ -1320,8 +1327,9 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
 
     micro = args.train_batch_size
     per_step = micro * args.gradient_accumulation_steps  # per process
-    progress = tqdm(
-        range(args.max_train_steps), initial=global_step, desc="steps", disable=not accelerator.is_local_main_process
+    # tqdm's bar in a terminal; in a log file, a plain line at every 5% of the steps and at least one a minute.
+    progress = progress_bar(
+        args.max_train_steps, "steps", initial=global_step, disable=not accelerator.is_local_main_process
     )
     prompts = default_validation_prompts(args)
     fid_captions = (
@@ -1375,8 +1383,8 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
                 "lr": lr_scheduler.get_last_lr()[0],
                 "grad_norm": float(grad_norm),
             }
-            progress.update(1)
-            progress.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}")
+            progress.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}", refresh=False)
+            progress.update(1)  # after the postfix: the line written at this step shows this step's loss
             accelerator.log(logs, step=global_step)
 
             if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
@@ -1524,23 +1532,30 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
     prompts = default_validation_prompts(args)
     grid_path = None
     if prompts:
+        summary["sample_prompts"] = prompts  # the card's usage snippet samples the first
         images = generate(pipe, prompts, args, seed=args.seed)
         grid_path = output_dir / "samples.png"
         make_image_grid(images, captions=prompts).save(grid_path)
     if args.preset == "shapes":
         reports = final_evaluation(pipe, args)
         summary["scores"] = {split: report["shapes"] for split, report in reports.items()}
+        summary["score_intervals"] = {split: report["shapes_intervals"] for split, report in reports.items()}
+        summary["images_per_caption"] = FINAL_EVALUATION_SEEDS
         summary["shapes_fid"] = {
             split: {key: report[key] for key in ("fid", "fid_floor", "num_images")}
             for split, report in reports.items()
         }
         summary["evaluation_sampler"] = reports["train"]["sampler"]
-        logger.info(f"evaluation: {json.dumps(reports, indent=1)}")
+        # The whole reports go to the logs folder (the scores are in the summary, which the run prints at the end).
+        reports_path = output_dir / args.logging_dir / "evaluation.json"
+        reports_path.parent.mkdir(parents=True, exist_ok=True)
+        reports_path.write_text(json.dumps(reports, indent=1), encoding="utf-8")
     with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)
-    logger.info(f"saved the pipeline to {output_dir} ({json.dumps(summary)})")
+    logger.info(f"saved the pipeline to {output_dir}")
 
+    hub_url = None
     if args.push_to_hub:
         # The same upload as `python -m diffusers_lmlp.hub push`: safetensors, configs, tokenizer, images and the
         # card (its usage block names the repo), never checkpoints, logs or pickles; one commit.
@@ -1550,6 +1565,18 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
             output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, commit_message="End of training"
         )
         logger.info(f"pushed to the Hub: {commit.commit_url}")
+        hub_url = commit.commit_url
+    # The last words of the run, for a person: where everything is, the scores and how to load the pipeline.
+    logging_dir, validation_dir = output_dir / args.logging_dir, output_dir / "validation"
+    text = format_run_summary(
+        summary,
+        output_dir,
+        sample_grid=grid_path,
+        validation_dir=validation_dir if validation_dir.is_dir() else None,
+        logging_dir=logging_dir if logging_dir.is_dir() else None,
+        hub_url=hub_url,
+    )
+    print(f"\n{text}", flush=True)
 
 
 def leave_finished_process() -> None:

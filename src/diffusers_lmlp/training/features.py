@@ -54,10 +54,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from .data import captions_of, preprocess_image
 from .durable import fsync_tree
+from .progress import progress_bar
 
 
 logger = logging.getLogger(__name__)
@@ -299,9 +299,9 @@ def extract_features(
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(0),  # the global RNG is left untouched
     )
-    progress = tqdm(
-        total=sum(stop - start for _, start, stop in spans),
-        desc=f"extracting features ({len(todo)} of {num_shards} shards on this process)",
+    progress = progress_bar(
+        sum(stop - start for _, start, stop in spans),
+        f"extracting features ({len(todo)} of {num_shards} shards on this process)",
         unit="img",
         disable=process_index != 0,
     )

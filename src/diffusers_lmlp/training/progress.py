@@ -1,0 +1,146 @@
+"""Progress bars that read well in a terminal and in a log file.
+
+In a terminal, `progress_bar` gives the usual tqdm bar, redrawn in place. When its stream is not a terminal
+(`> train.log 2>&1`, a job scheduler's log, CI), a tqdm bar would still redraw itself with a carriage return up to ten
+times a second: thousands of updates on one "line" of the file. There it gives a `LineProgress` instead, which writes
+plain lines, each ending in a newline: one at every `LINE_EVERY_FRACTION` of the total, at least one every
+`LINE_EVERY_SECONDS`, and the last count when it closes::
+
+    steps:  50% 1300/2600, 04:12 elapsed, ETA 04:12, 5.15it/s, loss=0.0412, lr=1.00e-03
+"""
+
+import math
+import sys
+import time
+from typing import TextIO
+
+from tqdm.auto import tqdm
+from tqdm.autonotebook import tqdm as console_or_notebook_tqdm  # imported by tqdm.auto, without its warning
+from tqdm.std import tqdm as plain_tqdm
+
+
+# A line at every 5% of the total (20 lines for a whole run), and at least one a minute when that is slower.
+LINE_EVERY_FRACTION = 0.05
+LINE_EVERY_SECONDS = 60.0
+
+
+class LineProgress:
+    """A progress bar for log files: a plain line at every `every_fraction` of `total`, at least one every
+    `every_seconds` (checked at each update), and one when it closes if the count moved since the last line.
+
+    It has the part of tqdm's interface that the training code uses: `update`, `set_postfix`, `close`, and use
+    as a context manager. Speed and ETA are the average since the bar was made (the steps before `initial`, done by an
+    earlier run, do not count).
+
+    Args:
+        total (`int`): The count at which the work is done.
+        desc (`str`, *optional*, defaults to `""`): The line's prefix.
+        initial (`int`, *optional*, defaults to 0): The count to start from (a resumed run's step).
+        unit (`str`, *optional*, defaults to `"it"`): What is counted, for the speed.
+        file (`TextIO`, *optional*): Where the lines go; defaults to `sys.stderr`, as tqdm's.
+        every_fraction (`float`, *optional*, defaults to `LINE_EVERY_FRACTION`): A line each time the count passes
+            a multiple of this fraction of `total`.
+        every_seconds (`float`, *optional*, defaults to `LINE_EVERY_SECONDS`): A line when this long has passed since
+            the last one.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        desc: str = "",
+        initial: int = 0,
+        unit: str = "it",
+        file: TextIO | None = None,
+        every_fraction: float = LINE_EVERY_FRACTION,
+        every_seconds: float = LINE_EVERY_SECONDS,
+    ):
+        self.total, self.desc, self.unit = total, desc, unit
+        self.n = self.initial = self.last_n = initial
+        self.file = file or sys.stderr
+        self.stride = max(1, math.ceil(total * every_fraction))
+        self.every_seconds = every_seconds
+        self.postfix = ""
+        self.start = self.last_time = time.monotonic()
+        self.next_n = self.next_multiple(initial)
+
+    def next_multiple(self, n: int) -> int:
+        """The first multiple of the stride above `n`: where the next line is due."""
+        return (n // self.stride + 1) * self.stride
+
+    def update(self, n: int = 1) -> None:
+        """Add `n` to the count; write a line if one is due."""
+        self.n += n
+        now = time.monotonic()
+        if self.n >= self.next_n or now - self.last_time >= self.every_seconds:
+            self.write_line(now)
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        """Show `values` (as `name=value`) at the end of the next lines; `refresh` is tqdm's and writes nothing here.
+
+        Args:
+            refresh (`bool`, *optional*, defaults to `True`): Ignored (a line is written by `update` when due).
+            **values: The values to show, in order.
+        """
+        self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
+
+    def close(self) -> None:
+        """Write the last count if it moved since the last line (a run that stopped early says where)."""
+        if self.n != self.last_n:
+            self.write_line(time.monotonic())
+
+    def write_line(self, now: float) -> None:
+        """Write the current state as one line (the percentage, the count, the time spent and left, the average speed,
+        then the postfix) and note when and at which count."""
+        elapsed = now - self.start
+        rate = (self.n - self.initial) / elapsed if elapsed > 0 and self.n > self.initial else None
+        if rate is None:
+            speed, eta = f"?{self.unit}/s", "?"
+        else:
+            speed = f"{rate:.2f}{self.unit}/s" if rate >= 1 else f"{1 / rate:.2f}s/{self.unit}"
+            eta = plain_tqdm.format_interval((self.total - self.n) / rate)
+        line = (
+            f"{self.desc}: {100 * self.n / max(self.total, 1):3.0f}% {self.n}/{self.total}, "
+            f"{plain_tqdm.format_interval(elapsed)} elapsed, ETA {eta}, {speed}"
+        )
+        self.file.write(line + (f", {self.postfix}" if self.postfix else "") + "\n")
+        self.file.flush()
+        self.last_n, self.last_time = self.n, now
+        self.next_n = self.next_multiple(self.n)
+
+    def __enter__(self) -> "LineProgress":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal (where a bar redrawn in place is right), or a Jupyter notebook, where `tqdm.auto`
+    draws a widget (nothing is written to a log there either)."""
+    if console_or_notebook_tqdm is not plain_tqdm:
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def progress_bar(
+    total: int, desc: str, *, initial: int = 0, unit: str = "it", disable: bool = False, file: TextIO | None = None
+) -> tqdm | LineProgress:
+    """A progress bar for `total` steps: tqdm's in a terminal, a `LineProgress` (plain lines) anywhere else.
+
+    Args:
+        total (`int`): The count at which the work is done.
+        desc (`str`): The bar's name ("steps").
+        initial (`int`, *optional*, defaults to 0): The count to start from (a resumed run's step).
+        unit (`str`, *optional*, defaults to `"it"`): What is counted.
+        disable (`bool`, *optional*, defaults to `False`): Show nothing (the processes other than the first).
+        file (`TextIO`, *optional*): The stream; defaults to `sys.stderr`, as tqdm's.
+
+    Returns:
+        `tqdm` or `LineProgress`: Either has `update`, `set_postfix` and `close`. Call `set_postfix(...,
+        refresh=False)` before `update` so that the line written at a step shows that step's values.
+    """
+    stream = file or sys.stderr
+    if disable or is_terminal(stream):
+        return tqdm(total=total, desc=desc, initial=initial, unit=unit, disable=disable, file=file)
+    return LineProgress(total, desc, initial=initial, unit=unit, file=stream)

@@ -1,0 +1,263 @@
+"""A user's first five minutes: the README's main command runs without accelerate's warning on a fresh machine, its
+progress reads well in a log file, and the run ends with a summary that says where everything is and how to load it."""
+
+import io
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from processes import run_bounded
+from tqdm.std import tqdm as plain_tqdm
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.training import LineProgress, format_run_summary, progress_bar
+from diffusers_lmlp.training import progress as progress_module
+from diffusers_lmlp.training.report import format_duration
+
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_COMMAND = (
+    (ROOT / "README.md").read_text(encoding="utf-8").split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1]
+)
+MAIN_COMMAND = MAIN_COMMAND.split("```", 1)[0].strip().split(" && ")[-1]  # what runs after the install
+# The start of the warning `accelerate launch` prints when it falls back to defaults (accelerate/commands/launch.py).
+ACCELERATE_WARNING = "were not passed to `accelerate launch` and had defaults used instead"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class Clock:
+    """A stand-in for `time.monotonic` that moves only when told."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "monotonic", clock)
+    return clock
+
+
+def counts(text: str) -> list[int]:
+    """The count ("1300" of "1300/2600") of every line of a `LineProgress` output."""
+    return [int(line.split("/", 1)[0].rsplit(" ", 1)[1]) for line in text.splitlines()]
+
+
+def test_a_log_file_gets_a_line_at_every_five_percent_and_the_last_one_reports_the_final_step(clock):
+    log = io.StringIO()  # not a terminal, as a file or a pipe
+    bar = progress_bar(5000, "steps", file=log)
+    assert isinstance(bar, LineProgress)
+    for step in range(5000):
+        clock.now += 0.125  # exact in binary, as are the sums
+        bar.set_postfix(loss=f"{1 / (step + 1):.4f}", lr="1.00e-03", refresh=False)
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and text.endswith("\n")
+    assert counts(text) == list(range(250, 5001, 250))  # 20 lines for 5,000 updates
+    assert (
+        text.splitlines()[-1] == "steps: 100% 5000/5000, 10:25 elapsed, ETA 00:00, 8.00it/s, loss=0.0002, lr=1.00e-03"
+    )
+
+
+def test_a_slow_run_still_writes_a_line_every_minute(clock):
+    log = io.StringIO()
+    bar = LineProgress(1_000_000, "steps", file=log)
+    for _ in range(30):
+        clock.now += 30.0  # 30 s a step: far from the next 5%
+        bar.update(1)
+    bar.close()
+    assert counts(log.getvalue()) == list(range(2, 31, 2))
+    assert "ETA 8333:" in log.getvalue().splitlines()[-1]  # 999,970 steps left at 30 s each: 8,333 hours
+
+
+def test_a_resumed_run_counts_from_its_step_and_its_speed_from_now(clock):
+    log = io.StringIO()
+    bar = LineProgress(2600, "steps", initial=1300, file=log)
+    for _ in range(1300):
+        clock.now += 0.03125  # 40.6 s in all: only the 5% lines
+        bar.update(1)
+    bar.close()
+    assert counts(log.getvalue()) == list(range(1430, 2601, 130))
+    assert log.getvalue().splitlines()[-1] == "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s"
+
+
+def test_closing_a_stopped_run_writes_where_it_got_to_once(clock):
+    log = io.StringIO()
+    with LineProgress(1000, "extracting features", unit="img", file=log) as bar:
+        bar.update(123)  # one line at 100 (past the first 5%)
+        bar.update(1)
+    bar.close()
+    assert counts(log.getvalue()) == [123, 124]
+    assert log.getvalue().splitlines()[-1].startswith("extracting features:  12% 124/1000, ")
+
+
+def test_a_terminal_keeps_tqdms_bar_and_other_processes_show_nothing():
+    terminal = Terminal()
+    bar = progress_bar(100, "steps", file=terminal)
+    assert isinstance(bar, plain_tqdm)
+    for _ in range(100):
+        bar.update(1)
+    bar.close()
+    assert "\r" in terminal.getvalue() and "100/100" in terminal.getvalue()
+
+    log = io.StringIO()
+    quiet = progress_bar(100, "steps", file=log, disable=True)
+    quiet.update(100)
+    quiet.close()
+    assert log.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    "seconds, text", [(42.34, "42.3 s"), (505.0, "8 min 25 s"), (3599.6, "1 h 00 min"), (93_784, "26 h 03 min")]
+)
+def test_durations_read_as_a_person_says_them(seconds, text):
+    assert format_duration(seconds) == text
+
+
+SHAPES_SUMMARY = {
+    "num_processes": 1,
+    "ranks_in_sync": True,
+    "steps": 2600,
+    "train_seconds": 504.7,
+    "scores": {
+        "train": {"colour": 1.0, "shape": 0.42, "position": 0.96, "size": 0.88, "colour+position": 0.96, "all": 0.4},
+        "held-out": {"colour": 0.96, "shape": 0.42, "position": 0.98, "size": 0.88, "colour+position": 0.94},
+    },
+    "score_intervals": {"train": {"colour": [1.0, 1.0], "shape": [0.334, 0.506]}, "held-out": {"shape": [0.34, 0.5]}},
+    "images_per_caption": {"train": 3, "held-out": 4},
+    "shapes_fid": {
+        "train": {"fid": 6.8731, "fid_floor": 0.1107, "num_images": 96},
+        "held-out": {"fid": 7.0012, "fid_floor": 0.1189, "num_images": 128},
+    },
+    "evaluation_sampler": {"scheduler": "DPMSolverMultistepScheduler", "num_inference_steps": 50, "guidance_scale": 2},
+}
+
+
+def test_the_summary_says_where_everything_is_the_scores_and_how_to_load_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = Path("lmlp-shapes")
+    for name in ("validation/step-0000650.png", "validation/step-0001300.png", "logs/run/events.out.tfevents.1"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(b"")
+    text = format_run_summary(
+        SHAPES_SUMMARY,
+        out,
+        sample_grid=out / "samples.png",
+        validation_dir=out / "validation",
+        logging_dir=out / "logs",
+    )
+    # A metric without an interval shows the score alone; one a split lacks is not there ("all" of held-out).
+    assert text == (
+        "Trained 2,600 steps in 8 min 25 s on 1 process.\n"
+        "  pipeline    lmlp-shapes\n"
+        "  samples     lmlp-shapes/samples.png\n"
+        "  validation  lmlp-shapes/validation (2 grids)\n"
+        "  logs        lmlp-shapes/logs (tensorboard --logdir lmlp-shapes/logs)\n"
+        "  summary     lmlp-shapes/training_summary.json\n"
+        "\n"
+        "Scores (95% intervals over captions; 50 DPMSolverMultistepScheduler steps, guidance 2):\n"
+        "                   train               held-out\n"
+        "  images           96 (3 per caption)  128 (4 per caption)\n"
+        "  colour           100% (100-100%)     96%\n"
+        "  shape            42% (33-51%)        42% (34-50%)\n"
+        "  position         96%                 98%\n"
+        "  size             88%                 88%\n"
+        "  colour+position  96%                 94%\n"
+        "  all              40%                 -\n"
+        "  shapes-FID       6.87 (floor 0.11)   7.00 (floor 0.12)\n"
+        "\n"
+        "Load it in Python:\n"
+        '  from diffusers_lmlp import LMLPPipeline; pipe = LMLPPipeline.from_pretrained("lmlp-shapes")'
+    )
+
+
+def test_the_summary_of_a_run_without_scores_or_grids_and_its_load_line_runs():
+    summary = {"num_processes": 8, "ranks_in_sync": False, "steps": 1_000_000, "train_seconds": 300_000.0}
+    text = format_run_summary(summary, PIPELINE_PATH, hub_url="https://huggingface.co/alice/lmlp/commit/abc")
+    lines = text.splitlines()
+    assert lines[0] == "Trained 1,000,000 steps in 83 h 20 min on 8 processes."
+    assert lines[1].startswith("WARNING: the processes ended with different weights")
+    assert [line.split()[0] for line in lines[2:] if line] == ["pipeline", "summary", "hub", "Load", "from"]
+    assert "Scores" not in text and "samples" not in text
+    namespace = {}
+    exec(lines[-1].strip(), namespace)  # the printed line, as a user pastes it
+    assert isinstance(namespace["pipe"], LMLPPipeline) and namespace["pipe"].transformer is not None
+
+
+def launch(argv: list[str], tmp_path: Path) -> tuple[list[str], dict]:
+    """`argv` (an `accelerate launch ...` command) as this environment's `accelerate` runs it, and the environment
+    of a fresh machine: an empty HF_HOME (no `accelerate config` file), no ACCELERATE_* variable."""
+    assert argv[:2] == ["accelerate", "launch"], argv
+    accelerate = Path(sys.executable).with_name("accelerate")
+    assert accelerate.is_file(), f"the accelerate command is not next to {sys.executable}"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("ACCELERATE_")}
+    env.update(HF_HOME=str(tmp_path / "fresh-hf-home"), HF_HUB_OFFLINE="1")
+    return [str(accelerate), *argv[1:]], env
+
+
+def test_accelerate_launch_warns_on_a_fresh_machine_without_the_shipped_config(tmp_path):
+    """The control: the text the main command's test looks for is what accelerate prints without a config."""
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    argv, env = launch(["accelerate", "launch", str(script)], tmp_path)
+    result = run_bounded(argv, env=env, timeout=300, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == "hello", result.stderr[-3000:]
+    assert ACCELERATE_WARNING in result.stderr
+
+
+def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary(tmp_path):
+    assert MAIN_COMMAND.startswith("accelerate launch ") and MAIN_COMMAND.endswith("examples/train_text_to_image.py")
+    out = tmp_path / "shapes"
+    argv, env = launch(shlex.split(MAIN_COMMAND), tmp_path)
+    tiny = ["--max_train_steps", "40", "--validation_steps", "20", "--validation_inference_steps", "2"]
+    argv += [*tiny, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
+    # From the clone, as the README's command runs, into a log file as `> train.log 2>&1` writes one.
+    log = tmp_path / "train.log"
+    result = run_bounded(
+        ["bash", "-c", f"{shlex.join(argv)} > {shlex.quote(str(log))} 2>&1"], env=env, timeout=900, cwd=ROOT
+    )
+    text = log.read_bytes().decode()  # bytes: reading as text would turn carriage returns into newlines
+    assert result.returncode == 0, text[-4000:]
+
+    assert ACCELERATE_WARNING not in text and "accelerate config" not in text
+    # A log file is not a terminal: plain lines, no carriage returns, at most one per 5% per bar.
+    assert "\r" not in text
+    steps = [line for line in text.splitlines() if line.startswith("steps: ")]
+    extraction = [line for line in text.splitlines() if line.startswith("extracting features")]
+    assert len(steps) == 20 and steps[-1].startswith("steps: 100% 40/40, ") and "loss=" in steps[-1]
+    assert 1 <= len(extraction) <= 21 and "100% 8000/8000" in extraction[-1]
+    assert "evaluation: {" not in text and (out / "logs" / "evaluation.json").is_file()
+
+    # The summary is the run's last words, and its last line loads the pipeline.
+    lines = text.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Trained 40 steps in "))
+    places = dict(line.split(maxsplit=1) for line in lines[start + 1 : lines.index("", start)])
+    assert places == {
+        "pipeline": str(out),
+        "samples": str(out / "samples.png"),
+        "validation": f"{out / 'validation'} (2 grids)",
+        "logs": f"{out / 'logs'} (tensorboard --logdir {out / 'logs'})",
+        "summary": str(out / "training_summary.json"),
+    }
+    scores = lines[lines.index("", start) + 1 : -3]  # then a blank line, "Load it in Python:" and the line itself
+    assert scores[0].startswith("Scores") and scores[1].split() == ["train", "held-out"]
+    assert {"colour", "shape", "position", "colour+position"} <= {row.split()[0] for row in scores[2:]}
+    assert lines[-3:-1] == ["", "Load it in Python:"]
+    namespace = {}
+    exec(lines[-1].strip(), namespace)
+    assert namespace["pipe"].transformer.config.sample_size == 8
+    saved = json.loads((out / "training_summary.json").read_text())
+    assert saved["steps"] == 40 and set(saved["scores"]) == {"train", "held-out"}
