@@ -21,6 +21,11 @@ from .tokens import OutputHead, TokenEmbedder
 
 # The reference network's timestep n runs over 1..1000: diffusers' t in [0, 1000) of the SD noise schedule, plus 1.
 NUM_TRAIN_TIMESTEPS = 1000
+# The skeleton of the shapes world's small models (`shapes-S`, `shapes-moe-S`; diffusers_lmlp.shapes): 8×8×8 latents of
+# 32 px images in 2×2 patches (16 image tokens), 10 tokens of its 64-wide text encoder, D = 96, 8 + 1 blocks.
+SHAPES_SMALL = dict(
+    sample_size=8, patch_size=2, in_channels=8, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
+)
 
 
 def _is_positive_int(value: Any) -> bool:

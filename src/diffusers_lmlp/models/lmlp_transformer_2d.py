@@ -7,7 +7,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
-from .backbone import UShapedMixerModel
+from .backbone import SHAPES_SMALL, UShapedMixerModel
 from .mixers.lmlp import LMLPBlock
 
 
@@ -42,10 +42,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     _repeated_blocks = ["LMLPBlock"]
     named_configs = {
         "F2": {},  # the reference configs/lmlp_f2.py: the defaults
-        # The shapes world (diffusers_lmlp.shapes): 8×8×4 latents of 32 px images, 10 tokens of a 64-wide text encoder.
-        "shapes-S": dict(
-            sample_size=8, patch_size=2, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
-        ),
+        "shapes-S": SHAPES_SMALL,  # the shapes world's small model
     }
 
     @register_to_config

@@ -7,7 +7,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from diffusers.utils import BaseOutput
 
-from .backbone import UShapedMixerModel
+from .backbone import SHAPES_SMALL, UShapedMixerModel
 from .mixers.moe import MoEMLPBlock
 
 
@@ -62,16 +62,7 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         "2E1H": {"num_experts": 2, "num_heads": 1},
         "4E1H": {"num_experts": 4, "num_heads": 1},
         "4E2H": {"num_experts": 4, "num_heads": 2},
-        "shapes-moe-S": dict(
-            sample_size=8,
-            patch_size=2,
-            hidden_size=96,
-            num_layers=8,
-            text_embed_dim=64,
-            text_seq_len=10,
-            num_experts=2,
-            num_heads=2,
-        ),
+        "shapes-moe-S": dict(SHAPES_SMALL, num_experts=2, num_heads=2),
     }
 
     @register_to_config

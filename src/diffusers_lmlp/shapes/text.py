@@ -1,5 +1,6 @@
-"""The shapes world's offline text side and components: a CLIP tokenizer over its words, a small frozen CLIP text
-encoder, and the trained VAE that ships in `assets/pipeline/vae` (trained by `scripts/train_shapes_vae.py`)."""
+"""The shapes world's offline text side and components: a CLIP tokenizer over its words, and the small pretrained
+CLIP text encoder and VAE that ship in `assets/pipeline/` (trained by `scripts/train_shapes_text_encoder.py` and
+`scripts/train_shapes_vae.py`)."""
 
 from pathlib import Path
 
@@ -12,13 +13,14 @@ from .world import COLOURS, SHAPES, SIZES
 
 
 # bos + the longest phrasings (8 words and punctuation marks, e.g. "a small red circle at the top left") + eos: every
-# caption fits, and the backbone mixes no padding tokens (its sequence is 1 + 10 + 16 tokens; with 16 text tokens,
-# 1 + 16 + 16). "," and ":" are tokens of their own.
+# caption fits (the backbone's sequence is 1 + 10 + 16 tokens). "," and ":" are tokens of their own.
 TEXT_SEQ_LEN = 10
 # The words of every phrasing (`world.phrasings`), one token each; new words go last, so that earlier ids stay.
 WORLD_WORDS = ("a", "at", "the", *SIZES, *COLOURS, *SHAPES, "top", "bottom", "left", "right", "center",
                "in", "big", "upper", "lower", "middle", "centre")  # fmt: skip
-# The VAE of the shipped pipeline; the embedded default trains on its latents, so the two stay one file.
+# The text encoder and VAE of the shipped pipeline; the embedded default trains on their text states and latents, so
+# each stays one file.
+TEXT_ENCODER_PATH = Path(__file__).resolve().parent / "assets" / "pipeline" / "text_encoder"
 VAE_PATH = Path(__file__).resolve().parent / "assets" / "pipeline" / "vae"
 
 
@@ -33,10 +35,8 @@ def shapes_tokenizer(save_directory: str | None = None) -> CLIPTokenizer:
 
 
 def shapes_text_encoder(tokenizer: CLIPTokenizer, seed: int = 0) -> CLIPTextModel:
-    """A small CLIP text encoder (width 64, 2 layers), randomly initialised from `seed` and frozen.
-
-    A frozen random transformer already maps different captions to different states, which is all the backbone
-    needs; the global random state is left untouched.
+    """The architecture of the shapes world's text encoder (width 64, 2 layers), randomly initialised from `seed` and
+    frozen; `scripts/train_shapes_text_encoder.py` pretrains it. The global random state is left untouched.
 
     Args:
         tokenizer (`CLIPTokenizer`): The tokenizer it reads (`shapes_tokenizer()`).
@@ -48,15 +48,23 @@ def shapes_text_encoder(tokenizer: CLIPTokenizer, seed: int = 0) -> CLIPTextMode
     return encoder.requires_grad_(False).eval()
 
 
-def shapes_components(seed: int = 0) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen components of the embedded default: tokenizer, text encoder, and the trained shapes VAE.
-
-    Args:
-        seed (`int`, *optional*, defaults to 0): Seed of the text encoder's initialisation.
+def shapes_components() -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
+    """The frozen components of the embedded default: the tokenizer, and the pretrained text encoder and VAE that ship
+    in the package.
 
     Returns:
         `tuple`: `(tokenizer, text_encoder, vae)`.
+
+    Raises:
+        `ValueError`: When the shipped text encoder does not read this tokenizer's ids (a world word was added
+            without retraining it with `scripts/train_shapes_text_encoder.py`).
     """
     tokenizer = shapes_tokenizer()
+    text_encoder = CLIPTextModel.from_pretrained(TEXT_ENCODER_PATH, use_safetensors=True)
+    if text_encoder.config.vocab_size != len(tokenizer):
+        raise ValueError(
+            f"The shipped shapes text encoder reads {text_encoder.config.vocab_size} token ids, but the world's "
+            f"tokenizer has {len(tokenizer)}: retrain it with scripts/train_shapes_text_encoder.py."
+        )
     vae = AutoencoderKL.from_pretrained(VAE_PATH, use_safetensors=True)
-    return tokenizer, shapes_text_encoder(tokenizer, seed), vae.requires_grad_(False).eval()
+    return tokenizer, text_encoder.requires_grad_(False).eval(), vae.requires_grad_(False).eval()

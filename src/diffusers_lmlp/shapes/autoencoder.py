@@ -1,0 +1,98 @@
+"""How well an autoencoder keeps the shapes world: the scorer's accuracies on its reconstructions of ground-truth
+renders, and the reconstruction PSNR over all pixels and over the shape's own pixels.
+
+The background fills most of a shapes-world image, so the overall PSNR of a VAE that rounds squares and shrinks
+triangles can still look high; the foreground PSNR and the scorer's shape accuracy show what it loses.
+"""
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL
+from PIL import Image
+
+from .scorer import score_images
+from .world import BACKGROUND, ShapeSpec, render
+
+
+# A pixel belongs to the shape's foreground when any channel differs from the background by more than this
+# (in 8-bit levels), i.e. where the anti-aliased shape covers at least ~2% of it.
+FOREGROUND_LEVELS = 2
+
+
+def to_pixels(images: list[Image.Image]) -> torch.Tensor:
+    """RGB images as a float tensor (N, 3, H, W) in [-1, 1], the VAE's input range."""
+    arrays = np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) for image in images])  # (N, H, W, 3)
+    return torch.from_numpy(arrays / 127.5 - 1.0).permute(0, 3, 1, 2).contiguous()
+
+
+def to_images(pixels: torch.Tensor) -> list[Image.Image]:
+    """A tensor (N, 3, H, W) in [-1, 1] as 8-bit RGB images."""
+    arrays = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
+    return [Image.fromarray(array, mode="RGB") for array in arrays]
+
+
+def foreground_mask(pixels: torch.Tensor) -> torch.Tensor:
+    """Where ground-truth renders (N, 3, H, W) in [-1, 1] differ from the world's background: (N, 1, H, W) bool."""
+    background = torch.tensor(BACKGROUND, dtype=pixels.dtype).view(1, 3, 1, 1) / 127.5 - 1.0
+    return (pixels - background).abs().amax(dim=1, keepdim=True) > FOREGROUND_LEVELS / 127.5
+
+
+@torch.no_grad()
+def reconstruct(vae: AutoencoderKL, pixels: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """Encode to the posterior mode and decode: (N, 3, H, W) in [-1, 1] -> (N, 3, H, W) clamped to [-1, 1]."""
+    parameter = next(vae.parameters())
+    return torch.cat(
+        [
+            vae.decode(vae.encode(batch.to(parameter)).latent_dist.mode()).sample.float().cpu().clamp(-1, 1)
+            for batch in pixels.split(batch_size)
+        ]
+    )
+
+
+def psnr(reconstruction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """Mean per-image PSNR in dB of images in [-1, 1], over all pixels or over a mask (N, 1, H, W) of them."""
+    error = ((reconstruction - target) / 2).pow(2)  # (N, 3, H, W), in [0, 1]² units
+    if mask is None:
+        mse = error.mean(dim=(1, 2, 3))
+    else:
+        mse = (error * mask).sum(dim=(1, 2, 3)) / (3 * mask.sum(dim=(1, 2, 3)).clamp(min=1))
+    return (10 * torch.log10(1 / mse.clamp(min=1e-10))).mean().item()
+
+
+def held_out_renders(num_per_spec: int = 25, seed: int = 0) -> tuple[list[Image.Image], list[str]]:
+    """Jittered ground-truth renders of every held-out combination, with their full captions.
+
+    Args:
+        num_per_spec (`int`, *optional*, defaults to 25): Renders per held-out combination.
+        seed (`int`, *optional*, defaults to 0): Seed of the jitter.
+
+    Returns:
+        `tuple`: `(images, captions)`, `num_per_spec · len(held_out_specs())` of each.
+    """
+    from .world import held_out_specs
+
+    rng = np.random.default_rng([seed, 7])
+    specs: list[ShapeSpec] = [spec for spec in held_out_specs() for _ in range(num_per_spec)]
+    return [render(spec, rng=rng) for spec in specs], [spec.caption for spec in specs]
+
+
+def reconstruction_report(vae: AutoencoderKL, images: list[Image.Image], captions: list[str]) -> dict[str, float]:
+    """Score an autoencoder's reconstructions of ground-truth renders.
+
+    Args:
+        vae (`AutoencoderKL`): The autoencoder (any device and dtype; its posterior mode is decoded).
+        images (`list[PIL.Image.Image]`): Ground-truth renders of the world (e.g. from `held_out_renders`).
+        captions (`list[str]`): Their captions.
+
+    Returns:
+        `dict[str, float]`: The scorer's accuracies on the reconstructions ("colour", "shape", "position", "size",
+        "colour+position", "all") and on the originals ("ground truth all"), the PSNR in dB over all pixels ("psnr")
+        and over the foreground ("foreground psnr").
+    """
+    target = to_pixels(images)  # (N, 3, H, W)
+    reconstruction = reconstruct(vae, target)
+    report = score_images(to_images(reconstruction), captions)
+    report["ground truth all"] = score_images(images, captions)["all"]
+    report["psnr"] = psnr(reconstruction, target)
+    report["foreground psnr"] = psnr(reconstruction, target, foreground_mask(target))
+    return report
