@@ -1,5 +1,6 @@
 """FID, its reference statistics, the caption draws and `evaluate`, against independent references and offline."""
 
+import inspect
 import json
 import sys
 import types
@@ -10,6 +11,7 @@ import pytest
 import torch
 from PIL import Image, ImageFilter
 
+from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.evaluation import (
     FeatureMoments,
     FIDStatistics,
@@ -383,3 +385,10 @@ def test_processes_split_batches_round_robin_and_cover_everything():
     shares = [Processes(index, 3).batches(23, 4) for index in range(3)]
     assert [list(map(list, share))[0] for share in shares] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert sorted(i for share in shares for batch in share for i in batch) == list(range(23))
+
+
+def test_evaluation_samples_at_the_pipelines_default_settings():
+    # The training script's final scores and the model card say "the pipeline's defaults": they are evaluate()'s.
+    pipeline_call, evaluation = inspect.signature(LMLPPipeline.__call__), inspect.signature(evaluate)
+    for name in ("num_inference_steps", "guidance_scale"):
+        assert evaluation.parameters[name].default == pipeline_call.parameters[name].default, name

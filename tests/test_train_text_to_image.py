@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -104,8 +105,8 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
 def test_embedded_default_runs_offline_end_to_end(tmp_path):
     # The README's main command, shortened: no data arguments means the shapes world and the package's components.
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", str(SCRIPT), "--max_train_steps", "2", "--validation_inference_steps", "2",
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(SCRIPT.parent / "accelerate.yaml"),
+        str(SCRIPT), "--max_train_steps", "2", "--validation_inference_steps", "2",
         "--output_dir", str(tmp_path / "shapes"), "--cache_dir", str(tmp_path / "cache"),
     ]  # fmt: skip
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
@@ -310,3 +311,18 @@ def test_two_cpu_processes_really_train_together(workspace):
     summary = json.loads((workspace / "ddp" / "training_summary.json").read_text())
     assert summary["num_processes"] == 2  # the wrong launches silently give 1
     assert summary["ranks_in_sync"] is True
+
+
+@pytest.mark.parametrize("num_processes, device, expected", [(1, "cpu", "every core"), (2, "cpu", 1), (1, "cuda", 1)])
+def test_one_cpu_process_uses_every_core(num_processes, device, expected):
+    # `accelerate launch` leaves each process one thread (OMP_NUM_THREADS=1); one process on the CPU takes them all.
+    script = load_script()
+    accelerator = types.SimpleNamespace(num_processes=num_processes, device=torch.device(device))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        script.use_every_core(accelerator)
+        cores = len(os.sched_getaffinity(0))
+        assert torch.get_num_threads() == (cores if expected == "every core" else expected)
+    finally:
+        torch.set_num_threads(threads)
