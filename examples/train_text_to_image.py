@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Train an L-MLP or MoE-MLP text-to-image backbone with 🤗 accelerate, from a laptop CPU to many GPUs.
 
-    accelerate launch examples/train_text_to_image.py                     # the embedded default: the shapes world
-    accelerate launch examples/train_text_to_image.py --preset coco-f2 --train_data_dir coco/   # the L-MLP paper
+    # the embedded default, the shapes world; then the L-MLP paper's COCO run
+    accelerate launch --config_file examples/accelerate.yaml examples/train_text_to_image.py
+    accelerate launch --config_file examples/accelerate.yaml examples/train_text_to_image.py --preset coco-f2 ...
 
 With no dataset argument it trains a small UL-MLP on the procedural shapes world with the offline tokenizer,
 text encoder and VAE that ship with the package, then scores its samples. Arguments and behaviour follow diffusers'

@@ -163,14 +163,14 @@ def test_queue_settings_refuse_bad_values(environ):
 def test_model_panel_describes_the_shipped_model(shapes_pipe):
     text = app.describe_model(shapes_pipe, shapes_pipe.name_or_path)
     num_params = sum(p.numel() for p in shapes_pipe.transformer.parameters())
-    assert num_params == 856_862  # the model card's figure
+    assert num_params == 860_386  # the model card's figure
     assert f"{num_params:,} parameters" in text
     assert "Model: lmlp-shapes" in text and "pretrained_shapes_pipeline()" in text
     assert "UL-MLP (`LMLPTransformer2DModel`)" in text and "MoE-MLP" not in text
     assert "32×32 px (8×8 latents × VAE factor 4)" in text
     assert "up to 10 tokens" in text
     assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in text
-    assert "**Training data:** 2600 steps on the procedural shapes world" in text
+    assert "**Training data:** 3900 steps on the procedural shapes world" in text
     assert "cpu, float32" in text
 
 

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import logging
 import os
 import signal
 import socket
@@ -314,9 +315,10 @@ def test_two_cpu_processes_really_train_together(workspace):
 
 
 @pytest.mark.parametrize("num_processes, device, expected", [(1, "cpu", "every core"), (2, "cpu", 1), (1, "cuda", 1)])
-def test_one_cpu_process_uses_every_core(num_processes, device, expected):
+def test_one_cpu_process_uses_every_core(num_processes, device, expected, monkeypatch):
     # `accelerate launch` leaves each process one thread (OMP_NUM_THREADS=1); one process on the CPU takes them all.
     script = load_script()
+    monkeypatch.setattr(script, "logger", logging.getLogger(__name__))  # accelerate's logger needs an Accelerator
     accelerator = types.SimpleNamespace(num_processes=num_processes, device=torch.device(device))
     threads = torch.get_num_threads()
     try:
