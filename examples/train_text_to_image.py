@@ -1178,26 +1178,24 @@ def default_validation_prompts(args) -> list[str]:
     return []
 
 
-def final_evaluation(pipe: LMLPPipeline, args, num_captions: int = 32, seeds: dict | None = None) -> dict[str, dict]:
+def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     """Evaluate the finished pipeline on the shapes world at the pipeline's default sampler settings (what a user
     gets from `pipe(caption)`): the shapes scorer's accuracies with 95% intervals over captions, and shapes-FID
-    against renders of the same captions with its real-vs-real floor.
+    against renders of the same captions with its real-vs-real floor. Each split has as many captions as there are
+    held-out combinations (all of them, for the held-out split), each sampled `FINAL_EVALUATION_SEEDS` times.
 
     Args:
         pipe (`LMLPPipeline`): The trained pipeline.
         args (`argparse.Namespace`): The parsed arguments (the seed).
-        num_captions (`int`, *optional*, defaults to 32): Captions per split: every held-out combination (there are
-            32), and as many training combinations.
-        seeds (`dict`, *optional*): Images per caption, each from its own noise seed, per split; defaults to
-            `FINAL_EVALUATION_SEEDS`.
 
     Returns:
         `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
     """
-    seeds = seeds or FINAL_EVALUATION_SEEDS
+    from diffusers_lmlp.shapes.world import held_out_specs
+
     reports = {}
     for split, source in (("train", "shapes:train"), ("held-out", "shapes:heldout")):
-        captions = draw_captions(source, num_captions, args.seed) * seeds[split]
+        captions = draw_captions(source, len(held_out_specs()), args.seed) * FINAL_EVALUATION_SEEDS[split]
         reports[split], _ = evaluate(
             pipe, captions, fid_reference="shapes", batch_size=64, seed=args.seed, progress=False
         )

@@ -8,10 +8,12 @@ triangles can still look high; the foreground PSNR and the scorer's shape accura
 import numpy as np
 import torch
 from diffusers import AutoencoderKL
+from diffusers.image_processor import VaeImageProcessor
 from PIL import Image
 
+from ..evaluation.extractors import images_to_tensor
 from .scorer import score_images
-from .world import BACKGROUND, ShapeSpec, render
+from .world import BACKGROUND, ShapeSpec, held_out_specs, render
 
 
 # A pixel belongs to the shape's foreground when any channel differs from the background by more than this
@@ -21,14 +23,7 @@ FOREGROUND_LEVELS = 2
 
 def to_pixels(images: list[Image.Image]) -> torch.Tensor:
     """RGB images as a float tensor (N, 3, H, W) in [-1, 1], the VAE's input range."""
-    arrays = np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) for image in images])  # (N, H, W, 3)
-    return torch.from_numpy(arrays / 127.5 - 1.0).permute(0, 3, 1, 2).contiguous()
-
-
-def to_images(pixels: torch.Tensor) -> list[Image.Image]:
-    """A tensor (N, 3, H, W) in [-1, 1] as 8-bit RGB images."""
-    arrays = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
-    return [Image.fromarray(array, mode="RGB") for array in arrays]
+    return 2 * images_to_tensor(images) - 1
 
 
 def foreground_mask(pixels: torch.Tensor) -> torch.Tensor:
@@ -69,8 +64,6 @@ def held_out_renders(num_per_spec: int = 25, seed: int = 0) -> tuple[list[Image.
     Returns:
         `tuple`: `(images, captions)`, `num_per_spec · len(held_out_specs())` of each.
     """
-    from .world import held_out_specs
-
     rng = np.random.default_rng([seed, 7])
     specs: list[ShapeSpec] = [spec for spec in held_out_specs() for _ in range(num_per_spec)]
     return [render(spec, rng=rng) for spec in specs], [spec.caption for spec in specs]
@@ -91,7 +84,7 @@ def reconstruction_report(vae: AutoencoderKL, images: list[Image.Image], caption
     """
     target = to_pixels(images)  # (N, 3, H, W)
     reconstruction = reconstruct(vae, target)
-    report = score_images(to_images(reconstruction), captions)
+    report = score_images(VaeImageProcessor().postprocess(reconstruction, output_type="pil"), captions)
     report["ground truth all"] = score_images(images, captions)["all"]
     report["psnr"] = psnr(reconstruction, target)
     report["foreground psnr"] = psnr(reconstruction, target, foreground_mask(target))
