@@ -1,6 +1,6 @@
 """Throughput of the backbones, as a fraction of this machine's practical matrix-multiply peak.
 
-For each model (F2 and the MoE-MLP configs) and precision, the script times a forward pass and a training step
+For each model (any named configuration of the registry; by default F2-deep and the MoE-MLP configs) and precision, the script times a forward pass and a training step
 (forward + backward), counts their FLOPs with torch's own FLOP counter, and times a plain GEMM of the model's
 dominant shape, (B·L, D) × (D, s·D), in the same precision and the same process, interleaved with the model runs.
 Only the ratio "achieved GFLOP/s / GEMM GFLOP/s" is a claim; absolute times depend on the machine and its load.
@@ -8,7 +8,7 @@ Only the ratio "achieved GFLOP/s / GEMM GFLOP/s" is a claim; absolute times depe
     python benchmarks/benchmark_backbones.py                 # the full table: batch 8, fp32 and bf16
     python benchmarks/benchmark_backbones.py --quick         # batch 2, fewer repeats; bf16 only where it is fast
     python benchmarks/benchmark_backbones.py --compile       # also time torch.compile'd models
-    python benchmarks/benchmark_backbones.py --models F2 --precisions fp32 --compare-bypass   # issue 9 before/after
+    python benchmarks/benchmark_backbones.py --models F2-deep --precisions fp32 --compare-bypass   # issue 9 before/after
     python benchmarks/benchmark_backbones.py --reuse-freed-memory   # glibc keeps freed buffers (see allocator.py)
 """
 
@@ -25,17 +25,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
 from diffusers_lmlp.allocator import reuse_freed_memory
+from diffusers_lmlp.models import from_named_config, named_configs
 
 
-MODELS = {"F2": LMLPTransformer2DModel, "2E1H": MoEMLPModel, "4E1H": MoEMLPModel, "4E2H": MoEMLPModel}
+DEFAULT_MODELS = ["F2-deep", "2E1H", "4E1H", "4E2H"]
 PRECISIONS = ["fp32", "bf16"]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(named_configs()))
     parser.add_argument("--precisions", nargs="+", default=PRECISIONS, choices=PRECISIONS)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each step (the best one counts)")
@@ -84,7 +84,7 @@ def _bypass_residual_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.
     return out.addmm_(x.flatten(0, 1), linear.weight.t()).view_as(residual)
 
 
-def _bypass_block_forward(block: nn.Module, x: torch.Tensor, skip: torch.Tensor | None = None) -> tuple:
+def _bypass_block_forward(block: nn.Module, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
     """An L-MLP/MoE-MLP block as it ran before issue 9: `merge`, `joint_mlp.fc2` and the L-MLP's token matrix were
     applied by reading their weights, so hooks, LoRA and FLOP counters missed them. Kept here only to measure what
     calling every layer as a module costs; the library never does this.
@@ -95,13 +95,12 @@ def _bypass_block_forward(block: nn.Module, x: torch.Tensor, skip: torch.Tensor 
     x = block.channel_norm(x)  # (B, L, D)
     if isinstance(block.left, nn.Linear):
         weight = block.left.weight.expand(x.shape[0], -1, -1)  # (B, L, L)
-        left, router_probs = torch.baddbmm(block.left.bias[:, None], weight, x_tok.transpose(1, 2)), None
+        left = torch.baddbmm(block.left.bias[:, None], weight, x_tok.transpose(1, 2))
     else:
-        left, router_probs = block.mix_tokens(x_tok)
-        left = left.transpose(1, 2)  # (B, L, D) view
+        left = block.left(x_tok).transpose(1, 2)  # (B, L, D) view
     x = _bypass_residual_linear(x, block.right(x).add_(left), block.merge)
     hidden = F.gelu(block.joint_mlp.fc1(block.channel_norm(x)))  # (B, L, s·D)
-    return _bypass_residual_linear(x, hidden, block.joint_mlp.fc2), router_probs
+    return _bypass_residual_linear(x, hidden, block.joint_mlp.fc2)
 
 
 def bypass_copy(model: nn.Module) -> nn.Module:
@@ -179,7 +178,7 @@ def main() -> None:
     for precision in args.precisions:
         for name in args.models:
             overrides = {} if args.num_layers is None else {"num_layers": args.num_layers}
-            model = MODELS[name].from_named_config(name, **overrides)
+            model = from_named_config(name, **overrides)
             hidden, inner = model.config.hidden_size, int(model.config.hidden_size * model.config.mlp_ratio)
             gemm = gemm_step(model, args.batch_size, precision)
             gemm_flops = 2 * args.batch_size * model.seq_len * hidden * inner

@@ -51,10 +51,11 @@ from PIL import Image
 from transformers import CLIPTextModel, CLIPTokenizer
 from transformers.utils import logging as transformers_logging
 
-from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, default_scheduler, load_balancing_loss
+from diffusers_lmlp import FAMILIES, LMLPPipeline, default_scheduler, load_balancing_loss, symmetry_breaking_penalty
 from diffusers_lmlp.evaluation import draw_captions, evaluate, read_captions_file
 from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.image_grid import make_image_grid
+from diffusers_lmlp.models import family_of, named_configs
 from diffusers_lmlp.training import (
     DATA_LAYOUTS,
     TEXT_DTYPES,
@@ -74,7 +75,18 @@ from diffusers_lmlp.training import (
 
 logger = get_logger(__name__)
 
-MODEL_TYPES = {"lmlp": LMLPTransformer2DModel, "moe_mlp": MoEMLPModel}
+MODEL_TYPES = {name: family.model_class for name, family in FAMILIES.items()}
+# The config fields that fit a backbone to its frozen components and data (latent and text shapes) and set its size:
+# a preset's named configuration lends them to a --model_type of another family.
+SKELETON_FIELDS = (
+    "sample_size",
+    "patch_size",
+    "in_channels",
+    "hidden_size",
+    "num_layers",
+    "text_embed_dim",
+    "text_seq_len",
+)
 # A CLIP tokenizer folder holds one of these (vocab.json with merges.txt, or the fast tokenizer's tokenizer.json).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 # The papers' frozen components, used when training on real data without a base pipeline.
@@ -110,11 +122,10 @@ PRESETS = {
         validation_guidance_scale=2.0,
         output_dir="lmlp-shapes",
     ),
-    # The L-MLP paper's MS-COCO run (reference configs/lmlp_f2.py + the U-ViT COCO recipe): F2, SD VAE, CLIP L/14,
+    # The L-MLP paper's MS-COCO run (reference configs/lmlp_f2.py + the U-ViT COCO recipe): F2-deep, SD VAE, CLIP L/14,
     # batch 256 (32 per GPU on 8 GPUs; on one GPU add --gradient_accumulation_steps 8), 1M steps.
     "coco-f2": dict(
-        model_type="lmlp",
-        model_config="F2",
+        model_config="F2-deep",
         pretrained_vae=COCO_VAE[0],
         vae_subfolder=COCO_VAE[1],
         pretrained_text_encoder=COCO_TEXT_ENCODER,
@@ -141,11 +152,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), help="recipe defaults (default: shapes without data)")
 
     model = parser.add_argument_group("model")
-    model.add_argument("--model_type", choices=sorted(MODEL_TYPES), help="default: lmlp, or the base pipeline's")
+    model.add_argument(
+        "--model_type",
+        choices=sorted(MODEL_TYPES),
+        help="the block family (default: --model_config's, else lmlp; or the base pipeline's)",
+    )
     model.add_argument(
         "--model_config",
-        default="F2",
-        help="a named configuration (F2, 2E1H, 4E1H, 4E2H, shapes-S, shapes-moe-S) or a JSON file of config values",
+        help=f"a named configuration ({', '.join(named_configs())}) or a JSON file of config values "
+        "(default: the family's defaults, the papers' COCO model)",
     )
     model.add_argument("--model_overrides", nargs="*", default=[], metavar="KEY=VALUE", help="e.g. num_layers=12")
     model.add_argument("--pretrained_model_name_or_path", help="a saved LMLPPipeline to fine-tune")
@@ -223,6 +238,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     train.add_argument("--snr_gamma", type=float, help="Min-SNR loss weighting (5.0 is the usual value)")
     train.add_argument("--noise_offset", type=float, default=0.0)
     train.add_argument("--load_balance_weight", type=float, default=0.0, help="MoE-MLP balancing loss (paper: 0.01)")
+    train.add_argument(
+        "--symmetry_breaking_weight",
+        type=float,
+        default=0.0,
+        help="AsymMixer's penalty λ·Σ‖W̃‖²_F (the ParaMixer paper sweeps 1e-6 to 1)",
+    )
     train.add_argument("--use_ema", action=argparse.BooleanOptionalAction, default=False)
     train.add_argument("--ema_decay", type=float, default=0.9999)
     train.add_argument(
@@ -253,6 +274,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     out.add_argument("--validation_steps", type=int, default=1000)
     out.add_argument("--validation_inference_steps", type=int, default=25)
     out.add_argument("--validation_guidance_scale", type=float, default=2.0)
+    out.add_argument(
+        "--final_evaluation_inference_steps",
+        type=int,
+        default=50,
+        help="sampler steps of the shapes world's final evaluation (default: the pipeline's 50; fewer for smoke runs)",
+    )
     out.add_argument(
         "--validation_fid_images", type=int, default=0,
         help="at every validation, sample this many images and log their FID (0: off); the shapes world uses the "
@@ -289,6 +316,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
     args.preset = preset
+    args.model_config_from_preset = bool(preset) and not any(
+        a.split("=")[0] == "--model_config" for a in (argv if argv is not None else sys.argv[1:])
+    )
     validate_args(parser, args)
     return args
 
@@ -312,6 +342,9 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)")
     if args.cache_text_dtype and not args.cache_features:
         parser.error("--cache_text_dtype is how --cache_features stores text states: add --cache_features or drop it")
+    for name in ("load_balance_weight", "symmetry_breaking_weight"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            parser.error(f"--{name} must be a finite number >= 0 (0: off), got {getattr(args, name)}")
     if args.dataloader_num_workers < 0:
         parser.error(
             f"--dataloader_num_workers must be >= 0 (0 reads the data in the training process), got "
@@ -322,7 +355,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: no such checkpoint folder")
         if not CHECKPOINT_PATTERN.match(Path(args.resume_from_checkpoint).name):
             parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: not a checkpoint-<step> folder")
-    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "final_evaluation_inference_steps",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
@@ -376,10 +415,33 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose "
             "configuration is kept: drop one of them"
         )
+    if not args.pretrained_model_name_or_path:  # a base pipeline's backbone is resolved when it is read
+        resolve_model_type(parser, args)
     try:
         args.model_overrides = parse_overrides(args.model_overrides, MODEL_TYPES[args.model_type or "lmlp"])
     except ValueError as error:
         parser.error(str(error))
+
+
+def resolve_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle --model_type and --model_config for a new model.
+
+    The family is --model_type, else the named configuration's, else lmlp. A preset's named configuration of
+    another family lends that family its skeleton (`SKELETON_FIELDS`: the shapes world's latent and text shapes and
+    size), which explicit --model_overrides still replace.
+    """
+    named = named_configs()
+    config = args.model_config
+    if config is not None and not config.endswith(".json") and config not in named:
+        parser.error(f"unknown --model_config {config!r}; choose one of {sorted(named)} or a .json file")
+    config_family = named[config][0].name if config in named else None
+    args.model_type = args.model_type or config_family or "lmlp"
+    args.model_skeleton = {}
+    if config_family not in (None, args.model_type):
+        if not args.model_config_from_preset:
+            parser.error(f"--model_config {config} is a --model_type {config_family} configuration")
+        args.model_skeleton = {k: v for k, v in named[config][1].items() if k in SKELETON_FIELDS}
+        args.model_config = None
 
 
 def parse_overrides(pairs: list[str], model_class: type) -> dict:
@@ -500,41 +562,54 @@ def require_files(option: str, source: Path, subfolder: str, files: tuple[str, .
 # --------------------------------------------------------------------------------------------- model and components
 
 
+def routes(model_class: type) -> bool:
+    """Whether the backbone can report router probabilities for the load-balancing loss."""
+    return "output_router_probs" in inspect.signature(model_class.forward).parameters
+
+
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.pretrained_model_name_or_path:
         config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
-        saved = next(kind for kind, cls in MODEL_TYPES.items() if cls.__name__ == config["transformer"][1])
+        saved = family_of(config["transformer"][1]).name
         if args.model_type not in (None, saved):
             raise SystemExit(
                 f"error: --model_type {args.model_type} conflicts with the base pipeline, whose backbone is "
                 f"{config['transformer'][1]} (--model_type {saved}); fine-tuning keeps the saved backbone."
             )
         args.model_type = saved
-        if args.load_balance_weight and saved != "moe_mlp":
+        if args.load_balance_weight and not routes(MODEL_TYPES[saved]):
             raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
-        return MODEL_TYPES[saved].from_pretrained(
+        model = MODEL_TYPES[saved].from_pretrained(
             args.pretrained_model_name_or_path, subfolder="transformer", revision=args.revision, variant=args.variant
         )
-    args.model_type = args.model_type or "lmlp"
+    else:
+        model = build_new_model(args)
+    if args.symmetry_breaking_weight:
+        try:
+            symmetry_breaking_penalty(model)  # refuses a backbone without symmetry-breaking weights
+        except ValueError as error:
+            raise SystemExit(f"error: --symmetry_breaking_weight: {error}") from None
+    return model
+
+
+def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
+    """A randomly initialised backbone of --model_type from --model_config and --model_overrides."""
     model_class = MODEL_TYPES[args.model_type]
-    if args.load_balance_weight and args.model_type != "moe_mlp":
-        raise SystemExit("error: --load_balance_weight applies to --model_type moe_mlp only")
-    if args.model_config.endswith(".json"):
+    if args.load_balance_weight and not routes(model_class):
+        raise SystemExit("error: --load_balance_weight applies to a backbone with routers (--model_type moe_mlp)")
+    if args.model_config is None:
+        build = functools.partial(model_class, **{**args.model_skeleton, **args.model_overrides})
+    elif args.model_config.endswith(".json"):
         with open(args.model_config, encoding="utf-8") as f:
             config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
         build = functools.partial(model_class, **{**config, **args.model_overrides})
     else:
-        named = {**LMLPTransformer2DModel.named_configs, **MoEMLPModel.named_configs}
-        if args.model_config not in named:
-            raise SystemExit(f"error: unknown --model_config {args.model_config!r}; choose one of {sorted(named)}")
-        if args.model_config not in model_class.named_configs:
-            other = next(kind for kind, cls in MODEL_TYPES.items() if args.model_config in cls.named_configs)
-            raise SystemExit(f"error: --model_config {args.model_config} is a --model_type {other} configuration")
         build = functools.partial(model_class.from_named_config, args.model_config, **args.model_overrides)
     try:
         return build()
     except ValueError as error:  # a value the model refuses (hidden_size=0)
-        raise SystemExit(f"error: --model_config {args.model_config} with --model_overrides: {error}") from None
+        source = f"--model_config {args.model_config}" if args.model_config else f"--model_type {args.model_type}"
+        raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
 
 
 def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
@@ -1180,13 +1255,13 @@ def default_validation_prompts(args) -> list[str]:
 
 def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     """Evaluate the finished pipeline on the shapes world at the pipeline's default sampler settings (what a user
-    gets from `pipe(caption)`): the shapes scorer's accuracies with 95% intervals over captions, and shapes-FID
+    gets from `pipe(caption)`; `--final_evaluation_inference_steps` changes the steps, for smoke runs): the shapes scorer's accuracies with 95% intervals over captions, and shapes-FID
     against renders of the same captions with its real-vs-real floor. Each split has as many captions as there are
     held-out combinations (all of them, for the held-out split), each sampled `FINAL_EVALUATION_SEEDS` times.
 
     Args:
         pipe (`LMLPPipeline`): The trained pipeline.
-        args (`argparse.Namespace`): The parsed arguments (the seed).
+        args (`argparse.Namespace`): The parsed arguments (the seed, the sampler steps).
 
     Returns:
         `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
@@ -1197,7 +1272,13 @@ def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     for split, source in (("train", "shapes:train"), ("held-out", "shapes:heldout")):
         captions = draw_captions(source, len(held_out_specs()), args.seed) * FINAL_EVALUATION_SEEDS[split]
         reports[split], _ = evaluate(
-            pipe, captions, fid_reference="shapes", batch_size=64, seed=args.seed, progress=False
+            pipe,
+            captions,
+            fid_reference="shapes",
+            num_inference_steps=args.final_evaluation_inference_steps,
+            batch_size=64,
+            seed=args.seed,
+            progress=False,
         )
     return reports
 
@@ -1385,6 +1466,8 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
                     loss = mse.mean()
                     if args.load_balance_weight:
                         loss = loss + load_balancing_loss(out.router_probs, weight=args.load_balance_weight)
+                    if args.symmetry_breaking_weight:
+                        loss = loss + args.symmetry_breaking_weight * symmetry_breaking_penalty(model)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:  # the norm is logged; it is clipped only with --max_grad_norm
                         max_norm = args.max_grad_norm if args.max_grad_norm is not None else math.inf

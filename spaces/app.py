@@ -48,6 +48,7 @@ from huggingface_hub.errors import EntryNotFoundError, HFValidationError
 from PIL import Image
 
 from diffusers_lmlp import LMLPPipeline, unknown_words
+from diffusers_lmlp.models import family_of
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary, prompt_words
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
@@ -310,11 +311,10 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
     name = headings[0] if headings else os.path.basename(os.path.normpath(source))
     backbone = pipe.transformer
     config = backbone.config
-    is_moe = "num_experts" in config
+    family = family_of(backbone)
     num_params = sum(p.numel() for p in backbone.parameters())
     layout = f"hidden size {config.hidden_size}, {config.num_layers} + 1 blocks, patch {config.patch_size}"
-    if is_moe:
-        layout += f", {config.num_experts} experts × {config.num_heads} heads"
+    layout += family.details(config)
     latent = config.sample_size
     shipped = os.path.isdir(source) and os.path.samefile(source, PIPELINE_PATH)
     origin = "ships with diffusers-lmlp: `pretrained_shapes_pipeline()`" if shipped else f"`{source}`"
@@ -328,8 +328,7 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
             f"### Model: {name}",
             origin,
             "",
-            f"- **Backbone:** {'MoE-MLP' if is_moe else 'UL-MLP'} (`{type(backbone).__name__}`), {num_params:,} "
-            f"parameters; {layout}",
+            f"- **Backbone:** {family.label} (`{type(backbone).__name__}`), {num_params:,} parameters; {layout}",
             f"- **Native resolution:** {pipe.native_size}×{pipe.native_size} px ({latent}×{latent} latents × VAE "
             f"factor {pipe.vae_scale_factor}); images are shown unresampled",
             f"- **Text:** up to {pipe.tokenizer.model_max_length} tokens, start and end tokens included",

@@ -7,6 +7,11 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
+
+
+# The plain-torch re-statements shared by the block tests assert there: let pytest explain their failures.
+pytest.register_assert_rewrite("plain_torch")
+
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 

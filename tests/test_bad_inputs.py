@@ -8,12 +8,12 @@ import pytest
 import torch
 from diffusers import EulerDiscreteScheduler
 
-from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp import FAMILIES, MoEMLPModel
 
 
 NAN, INF = float("nan"), float("inf")
 TINY = dict(sample_size=8, patch_size=2, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5)
-MODELS = {"lmlp": LMLPTransformer2DModel, "moe": MoEMLPModel}
+MODELS = {name: family.model_class for name, family in FAMILIES.items()}
 
 
 def record_calls(*modules: torch.nn.Module) -> list[str]:
@@ -117,7 +117,7 @@ def test_nan_latents_from_a_callback_raise(pipe):
 
 def make_model(kind: str, **config) -> torch.nn.Module:
     torch.manual_seed(0)
-    return MODELS[kind](**{**TINY, **config}).eval()
+    return MODELS[kind](**{**TINY, **FAMILIES[kind].tiny_overrides, **config}).eval()
 
 
 def model_inputs(batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,7 +191,7 @@ def test_integer_inputs_raise(kind):
         ({"text_embed_dim": 0}, r"text_embed_dim=0 .*positive integer"),
         ({"mlp_ratio": 0}, r"mlp_ratio=0 .*positive finite number"),
         ({"mlp_ratio": -1.0}, r"mlp_ratio=-1.0 .*positive finite number"),
-        ({"mlp_ratio": 0.01}, r"mlp_ratio=0.01 gives a joint MLP of int\(32 × 0.01\) = 0 hidden units"),
+        ({"mlp_ratio": 0.01}, r"mlp_ratio=0.01 gives a channel MLP of int\(32 × 0.01\) = 0 hidden units"),
         ({"norm_eps": 0.0}, r"norm_eps=0.0 .*positive finite number"),
         ({"num_layers": -2}, r"num_layers must be even and >= 0.*got -2"),
         ({"num_layers": 3}, r"num_layers must be even and >= 0.*got 3"),
@@ -200,7 +200,7 @@ def test_integer_inputs_raise(kind):
 )
 def test_bad_configs_name_the_field(kind, config, message):
     with pytest.raises(ValueError, match=message):
-        MODELS[kind](**{**TINY, **config})
+        MODELS[kind](**{**TINY, **FAMILIES[kind].tiny_overrides, **config})
 
 
 @pytest.mark.parametrize(

@@ -4,19 +4,14 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
-from diffusers_lmlp.complexity import (
-    analytic_complexity,
-    lmlp_block_macs,
-    measured_macs,
-    moe_block_macs,
-    transformer_block_macs,
-)
+from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp.complexity import analytic_complexity, lmlp_block_macs, measured_macs, transformer_block_macs
+from diffusers_lmlp.models import named_configs
 
 
-# F2 and the MoE-MLP paper's models: exact parameter counts and per-sample forward MACs (L = 334, 17 blocks).
+# F2-deep and the MoE-MLP paper's models: exact parameter counts and per-sample forward MACs (L = 334, 17 blocks).
 NAMED = {
-    "F2": (LMLPTransformer2DModel, 47_139_122, 15_890_778_112),
+    "F2-deep": (LMLPTransformer2DModel, 47_139_122, 15_890_778_112),
     "2E1H": (MoEMLPModel, 49_052_642, 15_894_593_728),
     "4E1H": (MoEMLPModel, 52_868_292, 15_898_409_344),
     "4E2H": (MoEMLPModel, 60_499_592, 15_906_040_576),
@@ -34,6 +29,9 @@ TINY_CASES = {
     "moe_3e2h": (MoEMLPModel, {"num_experts": 3, "num_heads": 2}, 43_770, 763_040),
     "moe_3e2h_no_conv_out": (MoEMLPModel, {"num_experts": 3, "num_heads": 2, "conv_out": False}, 43_622, 753_824),
 }
+
+
+FAMILIES_BY_CLASS = {family.model_class: name for name, family in FAMILIES.items()}
 
 
 def build_named(name: str) -> torch.nn.Module:
@@ -63,7 +61,7 @@ def test_transformer_block_formula_matches_lmlp_table3():
 def test_analytic_params_equal_named_model_parameters(name):
     model = build_named(name)
     expected_params, expected_macs = NAMED[name][1:]
-    complexity = analytic_complexity(model.config)
+    complexity = analytic_complexity(model)
     assert complexity.params == expected_params == num_parameters(model)
     assert complexity.macs == expected_macs
     assert (complexity.seq_len, complexity.num_blocks) == (334, 17)
@@ -74,45 +72,76 @@ def test_analytic_counts_equal_tiny_model(case):
     model_cls, overrides, expected_params, expected_macs = TINY_CASES[case]
     torch.manual_seed(0)
     model = model_cls(**TINY, **overrides)
-    complexity = analytic_complexity(model)  # the model itself is accepted as well as its config
-    assert complexity == analytic_complexity(model.config)
+    complexity = analytic_complexity(model)  # the model itself, a config with its family, or a saved config
+    assert complexity == analytic_complexity(model.config, family=FAMILIES_BY_CLASS[model_cls])
+    assert complexity == analytic_complexity({**model.config, "_class_name": model_cls.__name__})
     assert complexity.params == expected_params == num_parameters(model)
     assert complexity.macs == expected_macs
     # A real forward with batch 3: the counter sees only matmuls and convolutions, exactly what the formulas count.
     assert measured_macs(model, batch_size=3) == expected_macs
 
 
-def test_measured_f2_macs_match_analytic():
-    model = build_named("F2")
+def test_measured_f2_deep_macs_match_analytic():
+    model = build_named("F2-deep")
     measured = measured_macs(model)
     assert 15.8e9 <= measured <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
-    assert measured == pytest.approx(analytic_complexity(model.config).macs, rel=0.02)
+    assert measured == pytest.approx(analytic_complexity(model).macs, rel=0.02)
 
 
-def test_unmodified_torch_flop_counter_counts_every_f2_layer():
+def test_unmodified_torch_flop_counter_counts_every_f2_deep_layer():
     """torch's own counter, with no custom mapping, sees every matmul: the blocks call all their layers as modules."""
-    model = build_named("F2")
+    model = build_named("F2-deep")
     with torch.device("meta"), torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.zeros(1, 4, 32, 32), torch.zeros(1, 77, 768), torch.zeros(1, dtype=torch.long))
     macs = counter.get_total_flops() / 2
     assert macs == pytest.approx(15.89e9, rel=0.01)
-    assert macs == analytic_complexity(model.config).macs
+    assert macs == analytic_complexity(model).macs
 
 
 def test_measured_moe_4e2h_macs_match_analytic():
     model = build_named("4E2H")
-    assert measured_macs(model) == pytest.approx(analytic_complexity(model.config).macs, rel=0.02)
+    assert measured_macs(model) == pytest.approx(analytic_complexity(model).macs, rel=0.02)
 
 
 def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
     seq_len = 334
-    extra = moe_block_macs(seq_len, 512, 4, num_experts=1, num_heads=1) - lmlp_block_macs(seq_len, 512, 4)
-    assert extra == seq_len**2 + 2 * seq_len == 112_224  # g·W (L²), g·b (L) and the L→1 gate (L)
-    assert extra / lmlp_block_macs(seq_len, 512, 4) < 1.3e-4
-
     with torch.device("meta"):
         moe = MoEMLPModel(num_experts=1, num_heads=1)
-    lmlp = analytic_complexity(build_named("F2").config)
-    moe_complexity = analytic_complexity(moe.config)
+    lmlp = analytic_complexity(build_named("F2-deep"))
+    moe_complexity = analytic_complexity(moe)
+    extra = moe_complexity.block_macs - lmlp.block_macs
+    assert lmlp.block_macs == lmlp_block_macs(seq_len, 512, 4)
+    assert extra == seq_len**2 + 2 * seq_len == 112_224  # g·W (L²), g·b (L) and the L→1 gate (L)
+    assert extra / lmlp_block_macs(seq_len, 512, 4) < 1.3e-4
     assert moe_complexity.macs - lmlp.macs == 17 * extra
     assert moe_complexity.params - lmlp.params == 17 * (seq_len + 1)  # only the gate's weight and bias are new
+
+
+@pytest.mark.parametrize("name", sorted(named_configs()))
+def test_every_named_config_is_counted_exactly(name):
+    """Every family's blocks report their own cost: analytic = the real parameters = torch's FLOP counter."""
+    family, _ = named_configs()[name]
+    with torch.device("meta"):
+        model = family.model_class.from_named_config(name)
+    complexity = analytic_complexity(model)
+    assert complexity.params == num_parameters(model)
+    assert complexity.macs == measured_macs(model)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_is_counted_exactly_on_a_tiny_model(name):
+    # On the meta device: torch 2.13's counter has no formula for the CPU flash-attention kernel that SDPA picks on
+    # CPU tensors (it counts 0 there), while on meta SDPA runs its math path, two counted bmms, as the CUDA kernels'
+    # formulas count it.
+    family = FAMILIES[name]
+    with torch.device("meta"):
+        model = family.model_class(**TINY, **family.tiny_overrides)
+    complexity = analytic_complexity(model)
+    assert complexity.params == num_parameters(model)
+    assert complexity.macs == measured_macs(model, batch_size=2)
+
+
+def test_a_bare_config_needs_its_family():
+    with pytest.raises(ValueError, match="is not a backbone of a registered block family"):
+        analytic_complexity({"hidden_size": 32})
+    assert analytic_complexity({}, family="lmlp").params == 47_139_122  # the defaults fill a partial config

@@ -16,7 +16,7 @@ from PIL import Image
 from test_pipeline_loading import fill_hub_cache
 from test_vocabulary import subword_tokenizer
 
-from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp import FAMILIES, LMLPPipeline
 from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_space, write_model_card
 from diffusers_lmlp.hub.__main__ import main
 from diffusers_lmlp.hub.card import GENERIC_PROMPT, block_markers
@@ -25,7 +25,7 @@ from diffusers_lmlp.hub.space import PACKAGE_DIR
 from diffusers_lmlp.hub.upload import looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
-from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, tiny_clip_text_encoder
+from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_text_encoder
 
 
 PIPELINE_FILES = {
@@ -268,7 +268,7 @@ def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_pat
     assert card.data.tags == ["text-to-image", "diffusers", "diffusers-lmlp", "mlp", "l-mlp"]
     assert card.data.base_model == "bob/lmlp-base" and card.data.datasets == ["bob/captions"]
     num_params = sum(p.numel() for p in LMLPPipeline.from_pretrained(saved).transformer.parameters())
-    assert f"({num_params:,} parameters)" in card.text
+    assert f"; {num_params:,} parameters)" in card.text
     assert "- Training: 120 steps on 2 process(es)" in card.text
     assert "- Fine-tuned from [bob/lmlp-base](https://huggingface.co/bob/lmlp-base)" in card.text
     code = usage_code(card)
@@ -588,3 +588,15 @@ def test_cli_bad_arguments_give_clear_messages(saved, argv, message, capsys):
     assert exit_info.value.code != 0
     output = capsys.readouterr().err + str(exit_info.value.code)
     assert message in output
+
+
+@pytest.mark.parametrize("backbone", sorted(FAMILIES))
+def test_card_names_every_family_by_its_registry_label_and_tag(backbone, tmp_path):
+    family = FAMILIES[backbone]
+    pipe = build_tiny_pipeline(backbone, seed=0)
+    card = write_model_card(tmp_path, pipe)
+    assert family.tag in card.data.tags
+    assert f"**{family.label}** backbone ({family.paper}; " in card.text
+    assert f"Backbone: `{family.model_class.__name__}`" in card.text
+    others = [other for other in FAMILIES.values() if other.label != family.label]
+    assert not [other.label for other in others if f"**{other.label}**" in card.text or other.tag in card.data.tags]

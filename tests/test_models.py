@@ -1,20 +1,22 @@
-"""diffusers model conventions and input checking, for both backbones, on tiny configs."""
+"""diffusers model conventions and input checking, for every registered block family, on tiny configs."""
 
 import os
 
 import pytest
 import torch
 
-from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel, MoEMLPModel
 
 
 TINY = dict(
     sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
 )
+# One parametrised suite for every family of the registry, each at its tiny configuration.
 MODELS = {
-    "lmlp": lambda **kw: LMLPTransformer2DModel(**{**TINY, **kw}),
-    "moe_mlp": lambda **kw: MoEMLPModel(**{**TINY, "num_experts": 3, "num_heads": 2, **kw}),
+    name: (lambda family=family, **kw: family.model_class(**{**TINY, **family.tiny_overrides, **kw}))
+    for name, family in FAMILIES.items()
 }
+MODELS["moe_mlp"] = lambda **kw: MoEMLPModel(**{**TINY, "num_experts": 3, "num_heads": 2, **kw})
 
 
 def make_model(kind, seed=0, **kw):
@@ -48,7 +50,7 @@ def test_f2_default_is_the_paper_model():
 
 
 def test_named_configs():
-    assert LMLPTransformer2DModel.from_named_config("F2", num_layers=2).config.num_layers == 2
+    assert LMLPTransformer2DModel.from_named_config("F2-deep", num_layers=2).config.num_layers == 2
     model = MoEMLPModel.from_named_config("4E2H", num_layers=0)
     assert (model.config.num_experts, model.config.num_heads) == (4, 2)
     with pytest.raises(ValueError, match=r"Unknown MoEMLPModel configuration 'F2'; choose one of \['2E1H'"):
@@ -152,8 +154,11 @@ def test_layerwise_casting_stores_bf16_and_computes_fp32(kind):
         ref = model(x, ctx, t).sample
         model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
         out = model(x, ctx, t).sample
-    assert model.stack.mid_block.merge.weight.dtype == torch.bfloat16
-    assert model.stack.mid_block.channel_norm.weight.dtype == torch.float32  # "norm" is skipped
+    block = model.stack.mid_block
+    linears = [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [m for m in block.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert all(m.weight.dtype == torch.bfloat16 for m in linears)  # (SymMixer's tied weights are not Linears)
+    assert norms and all(m.weight.dtype == torch.float32 for m in norms)  # "norm" is skipped
     assert model.embed.pos_embed.dtype == torch.float32
     assert out.dtype == torch.float32 and (out - ref).norm() / ref.norm() < 0.05
 

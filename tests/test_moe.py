@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, load_balancing_loss
 from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
 from diffusers_lmlp.models.mixers.moe import MoELinearAttention, MoEMLPBlock
+from diffusers_lmlp.models.mixers.routing import collect_router_probs
 
 
 TINY = dict(
@@ -46,9 +47,10 @@ def test_moe_block_with_one_expert_and_one_head_equals_lmlp_block():
     with torch.no_grad():
         moe.left.gates[0].weight.normal_()  # any gate gives probability 1 to the only expert
         x, skip = torch.randn(3, 22, 32), torch.randn(3, 22, 32)
-        out_lmlp, probs_lmlp = lmlp(x, skip)
-        out_moe, probs_moe = moe(x, skip)
-    assert probs_lmlp is None and torch.equal(probs_moe, torch.ones(3, 1, 1))
+        out_lmlp = lmlp(x, skip)
+        with collect_router_probs(moe) as probs_moe:
+            out_moe = moe(x, skip)
+    assert len(probs_moe) == 1 and torch.equal(probs_moe[0], torch.ones(3, 1, 1))
     torch.testing.assert_close(out_moe, out_lmlp, rtol=0, atol=1e-6)
 
 
@@ -88,7 +90,9 @@ def test_moe_linear_attention_matches_naive_per_expert_computation(experts, head
     randomize_(mixer, seed=experts * 10 + heads)
     x_tok = torch.randn(3, 11, 16)
     with torch.no_grad():
-        mixed, probs = mixer(x_tok.transpose(1, 2))  # the mixer works on the permuted (B, D, L) layout
+        with collect_router_probs(mixer) as collected:
+            mixed = mixer(x_tok.transpose(1, 2))  # the mixer works on the permuted (B, D, L) layout
+        (probs,) = collected
         expected, expected_probs = naive_moe_linear_attention(mixer, x_tok)
     torch.testing.assert_close(probs, expected_probs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mixed.transpose(1, 2), expected, rtol=1e-5, atol=1e-5)

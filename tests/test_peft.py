@@ -5,27 +5,55 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
-from peft import LoraConfig
+from peft import LoraConfig, set_peft_model_state_dict
+from safetensors.torch import load_file
 from torch import nn
 
-from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
 
 
 TINY = dict(
     sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
 )
+# Every registered block family, tiny (the MoE-MLP with 3 experts and 2 heads).
 MODELS = {
-    "lmlp": lambda: LMLPTransformer2DModel(**TINY),
-    "moe_mlp": lambda: MoEMLPModel(**TINY, num_experts=3, num_heads=2),
+    name: (lambda family=family: family.model_class(**TINY, **family.tiny_overrides))
+    for name, family in FAMILIES.items()
 }
-# The nn.Linear layers of one block, by name inside the block: the paper's FNN_L (`left`, L×L over the token axis),
-# FNN_R (`right`), the merge projection and the joint MLP; the MoE-MLP block has one L→E gate per head instead of
-# the single `left` matrix (its expert matrices are mixed per sample, so they are parameters, not Linear layers).
-BLOCK_LINEARS = {
+MODELS["moe_mlp"] = lambda: FAMILIES["moe_mlp"].model_class(**TINY, num_experts=3, num_heads=2)
+# The nn.Linear layers of one block, by name inside the block, as the papers name them: the L-MLP's FNN_L (`left`,
+# L×L over the token axis), FNN_R (`right`), the merge projection and the joint MLP; the MoE-MLP block has one L→E
+# gate per head instead of the single `left` matrix (its expert matrices are mixed per sample, so they are
+# parameters, not Linear layers).
+PAPER_LINEARS = {
     "lmlp": {"left", "right", "merge", "joint_mlp.fc1", "joint_mlp.fc2"},
     "moe_mlp": {"left.gates.0", "left.gates.1", "right", "merge", "joint_mlp.fc1", "joint_mlp.fc2"},
 }
+
+
+def adapter_targets(block: nn.Module) -> tuple[list[str], list[str]]:
+    """What LoRA adapts in a block: its nn.Linear layers (`target_modules`), and the 2-D weights that are used
+    without a Linear (`target_parameters`: the SymMixer/AsymMixer tied weights, used twice per MLP)."""
+    modules = sorted(name for name, module in block.named_modules() if isinstance(module, nn.Linear))
+    parameters = sorted(
+        f"{name}.{parameter_name}"
+        for name, module in block.named_modules()
+        if not isinstance(module, (nn.Linear, nn.LayerNorm))
+        for parameter_name, parameter in module.named_parameters(recurse=False)
+        if parameter.ndim == 2
+    )
+    return modules, parameters
+
+
+def family_targets(model: nn.Module) -> tuple[list[str], list[str]]:
+    """The adapter targets of every kind of block: the mid block's and an out block's (U-ViT's has `skip_linear`)."""
+    mid, out = adapter_targets(model.stack.mid_block), adapter_targets(model.stack.out_blocks[0])
+    return sorted({*mid[0], *out[0]}), sorted({*mid[1], *out[1]})
+
+
+# Every family's adapter targets, by name inside a block.
+BLOCK_TARGETS = {kind: family_targets(make()) for kind, make in MODELS.items()}
 
 
 @pytest.fixture(params=list(MODELS))
@@ -43,9 +71,11 @@ def make_inputs(batch: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return torch.randn(batch, 4, 8, 8, generator=gen), torch.randn(batch, 5, 16, generator=gen), torch.tensor([3, 700])
 
 
-def lora_config(targets: list[str]) -> LoraConfig:
+def lora_config(targets: list[str], parameters: list[str] = ()) -> LoraConfig:
     # init_lora_weights=False draws lora_B at random too, so a fresh adapter already changes the output.
-    return LoraConfig(r=2, lora_alpha=2, target_modules=targets, init_lora_weights=False)
+    return LoraConfig(
+        r=2, lora_alpha=2, target_modules=targets, target_parameters=list(parameters), init_lora_weights=False
+    )
 
 
 def randomize_(module: nn.Module, seed: int) -> None:
@@ -56,28 +86,40 @@ def randomize_(module: nn.Module, seed: int) -> None:
             p.copy_(0.1 * torch.randn(p.shape, generator=gen) + (1.0 if p.ndim == 1 else 0.0))
 
 
+@pytest.mark.parametrize("kind", PAPER_LINEARS)
 def test_every_linear_of_a_block_is_an_nn_linear(kind):
     block = make_model(kind).stack.mid_block
-    assert {name for name, module in block.named_modules() if isinstance(module, nn.Linear)} == BLOCK_LINEARS[kind]
+    assert {name for name, module in block.named_modules() if isinstance(module, nn.Linear)} == PAPER_LINEARS[kind]
 
 
-@pytest.mark.parametrize("kind, layer", [(kind, layer) for kind in MODELS for layer in sorted(BLOCK_LINEARS[kind])])
+def test_every_family_has_layers_for_adapters(kind):
+    modules, parameters = BLOCK_TARGETS[kind]
+    assert modules or parameters, f"{kind}'s blocks have nothing LoRA can adapt"
+
+
+@pytest.mark.parametrize("kind, layer", [(kind, layer) for kind in MODELS for layer in BLOCK_TARGETS[kind][0]])
 def test_lora_on_each_linear_of_a_block_changes_the_output(kind, layer):
     model = make_model(kind)
     randomize_(model, seed=3)  # distinct experts, so that the gates matter too
     inputs = make_inputs()
     with torch.no_grad():
         before = model(*inputs).sample
-        model.add_adapter(lora_config([f"stack.mid_block.{layer}"]))
+        block = "stack.mid_block" if layer in adapter_targets(model.stack.mid_block)[0] else "stack.out_blocks.0"
+        model.add_adapter(lora_config([f"{block}.{layer}"]))
         after = model(*inputs).sample
     assert (after - before).abs().max() > 1e-4, f"a LoRA adapter on {layer} does not change the output"
 
 
 def test_lora_on_every_linear_of_every_block_trains(kind):
     model = make_model(kind).train()
-    model.add_adapter(lora_config(sorted(BLOCK_LINEARS[kind])))  # name suffixes: every block
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("stack.")]
+    modules, parameters = BLOCK_TARGETS[kind]
+    model.add_adapter(lora_config(modules, parameters))  # name suffixes: every block
     lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
-    assert len(lora) == 2 * len(BLOCK_LINEARS[kind]) * 3  # lora_A and lora_B, per layer, in 3 blocks
+    tied = sum(
+        1 for block in (*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks) for _ in parameters
+    )
+    assert len(lora) == 2 * (len(linears) + tied)  # lora_A and lora_B of every Linear and tied weight, every block
     assert all(p.requires_grad for p in lora.values())
     assert not any(p.requires_grad for name, p in model.named_parameters() if name not in lora)  # base frozen
 
@@ -92,7 +134,7 @@ def test_disabling_the_adapter_restores_the_base_output(kind):
     inputs = make_inputs()
     with torch.no_grad():
         base = model(*inputs).sample
-        model.add_adapter(lora_config(sorted(BLOCK_LINEARS[kind])))
+        model.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
         adapted = model(*inputs).sample
         model.disable_adapters()
         disabled = model(*inputs).sample
@@ -102,11 +144,21 @@ def test_disabling_the_adapter_restores_the_base_output(kind):
 
 def test_lora_adapter_save_and_load_round_trip(kind, tmp_path):
     model = make_model(kind)
-    model.add_adapter(lora_config(sorted(BLOCK_LINEARS[kind])))
+    model.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
     model.save_lora_adapter(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["pytorch_lora_weights.safetensors"]
     fresh = make_model(kind)
-    fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
+    if BLOCK_TARGETS[kind][1]:
+        # Tied weights: peft 0.21 refuses to inject a target_parameters adapter from a file, loudly; the adapter is
+        # added from its config and its weights loaded with peft's own loader instead.
+        with pytest.raises(ValueError, match="target_parameters"):
+            fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
+        fresh = make_model(kind)
+        fresh.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
+        result = set_peft_model_state_dict(fresh, load_file(tmp_path / "pytorch_lora_weights.safetensors"))
+        assert not result.unexpected_keys
+    else:
+        fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
     inputs = make_inputs()
     with torch.no_grad():
         torch.testing.assert_close(fresh(*inputs).sample, model(*inputs).sample, rtol=0, atol=0)
@@ -125,8 +177,10 @@ def test_forward_hooks_fire_on_every_module(kind):
         module.register_forward_hook(count)
     with torch.no_grad():
         model(*make_inputs())
-    # The reference's norm1 is applied twice per block (before the mixers and before the joint MLP).
-    assert calls == {name: 2 if name.endswith("channel_norm") else 1 for name in names.values()}
+    # The L-MLP reference's norm1 is applied twice per block (before the mixers and before the joint MLP).
+    reused = {name for name, module in model.named_modules() if isinstance(module, LMLPBlock)}
+    twice = {f"{block}.channel_norm" for block in reused}
+    assert calls == {name: 2 if name in twice else 1 for name in names.values()}
 
 
 def test_lmlp_block_equals_plain_restatement():
@@ -150,6 +204,22 @@ def test_lmlp_block_equals_plain_restatement():
     expected = h + mlp + p["joint_mlp.fc2.bias"]
 
     with torch.no_grad():
-        out, router_probs = block(x, skip)
-    assert router_probs is None
+        out = block(x, skip)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_on_a_tied_weight_adapts_both_of_its_uses():
+    """SymMixer's MLP uses one weight W twice (GELU(x Wᵀ) W): a LoRA on W must change both uses, not one."""
+    model = make_model("symmixer")
+    mlp = model.stack.mid_block.channel_mlp
+    base = mlp.weight.detach().clone()  # (hidden, D)
+    model.add_adapter(lora_config([], ["channel_mlp.weight"]))
+    lora_a = dict(model.named_parameters())["stack.mid_block.channel_mlp.lora_A.default.weight"]  # (r, D)
+    lora_b = dict(model.named_parameters())["stack.mid_block.channel_mlp.lora_B.default.weight"]  # (hidden, r)
+    adapted = base + lora_b @ lora_a  # lora_alpha / r = 1
+    x = torch.randn(3, base.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model.stack.mid_block.channel_mlp(x)
+        torch.testing.assert_close(out, F.gelu(x @ adapted.t()) @ adapted, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(out, F.gelu(x @ adapted.t()) @ base, atol=1e-6)  # not the first use only
+        assert not torch.allclose(out, F.gelu(x @ base.t()) @ adapted, atol=1e-6)  # nor the second only

@@ -10,7 +10,7 @@ import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, default_scheduler
+from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel, default_scheduler
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_tokenizer
 
 
@@ -26,7 +26,7 @@ def record_batch_sizes(module: torch.nn.Module) -> list[int]:
     return batch_sizes
 
 
-@pytest.mark.parametrize("backbone", ["lmlp", "moe"])
+@pytest.mark.parametrize("backbone", sorted(FAMILIES))
 def test_generates_images_with_guidance(make_pipe, generate, backbone):
     pipe = make_pipe(backbone)
     guided = generate(pipe, guidance_scale=3.0)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline
 
-from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
 
 
-BACKBONES = {"lmlp": LMLPTransformer2DModel, "moe": MoEMLPModel}
+BACKBONES = {name: family.model_class for name, family in FAMILIES.items()}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
+from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
@@ -175,7 +176,7 @@ def test_model_panel_describes_the_shipped_model(shapes_pipe):
 
 
 def test_model_panel_reads_training_data_from_the_card_or_says_it_is_missing(tmp_path):
-    pipe = build_tiny_pipeline("moe", seed=0)
+    pipe = build_tiny_pipeline("moe_mlp", seed=0)
     pipe.save_pretrained(tmp_path)
     text = app.describe_model(pipe, str(tmp_path))
     num_params = sum(p.numel() for p in pipe.transformer.parameters())
@@ -225,3 +226,12 @@ def test_generate_shows_the_warning_for_unknown_words(shapes_pipe):
     with pytest.warns(UserWarning, match="The prompt has words this model does not know: 'xyz'"):
         images, _ = generate(*{**VALID, "prompt": "a red circle xyz", "num_images": 1}.values())
     assert len(images) == 1
+
+
+@pytest.mark.parametrize("backbone", sorted(FAMILIES))
+def test_model_panel_names_every_family_by_its_registry_label(backbone, tmp_path):
+    family = FAMILIES[backbone]
+    pipe = build_tiny_pipeline(backbone, seed=0)
+    text = app.describe_model(pipe, str(tmp_path))
+    assert f"**Backbone:** {family.label} (`{family.model_class.__name__}`)" in text
+    assert not [other.label for other in FAMILIES.values() if f"{other.label} (`" in text and other is not family]

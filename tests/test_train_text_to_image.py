@@ -35,7 +35,8 @@ def workspace(tmp_path_factory) -> Path:
 def make_workspace(root: Path) -> Path:
     """A tiny saved pipeline (16 px images) and an imagefolder of 24 images with caption lists (one has two)."""
     build_tiny_pipeline("lmlp").save_pretrained(root / "tiny")
-    build_tiny_pipeline("moe").save_pretrained(root / "tiny-moe")
+    build_tiny_pipeline("moe_mlp").save_pretrained(root / "tiny-moe")
+    build_tiny_pipeline("asymmixer").save_pretrained(root / "tiny-asym")
     data = root / "data"
     data.mkdir()
     rng = np.random.default_rng(0)
@@ -215,10 +216,20 @@ def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspac
     assert (workspace / "moe" / "model_index.json").is_file()
 
 
+def test_asymmixer_backbone_with_the_symmetry_breaking_penalty(workspace):
+    train(workspace, "asym", "--max_train_steps", "2", "--symmetry_breaking_weight", "0.01", base="tiny-asym")
+    config = json.loads((workspace / "asym" / "transformer" / "config.json").read_text())
+    assert config["_class_name"] == "AsymMixerTransformer2DModel"
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--model_type", "transformer"], "argument --model_type: invalid choice: 'transformer'"),
+        (
+            ["--symmetry_breaking_weight", "0.01"],
+            "--symmetry_breaking_weight: LMLPTransformer2DModel has no symmetry-breaking weights",
+        ),
         (["--caption_column", "caption"], "--caption_column 'caption' is not a column of the dataset"),
         (["--resolution", "32"], "--resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px"),
         (["--resume_from_checkpoint", "no/such/checkpoint"], "no/such/checkpoint: no such checkpoint folder"),

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from test_train_text_to_image import load_script, make_workspace
 
+from diffusers_lmlp.models.backbone import SHAPES_SMALL
+
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
@@ -62,7 +64,10 @@ def test_an_unknown_model_override_is_refused_naming_the_accepted_keys(script, c
     error = parser_error(script, ["--output_dir", "x", "--model_overrides", override], capsys)
     assert message in error
     # The accepted keys are read from the model class's signature.
-    assert "the accepted keys of LMLPTransformer2DModel are conv_out, hidden_size, in_channels, mlp_ratio" in error
+    assert (
+        "the accepted keys of LMLPTransformer2DModel are channel_mlp, conv_out, hidden_size, in_channels, lateral_activation"
+        in error
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,6 +90,34 @@ def test_a_model_override_the_model_refuses_stops_before_any_data(script, tmp_pa
     )  # fmt: skip
     assert message.startswith("error: --model_config shapes-S with --model_overrides: ") and "hidden_size" in message
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_named_config_picks_its_family(script):
+    args = script.parse_args(["--output_dir", "x", "--model_config", "A2"])
+    assert (args.model_type, args.model_config) == ("mlp_mixer", "A2")
+    assert type(script.build_model(args)).__name__ == "MLPMixerTransformer2DModel"
+
+
+def test_another_family_on_the_shapes_preset_takes_the_shapes_skeleton(script):
+    args = script.parse_args(
+        ["--output_dir", "x", "--model_type", "uvit", "--model_overrides", "num_attention_heads=4"]
+    )
+    model = script.build_model(args)
+    assert type(model).__name__ == "UViTTransformer2DModel"
+    assert {key: model.config[key] for key in SHAPES_SMALL} == SHAPES_SMALL  # fits the shapes world's components
+    assert model.config.num_attention_heads == 4
+
+
+def test_a_named_config_of_another_family_is_refused(script, capsys):
+    message = parser_error(script, ["--output_dir", "x", "--model_type", "uvit", "--model_config", "F2"], capsys)
+    assert "--model_config F2 is a --model_type lmlp configuration" in message
+
+
+@pytest.mark.parametrize("option", ["--symmetry_breaking_weight", "--load_balance_weight"])
+@pytest.mark.parametrize("value", ["-0.1", "nan"])
+def test_a_penalty_weight_that_is_negative_or_nan_is_refused(script, capsys, option, value):
+    message = parser_error(script, ["--output_dir", "x", option, value], capsys)
+    assert f"{option} must be a finite number >= 0 (0: off), got {float(value)}" in message
 
 
 def test_well_formed_model_overrides_are_typed_by_the_model_class(script):

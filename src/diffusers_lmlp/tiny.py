@@ -14,7 +14,7 @@ import torch
 from diffusers import AutoencoderKL
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from .models import LMLPTransformer2DModel, MoEMLPModel
+from .models import FAMILIES
 from .pipelines import LMLPPipeline, default_scheduler
 
 
@@ -147,8 +147,8 @@ def build_tiny_pipeline(
     The global RNG state is left untouched.
 
     Args:
-        backbone (`str`, *optional*, defaults to `"lmlp"`): `"lmlp"` (`LMLPTransformer2DModel`) or `"moe"`
-            (`MoEMLPModel` with 2 experts and 2 heads).
+        backbone (`str`, *optional*, defaults to `"lmlp"`): A block family of the registry
+            (`diffusers_lmlp.FAMILIES`: "lmlp", "moe_mlp", "uvit", ...), built with its `tiny_overrides`.
         seed (`int`, *optional*, defaults to 0): Seed of every random initialisation; equal seeds give equal
             weights.
         text_seq_len (`int`, *optional*, defaults to 16): Tokens per prompt, shared by tokenizer and backbone.
@@ -158,10 +158,9 @@ def build_tiny_pipeline(
     Returns:
         `LMLPPipeline`: The pipeline, on the CPU in float32, with its models in eval mode.
     """
-    backbones = {"lmlp": (LMLPTransformer2DModel, {}), "moe": (MoEMLPModel, {"num_experts": 2, "num_heads": 2})}
-    if backbone not in backbones:
-        raise ValueError(f"Unknown backbone {backbone!r}; choose one of {sorted(backbones)}.")
-    backbone_class, backbone_kwargs = backbones[backbone]
+    if backbone not in FAMILIES:
+        raise ValueError(f"Unknown backbone {backbone!r}; choose a block family among {sorted(FAMILIES)}.")
+    family = FAMILIES[backbone]
 
     tokenizer = tiny_clip_tokenizer(model_max_length=text_seq_len)
     with torch.random.fork_rng(devices=[]):
@@ -179,7 +178,7 @@ def build_tiny_pipeline(
             sample_size=2 * sample_size,
             scaling_factor=0.23010,
         )
-        transformer = backbone_class(
+        transformer = family.model_class(
             sample_size=sample_size,
             patch_size=2,
             in_channels=4,
@@ -187,7 +186,7 @@ def build_tiny_pipeline(
             num_layers=2,
             text_embed_dim=text_encoder.config.hidden_size,
             text_seq_len=text_seq_len,
-            **backbone_kwargs,
+            **family.tiny_overrides,
         )
     return LMLPPipeline(
         vae=vae.eval(),

@@ -24,6 +24,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from ..models.families import family_of
 from ..pipelines.vocabulary import describe_vocabulary
 
 
@@ -135,7 +136,7 @@ def update_card(
     """
     card = ModelCard(existing) if existing else None
     data = card.data if card is not None else ModelCardData()
-    family_tag = "moe-mlp" if "num_experts" in pipe.transformer.config else "l-mlp"
+    family_tag = family_of(pipe.transformer).tag
     data.library_name = "diffusers"
     data.pipeline_tag = "text-to-image"
     data.tags = list(dict.fromkeys([*(data.tags or []), *BASE_TAGS, family_tag]))
@@ -182,20 +183,19 @@ def describe_pipeline(
     args, summary = args or {}, summary or {}
     backbone = pipe.transformer
     config = backbone.config
-    is_moe = "num_experts" in config
+    family = family_of(backbone)
     num_params = sum(p.numel() for p in backbone.parameters())
     trained = "learning_rate" in args or "steps" in summary
     origin = "trained with diffusers-lmlp (`examples/train_text_to_image.py`)" if trained else "for diffusers-lmlp"
-    experts = f", {config.num_experts} experts × {config.num_heads} heads" if is_moe else ""
     lines = [
         f"# {title}",
         "",
-        f"A text-to-image latent diffusion model with a **{'MoE-MLP' if is_moe else 'UL-MLP (L-MLP)'}** backbone "
-        f"({num_params:,} parameters), {origin}.",
+        f"A text-to-image latent diffusion model with a **{family.label}** backbone ({family.paper}; "
+        f"{num_params:,} parameters), {origin}.",
         "",
         f"- Backbone: `{type(backbone).__name__}`, hidden size {config.hidden_size}, {config.num_layers} layers "
         f"(+1 mid block), patch {config.patch_size}, {config.sample_size}×{config.sample_size} latents, "
-        f"{backbone.seq_len} tokens{experts}",
+        f"{backbone.seq_len} tokens{family.details(config)}",
         f"- Native resolution: {pipe.native_size}×{pipe.native_size} px; latent scale "
         f"{pipe.vae.config.scaling_factor:.5f}",
     ]

@@ -1,21 +1,24 @@
-"""The U-shaped skeleton shared by every backbone of the family (U-ViT, UL-MLP, MoE-MLP).
+"""The U-shaped skeleton shared by every backbone of the family (U-ViT, UL-MLP, MoE-MLP and the other mixers).
 
-    in blocks ──► mid block ──► out blocks      out block i adds the output of in block n-1-i (LIFO)
+    in blocks ──► mid block ──► out blocks      out block i receives the output of in block n-1-i (LIFO)
 
-`UShapedStack` holds the blocks and the long skips; `UShapedMixerModel` wraps token I/O around it, validates the
-inputs and keeps all initialisation in one place. The public models only choose the block.
+`UShapedStack` holds the blocks and routes the long skips; how a block merges its skip (an add, U-ViT's concat +
+Linear) is the block's business. `UShapedMixerModel` wraps token I/O around the stack, validates the inputs and
+applies the reference initialisation, after which each mixer module may initialise itself (`init_weights`). The
+public models only choose the block; this module knows no mixer by name.
 """
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from .mixers.moe import MoELinearAttention
+from .mixers.channel_mlp import channel_mlp_factory
+from .mixers.cost import BlockCost
 from .tokens import OutputHead, TokenEmbedder
 
 
@@ -36,15 +39,18 @@ def _is_positive_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-# The config fields every backbone shares: field -> (test, what the field must be). A mixer checks its own
-# arguments (the MoE-MLP's num_experts and num_heads).
+# The config fields every backbone shares: field -> (test, what the field must be). A model class may extend or
+# relax them (`UShapedMixerModel.config_requirements`); a mixer checks its own arguments (the MoE-MLP's num_experts).
 CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sample_size": (_is_positive_int, "a positive integer (the side of the square latent)"),
     "patch_size": (_is_positive_int, "a positive integer (the side of a square patch)"),
     "in_channels": (_is_positive_int, "a positive integer (the latent channels)"),
     "out_channels": (lambda v: v is None or _is_positive_int(v), "a positive integer or None (None: in_channels)"),
     "hidden_size": (_is_positive_int, "a positive integer (the token width D)"),
-    "mlp_ratio": (_is_positive_real, "a positive finite number (the joint MLP's width as a multiple of hidden_size)"),
+    "mlp_ratio": (
+        _is_positive_real,
+        "a positive finite number (the channel MLP's width as a multiple of hidden_size)",
+    ),
     "text_embed_dim": (_is_positive_int, "a positive integer (the width of the text encoder states)"),
     "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
     "norm_eps": (_is_positive_real, "a positive finite number (the LayerNorm epsilon)"),
@@ -52,48 +58,46 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 class UShapedStack(nn.Module):
-    """num_layers // 2 in-blocks, one mid-block and num_layers // 2 out-blocks with additive long skips.
+    """num_layers // 2 in-blocks, one mid-block and num_layers // 2 out-blocks, with optional long skips.
 
     Args:
         num_layers (`int`): The reference "depth" (even): 16 gives 8 + 1 + 8 = 17 blocks.
-        make_block (`Callable[[], nn.Module]`): Builds one block with the contract
-            `block(x (B, L, D), skip (B, L, D) | None) -> (x (B, L, D), router_probs (B, H, E) | None)`.
+        make_block (`Callable[[bool], nn.Module]`): Builds one block given whether it receives a long skip, with the
+            contract `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
+        long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i. Without
+            them the stack is a plain sequence of blocks (the L-MLP Table 1 rows before F1).
     """
 
-    def __init__(self, num_layers: int, make_block: Callable[[], nn.Module]):
+    def __init__(self, num_layers: int, make_block: Callable[[bool], nn.Module], long_skips: bool = True):
         super().__init__()
-        self.in_blocks = nn.ModuleList(make_block() for _ in range(num_layers // 2))
-        self.mid_block = make_block()
-        self.out_blocks = nn.ModuleList(make_block() for _ in range(num_layers // 2))
+        self.long_skips = long_skips
+        self.in_blocks = nn.ModuleList(make_block(False) for _ in range(num_layers // 2))
+        self.mid_block = make_block(False)
+        self.out_blocks = nn.ModuleList(make_block(long_skips) for _ in range(num_layers // 2))
         self.gradient_checkpointing = False
 
-    def _run(self, block: nn.Module, x: torch.Tensor, skip: torch.Tensor | None, router_probs: list) -> torch.Tensor:
+    def _run(self, block: nn.Module, x: torch.Tensor, skip: torch.Tensor | None) -> torch.Tensor:
         if torch.is_grad_enabled() and self.gradient_checkpointing:
-            x, probs = self._gradient_checkpointing_func(block, x, skip)
-        else:
-            x, probs = block(x, skip)
-        if probs is not None:
-            router_probs.append(probs)
-        return x
+            return self._gradient_checkpointing_func(block, x, skip)
+        return block(x, skip)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Run every block.
 
         Args:
             x (`torch.Tensor`): (B, L, D) tokens.
 
         Returns:
-            `tuple`: the tokens (B, L, D), and the router probabilities of the blocks that route, in block order.
+            `torch.Tensor`: (B, L, D) tokens.
         """
-        router_probs: list[torch.Tensor] = []
         skips = []
         for block in self.in_blocks:
-            x = self._run(block, x, None, router_probs)
+            x = self._run(block, x, None)
             skips.append(x)
-        x = self._run(self.mid_block, x, None, router_probs)
+        x = self._run(self.mid_block, x, None)
         for block in self.out_blocks:
-            x = self._run(block, x, skips.pop(), router_probs)
-        return x, router_probs
+            x = self._run(block, x, skips.pop() if self.long_skips else None)
+        return x
 
 
 class UShapedMixerModel(ModelMixin):
@@ -103,6 +107,8 @@ class UShapedMixerModel(ModelMixin):
     _skip_layerwise_casting_patterns = ["pos_embed", "norm"]
     # The papers' named configurations of this class: name -> `__init__` overrides of the defaults.
     named_configs: dict[str, dict] = {}
+    # field -> (test, requirement) for the config fields this class checks before building anything.
+    config_requirements: dict[str, tuple[Callable[[Any], bool], str]] = CONFIG_REQUIREMENTS
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
@@ -126,6 +132,26 @@ class UShapedMixerModel(ModelMixin):
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
+    def long_skips(cls, config: Mapping) -> bool:
+        """Whether out blocks receive long skips in a model with this config (always, unless a class says otherwise).
+
+        Args:
+            config (`Mapping`): A full config of this class.
+        """
+        return True
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and forward MACs per sample of one block of a model with this config (each family's own).
+
+        Args:
+            config (`Mapping`): A full config of this class (every `__init__` argument).
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip (U-ViT's out blocks add a Linear for it).
+        """
+        raise NotImplementedError(f"{cls.__name__} must define block_cost(config, seq_len, skip).")
+
+    @classmethod
     def from_named_config(cls, name: str, **overrides):
         """Build a randomly initialised model from one of the papers' named configurations.
 
@@ -139,11 +165,12 @@ class UShapedMixerModel(ModelMixin):
             )
         return cls(**{**cls.named_configs[name], **overrides})
 
-    def _build(self, make_block: Callable[[int], nn.Module]) -> None:
-        """Build token I/O and the stack from `self.config`.
+    def _build(self, make_block: Callable[[int, bool], nn.Module]) -> None:
+        """Build token I/O and the stack from `self.config`, then initialise every weight.
 
         Args:
-            make_block (`Callable[[int], nn.Module]`): Builds one block given the sequence length L.
+            make_block (`Callable[[int, bool], nn.Module]`): Builds one block given the sequence length L and whether
+                the block receives a long skip (`long_skips(config)` decides for the out blocks).
         """
         self._check_config()
         config = self.config
@@ -156,7 +183,7 @@ class UShapedMixerModel(ModelMixin):
             config.text_seq_len,
         )
         seq_len = self.embed.seq_len
-        self.stack = UShapedStack(config.num_layers, lambda: make_block(seq_len))
+        self.stack = UShapedStack(config.num_layers, lambda skip: make_block(seq_len, skip), self.long_skips(config))
         self.head = OutputHead(
             config.sample_size,
             config.patch_size,
@@ -172,7 +199,7 @@ class UShapedMixerModel(ModelMixin):
         """Raise a `ValueError` naming the first config field that cannot build the model, before any layer is built."""
         config = self.config
         name = type(self).__name__
-        for field, (is_valid, requirement) in CONFIG_REQUIREMENTS.items():
+        for field, (is_valid, requirement) in self.config_requirements.items():
             if not is_valid(config[field]):
                 raise ValueError(f"{field}={config[field]!r} cannot build a {name}: {field} must be {requirement}.")
         if config.sample_size % config.patch_size:
@@ -184,9 +211,9 @@ class UShapedMixerModel(ModelMixin):
                 f"num_layers must be even and >= 0 (num_layers // 2 in-blocks, 1 mid-block, num_layers // 2 "
                 f"out-blocks), got {config.num_layers!r}."
             )
-        if int(config.hidden_size * config.mlp_ratio) < 1:
+        if config.mlp_ratio is not None and int(config.hidden_size * config.mlp_ratio) < 1:
             raise ValueError(
-                f"mlp_ratio={config.mlp_ratio} gives a joint MLP of int({config.hidden_size} × {config.mlp_ratio}) = 0 "
+                f"mlp_ratio={config.mlp_ratio} gives a channel MLP of int({config.hidden_size} × {config.mlp_ratio}) = 0 "
                 f"hidden units; use mlp_ratio >= 1 / hidden_size (the papers use 4)."
             )
 
@@ -195,23 +222,40 @@ class UShapedMixerModel(ModelMixin):
         """L = 1 + text_seq_len + (sample_size / patch_size)², the number of tokens every block mixes."""
         return self.embed.seq_len
 
-    def initialize_weights(self) -> None:
-        """The reference initialisation (reference-implementations.md §A.3), in one place.
+    def channel_mlp_class(self) -> Callable[[int, float], nn.Module]:
+        """The channel MLP class that `config.channel_mlp` names, with this model's token layout bound.
 
-        Every Linear-like weight (including the token-mixing matrices, the MoE experts and gates): truncated normal
-        with std 0.02, biases 0. LayerNorms: weight 1, bias 0. Positional embedding: truncated normal, std 0.02.
-        The two convolutions keep PyTorch's default init, as in the reference.
+        Every channel MLP is built as `make(hidden_size, mlp_ratio)`, the signature of the default `JointMLP`, so a
+        block takes any of them (see `diffusers_lmlp.models.mixers.channel_mlp`).
+        """
+        config = self.config
+        return channel_mlp_factory(
+            config.channel_mlp,
+            num_extra_tokens=1 + config.text_seq_len,
+            grid_size=config.sample_size // config.patch_size,
+        )
+
+    def initialize_weights(self) -> None:
+        """The reference initialisation (reference-implementations.md §A.3), then each mixer module's own.
+
+        Every `nn.Linear` (including the token-mixing matrices and the MoE gates): truncated normal with std 0.02,
+        bias 0. LayerNorms: weight 1, bias 0. Positional embedding: truncated normal, std 0.02. The two token-I/O
+        convolutions keep PyTorch's default init, as in the reference. Then every submodule that defines
+        `init_weights()` (timm's convention) initialises what it owns beyond that (e.g. the MoE experts, the tied
+        SymMixer weights).
         """
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm) and module.elementwise_affine:
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, MoELinearAttention):
-                nn.init.trunc_normal_(module.expert_weight, std=0.02)
-                nn.init.zeros_(module.expert_bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if module is not self and callable(getattr(module, "init_weights", None)):
+                module.init_weights()
         nn.init.trunc_normal_(self.embed.pos_embed, std=0.02)
 
     def _check_inputs(
@@ -285,14 +329,14 @@ class UShapedMixerModel(ModelMixin):
 
     def _predict(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> torch.Tensor:
         """Validate, embed, run the stack and the head.
 
         Returns:
-            `tuple`: the prediction (B, out_channels, H, W) and the per-block router probabilities (may be empty).
+            `torch.Tensor`: the prediction (B, out_channels, H, W).
         """
         timestep = self._check_inputs(hidden_states, encoder_hidden_states, timestep)
         # The reference network's timestep n runs over 1..1000 and is diffusers' scheduler index t (0..999) plus 1.
         tokens = self.embed(hidden_states, encoder_hidden_states, timestep + 1)  # (B, L, D)
-        tokens, router_probs = self.stack(tokens)  # (B, L, D)
-        return self.head(tokens), router_probs
+        tokens = self.stack(tokens)  # (B, L, D)
+        return self.head(tokens)

@@ -1,23 +1,75 @@
 """`LMLPTransformer2DModel`: the U-shaped L-MLP ("UL-MLP") of Hu & Rostami 2024, and the reference-key converter."""
 
 import re
+from collections.abc import Mapping
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
-from .backbone import SHAPES_SMALL, UShapedMixerModel
-from .mixers.lmlp import LMLPBlock
+from .backbone import CONFIG_REQUIREMENTS, SHAPES_SMALL, UShapedMixerModel, _is_positive_real
+from .mixers.channel_mlp import CHANNEL_MLPS
+from .mixers.cost import BlockCost
+from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
+
+
+# L-MLP Table 1 (§5.2): the design ablation, on the COCO skeleton (32×32×4 latents, patch 2, D = 512, 77 text
+# tokens, L = 334). The paper trains each group at a matched size "by adjusting model hyperparameters" and says
+# (§4.1) it sizes an L-MLP by the MLP scale of FNN_Z; so within a group only the depth-12 (13-block) skeleton and
+# one width vary: the hemispheres' MLP width where there is no second stage, the joint MLP's scale s otherwise.
+# Readings where the paper is silent (Figure 7 is not in its text):
+# - "1-layer MLP" hemispheres (A1, B1–B3, C1) are Linear → GELU → Linear, one hidden layer.
+# - Table 1 (f) says D2 has no U-Net skips, so nothing before F1 has long skips (A1–E2 are plain stacks).
+# - F2-deep is the reference code (its long skip is added at the block's input), so that placement is "Second
+#   Stage": the skip joins the residual stream that the second stage reads. "First Stage" (F1) adds it to what
+#   the two hemispheres read only.
+# - B2's "GLUs": the left hemisphere gated by the sigmoid of the right (Dauphin et al.'s GLU across the
+#   hemispheres); E1's product gates the right hemisphere by GELU(left) (the footnote: GELU on the left only).
+# - A1 appears in group (a) at 23.5M and in group (c) at 45M with different FIDs: "A1" is the 23.5M row, "A1-45M"
+#   the 45M one.
+_PLAIN = dict(num_layers=12, long_skip=None)  # the depth-12 skeleton without long skips
+_NO_SECOND_STAGE = dict(_PLAIN, mlp_ratio=None)  # first stage only, sized by the hemispheres' MLP width
+_LINEAR_HEMISPHERES = dict(_PLAIN, mlp_ratio=5.2)  # Linear hemispheres, sized by s as Table 3's F2 block
+TABLE_1 = {
+    "A1": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.0),
+    "B1": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.0, merging="prod"),
+    "B2": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.0, merging="glu"),
+    "B3": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.35, merge_proj=False),
+    "A1-45M": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=4.15),
+    "C1": dict(_PLAIN, lateral_mlp_ratio=1.0, mlp_ratio=4.49),
+    "D1": dict(_LINEAR_HEMISPHERES, merging="prod"),
+    "D2": dict(_LINEAR_HEMISPHERES),
+    "E1": dict(_LINEAR_HEMISPHERES, merging="prod", lateral_activation="left"),
+    "E2": dict(_LINEAR_HEMISPHERES, lateral_activation="both"),
+    "F1": dict(_LINEAR_HEMISPHERES, long_skip="first_stage"),
+    "F2": dict(_LINEAR_HEMISPHERES, long_skip="second_stage"),
+    "F2-deep": {},  # the defaults: the reference configs/lmlp_f2.py, depth 16, s = 4
+}
 
 
 class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """The U-shaped L-MLP text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
+    """The U-shaped L-MLP ("UL-MLP") text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
 
-    The defaults build the paper's F2 model (the reference `configs/lmlp_f2.py`, called F2-deep in the paper):
+    The defaults build the paper's final model, Table 1's **F2-deep** (the reference `configs/lmlp_f2.py`):
     32×32×4 latents, patch 2, D = 512, 8 + 1 + 8 L-MLP blocks, MLP ratio 4, 77 CLIP ViT-L/14 tokens;
-    47,139,122 parameters. The sequence length L = 1 + text_seq_len + (sample_size / patch_size)² (334 for F2)
-    is derived from the config.
+    47,139,122 parameters. The sequence length L = 1 + text_seq_len + (sample_size / patch_size)² (334 for F2-deep)
+    is derived from the config. The other rows of the paper's design ablation (Table 1) are named configurations,
+    built by `from_named_config` (see `named_configs` for how each is read and sized):
+
+    | name | first stage (FNN_L, FNN_R) | merging | second stage | long skips | depth | params |
+    |---|---|---|---|---|---|---|
+    | A1, B1, B2 | MLPs, hidden 2× | Add / Prod / GLU, + Proj | none | none | 12 | 23,484,738 |
+    | B3 | MLPs, hidden 2.35× | Add, no Proj | none | none | 12 | 23,464,237 |
+    | A1-45M | MLPs, hidden 4.15× | Add + Proj | none | none | 12 | 44,386,684 |
+    | C1 | MLPs, hidden 1× | Add + Proj | MLP, s = 4.49 | none | 12 | 44,385,046 |
+    | D1, D2 | Linears | Prod / Add, + Proj | MLP, s = 5.2 | none | 12 | 44,366,248 |
+    | E1, E2 | Linears, GELU on the left / both | Prod / Add, + Proj | MLP, s = 5.2 | none | 12 | 44,366,248 |
+    | F1 | Linears | Add + Proj | MLP, s = 5.2 | into the first stage | 12 | 44,366,248 |
+    | F2 | Linears | Add + Proj | MLP, s = 5.2 | second stage (reference) | 12 | 44,366,248 |
+    | F2-deep | Linears | Add + Proj | MLP, s = 4 | second stage (reference) | 16 | 47,139,122 |
+
+    Table 1's A2 (MLP-Mixer) is another block family: `MLPMixerTransformer2DModel`.
 
     Every layer is called as a module, so PEFT adapters work as on diffusers' own transformers: each block's
     `nn.Linear` layers are `left` (the L×L token mixer, over the token axis), `right`, `merge`, `joint_mlp.fc1` and
@@ -31,19 +83,45 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
         num_layers (`int`, *optional*, defaults to 16): The reference "depth" (even): num_layers // 2 in-blocks,
             one mid-block and num_layers // 2 out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP hidden width as a multiple of D (the paper's s).
+        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP (second stage, FNN_Z) hidden width as a
+            multiple of D (the paper's s); `None`: no second stage (Table 1 A1, B1–B3).
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
+        lateral_mlp_ratio (`float`, *optional*): Make the first stage's FNN_L and FNN_R one-hidden-layer MLPs with
+            this hidden width as a multiple of L and D (Table 1 A1, B1–B3, C1); `None`: single Linears.
+        lateral_activation (`str`, *optional*, defaults to `"none"`): `"left"`: a GELU after the left Linear only
+            (E1); `"both"`: after both (E2). Only with Linear branches.
+        merging (`str`, *optional*, defaults to `"add"`): How the two hemispheres meet: `"add"`, `"prod"`
+            (element-wise product) or `"glu"` (the left gated by the sigmoid of the right).
+        merge_proj (`bool`, *optional*, defaults to `True`): Apply the merge Linear(D, D) (`False`: Table 1 B3).
+        long_skip (`str`, *optional*, defaults to `"second_stage"`): Where an out block adds its long skip:
+            `"second_stage"` (the reference: into the residual stream at the block's input), `"first_stage"` (into
+            the two hemispheres only), or `None` (no long skips).
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP, a key of
+            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
     """
 
     _no_split_modules = ["LMLPBlock"]
     _repeated_blocks = ["LMLPBlock"]
-    named_configs = {
-        "F2": {},  # the reference configs/lmlp_f2.py: the defaults
-        "shapes-S": SHAPES_SMALL,  # the shapes world's small model
+    config_requirements = {
+        **CONFIG_REQUIREMENTS,
+        "mlp_ratio": (
+            lambda v: v is None or _is_positive_real(v),
+            "a positive finite number or None (the joint MLP's width as a multiple of hidden_size; None: no "
+            "second stage)",
+        ),
+        "lateral_mlp_ratio": (
+            lambda v: v is None or _is_positive_real(v),
+            "a positive finite number or None (the first stage's MLP width; None: Linear hemispheres)",
+        ),
+        "lateral_activation": (lambda v: v in LATERAL_ACTIVATIONS, f"one of {LATERAL_ACTIVATIONS}"),
+        "merging": (lambda v: v in MERGINGS, f"one of {MERGINGS}"),
+        "merge_proj": (lambda v: isinstance(v, bool), "True or False"),
+        "long_skip": (lambda v: v is None or v in SKIP_STAGES, f"one of {SKIP_STAGES} or None"),
     }
+    named_configs = TABLE_1 | {"shapes-S": SHAPES_SMALL}  # the shapes world's small model
 
     @register_to_config
     def __init__(
@@ -54,14 +132,66 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         out_channels: int | None = None,
         hidden_size: int = 512,
         num_layers: int = 16,
-        mlp_ratio: float = 4.0,
+        mlp_ratio: float | None = 4.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
         conv_out: bool = True,
         norm_eps: float = 1e-5,
+        lateral_mlp_ratio: float | None = None,
+        lateral_activation: str = "none",
+        merging: str = "add",
+        merge_proj: bool = True,
+        long_skip: str | None = "second_stage",
+        channel_mlp: str = "mlp",
     ):
         super().__init__()
-        self._build(lambda seq_len: LMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps))
+        if lateral_mlp_ratio is not None and lateral_activation != "none":
+            raise ValueError(
+                f"lateral_activation={lateral_activation!r} applies to Linear hemispheres (Table 1 E1, E2); with "
+                f"lateral_mlp_ratio={lateral_mlp_ratio} the hemispheres are MLPs with their own GELU. Set "
+                "lateral_mlp_ratio=None or lateral_activation='none'."
+            )
+        self._build(
+            lambda seq_len, skip: LMLPBlock(
+                hidden_size,
+                seq_len,
+                mlp_ratio,
+                norm_eps,
+                lateral_mlp_ratio=lateral_mlp_ratio,
+                lateral_activation=lateral_activation,
+                merging=merging,
+                merge_proj=merge_proj,
+                skip_stage=long_skip or "second_stage",
+                channel_mlp=self.channel_mlp_class(),
+            ),
+        )
+
+    @classmethod
+    def long_skips(cls, config: Mapping) -> bool:
+        """Out blocks receive long skips unless `long_skip` is `None`.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+        """
+        return config["long_skip"] is not None
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and MACs per sample of one block (`LMLPBlock.cost`); a long skip adds neither.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip.
+        """
+        return LMLPBlock.cost(
+            config["hidden_size"],
+            seq_len,
+            config["mlp_ratio"],
+            lateral_mlp_ratio=config["lateral_mlp_ratio"],
+            merge_proj=config["merge_proj"],
+            channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
+        )
 
     def forward(
         self,
@@ -86,7 +216,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
             (B, out_channels, sample_size, sample_size).
         """
-        sample, _ = self._predict(hidden_states, encoder_hidden_states, timestep)
+        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
         if not return_dict:
             return (sample,)
         return Transformer2DModelOutput(sample=sample)

@@ -1,5 +1,6 @@
 """`MoEMLPModel`: the full-MLP backbone of "Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -8,7 +9,11 @@ from diffusers.loaders import PeftAdapterMixin
 from diffusers.utils import BaseOutput
 
 from .backbone import SHAPES_SMALL, UShapedMixerModel
-from .mixers.moe import MoEMLPBlock
+from .mixers.channel_mlp import CHANNEL_MLPS
+from .mixers.cost import BlockCost
+from .mixers.lmlp import LMLPBlock
+from .mixers.moe import MoELinearAttention, MoEMLPBlock
+from .mixers.routing import collect_router_probs
 
 
 @dataclass
@@ -53,6 +58,8 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         num_experts (`int`, *optional*, defaults to 4): Experts E (L×L token-mixing matrices) per head.
         num_heads (`int`, *optional*, defaults to 1): Channel heads H, each with its own experts and gate.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP, a key of
+            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
     """
 
     _no_split_modules = ["MoEMLPBlock"]
@@ -81,9 +88,29 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         norm_eps: float = 1e-5,
         num_experts: int = 4,
         num_heads: int = 1,
+        channel_mlp: str = "mlp",
     ):
         super().__init__()
-        self._build(lambda seq_len: MoEMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps, num_experts, num_heads))
+        self._build(
+            lambda seq_len, skip: MoEMLPBlock(
+                hidden_size, seq_len, mlp_ratio, norm_eps, num_experts, num_heads, channel_mlp=self.channel_mlp_class()
+            )
+        )
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and MACs per sample of one block: the L-MLP block's with `MoELinearAttention` as token mixer.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip (an add: no cost).
+        """
+        hidden_size = config["hidden_size"]
+        left = MoELinearAttention.cost(seq_len, hidden_size, config["num_experts"], config["num_heads"])
+        return LMLPBlock.cost(
+            hidden_size, seq_len, config["mlp_ratio"], channel_mlp=CHANNEL_MLPS[config["channel_mlp"]], left=left
+        )
 
     def forward(
         self,
@@ -107,8 +134,12 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         Returns:
             [`MoEMLPModelOutput`] or `tuple`: `(sample,)`, or `(sample, router_probs)` with `output_router_probs`.
         """
-        sample, router_probs = self._predict(hidden_states, encoder_hidden_states, timestep)
-        router_probs = torch.stack(router_probs) if output_router_probs else None  # (num_blocks, B, H, E)
+        if output_router_probs:
+            with collect_router_probs(self) as router_probs:
+                sample = self._predict(hidden_states, encoder_hidden_states, timestep)
+            router_probs = torch.stack(router_probs)  # (num_blocks, B, H, E), one Router per block
+        else:
+            sample, router_probs = self._predict(hidden_states, encoder_hidden_states, timestep), None
         if not return_dict:
             return (sample,) if router_probs is None else (sample, router_probs)
         return MoEMLPModelOutput(sample=sample, router_probs=router_probs)

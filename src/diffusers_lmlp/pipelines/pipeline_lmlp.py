@@ -35,7 +35,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from huggingface_hub import snapshot_download
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from ..models import LMLPTransformer2DModel, MoEMLPModel
+from ..models.backbone import UShapedMixerModel
 from .vocabulary import unknown_words
 
 
@@ -200,7 +200,8 @@ class LMLPPipeline(DiffusionPipeline):
             in the papers); its last hidden state conditions the backbone.
         tokenizer ([`~transformers.CLIPTokenizer`]): CLIP tokenizer whose `model_max_length` is the backbone's
             `text_seq_len`.
-        transformer ([`LMLPTransformer2DModel`] or [`MoEMLPModel`]): The ε-prediction backbone.
+        transformer ([`UShapedMixerModel`]): The ε-prediction backbone, a model of any registered block family
+            (`LMLPTransformer2DModel`, `MoEMLPModel`, `UViTTransformer2DModel`, ...; see `diffusers_lmlp.FAMILIES`).
         scheduler ([`~schedulers.SchedulerMixin`]): Any diffusers scheduler for ε-prediction models;
             `default_scheduler()` is the papers' DPM-Solver++ setup.
     """
@@ -213,7 +214,7 @@ class LMLPPipeline(DiffusionPipeline):
         vae: AutoencoderKL,
         text_encoder: CLIPTextModel,
         tokenizer: CLIPTokenizer,
-        transformer: LMLPTransformer2DModel | MoEMLPModel,
+        transformer: UShapedMixerModel,
         scheduler: SchedulerMixin,
     ):
         super().__init__()

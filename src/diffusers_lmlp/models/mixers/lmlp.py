@@ -1,85 +1,153 @@
-"""The L-MLP block (Hu & Rostami 2024, §4.1 and Appendix A.2), exactly as the reference code computes it.
+"""The L-MLP block (Hu & Rostami 2024, §4.1 and Appendix A.2), exactly as the reference code computes it, and the
+design variants of the paper's Table 1 (§5.2).
 
-    x = x + skip                                   (out blocks only: additive long skip)
+The reference block (Table 1's F2 and F2-deep):
+
+    x = x + skip                                   (out blocks only: additive long skip, "second stage")
     x_tok = LN_L(xᵀ)                               on the un-normalised x, statistics over the L tokens: (B, D, L)
     x = LN_D(x)                                    the residual stream is re-normalised here
     x = x + merge(left(x_tok)ᵀ + right(x))         left: FNN_L over tokens, right: FNN_R over channels
-    x = x + joint_mlp(LN_D(x))                     the same LN_D parameters again
+    x = x + joint_mlp(LN_D(x))                     FNN_Z (the paper's FNN_C), with the same LN_D parameters
 
-Both hemispheres are purely linear; the only non-linearity is the GELU of the joint MLP. Every layer is an
-`nn.Linear` or `nn.LayerNorm` called as a module (the token-axis ones on the permuted (B, D, L) tensor, as in the
-reference), so forward hooks, PEFT adapters, quantizers and FLOP counters see all of them.
+Both hemispheres are purely linear; the only non-linearity is the GELU of the joint MLP. The Table 1 variants
+change one piece each (see `LMLPTransformer2DModel` for the named rows):
+
+- first stage (FNN_L, FNN_R): a Linear (C1 onwards) or a one-hidden-layer MLP (A1, B1–B3, C1), optionally with a
+  GELU after the Linear on the left branch only (E1) or on both (E2);
+- merging: Add, Prod (element-wise product, B1, D1, E1) or GLU (the left branch gated by the sigmoid of the right,
+  B2), followed by the Linear projection or not (B3);
+- second stage: the joint MLP or none (A1, B1–B3);
+- where an out block takes its long skip: into the residual stream at the block's input ("second stage": the
+  reference, so it reaches the joint MLP; F2, F2-deep) or into the first stage's two branches only ("first stage":
+  the residual stream does not carry it; F1).
+
+Every layer is an `nn.Linear` or `nn.LayerNorm` called as a module (the token-axis ones on the permuted (B, D, L)
+tensor, as in the reference), so forward hooks, PEFT adapters, quantizers and FLOP counters see all of them.
 See shared/reference/reference-implementations.md §A.2 and §A.7 for where this differs from a textbook
 pre-norm reading of the paper.
 """
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .channel_mlp import JointMLP
+from .cost import ZERO, BlockCost, layer_norm_cost, linear_cost
 
-class JointMLP(nn.Module):
-    """FNN_C: the transformer-style channel MLP, Linear → GELU (exact) → Linear.
 
-    Args:
-        hidden_size (`int`): Token width D.
-        mlp_ratio (`float`): Hidden width as a multiple of D (the papers' s).
-    """
-
-    def __init__(self, hidden_size: int, mlp_ratio: float):
-        super().__init__()
-        inner = int(hidden_size * mlp_ratio)
-        self.fc1 = nn.Linear(hidden_size, inner)
-        self.fc2 = nn.Linear(inner, hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along channels.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) normalised input.
-
-        Returns:
-            `torch.Tensor`: (B, L, D) `fc2(gelu(fc1(x)))`.
-        """
-        return self.fc2(F.gelu(self.fc1(x)))  # (B, L, s·D) inside
+MERGINGS = ("add", "prod", "glu")
+LATERAL_ACTIVATIONS = ("none", "left", "both")
+SKIP_STAGES = ("first_stage", "second_stage")
 
 
 class LMLPBlock(nn.Module):
-    """One L-MLP block. Every mixer block shares the contract `block(x, skip) -> (x, router_probs)`.
+    """One L-MLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
+
+    The defaults are the reference block.
 
     Args:
         hidden_size (`int`): Token width D.
         seq_len (`int`): Number of tokens L.
-        mlp_ratio (`float`): Joint-MLP hidden width as a multiple of D.
+        mlp_ratio (`float` or `None`): Joint-MLP (second stage) hidden width as a multiple of D; `None`: no second
+            stage.
         norm_eps (`float`): LayerNorm epsilon.
-        left (`nn.Module`, *optional*): The token mixer over the token axis of the permuted input, (B, D, L) ->
-            (B, D, L). Defaults to the L-MLP's single matrix, an `nn.Linear(L, L)` (one bias per output token,
-            shared by every channel); the MoE-MLP block passes its routed mixer here and overrides `mix_tokens`.
+        lateral_mlp_ratio (`float`, *optional*): Make FNN_L and FNN_R one-hidden-layer MLPs (Linear → GELU →
+            Linear) with this hidden width as a multiple of L and D; `None` (default): single Linears.
+        lateral_activation (`str`, *optional*, defaults to `"none"`): `"left"`: GELU after the left Linear (Table 1
+            E1); `"both"`: after both (E2). Only with Linear branches.
+        merging (`str`, *optional*, defaults to `"add"`): How the branches meet: `"add"`, `"prod"` or `"glu"`.
+        merge_proj (`bool`, *optional*, defaults to `True`): Apply the Linear(D, D) after merging.
+        skip_stage (`str`, *optional*, defaults to `"second_stage"`): Where the long skip enters (see the module
+            docstring).
+        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The second stage's class (`JointMLP`).
+        left (`nn.Module`, *optional*): A token mixer over the token axis of the permuted input, (B, D, L) ->
+            (B, D, L), in place of FNN_L; the MoE-MLP block passes its routed mixer here.
     """
 
     def __init__(
-        self, hidden_size: int, seq_len: int, mlp_ratio: float, norm_eps: float, left: nn.Module | None = None
+        self,
+        hidden_size: int,
+        seq_len: int,
+        mlp_ratio: float | None,
+        norm_eps: float,
+        lateral_mlp_ratio: float | None = None,
+        lateral_activation: str = "none",
+        merging: str = "add",
+        merge_proj: bool = True,
+        skip_stage: str = "second_stage",
+        channel_mlp: Callable[[int, float], nn.Module] = JointMLP,
+        left: nn.Module | None = None,
     ):
         super().__init__()
+        self.lateral_activation = lateral_activation
+        self.merging = merging
+        self.skip_stage = skip_stage
         self.channel_norm = nn.LayerNorm(hidden_size, eps=norm_eps)  # reference `norm1`, used twice
         self.token_norm = nn.LayerNorm(seq_len, eps=norm_eps)  # reference `norm2`, over the token axis
-        self.left = nn.Linear(seq_len, seq_len) if left is None else left  # reference `l`, FNN_L
-        self.right = nn.Linear(hidden_size, hidden_size)  # reference `r`
-        self.merge = nn.Linear(hidden_size, hidden_size)  # reference `proj`
-        self.joint_mlp = JointMLP(hidden_size, mlp_ratio)  # reference `mlp`
+        if left is None:  # reference `l`, FNN_L: one bias per output token, shared by every channel
+            left = nn.Linear(seq_len, seq_len) if lateral_mlp_ratio is None else JointMLP(seq_len, lateral_mlp_ratio)
+        self.left = left
+        # reference `r`, FNN_R
+        self.right = (
+            nn.Linear(hidden_size, hidden_size)
+            if lateral_mlp_ratio is None
+            else JointMLP(hidden_size, lateral_mlp_ratio)
+        )
+        self.merge = nn.Linear(hidden_size, hidden_size) if merge_proj else None  # reference `proj`
+        self.joint_mlp = None if mlp_ratio is None else channel_mlp(hidden_size, mlp_ratio)  # reference `mlp`
 
-    def mix_tokens(self, x_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """FNN_L, the "left hemisphere": one learned L×L matrix mixes the tokens of every channel.
+    @staticmethod
+    def cost(
+        hidden_size: int,
+        seq_len: int,
+        mlp_ratio: float | None,
+        lateral_mlp_ratio: float | None = None,
+        merge_proj: bool = True,
+        channel_mlp: type[nn.Module] = JointMLP,
+        left: BlockCost | None = None,
+    ) -> BlockCost:
+        """Parameters and MACs per sample of a block built with these arguments.
+
+        The reference block costs (2 + 2s)·L·D² + L²·D MACs (L-MLP Table 3; 0.933 G at L = 334, D = 512, s = 4):
+        `right` and `merge` are D×D Linears over L tokens, the joint MLP D → s·D → D, and `left` one L×L matrix
+        applied to D channels. Merging by product or GLU and the lateral GELUs are element-wise (not counted).
 
         Args:
-            x_tok (`torch.Tensor`): (B, D, L) token-normalised input, tokens on the last axis.
-
-        Returns:
-            `tuple`: the mixed tokens (B, D, L), and `None` (a single matrix has no router).
+            hidden_size (`int`): Token width D.
+            seq_len (`int`): Tokens L.
+            mlp_ratio (`float` or `None`): Joint-MLP ratio s; `None`: no second stage.
+            lateral_mlp_ratio (`float`, *optional*): The hemispheres' MLP ratio; `None`: Linears.
+            merge_proj (`bool`, *optional*, defaults to `True`): Whether the merge Linear exists.
+            channel_mlp (`type`, *optional*): The joint MLP's class (its static `cost`).
+            left (`BlockCost`, *optional*): The cost of a replacement token mixer (the MoE-MLP's).
         """
-        return self.left(x_tok), None
+        d, length = hidden_size, seq_len
+        if lateral_mlp_ratio is None:
+            default_left, right = linear_cost(length, length, rows=d), linear_cost(d, d, rows=length)
+        else:
+            default_left = JointMLP.cost(length, lateral_mlp_ratio, seq_len=d)
+            right = JointMLP.cost(d, lateral_mlp_ratio, seq_len=length)
+        cost = layer_norm_cost(d) + layer_norm_cost(length) + (default_left if left is None else left) + right
+        cost += linear_cost(d, d, rows=length) if merge_proj else ZERO
+        return cost + (ZERO if mlp_ratio is None else channel_mlp.cost(d, mlp_ratio, seq_len=length))
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _merge(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        """Z from the two (B, L, D) hemispheres."""
+        if self.lateral_activation in ("left", "both"):
+            left = F.gelu(left)
+        if self.lateral_activation == "both":
+            right = F.gelu(right)
+        if self.merging == "add":
+            z = left + right
+        elif self.merging == "prod":
+            z = left * right
+        else:  # "glu"
+            z = left * torch.sigmoid(right)
+        return z if self.merge is None else self.merge(z)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         """Run the block.
 
         Args:
@@ -87,14 +155,16 @@ class LMLPBlock(nn.Module):
             skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
 
         Returns:
-            `tuple`: the new tokens (B, L, D), and the router probabilities of the token mixer
-            ((B, H, E) for a routed mixer, else `None`).
+            `torch.Tensor`: the new tokens (B, L, D).
         """
-        if skip is not None:
+        first_stage_skip = skip is not None and self.skip_stage == "first_stage"
+        if skip is not None and not first_stage_skip:
             x = x + skip
-        x_tok = self.token_norm(x.transpose(1, 2))  # (B, D, L), from the un-normalised x
+        lateral = x + skip if first_stage_skip else x  # (B, L, D), what the two hemispheres read
+        x_tok = self.token_norm(lateral.transpose(1, 2))  # (B, D, L), from the un-normalised input
         x = self.channel_norm(x)  # (B, L, D)
-        left, router_probs = self.mix_tokens(x_tok)  # (B, D, L)
-        x = x + self.merge(self.right(x) + left.transpose(1, 2))  # (B, L, D)
-        x = x + self.joint_mlp(self.channel_norm(x))  # (B, L, D)
-        return x, router_probs
+        x_lateral = self.channel_norm(lateral) if first_stage_skip else x  # (B, L, D)
+        x = x + self._merge(self.left(x_tok).transpose(1, 2), self.right(x_lateral))  # (B, L, D)
+        if self.joint_mlp is not None:
+            x = x + self.joint_mlp(self.channel_norm(x))  # (B, L, D)
+        return x

@@ -23,7 +23,8 @@ How we read the paper where its pseudo-code slips (Algorithm 1):
 Cost: forming W[b, h] costs H·E·L² multiply-adds per sample and applying it L²·D, instead of the E·L²·D of
 applying every expert. There are no Python loops over experts; the only loop runs over the H gates.
 
-What is a module: each head's gate is an `nn.Linear(L, E)`, called as a module, so hooks, quantizers and PEFT LoRA
+What is a module: each head's gate is an `nn.Linear(L, E)` followed by the `Router` softmax, both called as modules
+(the model collects the router probabilities with hooks on `Router`, so the block returns only its tokens), so hooks, quantizers and PEFT LoRA
 adapters (target `left.gates.<h>`) see it. The expert matrices are parameters of `MoELinearAttention`: they are
 mixed per sample (Σ_e g_e·W_e, then one bmm), which is not a Linear layer, so LoRA cannot target them; fine-tune
 them whole with PEFT's `modules_to_save=["left"]`, or adapt the block's Linear layers around them.
@@ -35,10 +36,15 @@ expert independently from the reference's Linear init (truncated normal, std 0.0
 router learns from the first step; with E = 1 the distribution equals the L-MLP's.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
+from .channel_mlp import JointMLP
+from .cost import BlockCost, linear_cost
 from .lmlp import LMLPBlock
+from .routing import Router
 
 
 class MoELinearAttention(nn.Module):
@@ -65,15 +71,42 @@ class MoELinearAttention(nn.Module):
         self.expert_weight = nn.Parameter(torch.empty(num_heads, num_experts, seq_len, seq_len))  # (H, E, Lo, Li)
         self.expert_bias = nn.Parameter(torch.zeros(num_heads, num_experts, seq_len))  # (H, E, L)
         self.gates = nn.ModuleList(nn.Linear(seq_len, num_experts) for _ in range(num_heads))  # W_σ[h]: L -> E
+        self.router = Router()
 
-    def forward(self, x_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def init_weights(self) -> None:
+        """Draw every expert from the reference Linear init (truncated normal, std 0.02; bias 0), independently."""
+        nn.init.trunc_normal_(self.expert_weight, std=0.02)
+        nn.init.zeros_(self.expert_bias)
+
+    @staticmethod
+    def cost(seq_len: int, hidden_size: int, num_experts: int, num_heads: int) -> BlockCost:
+        """Parameters and MACs per sample.
+
+        Forming each head's matrix Σ_e g_e·W_e and bias Σ_e g_e·b_e costs H·E·(L² + L), the H gates (L → E, on the
+        head's channel mean) H·L·E, and applying the mixed matrices L²·(D/H) per head, L²·D in all (as the single
+        L-MLP matrix). The paper (§3.4) puts the extra cost at H·E·L·D (2·H·E·L·D in its Table 1), but the mixture
+        is over L×L matrices, so forming it costs H·E·L²; we count what this module computes.
+
+        Args:
+            seq_len (`int`): Tokens L.
+            hidden_size (`int`): Token width D.
+            num_experts (`int`): Experts E per head.
+            num_heads (`int`): Heads H.
+        """
+        heads_experts, length = num_heads * num_experts, seq_len
+        experts = BlockCost(heads_experts * (length**2 + length), heads_experts * (length**2 + length))
+        gates = linear_cost(length, num_experts, rows=1)
+        gates = BlockCost(num_heads * gates.params, num_heads * gates.macs)
+        return experts + gates + BlockCost(0, length**2 * hidden_size)
+
+    def forward(self, x_tok: torch.Tensor) -> torch.Tensor:
         """Mix tokens with the routed expert matrices.
 
         Args:
             x_tok (`torch.Tensor`): (B, D, L) token-normalised input, tokens on the last axis (the paper's z').
 
         Returns:
-            `tuple`: the mixed tokens (B, D, L), and the router probabilities (B, H, E).
+            `torch.Tensor`: the mixed tokens (B, D, L).
         """
         batch_size, hidden_size, seq_len = x_tok.shape
         num_heads = self.num_heads
@@ -82,7 +115,7 @@ class MoELinearAttention(nn.Module):
 
         head_mean = x_perm.mean(1).view(batch_size, num_heads, seq_len)  # (B, H, L)
         logits = torch.stack([gate(head_mean[:, h]) for h, gate in enumerate(self.gates)], dim=1)  # (B, H, E)
-        router_probs = logits.softmax(-1)  # (B, H, E)
+        router_probs = self.router(logits)  # (B, H, E)
 
         probs_by_head = router_probs.transpose(0, 1)  # (H, B, E)
         weight = torch.bmm(probs_by_head, self.expert_weight.flatten(2))  # (H, B, L·L)
@@ -91,11 +124,11 @@ class MoELinearAttention(nn.Module):
         bias = bias.transpose(0, 1).reshape(batch_size * num_heads, 1, seq_len)  # (B·H, 1, L)
 
         mixed = torch.baddbmm(bias, x_perm, weight.transpose(1, 2))  # (B·H, D/H, L): z'_h W_hᵀ, eq. 5
-        return mixed.view(batch_size, hidden_size, seq_len), router_probs  # (B, D, L)
+        return mixed.view(batch_size, hidden_size, seq_len)  # (B, D, L)
 
 
 class MoEMLPBlock(LMLPBlock):
-    """The MoE-MLP block: the L-MLP block with `MoELinearAttention` as its token mixer (eqs. 6–7).
+    """The MoE-MLP block: the reference L-MLP block with `MoELinearAttention` as its token mixer (eqs. 6–7).
 
     Args:
         hidden_size (`int`): Token width D.
@@ -104,29 +137,27 @@ class MoEMLPBlock(LMLPBlock):
         norm_eps (`float`): LayerNorm epsilon.
         num_experts (`int`): Experts E per head.
         num_heads (`int`): Channel heads H.
+        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The joint MLP's class (`JointMLP`).
     """
 
     def __init__(
-        self, hidden_size: int, seq_len: int, mlp_ratio: float, norm_eps: float, num_experts: int, num_heads: int
+        self,
+        hidden_size: int,
+        seq_len: int,
+        mlp_ratio: float,
+        norm_eps: float,
+        num_experts: int,
+        num_heads: int,
+        channel_mlp: Callable[[int, float], nn.Module] = JointMLP,
     ):
         super().__init__(
             hidden_size,
             seq_len,
             mlp_ratio,
             norm_eps,
+            channel_mlp=channel_mlp,
             left=MoELinearAttention(seq_len, hidden_size, num_experts, num_heads),
         )
-
-    def mix_tokens(self, x_tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Multi-head MoE-linear attention in place of the L-MLP's single token-mixing matrix.
-
-        Args:
-            x_tok (`torch.Tensor`): (B, D, L) token-normalised input, tokens on the last axis.
-
-        Returns:
-            `tuple`: the mixed tokens (B, D, L), and the router probabilities (B, H, E).
-        """
-        return self.left(x_tok)
 
 
 def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha: float = 1e-10) -> torch.Tensor:

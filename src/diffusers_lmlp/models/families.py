@@ -1,0 +1,183 @@
+"""The registry of block families: the one place that knows each family's name, class, label and named configs.
+
+The training script's `--model_type`, `build_tiny_pipeline`, the complexity accounting, the benchmarks, the model card
+and the Space all read `FAMILIES`; none of them tests a config key to guess a family. A family's per-block cost is
+its model class's `block_cost`, and its named configurations are the class's `named_configs`.
+
+Adding a family: one file in `models/mixers/` with the block and its thin public model (a `UShapedMixerModel`
+subclass with `block_cost` and `named_configs`), plus one `BlockFamily` entry below.
+"""
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backbone import UShapedMixerModel
+from .lmlp_transformer_2d import LMLPTransformer2DModel
+from .mixers.attention import UViTTransformer2DModel
+from .mixers.mlp_mixer import MLPMixerTransformer2DModel
+from .mixers.paramixer import AsymMixerTransformer2DModel, ParaMixerTransformer2DModel, SymMixerTransformer2DModel
+from .moe_mlp import MoEMLPModel
+
+
+def _no_details(config: Mapping) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class BlockFamily:
+    """One family of backbones: a block and the public model built from it.
+
+    Args:
+        name (`str`): The family's key, as `--model_type` and `build_tiny_pipeline(backbone=...)` take it.
+        model_class (`type[UShapedMixerModel]`): The public diffusers model.
+        label (`str`): What cards, the Space and tables call it (e.g. "UL-MLP").
+        paper (`str`): The paper that defines the block, as a Markdown link.
+        tag (`str`): The Hub tag of its checkpoints.
+        tiny_overrides (`dict`): Config values a tiny model of this family needs beyond the shared tiny skeleton
+            (hidden size 32, 2 layers); the test suite and `build_tiny_pipeline` use them.
+        details (`Callable[[Mapping], str]`): The family-specific part of a config in words (", 2 experts × 2
+            heads"), for cards and the Space.
+    """
+
+    name: str
+    model_class: type[UShapedMixerModel]
+    label: str
+    paper: str
+    tag: str
+    tiny_overrides: dict[str, Any] = field(default_factory=dict)
+    details: Callable[[Mapping], str] = _no_details
+
+    def full_config(self, config: Mapping) -> dict[str, Any]:
+        """`config` completed with the class's defaults for every `__init__` argument it lacks.
+
+        Args:
+            config (`Mapping`): A (possibly partial) config of `model_class`.
+        """
+        parameters = inspect.signature(self.model_class.__init__).parameters.values()
+        defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        return {**defaults, **{k: v for k, v in config.items() if not k.startswith("_")}}
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _moe_details(config: Mapping) -> str:
+    return f", {_count(config['num_experts'], 'expert')} × {_count(config['num_heads'], 'head')}"
+
+
+def _uvit_details(config: Mapping) -> str:
+    return f", {_count(config['num_attention_heads'], 'attention head')}"
+
+
+_PARAMIXER_PAPER = (
+    "[Hierarchical Associative Memory, Parallelized MLP-Mixer, and Symmetry Breaking]"
+    "(https://arxiv.org/abs/2406.12220) (Karakida, Ota, Taki 2024)"
+)
+
+FAMILIES: dict[str, BlockFamily] = {
+    family.name: family
+    for family in (
+        BlockFamily(
+            name="lmlp",
+            model_class=LMLPTransformer2DModel,
+            label="UL-MLP",
+            paper="[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)",
+            tag="l-mlp",
+        ),
+        BlockFamily(
+            name="moe_mlp",
+            model_class=MoEMLPModel,
+            label="MoE-MLP",
+            paper='"Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"',
+            tag="moe-mlp",
+            tiny_overrides={"num_experts": 2, "num_heads": 2},
+            details=_moe_details,
+        ),
+        BlockFamily(
+            name="uvit",
+            model_class=UViTTransformer2DModel,
+            label="U-ViT",
+            paper="[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)",
+            tag="u-vit",
+            details=_uvit_details,
+        ),
+        BlockFamily(
+            name="mlp_mixer",
+            model_class=MLPMixerTransformer2DModel,
+            label="MLP-Mixer",
+            paper="[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)",
+            tag="mlp-mixer",
+        ),
+        BlockFamily(
+            name="paramixer",
+            model_class=ParaMixerTransformer2DModel,
+            label="ParaMixer",
+            paper=_PARAMIXER_PAPER,
+            tag="paramixer",
+        ),
+        BlockFamily(
+            name="symmixer",
+            model_class=SymMixerTransformer2DModel,
+            label="SymMixer",
+            paper=_PARAMIXER_PAPER,
+            tag="symmixer",
+        ),
+        BlockFamily(
+            name="asymmixer",
+            model_class=AsymMixerTransformer2DModel,
+            label="AsymMixer",
+            paper=_PARAMIXER_PAPER,
+            tag="asymmixer",
+        ),
+    )
+}
+
+
+def family_of(model: Any) -> BlockFamily:
+    """The family of a model, a model class, a class name, or a saved config (which records `_class_name`).
+
+    Args:
+        model: A backbone instance or class, its class name, or a config mapping with `_class_name`.
+    """
+    if isinstance(model, Mapping):
+        name = model.get("_class_name")
+    elif isinstance(model, str):
+        name = model
+    else:
+        name = (model if isinstance(model, type) else type(model)).__name__
+    for family in FAMILIES.values():
+        if family.model_class.__name__ == name:
+            return family
+    known = ", ".join(family.model_class.__name__ for family in FAMILIES.values())
+    raise ValueError(f"{name!r} is not a backbone of a registered block family ({known}).")
+
+
+def named_configs() -> dict[str, tuple[BlockFamily, dict[str, Any]]]:
+    """Every named configuration of every family: name -> (family, `__init__` overrides)."""
+    named: dict[str, tuple[BlockFamily, dict[str, Any]]] = {}
+    for family in FAMILIES.values():
+        for name, overrides in family.model_class.named_configs.items():
+            if name in named:
+                raise RuntimeError(
+                    f"Named configuration {name!r} is defined by both {named[name][0].name} and "
+                    f"{family.name}; names must be unique across families."
+                )
+            named[name] = (family, overrides)
+    return named
+
+
+def from_named_config(name: str, **overrides: Any) -> UShapedMixerModel:
+    """Build a randomly initialised backbone from any family's named configuration (e.g. "A2", "F2", "2E1H").
+
+    Args:
+        name (`str`): A named configuration of any family (`named_configs()`).
+        **overrides: Config values that replace the named ones (e.g. `sample_size=64`).
+    """
+    named = named_configs()
+    if name not in named:
+        raise ValueError(f"Unknown named configuration {name!r}; choose one of {sorted(named)}.")
+    family, _ = named[name]
+    return family.model_class.from_named_config(name, **overrides)

@@ -1,0 +1,386 @@
+"""U-ViT (Bao et al. 2023), the attention baseline of the L-MLP and MoE-MLP papers, as the reference builds it.
+
+The reference is `libs/uvit_t2i.py` of baofff/U-ViT (shared/reference/reference-implementations.md §B.1): the
+token I/O and U-shaped skeleton every backbone here shares (§A.1), with pre-norm transformer blocks:
+
+    x = skip_linear(cat([x, skip], -1))          (out blocks only: the long skip, concatenated and projected)
+    x = x + attn(norm1(x))                       multi-head self-attention over all L tokens
+    x = x + mlp(norm2(x))                        the channel MLP, Linear → GELU → Linear
+
+`attn` projects the tokens with one bias-free `qkv` Linear(D, 3D) whose outputs are ordered [q | k | v], each
+head-major (the reference's `(K H Dh)` split), runs `F.scaled_dot_product_attention` with the default scale
+(D/H)^-0.5, and projects back with `proj` Linear(D, D). Module names are the reference's (`norm1`, `attn.qkv`,
+`attn.proj`, `norm2`, `mlp.fc1`, `mlp.fc2`, `skip_linear`), so a converted checkpoint is a copy under new prefixes
+(`convert_uvit_reference_state_dict`).
+
+Precision: the reference casts q, k and v to float32 before its SDPA call, a no-op for a float32 model that matters
+only under its mixed-precision training. We run SDPA in the dtype of q, k and v, the model's compute dtype (bfloat16
+under bf16 weights), as diffusers' attention processors do.
+
+Counting MACs: torch's `FlopCounterMode` counts SDPA through the kernels it has formulas for: the CUDA flash,
+memory-efficient and cuDNN kernels, and the math path (two batched matmuls, L²·D MACs each) that the meta device
+runs. On the CPU, torch 2.13 dispatches SDPA to `aten._scaled_dot_product_flash_attention_for_cpu`, which has no
+formula, so a CPU count of a U-ViT leaves out QKᵀ and softmax(QKᵀ)·V (2·L²·D per block); count on the meta device.
+"""
+
+import re
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from torch import nn
+
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int
+from .channel_mlp import CHANNEL_MLPS, JointMLP
+from .cost import ZERO, BlockCost, layer_norm_cost, linear_cost
+
+
+class UViTAttention(nn.Module):
+    """Multi-head self-attention over all L tokens, the reference's `Attention` (no dropout).
+
+    Args:
+        hidden_size (`int`): Token width D; must be divisible by `num_heads`.
+        num_heads (`int`): Attention heads H, each of width D/H.
+        qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, qkv_bias: bool = False):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(
+                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_heads}): each head "
+                f"attends over hidden_size / num_attention_heads channels. Pick num_attention_heads among the "
+                f"divisors of {hidden_size} (U-ViT-S/2: 8 heads of 64 channels)."
+            )
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=qkv_bias)
+        self.proj = nn.Linear(hidden_size, hidden_size)
+
+    @staticmethod
+    def cost(hidden_size: int, seq_len: int, qkv_bias: bool = False) -> BlockCost:
+        """Parameters and MACs per sample: the projections 4·L·D², QKᵀ and softmax(QKᵀ)·V L²·D each.
+
+        Args:
+            hidden_size (`int`): Token width D.
+            seq_len (`int`): Tokens L.
+            qkv_bias (`bool`, *optional*, defaults to `False`): Whether `qkv` has a bias.
+        """
+        d, length = hidden_size, seq_len
+        projections = linear_cost(d, 3 * d, rows=length, bias=qkv_bias) + linear_cost(d, d, rows=length)
+        return projections + BlockCost(0, 2 * length**2 * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attend.
+
+        Args:
+            x (`torch.Tensor`): (B, L, D) normalised tokens.
+
+        Returns:
+            `torch.Tensor`: (B, L, D) `proj` of the heads' attention outputs.
+        """
+        batch_size, seq_len, hidden_size = x.shape
+        qkv = self.qkv(x).reshape(batch_size, seq_len, 3, self.num_heads, -1)  # (B, L, 3, H, D/H)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, L, D/H)
+        x = F.scaled_dot_product_attention(query, key, value)  # (B, H, L, D/H), scale (D/H)^-0.5
+        x = x.transpose(1, 2).reshape(batch_size, seq_len, hidden_size)  # (B, L, D), head-major channels
+        return self.proj(x)
+
+
+class UViTBlock(nn.Module):
+    """One U-ViT block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
+
+    Args:
+        hidden_size (`int`): Token width D.
+        num_heads (`int`): Attention heads H.
+        mlp_ratio (`float`): Channel-MLP hidden width as a multiple of D.
+        norm_eps (`float`): LayerNorm epsilon.
+        qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
+        skip (`bool`, *optional*, defaults to `False`): An out block: merge the long skip with `skip_linear`.
+        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The channel MLP's class (`JointMLP`).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float,
+        norm_eps: float,
+        qkv_bias: bool = False,
+        skip: bool = False,
+        channel_mlp: Callable[[int, float], nn.Module] = JointMLP,
+    ):
+        super().__init__()
+        self.skip_linear = nn.Linear(2 * hidden_size, hidden_size) if skip else None
+        self.norm1 = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.attn = UViTAttention(hidden_size, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.mlp = channel_mlp(hidden_size, mlp_ratio)
+
+    @staticmethod
+    def cost(
+        hidden_size: int,
+        seq_len: int,
+        mlp_ratio: float,
+        qkv_bias: bool = False,
+        skip: bool = False,
+        channel_mlp: type[nn.Module] = JointMLP,
+    ) -> BlockCost:
+        """Parameters and MACs per sample of a block built with these arguments.
+
+        An in or mid block costs (4 + 2s)·L·D² + 2·L²·D MACs (L-MLP Table 3's transformer block; 1.165 G at
+        L = 334, D = 512, s = 4); an out block adds `skip_linear`, 2·D² + D parameters and 2·L·D² MACs.
+
+        Args:
+            hidden_size (`int`): Token width D.
+            seq_len (`int`): Tokens L.
+            mlp_ratio (`float`): Channel-MLP ratio s.
+            qkv_bias (`bool`, *optional*, defaults to `False`): Whether `qkv` has a bias.
+            skip (`bool`, *optional*, defaults to `False`): Whether the block has `skip_linear`.
+            channel_mlp (`type`, *optional*): The channel MLP's class (its static `cost`).
+        """
+        d = hidden_size
+        cost = layer_norm_cost(d) + layer_norm_cost(d) + UViTAttention.cost(d, seq_len, qkv_bias)
+        cost += channel_mlp.cost(d, mlp_ratio, seq_len=seq_len)
+        return cost + (linear_cost(2 * d, d, rows=seq_len) if skip else ZERO)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the block.
+
+        Args:
+            x (`torch.Tensor`): (B, L, D) tokens.
+            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in block; out blocks only.
+
+        Returns:
+            `torch.Tensor`: the new tokens (B, L, D).
+        """
+        if (skip is None) != (self.skip_linear is None):
+            raise ValueError(
+                "A U-ViT out block (built with skip=True, it has skip_linear) takes the long skip of its in block, "
+                f"and in and mid blocks take none; this block has skip_linear={self.skip_linear is not None} but "
+                f"got skip={'None' if skip is None else 'a tensor'}."
+            )
+        if self.skip_linear is not None:
+            x = self.skip_linear(torch.cat([x, skip], dim=-1))  # (B, L, 2D) -> (B, L, D)
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
+    """The U-ViT text-to-image backbone ([U-ViT](https://arxiv.org/abs/2209.12152), Bao et al. 2023).
+
+    The attention baseline of both MLP papers, exactly the reference `libs/uvit_t2i.py`: the same token I/O, long
+    skips and initialisation as `LMLPTransformer2DModel`, with transformer blocks whose out blocks merge their long
+    skip by concatenation and a Linear(2D, D). The defaults build **U-ViT-S/2** for MS-COCO
+    (`configs/mscoco_uvit_small.py`): 32×32×4 latents, patch 2, D = 512, 6 + 1 + 6 blocks, 8 heads, MLP ratio 4, no
+    qkv bias, 77 CLIP ViT-L/14 tokens. Named configurations (`from_named_config`):
+
+    | name | depth | blocks | params | COCO FID (U-ViT paper; L-MLP Table 2) |
+    |---|---|---|---|---|
+    | U-ViT-S/2 | 12 | 6 + 1 + 6 | 44,692,644 | 5.95 |
+    | U-ViT-S/2-deep | 16 | 8 + 1 + 8 | 58,345,636 | 5.48 |
+
+    Attention runs through `F.scaled_dot_product_attention` in the model's compute dtype (see
+    `diffusers_lmlp.models.mixers.attention`). Load the published weights with `convert_uvit_reference_state_dict`.
+    Every layer is called as a module, so PEFT adapters can target each block's `attn.qkv`, `attn.proj`, `mlp.fc1`,
+    `mlp.fc2` and the out blocks' `skip_linear`, e.g.
+    `model.add_adapter(LoraConfig(r=8, target_modules=["attn.qkv", "attn.proj"]))`.
+
+    Parameters:
+        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
+        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
+        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
+        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        num_layers (`int`, *optional*, defaults to 12): The reference "depth" (even): num_layers // 2 in blocks,
+            one mid block and num_layers // 2 out blocks.
+        mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
+        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
+        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
+        conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
+        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
+        num_attention_heads (`int`, *optional*, defaults to 8): Attention heads H; must divide `hidden_size`.
+        qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of
+            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
+    """
+
+    _no_split_modules = ["UViTBlock"]
+    _repeated_blocks = ["UViTBlock"]
+    config_requirements = {
+        **CONFIG_REQUIREMENTS,
+        "num_attention_heads": (_is_positive_int, "a positive integer (the attention heads; it must divide D)"),
+        "qkv_bias": (lambda v: isinstance(v, bool), "True or False"),
+    }
+    # The U-ViT paper's MS-COCO models (L-MLP Table 2 lists both, 45M and 58M): depth 12 and the "Deep" depth 16.
+    named_configs = {"U-ViT-S/2": {}, "U-ViT-S/2-deep": {"num_layers": 16}}
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        out_channels: int | None = None,
+        hidden_size: int = 512,
+        num_layers: int = 12,
+        mlp_ratio: float = 4.0,
+        text_embed_dim: int = 768,
+        text_seq_len: int = 77,
+        conv_out: bool = True,
+        norm_eps: float = 1e-5,
+        num_attention_heads: int = 8,
+        qkv_bias: bool = False,
+        channel_mlp: str = "mlp",
+    ):
+        super().__init__()
+        self._build(
+            lambda seq_len, skip: UViTBlock(
+                hidden_size,
+                num_attention_heads,
+                mlp_ratio,
+                norm_eps,
+                qkv_bias=qkv_bias,
+                skip=skip,
+                channel_mlp=self.channel_mlp_class(),
+            )
+        )
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and MACs per sample of one block (`UViTBlock.cost`); out blocks add `skip_linear`.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip.
+        """
+        return UViTBlock.cost(
+            config["hidden_size"],
+            seq_len,
+            config["mlp_ratio"],
+            qkv_bias=config["qkv_bias"],
+            skip=skip,
+            channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict the noise ε of a noisy latent.
+
+        Args:
+            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
+                last hidden state; the states of "" for the unconditional branch).
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
+                [0, 999]. The network embeds t + 1, the reference's timestep n (its ᾱ_n is diffusers'
+                `alphas_cumprod[t]`), so converted reference weights run unchanged under diffusers schedulers.
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
+                tuple.
+
+        Returns:
+            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
+            (B, out_channels, sample_size, sample_size).
+        """
+        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
+        if not return_dict:
+            return (sample,)
+        return Transformer2DModelOutput(sample=sample)
+
+
+_BLOCK = r"in_blocks\.\d+|mid_block|out_blocks\.\d+"
+_BLOCK_LAYER = r"norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2"
+# Reference key (baofff/U-ViT `libs/uvit_t2i.py`, §A.4 and §B.1) -> ours. Applied to the whole key, first match wins.
+_REFERENCE_KEY_RULES = [
+    (r"^pos_embed$", "embed.pos_embed"),
+    (r"^patch_embed\.proj\.(weight|bias)$", r"embed.patch_embed.\1"),
+    (r"^context_embed\.(weight|bias)$", r"embed.text_adapter.\1"),
+    (rf"^({_BLOCK})\.((?:{_BLOCK_LAYER})\.(?:weight|bias))$", r"stack.\1.\2"),
+    (r"^(out_blocks\.\d+)\.(skip_linear\.(?:weight|bias))$", r"stack.\1.\2"),
+    (r"^norm\.(weight|bias)$", r"head.norm.\1"),
+    (r"^decoder_pred\.(weight|bias)$", r"head.proj.\1"),
+    (r"^final_layer\.(weight|bias)$", r"head.conv.\1"),
+]
+# Keys of the reference UL-MLP block (libs/f2.py), which shares every top-level key with U-ViT.
+_LMLP_BLOCK_KEY = re.compile(rf"^({_BLOCK})\.(l|r|proj)\.(weight|bias)$")
+
+
+def _unexpected_key_error(key: str) -> ValueError:
+    """The error for a key that no rule maps, naming what the checkpoint most likely is."""
+    if _LMLP_BLOCK_KEY.match(key):
+        cause = (
+            "This looks like an L-MLP checkpoint (zizhao-hu/L-MLP libs/f2.py, blocks with l, r and proj): load it into "
+            "LMLPTransformer2DModel with convert_lmlp_reference_state_dict."
+        )
+    elif re.match(rf"^({_BLOCK})\.skip_linear\.", key):
+        cause = "Only out blocks have a skip_linear: the block numbering of this checkpoint is not U-ViT's."
+    elif re.match(r"^(time_embed|label_emb|token_embedding|clip_img_embed|text_embed)\.", key):
+        cause = (
+            "This looks like another U-ViT (the class-conditional libs/uvit.py, a time-MLP variant or UniDiffuser), "
+            "not the MS-COCO text-to-image U-ViT (libs/uvit_t2i.py with mlp_time_embed=False) this model implements."
+        )
+    else:
+        cause = (
+            "Pass the network's own state dict (e.g. mscoco_uvit_small.pth or a training run's nnet_ema.pth), not an "
+            "optimizer state or a dict that wraps it."
+        )
+    return ValueError(
+        f"Unexpected key {key!r}: not part of the reference U-ViT text-to-image layout (libs/uvit_t2i.py). {cause}"
+    )
+
+
+def convert_uvit_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename a state dict of the reference U-ViT (`libs/uvit_t2i.py` of baofff/U-ViT) to `UViTTransformer2DModel`.
+
+    | reference key | ours |
+    |---|---|
+    | `pos_embed` | `embed.pos_embed` |
+    | `patch_embed.proj.*` | `embed.patch_embed.*` |
+    | `context_embed.*` | `embed.text_adapter.*` |
+    | `{in_blocks.i, mid_block, out_blocks.i}.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}.*` | `stack.<same>` |
+    | `out_blocks.i.skip_linear.*` | `stack.out_blocks.i.skip_linear.*` |
+    | `norm.*` / `decoder_pred.*` / `final_layer.*` | `head.norm.*` / `head.proj.*` / `head.conv.*` |
+
+    Tensors are not copied or reshaped: the block layers have the reference's names and layouts (`attn.qkv`'s
+    outputs ordered [q | k | v], each head-major). A leading `module.` (a DDP-wrapped save) is stripped. Any other
+    key raises a `ValueError` that names what the checkpoint most likely is (an L-MLP one, another U-ViT).
+
+    Args:
+        state_dict (`dict[str, torch.Tensor]`): The reference state dict, e.g. the published `mscoco_uvit_small.pth`
+            (U-ViT-S/2) or `mscoco_uvit_small_deep.pth` (U-ViT-S/2-deep).
+
+    Returns:
+        `dict[str, torch.Tensor]`: A state dict for `UViTTransformer2DModel.load_state_dict`.
+
+    Example:
+        The published checkpoints are pickled: this package never unpickles, so load a file you trust yourself, with
+        `weights_only=True`, then save it as safetensors once.
+
+        ```py
+        import torch
+        from diffusers_lmlp import UViTTransformer2DModel, convert_uvit_reference_state_dict
+
+        reference = torch.load("mscoco_uvit_small.pth", map_location="cpu", weights_only=True)
+        model = UViTTransformer2DModel.from_named_config("U-ViT-S/2")  # "U-ViT-S/2-deep" for the deep checkpoint
+        model.load_state_dict(convert_uvit_reference_state_dict(reference))
+        model.save_pretrained("uvit-s2-mscoco")  # safetensors from here on
+        ```
+    """
+    converted = {}
+    for key, tensor in state_dict.items():
+        key = key.removeprefix("module.")
+        for pattern, replacement in _REFERENCE_KEY_RULES:
+            new_key, count = re.subn(pattern, replacement, key)
+            if count:
+                converted[new_key] = tensor
+                break
+        else:
+            raise _unexpected_key_error(key)
+    return converted

@@ -1,0 +1,232 @@
+"""MLP-Mixer (Tolstikhin et al. 2021) as a block of the U-shaped stack: L-MLP Table 1's baseline A2 (§5.2).
+
+The original Mixer block (its §2, eq. 1), on (B, L, D) tokens:
+
+    x = x + skip                                   (out blocks only: additive long skip, as the UL-MLP's)
+    x = x + token_mlp(LN_D(x)ᵀ)ᵀ                   token mixing: L → D_S → L on the transposed (B, D, L) tensor
+    x = x + channel_mlp(LN_D(x))                   channel mixing: D → D_C → D per token
+
+Both LayerNorms are the ordinary per-token LayerNorm(D), each with its own parameters; this is not paramixer's
+"vanilla" mixer, whose two LayerNorms normalise over the whole (L, D) slab (reference-implementations.md §C.1). The
+token MLP's hidden width D_S is `token_mlp_ratio × L`; the channel MLP is the model's swappable one (`channel_mlp`),
+the transformer MLP with D_C = `mlp_ratio × D` by default. Unlike the L-MLP block the two mixings are serial and
+each reads its own re-normalised input, and there is no merge projection.
+"""
+
+from collections.abc import Callable, Mapping
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from torch import nn
+
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
+from .channel_mlp import CHANNEL_MLPS, JointMLP
+from .cost import BlockCost, layer_norm_cost
+
+
+class MLPMixerBlock(nn.Module):
+    """One MLP-Mixer block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
+
+    Args:
+        hidden_size (`int`): Token width D (the Mixer paper's C).
+        seq_len (`int`): Number of tokens L (the Mixer paper's S).
+        token_mlp_ratio (`float`): Token MLP hidden width D_S as a multiple of L.
+        mlp_ratio (`float`): Channel MLP hidden width D_C as a multiple of D.
+        norm_eps (`float`): LayerNorm epsilon.
+        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The channel MLP's class, built as
+            `channel_mlp(hidden_size, mlp_ratio)` (`JointMLP`: Linear → GELU → Linear).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        seq_len: int,
+        token_mlp_ratio: float,
+        mlp_ratio: float,
+        norm_eps: float,
+        channel_mlp: Callable[[int, float], nn.Module] = JointMLP,
+    ):
+        super().__init__()
+        if int(seq_len * token_mlp_ratio) < 1:
+            raise ValueError(
+                f"token_mlp_ratio={token_mlp_ratio} gives a token MLP of int({seq_len} × {token_mlp_ratio}) = 0 "
+                f"hidden units over L = {seq_len} tokens; use token_mlp_ratio >= 1 / {seq_len}."
+            )
+        self.norm1 = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.token_mlp = JointMLP(seq_len, token_mlp_ratio)  # L -> D_S -> L, over the token axis
+        self.norm2 = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.channel_mlp = channel_mlp(hidden_size, mlp_ratio)  # D -> D_C -> D, per token
+
+    @staticmethod
+    def cost(
+        hidden_size: int,
+        seq_len: int,
+        token_mlp_ratio: float,
+        mlp_ratio: float,
+        channel_mlp: type[nn.Module] = JointMLP,
+    ) -> BlockCost:
+        """Parameters and MACs per sample of a block built with these arguments.
+
+        The token MLP costs 2·D_S·L·D MACs (its two Linears applied to the D channels), the transformer channel
+        MLP 2·D_C·L·D; the two LayerNorms add parameters only.
+
+        Args:
+            hidden_size (`int`): Token width D.
+            seq_len (`int`): Tokens L.
+            token_mlp_ratio (`float`): D_S as a multiple of L.
+            mlp_ratio (`float`): D_C as a multiple of D.
+            channel_mlp (`type`, *optional*): The channel MLP's class (its static `cost`).
+        """
+        token_mlp = JointMLP.cost(seq_len, token_mlp_ratio, seq_len=hidden_size)
+        norms = layer_norm_cost(hidden_size) + layer_norm_cost(hidden_size)
+        return norms + token_mlp + channel_mlp.cost(hidden_size, mlp_ratio, seq_len)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the block.
+
+        Args:
+            x (`torch.Tensor`): (B, L, D) tokens.
+            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
+
+        Returns:
+            `torch.Tensor`: the new tokens (B, L, D).
+        """
+        if skip is not None:
+            x = x + skip
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)  # (B, D, L) inside
+        return x + self.channel_mlp(self.norm2(x))  # (B, L, D)
+
+
+# L-MLP Table 1 (a), row A2: MLP-Mixer at A1's size (23,484,738 parameters) on A1's skeleton: the COCO tokens
+# (32×32×4 latents, patch 2, 77 CLIP tokens: L = 334), D = 512, depth 12 (13 blocks) and, as every row before F1,
+# no long skips. The Mixer's standard channel ratio 4 cannot be kept: its channel MLP alone (2.10M) outweighs a whole
+# A1 block (1.76M), so the widths are matched to A1 instead. The token MLP is A1's FNN_L (L → 2L → L), and the channel
+# MLP takes the 5·D² that A1 spends on FNN_R (D → 2D → D) and its merge projection (D × D): D_C = 2.5·D. A2 then
+# differs from A1 only in how the block is wired, and has 23,486,038 parameters (+0.006 %).
+TABLE_1_A2 = dict(num_layers=12, long_skips=False, token_mlp_ratio=2.0, mlp_ratio=2.5)
+
+
+class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
+    """MLP-Mixer blocks ([MLP-Mixer](https://arxiv.org/abs/2105.01601)) in the U-shaped text-to-image backbone.
+
+    Same token layout, skeleton and initialisation as `LMLPTransformer2DModel`; each block is the original Mixer
+    block (see `diffusers_lmlp.models.mixers.mlp_mixer`). The defaults build a COCO-size model: 32×32×4 latents,
+    patch 2, D = 512, 6 + 1 + 6 blocks with long skips, D_S = 2·L, D_C = 4·D (the Mixer paper's channel ratio);
+    33,719,638 parameters. L-MLP Table 1's baseline A2 is the named configuration "A2" (no long skips, D_C = 2.5·D,
+    23,486,038 parameters; `MLPMixerTransformer2DModel.from_named_config("A2")`).
+
+    PEFT adapters can target each block's `nn.Linear` layers: `token_mlp.fc1`, `token_mlp.fc2` (over the token axis)
+    and `channel_mlp.fc1`, `channel_mlp.fc2`.
+
+    Parameters:
+        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
+        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
+        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
+        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-blocks, one mid-block and
+            num_layers // 2 out-blocks.
+        mlp_ratio (`float`, *optional*, defaults to 4.0): Channel MLP hidden width D_C as a multiple of D.
+        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
+        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
+        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
+        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
+        token_mlp_ratio (`float`, *optional*, defaults to 2.0): Token MLP hidden width D_S as a multiple of the
+            sequence length L.
+        long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i, added
+            at its input; `False`: a plain stack (Table 1 A2).
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of
+            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
+    """
+
+    _no_split_modules = ["MLPMixerBlock"]
+    _repeated_blocks = ["MLPMixerBlock"]
+    config_requirements = {
+        **CONFIG_REQUIREMENTS,
+        "token_mlp_ratio": (
+            _is_positive_real,
+            "a positive finite number (the token MLP's width as a multiple of the sequence length)",
+        ),
+        "long_skips": (lambda v: isinstance(v, bool), "True or False"),
+    }
+    named_configs = {"A2": TABLE_1_A2}
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        out_channels: int | None = None,
+        hidden_size: int = 512,
+        num_layers: int = 12,
+        mlp_ratio: float = 4.0,
+        text_embed_dim: int = 768,
+        text_seq_len: int = 77,
+        conv_out: bool = True,
+        norm_eps: float = 1e-5,
+        token_mlp_ratio: float = 2.0,
+        long_skips: bool = True,
+        channel_mlp: str = "mlp",
+    ):
+        super().__init__()
+        self._build(
+            lambda seq_len, skip: MLPMixerBlock(
+                hidden_size, seq_len, token_mlp_ratio, mlp_ratio, norm_eps, channel_mlp=self.channel_mlp_class()
+            )
+        )
+
+    @classmethod
+    def long_skips(cls, config: Mapping) -> bool:
+        """Out blocks receive long skips unless the config's `long_skips` is `False`.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+        """
+        return config["long_skips"]
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and MACs per sample of one block (`MLPMixerBlock.cost`); a long skip adds neither.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip.
+        """
+        return MLPMixerBlock.cost(
+            config["hidden_size"],
+            seq_len,
+            config["token_mlp_ratio"],
+            config["mlp_ratio"],
+            channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict the noise ε of a noisy latent.
+
+        Args:
+            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
+                last hidden state; the states of "" for the unconditional branch).
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
+                [0, 999], embedded as t + 1 (the reference convention; see `LMLPTransformer2DModel.forward`).
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
+                tuple.
+
+        Returns:
+            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
+            (B, out_channels, sample_size, sample_size).
+        """
+        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
+        if not return_dict:
+            return (sample,)
+        return Transformer2DModelOutput(sample=sample)

@@ -1,0 +1,452 @@
+"""ParaMixer, SymMixer and AsymMixer ("Hierarchical Associative Memory, Parallelized MLP-Mixer, and Symmetry
+Breaking", Karakida, Ota & Taki 2024, §5.1 eq. 32, §6.3 eqs. 38–39, Algorithm 1) as U-shaped diffusion backbones.
+
+One parallelized mixing layer (eq. 32, the reference `pMixerBlock`) reads one symmetric LayerNorm:
+
+    x = x + skip                                          (out blocks only: the long skip, added at the block input)
+    x̂ = LN_{L,D}(x)                                       statistics over tokens and channels jointly, affine (L, D)
+    x = x + token_mlp(x̂ᵀ)ᵀ + channel_mlp(x̂)               parallel: both branches read the same x̂
+
+The token MLP maps L → int(token_mlp_ratio·D) → L (0.5·D in the paper: a multiple of D, not of L), the channel MLP
+D → int(mlp_ratio·D) → D. Both are bias-free (the Hopfield correspondence, §5.2 "Ablation study"), with GELU as g^s
+and g^c. The three families differ only in the MLP (eqs. 28–29, 38):
+
+- ParaMixer, `VanillaMLP`: W₂ g(W₁ x) with independent W₁, W₂ (the reference `vMlp`);
+- SymMixer, `SymmetricMLP`: W₂ = W₁ᵀ, one weight W, y = g(x Wᵀ) W (the reference `sMlp`);
+- AsymMixer, `AsymmetricMLP`: W₂ = W₁ᵀ + W̃₂, y = g(x Wᵀ) W + W̃₂ g(x Wᵀ), W̃₂ a full Linear (the reference
+  `aMlp`); `symmetry_breaking_penalty` is the paper's Σ‖W̃‖²_F (eq. 39) that keeps W̃ a perturbation.
+
+`num_iterations` repeats a block with the same weights (the reference `n_iter`, the paper's iterative mixing layers,
+Table 2); the long skip is added once, before the first iteration.
+
+Where this differs from the reference classification code (Toshihiro-Ota/paramixer, see
+shared/reference/reference-implementations.md §C):
+
+- The blocks live in the U-shaped diffusion skeleton of this package ([time | text | patches] tokens with a learned
+  positional embedding, in/mid/out blocks with additive long skips, the UL-MLP output head), not in the
+  classification network (conv stem without positional embedding, final LayerNorm, mean pooling, linear head).
+- Initialisation is the package's reference one (L-MLP §A.3): every Linear weight, and each tied weight W, truncated
+  normal with std 0.02; the symmetric LayerNorm weight 1, bias 0. paramixer draws Linear weights Xavier-uniform.
+- No DropPath or dropout (the paper's classification recipe uses stochastic depth 0.1).
+- The tied weight is a parameter of the MLP itself (`weight`, shape (hidden, in)), used by two matmuls; paramixer
+  stores it in a Linear named `fc2` (SymMixer) or `fc1` (AsymMixer) and calls `F.linear` on that Linear's weight.
+  Here the symmetry-breaking Linear is `fc2` in the AsymMixer, as in paramixer, and the penalty finds it by type.
+
+PEFT LoRA can target the Linear layers: `fc1` and `fc2` of the ParaMixer's MLPs and the AsymMixer's `fc2`
+(`token_mlp.fc2`, `channel_mlp.fc2`). The tied weights W are not Linear layers; target them as parameters,
+`LoraConfig(target_parameters=["token_mlp.weight", "channel_mlp.weight"])`, and PEFT adapts W itself, so both of its
+uses see W + ΔW and the MLP stays symmetric. peft 0.21 cannot inject such an adapter from a saved file
+(`load_lora_adapter` raises); add it from its config and load its weights with `peft.set_peft_model_state_dict`.
+"""
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from torch import nn
+
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int, _is_positive_real
+from .cost import BlockCost, layer_norm_cost, linear_cost
+
+
+class VanillaMLP(nn.Module):
+    """ParaMixer's MLP: fc2(GELU(fc1(x))) with independent, bias-free weights (the reference `vMlp`).
+
+    Args:
+        in_features (`int`): Input and output width (L for the token MLP, D for the channel MLP).
+        hidden_features (`int`): Hidden width.
+    """
+
+    def __init__(self, in_features: int, hidden_features: int):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden_features, bias=False)  # W₁ (eq. 32: W₁ or W₃)
+        self.fc2 = nn.Linear(hidden_features, in_features, bias=False)  # W₂ (or W₄)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the MLP along the last axis.
+
+        Args:
+            x (`torch.Tensor`): (..., in_features) normalised input.
+
+        Returns:
+            `torch.Tensor`: (..., in_features).
+        """
+        return self.fc2(F.gelu(self.fc1(x)))  # (..., hidden_features) inside
+
+    @staticmethod
+    def cost(in_features: int, hidden_features: int, rows: int) -> BlockCost:
+        """Parameters and MACs per sample: two bias-free Linears over `rows` vectors.
+
+        Args:
+            in_features (`int`): Input and output width.
+            hidden_features (`int`): Hidden width.
+            rows (`int`): Vectors per sample the MLP is applied to (D for the token MLP, L for the channel MLP).
+        """
+        return linear_cost(in_features, hidden_features, rows, bias=False) + linear_cost(
+            hidden_features, in_features, rows, bias=False
+        )
+
+
+class SymmetricMLP(nn.Module):
+    """SymMixer's MLP: y = GELU(x Wᵀ) W, the second layer the transpose of the first (W₂ = W₁ᵀ, eqs. 28–29).
+
+    The tied weight W is a parameter of this module (shape (hidden, in), a Linear's layout) used by two matmuls, so
+    both count as MACs and both give W a gradient.
+
+    Args:
+        in_features (`int`): Input and output width (L for the token MLP, D for the channel MLP).
+        hidden_features (`int`): Hidden width.
+    """
+
+    def __init__(self, in_features: int, hidden_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden_features, in_features))  # W₁; W₂ = W₁ᵀ
+
+    def init_weights(self) -> None:
+        """Initialise W as the package initialises a Linear weight: truncated normal, std 0.02."""
+        nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the MLP along the last axis.
+
+        Args:
+            x (`torch.Tensor`): (..., in_features) normalised input.
+
+        Returns:
+            `torch.Tensor`: (..., in_features).
+        """
+        hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
+        return torch.matmul(hidden, self.weight)  # (..., in_features)
+
+    @staticmethod
+    def cost(in_features: int, hidden_features: int, rows: int) -> BlockCost:
+        """Parameters and MACs per sample: one (hidden, in) weight, applied twice to `rows` vectors.
+
+        Args:
+            in_features (`int`): Input and output width.
+            hidden_features (`int`): Hidden width.
+            rows (`int`): Vectors per sample the MLP is applied to.
+        """
+        return BlockCost(in_features * hidden_features, 2 * rows * in_features * hidden_features)
+
+
+class AsymmetricMLP(SymmetricMLP):
+    """AsymMixer's MLP: y = GELU(x Wᵀ) W + fc2(GELU(x Wᵀ)), i.e. W₂ = W₁ᵀ + W̃₂ (eq. 38, the reference `aMlp`).
+
+    `fc2` is the symmetry-breaking term W̃₂, a full bias-free Linear; `symmetry_breaking_penalty` penalises its
+    squared Frobenius norm.
+
+    Args:
+        in_features (`int`): Input and output width (L for the token MLP, D for the channel MLP).
+        hidden_features (`int`): Hidden width.
+    """
+
+    def __init__(self, in_features: int, hidden_features: int):
+        super().__init__(in_features, hidden_features)
+        self.fc2 = nn.Linear(hidden_features, in_features, bias=False)  # W̃₂ (or W̃₄)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the MLP along the last axis.
+
+        Args:
+            x (`torch.Tensor`): (..., in_features) normalised input.
+
+        Returns:
+            `torch.Tensor`: (..., in_features).
+        """
+        hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
+        return torch.matmul(hidden, self.weight) + self.fc2(hidden)  # (..., in_features)
+
+    @staticmethod
+    def cost(in_features: int, hidden_features: int, rows: int) -> BlockCost:
+        """Parameters and MACs per sample: the tied weight applied twice plus the symmetry-breaking Linear.
+
+        Args:
+            in_features (`int`): Input and output width.
+            hidden_features (`int`): Hidden width.
+            rows (`int`): Vectors per sample the MLP is applied to.
+        """
+        tied = SymmetricMLP.cost(in_features, hidden_features, rows)
+        return tied + linear_cost(hidden_features, in_features, rows, bias=False)
+
+
+class ParaMixerBlock(nn.Module):
+    """One parallelized mixing layer (eq. 32), `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
+
+    Args:
+        hidden_size (`int`): Token width D.
+        seq_len (`int`): Number of tokens L.
+        token_hidden (`int`): Hidden width of the token MLP (L → token_hidden → L).
+        channel_hidden (`int`): Hidden width of the channel MLP (D → channel_hidden → D).
+        mlp_class (`type[nn.Module]`): `VanillaMLP` (ParaMixer), `SymmetricMLP` (SymMixer) or `AsymmetricMLP`
+            (AsymMixer), built as `mlp_class(in_features, hidden_features)`.
+        norm_eps (`float`): Epsilon of the symmetric LayerNorm.
+        num_iterations (`int`, *optional*, defaults to 1): Apply the update this many times with the same weights.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        seq_len: int,
+        token_hidden: int,
+        channel_hidden: int,
+        mlp_class: type[nn.Module],
+        norm_eps: float,
+        num_iterations: int = 1,
+    ):
+        super().__init__()
+        self.num_iterations = num_iterations
+        self.norm = nn.LayerNorm((seq_len, hidden_size), eps=norm_eps)  # the symmetric LayerNorm, over (L, D)
+        self.token_mlp = mlp_class(seq_len, token_hidden)  # reference `mlp_tokens`: W₂ g(W₁ ·)
+        self.channel_mlp = mlp_class(hidden_size, channel_hidden)  # reference `mlp_channels`: g(· W₃) W₄
+
+    @staticmethod
+    def cost(
+        hidden_size: int,
+        seq_len: int,
+        token_hidden: int,
+        channel_hidden: int,
+        mlp_class: type[nn.Module],
+        num_iterations: int = 1,
+    ) -> BlockCost:
+        """Parameters and MACs per sample of a block built with these arguments.
+
+        The symmetric LayerNorm holds 2·L·D parameters; the token MLP is applied to D vectors of length L, the
+        channel MLP to L vectors of length D, `num_iterations` times. A ParaMixer block costs
+        2·D·t·L + 2·L·c·D MACs per iteration (t, c the hidden widths), a SymMixer block the same with half the
+        MLP parameters, an AsymMixer block 3·D·t·L + 3·L·c·D.
+
+        Args:
+            hidden_size (`int`): Token width D.
+            seq_len (`int`): Tokens L.
+            token_hidden (`int`): Token-MLP hidden width.
+            channel_hidden (`int`): Channel-MLP hidden width.
+            mlp_class (`type[nn.Module]`): The MLP class (its static `cost`).
+            num_iterations (`int`, *optional*, defaults to 1): Iterations of the update.
+        """
+        mlps = mlp_class.cost(seq_len, token_hidden, rows=hidden_size) + mlp_class.cost(
+            hidden_size, channel_hidden, rows=seq_len
+        )
+        return layer_norm_cost(seq_len, hidden_size) + BlockCost(mlps.params, num_iterations * mlps.macs)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the block.
+
+        Args:
+            x (`torch.Tensor`): (B, L, D) tokens.
+            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
+
+        Returns:
+            `torch.Tensor`: the new tokens (B, L, D).
+        """
+        if skip is not None:
+            x = x + skip
+        for _ in range(self.num_iterations):
+            normed = self.norm(x)  # (B, L, D), statistics over all L·D entries of a sample
+            token_mixed = self.token_mlp(normed.transpose(1, 2)).transpose(1, 2)  # (B, D, L) inside
+            x = x + token_mixed + self.channel_mlp(normed)  # (B, L, D)
+        return x
+
+
+class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
+    """Shared body of `ParaMixerTransformer2DModel`, `SymMixerTransformer2DModel` and `AsymMixerTransformer2DModel`:
+    the U-shaped skeleton with parallelized mixing layers (`ParaMixerBlock`) whose MLPs are `mlp_class`.
+
+    Each subclass only sets `mlp_class` and its named configurations, so a saved config names its family by its
+    class. Out blocks add their long skip at the block input, as the UL-MLP does.
+
+    Parameters:
+        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
+        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
+        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
+        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-blocks, one mid-block and
+            num_layers // 2 out-blocks.
+        mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
+        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
+        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
+        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
+        norm_eps (`float`, *optional*, defaults to 1e-6): Epsilon of every LayerNorm (the symmetric ones and the
+            output head's); 1e-6 as in paramixer.
+        token_mlp_ratio (`float`, *optional*, defaults to 0.5): Token-MLP hidden width as a multiple of D (not of
+            L), as in paramixer.
+        num_iterations (`int`, *optional*, defaults to 1): Apply each block this many times with the same weights
+            (the paper's iterative mixing layers, Table 2).
+    """
+
+    _no_split_modules = ["ParaMixerBlock"]
+    _repeated_blocks = ["ParaMixerBlock"]
+    config_requirements = {
+        **CONFIG_REQUIREMENTS,
+        "token_mlp_ratio": (
+            _is_positive_real,
+            "a positive finite number (the token MLP's width as a multiple of hidden_size)",
+        ),
+        "num_iterations": (_is_positive_int, "a positive integer (applications of each block's shared weights)"),
+    }
+    # The MLP of both branches of every block: VanillaMLP, SymmetricMLP or AsymmetricMLP.
+    mlp_class: type[nn.Module]
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        out_channels: int | None = None,
+        hidden_size: int = 512,
+        num_layers: int = 12,
+        mlp_ratio: float = 4.0,
+        text_embed_dim: int = 768,
+        text_seq_len: int = 77,
+        conv_out: bool = True,
+        norm_eps: float = 1e-6,
+        token_mlp_ratio: float = 0.5,
+        num_iterations: int = 1,
+    ):
+        super().__init__()
+        self._build(
+            lambda seq_len, skip: ParaMixerBlock(
+                hidden_size,
+                seq_len,
+                int(hidden_size * token_mlp_ratio),
+                int(hidden_size * mlp_ratio),
+                self.mlp_class,
+                norm_eps,
+                num_iterations,
+            )
+        )
+
+    def _check_config(self) -> None:
+        """The shared checks, then that the token MLP has at least one hidden unit."""
+        super()._check_config()
+        config = self.config
+        if int(config.hidden_size * config.token_mlp_ratio) < 1:
+            raise ValueError(
+                f"token_mlp_ratio={config.token_mlp_ratio} gives a token MLP of int({config.hidden_size} × "
+                f"{config.token_mlp_ratio}) = 0 hidden units; use token_mlp_ratio >= 1 / hidden_size (the paper "
+                "uses 0.5)."
+            )
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and MACs per sample of one block (`ParaMixerBlock.cost`); a long skip adds neither.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip (an add: no cost).
+        """
+        hidden_size = config["hidden_size"]
+        return ParaMixerBlock.cost(
+            hidden_size,
+            seq_len,
+            int(hidden_size * config["token_mlp_ratio"]),
+            int(hidden_size * config["mlp_ratio"]),
+            cls.mlp_class,
+            config["num_iterations"],
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict the noise ε of a noisy latent.
+
+        Args:
+            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
+                last hidden state; the states of "" for the unconditional branch).
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
+                [0, 999], embedded as t + 1 (the reference convention; see `LMLPTransformer2DModel.forward`).
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
+                tuple.
+
+        Returns:
+            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
+            (B, out_channels, sample_size, sample_size).
+        """
+        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
+        if not return_dict:
+            return (sample,)
+        return Transformer2DModelOutput(sample=sample)
+
+
+# The COCO skeleton (32×32×4 latents, patch 2, D = 512, 77 text tokens, L = 334) at depth 16 (8 + 1 + 8 blocks, the
+# F2-deep depth) gives each family 44,955,812 parameters, 1.3% above the 44,366,248 of the L-MLP's Table 1 F2.
+# ParaMixer and AsymMixer keep the paper's widths (0.5·D, 4·D); SymMixer, with half the MLP parameters, doubles both
+# widths, as the paper's parameter-matched "Sym (dw)" (Table 3b), which doubles its MACs.
+_DEPTH_16 = dict(num_layers=16)
+
+
+class ParaMixerTransformer2DModel(ParallelMixerModel):
+    """ParaMixer: parallelized mixing layers with independent token- and channel-MLP weights (eq. 32), U-shaped.
+
+    See `ParallelMixerModel` for the parameters and `diffusers_lmlp.models.mixers.paramixer` for the block. The
+    named configuration "ParaMixer-S" is the COCO skeleton at depth 16 with the paper's widths, 44,955,812
+    parameters. LoRA can target `token_mlp.fc1`, `token_mlp.fc2`, `channel_mlp.fc1` and `channel_mlp.fc2`.
+    """
+
+    mlp_class = VanillaMLP
+    named_configs = {"ParaMixer-S": _DEPTH_16}
+
+
+class SymMixerTransformer2DModel(ParallelMixerModel):
+    """SymMixer: parallelized mixing layers whose MLPs have symmetric weights W₂ = W₁ᵀ (eqs. 28–29), U-shaped.
+
+    See `ParallelMixerModel` for the parameters and `diffusers_lmlp.models.mixers.paramixer` for the block. The
+    named configuration "SymMixer-S" is the COCO skeleton at depth 16 with doubled widths (token_mlp_ratio=1,
+    mlp_ratio=8, the paper's "Sym (dw)"), 44,955,812 parameters. The tied weights are not Linear layers, so LoRA
+    cannot target them.
+    """
+
+    mlp_class = SymmetricMLP
+    named_configs = {"SymMixer-S": dict(_DEPTH_16, token_mlp_ratio=1.0, mlp_ratio=8.0)}
+
+
+class AsymMixerTransformer2DModel(ParallelMixerModel):
+    """AsymMixer: SymMixer plus a learned symmetry-breaking term, W₂ = W₁ᵀ + W̃₂ (eq. 38), U-shaped.
+
+    Train it with the paper's loss (eq. 39) by adding `λ · symmetry_breaking_penalty(model)` to the diffusion loss
+    (the paper sweeps λ from 1, which boils it down to a SymMixer, to 0, which trains W̃ freely). See
+    `ParallelMixerModel` for the parameters. The named configuration "AsymMixer-S" is the COCO skeleton at depth 16
+    with the paper's widths, 44,955,812 parameters. LoRA can target `token_mlp.fc2` and `channel_mlp.fc2` (W̃).
+    """
+
+    mlp_class = AsymmetricMLP
+    named_configs = {"AsymMixer-S": _DEPTH_16}
+
+
+def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:
+    """Σ ‖W̃‖²_F over every AsymMixer MLP of a model: the paper's symmetry-breaking penalty (eq. 39) without λ.
+
+    W̃ is the `fc2` weight of every `AsymmetricMLP` (the token and the channel MLP of every block), as the
+    reference's `reg_weight2`. The modules are found by type, so a model wrapped by `torch.compile`, accelerate or
+    PEFT works. With a LoRA adapter on `fc2` the penalty reads the base weight only, not the adapter's update.
+
+    Args:
+        model (`nn.Module`): A model holding `AsymmetricMLP`s, e.g. an `AsymMixerTransformer2DModel`.
+
+    Returns:
+        `torch.Tensor`: The float32 scalar Σ ‖W̃‖²_F, differentiable in every W̃.
+
+    Example:
+        ```py
+        loss = F.mse_loss(model(latents, text_states, t).sample, noise)
+        loss = loss + 1e-4 * symmetry_breaking_penalty(model)  # λ = 1e-4, one of the paper's sweep (Fig. 8)
+        ```
+    """
+    weights = [module.fc2.weight for module in model.modules() if isinstance(module, AsymmetricMLP)]
+    if not weights:
+        raise ValueError(
+            f"{type(model).__name__} has no symmetry-breaking weights (no AsymmetricMLP): the penalty applies to an "
+            "AsymMixerTransformer2DModel. Drop the symmetry-breaking weight for other backbones."
+        )
+    return torch.stack([weight.float().square().sum() for weight in weights]).sum()

@@ -1,0 +1,282 @@
+"""ParaMixer, SymMixer and AsymMixer (Karakida, Ota & Taki 2024): blocks against a plain-torch re-statement, the
+symmetric LayerNorm, the tied weights, the symmetry-breaking penalty and the complexity accounting."""
+
+import json
+import math
+
+import pytest
+import torch
+from torch.nn.functional import gelu
+
+from diffusers_lmlp import (
+    AsymMixerTransformer2DModel,
+    ParaMixerTransformer2DModel,
+    SymMixerTransformer2DModel,
+    symmetry_breaking_penalty,
+)
+from diffusers_lmlp.complexity import analytic_complexity, measured_macs
+from diffusers_lmlp.models import family_of
+from diffusers_lmlp.models.mixers.paramixer import AsymmetricMLP, ParaMixerBlock, SymmetricMLP, VanillaMLP
+
+
+MODELS = {
+    "paramixer": ParaMixerTransformer2DModel,
+    "symmixer": SymMixerTransformer2DModel,
+    "asymmixer": AsymMixerTransformer2DModel,
+}
+MLPS = {"vanilla": VanillaMLP, "symmetric": SymmetricMLP, "asymmetric": AsymmetricMLP}
+# L = 1 + 5 + (8 / 2)² = 22 tokens, D = 32, 3 blocks.
+TINY = {"sample_size": 8, "patch_size": 2, "hidden_size": 32, "num_layers": 2, "text_embed_dim": 16, "text_seq_len": 5}
+# Exact parameters and per-sample forward MACs of tiny models (default widths: token 16, channel 128).
+TINY_CASES = {
+    "paramixer": (ParaMixerTransformer2DModel, {}, 33_444, 639_488),
+    "paramixer_3_iterations": (ParaMixerTransformer2DModel, {"num_iterations": 3}, 33_444, 1_856_000),
+    "symmixer": (SymMixerTransformer2DModel, {}, 20_100, 639_488),
+    "symmixer_other_widths": (
+        SymMixerTransformer2DModel,
+        {"conv_out": False, "mlp_ratio": 2.5, "token_mlp_ratio": 0.75},
+        15_872,
+        461_312,
+    ),
+    "asymmixer": (AsymMixerTransformer2DModel, {}, 33_444, 943_616),
+    "asymmixer_2_iterations": (AsymMixerTransformer2DModel, {"num_iterations": 2}, 33_444, 1_856_000),
+}
+# The named configurations on the COCO skeleton (L = 334, depth 16, 17 blocks): parameters and MACs per sample.
+TABLE_1_F2_PARAMS = 44_366_248
+NAMED = {
+    "ParaMixer-S": (ParaMixerTransformer2DModel, 44_955_812, 13_431_341_056),
+    "SymMixer-S": (SymMixerTransformer2DModel, 44_955_812, 26_827_423_744),
+    "AsymMixer-S": (AsymMixerTransformer2DModel, 44_955_812, 20_129_382_400),
+}
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def randomise(module: torch.nn.Module, seed: int = 0) -> None:
+    """Random values in every parameter, norms included (LayerNorm weight around 1, bias around 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(1 + 0.3 * noise if name == "norm.weight" else 0.3 * noise / math.sqrt(parameter.shape[-1]))
+
+
+def reference_mlp(state: dict, prefix: str, kind: str, x: torch.Tensor, axis: str) -> torch.Tensor:
+    """The paper's MLP along `axis` ("l": tokens, "d": channels) of x (B, L, D), from the raw weights."""
+    other = "d" if axis == "l" else "l"
+    if kind == "vanilla":
+        w1, w2 = state[f"{prefix}.fc1.weight"], state[f"{prefix}.fc2.weight"]  # (h, n), (n, h)
+    else:
+        w1 = state[f"{prefix}.weight"]  # (h, n); W2 = W1ᵀ
+        w2 = w1.t()
+    hidden = gelu(torch.einsum(f"bld,h{axis}->bh{other}", x, w1))  # hidden units per position of the other axis
+    out = torch.einsum(f"bh{other},{axis}h->bld", hidden, w2)
+    if kind == "asymmetric":
+        out = out + torch.einsum(f"bh{other},{axis}h->bld", hidden, state[f"{prefix}.fc2.weight"])
+    return out
+
+
+def expected_keys(kind: str) -> set[str]:
+    mlp = {"vanilla": ["fc1.weight", "fc2.weight"], "symmetric": ["weight"], "asymmetric": ["weight", "fc2.weight"]}
+    return {"norm.weight", "norm.bias"} | {
+        f"{branch}.{key}" for branch in ("token_mlp", "channel_mlp") for key in mlp[kind]
+    }
+
+
+def reference_block(state: dict, kind: str, x: torch.Tensor, skip, eps: float, num_iterations: int) -> torch.Tensor:
+    """Eq. 32 with the symmetric LayerNorm written out, the long skip added at the input."""
+    assert set(state) == expected_keys(kind)  # bias-free MLPs, one (L, D) LayerNorm
+    if skip is not None:
+        x = x + skip
+    for _ in range(num_iterations):
+        mean = x.mean(dim=(1, 2), keepdim=True)
+        var = ((x - mean) ** 2).mean(dim=(1, 2), keepdim=True)
+        normed = (x - mean) / torch.sqrt(var + eps) * state["norm.weight"] + state["norm.bias"]
+        x = (
+            x
+            + reference_mlp(state, "token_mlp", kind, normed, "l")
+            + reference_mlp(state, "channel_mlp", kind, normed, "d")
+        )
+    return x
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+@pytest.mark.parametrize("with_skip", [False, True])
+@pytest.mark.parametrize("kind", MLPS)
+def test_block_matches_plain_torch_restatement(kind, with_skip, num_iterations):
+    seq_len, hidden_size, eps = 7, 12, 1e-6
+    block = ParaMixerBlock(hidden_size, seq_len, 6, 20, MLPS[kind], eps, num_iterations)
+    randomise(block)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, seq_len, hidden_size, generator=generator)
+    skip = torch.randn(3, seq_len, hidden_size, generator=generator) if with_skip else None
+    state = {k: v.detach() for k, v in block.state_dict().items()}
+    expected = reference_block(state, kind, x, skip, eps, num_iterations)
+    torch.testing.assert_close(block(x, skip), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_iterations_reuse_the_same_weights():
+    block = ParaMixerBlock(12, 7, 6, 20, AsymmetricMLP, 1e-6, num_iterations=3)
+    randomise(block)
+    once = ParaMixerBlock(12, 7, 6, 20, AsymmetricMLP, 1e-6)
+    once.load_state_dict(block.state_dict())
+    x, skip = torch.randn(2, 7, 12), torch.randn(2, 7, 12)
+    assert num_parameters(block) == num_parameters(once)
+    torch.testing.assert_close(block(x, skip), once(once(once(x, skip))))
+
+
+def test_symmetric_layer_norm_normalises_tokens_and_channels_jointly():
+    model = ParaMixerTransformer2DModel(**TINY)  # fresh init: LayerNorm weight 1, bias 0
+    block = model.stack.mid_block
+    assert block.norm.normalized_shape == (22, 32)
+    assert block.norm.weight.shape == (22, 32) and block.norm.eps == 1e-6
+    # Tokens with different offsets and scales: a per-token LayerNorm would give every token mean 0.
+    x = torch.randn(2, 22, 32) * torch.linspace(0.5, 3, 22)[:, None] + torch.linspace(-2, 2, 22)[:, None]
+    normed = block.norm(x)
+    torch.testing.assert_close(normed.mean(dim=(1, 2)), torch.zeros(2), atol=1e-5, rtol=0)
+    torch.testing.assert_close(normed.var(dim=(1, 2), correction=0), torch.ones(2), atol=1e-4, rtol=0)
+    assert normed.mean(dim=2).abs().max() > 0.5  # individual tokens keep their offsets
+    assert normed.var(dim=2, correction=0).std() > 0.1  # ... and their relative scales
+
+
+def test_symmetric_mlp_uses_the_transpose_of_its_weight_in_the_second_matmul():
+    mlp = SymmetricMLP(5, 9)
+    randomise(mlp)
+    x = torch.randn(4, 5)
+    weight = mlp.weight.detach().clone()
+    delta = 0.1 * torch.randn_like(weight)
+    with torch.no_grad():
+        mlp.weight.add_(delta)
+    perturbed = weight + delta
+    out = mlp(x)
+    torch.testing.assert_close(out, gelu(x @ perturbed.t()) @ perturbed)
+    # Perturbing W changes both matmuls: neither use alone reproduces the output.
+    assert not torch.allclose(out, gelu(x @ perturbed.t()) @ weight, atol=1e-4)
+    assert not torch.allclose(out, gelu(x @ weight.t()) @ perturbed, atol=1e-4)
+
+
+def test_symmetric_mlp_gradient_flows_through_both_uses_of_the_weight():
+    mlp = SymmetricMLP(5, 9)
+    randomise(mlp)
+    x = torch.randn(4, 5)
+    mlp(x).square().sum().backward()
+    first = mlp.weight.detach().clone().requires_grad_()
+    second = mlp.weight.detach().clone().requires_grad_()
+    (gelu(x @ first.t()) @ second).square().sum().backward()
+    assert first.grad.abs().sum() > 0 and second.grad.abs().sum() > 0
+    torch.testing.assert_close(mlp.weight.grad, first.grad + second.grad)
+
+
+def test_tied_weights_get_the_linear_init():
+    torch.manual_seed(0)
+    model = SymMixerTransformer2DModel(**TINY, mlp_ratio=16)
+    weight = model.stack.mid_block.channel_mlp.weight  # (512, 32)
+    assert abs(weight.mean().item()) < 0.002 and abs(weight.std().item() - 0.02) < 0.002
+
+
+def test_penalty_is_the_sum_of_squared_frobenius_norms_of_the_symmetry_breaking_weights():
+    torch.manual_seed(0)
+    model = AsymMixerTransformer2DModel(**TINY)
+    breaking = [m.fc2.weight for m in model.modules() if isinstance(m, AsymmetricMLP)]
+    assert len(breaking) == 2 * 3  # token and channel MLP of each of the 3 blocks
+    penalty = symmetry_breaking_penalty(model)
+    assert penalty.shape == () and penalty.dtype == torch.float32
+    expected = sum(torch.linalg.matrix_norm(w, ord="fro") ** 2 for w in breaking)
+    torch.testing.assert_close(penalty, expected)
+    assert penalty > 0
+
+
+def test_penalty_gradient_is_twice_the_symmetry_breaking_weights_only():
+    model = AsymMixerTransformer2DModel(**TINY)
+    symmetry_breaking_penalty(model).backward()
+    for name, parameter in model.named_parameters():
+        if name.endswith("_mlp.fc2.weight"):
+            torch.testing.assert_close(parameter.grad, 2 * parameter.detach())
+        else:
+            assert parameter.grad is None, name
+
+
+def test_penalty_sees_through_compile_and_peft_wrappers():
+    from peft import LoraConfig, get_peft_model
+
+    model = AsymMixerTransformer2DModel(**TINY)
+    expected = symmetry_breaking_penalty(model)
+    torch.testing.assert_close(symmetry_breaking_penalty(torch.compile(model)), expected)
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["channel_mlp.fc2"]))
+    torch.testing.assert_close(symmetry_breaking_penalty(wrapped), expected)
+
+
+@pytest.mark.parametrize("family", ["paramixer", "symmixer"])
+def test_penalty_refuses_models_without_symmetry_breaking_weights(family):
+    with pytest.raises(ValueError, match="no symmetry-breaking weights.*AsymMixerTransformer2DModel"):
+        symmetry_breaking_penalty(MODELS[family](**TINY))
+
+
+@pytest.mark.parametrize("family", MODELS)
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_every_parameter_gets_a_gradient(family, num_iterations):
+    torch.manual_seed(0)
+    model = MODELS[family](**TINY, num_iterations=num_iterations)
+    out = model(torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([10, 900])).sample
+    loss = out.square().mean()
+    if family == "asymmixer":
+        loss = loss + 1e-3 * symmetry_breaking_penalty(model)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+@pytest.mark.parametrize("case", TINY_CASES)
+def test_analytic_counts_equal_tiny_model(case):
+    model_cls, overrides, expected_params, expected_macs = TINY_CASES[case]
+    model = model_cls(**TINY, **overrides)
+    complexity = analytic_complexity(model)
+    assert complexity.params == expected_params == num_parameters(model)
+    assert complexity.macs == expected_macs == measured_macs(model)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_named_configs_are_sized_like_table1_f2(name):
+    model_cls, expected_params, expected_macs = NAMED[name]
+    with torch.device("meta"):
+        model = model_cls.from_named_config(name)
+    complexity = analytic_complexity(model)
+    assert complexity.params == expected_params == num_parameters(model)
+    assert abs(expected_params / TABLE_1_F2_PARAMS - 1) < 0.03
+    assert complexity.macs == expected_macs == measured_macs(model)
+    assert (complexity.seq_len, complexity.num_blocks) == (334, 17)
+
+
+def test_block_macs_follow_the_mlp_kind():
+    # Per iteration: each MLP matmul costs L·D·t (token) or L·D·c (channel); vanilla 2, symmetric 2, asymmetric 3.
+    seq_len, hidden_size, token_hidden, channel_hidden = 334, 512, 256, 2048
+    per_matmul = seq_len * hidden_size * (token_hidden + channel_hidden)
+    for mlp_class, matmuls in ((VanillaMLP, 2), (SymmetricMLP, 2), (AsymmetricMLP, 3)):
+        cost = ParaMixerBlock.cost(hidden_size, seq_len, token_hidden, channel_hidden, mlp_class, num_iterations=2)
+        assert cost.macs == 2 * matmuls * per_matmul
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_each_family_is_registered_under_its_own_class(family, tmp_path):
+    model = MODELS[family](**TINY)
+    assert family_of(model).name == family
+    model.save_pretrained(tmp_path)
+    reloaded = MODELS[family].from_pretrained(tmp_path)
+    assert type(reloaded) is MODELS[family]
+    assert json.loads((tmp_path / "config.json").read_text())["_class_name"] == MODELS[family].__name__
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"token_mlp_ratio": 0.01}, "token_mlp_ratio=0.01 gives a token MLP of int"),
+        ({"token_mlp_ratio": "half"}, "token_mlp_ratio='half' cannot build"),
+        ({"num_iterations": 0}, "num_iterations=0 cannot build"),
+        ({"num_iterations": 1.5}, "num_iterations=1.5 cannot build"),
+    ],
+)
+def test_bad_family_config_is_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        AsymMixerTransformer2DModel(**TINY, **overrides)
