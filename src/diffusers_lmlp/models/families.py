@@ -16,6 +16,7 @@ from typing import Any
 from .backbone import UShapedMixerModel
 from .lmlp_transformer_2d import LMLPTransformer2DModel
 from .mixers.attention import UViTTransformer2DModel
+from .mixers.gmlp import GMLPTransformer2DModel
 from .mixers.mlp_mixer import MLPMixerTransformer2DModel
 from .mixers.paramixer import AsymMixerTransformer2DModel, ParaMixerTransformer2DModel, SymMixerTransformer2DModel
 from .moe_mlp import MoEMLPModel
@@ -131,6 +132,13 @@ FAMILIES: dict[str, BlockFamily] = {
             label="AsymMixer",
             paper=_PARAMIXER_PAPER,
             tag="asymmixer",
+        ),
+        BlockFamily(
+            name="gmlp",
+            model_class=GMLPTransformer2DModel,
+            label="gMLP",
+            paper="[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)",
+            tag="gmlp",
         ),
     )
 }

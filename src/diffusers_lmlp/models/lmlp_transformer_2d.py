@@ -69,7 +69,8 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     | F2 | Linears | Add + Proj | MLP, s = 5.2 | second stage (reference) | 12 | 44,366,248 |
     | F2-deep | Linears | Add + Proj | MLP, s = 4 | second stage (reference) | 16 | 47,139,122 |
 
-    Table 1's A2 (MLP-Mixer) is another block family: `MLPMixerTransformer2DModel`.
+    Table 1's A2 (MLP-Mixer) and A3 (gMLP) are other block families: `MLPMixerTransformer2DModel` and
+    `GMLPTransformer2DModel`.
 
     Every layer is called as a module, so PEFT adapters work as on diffusers' own transformers: each block's
     `nn.Linear` layers are `left` (the L×L token mixer, over the token axis), `right`, `merge`, `joint_mlp.fc1` and

@@ -1,0 +1,250 @@
+"""gMLP (Liu et al. 2021, "Pay Attention to MLPs") as a block of the U-shaped stack: L-MLP Table 1's baseline A3.
+
+The gMLP block with its spatial gating unit (SGU), as the annotated implementation (shared/papers/002) writes it,
+on (B, L, D) tokens:
+
+    x = x + skip                                   (out blocks only: additive long skip, as the UL-MLP's)
+    shortcut = x
+    z = GELU(channel_proj1(LN_D(x)))               Z = σ(XU): D → d_ffn per token
+    u, v = split(z)                                two halves of d_ffn / 2 channels (Z_1, Z_2)
+    v = spatial_proj(LN(v)ᵀ)ᵀ                      f_{W,b}(Z_2) = W Z_2 + b: an L×L Linear over the token axis
+    x = shortcut + channel_proj2(u ⊙ v)            Y = (Z_1 ⊙ f_{W,b}(Z_2)) V: d_ffn / 2 → D
+
+gMLP has no separate channel MLP: the two channel projections around the gating unit are its MLP. The paper
+initialises W near zero and b to ones, so that at first the gate f_{W,b}(Z_2) ≈ 1 and the unit passes Z_1 through;
+`SpatialGatingUnit.init_weights` does this after the backbone's generic Linear init (W uniform in ±0.01, as 002).
+"""
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from torch import nn
+
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel
+from .cost import BlockCost, layer_norm_cost, linear_cost
+
+
+# The spatial weights start uniform in ±SPATIAL_INIT_RANGE (002: "small values"), its bias at 1.
+SPATIAL_INIT_RANGE = 0.01
+
+
+class SpatialGatingUnit(nn.Module):
+    """s(Z) = Z_1 ⊙ f_{W,b}(LN(Z_2)), with f_{W,b} a Linear over the token axis.
+
+    Args:
+        d_ffn (`int`): Width of Z (even); the output has d_ffn / 2 channels.
+        seq_len (`int`): Number of tokens L.
+        norm_eps (`float`): LayerNorm epsilon.
+    """
+
+    def __init__(self, d_ffn: int, seq_len: int, norm_eps: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_ffn // 2, eps=norm_eps)
+        self.spatial_proj = nn.Linear(seq_len, seq_len)  # f_{W,b}: one bias per output token
+
+    def init_weights(self) -> None:
+        """W near zero (U(±0.01), as 002) and b = 1, so that the unit starts close to passing Z_1 through."""
+        nn.init.uniform_(self.spatial_proj.weight, -SPATIAL_INIT_RANGE, SPATIAL_INIT_RANGE)
+        nn.init.ones_(self.spatial_proj.bias)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Gate one half of Z by the spatially projected other half.
+
+        Args:
+            z (`torch.Tensor`): (B, L, d_ffn) Z.
+
+        Returns:
+            `torch.Tensor`: (B, L, d_ffn / 2) Z_1 ⊙ f_{W,b}(LN(Z_2)).
+        """
+        u, v = z.chunk(2, dim=-1)  # (B, L, d_ffn / 2) each
+        v = self.spatial_proj(self.norm(v).transpose(1, 2)).transpose(1, 2)  # (B, d_ffn / 2, L) inside
+        return u * v
+
+
+class GMLPBlock(nn.Module):
+    """One gMLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
+
+    Args:
+        hidden_size (`int`): Token width D (gMLP's d_model).
+        seq_len (`int`): Number of tokens L (gMLP's n).
+        mlp_ratio (`float`): d_ffn as a multiple of D; `int(hidden_size * mlp_ratio)` must be even.
+        norm_eps (`float`): LayerNorm epsilon.
+    """
+
+    def __init__(self, hidden_size: int, seq_len: int, mlp_ratio: float, norm_eps: float):
+        super().__init__()
+        d_ffn = self.ffn_width(hidden_size, mlp_ratio)
+        self.norm = nn.LayerNorm(hidden_size, eps=norm_eps)
+        self.channel_proj1 = nn.Linear(hidden_size, d_ffn)  # U
+        self.sgu = SpatialGatingUnit(d_ffn, seq_len, norm_eps)
+        self.channel_proj2 = nn.Linear(d_ffn // 2, hidden_size)  # V
+
+    @staticmethod
+    def ffn_width(hidden_size: int, mlp_ratio: float) -> int:
+        """d_ffn = int(hidden_size × mlp_ratio), which the gating unit splits into two equal halves.
+
+        Args:
+            hidden_size (`int`): Token width D.
+            mlp_ratio (`float`): d_ffn as a multiple of D.
+
+        Raises:
+            `ValueError`: if d_ffn is odd.
+        """
+        d_ffn = int(hidden_size * mlp_ratio)
+        if d_ffn % 2:
+            # A ratio half a unit inside the next (even) width, so that int() cannot round it back down.
+            even_ratio = (d_ffn + 1.5) / hidden_size
+            raise ValueError(
+                f"mlp_ratio={mlp_ratio} gives gMLP a width d_ffn = int({hidden_size} × {mlp_ratio}) = {d_ffn}, which "
+                "is odd; the spatial gating unit splits d_ffn into two equal halves. Choose mlp_ratio so that "
+                f"int(hidden_size × mlp_ratio) is even (e.g. mlp_ratio={even_ratio:.6g}: d_ffn = {d_ffn + 1})."
+            )
+        return d_ffn
+
+    @classmethod
+    def cost(cls, hidden_size: int, seq_len: int, mlp_ratio: float) -> BlockCost:
+        """Parameters and MACs per sample of a block built with these arguments.
+
+        The channel projections cost L·D·d_ffn and L·(d_ffn / 2)·D MACs, the spatial projection L² per channel of
+        Z_2, (d_ffn / 2)·L² in all; the LayerNorms add parameters only.
+
+        Args:
+            hidden_size (`int`): Token width D.
+            seq_len (`int`): Tokens L.
+            mlp_ratio (`float`): d_ffn as a multiple of D.
+        """
+        d, length = hidden_size, seq_len
+        half = cls.ffn_width(d, mlp_ratio) // 2
+        channel_proj = linear_cost(d, 2 * half, rows=length) + linear_cost(half, d, rows=length)
+        sgu = layer_norm_cost(half) + linear_cost(length, length, rows=half)
+        return layer_norm_cost(d) + channel_proj + sgu
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the block.
+
+        Args:
+            x (`torch.Tensor`): (B, L, D) tokens.
+            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
+
+        Returns:
+            `torch.Tensor`: the new tokens (B, L, D).
+        """
+        if skip is not None:
+            x = x + skip
+        z = F.gelu(self.channel_proj1(self.norm(x)))  # (B, L, d_ffn)
+        z = self.sgu(z)  # (B, L, d_ffn / 2)
+        return x + self.channel_proj2(z)  # (B, L, D)
+
+
+# L-MLP Table 1 (a), row A3: gMLP at A1's size (23,484,738 parameters) on A1's skeleton: the COCO tokens (32×32×4
+# latents, patch 2, 77 CLIP tokens: L = 334), D = 512, depth 12 (13 blocks) and, as every row before F1, no long
+# skips. d_ffn is gMLP's one width (the spatial projection is L × L whatever the config), so it is what we size: the
+# gMLP paper's d_ffn = 6·D would make 32.8M parameters, and d_ffn = 2140 (mlp_ratio 4.18) matches A1's blocks
+# (1,761,226 parameters each against 1,761,686), for 23,478,758 parameters in all (-0.025 %).
+TABLE_1_A3 = dict(num_layers=12, long_skips=False, mlp_ratio=4.18)
+
+
+class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
+    """gMLP blocks ([gMLP](https://arxiv.org/abs/2105.08050)) in the U-shaped text-to-image backbone.
+
+    Same token layout, skeleton and initialisation as `LMLPTransformer2DModel`, plus the spatial gating unit's own
+    init (see `diffusers_lmlp.models.mixers.gmlp`). The defaults build a COCO-size model: 32×32×4 latents, patch 2,
+    D = 512, 6 + 1 + 6 blocks with long skips, d_ffn = 6·D (the gMLP paper's ratio); 32,808,078 parameters. L-MLP
+    Table 1's baseline A3 is the named configuration "A3" (no long skips, d_ffn = 2140, 23,478,758 parameters;
+    `GMLPTransformer2DModel.from_named_config("A3")`).
+
+    PEFT adapters can target each block's `nn.Linear` layers: `channel_proj1`, `sgu.spatial_proj` (over the token
+    axis) and `channel_proj2`.
+
+    Parameters:
+        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
+        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
+        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
+        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-blocks, one mid-block and
+            num_layers // 2 out-blocks.
+        mlp_ratio (`float`, *optional*, defaults to 6.0): gMLP's d_ffn as a multiple of D; d_ffn =
+            int(hidden_size × mlp_ratio) must be even.
+        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
+        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
+        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
+        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
+        long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i, added
+            at its input; `False`: a plain stack (Table 1 A3).
+    """
+
+    _no_split_modules = ["GMLPBlock"]
+    _repeated_blocks = ["GMLPBlock"]
+    config_requirements = {**CONFIG_REQUIREMENTS, "long_skips": (lambda v: isinstance(v, bool), "True or False")}
+    named_configs = {"A3": TABLE_1_A3}
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        out_channels: int | None = None,
+        hidden_size: int = 512,
+        num_layers: int = 12,
+        mlp_ratio: float = 6.0,
+        text_embed_dim: int = 768,
+        text_seq_len: int = 77,
+        conv_out: bool = True,
+        norm_eps: float = 1e-5,
+        long_skips: bool = True,
+    ):
+        super().__init__()
+        self._build(lambda seq_len, skip: GMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps))
+
+    @classmethod
+    def long_skips(cls, config: Mapping) -> bool:
+        """Out blocks receive long skips unless the config's `long_skips` is `False`.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+        """
+        return config["long_skips"]
+
+    @classmethod
+    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
+        """Parameters and MACs per sample of one block (`GMLPBlock.cost`); a long skip adds neither.
+
+        Args:
+            config (`Mapping`): A full config of this class.
+            seq_len (`int`): Tokens L.
+            skip (`bool`): Whether the block receives a long skip.
+        """
+        return GMLPBlock.cost(config["hidden_size"], seq_len, config["mlp_ratio"])
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict the noise ε of a noisy latent.
+
+        Args:
+            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
+                last hidden state; the states of "" for the unconditional branch).
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
+                [0, 999], embedded as t + 1 (the reference convention; see `LMLPTransformer2DModel.forward`).
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
+                tuple.
+
+        Returns:
+            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
+            (B, out_channels, sample_size, sample_size).
+        """
+        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
+        if not return_dict:
+            return (sample,)
+        return Transformer2DModelOutput(sample=sample)
