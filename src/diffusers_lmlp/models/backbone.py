@@ -3,8 +3,8 @@
     in blocks ──► mid block ──► out blocks      out block i receives the output of in block n-1-i (LIFO)
 
 `UShapedStack` holds the blocks and routes the long skips; how a block merges its skip (an add, U-ViT's concat +
-Linear) is the block's business. `UShapedMixerModel` wraps token I/O around the stack, validates the inputs and
-applies the reference initialisation, after which each mixer module may initialise itself (`init_weights`). The
+Linear) is the block's business. `UShapedMixerModel` wraps token I/O around the stack, validates the inputs, has the
+diffusers `forward` every family shares and applies the reference initialisation, after which each mixer module may initialise itself (`init_weights`). The
 public models only choose the block; this module knows no mixer by name.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
@@ -326,6 +327,34 @@ class UShapedMixerModel(ModelMixin):
                 f"{tuple(timestep.shape)}."
             )
         return timestep.float()
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict the noise ε of a noisy latent.
+
+        Args:
+            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
+                last hidden state; the states of "" for the unconditional branch).
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
+                [0, 999]. The network embeds t + 1, the reference's timestep n (its ᾱ_n is diffusers'
+                `alphas_cumprod[t]`), so converted reference weights run unchanged under diffusers schedulers.
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
+                tuple.
+
+        Returns:
+            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
+            (B, out_channels, sample_size, sample_size).
+        """
+        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
+        if not return_dict:
+            return (sample,)
+        return Transformer2DModelOutput(sample=sample)
 
     def _predict(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int

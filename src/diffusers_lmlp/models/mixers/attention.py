@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
-from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from torch import nn
 
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int
@@ -265,34 +264,6 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             skip=skip,
             channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
         )
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor,
-        timestep: torch.Tensor | float | int,
-        return_dict: bool = True,
-    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
-        """Predict the noise ε of a noisy latent.
-
-        Args:
-            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
-            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
-                last hidden state; the states of "" for the unconditional branch).
-            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
-                [0, 999]. The network embeds t + 1, the reference's timestep n (its ᾱ_n is diffusers'
-                `alphas_cumprod[t]`), so converted reference weights run unchanged under diffusers schedulers.
-            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
-                tuple.
-
-        Returns:
-            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
-            (B, out_channels, sample_size, sample_size).
-        """
-        sample = self._predict(hidden_states, encoder_hidden_states, timestep)
-        if not return_dict:
-            return (sample,)
-        return Transformer2DModelOutput(sample=sample)
 
 
 _BLOCK = r"in_blocks\.\d+|mid_block|out_blocks\.\d+"
