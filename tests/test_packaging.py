@@ -23,7 +23,8 @@ def test_the_apache_license_that_setup_py_and_the_cards_name_is_there():
         "lmlp-shapes-upload/README.md",  # hub push --dry-run --output-dir lmlp-shapes-upload
         "lmlp-demo-upload/app.py",  # hub push-space --dry-run --output-dir lmlp-demo-upload
         "tiny-lmlp/model_index.json",  # README examples
-        "ul-mlp-f2/config.json",
+        "ul-mlp-f2-deep/config.json",
+        "ablation-shapes/results.md",  # benchmarks/ablation_shapes.py --output_dir ablation-shapes
         "shapes-lora/pytorch_lora_weights.safetensors",
         "red_circle.png",
         ".venv-lowest/lowest.txt",  # scripts/test_lowest_versions.sh

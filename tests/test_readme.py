@@ -64,7 +64,7 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     assert len(namespace["images"]) == 4 and all(Path(item["image"]).is_file() for item in namespace["images"])
     assert Image.open(namespace["images"][0]["image"]).size == (32, 32) and namespace["seed"] == 0
     assert Path("tiny-lmlp/model_index.json").is_file()
-    assert Path("ul-mlp-f2/diffusion_pytorch_model.safetensors").is_file()
+    assert Path("ul-mlp-f2-deep/diffusion_pytorch_model.safetensors").is_file()
     assert namespace["eps"].shape == (2, 4, 32, 32) and namespace["loss"].ndim == 0
     # LoRA: every Linear of every block carries an adapter (none skipped), and the adapter file is written.
     model = namespace["model"]

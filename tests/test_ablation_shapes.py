@@ -1,0 +1,229 @@
+"""benchmarks/ablation_shapes.py: width matching, the shared budget, the table, resuming, and one real smoke run."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from diffusers_lmlp.models.backbone import SHAPES_SMALL
+from diffusers_lmlp.models.families import FAMILIES, named_configs
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_shapes.py"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# Every entry's parameter count lies within this fraction of shapes-S's 860,386. Most land within 1%; U-ViT's width
+# must be a multiple of its 8 heads (D = 88: +7.1%) and gMLP's A3 needs an even int(D × 4.18) (D = 123: +3.8%).
+PARAMS_TOLERANCE = 0.10
+# What the smoke run passes to the training script to keep it small: 2-step final samples, a feature store of 128
+# images. Its final evaluation (224 images at the pipeline's 50 steps) has no option to shrink it and takes most of
+# the test's time.
+SMOKE_TRAINING_ARGS = [
+    "--validation_inference_steps", "2", "--final_evaluation_inference_steps", "2", "--max_train_samples", "128"
+]  # fmt: skip
+
+
+def load_ablation():
+    spec = importlib.util.spec_from_file_location("ablation_shapes", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ablation():
+    return load_ablation()
+
+
+@pytest.fixture(scope="module")
+def planned(ablation):
+    """Every default entry, planned (on the meta device)."""
+    target = ablation.reference_params()
+    return target, [ablation.plan_entry(name, target) for name in ablation.default_entries()]
+
+
+def fake_summary(steps: int, held_out_shape: float = 0.5) -> dict:
+    """A `training_summary.json` of the training script's shapes preset, with made-up scores."""
+    scores = {"colour": 0.9, "shape": held_out_shape, "position": 0.8, "size": 0.7, "colour+position": 0.45}
+    scores["all"] = 0.25
+    return {
+        "steps": steps,
+        "train_seconds": 2.0 * steps,
+        "scores": {"train": scores, "held-out": scores},
+        "score_intervals": {
+            split: {key: [v - 0.1, v + 0.1] for key, v in scores.items()} for split in ("train", "held-out")
+        },
+        "shapes_fid": {split: {"fid": 12.345, "fid_floor": 0.7, "num_images": 128} for split in ("train", "held-out")},
+    }
+
+
+def test_reference_is_the_shipped_shapes_model(ablation):
+    assert ablation.reference_params() == 860_386
+
+
+def test_default_entries_are_every_family_and_the_table_1_variants(ablation):
+    entries = ablation.default_entries()
+    assert entries[: len(FAMILIES)] == list(FAMILIES)
+    assert entries[len(FAMILIES) :] == [name for name in ("A1", "A2", "A3", "F2", "2E1H") if name in named_configs()]
+    assert {"uvit", "paramixer", "symmixer", "lmlp"} <= set(entries)
+
+
+def test_every_entry_matches_the_parameter_count_at_the_closest_width_it_accepts(ablation, planned):
+    target, entries = planned
+    for entry in entries:
+        assert entry.error is None, f"{entry.name}: {entry.error}"
+        assert abs(entry.params - target) <= PARAMS_TOLERANCE * target, (entry.name, entry.params)
+        width = entry.config["hidden_size"]
+        model = ablation.build_on_meta(entry.family, entry.config)
+        assert sum(p.numel() for p in model.parameters()) == entry.params
+        for neighbour in (width - 1, width + 1):  # no accepted width nearby comes closer
+            try:
+                other = ablation.build_on_meta(entry.family, {**entry.config, "hidden_size": neighbour})
+            except ValueError:
+                continue
+            assert abs(sum(p.numel() for p in other.parameters()) - target) >= abs(entry.params - target), entry.name
+
+
+def test_entries_take_the_shapes_skeleton_and_keep_their_block_options(planned):
+    _, entries = planned
+    named = named_configs()
+    for entry in entries:
+        assert {k: entry.config[k] for k in SHAPES_SMALL if k != "hidden_size"} == {
+            k: v for k, v in SHAPES_SMALL.items() if k != "hidden_size"
+        }
+        block_options = (
+            {k: v for k, v in named[entry.name][1].items() if k not in SHAPES_SMALL} if entry.name in named else {}
+        )
+        assert {k: entry.config[k] for k in block_options} == block_options, entry.name
+    a1 = next(entry for entry in entries if entry.name == "A1")
+    assert a1.config["mlp_ratio"] is None and a1.config["long_skip"] is None and a1.config["lateral_mlp_ratio"] == 2.0
+
+
+def test_a_config_no_width_can_build_is_a_failed_entry_not_a_crash(ablation, monkeypatch):
+    monkeypatch.setattr(ablation, "WIDTHS", range(1, 3))
+    entry = ablation.plan_entry("uvit", ablation.reference_params())
+    assert entry.params is None and entry.error.startswith("ValueError: no width in 1..2 builds a U-ViT here: ")
+    assert "hidden_size" in entry.error  # the model's own reason
+
+
+def test_every_entry_trains_the_steps_the_slowest_trains_in_the_budget(ablation, tmp_path, monkeypatch):
+    speeds = {"lmlp": 4.0, "A1": 0.5}
+    runs = []
+    monkeypatch.setattr(ablation, "measure_speed", lambda entry, batch_size, device: speeds[entry.name])
+    monkeypatch.setattr(ablation, "run_training", lambda entry, steps, output_dir, extra: runs.append(steps))
+    ablation.main(["--models", "lmlp", "A1", "--minutes_per_model", "0.5", "--output_dir", str(tmp_path)])
+    assert runs == [15, 15]  # floor(30 s × 0.5 steps/s), for both
+    assert json.loads((tmp_path / "plan.json").read_text()) == {"steps": 15, "train_batch_size": 64}
+    assert ablation.budget_steps({"a": 0.001}, 1.0) == 1
+
+
+def test_training_command_gives_the_full_config_and_sparse_checkpoints(ablation, planned, tmp_path):
+    _, entries = planned
+    entry = next(entry for entry in entries if entry.name == "A3")
+    command = ablation.training_command(entry, 100, tmp_path, ["--seed", "1"])
+    overrides = command[command.index("--model_overrides") + 1 : command.index("--max_train_steps")]
+    assert dict(pair.split("=", 1) for pair in overrides) == {k: json.dumps(v) for k, v in entry.config.items()}
+    assert command[command.index("--model_type") + 1] == entry.family.name == "gmlp"
+    assert command[command.index("--max_train_steps") + 1] == "100"
+    assert command[command.index("--checkpointing_steps") + 1] == "25"
+    assert command[command.index("--validation_steps") + 1] == "101"  # no validation before the final samples
+    assert command[command.index("--output_dir") + 1] == str(tmp_path / "A3") and command[-2:] == ["--seed", "1"]
+
+
+def split_cells(line: str) -> list[str]:
+    """The cells of a Markdown table line (escaped bars stay inside their cell)."""
+    cells = line.strip().removeprefix("|").removesuffix("|").replace("\\|", "\0").split("|")
+    return [cell.strip().replace("\0", "\\|") for cell in cells]
+
+
+def test_table_has_a_row_per_entry_with_scores_intervals_and_failures(ablation, planned, tmp_path):
+    target, entries = planned
+    (tmp_path / "training_summary.json").write_text(json.dumps(fake_summary(20)))
+    done = dataclasses.replace(entries[0], result=ablation.read_result(tmp_path))
+    failed = dataclasses.replace(entries[1], error="exit status 1: error: a | b")
+    unplanned = ablation.Entry("broken", entries[0].family, error="ValueError: x")
+    table = ablation.format_table([done, failed, unplanned, entries[2]], target, 20, 64)
+    lines = table.splitlines()
+    assert lines[0].startswith("20 steps at batch 64 per entry; width D matched to shapes-S's 860,386 parameters")
+    assert "128 held-out images" in lines[0]
+    header, rule, *rows = lines[2:]
+    assert split_cells(header) == list(ablation.TABLE_HEADER) and rule == "|" + "---|" * len(ablation.TABLE_HEADER)
+    assert [len(split_cells(row)) for row in rows] == [len(ablation.TABLE_HEADER)] * 4
+    cells = dict(zip(ablation.TABLE_HEADER, split_cells(rows[0])))
+    assert cells["entry"] == "lmlp" and cells["family"] == "UL-MLP" and cells["D"] == "96"
+    assert cells["params"] == "860,386" and cells["Δ params"] == "+0.0%" and cells["MMACs/sample"] == "23.3"
+    assert cells["train steps/s"] == "0.50" and cells["held-out colour+position"] == "45% (35–55)"
+    assert cells["held-out shape"] == "50% (40–60)" and cells["held-out all"] == "25% (15–35)"
+    assert cells["shapes-FID"] == "12.35" and cells["notes"] == ""
+    cells = dict(zip(ablation.TABLE_HEADER, split_cells(rows[1])))
+    assert cells["held-out shape"] == "—" and cells["notes"] == "failed: exit status 1: error: a \\| b"
+    cells = dict(zip(ablation.TABLE_HEADER, split_cells(rows[2])))
+    assert cells["params"] == "—" and cells["notes"] == "failed: ValueError: x"
+    cells = dict(zip(ablation.TABLE_HEADER, split_cells(rows[3])))
+    assert cells["params"] != "—" and cells["shapes-FID"] == "—" and cells["notes"] == "not trained yet"
+
+
+def test_a_restart_skips_finished_entries_and_keeps_their_budget(ablation, tmp_path, monkeypatch):
+    (tmp_path / "plan.json").write_text(json.dumps({"steps": 7, "train_batch_size": 64}))
+    (tmp_path / "lmlp").mkdir()
+    (tmp_path / "lmlp" / "training_summary.json").write_text(json.dumps(fake_summary(7, held_out_shape=0.75)))
+    runs = []
+
+    def run_training(entry, steps, output_dir, extra):
+        runs.append((entry.name, steps, extra))
+        entry.error = "exit status 1: boom"
+
+    monkeypatch.setattr(ablation, "measure_speed", lambda entry, batch_size, device: 1.0)
+    monkeypatch.setattr(ablation, "run_training", run_training)
+    argv = ["--models", "lmlp", "F2", "--output_dir", str(tmp_path), "--", "--seed", "3"]
+    ablation.main(argv)
+    assert runs == [("F2", 7, ["--seed", "3"])]  # lmlp is read back, F2 gets the first run's steps
+    results = json.loads((tmp_path / "results.json").read_text())
+    lmlp, f2 = results["entries"]
+    assert lmlp["entry"] == "lmlp" and lmlp["scores"]["shape"] == 0.75 and lmlp["error"] is None
+    assert f2["entry"] == "F2" and f2["error"] == "exit status 1: boom" and "scores" not in f2
+    assert "| 75% (65–85) |" in (tmp_path / "results.md").read_text()
+    with pytest.raises(SystemExit, match="holds runs of 7 steps"):
+        ablation.main([*argv[:5], "--steps", "8"])
+
+
+def test_unknown_entries_and_training_arguments_the_ablation_sets_are_refused(ablation, capsys):
+    with pytest.raises(SystemExit):
+        ablation.parse_args(["--models", "lmlp", "nope"])
+    assert "--models nope: not a block family (lmlp, " in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ablation.parse_args(["--models", "lmlp", "--", "--seed", "1", "--max_train_steps=5"])
+    assert "--max_train_steps after -- is set by the ablation for every entry; use --steps" in capsys.readouterr().err
+    args, extra = ablation.parse_args(["--models", "lmlp", "A1", "--", "--seed", "1"])
+    assert args.models == ["lmlp", "A1"] and extra == ["--seed", "1"]
+
+
+def test_two_entries_train_score_and_resume_end_to_end(tmp_path):
+    command = [
+        sys.executable, str(SCRIPT), "--models", "lmlp", "A3", "--steps", "2", "--output_dir", str(tmp_path),
+        "--", *SMOKE_TRAINING_ARGS,
+    ]  # fmt: skip
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "plan: 2 steps at batch 64 for every entry" in result.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(e["entry"], e["error"], e["steps"]) for e in results["entries"]] == [("lmlp", None, 2), ("A3", None, 2)]
+    assert all(0 <= e["scores"]["colour+position"] <= 1 and e["shapes_fid"] > 0 for e in results["entries"])
+    table = (tmp_path / "results.md").read_text()
+    assert "| lmlp | UL-MLP | 96 | 860,386 | +0.0% |" in table and "| A3 | gMLP |" in table
+    for name in ("lmlp", "A3"):
+        assert Image.open(tmp_path / "grids" / f"{name}.png").size[0] > 100
+    assert Image.open(tmp_path / "ablation.png").size[0] > 400
+    grid = Image.open(tmp_path / "grids" / "lmlp.png")
+    sheet = Image.open(tmp_path / "samples.png")  # both entries' grids at half size, side by side, labelled
+    assert sheet.size[0] >= 2 * (grid.size[0] // 2) and sheet.size[1] > grid.size[1] // 2
+
+    again = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already trained" in again.stdout and "training lmlp" not in again.stdout
+    assert (tmp_path / "results.md").read_text() == table
