@@ -1,8 +1,12 @@
 """Shared helpers for the block families' tests: plain-torch re-statements of the layers the papers write out
 (LayerNorm, GELU), random parameters, tiny inputs, and the checks every family's tiny model must pass (exact
-complexity, gradients, the long-skip switch, A1's skeleton and size), each taking the model class under test."""
+complexity, gradients, the long-skip switch, A1's skeleton and size), each taking the model class under test; and the
+reference U-ViT / UL-MLP network around its blocks, which the converters' tests complete with each reference block."""
+
+import math
 
 import torch
+import torch.nn.functional as F
 
 from diffusers_lmlp import LMLPTransformer2DModel
 from diffusers_lmlp.complexity import analytic_complexity, measured_macs
@@ -132,3 +136,47 @@ def check_long_skips_setting_survives_save_and_load(model_class, path):
     assert loaded.config.long_skips is False and loaded.stack.long_skips is False
     with torch.no_grad():
         torch.testing.assert_close(loaded(*tiny_inputs()).sample, model(*tiny_inputs()).sample, rtol=0, atol=0)
+
+
+def reference_skeleton_forward(sd, x, context, n, depth, patch, block):
+    """The U-ViT / UL-MLP reference network around its blocks, in plain torch on a reference-keyed state dict:
+    patch embedding, the bare sinusoidal time token of `n` (cos half first), the text adapter, [time | text |
+    patches] + pos_embed, in / mid / out blocks with LIFO long skips, final norm, decoder_pred, the dropped time
+    and text tokens, the (p1, p2, C) unpatchify and the optional 3×3 `final_layer`.
+
+    Args:
+        sd (`dict`): Tensors under the reference keys (libs/uvit_t2i.py, libs/f2.py).
+        x (`torch.Tensor`): (B, C, H, W) latents.
+        context (`torch.Tensor`): (B, T, text_dim) text states.
+        n (`torch.Tensor`): (B,) reference network timesteps (1..1000).
+        depth (`int`): The reference depth: depth // 2 in and out blocks.
+        patch (`int`): Patch side.
+        block (`Callable`): `block(prefix, h, skip)` -> h, one reference block (`skip` is None outside out blocks).
+    """
+    batch, channels, height, _ = x.shape
+    dim = sd["pos_embed"].shape[-1]
+    extras = 1 + context.shape[1]
+    h = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=patch)
+    h = h.flatten(2).transpose(1, 2)
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
+    args = n[:, None].float() * freqs[None]
+    time_token = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)[:, None, :]
+    ctx = F.linear(context, sd["context_embed.weight"], sd["context_embed.bias"])
+    h = torch.cat([time_token, ctx, h], dim=1) + sd["pos_embed"]
+    skips = []
+    for i in range(depth // 2):
+        h = block(f"in_blocks.{i}.", h, None)
+        skips.append(h)
+    h = block("mid_block.", h, None)
+    for i in range(depth // 2):
+        h = block(f"out_blocks.{i}.", h, skips.pop())
+    h = F.layer_norm(h, (dim,), sd["norm.weight"], sd["norm.bias"])
+    h = F.linear(h, sd["decoder_pred.weight"], sd["decoder_pred.bias"])[:, extras:]
+    grid = height // patch
+    # einops 'B (h w) (p1 p2 C) -> B C (h p1) (w p2)'
+    h = h.reshape(batch, grid, grid, patch, patch, channels).permute(0, 5, 1, 3, 2, 4)
+    h = h.reshape(batch, channels, grid * patch, grid * patch)
+    if "final_layer.weight" in sd:
+        h = F.conv2d(h, sd["final_layer.weight"], sd["final_layer.bias"], padding=1)
+    return h

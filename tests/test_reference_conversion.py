@@ -4,11 +4,10 @@
 reference's keys (shared/reference/reference-implementations.md §A.1–A.4). It shares no code with the package.
 """
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
+from plain_torch import reference_skeleton_forward
 
 from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict
 
@@ -57,21 +56,10 @@ def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hid
 
 def reference_forward(sd, x, context, n, depth, patch):
     """The reference ULMLP forward; `n` is the reference network timestep (1..1000)."""
-    batch, channels, height, _ = x.shape
     dim = sd["pos_embed"].shape[-1]
     seq_len = sd["pos_embed"].shape[1]
-    extras = 1 + context.shape[1]
 
-    h = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=patch)
-    h = h.flatten(2).transpose(1, 2)
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
-    args = n[:, None].float() * freqs[None]
-    time_token = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)[:, None, :]
-    ctx = F.linear(context, sd["context_embed.weight"], sd["context_embed.bias"])
-    h = torch.cat([time_token, ctx, h], dim=1) + sd["pos_embed"]
-
-    def block(p, h, skip=None):
+    def block(p, h, skip):
         if skip is not None:
             h = h + skip
         xt = h.transpose(1, 2)
@@ -87,20 +75,7 @@ def reference_forward(sd, x, context, n, depth, patch):
         )
         return h + mlp
 
-    skips = []
-    for i in range(depth // 2):
-        h = block(f"in_blocks.{i}.", h)
-        skips.append(h)
-    h = block("mid_block.", h)
-    for i in range(depth // 2):
-        h = block(f"out_blocks.{i}.", h, skips.pop())
-    h = F.layer_norm(h, (dim,), sd["norm.weight"], sd["norm.bias"])
-    h = F.linear(h, sd["decoder_pred.weight"], sd["decoder_pred.bias"])[:, extras:]
-    grid = height // patch
-    # einops 'B (h w) (p1 p2 C) -> B C (h p1) (w p2)'
-    h = h.reshape(batch, grid, grid, patch, patch, channels).permute(0, 5, 1, 3, 2, 4)
-    h = h.reshape(batch, channels, grid * patch, grid * patch)
-    return F.conv2d(h, sd["final_layer.weight"], sd["final_layer.bias"], padding=1)
+    return reference_skeleton_forward(sd, x, context, n, depth, patch, block)
 
 
 TINY = dict(

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from diffusers import DiffusionPipeline
 from peft import LoraConfig
+from plain_torch import reference_skeleton_forward
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -93,20 +94,9 @@ def reference_attention(sd, p, h, num_heads):
 
 def reference_forward(sd, x, context, n, depth, patch, num_heads):
     """The reference UViT forward (libs/uvit_t2i.py); `n` is the reference network timestep (1..1000)."""
-    batch, channels, height, _ = x.shape
     dim = sd["pos_embed"].shape[-1]
-    extras = 1 + context.shape[1]
 
-    h = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=patch)
-    h = h.flatten(2).transpose(1, 2)
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
-    args = n[:, None].float() * freqs[None]
-    time_token = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)[:, None, :]
-    ctx = F.linear(context, sd["context_embed.weight"], sd["context_embed.bias"])
-    h = torch.cat([time_token, ctx, h], dim=1) + sd["pos_embed"]
-
-    def block(p, h, skip=None):
+    def block(p, h, skip):
         if skip is not None:
             h = F.linear(torch.cat([h, skip], dim=-1), sd[p + "skip_linear.weight"], sd[p + "skip_linear.bias"])
         hn = F.layer_norm(h, (dim,), sd[p + "norm1.weight"], sd[p + "norm1.bias"])
@@ -115,22 +105,7 @@ def reference_forward(sd, x, context, n, depth, patch, num_heads):
         hidden = F.gelu(F.linear(hn, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"]))
         return h + F.linear(hidden, sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
 
-    skips = []
-    for i in range(depth // 2):
-        h = block(f"in_blocks.{i}.", h)
-        skips.append(h)
-    h = block("mid_block.", h)
-    for i in range(depth // 2):
-        h = block(f"out_blocks.{i}.", h, skips.pop())
-    h = F.layer_norm(h, (dim,), sd["norm.weight"], sd["norm.bias"])
-    h = F.linear(h, sd["decoder_pred.weight"], sd["decoder_pred.bias"])[:, extras:]
-    grid = height // patch
-    # einops 'B (h w) (p1 p2 C) -> B C (h p1) (w p2)'
-    h = h.reshape(batch, grid, grid, patch, patch, channels).permute(0, 5, 1, 3, 2, 4)
-    h = h.reshape(batch, channels, grid * patch, grid * patch)
-    if "final_layer.weight" in sd:
-        h = F.conv2d(h, sd["final_layer.weight"], sd["final_layer.bias"], padding=1)
-    return h
+    return reference_skeleton_forward(sd, x, context, n, depth, patch, block)
 
 
 # The shared tiny skeleton: L = 1 + 5 + (8 / 2)² = 22.

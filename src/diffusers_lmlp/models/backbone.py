@@ -4,8 +4,8 @@
 
 `UShapedStack` holds the blocks and routes the long skips; how a block merges its skip (an add, U-ViT's concat +
 Linear) is the block's business. `UShapedMixerModel` wraps token I/O around the stack, validates the inputs, has the
-diffusers `forward` every family shares and applies the reference initialisation, after which each mixer module may initialise itself (`init_weights`). The
-public models only choose the block; this module knows no mixer by name.
+diffusers `forward` every family shares and applies the reference initialisation, after which each mixer module
+may initialise itself (`init_weights`). The public models only choose the block; this module knows no mixer by name.
 """
 
 import math
@@ -134,12 +134,14 @@ class UShapedMixerModel(ModelMixin):
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:
-        """Whether out blocks receive long skips in a model with this config (always, unless a class says otherwise).
+        """Whether out blocks receive long skips in a model with this config: the config's `long_skips` in a class
+        that has that argument (MLP-Mixer, gMLP), else always, unless a class says otherwise (the UL-MLP's
+        `long_skip`).
 
         Args:
             config (`Mapping`): A full config of this class.
         """
-        return True
+        return config.get("long_skips", True)
 
     @classmethod
     def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
@@ -214,8 +216,8 @@ class UShapedMixerModel(ModelMixin):
             )
         if config.mlp_ratio is not None and int(config.hidden_size * config.mlp_ratio) < 1:
             raise ValueError(
-                f"mlp_ratio={config.mlp_ratio} gives a channel MLP of int({config.hidden_size} × {config.mlp_ratio}) = 0 "
-                f"hidden units; use mlp_ratio >= 1 / hidden_size (the papers use 4)."
+                f"mlp_ratio={config.mlp_ratio} gives a channel MLP of int({config.hidden_size} × {config.mlp_ratio}) "
+                "= 0 hidden units; use mlp_ratio >= 1 / hidden_size (the papers use 4)."
             )
 
     @property

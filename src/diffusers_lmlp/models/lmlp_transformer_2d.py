@@ -1,6 +1,5 @@
 """`LMLPTransformer2DModel`: the U-shaped L-MLP ("UL-MLP") of Hu & Rostami 2024, and the reference-key converter."""
 
-import re
 from collections.abc import Mapping
 
 import torch
@@ -11,6 +10,7 @@ from .backbone import CONFIG_REQUIREMENTS, SHAPES_SMALL, UShapedMixerModel, _is_
 from .mixers.channel_mlp import CHANNEL_MLPS
 from .mixers.cost import BlockCost
 from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
+from .reference_keys import rename_reference_keys
 
 
 # L-MLP Table 1 (§5.2): the design ablation, on the COCO skeleton (32×32×4 latents, patch 2, D = 512, 77 text
@@ -54,7 +54,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     32×32×4 latents, patch 2, D = 512, 8 + 1 + 8 L-MLP blocks, MLP ratio 4, 77 CLIP ViT-L/14 tokens;
     47,139,122 parameters. The sequence length L = 1 + text_seq_len + (sample_size / patch_size)² (334 for F2-deep)
     is derived from the config. The other rows of the paper's design ablation (Table 1) are named configurations,
-    built by `from_named_config` (see `named_configs` for how each is read and sized):
+    built by `from_named_config` (the comment above `TABLE_1` says how each row is read and sized):
 
     | name | first stage (FNN_L, FNN_R) | merging | second stage | long skips | depth | params |
     |---|---|---|---|---|---|---|
@@ -234,22 +234,16 @@ def convert_lmlp_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> di
 
     Example:
         ```py
-        model = LMLPTransformer2DModel()  # F2
+        model = LMLPTransformer2DModel()  # F2-deep, the reference configs/lmlp_f2.py
         model.load_state_dict(convert_lmlp_reference_state_dict(reference_state_dict))
-        model.save_pretrained("ul-mlp-f2")  # safetensors from here on
+        model.save_pretrained("ul-mlp-f2-deep")  # safetensors from here on
         ```
     """
-    converted = {}
-    for key, tensor in state_dict.items():
-        key = key.removeprefix("module.")
-        for pattern, replacement in _REFERENCE_KEY_RULES:
-            new_key, count = re.subn(pattern, replacement, key)
-            if count:
-                converted[new_key] = tensor
-                break
-        else:
-            raise ValueError(
-                f"Unexpected key {key!r}: not part of the reference UL-MLP (libs/f2.py) layout. Is this an L-MLP "
-                "checkpoint (a U-ViT one has attn.* and skip_linear.* keys)?"
-            )
-    return converted
+    return rename_reference_keys(state_dict, _REFERENCE_KEY_RULES, _unexpected_key_error)
+
+
+def _unexpected_key_error(key: str) -> ValueError:
+    return ValueError(
+        f"Unexpected key {key!r}: not part of the reference UL-MLP (libs/f2.py) layout. Is this an L-MLP "
+        "checkpoint (a U-ViT one has attn.* and skip_linear.* keys)?"
+    )

@@ -33,6 +33,7 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int
+from ..reference_keys import rename_reference_keys
 from .channel_mlp import CHANNEL_MLPS, JointMLP
 from .cost import ZERO, BlockCost, layer_norm_cost, linear_cost
 
@@ -344,14 +345,4 @@ def convert_uvit_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> di
         model.save_pretrained("uvit-s2-mscoco")  # safetensors from here on
         ```
     """
-    converted = {}
-    for key, tensor in state_dict.items():
-        key = key.removeprefix("module.")
-        for pattern, replacement in _REFERENCE_KEY_RULES:
-            new_key, count = re.subn(pattern, replacement, key)
-            if count:
-                converted[new_key] = tensor
-                break
-        else:
-            raise _unexpected_key_error(key)
-    return converted
+    return rename_reference_keys(state_dict, _REFERENCE_KEY_RULES, _unexpected_key_error)

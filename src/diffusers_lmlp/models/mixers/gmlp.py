@@ -202,15 +202,6 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         self._build(lambda seq_len, skip: GMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps))
 
     @classmethod
-    def long_skips(cls, config: Mapping) -> bool:
-        """Out blocks receive long skips unless the config's `long_skips` is `False`.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-        """
-        return config["long_skips"]
-
-    @classmethod
     def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
         """Parameters and MACs per sample of one block (`GMLPBlock.cost`); a long skip adds neither.
 

@@ -178,15 +178,6 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
         )
 
     @classmethod
-    def long_skips(cls, config: Mapping) -> bool:
-        """Out blocks receive long skips unless the config's `long_skips` is `False`.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-        """
-        return config["long_skips"]
-
-    @classmethod
     def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
         """Parameters and MACs per sample of one block (`MLPMixerBlock.cost`); a long skip adds neither.
 
