@@ -339,3 +339,25 @@ def test_one_cpu_process_uses_every_core(num_processes, device, expected, monkey
         assert torch.get_num_threads() == (cores if expected == "every core" else expected)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("regional", [True, False], ids=["regional", "whole-model"])
+def test_compiled_training_saves_a_plain_checkpoint(workspace, regional):
+    """`accelerate launch --dynamo_backend inductor` (the training's best mode on a CPU) trains, checkpoints and
+    saves a transformer whose weights load into the plain model: no `_orig_mod.` in a key."""
+    launch = [
+        "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "inductor",
+        *(["--dynamo_use_regional_compilation"] if regional else []),
+    ]  # fmt: skip
+    output = f"compiled-{'regional' if regional else 'whole'}"
+    result = train(workspace, output, "--max_train_steps", "3", "--checkpointing_steps", "2", launcher=launch)
+    assert result.returncode == 0, result.stderr[-4000:]
+    saved = load_file(workspace / output / "transformer" / "diffusion_pytorch_model.safetensors")
+    checkpoint = next((workspace / output).glob("checkpoint-2"))
+    assert not [key for key in saved if "_orig_mod" in key]
+    assert not [p for p in checkpoint.rglob("*.safetensors") for key in load_file(p) if "_orig_mod" in key]
+    pipe = LMLPPipeline.from_pretrained(workspace / output)
+    assert set(saved) == set(pipe.transformer.state_dict())
+    summary = json.loads((workspace / output / "training_summary.json").read_text())
+    assert summary["steps"] == 3

@@ -2,8 +2,8 @@
 
 PyTorch's CPU allocator hands large buffers to glibc, which serves them with fresh `mmap`s and returns them to
 the system when they are freed. Every forward pass then pays a page fault per 4 KiB of every new activation: on
-two cores that costs the F2 forward about a tenth of its time (benchmarks/benchmark_backbones.py,
-`--reuse-freed-memory`). Asking glibc to keep freed memory for reuse removes that cost. It changes the whole
+two cores that costs the eager F2-deep forward about a tenth of its time (benchmarks/speed_vs_uvit.py,
+`--reuse_freed_memory`). Asking glibc to keep freed memory for reuse removes that cost. It changes the whole
 process's allocator, so it is never done on import; applications (a sampling server, a benchmark) call it.
 """
 

@@ -1,0 +1,89 @@
+"""Compiled backbones, the speed benchmark's best modes: the same numbers as eager, with hooks and LoRA still applied.
+
+Compilation traces the modules instead of replacing them, so an adapter or a hook registered on a layer must act in
+a compiled model exactly as in the eager one. Compiling costs seconds per graph on two cores, so the compiled runs
+cover the papers' three models (L-MLP, MoE-MLP, U-ViT); that every family declares its repeated block is checked
+for all.
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+from test_peft import BLOCK_TARGETS, lora_config, make_inputs, make_model
+from torch import nn
+
+from diffusers_lmlp import FAMILIES
+
+
+COMPILED = ["lmlp", "moe_mlp", "uvit"]
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_every_block_is_a_declared_repeated_block(kind):
+    """`compile_repeated_blocks()` (diffusers' regional compilation) compiles every block of the stack."""
+    model = make_model(kind)
+    stack = model.stack
+    for block in [*stack.in_blocks, stack.mid_block, *stack.out_blocks]:
+        assert type(block).__name__ in model._repeated_blocks
+
+
+def linear_calls(model: nn.Module) -> Counter:
+    """Count every call of every nn.Linear (base layers and LoRA factors alike) with forward hooks."""
+    calls: Counter[str] = Counter()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            module.register_forward_hook(lambda module, args, output, name=name: calls.update([name]))
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["regional", "compile"])
+@pytest.mark.parametrize("kind", COMPILED)
+def test_compiled_model_keeps_lora_and_hooks(kind, mode):
+    torch.manual_seed(0)
+    eager = make_model(kind)
+    eager.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
+    compiled_model = make_model(kind)
+    compiled_model.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
+    compiled_model.load_state_dict(eager.state_dict())
+    eager_calls, compiled_calls = linear_calls(eager), linear_calls(compiled_model)
+    if mode == "regional":
+        compiled_model.compile_repeated_blocks()
+        runner = compiled_model
+    else:
+        runner = torch.compile(compiled_model)
+    inputs = make_inputs()
+    with torch.no_grad():
+        expected = eager(*inputs).sample
+        for _ in range(2):  # the second call runs the cached graph
+            got = runner(*inputs).sample
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert any("lora_A" in name for name in compiled_calls)
+    assert {name: 2 * count for name, count in eager_calls.items()} == compiled_calls
+    compiled_model.disable_adapters()
+    with torch.no_grad():
+        without = runner(*inputs).sample
+    assert (without - expected).abs().max() > 1e-3, "the adapter changed nothing: the compiled graph skipped it"
+    torch.testing.assert_close(without, base_output(eager, inputs), rtol=1e-4, atol=1e-5)
+
+
+def base_output(adapted: nn.Module, inputs: tuple) -> torch.Tensor:
+    """The eager model's output with its adapters off."""
+    adapted.disable_adapters()
+    with torch.no_grad():
+        return adapted(*inputs).sample
+
+
+@pytest.mark.parametrize("mode", ["regional", "compile"])
+def test_pipeline_with_a_compiled_transformer_samples_the_same_images(make_pipe, mode):
+    """The README's sampling recipes: `pipe.transformer.compile_repeated_blocks()` and `torch.compile`."""
+    pipe = make_pipe("lmlp")
+    call = dict(prompt=["a red circle", "a blue square"], num_inference_steps=3, output_type="np")
+    expected = pipe(**call, generator=torch.Generator().manual_seed(0)).images
+    if mode == "regional":
+        pipe.transformer.compile_repeated_blocks()
+    else:
+        pipe.transformer = torch.compile(pipe.transformer)
+    got = pipe(**call, generator=torch.Generator().manual_seed(0)).images
+    assert got.shape == expected.shape
+    assert abs(got - expected).max() < 1e-4

@@ -1,0 +1,168 @@
+"""benchmarks/speed_vs_uvit.py: its pieces against plain arithmetic, and one real smoke run of its command."""
+
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "speed_vs_uvit.py"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def speed():
+    spec = importlib.util.spec_from_file_location("speed_vs_uvit", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("answer", [0, 1, 5, 31, 32, 33, 100, 511, 512, 777, 8192])
+def test_largest_batch_finds_the_boundary(speed, answer):
+    tried = []
+
+    def fits(batch: int) -> bool:
+        tried.append(batch)
+        return batch <= answer
+
+    assert speed.largest_batch(fits) == answer
+    assert len(tried) <= 2 * 14  # doubling, then bisecting: logarithmic in the answer
+
+
+def test_flops_are_counted_with_attention(speed):
+    """On meta, U-ViT's two attention matmuls are counted: forward = 2 × the analytic MACs, training = 3 × forward."""
+    from diffusers_lmlp.complexity import analytic_complexity
+
+    model = speed.build("U-ViT-S/2", num_layers=2, device="meta")
+    forward = speed.count_flops("U-ViT-S/2", 2, train=False)
+    assert forward == 2 * analytic_complexity(model).macs
+    training = speed.count_flops("U-ViT-S/2", 2, train=True)
+    assert 2.9 * forward < training <= 3 * forward  # no gradient for the input latents' patch-embedding input
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training"])
+@pytest.mark.parametrize("name", ["U-ViT-S/2", "4E2H"])
+def test_gemm_reference_runs_every_matmul_of_the_pass(speed, name, train):
+    """The GEMM-only reference has exactly the pass's matmul FLOPs (torch's counter, less the patch convolution)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    operands = speed.matmul_operands(name, 2, 3, train)
+    replayed = sum(2 * math.prod(a) * b[-1] for _, a, _, b, _ in operands)
+    model = speed.build(name, num_layers=2, device="meta")
+    data = speed.inputs(model.config, 3, "meta")
+    with FlopCounterMode(display=False) as counter:
+        out = model(data["latents"], data["text"], data["timesteps"]).sample
+        if train:
+            out.pow(2).mean().backward()
+    counts = counter.get_flop_counts()["Global"]
+    convolution = sum(flops for op, flops in counts.items() if "convolution" in str(op))
+    assert convolution > 0 and replayed == counter.get_total_flops() - convolution
+    if name == "U-ViT-S/2":  # attention's QKᵀ and AV are among them: (B·H, L, d) × (B·H, d, L)
+        assert any(batched and a[1:] == (334, 64) for batched, a, _, _, _ in operands)
+    step = speed.gemm_step(operands[:3], "cpu", "fp32")
+    step()  # the recorded layouts are valid to rebuild
+
+
+def test_speedup_compares_best_modes_in_the_same_window(speed):
+    def row(model, mode, images, baseline=None):
+        return speed.Row(model, "family", 1, 8, "fp32", mode, "sampling", images, 100.0, 200.0, 0.0, baseline or {})
+
+    rows = [
+        row(speed.BASELINE, "eager", 2.0),
+        row(speed.BASELINE, "compile", 2.5),
+        row("F2-deep", "eager", 2.4, {"eager": 2.0, "compile": 2.4}),
+        row("F2-deep", "compile", 3.0, {"eager": 2.1, "compile": 2.5}),
+    ]
+    best = speed.best_rows(rows)
+    assert best[("F2-deep", 8, "fp32", "sampling")].mode == "compile"
+    assert speed.speedup(best[("F2-deep", 8, "fp32", "sampling")], rows) == pytest.approx(3.0 / 2.5)
+    summary = speed.summary_table(rows)
+    # Best 3.0 over U-ViT's best 2.5 in the same window; eager 2.4 over U-ViT's eager 2.0; F2-deep over itself.
+    assert summary.splitlines()[-1] == "| F2-deep | 8 | fp32 | compile | 1.20× | – | – | 1.20× | 1.00× |"
+    assert summary.splitlines()[-2] == "| U-ViT-S/2 | 8 | fp32 | compile | 1.00× | – | – | 1.00× | 1.20× |"
+    assert rows[3].of_gemm == pytest.approx(0.5)
+
+
+def test_gpu_peak_comes_from_the_name_or_the_measured_gemm(speed, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert speed.gpu_peak_tflops(700.0)[0] == 989.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Future GPU")
+    peak, source = speed.gpu_peak_tflops(700.0)
+    assert peak == 700.0 and "measured bf16 GEMM" in source
+
+
+def test_gradient_checkpointing_lowers_a_training_steps_memory(speed):
+    """Each measurement in a fresh process: a depth-2 F2-deep step needs tens of MiB, checkpointing saves some."""
+    plain = speed.memory_in_fresh_process("F2-deep", 2, 2, False)
+    checkpointed = speed.memory_in_fresh_process("F2-deep", 2, 2, True)
+    assert 20 * 2**20 < plain < 400 * 2**20
+    assert checkpointed < 0.9 * plain
+
+
+def test_bad_arguments_are_refused_with_the_fix(speed, capsys):
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--models", "F3"])
+    assert "unknown named configs ['F3']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--batch_size", "0"])
+    assert "--batch_size must be at least 1" in capsys.readouterr().err
+    args = speed.parse_args(["--models", "F2-deep", speed.BASELINE])
+    assert args.models == [speed.BASELINE, "F2-deep"]  # the baseline first, once
+
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+# The README's commands for this script, as written (its bash blocks).
+COMMANDS = [
+    shlex.split(line.split("#", 1)[0])
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+    for line in block.splitlines()
+    if line.startswith("python benchmarks/speed_vs_uvit.py")
+]
+# What shrinks a command to a smoke run: depth 2, batch 1, one repeat, eager only (compiling is tested in
+# test_compile), fp32, a 2-step pipeline and one memory probe. Later options win in argparse.
+SMOKE = ["--models", "F2-deep", "--modes", "eager", "--precisions", "fp32", "--num_layers", "2", "--batch_size", "1"]
+SMOKE += ["--repeats", "1", "--pipeline_models", "F2-deep", "--pipeline_steps", "2", "--pipeline_batch_size", "1"]
+SMOKE += ["--memory_models", "F2-deep"]
+
+
+def test_the_readme_documents_the_cpu_and_gpu_commands(speed, capsys):
+    assert len(COMMANDS) >= 3
+    for command in COMMANDS:
+        if "cuda" in command and not torch.cuda.is_available():
+            with pytest.raises(SystemExit):
+                speed.parse_args(command[2:])
+            assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
+        else:
+            speed.parse_args(command[2:])  # every option exists and every value is valid
+
+
+def test_the_documented_command_runs(tmp_path):
+    """The README's first command, shrunk (SMOKE): every section writes its table, the JSON and the plot."""
+    out = tmp_path / "speed"
+    command = [sys.executable, *COMMANDS[0][1:], "--output_dir", str(out), *SMOKE]
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=SCRIPT.parents[1])
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (out / "results.md").read_text()
+    for heading in ("## Best mode per model", "## Every mode", "## The pipeline against its parts", "## Memory"):
+        assert heading in report
+    data = json.loads((out / "results.json").read_text())
+    assert {(r["model"], r["pass_"]) for r in data["rows"]} == {
+        (m, p) for m in ("U-ViT-S/2", "F2-deep") for p in ("sampling", "training")
+    }
+    assert all(r["images_per_second"] > 0 and r["gflops"] > 0 for r in data["rows"])
+    f2 = next(r for r in data["rows"] if r["model"] == "F2-deep")
+    assert set(f2["baseline_images_per_second"]) == {"eager"}  # U-ViT timed in F2's window
+    assert data["pipeline"][0]["steps"] == 2 and data["pipeline"][0]["ratio"] > 0
+    assert data["memory"][0]["bytes"] > 0 and data["memory"][0]["checkpointing_bytes"] > 0
+    with Image.open(out / "speed.png") as plot:
+        assert plot.width > 400 and plot.height > 80
