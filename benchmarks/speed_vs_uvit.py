@@ -334,9 +334,7 @@ def measure_model(
         best = time_interleaved(window, args.repeats, args.device)
         flops = count_flops(name, args.num_layers, train=pass_ == "training") * rows_in_step
         baseline_rates = {
-            key.removeprefix("baseline "): rows_in_step / value / (2 if pass_ == "sampling" else 1)
-            for key, value in best.items()
-            if key.startswith("baseline ")
+            key.removeprefix("baseline "): args.batch_size / value for key, value in best.items() if "baseline " in key
         }
         for mode in steps:
             images = args.batch_size / best[mode]
@@ -741,6 +739,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| " + " | ".join(THROUGHPUT_HEADER[:-1]) + " |", flush=True)
     rows: list[Row] = []
     batch_sizes = args.gpu_batch_sizes if args.device == "cuda" else [args.batch_size]
+    memory_batch_size = args.batch_size  # the memory section's B, also on a GPU
     best_sampling_mode = {}
     for batch_size in batch_sizes:
         args.batch_size = batch_size
@@ -790,6 +789,7 @@ def main(argv: list[str] | None = None) -> None:
         report += [markdown(PIPELINE_HEADER, map(pipeline_row, pipeline_results)), ""]
 
     memory_results = []
+    args.batch_size = memory_batch_size
     if args.memory_models:
         print("\n" + markdown(memory_header(args.device), []), flush=True)
         memory_results = measure_memory(args)
