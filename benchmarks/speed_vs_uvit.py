@@ -183,21 +183,6 @@ def training_step(
     return step
 
 
-def count_flops(name: str, num_layers: int | None, train: bool) -> int:
-    """FLOPs of one image's forward (or forward + backward), counted by torch on the meta device.
-
-    On CPU tensors torch runs attention as a fused kernel its counter does not know (it counts 0); on meta it counts
-    the two matmuls, so U-ViT's attention is included like every other matmul.
-    """
-    model = build(name, num_layers, device="meta")
-    data = inputs(model.config, 1, "meta")
-    with FlopCounterMode(display=False) as counter:
-        out = model(data["latents"], data["text"], data["timesteps"]).sample
-        if train:
-            out.pow(2).mean().backward()
-    return counter.get_total_flops()
-
-
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -229,20 +214,24 @@ _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.a
 _MATMULS.add(torch.ops.aten.baddbmm.default)
 
 
-def matmul_operands(name: str, num_layers: int | None, rows: int, train: bool) -> list[tuple]:
-    """(batched, a's shape, a's strides, b's shape, b's strides) of every matrix multiply of a forward (or forward +
-    backward) of `rows` images, recorded on the meta device, where attention runs as its two batched matmuls."""
+def meta_pass(name: str, num_layers: int | None, rows: int, train: bool) -> tuple[int, list[tuple]]:
+    """One forward (or forward + backward) of `rows` images on the meta device: its FLOPs, counted by torch, and the
+    operands (batched, a's shape, a's strides, b's shape, b's strides) of every matrix multiply it runs.
+
+    On CPU tensors torch runs attention as a fused kernel its counter does not know (it counts 0); on meta attention
+    runs as its two batched matmuls, so U-ViT's attention is counted and recorded like every other matmul.
+    """
     model = build(name, num_layers, device="meta")
     data = inputs(model.config, rows, "meta")
-    with _RecordMatmuls() as recorder:
+    with FlopCounterMode(display=False) as counter, _RecordMatmuls() as recorder:
         out = model(data["latents"], data["text"], data["timesteps"]).sample
         if train:
             out.pow(2).mean().backward()
-    return recorder.operands
+    return counter.get_total_flops(), recorder.operands
 
 
 def gemm_step(operands: list[tuple], device: str, precision: str) -> Callable[[], None]:
-    """A pass's matrix multiplies alone (`matmul_operands`): the same shapes and memory layouts, as plain
+    """A pass's matrix multiplies alone (`meta_pass`): the same shapes and memory layouts, as plain
     `torch.mm`/`torch.bmm` calls in the pass's precision, in order.
 
     Its time is what the pass would take if everything but its GEMMs were free; that time over the model's is the
@@ -325,14 +314,13 @@ def measure_model(
             )
             compile_seconds[mode] = seconds(step, args.device)  # the first call compiles
             steps[mode] = step
-        operands = matmul_operands(name, args.num_layers, rows_in_step, train=pass_ == "training")
+        flops, operands = meta_pass(name, args.num_layers, rows_in_step, train=pass_ == "training")
         gemm = gemm_step(operands, args.device, precision)
         window = dict(steps)
         window["GEMM"] = gemm
         for mode, step in (baseline or {}).get(pass_, {}).items():
             window[f"baseline {mode}"] = step
         best = time_interleaved(window, args.repeats, args.device)
-        flops = count_flops(name, args.num_layers, train=pass_ == "training") * rows_in_step
         baseline_rates = {
             key.removeprefix("baseline "): args.batch_size / value for key, value in best.items() if "baseline " in key
         }

@@ -44,9 +44,9 @@ def test_flops_are_counted_with_attention(speed):
     from diffusers_lmlp.complexity import analytic_complexity
 
     model = speed.build("U-ViT-S/2", num_layers=2, device="meta")
-    forward = speed.count_flops("U-ViT-S/2", 2, train=False)
+    forward = speed.meta_pass("U-ViT-S/2", 2, 1, train=False)[0]
     assert forward == 2 * analytic_complexity(model).macs
-    training = speed.count_flops("U-ViT-S/2", 2, train=True)
+    training = speed.meta_pass("U-ViT-S/2", 2, 1, train=True)[0]
     assert 2.9 * forward < training <= 3 * forward  # no gradient for the input latents' patch-embedding input
 
 
@@ -56,7 +56,7 @@ def test_gemm_reference_runs_every_matmul_of_the_pass(speed, name, train):
     """The GEMM-only reference has exactly the pass's matmul FLOPs (torch's counter, less the patch convolution)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    operands = speed.matmul_operands(name, 2, 3, train)
+    operands = speed.meta_pass(name, 2, 3, train)[1]
     replayed = sum(2 * math.prod(a) * b[-1] for _, a, _, b, _ in operands)
     model = speed.build(name, num_layers=2, device="meta")
     data = speed.inputs(model.config, 3, "meta")
