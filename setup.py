@@ -59,7 +59,14 @@ setup(
             "shapes/assets/*/*.png",
         ]
     },
-    entry_points={"console_scripts": ["diffusers-lmlp-evaluate = diffusers_lmlp.evaluation.__main__:main"]},
+    # The package's commands, also runnable as `python -m diffusers_lmlp.<train|evaluation|hub>`.
+    entry_points={
+        "console_scripts": [
+            "diffusers-lmlp-train = diffusers_lmlp.train:cli",
+            "diffusers-lmlp-evaluate = diffusers_lmlp.evaluation.__main__:main",
+            "diffusers-lmlp-hub = diffusers_lmlp.hub.__main__:main",
+        ]
+    },
     python_requires=">=3.11",
     install_requires=install_requires,
     extras_require=extras,

@@ -28,7 +28,6 @@ pipeline, with its `training_summary.json`) and `logs/<entry>.log` (each trainin
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import shutil
@@ -47,6 +46,7 @@ from PIL import Image, ImageDraw, ImageFont
 from diffusers_lmlp.complexity import analytic_complexity
 from diffusers_lmlp.models.backbone import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, BlockFamily, named_configs
+from diffusers_lmlp.train import PRESETS
 
 
 TRAINING_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_text_to_image.py"
@@ -198,11 +198,8 @@ def plan_entry(name: str, target: int) -> Entry:
 
 
 def preset_batch_size() -> int:
-    """The shapes preset's batch, which every training run uses: read from the training script itself."""
-    spec = importlib.util.spec_from_file_location("train_text_to_image", TRAINING_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.PRESETS["shapes"]["train_batch_size"]
+    """The shapes preset's batch, which every training run uses: read from the trainer itself."""
+    return PRESETS["shapes"]["train_batch_size"]
 
 
 def measure_speed(entry: Entry, batch_size: int, device: torch.device) -> float:

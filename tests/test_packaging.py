@@ -1,7 +1,12 @@
-"""What the package promises about itself: its licence, and that the documented commands' outputs stay out of git."""
+"""What the package promises about itself: its licence, that the documented commands' outputs stay out of git, and
+that a wheel install (no checkout) has the commands."""
 
+import os
 import re
+import shutil
+import site
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +31,7 @@ def test_the_apache_license_that_setup_py_and_the_cards_name_is_there():
         "ul-mlp-f2-deep/config.json",
         "ablation-shapes/results.md",  # benchmarks/ablation_shapes.py --output_dir ablation-shapes
         "shapes-lora/pytorch_lora_weights.safetensors",
+        "lmlp-shapes-lora/pytorch_lora_weights.safetensors",  # the trainer's --preset shapes-lora
         "red_circle.png",
         ".venv-lowest/lowest.txt",  # scripts/test_lowest_versions.sh
     ],
@@ -35,3 +41,55 @@ def test_documented_outputs_are_ignored_by_git(output):
         pytest.skip("not a git checkout")
     result = subprocess.run(["git", "check-ignore", "-q", output], cwd=ROOT)
     assert result.returncode == 0, f"{output} would show up in `git status`: add it to .gitignore"
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    """A venv with the package installed from its wheel, built from a copy of the tracked files, and the test
+    environment's dependencies visible through a .pth file (which does not put this checkout's src/ on the path)."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in tracked.splitlines():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", root, source], check=True)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    purelib = subprocess.run(
+        [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "test-dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    (wheel,) = root.glob("diffusers_lmlp-*.whl")
+    subprocess.run([*pip, "--python", venv / "bin" / "python", "install", "--no-deps", wheel], check=True)
+    return venv
+
+
+def run_installed(venv: Path, *command: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    return subprocess.run(command, cwd=venv, env=env, capture_output=True, text=True, timeout=300)
+
+
+# Run by the installed interpreter: where the package is, and every console script resolves to a function.
+ENTRY_POINTS = """
+import importlib.metadata, diffusers_lmlp
+print(diffusers_lmlp.__file__)
+for entry in importlib.metadata.entry_points(group="console_scripts"):
+    if entry.value.startswith("diffusers_lmlp"):
+        print(entry.name, callable(entry.load()))
+"""
+
+
+def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
+    found = run_installed(wheel_venv, str(wheel_venv / "bin" / "python"), "-c", ENTRY_POINTS)
+    assert found.returncode == 0, found.stderr[-2000:]
+    where, *commands = found.stdout.splitlines()
+    assert Path(where).is_relative_to(wheel_venv)  # the installed copy, not this checkout's src/
+    assert sorted(commands) == [f"diffusers-lmlp-{name} True" for name in ("evaluate", "hub", "train")]
+    for name in ("evaluate", "hub", "train"):  # the scripts pip wrote
+        assert (wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file()
+    trainer = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-train"), "--help")
+    assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]

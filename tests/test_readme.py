@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from space_server import load_app, one_cpu_thread, serve, shapes_pipeline
 
+from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
 
@@ -28,9 +29,30 @@ BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", TEXT, flags=re.DOTALL)
 SPACE_URL = "http://127.0.0.1:7860/"
 
 
-def stand_ins(space_url: str) -> dict[str, str]:
-    """What each README placeholder becomes here: the shipped shapes pipeline for a model repo, a served app."""
-    return {'"<user>/<lmlp-repo>"': repr(str(PIPELINE_PATH)), f'"{SPACE_URL}"': repr(space_url)}
+def stand_ins(space_url: str, lora: Path, with_code: Path) -> dict[str, str]:
+    """What each README placeholder becomes here: the shipped shapes pipeline for a model repo, the folder that
+    `hub push --with-code` uploads for one pushed with code, a LoRA folder as the trainer writes it for a LoRA repo,
+    a served app."""
+    return {
+        '"<user>/<lmlp-repo>"': repr(str(PIPELINE_PATH)),
+        '"<user>/<lmlp-repo-with-code>"': repr(str(with_code)),
+        '"<user>/<lmlp-lora>"': repr(str(lora)),
+        f'"{SPACE_URL}"': repr(space_url),
+    }
+
+
+def shapes_lora(folder: Path) -> Path:
+    """A LoRA of the shipped shapes model in the trainer's format (random B, so that it changes the model)."""
+    from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
+
+    model = shapes_pipeline().transformer
+    add_lora(model, lora_config(model, rank=4, alpha=None, dropout=0.0, target_modules=None))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.02, generator=torch.Generator().manual_seed(0))
+    save_adapter(model, folder)
+    return folder
 
 
 def localise(block: str, replacements: dict[str, str]) -> str:
@@ -50,10 +72,11 @@ def test_readme_has_the_examples_it_documents():
 
 def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    namespace = {}
+    namespace, lora = {}, shapes_lora(tmp_path / "lora")
+    with_code = stage_pipeline(PIPELINE_PATH, "alice/lmlp-shapes", tmp_path / "with-code", with_code=True).folder
     with one_cpu_thread(), serve(load_app().build_demo(shapes_pipeline(), queue_size=8)) as url:
         for index, block in enumerate(PYTHON_BLOCKS):
-            code = localise(block, stand_ins(url))
+            code = localise(block, stand_ins(url, lora, with_code))
             exec(compile(code, f"README.md python block {index}", "exec"), namespace)
 
     # "Generate an image": the shipped 32×32 shapes model in place of the Hub repo, on the CPU.
@@ -77,6 +100,11 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     assert len(adapted) == 5 * 9 and bare == []  # 9 blocks × 5 Linear layers
     assert namespace["trainable"] == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     assert Path("shapes-lora/pytorch_lora_weights.safetensors").is_file()
+    # Loading a LoRA into the pipeline: it changes the images, and unloading it gives the base model's.
+    adapted, base = (np.asarray(namespace[name], dtype=np.float64) for name in ("adapted", "base"))
+    assert np.abs(adapted - base).max() > 0
+    fresh = shapes_pipeline()(namespace["prompt"], generator=torch.Generator().manual_seed(0))
+    assert np.abs(base - np.asarray(fresh.images[0], dtype=np.float64)).max() <= 1  # fused and unfused: rounding
 
 
 def test_hub_dry_run_commands_run_as_written(tmp_path):
@@ -88,12 +116,13 @@ def test_hub_dry_run_commands_run_as_written(tmp_path):
         for line in block.splitlines()
         if line.startswith("python -m diffusers_lmlp.hub") and "--dry-run" in line.split("#", 1)[0]
     ]
-    assert len(commands) == 2, commands
+    assert len(commands) == 3, commands
     for command in commands:
         argv = shlex.split(command.replace("<user>", "alice"))
         result = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode == 0, f"{command}\n{result.stderr}"
     assert (tmp_path / "lmlp-shapes-upload" / "model_index.json").is_file()
+    assert (tmp_path / "lmlp-shapes-code-upload" / "pipeline_lmlp.py").is_file()
     assert (tmp_path / "lmlp-demo-upload" / "app.py").is_file()
 
 

@@ -19,6 +19,7 @@ from PIL import Image
 from processes import run_bounded
 from safetensors.torch import load_file
 
+import diffusers_lmlp.train
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
@@ -68,8 +69,9 @@ def train(
 
 
 def load_script():
-    """The training script as a module, to run its functions and `main` in this process (where monkeypatch reaches)."""
-    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
+    """A fresh copy of the trainer the script runs (`diffusers_lmlp.train`), to run its functions and `main` in this
+    process (where monkeypatch reaches) without one test's patches or state reaching another."""
+    spec = importlib.util.spec_from_file_location("train_text_to_image", diffusers_lmlp.train.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -17,13 +17,14 @@ from .models import (
     load_balancing_loss,
     symmetry_breaking_penalty,
 )
-from .pipelines import LMLPPipeline, default_scheduler, known_words, unknown_words
+from .pipelines import LMLPLoraLoaderMixin, LMLPPipeline, default_scheduler, known_words, unknown_words
 
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "FAMILIES",
+    "LMLPLoraLoaderMixin",
     "LMLPPipeline",
     "LMLPTransformer2DModel",
     "MoEMLPModel",

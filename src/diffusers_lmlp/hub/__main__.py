@@ -4,6 +4,7 @@ import argparse
 import logging
 import sys
 
+from .lora_upload import is_lora_folder, push_lora, stage_lora
 from .model import IMAGE_LIMIT, TEXT_LIMIT, push_pipeline, stage_pipeline
 from .space import DEFAULT_SPACE_DIR, MODEL_VARIABLE, push_space, stage_space
 from .upload import StagedUpload, check_repo_id, upload_report
@@ -19,26 +20,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     push = commands.add_parser(
         "push",
-        help="a saved pipeline folder -> a model repo",
+        help="a saved pipeline folder (or a LoRA adapter folder) -> a model repo",
         description="Upload a folder written by LMLPPipeline.save_pretrained (or the training script) with its "
-        "model card: safetensors weights, configs, tokenizer files and images only (never checkpoint-*, logs or "
-        "pickles). Never uploaded either: symbolic links (none is followed), files named like credentials (token.txt, "
+        "model card: safetensors weights, configs, tokenizer files and images only (never checkpoint-*, logs, "
+        "pickles or the folder's own .py files; --with-code adds code generated from the installed package). Never "
+        "uploaded either: symbolic links (none is followed), files named like credentials (token.txt, "
         f"secrets.json, .env, *.pem, ...), and files other than the weights over {TEXT_LIMIT[0] // 10**6} MB (images: "
         f"{IMAGE_LIMIT[0] // 10**6} MB); the dry run and "
         "the push list each with its reason. An existing README.md keeps its text; its metadata and usage block are "
         "updated.",
     )
-    push.add_argument("folder", help="the saved pipeline folder (with model_index.json)")
+    push.add_argument(
+        "folder",
+        help="the saved pipeline folder (with model_index.json), or a LoRA adapter folder (with "
+        "pytorch_lora_weights.safetensors, as the trainer's --lora_rank writes it)",
+    )
     push.add_argument("repo_id", help="the model repo, owner/name (or name: the token's user)")
     push.add_argument("--license", help="the card's license (default: the card's own, else apache-2.0)")
-    push.add_argument("--base-model", help="the Hub model it was fine-tuned from (card metadata)")
+    push.add_argument(
+        "--base-model",
+        help="the Hub model it was fine-tuned from (card metadata; for a LoRA, the pipeline its snippet loads)",
+    )
     push.add_argument("--dataset", action="append", dest="datasets", help="a Hub dataset it was trained on (repeat)")
     push.add_argument("--sample-prompts", nargs="+", help="generate a captioned samples.png from these prompts")
     push.add_argument("--sample-steps", type=int, default=25, help="sampling steps for --sample-prompts")
     push.add_argument("--seed", type=int, default=0, help="seed for --sample-prompts")
     push.add_argument("--revision", help="an existing branch to commit to (default: main)")
     push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
-    push.add_argument("--commit-message", default="Upload LMLPPipeline")
+    push.add_argument("--commit-message", help='default: "Upload LMLPPipeline", or "Upload LoRA adapter"')
+    push.add_argument(
+        "--with-code",
+        action="store_true",
+        help="also upload the code of the pipeline and its backbone, generated from the installed diffusers-lmlp, so "
+        "that DiffusionPipeline.from_pretrained(repo, trust_remote_code=True) loads the repo without the package; "
+        "that runs the code on the machine that loads it, and the card says so",
+    )
 
     space = commands.add_parser(
         "push-space",
@@ -59,6 +75,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def push_lora_command(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """`push` of a LoRA adapter folder: the dry run (returns None) or the commit.
+
+    Args:
+        parser (`argparse.ArgumentParser`): For the errors of options that apply to pipelines only.
+        args (`argparse.Namespace`): The parsed `push` arguments.
+    """
+    pipeline_only = {
+        "--with-code": args.with_code,
+        "--dataset": args.datasets,
+        "--sample-prompts": args.sample_prompts,
+    }
+    given = [option for option, value in pipeline_only.items() if value]
+    if given:
+        parser.error(
+            f"{', '.join(given)}: {args.folder} is a LoRA adapter folder, and these apply to pipeline folders only "
+            "(push the base pipeline with them)"
+        )
+    if args.dry_run:
+        staged = stage_lora(
+            args.folder, args.repo_id, args.output_dir, license=args.license, base_model=args.base_model
+        )
+        report_dry_run(staged, f"the model repo {args.repo_id}")
+        return None
+    return push_lora(
+        args.folder,
+        args.repo_id,
+        token=args.token,
+        private=args.private,
+        commit_message=args.commit_message or "Upload LoRA adapter",
+        revision=args.revision,
+        create_pr=args.create_pr,
+        license=args.license,
+        base_model=args.base_model,
+    )
+
+
 def report_dry_run(staged: StagedUpload, repo: str) -> None:
     """Print the folder a push would upload, its files, and what it refuses and leaves out (the push logs these)."""
     print(f"Dry run, nothing was uploaded. The folder that would be uploaded to {repo}: {staged.folder.resolve()}")
@@ -77,7 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.output_dir and not args.dry_run:
         parser.error("--output-dir only goes with --dry-run (a real push stages in a temporary folder)")
     try:
-        if args.command == "push":
+        if args.command == "push" and is_lora_folder(args.folder):
+            commit = push_lora_command(parser, args)
+            if commit is None:
+                return
+        elif args.command == "push":
             card_options = {
                 "license": args.license,
                 "base_model": args.base_model,
@@ -87,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
                 "seed": args.seed,
             }
             if args.dry_run:
-                staged = stage_pipeline(args.folder, args.repo_id, args.output_dir, **card_options)
+                staged = stage_pipeline(
+                    args.folder, args.repo_id, args.output_dir, with_code=args.with_code, **card_options
+                )
                 report_dry_run(staged, f"the model repo {args.repo_id}")
                 if "/" not in args.repo_id:
                     print(f"A push names the repo <token user>/{args.repo_id}, in the card too.")
@@ -97,9 +156,10 @@ def main(argv: list[str] | None = None) -> None:
                 args.repo_id,
                 token=args.token,
                 private=args.private,
-                commit_message=args.commit_message,
+                commit_message=args.commit_message or "Upload LMLPPipeline",
                 revision=args.revision,
                 create_pr=args.create_pr,
+                with_code=args.with_code,
                 **card_options,
             )
         else:

@@ -9,7 +9,8 @@ is the user's and is kept as it is when a card is updated:
   the sampler settings they were measured with, sample grid) is written at training time, when the training
   arguments are known (and on a push of a folder that has no card yet);
 - the `usage` block (how to load the model from its repo id and sample a caption of its sample grid with the
-  settings of its scores) is written again on every push, when the repo id is known.
+  settings of its scores) is written again on every push, when the repo id is known; a push with the code
+  (`--with-code`) shows diffusers' `trust_remote_code=True` loading instead and names the files it executes.
 
 Each block sits between `<!-- begin diffusers-lmlp:<name> ... -->` and `<!-- end diffusers-lmlp:<name> -->`
 markers. A block found in the card is replaced in place; a missing one is appended at the end of the body.
@@ -18,7 +19,7 @@ markers. A block found in the card is replaced in place; a missing one is append
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
@@ -98,7 +99,7 @@ def write_model_card(
     path = folder / "README.md"
     card = update_card(
         path.read_text(encoding="utf-8") if path.is_file() else None,
-        pipe,
+        [family_of(pipe.transformer).tag],
         blocks={
             "description": describe_pipeline(
                 pipe, folder.resolve().name, args=args, summary=summary, sample_grid=sample_grid, base_model=base_model
@@ -114,7 +115,7 @@ def write_model_card(
 
 def update_card(
     existing: str | None,
-    pipe,
+    tags: Sequence[str],
     blocks: Mapping[str, str],
     license: str | None = None,
     datasets: list[str] | None = None,
@@ -124,7 +125,8 @@ def update_card(
 
     Args:
         existing (`str`, *optional*): The current card (`README.md` text), or None to start a new one.
-        pipe (`LMLPPipeline`): The pipeline the card describes (its backbone picks the `l-mlp`/`moe-mlp` tag).
+        tags (`Sequence[str]`): Tags beyond `BASE_TAGS`: the backbone's family tag (`l-mlp`, `moe-mlp`, ...), and
+            `lora` for an adapter.
         blocks (`Mapping[str, str]`): Generated blocks by name (`"description"`, `"usage"`), in the order in which
             missing ones are appended.
         license (`str`, *optional*): The license; by default the card's own, or apache-2.0 if it has none.
@@ -136,10 +138,9 @@ def update_card(
     """
     card = ModelCard(existing) if existing else None
     data = card.data if card is not None else ModelCardData()
-    family_tag = family_of(pipe.transformer).tag
     data.library_name = "diffusers"
     data.pipeline_tag = "text-to-image"
-    data.tags = list(dict.fromkeys([*(data.tags or []), *BASE_TAGS, family_tag]))
+    data.tags = list(dict.fromkeys([*(data.tags or []), *BASE_TAGS, *tags]))
     data.license = license or data.license or DEFAULT_LICENSE
     if datasets:
         data.datasets = datasets
@@ -186,7 +187,7 @@ def describe_pipeline(
     family = family_of(backbone)
     num_params = sum(p.numel() for p in backbone.parameters())
     trained = "learning_rate" in args or "steps" in summary
-    origin = "trained with diffusers-lmlp (`examples/train_text_to_image.py`)" if trained else "for diffusers-lmlp"
+    origin = "trained with diffusers-lmlp (`python -m diffusers_lmlp.train`)" if trained else "for diffusers-lmlp"
     lines = [
         f"# {title}",
         "",
@@ -236,7 +237,12 @@ def describe_pipeline(
     return "\n".join(lines)
 
 
-def usage_section(repo_id: str, sample_grid: str | None = None, summary: Mapping | None = None) -> str:
+def usage_section(
+    repo_id: str,
+    sample_grid: str | None = None,
+    summary: Mapping | None = None,
+    code_files: Sequence[str] | None = None,
+) -> str:
     """The `usage` block: how to load the pipeline from `repo_id` and sample it.
 
     Args:
@@ -245,6 +251,9 @@ def usage_section(repo_id: str, sample_grid: str | None = None, summary: Mapping
         summary (`Mapping`, *optional*): Training results (`training_summary.json`). The snippet samples the first
             of its `sample_prompts` (else `GENERIC_PROMPT`) with the `num_inference_steps` and `guidance_scale` of
             its `evaluation_sampler`, the settings the scores were measured with (else the pipeline's defaults).
+        code_files (`Sequence[str]`, *optional*): The code files the repo ships (`push --with-code`): the snippet
+            loads it with `DiffusionPipeline.from_pretrained(..., trust_remote_code=True)`, and the text names the
+            files that this runs. Without them, the snippet needs the `diffusers-lmlp` package.
 
     Returns:
         `str`: Markdown.
@@ -253,7 +262,34 @@ def usage_section(repo_id: str, sample_grid: str | None = None, summary: Mapping
     prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
     sampler = summary.get("evaluation_sampler", {})
     settings = "".join(f", {key}={sampler[key]!r}" for key in SAMPLER_CALL_ARGUMENTS if key in sampler)
+    sample = f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]"
+    guidance = (
+        "These are the settings the scores were measured with. " if settings else ""
+    ) + "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1)."
     lines = [f"![samples]({sample_grid})", ""] if sample_grid else []
+    if code_files:
+        files = " and ".join(f"`{path}`" for path in code_files)
+        return "\n".join(
+            lines
+            + [
+                "## Use",
+                "",
+                "This repo holds the code of its pipeline and backbone, generated from the `diffusers-lmlp` package, so "
+                "diffusers loads it with only diffusers, transformers and torch installed:",
+                "",
+                "```python",
+                "from diffusers import DiffusionPipeline",
+                "",
+                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)',
+                sample,
+                "```",
+                "",
+                f"`trust_remote_code=True` downloads this repo's {files} and executes them on your machine when the "
+                "pipeline loads: read them first, and pin the commit you read with `revision=`. With `diffusers-lmlp` "
+                f'installed, `LMLPPipeline.from_pretrained("{repo_id}")` loads the same weights with the installed '
+                "code and executes none of the repo's. " + guidance,
+            ]
+        )
     return "\n".join(
         lines
         + [
@@ -266,12 +302,10 @@ def usage_section(repo_id: str, sample_grid: str | None = None, summary: Mapping
             "from diffusers_lmlp import LMLPPipeline",
             "",
             f'pipe = LMLPPipeline.from_pretrained("{repo_id}")',
-            f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]",
+            sample,
             "```",
             "",
-            ("These are the settings the scores were measured with. " if settings else "")
-            + "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1). Load Hub repos with "
-            "`LMLPPipeline.from_pretrained`: diffusers' `DiffusionPipeline.from_pretrained` refuses third-party "
-            "component libraries for Hub ids.",
+            guidance + " Load Hub repos with `LMLPPipeline.from_pretrained`: diffusers' "
+            "`DiffusionPipeline.from_pretrained` refuses third-party component libraries for Hub ids.",
         ]
     )

@@ -2,34 +2,33 @@
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
-from huggingface_hub import CommitInfo, HfApi
+from huggingface_hub import CommitInfo
 
 from ..image_grid import make_image_grid
+from ..models.families import family_of
 from ..pipelines import LMLPPipeline
 from ..pipelines.pipeline_lmlp import PICKLE_SUFFIXES
 from .card import describe_pipeline, update_card, usage_section, without_block
+from .remote_code import add_remote_code, name_package_classes, package_model_index
 from .upload import (
     SizeLimit,
     StagedUpload,
     check_repo_id,
-    commit_staged,
     copy_tree,
     list_files,
-    log_upload_report,
-    require_token,
+    publish_model_repo,
     staging_folder,
-    with_namespace,
 )
 
 
 # Uploaded: weights (safetensors only), configs, tokenizer files, images, and the card. Never: pickles (*.bin, *.pt,
-# *.pth, *.ckpt, *.pkl), training state, logs, or anything else; never links or credentials (see `.upload`).
+# *.pth, *.ckpt, *.pkl), code (*.py: the only code a push uploads is what `--with-code` generates from the installed
+# package, see `.remote_code`), training state, logs, or anything else; never links or credentials (see `.upload`).
 UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
 SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
 SAMPLE_GRID = "samples.png"
@@ -56,9 +55,10 @@ def check_pipeline_folder(folder: str | os.PathLike) -> Path:
     if not index.is_file():
         raise ValueError(
             f"{folder} is not a saved pipeline: it has no model_index.json. Pass the folder that "
-            "LMLPPipeline.save_pretrained (or examples/train_text_to_image.py's --output_dir) wrote."
+            "LMLPPipeline.save_pretrained (or the trainer's --output_dir) wrote; a LoRA folder has pytorch_lora_weights.safetensors instead."
         )
-    class_name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+    # A folder pushed with --with-code names its pipeline ["<file stem>", "LMLPPipeline"] (see `.remote_code`).
+    class_name = package_model_index(json.loads(index.read_text(encoding="utf-8"))).get("_class_name")
     if class_name != LMLPPipeline.__name__:
         raise ValueError(f"{folder} holds a {class_name}, not an LMLPPipeline; this command publishes LMLPPipelines.")
     return folder
@@ -80,6 +80,8 @@ def left_out_file(path: str) -> str | None:
         return "a hidden file"
     if name.endswith(PICKLE_SUFFIXES):
         return "pickled (only safetensors weights are uploaded, so that loading never unpickles)"
+    if name.endswith(".py"):
+        return "code: a push uploads none of the folder's own (--with-code adds code generated from the package)"
     if not name.endswith(UPLOAD_SUFFIXES):
         return f"not weights, a config, a tokenizer file or an image ({', '.join(UPLOAD_SUFFIXES)})"
     return None
@@ -137,6 +139,7 @@ def stage_pipeline(
     sample_prompts: Sequence[str] | None = None,
     sample_steps: int = 25,
     seed: int = 0,
+    with_code: bool = False,
 ) -> StagedUpload:
     """Build the exact folder that `push_pipeline` uploads, card included; the source folder is not changed.
 
@@ -145,6 +148,11 @@ def stage_pipeline(
     refused (see `diffusers_lmlp.hub.upload`); when anything was refused, the staged folder must still load. The card
     (`README.md`) is the folder's own, updated (see `diffusers_lmlp.hub.card`: metadata and the usage block are ours,
     the rest is kept), or a new one described from the pipeline and `training_summary.json` when the folder has none.
+
+    The folder's own `.py` files are never uploaded. With `with_code`, the code of the pipeline and its backbone is
+    generated from the installed package into the staged folder and `model_index.json` points at it, so that
+    `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` loads the repo without the package (see
+    `diffusers_lmlp.hub.remote_code`); without it, the staged `model_index.json` names the package's classes.
 
     Args:
         folder (`str` or `os.PathLike`): The saved pipeline.
@@ -158,6 +166,8 @@ def stage_pipeline(
             prompts, replacing the folder's own.
         sample_steps (`int`, *optional*, defaults to 25): Sampling steps for the grid.
         seed (`int`, *optional*, defaults to 0): Seed of the grid's noise.
+        with_code (`bool`, *optional*, defaults to `False`): Add the generated code (the card then shows how to load
+            the repo with `trust_remote_code=True`, and says that this runs the repo's code).
 
     Returns:
         `StagedUpload`: The staging folder, its files, and what of the source folder was left out or refused.
@@ -179,6 +189,11 @@ def stage_pipeline(
             list(sample_prompts), num_inference_steps=sample_steps, generator=torch.Generator().manual_seed(seed)
         ).images
         make_image_grid(images, captions=list(sample_prompts)).save(target / SAMPLE_GRID)
+    if with_code:
+        code_files = add_remote_code(target)
+    else:
+        code_files = None
+        name_package_classes(target)
 
     # The card and the summary are read from their staged copies, which passed the checks (no links, size limits).
     card_path = target / "README.md"
@@ -190,12 +205,17 @@ def stage_pipeline(
         description = describe_pipeline(
             pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
         )
-        blocks = {"description": description, "usage": usage_section(repo_id, summary=summary)}
+        blocks = {"description": description, "usage": usage_section(repo_id, summary=summary, code_files=code_files)}
     else:
-        shown = grid is not None and grid in without_block(existing, "usage")
-        blocks = {"usage": usage_section(repo_id, sample_grid=None if shown else grid, summary=summary)}
+        unshown = None if grid is not None and grid in without_block(existing, "usage") else grid
+        blocks = {"usage": usage_section(repo_id, sample_grid=unshown, summary=summary, code_files=code_files)}
     card = update_card(
-        existing, pipe, blocks, license=license, datasets=list(datasets) if datasets else None, base_model=base_model
+        existing,
+        [family_of(pipe.transformer).tag],
+        blocks,
+        license=license,
+        datasets=list(datasets) if datasets else None,
+        base_model=base_model,
     )
     card.save(target / "README.md")
     return StagedUpload(target, list_files(target), left_out, refused)
@@ -209,6 +229,7 @@ def push_pipeline(
     commit_message: str = "Upload LMLPPipeline",
     revision: str | None = None,
     create_pr: bool = False,
+    with_code: bool = False,
     **card_options,
 ) -> CommitInfo:
     """Publish a saved pipeline: stage it (`stage_pipeline`), `create_repo(exist_ok=True)`, then one commit.
@@ -221,6 +242,8 @@ def push_pipeline(
         commit_message (`str`, *optional*): The commit's title.
         revision (`str`, *optional*): An existing branch to commit to (default `main`).
         create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
+        with_code (`bool`, *optional*, defaults to `False`): Upload the code generated from the installed package
+            too, for `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` (see `stage_pipeline`).
         **card_options: `license`, `base_model`, `datasets`, `sample_prompts`, `sample_steps`, `seed` (see
             `stage_pipeline`).
 
@@ -229,10 +252,13 @@ def push_pipeline(
     """
     check_pipeline_folder(folder)
     check_repo_id(repo_id, "model repo id")
-    api = HfApi(token=require_token(token))
-    repo_id = with_namespace(api, repo_id)
-    with tempfile.TemporaryDirectory(prefix="lmlp-upload-") as tmp:
-        staged = stage_pipeline(folder, repo_id, Path(tmp) / "upload", **card_options)
-        log_upload_report(staged, Path(folder))
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        return commit_staged(api, repo_id, staged.folder, commit_message, revision=revision, create_pr=create_pr)
+    return publish_model_repo(
+        folder,
+        repo_id,
+        lambda repo, target: stage_pipeline(folder, repo, target, with_code=with_code, **card_options),
+        token=token,
+        private=private,
+        commit_message=commit_message,
+        revision=revision,
+        create_pr=create_pr,
+    )

@@ -347,3 +347,38 @@ def commit_staged(
         revision=revision,
         create_pr=create_pr,
     )
+
+
+def publish_model_repo(
+    source: str | os.PathLike,
+    repo_id: str,
+    stage: Callable[[str, Path], StagedUpload],
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "Upload",
+    revision: str | None = None,
+    create_pr: bool = False,
+) -> CommitInfo:
+    """Publish a folder as a model repo: stage it in a temporary folder, log what was left out, `create_repo` (exist
+    ok), then one commit of the staged files.
+
+    Args:
+        source (`str` or `os.PathLike`): The folder published, for the log.
+        repo_id (`str`): The model repo, `"owner/name"` or `"name"` (then the token's user owns it).
+        stage (`Callable[[str, Path], StagedUpload]`): Stages the upload for the full repo id into the given folder.
+        token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
+        private (`bool`, *optional*): Create the repo private (an existing repo keeps its visibility).
+        commit_message (`str`, *optional*): The commit's title.
+        revision (`str`, *optional*): An existing branch to commit to (default `main`).
+        create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
+
+    Returns:
+        `CommitInfo`: The commit (`commit_url`, and `pr_url` with `create_pr`).
+    """
+    api = HfApi(token=require_token(token))
+    repo_id = with_namespace(api, repo_id)
+    with tempfile.TemporaryDirectory(prefix="lmlp-upload-") as tmp:
+        staged = stage(repo_id, Path(tmp) / "upload")
+        log_upload_report(staged, Path(source))
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return commit_staged(api, repo_id, staged.folder, commit_message, revision=revision, create_pr=create_pr)

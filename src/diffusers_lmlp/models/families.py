@@ -40,6 +40,10 @@ class BlockFamily:
             (hidden size 32, 2 layers); the test suite and `build_tiny_pipeline` use them.
         details (`Callable[[Mapping], str]`): The family-specific part of a config in words (", 2 experts × 2
             heads"), for cards and the Space.
+        lora_target_modules (`tuple[str, ...]`): LoRA's default targets: every `nn.Linear` of the block (so the token
+            mixer's too), by name inside the block, as regular expressions (`lora_target_regex` joins them).
+        lora_target_parameters (`tuple[str, ...]`): 2-D weights that the block uses without an `nn.Linear` (the
+            SymMixer/AsymMixer tied weights), adapted through PEFT's `target_parameters`.
     """
 
     name: str
@@ -49,6 +53,16 @@ class BlockFamily:
     tag: str
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
     details: Callable[[Mapping], str] = _no_details
+    lora_target_modules: tuple[str, ...] = ()
+    lora_target_parameters: tuple[str, ...] = ()
+
+    @property
+    def lora_target_regex(self) -> str | None:
+        """PEFT's `target_modules` for the default targets: one regular expression that a module's full name
+        (`stack.in_blocks.0.left`) matches; None for a family whose blocks have no `nn.Linear` to adapt."""
+        if not self.lora_target_modules:
+            return None
+        return rf".*\.(?:{'|'.join(self.lora_target_modules)})"
 
     def full_config(self, config: Mapping) -> dict[str, Any]:
         """`config` completed with the class's defaults for every `__init__` argument it lacks.
@@ -87,6 +101,7 @@ FAMILIES: dict[str, BlockFamily] = {
             label="UL-MLP",
             paper="[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)",
             tag="l-mlp",
+            lora_target_modules=("left", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
         ),
         BlockFamily(
             name="moe_mlp",
@@ -96,6 +111,8 @@ FAMILIES: dict[str, BlockFamily] = {
             tag="moe-mlp",
             tiny_overrides={"num_experts": 2, "num_heads": 2},
             details=_moe_details,
+            # The expert matrices are mixed per sample, not Linear layers: LoRA adapts the H gates around them.
+            lora_target_modules=(r"left\.gates\.\d+", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
         ),
         BlockFamily(
             name="uvit",
@@ -104,6 +121,7 @@ FAMILIES: dict[str, BlockFamily] = {
             paper="[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)",
             tag="u-vit",
             details=_uvit_details,
+            lora_target_modules=(r"attn\.qkv", r"attn\.proj", r"mlp\.fc1", r"mlp\.fc2", "skip_linear"),
         ),
         BlockFamily(
             name="mlp_mixer",
@@ -111,6 +129,7 @@ FAMILIES: dict[str, BlockFamily] = {
             label="MLP-Mixer",
             paper="[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)",
             tag="mlp-mixer",
+            lora_target_modules=(r"token_mlp\.fc[12]", r"channel_mlp\.fc[12]"),
         ),
         BlockFamily(
             name="paramixer",
@@ -118,6 +137,7 @@ FAMILIES: dict[str, BlockFamily] = {
             label="ParaMixer",
             paper=_PARAMIXER_PAPER,
             tag="paramixer",
+            lora_target_modules=(r"token_mlp\.fc[12]", r"channel_mlp\.fc[12]"),
         ),
         BlockFamily(
             name="symmixer",
@@ -125,6 +145,7 @@ FAMILIES: dict[str, BlockFamily] = {
             label="SymMixer",
             paper=_PARAMIXER_PAPER,
             tag="symmixer",
+            lora_target_parameters=("token_mlp.weight", "channel_mlp.weight"),
         ),
         BlockFamily(
             name="asymmixer",
@@ -132,6 +153,8 @@ FAMILIES: dict[str, BlockFamily] = {
             label="AsymMixer",
             paper=_PARAMIXER_PAPER,
             tag="asymmixer",
+            lora_target_modules=(r"token_mlp\.fc2", r"channel_mlp\.fc2"),
+            lora_target_parameters=("token_mlp.weight", "channel_mlp.weight"),
         ),
         BlockFamily(
             name="gmlp",
@@ -139,6 +162,7 @@ FAMILIES: dict[str, BlockFamily] = {
             label="gMLP",
             paper="[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)",
             tag="gmlp",
+            lora_target_modules=("channel_proj1", "channel_proj2", r"sgu\.spatial_proj"),
         ),
     )
 }

@@ -14,9 +14,12 @@ shared/reference/reference-implementations.md §B.2–B.6):
 """
 
 import inspect
+import json
 import math
 import numbers
 import os
+import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -26,6 +29,7 @@ from diffusers import (
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
     ImagePipelineOutput,
+    ModelMixin,
     SchedulerMixin,
 )
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
@@ -35,8 +39,8 @@ from diffusers.utils.torch_utils import randn_tensor
 from huggingface_hub import snapshot_download
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from ..models.backbone import UShapedMixerModel
-from .vocabulary import unknown_words
+from .lora import LMLPLoraLoaderMixin
+from .vocabulary import describe_vocabulary, prompt_words, unknown_words
 
 
 logger = logging.get_logger(__name__)
@@ -182,7 +186,7 @@ def _require_component_folders(folder: str, model_index: dict[str, Any], passed:
             )
 
 
-class LMLPPipeline(DiffusionPipeline):
+class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     """Text-to-image generation with an attention-free MLP backbone, [L-MLP](https://arxiv.org/abs/2405.16098)
     or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
 
@@ -214,7 +218,9 @@ class LMLPPipeline(DiffusionPipeline):
         vae: AutoencoderKL,
         text_encoder: CLIPTextModel,
         tokenizer: CLIPTokenizer,
-        transformer: UShapedMixerModel,
+        # Typed as its diffusers base: a pipeline pushed with --with-code ships its backbone in another file than
+        # this one, and diffusers checks the component against this annotation.
+        transformer: ModelMixin,
         scheduler: SchedulerMixin,
     ):
         super().__init__()
@@ -266,6 +272,11 @@ class LMLPPipeline(DiffusionPipeline):
         rules out `["diffusers_lmlp", "LMLPTransformer2DModel"]`. Local folders skip that check, and the classes
         resolve because this module has imported `diffusers_lmlp`.
 
+        A folder or repo pushed with `--with-code` (`diffusers_lmlp.hub.remote_code`) loads with this package's
+        classes, and none of the code files it ships runs: its `model_index.json` names them (`"_class_name":
+        ["pipeline_lmlp", "LMLPPipeline"]`), and each such entry of a class this package exports is read as this
+        package's.
+
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): A local directory written by `save_pretrained`, or
                 a Hub repo id such as `"user/repo"`.
@@ -285,26 +296,52 @@ class LMLPPipeline(DiffusionPipeline):
         kwargs["use_safetensors"] = True
         path = os.fspath(pretrained_model_name_or_path)
         if os.path.isdir(path):
-            model_index = cls.load_config(path)
-            _require_component_folders(path, model_index, passed=set(kwargs))
-            _refuse_pickled_weights(path, model_index)
-            return super().from_pretrained(path, **kwargs)
+            folder = path
+        else:
+            variant = kwargs.get("variant")
+            folder = snapshot_download(
+                path,
+                revision=kwargs.pop("revision", None),
+                cache_dir=kwargs.pop("cache_dir", None),
+                token=kwargs.pop("token", None),
+                force_download=kwargs.pop("force_download", False),
+                local_files_only=kwargs.pop("local_files_only", None) or False,
+                allow_patterns=HUB_ALLOW_PATTERNS,
+                # Without a variant, skip variant weights such as `model.fp16.safetensors`.
+                ignore_patterns=None if variant else ["*.*.safetensors"],
+            )
+        model_index = cls.load_config(folder)
 
-        variant = kwargs.get("variant")
-        snapshot = snapshot_download(
-            path,
-            revision=kwargs.pop("revision", None),
-            cache_dir=kwargs.pop("cache_dir", None),
-            token=kwargs.pop("token", None),
-            force_download=kwargs.pop("force_download", False),
-            local_files_only=kwargs.pop("local_files_only", None) or False,
-            allow_patterns=HUB_ALLOW_PATTERNS,
-            # Without a variant, skip variant weights such as `model.fp16.safetensors`.
-            ignore_patterns=None if variant else ["*.*.safetensors"],
-        )
-        _require_component_folders(snapshot, cls.load_config(snapshot), passed=set(kwargs))
-        pipeline = super().from_pretrained(snapshot, **kwargs)
-        pipeline.register_to_config(_name_or_path=path)
+        # With-code entries: [file stem, class] where this package (the top of this module's name) exports the class.
+        # diffusers would run the file (with trust_remote_code=True); they become [package, class] instead, in a copy
+        # of the folder that links every file but model_index.json.
+        library = __name__.split(".")[0]
+        exported = vars(sys.modules[library]) if library in sys.modules else {}
+        ours = {
+            key: entry[1] if key == "_class_name" else [library, entry[1]]
+            for key, entry in model_index.items()
+            if isinstance(entry, list)
+            and len(entry) == 2
+            and entry[0] not in (library, "diffusers", "transformers")
+            and isinstance(entry[1], str)
+            and isinstance(exported.get(entry[1]), type)
+        }
+        model_index = {**model_index, **ours}
+        _require_component_folders(folder, model_index, passed=set(kwargs))
+        if folder == path:
+            _refuse_pickled_weights(folder, model_index)
+        if not ours:
+            pipeline = super().from_pretrained(folder, **kwargs)
+        else:
+            with tempfile.TemporaryDirectory(prefix="lmlp-pipeline-") as view:
+                for name in os.listdir(folder):
+                    if name != "model_index.json":
+                        os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(view, name))
+                with open(os.path.join(view, "model_index.json"), "w", encoding="utf-8") as f:
+                    json.dump(model_index, f)
+                pipeline = super().from_pretrained(view, **kwargs)
+        if folder != path or ours:
+            pipeline.register_to_config(_name_or_path=path)
         return pipeline
 
     @property
@@ -343,6 +380,28 @@ class LMLPPipeline(DiffusionPipeline):
     def disable_vae_tiling(self) -> None:
         """Decode in one piece again."""
         self.vae.disable_tiling()
+
+    # The vocabulary of the tokenizer, as methods: a pipeline loaded from a repo's remote code (`push --with-code`)
+    # carries them without diffusers-lmlp installed (the Space's app uses them). See `pipelines/vocabulary.py`.
+    def describe_vocabulary(self) -> str | None:
+        """The words of the tokenizer's closed vocabulary as one line of text, or None for an open one (CLIP's)."""
+        return describe_vocabulary(self.tokenizer)
+
+    def prompt_words(self, prompt: str) -> list[str]:
+        """The words of `prompt` as the tokenizer sees them (normalised, punctuation left out), repeats included.
+
+        Args:
+            prompt (`str`): The text.
+        """
+        return prompt_words(self.tokenizer, prompt)
+
+    def unknown_words(self, prompt: str) -> list[str]:
+        """The words of `prompt` outside the tokenizer's closed vocabulary, each once; none for an open vocabulary.
+
+        Args:
+            prompt (`str`): The text.
+        """
+        return unknown_words(self.tokenizer, prompt)
 
     def _warn_unknown_words(self, texts: list[str], name: str) -> None:
         """Log a warning for each distinct text with words outside a closed vocabulary (see `known_words`)."""

@@ -33,6 +33,7 @@ def load_training_data(
     streaming: bool,
     seed: int,
     cache_dir: str,
+    shapes_split: str = "train",
 ):
     """The training split: a map-style `datasets.Dataset` (an `IterableDataset` with `streaming`).
 
@@ -48,6 +49,8 @@ def load_training_data(
         streaming (`bool`): Stream `dataset_name` instead of downloading it whole.
         seed (`int`): Seed of the procedural shapes world, used when no data is given.
         cache_dir (`str`): Where `datasets` caches what it prepares.
+        shapes_split (`str`, *optional*, defaults to `"train"`): The shapes world's split used when no data is given:
+            `"train"` or `"heldout"` (the combinations held out of the shipped model's training).
 
     Raises:
         `ValueError`: For a bad layout, a row without a usable caption or a column the dataset lacks, naming it.
@@ -67,7 +70,7 @@ def load_training_data(
     else:
         from diffusers_lmlp.shapes.world import make_dataset
 
-        dataset = make_dataset("train", seed=seed)
+        dataset = make_dataset(shapes_split, seed=seed)
     columns = dataset.column_names or list(dataset.features or [])
     for flag, column in (("--image_column", image_column), ("--caption_column", caption_column)):
         if column not in columns:

@@ -30,6 +30,8 @@ The score table is a list of rows (`score_rows`), one column per split: a new nu
 import json
 from pathlib import Path
 
+from .lora import load_base_code
+
 
 def format_duration(seconds: float) -> str:
     """`seconds` as a person says it: "42.3 s", "8 min 25 s", "26 h 03 min".
@@ -85,6 +87,26 @@ def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
     return [("", splits), *rows]
 
 
+def with_base_columns(summary: dict) -> dict:
+    """A LoRA run's summary with the base model's scores (`"scores_before"`, ...) as columns next to the adapted
+    model's: "train: base", "train: LoRA", "held-out: base", ...
+
+    Args:
+        summary (`dict`): The run's summary, with `"scores"` and `"scores_before"`, and optionally the intervals
+            (`"score_intervals"`, `"score_intervals_before"`) and shapes-FID (`"shapes_fid"`, `"shapes_fid_before"`).
+    """
+    merged = dict(summary)
+    for key in ("scores", "score_intervals", "shapes_fid"):
+        if key in summary:
+            merged[key] = {}
+            for split in summary["scores"]:
+                merged[key][f"{split}: base"] = summary[f"{key}_before"][split]
+                merged[key][f"{split}: LoRA"] = summary[key][split]
+    per_caption = summary.get("images_per_caption", {})
+    merged["images_per_caption"] = {f"{s}: {m}": n for s, n in per_caption.items() for m in ("base", "LoRA")}
+    return merged
+
+
 def format_table(rows: list[tuple[str, list[str]]], indent: str = "  ") -> list[str]:
     """Rows as text lines: the names, then each column left-aligned, two spaces apart.
 
@@ -123,12 +145,14 @@ def format_run_summary(
     hub_url: str | None = None,
 ) -> str:
     """The end-of-run summary: steps and time, where the pipeline, samples, validation grids and logs are, the scores
-    when the run has them, and the line of Python that loads the pipeline.
+    when the run has them (a LoRA run's next to its base model's), and the Python that loads the pipeline (or the base
+    pipeline and the adapter).
 
     Args:
         summary (`dict`): The run's `training_summary.json` content: `"steps"`, `"train_seconds"`, `"num_processes"`,
             `"ranks_in_sync"`, optionally `"scores"` (split → metric → accuracy) with what `score_rows` reads next to
-            them, and `"evaluation_sampler"`.
+            them, and `"evaluation_sampler"`; a LoRA run's also `"base_model"` and the base model's `"scores_before"`
+            (`with_base_columns`).
         output_dir (`Path`): Where the pipeline was saved, as the user gave it (it also goes in the load line).
         sample_grid (`Path`, *optional*): The final sample grid, if one was drawn.
         validation_dir (`Path`, *optional*): The folder of validation grids, if any were drawn.
@@ -149,7 +173,8 @@ def format_run_summary(
             "WARNING: the processes ended with different weights: each trained on its own "
             "(several CPU processes need ACCELERATE_USE_CPU=1)."
         )
-    places = [("pipeline", str(output_dir))]
+    lora = "base_model" in summary
+    places = [("adapter" if lora else "pipeline", str(output_dir))]
     if sample_grid is not None:
         places.append(("samples", str(sample_grid)))
     if validation_dir is not None:
@@ -163,11 +188,13 @@ def format_run_summary(
     width = max(len(name) for name, _ in places)
     lines += [f"  {name.ljust(width)}  {place}" for name, place in places]
     if summary.get("scores"):
-        lines += ["", scores_heading(summary), *format_table(score_rows(summary))]
+        table = score_rows(with_base_columns(summary) if "scores_before" in summary else summary)
+        lines += ["", scores_heading(summary), *format_table(table)]
     folder = json.dumps(str(output_dir), ensure_ascii=False)  # a Python string literal, quotes and escapes included
-    lines += [
-        "",
-        "Load it in Python:",
-        f"  from diffusers_lmlp import LMLPPipeline; pipe = LMLPPipeline.from_pretrained({folder})",
-    ]
+    lines += ["", "Load it in Python:"]
+    if lora:
+        lines += [f"  {line}" for line in load_base_code(summary["base_model"]).splitlines()]
+        lines.append(f"  pipe.load_lora_weights({folder})")
+    else:
+        lines.append(f"  from diffusers_lmlp import LMLPPipeline; pipe = LMLPPipeline.from_pretrained({folder})")
     return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""The model card of a LoRA adapter folder: Hub metadata, what the adapter adapts, how well it does against its base,
+and how to load it.
+
+The trainer writes it next to `pytorch_lora_weights.safetensors` when it trains with `--lora_rank`; a push updates its
+`usage` block with the repo id. The blocks and metadata are merged as `diffusers_lmlp.hub.card` merges a pipeline's.
+"""
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from huggingface_hub import ModelCard
+
+from ..models.families import family_of
+from ..training.lora import ADAPTER_NAME, adapted_modules, is_shipped_shapes_model, load_base_code, names_in_block
+from .card import GENERIC_PROMPT, SAMPLER_CALL_ARGUMENTS, hub_id_or_none, update_card
+
+
+def score_table(summary: Mapping) -> list[str]:
+    """The shapes scorer's accuracies of the base model and of the adapted one, per split, as a Markdown table.
+
+    Args:
+        summary (`Mapping`): The run's summary, with `scores` and `scores_before` (split → metric → accuracy).
+    """
+    after, before = summary["scores"], summary["scores_before"]
+    splits = list(after)
+    metrics = list(dict.fromkeys(metric for split in splits for metric in after[split]))
+    lines = [
+        "| | " + " | ".join(f"{split}: base | {split}: with LoRA" for split in splits) + " |",
+        "|---|" + "---|---|" * len(splits),
+    ]
+    for metric in metrics:
+        cells = [f"{before[split][metric]:.0%} | **{after[split][metric]:.0%}**" for split in splits]
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def lora_usage_section(repo_id: str, base_model: str, summary: Mapping | None = None) -> str:
+    """The `usage` block of a LoRA card: load the base pipeline, then the adapter from `repo_id`, and sample.
+
+    Args:
+        repo_id (`str`): The Hub repo id (or local folder) of the adapter.
+        base_model (`str`): The base pipeline: a Hub repo id or a folder (the shipped shapes model by its function).
+        summary (`Mapping`, *optional*): The run's summary: the snippet samples the first of its `sample_prompts` with
+            its `evaluation_sampler`'s settings.
+    """
+    summary = summary or {}
+    prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
+    sampler = summary.get("evaluation_sampler", {})
+    settings = "".join(f", {key}={sampler[key]!r}" for key in SAMPLER_CALL_ARGUMENTS if key in sampler)
+    return "\n".join(
+        [
+            "## Use",
+            "",
+            "```python",
+            load_base_code(base_model),
+            f"pipe.load_lora_weights({json.dumps(repo_id)})",
+            f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]",
+            "```",
+            "",
+            "`pipe.fuse_lora()` merges the adapter into the weights for faster sampling; `pipe.unload_lora_weights()` "
+            "restores the base model.",
+        ]
+    )
+
+
+def write_lora_card(
+    folder: str | os.PathLike,
+    model,
+    args: Mapping,
+    summary: Mapping,
+    sample_grid: str | os.PathLike | None = None,
+) -> ModelCard:
+    """Write or update `README.md` (metadata, description and usage) in a LoRA adapter folder.
+
+    Args:
+        folder (`str` or `os.PathLike`): The folder holding `pytorch_lora_weights.safetensors`.
+        model: The backbone with the trained adapter (its family and the adapter's config go into the card).
+        args (`Mapping`): The training arguments (without secrets): the LoRA options, the recipe, `hub_model_id`.
+        summary (`Mapping`): The run's summary: `steps`, `train_seconds`, `num_processes`, `base_model`, and on the
+            shapes world `scores`/`scores_before` and `evaluation_sampler`; `sample_prompts`, the grid's captions.
+        sample_grid (`str` or `os.PathLike`, *optional*): A sample grid inside `folder` to show.
+
+    Returns:
+        `ModelCard`: The card, also saved as `<folder>/README.md`.
+    """
+    folder = Path(folder)
+    family = family_of(model)
+    config = model.peft_config[ADAPTER_NAME]
+    base_model = summary["base_model"]
+    adapted = adapted_modules(model)
+    trainable = sum(p.numel() for name, p in model.named_parameters() if ".lora_" in name)
+    data = args.get("dataset_name") or args.get("train_data_dir")
+    data = data or f"the shapes world's {args['shapes_split']} combinations"
+    lines = [
+        f"# {folder.resolve().name}",
+        "",
+        f"A LoRA adapter for a **{family.label}** text-to-image backbone ({family.paper}), trained with diffusers-lmlp "
+        "(`python -m diffusers_lmlp.train --lora_rank ...`).",
+        "",
+        "- Base pipeline: "
+        + (
+            "the shapes model that ships with diffusers-lmlp (`pretrained_shapes_pipeline()`)"
+            if is_shipped_shapes_model(base_model)
+            else f"`{base_model}`"
+        ),
+        f"- LoRA: rank {config.r}, alpha {config.lora_alpha:g}, dropout {config.lora_dropout:g}; {len(adapted)} layers "
+        f"adapted ({', '.join(f'`{name}`' for name in names_in_block(adapted))} in the blocks), {trainable:,} "
+        "parameters",
+        f"- Training: {summary['steps']} steps on {data}, batch {args['train_batch_size']} × "
+        f"{args['gradient_accumulation_steps']} accumulation × {summary['num_processes']} process(es), AdamW lr "
+        f"{args['learning_rate']}, {summary['train_seconds']} s",
+    ]
+    if "scores_before" in summary:
+        sampler = summary["evaluation_sampler"]
+        lines += [
+            "",
+            "## Scores",
+            "",
+            "The shapes scorer's accuracies (`diffusers_lmlp.evaluation`) of the base model and of the base model with "
+            f"this adapter, on the same captions and seeds ({sampler['num_inference_steps']} steps, guidance "
+            f"{sampler['guidance_scale']}):",
+            "",
+            *score_table(summary),
+        ]
+    if sample_grid is not None:
+        lines += ["", f"![samples]({Path(sample_grid).name})"]
+    path = folder / "README.md"
+    card = update_card(
+        path.read_text(encoding="utf-8") if path.is_file() else None,
+        [family.tag, "lora"],
+        blocks={
+            "description": "\n".join(lines),
+            "usage": lora_usage_section(args.get("hub_model_id") or folder.resolve().name, base_model, summary),
+        },
+        base_model=hub_id_or_none(base_model),
+    )
+    card.save(path)
+    return card

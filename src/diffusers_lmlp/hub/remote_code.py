@@ -1,0 +1,599 @@
+"""`push --with-code`: ship the pipeline's code in the repo, so that diffusers loads it without diffusers-lmlp.
+
+With the code in the repo, `DiffusionPipeline.from_pretrained("owner/name", trust_remote_code=True)` works with
+only diffusers, transformers and torch installed. diffusers finds the code through `model_index.json`:
+`"_class_name": ["pipeline_lmlp", "LMLPPipeline"]` runs `pipeline_lmlp.py` at the repo root, and
+`"transformer": ["lmlp_transformer_2d", "LMLPTransformer2DModel"]` runs `transformer/lmlp_transformer_2d.py`. Without
+`trust_remote_code=True` diffusers refuses to run either and raises before it imports anything.
+
+The code is generated at push time from the installed package's own source (`bundle_source`), never kept as a copy:
+each shipped file is one class's defining module plus every module of the package it imports, directly or through
+others, in import order. Imports of the package are taken out (a name imported under another name becomes an
+assignment), the other imports are gathered at the top, each module's docstring becomes the comment that opens its
+part, and a header records the package version and the source files. The same package source gives the same bytes.
+A backbone's file also carries its family's entry in the block-family registry (`family_part`): the class gets the
+registry's `family_label` and `family_details`, which the Space's app reads where the package is not installed.
+
+Why one self-contained file per component and not the package's modules side by side with relative imports:
+diffusers 0.42 does not fetch or copy them reliably. For a component folder that holds weights (`transformer/`),
+`DiffusionPipeline.download` fetches only the one file named in `model_index.json`, so `transformer/backbone.py`
+would never reach the user. And every load ends on the downloaded folder, where `get_cached_module_file` copies a
+file and only the files it imports itself (one level): `backbone.py` importing `tokens.py` fails with
+`ModuleNotFoundError`. Each file also lands in one flat module folder shared by every repo loaded with remote code
+(`diffusers_modules/local/`), which is why the file names carry "lmlp" (`file_stem`). The price of one file per
+component is that the pipeline's file and the transformer's hold their own copy of the shared backbone code.
+
+A with-code repo still loads with the package installed: `LMLPPipeline.from_pretrained` maps the entries back to
+the package (`package_model_index` is the same mapping for the push) and never runs the files.
+"""
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import io
+import json
+import re
+import sys
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+
+
+PACKAGE = __name__.split(".")[0]
+# Libraries diffusers loads components from itself; entries naming them are never code of ours.
+LOADABLE_LIBRARIES = ("diffusers", "transformers")
+MODEL_INDEX = "model_index.json"
+LINE_LENGTH = 119
+# A line that diffusers' import scan (`check_imports`, `get_relative_imports`: a regular expression over every line,
+# strings included) reads as an import, and the module it names. diffusers imports that module (or copies the file
+# of a relative one), so no line of a shipped file may name the package or a relative module this way.
+_SCANNED_IMPORT = re.compile(r"^(\s*)(?:import\s+(\S+)\s*$|from\s+(\S+)\s+import)")
+
+
+@dataclass(frozen=True)
+class SourceModule:
+    """One module of the package, parsed.
+
+    Args:
+        name (`str`): Its dotted name (`"diffusers_lmlp.models.backbone"`).
+        path (`str`): Its file, relative to the folder that holds the package (`"diffusers_lmlp/models/backbone.py"`).
+        source (`str`): Its text.
+        tree (`ast.Module`): Its syntax tree.
+    """
+
+    name: str
+    path: str
+    source: str
+    tree: ast.Module
+
+    @property
+    def package(self) -> str:
+        """The package that its relative imports start from."""
+        return self.name if self.path.endswith("__init__.py") else self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class PackageImport:
+    """An import statement of a module that imports from the package, with what each name it binds resolves to.
+
+    Args:
+        node (`ast.ImportFrom`): The statement.
+        top_level (`bool`): Whether it runs when the module is imported (a statement of the module's body), rather
+            than when a function runs or a branch is taken.
+        bindings (`dict[str, tuple[str, str]]`): Each name it binds -> (the module that defines the object, the
+            object's name there).
+    """
+
+    node: ast.ImportFrom
+    top_level: bool
+    bindings: dict[str, tuple[str, str]]
+
+
+def load_module(name: str) -> SourceModule:
+    """Read and parse a module of the package by its dotted name.
+
+    Args:
+        name (`str`): The module, e.g. `"diffusers_lmlp.models.backbone"`.
+    """
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise ModuleNotFoundError(f"{name} has no Python source file to generate remote code from.")
+    origin = Path(spec.origin)
+    root = Path(importlib.util.find_spec(PACKAGE).origin).parent.parent
+    source = origin.read_text(encoding="utf-8")
+    return SourceModule(name, origin.relative_to(root).as_posix(), source, ast.parse(source, filename=spec.origin))
+
+
+def top_level_names(module: SourceModule) -> dict[str, ast.stmt]:
+    """The names a module defines itself at the top level (functions, classes, assignments), with their statement."""
+    names = {}
+    for node in module.tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        names[name.id] = node
+    return names
+
+
+def _package_module(module: SourceModule, node: ast.ImportFrom) -> str | None:
+    """The package module an import statement imports from, or None for an import from another library."""
+    if node.level:
+        return importlib.util.resolve_name("." * node.level + (node.module or ""), module.package)
+    if node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
+        return node.module
+    return None
+
+
+def defining_module(module_name: str, name: str, chain: tuple[str, ...] = ()) -> tuple[str, str]:
+    """Where the object that `from <module_name> import <name>` imports is defined, following re-exports.
+
+    Args:
+        module_name (`str`): The package module imported from (`"diffusers_lmlp.models"`).
+        name (`str`): The name imported.
+
+    Returns:
+        `tuple[str, str]`: The module that defines the object and its name there.
+    """
+    where = f"{module_name}.{name}"
+    if where in chain:
+        raise ImportError(f"Circular re-export: {' -> '.join((*chain, where))}.")
+    module = load_module(module_name)
+    if name in top_level_names(module):
+        return module_name, name
+    for node in module.tree.body:
+        if isinstance(node, ast.ImportFrom) and (source := _package_module(module, node)):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return defining_module(source, alias.name, (*chain, where))
+    if module.path.endswith("__init__.py") and importlib.util.find_spec(where) is not None:
+        raise ImportError(
+            f"{module.path} imports the module {where} itself; remote code can only be generated from imports of "
+            f"names (`from .{name} import SomeClass`)."
+        )
+    raise ImportError(f"Cannot find where {module.path} gets {name!r} from (a name set at run time?).")
+
+
+def package_imports(module: SourceModule) -> list[PackageImport]:
+    """Every statement of `module` that imports from the package, at any depth, resolved to the defining modules."""
+    top = {id(node) for node in module.tree.body}
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import) and any(
+            alias.name == PACKAGE or alias.name.startswith(PACKAGE + ".") for alias in node.names
+        ):
+            raise ImportError(
+                f"{module.path}:{node.lineno} imports a module of the package (`{ast.unparse(node)}`); remote code "
+                "can only be generated from imports of names (`from .module import SomeClass`)."
+            )
+        if not isinstance(node, ast.ImportFrom) or (source := _package_module(module, node)) is None:
+            continue
+        if any(alias.name == "*" for alias in node.names):
+            raise ImportError(f"{module.path}:{node.lineno} star-imports {source}; import the names it uses.")
+        bindings = {alias.asname or alias.name: defining_module(source, alias.name) for alias in node.names}
+        found.append(PackageImport(node, id(node) in top, bindings))
+    return found
+
+
+def bundle_order(entry: str) -> list[SourceModule]:
+    """`entry` and every package module it needs, each after the modules its top-level imports need.
+
+    Args:
+        entry (`str`): The module to ship (`"diffusers_lmlp.models.lmlp_transformer_2d"`).
+    """
+    order: list[SourceModule] = []
+    done: set[str] = set()
+    active: list[str] = []  # the modules being visited, outermost first
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        if name in active:
+            raise ImportError(f"Circular import at module level: {' -> '.join((*active, name))}.")
+        active.append(name)
+        module = load_module(name)
+        later = []  # what imports inside functions need: present when they run, so in any place after this module
+        for statement in package_imports(module):
+            for source, _ in statement.bindings.values():
+                if statement.top_level:
+                    visit(source)
+                else:
+                    later.append(source)
+        active.pop()
+        done.add(name)
+        order.append(module)
+        for source in later:
+            if source not in active:
+                visit(source)
+
+    visit(entry)
+    return order
+
+
+def _statement_lines(module: SourceModule, node: ast.stmt) -> tuple[int, int, str]:
+    """The 0-based first and last line of a statement that has its lines to itself, and its indentation."""
+    lines = module.source.splitlines()
+    first, last = node.lineno - 1, node.end_lineno - 1
+    indent = lines[first][: node.col_offset]
+    rest = lines[last][node.end_col_offset :].strip()
+    if indent.strip() or (rest and not rest.startswith("#")):
+        raise SyntaxError(f"{module.path}:{node.lineno}: put this import on lines of its own to generate remote code.")
+    return first, last, indent
+
+
+def _external_imports(module: SourceModule) -> list[ast.Import | ast.ImportFrom]:
+    """The module's top-level imports from other libraries: they move to the top of the generated file."""
+    return [
+        node
+        for node in module.tree.body
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and _package_module(module, node) is None)
+    ]
+
+
+def _module_body(module: SourceModule) -> str:
+    """The module's text without its docstring, its top-level imports from other libraries and its imports from the
+    package; an import that binds a name other than the defined one becomes an assignment (`Alias = Name`)."""
+    edits: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, replacement lines)
+    body = module.tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            edits[body[0].lineno - 1] = (body[0].end_lineno - 1, [])
+    for node in _external_imports(module):
+        first, last, _ = _statement_lines(module, node)
+        edits[first] = (last, [])
+    for statement in package_imports(module):
+        first, last, indent = _statement_lines(module, statement.node)
+        renames = [f"{indent}{bound} = {name}" for bound, (_, name) in statement.bindings.items() if bound != name]
+        # A nested import may be the only statement of its block: keep the block valid.
+        edits[first] = (last, renames or ([] if statement.top_level else [f"{indent}pass"]))
+    lines = module.source.splitlines()
+    for first in sorted(edits, reverse=True):
+        last, replacement = edits[first]
+        lines[first : last + 1] = replacement
+    return "\n".join(lines).strip("\n")
+
+
+def _binding(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> tuple[str, str]:
+    """The name an import alias binds and what it binds it to (`import a.b` binds `a` to the module `a`)."""
+    if isinstance(node, ast.Import):
+        if alias.asname:
+            return alias.asname, alias.name
+        top = alias.name.split(".")[0]
+        return top, top
+    return alias.asname or alias.name, f"{node.module}.{alias.name}"
+
+
+def _check_one_namespace(modules: list[SourceModule]) -> None:
+    """Raise if two of the modules bind one top-level name to different things: in one file they would clash."""
+    # name -> (what it binds: "module.name" of the object or module, the definition's syntax tree when the module
+    # defines the name itself (two equal definitions do not clash), and the path of the module that binds it)
+    seen: dict[str, tuple[str, str | None, str]] = {}
+    for module in modules:
+        bound = {name: (f"{module.name}.{name}", ast.dump(node)) for name, node in top_level_names(module).items()}
+        for node in _external_imports(module):
+            for alias in node.names:
+                name, target = _binding(node, alias)
+                bound[name] = (target, None)
+        for statement in package_imports(module):
+            if statement.top_level:
+                bound.update((name, (".".join(origin), None)) for name, origin in statement.bindings.items())
+        for name, (what, definition) in bound.items():
+            if name in seen and seen[name][0] != what and (definition is None or seen[name][1] != definition):
+                raise NameError(
+                    f"{seen[name][2]} and {module.path} both define {name!r} at the top level, differently; the "
+                    "remote-code file holds both modules in one namespace. Rename one of them."
+                )
+            seen.setdefault(name, (what, definition, module.path))
+
+
+def _render_imports(modules: list[SourceModule]) -> str:
+    """The top-level imports of every module from other libraries, merged: standard library first, then the rest."""
+    plain: set[str] = set()
+    names: dict[str, set[str]] = {}
+    for module in modules:
+        for node in _external_imports(module):
+            for alias in node.names:
+                text = f"{alias.name} as {alias.asname}" if alias.asname else alias.name
+                if isinstance(node, ast.Import):
+                    plain.add(text)
+                else:
+                    names.setdefault(node.module, set()).add(text)
+
+    def section(top: str) -> int:
+        return 0 if top == "__future__" else 1 if top in sys.stdlib_module_names else 2
+
+    def from_line(source: str) -> str:
+        line = f"from {source} import {', '.join(sorted(names[source]))}"
+        if len(line) <= LINE_LENGTH:
+            return line
+        return f"from {source} import (\n" + "".join(f"    {name},\n" for name in sorted(names[source])) + ")"
+
+    blocks = []
+    for number in range(3):
+        block = [f"import {text}" for text in sorted(plain) if section(text.split(".")[0]) == number]
+        block += [from_line(source) for source in sorted(names) if section(source.split(".")[0]) == number]
+        if block:
+            blocks.append("\n".join(block))
+    return "\n\n".join(blocks)
+
+
+def _as_comment(text: str) -> list[str]:
+    return [f"# {line}".rstrip() for line in text.strip("\n").splitlines()]
+
+
+def _rewrite_scanned_imports(text: str) -> str:
+    """Prefix `>>> ` to the lines inside strings that diffusers' import scan would take for an import of the package
+    or of a relative module (a docstring's code example): diffusers would import the package, or look for a file.
+
+    Only lines inside string literals can match once the package's imports are gone; the check makes sure.
+    """
+    lines = text.splitlines()
+    inside_strings = set()
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tokenize.tok_name[token.type] in ("STRING", "FSTRING_MIDDLE"):  # FSTRING_*: Python 3.12+
+            inside_strings.update(range(token.start[0], token.end[0] + 1))
+    for number, line in enumerate(lines, start=1):
+        match = _SCANNED_IMPORT.match(line)
+        if match is None:
+            continue
+        named = match.group(2) or match.group(3)
+        if named.startswith(".") or named.split(".")[0] == PACKAGE:
+            if number not in inside_strings:
+                raise SyntaxError(f"Line {number} of the generated code imports {named}: {line.strip()}")
+            lines[number - 1] = f"{match.group(1)}>>> {line[len(match.group(1)) :]}"
+    return "\n".join(lines) + "\n"
+
+
+def check_self_contained(text: str, filename: str = "<remote code>") -> None:
+    """Raise unless `text` compiles and imports nothing relative and nothing from the package, at any depth.
+
+    Args:
+        text (`str`): The text of a generated file.
+        filename (`str`, *optional*): Its name, for the message.
+    """
+    for node in ast.walk(ast.parse(text, filename=filename)):
+        modules = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            modules = ["." * node.level + (node.module or "")]
+        for name in modules:
+            if name.startswith(".") or name.split(".")[0] == PACKAGE:
+                raise ImportError(f"{filename}:{node.lineno} imports {name}; remote code must be self-contained.")
+    compile(text, filename, "exec")
+
+
+def _names_used(node: ast.AST) -> set[str]:
+    """Every bare name a statement reads or binds (annotations and defaults included)."""
+    return {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
+
+
+def family_part(class_name: str) -> tuple[SourceModule, list[str]] | None:
+    """What the file of a backbone carries of the block-family registry (`models/families.py`): its family's label
+    and `details` function, so that code without the package (the Space's app) can describe the backbone as the
+    registry does.
+
+    Args:
+        class_name (`str`): The class the file ships.
+
+    Returns:
+        `tuple[SourceModule, list[str]]` or `None`: The registry's definitions that `details` needs (it, and the
+        registry's own functions and constants it uses, with the imports they use), as a module of their own, and
+        the lines that set the family's label and that function on the class (`family_label`, `family_details`).
+        None for a class that is no family's model (the pipeline).
+    """
+    from ..models.families import FAMILIES
+
+    family = next((family for family in FAMILIES.values() if family.model_class.__name__ == class_name), None)
+    if family is None:
+        return None
+    registry = load_module(f"{PACKAGE}.models.families")
+    defined = top_level_names(registry)
+    details = family.details.__name__
+    if not isinstance(defined.get(details), ast.FunctionDef):
+        raise ValueError(
+            f"The {family.name} family's details, {details!r}, is not a function defined at the top level of "
+            f"{registry.path}; remote code can carry only such a function."
+        )
+    needed, todo = set(), [details]  # the ids of the statements that define what `details` uses, at any depth
+    while todo:
+        node = defined[todo.pop()]
+        if id(node) not in needed:
+            needed.add(id(node))
+            todo += [name for name in _names_used(node) if name in defined]
+    statements = [node for node in registry.tree.body if id(node) in needed]
+    used = set().union(*(_names_used(node) for node in statements))
+    from_package = {name for statement in package_imports(registry) for name in statement.bindings} & used
+    if from_package:
+        raise ImportError(
+            f"{registry.path}: {details} uses {', '.join(sorted(from_package))} from the package; remote code can "
+            "carry a family's details only when they use the registry's own definitions and other libraries."
+        )
+    imports = []
+    for node in _external_imports(registry):
+        aliases = [alias for alias in node.names if _binding(node, alias)[0] in used]
+        if aliases:
+            kept = ast.Import(aliases) if isinstance(node, ast.Import) else ast.ImportFrom(node.module, aliases, 0)
+            imports.append(ast.unparse(kept))
+    lines = registry.source.splitlines()
+    definitions = []
+    for node in statements:
+        first = min([node.lineno, *(decorator.lineno for decorator in getattr(node, "decorator_list", []))])
+        definitions.append("\n".join(lines[first - 1 : node.end_lineno]))
+    text = "\n".join(imports) + "\n\n\n" + "\n\n\n".join(definitions) + "\n"
+    part = SourceModule(registry.name, registry.path, text, ast.parse(text, filename=registry.path))
+    settings = [
+        f"{class_name}.family_label = {family.label!r}",
+        f"{class_name}.family_details = staticmethod({details})",
+    ]
+    return part, settings
+
+
+def bundle_source(entry: str, class_name: str) -> str:
+    """One self-contained Python file: the module `entry`, defining `class_name`, with everything it needs from the
+    package (see the module docstring for how it is built and why), and for a backbone its family's entry in the
+    registry (`family_part`).
+
+    Args:
+        entry (`str`): The module that defines the class (`"diffusers_lmlp.models.lmlp_transformer_2d"`).
+        class_name (`str`): The class diffusers loads from the file.
+
+    Returns:
+        `str`: The file's text; the same package source gives the same text.
+    """
+    modules = bundle_order(entry)
+    family = family_part(class_name)
+    shipped = [*modules, family[0]] if family else modules  # the family part: a few definitions of the registry
+    _check_one_namespace(shipped)
+    digest = hashlib.sha256()
+    for module in [*modules, load_module(family[0].name)] if family else modules:  # whole source files
+        digest.update(f"{module.path}\n{len(module.source)}\n{module.source}".encode())
+    header = [
+        f"# Generated from diffusers-lmlp {__version__} by `python -m diffusers_lmlp.hub push --with-code`: do not",
+        "# edit. Change the package and push again. Its source files, in this order:",
+        *(f"#   {module.path}" for module in modules),
+        *([f"#   {family[0].path} (the entry of {class_name}'s family only)"] if family else []),
+        f"# sha256 of those files: {digest.hexdigest()}",
+    ]
+    docstring = (
+        f'"""`{class_name}` of diffusers-lmlp, for diffusers\' remote code.\n\n'
+        "`DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs this file; it needs diffusers,\n"
+        'transformers and torch, not diffusers-lmlp."""'
+    )
+    parts = ["\n".join(header), docstring, _render_imports(shipped)]
+    for module in modules:
+        banner = [f"# ---- {module.path} " + "-" * max(0, LINE_LENGTH - 12 - len(module.path))]
+        doc = ast.get_docstring(module.tree, clean=True)
+        parts.append("\n".join(banner + (_as_comment(doc) if doc else [])) + "\n\n\n" + _module_body(module))
+    if family:
+        part, settings = family
+        banner = [
+            f"# ---- {part.path} " + "-" * max(0, LINE_LENGTH - 12 - len(part.path)),
+            f"# The entry of {class_name}'s family in the block-family registry: its label and the words for its",
+            "# config, for code that describes the backbone without diffusers-lmlp (the Space's app).",
+        ]
+        parts.append("\n".join(banner) + "\n\n\n" + _module_body(part) + "\n\n\n" + "\n".join(settings))
+    text = _rewrite_scanned_imports("\n\n\n".join(part for part in parts if part))
+    check_self_contained(text, f"{file_stem(entry)}.py")
+    return text
+
+
+def file_stem(entry: str) -> str:
+    """The name (without `.py`) of the file generated from module `entry`: the module's own name, with an `lmlp_`
+    prefix when it lacks "lmlp", since every repo's remote code shares one module folder in diffusers."""
+    stem = entry.rpartition(".")[2]
+    return stem if "lmlp" in stem else f"lmlp_{stem}"
+
+
+def defining_module_of(class_name: str) -> str:
+    """The package module that defines a class the package exports (`"MoEMLPModel"` -> `"...models.moe_mlp"`).
+
+    The package sets some of its exports at run time and pins every model's `__module__` to itself (see
+    `diffusers_lmlp/__init__.py`), so the module is found among the loaded ones: the one whose source defines the
+    class that the package exports under that name.
+    """
+    cls = getattr(importlib.import_module(PACKAGE), class_name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{PACKAGE} exports no class {class_name!r} to generate remote code for.")
+    for name in sorted(sys.modules):
+        if name.startswith(PACKAGE + ".") and vars(sys.modules[name]).get(class_name) is cls:
+            if isinstance(top_level_names(load_module(name)).get(class_name), ast.ClassDef):
+                return name
+    raise ValueError(f"No module of {PACKAGE} defines {class_name} (is it defined at run time?).")
+
+
+def package_model_index(model_index: dict[str, Any]) -> dict[str, Any]:
+    """`model_index.json` in the package's own form: entries of a with-code folder (`[file stem, Class]`) naming a
+    class the package exports become `["diffusers_lmlp", Class]`, and `_class_name` the bare class name.
+
+    Args:
+        model_index (`dict[str, Any]`): The folder's `model_index.json`.
+
+    Returns:
+        `dict[str, Any]`: A new dict; equal to `model_index` for a folder without code.
+    """
+    package = importlib.import_module(PACKAGE)
+
+    def ours(entry: Any) -> bool:
+        return (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and entry[0] not in (PACKAGE, *LOADABLE_LIBRARIES)
+            and isinstance(getattr(package, str(entry[1]), None), type)
+        )
+
+    converted = {}
+    for key, entry in model_index.items():
+        if not ours(entry):
+            converted[key] = entry
+        else:
+            converted[key] = entry[1] if key == "_class_name" else [PACKAGE, entry[1]]
+    return converted
+
+
+def remote_code_files(model_index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The code files of a pipeline folder and its `model_index.json` pointing at them.
+
+    Args:
+        model_index (`dict[str, Any]`): The folder's `model_index.json` (package or with-code form).
+
+    Returns:
+        `tuple[dict[str, str], dict[str, Any]]`: The files (path in the folder -> text) and the new index.
+    """
+    index = package_model_index(model_index)
+    files = {}
+    pipeline_class = index["_class_name"]
+    stem = file_stem(defining_module_of(pipeline_class))
+    files[f"{stem}.py"] = bundle_source(defining_module_of(pipeline_class), pipeline_class)
+    index["_class_name"] = [stem, pipeline_class]
+    for component, entry in sorted(index.items()):
+        if isinstance(entry, list) and entry[0] == PACKAGE:
+            module = defining_module_of(entry[1])
+            files[f"{component}/{file_stem(module)}.py"] = bundle_source(module, entry[1])
+            index[component] = [file_stem(module), entry[1]]
+    return files, index
+
+
+def write_model_index(folder: Path, model_index: dict[str, Any]) -> None:
+    """Write `model_index.json` the way diffusers' `save_config` does (sorted keys, indent 2, final newline)."""
+    text = json.dumps(model_index, indent=2, sort_keys=True) + "\n"
+    (folder / MODEL_INDEX).write_text(text, encoding="utf-8")
+
+
+def add_remote_code(folder: str | Path) -> list[str]:
+    """Write the code of a staged pipeline folder into it and point its `model_index.json` at the code.
+
+    Args:
+        folder (`str` or `Path`): A pipeline folder whose model_index.json names the package's classes; it must not
+            hold files at the generated paths (the staging leaves out every `.py` of the source).
+
+    Returns:
+        `list[str]`: The files written, as POSIX paths relative to `folder`, sorted.
+    """
+    folder = Path(folder)
+    files, index = remote_code_files(json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8")))
+    for path, text in files.items():
+        with open(folder / path, "x", encoding="utf-8") as f:
+            f.write(text)
+    write_model_index(folder, index)
+    return sorted(files)
+
+
+def name_package_classes(folder: str | Path) -> None:
+    """Point a staged folder's `model_index.json` at the package's classes if it points at code files: an upload
+    without the code leaves out a source folder's `.py` files (one staged with the code before, say).
+
+    Args:
+        folder (`str` or `Path`): The staged pipeline folder.
+    """
+    folder = Path(folder)
+    model_index = json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8"))
+    if package_model_index(model_index) != model_index:
+        write_model_index(folder, package_model_index(model_index))

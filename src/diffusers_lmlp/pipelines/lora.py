@@ -1,0 +1,559 @@
+"""`LMLPLoraLoaderMixin`: LoRA files for `LMLPPipeline`, the way diffusers handles its transformer-only pipelines.
+
+The file is diffusers' LoRA format (`SanaLoraLoaderMixin`, `PixArt`-style loaders), so diffusers reads ours and we
+read its files. `pytorch_lora_weights.safetensors` has one key per peft LoRA matrix, prefixed with the component,
+e.g. `transformer.stack.mid_block.right.lora_A.weight` (r, in) and `...lora_B.weight` (out, r). Its header's
+`lora_adapter_metadata` entry is the adapter's `LoraConfig.to_dict()` as JSON, with every field prefixed
+`transformer.` as well. Loading rebuilds the adapter from that config, so rank, alpha and targets come back exactly.
+
+Save and load follow diffusers, except where that would be silent or unsafe:
+
+- Safetensors only. A pickle (`.bin`, `.pt`, ...) and `use_safetensors=False` are refused before anything is read;
+  diffusers falls back to `torch.load` when `use_safetensors` is unset.
+- Strict. Every key must be a LoRA A or B matrix of a layer that the transformer has, with a shape that fits the
+  layer, and once loaded the adapted layers must be exactly the file's. diffusers logs a warning and skips what it
+  cannot place.
+- Tied weights. SymMixer and AsymMixer adapt the tied MLP weights as parameters
+  (`LoraConfig(target_parameters=...)`, see `models/mixers/paramixer.py`). peft 0.21 refuses to inject such an
+  adapter from a state dict, which is what diffusers' `load_lora_adapter` does. These adapters are injected from
+  their config (the file's metadata) and then filled with `peft.set_peft_model_state_dict`.
+- `save_function` takes the arguments of `safetensors.torch.save_file` (tensors, filename, metadata), so the config
+  is always written; `is_main_process=False` writes nothing.
+
+`set_adapters`, `fuse_lora`, `unfuse_lora`, `disable_lora`, `enable_lora`, `delete_adapters`, `get_active_adapters`,
+`get_list_adapters` and `unload_lora_weights` are `LoraBaseMixin`'s, acting on the transformer through the model's
+`PeftAdapterMixin`. diffusers keeps a table of per-class adapter-weight expansions (`_SET_ADAPTER_SCALE_FN_MAPPING`)
+that maps a class it does not list, such as ours, to "use the weights as given", so nothing needs patching.
+"""
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY, LORA_WEIGHT_NAME_SAFE, LoraBaseMixin
+from diffusers.utils import get_adapter_name, logging
+from huggingface_hub import hf_hub_download
+from torch import nn
+
+
+logger = logging.get_logger(__name__)
+
+# The only keys of a LoRA file: peft's A (r, in) and B (out, r) matrices of each adapted layer.
+LORA_KEY_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+# Keys printed in an error message before "and N more".
+MAX_LISTED = 5
+
+
+def _listed(names: list[str]) -> str:
+    """`names` for an error message: the first `MAX_LISTED`, then how many more."""
+    more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
+    return ", ".join(names[:MAX_LISTED]) + more
+
+
+def _refuse_pickle(name: str) -> None:
+    """Raise unless `name` is a safetensors file; called before the file is opened or downloaded."""
+    if not name.endswith(".safetensors"):
+        raise ValueError(
+            f"{name} is not a safetensors file, and LMLPPipeline loads LoRA weights from safetensors files only, so "
+            "that loading never unpickles (a .bin or .pt file is a pickle, which can run code when loaded). If you "
+            "trust the file, convert it once with safetensors.torch.save_file and load the .safetensors file."
+        )
+
+
+def _lora_file(
+    source: str | os.PathLike,
+    weight_name: str | None = None,
+    subfolder: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    force_download: bool = False,
+    local_files_only: bool = False,
+    token: str | bool | None = None,
+    revision: str | None = None,
+) -> str:
+    """The local path of a LoRA file: `source` itself, `weight_name` in the folder `source`, or in the Hub repo
+    `source` (downloaded into, or read offline from, the huggingface_hub cache).
+
+    Args:
+        source (`str` or `os.PathLike`): A `.safetensors` file, a folder, or a Hub repo id ("user/repo").
+        weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file in the folder
+            or repo.
+        subfolder (`str`, *optional*): The file's folder inside the folder or repo.
+        cache_dir, force_download, local_files_only, token, revision: As `huggingface_hub.hf_hub_download`.
+    """
+    source = os.fspath(source)
+    if os.path.isfile(source):
+        if weight_name is not None or subfolder is not None:
+            raise ValueError(f"{source} is a file: pass its folder to choose a file with weight_name or subfolder.")
+        _refuse_pickle(source)
+        return source
+    weight_name = LORA_WEIGHT_NAME_SAFE if weight_name is None else weight_name
+    _refuse_pickle(weight_name)
+    if not os.path.isdir(source):
+        return hf_hub_download(
+            source,
+            weight_name,
+            subfolder=subfolder,
+            revision=revision,
+            cache_dir=cache_dir,
+            force_download=force_download,
+            local_files_only=local_files_only,
+            token=token,
+        )
+    folder = os.path.join(source, subfolder or "")
+    path = os.path.join(folder, weight_name)
+    if not os.path.isfile(path):
+        present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        raise ValueError(
+            f"{folder} has no {weight_name} (it holds {present or 'nothing'}). Pass weight_name=... to load another "
+            "safetensors file; pickled weights (.bin, .pt) are never loaded."
+        )
+    return path
+
+
+def _read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """The tensors of a safetensors LoRA file and its adapter metadata (None when the header has none)."""
+    try:
+        with safetensors.safe_open(path, framework="pt") as file:
+            header = file.metadata() or {}
+            state_dict = {key: file.get_tensor(key) for key in file.keys()}
+    except safetensors.SafetensorError as error:
+        raise ValueError(
+            f"{path} is not a valid safetensors file ({error}). Save LoRA weights with "
+            "LMLPPipeline.save_lora_weights; a pickle renamed to .safetensors is refused, never unpickled."
+        ) from error
+    raw = header.get(LORA_ADAPTER_METADATA_KEY)
+    return state_dict, (json.loads(raw) if raw else None)
+
+
+def _without_prefix(state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """`state_dict` with `prefix.` removed from its keys; raise if a key lacks it."""
+    foreign = sorted(key for key in state_dict if not key.startswith(f"{prefix}."))
+    if foreign:
+        raise ValueError(
+            f"LoRA keys without the `{prefix}.` prefix: {_listed(foreign)}. LMLPPipeline loads LoRA weights into "
+            f"its {prefix} only, from keys `{prefix}.<peft key>` as save_lora_weights writes them. A file written by "
+            f"`{prefix}.save_lora_adapter` has bare peft keys: save its tensors and config again with "
+            "LMLPPipeline.save_lora_weights."
+        )
+    return {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}
+
+
+def _unwrapped_name(name: str) -> str:
+    """A module's name in the model without adapters: peft's wrappers insert `base_layer` into the path."""
+    return ".".join(part for part in name.split(".") if part != "base_layer")
+
+
+def _base_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's own modules by their name without adapters, whether or not adapters are loaded."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return {
+        _unwrapped_name(name): module
+        for name, module in model.named_modules()
+        if not isinstance(module, BaseTunerLayer) and not any(part.startswith("lora_") for part in name.split("."))
+    }
+
+
+def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -> tuple[int, int]:
+    """The (out, in) shape of the weight that a LoRA on `module` (called `name`) adapts.
+
+    Args:
+        module (`nn.Module`): The layer, as the model without adapters has it.
+        name (`str`): Its name in that model.
+        target_parameters (`list[str]`): The adapter config's `target_parameters`, "<module suffix>.<parameter>".
+    """
+    if isinstance(module, nn.Linear):
+        return module.out_features, module.in_features
+    for target in target_parameters:
+        suffix, parameter = target.rsplit(".", 1)
+        if (name == suffix or name.endswith(f".{suffix}")) and parameter in dict(
+            module.named_parameters(recurse=False)
+        ):
+            return tuple(getattr(module, parameter).shape)
+    raise ValueError(
+        f"The LoRA adapts {name}, a {type(module).__name__}, not an nn.Linear. A weight used outside an nn.Linear "
+        "(the tied SymMixer/AsymMixer weights) is adapted as a parameter, and the file's metadata must say so: save "
+        "with transformer_lora_adapter_metadata=lora_config.to_dict() of a LoraConfig with target_parameters."
+    )
+
+
+def _check_lora_state_dict(
+    state_dict: dict[str, torch.Tensor], transformer: nn.Module, target_parameters: list[str]
+) -> set[str]:
+    """Raise unless every key is a LoRA matrix of a layer of `transformer`, with a shape that fits the layer.
+
+    Args:
+        state_dict (`dict[str, torch.Tensor]`): peft keys, `<layer>.lora_A.weight` and `<layer>.lora_B.weight`.
+        transformer (`nn.Module`): The model the LoRA is for.
+        target_parameters (`list[str]`): The adapter config's `target_parameters`.
+
+    Returns:
+        `set[str]`: The adapted layers, named as peft names them once the adapter is loaded.
+    """
+    not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
+    if not_lora:
+        raise ValueError(
+            f"Keys that are not LoRA matrices: {_listed(not_lora)}. A LoRA file holds `<layer>.lora_A.weight` and "
+            "`<layer>.lora_B.weight` only, as peft's get_peft_model_state_dict(transformer) returns them."
+        )
+    layers = sorted({key.rsplit(".lora_", 1)[0] for key in state_dict})
+    unpaired = [layer for layer in layers if not all(layer + suffix in state_dict for suffix in LORA_KEY_SUFFIXES)]
+    if unpaired:
+        raise ValueError(f"LoRA layers with lora_A or lora_B missing: {_listed(unpaired)}. The file is incomplete.")
+    base = _base_modules(transformer)
+    name = type(transformer).__name__
+    unknown = [layer for layer in layers if _unwrapped_name(layer) not in base]
+    if unknown:
+        raise ValueError(
+            f"LoRA keys for layers the {name} does not have: {_listed(unknown)}. The LoRA was trained for another "
+            "model; load it into the model it was trained for."
+        )
+    for layer in layers:
+        module_name = _unwrapped_name(layer)
+        out_features, in_features = _adapted_shape(base[module_name], module_name, target_parameters)
+        down, up = state_dict[f"{layer}.lora_A.weight"], state_dict[f"{layer}.lora_B.weight"]
+        rank = down.shape[0]
+        if down.shape != (rank, in_features) or up.shape != (out_features, rank):
+            raise ValueError(
+                f"The LoRA of {layer} has lora_A {tuple(down.shape)} and lora_B {tuple(up.shape)}, but the {name}'s "
+                f"layer maps {in_features} to {out_features} features, so they must be (r, {in_features}) and "
+                f"({out_features}, r) with one rank r. The LoRA was trained for a model of another config."
+            )
+    return set(layers)
+
+
+def _check_adapted(transformer: nn.Module, adapter_name: str, layers: set[str]) -> None:
+    """Raise unless the layers that `adapter_name` adapts in `transformer` are exactly `layers`."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    adapted = {
+        name
+        for name, module in transformer.named_modules()
+        if isinstance(module, BaseTunerLayer) and adapter_name in getattr(module, "lora_A", {})
+    }
+    if adapted != layers:
+        missing, extra = sorted(layers - adapted), sorted(adapted - layers)
+        if any(".base_layer." in layer for layer in missing) and len(getattr(transformer, "peft_config", {})) > 1:
+            reason = (
+                "peft 0.21 adds no further adapter to a layer inside another adapter's tied-weight wrapper (the "
+                "AsymMixer's fc2 under a target_parameters adapter): load one such adapter at a time, "
+                "unload_lora_weights() or delete_adapters(...) first."
+            )
+        else:
+            reason = "Save the LoRA with the LoraConfig it was trained with (lora_config.to_dict() as metadata)."
+        raise ValueError(
+            f"Adapter {adapter_name!r} does not adapt the layers the LoRA file has weights for: not adapted "
+            f"{_listed(missing) or 'none'}; adapted without weights {_listed(extra) or 'none'}. {reason}"
+        )
+
+
+def _discard_adapter(transformer: nn.Module, adapter_name: str) -> None:
+    """Remove a half-loaded adapter; with no adapter left, remove peft's layers too, restoring the plain model."""
+    if adapter_name in getattr(transformer, "peft_config", {}):
+        transformer.delete_adapters(adapter_name)
+    if not getattr(transformer, "peft_config", None):
+        transformer.unload_lora()
+
+
+def _inject_tied_adapter(
+    transformer: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    metadata: dict[str, Any],
+    adapter_name: str,
+    low_cpu_mem_usage: bool,
+) -> None:
+    """Add an adapter with `target_parameters` from its config, then fill it from `state_dict`.
+
+    peft 0.21's `inject_adapter_in_model` refuses a state dict when the config has `target_parameters`, so this is
+    `PeftAdapterMixin.load_lora_adapter` with the adapter placed by its config instead.
+    """
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+
+    config = LoraConfig(**metadata)
+    inject_adapter_in_model(config, transformer, adapter_name=adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
+    transformer._hf_peft_config_loaded = True
+    set_peft_model_state_dict(transformer, state_dict, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
+
+
+def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None) -> None:
+    """Raise if the update ΔW that fusing would add to a layer of `model` holds NaN or inf.
+
+    Args:
+        model (`nn.Module`): A model with LoRA layers.
+        adapter_names (`list[str]`, *optional*): The adapters to check; each layer's active ones when not given.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        for adapter in adapter_names or module.active_adapters:
+            if adapter in module.lora_A and not torch.isfinite(module.get_delta_weight(adapter)).all():
+                raise ValueError(
+                    f"Adapter {adapter!r} holds NaN or inf in its update of {name}, so nothing was fused "
+                    "(safe_fusing=True). The adapter is broken: load a sound copy, or delete_adapters it."
+                )
+
+
+class LMLPLoraLoaderMixin(LoraBaseMixin):
+    """Load, save, fuse and switch LoRA adapters of an [`LMLPPipeline`]'s transformer, as diffusers' pipelines do.
+
+    Every registered backbone (`diffusers_lmlp.FAMILIES`) can be adapted: the nn.Linear layers of its blocks, and the
+    tied SymMixer/AsymMixer weights as `target_parameters`. Files are diffusers' `pytorch_lora_weights.safetensors`
+    with `transformer.`-prefixed keys and the adapter config in the header; see this module's docstring.
+    """
+
+    _lora_loadable_modules = ["transformer"]
+    transformer_name = "transformer"
+
+    @classmethod
+    def lora_state_dict(
+        cls, pretrained_model_name_or_path_or_dict: str | os.PathLike | dict[str, torch.Tensor], **kwargs
+    ) -> dict[str, torch.Tensor] | tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+        """Read a LoRA state dict (and its adapter metadata) from a file, a folder, a Hub repo or a dict.
+
+        Args:
+            pretrained_model_name_or_path_or_dict (`str`, `os.PathLike` or `dict`): A `.safetensors` file, a
+                folder, a Hub repo id ("user/repo", read from the huggingface_hub cache when offline), or a state
+                dict, returned as it is.
+            weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file in the folder
+                or repo; must be a safetensors file.
+            subfolder (`str`, *optional*): The file's folder inside the folder or repo.
+            cache_dir (`str` or `os.PathLike`, *optional*): The huggingface_hub cache to use.
+            force_download (`bool`, *optional*, defaults to `False`): Download again even when cached.
+            local_files_only (`bool`, *optional*, defaults to `False`): Never go online.
+            token (`str` or `bool`, *optional*): The Hub token.
+            revision (`str`, *optional*): The repo's branch, tag or commit.
+            use_safetensors (`bool`, *optional*): Only `None` or `True`: LoRA weights are read from safetensors only.
+            return_lora_metadata (`bool`, *optional*, defaults to `False`): Also return the adapter metadata.
+
+        Returns:
+            `dict[str, torch.Tensor]`, or with `return_lora_metadata=True` a tuple of it and the metadata (the
+            `transformer.`-prefixed `LoraConfig` fields; None for a dict, or a file saved without them).
+        """
+        return_lora_metadata = kwargs.pop("return_lora_metadata", False)
+        if kwargs.pop("use_safetensors", None) not in (None, True):
+            raise ValueError(
+                "LMLPPipeline loads LoRA weights from safetensors files only, so that loading never unpickles; "
+                "use_safetensors=False is not supported. Convert a trusted pickled LoRA with "
+                "safetensors.torch.save_file."
+            )
+        if isinstance(pretrained_model_name_or_path_or_dict, dict):
+            if kwargs:
+                raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
+            state_dict, metadata = pretrained_model_name_or_path_or_dict, None
+        else:
+            state_dict, metadata = _read_lora_file(_lora_file(pretrained_model_name_or_path_or_dict, **kwargs))
+        return (state_dict, metadata) if return_lora_metadata else state_dict
+
+    def load_lora_weights(
+        self,
+        pretrained_model_name_or_path_or_dict: str | os.PathLike | dict[str, torch.Tensor],
+        adapter_name: str | None = None,
+        hotswap: bool = False,
+        **kwargs,
+    ) -> None:
+        """Load a LoRA into `self.transformer` as a new adapter, and make it the active one.
+
+        Args:
+            pretrained_model_name_or_path_or_dict (`str`, `os.PathLike` or `dict`): See `lora_state_dict`; keys are
+                `transformer.<peft key>`.
+            adapter_name (`str`, *optional*): The adapter's name, for `set_adapters`; `"default_<n>"` when not given.
+            hotswap (`bool`, *optional*, defaults to `False`): Replace the weights of the loaded adapter
+                `adapter_name` in place (no recompilation of a compiled transformer), as diffusers does. Not for
+                adapters on tied weights.
+            low_cpu_mem_usage (`bool`, *optional*, defaults to `False`): Create the adapter's layers empty before
+                filling them.
+            **kwargs: The file options of `lora_state_dict` (`weight_name`, `subfolder`, `revision`, `cache_dir`,
+                ...).
+        """
+        low_cpu_mem_usage = kwargs.pop("low_cpu_mem_usage", False)
+        state_dict, metadata = self.lora_state_dict(
+            pretrained_model_name_or_path_or_dict, return_lora_metadata=True, **kwargs
+        )
+        self.load_lora_into_transformer(
+            state_dict,
+            transformer=self.transformer,
+            adapter_name=adapter_name,
+            _pipeline=self,
+            low_cpu_mem_usage=low_cpu_mem_usage,
+            hotswap=hotswap,
+            metadata=metadata,
+        )
+
+    @classmethod
+    def load_lora_into_transformer(
+        cls,
+        state_dict: dict[str, torch.Tensor],
+        transformer: nn.Module,
+        adapter_name: str | None = None,
+        _pipeline: Any = None,
+        low_cpu_mem_usage: bool = False,
+        hotswap: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Load `transformer.`-prefixed LoRA weights into `transformer`, checking that every key finds its layer.
+
+        Args:
+            state_dict (`dict[str, torch.Tensor]`): `transformer.<layer>.lora_A.weight` (r, in) and
+                `transformer.<layer>.lora_B.weight` (out, r) for each adapted layer.
+            transformer (`nn.Module`): A model of the registry (any `PeftAdapterMixin` model).
+            adapter_name (`str`, *optional*): See `load_lora_weights`.
+            _pipeline (`DiffusionPipeline`, *optional*): The pipeline, whose CPU offloading diffusers pauses while
+                loading adapters on nn.Linear layers.
+            low_cpu_mem_usage (`bool`, *optional*, defaults to `False`): See `load_lora_weights`.
+            hotswap (`bool`, *optional*, defaults to `False`): See `load_lora_weights`.
+            metadata (`dict`, *optional*): The `transformer.`-prefixed `LoraConfig` fields. Without them (a state
+                dict from memory), every layer's rank is read from its matrices and alpha equals the rank (scale 1),
+                as in diffusers; adapters on tied weights need them.
+        """
+        prefix = cls.transformer_name
+        state_dict = _without_prefix(state_dict, prefix)
+        if metadata is not None:
+            metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
+        target_parameters = list((metadata or {}).get("target_parameters") or [])
+        layers = _check_lora_state_dict(state_dict, transformer, target_parameters)
+        if target_parameters and hotswap:
+            raise ValueError(
+                "hotswap is not supported for an adapter on tied weights (target_parameters); load it under a new "
+                "adapter_name, or delete_adapters the old one first."
+            )
+        if adapter_name is None:
+            adapter_name = get_adapter_name(transformer)
+        loaded = list(getattr(transformer, "peft_config", {}))
+        if hotswap and adapter_name not in loaded:
+            raise ValueError(
+                f"hotswap replaces a loaded adapter: adapter_name must be one of {loaded}, not {adapter_name!r}."
+            )
+        if not hotswap and adapter_name in loaded:
+            raise ValueError(
+                f"Adapter name {adapter_name!r} is already in use; choose another adapter_name, or pass hotswap=True "
+                "to replace its weights."
+            )
+        logger.info(f"Loading {prefix} LoRA {adapter_name}.")
+        try:
+            if target_parameters:
+                _inject_tied_adapter(transformer, state_dict, metadata, adapter_name, low_cpu_mem_usage)
+            else:
+                transformer.load_lora_adapter(
+                    state_dict,
+                    prefix=None,
+                    adapter_name=adapter_name,
+                    metadata=metadata,
+                    _pipeline=_pipeline,
+                    low_cpu_mem_usage=low_cpu_mem_usage,
+                    hotswap=hotswap,
+                )
+            _check_adapted(transformer, adapter_name, layers)
+        except RuntimeError as error:
+            if not hotswap:
+                _discard_adapter(transformer, adapter_name)
+            if "size mismatch" not in str(error):
+                raise
+            raise ValueError(
+                f"The LoRA's matrices do not have the rank that its config gives (r, rank_pattern in the file's "
+                f"metadata): {error}. Save the LoRA with the LoraConfig it was trained with."
+            ) from error
+        except Exception:
+            if not hotswap:
+                _discard_adapter(transformer, adapter_name)
+            raise
+
+    @classmethod
+    def save_lora_weights(
+        cls,
+        save_directory: str | os.PathLike,
+        transformer_lora_layers: dict[str, torch.Tensor] | nn.Module | None = None,
+        is_main_process: bool = True,
+        weight_name: str | None = None,
+        save_function: Callable[..., Any] | None = None,
+        safe_serialization: bool = True,
+        transformer_lora_adapter_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Write a transformer LoRA as diffusers does: `transformer.`-prefixed keys, the config in the header.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): The folder to write to (created if needed).
+            transformer_lora_layers (`dict[str, torch.Tensor]` or `nn.Module`): The LoRA weights,
+                `peft.get_peft_model_state_dict(transformer)`.
+            is_main_process (`bool`, *optional*, defaults to `True`): Only the main process of a distributed run
+                writes; the others check the arguments and return.
+            weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file name; must
+                end with `.safetensors`.
+            save_function (`Callable`, *optional*, defaults to `safetensors.torch.save_file`): Called as
+                `save_function(tensors, filename, metadata=header)`, like `safetensors.torch.save_file`.
+            safe_serialization (`bool`, *optional*, defaults to `True`): Only `True`: LoRA files are safetensors.
+            transformer_lora_adapter_metadata (`dict`, *optional*): The adapter config, `lora_config.to_dict()`, so
+                that loading rebuilds it exactly. Without it, loading takes alpha = rank (scale 1), and an adapter on
+                tied weights (`target_parameters`) cannot be loaded.
+        """
+        if not safe_serialization:
+            raise ValueError("LoRA weights are saved as safetensors only (safe_serialization=True), never pickled.")
+        if not transformer_lora_layers:
+            raise ValueError(
+                "Pass the LoRA weights to save: transformer_lora_layers=get_peft_model_state_dict(transformer)."
+            )
+        weight_name = LORA_WEIGHT_NAME_SAFE if weight_name is None else weight_name
+        _refuse_pickle(weight_name)
+        state_dict = cls.pack_weights(transformer_lora_layers, cls.transformer_name)
+        not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
+        if not_lora:
+            raise ValueError(
+                f"transformer_lora_layers has keys that are not LoRA matrices: {_listed(not_lora)}. Pass "
+                "get_peft_model_state_dict(transformer), whose keys end with .lora_A.weight and .lora_B.weight."
+            )
+        header = {"format": "pt"}
+        if transformer_lora_adapter_metadata:
+            # JSON has no sets (to_dict() gives target_modules as one): sorted, equal configs write equal JSON.
+            fields = {
+                f"{cls.transformer_name}.{key}": sorted(value) if isinstance(value, set) else value
+                for key, value in transformer_lora_adapter_metadata.items()
+            }
+            header[LORA_ADAPTER_METADATA_KEY] = json.dumps(fields, indent=2, sort_keys=True)
+        if not is_main_process:
+            return
+        if os.path.isfile(save_directory):
+            raise ValueError(f"{save_directory} is a file; save_lora_weights writes into a folder.")
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, weight_name)
+        (save_function or safetensors.torch.save_file)(state_dict, path, metadata=header)
+        logger.info(f"LoRA weights saved in {path}")
+
+    def fuse_lora(
+        self,
+        components: list[str] = ["transformer"],
+        lora_scale: float = 1.0,
+        safe_fusing: bool = False,
+        adapter_names: list[str] | None = None,
+    ) -> None:
+        """Merge the active adapters (or `adapter_names`) into the transformer's weights: W ← W + lora_scale·ΔW.
+
+        As in diffusers, the fused adapters keep the scale `lora_scale` after `unfuse_lora`; `set_adapters` sets it
+        again.
+
+        Args:
+            components (`list[str]`, *optional*, defaults to `["transformer"]`): The components to fuse.
+            lora_scale (`float`, *optional*, defaults to 1.0): Multiplies each adapter's scale before merging.
+            safe_fusing (`bool`, *optional*, defaults to `False`): Fuse nothing, and raise, if an update ΔW holds NaN
+                or inf. (peft checks layer by layer while merging, so on its own it leaves the layers before the
+                broken one fused.)
+            adapter_names (`list[str]`, *optional*): The adapters to merge; the active ones when not given.
+        """
+        if safe_fusing:
+            for component in components:
+                _refuse_non_finite_updates(getattr(self, component), adapter_names)
+        super().fuse_lora(
+            components=components, lora_scale=lora_scale, safe_fusing=safe_fusing, adapter_names=adapter_names
+        )
+
+    def unfuse_lora(self, components: list[str] = ["transformer"]) -> None:
+        """Subtract what `fuse_lora` merged, restoring the transformer's own weights (up to rounding).
+
+        Args:
+            components (`list[str]`, *optional*, defaults to `["transformer"]`): The components to unfuse.
+        """
+        super().unfuse_lora(components=components)

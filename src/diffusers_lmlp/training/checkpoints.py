@@ -1,0 +1,284 @@
+"""Checkpoints of a training run: written so that a complete one exists at every instant, pruned, resumed, and held
+by one run at a time.
+
+Each `checkpoint-N` folder holds accelerate's state (optimizer, LR scheduler, RNG) next to diffusers model folders
+(safetensors, never pickled modules): `transformer/` and, with EMA, `transformer_ema/`; with LoRA, the adapter alone in
+`transformer_lora/`.
+"""
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import broadcast
+from diffusers.training_utils import EMAModel
+
+from .durable import fsync_tree
+from .lora import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
+from .lora import load_adapter, save_adapter
+
+
+logger = get_logger(__name__)
+
+# A checkpoint is only ever complete under this name. The other names are those of an operation under way (see
+# `save_checkpoint` and `remove_checkpoint`), which a killed run leaves behind and the next one cleans up:
+#   .checkpoint-N.tmp       being written                       → removed
+#   .checkpoint-N.old       set aside while checkpoint-N is     → removed, or renamed back when checkpoint-N is missing
+#                           replaced
+#   .checkpoint-N.deleting  being deleted                       → removed
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+UNDER_WAY_PATTERN = re.compile(r"^\.checkpoint-(\d+)\.(tmp|old|deleting)$")
+# The run's own state inside a checkpoint, next to accelerate's: {"step": ..., "train_seconds": ...}.
+STATE_FILE = "training_state.json"
+# Held (flock) by the main process of the run that uses the output folder.
+LOCK_FILE = ".train.lock"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a `checkpoint-N` folder.
+
+    Args:
+        path (`Path`): The checkpoint folder.
+    """
+    return int(CHECKPOINT_PATTERN.match(path.name).group(1))
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. A checkpoint is written under a temporary name and renamed when complete,
+    so an interrupted write (`.checkpoint-N.tmp`) never appears here."""
+    found = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=checkpoint_step)
+
+
+@contextlib.contextmanager
+def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
+    """Hold `output_dir` for this run: a second run on it is refused at start-up, by every one of its processes.
+
+    The main process takes an exclusive `flock` on `output_dir/.train.lock` and keeps it for the whole run. The OS
+    drops it when the process ends, however it ends, so a killed run never leaves the folder locked. Holding it, the
+    main process cleans up the checkpoint operations that killed runs left half-done. The other processes learn the
+    outcome from it (a broadcast flag), so that they stop too rather than wait for it.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        output_dir (`Path`): The `--output_dir`.
+
+    Raises:
+        `SystemExit`: When another run holds the folder.
+    """
+    lock = None
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(output_dir / LOCK_FILE, "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            lock = None
+        else:
+            clean_up_interrupted_checkpoints(output_dir)
+    refused = torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)
+    if broadcast(refused).item():
+        raise SystemExit(
+            f"error: another training run is using --output_dir {output_dir} (it holds {output_dir / LOCK_FILE}): "
+            "wait for it to finish, stop it, or pass another --output_dir."
+        )
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def clean_up_interrupted_checkpoints(output_dir: Path) -> None:
+    """Finish or undo what killed runs left of checkpoint operations (the names are listed at `CHECKPOINT_PATTERN`).
+
+    Args:
+        output_dir (`Path`): The `--output_dir`, held by this run.
+    """
+    for path in sorted(output_dir.glob(".checkpoint-*")):
+        match = UNDER_WAY_PATTERN.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        final = output_dir / f"checkpoint-{match.group(1)}"
+        if match.group(2) == "old" and not final.exists():
+            os.replace(path, final)
+            logger.warning(f"restored {final.name} from {path.name}, set aside by an interrupted run")
+        else:
+            shutil.rmtree(path)
+            logger.warning(f"removed {path.name}, left by an interrupted run")
+
+
+def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
+    """Name the checkpoints past the step this run starts from: they belong to an abandoned run.
+
+    Args:
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The step this run starts from.
+    """
+    later = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) > step]
+    if later:
+        logger.warning(
+            f"this run starts at step {step}, and {output_dir} holds later checkpoints {', '.join(later)} from a run "
+            "it abandons: they will be overwritten as this run reaches their steps (or pruned first under "
+            f"--checkpoints_total_limit). Until then, --resume_from_checkpoint latest picks {later[-1]}."
+        )
+
+
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: Path, step: int, limit: int | None, train_seconds: float
+) -> Path:
+    """Write `checkpoint-{step}` so that a complete checkpoint exists at every instant, then prune old ones.
+
+    The state is written to `.checkpoint-{step}.tmp`, flushed to disk and renamed into place (replacing an existing
+    `checkpoint-{step}` of an abandoned run); only then are checkpoints over `limit` removed.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The optimizer steps done.
+        limit (`int`, *optional*): `--checkpoints_total_limit`.
+        train_seconds (`float`): Training time up to now, over every segment of the run (stored in `STATE_FILE`).
+
+    Raises:
+        `SystemExit`: When the disk is full; the partial write is removed and the earlier checkpoints stay.
+    """
+    final, tmp = output_dir / f"checkpoint-{step}", output_dir / f".checkpoint-{step}.tmp"
+    try:
+        accelerator.save_state(str(tmp))
+        with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:
+            json.dump({"step": step, "train_seconds": train_seconds}, f)
+        fsync_tree(tmp)
+    except Exception as error:
+        full = disk_full(error, output_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        earlier = [p.name for p in list_checkpoints(output_dir)]
+        kept = f"the earlier checkpoints are intact: {', '.join(earlier)}" if earlier else "there is no earlier one"
+        raise SystemExit(
+            f"error: no space left on the device while saving checkpoint-{step} in --output_dir {output_dir} "
+            f"({error}). The partial checkpoint was removed, and {kept}. Free some space there (or write to another "
+            "disk), then resume with --resume_from_checkpoint latest."
+        ) from None
+    aside = output_dir / f".checkpoint-{step}.old"
+    if final.exists():  # from an abandoned run (see `warn_about_later_checkpoints`)
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    fsync_tree(output_dir, recursive=False)
+    shutil.rmtree(aside, ignore_errors=True)
+    prune_checkpoints(output_dir, step, limit)
+    return final
+
+
+def disk_full(error: Exception, folder: Path) -> bool:
+    """Whether a failed write ran out of space: the error says so, or the device is full (torch.save reports a full
+    disk as an `unexpected pos` RuntimeError).
+
+    Args:
+        error (`Exception`): What the write raised.
+        folder (`Path`): Where it wrote.
+    """
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return shutil.disk_usage(folder).free < 2**20
+
+
+def prune_checkpoints(output_dir: Path, step: int, limit: int | None) -> None:
+    """Keep the `limit` newest checkpoints of this run; checkpoints past `step` (an abandoned run's) go first.
+
+    Args:
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The step of the checkpoint just saved.
+        limit (`int`, *optional*): `--checkpoints_total_limit`; None keeps all.
+    """
+    if limit is None:
+        return
+    # Oldest first, an abandoned run's checkpoints counting as older than any of this run's.
+    ordered = sorted(list_checkpoints(output_dir), key=lambda p: (checkpoint_step(p) <= step, checkpoint_step(p)))
+    for path in ordered[: max(0, len(ordered) - limit)]:
+        remove_checkpoint(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint; it is renamed first, so that a kill half-way never leaves a partial `checkpoint-N`.
+
+    Args:
+        path (`Path`): The checkpoint folder.
+    """
+    doomed = path.with_name(f".{path.name}.deleting")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def saved_train_seconds(checkpoint: Path) -> float:
+    """The training time up to a checkpoint, over all of its run's segments (0 for checkpoints that predate it).
+
+    Args:
+        checkpoint (`Path`): The checkpoint folder.
+    """
+    state = checkpoint / STATE_FILE
+    if not state.is_file():
+        logger.warning(f"{checkpoint} has no {STATE_FILE}: the summary counts the training time from here")
+        return 0.0
+    return float(json.loads(state.read_text(encoding="utf-8"))["train_seconds"])
+
+
+def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None, lora: bool = False) -> None:
+    """Checkpoints hold diffusers model folders (safetensors), not pickled modules: the backbone in `transformer/`
+    (its EMA in `transformer_ema/`), or with LoRA only the adapter, in diffusers' LoRA format in `transformer_lora/`
+    (the frozen base comes from the base pipeline again on resume).
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        model_class (`type`): The backbone's class.
+        ema (`EMAModel`, *optional*): The EMA weights, saved and restored with the model.
+        lora (`bool`, *optional*, defaults to `False`): Whether the run trains a LoRA adapter.
+    """
+
+    def save_hook(models, weights, output_dir):
+        if accelerator.is_main_process:
+            for model in models:
+                unwrapped = accelerator.unwrap_model(model)
+                if lora:
+                    save_adapter(unwrapped, Path(output_dir) / LORA_CHECKPOINT_FOLDER)
+                else:
+                    unwrapped.save_pretrained(os.path.join(output_dir, "transformer"))
+                weights.pop()
+            if ema is not None:
+                ema.save_pretrained(os.path.join(output_dir, "transformer_ema"))
+
+    def load_hook(models, input_dir):
+        saved_lora = os.path.isdir(os.path.join(input_dir, LORA_CHECKPOINT_FOLDER))
+        if saved_lora != lora:
+            raise SystemExit(
+                f"error: {input_dir} is a checkpoint of a run that trained "
+                f"{'a LoRA adapter' if saved_lora else 'the whole backbone'}: resume it "
+                f"{'with' if saved_lora else 'without'} --lora_rank"
+            )
+        for _ in range(len(models)):
+            model = models.pop()
+            if lora:
+                load_adapter(accelerator.unwrap_model(model), Path(input_dir) / LORA_CHECKPOINT_FOLDER)
+                continue
+            loaded = model_class.from_pretrained(input_dir, subfolder="transformer")
+            accelerator.unwrap_model(model).load_state_dict(loaded.state_dict())
+        if ema is None:
+            return
+        ema_dir = os.path.join(input_dir, "transformer_ema")
+        if os.path.isdir(ema_dir):
+            ema.load_state_dict(EMAModel.from_pretrained(ema_dir, model_class).state_dict())
+        else:
+            logger.warning(f"{input_dir} has no EMA weights (trained without --use_ema): the EMA starts from them")
+            ema.load_state_dict(EMAModel(loaded.parameters(), decay=ema.decay).state_dict())
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)

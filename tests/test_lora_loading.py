@@ -1,0 +1,603 @@
+"""`LMLPPipeline` LoRA files, the diffusers way: save, load (folder, file, Hub cache), fuse, scale, combine, unload.
+
+The reference for a loaded adapter is computed by hand from the file's tensors: W + weight·(alpha/r)·B·A added to a
+copy of the base weights, without peft. Pickles are never opened, and no key of a file is skipped silently.
+"""
+
+import copy
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import safetensors.torch
+import torch
+from diffusers.loaders.lora_pipeline import SanaLoraLoaderMixin
+from peft import LoraConfig, get_peft_model_state_dict
+from peft.tuners.tuners_utils import BaseTunerLayer
+from safetensors.torch import load_file
+from torch import nn
+
+from diffusers_lmlp import FAMILIES, LMLPPipeline
+
+
+WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# An adapter on nn.Linear layers (diffusers' own loading path) and one on tied weights (peft's target_parameters).
+LINEAR_AND_TIED = ["lmlp", "symmixer"]
+
+
+@pytest.fixture(autouse=True)
+def no_unpickling(monkeypatch):
+    """Every load in this module reads safetensors only: `torch.load` (pickle) fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("LoRA loading unpickled a file with torch.load")
+
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def blocks(model: nn.Module) -> dict[str, nn.Module]:
+    """The in, mid and out blocks of a backbone, by name."""
+    stack = model.stack
+    return {
+        **{f"stack.in_blocks.{i}": block for i, block in enumerate(stack.in_blocks)},
+        "stack.mid_block": stack.mid_block,
+        **{f"stack.out_blocks.{i}": block for i, block in enumerate(stack.out_blocks)},
+    }
+
+
+def block_targets(model: nn.Module) -> tuple[list[str], list[str]]:
+    """What LoRA adapts in the blocks: nn.Linear layers by their name inside a block (`target_modules`), and 2-D
+    weights used without an nn.Linear (`target_parameters`: the tied SymMixer/AsymMixer weights)."""
+    modules, parameters = set(), set()
+    for block in blocks(model).values():
+        for name, module in block.named_modules():
+            if isinstance(module, nn.Linear):
+                modules.add(name)
+            elif name and not isinstance(module, nn.LayerNorm):
+                parameters.update(
+                    f"{name}.{p}" for p, value in module.named_parameters(recurse=False) if value.ndim == 2
+                )
+    return sorted(modules), sorted(parameters)
+
+
+def every_block_layer(model: nn.Module) -> set[str]:
+    """The full names of every layer that `block_targets` adapts, in every block."""
+    modules, parameters = block_targets(model)
+    names = {name for name, _ in model.named_modules()}
+    targets = [*modules, *(parameter.rsplit(".", 1)[0] for parameter in parameters)]
+    return {f"{block}.{target}" for block in blocks(model) for target in targets if f"{block}.{target}" in names}
+
+
+def lora_config(model: nn.Module, **overrides) -> LoraConfig:
+    """Every adaptable layer of every block, r=2, alpha=4: scale 2, so a loader that ignored the saved alpha would
+    be off by 2×. init_lora_weights=False draws lora_B at random too, so the adapter changes the output."""
+    modules, parameters = block_targets(model)
+    config = dict(r=2, lora_alpha=4, target_modules=modules, target_parameters=parameters, init_lora_weights=False)
+    return LoraConfig(**{**config, **overrides})
+
+
+def write_lora(make_pipe, folder: Path, family: str = "lmlp", seed: int = 1, **overrides) -> LMLPPipeline:
+    """Add a random adapter to a tiny pipeline and save it as the training script does.
+
+    Returns:
+        `LMLPPipeline`: The pipeline with the adapter in memory.
+    """
+    pipe = make_pipe(family)
+    config = lora_config(pipe.transformer, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pipe.transformer.add_adapter(config)
+    LMLPPipeline.save_lora_weights(
+        folder,
+        transformer_lora_layers=get_peft_model_state_dict(pipe.transformer),
+        transformer_lora_adapter_metadata=config.to_dict(),
+    )
+    return pipe
+
+
+def unwrapped(layer: str) -> str:
+    """A layer's name in the model without adapters (peft's wrappers insert `base_layer`)."""
+    return ".".join(part for part in layer.split(".") if part != "base_layer")
+
+
+def file_layers(folder: Path) -> set[str]:
+    """The layers a LoRA file has weights for, as peft names them."""
+    return {key.removeprefix("transformer.").rsplit(".lora_", 1)[0] for key in load_file(folder / WEIGHT_NAME)}
+
+
+def adapted_layers(pipe: LMLPPipeline, adapter_name: str) -> set[str]:
+    return {
+        name
+        for name, module in pipe.transformer.named_modules()
+        if isinstance(module, BaseTunerLayer) and adapter_name in module.lora_A
+    }
+
+
+def merged_by_hand(pipe: LMLPPipeline, *adapters: tuple[Path, float]) -> LMLPPipeline:
+    """`pipe` (without adapters) with W + weight·(alpha/r)·B·A of each LoRA file added to a copy of its weights.
+
+    Only safetensors reads the file (tensors, and the config's alpha and alpha_pattern from the header): no peft.
+    """
+    transformer = copy.deepcopy(pipe.transformer)
+    with torch.no_grad():
+        for folder, weight in adapters:
+            tensors = load_file(folder / WEIGHT_NAME)
+            with safetensors.safe_open(folder / WEIGHT_NAME, "pt") as file:
+                config = json.loads(file.metadata()["lora_adapter_metadata"])
+            for layer in file_layers(folder):
+                down = tensors[f"transformer.{layer}.lora_A.weight"]  # (r, in)
+                up = tensors[f"transformer.{layer}.lora_B.weight"]  # (out, r)
+                pattern = [a for p, a in config["transformer.alpha_pattern"].items() if unwrapped(layer).endswith(p)]
+                alpha = pattern[0] if pattern else config["transformer.lora_alpha"]
+                # An nn.Linear's weight, or a SymmetricMLP's tied weight: (out, in) either way.
+                transformer.get_submodule(unwrapped(layer)).weight += weight * alpha / down.shape[0] * up @ down
+    merged = LMLPPipeline(**{**pipe.components, "transformer": transformer})
+    merged.set_progress_bar_config(disable=True)
+    return merged
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_saved_lora_loads_to_the_hand_merged_weights_on_every_layer(make_pipe, generate, tmp_path, family):
+    in_memory = write_lora(make_pipe, tmp_path, family)
+    pipe = make_pipe(family)
+    base = generate(pipe)
+    pipe.load_lora_weights(tmp_path, adapter_name="style")
+
+    # The file has every layer of every block, and the loaded adapter adapts exactly the file's layers.
+    assert {unwrapped(layer) for layer in file_layers(tmp_path)} == every_block_layer(make_pipe(family).transformer)
+    assert adapted_layers(pipe, "style") == file_layers(tmp_path)
+    loaded = generate(pipe)
+    assert (loaded - base).abs().max() > 1e-3, "the adapter does not change the image"
+    torch.testing.assert_close(loaded, generate(in_memory), rtol=0, atol=0)
+    close(loaded, generate(merged_by_hand(make_pipe(family), (tmp_path, 1.0))))
+    # diffusers looks adapter weights up per model class; ours, unlisted, take them as given.
+    pipe.set_adapters("style", adapter_weights=0.5)
+    close(generate(pipe), generate(merged_by_hand(make_pipe(family), (tmp_path, 0.5))))
+
+
+def test_rank_and_alpha_patterns_round_trip_exactly(make_pipe, generate, tmp_path):
+    patterns = dict(rank_pattern={"joint_mlp.fc1": 3}, alpha_pattern={"merge": 8, "joint_mlp.fc1": 1})
+    in_memory = write_lora(make_pipe, tmp_path, **patterns)
+    pipe = make_pipe()
+    pipe.load_lora_weights(tmp_path, adapter_name="style")
+
+    saved, loaded = in_memory.transformer.peft_config["default"], pipe.transformer.peft_config["style"]
+    for field in ("r", "lora_alpha", "rank_pattern", "alpha_pattern", "target_modules", "use_rslora", "use_dora"):
+        assert getattr(loaded, field) == getattr(saved, field), field
+    assert pipe.transformer.stack.mid_block.joint_mlp.fc1.lora_A["style"].weight.shape == (3, 32)
+    assert pipe.transformer.stack.mid_block.merge.scaling["style"] == 8 / 2
+    close(generate(pipe), generate(merged_by_hand(make_pipe(), (tmp_path, 1.0))))
+
+
+def test_the_file_is_what_diffusers_writes_and_diffusers_reads_it(make_pipe, generate, tmp_path):
+    adapted = write_lora(make_pipe, tmp_path / "ours")
+    layers, config = get_peft_model_state_dict(adapted.transformer), adapted.transformer.peft_config["default"]
+    # diffusers writes a set in the order it iterates it: give it the sorted list ours writes.
+    metadata = {**config.to_dict(), "target_modules": sorted(config.target_modules)}
+    SanaLoraLoaderMixin.save_lora_weights(
+        tmp_path / "diffusers", transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
+    )
+    # The same header entries and tensors (safetensors writes header entries in no fixed order: not bytes).
+    written = {}
+    for writer in ("ours", "diffusers"):
+        with safetensors.safe_open(tmp_path / writer / WEIGHT_NAME, "pt") as file:
+            written[writer] = file.metadata(), {key: file.get_tensor(key) for key in file.keys()}
+    assert written["ours"][0] == written["diffusers"][0]
+    assert written["ours"][0]["lora_adapter_metadata"] == json.dumps(
+        {f"transformer.{k}": v for k, v in metadata.items()}, indent=2, sort_keys=True
+    )
+    assert sorted(written["ours"][1]) == sorted(written["diffusers"][1]) == sorted(f"transformer.{k}" for k in layers)
+    assert all(torch.equal(value, written["diffusers"][1][key]) for key, value in written["ours"][1].items())
+
+    ours = LMLPPipeline.lora_state_dict(tmp_path / "ours", return_lora_metadata=True)
+    theirs = SanaLoraLoaderMixin.lora_state_dict(tmp_path / "ours", return_lora_metadata=True)
+    assert ours[1] == theirs[1] and ours[1]["transformer.r"] == 2 and ours[1]["transformer.lora_alpha"] == 4
+    assert sorted(ours[0]) == sorted(theirs[0]) == sorted(f"transformer.{key}" for key in layers)
+    assert all(torch.equal(ours[0][key], theirs[0][key]) for key in ours[0])
+
+    # diffusers' own model loader, given our file, adapts the transformer the same way.
+    by_diffusers, by_us = make_pipe(), make_pipe()
+    by_diffusers.transformer.load_lora_adapter(tmp_path / "ours", weight_name=WEIGHT_NAME, use_safetensors=True)
+    by_us.load_lora_weights(tmp_path / "ours")
+    torch.testing.assert_close(generate(by_us), generate(by_diffusers), rtol=0, atol=0)
+
+
+def test_a_file_path_and_a_state_dict_load_like_the_folder(make_pipe, generate, tmp_path):
+    write_lora(make_pipe, tmp_path)
+    from_folder, from_file, from_dict = make_pipe(), make_pipe(), make_pipe()
+    from_folder.load_lora_weights(tmp_path)
+    from_file.load_lora_weights(tmp_path / WEIGHT_NAME)
+    # A state dict carries no config: alpha = r (scale 1), as in diffusers; the metadata restores alpha = 4.
+    state_dict, metadata = LMLPPipeline.lora_state_dict(tmp_path, return_lora_metadata=True)
+    LMLPPipeline.load_lora_into_transformer(state_dict, from_dict.transformer, metadata=metadata)
+    expected = generate(from_folder)
+    torch.testing.assert_close(generate(from_file), expected, rtol=0, atol=0)
+    torch.testing.assert_close(generate(from_dict), expected, rtol=0, atol=0)
+
+    without_metadata = make_pipe()
+    without_metadata.load_lora_weights(state_dict)
+    close(generate(without_metadata), generate(merged_by_hand(make_pipe(), (tmp_path, 0.5))))
+
+
+def test_weight_name_and_subfolder_choose_the_file_and_misplaced_options_are_refused(make_pipe, tmp_path):
+    write_lora(make_pipe, tmp_path / "default")
+    (tmp_path / "repo" / "loras").mkdir(parents=True)
+    (tmp_path / "default" / WEIGHT_NAME).rename(tmp_path / "repo" / "loras" / "style.safetensors")
+    found = LMLPPipeline.lora_state_dict(tmp_path / "repo", subfolder="loras", weight_name="style.safetensors")
+    expected = load_file(tmp_path / "repo" / "loras" / "style.safetensors")
+    assert sorted(found) == sorted(expected) and all(torch.equal(found[k], expected[k]) for k in expected)
+
+    with pytest.raises(ValueError, match=r"has no pytorch_lora_weights\.safetensors \(it holds \['loras'\]\)"):
+        LMLPPipeline.lora_state_dict(tmp_path / "repo")
+    with pytest.raises(ValueError, match="is a file: pass its folder"):
+        LMLPPipeline.lora_state_dict(
+            tmp_path / "repo" / "loras" / "style.safetensors", weight_name="other.safetensors"
+        )
+    with pytest.raises(ValueError, match="do not apply to a state dict"):
+        LMLPPipeline.lora_state_dict(expected, weight_name="style.safetensors")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'adapter_nam'"):
+        make_pipe().load_lora_weights(tmp_path / "repo" / "loras" / "style.safetensors", adapter_nam="typo")
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_low_cpu_mem_usage_loads_the_same_adapter(make_pipe, generate, tmp_path, family):
+    write_lora(make_pipe, tmp_path, family)
+    lean, plain = make_pipe(family), make_pipe(family)
+    lean.load_lora_weights(tmp_path, low_cpu_mem_usage=True)
+    plain.load_lora_weights(tmp_path)
+    torch.testing.assert_close(generate(lean), generate(plain), rtol=0, atol=0)
+
+
+def test_a_repo_id_loads_offline_from_the_hub_cache(make_pipe, generate, tmp_path, monkeypatch):
+    write_lora(make_pipe, tmp_path / "lora")
+    # huggingface_hub's cache layout: blobs by hash, snapshot links to them, and the commit of main.
+    repo = tmp_path / "hub" / "models--someone--tiny-lmlp-lora"
+    data = (tmp_path / "lora" / WEIGHT_NAME).read_bytes()
+    blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    link = repo / "snapshots" / COMMIT / WEIGHT_NAME
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    # huggingface_hub reads its environment at import.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    from_hub, from_folder = make_pipe(), make_pipe()
+    from_hub.load_lora_weights("someone/tiny-lmlp-lora", adapter_name="hub")
+    from_folder.load_lora_weights(tmp_path / "lora")
+    torch.testing.assert_close(generate(from_hub), generate(from_folder), rtol=0, atol=0)
+    with pytest.raises(huggingface_hub.errors.LocalEntryNotFoundError):
+        make_pipe().load_lora_weights("someone/not-in-the-cache")
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_fuse_merges_the_adapter_and_unfuse_restores_the_weights(make_pipe, generate, tmp_path, family):
+    write_lora(make_pipe, tmp_path, family)
+    pipe = make_pipe(family)
+    base, own = generate(pipe), {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    pipe.load_lora_weights(tmp_path, adapter_name="style")
+    adapted = generate(pipe)
+    layer = pipe.transformer.stack.mid_block.get_submodule("channel_mlp" if family == "symmixer" else "right")
+    before = layer.get_base_layer().weight.detach().clone()
+
+    pipe.fuse_lora()
+    assert pipe.fused_loras == {"style"}
+    assert not torch.equal(layer.get_base_layer().weight, before), "fuse_lora did not merge into the weights"
+    close(generate(pipe), adapted)
+
+    pipe.unfuse_lora()
+    assert pipe.num_fused_loras == 0
+    restored = {k: v for k, v in pipe.transformer.state_dict().items() if "lora_" not in k}
+    assert len(restored) == len(own)
+    for key, value in restored.items():
+        torch.testing.assert_close(value, own[unwrapped(key)], rtol=0, atol=1e-6)
+    close(generate(pipe), adapted)  # unfused, the adapter still runs
+    pipe.disable_lora()
+    close(generate(pipe), base)
+    pipe.enable_lora()
+    close(generate(pipe), adapted)
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_safe_fusing_refuses_an_adapter_with_nan_and_leaves_the_weights(make_pipe, tmp_path, family):
+    adapted = write_lora(make_pipe, tmp_path, family)
+    layers = get_peft_model_state_dict(adapted.transformer)
+    broken = next(key for key in layers if key.startswith("stack.mid_block.") and key.endswith("lora_B.weight"))
+    layers[broken][0, 0] = float("nan")
+    config = adapted.transformer.peft_config["default"].to_dict()
+    LMLPPipeline.save_lora_weights(tmp_path, transformer_lora_layers=layers, transformer_lora_adapter_metadata=config)
+    pipe = make_pipe(family)
+    pipe.load_lora_weights(tmp_path, adapter_name="broken")
+    own = {k: v.clone() for k, v in pipe.transformer.state_dict().items() if "lora_" not in k}
+    with pytest.raises(
+        ValueError, match=rf"'broken' holds NaN or inf in its update of {broken.rsplit('.lora_', 1)[0]}"
+    ):
+        pipe.fuse_lora(safe_fusing=True)
+    assert pipe.fused_loras == set()
+    assert all(torch.equal(pipe.transformer.state_dict()[key], value) for key, value in own.items())
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_lora_scale_and_adapter_weights_scale_the_update(make_pipe, generate, tmp_path, family):
+    write_lora(make_pipe, tmp_path, family)
+    half = generate(merged_by_hand(make_pipe(family), (tmp_path, 0.5)))
+    pipe = make_pipe(family)
+    pipe.load_lora_weights(tmp_path, adapter_name="style")
+
+    pipe.set_adapters("style", adapter_weights=0.5)
+    close(generate(pipe), half)
+    pipe.set_adapters("style", adapter_weights=1.0)
+    pipe.fuse_lora(lora_scale=0.5)
+    close(generate(pipe), half)
+    pipe.unfuse_lora()
+    close(generate(pipe), half)  # as in diffusers, the adapter keeps the fused scale...
+    pipe.set_adapters("style")
+    close(generate(pipe), generate(merged_by_hand(make_pipe(family), (tmp_path, 1.0))))  # ...until set again
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_two_adapters_combine_with_their_weights(make_pipe, generate, tmp_path, family):
+    write_lora(make_pipe, tmp_path / "a", family, seed=1)
+    write_lora(make_pipe, tmp_path / "b", family, seed=2, r=3, lora_alpha=1)
+    pipe = make_pipe(family)
+    pipe.load_lora_weights(tmp_path / "a", adapter_name="a")
+    pipe.load_lora_weights(tmp_path / "b", adapter_name="b")
+    assert pipe.get_list_adapters() == {"transformer": ["a", "b"]}
+
+    pipe.set_adapters(["a", "b"], adapter_weights=[1.0, -0.5])
+    assert pipe.get_active_adapters() == ["a", "b"]
+    close(generate(pipe), generate(merged_by_hand(make_pipe(family), (tmp_path / "a", 1.0), (tmp_path / "b", -0.5))))
+
+    pipe.delete_adapters("a")
+    assert pipe.get_list_adapters() == {"transformer": ["b"]}
+    pipe.set_adapters("b")
+    close(generate(pipe), generate(merged_by_hand(make_pipe(family), (tmp_path / "b", 1.0))))
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_unload_restores_the_exact_base_model(make_pipe, generate, tmp_path, family):
+    write_lora(make_pipe, tmp_path, family)
+    pipe = make_pipe(family)
+    base, keys = generate(pipe), set(pipe.transformer.state_dict())
+    pipe.load_lora_weights(tmp_path)
+    pipe.unload_lora_weights()
+    assert not any(isinstance(module, BaseTunerLayer) for module in pipe.transformer.modules())
+    assert pipe.get_list_adapters() == {} and set(pipe.transformer.state_dict()) == keys
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_fuse_then_unload_keeps_the_merged_weights_without_lora_layers(make_pipe, generate, tmp_path, family):
+    write_lora(make_pipe, tmp_path, family)
+    pipe = make_pipe(family)
+    pipe.load_lora_weights(tmp_path)
+    adapted = generate(pipe)
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    assert not any(isinstance(module, BaseTunerLayer) for module in pipe.transformer.modules())
+    close(generate(pipe), adapted)
+
+
+def test_hotswap_replaces_the_weights_of_a_loaded_adapter(make_pipe, generate, tmp_path):
+    write_lora(make_pipe, tmp_path / "a", seed=1)
+    write_lora(make_pipe, tmp_path / "b", seed=2)
+    pipe = make_pipe()
+    pipe.load_lora_weights(tmp_path / "a", adapter_name="style")
+    pipe.load_lora_weights(tmp_path / "b", adapter_name="style", hotswap=True)
+    assert pipe.get_list_adapters() == {"transformer": ["style"]}
+    close(generate(pipe), generate(merged_by_hand(make_pipe(), (tmp_path / "b", 1.0))))
+    with pytest.raises(ValueError, match="hotswap replaces a loaded adapter"):
+        pipe.load_lora_weights(tmp_path / "b", adapter_name="other", hotswap=True)
+    with pytest.raises(ValueError, match="already in use"):
+        pipe.load_lora_weights(tmp_path / "b", adapter_name="style")
+    close(generate(pipe), generate(merged_by_hand(make_pipe(), (tmp_path / "b", 1.0))))
+
+
+# Must never happen: unpickling, a key skipped, weights that do not fit loaded anyway.
+
+
+class Armed:
+    """Unpickling this creates the folder `marker`: the proof that a loader unpickled the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.marker),)
+
+
+def test_the_armed_pickle_does_create_its_marker_when_unpickled(tmp_path):
+    pickle.loads(pickle.dumps(Armed(tmp_path / "marker")))
+    assert (tmp_path / "marker").exists()
+
+
+@pytest.mark.parametrize(
+    "where, kwargs",
+    [
+        ("pytorch_lora_weights.bin", {}),  # the pickle's own path
+        (".", {}),  # a folder with only a pickle
+        (".", {"weight_name": "pytorch_lora_weights.bin"}),
+        (".", {"use_safetensors": False}),
+        ("renamed.safetensors", {}),  # a pickle under a safetensors name
+    ],
+)
+def test_a_pickled_lora_is_refused_without_unpickling(make_pipe, generate, tmp_path, where, kwargs):
+    marker = tmp_path.parent / f"{tmp_path.name}-unpickled"
+    payload = pickle.dumps({"transformer.stack.mid_block.right.lora_A.weight": Armed(marker)})
+    (tmp_path / "pytorch_lora_weights.bin").write_bytes(payload)
+    if where == "renamed.safetensors":
+        (tmp_path / where).write_bytes(payload)
+    pipe = make_pipe()
+    base = generate(pipe)
+    with pytest.raises(ValueError, match="safetensors"):
+        pipe.load_lora_weights(tmp_path / where, **kwargs)
+    assert not marker.exists(), "the pickle was unpickled"
+    assert pipe.get_list_adapters() == {}
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)
+
+
+def lmlp_lora(make_pipe, folder: Path) -> dict[str, torch.Tensor]:
+    write_lora(make_pipe, folder, target_modules=["right"])
+    return load_file(folder / WEIGHT_NAME)
+
+
+def pair(layer: str, shape_a: tuple[int, int], shape_b: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """A LoRA A and B matrix for `layer`, under the `transformer.` prefix."""
+    return {
+        f"transformer.{layer}.lora_A.weight": torch.zeros(shape_a),
+        f"transformer.{layer}.lora_B.weight": torch.zeros(shape_b),
+    }
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda sd: {**sd, **pair("stack.nope", (2, 32), (32, 2))}, "does not have"),
+        (lambda sd: {**sd, "transformer.stack.mid_block.right.weight": torch.zeros(32, 32)}, "not LoRA matrices"),
+        (lambda sd: {k.removeprefix("transformer."): v for k, v in sd.items()}, "without the `transformer.` prefix"),
+        (lambda sd: {**sd, "text_encoder.fc.lora_A.weight": torch.zeros(2, 32)}, "without the `transformer.` prefix"),
+        (lambda sd: {k: v for k, v in sd.items() if "mid_block.right.lora_B" not in k}, "lora_B missing"),
+        (lambda sd: {**sd, **pair("stack.mid_block.right", (2, 31), (32, 2))}, "another config"),
+        (lambda sd: {**sd, **pair("stack.mid_block.right", (2, 32), (32, 3))}, "one rank r"),
+        (lambda sd: {**sd, **pair("stack.mid_block.token_norm", (2, 33), (33, 2))}, "not an nn.Linear"),
+    ],
+    ids=["unknown layer", "full weight", "no prefix", "text encoder", "half a pair", "shape", "rank", "layer norm"],
+)
+def test_keys_that_do_not_fit_the_transformer_are_refused(make_pipe, generate, tmp_path, change, message):
+    state_dict = change(lmlp_lora(make_pipe, tmp_path))
+    pipe = make_pipe()
+    base = generate(pipe)
+    with pytest.raises(ValueError, match=message):
+        pipe.load_lora_weights(state_dict)
+    assert pipe.get_list_adapters() == {}
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)
+
+
+def test_a_lora_trained_for_another_model_config_is_refused(make_pipe, tmp_path):
+    write_lora(make_pipe, tmp_path)
+    pipe = LMLPPipeline(
+        **{
+            **make_pipe().components,
+            "transformer": FAMILIES["lmlp"].model_class(
+                sample_size=8,
+                patch_size=2,
+                in_channels=4,
+                hidden_size=48,
+                num_layers=2,
+                text_embed_dim=32,
+                text_seq_len=16,
+            ),
+        }
+    )
+    with pytest.raises(ValueError, match=r"maps \d+ to \d+ features.*another config"):
+        pipe.load_lora_weights(tmp_path)
+
+
+@pytest.mark.parametrize("family", LINEAR_AND_TIED)
+def test_a_rank_that_contradicts_the_saved_config_is_refused_and_rolled_back(make_pipe, generate, tmp_path, family):
+    adapted = write_lora(make_pipe, tmp_path, family)
+    config = {**adapted.transformer.peft_config["default"].to_dict(), "r": 4}
+    LMLPPipeline.save_lora_weights(
+        tmp_path,
+        transformer_lora_layers=get_peft_model_state_dict(adapted.transformer),
+        transformer_lora_adapter_metadata=config,
+    )
+    pipe = make_pipe(family)
+    base = generate(pipe)
+    with pytest.raises(ValueError, match="rank that its config gives"):
+        pipe.load_lora_weights(tmp_path)
+    assert pipe.get_list_adapters() == {}
+    assert not any(isinstance(module, BaseTunerLayer) for module in pipe.transformer.modules())
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "kept_layers, target_parameters, message",
+    [
+        ("mlp", ["token_mlp.weight"], r"adapts stack\.in_blocks\.0\.channel_mlp, a SymmetricMLP, not an nn\.Linear"),
+        (
+            "token_mlp",
+            ["token_mlp.weight", "channel_mlp.weight"],
+            r"adapted without weights stack\.in_blocks\.0\.channel",
+        ),
+    ],
+    ids=["config misses file layers", "file misses config layers"],
+)
+def test_a_tied_weight_lora_whose_config_and_weights_disagree_is_refused(
+    make_pipe, generate, tmp_path, kept_layers, target_parameters, message
+):
+    adapted = write_lora(make_pipe, tmp_path, "symmixer")
+    config = {**adapted.transformer.peft_config["default"].to_dict(), "target_parameters": target_parameters}
+    layers = {k: v for k, v in get_peft_model_state_dict(adapted.transformer).items() if kept_layers in k}
+    LMLPPipeline.save_lora_weights(tmp_path, transformer_lora_layers=layers, transformer_lora_adapter_metadata=config)
+    pipe = make_pipe("symmixer")
+    base = generate(pipe)
+    with pytest.raises(ValueError, match=message):
+        pipe.load_lora_weights(tmp_path)
+    assert not any(isinstance(module, BaseTunerLayer) for module in pipe.transformer.modules())
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)
+
+
+def test_a_tied_weight_lora_without_its_config_is_refused(make_pipe, tmp_path):
+    write_lora(make_pipe, tmp_path, "symmixer")
+    with pytest.raises(ValueError, match="target_parameters"):
+        make_pipe("symmixer").load_lora_weights(load_file(tmp_path / WEIGHT_NAME))  # a state dict has no metadata
+    pipe = make_pipe("symmixer")
+    pipe.load_lora_weights(tmp_path, adapter_name="style")
+    with pytest.raises(ValueError, match="hotswap is not supported"):
+        pipe.load_lora_weights(tmp_path, adapter_name="style", hotswap=True)
+
+
+def test_a_second_asymmixer_adapter_that_peft_cannot_place_is_refused_and_the_first_kept(
+    make_pipe, generate, tmp_path
+):
+    write_lora(make_pipe, tmp_path, "asymmixer")
+    pipe = make_pipe("asymmixer")
+    pipe.load_lora_weights(tmp_path, adapter_name="first")
+    adapted = generate(pipe)
+    with pytest.raises(ValueError, match=r"not adapted .*fc2.*peft 0\.21"):
+        pipe.load_lora_weights(tmp_path, adapter_name="second")
+    assert pipe.get_list_adapters() == {"transformer": ["first"]}
+    torch.testing.assert_close(generate(pipe), adapted, rtol=0, atol=0)
+
+
+def test_save_lora_weights_writes_safetensors_with_its_config_or_refuses(make_pipe, tmp_path):
+    adapted = write_lora(make_pipe, tmp_path / "written")
+    layers, config = get_peft_model_state_dict(adapted.transformer), adapted.transformer.peft_config["default"]
+    for kwargs, message in [
+        ({"safe_serialization": False}, "never pickled"),
+        ({"weight_name": "pytorch_lora_weights.bin"}, "not a safetensors file"),
+        ({"transformer_lora_layers": adapted.transformer}, "not LoRA matrices"),  # the whole model's weights
+        ({"transformer_lora_layers": {}}, "Pass the LoRA weights"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LMLPPipeline.save_lora_weights(tmp_path / "refused", **{"transformer_lora_layers": layers, **kwargs})
+    assert not (tmp_path / "refused").exists()
+
+    LMLPPipeline.save_lora_weights(tmp_path / "worker", transformer_lora_layers=layers, is_main_process=False)
+    assert not (tmp_path / "worker").exists()
+
+    calls = []
+    LMLPPipeline.save_lora_weights(
+        tmp_path / "custom",
+        transformer_lora_layers=layers,
+        save_function=lambda tensors, filename, metadata: calls.append((sorted(tensors), filename, metadata)),
+        transformer_lora_adapter_metadata=config.to_dict(),
+    )
+    ((keys, filename, metadata),) = calls
+    assert keys == sorted(load_file(tmp_path / "written" / WEIGHT_NAME)) and filename.endswith(WEIGHT_NAME)
+    assert metadata["format"] == "pt" and '"transformer.r": 2' in metadata["lora_adapter_metadata"]

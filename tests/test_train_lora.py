@@ -1,0 +1,210 @@
+"""LoRA fine-tuning with the trainer (`--lora_rank`), run as users run it, on the tiny pipeline and imagefolder of
+test_train_text_to_image: the adapter file and card, every block layer adapted, the base untouched, exact resumes,
+the documented shapes-lora preset, and the refusals."""
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_hub import HUB_TOKEN, hub_calls  # noqa: F401 (a fixture)
+from test_train_text_to_image import ENV, load_script, make_workspace, train
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.hub import push_lora, stage_lora
+from diffusers_lmlp.models import FAMILIES
+from diffusers_lmlp.tiny import build_tiny_pipeline
+from diffusers_lmlp.training.lora import add_lora, lora_config, names_in_block
+
+
+LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]
+LORA_FILE = "pytorch_lora_weights.safetensors"
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("lora"))
+
+
+@pytest.fixture(scope="module")
+def lora_run(workspace) -> Path:
+    """An uninterrupted 4-step LoRA run with checkpoints at steps 2 and 4."""
+    result = train(workspace, "lora", *LORA, "--cache_features")
+    assert "LoRA rank 2, alpha 4: 15 layers adapted" in result.stderr
+    assert 'pipe.load_lora_weights("' in result.stdout  # the end-of-run summary says how to load it
+    return workspace / "lora"
+
+
+def block_linears(model: torch.nn.Module) -> set[str]:
+    """Every nn.Linear inside the blocks, found independently of the registry's target names."""
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    return {n for n in names if n.startswith("stack.") and names_in_block([n])}
+
+
+def test_the_output_is_a_diffusers_lora_file_and_a_card_not_a_pipeline(lora_run, workspace):
+    assert sorted(p.name for p in lora_run.iterdir() if p.name != ".train.lock") == [
+        "README.md", "checkpoint-2", "checkpoint-4", LORA_FILE, "training_summary.json",
+    ]  # fmt: skip
+    assert sorted(p.name for p in (lora_run / "checkpoint-2").iterdir() if p.is_dir()) == ["transformer_lora"]
+    card = (lora_run / "README.md").read_text()
+    assert "- lora" in card and "rank 2, alpha 4" in card and 'pipe.load_lora_weights("lora")' in card
+    assert "`left`, `right`, `merge`, `joint_mlp.fc1`, `joint_mlp.fc2` in the blocks" in card
+    summary = json.loads((lora_run / "training_summary.json").read_text())
+    assert summary["base_model"] == str(workspace / "tiny") and summary["steps"] == 4
+
+
+def test_every_linear_of_every_block_is_adapted_and_nothing_else(lora_run, workspace):
+    state = load_file(lora_run / LORA_FILE)
+    adapted = {key.removeprefix("transformer.").rsplit(".lora_", 1)[0] for key in state}
+    base = LMLPPipeline.from_pretrained(workspace / "tiny").transformer
+    assert adapted == block_linears(base)  # no layer silently skipped, none outside the blocks
+    assert all(state[k].abs().sum() > 0 for k in state if "lora_B" in k)  # B starts at 0: every layer learned
+
+
+def test_loaded_adapter_equals_the_hand_merged_weights(lora_run, workspace):
+    # Independent reference: W + (alpha / r) B A written into a plain copy of the base weights.
+    pipe = LMLPPipeline.from_pretrained(workspace / "tiny")
+    merged = LMLPPipeline.from_pretrained(workspace / "tiny").transformer
+    state, scale = load_file(lora_run / LORA_FILE), 4 / 2
+    modules = dict(merged.named_modules())
+    with torch.no_grad():
+        for key in [k for k in state if k.endswith("lora_A.weight")]:
+            name = key.removeprefix("transformer.").removesuffix(".lora_A.weight")
+            modules[name].weight += scale * state[key.replace("lora_A", "lora_B")] @ state[key]
+    pipe.load_lora_weights(lora_run)
+    config, generator = merged.config, torch.Generator().manual_seed(0)
+    x = torch.randn(2, config.in_channels, config.sample_size, config.sample_size, generator=generator)
+    text = torch.randn(2, config.text_seq_len, config.text_embed_dim, generator=generator)
+    t = torch.tensor([3, 700])
+    with torch.no_grad():
+        adapted, expected = pipe.transformer(x, text, t).sample, merged(x, text, t).sample
+        pipe.unload_lora_weights()
+        base = pipe.transformer(x, text, t).sample
+    torch.testing.assert_close(adapted, expected, rtol=1e-5, atol=1e-5)
+    assert (adapted - base).abs().max() > 1e-4  # the adapter changes the output
+
+
+def test_a_resumed_lora_run_ends_with_the_uninterrupted_run_s_adapter(lora_run, workspace):
+    out = workspace / "lora-resumed"
+    out.mkdir()
+    shutil.copytree(lora_run / "checkpoint-2", out / "checkpoint-2")
+    result = train(workspace, out.name, *LORA, "--cache_features", "--resume_from_checkpoint", "latest")
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in result.stderr
+    resumed, straight = load_file(out / LORA_FILE), load_file(lora_run / LORA_FILE)
+    assert resumed.keys() == straight.keys()
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_lora_checkpoint_is_not_resumed_as_a_full_run_or_with_another_rank(lora_run, workspace, tmp_path):
+    for extra, message in (
+        ([], "is a checkpoint of a run that trained a LoRA adapter: resume it with --lora_rank"),
+        (["--lora_rank", "3"], "does not fit this run's adapter"),
+    ):
+        out = tmp_path / f"resume{len(extra)}"
+        out.mkdir()
+        shutil.copytree(lora_run / "checkpoint-2", out / "checkpoint-2")
+        steps = ["--max_train_steps", "4", "--checkpointing_steps", "2", "--resume_from_checkpoint", "latest"]
+        result = train(workspace, str(out), *steps, *extra, "--cache_features", check=False)
+        assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_default_targets_are_every_block_linear_of_each_family(family):
+    model = build_tiny_pipeline(family).transformer
+    linears = block_linears(model)
+    adapted = add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
+    if FAMILIES[family].lora_target_parameters:  # tied weights, adapted as parameters of their MLP module
+        linears |= {n for n, _ in model.named_modules() if n.endswith(("token_mlp", "channel_mlp"))}
+    assert set(adapted) == linears
+    assert all(not p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)  # the base is frozen
+
+
+def test_named_targets_adapt_only_those_layers_and_unknown_names_are_refused():
+    model = build_tiny_pipeline("lmlp").transformer
+    adapted = add_lora(model, lora_config(model, 2, None, 0.0, ["left", "right"]))
+    assert set(names_in_block(adapted)) == {"left", "right"}
+    model = build_tiny_pipeline("moe_mlp").transformer
+    with pytest.raises(SystemExit, match=r"--lora_target_modules left: no nn.Linear layer .* left\.gates\.0"):
+        add_lora(model, lora_config(model, 2, None, 0.0, ["left"]))  # the MoE's left is no Linear: its gates are
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lora_alpha", "8"], "--lora_alpha configure the LoRA adapter of --lora_rank: add --lora_rank"),
+        (["--lora_rank", "0"], "--lora_rank must be >= 1, got 0"),
+        (["--lora_rank", "4", "--lora_dropout", "1"], "--lora_dropout must be in [0, 1), got 1.0"),
+        (["--lora_rank", "4", "--train_data_dir", "x"], "--lora_rank fine-tunes a trained pipeline"),
+        (["--lora_rank", "4", "--use_ema"], "--use_ema does not go with --lora_rank"),
+        (["--preset", "shapes", "--lora_rank", "4"], "--use_ema does not go with --lora_rank"),
+    ],
+)
+def test_bad_lora_arguments_are_refused_at_start_up(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load_script().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after(tmp_path):
+    # The README's LoRA command as written, shortened: the shipped shapes model learns the held-out combinations.
+    (documented,) = [
+        line for line in README.splitlines() if line.startswith("accelerate launch") and "shapes-lora" in line
+    ]
+    argv = shlex.split(documented)
+    assert argv[:2] == ["accelerate", "launch"]
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", *argv[2:], "--max_train_steps", "2",
+        "--validation_inference_steps", "2", "--final_evaluation_inference_steps", "2",
+        "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((tmp_path / "out" / "training_summary.json").read_text())
+    assert set(summary["scores"]) == set(summary["scores_before"]) == {"train", "held-out"}
+    assert "train: base" in result.stdout and "held-out: LoRA" in result.stdout  # the table, side by side
+    assert "pretrained_shapes_pipeline()" in result.stdout and "pipe.load_lora_weights(" in result.stdout
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "held-out: base | held-out: with LoRA" in card
+    assert not list((tmp_path / "out").glob("**/diffusion_pytorch_model.safetensors"))  # the base is not copied
+
+
+def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path):
+    # The dry run of `python -m diffusers_lmlp.hub push`, on the trainer's output folder.
+    (lora_run / "token.txt").write_text("hf_secret")  # a credential, and a link out of the folder: never uploaded
+    (lora_run / "notes.json").symlink_to("/etc/hostname")
+    hub = [sys.executable, "-m", "diffusers_lmlp.hub", "push", str(lora_run), "alice/shapes-lora"]
+    result = subprocess.run(
+        [*hub, "--dry-run", "--output-dir", str(tmp_path / "up"), "--base-model", "alice/tiny"],
+        env=ENV, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    staged = sorted(str(p.relative_to(tmp_path / "up")) for p in (tmp_path / "up").rglob("*") if p.is_file())
+    assert staged == ["README.md", LORA_FILE, "training_summary.json"]
+    assert "token.txt" in result.stdout and "notes.json" in result.stdout  # refused, with the reason
+    card = (tmp_path / "up" / "README.md").read_text()
+    assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny")' in card
+    assert 'pipe.load_lora_weights("alice/shapes-lora")' in card and "base_model: alice/tiny" in card
+    assert "rank 2, alpha 4" in card  # the trainer's description is kept
+    refused = subprocess.run([*hub, "--dry-run", "--with-code"], env=ENV, capture_output=True, text=True)
+    assert refused.returncode == 2 and "apply to pipeline folders only" in refused.stderr
+
+
+def test_pushing_the_adapter_makes_one_commit_of_the_dry_run_s_files(lora_run, hub_calls, tmp_path):  # noqa: F811
+    # What the trainer's --push_to_hub does with --lora_rank (push_lora), against a recording HfApi.
+    staged = stage_lora(lora_run, "alice/shapes-lora", tmp_path / "dry")
+    commit = push_lora(lora_run, "shapes-lora", token=HUB_TOKEN, commit_message="End of training")
+    assert [name for name, _ in hub_calls] == ["whoami", "create_repo", "create_commit"]
+    files = hub_calls[-1][1]["files"]
+    assert sorted(files) == staged.files == ["README.md", LORA_FILE, "training_summary.json"]
+    assert files[LORA_FILE] == (lora_run / LORA_FILE).read_bytes()
+    assert not [path for path, data in files.items() if HUB_TOKEN.encode() in data]  # the token is in no file
+    assert 'pipe.load_lora_weights("alice/shapes-lora")' in files["README.md"].decode()
+    assert commit.commit_url.startswith("https://huggingface.co/alice/shapes-lora/")
