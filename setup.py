@@ -57,6 +57,10 @@ setup(
             "shapes/assets/*/*/*.txt",
             "shapes/assets/*/*.md",
             "shapes/assets/*/*.png",
+            # The Gradio demo that `python -m diffusers_lmlp.hub push-space` uploads (see hub/space.py).
+            "space/app.py",
+            "space/README.md",
+            "space/requirements.txt",
         ]
     },
     # The package's commands, also runnable as `python -m diffusers_lmlp.<train|evaluation|hub>`.

@@ -1,4 +1,4 @@
-"""Helpers for the Space tests: import `spaces/app.py` and serve its demo on 127.0.0.1."""
+"""Helpers for the Space tests: import the demo's `app.py` (`diffusers_lmlp/space/`) and serve it on 127.0.0.1."""
 
 import importlib.util
 import os
@@ -6,24 +6,25 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 
 
 # Read by gradio at import: no usage analytics (and no network) from the tests.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-APP_PATH = Path(__file__).resolve().parents[1] / "spaces" / "app.py"
+APP_PATH = DEFAULT_SPACE_DIR / "app.py"
 
 
 @cache
 def load_app():
-    """`spaces/app.py` as a module (it is a script, not part of the package); imported once per session."""
+    """The demo's `app.py` as a module, as the Space runs it (a script, not a module of the package); imported once
+    per session."""
     spec = importlib.util.spec_from_file_location("lmlp_space_app", APP_PATH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

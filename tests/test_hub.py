@@ -21,7 +21,7 @@ from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_
 from diffusers_lmlp.hub.__main__ import main
 from diffusers_lmlp.hub.card import GENERIC_PROMPT, block_markers
 from diffusers_lmlp.hub.model import TEXT_LIMIT
-from diffusers_lmlp.hub.space import PACKAGE_DIR
+from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.hub.upload import looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
@@ -43,6 +43,8 @@ PIPELINE_FILES = {
 }
 MODEL_INFO = HfApi.model_info
 HUB_TOKEN = "hf_TestTokenThatMustNeverBeUploaded"
+# The model repo a Space serves, as `HfApi.model_info` lists it: pushed with `--with-code`.
+MODEL_REPO_FILES = sorted(PIPELINE_FILES | {"pipeline_lmlp.py", "transformer/lmlp_transformer_2d.py"})
 # What a training run leaves next to the pipeline, none of which belongs on the Hub.
 TRAINING_LEFTOVERS = {
     "checkpoint-100/model.safetensors": b"x",
@@ -86,7 +88,10 @@ def hub_calls(monkeypatch):
         "whoami": lambda arguments: {"name": "alice"},
         "create_repo": lambda arguments: RepoUrl(f"https://huggingface.co/{arguments['repo_id']}"),
         "add_space_variable": lambda arguments: {},
-        "model_info": lambda arguments: ModelInfo(id=arguments["repo_id"], private=False),
+        # A model repo pushed with its code (`push --with-code`), as a Space needs it.
+        "model_info": lambda arguments: ModelInfo(
+            id=arguments["repo_id"], private=False, siblings=[{"rfilename": name} for name in MODEL_REPO_FILES]
+        ),
         "create_commit": lambda arguments: CommitInfo(
             commit_url=f"https://huggingface.co/{arguments['repo_id']}/commit/abc",
             commit_message=arguments["commit_message"],
@@ -447,7 +452,7 @@ def test_push_without_a_token_says_how_to_get_one(saved, hub_calls, monkeypatch)
 
 @pytest.fixture
 def space_dir(tmp_path) -> Path:
-    """A demo folder like the repo's spaces/, with local run leftovers."""
+    """A demo folder like the package's (`diffusers_lmlp/space/`), with local run leftovers."""
     folder = tmp_path / "spaces"
     (folder / "__pycache__").mkdir(parents=True)
     (folder / "__pycache__" / "app.cpython-311.pyc").write_bytes(b"x")
@@ -462,31 +467,32 @@ def space_dir(tmp_path) -> Path:
     return folder
 
 
-def test_space_upload_vendors_the_package_and_names_the_model(space_dir, tmp_path):
+def test_space_upload_is_the_demo_folder_alone_and_names_the_model(space_dir, tmp_path):
+    # A Space folder that vendored the package (as this command once did) keeps that copy out of the upload.
+    (space_dir / "diffusers_lmlp" / "models").mkdir(parents=True)
+    (space_dir / "diffusers_lmlp" / "__init__.py").write_text("")
+    (space_dir / "diffusers_lmlp" / "models" / "backbone.py").write_text("")
     staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")
-    vendored = {p.removeprefix("diffusers_lmlp/") for p in staged.files if p.startswith("diffusers_lmlp/")}
-    package = {p.relative_to(PACKAGE_DIR).as_posix() for p in PACKAGE_DIR.rglob("*") if p.is_file()}
-    assert vendored == {p for p in package if "__pycache__" not in p}
-    assert {"__init__.py", "hub/__main__.py", "shapes/assets/pipeline/model_index.json"} <= vendored
-    assert set(staged.files) - {f"diffusers_lmlp/{p}" for p in vendored} == {"README.md", "app.py", "requirements.txt"}
-    assert list(staged.left_out) == [".gradio/", "__pycache__/"] and staged.refused == {}
+    assert staged.files == ["README.md", "app.py", "requirements.txt"] and staged.refused == {}
+    assert list(staged.left_out) == [".gradio/", "__pycache__/", "diffusers_lmlp/"]
+    assert staged.left_out["diffusers_lmlp/"].startswith("the package's source: the Space runs without it")
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/tiny-lmlp"] and card.data.sdk == "gradio" and card.data.title == "L-MLP demo"
     assert card.text == "\n# Demo\n"
 
 
-def test_repo_space_folder_stages_a_self_contained_space(tmp_path):
+def test_package_demo_stages_its_three_files_and_no_package_source(tmp_path):
     staged = stage_space("alice/lmlp-shapes", output_dir=tmp_path / "space")
-    assert {"app.py", "README.md", "requirements.txt", "diffusers_lmlp/__init__.py"} <= set(staged.files)
-    assert staged.refused == {}  # no file of the demo or the package is taken for a credential
+    demo = sorted(p.relative_to(DEFAULT_SPACE_DIR).as_posix() for p in DEFAULT_SPACE_DIR.rglob("*") if p.is_file())
+    assert staged.files == ["README.md", "app.py", "requirements.txt"] == [p for p in demo if "__pycache__" not in p]
+    assert staged.refused == {}  # no file of the demo is taken for a credential
+    for name in ("app.py", "requirements.txt"):
+        assert (staged.folder / name).read_bytes() == (DEFAULT_SPACE_DIR / name).read_bytes()
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/lmlp-shapes"] and card.data.sdk == "gradio"
-    # The Space runs app.py from its folder: the vendored package is the one it imports.
-    code = "import app, diffusers_lmlp; print(diffusers_lmlp.__file__)"
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=staged.folder, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert Path(result.stdout.strip()) == staged.folder / "diffusers_lmlp" / "__init__.py"
+    # The card tells the Space's owner what the model repo needs, and whose code the Space runs.
+    assert "python -m diffusers_lmlp.hub push FOLDER REPO --with-code" in card.text
+    assert "trust_remote_code=True" in card.text
 
 
 def test_push_space_sets_the_model_variable_then_makes_one_commit(space_dir, hub_calls):
@@ -498,7 +504,7 @@ def test_push_space_sets_the_model_variable_then_makes_one_commit(space_dir, hub
                            "exist_ok": True}  # fmt: skip
     assert variable == {"repo_id": "alice/lmlp-demo", "key": "LMLP_MODEL", "value": "alice/tiny-lmlp"}
     assert commit["repo_id"] == "alice/lmlp-demo" and commit["repo_type"] == "space"
-    assert {"app.py", "README.md", "requirements.txt", "diffusers_lmlp/__init__.py"} <= set(commit["files"])
+    assert sorted(commit["files"]) == ["README.md", "app.py", "requirements.txt"]
     assert b"models:\n- alice/tiny-lmlp\n" in commit["files"]["README.md"]
 
 
@@ -537,7 +543,7 @@ def test_space_upload_refuses_links_and_credentials(space_dir, hub_calls, tmp_pa
         stage_space("alice/tiny-lmlp", space_dir)
 
 
-def test_space_refuses_a_missing_model_repo_and_a_folder_without_app(space_dir, hub_calls, monkeypatch):
+def test_space_refuses_a_missing_model_repo_one_without_code_and_no_app(space_dir, hub_calls, monkeypatch):
     with pytest.raises(ValueError, match="needs its owner: write 'owner/tiny-lmlp'"):
         push_space("alice/lmlp-demo", "tiny-lmlp", space_dir, token="hf_test")
 
@@ -547,6 +553,19 @@ def test_space_refuses_a_missing_model_repo_and_a_folder_without_app(space_dir, 
     monkeypatch.setattr(HfApi, "model_info", not_found)
     with pytest.raises(ValueError, match="The model repo alice/missing does not exist, or this token cannot see it"):
         push_space("alice/lmlp-demo", "alice/missing", space_dir, token="hf_test")
+
+    # Pushed without --with-code: the Space, which runs without the package, could not load it.
+    def without_code(self, repo_id, **kwargs):
+        return ModelInfo(id=repo_id, private=False, siblings=[{"rfilename": name} for name in sorted(PIPELINE_FILES)])
+
+    monkeypatch.setattr(HfApi, "model_info", without_code)
+    with pytest.raises(ValueError) as error:
+        push_space("alice/lmlp-demo", "alice/tiny-lmlp", space_dir, token="hf_test")
+    assert str(error.value) == (
+        "The model repo alice/tiny-lmlp has no pipeline_lmlp.py: the Space runs without diffusers-lmlp and loads the "
+        "model from its code. Push the model with its code first: python -m diffusers_lmlp.hub push FOLDER "
+        "alice/tiny-lmlp --with-code."
+    )
     (space_dir / "app.py").unlink()
     with pytest.raises(FileNotFoundError, match="is not a Gradio Space folder \\(no app.py\\)"):
         stage_space("alice/tiny-lmlp", space_dir)
@@ -588,6 +607,18 @@ def test_cli_bad_arguments_give_clear_messages(saved, argv, message, capsys):
     assert exit_info.value.code != 0
     output = capsys.readouterr().err + str(exit_info.value.code)
     assert message in output
+
+
+def test_cli_push_space_help_says_the_model_needs_its_code(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["push-space", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(app.py, README.md, requirements.txt; no package source)" in text
+    assert (
+        "the model repo must have been pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO "
+        "--with-code`; a push refuses a model repo without it."
+    ) in text
 
 
 @pytest.mark.parametrize("backbone", sorted(FAMILIES))

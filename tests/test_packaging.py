@@ -93,3 +93,19 @@ def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
         assert (wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file()
     trainer = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-train"), "--help")
     assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]
+
+
+def test_the_wheel_stages_the_space_from_the_installed_demo(wheel_venv, tmp_path):
+    out = tmp_path / "space"
+    hub = str(wheel_venv / "bin" / "diffusers-lmlp-hub")
+    staged = run_installed(
+        wheel_venv, hub, "push-space", "owner/space", "--model", "owner/model", "--dry-run", "--output-dir", str(out)
+    )
+
+    assert staged.returncode == 0, staged.stderr[-2000:]
+    assert f"The folder that would be uploaded to the Space owner/space: {out}\n" in staged.stdout
+    # The demo's three files, from the wheel's package data, and nothing of the package's source.
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["README.md", "app.py", "requirements.txt"]
+    for name in ("app.py", "requirements.txt"):
+        assert (out / name).read_bytes() == (ROOT / "src" / "diffusers_lmlp" / "space" / name).read_bytes()
+    assert "models:\n- owner/model\n" in (out / "README.md").read_text(encoding="utf-8")

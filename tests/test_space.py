@@ -1,6 +1,9 @@
-"""The Gradio Space (`spaces/app.py`) in-process: input validation, the bf16 decision, the model panel and the
-generate function on the shipped shapes model."""
+"""The Gradio Space (`diffusers_lmlp/space/app.py`) in-process, with the package installed: input validation, the
+bf16 decision, the model panel, the generate function on the shipped shapes model, what it loads, and its
+requirements. `test_space_remote_code.py` serves it without the package."""
 
+import ast
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -10,7 +13,10 @@ import torch
 from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
 from diffusers_lmlp import FAMILIES
+from diffusers_lmlp.hub import stage_pipeline
+from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
+from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
@@ -37,7 +43,7 @@ def shapes_pipe():
 def test_validate_inputs_normalises_valid_values(shapes_pipe):
     request = app.validate_inputs(
         **{**VALID, "prompt": f"  {PROMPT} ", "seed": 3.0, "num_inference_steps": 5.0, "guidance_scale": 1},
-        tokenizer=shapes_pipe.tokenizer,
+        pipe=shapes_pipe,
     )
     assert request == app.GenerationRequest(PROMPT, "", 3, False, 5, 1.0, 2)
     assert isinstance(request.seed, int) and isinstance(request.num_inference_steps, int)
@@ -83,39 +89,37 @@ def test_validate_inputs_refuses_prompts_longer_than_the_tokenizer_takes(shapes_
     long_prompt = f"{PROMPT} and {PROMPT}"  # 69 characters, 19 tokens
     assert len(tokenizer(long_prompt).input_ids) == 19
     with pytest.raises(gr.Error, match=r"prompt is 19 tokens long .* at most 10; shorten it"):
-        app.validate_inputs(**{**VALID, "prompt": long_prompt}, tokenizer=tokenizer)
+        app.validate_inputs(**{**VALID, "prompt": long_prompt}, pipe=shapes_pipe)
     with pytest.raises(gr.Error, match=r"negative prompt is 19 tokens long"):
-        app.validate_inputs(**{**VALID, "negative_prompt": long_prompt}, tokenizer=tokenizer)
-    app.validate_inputs(**VALID, tokenizer=tokenizer)
+        app.validate_inputs(**{**VALID, "negative_prompt": long_prompt}, pipe=shapes_pipe)
+    app.validate_inputs(**VALID, pipe=shapes_pipe)
 
 
 def test_validate_inputs_refuses_prompts_of_mostly_unknown_words_with_the_known_ones(shapes_pipe):
-    tokenizer = shapes_pipe.tokenizer
-    known = describe_vocabulary(tokenizer)
+    known = describe_vocabulary(shapes_pipe.tokenizer)
     assert "circle, cyan, green" in known and known.endswith("and any single letter or digit")
     with pytest.raises(gr.Error) as error:
-        app.validate_inputs(**{**VALID, "prompt": "A dog on a beach!"}, tokenizer=tokenizer)
+        app.validate_inputs(**{**VALID, "prompt": "A dog on a beach!"}, pipe=shapes_pipe)
     assert error.value.message == (
         "The prompt is mostly words this model does not know (3 of its 5 words: 'dog', 'on', 'beach'), so it would "
         f"generate noise. This model knows only {known}."
     )
     with pytest.raises(gr.Error, match=r"negative prompt is mostly words .* \(1 of its 1 words: 'blurry'\)"):
-        app.validate_inputs(**{**VALID, "negative_prompt": "blurry"}, tokenizer=tokenizer)
+        app.validate_inputs(**{**VALID, "negative_prompt": "blurry"}, pipe=shapes_pipe)
 
 
 def test_validate_inputs_flags_prompts_with_some_unknown_words(shapes_pipe):
-    tokenizer = shapes_pipe.tokenizer
     flag = (
         "The prompt has words this model does not know: 'xyz'. They do not steer the images; the model panel lists "
         "the words it knows."
     )
-    request = app.validate_inputs(**{**VALID, "prompt": "a red circle xyz"}, tokenizer=tokenizer)  # 8 tokens
+    request = app.validate_inputs(**{**VALID, "prompt": "a red circle xyz"}, pipe=shapes_pipe)  # 8 tokens
     assert request.prompt == "a red circle xyz" and request.warnings == (flag,)
-    assert app.validate_inputs(**VALID, tokenizer=tokenizer).warnings == ()
-    assert app.validate_inputs(**{**VALID, "prompt": "a dog on a beach"}).warnings == ()  # no tokenizer: no check
+    assert app.validate_inputs(**VALID, pipe=shapes_pipe).warnings == ()
+    assert app.validate_inputs(**{**VALID, "prompt": "a dog on a beach"}).warnings == ()  # no pipeline: no check
     # An unknown word is spelled byte by byte, which is what makes this prompt too long: the message says so.
     with pytest.raises(gr.Error) as error:
-        app.validate_inputs(**{**VALID, "prompt": f"{PROMPT} xyz"}, tokenizer=tokenizer)
+        app.validate_inputs(**{**VALID, "prompt": f"{PROMPT} xyz"}, pipe=shapes_pipe)
     assert error.value.message.endswith(f"at most 10; shorten it so that nothing is cut off. {flag}")
 
 
@@ -235,3 +239,42 @@ def test_model_panel_names_every_family_by_its_registry_label(backbone, tmp_path
     text = app.describe_model(pipe, str(tmp_path))
     assert f"**Backbone:** {family.label} (`{family.model_class.__name__}`)" in text
     assert not [other.label for other in FAMILIES.values() if f"{other.label} (`" in text and other is not family]
+
+
+def test_pipeline_vocabulary_methods_are_the_tokenizer_s(shapes_pipe):
+    text = "A dog, a RED circle!"
+    assert shapes_pipe.describe_vocabulary() == describe_vocabulary(shapes_pipe.tokenizer)
+    assert shapes_pipe.prompt_words(text) == ["a", "dog", "a", "red", "circle"]
+    assert shapes_pipe.unknown_words(text) == ["dog"]
+
+
+def test_with_the_package_the_app_loads_a_with_code_folder_and_runs_none_of_its_code(tmp_path):
+    build_tiny_pipeline("lmlp", seed=0).save_pretrained(tmp_path / "saved")
+    staged = stage_pipeline(tmp_path / "saved", "owner/tiny-lmlp", tmp_path / "code", with_code=True).folder
+    for path in staged.rglob("*.py"):  # canaries: any run of the repo's code fails loudly
+        path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
+
+    pipe = app.load_pipeline(str(staged), torch.float32)
+
+    assert type(pipe) is app.LMLPPipeline and type(pipe.transformer) is FAMILIES["lmlp"].model_class
+    assert Path(app.load_pipeline(None, torch.float32).name_or_path).samefile(PIPELINE_PATH)
+
+
+def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "setup.py").read_text(encoding="utf-8"))
+    (install_requires,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["install_requires"]
+    ]
+    floors = dict(re.fullmatch(r"([\w.-]+)(.*)", requirement).groups() for requirement in install_requires)
+    lines = (DEFAULT_SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    listed = dict(re.fullmatch(r"([\w.-]+)(.*)", line).groups() for line in lines if line and not line.startswith("#"))
+
+    # What the app and the model repo's code import, at the floors setup.py tests.
+    assert {"torch", "diffusers", "transformers", "accelerate", "safetensors", "huggingface_hub"} <= set(listed)
+    assert {name: listed[name] for name in set(listed) & set(floors)} == {
+        name: floors[name] for name in set(listed) & set(floors)
+    }
+    # diffusers-lmlp is not on PyPI (the model repo brings its code); the README's sdk_version installs gradio.
+    assert not {name for name in listed if name.replace("_", "-") in ("diffusers-lmlp", "gradio")}

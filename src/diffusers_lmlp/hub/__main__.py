@@ -58,13 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     space = commands.add_parser(
         "push-space",
-        help="the demo (spaces/) -> a Gradio Space serving a model repo",
-        description=f"Upload the demo folder with the package vendored as diffusers_lmlp/, the README front matter's "
-        f"models: set to --model, and the Space variable {MODEL_VARIABLE}=--model.",
+        help="the demo -> a Gradio Space serving a model repo pushed with --with-code",
+        description="Upload the Gradio demo that ships in the package (app.py, README.md, requirements.txt; no "
+        f"package source) with its README front matter's models: set to --model, and set the Space variable "
+        f"{MODEL_VARIABLE}=--model. The Space runs without diffusers-lmlp (it is not on PyPI): it loads the model "
+        "with DiffusionPipeline.from_pretrained(--model, trust_remote_code=True), so the model repo must have been "
+        "pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`; a push refuses a model "
+        "repo without it.",
     )
     space.add_argument("space_id", help="the Space repo, owner/name")
-    space.add_argument("--model", required=True, help="the model repo the Space serves, owner/name")
-    space.add_argument("--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: %(default)s)")
+    space.add_argument("--model", required=True, help="the model repo the Space serves (pushed with --with-code)")
+    space.add_argument(
+        "--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: the package's, %(default)s)"
+    )
     space.add_argument("--commit-message", default="Upload the diffusers-lmlp demo")
 
     for command in (push, space):

@@ -1,8 +1,11 @@
-"""Publish the Gradio demo (`spaces/`) as a Hub Space that serves a published model.
+"""Publish the Gradio demo as a Hub Space that serves a model repo pushed with its code.
 
-The Space repo gets the demo folder (app.py, README.md, requirements.txt, ...) with this package's source vendored
-next to app.py as `diffusers_lmlp/` (the package is not on PyPI, and a Space runs only what is in its repo). The
-model it serves travels two ways:
+The demo (app.py, README.md, requirements.txt) ships inside the package as `diffusers_lmlp/space/` (package data), so
+`push-space` works from an installed wheel as from a checkout. The Space repo gets that folder as it is and nothing
+of the package: diffusers-lmlp is not on PyPI, so the Space installs only its requirements.txt and app.py loads the
+model with `DiffusionPipeline.from_pretrained(LMLP_MODEL, trust_remote_code=True)`, which runs the code that
+`python -m diffusers_lmlp.hub push FOLDER REPO --with-code` put in the model repo (see `remote_code`). `push_space`
+refuses a model repo without that code. The model the Space serves travels two ways:
 
 - the Space variable `LMLP_MODEL` (read by app.py), set on every push with `HfApi.add_space_variable`; it can be
   changed later in the Space's settings without a commit;
@@ -18,6 +21,7 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, HfApi, SpaceCard
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from .remote_code import PACKAGE, defining_module_of, file_stem
 from .upload import (
     StagedUpload,
     check_repo_id,
@@ -33,12 +37,12 @@ from .upload import (
 logger = logging.getLogger(__name__)
 
 MODEL_VARIABLE = "LMLP_MODEL"
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# The demo in a source checkout: <repo>/spaces next to <repo>/src/diffusers_lmlp.
-DEFAULT_SPACE_DIR = PACKAGE_DIR.parents[1] / "spaces"
-# Never uploaded from the demo folder: caches, local run outputs, and a `diffusers_lmlp` link or copy (the vendored
-# package replaces it).
-SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE_DIR.name)
+# The demo that ships in the package (setup.py's package_data), installed or in a checkout.
+DEFAULT_SPACE_DIR = Path(__file__).resolve().parents[1] / "space"
+# Never uploaded from the demo folder: caches, local run outputs, and a `diffusers_lmlp` folder (a Space vendoring
+# the package, as this command's earlier versions made: the Space now runs on the model repo's code).
+SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE)
+WITH_CODE = "python -m diffusers_lmlp.hub push FOLDER {repo} --with-code"
 
 
 def _left_out(path: str) -> str | None:
@@ -46,44 +50,37 @@ def _left_out(path: str) -> str | None:
     pattern = next((pattern for pattern in SKIPPED if fnmatch(path.rsplit("/", 1)[-1], pattern)), None)
     if pattern is None:
         return None
-    if pattern == PACKAGE_DIR.name:
-        return "the package is vendored from this checkout instead"
+    if pattern == PACKAGE:
+        return "the package's source: the Space runs without it, on the model repo's code (push --with-code)"
     return f"matches {pattern!r}: caches, hidden files and local run outputs stay local"
-
-
-def _left_out_of_package(path: str) -> str | None:
-    """Why a file or folder of the package (POSIX path relative to it) is not vendored, or None."""
-    name = path.rsplit("/", 1)[-1]
-    return "a Python cache" if name == "__pycache__" or name.endswith(".pyc") else None
 
 
 def stage_space(
     model_id: str, space_dir: str | os.PathLike | None = None, output_dir: str | os.PathLike | None = None
 ) -> StagedUpload:
-    """Build the exact folder that `push_space` uploads: the demo, its front matter, and the vendored package.
+    """Build the exact folder that `push_space` uploads: the demo with its front matter's `models:` set.
 
     Args:
         model_id (`str`): The model repo the Space serves, `"owner/name"`.
-        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the checkout's `spaces/`.
+        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package
+            (`DEFAULT_SPACE_DIR`).
         output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
             temporary folder.
 
     Returns:
         `StagedUpload`: The staging folder, its files, and what of the demo folder was left out or refused (links,
-        credential-like names: see `diffusers_lmlp.hub.upload`; the vendored package is checked the same way).
+            credential-like names: see `diffusers_lmlp.hub.upload`).
     """
     check_repo_id(model_id, "model repo id", namespace=True)
     space_dir = Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR
     missing = [name for name in ("app.py", "README.md") if not (space_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(
-            f"{space_dir} is not a Gradio Space folder (no {' or '.join(missing)}); pass --space-dir, the folder "
-            "with app.py and README.md (the repo's spaces/)."
+            f"{space_dir} is not a Gradio Space folder (no {' or '.join(missing)}); pass --space-dir, a folder with "
+            f"app.py and README.md (the package's demo is {DEFAULT_SPACE_DIR})."
         )
     target = staging_folder(output_dir, "lmlp-space-", source=space_dir)
     left_out, refused = copy_tree(space_dir, target, _left_out, _left_out)
-    _, package_refused = copy_tree(PACKAGE_DIR, target / PACKAGE_DIR.name, _left_out_of_package, _left_out_of_package)
-    refused |= {f"{PACKAGE_DIR.name}/{path}": reason for path, reason in package_refused.items()}
     for name in ("app.py", "README.md"):
         if name in refused:
             raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}. Put the file itself there.")
@@ -92,7 +89,7 @@ def stage_space(
     card = SpaceCard.load(target / "README.md")
     card.data.models = [model_id]
     card.save(target / "README.md")
-    return StagedUpload(target, list_files(target), left_out, dict(sorted(refused.items())))
+    return StagedUpload(target, list_files(target), left_out, refused)
 
 
 def push_space(
@@ -105,12 +102,14 @@ def push_space(
 ) -> CommitInfo:
     """Publish the demo as a Gradio Space serving `model_id`: create it, set `LMLP_MODEL`, then one commit.
 
-    The model repo must exist already (publish it first with `push_pipeline`).
+    The model repo must exist already, with its code: publish it first with `push_pipeline(..., with_code=True)`
+    (`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`). The Space runs that code
+    (`trust_remote_code=True`, for the model `LMLP_MODEL` names only).
 
     Args:
         space_id (`str`): The Space repo, `"owner/name"`.
         model_id (`str`): The model repo it serves, `"owner/name"`.
-        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the checkout's `spaces/`.
+        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package.
         token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
         private (`bool`, *optional*): Create the Space private (an existing Space keeps its visibility).
         commit_message (`str`, *optional*): The commit's title.
@@ -128,9 +127,15 @@ def push_space(
             model = api.model_info(model_id)
         except RepositoryNotFoundError:
             raise ValueError(
-                f"The model repo {model_id} does not exist, or this token cannot see it; publish the model first "
-                "(python -m diffusers_lmlp.hub push FOLDER OWNER/NAME)."
+                f"The model repo {model_id} does not exist, or this token cannot see it; publish the model first, "
+                f"with its code: {WITH_CODE.format(repo=model_id)}."
             ) from None
+        code = f"{file_stem(defining_module_of('LMLPPipeline'))}.py"
+        if code not in {sibling.rfilename for sibling in model.siblings or []}:
+            raise ValueError(
+                f"The model repo {model_id} has no {code}: the Space runs without diffusers-lmlp and loads the model "
+                f"from its code. Push the model with its code first: {WITH_CODE.format(repo=model_id)}."
+            )
         if model.private:
             logger.warning(f"{model_id} is private: the Space can load it only with an HF_TOKEN secret that reads it.")
         api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)

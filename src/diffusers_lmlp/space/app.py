@@ -1,14 +1,29 @@
 """Gradio Space: text-to-image with an L-MLP or MoE-MLP pipeline (diffusers-lmlp).
 
-`python spaces/app.py` serves the pipeline named by `LMLP_MODEL` (a Hub repo id or a local folder written by
-`save_pretrained`), or, without it, the 32×32 shapes-world model that ships in the package (offline). It works with
-`diffusers_lmlp` installed or vendored as a folder next to this file (which is how a Space repo holds it).
+This folder (app.py, README.md, requirements.txt) ships inside the package (`diffusers_lmlp/space/`), and
+`python -m diffusers_lmlp.hub push-space` uploads it as it is: a Space repo holds no copy of the package. The app runs
+two ways:
+
+- **With diffusers-lmlp installed** (a local run: `python -m diffusers_lmlp.space.app`), it serves the pipeline named
+  by `LMLP_MODEL` (a Hub repo id or a local folder written by `save_pretrained`) with `LMLPPipeline.from_pretrained`,
+  which runs no code from the repo; without `LMLP_MODEL`, the 32×32 shapes-world model that ships in the package
+  (offline).
+- **Without it** (the Space: diffusers-lmlp is not on PyPI), `LMLP_MODEL` must name a pipeline pushed with its code
+  (`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`), which it loads with
+  `DiffusionPipeline.from_pretrained(LMLP_MODEL, trust_remote_code=True)`: the repo's `pipeline_lmlp.py` and
+  `transformer/*.py` run here. The opt-in is given for that one model only, the one the Space's own variable names
+  (only the Space's owner sets it), and never when the package is installed. A repo without the code is refused
+  before anything of it runs, with the command that adds it.
+
+What else the app needs from the package it takes from what it loaded, whose classes carry it in either case: the
+words of a closed vocabulary from the pipeline's methods (`unknown_words`, `prompt_words`, `describe_vocabulary`),
+and the backbone's family from the registry or the copy of its entry in the backbone's code (`backbone_family`).
 
 Environment variables:
 
 | variable | default | meaning |
 |---|---|---|
-| `LMLP_MODEL` | the shipped shapes model | pipeline to serve: Hub repo id or local folder |
+| `LMLP_MODEL` | the shipped shapes model (package installed only) | pipeline to serve: Hub repo id or local folder |
 | `LMLP_QUEUE_SIZE` | 32 | requests that may wait in the queue; more are refused ("Queue is full") |
 | `LMLP_CONCURRENCY` | 1 | requests that run at the same time |
 
@@ -22,12 +37,12 @@ with a few gets a warning that names them. The app takes no files, so the server
 """
 
 # ZeroGPU wants `spaces` imported before torch initialises CUDA. Off ZeroGPU its decorator returns the function
-# unchanged; without the package (or when this repo's own `spaces/` folder shadows it) we use the identity.
+# unchanged; without `spaces` installed we use the identity.
 try:
     import spaces
 
     gpu = spaces.GPU
-except (ImportError, AttributeError):
+except ImportError:
 
     def gpu(fn):
         return fn
@@ -37,22 +52,30 @@ import copy
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import gradio as gr
 import torch
+from diffusers import DiffusionPipeline
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import EntryNotFoundError, HFValidationError
 from PIL import Image
 
-from diffusers_lmlp import LMLPPipeline, unknown_words
-from diffusers_lmlp.models import family_of
-from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary, prompt_words
-from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
+PACKAGE = "diffusers_lmlp"
+try:
+    from diffusers_lmlp import LMLPPipeline
+    from diffusers_lmlp.models import family_of
+    from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+    from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+except ModuleNotFoundError as missing:
+    if missing.name != PACKAGE:  # installed but broken: say so, do not fall back to the repo's code
+        raise
+    # The Space: the served model repo brings its own code (`load_pipeline`).
+    LMLPPipeline = family_of = pretrained_shapes_pipeline = PIPELINE_PATH = None
 
 MAX_SEED = 2**31 - 1  # np.iinfo(np.int32).max, the Space convention
 MAX_PROMPT_CHARS = 400
@@ -111,7 +134,7 @@ def invalid_input(message: str) -> gr.Error:
     return gr.Error(message, title="Invalid input", print_exception=False)
 
 
-def _check_text(name: str, value, tokenizer, required: bool) -> tuple[str, str | None]:
+def _check_text(name: str, value, pipe, required: bool) -> tuple[str, str | None]:
     """`value` stripped, if it is a string within the character and token limits and not mostly unknown words
     (`_check_words`), and the warning for the unknown words it has; else raise `gr.Error`."""
     if value is None and not required:
@@ -123,11 +146,12 @@ def _check_text(name: str, value, tokenizer, required: bool) -> tuple[str, str |
         raise invalid_input(f"The {name} is empty: describe the image you want (1 to {MAX_PROMPT_CHARS} characters).")
     if len(text) > MAX_PROMPT_CHARS:
         raise invalid_input(f"The {name} has {len(text)} characters; at most {MAX_PROMPT_CHARS} are allowed.")
-    if tokenizer is None:
+    if pipe is None:
         return text, None
     # Words first: a closed vocabulary spells an unknown word byte by byte, which is also what makes a text too long.
-    warning = _check_words(name, text, tokenizer)
+    warning = _check_words(name, text, pipe)
     if text:
+        tokenizer = pipe.tokenizer
         num_tokens = len(tokenizer(text, verbose=False).input_ids)  # with the start and end tokens
         if num_tokens > tokenizer.model_max_length:
             raise invalid_input(
@@ -138,23 +162,26 @@ def _check_text(name: str, value, tokenizer, required: bool) -> tuple[str, str |
     return text, warning
 
 
-def _check_words(name: str, text: str, tokenizer) -> str | None:
-    """Raise `gr.Error` if most words of `text` are outside the tokenizer's closed vocabulary (see `known_words`).
+def _check_words(name: str, text: str, pipe) -> str | None:
+    """Raise `gr.Error` if most words of `text` are outside the pipeline tokenizer's closed vocabulary.
+
+    The pipeline's own methods (`unknown_words`, `prompt_words`, `describe_vocabulary`) read the vocabulary, with
+    the package installed or from the model repo's code alike.
 
     Returns:
         `str` or `None`: A warning naming the unknown words when there are some, but at most `MAX_UNKNOWN_SHARE` of
         the words; None when every word is known, or the vocabulary is open.
     """
-    unknown = unknown_words(tokenizer, text)
+    unknown = pipe.unknown_words(text)
     if not unknown:
         return None
-    words = prompt_words(tokenizer, text)
+    words = pipe.prompt_words(text)
     num_unknown = sum(word in unknown for word in words)
     named = ", ".join(map(repr, unknown))
     if num_unknown > MAX_UNKNOWN_SHARE * len(words):
         raise invalid_input(
             f"The {name} is mostly words this model does not know ({num_unknown} of its {len(words)} words: "
-            f"{named}), so it would generate noise. This model knows only {describe_vocabulary(tokenizer)}."
+            f"{named}), so it would generate noise. This model knows only {pipe.describe_vocabulary()}."
         )
     return (
         f"The {name} has words this model does not know: {named}. They do not steer the images; the model panel "
@@ -178,7 +205,7 @@ def validate_inputs(
     num_inference_steps,
     guidance_scale,
     num_images,
-    tokenizer=None,
+    pipe=None,
 ) -> GenerationRequest:
     """Check and bound every input of a generation; raise `gr.Error` naming the first bad one and its range.
 
@@ -194,16 +221,16 @@ def validate_inputs(
         num_inference_steps: Whole number from 1 to `MAX_STEPS`.
         guidance_scale: Finite number from 0 to `MAX_GUIDANCE` (diffusers' convention; ≤ 1 means no guidance).
         num_images: Whole number from 1 to `MAX_IMAGES`.
-        tokenizer (`CLIPTokenizer`, *optional*): The pipeline's tokenizer, to count the prompts' tokens and, for a
-            closed vocabulary, to refuse prompts that are mostly unknown words (more than `MAX_UNKNOWN_SHARE`) and
-            flag those with some.
+        pipe (`LMLPPipeline`, *optional*): The served pipeline: its tokenizer counts the prompts' tokens and, for a
+            closed vocabulary, its vocabulary methods refuse prompts that are mostly unknown words (more than
+            `MAX_UNKNOWN_SHARE`) and flag those with some. Without it, only the characters are checked.
 
     Returns:
         `GenerationRequest`: The inputs with whole numbers as `int`, the guidance as `float` and stripped texts, and
         the warnings to show.
     """
-    prompt, prompt_warning = _check_text("prompt", prompt, tokenizer, required=True)
-    negative_prompt, negative_warning = _check_text("negative prompt", negative_prompt, tokenizer, required=False)
+    prompt, prompt_warning = _check_text("prompt", prompt, pipe, required=True)
+    negative_prompt, negative_warning = _check_text("negative prompt", negative_prompt, pipe, required=False)
     warnings = tuple(message for message in (prompt_warning, negative_warning) if message)
     seed = _check_int("seed", seed, 0, MAX_SEED)
     if not isinstance(randomize_seed, bool):
@@ -296,7 +323,27 @@ def training_data(card: ModelCard | None) -> str:
     return "not recorded in the model card"
 
 
-def describe_model(pipe: LMLPPipeline, source: str) -> str:
+def backbone_family(backbone) -> tuple[str, Callable[[Mapping], str]]:
+    """The backbone's family as the block-family registry (`diffusers_lmlp.FAMILIES`) describes it.
+
+    With the package installed, from the registry itself; without it, from the copy of the backbone's registry entry
+    that `push --with-code` writes into the backbone's code (the class attributes `family_label` and
+    `family_details`; see `diffusers_lmlp.hub.remote_code`).
+
+    Args:
+        backbone (`ModelMixin`): The pipeline's transformer.
+
+    Returns:
+        `tuple`: (the family's label, such as "UL-MLP"; its function from a config to the family-specific part of it
+        in words, such as ", 2 experts × 2 heads").
+    """
+    if family_of is not None:
+        family = family_of(backbone)
+        return family.label, family.details
+    return type(backbone).family_label, type(backbone).family_details
+
+
+def describe_model(pipe: DiffusionPipeline, source: str) -> str:
     """The model panel: backbone kind, parameter count, native resolution, text length, vocabulary and training data.
 
     Args:
@@ -311,14 +358,14 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
     name = headings[0] if headings else os.path.basename(os.path.normpath(source))
     backbone = pipe.transformer
     config = backbone.config
-    family = family_of(backbone)
+    label, details = backbone_family(backbone)
     num_params = sum(p.numel() for p in backbone.parameters())
     layout = f"hidden size {config.hidden_size}, {config.num_layers} + 1 blocks, patch {config.patch_size}"
-    layout += family.details(config)
+    layout += details(config)
     latent = config.sample_size
-    shipped = os.path.isdir(source) and os.path.samefile(source, PIPELINE_PATH)
+    shipped = PIPELINE_PATH is not None and os.path.isdir(source) and os.path.samefile(source, PIPELINE_PATH)
     origin = "ships with diffusers-lmlp: `pretrained_shapes_pipeline()`" if shipped else f"`{source}`"
-    vocabulary = describe_vocabulary(pipe.tokenizer)
+    vocabulary = pipe.describe_vocabulary()
     if vocabulary is None:
         vocabulary = "open: the tokenizer spells any word in subword pieces the text encoder knows"
     else:
@@ -328,7 +375,7 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
             f"### Model: {name}",
             origin,
             "",
-            f"- **Backbone:** {family.label} (`{type(backbone).__name__}`), {num_params:,} parameters; {layout}",
+            f"- **Backbone:** {label} (`{type(backbone).__name__}`), {num_params:,} parameters; {layout}",
             f"- **Native resolution:** {pipe.native_size}×{pipe.native_size} px ({latent}×{latent} latents × VAE "
             f"factor {pipe.vae_scale_factor}); images are shown unresampled",
             f"- **Text:** up to {pipe.tokenizer.model_max_length} tokens, start and end tokens included",
@@ -339,7 +386,7 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
     )
 
 
-def make_generate_fn(pipe: LMLPPipeline) -> Callable:
+def make_generate_fn(pipe: DiffusionPipeline) -> Callable:
     """The UI's and the API's generate function for `pipe`.
 
     It validates the inputs first, so that a bad request never waits for a GPU; only the sampling is wrapped with
@@ -403,7 +450,7 @@ def make_generate_fn(pipe: LMLPPipeline) -> Callable:
             num_inference_steps,
             guidance_scale,
             num_images,
-            tokenizer=pipe.tokenizer,
+            pipe=pipe,
         )
         for message in request.warnings:
             gr.Warning(message, title="Unknown words")
@@ -413,7 +460,9 @@ def make_generate_fn(pipe: LMLPPipeline) -> Callable:
     return generate
 
 
-def build_demo(pipe: LMLPPipeline, source: str | None = None, queue_size: int | None = None, concurrency: int = 1):
+def build_demo(
+    pipe: DiffusionPipeline, source: str | None = None, queue_size: int | None = None, concurrency: int = 1
+):
     """The Space's `gr.Blocks`, queued; serve it with `launch(demo)`.
 
     Args:
@@ -518,18 +567,75 @@ def launch(demo: gr.Blocks, **server_options):
     return demo.launch(css=CSS, max_file_size=MAX_FILE_SIZE, **server_options)
 
 
+class CannotServe(Exception):
+    """The app cannot serve the model it is set up with; the message says what to change."""
+
+
+def require_code(model: str) -> None:
+    """Raise `CannotServe` unless the pipeline `model` ships the code that loads it without diffusers-lmlp.
+
+    Only its `model_index.json` is read (from the Hub, or the folder): nothing of the repo runs. A repo pushed with
+    `--with-code` names code files in it (`"_class_name": ["pipeline_lmlp", "LMLPPipeline"]`); one pushed without
+    names the package (`"LMLPPipeline"`, `["diffusers_lmlp", "LMLPTransformer2DModel"]`), which is not installed.
+
+    Args:
+        model (`str`): A Hub repo id or a local pipeline folder.
+    """
+    model_index = DiffusionPipeline.load_config(model)
+    class_name = model_index.get("_class_name")
+    named = sorted(key for key, entry in model_index.items() if isinstance(entry, list) and entry[:1] == [PACKAGE])
+    if not isinstance(class_name, list):
+        named.insert(0, "_class_name")
+    if not named:
+        return
+    repo = "REPO" if os.path.isdir(model) else model
+    raise CannotServe(
+        f"{model} has no code to load it without diffusers-lmlp, which is not installed here (its model_index.json "
+        f"names the package: {', '.join(named)}). Push the model with its code: "
+        f"`python -m diffusers_lmlp.hub push FOLDER {repo} --with-code`, FOLDER being the saved pipeline."
+    )
+
+
+def load_pipeline(model: str | None, dtype: torch.dtype) -> DiffusionPipeline:
+    """The pipeline to serve, in `dtype`, on the CPU.
+
+    With diffusers-lmlp installed, `LMLPPipeline.from_pretrained(model)` (which runs no code of the repo), or the
+    shipped shapes model when `model` is None. Without it, the model's own code: `require_code` checks that the repo
+    has it, then `DiffusionPipeline.from_pretrained(model, trust_remote_code=True)` runs it. `model` is the Space's
+    own `LMLP_MODEL`, which only the Space's owner sets: that is the one repo whose code the app agrees to run.
+
+    Args:
+        model (`str`, *optional*): A Hub repo id or a local pipeline folder.
+        dtype (`torch.dtype`): The weights' dtype.
+
+    Returns:
+        `DiffusionPipeline`: An `LMLPPipeline`, the package's or the repo's.
+    """
+    if LMLPPipeline is not None:
+        return LMLPPipeline.from_pretrained(model, dtype=dtype) if model else pretrained_shapes_pipeline(dtype=dtype)
+    if not model:
+        raise CannotServe(
+            "LMLP_MODEL is not set. Without diffusers-lmlp installed, the app serves a model repo pushed with its code "
+            "(`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`): set LMLP_MODEL to that REPO (on a Space, "
+            "`python -m diffusers_lmlp.hub push-space` sets it). The shipped shapes model needs the package."
+        )
+    require_code(model)
+    return DiffusionPipeline.from_pretrained(model, dtype=dtype, use_safetensors=True, trust_remote_code=True)
+
+
 def main() -> None:
-    """Load the pipeline named by `LMLP_MODEL` (or the shipped shapes model) and serve it."""
+    """Load the pipeline named by `LMLP_MODEL` (or the shipped shapes model) and serve it; exit with the reason when
+    it cannot be served."""
     queue_size, concurrency = queue_settings()
     device, dtype = pick_device_and_dtype()
     if device == "cpu":
         # Requests running side by side share the cores; more threads than cores slow every one of them down.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // concurrency))
-    model = os.environ.get("LMLP_MODEL")
-    if model:
-        pipe = LMLPPipeline.from_pretrained(model, dtype=dtype)
-    else:
-        pipe = pretrained_shapes_pipeline(dtype=dtype)
+    model = os.environ.get("LMLP_MODEL") or None
+    try:
+        pipe = load_pipeline(model, dtype)
+    except CannotServe as error:
+        sys.exit(f"error: {error}")
     pipe = pipe.to(device)
     launch(build_demo(pipe, source=model, queue_size=queue_size, concurrency=concurrency))
 
