@@ -17,8 +17,9 @@ install_requires = [
 ]
 
 extras = {
-    # peft: LoRA adapters on the backbones (`model.add_adapter`); 0.17 still imports what transformers 5 removed.
-    "train": ["tensorboard", "tqdm", "peft>=0.18"],
+    # peft: LoRA adapters on the backbones (`model.add_adapter`, `--lora_rank`); 0.17 still imports what transformers
+    # 5 removed, and 0.18/0.19 allow one adapter with `target_parameters` per model (SymMixer's tied weights).
+    "train": ["tensorboard", "tqdm", "peft>=0.20"],
     "space": ["gradio>=6"],
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
@@ -27,7 +28,7 @@ extras = {
     "test": [
         "pytest>=8",
         "ruff",
-        "peft>=0.18",
+        "peft>=0.20",
         "tensorboard",
         "wandb",
         "gradio>=6",

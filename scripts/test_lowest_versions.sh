@@ -13,5 +13,5 @@ echo "lowest versions:" && cat "$venv/lowest.txt"
 pip install -c "$venv/lowest.txt" -e ".[train]" "pytest>=8"
 pip list | grep -iE "^(torch|diffusers|transformers|accelerate|safetensors|huggingface.hub|datasets|peft) "
 python -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_pipeline.py tests/test_pipeline_loading.py \
-    tests/test_bad_inputs.py tests/test_peft.py
+    tests/test_bad_inputs.py tests/test_peft.py tests/test_lora_loading.py tests/test_train_lora.py
 
