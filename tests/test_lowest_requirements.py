@@ -17,7 +17,7 @@ def test_every_floor_of_setup_py_is_pinned_except_torch():
     pins = lowest.lowest_constraints(install_requires + extras["train"])
     floors = [req for req in install_requires + extras["train"] if ">=" in req and not req.startswith("torch")]
     assert pins == [req.replace(">=", "==") for req in floors]
-    assert "huggingface_hub==1.23" in pins and "transformers==5.0" in pins and "peft==0.18" in pins
+    assert "huggingface_hub==1.23" in pins and "transformers==5.0" in pins and "peft==0.20" in pins
 
 
 def test_unfloored_and_repeated_requirements_are_left_alone():
