@@ -1135,6 +1135,24 @@ def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     return reports
 
 
+def score_summary(reports: dict[str, dict], suffix: str = "") -> dict[str, dict]:
+    """The summary's entries for one final evaluation: the scorer's accuracies, their intervals and shapes-FID, each
+    by split, under keys ending with `suffix` (`"_before"` for the base model of a LoRA run).
+
+    Args:
+        reports (`dict[str, dict]`): `final_evaluation`'s reports, by split.
+        suffix (`str`, *optional*, defaults to `""`): Appended to each key.
+    """
+    return {
+        f"scores{suffix}": {split: report["shapes"] for split, report in reports.items()},
+        f"score_intervals{suffix}": {split: report["shapes_intervals"] for split, report in reports.items()},
+        f"shapes_fid{suffix}": {
+            split: {key: report[key] for key in ("fid", "fid_floor", "num_images")}
+            for split, report in reports.items()
+        },
+    }
+
+
 def allow_tf32() -> None:
     """Let float32 matmuls and cuDNN convolutions run on TF32 tensor cores (NVIDIA Ampere and newer), as diffusers'
     `--allow_tf32` does: several times faster, with a 10-bit mantissa. The matmul switch is the one that
@@ -1504,23 +1522,19 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         grid_path = output_dir / "samples.png"
         make_image_grid(images, captions=prompts).save(grid_path)
     if args.shapes_world:
-        reports = {"": final_evaluation(pipe, args)}
+        reports = final_evaluation(pipe, args)
+        summary.update(score_summary(reports))
         if args.lora_rank:  # the base model, by the same evaluation: what the adapter changed
             unwrapped.disable_adapters()
-            reports["_before"] = final_evaluation(pipe, args)
+            before = final_evaluation(pipe, args)
             unwrapped.enable_adapters()
-        for suffix, report in reports.items():
-            summary[f"scores{suffix}"] = {split: r["shapes"] for split, r in report.items()}
-            summary[f"score_intervals{suffix}"] = {split: r["shapes_intervals"] for split, r in report.items()}
-            summary[f"shapes_fid{suffix}"] = {
-                split: {key: r[key] for key in ("fid", "fid_floor", "num_images")} for split, r in report.items()
-            }
+            summary.update(score_summary(before, suffix="_before"))
         summary["images_per_caption"] = FINAL_EVALUATION_SEEDS
-        summary["evaluation_sampler"] = reports[""]["train"]["sampler"]
+        summary["evaluation_sampler"] = reports["train"]["sampler"]
         # The whole reports go to the logs folder (the scores are in the summary, which the run prints at the end).
         reports_path = output_dir / args.logging_dir / "evaluation.json"
         reports_path.parent.mkdir(parents=True, exist_ok=True)
-        whole = reports[""] if len(reports) == 1 else {"adapted": reports[""], "base": reports["_before"]}
+        whole = {"adapted": reports, "base": before} if args.lora_rank else reports
         reports_path.write_text(json.dumps(whole, indent=1), encoding="utf-8")
     with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
