@@ -93,6 +93,17 @@ def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
         assert (wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file()
     trainer = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-train"), "--help")
     assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]
+    # The README's module forms: `python -m diffusers_lmlp.train`, and the demo, stopped by a bad setting before it
+    # loads a model or serves anything.
+    python = str(wheel_venv / "bin" / "python")
+    module = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.train", "--help")
+    assert module.returncode == 0 and "--preset" in module.stdout, module.stderr[-2000:]
+    app = subprocess.run(
+        [python, "-m", "diffusers_lmlp.space.app"], cwd=wheel_venv, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "LMLP_QUEUE_SIZE": "0"},
+    )  # fmt: skip
+    assert app.returncode == 1 and "LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
+    assert f"{wheel_venv}/lib/" in app.stderr  # the installed demo ran, not this checkout's
 
 
 def test_the_wheel_stages_the_space_from_the_installed_demo(wheel_venv, tmp_path):
