@@ -11,6 +11,8 @@ native bf16, bf16:
   shapes and layouts, as plain `torch.mm`/`torch.bmm`), timed in the same window, over the pass's time;
 - the speed-up over U-ViT-S/2, each model in its best mode against U-ViT in its best mode, both timed in the same
   interleaved window (and eager against eager);
+- the time over the reference UL-MLP's (F2-deep, the MoE-MLP's dense counterpart), F2-deep's best mode timed in the
+  same window as each later model;
 - the pipeline's wall time for 50 steps against the sum of its parts (50 CFG forwards of the backbone, i.e. 100 image
   forwards, plus one VAE decode), so that nothing but the model costs;
 - peak memory of a training step at batch B, with and without gradient checkpointing (CPU: the rise of the
@@ -51,6 +53,7 @@ from diffusers_lmlp.models.backbone import UShapedMixerModel
 
 
 BASELINE = "U-ViT-S/2"
+REFERENCE = "F2-deep"  # the paper's UL-MLP, against which the MoE-MLP's cost is read
 # One model per registered family (Table 1's F2 beside the reference F2-deep), the baseline first.
 DEFAULT_MODELS = [BASELINE, "F2-deep", "F2", "4E2H", "A2", "A3", "ParaMixer-S", "SymMixer-S", "AsymMixer-S"]
 MODES = ("eager", "compile", "regional")
@@ -63,7 +66,10 @@ GPU_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "RTX 4090":
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--models", nargs="+", default=DEFAULT_MODELS, help="named configs (U-ViT-S/2 is always added)"
+        "--models",
+        nargs="+",
+        default=DEFAULT_MODELS,
+        help="named configs (U-ViT-S/2 is always added and runs first, then F2-deep if named)",
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), help="default: fp32, and bf16 if native")
@@ -91,7 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("batch_size", "repeats", "pipeline_batch_size", "pipeline_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    args.models = [BASELINE] + [name for name in dict.fromkeys(args.models) if name != BASELINE]
+    # The baseline, then the reference, run first: every later model is timed beside their steps.
+    first = [BASELINE] + [REFERENCE] * (REFERENCE in args.models)
+    args.models = first + [name for name in dict.fromkeys(args.models) if name not in first]
     if args.memory_models is None:
         args.memory_models = args.models
     if args.precisions is None:
@@ -286,6 +294,7 @@ class Row:
     gemm_gflops: float
     compile_seconds: float
     baseline_images_per_second: dict = field(default_factory=dict)  # U-ViT's mode -> images/s in the same window
+    reference_images_per_second: float | None = None  # F2-deep's best mode in the same window
 
     @property
     def of_gemm(self) -> float:
@@ -293,10 +302,20 @@ class Row:
 
 
 def measure_model(
-    name: str, args: argparse.Namespace, precision: str, baseline: dict | None
+    name: str, args: argparse.Namespace, precision: str, references: dict[str, dict]
 ) -> tuple[list[Row], dict]:
-    """Time one model in every mode and pass, interleaved with the baseline's steps (`baseline`: U-ViT's steps of
-    its best modes, or None when `name` is the baseline itself). Returns the rows and this model's steps."""
+    """Time one model in every mode and pass, interleaved with the steps of the models measured before it.
+
+    Args:
+        name (`str`): The named config to time.
+        args (`argparse.Namespace`): The command line (batch size, modes, repeats, device).
+        precision (`str`): `"fp32"` or `"bf16"`.
+        references (`dict`): Model name -> pass -> mode -> step, timed in the same window: U-ViT-S/2's best and
+            eager modes (`BASELINE`) and F2-deep's best mode (`REFERENCE`), once each has been measured.
+
+    Returns:
+        The rows, and this model's steps (pass -> mode -> step).
+    """
     model = build(name, args.num_layers, args.device)
     family = family_of(model).label
     params = sum(p.numel() for p in model.parameters())
@@ -318,12 +337,15 @@ def measure_model(
         gemm = gemm_step(operands, args.device, precision)
         window = dict(steps)
         window["GEMM"] = gemm
-        for mode, step in (baseline or {}).get(pass_, {}).items():
-            window[f"baseline {mode}"] = step
+        beside = {label: by_pass.get(pass_, {}) for label, by_pass in references.items()}  # label -> mode -> step
+        for label, by_mode in beside.items():
+            window.update({f"{label} {mode}": step for mode, step in by_mode.items()})
         best = time_interleaved(window, args.repeats, args.device)
-        baseline_rates = {
-            key.removeprefix("baseline "): args.batch_size / value for key, value in best.items() if "baseline " in key
+        rates = {
+            label: {mode: args.batch_size / best[f"{label} {mode}"] for mode in by_mode}
+            for label, by_mode in beside.items()
         }
+        reference_rate = max(rates.get(REFERENCE, {}).values(), default=None)
         for mode in steps:
             images = args.batch_size / best[mode]
             rows.append(
@@ -339,7 +361,8 @@ def measure_model(
                     flops / best[mode] / 1e9,
                     flops / best["GEMM"] / 1e9,
                     compile_seconds[mode],
-                    baseline_rates,
+                    rates.get(BASELINE, {}),
+                    reference_rate,
                 )
             )
             print(format_row(rows[-1]), flush=True)
@@ -416,13 +439,22 @@ def throughput_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-REFERENCE = "F2-deep"  # the paper's UL-MLP, against which the MoE-MLP's cost is read
+def reference_time_ratio(row: Row, rows: list[Row]) -> float | None:
+    """The row's time over F2-deep's, both in their best modes and timed in the same window: F2-deep's steps run
+    beside every later model's, and U-ViT's beside F2-deep's. `None` when F2-deep was not measured."""
+    if row.model == REFERENCE:
+        return 1.0
+    if row.model == BASELINE:
+        reference = best_rows(rows).get((REFERENCE, row.batch_size, row.precision, row.pass_))
+        return speedup(reference, rows) if reference else None
+    if row.reference_images_per_second is None:
+        return None
+    return row.reference_images_per_second / row.images_per_second
 
 
 def summary_table(rows: list[Row]) -> str:
     """Best mode per model: sampling and training speed over U-ViT-S/2's (best modes against best modes, and eager
-    against eager), and the time over F2-deep's, read through each one's ratio to U-ViT (each model is timed beside
-    U-ViT, not beside F2-deep)."""
+    against eager), and the time over F2-deep's (best modes, same window)."""
     header = ("model", "B", "precision", "sampling: best mode", "× U-ViT", "training: best mode", "× U-ViT")
     header += ("eager × U-ViT (sampling / training)", "time ÷ F2-deep's (sampling / training)")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -439,10 +471,9 @@ def summary_table(rows: list[Row]) -> str:
                 eager.append("1.00×")
             elif eager_row and "eager" in eager_row.baseline_images_per_second:
                 eager.append(f"{eager_row.images_per_second / eager_row.baseline_images_per_second['eager']:.2f}×")
-            reference_row = best.get((REFERENCE, batch_size, precision, pass_))
-            reference_ratio = speedup(reference_row, rows) if reference_row else None
-            if ratio and reference_ratio:
-                reference.append(f"{reference_ratio / ratio:.2f}×")
+            time_ratio = reference_time_ratio(row, rows) if row else None
+            if time_ratio:
+                reference.append(f"{time_ratio:.2f}×")
         cells += [" / ".join(eager) or "–", " / ".join(reference) or "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -732,17 +763,17 @@ def main(argv: list[str] | None = None) -> None:
     for batch_size in batch_sizes:
         args.batch_size = batch_size
         for precision in args.precisions:
-            baseline_rows, baseline_steps = measure_model(BASELINE, args, precision, None)
-            rows += baseline_rows
-            baseline = {}
-            for pass_ in PASSES:
-                best = max((r for r in baseline_rows if r.pass_ == pass_), key=lambda r: r.images_per_second)
-                baseline[pass_] = {
-                    mode: baseline_steps[pass_][mode] for mode in {best.mode, "eager"} & set(args.modes)
-                }
-            for name in args.models[1:]:
-                rows += measure_model(name, args, precision, baseline)[0]
-            baseline_steps = baseline = None
+            references: dict[str, dict] = {}  # model -> pass -> mode -> step, timed beside every later model
+            for name in args.models:
+                model_rows, steps = measure_model(name, args, precision, references)
+                rows += model_rows
+                if name in (BASELINE, REFERENCE):  # its best mode per pass, and U-ViT's eager (eager against eager)
+                    kept = {"eager"} & set(args.modes) if name == BASELINE else set()
+                    references[name] = {
+                        row.pass_: {mode: steps[row.pass_][mode] for mode in kept | {row.mode}}
+                        for row in best_rows(model_rows).values()
+                    }
+            del references, steps  # free the compiled copies and optimiser states before anything else is measured
     for (model, _, precision, pass_), row in best_rows(rows).items():
         if precision == "fp32" and pass_ == "sampling":
             best_sampling_mode[model] = row.mode
