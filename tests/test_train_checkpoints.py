@@ -13,7 +13,7 @@ import accelerate.accelerator
 import pytest
 import torch
 from processes import run_bounded
-from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, make_workspace, train, weights
+from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, make_workspace, train, train_args, weights
 
 
 STEPS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--use_ema", "--cache_features"]
@@ -58,11 +58,7 @@ def script():
 
 
 def in_process_args(workspace: Path, output: Path, *extra: str) -> list[str]:
-    return [
-        "--pretrained_model_name_or_path", str(workspace / "tiny"), "--train_data_dir", str(workspace / "data"),
-        "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(output),
-        "--cache_dir", str(workspace / "cache"), "--lr_warmup_steps", "0", "--learning_rate", "1e-3", *extra,
-    ]  # fmt: skip
+    return [*train_args(workspace, output), *extra]
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

@@ -1,4 +1,5 @@
-"""examples/train_text_to_image.py, run as users run it (subprocesses), on a tiny pipeline and a tiny imagefolder."""
+"""examples/train_text_to_image.py, run as users run it (subprocesses), on a tiny pipeline and a tiny imagefolder; its
+start-up checks also in this process (`main(argv)`, what the script calls)."""
 
 import importlib.util
 import json
@@ -54,18 +55,23 @@ def train(
 ):
     """Run the script on the tiny pipeline and imagefolder; `launcher` goes between python and the script (`-c ...`);
     `env` replaces the environment (`ENV`)."""
-    args = [
-        sys.executable, *launcher, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / base),
-        "--train_data_dir", str(workspace / "data"), "--resolution", "16", "--train_batch_size", "4",
-        "--report_to", "none", "--output_dir", str(workspace / output), "--cache_dir", str(workspace / "cache"),
-        "--lr_warmup_steps", "0", "--learning_rate", "1e-3", *extra,
-    ]  # fmt: skip
+    args = [sys.executable, *launcher, str(SCRIPT), *train_args(workspace, output, base), *extra]
     if popen:
         return subprocess.Popen(args, env=env or ENV, **popen)
     result = subprocess.run(args, env=env or ENV, capture_output=True, text=True, timeout=600)
     if check and result.returncode:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+def train_args(workspace: Path, output: str | Path, base: str = "tiny") -> list[str]:
+    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder, 16 px, batch 4, into `output` (a
+    name in `workspace`, or a path)."""
+    return [
+        "--pretrained_model_name_or_path", str(workspace / base), "--train_data_dir", str(workspace / "data"),
+        "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(workspace / output),
+        "--cache_dir", str(workspace / "cache"), "--lr_warmup_steps", "0", "--learning_rate", "1e-3",
+    ]  # fmt: skip
 
 
 def load_script():
@@ -241,11 +247,21 @@ def test_asymmixer_backbone_with_the_symmetry_breaking_penalty(workspace):
         (["--push_to_hub", "--hub_model_id", "a/b/c"], "--hub_model_id 'a/b/c' is not a valid Hub repo id"),
     ],
 )
-def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, message):
-    result = train(workspace, "bad", "--max_train_steps", "1", *extra, check=False)
-    assert result.returncode != 0
-    assert message in result.stderr
+def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, message, capsys):
+    """In this process (`main(argv)`, what the command runs) to spare a start-up per case; the next test runs one case
+    as a command."""
+    args = [*train_args(workspace, "bad"), "--max_train_steps", "1", *extra]
+    with pytest.raises((SystemExit, ValueError)) as stopped:
+        load_script().main(args)
+    assert message in str(stopped.value) + capsys.readouterr().err
     assert not (workspace / "bad" / "checkpoint-1").exists()
+
+
+def test_a_bad_argument_stops_the_command_with_its_message(workspace):
+    result = train(workspace, "bad-command", "--max_train_steps", "1", "--resolution", "32", check=False)
+    assert result.returncode != 0
+    assert "--resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px" in result.stderr
+    assert not (workspace / "bad-command" / "checkpoint-1").exists()
 
 
 def test_push_to_hub_without_a_token_fails_at_start_up(workspace, tmp_path):
