@@ -68,8 +68,9 @@ def wheel_venv(tmp_path_factory) -> Path:
     return venv
 
 
-def run_installed(venv: Path, *command: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+def run_installed(venv: Path, *command: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `command` in `venv`, offline, without this checkout on the path; `env` adds variables."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", **env}
     return subprocess.run(command, cwd=venv, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -98,10 +99,7 @@ def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
     python = str(wheel_venv / "bin" / "python")
     module = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.train", "--help")
     assert module.returncode == 0 and "--preset" in module.stdout, module.stderr[-2000:]
-    app = subprocess.run(
-        [python, "-m", "diffusers_lmlp.space.app"], cwd=wheel_venv, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "LMLP_QUEUE_SIZE": "0"},
-    )  # fmt: skip
+    app = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.space.app", LMLP_QUEUE_SIZE="0")
     assert app.returncode == 1 and "LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
     assert f"{wheel_venv}/lib/" in app.stderr  # the installed demo ran, not this checkout's
 
