@@ -46,8 +46,11 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    package_dir={"": "src"},
-    packages=find_packages("src"),
+    # The Gradio demo Space lives in spaces/lmlp-demo/, a folder that is uploaded to a Space as it is. The wheel ships
+    # that one folder as diffusers_lmlp/space/lmlp_demo/, so that `python -m diffusers_lmlp.hub push-space` works
+    # from a pip install too (hub/space.py finds either place).
+    package_dir={"": "src", "diffusers_lmlp.space.lmlp_demo": "spaces/lmlp-demo"},
+    packages=[*find_packages("src"), "diffusers_lmlp.space.lmlp_demo"],
     # The shapes world's trained VAE and pipeline ship inside the package, so pip users get them offline.
     package_data={
         "diffusers_lmlp": [
@@ -58,11 +61,9 @@ setup(
             "shapes/assets/*/*/*.txt",
             "shapes/assets/*/*.md",
             "shapes/assets/*/*.png",
-            # The Gradio demo that `python -m diffusers_lmlp.hub push-space` uploads (see hub/space.py).
-            "space/app.py",
-            "space/README.md",
-            "space/requirements.txt",
-        ]
+        ],
+        # Every file of the demo (app.py comes as the mapped package's module).
+        "diffusers_lmlp.space.lmlp_demo": ["*"],
     },
     # The package's commands, also runnable as `python -m diffusers_lmlp.<train|evaluation|hub>`.
     entry_points={

@@ -1,12 +1,17 @@
-"""Helpers for the Space tests: import the demo's `app.py` (`diffusers_lmlp/space/`) and serve it on 127.0.0.1."""
+"""Helpers for the Space tests: import the demo's `app.py` (`spaces/lmlp-demo/`) and serve it on 127.0.0.1."""
 
 import importlib.util
 import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 
+import httpx
 import numpy as np
 import torch
 from PIL import Image
@@ -77,3 +82,49 @@ def serve(demo) -> Iterator[str]:
         yield url
     finally:
         demo.close()
+
+
+@contextmanager
+def app_process(folder: Path, env: dict[str, str], log: Path, timeout: float = 240) -> Iterator[str]:
+    """Run `python app.py` in `folder`, as a Space (or a user in a checkout) runs it, serving on a free port of
+    127.0.0.1; yield its URL once it answers, then stop it.
+
+    Args:
+        folder (`Path`): The Space folder.
+        env (`dict[str, str]`): The process's environment (the server's address is added).
+        log (`Path`): Where its stdout and stderr go.
+        timeout (`float`, *optional*, defaults to 240): Seconds it may take to start.
+    """
+    port = free_port()
+    env = {**env, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            [sys.executable, "app.py"], cwd=folder, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert server.poll() is None, f"the app exited with {server.returncode}:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"the app did not start in {timeout} s:\n{log.read_text()[-4000:]}"
+            try:
+                if httpx.get(url, timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def model_panel(url: str) -> str:
+    """The text of the app's model panel, as the server sends it to the browser."""
+    config = httpx.get(f"{url}config", timeout=30).json()
+    (panel,) = [c["props"]["value"] for c in config["components"] if c["props"].get("elem_id") == "model-info"]
+    return panel

@@ -1,5 +1,5 @@
 """What the package promises about itself: its licence, that the documented commands' outputs stay out of git, and
-that a wheel install (no checkout) has the commands."""
+that a wheel install (no checkout) has the commands and the demo Space."""
 
 import os
 import re
@@ -13,6 +13,7 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parents[1]
+SPACE_FILES = ["README.md", "app.py", "requirements.txt"]
 
 
 def test_the_apache_license_that_setup_py_and_the_cards_name_is_there():
@@ -45,11 +46,13 @@ def test_documented_outputs_are_ignored_by_git(output):
 
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory) -> Path:
-    """A venv with the package installed from its wheel, built from a copy of the tracked files, and the test
-    environment's dependencies visible through a .pth file (which does not put this checkout's src/ on the path)."""
+    """A venv with the package installed from its wheel, built from a copy of the files git would commit (tracked or
+    new, not ignored), and the test environment's dependencies visible through a .pth file (which does not put this
+    checkout's src/ on the path)."""
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    listing = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    tracked = subprocess.run(listing, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for name in tracked.splitlines():
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
@@ -94,17 +97,34 @@ def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
         assert (wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file()
     trainer = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-train"), "--help")
     assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]
-    # The README's module forms: `python -m diffusers_lmlp.train`, and the demo, stopped by a bad setting before it
-    # loads a model or serves anything.
+    # The console script's usage names it (argparse's `prog`; `python -m diffusers_lmlp.hub` names the module form).
+    hub = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-hub"), "--help")
+    assert hub.returncode == 0 and hub.stdout.startswith("usage: diffusers-lmlp-hub [-h]"), hub.stderr[-2000:]
+    # The README's module forms: `python -m diffusers_lmlp.train`, and the demo's former one, deprecated, stopped by a
+    # bad setting before it loads a model or serves anything.
     python = str(wheel_venv / "bin" / "python")
     module = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.train", "--help")
     assert module.returncode == 0 and "--preset" in module.stdout, module.stderr[-2000:]
     app = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.space.app", LMLP_QUEUE_SIZE="0")
-    assert app.returncode == 1 and "LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
-    assert f"{wheel_venv}/lib/" in app.stderr  # the installed demo ran, not this checkout's
+    assert app.returncode == 1 and "error: LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
+    assert "FutureWarning: `python -m diffusers_lmlp.space.app` is deprecated and will be removed" in app.stderr
+    # It ran the installed demo, not this checkout's, and names it.
+    assert f"run its app with `python {installed_space(wheel_venv) / 'app.py'}`" in app.stderr
 
 
-def test_the_wheel_stages_the_space_from_the_installed_demo(wheel_venv, tmp_path):
+def installed_space(venv: Path) -> Path:
+    """Where the wheel puts the demo Space (setup.py maps spaces/lmlp-demo/ there)."""
+    (folder,) = venv.glob("lib/python*/site-packages/diffusers_lmlp/space/lmlp_demo")
+    return folder
+
+
+def test_the_wheel_carries_the_space_folder_and_stages_it(wheel_venv, tmp_path):
+    # The one demo folder of the repository, byte for byte, and nothing else of it.
+    space = installed_space(wheel_venv)
+    assert sorted(p.name for p in space.iterdir() if p.name != "__pycache__") == SPACE_FILES
+    for name in SPACE_FILES:
+        assert (space / name).read_bytes() == (ROOT / "spaces" / "lmlp-demo" / name).read_bytes()
+
     out = tmp_path / "space"
     hub = str(wheel_venv / "bin" / "diffusers-lmlp-hub")
     staged = run_installed(
@@ -114,7 +134,7 @@ def test_the_wheel_stages_the_space_from_the_installed_demo(wheel_venv, tmp_path
     assert staged.returncode == 0, staged.stderr[-2000:]
     assert f"The folder that would be uploaded to the Space owner/space: {out}\n" in staged.stdout
     # The demo's three files, from the wheel's package data, and nothing of the package's source.
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["README.md", "app.py", "requirements.txt"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == SPACE_FILES
     for name in ("app.py", "requirements.txt"):
-        assert (out / name).read_bytes() == (ROOT / "src" / "diffusers_lmlp" / "space" / name).read_bytes()
+        assert (out / name).read_bytes() == (ROOT / "spaces" / "lmlp-demo" / name).read_bytes()
     assert "models:\n- owner/model\n" in (out / "README.md").read_text(encoding="utf-8")

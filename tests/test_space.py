@@ -1,9 +1,12 @@
-"""The Gradio Space (`diffusers_lmlp/space/app.py`) in-process, with the package installed: input validation, the
-bf16 decision, the model panel, the generate function on the shipped shapes model, what it loads, and its
-requirements. `test_space_remote_code.py` serves it without the package."""
+"""The Gradio Space (`spaces/lmlp-demo/app.py`) in-process, with the package installed: input validation, the
+bf16 decision, its settings and CPU threads, the model panel, the generate function on the shipped shapes model, what
+it loads, and its requirements. `test_space_remote_code.py` serves it without the package, `test_space_folder.py` as
+`python app.py` in its folder."""
 
 import ast
+import os
 import re
+import runpy
 from pathlib import Path
 
 import gradio as gr
@@ -12,7 +15,7 @@ import pytest
 import torch
 from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
-from diffusers_lmlp import FAMILIES
+from diffusers_lmlp import FAMILIES, threads
 from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
@@ -163,6 +166,78 @@ def test_queue_settings_refuse_bad_values(environ):
     ((name, value),) = environ.items()
     with pytest.raises(ValueError, match=rf"{name} must be a whole number of at least 1, got '{value}'"):
         app.queue_settings(environ)
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """The environment and torch threads of a process nobody configured: no thread variables, torch at its starting
+    count (any other counts as set by the user), on a machine of 8 cores; torch's count is restored after."""
+    for name in ("OMP_NUM_THREADS", app.THREADS_VARIABLE, "LMLP_CONCURRENCY", "LMLP_QUEUE_SIZE", "LMLP_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)  # not started by `accelerate launch`
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # a count torch may start with
+    yield monkeypatch
+    torch.set_num_threads(num_threads)
+
+
+@pytest.mark.parametrize("with_package", [True, False])
+@pytest.mark.parametrize(
+    "environ, concurrency, expected",
+    [
+        ({"LMLP_NUM_THREADS": "3", "OMP_NUM_THREADS": "1"}, 4, (3, "LMLP_NUM_THREADS")),
+        ({"OMP_NUM_THREADS": "2"}, 1, (2, "OMP_NUM_THREADS=2, set by you")),
+        ({}, 1, (8, "every core")),
+        ({}, 3, (2, "2 of 8 cores")),  # requests that run side by side share the cores
+        ({}, 16, (1, "1 of 8 cores")),
+    ],
+)
+def test_cpu_threads_follow_the_package_s_rule_with_or_without_it(
+    fresh_process, with_package, environ, concurrency, expected
+):
+    for name, value in environ.items():
+        fresh_process.setenv(name, value)
+    if not with_package:  # the app as the Space runs it: the same rule, written out in the app
+        fresh_process.setattr(app, "threads", None)
+    assert app.choose_cpu_threads(concurrency) == expected
+    assert app.THREADS_VARIABLE == threads.THREADS_VARIABLE
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
+def test_a_bad_lmlp_num_threads_stops_the_app_naming_it_and_its_range(fresh_process, value, monkeypatch):
+    fresh_process.setenv("LMLP_NUM_THREADS", value)
+    monkeypatch.setattr(app, "pick_device_and_dtype", lambda: pytest.fail("went on to pick the device"))
+    with pytest.raises(SystemExit) as exit_info:
+        app.main()
+    assert exit_info.value.code == f"error: LMLP_NUM_THREADS must be a whole number of at least 1, got {value!r}."
+
+
+def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, capsys):
+    fresh_process.setenv("LMLP_NUM_THREADS", "3")
+    fresh_process.setattr(app, "pick_device_and_dtype", lambda: ("cpu", torch.float32))
+
+    def stop(model, dtype):
+        raise app.CannotServe("stopped before loading")
+
+    fresh_process.setattr(app, "load_pipeline", stop)
+    with pytest.raises(SystemExit, match="error: stopped before loading"):
+        app.main()
+    assert torch.get_num_threads() == 3
+    assert "Serving on the CPU with 3 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in (
+        capsys.readouterr().out
+    )
+
+
+def test_the_old_module_form_still_runs_the_app_with_a_deprecation_warning(fresh_process):
+    fresh_process.setenv("LMLP_QUEUE_SIZE", "0")  # stops the app before it loads a model
+    message = (
+        r"`python -m diffusers_lmlp.space.app` is deprecated and will be removed in diffusers-lmlp 0\.2\.0\. The "
+        r"Space moved to spaces/lmlp-demo/: run its app with `python .*spaces/lmlp-demo/app\.py`"
+    )
+    with pytest.warns(FutureWarning, match=message), pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("diffusers_lmlp.space.app", run_name="__main__")
+    assert exit_info.value.code == "error: LMLP_QUEUE_SIZE must be a whole number of at least 1, got '0'."
 
 
 def test_model_panel_describes_the_shipped_model(shapes_pipe):

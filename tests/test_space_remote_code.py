@@ -7,21 +7,18 @@ subprocess that cannot import the package; it is driven over loopback with gradi
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import gradio as gr
-import httpx
 import numpy as np
 import pytest
 import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
-from space_server import free_port, image_std, load_app, one_cpu_thread, shapes_pipeline
+from space_server import app_process, image_std, load_app, model_panel, one_cpu_thread, shapes_pipeline
 from without_package import environment_without_package, fill_cache
 
 from diffusers_lmlp import FAMILIES
@@ -30,6 +27,7 @@ from diffusers_lmlp.hub.remote_code import bundle_source, defining_module_of, fa
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.threads import THREADS_VARIABLE
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
@@ -78,47 +76,18 @@ def space(tmp_path_factory) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def served(space) -> SimpleNamespace:
-    """`python app.py` in the staged Space folder, without the package, serving `owner/lmlp-shapes`; its URL."""
-    port = free_port()
-    env = {**space.env, "LMLP_MODEL": WITH_CODE, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    """`python app.py` in the staged Space folder, without the package, serving `owner/lmlp-shapes` on one CPU
+    thread (`LMLP_NUM_THREADS=1`); its URL, a client and its log."""
+    env = {**space.env, "LMLP_MODEL": WITH_CODE, THREADS_VARIABLE: "1"}
     log = space.root / "server.log"
-    with open(log, "w") as output:
-        server = subprocess.Popen(
-            [sys.executable, "app.py"], cwd=space.folder, env=env, stdout=output, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            assert server.poll() is None, f"the app exited with {server.returncode}:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"the app did not start in {TIMEOUT_S} s:\n{log.read_text()[-4000:]}"
-            try:
-                if httpx.get(url, timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        yield SimpleNamespace(url=url, client=Client(url, verbose=False))
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    with app_process(space.folder, env, log, timeout=TIMEOUT_S) as url:
+        yield SimpleNamespace(url=url, client=Client(url, verbose=False), log=log)
 
 
 @pytest.fixture(scope="module")
 def shapes_pipe():
     with one_cpu_thread():
         yield shapes_pipeline()
-
-
-def model_panel(url: str) -> str:
-    """The text of the app's model panel, as the server sends it to the browser."""
-    config = httpx.get(f"{url}config", timeout=30).json()
-    (panel,) = [c["props"]["value"] for c in config["components"] if c["props"].get("elem_id") == "model-info"]
-    return panel
 
 
 def test_space_without_the_package_serves_the_model_from_its_code(served, space, shapes_pipe):
@@ -134,17 +103,16 @@ def test_space_without_the_package_serves_the_model_from_its_code(served, space,
     assert "**Training data:** 3900 steps on the procedural shapes world" in panel
     # The package never loaded: the app asked once whether it is installed, and diffusers never asked.
     assert space.imports.read_text().split() == APP_PROBE
+    # Without the package, the app applies the thread rule itself: the count given wins.
+    log = served.log.read_text()
+    assert "Serving on the CPU with 1 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in log
     # The images the app makes with the package, in the dtype the served app chose (bf16 where this CPU runs it
-    # faster) and on as many threads as it runs (`main`: all the cores for one request at a time).
+    # faster) and on as many threads as it runs.
     dtype = getattr(torch, panel.rsplit("**Running on:** cpu, ", 1)[1].strip())
     pipe = pretrained_shapes_pipeline(dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
+    with one_cpu_thread():
         expected, _ = load_app().make_generate_fn(pipe)(*request_args(seed=5))
-    finally:
-        torch.set_num_threads(num_threads)
     assert [np.asarray(image).tolist() for image in images] == [np.asarray(image).tolist() for image in expected]
 
 

@@ -1,7 +1,9 @@
 """Publish the Gradio demo as a Hub Space that serves a model repo pushed with its code.
 
-The demo (app.py, README.md, requirements.txt) ships inside the package as `diffusers_lmlp/space/` (package data), so
-`push-space` works from an installed wheel as from a checkout. The Space repo gets that folder as it is and nothing
+The demo is the repository's `spaces/lmlp-demo/` folder (app.py, README.md, requirements.txt), a folder that can be
+uploaded to a Space as it is. setup.py ships that one folder in the wheel too, as the package data
+`diffusers_lmlp/space/lmlp_demo/`, so `push-space` works from an installed wheel as from a checkout
+(`DEFAULT_SPACE_DIR` is whichever of the two this package has). The Space repo gets that folder as it is and nothing
 of the package: diffusers-lmlp is not on PyPI, so the Space installs only its requirements.txt and app.py loads the
 model with `DiffusionPipeline.from_pretrained(LMLP_MODEL, trust_remote_code=True)`, which runs the code that
 `python -m diffusers_lmlp.hub push FOLDER REPO --with-code` put in the model repo (see `remote_code`). `push_space`
@@ -23,6 +25,7 @@ from huggingface_hub.errors import RepositoryNotFoundError
 
 from .remote_code import PACKAGE, defining_module_of, file_stem
 from .upload import (
+    SizeLimit,
     StagedUpload,
     check_repo_id,
     commit_staged,
@@ -30,15 +33,29 @@ from .upload import (
     list_files,
     log_upload_report,
     require_token,
-    staging_folder,
+    staging,
 )
 
 
 logger = logging.getLogger(__name__)
 
 MODEL_VARIABLE = "LMLP_MODEL"
-# The demo that ships in the package (setup.py's package_data), installed or in a checkout.
-DEFAULT_SPACE_DIR = Path(__file__).resolve().parents[1] / "space"
+SPACE_NAME = "lmlp-demo"
+# A Space serves a model repo and holds only its app: a file this large is weights or data, which belong in a model or
+# dataset repo (the Hub itself stores files over 10 MB with LFS). The demo's three files come to under 40 kB.
+SPACE_FILE_LIMIT: SizeLimit = (10_000_000, "for a file of a Space (weights and data belong in model or dataset repos)")
+SPACE_TOTAL_LIMIT: SizeLimit = (50_000_000, "for a Space (weights and data belong in model or dataset repos)")
+
+
+def find_space_dir() -> Path:
+    """The demo folder of this install: the wheel's package data (`diffusers_lmlp/space/lmlp_demo/`), else, in a
+    checkout (editable install included), the repository's `spaces/lmlp-demo/`."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "space" / SPACE_NAME.replace("-", "_")
+    return installed if (installed / "app.py").is_file() else package.parents[1] / "spaces" / SPACE_NAME
+
+
+DEFAULT_SPACE_DIR = find_space_dir()
 # Never uploaded from the demo folder: caches, local run outputs, and a `diffusers_lmlp` folder (a Space vendoring
 # the package, as this command's earlier versions made: the Space now runs on the model repo's code).
 SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE)
@@ -69,7 +86,11 @@ def stage_space(
 
     Returns:
         `StagedUpload`: The staging folder, its files, and what of the demo folder was left out or refused (links,
-            credential-like names: see `diffusers_lmlp.hub.upload`).
+            credential-like names, secrets, files over `SPACE_FILE_LIMIT`: see `diffusers_lmlp.hub.upload`).
+
+    Raises:
+        `ValueError`: When the demo folder holds more than `SPACE_TOTAL_LIMIT` bytes to upload, or its app.py or
+            README.md is refused.
     """
     check_repo_id(model_id, "model repo id", namespace=True)
     space_dir = Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR
@@ -77,18 +98,20 @@ def stage_space(
     if missing:
         raise FileNotFoundError(
             f"{space_dir} is not a Gradio Space folder (no {' or '.join(missing)}); pass --space-dir, a folder with "
-            f"app.py and README.md (the package's demo is {DEFAULT_SPACE_DIR})."
+            f"app.py and README.md (the project's demo is {DEFAULT_SPACE_DIR})."
         )
-    target = staging_folder(output_dir, "lmlp-space-", source=space_dir)
-    left_out, refused = copy_tree(space_dir, target, _left_out, _left_out)
-    for name in ("app.py", "README.md"):
-        if name in refused:
-            raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}. Put the file itself there.")
+    with staging(output_dir, "lmlp-space-", source=space_dir) as target:
+        left_out, refused = copy_tree(
+            space_dir, target, _left_out, _left_out, lambda path: SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT
+        )
+        for name in ("app.py", "README.md"):
+            if name in refused:
+                raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}.")
 
-    # Read from the staged copy, which passed the checks (not a link).
-    card = SpaceCard.load(target / "README.md")
-    card.data.models = [model_id]
-    card.save(target / "README.md")
+        # Read from the staged copy, which passed the checks (not a link, no secret).
+        card = SpaceCard.load(target / "README.md")
+        card.data.models = [model_id]
+        card.save(target / "README.md")
     return StagedUpload(target, list_files(target), left_out, refused)
 
 

@@ -1,0 +1,54 @@
+"""The Space folder as a user runs it locally: `cd spaces/lmlp-demo && python app.py`, with diffusers-lmlp installed,
+serving the shapes model that ships in the package, offline, over loopback."""
+
+import os
+import subprocess
+from pathlib import Path
+
+from gradio_client import Client
+from PIL import Image
+from space_server import app_process, image_std, model_panel
+
+from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACE_FOLDER = ROOT / "spaces" / "lmlp-demo"
+
+
+def untracked_files(folder: Path) -> set[str] | None:
+    """The files of `folder` that git would show as new (not ignored), as paths relative to it; None outside a git
+    checkout."""
+    if not (ROOT / ".git").exists():
+        return None
+    listed = subprocess.run(
+        ["git", "ls-files", "--others", "--exclude-standard", "--", "."],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(listed.stdout.split())
+
+
+def test_python_app_py_in_the_space_folder_serves_the_shipped_model_offline(tmp_path):
+    assert DEFAULT_SPACE_DIR == SPACE_FOLDER  # the folder push-space uploads from a checkout
+    before = untracked_files(SPACE_FOLDER)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "LMLP_NUM_THREADS": "1"}
+    env.pop("LMLP_MODEL", None)
+
+    with app_process(SPACE_FOLDER, env, tmp_path / "server.log") as url:
+        panel = model_panel(url)
+        # (prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images)
+        gallery, seed = Client(url, verbose=False).predict(
+            "a large red circle at the center", "", 3, False, 3, 2.0, 1, api_name="/generate"
+        )
+
+    assert "### Model: lmlp-shapes\nships with diffusers-lmlp: `pretrained_shapes_pipeline()`" in panel
+    assert seed == 3 and len(gallery) == 1
+    image = Image.open(gallery[0]["image"])
+    assert image.size == (32, 32) and image_std(image) > 8
+    log = (tmp_path / "server.log").read_text()
+    assert "Serving on the CPU with 1 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in log
+    # A local run leaves nothing in the folder that git would pick up (or push-space upload: it skips hidden files).
+    assert untracked_files(SPACE_FOLDER) == before
