@@ -3,12 +3,16 @@
 import inspect
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import safetensors.torch
 import torch
 from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelInfo, RepoUrl, SpaceCard
 from huggingface_hub.errors import RepositoryNotFoundError
@@ -17,15 +21,17 @@ from test_pipeline_loading import fill_hub_cache
 from test_vocabulary import subword_tokenizer
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline
+from diffusers_lmlp.hub import model as hub_model
 from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_space, write_model_card
-from diffusers_lmlp.hub.__main__ import main
+from diffusers_lmlp.hub.__main__ import build_parser, main, program_name
 from diffusers_lmlp.hub.card import GENERIC_PROMPT, block_markers
 from diffusers_lmlp.hub.model import TEXT_LIMIT
-from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
-from diffusers_lmlp.hub.upload import looks_like_credential
+from diffusers_lmlp.hub.remote_code import remote_code_files
+from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT
+from diffusers_lmlp.hub.upload import find_secret, looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
-from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_text_encoder
+from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_text_encoder, tiny_clip_tokenizer
 
 
 PIPELINE_FILES = {
@@ -244,7 +250,8 @@ def test_a_refused_file_the_pipeline_needs_stops_the_upload(saved, hub_calls, tm
     ["token.txt", "HF_TOKEN", "hf_token.json", "hfToken.txt", "access-token.json", "secrets.json", "my_secret.txt",
      "password.txt", "credentials.json", "git-credential", ".env", "prod.env", ".env.local", "id_rsa", "id_ed25519.pub",
      ".netrc", "server.pem", "tls.key", "api_key.json", "apiKey.txt", "APIKey.txt", "aws_access_key.txt",
-     "service-account.json", "cookies.txt", ".pypirc"],
+     "service-account.json", "cookies.txt", ".pypirc", "mytoken.txt", "HFTOKEN.txt", "api_keys.txt", "auth.json",
+     "oauth.json", "githubtoken", "dbpassword.txt", "myapikeys.json", "access_keys.csv"],
 )  # fmt: skip
 def test_credential_like_names_are_recognised(name):
     assert looks_like_credential(name)
@@ -255,10 +262,217 @@ def test_credential_like_names_are_recognised(name):
     ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
      "vocab.txt", "merges.txt", "model_index.json", "config.json", "scheduler_config.json", "samples.png",
      "diffusion_pytorch_model.safetensors", "training_summary.json", "README.md", "environment.json", "keyframes.json",
-     "monkey.png", "tokens.txt"],
+     "monkey.png", "tokens.txt", "tokenizer_2", "detokenizer.json", "tokens_map.json", "venv", "author.json",
+     "authors.txt", "fortunecookie.png"],
 )  # fmt: skip
 def test_pipeline_file_names_are_not_taken_for_credentials(name):
     assert not looks_like_credential(name)
+
+
+def test_credential_names_written_as_one_word_are_refused_by_the_upload(saved, tmp_path):
+    names = ["mytoken.txt", "HFTOKEN.txt", "api_keys.txt", "auth.json"]
+    for name in names:
+        (saved / name).write_text("{}")  # harmless content: the name alone refuses them
+    staged = stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
+    assert staged.refused == dict.fromkeys(sorted(names), "the name looks like a credential")
+    assert not set(names) & set(staged.files)
+
+
+HARD_LINK = (
+    "a hard link (2 names for one file, which may be outside the folder); to upload it, make it a file of its own: "
+    "cp FILE FILE.copy && mv FILE.copy FILE"
+)
+
+
+def test_hard_links_are_refused_wherever_their_other_name_is(saved, hub_calls, tmp_path, capsys):
+    (tmp_path / "outside.json").write_bytes(OUTSIDE_SECRET)
+    os.link(tmp_path / "outside.json", saved / "notes.json")  # a second name for a file outside the folder
+    (saved / "a.json").write_text("{}")
+    os.link(saved / "a.json", saved / "b.json")  # two names inside the folder: a link all the same
+    refused = {"a.json": HARD_LINK, "b.json": HARD_LINK, "notes.json": HARD_LINK}
+
+    main(["push", str(saved), "alice/tiny-lmlp", "--dry-run", "--output-dir", str(tmp_path / "upload")])
+    assert (
+        "Refused, never uploaded:\n" + "".join(f"  {p}: {r}\n" for p, r in refused.items()) in capsys.readouterr().out
+    )
+    upload = tmp_path / "upload"
+    assert {p.relative_to(upload).as_posix() for p in upload.rglob("*") if p.is_file()} == PIPELINE_FILES
+
+    main(["push", str(saved), "alice/tiny-lmlp", "--token", HUB_TOKEN])
+    files = hub_calls[-1][1]["files"]
+    assert set(files) == PIPELINE_FILES and not [path for path, data in files.items() if OUTSIDE_SECRET in data]
+
+
+def fake_secrets() -> dict[str, str]:
+    """A secret of every recognised kind, by the name the report gives it; made up, and assembled here so that no
+    scanner takes this file for one."""
+    word = "AbCd1234"
+    return {
+        "a Hugging Face token (hf_...)": "hf_" + word * 5,
+        "a Hugging Face organization token (api_org_...)": "api_org_" + word * 4,
+        "an AWS access key id (AKIA...)": "AKIA" + "ABCD2345" * 2,
+        "a GitHub token (ghp_...)": "ghp_" + word * 5,
+        "a GitHub token (github_pat_...)": "github_pat_" + "11ABCDEFG0_" + word * 6,
+        "an OpenAI API key (sk-...)": "sk-proj-" + word * 3 + "T3Blbk" + "FJ" + word * 3,
+        "an Anthropic API key (sk-ant-...)": "sk-ant-api03-" + word * 6,
+        "a Google API key (AIza...)": "AIza" + word * 4 + "xyz",
+        "a Slack token (xox...)": "xoxb-" + "123456789012-" + word * 3,
+        "a private key (-----BEGIN ... PRIVATE KEY-----)": "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3Bl\n",
+    }
+
+
+@pytest.mark.parametrize("kind", list(fake_secrets()))
+def test_each_kind_of_secret_is_found_and_named_without_showing_it(kind, tmp_path):
+    secret = fake_secrets()[kind]
+    (tmp_path / "notes.txt").write_text(f"run notes\nthe key: {secret}\n")
+    reason = find_secret(tmp_path / "notes.txt")
+    assert reason == (
+        f"holds {kind} on line 2: remove it from the file (and revoke it, if it was ever shared); the secret is not "
+        "shown here"
+    )
+    # Glued to a longer word, or cut short, it is no secret of that format.
+    (tmp_path / "word.txt").write_text(f"x{secret}")
+    (tmp_path / "short.txt").write_text(secret[: len(secret) // 2])
+    assert find_secret(tmp_path / "word.txt") is None or "PRIVATE KEY" in kind
+    assert find_secret(tmp_path / "short.txt") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["-----BEGIN PUBLIC KEY-----", "-----BEGIN CERTIFICATE-----", "hf_hub_download", "HF_TOKEN=", "sk-" + "a" * 60,
+     "AKIA" + "ABCD2345" * 3, "ghp_short", "api_org_", "the token is set in the Space's settings"],
+)  # fmt: skip
+def test_text_that_only_resembles_a_secret_is_not_taken_for_one(text, tmp_path):
+    (tmp_path / "notes.txt").write_text(f"{text}\n")
+    assert find_secret(tmp_path / "notes.txt") is None
+
+
+def test_tokenizer_vocabularies_and_shipped_files_are_not_taken_for_secrets(pipe, tmp_path):
+    # A CLIP-layout vocabulary of real English words (the README's), saved both ways CLIP tokenizers are saved.
+    words = tuple(sorted(set(re.findall(r"[a-z]{2,}", (Path(__file__).parents[1] / "README.md").read_text().lower()))))
+    assert len(words) > 1000
+    clip = tmp_path / "clip"
+    tiny_clip_tokenizer(77, clip, words=words).save_pretrained(clip)
+    (clip / "special_tokens_map.json").write_text(json.dumps(pipe.tokenizer.special_tokens_map))
+    (clip / "added_tokens.json").write_text("{}")
+    assert {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in clip.iterdir()}
+    pipe.save_pretrained(tmp_path / "tiny")
+    files = [
+        *clip.iterdir(),
+        *(tmp_path / "tiny").rglob("*"),  # the tiny pipeline's tokenizer, configs and weights' headers
+        *PIPELINE_PATH.rglob("*"),  # the shipped shapes pipeline
+        *DEFAULT_SPACE_DIR.iterdir(),
+    ]
+    found = {str(path): find_secret(path) for path in files if path.is_file()}
+    assert len(found) > 20 and not {path: reason for path, reason in found.items() if reason}
+    # The code --with-code generates from the package.
+    code, _ = remote_code_files(json.loads((PIPELINE_PATH / "model_index.json").read_text()))
+    for path, text in code.items():
+        (tmp_path / path.replace("/", "_")).write_text(text)
+        assert find_secret(tmp_path / path.replace("/", "_")) is None, path
+
+
+def test_a_secret_in_a_harmless_named_file_is_refused_and_shown_nowhere(saved, hub_calls, tmp_path, capsys, caplog):
+    secrets = fake_secrets()
+    hf_token, aws_key = secrets["a Hugging Face token (hf_...)"], secrets["an AWS access key id (AKIA...)"]
+    (saved / "notes.txt").write_text(f"run notes\nHF_TOKEN={hf_token}\n")
+    (saved / "extra").mkdir()
+    (saved / "extra" / "settings.json").write_text(json.dumps({"aws_key": aws_key}, indent=1))
+    refused = {
+        "extra/settings.json": "holds an AWS access key id (AKIA...) on line 2",
+        "notes.txt": "holds a Hugging Face token (hf_...) on line 2",
+    }
+
+    main(["push", str(saved), "alice/tiny-lmlp", "--dry-run", "--output-dir", str(tmp_path / "upload")])
+    dry_run = capsys.readouterr()
+    for path, reason in refused.items():
+        assert f"  {path}: {reason}: remove it from the file" in dry_run.out
+        assert not (tmp_path / "upload" / path).exists()
+    main(["push", str(saved), "alice/tiny-lmlp", "--token", HUB_TOKEN])
+    files = hub_calls[-1][1]["files"]
+    assert set(files) == PIPELINE_FILES
+    assert "  notes.txt: holds a Hugging Face token (hf_...) on line 2" in caplog.text
+    shown = dry_run.out + dry_run.err + capsys.readouterr().out + caplog.text + str(list(files.values()))
+    assert hf_token not in shown and aws_key not in shown and hf_token[3:20] not in shown
+
+
+def test_a_secret_in_a_weights_file_s_metadata_stops_the_upload_without_showing_it(saved, hub_calls, tmp_path):
+    secret = fake_secrets()["a Hugging Face token (hf_...)"]
+    weights = saved / "transformer" / "diffusion_pytorch_model.safetensors"
+    state_dict = safetensors.torch.load_file(weights)
+    safetensors.torch.save_file(state_dict, weights, metadata={"format": "pt", "training_args": f"--token {secret}"})
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["push", str(saved), "alice/tiny-lmlp", "--dry-run", "--output-dir", str(tmp_path / "upload")])
+    message = str(exit_info.value.code)
+    assert message.startswith(
+        "error: Without the files refused for upload (transformer/diffusion_pytorch_model.safetensors: holds a "
+        "Hugging Face token (hf_...) in its header: remove it from the file"
+    )
+    assert "the uploaded pipeline would not work: loading it fails with" in message and secret not in message
+    assert not (tmp_path / "upload").exists()  # the failed dry run leaves no folder behind
+    with pytest.raises(ValueError, match="in its header") as error:
+        push_pipeline(saved, "alice/tiny-lmlp", token=HUB_TOKEN)
+    assert secret not in str(error.value) and hub_calls == []
+
+
+def sample_grid_of(pipe: LMLPPipeline, prompts: list[str], steps: int) -> np.ndarray:
+    """The pixels of the grid `stage_pipeline(..., sample_prompts=prompts, sample_steps=steps)` makes from `pipe`."""
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(prompts, num_inference_steps=steps, generator=torch.Generator().manual_seed(0)).images
+    return np.asarray(make_image_grid(images, captions=prompts))
+
+
+def test_what_is_checked_described_and_uploaded_is_the_staged_copy(saved, make_pipe, hub_calls, tmp_path, monkeypatch):
+    prompts = ["a red circle"]
+    before = sample_grid_of(LMLPPipeline.from_pretrained(saved), prompts, 2)
+    copy_tree = hub_model.copy_tree
+
+    def copy_after_a_change(source, *args, **kwargs):
+        # The source's weights change after the source was loaded and checked, before it is copied.
+        make_pipe(seed=1).transformer.save_pretrained(saved / "transformer")
+        return copy_tree(source, *args, **kwargs)
+
+    monkeypatch.setattr(hub_model, "copy_tree", copy_after_a_change)
+    staged = stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload", sample_prompts=prompts, sample_steps=2)
+    uploaded = sample_grid_of(LMLPPipeline.from_pretrained(staged.folder), prompts, 2)
+    assert not np.array_equal(uploaded, before)  # the change shows in the images
+    # The sample grid (and the card) show the weights that are uploaded, not those loaded before the copy.
+    assert np.array_equal(np.asarray(Image.open(staged.folder / "samples.png").convert("RGB")), uploaded)
+
+    # After staging, the source no longer matters: a change to it then is not uploaded.
+    monkeypatch.setattr(hub_model, "copy_tree", copy_tree)
+    (saved / "notes.txt").write_text("notes\n")
+    create_repo = HfApi.create_repo
+
+    def change_the_source(self, *args, **kwargs):
+        (saved / "notes.txt").write_text("notes, changed after staging\n")
+        return create_repo(self, *args, **kwargs)
+
+    monkeypatch.setattr(HfApi, "create_repo", change_the_source)
+    push_pipeline(saved, "alice/tiny-lmlp", token=HUB_TOKEN)
+    assert hub_calls[-1][1]["files"]["notes.txt"] == b"notes\n"
+
+
+def test_a_file_written_to_while_it_is_copied_is_not_uploaded(saved, tmp_path, monkeypatch):
+    notes = saved / "notes.txt"
+    notes.write_bytes(b"first half|second half")
+    os.utime(notes, ns=(10**18, 10**18))  # an old modification time: the write below surely changes it
+    copyfileobj = shutil.copyfileobj
+
+    def torn_copy(source, target, *args):
+        if str(getattr(target, "name", "")).endswith(
+            "notes.txt"
+        ):  # copies the first half, then the file changes under the copy
+            target.write(source.read(11))
+            notes.write_bytes(b"FIRST HALF|SECOND HALF")
+        copyfileobj(source, target, *args)
+
+    monkeypatch.setattr(shutil, "copyfileobj", torn_copy)
+    (tmp_path / "upload").mkdir()  # an empty --output-dir given by the user
+    with pytest.raises(OSError, match=r"notes.txt changed while it was copied for upload; stage again"):
+        stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
+    assert list((tmp_path / "upload").iterdir()) == []  # nothing of the torn copy is left to upload
 
 
 def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_path):
@@ -389,6 +603,7 @@ def test_card_of_an_open_vocabulary_lists_no_words_and_its_snippet_has_a_generic
 def test_committed_shapes_pipeline_stages_with_its_card(tmp_path):
     staged = stage_pipeline(PIPELINE_PATH, "alice/lmlp-shapes", tmp_path / "upload")
     assert {"README.md", "samples.png", "training_summary.json", "transformer/config.json"} <= set(staged.files)
+    assert staged.refused == {}  # no file of the shipped pipeline is taken for a secret or a credential
     card = card_of(staged.folder)
     assert card.data.library_name == "diffusers" and "l-mlp" in card.data.tags
     assert "Shapes scorer on held-out captions" in card.text  # the existing description is kept
@@ -452,7 +667,7 @@ def test_push_without_a_token_says_how_to_get_one(saved, hub_calls, monkeypatch)
 
 @pytest.fixture
 def space_dir(tmp_path) -> Path:
-    """A demo folder like the package's (`diffusers_lmlp/space/`), with local run leftovers."""
+    """A demo folder like the project's (`spaces/lmlp-demo/`), with local run leftovers."""
     folder = tmp_path / "spaces"
     (folder / "__pycache__").mkdir(parents=True)
     (folder / "__pycache__" / "app.cpython-311.pyc").write_bytes(b"x")
@@ -485,9 +700,13 @@ def test_package_demo_stages_its_three_files_and_no_package_source(tmp_path):
     staged = stage_space("alice/lmlp-shapes", output_dir=tmp_path / "space")
     demo = sorted(p.relative_to(DEFAULT_SPACE_DIR).as_posix() for p in DEFAULT_SPACE_DIR.rglob("*") if p.is_file())
     assert staged.files == ["README.md", "app.py", "requirements.txt"] == [p for p in demo if "__pycache__" not in p]
-    assert staged.refused == {}  # no file of the demo is taken for a credential
+    assert staged.refused == {}  # no file of the demo is taken for a credential or a secret
     for name in ("app.py", "requirements.txt"):
         assert (staged.folder / name).read_bytes() == (DEFAULT_SPACE_DIR / name).read_bytes()
+    # In a checkout, the demo is the repository's Space folder; it stays far below the Space's size limits.
+    assert DEFAULT_SPACE_DIR == Path(__file__).resolve().parents[1] / "spaces" / "lmlp-demo"
+    sizes = [(staged.folder / name).stat().st_size for name in staged.files]
+    assert max(sizes) < SPACE_FILE_LIMIT[0] / 100 and sum(sizes) < SPACE_TOTAL_LIMIT[0] / 1000
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/lmlp-shapes"] and card.data.sdk == "gradio"
     # The card tells the Space's owner what the model repo needs, and whose code the Space runs.
@@ -541,6 +760,37 @@ def test_space_upload_refuses_links_and_credentials(space_dir, hub_calls, tmp_pa
         ValueError, match=r"app.py cannot be uploaded: a symbolic link to .*; links are never followed"
     ):
         stage_space("alice/tiny-lmlp", space_dir)
+
+
+def sparse_file(path: Path, size: int) -> None:
+    """A file of `size` zero bytes that takes no disk space until it is copied."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def test_space_over_its_size_limits_is_refused_naming_the_file_and_the_limit(space_dir, hub_calls, tmp_path):
+    sparse_file(space_dir / "weights.bin", SPACE_FILE_LIMIT[0] + 1)
+    staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")
+    assert staged.refused == {
+        "weights.bin": "10,000,001 bytes, over the limit of 10,000,000 bytes for a file of a Space (weights and data "
+        "belong in model or dataset repos)"
+    }
+    assert staged.files == ["README.md", "app.py", "requirements.txt"]
+
+    (space_dir / "weights.bin").unlink()
+    for number in range(6):  # each below the file limit, 54 MB together
+        sparse_file(space_dir / "examples" / f"{number}.bin", 9_000_000)
+    message = (
+        r"spaces holds more than 50,000,000 bytes to upload, the limit for a Space \(weights and data belong in model "
+        r"or dataset repos\) \(the limit was passed at examples/5.bin, 9,000,000 bytes\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload-2")
+    assert not (tmp_path / "upload-2").exists()  # what was copied before the limit is gone
+    with pytest.raises(ValueError, match=message):
+        push_space("alice/lmlp-demo", "alice/tiny-lmlp", space_dir, token=HUB_TOKEN)
+    assert hub_calls == []
 
 
 def test_space_refuses_a_missing_model_repo_one_without_code_and_no_app(space_dir, hub_calls, monkeypatch):
@@ -614,7 +864,7 @@ def test_cli_push_space_help_says_the_model_needs_its_code(capsys):
         main(["push-space", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "(app.py, README.md, requirements.txt; no package source)" in text
+    assert "Upload the Gradio demo, spaces/lmlp-demo/ (app.py, README.md, requirements.txt; it ships in" in text
     assert (
         "the model repo must have been pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO "
         "--with-code`; a push refuses a model repo without it."
@@ -631,3 +881,17 @@ def test_card_names_every_family_by_its_registry_label_and_tag(backbone, tmp_pat
     assert f"Backbone: `{family.model_class.__name__}`" in card.text
     others = [other for other in FAMILIES.values() if other.label != family.label]
     assert not [other.label for other in others if f"**{other.label}**" in card.text or other.tag in card.data.tags]
+
+
+@pytest.mark.parametrize(
+    "argv0, usage",
+    [
+        ("/home/me/.venv/bin/diffusers-lmlp-hub", "usage: diffusers-lmlp-hub "),  # the console script
+        ("/opt/venv/Scripts/diffusers-lmlp-hub.exe", "usage: diffusers-lmlp-hub "),  # Windows names it .exe
+        ("/home/me/.venv/lib/python3.11/site-packages/diffusers_lmlp/hub/__main__.py", "usage: python -m diffusers_lmlp.hub "),
+    ],
+)  # fmt: skip
+def test_usage_names_the_command_as_the_user_ran_it(argv0, usage, monkeypatch):
+    assert program_name(argv0) == usage.split(": ")[1].strip()
+    monkeypatch.setattr(sys, "argv", [argv0, "--help"])
+    assert build_parser().format_usage().startswith(usage)

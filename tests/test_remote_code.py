@@ -29,6 +29,7 @@ from diffusers_lmlp.hub.remote_code import (
     defining_module_of,
     file_stem,
     load_module,
+    remote_code_files,
 )
 
 
@@ -306,3 +307,57 @@ def test_cli_dry_run_with_code_lists_the_code_and_writes_the_same_bytes_in_anoth
     assert "  pipeline_lmlp.py\n" in result.stdout and "  transformer/lmlp_transformer_2d.py\n" in result.stdout
     for path in (*CODE_FILES, "model_index.json"):
         assert (out / path).read_bytes() == (staged / path).read_bytes(), path
+
+
+@pytest.mark.parametrize("key", ["..", "../escape", "ABSOLUTE", "transformer/..", "a\\b", ""])
+def test_a_model_index_key_that_is_a_path_is_refused_before_anything_is_written(make_pipe, tmp_path, key, capsys):
+    saved_pipeline(make_pipe, tmp_path / "saved")
+    outside = tmp_path / "outside"  # an existing folder outside the staging folder, named by an absolute key
+    outside.mkdir()
+    key = str(outside) if key == "ABSOLUTE" else key
+    index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
+    index[key] = ["diffusers_lmlp", "LMLPTransformer2DModel"]  # diffusers ignores a key its pipeline does not take
+    (tmp_path / "saved" / "model_index.json").write_text(json.dumps(index))
+    before = sorted(tmp_path.rglob("*"))
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "push",
+                str(tmp_path / "saved"),
+                "owner/x",
+                "--dry-run",
+                "--with-code",
+                "--output-dir",
+                str(tmp_path / "up"),
+            ]
+        )
+
+    assert str(exit_info.value.code) == (
+        f"error: {tmp_path / 'saved' / 'model_index.json'} has the key {key!r}, which is not a component name: each "
+        "key names a folder of the pipeline (a Python identifier such as 'transformer'), never a path. Fix or remove "
+        "that entry."
+    )
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written: no staging folder, no file outside it
+    assert not list(outside.iterdir()) and not (tmp_path / "lmlp_transformer_2d.py").exists()
+
+
+def test_code_is_generated_for_the_pipeline_s_components_only(make_pipe, tmp_path):
+    saved_pipeline(make_pipe, tmp_path / "saved")
+    index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
+    # An entry the pipeline does not take, naming the package: it would get no code, so the repo would still need the
+    # package to load (and a Space refuses it): refused, naming it.
+    (tmp_path / "saved" / "model_index.json").write_text(
+        json.dumps({**index, "extra": ["diffusers_lmlp", "LMLPTransformer2DModel"]})
+    )
+    with pytest.raises(ValueError) as error:
+        stage_pipeline(tmp_path / "saved", "owner/x", tmp_path / "up", with_code=True)
+    assert str(error.value).endswith(
+        "model_index.json names LMLPTransformer2DModel under 'extra', which is not a component of LMLPPipeline (it "
+        "takes scheduler, text_encoder, tokenizer, transformer, vae): remove that entry."
+    )
+    assert not (tmp_path / "up").exists()
+
+    # One naming a library (which diffusers loads itself): kept as it is, and no code is generated for it.
+    files, with_code_index = remote_code_files({**index, "extra": ["diffusers", "AutoencoderKL"]})
+    assert set(files) == CODE_FILES and with_code_index["extra"] == ["diffusers", "AutoencoderKL"]

@@ -8,15 +8,26 @@ From the command line (`python -m diffusers_lmlp.hub --help`, or `diffusers-lmlp
     python -m diffusers_lmlp.hub push lmlp-shapes-lora owner/lmlp-shapes-lora  # a LoRA adapter folder
     python -m diffusers_lmlp.hub push-space owner/lmlp-demo --model owner/lmlp-shapes [--dry-run]
 
-No upload follows a symbolic link or takes a file named like a credential; see `diffusers_lmlp.hub.upload`.
+No upload follows a symbolic or hard link, or takes a file named like a credential or holding a token; see
+`diffusers_lmlp.hub.upload`.
+
+Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
 """
 
-from .card import write_model_card
-from .lora_upload import push_lora, stage_lora
-from .model import push_pipeline, stage_pipeline
-from .space import push_space, stage_space
+from typing import TYPE_CHECKING
+
+from ..exports import lazy_exports
 
 
+_EXPORTS = {
+    "write_model_card": ".card",
+    "push_lora": ".lora_upload",
+    "stage_lora": ".lora_upload",
+    "push_pipeline": ".model",
+    "stage_pipeline": ".model",
+    "push_space": ".space",
+    "stage_space": ".space",
+}
 __all__ = [
     "push_lora",
     "push_pipeline",
@@ -26,3 +37,10 @@ __all__ = [
     "stage_space",
     "write_model_card",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .card import write_model_card  # noqa: F401
+    from .lora_upload import push_lora, stage_lora  # noqa: F401
+    from .model import push_pipeline, stage_pipeline  # noqa: F401
+    from .space import push_space, stage_space  # noqa: F401

@@ -4,15 +4,27 @@ import argparse
 import logging
 import sys
 
-from .lora_upload import is_lora_folder, push_lora, stage_lora
-from .model import IMAGE_LIMIT, TEXT_LIMIT, push_pipeline, stage_pipeline
-from .space import DEFAULT_SPACE_DIR, MODEL_VARIABLE, push_space, stage_space
-from .upload import StagedUpload, check_repo_id, upload_report
+from .. import commands
+from .space import DEFAULT_SPACE_DIR, MODEL_VARIABLE, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT, push_space, stage_space
+from .upload import IMAGE_LIMIT, TEXT_LIMIT, StagedUpload, check_repo_id, upload_report
+
+
+# The console script setup.py installs for this command.
+CONSOLE_SCRIPT = "diffusers-lmlp-hub"
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How the user ran this command, for its usage lines (`commands.program_name`).
+
+    Args:
+        argv0 (`str`, *optional*): The path the process was started with; `sys.argv[0]` by default.
+    """
+    return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.hub", argv0)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m diffusers_lmlp.hub",
+        prog=program_name(),
         description="Publish to the Hugging Face Hub. Each push is one commit; --dry-run uploads nothing and writes "
         "the exact folder that would be uploaded.",
     )
@@ -24,10 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Upload a folder written by LMLPPipeline.save_pretrained (or the training script) with its "
         "model card: safetensors weights, configs, tokenizer files and images only (never checkpoint-*, logs, "
         "pickles or the folder's own .py files; --with-code adds code generated from the installed package). Never "
-        "uploaded either: symbolic links (none is followed), files named like credentials (token.txt, "
-        f"secrets.json, .env, *.pem, ...), and files other than the weights over {TEXT_LIMIT[0] // 10**6} MB (images: "
-        f"{IMAGE_LIMIT[0] // 10**6} MB); the dry run and "
-        "the push list each with its reason. An existing README.md keeps its text; its metadata and usage block are "
+        "uploaded either: symbolic and hard links (none is followed), files named like credentials (token.txt, "
+        "mytoken.txt, secrets.json, auth.json, .env, *.pem, ...), files that hold a token or a private key (hf_..., "
+        "AKIA..., ghp_..., sk-..., -----BEGIN PRIVATE KEY-----, ...), and files other than the weights over "
+        f"{TEXT_LIMIT[0] // 10**6} MB (images: {IMAGE_LIMIT[0] // 10**6} MB); the dry run and the push list each with "
+        "its reason (never the secret). An existing README.md keeps its text; its metadata and usage block are "
         "updated.",
     )
     push.add_argument(
@@ -59,18 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     space = commands.add_parser(
         "push-space",
         help="the demo -> a Gradio Space serving a model repo pushed with --with-code",
-        description="Upload the Gradio demo that ships in the package (app.py, README.md, requirements.txt; no "
-        f"package source) with its README front matter's models: set to --model, and set the Space variable "
-        f"{MODEL_VARIABLE}=--model. The Space runs without diffusers-lmlp (it is not on PyPI): it loads the model "
-        "with DiffusionPipeline.from_pretrained(--model, trust_remote_code=True), so the model repo must have been "
-        "pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`; a push refuses a model "
-        "repo without it.",
+        description="Upload the Gradio demo, spaces/lmlp-demo/ (app.py, README.md, requirements.txt; it ships in "
+        "the package too; no package source) with its README front matter's models: set to --model, and set the "
+        f"Space variable {MODEL_VARIABLE}=--model. The Space runs without diffusers-lmlp (it is not on PyPI): it "
+        "loads the model with DiffusionPipeline.from_pretrained(--model, trust_remote_code=True), so the model repo "
+        "must have been pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`; a push "
+        "refuses a model repo without it. As with push, links, files named like credentials and files that hold a "
+        f"token are never uploaded; nor are files over {SPACE_FILE_LIMIT[0] // 10**6} MB, and a folder over "
+        f"{SPACE_TOTAL_LIMIT[0] // 10**6} MB in all is refused.",
     )
     space.add_argument("space_id", help="the Space repo, owner/name")
     space.add_argument("--model", required=True, help="the model repo the Space serves (pushed with --with-code)")
-    space.add_argument(
-        "--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: the package's, %(default)s)"
-    )
+    space.add_argument("--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: %(default)s)")
     space.add_argument("--commit-message", default="Upload the diffusers-lmlp demo")
 
     for command in (push, space):
@@ -88,6 +101,8 @@ def push_lora_command(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser (`argparse.ArgumentParser`): For the errors of options that apply to pipelines only.
         args (`argparse.Namespace`): The parsed `push` arguments.
     """
+    from .lora_upload import push_lora, stage_lora
+
     pipeline_only = {
         "--with-code": args.with_code,
         "--dataset": args.datasets,
@@ -128,6 +143,11 @@ def report_dry_run(staged: StagedUpload, repo: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command; the pipeline and LoRA publishers (which import diffusers) load after the arguments parse.
+
+    Args:
+        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     # A push logs what it did not upload (`upload_report`, as the dry run prints it): show the bare messages.
@@ -135,6 +155,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("diffusers_lmlp.hub").setLevel(logging.INFO)
     if args.output_dir and not args.dry_run:
         parser.error("--output-dir only goes with --dry-run (a real push stages in a temporary folder)")
+    from .lora_upload import is_lora_folder
+    from .model import push_pipeline, stage_pipeline
+
     try:
         if args.command == "push" and is_lora_folder(args.folder):
             commit = push_lora_command(parser, args)

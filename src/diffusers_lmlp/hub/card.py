@@ -26,7 +26,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..models.families import family_of
-from ..pipelines.vocabulary import describe_vocabulary
+from ..pipelines.vocabulary import describe_vocabulary, known_words, unknown_words
 
 
 DEFAULT_LICENSE = "apache-2.0"
@@ -104,7 +104,9 @@ def write_model_card(
             "description": describe_pipeline(
                 pipe, folder.resolve().name, args=args, summary=summary, sample_grid=sample_grid, base_model=base_model
             ),
-            "usage": usage_section(args.get("hub_model_id") or folder.resolve().name, summary=summary),
+            "usage": usage_section(
+                args.get("hub_model_id") or folder.resolve().name, summary=summary, tokenizer=pipe.tokenizer
+            ),
         },
         base_model=base_model,
         datasets=[dataset] if dataset else None,
@@ -237,11 +239,31 @@ def describe_pipeline(
     return "\n".join(lines)
 
 
+def example_prompt(summary: Mapping, tokenizer=None) -> str:
+    """The prompt the usage snippet samples: the first sample-grid caption the training recorded, else a generic
+    prompt, unless the pipeline's closed vocabulary lacks its words; then a caption of the shapes world, whose
+    vocabulary the package's closed-vocabulary models have.
+
+    Args:
+        summary (`Mapping`): Training results; its `sample_prompts` are the sample grid's captions.
+        tokenizer (`PreTrainedTokenizerBase`, *optional*): The pipeline's tokenizer, whose vocabulary the prompt must
+            keep to.
+    """
+    candidates = [*summary.get("sample_prompts", []), GENERIC_PROMPT]
+    if tokenizer is None or known_words(tokenizer) is None:
+        return candidates[0]
+    from ..shapes.world import train_specs
+
+    candidates.append(train_specs()[0].caption)
+    return next((prompt for prompt in candidates if not unknown_words(tokenizer, prompt)), candidates[0])
+
+
 def usage_section(
     repo_id: str,
     sample_grid: str | None = None,
     summary: Mapping | None = None,
     code_files: Sequence[str] | None = None,
+    tokenizer=None,
 ) -> str:
     """The `usage` block: how to load the pipeline from `repo_id` and sample it.
 
@@ -254,12 +276,14 @@ def usage_section(
         code_files (`Sequence[str]`, *optional*): The code files the repo ships (`push --with-code`): the snippet
             loads it with `DiffusionPipeline.from_pretrained(..., trust_remote_code=True)`, and the text names the
             files that this runs. Without them, the snippet needs the `diffusers-lmlp` package.
+        tokenizer (`PreTrainedTokenizerBase`, *optional*): The pipeline's tokenizer: with a closed vocabulary, the
+            snippet's prompt keeps to it (`example_prompt`).
 
     Returns:
         `str`: Markdown.
     """
     summary = summary or {}
-    prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
+    prompt = example_prompt(summary, tokenizer)
     sampler = summary.get("evaluation_sampler", {})
     settings = "".join(f", {key}={sampler[key]!r}" for key in SAMPLER_CALL_ARGUMENTS if key in sampler)
     sample = f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]"

@@ -21,7 +21,7 @@ from .upload import (
     copy_tree,
     list_files,
     publish_model_repo,
-    staging_folder,
+    staging,
 )
 
 
@@ -43,8 +43,8 @@ def stage_lora(
 ) -> StagedUpload:
     """Build the exact folder that `push_lora` uploads, card included; the source folder is not changed.
 
-    The LoRA file is read first (safetensors only; every key a `transformer.` LoRA matrix), so a folder that
-    `LMLPPipeline.load_lora_weights` could not load is refused.
+    The LoRA file is read from the staged copy, which is what is uploaded (safetensors only; every key a
+    `transformer.` LoRA matrix), so a folder that `LMLPPipeline.load_lora_weights` could not load is refused.
 
     Args:
         folder (`str` or `os.PathLike`): The adapter folder (`pytorch_lora_weights.safetensors`, and from the trainer
@@ -66,30 +66,35 @@ def stage_lora(
     check_repo_id(repo_id, "model repo id")
     if base_model:
         check_repo_id(base_model, "base model")
-    state_dict = LMLPPipeline.lora_state_dict(str(folder))
-    foreign = sorted(key for key in state_dict if not key.startswith("transformer."))
-    if foreign:
-        raise ValueError(f"{folder / LORA_FILE} has keys that are not the transformer's LoRA matrices: {foreign[:3]}")
 
-    target = staging_folder(output_dir, "lmlp-upload-", source=folder)
-    left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
-    if LORA_FILE in refused:
-        raise ValueError(f"{folder / LORA_FILE} cannot be uploaded: {refused[LORA_FILE]}. Replace it with the file.")
-    summary_path = target / TRAINING_SUMMARY
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-    base_model = base_model or summary.get("base_model")
-    if base_model is None:
-        raise ValueError(
-            f"{folder} does not say which pipeline the LoRA adapts (no base_model in {TRAINING_SUMMARY}): pass "
-            "--base-model <its Hub repo id>."
+    with staging(output_dir, "lmlp-upload-", source=folder) as target:
+        left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+        if LORA_FILE in refused:
+            raise ValueError(f"{folder / LORA_FILE} cannot be uploaded: {refused[LORA_FILE]}.")
+        state_dict = LMLPPipeline.lora_state_dict(str(target))
+        foreign = sorted(key for key in state_dict if not key.startswith("transformer."))
+        if foreign:
+            raise ValueError(
+                f"{folder / LORA_FILE} has keys that are not the transformer's LoRA matrices: {foreign[:3]}"
+            )
+        summary_path = target / TRAINING_SUMMARY
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        base_model = base_model or summary.get("base_model")
+        if base_model is None:
+            raise ValueError(
+                f"{folder} does not say which pipeline the LoRA adapts (no base_model in {TRAINING_SUMMARY}): pass "
+                "--base-model <its Hub repo id>."
+            )
+        card_path = target / "README.md"
+        existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
+        usage = lora_usage_section(repo_id, base_model, summary)
+        shown = existing is not None and SAMPLE_GRID in without_block(existing, "usage")
+        if (target / SAMPLE_GRID).is_file() and not shown:
+            usage = f"![samples]({SAMPLE_GRID})\n\n{usage}"
+        card = update_card(
+            existing, ["lora"], {"usage": usage}, license=license, base_model=hub_id_or_none(base_model)
         )
-    card_path = target / "README.md"
-    existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
-    usage = lora_usage_section(repo_id, base_model, summary)
-    if (target / SAMPLE_GRID).is_file() and (existing is None or SAMPLE_GRID not in without_block(existing, "usage")):
-        usage = f"![samples]({SAMPLE_GRID})\n\n{usage}"
-    card = update_card(existing, ["lora"], {"usage": usage}, license=license, base_model=hub_id_or_none(base_model))
-    card.save(card_path)
+        card.save(card_path)
     return StagedUpload(target, list_files(target), left_out, refused)
 
 

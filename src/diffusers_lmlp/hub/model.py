@@ -9,20 +9,22 @@ from pathlib import Path
 import torch
 from huggingface_hub import CommitInfo
 
+from ..folders import PICKLE_SUFFIXES
 from ..image_grid import make_image_grid
 from ..models.families import family_of
 from ..pipelines import LMLPPipeline
-from ..pipelines.pipeline_lmlp import PICKLE_SUFFIXES
 from .card import describe_pipeline, update_card, usage_section, without_block
-from .remote_code import add_remote_code, name_package_classes, package_model_index
+from .remote_code import add_remote_code, check_component_names, name_package_classes, package_model_index
 from .upload import (
+    IMAGE_LIMIT,
+    TEXT_LIMIT,
     SizeLimit,
     StagedUpload,
     check_repo_id,
     copy_tree,
     list_files,
     publish_model_repo,
-    staging_folder,
+    staging,
 )
 
 
@@ -33,17 +35,13 @@ UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
 SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
 SAMPLE_GRID = "samples.png"
 TRAINING_SUMMARY = "training_summary.json"
-# Size limits (bytes) for everything but the weights, which have none. Real files are far below them: CLIP's
-# tokenizer.json as transformers 5 saves it is 3,642,074 bytes (its vocab.json 1,059,961, merges.txt 524,619); a 4×4
-# grid of 512×512 samples is at most 12.6 MB as PNG (the size of the raw RGB).
-TEXT_LIMIT: SizeLimit = (16_000_000, "for .json, .txt and .md files")
-IMAGE_LIMIT: SizeLimit = (32_000_000, "for images")
 # A prompt whose tokens show whether a staged tokenizer splits text as the source's does.
 TOKENIZER_PROBE = "a red circle on a blue square, photographed at dusk"
 
 
 def check_pipeline_folder(folder: str | os.PathLike) -> Path:
-    """Raise, saying what is wrong, unless `folder` is a pipeline saved by `LMLPPipeline.save_pretrained`.
+    """Raise, saying what is wrong, unless `folder` is a pipeline saved by `LMLPPipeline.save_pretrained` whose
+    `model_index.json` names its components by plain names (`check_component_names`).
 
     Returns:
         `Path`: The folder.
@@ -58,9 +56,11 @@ def check_pipeline_folder(folder: str | os.PathLike) -> Path:
             "LMLPPipeline.save_pretrained (or the trainer's --output_dir) wrote; a LoRA folder has pytorch_lora_weights.safetensors instead."
         )
     # A folder pushed with --with-code names its pipeline ["<file stem>", "LMLPPipeline"] (see `.remote_code`).
-    class_name = package_model_index(json.loads(index.read_text(encoding="utf-8"))).get("_class_name")
+    model_index = package_model_index(json.loads(index.read_text(encoding="utf-8")))
+    class_name = model_index.get("_class_name")
     if class_name != LMLPPipeline.__name__:
         raise ValueError(f"{folder} holds a {class_name}, not an LMLPPipeline; this command publishes LMLPPipelines.")
+    check_component_names(model_index, index)
     return folder
 
 
@@ -101,32 +101,45 @@ def same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and a(TOKENIZER_PROBE).input_ids == b(TOKENIZER_PROBE).input_ids
 
 
-def check_loads_without(staged: Path, refused: dict[str, str], pipe: LMLPPipeline) -> None:
-    """Raise, naming the refused files, unless the staged pipeline loads without them and tokenizes as `pipe` does.
+def load_staged(staged: Path, refused: dict[str, str], pipe: LMLPPipeline) -> LMLPPipeline:
+    """The staged pipeline, loaded from the staged copy (what is uploaded); raise if it does not load, or, when files
+    were refused, if it does not tokenize as `pipe` does.
 
     A refused file may be one the pipeline needs (a tokenizer or weights file that is a link, say); the repo would
     then hold a pipeline that does not load, or worse, one that loads wrong: transformers builds an empty tokenizer
     from a tokenizer folder without its tokenizer.json. Loading the staged folder and comparing its tokenizer is the
-    check (the other components fail to load without their files); it runs only when something was refused.
+    check (the other components fail to load without their files). Without refused files, a staged copy that does
+    not load means that the source folder changed while it was copied.
 
     Args:
         staged (`Path`): The staging folder.
         refused (`dict[str, str]`): The refused files and folders, with their reasons (`StagedUpload.refused`).
-        pipe (`LMLPPipeline`): The pipeline loaded from the source folder.
+        pipe (`LMLPPipeline`): The pipeline loaded from the source folder before it was staged.
+
+    Returns:
+        `LMLPPipeline`: The staged pipeline, its progress bar off: the model card and the sample grid describe it.
     """
-    if not refused:
-        return
     try:
         uploaded = LMLPPipeline.from_pretrained(staged)
-        problem = None if same_tokenizer(pipe.tokenizer, uploaded.tokenizer) else "its tokenizer differs"
+        problem = (
+            None if not refused or same_tokenizer(pipe.tokenizer, uploaded.tokenizer) else "its tokenizer differs"
+        )
     except Exception as err:  # whatever diffusers or transformers raise for a folder that lacks a file
         problem = f"loading it fails with {type(err).__name__}: {str(err).rstrip('.')}"
-    if problem:
+    if problem and refused:
         listed = "; ".join(f"{path}: {reason}" for path, reason in refused.items())
         raise ValueError(
             f"Without the files refused for upload ({listed}), the uploaded pipeline would not work: {problem}. "
-            "Replace links with the files themselves (cp -L), and rename files that are not credentials."
+            "Replace links with the files themselves (cp -L), rename files that are not credentials, and remove "
+            "secrets from files."
         )
+    if problem:
+        raise ValueError(
+            f"The staged copy of the pipeline does not load ({problem}): did the folder change while it "
+            "was staged? Stage it again."
+        )
+    uploaded.set_progress_bar_config(disable=True)
+    return uploaded
 
 
 def stage_pipeline(
@@ -144,10 +157,12 @@ def stage_pipeline(
     """Build the exact folder that `push_pipeline` uploads, card included; the source folder is not changed.
 
     The pipeline is loaded first (`LMLPPipeline.from_pretrained`, safetensors only), so a folder that would not
-    load from the Hub is refused. Links, credential-like names and files over `TEXT_LIMIT` / `IMAGE_LIMIT` are
-    refused (see `diffusers_lmlp.hub.upload`); when anything was refused, the staged folder must still load. The card
-    (`README.md`) is the folder's own, updated (see `diffusers_lmlp.hub.card`: metadata and the usage block are ours,
-    the rest is kept), or a new one described from the pipeline and `training_summary.json` when the folder has none.
+    load from the Hub is refused before anything is written. Links, hard links, credential-like names, files that
+    hold secrets and files over `TEXT_LIMIT` / `IMAGE_LIMIT` are refused (see `diffusers_lmlp.hub.upload`). Then only
+    the staged copy is read: it must load (`load_staged`), and the sample grid, the card and the generated code come
+    from it, so that what is described is what is uploaded. The card (`README.md`) is the folder's own, updated (see
+    `diffusers_lmlp.hub.card`: metadata and the usage block are ours, the rest is kept), or a new one described from
+    the pipeline and `training_summary.json` when the folder has none.
 
     The folder's own `.py` files are never uploaded. With `with_code`, the code of the pipeline and its backbone is
     generated from the installed package into the staged folder and `model_index.json` points at it, so that
@@ -178,46 +193,51 @@ def stage_pipeline(
         check_repo_id(base_model, "base model")
     for dataset in datasets or []:
         check_repo_id(dataset, "dataset")
-    pipe = LMLPPipeline.from_pretrained(folder)
-    pipe.set_progress_bar_config(disable=True)
+    source_pipe = LMLPPipeline.from_pretrained(folder)
 
-    target = staging_folder(output_dir, "lmlp-upload-", source=folder)
-    left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
-    check_loads_without(target, refused, pipe)
-    if sample_prompts:
-        images = pipe(
-            list(sample_prompts), num_inference_steps=sample_steps, generator=torch.Generator().manual_seed(seed)
-        ).images
-        make_image_grid(images, captions=list(sample_prompts)).save(target / SAMPLE_GRID)
-    if with_code:
-        code_files = add_remote_code(target)
-    else:
-        code_files = None
-        name_package_classes(target)
+    with staging(output_dir, "lmlp-upload-", source=folder) as target:
+        left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+        # From here on, only the staged copy is read: it is what the checks, the grid and the card see, and what is
+        # uploaded.
+        pipe = load_staged(target, refused, source_pipe)
+        if sample_prompts:
+            images = pipe(
+                list(sample_prompts), num_inference_steps=sample_steps, generator=torch.Generator().manual_seed(seed)
+            ).images
+            make_image_grid(images, captions=list(sample_prompts)).save(target / SAMPLE_GRID)
+        if with_code:
+            code_files = add_remote_code(target)
+        else:
+            code_files = None
+            name_package_classes(target)
 
-    # The card and the summary are read from their staged copies, which passed the checks (no links, size limits).
-    card_path = target / "README.md"
-    existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
-    grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
-    summary_path = target / TRAINING_SUMMARY
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
-    if existing is None:
-        description = describe_pipeline(
-            pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
+        card_path = target / "README.md"
+        existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
+        grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
+        summary_path = target / TRAINING_SUMMARY
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
+        if existing is None:
+            description = describe_pipeline(
+                pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
+            )
+            usage = usage_section(repo_id, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer)
+            blocks = {"description": description, "usage": usage}
+        else:
+            unshown = None if grid is not None and grid in without_block(existing, "usage") else grid
+            blocks = {
+                "usage": usage_section(
+                    repo_id, sample_grid=unshown, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer
+                )
+            }
+        card = update_card(
+            existing,
+            [family_of(pipe.transformer).tag],
+            blocks,
+            license=license,
+            datasets=list(datasets) if datasets else None,
+            base_model=base_model,
         )
-        blocks = {"description": description, "usage": usage_section(repo_id, summary=summary, code_files=code_files)}
-    else:
-        unshown = None if grid is not None and grid in without_block(existing, "usage") else grid
-        blocks = {"usage": usage_section(repo_id, sample_grid=unshown, summary=summary, code_files=code_files)}
-    card = update_card(
-        existing,
-        [family_of(pipe.transformer).tag],
-        blocks,
-        license=license,
-        datasets=list(datasets) if datasets else None,
-        base_model=base_model,
-    )
-    card.save(target / "README.md")
+        card.save(target / "README.md")
     return StagedUpload(target, list_files(target), left_out, refused)
 
 

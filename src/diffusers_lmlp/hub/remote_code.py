@@ -44,6 +44,9 @@ from .. import __version__
 
 
 PACKAGE = __name__.split(".")[0]
+# What only the installed package does: recording its classes under the package's name (`exports.public`). Imports
+# from these modules, and the decorators they give, are left out of remote code, whose classes keep their own module.
+PACKAGE_ONLY_MODULES = (f"{PACKAGE}.exports",)
 # Libraries diffusers loads components from itself; entries naming them are never code of ours.
 LOADABLE_LIBRARIES = ("diffusers", "transformers")
 MODEL_INDEX = "model_index.json"
@@ -202,6 +205,8 @@ def bundle_order(entry: str) -> list[SourceModule]:
         later = []  # what imports inside functions need: present when they run, so in any place after this module
         for statement in package_imports(module):
             for source, _ in statement.bindings.values():
+                if source in PACKAGE_ONLY_MODULES:
+                    continue
                 if statement.top_level:
                     visit(source)
                 else:
@@ -238,8 +243,9 @@ def _external_imports(module: SourceModule) -> list[ast.Import | ast.ImportFrom]
 
 
 def _module_body(module: SourceModule) -> str:
-    """The module's text without its docstring, its top-level imports from other libraries and its imports from the
-    package; an import that binds a name other than the defined one becomes an assignment (`Alias = Name`)."""
+    """The module's text without its docstring, its top-level imports from other libraries, its imports from the
+    package and the decorators of `PACKAGE_ONLY_MODULES`; an import that binds a name other than the defined one
+    becomes an assignment (`Alias = Name`)."""
     edits: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, replacement lines)
     body = module.tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -248,11 +254,17 @@ def _module_body(module: SourceModule) -> str:
     for node in _external_imports(module):
         first, last, _ = _statement_lines(module, node)
         edits[first] = (last, [])
+    package_only = set()  # the names bound from PACKAGE_ONLY_MODULES
     for statement in package_imports(module):
+        package_only |= {bound for bound, (source, _) in statement.bindings.items() if source in PACKAGE_ONLY_MODULES}
         first, last, indent = _statement_lines(module, statement.node)
         renames = [f"{indent}{bound} = {name}" for bound, (_, name) in statement.bindings.items() if bound != name]
         # A nested import may be the only statement of its block: keep the block valid.
         edits[first] = (last, renames or ([] if statement.top_level else [f"{indent}pass"]))
+    for node in ast.walk(module.tree):
+        for decorator in getattr(node, "decorator_list", []):
+            if isinstance(decorator, ast.Name) and decorator.id in package_only:
+                edits[decorator.lineno - 1] = (decorator.end_lineno - 1, [])
     lines = module.source.splitlines()
     for first in sorted(edits, reverse=True):
         last, replacement = edits[first]
@@ -538,22 +550,63 @@ def package_model_index(model_index: dict[str, Any]) -> dict[str, Any]:
     return converted
 
 
-def remote_code_files(model_index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The code files of a pipeline folder and its `model_index.json` pointing at them.
+def pipeline_components(class_name: str) -> list[str]:
+    """The components a pipeline class of the package takes (its `__init__`'s, as diffusers reads them)."""
+    pipeline = getattr(importlib.import_module(PACKAGE), class_name, None)
+    if not isinstance(pipeline, type) or not hasattr(pipeline, "_get_signature_keys"):
+        raise ValueError(f"{PACKAGE} exports no pipeline class {class_name!r}.")
+    return pipeline._get_signature_keys(pipeline)[0]
+
+
+def check_component_names(model_index: dict[str, Any], where: str | Path = MODEL_INDEX) -> None:
+    """Raise, naming the key, unless every key of a `model_index.json` is a plain name and every entry that names the
+    package's classes is a component of the pipeline.
+
+    A component's code goes to the folder named by its key (`transformer/lmlp_transformer_2d.py`), and diffusers
+    loads a component from that folder: a key that is a path (`"/abs/dir"`, `"../x"`, `"a/b"`) would make the upload
+    write outside its folder. And a package entry under a key the pipeline does not take gets no code, so the repo
+    would still need the package to load.
 
     Args:
         model_index (`dict[str, Any]`): The folder's `model_index.json` (package or with-code form).
+        where (`str` or `Path`, *optional*): The file, for the message.
+    """
+    for key in model_index:
+        if not key.isidentifier():
+            raise ValueError(
+                f"{where} has the key {key!r}, which is not a component name: each key names a folder of the "
+                "pipeline (a Python identifier such as 'transformer'), never a path. Fix or remove that entry."
+            )
+    index = package_model_index(model_index)
+    components = pipeline_components(index["_class_name"]) if isinstance(index.get("_class_name"), str) else []
+    for key, entry in index.items():
+        if isinstance(entry, list) and entry[:1] == [PACKAGE] and key not in components:
+            raise ValueError(
+                f"{where} names {entry[1]} under {key!r}, which is not a component of {index['_class_name']} (it "
+                f"takes {', '.join(components)}): remove that entry."
+            )
+
+
+def remote_code_files(model_index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The code files of a pipeline folder and its `model_index.json` pointing at them: one for the pipeline, and
+    one for each component the pipeline takes whose entry names a class of the package.
+
+    Args:
+        model_index (`dict[str, Any]`): The folder's `model_index.json` (package or with-code form); its keys must
+            pass `check_component_names`.
 
     Returns:
         `tuple[dict[str, str], dict[str, Any]]`: The files (path in the folder -> text) and the new index.
     """
+    check_component_names(model_index)
     index = package_model_index(model_index)
     files = {}
     pipeline_class = index["_class_name"]
     stem = file_stem(defining_module_of(pipeline_class))
     files[f"{stem}.py"] = bundle_source(defining_module_of(pipeline_class), pipeline_class)
     index["_class_name"] = [stem, pipeline_class]
-    for component, entry in sorted(index.items()):
+    for component in pipeline_components(pipeline_class):
+        entry = index.get(component)
         if isinstance(entry, list) and entry[0] == PACKAGE:
             module = defining_module_of(entry[1])
             files[f"{component}/{file_stem(module)}.py"] = bundle_source(module, entry[1])
