@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import huggingface_hub
@@ -18,7 +19,7 @@ import torch
 from diffusers.loaders.lora_pipeline import SanaLoraLoaderMixin
 from peft import LoraConfig, get_peft_model_state_dict
 from peft.tuners.tuners_utils import BaseTunerLayer
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline
@@ -468,7 +469,7 @@ def pair(layer: str, shape_a: tuple[int, int], shape_b: tuple[int, int]) -> dict
     [
         (lambda sd: {**sd, **pair("stack.nope", (2, 32), (32, 2))}, "does not have"),
         (lambda sd: {**sd, "transformer.stack.mid_block.right.weight": torch.zeros(32, 32)}, "not LoRA matrices"),
-        (lambda sd: {k.removeprefix("transformer."): v for k, v in sd.items()}, "without the `transformer.` prefix"),
+        (lambda sd: {k.removeprefix("transformer."): v for k, v in sd.items()}, "no LoRA weights for the transformer"),
         (lambda sd: {**sd, "text_encoder.fc.lora_A.weight": torch.zeros(2, 32)}, "without the `transformer.` prefix"),
         (lambda sd: {k: v for k, v in sd.items() if "mid_block.right.lora_B" not in k}, "lora_B missing"),
         (lambda sd: {**sd, **pair("stack.mid_block.right", (2, 31), (32, 2))}, "another config"),
@@ -601,3 +602,71 @@ def test_save_lora_weights_writes_safetensors_with_its_config_or_refuses(make_pi
     ((keys, filename, metadata),) = calls
     assert keys == sorted(load_file(tmp_path / "written" / WEIGHT_NAME)) and filename.endswith(WEIGHT_NAME)
     assert metadata["format"] == "pt" and '"transformer.r": 2' in metadata["lora_adapter_metadata"]
+
+
+@pytest.mark.parametrize(
+    "tensors, holds",
+    [
+        ({}, "holds no tensors, so it would load as an adapter that changes nothing"),
+        (
+            {"text_encoder.fc.lora_A.weight": torch.zeros(2, 32), "text_encoder.fc.lora_B.weight": torch.zeros(32, 2)},
+            "holds no LoRA weights for the transformer: none of its 2 keys has the `transformer.` prefix "
+            "(text_encoder.fc.lora_A.weight, text_encoder.fc.lora_B.weight)",
+        ),
+    ],
+    ids=["no tensors", "text encoder only"],
+)
+def test_a_lora_without_transformer_weights_is_refused_naming_the_file(make_pipe, generate, tmp_path, tensors, holds):
+    save_file(tensors, tmp_path / WEIGHT_NAME, metadata={"format": "pt"})
+    pipe = make_pipe()
+    base = generate(pipe)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / WEIGHT_NAME} {holds}")):
+        pipe.load_lora_weights(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(f"The state dict {holds}")):
+        pipe.load_lora_weights(tensors)
+    assert pipe.get_list_adapters() == {}
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "raw, found",
+    [
+        ('{"transformer.r": 2', "malformed JSON (Expecting ',' delimiter: line 1 column 20 (char 19))"),
+        ('["transformer.r", 2]', 'a JSON array, ["transformer.r", 2]'),
+        ("2", "a JSON number, 2"),
+        ('"r=2"', 'a JSON string, "r=2"'),
+        ("null", "a JSON null, null"),
+    ],
+    ids=["malformed", "array", "number", "string", "null"],
+)
+def test_lora_metadata_that_is_not_a_json_object_is_refused_naming_the_file_and_the_key(
+    make_pipe, tmp_path, raw, found
+):
+    write_lora(make_pipe, tmp_path)
+    path = tmp_path / WEIGHT_NAME
+    save_file(load_file(path), path, metadata={"format": "pt", "lora_adapter_metadata": raw})
+    expected = (
+        f"{path}: the header entry 'lora_adapter_metadata' must be the adapter's LoraConfig as a JSON object "
+        f"(lora_config.to_dict(), as save_lora_weights writes it), but it is {found}."
+    )
+    pipe = make_pipe()
+    with pytest.raises(ValueError, match=re.escape(expected)) as refused:
+        pipe.load_lora_weights(tmp_path)
+    assert refused.value.__context__ is None  # one error, not a JSON traceback inside it
+    assert pipe.get_list_adapters() == {}
+
+
+def test_a_missing_lora_subfolder_is_named_without_listing_other_folders(make_pipe, tmp_path):
+    write_lora(make_pipe, tmp_path / "repo" / "loras")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "notes.txt").write_text("not for error messages")
+    with pytest.raises(ValueError) as missing:
+        LMLPPipeline.lora_state_dict(tmp_path / "repo", subfolder="lora")
+    assert (
+        str(missing.value)
+        == f"{tmp_path / 'repo'} has no subfolder 'lora' ({tmp_path / 'repo' / 'lora'} does not exist)."
+    )
+    for outside in ("../private", str(tmp_path / "private")):
+        with pytest.raises(ValueError, match=f"leads out of {re.escape(str(tmp_path / 'repo'))}") as refused:
+            LMLPPipeline.lora_state_dict(tmp_path / "repo", subfolder=outside)
+        assert "notes.txt" not in str(refused.value)

@@ -3,15 +3,19 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
 import torch
 from diffusers import DiffusionPipeline
+from safetensors.torch import load_file, save_file
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
+from diffusers_lmlp.pipelines import pipeline_lmlp
 
 
 BACKBONES = {name: family.model_class for name, family in FAMILIES.items()}
@@ -174,3 +178,85 @@ def test_a_tokenizer_folder_without_its_files_is_refused_not_loaded_empty(pipe, 
     assert (tmp_path / "tokenizer" / "tokenizer_config.json").is_file()  # what is left: transformers loads it empty
     with pytest.raises(ValueError, match=r"tokenizer folder .* has neither tokenizer.json nor vocab.json"):
         LMLPPipeline.from_pretrained(tmp_path)
+
+
+def remove_transformer_tensor(folder: Path) -> str:
+    """Delete one tensor of the saved transformer's weights; returns its key."""
+    file = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(file)
+    key = sorted(tensors)[0]
+    del tensors[key]
+    save_file(tensors, file, metadata={"format": "pt"})
+    return key
+
+
+def test_a_pipeline_whose_transformer_misses_a_tensor_is_refused_by_both_loaders(pipe, generate, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    key = remove_transformer_tensor(tmp_path)
+    refusal = re.escape(
+        f"The checkpoint at {tmp_path / 'transformer'} does not match the LMLPTransformer2DModel it is loaded as: 1 "
+        f"weight of the model is missing from it ({key})."
+    )
+    with pytest.raises(ValueError, match=refusal):
+        LMLPPipeline.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=refusal):
+        DiffusionPipeline.from_pretrained(tmp_path)
+
+    # diffusers passes no `strict` to a component: the pipeline says how to load such a transformer instead ...
+    with pytest.raises(ValueError, match=re.escape("LMLPTransformer2DModel.from_pretrained(") + ".*strict=False"):
+        LMLPPipeline.from_pretrained(tmp_path, strict=False)
+    # ... and that way loads it, with every weight but the missing one from the checkpoint.
+    transformer = LMLPTransformer2DModel.from_pretrained(tmp_path, subfolder="transformer", strict=False)
+    loaded = LMLPPipeline.from_pretrained(tmp_path, transformer=transformer)
+    assert loaded.transformer is transformer
+    saved = pipe.transformer.state_dict()
+    assert all(torch.equal(value, saved[name]) for name, value in transformer.state_dict().items() if name != key)
+
+
+@pytest.mark.parametrize("name", ["./mistyped", "~/mistyped", "outputs/run/mistyped", "C:\\mistyped"])
+def test_a_mistyped_folder_is_reported_as_no_such_local_folder(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"No such local folder: {name}")) as missing:
+        LMLPPipeline.from_pretrained(name)
+    assert missing.value.__context__ is None  # one error, not a Hub traceback inside another
+
+
+def test_a_path_object_or_a_file_is_never_taken_for_a_repo_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="No such local folder: mistyped"):
+        LMLPPipeline.from_pretrained(Path("mistyped"))  # "mistyped" would be a valid repo id as a string
+    (tmp_path / "model_index.json").write_text("{}")
+    with pytest.raises(NotADirectoryError, match="model_index.json is a file; pass the pipeline's folder"):
+        LMLPPipeline.from_pretrained("model_index.json")
+
+
+@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "local_files_only"])
+def test_a_repo_id_missing_from_the_cache_is_one_clear_error_offline(tmp_path, monkeypatch, offline):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.chdir(tmp_path)
+    cache = tmp_path / "cache"
+    why = "HF_HUB_OFFLINE is set" if offline else "local_files_only=True"
+    expected = (
+        f"a-mistyped-folder is not a local folder (there is no {tmp_path / 'a-mistyped-folder'}), and as a Hub repo "
+        f"id it cannot be loaded: the huggingface_hub cache ({cache}) holds no copy of it, and {why}, so the Hub is "
+        f"not contacted. To use the Hub repo, download it where the Hub can be reached (`hf download "
+        f"a-mistyped-folder --cache-dir {cache}`), then load it again (offline too); to use a local folder, pass its "
+        "path."
+    )
+    with pytest.raises(huggingface_hub.errors.LocalEntryNotFoundError, match=f"^{re.escape(expected)}$") as missing:
+        LMLPPipeline.from_pretrained("a-mistyped-folder", cache_dir=cache, local_files_only=not offline)
+    assert missing.value.__cause__ is None and missing.value.__suppress_context__
+
+
+def test_a_repo_id_that_the_hub_does_not_have_is_named_as_neither_folder_nor_repo(tmp_path, monkeypatch):
+    # Online only: a stand-in for the Hub's answer to an unknown repo id (the error needs a response's headers).
+    def not_found(repo_id, **kwargs):
+        response = SimpleNamespace(headers={}, request=None)
+        raise huggingface_hub.errors.RepositoryNotFoundError(f"404 for {repo_id}", response=response)
+
+    monkeypatch.setattr(pipeline_lmlp, "snapshot_download", not_found)
+    monkeypatch.chdir(tmp_path)
+    expected = f"user/mistyped is neither a local folder (there is no {tmp_path / 'user' / 'mistyped'}) nor a Hub repo"
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)) as missing:
+        LMLPPipeline.from_pretrained("user/mistyped")
+    assert missing.value.__suppress_context__

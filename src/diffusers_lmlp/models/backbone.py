@@ -10,14 +10,24 @@ may initialise itself (`init_weights`). The public models only choose the block;
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import torch
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from .catalog import SHAPES_SMALL  # noqa: F401  (its former home)
+from .loading import (
+    checkpoint_keys,
+    checkpoint_location,
+    initialise_unloaded,
+    refusal,
+    saved_class_name,
+    warn_non_strict,
+)
 from .mixers.channel_mlp import channel_mlp_factory
 from .mixers.cost import BlockCost
 from .tokens import OutputHead, TokenEmbedder
@@ -25,11 +35,6 @@ from .tokens import OutputHead, TokenEmbedder
 
 # The reference network's timestep n runs over 1..1000: diffusers' t in [0, 1000) of the SD noise schedule, plus 1.
 NUM_TRAIN_TIMESTEPS = 1000
-# The skeleton of the shapes world's small models (`shapes-S`, `shapes-moe-S`; diffusers_lmlp.shapes): 8×8×8 latents of
-# 32 px images in 2×2 patches (16 image tokens), 10 tokens of its 64-wide text encoder, D = 96, 8 + 1 blocks.
-SHAPES_SMALL = dict(
-    sample_size=8, patch_size=2, in_channels=8, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
-)
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -56,6 +61,23 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
     "norm_eps": (_is_positive_real, "a positive finite number (the LayerNorm epsilon)"),
 }
+
+
+def _check_timestep_values(timestep: torch.Tensor) -> None:
+    """Raise a `ValueError` naming the timesteps outside [0, `NUM_TRAIN_TIMESTEPS`) (NaN included).
+
+    This reads the values back from the timesteps' device: no wait on the CPU, one synchronisation on a GPU.
+
+    Args:
+        timestep (`torch.Tensor`): Scalar or (B,) timesteps, on any device but the meta device.
+    """
+    in_range = (timestep >= 0) & (timestep < NUM_TRAIN_TIMESTEPS)  # False for NaN
+    if not in_range.all():
+        raise ValueError(
+            f"timestep must lie in [0, {NUM_TRAIN_TIMESTEPS}) (diffusers scheduler timesteps t of the "
+            f"{NUM_TRAIN_TIMESTEPS}-step training schedule; the network embeds t + 1), got "
+            f"{timestep[in_range.logical_not()].tolist()}."
+        )
 
 
 class UShapedStack(nn.Module):
@@ -112,16 +134,38 @@ class UShapedMixerModel(ModelMixin):
     config_requirements: dict[str, tuple[Callable[[Any], bool], str]] = CONFIG_REQUIREMENTS
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """`ModelMixin.from_pretrained`, reading safetensors weights only: loading never unpickles.
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *, strict: bool = True, **kwargs
+    ) -> Self | tuple[Self, dict[str, list]]:
+        """`ModelMixin.from_pretrained`, reading safetensors weights only and refusing a checkpoint that does not fill
+        every weight.
 
         Every loader (this one, `LMLPPipeline.from_pretrained`, `DiffusionPipeline.from_pretrained`) comes through
-        here, so a folder with only pickled weights (`.bin`) fails instead of being unpickled.
+        here, so a folder with only pickled weights (`.bin`) fails instead of being unpickled, and a checkpoint whose
+        keys differ from the model's (a weight it lacks, a tensor the model has no place for) fails instead of
+        loading with weights that hold no values: a folder loaded as another family's class, or a damaged file. The
+        error names the keys and the class in the folder's `config.json`. diffusers would only warn
+        (`models/loading.py` says how the keys are found).
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): A Hub repo id or a local folder.
-            **kwargs: Everything `ModelMixin.from_pretrained` takes (`subfolder`, `dtype`, `variant`, ...);
-                `use_safetensors` may only be `True`.
+            strict (`bool`, *optional*, defaults to `True`): Refuse a checkpoint whose keys are not exactly the
+                model's. With `False` it loads, and a warning names the keys: the weights it lacks are initialised
+                as in a new, untrained model, its other tensors are dropped. diffusers' pipeline loaders do not pass
+                this argument on: to load a pipeline so, load its transformer with `strict=False` and pass it
+                (`LMLPPipeline.from_pretrained(folder, transformer=transformer)`).
+            **kwargs: Everything `ModelMixin.from_pretrained` takes (`subfolder`, `dtype`, `variant`,
+                `low_cpu_mem_usage`, `device_map`, `output_loading_info`, ...); `use_safetensors` may only be `True`,
+                and FlashPack files (`use_flashpack`) are not read. Weights that `ignore_mismatched_sizes=True`
+                re-creates are initialised as in a new model.
+
+        Returns:
+            The model, or with `output_loading_info=True` the model and diffusers' report (`missing_keys`,
+            `unexpected_keys`, `mismatched_keys`, `error_msgs`).
+
+        Raises:
+            `ValueError`: `use_safetensors=False`, `use_flashpack=True`, or (with `strict=True`) a checkpoint whose
+                keys differ from the model's.
         """
         if kwargs.get("use_safetensors") is False:
             raise ValueError(
@@ -129,8 +173,53 @@ class UShapedMixerModel(ModelMixin):
                 "use_safetensors=False. Convert trusted pickled weights once by loading them with torch.load(..., "
                 "weights_only=True), load_state_dict, and save_pretrained (safetensors is the default)."
             )
+        if kwargs.get("use_flashpack"):
+            raise ValueError(
+                f"{cls.__name__} loads safetensors weights only, whose keys it checks against the model's; got "
+                "use_flashpack=True. Load the folder's diffusion_pytorch_model.safetensors (leave use_flashpack unset)."
+            )
         kwargs["use_safetensors"] = True
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        if missing or unexpected:
+            location = checkpoint_location(pretrained_model_name_or_path, kwargs.get("subfolder"))
+            if strict:
+                saved_class = saved_class_name(cls, pretrained_model_name_or_path, kwargs)
+                raise ValueError(refusal(cls.__name__, saved_class, location, missing, unexpected))
+            warn_non_strict(cls.__name__, location, missing, unexpected)
+        return (model, info) if output_loading_info else model
+
+    @classmethod
+    def _load_pretrained_model(
+        cls, model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
+    ):
+        """diffusers' loading of the checkpoint's tensors into `model`, called by `ModelMixin.from_pretrained`, with
+        two changes, so that its report of missing keys is true and no weight is left without values (a private
+        method of diffusers 0.42, overridden; tests/test_strict_loading.py covers every path that reaches it).
+
+        - A sharded checkpoint's keys are read from its shards' headers (no tensor is read for that): diffusers
+          takes them from the index's `weight_map`, which may list a tensor that no shard holds.
+        - The weights no tensor filled (missing, or re-created by `ignore_mismatched_sizes=True`) are initialised
+          as in a new model, before diffusers moves the model to its `device_map` (meta weights would fail there).
+          `from_pretrained` then refuses the model, or warns, from the same report.
+
+        Returns:
+            `tuple`: What diffusers returns, `(model, missing_keys, unexpected_keys, mismatched_keys, offload_index,
+            error_msgs)`.
+        """
+        quantized = kwargs.get("hf_quantizer") is not None
+        # diffusers 0.40 (not 0.42.1) also loads shards from a DDUF archive (`dduf_entries`): entries, not files.
+        if state_dict is None and not quantized and not kwargs.get("dduf_entries"):
+            loaded_keys = checkpoint_keys(resolved_model_file)
+        result = super()._load_pretrained_model(
+            model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
+        )
+        _, missing_keys, _, mismatched_keys, *_ = result
+        unloaded = missing_keys + [key for key, *_ in mismatched_keys]
+        if unloaded and not quantized:
+            initialise_unloaded(model, unloaded)
+        return result
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:
@@ -264,10 +353,12 @@ class UShapedMixerModel(ModelMixin):
     def _check_inputs(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int
     ) -> torch.Tensor:
-        """Validate the inputs and return the timesteps as a float (B,) tensor.
+        """Validate the inputs and return the timesteps as a float (B,) tensor on the device of `hidden_states`.
 
         Timesteps must be real numbers in [0, `NUM_TRAIN_TIMESTEPS`); floats are fine (some diffusers schedulers
-        pass them). On the meta device and under `torch.compile` the values are not checked.
+        pass them). Their values are checked where they are given, before they move: numbers and CPU tensors (what
+        the training step and the pipeline pass) without waiting for the GPU, tensors on a GPU with one
+        synchronisation. On the meta device and under `torch.compile` the values are not checked.
         """
         config = self.config
         name = type(self).__name__
@@ -305,7 +396,7 @@ class UShapedMixerModel(ModelMixin):
                 f"Batch size mismatch: hidden_states has {batch_size} samples but encoder_hidden_states has "
                 f"{encoder_hidden_states.shape[0]}. Repeat the text states (or latents) so both have the same batch."
             )
-        timestep = torch.as_tensor(timestep, device=hidden_states.device)
+        timestep = torch.as_tensor(timestep)  # where it was given
         if timestep.dtype == torch.bool or timestep.is_complex():
             raise ValueError(
                 f"timestep must hold real numbers (diffusers scheduler timesteps in [0, {NUM_TRAIN_TIMESTEPS})), got "
@@ -314,13 +405,8 @@ class UShapedMixerModel(ModelMixin):
         # Values cannot be read on the meta device (shape-only runs, e.g. FLOP counting), and reading them under
         # torch.compile would split the graph.
         if timestep.device.type != "meta" and not torch.compiler.is_compiling():
-            in_range = (timestep >= 0) & (timestep < NUM_TRAIN_TIMESTEPS)  # False for NaN
-            if not in_range.all():
-                raise ValueError(
-                    f"timestep must lie in [0, {NUM_TRAIN_TIMESTEPS}) (diffusers scheduler timesteps t of the "
-                    f"{NUM_TRAIN_TIMESTEPS}-step training schedule; the network embeds t + 1), got "
-                    f"{timestep[in_range.logical_not()].tolist()}."
-                )
+            _check_timestep_values(timestep)
+        timestep = timestep.to(hidden_states.device)
         if timestep.ndim == 0 or timestep.shape == (1,):
             timestep = timestep.reshape(1).expand(batch_size)
         elif timestep.shape != (batch_size,):

@@ -12,7 +12,8 @@ Save and load follow diffusers, except where that would be silent or unsafe:
   diffusers falls back to `torch.load` when `use_safetensors` is unset.
 - Strict. Every key must be a LoRA A or B matrix of a layer that the transformer has, with a shape that fits the
   layer, and once loaded the adapted layers must be exactly the file's. diffusers logs a warning and skips what it
-  cannot place.
+  cannot place. A file with no transformer tensor (none at all, or only another component's) is refused rather than
+  loaded as an adapter that changes nothing, and adapter metadata that is not a JSON object is named as such.
 - Tied weights. SymMixer and AsymMixer adapt the tied MLP weights as parameters
   (`LoraConfig(target_parameters=...)`, see `models/mixers/paramixer.py`). peft 0.21 refuses to inject such an
   adapter from a state dict, which is what diffusers' `load_lora_adapter` does. These adapters are injected from
@@ -39,19 +40,15 @@ from diffusers.utils import get_adapter_name, logging
 from huggingface_hub import hf_hub_download
 from torch import nn
 
+from ..models.loading import listed
+
 
 logger = logging.get_logger(__name__)
 
 # The only keys of a LoRA file: peft's A (r, in) and B (out, r) matrices of each adapted layer.
 LORA_KEY_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
-# Keys printed in an error message before "and N more".
-MAX_LISTED = 5
-
-
-def _listed(names: list[str]) -> str:
-    """`names` for an error message: the first `MAX_LISTED`, then how many more."""
-    more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
-    return ", ".join(names[:MAX_LISTED]) + more
+# What JSON calls the values that `json.loads` returns, but an object.
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 def _refuse_pickle(name: str) -> None:
@@ -103,15 +100,26 @@ def _lora_file(
             local_files_only=local_files_only,
             token=token,
         )
-    folder = os.path.join(source, subfolder or "")
+    folder = os.path.join(source, subfolder) if subfolder else source
+    if subfolder and not _is_inside(folder, source):
+        raise ValueError(
+            f'subfolder={subfolder!r} leads out of {source}; pass a folder inside it, such as subfolder="loras".'
+        )
+    if not os.path.isdir(folder):
+        raise ValueError(f"{source} has no subfolder {subfolder!r} ({folder} does not exist).")
     path = os.path.join(folder, weight_name)
     if not os.path.isfile(path):
-        present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
         raise ValueError(
-            f"{folder} has no {weight_name} (it holds {present or 'nothing'}). Pass weight_name=... to load another "
-            "safetensors file; pickled weights (.bin, .pt) are never loaded."
+            f"{folder} has no {weight_name} (it holds {sorted(os.listdir(folder)) or 'nothing'}). Pass "
+            "weight_name=... to load another safetensors file; pickled weights (.bin, .pt) are never loaded."
         )
     return path
+
+
+def _is_inside(path: str, folder: str) -> bool:
+    """Whether the path `path` names `folder` or a path under it (by its text: `..` and absolute paths lead out)."""
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
@@ -125,21 +133,63 @@ def _read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] 
             f"{path} is not a valid safetensors file ({error}). Save LoRA weights with "
             "LMLPPipeline.save_lora_weights; a pickle renamed to .safetensors is refused, never unpickled."
         ) from error
-    raw = header.get(LORA_ADAPTER_METADATA_KEY)
-    return state_dict, (json.loads(raw) if raw else None)
+    return state_dict, _adapter_metadata(path, header)
 
 
-def _without_prefix(state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """`state_dict` with `prefix.` removed from its keys; raise if a key lacks it."""
-    foreign = sorted(key for key in state_dict if not key.startswith(f"{prefix}."))
-    if foreign:
+def _adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None:
+    """The adapter config in a LoRA file's header (a JSON object), or None when the header has none.
+
+    Args:
+        path (`str`): The file, for the error.
+        header (`dict[str, str]`): Its safetensors metadata.
+    """
+    if LORA_ADAPTER_METADATA_KEY not in header:
+        return None
+    raw = header[LORA_ADAPTER_METADATA_KEY]
+    try:
+        metadata = json.loads(raw)
+    except json.JSONDecodeError as error:
+        found = f"malformed JSON ({error})"
+    else:
+        if isinstance(metadata, dict):
+            return metadata
+        found = f"a JSON {JSON_TYPES[type(metadata)]}, {raw[:80]}"
+    raise ValueError(
+        f"{path}: the header entry {LORA_ADAPTER_METADATA_KEY!r} must be the adapter's LoraConfig as a JSON object "
+        f"(lora_config.to_dict(), as save_lora_weights writes it), but it is {found}. Save the LoRA again with "
+        "LMLPPipeline.save_lora_weights(..., transformer_lora_adapter_metadata=lora_config.to_dict())."
+    )
+
+
+def _check_component_keys(state_dict: dict[str, torch.Tensor], prefix: str, source: str) -> None:
+    """Raise unless `state_dict` holds tensors, each keyed `<prefix>.<peft key>`: an empty one would load as an
+    adapter that changes nothing, and a key for another component would be skipped.
+
+    Args:
+        state_dict (`dict[str, torch.Tensor]`): The LoRA's tensors.
+        prefix (`str`): The component the pipeline loads LoRA weights into (`"transformer"`).
+        source (`str`): Where the tensors come from, for the error: the file, or "The state dict".
+    """
+    if not state_dict:
         raise ValueError(
-            f"LoRA keys without the `{prefix}.` prefix: {_listed(foreign)}. LMLPPipeline loads LoRA weights into "
-            f"its {prefix} only, from keys `{prefix}.<peft key>` as save_lora_weights writes them. A file written by "
-            f"`{prefix}.save_lora_adapter` has bare peft keys: save its tensors and config again with "
-            "LMLPPipeline.save_lora_weights."
+            f"{source} holds no tensors, so it would load as an adapter that changes nothing. Save the LoRA with "
+            f"LMLPPipeline.save_lora_weights(folder, {prefix}_lora_layers=get_peft_model_state_dict({prefix}))."
         )
-    return {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}
+    foreign = sorted(key for key in state_dict if not key.startswith(f"{prefix}."))
+    if len(foreign) == len(state_dict):
+        found = (
+            f"holds no LoRA weights for the {prefix}: none of its {len(foreign)} keys has the `{prefix}.` prefix "
+            f"({listed(foreign)})"
+        )
+    elif foreign:
+        found = f"has LoRA keys without the `{prefix}.` prefix: {listed(foreign)}"
+    else:
+        return
+    raise ValueError(
+        f"{source} {found}. LMLPPipeline loads LoRA weights into its {prefix} only, from keys `{prefix}.<peft key>` "
+        f"as save_lora_weights writes them. A file written by `{prefix}.save_lora_adapter` has bare peft keys: save "
+        "its tensors and config again with LMLPPipeline.save_lora_weights."
+    )
 
 
 def _unwrapped_name(name: str) -> str:
@@ -197,19 +247,19 @@ def _check_lora_state_dict(
     not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
     if not_lora:
         raise ValueError(
-            f"Keys that are not LoRA matrices: {_listed(not_lora)}. A LoRA file holds `<layer>.lora_A.weight` and "
+            f"Keys that are not LoRA matrices: {listed(not_lora)}. A LoRA file holds `<layer>.lora_A.weight` and "
             "`<layer>.lora_B.weight` only, as peft's get_peft_model_state_dict(transformer) returns them."
         )
     layers = sorted({key.rsplit(".lora_", 1)[0] for key in state_dict})
     unpaired = [layer for layer in layers if not all(layer + suffix in state_dict for suffix in LORA_KEY_SUFFIXES)]
     if unpaired:
-        raise ValueError(f"LoRA layers with lora_A or lora_B missing: {_listed(unpaired)}. The file is incomplete.")
+        raise ValueError(f"LoRA layers with lora_A or lora_B missing: {listed(unpaired)}. The file is incomplete.")
     base = _base_modules(transformer)
     name = type(transformer).__name__
     unknown = [layer for layer in layers if _unwrapped_name(layer) not in base]
     if unknown:
         raise ValueError(
-            f"LoRA keys for layers the {name} does not have: {_listed(unknown)}. The LoRA was trained for another "
+            f"LoRA keys for layers the {name} does not have: {listed(unknown)}. The LoRA was trained for another "
             "model; load it into the model it was trained for."
         )
     for layer in layers:
@@ -247,7 +297,7 @@ def _check_adapted(transformer: nn.Module, adapter_name: str, layers: set[str]) 
             reason = "Save the LoRA with the LoraConfig it was trained with (lora_config.to_dict() as metadata)."
         raise ValueError(
             f"Adapter {adapter_name!r} does not adapt the layers the LoRA file has weights for: not adapted "
-            f"{_listed(missing) or 'none'}; adapted without weights {_listed(extra) or 'none'}. {reason}"
+            f"{listed(missing) or 'none'}; adapted without weights {listed(extra) or 'none'}. {reason}"
         )
 
 
@@ -347,7 +397,9 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
                 raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
             state_dict, metadata = pretrained_model_name_or_path_or_dict, None
         else:
-            state_dict, metadata = _read_lora_file(_lora_file(pretrained_model_name_or_path_or_dict, **kwargs))
+            path = _lora_file(pretrained_model_name_or_path_or_dict, **kwargs)
+            state_dict, metadata = _read_lora_file(path)
+            _check_component_keys(state_dict, cls.transformer_name, path)
         return (state_dict, metadata) if return_lora_metadata else state_dict
 
     def load_lora_weights(
@@ -412,7 +464,8 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
                 as in diffusers; adapters on tied weights need them.
         """
         prefix = cls.transformer_name
-        state_dict = _without_prefix(state_dict, prefix)
+        _check_component_keys(state_dict, prefix, "The state dict")
+        state_dict = {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}
         if metadata is not None:
             metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
         target_parameters = list((metadata or {}).get("target_parameters") or [])
@@ -503,7 +556,7 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
         not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
         if not_lora:
             raise ValueError(
-                f"transformer_lora_layers has keys that are not LoRA matrices: {_listed(not_lora)}. Pass "
+                f"transformer_lora_layers has keys that are not LoRA matrices: {listed(not_lora)}. Pass "
                 "get_peft_model_state_dict(transformer), whose keys end with .lora_A.weight and .lora_B.weight."
             )
         header = {"format": "pt"}

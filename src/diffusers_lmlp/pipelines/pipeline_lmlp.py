@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Self
 
+import huggingface_hub
 import torch
 from diffusers import (
     AutoencoderKL,
@@ -37,8 +38,18 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import logging, replace_example_docstring
 from diffusers.utils.torch_utils import randn_tensor
 from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HFValidationError,
+    IncompleteSnapshotError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
+from huggingface_hub.utils import validate_repo_id
 from transformers import CLIPTextModel, CLIPTokenizer
 
+from ..exports import public
+from ..folders import PICKLE_SUFFIXES, TOKENIZER_FILES
 from .lora import LMLPLoraLoaderMixin
 from .vocabulary import describe_vocabulary, prompt_words, unknown_words
 
@@ -50,7 +61,6 @@ OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 # What `from_pretrained` fetches for a Hub repo id: configs, tokenizer files and safetensors weights, nothing that
 # would be unpickled.
 HUB_ALLOW_PATTERNS = ["*.json", "*.txt", "*.safetensors"]
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 EXAMPLE_DOC_STRING = """
     Examples:
@@ -153,10 +163,6 @@ def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
             )
 
 
-# A tokenizer folder holds a fast tokenizer (`tokenizer.json`) or a slow one's vocabulary (CLIP's `vocab.json`).
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
-
-
 def _require_component_folders(folder: str, model_index: dict[str, Any], passed: set[str]) -> None:
     """Raise if a component named in `model_index.json` (and not passed in) has no folder, or a tokenizer no files.
 
@@ -186,6 +192,81 @@ def _require_component_folders(folder: str, model_index: dict[str, Any], passed:
             )
 
 
+def _is_repo_id(name: str) -> bool:
+    """Whether `name` has the form of a Hub repo id ("name" or "owner/name", in the Hub's characters)."""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
+    """The local snapshot of the Hub repo `source` (configs, tokenizer files and safetensors weights), fetched or
+    read from the huggingface_hub cache; the Hub arguments are taken out of `kwargs`.
+
+    `source` is not a folder here. A name that can only be a path, and a missing repo, raise a `FileNotFoundError`;
+    a repo that is neither cached nor reachable (`HF_HUB_OFFLINE`, `local_files_only=True`, no network) a
+    `LocalEntryNotFoundError`, each one error that says both what was looked for and how to get it.
+
+    Args:
+        source (`str` or `os.PathLike`): What was passed to `from_pretrained`.
+        kwargs (`dict`): The other arguments of `from_pretrained`.
+    """
+    name = os.fspath(source)
+    if os.path.exists(name):
+        raise NotADirectoryError(f"{name} is a file; pass the pipeline's folder (the one with model_index.json).")
+    folder = os.path.abspath(name)
+    # Not a repo id: a path object, or a name that starts with ".", "~" or "/", has more than one "/", or holds
+    # characters the Hub does not allow in repo ids (validate_repo_id's rules).
+    if isinstance(source, os.PathLike) or not _is_repo_id(name):
+        tilde = " (a ~ is not expanded: pass os.path.expanduser(path))" if name.startswith("~") else ""
+        raise FileNotFoundError(
+            f"No such local folder: {name}{tilde}. Pass the folder that save_pretrained wrote (it holds "
+            f"model_index.json); the current directory is {os.getcwd()}."
+        )
+    cache_dir = kwargs.pop("cache_dir", None)
+    local_files_only = kwargs.pop("local_files_only", None) or False
+    try:
+        return snapshot_download(
+            name,
+            revision=kwargs.pop("revision", None),
+            cache_dir=cache_dir,
+            token=kwargs.pop("token", None),
+            force_download=kwargs.pop("force_download", False),
+            local_files_only=local_files_only,
+            allow_patterns=HUB_ALLOW_PATTERNS,
+            # Without a variant, skip variant weights such as `model.fp16.safetensors`.
+            ignore_patterns=None if kwargs.get("variant") else ["*.*.safetensors"],
+        )
+    except RepositoryNotFoundError as error:
+        if isinstance(error, GatedRepoError):  # the repo exists, and its error says how to get access
+            raise
+        raise FileNotFoundError(
+            f"{name} is neither a local folder (there is no {folder}) nor a Hub repo you can access. Check the "
+            "name; for a private repo, log in (`hf auth login`) or pass token=..."
+        ) from None
+    except LocalEntryNotFoundError as error:
+        cache = cache_dir or huggingface_hub.constants.HF_HUB_CACHE
+        if isinstance(error, IncompleteSnapshotError):
+            why = f"its copy in the huggingface_hub cache ({cache}) is incomplete, and it cannot be completed now"
+        else:
+            why = f"the huggingface_hub cache ({cache}) holds no copy of it"
+        if huggingface_hub.constants.HF_HUB_OFFLINE:
+            why += ", and HF_HUB_OFFLINE is set, so the Hub is not contacted"
+        elif local_files_only:
+            why += ", and local_files_only=True, so the Hub is not contacted"
+        else:
+            why += ", and the Hub could not be reached"
+        download = f"hf download {name}" + (f" --cache-dir {cache_dir}" if cache_dir else "")
+        raise LocalEntryNotFoundError(
+            f"{name} is not a local folder (there is no {folder}), and as a Hub repo id it cannot be loaded: {why}. "
+            f"To use the Hub repo, download it where the Hub can be reached (`{download}`), then load it again "
+            "(offline too); to use a local folder, pass its path."
+        ) from None
+
+
+@public
 class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     """Text-to-image generation with an attention-free MLP backbone, [L-MLP](https://arxiv.org/abs/2405.16098)
     or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
@@ -272,6 +353,11 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         rules out `["diffusers_lmlp", "LMLPTransformer2DModel"]`. Local folders skip that check, and the classes
         resolve because this module has imported `diffusers_lmlp`.
 
+        The backbone refuses a checkpoint that does not fill every one of its weights (a missing tensor, a folder
+        of another family's class): see `UShapedMixerModel.from_pretrained`, whose `strict=False` loads it anyway.
+        diffusers passes no `strict` to a component, so load such a transformer on its own and pass it
+        (`transformer=...`).
+
         A folder or repo pushed with `--with-code` (`diffusers_lmlp.hub.remote_code`) loads with this package's
         classes, and none of the code files it ships runs: its `model_index.json` names them (`"_class_name":
         ["pipeline_lmlp", "LMLPPipeline"]`), and each such entry of a class this package exports is read as this
@@ -286,6 +372,14 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
 
         Returns:
             `LMLPPipeline`: The loaded pipeline.
+
+        Raises:
+            `FileNotFoundError`: `pretrained_model_name_or_path` is neither a folder nor a Hub repo id (a path that
+                does not exist), or names a repo the Hub does not have (`NotADirectoryError`: it is a file).
+            `huggingface_hub.errors.LocalEntryNotFoundError`: A repo id that is not in the huggingface_hub cache
+                while the Hub cannot be reached (`HF_HUB_OFFLINE`, `local_files_only=True`, no network).
+            `ValueError`: Pickled weights only, `use_safetensors=False`, `strict`, a component folder that is missing
+                or a backbone checkpoint that does not match its class.
         """
         if kwargs.get("use_safetensors") not in (None, True):
             raise ValueError(
@@ -295,21 +389,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             )
         kwargs["use_safetensors"] = True
         path = os.fspath(pretrained_model_name_or_path)
-        if os.path.isdir(path):
-            folder = path
-        else:
-            variant = kwargs.get("variant")
-            folder = snapshot_download(
-                path,
-                revision=kwargs.pop("revision", None),
-                cache_dir=kwargs.pop("cache_dir", None),
-                token=kwargs.pop("token", None),
-                force_download=kwargs.pop("force_download", False),
-                local_files_only=kwargs.pop("local_files_only", None) or False,
-                allow_patterns=HUB_ALLOW_PATTERNS,
-                # Without a variant, skip variant weights such as `model.fp16.safetensors`.
-                ignore_patterns=None if variant else ["*.*.safetensors"],
-            )
+        folder = path if os.path.isdir(path) else _hub_snapshot(pretrained_model_name_or_path, kwargs)
         model_index = cls.load_config(folder)
 
         # With-code entries: [file stem, class] where this package (the top of this module's name) exports the class.
@@ -327,6 +407,14 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             and isinstance(exported.get(entry[1]), type)
         }
         model_index = {**model_index, **ours}
+        if "strict" in kwargs:
+            transformer_class = model_index.get("transformer", [None, "<the transformer's class>"])[1]
+            raise ValueError(
+                "strict is an argument of the backbone's from_pretrained, and diffusers' component loading does not "
+                f"pass it on. Load the transformer with it and pass it to the pipeline: transformer = "
+                f'{transformer_class}.from_pretrained({path!r}, subfolder="transformer", strict='
+                f"{kwargs['strict']!r}), then LMLPPipeline.from_pretrained({path!r}, transformer=transformer)."
+            )
         _require_component_folders(folder, model_index, passed=set(kwargs))
         if folder == path:
             _refuse_pickled_weights(folder, model_index)
@@ -779,6 +867,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         )
 
         num_warmup_steps = len(timesteps) - num_inference_steps * self.scheduler.order
+        # The backbone checks the timesteps' range where it gets them: on a CPU copy, no step waits for the GPU.
+        model_timesteps = timesteps.cpu()  # (S,)
         with self.progress_bar(total=num_inference_steps) as progress_bar:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
@@ -791,7 +881,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                     model_input, text_states = latents, prompt_embeds
                 model_input = self.scheduler.scale_model_input(model_input, t)
                 noise_pred = self.transformer(
-                    model_input, text_states, t.expand(model_input.shape[0]), return_dict=False
+                    model_input, text_states, model_timesteps[i].expand(model_input.shape[0]), return_dict=False
                 )[0]  # (2·B·n or B·n, C, h, w)
                 if self.do_classifier_free_guidance:
                     noise_uncond, noise_cond = noise_pred.chunk(2)  # (B·n, C, h, w) each

@@ -1,0 +1,33 @@
+"""Renamed public names keep working for one release, with a FutureWarning, and are gone by their version."""
+
+import warnings
+
+import pytest
+import torch
+from packaging.version import Version
+
+import diffusers_lmlp
+from diffusers_lmlp import MoEMLPModel
+from diffusers_lmlp.tiny import RENAMED_BACKBONES_REMOVED_IN, build_tiny_pipeline
+
+
+def test_the_old_backbone_name_moe_warns_and_builds_the_moe_mlp_pipeline():
+    expected = (
+        r"build_tiny_pipeline\(backbone='moe'\) is deprecated and will be removed in diffusers-lmlp 0\.2\.0: the "
+        r"family is now called 'moe_mlp'"
+    )
+    with pytest.warns(FutureWarning, match=expected):
+        old = build_tiny_pipeline("moe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        new = build_tiny_pipeline("moe_mlp")
+    assert type(old.transformer) is MoEMLPModel
+    assert old.transformer.config == new.transformer.config
+    torch.testing.assert_close(old.transformer.state_dict(), new.transformer.state_dict(), rtol=0, atol=0)
+
+
+def test_deprecated_names_are_removed_by_their_version():
+    assert Version(diffusers_lmlp.__version__) < Version(RENAMED_BACKBONES_REMOVED_IN), (
+        f"diffusers-lmlp {diffusers_lmlp.__version__} has reached {RENAMED_BACKBONES_REMOVED_IN}: remove "
+        "RENAMED_BACKBONES from diffusers_lmlp/tiny.py."
+    )
