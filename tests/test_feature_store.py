@@ -1,8 +1,11 @@
 """The on-disk feature store (`diffusers_lmlp.training.features`) and the training script's data-loading workers."""
 
 import errno
+import hashlib
 import json
 import os
+import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -28,10 +31,12 @@ from diffusers_lmlp.training import (
     encode_text,
     extract_features,
     feature_store_key,
+    features,
     open_feature_store,
     preprocess_image,
+    trainer,
 )
-from diffusers_lmlp.training.features import ShardWriter, shard_name, write_manifest
+from diffusers_lmlp.training.features import FORMAT, ShardWriter, checksums_path, shard_name, write_manifest
 
 
 def write_store(
@@ -85,6 +90,26 @@ def store_files(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
+def checksums_name(shard: str) -> str:
+    """The name of the checksums file of the shard named `shard`."""
+    return checksums_path(Path(shard)).name
+
+
+def without_checksums(manifest: dict) -> dict:
+    return {**manifest, "shards": [{k: v for k, v in shard.items() if k != "sha256"} for shard in manifest["shards"]]}
+
+
+def file_parts(file: Path) -> dict[str, bytes]:
+    """A safetensors file cut into its parts by its own header, read here independently of the library: the header
+    (with its 8-byte length), then each tensor's bytes in file order."""
+    raw = file.read_bytes()
+    start = 8 + int.from_bytes(raw[:8], "little")
+    parts = {"header": raw[:start]}
+    for name, entry in sorted(json.loads(raw[8:start]).items(), key=lambda item: item[1]["data_offsets"][0]):
+        parts[name] = raw[start + entry["data_offsets"][0] : start + entry["data_offsets"][1]]
+    return parts
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, dataset, pipe) -> Path:
     """A store extracted in one go by one process: the reference of the resumed and multi-process extractions."""
@@ -94,7 +119,8 @@ def straight(tmp_path_factory, dataset, pipe) -> Path:
 
 
 def test_shards_are_safetensors_files_of_each_images_moments_and_caption_states(straight, dataset, pipe):
-    assert sorted(store_files(straight)) == ["manifest.json", *[shard_name(s) for s in range(3)]]
+    shards = [shard_name(s) for s in range(3)]
+    assert sorted(store_files(straight)) == sorted(["manifest.json", *shards, *map(checksums_name, shards)])
     counts = [len(captions) for captions in dataset["text"]]
     pixels = torch.stack([preprocess_image(image, 16, False) for image in dataset["image"]])  # (10, 3, 16, 16)
     with torch.no_grad():
@@ -110,6 +136,14 @@ def test_shards_are_safetensors_files_of_each_images_moments_and_caption_states(
         torch.testing.assert_close(tensors["text_states"], states[first : first + int(offsets[-1])], rtol=0, atol=1e-5)
     manifest = json.loads((straight / "manifest.json").read_text())
     assert (manifest["num_images"], manifest["num_captions"], manifest["text_dtype"]) == (10, 19, "float32")
+    for shard, record in zip(shards, manifest["shards"]):  # the size and the SHA-256 of each part, next to it too
+        parts = file_parts(straight / shard)
+        assert b"".join(parts.values()) == (straight / shard).read_bytes()  # the parts cover the file
+        expected = {"bytes": len(b"".join(parts.values())),
+                    "sha256": {name: hashlib.sha256(part).hexdigest() for name, part in parts.items()}}  # fmt: skip
+        assert json.loads((straight / checksums_name(shard)).read_text()) == expected
+        assert record == {"file": shard, "num_images": record["num_images"], "num_captions": record["num_captions"],
+                          **expected}  # fmt: skip
 
     store = FeatureStore(straight)
     got_moments, got_states = store.read([9, 4, 5], torch.tensor([0.99, 0.0, 0.5]))
@@ -143,7 +177,9 @@ def test_a_killed_extraction_resumes_at_its_first_incomplete_shard(tmp_path, str
         [sys.executable, "-c", KILLED_EXTRACTION, str(tmp_path), "4"], env=ENV, capture_output=True, text=True
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert sorted(p.name for p in path.iterdir()) == [shard_name(0), shard_name(1) + ".tmp"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        shard_name(0), checksums_name(shard_name(0)), shard_name(1) + ".tmp"
+    ]  # fmt: skip
 
     calls = []
     encode = pipe.vae.encode
@@ -154,7 +190,11 @@ def test_a_killed_extraction_resumes_at_its_first_incomplete_shard(tmp_path, str
         del pipe.vae.encode
     assert calls == [2, 2, 2]  # shard 1 (images 4-7) and shard 2 (images 8, 9): shard 0 is not extracted again
     assert sorted(store_files(path)) == sorted(store_files(straight))
-    assert (path / "manifest.json").read_text() == (straight / "manifest.json").read_text()
+    # The same manifest, but for the checksums of shard 0, whose bytes may differ by rounding (below): they are those
+    # of the killed process's shard 0, as the checks at open confirm.
+    manifests = [without_checksums(json.loads((p / "manifest.json").read_text())) for p in (path, straight)]
+    assert manifests[0] == manifests[1]
+    FeatureStore(path)
     for shard in range(3):  # shard 0 from the killed process, whose thread count differs: equal to rounding
         got, expected = load_file(path / shard_name(shard)), load_file(straight / shard_name(shard))
         assert got.keys() == expected.keys()
@@ -194,7 +234,7 @@ extract_features(
 def test_each_process_writes_its_own_shards_and_the_main_process_the_manifest(tmp_path, straight, dataset, pipe):
     path, barriers = tmp_path / "store", []
     extract(path, dataset, pipe, process_index=1, num_processes=2, wait_for_everyone=lambda: barriers.append(1))
-    assert sorted(p.name for p in path.iterdir()) == [shard_name(1)]  # shards 1, 3, …; no manifest
+    assert sorted(p.name for p in path.iterdir()) == [shard_name(1), checksums_name(shard_name(1))]  # no manifest
     extract(path, dataset, pipe, process_index=0, num_processes=2, wait_for_everyone=lambda: barriers.append(0))
     assert barriers == [1, 1, 0, 0]  # all wait before the manifest and after it
     assert store_files(path) == store_files(straight)
@@ -247,6 +287,197 @@ def test_open_extracts_once_then_reads(tmp_path, dataset, pipe, caplog):
     assert [r.message for r in caplog.records].count(f"building the feature cache {tmp_path / 'store'}") == 1
 
 
+# ------------------------------------------------------------------------------------------------------- integrity
+
+
+def copy_store(straight: Path, tmp_path: Path) -> Path:
+    shutil.copytree(straight, tmp_path / "store")
+    return tmp_path / "store"
+
+
+def overwrite(file: Path, part: str, at: int, data: bytes) -> None:
+    """Overwrite bytes of a part of a shard in place, `at` bytes into it; the file keeps its size."""
+    parts = file_parts(file)
+    start = sum(len(content) for content in list(parts.values())[: list(parts).index(part)])
+    size = file.stat().st_size
+    with open(file, "r+b") as f:
+        f.seek(start + at)
+        f.write(data)
+    assert file.stat().st_size == size
+
+
+def test_zeroed_caption_offsets_are_refused_naming_the_shard_and_the_fix(tmp_path, straight):
+    # What used to train with exit code 0, every image paired with one caption.
+    store = copy_store(straight, tmp_path)
+    overwrite(store / shard_name(1), "caption_offsets", 0, bytes(8 * 5))  # shard 1: images 4-7, 5 offsets
+    with pytest.raises(ValueError) as error:
+        FeatureStore(store)
+    message = str(error.value)
+    assert message.startswith(f"{store / shard_name(1)} has caption offsets [0, 0, 0, 0, 0], which do not rise")
+    assert f"Delete {store / shard_name(1)} and {store / 'manifest.json'}: the next run extracts that shard" in message
+
+
+def test_caption_offsets_moved_within_bounds_are_caught_by_the_checksum(tmp_path, straight):
+    # Shard 0's images have 1, 2, 3, 1 captions: offsets 0 1 3 6 7. 0 2 3 6 7 is well-formed, and wrong.
+    store = copy_store(straight, tmp_path)
+    assert load_file(store / shard_name(0))["caption_offsets"].tolist() == [0, 1, 3, 6, 7]
+    overwrite(store / shard_name(0), "caption_offsets", 8, (2).to_bytes(8, "little"))
+    with pytest.raises(ValueError, match=re.escape(f"{store / shard_name(0)}: the SHA-256 of its 'caption_offsets'")):
+        FeatureStore(store)
+
+
+def test_a_flipped_byte_of_the_text_states_is_caught_naming_the_shard(tmp_path, straight):
+    store = copy_store(straight, tmp_path)
+    byte = file_parts(store / shard_name(2))["text_states"][1000]
+    overwrite(store / shard_name(2), "text_states", 1000, bytes([byte ^ 0x10]))
+    with pytest.raises(ValueError) as error:
+        FeatureStore(store)
+    assert str(error.value).startswith(f"{store / shard_name(2)}: the SHA-256 of its 'text_states' bytes is not the")
+    assert "the file was damaged or changed after it was written" in str(error.value)
+
+
+def test_a_truncated_shard_is_refused_naming_its_size(tmp_path, straight):
+    store = copy_store(straight, tmp_path)
+    size = (store / shard_name(1)).stat().st_size
+    os.truncate(store / shard_name(1), size - 100)
+    with pytest.raises(ValueError, match=re.escape(f"{shard_name(1)} is {size - 100:,} bytes where its extraction "
+                                                   f"wrote {size:,}: it was cut short or changed")):  # fmt: skip
+        FeatureStore(store)
+
+
+def test_a_store_of_the_previous_format_is_not_read_and_its_size_is_reported(
+    tmp_path, straight, dataset, pipe, caplog
+):
+    # A v1 store: the same shards, a manifest without checksums.
+    old = copy_store(straight, tmp_path / "features")
+    manifest = without_checksums(json.loads((old / "manifest.json").read_text()))
+    for shard in manifest["shards"]:
+        del shard["bytes"]
+        (old / checksums_name(shard["file"])).unlink()
+    (old / "manifest.json").write_text(json.dumps({**manifest, "format": "diffusers-lmlp feature store v1"}))
+    with pytest.raises(ValueError, match=f"is not a '{FORMAT}' manifest: delete {re.escape(str(old))} to extract"):
+        FeatureStore(old)
+    size = sum(file.stat().st_size for file in old.iterdir())
+    components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+    with caplog.at_level("WARNING"):  # a new store is made next to it
+        open_feature_store(tmp_path / "features" / "new", dataset.select(range(2)), image_column="image",
+                           caption_column="text", resolution=16, **components)  # fmt: skip
+    assert [r.message for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{old} is a feature store of another format ('diffusers-lmlp feature store v1', not '{FORMAT}'), which this "
+        f"version does not read: delete it to free {size / 1e9:.2f} GB"
+    ]
+
+
+def test_checksums_are_checked_once_per_run_shared_among_its_processes(tmp_path, straight, dataset, pipe, monkeypatch):
+    store_path, events = copy_store(straight, tmp_path), []
+    digests = features.shard_digests
+
+    def counting_digests(path):
+        events.append(path.name)
+        return digests(path)
+
+    monkeypatch.setattr(features, "shard_digests", counting_digests)
+    components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+    arguments = dict(image_column="image", caption_column="text", resolution=16, shard_size=4, **components)
+    stores = []
+    for rank in (0, 1):
+        stores.append(open_feature_store(store_path, dataset, process_index=rank, num_processes=2,
+                                         wait_for_everyone=lambda: events.append("wait"), **arguments))  # fmt: skip
+    # Rank 0 hashes shards 0 and 2, rank 1 shard 1, each before the barrier that precedes any read.
+    assert events[:4] == ["wait", shard_name(0), shard_name(2), "wait"] or events[:4] == [
+        "wait", shard_name(2), shard_name(0), "wait"
+    ]  # fmt: skip
+    assert events[4:] == ["wait", shard_name(1), "wait"]
+    del events[:]
+    for store in [*stores, *(pickle.loads(pickle.dumps(store)) for store in stores)]:  # as DataLoader workers get it
+        store.read(list(range(10)), torch.rand(10))
+    assert events == []  # reading never hashes again
+
+
+def test_the_advice_of_a_checksum_error_re_extracts_only_that_shard(tmp_path, straight, dataset, pipe):
+    store = copy_store(straight, tmp_path)
+    overwrite(store / shard_name(1), "moments", 4, b"\x00\x00\x80\x7f")  # an inf, where the extraction wrote none
+    with pytest.raises(ValueError) as error:
+        FeatureStore(store)
+    [(shard, manifest)] = re.findall(
+        r"Delete (\S+) and (\S+): the next run extracts that shard again", str(error.value)
+    )
+    Path(shard).unlink()
+    Path(manifest).unlink()
+    calls = []
+    encode = pipe.vae.encode
+    pipe.vae.encode = lambda pixels: calls.append(len(pixels)) or encode(pixels)
+    components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+    try:
+        repaired = open_feature_store(store, dataset, image_column="image", caption_column="text", resolution=16,
+                                      shard_size=4, batch_size=2, **components)  # fmt: skip
+    finally:
+        del pipe.vae.encode
+    assert calls == [2, 2]  # shard 1 (images 4-7) alone
+    assert store_files(store) == store_files(straight)
+    picks = torch.rand(10, generator=torch.Generator().manual_seed(0))
+    for got, expected in zip(
+        repaired.read(list(range(10)), picks), FeatureStore(straight).read(list(range(10)), picks)
+    ):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.fixture
+def image_files(tmp_path, dataset) -> datasets.Dataset:
+    """The `dataset` fixture with its images read from PNG files, as an imagefolder's are."""
+    paths = []
+    for i, image in enumerate(dataset["image"]):
+        paths.append(str(tmp_path / f"{i}.png"))
+        image.save(paths[-1])
+    return datasets.Dataset.from_dict({"image": paths, "text": dataset["text"]}).cast_column("image", datasets.Image())
+
+
+def test_a_nan_moment_is_refused_at_extraction_naming_the_image_file(tmp_path, image_files, pipe, monkeypatch):
+    encode = pipe.vae.encode
+
+    def overflowing(pixels):  # image 5 (the 2nd of the 3rd batch) overflows, as an fp16 VAE can
+        output = encode(pixels)
+        if len(calls) == 2:
+            output.latent_dist.parameters[1, 0, 3, 3] = float("nan")
+        calls.append(1)
+        return output
+
+    calls = []
+    monkeypatch.setattr(pipe.vae, "encode", overflowing)
+    with pytest.raises(ValueError) as error:
+        extract(tmp_path / "store", image_files, pipe)
+    assert str(error.value).startswith(f"image 5 ({tmp_path / '5.png'}): its VAE moments are not finite (NaN or inf)")
+    # Shard 1 (images 4-7) is refused at its first batch: nothing of it is written.
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [shard_name(0), checksums_name(shard_name(0))]
+
+
+def test_text_states_beyond_float16_are_refused_at_extraction_naming_the_caption(tmp_path, dataset, pipe, monkeypatch):
+    encode_text = features.encode_text
+
+    def huge_for_one_caption(tokenizer, text_encoder, texts):
+        states = encode_text(tokenizer, text_encoder, texts)  # (m, T, D)
+        return torch.stack([s * 1e6 if t == "caption 1 of image 7" else s for s, t in zip(states, texts)])
+
+    monkeypatch.setattr(features, "encode_text", huge_for_one_caption)
+    extract(tmp_path / "fp32", dataset, pipe)  # in float32 they fit
+    with pytest.raises(ValueError, match=re.escape("image 7: the text states of its caption 'caption 1 of image 7' "
+                                                   "are not finite (NaN or inf) (or beyond float16's range")):  # fmt: skip
+        extract(tmp_path / "fp16", dataset, pipe, text_dtype="float16")
+
+
+def test_a_shard_is_written_in_row_order_and_whole_or_not_at_all(tmp_path):
+    writer = ShardWriter(
+        tmp_path / shard_name(0), {"moments": (torch.float32, (4, 2)), "caption_offsets": (torch.int64, (5,))}
+    )
+    writer.write("moments", 0, torch.ones(2, 2))
+    with pytest.raises(ValueError, match="moments: rows are written in order, from 0: row 2 is next, not 3"):
+        writer.write("moments", 3, torch.ones(1, 2))
+    writer.write("moments", 2, torch.ones(2, 2))
+    with pytest.raises(ValueError, match="caption_offsets has 0 of its 5 rows written"):
+        writer.commit()  # unwritten rows would read as zeros
+    assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0) + ".tmp"]
+
+
 # ----------------------------------------------------------------------------------------- the training script
 
 
@@ -269,14 +500,14 @@ def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(work
     resumed = workspace / f"{name}-resumed"
     shutil.copytree(workspace / f"{name}-straight" / "checkpoint-2", resumed / "checkpoint-2")
     pids = workspace / f"{name}-pids"
-    load = script.BatchReader.load
+    load = trainer.BatchReader.load
 
     def recording_load(self, positions, generator):
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\n")
         return load(self, positions, generator)
 
-    monkeypatch.setattr(script.BatchReader, "load", recording_load)
+    monkeypatch.setattr(trainer.BatchReader, "load", recording_load)
     args = in_process_args(workspace, resumed, *steps, "--dataloader_num_workers", "2")
     script.main([*args, "--resume_from_checkpoint", "latest"])
     readers = pids.read_text().split()
@@ -312,14 +543,14 @@ def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, m
     script.main(args("stream-straight"))
     shutil.copytree(workspace / "stream-straight" / "checkpoint-3", workspace / "stream-resumed" / "checkpoint-3")
     pids = workspace / "stream-pids"
-    next_records = script.BatchReader._next_records
+    next_records = trainer.BatchReader._next_records
 
     def recording_next_records(self, count):
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\n")
         return next_records(self, count)
 
-    monkeypatch.setattr(script.BatchReader, "_next_records", recording_next_records)
+    monkeypatch.setattr(trainer.BatchReader, "_next_records", recording_next_records)
     script.main(args("stream-resumed", "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest"))
     readers = set(pids.read_text().split())
     assert len(readers) == 1 and str(os.getpid()) not in readers  # one worker reads the stream, in order
@@ -337,7 +568,7 @@ def test_an_empty_stream_is_an_error_not_an_endless_wait(script):
     )
     args = SimpleNamespace(seed=0, train_batch_size=2, gradient_accumulation_steps=1, streaming=True)
     with pytest.raises(ValueError, match="the stream of process 0 is empty"):
-        script.BatchReader(args, empty, None, 0, 1, 0)._next_records(2)
+        trainer.BatchReader(args, empty, None, 0, 1, 0)._next_records(2)
 
 
 def test_float16_storage_trains_like_float32(workspace, script):
@@ -351,6 +582,18 @@ def test_float16_storage_trains_like_float32(workspace, script):
     moved = sum(float((runs["float32"][k] - initial[k]).norm() ** 2) for k in initial) ** 0.5
     apart = sum(float((runs["float16"][k] - runs["float32"][k]).norm() ** 2) for k in initial) ** 0.5
     assert 0 < apart < 0.01 * moved  # float16 text states: a trace of the change 5 steps of training make
+
+
+def test_a_damaged_feature_store_stops_the_run_naming_the_shard(workspace, script, tmp_path):
+    # The symptom of the issue: zeroed caption offsets trained with exit code 0, each image paired with one caption.
+    steps = ["--max_train_steps", "1", "--cache_features", "--cache_dir", str(tmp_path / "cache")]
+    script.main(in_process_args(workspace, tmp_path / "first", *steps))
+    [shard] = (tmp_path / "cache" / "features").glob(f"*/{shard_name(0)}")
+    overwrite(shard, "caption_offsets", 0, bytes(8 * 25))  # the workspace's 24 images: 25 offsets
+    with pytest.raises(SystemExit) as stopped:
+        script.main(in_process_args(workspace, tmp_path / "second", *steps))
+    assert str(stopped.value.code).startswith(f"error: {shard} has caption offsets [0, 0, 0, 0, …, 0, 0], which")
+    assert not (tmp_path / "second" / "checkpoint-1").exists()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_coco2014, write_hub_cache
-from processes import run_bounded
+from processes import run_bounded, warnings_in
 from test_feature_store import write_store
 from test_pipeline_loading import fill_hub_cache
 from test_train_checkpoints import KILL_DURING_WRITE
@@ -23,7 +23,7 @@ from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, weight
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from diffusers_lmlp.training import load_coco2014
+from diffusers_lmlp.training import load_coco2014, trainer
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,7 @@ def readme_command(setup: str, **values: str) -> list[str]:
     argv = shlex.split(command)
     assert argv[:2] == ["accelerate", "launch"], command
     argv[argv.index("examples/train_text_to_image.py")] = str(SCRIPT)
+    argv[argv.index("examples/accelerate.yaml")] = str(SCRIPT.parent / "accelerate.yaml")  # runs from coco's folder
     return [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
 
 
@@ -77,6 +78,7 @@ def run(world, command: list[str], *extra: str, env: dict | None = None) -> subp
     """Run a training command in the COCO folder; fail with its stderr."""
     result = run_bounded([*command, *extra], cwd=world.root, env=env or world.env, timeout=300)
     assert result.returncode == 0, f"{shlex.join(command + list(extra))} failed:\n{result.stderr[-5000:]}"
+    assert not warnings_in(result.stderr), warnings_in(result.stderr)
     return result
 
 
@@ -211,6 +213,7 @@ def test_two_machines_command_trains_as_one_run(world):
         results = [machine.result() for machine in machines]
     for rank, result in enumerate(results):
         assert result.returncode == 0, f"machine {rank}:\n{result.stderr[-5000:]}"
+        assert not warnings_in(result.stderr), warnings_in(result.stderr)
     summary = json.loads((shared / "lmlp-coco-f2" / "training_summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["ranks_in_sync"] is True
     assert (shared / "lmlp-coco-f2" / "checkpoint-2").is_dir()
@@ -255,7 +258,6 @@ def test_a_listed_but_missing_image_is_named(coco, tmp_path):
 
 def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(coco, tmp_path):
     # The feature store's text states are tagged by row, so the rows the batches pick can be read back.
-    script = load_script()
     dataset = load_coco2014(coco)
     caption_index, rows = [], 0
     for captions in dataset["text"]:
@@ -267,10 +269,10 @@ def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(
     args = SimpleNamespace(
         seed=0, caption_dropout=0.0, streaming=False, train_batch_size=8, gradient_accumulation_steps=1
     )
-    source = script.BatchSource(args, dataset, store, pipe.tokenizer, pipe.text_encoder, pipe.vae, 0)
+    source = trainer.BatchSource(args, dataset, store, pipe.tokenizer, pipe.text_encoder, pipe.vae, 0)
 
     def picked(step: int) -> list[int]:
-        _, text_states = source.batch(list(range(8 * step, 8 * step + 8)), script.step_generator(0, "step", step, 0))
+        _, text_states = source.batch(list(range(8 * step, 8 * step + 8)), trainer.step_generator(0, "step", step, 0))
         return [int(row) for row in text_states[:, 0, 0]]
 
     used: dict[int, set[int]] = {}
@@ -282,7 +284,9 @@ def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(
     assert picked(7) == picked(7)  # a pure function of the step: a resumed run picks the same
 
 
-def test_a_bad_coco_folder_stops_the_script_naming_the_file(world, coco, tmp_path):
+@pytest.mark.parametrize("layout", [[], ["--data_layout", "auto"]])
+def test_a_bad_coco_folder_stops_the_script_naming_the_file(world, coco, tmp_path, layout):
+    # With --data_layout auto too: a folder with train2014/ and no imagefolder metadata is a COCO folder partly unpacked.
     script = load_script()
     broken = tmp_path / "coco2014"
     shutil.copytree(coco / "train2014", broken / "train2014")  # annotations/ was not unpacked
@@ -290,7 +294,7 @@ def test_a_bad_coco_folder_stops_the_script_naming_the_file(world, coco, tmp_pat
     argv = [
         "--preset", "coco-f2", "--train_data_dir", str(broken), *TINY, "--output_dir", str(tmp_path / "out"),
         "--pretrained_vae", str(repos / "CompVis" / "stable-diffusion-v1-4"),
-        "--pretrained_text_encoder", str(repos / "openai" / "clip-vit-large-patch14"),
+        "--pretrained_text_encoder", str(repos / "openai" / "clip-vit-large-patch14"), *layout,
     ]  # fmt: skip
     with pytest.raises(SystemExit) as error:
         script.main(argv)

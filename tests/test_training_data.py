@@ -1,0 +1,281 @@
+"""Reading the training data (`diffusers_lmlp.training.data`): imagefolders whatever their file names, the checks of
+their metadata at start-up, and telling the COCO-2014 layout from an imagefolder."""
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow
+import pyarrow.parquet
+import pytest
+from coco_fixture import write_coco2014
+from PIL import Image
+
+from diffusers_lmlp.training import load_coco2014, load_training_data
+from diffusers_lmlp.training.data import check_imagefolder_metadata
+
+
+FORMATS = ("jsonl", "csv", "parquet")
+
+
+def colour(path: str) -> tuple[int, int, int]:
+    """The colour of the image written at a path: a function of the path alone, likely far from other paths'."""
+    value = sum(ord(c) * 31**k for k, c in enumerate(path))
+    return (value % 7 * 36, value // 7 % 7 * 36, value // 49 % 7 * 36)
+
+
+def write_images(folder: Path, names: list[str]) -> None:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (12, 10), colour(str(folder / name))).save(folder / name)
+
+
+def write_metadata(folder: Path, rows: list[dict], fmt: str) -> Path:
+    """`folder/metadata.<fmt>` with these rows (a CSV has the columns of all rows, and "" where a row has none)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"metadata.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif fmt == "csv":
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    return path
+
+
+def write_imagefolder(folder: Path, captions: dict[str, str], fmt: str = "jsonl") -> dict[str, str]:
+    """An imagefolder of these file names (relative to `folder`) and captions; returns `captions`."""
+    write_images(folder, list(captions))
+    write_metadata(folder, [{"file_name": name, "text": text} for name, text in captions.items()], fmt)
+    return captions
+
+
+def load(folder: Path | None, tmp_path: Path, **kwargs) -> datasets.Dataset:
+    """The training split of `--train_data_dir folder`, as the trainer reads it."""
+    arguments = dict(
+        dataset_name=None, dataset_config_name=None, train_data_dir=folder and str(folder), image_column="image",
+        caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    return load_training_data(**{**arguments, **kwargs})
+
+
+def captions_by_file(dataset: datasets.Dataset, folder: Path) -> dict[str, str]:
+    """Each row's image file (relative to `folder`) and caption, after checking that the decoded pixels are those
+    written for that file: the rows are matched to the metadata by what they hold, not by their order."""
+    paths = dataset.cast_column("image", datasets.Image(decode=False))["image"]
+    found = {}
+    for row, path in zip(dataset, paths):
+        name = Path(path["path"]).relative_to(folder).as_posix()
+        assert np.abs(np.asarray(row["image"], dtype=int)[5, 6] - colour(path["path"])).max() <= 3, name
+        assert name not in found, f"{name} is read twice"
+        found[name] = row["text"]
+    return found
+
+
+# ------------------------------------------------------------------------------- imagefolders, whatever their names
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_coco_named_images_at_the_top_are_read_with_their_captions(tmp_path, fmt):
+    # datasets alone takes a train split from the names COCO_train2014_… and drops the metadata, and the captions.
+    names = [f"COCO_train2014_{i:012d}.jpg" for i in (9, 25, 30, 34)]
+    captions = write_imagefolder(tmp_path / "data", {name: f"caption of {name}" for name in names}, fmt)
+    assert captions_by_file(load(tmp_path / "data", tmp_path), tmp_path / "data") == captions
+
+
+@pytest.mark.parametrize("word", ["test", "val", "validation", "dev", "train"])
+def test_split_words_in_file_names_do_not_split_the_data(tmp_path, word):
+    names = [f"{word}_0001.png", f"img-{word}-2.png", f"{word}.3.png", "plain-4.png"]
+    captions = write_imagefolder(tmp_path / "data", {name: f"a picture called {name}" for name in names})
+    assert captions_by_file(load(tmp_path / "data", tmp_path), tmp_path / "data") == captions
+
+
+def test_train_and_test_folders_train_on_the_train_folder_alone(tmp_path):
+    data = tmp_path / "data"
+    train = write_imagefolder(data / "train", {f"COCO_train2014_{i}.jpg": f"train caption {i}" for i in range(3)})
+    write_imagefolder(data / "test", {f"COCO_train2014_{i}.jpg": f"test caption {i}" for i in range(2)})
+    with open(data / "test" / "metadata.jsonl", "a") as f:  # the test split's problems are not the training's
+        f.write(json.dumps({"file_name": "gone.jpg", "text": ""}) + "\n")
+    assert captions_by_file(load(data, tmp_path), data) == {f"train/{name}": text for name, text in train.items()}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_images_in_subfolders_are_read_from_their_file_names(tmp_path, fmt):
+    # Also under folders whose names are split names (train2014/, val2014/), when the metadata above them list them.
+    names = ["sub/a.png", "sub/deeper/b.png", "train2014/COCO_train2014_1.png", "val2014/COCO_val2014_2.png"]
+    captions = write_imagefolder(tmp_path / "data", {name: f"caption of {name}" for name in names}, fmt)
+    assert captions_by_file(load(tmp_path / "data", tmp_path), tmp_path / "data") == captions
+
+
+def test_a_local_imagefolder_given_as_dataset_name_points_to_train_data_dir(tmp_path):
+    # --dataset_name is read by datasets as it is, split by file names: the message says which flag reads it right.
+    write_imagefolder(tmp_path / "data", {"COCO_train2014_1.jpg": "a dog", "COCO_train2014_2.jpg": "a cat"})
+    with pytest.raises(ValueError) as error:
+        load(None, tmp_path, dataset_name=str(tmp_path / "data"))
+    assert str(error.value) == (
+        "--caption_column 'text' is not a column of the dataset; its columns are ['image'] (a local imagefolder: "
+        "--train_data_dir reads its captions whatever its file names are)"
+    )
+
+
+def test_a_train_data_dir_that_is_not_a_folder_is_named(tmp_path):
+    with pytest.raises(ValueError, match=re.escape(f"--train_data_dir {tmp_path / 'nowhere'} is not a folder")):
+        load(tmp_path / "nowhere", tmp_path)
+
+
+# --------------------------------------------------------------------------------------- metadata checks at start-up
+
+
+def bad_folder(tmp_path: Path, bad_row: dict, fmt: str) -> Path:
+    """An imagefolder of 3 images whose metadata's third row is `bad_row`; returns the metadata file."""
+    write_images(tmp_path / "data", ["0.png", "1.png", "2.png"])
+    rows = [{"file_name": "0.png", "text": "a red circle"}, {"file_name": "1.png", "text": "a blue square"}, bad_row]
+    return write_metadata(tmp_path / "data", rows, fmt)
+
+
+def where(fmt: str, index: int) -> str:
+    """How a message names row `index` (from 0) of a metadata file: its line, or its index in a parquet file."""
+    return {"jsonl": f"line {index + 1}", "csv": f"line {index + 2}", "parquet": f"row {index}"}[fmt]
+
+
+# The formats and values the metadata.jsonl checks did not cover (those are in test_train_validation.py): a parquet
+# file was not checked at all, and pandas reads "null", "NA" … of a CSV file as missing values.
+CAPTION_PROBLEMS = [
+    ("parquet", None, "a caption must be a non-empty string or a non-empty list of them, got None"),
+    ("parquet", "", "got ''"),
+    ("parquet", ["a dog", " "], "got ['a dog', ' ']"),
+    ("parquet", [], "got []"),
+    ("csv", "null", "its caption 'null' reads as a missing value (datasets reads metadata.csv with pandas)"),
+    ("csv", "NA", "its caption 'NA' reads as a missing value"),
+]
+
+
+@pytest.mark.parametrize("fmt, caption, problem", CAPTION_PROBLEMS)
+def test_a_row_without_a_usable_caption_is_refused_naming_the_file_and_the_row(tmp_path, fmt, caption, problem):
+    write_images(tmp_path / "data", ["0.png", "1.png", "2.png"])
+    texts = ["a red circle", "a blue square", caption]
+    if isinstance(caption, list):  # a list column: every row holds a list
+        texts = [[text] for text in texts[:2]] + [caption]
+    rows = [{"file_name": f"{i}.png", "text": text} for i, text in enumerate(texts)]
+    metadata = write_metadata(tmp_path / "data", rows, fmt)
+    with pytest.raises(ValueError) as error:
+        load(tmp_path / "data", tmp_path)
+    assert str(error.value).startswith(f"{metadata} {where(fmt, 2)} (file_name '2.png'): ")
+    assert problem in str(error.value)
+    assert not (tmp_path / "cache").exists()  # refused before datasets prepares anything
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_whose_image_is_missing_is_refused_and_no_image_is_decoded(tmp_path, fmt, monkeypatch):
+    metadata = bad_folder(tmp_path, {"file_name": "sub/gone.png", "text": "a green star"}, fmt)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("an image was decoded")
+
+    monkeypatch.setattr(Image, "open", no_decoding)
+    with pytest.raises(ValueError) as error:
+        check_imagefolder_metadata([metadata], "text")
+    assert str(error.value) == (
+        f"{metadata} {where(fmt, 2)} (file_name 'sub/gone.png'): its image {tmp_path / 'data' / 'sub' / 'gone.png'} "
+        "is missing. Every row needs a caption and its image: fix or remove that row."
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_another_caption_column_is_named_with_the_flag_to_pass(tmp_path, fmt):
+    write_images(tmp_path / "data", ["0.png", "1.png"])
+    rows = [{"file_name": "0.png", "caption": "a red circle"}, {"file_name": "1.png", "caption": "a blue square"}]
+    metadata = write_metadata(tmp_path / "data", rows, fmt)
+    with pytest.raises(ValueError) as error:
+        load(tmp_path / "data", tmp_path)
+    assert str(error.value) == (
+        f"--caption_column 'text' is not a column of the dataset: {metadata} has no 'text' field; its rows have "
+        "'caption': pass --caption_column caption"
+    )
+
+
+@pytest.mark.parametrize(
+    "bad_row, problem",
+    [
+        ({"text": "a green star"}, "it has no file_name (the image's path relative to the metadata file)"),
+        ({"file_name": "../0.png", "text": "a green star"}, "its file_name must be a path inside"),
+    ],
+)
+def test_a_row_without_a_file_inside_the_folder_is_refused(tmp_path, bad_row, problem):
+    metadata = bad_folder(tmp_path, bad_row, "jsonl")
+    (tmp_path / "0.png").write_bytes((tmp_path / "data" / "0.png").read_bytes())  # ../0.png exists
+    with pytest.raises(ValueError, match=re.escape(f"{metadata} line 3 (file_name {bad_row.get('file_name')!r}): ")):
+        load(tmp_path / "data", tmp_path)
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        load(tmp_path / "data", tmp_path)
+
+
+def test_metadata_of_two_formats_or_without_rows_are_refused(tmp_path):
+    write_imagefolder(tmp_path / "data", {"0.png": "a red circle"})
+    write_metadata(tmp_path / "data" / "sub", [{"file_name": "x.png", "text": "a blue square"}], "csv")
+    with pytest.raises(ValueError, match=r"the metadata files mix formats \(\.csv, \.jsonl\)"):
+        load(tmp_path / "data", tmp_path)
+    (tmp_path / "data" / "sub" / "metadata.csv").unlink()
+    (tmp_path / "data" / "metadata.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'data' / 'metadata.jsonl'} has no rows")):
+        load(tmp_path / "data", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- the folder's layout
+
+
+def test_a_coco_folder_is_read_as_coco_without_data_layout(tmp_path):
+    coco = write_coco2014(tmp_path / "coco2014", num_train=4, num_val=2)
+    dataset, expected = load(coco, tmp_path, data_layout="auto"), load_coco2014(coco)
+    assert dataset.column_names == ["image", "text", "image_id"]
+    assert dataset["image_id"] == expected["image_id"] and dataset["text"] == expected["text"]
+    assert all(len(captions) >= 5 for captions in dataset["text"])  # the captions, not the folder names as labels
+
+
+def test_a_partly_unpacked_coco_folder_is_read_as_coco_naming_what_is_missing(tmp_path):
+    coco = write_coco2014(tmp_path / "coco2014", num_train=2, num_val=1)
+    (coco / "annotations" / "captions_train2014.json").unlink()  # annotations_trainval2014.zip not unpacked
+    with pytest.raises(ValueError, match=re.escape(f"{coco} is not a COCO-2014 folder: "
+                                                   f"{coco / 'annotations' / 'captions_train2014.json'} is missing")):  # fmt: skip
+        load(coco, tmp_path)
+
+
+def test_an_explicit_layout_is_kept(tmp_path):
+    coco = write_coco2014(tmp_path / "coco2014", num_train=3, num_val=1)
+    assert len(load(coco, tmp_path, data_layout="coco2014")) == 3
+    with pytest.raises(ValueError, match=re.escape(f"{coco} has no metadata file")):
+        load(coco, tmp_path, data_layout="imagefolder")  # as asked: an imagefolder, which it is not
+    with pytest.raises(ValueError, match="unknown data layout 'coco'; choose one of"):
+        load(coco, tmp_path, data_layout="coco")
+
+
+def test_an_imagefolder_without_metadata_is_refused_saying_captions_are_needed(tmp_path):
+    write_images(tmp_path / "data", ["cats/1.png", "cats/2.png", "dogs/3.png"])  # datasets would label cats, dogs
+    (tmp_path / "data" / "metadata.json").write_text("{}")  # not a name datasets reads
+    with pytest.raises(ValueError) as error:
+        load(tmp_path / "data", tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 'data'} has no metadata file (metadata.csv, metadata.jsonl, metadata.parquet) (metadata.json is "
+        f"not one that datasets {datasets.__version__} reads), so its images have no captions (datasets would label "
+        "them with their folder names instead). Add a metadata.jsonl next to the images, one line per image: "
+        '{"file_name": "0001.jpg", "text": "a red bus parked on a street"}. For COCO-2014, pass the folder that holds '
+        "annotations/captions_train2014.json and train2014/."
+    )
+
+
+def test_split_folders_whose_training_one_has_no_metadata_are_refused(tmp_path):
+    write_images(tmp_path / "data", ["train/0.png"])
+    write_imagefolder(tmp_path / "data" / "test", {"1.png": "a test image"})
+    with pytest.raises(ValueError) as error:
+        load(tmp_path / "data", tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 'data'} is split into folders (test, train), and its training split has no metadata file (other "
+        f"splits have, e.g. {tmp_path / 'data' / 'test' / 'metadata.jsonl'}): put the training images and their "
+        f"metadata in {tmp_path / 'data' / 'train'}"
+    )
