@@ -22,12 +22,14 @@ from diffusers_lmlp.evaluation import (
     frechet_distance,
     load_extractor,
 )
+from diffusers_lmlp.evaluation.clip_score import CLIPScorer
 from diffusers_lmlp.evaluation.evaluate import image_seed, shapes_renders
 from diffusers_lmlp.evaluation.extractors import image_features, images_to_tensor
+from diffusers_lmlp.evaluation.resume import EvaluationInterrupted
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import accuracies, parse_caption, read_image, score_image
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
-from tests.coco_fixture import write_coco2014
+from tests.coco_fixture import write_clip_repo, write_coco2014
 
 
 class TinyFeatures(torch.nn.Module):
@@ -59,7 +61,12 @@ def statistics_of(extractor, images) -> FIDStatistics:
 
 @pytest.fixture(scope="module")
 def pipe():
-    return pretrained_shapes_pipeline()
+    """The shipped shapes pipeline, run on one CPU thread: fastest for a model this small, and much faster than two on
+    a busy machine."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield pretrained_shapes_pipeline()
+    torch.set_num_threads(num_threads)
 
 
 # ------------------------------------------------------------------------------------------------------------ FID
@@ -392,3 +399,171 @@ def test_evaluation_samples_at_the_pipelines_default_settings():
     pipeline_call, evaluation = inspect.signature(LMLPPipeline.__call__), inspect.signature(evaluate)
     for name in ("num_inference_steps", "guidance_scale"):
         assert evaluation.parameters[name].default == pipeline_call.parameters[name].default, name
+
+
+# -------------------------------------------------------------------------------------------------------- resuming
+
+# 10 images in batches of 4: batches 0 and 1 hold 4 images, batch 2 the last 2.
+RESUMED = dict(fid_reference="shapes", num_inference_steps=2, batch_size=4, seed=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory) -> CLIPScorer:
+    return CLIPScorer.from_pretrained(write_clip_repo(tmp_path_factory.mktemp("clip") / "clip"))
+
+
+class PipelineCalls(list):
+    """The batch size of every call of a pipeline; with `stop_at = n`, call n raises KeyboardInterrupt (Ctrl-C while
+    it samples) before it samples."""
+
+    stop_at: int | None = None
+
+
+def count_calls(pipe, patch: pytest.MonkeyPatch) -> PipelineCalls:
+    calls, call = PipelineCalls(), type(pipe).__call__
+
+    def counting(self, prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        if len(calls) == calls.stop_at:
+            raise KeyboardInterrupt
+        return call(self, prompts, *args, **kwargs)
+
+    patch.setattr(type(pipe), "__call__", counting)
+    return calls
+
+
+@pytest.fixture
+def pipeline_calls(pipe, monkeypatch) -> PipelineCalls:
+    return count_calls(pipe, monkeypatch)
+
+
+def interrupt_after_two_batches(pipe, captions, calls: PipelineCalls, **settings) -> EvaluationInterrupted:
+    calls.clear()
+    calls.stop_at = 3
+    with pytest.raises(EvaluationInterrupted) as interruption:
+        evaluate(pipe, captions, **settings)
+    calls.clear()
+    calls.stop_at = None
+    return interruption.value
+
+
+def without_seconds(report: dict) -> dict:
+    return {key: value for key, value in report.items() if key != "seconds"}
+
+
+def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_uninterrupted_one(
+    pipe, tiny_clip, pipeline_calls, tmp_path
+):
+    captions = draw_captions("shapes:varied", 10, seed=0)
+    straight, straight_grid = evaluate(
+        pipe, captions, clip_model=tiny_clip, image_dir=tmp_path / "straight", **RESUMED
+    )
+    pipeline_calls.clear()
+    settings = dict(clip_model=tiny_clip, image_dir=tmp_path / "images", resume_dir=tmp_path / "progress", **RESUMED)
+
+    interrupted = interrupt_after_two_batches(pipe, captions, pipeline_calls, **settings)
+    assert isinstance(interrupted, KeyboardInterrupt)  # what callers that stop on Ctrl-C already catch
+    assert interrupted.num_images_done == 8 and interrupted.num_images == 10
+    partial = interrupted.report
+    assert partial["partial"] is True and partial["num_images_done"] == 8 and partial["num_images"] == 10
+    first = [Image.open(tmp_path / "straight" / f"{i:06d}.png") for i in range(8)]
+    assert partial["shapes"] == accuracies([score_image(image, caption) for image, caption in zip(first, captions)])
+    assert partial["clip_score"] == pytest.approx(float(tiny_clip.score(first, captions[:8]).mean()), rel=1e-5)
+    assert partial["fid_reference"] == "shapes (renders of the same captions, 8 images)"
+    assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == [
+        "batch-000000.safetensors", "batch-000001.safetensors", "settings.json",
+    ]  # fmt: skip
+    assert sorted(path.name for path in (tmp_path / "images").iterdir()) == [f"{i:06d}.png" for i in range(8)]
+
+    resumed, resumed_grid = evaluate(pipe, captions, **settings)
+    assert pipeline_calls == [2]  # only the last batch is sampled
+    assert without_seconds(resumed) == without_seconds(straight)  # bit for bit: the same floats
+    np.testing.assert_array_equal(np.asarray(resumed_grid), np.asarray(straight_grid))
+    for i in range(10):
+        a, b = (np.asarray(Image.open(tmp_path / folder / f"{i:06d}.png")) for folder in ("images", "straight"))
+        np.testing.assert_array_equal(a, b)
+
+    (tmp_path / "images" / "000005.png").unlink()  # a batch whose images are gone is sampled again
+    pipeline_calls.clear()
+    again, _ = evaluate(pipe, captions, **settings)
+    assert pipeline_calls == [4] and without_seconds(again) == without_seconds(straight)
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "images" / "000005.png")),
+        np.asarray(Image.open(tmp_path / "straight" / "000005.png")),
+    )
+
+
+def test_a_batch_file_cut_short_by_a_kill_is_sampled_again(pipe, pipeline_calls, tmp_path, caplog):
+    captions = draw_captions("shapes", 10, seed=0)
+    straight, _ = evaluate(pipe, captions, **RESUMED)
+    progress = tmp_path / "progress"
+    interrupt_after_two_batches(pipe, captions, pipeline_calls, resume_dir=progress, **RESUMED)
+    # What a kill leaves: a temporary file written half-way (never renamed into place), and, as a disk that lost
+    # unflushed data could, a batch file cut short.
+    whole = (progress / "batch-000001.safetensors").read_bytes()
+    (progress / ".batch-000002.safetensors.tmp").write_bytes(whole[: len(whole) // 2])
+    (progress / "batch-000001.safetensors").write_bytes(whole[: len(whole) // 2])
+
+    resumed, _ = evaluate(pipe, captions, resume_dir=progress, **RESUMED)
+    assert pipeline_calls == [4, 2]  # batch 0 is taken from disk, batches 1 and 2 are sampled
+    assert without_seconds(resumed) == without_seconds(straight)
+    assert "batch-000001.safetensors does not read" in caplog.text
+    assert not list(progress.glob("*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def kept_progress(pipe, tmp_path_factory):
+    """Progress of an evaluation with `RESUMED` settings, interrupted after two of its three batches."""
+    folder = tmp_path_factory.mktemp("kept") / "progress"
+    captions = draw_captions("shapes", 10, seed=0)
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_after_two_batches(pipe, captions, count_calls(pipe, patch), resume_dir=folder, **RESUMED)
+    return folder, captions
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_inference_steps": 3}, "the sampling steps (2 there, 3 now)"),
+        ({"seed": 4}, "the seed (3 there, 4 now)"),
+        ({"guidance_scale": 3.0}, "the guidance scale (2.0 there, 3.0 now)"),
+        ({"batch_size": 5}, "the batch size (4 there, 5 now)"),
+        ({"captions": "shapes:heldout"}, "the captions"),
+        ({"dtype": torch.float64}, "the pipeline's weights or configs"),
+        ({"fid_reference": None}, "the FID feature network (shapes-features there, None now)"),
+    ],
+)
+def test_progress_of_other_settings_is_refused_before_sampling_and_left_intact(
+    pipe, kept_progress, pipeline_calls, change, message
+):
+    folder, captions = kept_progress
+    files = {path.name: path.read_bytes() for path in folder.iterdir()}
+    change = dict(change)
+    if "captions" in change:
+        captions = draw_captions(change.pop("captions"), 10, seed=0)
+    if "dtype" in change:
+        pipe = pretrained_shapes_pipeline(dtype=change.pop("dtype"))
+    with pytest.raises(ValueError) as error:
+        evaluate(pipe, captions, resume_dir=folder, **{**RESUMED, **change})
+    assert str(error.value).startswith(f"{folder} holds the progress of an evaluation with other settings: {message}")
+    assert f"delete {folder} to start over" in str(error.value)
+    assert not pipeline_calls
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == files
+
+
+def test_kept_progress_scores_another_reference_of_the_same_network_without_sampling(pipe, pipeline_calls, tmp_path):
+    extractor = load_extractor("shapes")
+    for seed in (1, 2):
+        statistics = statistics_of(extractor, renders(64, seed=seed))
+        FIDStatistics(statistics.mu, statistics.sigma, 64, extractor.name).save(tmp_path / f"real-{seed}.npz")
+    captions = draw_captions("shapes", 10, seed=0)
+    settings = {**RESUMED, "fid_extractor": "shapes", "resume_dir": tmp_path / "progress"}
+    first, _ = evaluate(pipe, captions, **{**settings, "fid_reference": tmp_path / "real-1.npz"})
+    pipeline_calls.clear()
+    second, _ = evaluate(pipe, captions, **{**settings, "fid_reference": tmp_path / "real-2.npz"})
+    assert not pipeline_calls
+    straight, _ = evaluate(
+        pipe, captions, **{**RESUMED, "fid_extractor": "shapes", "fid_reference": tmp_path / "real-2.npz"}
+    )
+    assert second["fid"] == straight["fid"] != first["fid"]
+    assert second["fid_reference"] == str(tmp_path / "real-2.npz")

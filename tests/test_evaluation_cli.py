@@ -1,17 +1,24 @@
 """`python -m diffusers_lmlp.evaluation` as users run it: offline on the shipped shapes pipeline, as the console
-script, and on 2 processes through `accelerate launch`, whose result must equal the 1-process run's."""
+script, and on 2 processes through `accelerate launch`, whose result must equal the 1-process run's; stopped by
+Ctrl-C or SIGTERM and run again; with bad arguments; and its thread count."""
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
+import diffusers_lmlp
+from diffusers_lmlp import LMLPPipeline, threads
+from diffusers_lmlp.evaluation.__main__ import build_parser, configure_threads, main, parse_args
+from diffusers_lmlp.evaluation.resume import ProgressStore
 from tests.processes import run_bounded
 from tests.space_server import free_port
 
@@ -21,12 +28,14 @@ ARGS = [
     "--pipeline",
     "shapes",
     "--num_images",
-    "20",
+    "40",
     "--num_inference_steps",
     "3",
     "--batch_size",
     "4",
     "--save_images",
+    "--num_threads",
+    "1",  # fastest for a model this small, and much faster than two threads on a busy machine
 ]
 
 
@@ -44,7 +53,7 @@ def test_the_shipped_pipeline_is_evaluated_offline_with_a_one_line_summary(one_p
     output, stdout = one_process
     report = json.loads((output / "report.json").read_text())
     (line,) = stdout.strip().splitlines()
-    assert line.startswith(f"{report['model']}: 20 images, 3 steps, guidance 2.0: FID {report['fid']:.2f} vs shapes")
+    assert line.startswith(f"{report['model']}: 40 images, 3 steps, guidance 2.0: FID {report['fid']:.2f} vs shapes")
     assert f"real-vs-real floor {report['fid_floor']:.2f}" in line and "colour+position" in line
     assert line.endswith(f"report: {output / 'report.json'}")
     assert report["captions"] == "shapes" and report["seed"] == 0 and report["num_processes"] == 1
@@ -58,29 +67,7 @@ def test_the_shipped_pipeline_is_evaluated_offline_with_a_one_line_summary(one_p
     }
     assert "clip_score" not in report  # no CLIP on the shapes world unless asked
     assert Image.open(output / "grid.png").width > 0
-    assert len(list((output / "images").glob("*.png"))) == 20
-
-
-def test_two_processes_give_the_one_process_result(one_process, tmp_path):
-    output, _ = one_process
-    launch = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--main_process_port", str(free_port()), "-m", "diffusers_lmlp.evaluation", *ARGS, "--output_dir",
-        str(tmp_path), "--no_progress",
-    ]  # fmt: skip
-    result = run_bounded(launch, env={**ENV, "ACCELERATE_USE_CPU": "1"}, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert len(result.stdout.strip().splitlines()) == 1  # the main process prints the summary
-    one, two = (json.loads((folder / "report.json").read_text()) for folder in (output, tmp_path))
-    assert two["num_processes"] == 2
-    # float32 features from processes with other thread counts: equal to float tolerance, not bit for bit
-    for key in ("fid", "fid_floor"):
-        assert two[key] == pytest.approx(one[key], rel=1e-4)
-    assert two["shapes"] == one["shapes"]
-    for i in range(20):
-        a, b = (np.asarray(Image.open(folder / "images" / f"{i:06d}.png"), np.int16) for folder in (output, tmp_path))
-        assert np.abs(a - b).max() <= 1, i
-    assert (output / "images" / "metadata.jsonl").read_text() == (tmp_path / "images" / "metadata.jsonl").read_text()
+    assert len(list((output / "images").glob("*.png"))) == 40
 
 
 def test_the_console_script_is_installed():
@@ -88,6 +75,7 @@ def test_the_console_script_is_installed():
     assert command is not None, "pip install the package: it declares the diffusers-lmlp-evaluate console script"
     result = subprocess.run([command, "--help"], capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode == 0 and "--fid_reference" in result.stdout
+    assert result.stdout.startswith("usage: diffusers-lmlp-evaluate [-h] --pipeline PIPELINE")
 
 
 @pytest.mark.parametrize(
@@ -99,10 +87,245 @@ def test_the_console_script_is_installed():
         (["--pipeline", "shapes", "--fid_reference", "missing.npz"], "error: FID reference missing.npz: no such file"),
     ],
 )
-def test_bad_arguments_are_named(args, message, tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "diffusers_lmlp.evaluation", *args, "--output_dir", str(tmp_path)],
-        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
-    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+def test_bad_arguments_are_named(args, message, tmp_path, monkeypatch, capsys, torch_threads):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as failed:
+        main([*args, "--output_dir", str(tmp_path), "--num_threads", "1"])
+    stderr = capsys.readouterr().err + str(failed.value.code)  # argparse prints; `sys.exit(message)` prints on exit
+    assert failed.value.code != 0 and message in stderr, stderr[-2000:]
     assert not (tmp_path / "report.json").exists()
+
+
+# ------------------------------------------------------------------------------------- arguments, errors and help
+
+
+@pytest.mark.parametrize(
+    ("argv0", "usage"),
+    [
+        ("/venv/bin/diffusers-lmlp-evaluate", "usage: diffusers-lmlp-evaluate [-h]"),
+        (str(Path(diffusers_lmlp.__file__).parent / "evaluation" / "__main__.py"), "usage: python -m diffusers_lmlp."),
+    ],
+)
+def test_the_usage_line_names_the_command_as_it_was_run(argv0, usage, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith(usage)
+
+
+def test_every_option_has_help():
+    undocumented = [action.option_strings for action in build_parser()._actions if not (action.help or "").strip()]
+    assert not undocumented
+
+
+@pytest.mark.parametrize(
+    "value", ["./lmlp-coco", "../runs/lmlp", "/no/such/pipeline", "runs/coco/final", "~/lmlp", "a..b"]
+)
+def test_a_path_to_no_folder_is_refused_at_parsing_not_tried_as_a_hub_id(value, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--pipeline", value])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"error: --pipeline {value}: no such folder")
+
+
+def test_a_file_given_as_the_pipeline_is_refused_at_parsing(tmp_path, capsys):
+    (tmp_path / "model_index.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        parse_args(["--pipeline", str(tmp_path / "model_index.json")])
+    assert "model_index.json: not a folder; pass a pipeline folder" in capsys.readouterr().err
+
+
+def test_a_hub_id_missing_offline_is_one_line_naming_hf_hub_offline_and_the_download(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    assert huggingface_hub.constants.HF_HUB_OFFLINE  # tests/conftest.py
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as failed:
+        main(["--pipeline", "some-user/absent-repo", "--captions", "shapes", "--num_threads", "1"])
+    message = str(failed.value.code)
+    assert message.startswith("error: --pipeline some-user/absent-repo: ") and "\n" not in message
+    assert "HF_HUB_OFFLINE is set" in message and "`hf download some-user/absent-repo`" in message
+    assert not (tmp_path / "evaluation").exists()
+
+
+# -------------------------------------------------------------------------------------------------------- threads
+
+
+@pytest.fixture
+def torch_threads():
+    """Restore torch's thread count, which the command sets."""
+    num_threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(num_threads)
+
+
+@pytest.mark.parametrize(
+    ("num_threads", "omp_num_threads", "num_processes", "device", "expected"),
+    [
+        (None, None, 1, "cpu", 3),  # every core (3 here)
+        (None, "1", 1, "cpu", 1),  # the user's OMP_NUM_THREADS
+        (2, "1", 1, "cpu", 2),  # --num_threads wins
+        (None, None, 2, "cpu", None),  # several processes keep their launcher's setting
+        (2, None, 2, "cpu", 2),  # unless told
+        (None, None, 1, "cuda", None),  # a GPU run keeps it too
+    ],
+)
+def test_one_cpu_process_runs_on_every_core_unless_the_user_set_a_count(
+    num_threads, omp_num_threads, num_processes, device, expected, monkeypatch, torch_threads
+):
+    monkeypatch.setattr(threads, "available_cores", lambda: 3)
+    for name in ("OMP_NUM_THREADS", "ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    if omp_num_threads is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)
+    torch.set_num_threads(os.cpu_count())  # torch's own default: not a count the user set
+    configure_threads(num_threads, num_processes, torch.device(device))
+    assert torch.get_num_threads() == (os.cpu_count() if expected is None else expected)
+
+
+# ------------------------------------------------------------------------------------------------------- resuming
+
+SMALL = ["--pipeline", "shapes", "--num_images", "10", "--num_inference_steps", "2", "--batch_size", "4"]
+SMALL += ["--save_images", "--no_progress", "--num_threads", "1"]
+
+
+def without_seconds(report: dict) -> dict:
+    return {key: value for key, value in report.items() if key != "seconds"}
+
+
+def raise_keyboard_interrupt(number, frame):
+    raise KeyboardInterrupt
+
+
+def test_sigterm_keeps_a_partial_report_and_the_same_command_finishes_as_an_uninterrupted_run(
+    tmp_path, monkeypatch, capsys, torch_threads
+):
+    main([*SMALL, "--output_dir", str(tmp_path / "straight")])
+    straight = json.loads((tmp_path / "straight" / "report.json").read_text())
+    output, calls, call = tmp_path / "run", [], LMLPPipeline.__call__
+
+    def terminated_at_the_third_batch(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # a scheduler ends the job
+        return call(self, *args, **kwargs)
+
+    def terminated_again(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # schedulers repeat it; `accelerate launch` forwards it once more
+        yield from results(self)
+
+    results = ProgressStore.results
+    monkeypatch.setattr(LMLPPipeline, "__call__", terminated_at_the_third_batch)
+    monkeypatch.setattr(ProgressStore, "results", terminated_again)
+    capsys.readouterr()
+    fallback = signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # SIGTERM's default would end pytest itself
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main([*SMALL, "--output_dir", str(output)])
+    finally:
+        signal.signal(signal.SIGTERM, fallback)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's handlers are gone
+    partial = json.loads((output / "report.partial.json").read_text())
+    assert partial["partial"] is True and partial["num_images_done"] == 8 and partial["num_images"] == 10
+    assert partial["captions"] == "shapes" and 0 <= partial["shapes"]["colour"] <= 1
+    assert not (output / "report.json").exists()
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"Interrupted after 8 of 10 images. The finished batches are kept in {output / 'progress'} and reported on "
+            f"in {output / 'report.partial.json'}; run the same command again to continue."
+        )
+    )
+
+    calls.clear()
+    main([*SMALL, "--output_dir", str(output)])
+    assert len(calls) == 1  # the third batch only
+    assert without_seconds(json.loads((output / "report.json").read_text())) == without_seconds(straight)
+    assert sorted(path.name for path in output.iterdir()) == ["grid.png", "images", "report.json"]
+    assert (output / "images" / "metadata.jsonl").read_text() == (
+        tmp_path / "straight/images/metadata.jsonl"
+    ).read_text()
+    assert capsys.readouterr().out.strip().endswith(f"report: {output / 'report.json'}")
+
+
+def test_keep_progress_keeps_the_batches_of_a_finished_run(tmp_path, torch_threads):
+    main([*SMALL, "--output_dir", str(tmp_path), "--keep_progress"])
+    kept = sorted(path.name for path in (tmp_path / "progress").iterdir())
+    assert kept == [
+        "batch-000000.safetensors",
+        "batch-000001.safetensors",
+        "batch-000002.safetensors",
+        "settings.json",
+    ]
+
+
+# Ctrl-C in the terminal of an `accelerate launch`, once process 0 has sampled its first batch and process 1 its
+# first: the launcher gets SIGINT and sends it on to every process.
+CTRL_C_AT_THE_SECOND_BATCH = """
+import os, signal, sys, time
+from pathlib import Path
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.evaluation.__main__ import main
+
+call, calls = LMLPPipeline.__call__, []
+second = Path(sys.argv[sys.argv.index("--output_dir") + 1]) / "progress" / "batch-000001.safetensors"
+
+def interrupted(self, *args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2 and os.environ["RANK"] == "0":
+        deadline = time.monotonic() + 120
+        while not second.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getppid(), signal.SIGINT)
+    return call(self, *args, **kwargs)
+
+LMLPPipeline.__call__ = interrupted
+main()
+"""
+
+
+def test_two_processes_stopped_by_ctrl_c_and_run_again_give_the_one_process_result(one_process, tmp_path):
+    script, output = tmp_path / "ctrl_c.py", tmp_path / "out"
+    script.write_text(CTRL_C_AT_THE_SECOND_BATCH)
+    args = [*ARGS, "--output_dir", str(output), "--no_progress"]
+
+    def launch(*command: str) -> subprocess.CompletedProcess:
+        port = ["--main_process_port", str(free_port())]
+        argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", *port]
+        return run_bounded([*argv, *command], env={**ENV, "ACCELERATE_USE_CPU": "1"}, timeout=300)
+
+    interrupted = launch(str(script), *args)
+    assert interrupted.returncode != 0 and "run the same command again to continue" in interrupted.stderr
+    kept = [*(output / "progress").glob("batch-*.safetensors"), *(output / "images").glob("*.png")]
+    inodes = {path: path.stat().st_ino for path in kept}
+    batches = sorted(path.name for path in kept if path.suffix == ".safetensors")
+    partial = json.loads((output / "report.partial.json").read_text())
+    # Both processes' batches (process p samples batches p, p + 2, ...), reported on by the first process.
+    assert 2 <= len(batches) < 10 and batches[:2] == ["batch-000000.safetensors", "batch-000001.safetensors"]
+    assert partial["partial"] is True and 8 <= partial["num_images_done"] <= 4 * len(batches)
+
+    resumed = launch("-m", "diffusers_lmlp.evaluation", *args, "--keep_progress")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resuming the evaluation kept in {output / 'progress'}" in resumed.stderr
+    assert len(resumed.stdout.strip().splitlines()) == 1  # the main process prints the summary
+    assert len(list((output / "progress").glob("batch-*.safetensors"))) == 10
+    assert all(path.stat().st_ino == inode for path, inode in inodes.items())  # read, not sampled and written again
+    assert not (output / "report.partial.json").exists()
+    one, two = (json.loads((folder / "report.json").read_text()) for folder in (one_process[0], output))
+    assert two["num_processes"] == 2
+    # float32 features from processes with other thread counts: equal to float tolerance, not bit for bit
+    for key in ("fid", "fid_floor"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4)
+    assert two["shapes"] == one["shapes"]
+    for i in range(40):
+        a, b = (
+            np.asarray(Image.open(folder / "images" / f"{i:06d}.png"), np.int16) for folder in (one_process[0], output)
+        )
+        assert np.abs(a - b).max() <= 1, i
+    assert (one_process[0] / "images" / "metadata.jsonl").read_text() == (
+        output / "images" / "metadata.jsonl"
+    ).read_text()

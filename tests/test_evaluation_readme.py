@@ -19,7 +19,7 @@ from test_train_text_to_image import ENV, train
 
 from diffusers_lmlp.evaluation import FIDStatistics
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from tests.processes import run_bounded
+from tests.processes import run_bounded, warnings_in
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,7 @@ def as_argv(command: str, num_processes: int = 2) -> list[str]:
     argv = shlex.split(command)
     if argv[:2] == ["accelerate", "launch"]:
         argv[argv.index("--num_processes") + 1] = str(num_processes)
+        argv[argv.index("examples/accelerate.yaml")] = str(ROOT / "examples" / "accelerate.yaml")  # cwd: coco's
         return [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
     assert argv[0] == "python", command
     return [sys.executable, *argv[1:]]
@@ -84,6 +85,7 @@ FIDStatistics(s.mu, s.sigma).save("fid_stats_mscoco256_val.npz")
 def run_readme(coco, index: int) -> dict:
     result = run_bounded([*as_argv(COMMANDS[index]), *SHORT], env=coco.env, timeout=300, cwd=coco.root)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not warnings_in(result.stderr), warnings_in(result.stderr)
     output = Path(shlex.split(COMMANDS[index])[-1])
     assert result.stdout.strip().endswith(f"report: {output / 'report.json'}")
     return json.loads((coco.root / output / "report.json").read_text())

@@ -1,16 +1,31 @@
 """Evaluation the way the papers measure: FID against reference statistics (the standard Inception network, the
 shapes world's feature network, or any module), CLIP score, and the shapes scorer's accuracies; from Python with
-`evaluate`, or from the command line with `python -m diffusers_lmlp.evaluation`."""
+`evaluate`, or from the command line with `python -m diffusers_lmlp.evaluation`.
 
-from .captions import draw_captions, read_captions_file
-from .clip_score import CLIPScorer
+Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
+"""
+
+from typing import TYPE_CHECKING
+
+from ..exports import lazy_exports
+
+# `evaluate` is also the name of its module: imported here, the function (not the module) is the package's attribute.
 from .evaluate import Processes, evaluate
-from .extractors import InceptionFeatures, load_extractor
-from .fid import FeatureMoments, FIDStatistics, frechet_distance
-from .reference import reference_statistics
-from .shapes_features import ShapesFeatureNetwork, pretrained_shapes_features
 
 
+_EXPORTS = {
+    "draw_captions": ".captions",
+    "read_captions_file": ".captions",
+    "CLIPScorer": ".clip_score",
+    "InceptionFeatures": ".extractors",
+    "load_extractor": ".extractors",
+    "FeatureMoments": ".fid",
+    "FIDStatistics": ".fid",
+    "frechet_distance": ".fid",
+    "reference_statistics": ".reference",
+    "ShapesFeatureNetwork": ".shapes_features",
+    "pretrained_shapes_features": ".shapes_features",
+}
 __all__ = [
     "CLIPScorer",
     "FIDStatistics",
@@ -26,3 +41,12 @@ __all__ = [
     "read_captions_file",
     "reference_statistics",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from .captions import draw_captions, read_captions_file  # noqa: F401
+    from .clip_score import CLIPScorer  # noqa: F401
+    from .extractors import InceptionFeatures, load_extractor  # noqa: F401
+    from .fid import FeatureMoments, FIDStatistics, frechet_distance  # noqa: F401
+    from .reference import reference_statistics  # noqa: F401
+    from .shapes_features import ShapesFeatureNetwork, pretrained_shapes_features  # noqa: F401

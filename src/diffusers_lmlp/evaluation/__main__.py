@@ -7,17 +7,28 @@ and, on the shapes world, the shapes scorer's accuracies.
     # COCO FID-30k as U-ViT measures it, on 8 GPUs, against the published statistics.
     accelerate launch --multi_gpu --num_processes 8 -m diffusers_lmlp.evaluation --pipeline user/repo \\
         --captions /data/coco --fid_reference fid_stats_mscoco256_val.npz
+
+An interrupted evaluation (Ctrl-C, SIGTERM from a scheduler) keeps its finished batches in OUTPUT_DIR/progress and
+writes OUTPUT_DIR/report.partial.json; the same command run again continues from there and reports what an
+uninterrupted run reports.
+
+Argument parsing needs only the standard library, torch and this package's light modules: the heavy libraries
+(diffusers, transformers, accelerate) are imported in `main`.
 """
 
 import argparse
-import json
+import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
 
-from .captions import SHAPES_SOURCES, draw_captions
-from .evaluate import Processes, evaluate
+from .. import commands
+from ..threads import apply_threads, choose_threads
+from .captions import SHAPES_SOURCES
 from .extractors import INCEPTION, SHAPES
 from .reference import SHAPES_REFERENCE
 
@@ -25,14 +36,25 @@ from .reference import SHAPES_REFERENCE
 SHIPPED_SHAPES_PIPELINE = "shapes"
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The console script setup.py installs for this command.
+CONSOLE_SCRIPT = "diffusers-lmlp-evaluate"
+PROGRESS_FOLDER = "progress"  # under --output_dir: the finished batches of an unfinished evaluation
+PARTIAL_REPORT = "report.partial.json"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def program_name() -> str:
+    """How the user ran this command, for its usage line (`commands.program_name`)."""
+    return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.evaluation")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m diffusers_lmlp.evaluation",
+        prog=program_name(),
         description="Sample a pipeline on captions and report FID, CLIP score and (on the shapes world) the shapes "
         "scorer's accuracies. Run it with `accelerate launch -m diffusers_lmlp.evaluation ...` to share the "
-        "sampling between processes.",
+        "sampling between processes. An interrupted run keeps its finished batches: run the same command again to "
+        "continue.",
     )
     parser.add_argument(
         "--pipeline", required=True,
@@ -65,19 +87,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"CLIP model id or folder for the CLIP score, or 'none' (default: {DEFAULT_CLIP_MODEL}, the "
         "papers' ViT-L/14; none for shapes captions)",
     )
-    parser.add_argument("--num_inference_steps", type=int, default=50)
+    parser.add_argument(
+        "--num_inference_steps", type=int, default=50,
+        help="sampler steps per image (default: 50, the pipeline's default)",
+    )  # fmt: skip
     parser.add_argument("--guidance_scale", type=float, default=2.0, help="diffusers' g; the papers' s = g - 1")
     parser.add_argument("--batch_size", type=int, default=50, help="images per pipeline call (per process)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the pipeline's dtype")
     parser.add_argument(
-        "--output_dir", type=Path, default=Path("evaluation"), help="where report.json and grid.png go"
-    )
+        "--output_dir", type=Path, default=Path("evaluation"),
+        help="where report.json and grid.png go (and, while unfinished, progress/ and report.partial.json)",
+    )  # fmt: skip
     parser.add_argument("--save_images", action="store_true", help="also save every image under OUTPUT_DIR/images")
     parser.add_argument(
         "--cache_dir", type=Path, help="cache of reference statistics (default: $HF_HOME/diffusers_lmlp)"
     )
+    parser.add_argument(
+        "--num_threads", type=int,
+        help="torch's CPU threads (default on one CPU process: OMP_NUM_THREADS or torch.set_num_threads if you set "
+        "them, else every core; several processes keep what their launcher set)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep_progress", action="store_true",
+        help="keep OUTPUT_DIR/progress (every batch's features and scores) after a finished run: the same command "
+        "then reports again without sampling, e.g. against another .npz or folder --fid_reference of the same "
+        "feature network",
+    )  # fmt: skip
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed arguments, with the defaults that depend on the captions filled in.
+
+    Args:
+        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when not given.
+    """
+    parser = build_parser()
     args = parser.parse_args(argv)
+    check_pipeline(parser, args.pipeline)
     if args.captions is None:
         if args.pipeline != SHIPPED_SHAPES_PIPELINE:
             parser.error("--captions is required (a COCO folder, a captions .json, a text file, or shapes)")
@@ -87,21 +135,98 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.fid_reference = SHAPES_REFERENCE if shapes else "none"
     if args.clip_model is None:
         args.clip_model = "none" if shapes else DEFAULT_CLIP_MODEL
-    for option in ("num_images", "batch_size", "num_inference_steps"):
+    for option in ("num_images", "batch_size", "num_inference_steps", "num_threads"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             parser.error(f"--{option} must be positive; got {getattr(args, option)}")
     return args
 
 
+def is_repo_id(name: str) -> bool:
+    """Whether `name` has the form of a Hub repo id (`name` or `owner/name`, by huggingface_hub's rules: no leading
+    `.`, `~` or `/`, at most one `/`)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_pipeline(parser: argparse.ArgumentParser, name: str) -> None:
+    """Refuse a `--pipeline` that is a path to nothing (or to a file), rather than try it as a Hub repo id."""
+    if name == SHIPPED_SHAPES_PIPELINE or os.path.isdir(name):
+        return
+    if os.path.exists(name):
+        parser.error(f"--pipeline {name}: not a folder; pass a pipeline folder (with model_index.json) or a Hub id")
+    if not is_repo_id(name):
+        parser.error(f"--pipeline {name}: no such folder")
+
+
 def load_pipeline(name: str, dtype: torch.dtype):
-    """The pipeline of `--pipeline`: the shipped shapes pipeline, a folder or a Hub id."""
+    """The pipeline of `--pipeline`: the shipped shapes pipeline, a folder or a Hub id.
+
+    Raises:
+        `OSError`: For a Hub id that is neither cached nor downloadable (the message says how to fetch it), or a
+            folder that lacks a file.
+    """
     if name == SHIPPED_SHAPES_PIPELINE:
         from ..shapes import pretrained_shapes_pipeline
 
         return pretrained_shapes_pipeline(dtype=dtype)
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
     from ..pipelines import LMLPPipeline
 
-    return LMLPPipeline.from_pretrained(name, dtype=dtype)
+    try:
+        return LMLPPipeline.from_pretrained(name, dtype=dtype)
+    except (LocalEntryNotFoundError, FileNotFoundError) as error:
+        raise OSError(f"--pipeline {name}: {error}") from None
+
+
+def configure_threads(num_threads: int | None, num_processes: int, device: torch.device) -> None:
+    """Set torch's CPU threads by `threads.choose_threads`: on one CPU process, `--num_threads`, else what the user
+    set (OMP_NUM_THREADS, torch.set_num_threads), else every core. Several processes, or a GPU, keep what their
+    launcher set unless `--num_threads` is given.
+
+    Args:
+        num_threads (`int`, *optional*): `--num_threads`.
+        num_processes (`int`): The processes of the run.
+        device (`torch.device`): This process's device.
+    """
+    if num_threads is None and (num_processes > 1 or device.type != "cpu"):
+        return
+    apply_threads(choose_threads(num_threads), "evaluation")
+
+
+class StopSignals:
+    """Within it, the first Ctrl-C (SIGINT) or SIGTERM (a killed job, a preempted node) raises `KeyboardInterrupt`,
+    and later ones are ignored while the finished batches are kept and the partial report written: `accelerate
+    launch` sends each process the signal it got once more, and schedulers repeat SIGTERM. Handlers are installed
+    only in the main thread (Python delivers signals there)."""
+
+    def __init__(self):
+        self.received, self.previous = None, {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self.previous[number] = signal.signal(number, self.stop)
+        return self
+
+    def stop(self, number: int, frame) -> None:
+        if self.received is None:
+            self.received = number
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exception) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, as shells report a process stopped by it (130 for Ctrl-C, 143 for SIGTERM)."""
+        return 128 + (self.received or signal.SIGINT)
 
 
 def summary_line(report: dict, output_dir: Path) -> str:
@@ -123,38 +248,76 @@ def summary_line(report: dict, output_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command.
+
+    Args:
+        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when not given.
+    """
+    args = parse_args(argv)
+    logging.basicConfig(format="%(message)s")
+    for name in ("diffusers_lmlp.evaluation", "diffusers_lmlp.threads"):
+        logging.getLogger(name).setLevel(logging.INFO)
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    args = parse_args(argv)
+    from .captions import draw_captions
+    from .evaluate import Processes, evaluate
+    from .resume import EvaluationInterrupted, remove_progress, write_json_durably
+
     # Several CPU processes need ACCELERATE_USE_CPU=1, which `Accelerator` reads and `PartialState` does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
-    try:
-        captions = draw_captions(args.captions, args.num_images, args.seed)
-        pipeline = load_pipeline(args.pipeline, DTYPES[args.dtype]).to(state.device)
-        report, grid = evaluate(
-            pipeline,
-            captions,
-            fid_reference=None if args.fid_reference == "none" else args.fid_reference,
-            fid_extractor=args.fid_extractor,
-            clip_model=None if args.clip_model == "none" else args.clip_model,
-            num_inference_steps=args.num_inference_steps,
-            guidance_scale=args.guidance_scale,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            image_dir=args.output_dir / "images" if args.save_images else None,
-            processes=Processes.from_state(state),
-            cache_dir=args.cache_dir,
-            progress=not args.no_progress,
-        )
-    except (ValueError, ImportError, OSError) as error:
-        sys.exit(f"error: {error}")
+    progress_dir = args.output_dir / PROGRESS_FOLDER
+    with StopSignals() as signals:
+        try:
+            configure_threads(args.num_threads, state.num_processes, state.device)
+            captions = draw_captions(args.captions, args.num_images, args.seed)
+            pipeline = load_pipeline(args.pipeline, DTYPES[args.dtype]).to(state.device)
+            report, grid = evaluate(
+                pipeline,
+                captions,
+                fid_reference=None if args.fid_reference == "none" else args.fid_reference,
+                fid_extractor=args.fid_extractor,
+                clip_model=None if args.clip_model == "none" else args.clip_model,
+                num_inference_steps=args.num_inference_steps,
+                guidance_scale=args.guidance_scale,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                image_dir=args.output_dir / "images" if args.save_images else None,
+                processes=Processes.from_state(state),
+                cache_dir=args.cache_dir,
+                progress=not args.no_progress,
+                resume_dir=progress_dir,
+            )
+        except EvaluationInterrupted as interruption:
+            if interruption.report is not None:
+                write_json_durably(
+                    args.output_dir / PARTIAL_REPORT, {**interruption.report, "captions": args.captions}
+                )
+                print(
+                    f"Interrupted after {interruption.num_images_done} of {interruption.num_images} images. The "
+                    f"finished batches are kept in {progress_dir} and reported on in "
+                    f"{args.output_dir / PARTIAL_REPORT}; run the same command again to continue.",
+                    file=sys.stderr,
+                )
+            sys.exit(signals.exit_code)
+        except KeyboardInterrupt:
+            if state.is_main_process:
+                kept = f"; the finished batches are kept in {progress_dir}" if progress_dir.is_dir() else ""
+                print(
+                    f"Interrupted{kept}. Run the same command again to {'continue' if kept else 'start'}.",
+                    file=sys.stderr,
+                )
+            sys.exit(signals.exit_code)
+        except (ValueError, ImportError, OSError) as error:
+            sys.exit(f"error: {error}")
     report["captions"] = args.captions
     if state.is_main_process:
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        with open(args.output_dir / "report.json", "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+        write_json_durably(args.output_dir / "report.json", report)
         grid.save(args.output_dir / "grid.png")
+        (args.output_dir / PARTIAL_REPORT).unlink(missing_ok=True)
+        if not args.keep_progress:
+            remove_progress(progress_dir)
         print(summary_line(report, args.output_dir))
 
 

@@ -18,16 +18,21 @@ the mean over a set of generated images (e.g. 30k COCO captions) with OpenAI's V
 """
 
 import os
+from typing import TYPE_CHECKING
 
 import huggingface_hub
 import torch
 from PIL import Image
-from transformers import CLIPModel, CLIPProcessor
+
+from ..folders import PICKLE_SUFFIXES
+
+
+if TYPE_CHECKING:
+    from transformers import CLIPModel, CLIPProcessor
 
 
 DEFAULT_CLIP = "openai/clip-vit-large-patch14"
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 def _projected(features: torch.Tensor | object) -> torch.Tensor:
@@ -75,7 +80,7 @@ class CLIPScorer:
         name (`str`, *optional*): What to call the model in reports; defaults to `model.name_or_path`.
     """
 
-    def __init__(self, model: CLIPModel, processor: CLIPProcessor, name: str | None = None):
+    def __init__(self, model: "CLIPModel", processor: "CLIPProcessor", name: str | None = None):
         self.model = model.eval()
         self.processor = processor
         self.name = name or model.name_or_path
@@ -121,6 +126,8 @@ class CLIPScorer:
                     "`model.safetensors`."
                 )
         try:
+            from transformers import CLIPModel, CLIPProcessor
+
             model = CLIPModel.from_pretrained(name, use_safetensors=True, dtype=dtype or torch.float32)
             processor = CLIPProcessor.from_pretrained(name)
         except OSError as error:

@@ -4,11 +4,15 @@ Image i of an evaluation is sampled from caption i with its own generator, seede
 not depend on the batch it is in or on the process that samples it. Batch k (images k·B to k·B + B − 1) goes to
 process k mod P; the feature sums are added up across processes and the per-image scores gathered, so P processes
 give the result of one, for the same seed.
+
+With `resume_dir`, each finished batch is kept on disk (see `resume`), so that an interrupted evaluation run again
+with the same settings samples only the batches it lacks and reports what an uninterrupted run reports.
 """
 
 import json
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +34,15 @@ from .extractors import (
 from .fid import FeatureMoments, FIDStatistics, frechet_distance
 from .intervals import bootstrap_intervals
 from .reference import SHAPES_REFERENCE, check_exists, reference_statistics
+from .resume import (
+    BatchResult,
+    EvaluationInterrupted,
+    ProgressStore,
+    captions_digest,
+    pipeline_digest,
+    weights_digest,
+    write_durably,
+)
 
 
 GRID_SIZE = 16  # images in the report's grid: the first ones
@@ -37,6 +50,9 @@ ATTRIBUTES = ("colour", "shape", "position", "size")
 # One row per image in the gathered scores: index, CLIP score, then the shapes scorer's attributes (NaN if unused or
 # unstated by the caption).
 COLUMNS = ("index", "clip_score", *ATTRIBUTES)
+# The FID features of a batch: the generated images', and with the shapes reference the renders of the same captions
+# and a second set of renders (for the real-vs-real floor).
+FEATURES = ("generated", "renders", "floor")
 
 
 @dataclass
@@ -104,6 +120,114 @@ def shapes_flags(image: Image.Image, caption: str) -> list[float]:
     return [float(verdict.get(key, float("nan"))) for key in ATTRIBUTES]
 
 
+@dataclass
+class Scoring:
+    """What scores the images of an evaluation, fixed before the first batch.
+
+    Args:
+        extractor (`torch.nn.Module`, *optional*): The FID feature network; no FID without it.
+        reference (`FIDStatistics`, *optional*): What FID compares with; with an extractor but no reference, the
+            shapes world's renders of the same captions.
+        reference_name (`str`, *optional*): The reference, as the report names it.
+        num_features (`int`): D, the feature size (0 without FID).
+        scorer (`CLIPScorer`, *optional*): The CLIP score's model; no CLIP score without it.
+        shapes (`bool`): Whether the shapes scorer reads the images (every caption is a shapes-world caption).
+        resolution (`int`): The side of the images.
+        seed (`int`): The evaluation's seed (of the shapes renders).
+    """
+
+    extractor: torch.nn.Module | None
+    reference: FIDStatistics | None
+    reference_name: str | None
+    num_features: int
+    scorer: CLIPScorer | None
+    shapes: bool
+    resolution: int
+    seed: int
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The FID features each batch keeps."""
+        if self.extractor is None:
+            return ()
+        return FEATURES if self.reference is None else FEATURES[:1]
+
+    def score(self, images: list[Image.Image], prompts: list[str], batch: range) -> BatchResult:
+        """The batch's FID features, per-image scores and grid images (its `seconds` are left at 0)."""
+        features = {}
+        if self.extractor is not None:
+            features["generated"] = image_features(self.extractor, images_to_tensor(images))  # (B, D)
+            if self.reference is None:
+                for stream, name in enumerate(FEATURES[1:], start=1):
+                    renders = shapes_renders(prompts, batch, self.seed, stream, self.resolution)
+                    features[name] = image_features(self.extractor, images_to_tensor(renders))  # (B, D)
+        clip = self.scorer.score(images, prompts) if self.scorer is not None else torch.full((len(batch),), np.nan)
+        unscored = [np.nan] * len(ATTRIBUTES)
+        rows = [
+            [index, float(clip[position]), *(shapes_flags(image, prompt) if self.shapes else unscored)]
+            for position, (index, image, prompt) in enumerate(zip(batch, images, prompts))
+        ]
+        grid = [
+            torch.from_numpy(np.array(image.convert("RGB")))
+            for index, image in zip(batch, images)
+            if index < GRID_SIZE
+        ]
+        grid = torch.stack(grid) if grid else torch.zeros(0, self.resolution, self.resolution, 3, dtype=torch.uint8)
+        return BatchResult(torch.tensor(rows, dtype=torch.float64), features, grid, 0.0)  # (B, C), (n, H, W, 3)
+
+    def report(self, tally: "Tally", processes: Processes, captions: list[str]) -> dict:
+        """The metrics over the batches of every process: FID, CLIP score and the shapes scorer's accuracies."""
+        report = {}
+        if self.extractor is not None:
+            report.update(fid_results(self, tally.moments, processes))
+        scores = processes.gather(tally.scores())
+        scores = scores[scores[:, 0].argsort()]  # (N, C), by image index
+        if self.scorer is not None:
+            values = scores[:, COLUMNS.index("clip_score")]
+            report.update(
+                clip_score=float(values.mean()), clip_score_std=float(values.std()), clip_model=self.scorer.name
+            )
+        if self.shapes:
+            from ..shapes.scorer import accuracies
+
+            flags = scores[:, COLUMNS.index(ATTRIBUTES[0]) :].tolist()  # (N, 4)
+            report["shapes"] = accuracies(
+                [{key: bool(flag) for key, flag in zip(ATTRIBUTES, row) if not np.isnan(flag)} for row in flags]
+            )
+            # 95% intervals, resampling captions with all their images (several seeds of one caption are not
+            # independent)
+            scored = [captions[int(index)] for index in scores[:, 0]]
+            report["shapes_intervals"] = bootstrap_intervals(np.array(flags), scored, seed=self.seed)
+        return report
+
+
+class Tally:
+    """The results of the batches seen so far: FID feature moments, per-image score rows and the grid's images.
+
+    Args:
+        scoring (`Scoring`): What the batches were scored with.
+    """
+
+    def __init__(self, scoring: Scoring):
+        self.moments = {name: FeatureMoments(scoring.num_features) for name in scoring.feature_names}
+        self.rows, self.grid = [], []  # (B, C) and (n, H, W, 3) per batch
+
+    def add(self, result: BatchResult) -> None:
+        """Count one batch in (the moments add up in the order of the batches)."""
+        for name, moments in self.moments.items():
+            moments.update(result.features[name])
+        self.rows.append(result.rows)
+        self.grid.append(result.grid)
+
+    @property
+    def num_images(self) -> int:
+        return sum(len(rows) for rows in self.rows)
+
+    def scores(self) -> torch.Tensor:
+        """(N, C): every image's row (see `COLUMNS`)."""
+        return torch.cat(self.rows) if self.rows else torch.zeros(0, len(COLUMNS), dtype=torch.float64)
+
+
 @torch.no_grad()
 def evaluate(
     pipeline,
@@ -120,6 +244,7 @@ def evaluate(
     processes: Processes | None = None,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    resume_dir: str | Path | None = None,
 ) -> tuple[dict, Image.Image]:
     """Sample one image per caption and score them.
 
@@ -145,12 +270,19 @@ def evaluate(
             not given.
         cache_dir (`str` or `Path`, *optional*): Where the statistics of reference folders are cached.
         progress (`bool`, *optional*, defaults to `True`): Show a progress bar (on the first process).
+        resume_dir (`str` or `Path`, *optional*): Keep each finished batch's results in this folder, and take the
+            batches already there (from an interrupted run of the same settings) instead of sampling them again; the
+            report is the same as an uninterrupted run's. A folder holding another evaluation's progress is refused.
+            The caller deletes it when done (`resume.remove_progress`).
 
     Returns:
         `tuple[dict, PIL.Image.Image]`: The report (the same on every process) and a grid of the first images.
 
     Raises:
-        `ValueError`: For bad arguments, or reference statistics of another feature network, before any sampling.
+        `ValueError`: For bad arguments, reference statistics of another feature network, or a `resume_dir` of other
+            settings, before any sampling.
+        `EvaluationInterrupted`: On Ctrl-C (`KeyboardInterrupt`) while sampling with a `resume_dir`: the finished
+            batches are kept there, and it carries the partial report (on the first process).
     """
     processes = processes or Processes()
     if not captions:
@@ -158,9 +290,74 @@ def evaluate(
     if batch_size < 1:
         raise ValueError(f"The batch size must be positive; got {batch_size}")
     started = time.perf_counter()
+    scoring = prepare_scoring(
+        pipeline, captions, fid_reference, fid_extractor, clip_model, seed, processes, cache_dir, progress
+    )
+    header = {
+        "model": str(pipeline.name_or_path or "(an unsaved pipeline)"),
+        "num_images": len(captions),
+        "seed": seed,
+        "sampler": {
+            "scheduler": type(pipeline.scheduler).__name__,
+            "num_inference_steps": num_inference_steps,
+            "guidance_scale": guidance_scale,
+            "batch_size": batch_size,
+            "dtype": str(pipeline.transformer.dtype).removeprefix("torch."),
+            "resolution": scoring.resolution,
+        },
+        "num_processes": processes.count,
+    }
+    image_dir = Path(image_dir) if image_dir is not None else None
+    if image_dir is not None:
+        image_dir.mkdir(parents=True, exist_ok=True)
+    store = None
+    if resume_dir is not None:
+        settings = evaluation_settings(pipeline, captions, scoring, header["sampler"])
+        store = ProgressStore(resume_dir, settings, processes, image_dir)
+        store.open()
+
+    tally, earlier_seconds = Tally(scoring), 0.0  # earlier: the time of the batches taken from `resume_dir`
+    bar = tqdm(total=len(captions), desc="sampling", unit="img", disable=not progress or processes.index != 0)
+    pipeline.set_progress_bar_config(disable=True)
+    try:
+        for batch in processes.batches(len(captions), batch_size):
+            number = batch.start // batch_size
+            paths = [image_dir / f"{index:06d}.png" for index in batch] if image_dir is not None else []
+            result = store.load(number, batch, paths) if store is not None else None
+            if result is None:
+                result = sample_batch(pipeline, captions, batch, scoring, num_inference_steps, guidance_scale, paths)
+                if store is not None:
+                    store.save(number, result)
+            else:
+                earlier_seconds += result.seconds
+            tally.add(result)
+            bar.update(min(len(batch) * processes.count, bar.total - bar.n))  # the first process's pace, for all
+    except KeyboardInterrupt as interruption:
+        if store is None:
+            raise
+        seconds = time.perf_counter() - started + earlier_seconds
+        raise interrupted(store, scoring, captions, processes, header, seconds) from interruption
+    finally:
+        bar.close()
+
+    report = {**header, **scoring.report(tally, processes, captions)}
+    report["seconds"] = round(time.perf_counter() - started + earlier_seconds, 1)
+    grid = gathered_grid(processes, tally, scoring.resolution, captions)
+    if image_dir is not None and processes.index == 0:
+        with open(image_dir / "metadata.jsonl", "w", encoding="utf-8") as f:
+            for index, caption in enumerate(captions):
+                f.write(json.dumps({"file_name": f"{index:06d}.png", "text": caption}) + "\n")
+    return report, grid
+
+
+def prepare_scoring(
+    pipeline, captions, fid_reference, fid_extractor, clip_model, seed, processes, cache_dir, progress
+) -> Scoring:
+    """Load what scores the images (see `evaluate` for the arguments), checking them before any sampling."""
     resolution = pipeline.native_size
     shapes = is_shapes_world(captions)
-    extractor = reference = None
+    extractor = reference = reference_name = None
+    num_features = 0
     if fid_reference is not None:
         shapes_reference = isinstance(fid_reference, str) and fid_reference == SHAPES_REFERENCE
         if shapes_reference and not shapes:
@@ -176,90 +373,66 @@ def evaluate(
             reference = reference_statistics(
                 fid_reference, extractor, resolution, processes=processes, cache_dir=cache_dir, progress=progress
             )
+            reference_name = str(fid_reference) if not isinstance(fid_reference, FIDStatistics) else "FIDStatistics"
         num_features = feature_size(extractor, resolution)
-        # The generated images, the shapes reference's renders, and a second set of renders for the floor.
-        generated, renders, floor = (FeatureMoments(num_features) for _ in range(3))
     elif fid_extractor is not None:
         raise ValueError("A FID feature network was given without `fid_reference`: pass what FID compares with")
     scorer = (
         CLIPScorer.from_pretrained(clip_model, device=processes.device) if isinstance(clip_model, str) else clip_model
     )
-    if image_dir is not None:
-        Path(image_dir).mkdir(parents=True, exist_ok=True)
+    return Scoring(extractor, reference, reference_name, num_features, scorer, shapes, resolution, seed)
 
-    rows, grid_rows, grid_images = [], [], []
-    batches = processes.batches(len(captions), batch_size)
-    bar = tqdm(
-        total=len(captions),
-        desc="sampling",
-        unit="img",
-        disable=not progress or processes.index != 0,
-    )
-    pipeline.set_progress_bar_config(disable=True)
-    for batch in batches:
-        prompts = [captions[i] for i in batch]
-        generators = [torch.Generator().manual_seed(image_seed(seed, i)) for i in batch]
-        images = pipeline(
-            prompts, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, generator=generators
-        ).images
-        if extractor is not None:
-            generated.update(image_features(extractor, images_to_tensor(images)))
-            if reference is None:
-                renders.update(
-                    image_features(extractor, images_to_tensor(shapes_renders(prompts, batch, seed, 1, resolution)))
-                )
-                floor.update(
-                    image_features(extractor, images_to_tensor(shapes_renders(prompts, batch, seed, 2, resolution)))
-                )
-        clip = scorer.score(images, prompts) if scorer is not None else torch.full((len(batch),), float("nan"))
-        for position, (index, image, prompt) in enumerate(zip(batch, images, prompts)):
-            flags = shapes_flags(image, prompt) if shapes else [float("nan")] * len(ATTRIBUTES)
-            rows.append([index, float(clip[position]), *flags])
-            if index < GRID_SIZE:
-                grid_rows.append(index)
-                grid_images.append(torch.from_numpy(np.array(image.convert("RGB"))))
-            if image_dir is not None:
-                image.save(Path(image_dir) / f"{index:06d}.png")
-        bar.update(min(len(batch) * processes.count, bar.total - bar.n))  # the first process's pace, for all
-    bar.close()
 
-    scores = processes.gather(torch.tensor(rows, dtype=torch.float64).view(-1, len(COLUMNS)))
-    scores = scores[scores[:, 0].argsort()]
-    grid = gathered_grid(processes, grid_rows, grid_images, resolution, captions)
-    report = {
-        "model": str(pipeline.name_or_path or "(an unsaved pipeline)"),
+def evaluation_settings(pipeline, captions: list[str], scoring: Scoring, sampler: dict) -> dict:
+    """What the kept batches depend on (see `resume.SETTING_NAMES`): a `resume_dir` of other settings is refused."""
+    scorer_model = getattr(scoring.scorer, "model", None)
+    return {
+        "captions": captions_digest(captions),
         "num_images": len(captions),
-        "seed": seed,
-        "sampler": {
-            "scheduler": type(pipeline.scheduler).__name__,
-            "num_inference_steps": num_inference_steps,
-            "guidance_scale": guidance_scale,
-            "batch_size": batch_size,
-            "dtype": str(pipeline.transformer.dtype).removeprefix("torch."),
-            "resolution": resolution,
-        },
-        "num_processes": processes.count,
+        "seed": scoring.seed,
+        **{key: sampler[key] for key in ("num_inference_steps", "guidance_scale", "batch_size", "resolution")},
+        "pipeline": pipeline_digest(pipeline),
+        "fid_extractor": extractor_name(scoring.extractor) if scoring.extractor is not None else None,
+        "fid_extractor_weights": weights_digest(scoring.extractor),
+        "fid_renders": "renders" in scoring.feature_names,
+        "clip_model": scoring.scorer.name if scoring.scorer is not None else None,
+        "clip_weights": weights_digest(scorer_model),
     }
-    if extractor is not None:
-        report.update(fid_results(extractor, reference, fid_reference, generated, renders, floor, processes))
-    if scorer is not None:
-        values = scores[:, COLUMNS.index("clip_score")]
-        report.update(clip_score=float(values.mean()), clip_score_std=float(values.std()), clip_model=scorer.name)
-    if shapes:
-        from ..shapes.scorer import accuracies
 
-        flags = scores[:, COLUMNS.index(ATTRIBUTES[0]) :].tolist()  # (N, 4)
-        report["shapes"] = accuracies(
-            [{key: bool(flag) for key, flag in zip(ATTRIBUTES, row) if not np.isnan(flag)} for row in flags]
-        )
-        # 95% intervals, resampling captions with all their images (several seeds of one caption are not independent)
-        report["shapes_intervals"] = bootstrap_intervals(np.array(flags), captions, seed=seed)
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    if image_dir is not None and processes.index == 0:
-        with open(Path(image_dir) / "metadata.jsonl", "w", encoding="utf-8") as f:
-            for index, caption in enumerate(captions):
-                f.write(json.dumps({"file_name": f"{index:06d}.png", "text": caption}) + "\n")
-    return report, grid
+
+def sample_batch(
+    pipeline, captions, batch: range, scoring: Scoring, num_inference_steps, guidance_scale, paths: list[Path]
+) -> BatchResult:
+    """Sample and score one batch, saving its images to `paths` (when given), each written whole or not at all."""
+    started = time.perf_counter()
+    prompts = [captions[i] for i in batch]
+    generators = [torch.Generator().manual_seed(image_seed(scoring.seed, i)) for i in batch]
+    images = pipeline(
+        prompts, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, generator=generators
+    ).images
+    result = scoring.score(images, prompts, batch)
+    for image, path in zip(images, paths):
+        write_durably(path, partial(image.save, format="PNG"))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def interrupted(store: ProgressStore, scoring: Scoring, captions, processes, header, seconds) -> EvaluationInterrupted:
+    """The exception for an evaluation stopped while sampling: on the first process, with the report over every
+    batch on disk (the batches of all processes), marked partial."""
+    report = None
+    if processes.index == 0:
+        tally = Tally(scoring)
+        for result in store.results():
+            tally.add(result)
+        done = tally.num_images
+        report = {**header, "partial": True, "num_images_done": done}
+        if done >= 2 or (done and scoring.extractor is None):
+            report.update(scoring.report(tally, Processes(device=processes.device), captions))
+        report["seconds"] = round(seconds, 1)
+    else:
+        done = store.num_images_done()
+    return EvaluationInterrupted(store.folder, done, len(captions), report)
 
 
 def shapes_renders(prompts: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
@@ -277,20 +450,20 @@ def shapes_renders(prompts: list[str], batch: range, seed: int, stream: int, res
     return images
 
 
-def fid_results(extractor, reference, fid_reference, generated, renders, floor, processes) -> dict:
+def fid_results(scoring: Scoring, moments: dict[str, FeatureMoments], processes: Processes) -> dict:
     """FID of the generated features against the reference (and, for the shapes reference, the floor: a second set
-    of real renders against the first)."""
-    name = extractor_name(extractor)
-    for moments in (generated, renders, floor) if reference is None else (generated,):
-        moments.reduce(processes.device)
-    samples = generated.statistics(name)
-    if reference is None:  # the shapes world's renders of the same captions
-        reference = renders.statistics(name)
-        results = {"fid_floor": frechet_distance(floor.statistics(name), reference)}
+    of real renders against the first), over the features of every process."""
+    name = extractor_name(scoring.extractor)
+    if processes.count > 1:
+        for feature_moments in moments.values():
+            feature_moments.reduce(processes.device)
+    samples = moments["generated"].statistics(name)
+    if scoring.reference is None:  # the shapes world's renders of the same captions
+        reference = moments["renders"].statistics(name)
+        results = {"fid_floor": frechet_distance(moments["floor"].statistics(name), reference)}
         source = f"{SHAPES_REFERENCE} (renders of the same captions, {reference.num_images} images)"
     else:
-        results = {}
-        source = str(fid_reference) if not isinstance(fid_reference, FIDStatistics) else "FIDStatistics"
+        reference, results, source = scoring.reference, {}, scoring.reference_name
     return {
         "fid": frechet_distance(samples, reference),
         **results,
@@ -300,10 +473,11 @@ def fid_results(extractor, reference, fid_reference, generated, renders, floor, 
     }
 
 
-def gathered_grid(processes, indices: list[int], images: list[torch.Tensor], resolution: int, captions) -> Image.Image:
+def gathered_grid(processes: Processes, tally: Tally, resolution: int, captions: list[str]) -> Image.Image:
     """A captioned grid of the first `GRID_SIZE` images, gathered from the processes that sampled them."""
-    pixels = torch.stack(images).flatten(1) if images else torch.zeros(0, resolution * resolution * 3)  # (n, H·W·3)
-    rows = torch.cat([torch.tensor(indices, dtype=torch.float64)[:, None], pixels.double()], dim=1)
+    indices = torch.cat([rows[: len(grid), 0] for rows, grid in zip(tally.rows, tally.grid)] or [torch.zeros(0)])
+    pixels = torch.cat([torch.zeros(0, resolution, resolution, 3, dtype=torch.uint8), *tally.grid])  # (n, H, W, 3)
+    rows = torch.cat([indices.double()[:, None], pixels.flatten(1).double()], dim=1)  # (n, 1 + H·W·3)
     rows = processes.gather(rows)
     rows = rows[rows[:, 0].argsort()]
     grid = [Image.fromarray(row[1:].view(resolution, resolution, 3).to(torch.uint8).numpy()) for row in rows]

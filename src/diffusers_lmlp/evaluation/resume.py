@@ -1,0 +1,312 @@
+"""Resumable evaluations: each finished batch's results are kept on disk, so that an evaluation stopped by Ctrl-C, a
+killed job or a preempted node continues where it stopped and ends with the report of an uninterrupted run.
+
+A progress folder holds `settings.json`, what the results depend on (the captions, the sampler, the bytes and configs
+of every network), and one `batch-<k>.safetensors` per finished batch k (images k·B to k·B + B − 1): its score rows,
+its FID features and its images among the report grid's. An evaluation with other settings is refused there, never
+mixed in. Every file is written under a temporary name, flushed to disk and renamed, so a file under its final name
+is complete: a kill while writing leaves only a temporary file, which is ignored and removed. A batch does not depend
+on the process that sampled it, so a run on another number of processes resumes it too.
+"""
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
+
+from ..training.durable import fsync_tree
+
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_FILE = "settings.json"
+BATCH_GLOB = "batch-*.safetensors"
+TEMPORARY_GLOB = ".*.tmp"
+# Bumped when the files change meaning: progress of another format is refused like other settings.
+FORMAT = 1
+# What each setting is, for the message that refuses a progress folder of other settings.
+SETTING_NAMES = {
+    "format": "the progress format of this diffusers-lmlp version",
+    "captions": "the captions",
+    "num_images": "the number of images",
+    "seed": "the seed",
+    "num_inference_steps": "the sampling steps",
+    "guidance_scale": "the guidance scale",
+    "batch_size": "the batch size",
+    "resolution": "the image size",
+    "pipeline": "the pipeline's weights or configs (another model, checkpoint or dtype)",
+    "fid_extractor": "the FID feature network",
+    "fid_extractor_weights": "the FID feature network's weights",
+    "fid_renders": "the FID reference (the shapes world's renders, or statistics)",
+    "clip_model": "the CLIP model",
+    "clip_weights": "the CLIP model's weights",
+}
+DIGESTS = {"captions", "pipeline", "fid_extractor_weights", "clip_weights"}  # hashes, not shown in that message
+# Config entries that record where and with what a component was saved, not what it computes (besides `_*` ones).
+BOOKKEEPING = {"transformers_version"}
+
+
+@dataclass
+class BatchResult:
+    """What one batch of an evaluation contributes to its report, as kept on disk.
+
+    Args:
+        rows (`torch.Tensor`): (B, C) float64 per-image scores: the image index, then the CLIP score and the shapes
+            scorer's verdicts (NaN where unused).
+        features (`dict[str, torch.Tensor]`): (B, D) FID features by name: the generated images', and for the shapes
+            reference the renders' and the floor's.
+        grid (`torch.Tensor`): (n, H, W, 3) uint8: the batch's images that the report grid shows (often none).
+        seconds (`float`): How long the batch took to sample and score.
+    """
+
+    rows: torch.Tensor
+    features: dict[str, torch.Tensor]
+    grid: torch.Tensor
+    seconds: float
+
+
+class EvaluationInterrupted(KeyboardInterrupt):
+    """An evaluation stopped (Ctrl-C, SIGTERM) whose finished batches are kept in its progress folder.
+
+    Args:
+        folder (`Path`): The progress folder: the same evaluation, run again, continues from it.
+        num_images_done (`int`): The images of the batches on disk.
+        num_images (`int`): The images of the whole evaluation.
+        report (`dict`, *optional*): The partial report over the images done (marked `"partial": true`), on the first
+            process; None on the others.
+    """
+
+    def __init__(self, folder: Path, num_images_done: int, num_images: int, report: dict | None):
+        super().__init__(f"evaluation interrupted after {num_images_done} of {num_images} images; kept in {folder}")
+        self.folder, self.num_images_done, self.num_images, self.report = folder, num_images_done, num_images, report
+
+
+def write_durably(path: Path, write: Callable) -> None:
+    """Write a file under a temporary name, flush it to disk and rename it into place (atomic and durable, except
+    for the folder entry: `fsync_tree(path.parent, recursive=False)` once a batch of files is written).
+
+    Args:
+        path (`Path`): The file.
+        write (`Callable`): Writes the content to the binary file object it is given.
+    """
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def write_json_durably(path: Path, data: dict) -> None:
+    """`write_durably` for a JSON file (indented, UTF-8), with the folder entry made durable too."""
+    write_durably(path, lambda f: f.write(json.dumps(data, indent=2).encode("utf-8")))
+    fsync_tree(path.parent, recursive=False)
+
+
+def update_with_tensors(digest, tensors: dict[str, torch.Tensor]) -> None:
+    """Feed each tensor's name, shape, dtype and bytes to a hashlib digest."""
+    for name, tensor in tensors.items():
+        digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}\n".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def weights_digest(module: torch.nn.Module | None) -> str | None:
+    """The SHA-256 of a module's state dict (names, shapes, dtypes and bytes), or None without a module."""
+    if module is None:
+        return None
+    digest = hashlib.sha256()
+    update_with_tensors(digest, module.state_dict())
+    return digest.hexdigest()
+
+
+def pipeline_digest(pipeline) -> str:
+    """The SHA-256 of a pipeline's components: their classes, configs (without bookkeeping such as `_name_or_path`
+    or library versions), tokenizer vocabularies and weights. The same model loaded from another path gives the same
+    digest."""
+    digest = hashlib.sha256()
+    for name, component in sorted(pipeline.components.items()):
+        digest.update(f"{name}={type(component).__qualname__}\n".encode())
+        config = getattr(component, "config", None)
+        if config is not None:
+            config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+            public = {key: value for key, value in config.items() if key not in BOOKKEEPING and key[0] != "_"}
+            digest.update(json.dumps(public, sort_keys=True, default=str).encode())
+        if hasattr(component, "get_vocab"):
+            digest.update(json.dumps(component.get_vocab(), sort_keys=True).encode())
+        if isinstance(component, torch.nn.Module):
+            update_with_tensors(digest, component.state_dict())
+    return digest.hexdigest()
+
+
+def captions_digest(captions: list[str]) -> str:
+    """The SHA-256 of the captions, in order."""
+    return hashlib.sha256(json.dumps(captions).encode("utf-8")).hexdigest()
+
+
+class ProgressStore:
+    """The progress folder of one evaluation: its settings and a file per finished batch.
+
+    Args:
+        folder (`str` or `Path`): The folder; created on `open`.
+        settings (`dict`): What the results depend on (JSON values; see `SETTING_NAMES`), `num_images` and
+            `batch_size` among them.
+        processes (`Processes`): This process's share of the evaluation (the first process writes the settings).
+        image_dir (`Path`, *optional*): Where the evaluation saves its images: a batch counts as done only when its
+            images are there too.
+    """
+
+    def __init__(self, folder: str | Path, settings: dict, processes, image_dir: Path | None = None):
+        self.folder, self.settings, self.processes = Path(folder), {"format": FORMAT, **settings}, processes
+        self.image_dir = Path(image_dir) if image_dir is not None else None
+        self.key = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()
+
+    def open(self) -> None:
+        """Check that the folder holds progress of these settings (or none), record the settings, and remove the
+        temporary files of a run killed while writing. Every process calls it; they all agree.
+
+        Raises:
+            `ValueError`: When the folder holds the progress of an evaluation with other settings.
+        """
+        path = self.folder / SETTINGS_FILE
+        recorded = self.recorded_settings(path)
+        if recorded is not None and recorded != self.settings:
+            differences = [
+                SETTING_NAMES.get(name, name)
+                + ("" if name in DIGESTS else f" ({recorded.get(name)} there, {self.settings.get(name)} now)")
+                for name in sorted(recorded.keys() | self.settings.keys())
+                if recorded.get(name) != self.settings.get(name)
+            ]
+            raise ValueError(
+                f"{self.folder} holds the progress of an evaluation with other settings: {'; '.join(differences)}. "
+                f"It cannot be resumed with these: run the earlier command again to finish it, pass another output "
+                f"folder, or delete {self.folder} to start over."
+            )
+        if self.processes.index == 0:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for folder in (self.folder, self.image_dir):
+                for leftover in folder.glob(TEMPORARY_GLOB) if folder is not None and folder.is_dir() else ():
+                    leftover.unlink(missing_ok=True)  # written by a run killed before the rename
+            if recorded is None:
+                write_json_durably(path, {"settings": self.settings})
+            else:
+                logger.info(
+                    f"Resuming the evaluation kept in {self.folder}: {self.num_images_done()} of "
+                    f"{self.settings['num_images']} images are done."
+                )
+        self.processes.wait()
+
+    def recorded_settings(self, path: Path) -> dict | None:
+        """The settings in `settings.json`, or None without one."""
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))["settings"]
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(
+                f"{path} is not the settings file of an evaluation's progress ({error}); delete {self.folder} to start "
+                "over, or pass another output folder"
+            ) from None
+
+    def batch_path(self, number: int) -> Path:
+        return self.folder / f"batch-{number:06d}.safetensors"
+
+    def num_images_done(self) -> int:
+        """The images of the batches on disk."""
+        batch_size, num_images = self.settings["batch_size"], self.settings["num_images"]
+        return sum(max(0, min(batch_size, num_images - number * batch_size)) for number in self.done_numbers())
+
+    def done_numbers(self) -> list[int]:
+        """The numbers of the batches on disk, in order."""
+        numbers = []
+        for path in self.folder.glob(BATCH_GLOB):
+            stem = path.name.removeprefix("batch-").removesuffix(".safetensors")
+            if stem.isdigit():
+                numbers.append(int(stem))
+        return sorted(numbers)
+
+    def read(self, number: int) -> BatchResult | None:
+        """Batch `number`'s results from disk, or None when its file is missing, does not read, or holds another
+        evaluation's batch."""
+        path = self.batch_path(number)
+        try:
+            with safe_open(path, "pt") as f:
+                metadata = f.metadata() or {}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except FileNotFoundError:
+            return None
+        except (SafetensorError, OSError) as error:
+            logger.warning(f"{path} does not read ({error}); its batch is sampled again.")
+            return None
+        if metadata.get("settings") != self.key:
+            logger.warning(f"{path} holds a batch of other settings; it is sampled again.")
+            return None
+        features = {name.removeprefix("features."): value for name, value in tensors.items() if "." in name}
+        return BatchResult(tensors["rows"], features, tensors["grid"], float(metadata["seconds"]))
+
+    def load(self, number: int, batch: range, image_paths: list[Path]) -> BatchResult | None:
+        """Batch `number`'s results from disk, or None when it has to be sampled: not done, its images missing, or a
+        file that does not read back as this batch of these settings.
+
+        Args:
+            number (`int`): The batch.
+            batch (`range`): Its image indices.
+            image_paths (`list[Path]`): Where its images must be (empty when images are not saved).
+        """
+        if not self.batch_path(number).is_file():
+            return None
+        if not all(image.is_file() for image in image_paths):
+            logger.warning(f"Batch {number}'s images are missing from {self.image_dir}; it is sampled again.")
+            return None
+        result = self.read(number)
+        if result is None:
+            return None
+        if not torch.equal(result.rows[:, 0], torch.arange(batch.start, batch.stop, dtype=torch.float64)):
+            logger.warning(f"{self.batch_path(number)} holds other images than batch {number}; it is sampled again.")
+            return None
+        return result
+
+    def save(self, number: int, result: BatchResult) -> None:
+        """Keep batch `number`'s results (after its images, which must already be on disk)."""
+        if self.image_dir is not None:
+            fsync_tree(self.image_dir, recursive=False)  # the images' renames, before the batch counts as done
+        tensors = {
+            "rows": result.rows,
+            "grid": result.grid,
+            **{f"features.{name}": value for name, value in result.features.items()},
+        }
+        metadata = {"settings": self.key, "seconds": repr(result.seconds)}
+        write_durably(self.batch_path(number), lambda f: f.write(safetensors_bytes(tensors, metadata)))
+        fsync_tree(self.folder, recursive=False)
+
+    def results(self) -> Iterator[BatchResult]:
+        """Every batch on disk of these settings, in order (for the partial report)."""
+        for number in self.done_numbers():
+            result = self.read(number)
+            if result is not None:
+                yield result
+
+
+def remove_progress(folder: str | Path) -> None:
+    """Delete a progress folder: the batches first, the settings last, so that a kill half-way leaves a folder that
+    still resumes. A folder that holds other files is kept, with a warning.
+
+    Args:
+        folder (`str` or `Path`): The folder (`ProgressStore.folder`).
+    """
+    folder = Path(folder)
+    for pattern in (BATCH_GLOB, TEMPORARY_GLOB, SETTINGS_FILE):
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        logger.warning(f"Kept {folder}: it holds files that are not the evaluation's progress.")
