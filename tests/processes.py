@@ -1,5 +1,7 @@
-"""Running a command whose processes may hang (a multi-process launch), without hanging the test suite."""
+"""Running a command whose processes may hang (a multi-process launch), without hanging the test suite, and reading
+what it warned about."""
 
+import re
 import signal
 import subprocess
 
@@ -52,3 +54,14 @@ def with_gone_ignored(action, *args) -> None:
         action(*args)
     except psutil.NoSuchProcess:
         pass
+
+
+def warnings_in(log: str) -> list[str]:
+    """The warning lines of a command's output: Python's (`...Warning: ...`), loggers' (`WARNING`), and accelerate's
+    about launch settings it had to default ("had defaults used instead").
+
+    Args:
+        log (`str`): The command's stderr (or stdout).
+    """
+    pattern = re.compile(r"\w+Warning: |\bWARNING\b|had defaults used instead")
+    return [line for line in log.splitlines() if pattern.search(line)]

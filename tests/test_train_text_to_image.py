@@ -3,14 +3,12 @@ start-up checks also in this process (`main(argv)`, what the script calls)."""
 
 import importlib.util
 import json
-import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +73,8 @@ def train_args(workspace: Path, output: str | Path, base: str = "tiny") -> list[
 
 
 def load_script():
-    """A fresh copy of the trainer the script runs (`diffusers_lmlp.train`), to run its functions and `main` in this
-    process (where monkeypatch reaches) without one test's patches or state reaching another."""
+    """A fresh copy of the command the script runs (`diffusers_lmlp.train`: `parse_args` and `main`), to run it in this
+    process (where monkeypatch reaches); the trainer's functions are `diffusers_lmlp.training.trainer`'s."""
     spec = importlib.util.spec_from_file_location("train_text_to_image", diffusers_lmlp.train.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -270,7 +268,8 @@ def test_push_to_hub_without_a_token_fails_at_start_up(workspace, tmp_path):
         "--train_data_dir", str(workspace / "data"), "--output_dir", str(tmp_path / "out"),
         "--push_to_hub", "--hub_model_id", "alice/tiny",
     ]  # fmt: skip
-    env = {**ENV, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf-home")}  # no token anywhere
+    # No token anywhere, and online (offline, the push is refused before the token is looked for).
+    env = {**ENV, "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "0"}
     result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
     assert "No Hugging Face token: pass --hub_token" in result.stderr
@@ -278,10 +277,14 @@ def test_push_to_hub_without_a_token_fails_at_start_up(workspace, tmp_path):
 
 
 # Run the script with the Hub upload replaced by a stub that records what it was given (in the file named by the
-# first argument) instead of uploading.
+# first argument) instead of uploading, for a user who is online (the tests' environment is offline; nothing else
+# of the run reaches for the Hub).
 MOCK_PUSH = """
 import json, runpy, sys, types
+import huggingface_hub.constants
 import diffusers_lmlp.hub
+
+huggingface_hub.constants.HF_HUB_OFFLINE = False
 
 record = sys.argv.pop(1)
 
@@ -341,22 +344,6 @@ def test_two_cpu_processes_really_train_together(workspace):
     summary = json.loads((workspace / "ddp" / "training_summary.json").read_text())
     assert summary["num_processes"] == 2  # the wrong launches silently give 1
     assert summary["ranks_in_sync"] is True
-
-
-@pytest.mark.parametrize("num_processes, device, expected", [(1, "cpu", "every core"), (2, "cpu", 1), (1, "cuda", 1)])
-def test_one_cpu_process_uses_every_core(num_processes, device, expected, monkeypatch):
-    # `accelerate launch` leaves each process one thread (OMP_NUM_THREADS=1); one process on the CPU takes them all.
-    script = load_script()
-    monkeypatch.setattr(script, "logger", logging.getLogger(__name__))  # accelerate's logger needs an Accelerator
-    accelerator = types.SimpleNamespace(num_processes=num_processes, device=torch.device(device))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        script.use_every_core(accelerator)
-        cores = len(os.sched_getaffinity(0))
-        assert torch.get_num_threads() == (cores if expected == "every core" else expected)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("regional", [True, False], ids=["regional", "whole-model"])

@@ -1,0 +1,246 @@
+"""Where the trainer's frozen components come from: `--pretrained_vae` and `--pretrained_text_encoder` take what
+diffusers' training examples take, and the layout of each source is detected.
+
+A source is a local folder or a Hub repo id, in one of two layouts:
+
+- a **standalone model**: the component's `config.json` (and weights) at its root, as `stabilityai/sd-vae-ft-mse`
+  for a VAE, or `openai/clip-vit-large-patch14` for CLIP (model and tokenizer files side by side);
+- a **full pipeline**: `model_index.json` with `vae/`, `text_encoder/` and `tokenizer/` folders, as
+  `CompVis/stable-diffusion-v1-4` or a folder written by `LMLPPipeline.save_pretrained`.
+
+`--vae_subfolder` and `--text_encoder_subfolder` only override the detection. A Hub id's layout is read from the HF
+cache when the files are there (so it works with `HF_HUB_OFFLINE=1`), else with one request per file looked up.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from ..folders import TOKENIZER_FILES
+
+
+# The files the trainer reads of the papers' components (the README's `hf download` lines name exactly these).
+COCO_VAE_REPO = "CompVis/stable-diffusion-v1-4"
+COCO_VAE_FILES = ("vae/config.json", "vae/diffusion_pytorch_model.safetensors")
+COCO_TEXT_ENCODER_REPO = "openai/clip-vit-large-patch14"
+COCO_TEXT_ENCODER_FILES = (
+    "config.json",
+    "model.safetensors",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "preprocessor_config.json",  # read by the CLIP score of the evaluation, not by training
+)
+# A component's folder inside a full pipeline.
+VAE_FOLDER, TEXT_ENCODER_FOLDER, TOKENIZER_FOLDER = "vae", "text_encoder", "tokenizer"
+
+
+@dataclass(frozen=True)
+class VaeSource:
+    """Where the VAE loads from.
+
+    Args:
+        source (`str`): A local folder or a Hub repo id.
+        subfolder (`str`): Its folder inside `source` (`""`: the root).
+    """
+
+    source: str
+    subfolder: str
+
+
+@dataclass(frozen=True)
+class TextEncoderSource:
+    """Where the tokenizer and the text encoder load from.
+
+    Args:
+        source (`str`): A local folder or a Hub repo id.
+        subfolder (`str`): The text model's folder inside `source` (`""`: the root).
+        tokenizer_subfolder (`str`): The tokenizer's folder inside `source` (`""`: the root).
+    """
+
+    source: str
+    subfolder: str
+    tokenizer_subfolder: str
+
+
+class Location:
+    """Reads the files of a local folder or a Hub repo id, to tell its layout.
+
+    Args:
+        source (`str`): The folder or repo id given.
+        option (`str`): The option that gave it, for the messages.
+        revision (`str`, *optional*): The Hub revision.
+
+    Raises:
+        `ValueError`: When `source` is neither an existing folder nor a valid Hub repo id.
+    """
+
+    def __init__(self, source: str, option: str, revision: str | None = None):
+        self.source, self.option, self.revision = source, option, revision
+        self.local = Path(source).is_dir()
+        if not self.local:
+            try:
+                validate_repo_id(source)
+            except HFValidationError:
+                raise ValueError(f"{option} {source}: no such folder") from None
+
+    def has(self, path: str) -> bool | None:
+        """Whether the source has the file `path` (POSIX, relative); None when a Hub repo cannot be asked (offline,
+        and the cache does not know)."""
+        if self.local:
+            return (Path(self.source) / path).is_file()
+        from huggingface_hub import constants, file_exists, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(self.source, path, revision=self.revision)
+        if isinstance(cached, str):
+            return True
+        if cached is not None:  # the cache recorded that the repo has no such file
+            return False
+        if constants.HF_HUB_OFFLINE:
+            return None
+        try:
+            return file_exists(self.source, path, revision=self.revision)
+        except Exception:  # no connection, a private repo without a token, ...: loading will say what is wrong
+            return None
+
+    def config(self, path: str) -> dict | None:
+        """The JSON file `path` of a local source, or of a Hub source's cache; None if not at hand."""
+        if self.local:
+            file = Path(self.source) / path
+        else:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(self.source, path, revision=self.revision)
+            file = Path(cached) if isinstance(cached, str) else None
+        if file is None or not file.is_file():
+            return None
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
+
+    def unreachable(self, what: str, files: list[str]) -> ValueError:
+        """The error for a Hub source whose files are neither in the cache nor reachable."""
+        from huggingface_hub import constants
+
+        why = (
+            "HF_HUB_OFFLINE=1 keeps it from downloading"
+            if constants.HF_HUB_OFFLINE
+            else "the Hub could not be reached, or the repo is private (log in with `hf auth login`)"
+        )
+        return ValueError(
+            f"{self.option} {self.source}: {what} ({' or '.join(files)}) is not in the Hugging Face cache, and {why}. "
+            f"Fetch the files once, e.g. `hf download {self.source} {files[0]}` and the weights beside it (the README "
+            f"lists the exact files), or pass a local folder with {self.option}."
+        )
+
+
+def is_vae_config(config: dict | None) -> bool:
+    """Whether a `config.json` is a diffusers autoencoder's (its `_class_name`, or a VAE's fields)."""
+    if not config:
+        return False
+    name = config.get("_class_name")
+    return name.startswith("Autoencoder") if isinstance(name, str) else "latent_channels" in config
+
+
+def resolve_vae(
+    source: str, subfolder: str | None, option: str = "--pretrained_vae", revision: str | None = None
+) -> VaeSource:
+    """Where the VAE of `source` is: its root (a standalone VAE) or its `vae/` folder (a full pipeline).
+
+    Args:
+        source (`str`): A local folder or a Hub repo id.
+        subfolder (`str`, *optional*): `--vae_subfolder`: used as given; None to detect.
+        option (`str`, *optional*, defaults to `"--pretrained_vae"`): The option, for the messages.
+        revision (`str`, *optional*): The Hub revision.
+
+    Raises:
+        `ValueError`: Naming the source and what it lacks.
+    """
+    location = Location(source, option, revision)
+    if subfolder is not None:
+        config = f"{subfolder}/config.json" if subfolder else "config.json"
+        if location.local and not location.has(config):
+            raise ValueError(
+                f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json ({Path(source) / config} is "
+                "missing); leave --vae_subfolder out to detect the layout"
+            )
+        return VaeSource(source, subfolder)
+    root, nested = location.has("config.json"), location.has(f"{VAE_FOLDER}/config.json")
+    if root and (is_vae_config(location.config("config.json")) or not nested):
+        return VaeSource(source, "")
+    if nested:
+        return VaeSource(source, VAE_FOLDER)
+    if root is None or nested is None:
+        raise location.unreachable("the VAE", ["config.json", f"{VAE_FOLDER}/config.json"])
+    raise ValueError(
+        f"{option} {source} holds no VAE: it has neither a config.json (a standalone VAE, as "
+        f"stabilityai/sd-vae-ft-mse) nor {VAE_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+    )
+
+
+def resolve_text_encoder(
+    source: str, subfolder: str | None, option: str = "--pretrained_text_encoder", revision: str | None = None
+) -> TextEncoderSource:
+    """Where the text encoder and the tokenizer of `source` are: side by side at its root (a CLIP repo, as
+    `openai/clip-vit-large-patch14`), or in `text_encoder/` and `tokenizer/` (a full pipeline).
+
+    Args:
+        source (`str`): A local folder or a Hub repo id.
+        subfolder (`str`, *optional*): `--text_encoder_subfolder`: used as given; None to detect. Given, the
+            tokenizer is read from `tokenizer/` if the source has one, else from the text model's folder.
+        option (`str`, *optional*, defaults to `"--pretrained_text_encoder"`): The option, for the messages.
+        revision (`str`, *optional*): The Hub revision.
+
+    Raises:
+        `ValueError`: Naming the source and what it lacks.
+    """
+    location = Location(source, option, revision)
+    if subfolder is None:
+        nested, root = location.has(f"{TEXT_ENCODER_FOLDER}/config.json"), location.has("config.json")
+        if nested:
+            subfolder = TEXT_ENCODER_FOLDER
+        elif root:
+            subfolder = ""
+        elif nested is None or root is None:
+            raise location.unreachable("the text encoder", ["config.json", f"{TEXT_ENCODER_FOLDER}/config.json"])
+        else:
+            raise ValueError(
+                f"{option} {source} holds no text encoder: it has neither a config.json (a CLIP repo, as "
+                f"{COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+            )
+    else:
+        config = f"{subfolder}/config.json" if subfolder else "config.json"
+        found = location.has(config)
+        if found is None:
+            raise location.unreachable("the text encoder", [config])
+        if not found:
+            if location.local and subfolder and not (Path(source) / subfolder).is_dir():
+                raise ValueError(f"{option} {source} has no {subfolder}/ folder: the text model is missing")
+            raise ValueError(f"{option} {source}: the text model's {config} is missing")
+    # A pipeline keeps its tokenizer in tokenizer/, a CLIP repo beside the model.
+    candidates = [TOKENIZER_FOLDER, subfolder] if subfolder else [""]
+    holds = [tokenizer_files(location, folder) for folder in candidates]
+    if True in holds:
+        return TextEncoderSource(source, subfolder, candidates[holds.index(True)])
+    if None in holds:
+        raise location.unreachable("the tokenizer", [tokenizer_path(candidates[0], TOKENIZER_FILES[1])])
+    if subfolder and location.local and not (Path(source) / TOKENIZER_FOLDER).is_dir():
+        raise ValueError(f"{option} {source} has no {TOKENIZER_FOLDER}/ folder: the tokenizer is missing")
+    folder = Path(source) / candidates[0] if location.local else f"{source}/{candidates[0]}"
+    raise ValueError(f"{option} {source}: the tokenizer folder {folder} has no {' or '.join(TOKENIZER_FILES)}")
+
+
+def tokenizer_path(folder: str, name: str) -> str:
+    """The POSIX path of the tokenizer file `name` in `folder` of a source (`""`: its root)."""
+    return f"{folder}/{name}" if folder else name
+
+
+def tokenizer_files(location: Location, folder: str) -> bool | None:
+    """Whether `folder` of the source holds tokenizer files; None when a Hub repo cannot be asked."""
+    found = [location.has(tokenizer_path(folder, name)) for name in TOKENIZER_FILES]
+    return True if True in found else None if None in found else False

@@ -1,0 +1,363 @@
+"""GPU readiness without a GPU: the training step and the pipeline keep every tensor on the model's device and read
+nothing back from it but their checks; bf16 trains and samples end to end, close to fp32.
+
+The device tests run the real code in `FakeTensorMode` with the models on a fake device: tensors with shapes, dtypes
+and devices but no data, on which an op that mixes the device with a CPU tensor (other than a 0-dim one, which CUDA
+takes too) raises `FakeTensorDeviceMismatchError`, as a GPU would. The fake device is "meta", not "cuda": this torch is
+built without CUDA, and its C++ indexing (`tensor[index]`, which diffusers' `add_noise` and CLIP run) opens a CUDA
+device guard even for fake tensors ("PyTorch is not linked with support for cuda devices"). Fake mode checks devices
+itself, so a fake meta tensor meeting a CPU tensor raises where a plain meta one would not; `DeviceAudit` adds the
+ops that fake mode lets through (`embedding` with CPU ids), and every value read or copied back from the device.
+
+Reading a value needs data that fake tensors do not have, so each check that reads one (`check_finite`, the
+pipeline's `_raise_if_not_finite`, the backbone's timestep range, the scheduler's lookup of its first step) is
+replaced by a stand-in that asserts where its input lies; the real checks run in the other tests of the suite.
+"""
+
+import functools
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from diffusers import DDPMScheduler
+from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel
+from test_models import MODELS, TINY, make_model
+from test_pipeline import LATENT_SHAPE, NATIVE, TEXT_SHAPE
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import diffusers_lmlp.models.backbone as backbone
+import diffusers_lmlp.pipelines.pipeline_lmlp as pipeline_lmlp
+import diffusers_lmlp.training.step as training_step_module
+from diffusers_lmlp import FAMILIES
+from diffusers_lmlp.pipelines import default_scheduler
+from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, training_step
+
+
+# The fake device that stands for the GPU (see the module docstring).
+DEVICE = torch.device("meta")
+CPU = torch.device("cpu")
+BATCH, MICRO_BATCH = 4, 2  # two micro-batches: gradient accumulation runs too
+LATENT = (TINY["in_channels"], TINY["sample_size"], TINY["sample_size"])  # of test_models' tiny models
+TEXT = (TINY["text_seq_len"], TINY["text_embed_dim"])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and on a busy machine much faster (see conftest's `make_pipe`)."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+# Ops that take tensors on two devices on a GPU too: copies between devices, and indexing with CPU indices.
+CROSS_DEVICE_OPS = {
+    torch.ops.aten._to_copy.default,
+    torch.ops.aten.copy_.default,
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put_.default,
+    torch.ops.aten._index_put_impl_.default,
+}
+
+
+class DeviceAudit(TorchDispatchMode):
+    """Record, under the fake mode, what fake mode lets through but a GPU would not take or would wait for:
+
+    - `mixed`: an op given tensors on two devices (not a 0-dim CPU tensor, which CUDA takes as a number): fake mode
+      refuses most of them, but not all (`embedding` takes CPU ids there; on CUDA it raises);
+    - `reads`: a value read back from `DEVICE` (`.item()`, `bool(...)`) or a copy from it to the CPU, each of which
+      waits for every queued kernel on a GPU.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.mixed: list[str] = []
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        devices = {t.device for t in tensors if t.ndim > 0 or t.device != CPU}
+        if len(devices) > 1 and func not in CROSS_DEVICE_OPS:
+            self.mixed.append(f"{func} on {sorted(map(str, devices))}")
+        if func is torch.ops.aten._local_scalar_dense.default and tensors[0].device == DEVICE:
+            self.reads.append(f"{func} of a {tuple(tensors[0].shape)} tensor")
+        elif func is torch.ops.aten._to_copy.default and tensors[0].device == DEVICE and kwargs.get("device") == CPU:
+            self.reads.append(f"{func} of a {tuple(tensors[0].shape)} tensor to the CPU")
+        elif func is torch.ops.aten.copy_.default and tensors[0].device == CPU and tensors[1].device == DEVICE:
+            self.reads.append(f"{func} of a {tuple(tensors[1].shape)} tensor to the CPU")
+        return func(*args, **kwargs)
+
+
+def to_fake(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """Replace every parameter and buffer of `module` with a fake one of the same shape and dtype on `device`; call
+    inside the fake mode. (`module.to` cannot move fake parameters: it swaps tensors, which fake mode forbids.)"""
+    return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.float() - reference).norm() / reference.norm())
+
+
+def assert_on(tensor: torch.Tensor, device: torch.device, what: str) -> None:
+    assert tensor.device == device, f"{what}: on {tensor.device}, expected on {device}"
+
+
+@pytest.fixture
+def timestep_checks(monkeypatch) -> list[torch.Tensor]:
+    """The backbone's timestep range check, replaced by a stand-in that records what it was given: the training step
+    and the pipeline pass CPU timesteps, so that checking them never waits for the GPU."""
+    checked = []
+
+    def check(timestep):
+        assert_on(timestep, CPU, "the timesteps whose range the backbone checks")
+        checked.append(timestep)
+
+    monkeypatch.setattr(backbone, "_check_timestep_values", check)
+    return checked
+
+
+def loss_options(kind: str) -> LossOptions:
+    """Every term of the loss that the family has: Min-SNR, the noise offset and clipping for all, the MoE-MLP's
+    load-balancing loss, the AsymMixer's symmetry-breaking penalty."""
+    return LossOptions(
+        snr_gamma=5.0,
+        noise_offset=0.1,
+        load_balance_weight=0.01 if kind == "moe_mlp" else 0.0,
+        symmetry_breaking_weight=0.1 if kind == "asymmixer" else 0.0,
+        max_grad_norm=1.0,
+    )
+
+
+def prepared(accelerator: Accelerator, model: torch.nn.Module, learning_rate: float = 1e-3):
+    """The trainer's AdamW and constant learning rate, prepared with the model by `accelerator` as the trainer does."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    return accelerator.prepare(model, optimizer, get_scheduler("constant", optimizer=optimizer))
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, monkeypatch, timestep_checks):
+    checks = []
+
+    def check_on_device(loss, grad_norm, step):
+        for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+            assert_on(value, DEVICE, f"the step's {name}")
+            assert value.shape == () and value.dtype == torch.float32, (name, value.shape, value.dtype)
+        checks.append(step)
+
+    monkeypatch.setattr(training_step_module, "check_finite", check_on_device)
+    # Not placed on a device by accelerate: the model is already on the fake one. The trainer's `Accelerator` then
+    # runs as it does on a GPU (accumulation, clipping, the gather, the prepared optimizer and scheduler).
+    accelerator = Accelerator(cpu=True, device_placement=False, gradient_accumulation_steps=BATCH // MICRO_BATCH)
+    with torch.device("meta"):
+        model = MODELS[kind]().train()  # built without weights: the fake mode gives them below
+    with FakeTensorMode():
+        noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
+        # As in the trainer, the EMA is made while the model is on the CPU, before the model moves to the device.
+        ema = EMAModel([torch.nn.Parameter(torch.empty(p.shape)) for p in model.parameters()])
+        model, optimizer, lr_scheduler = prepared(accelerator, to_fake(model, DEVICE))
+        latents = torch.randn(BATCH, *LATENT, device=DEVICE)
+        text_states = torch.randn(BATCH, *TEXT, device=DEVICE)
+        generator = torch.Generator().manual_seed(0)  # the trainer's step generator, on the CPU
+        with DeviceAudit() as audit:
+            result = training_step(
+                accelerator, model, optimizer, lr_scheduler, noise_scheduler, latents, text_states, generator,
+                micro_batch_size=MICRO_BATCH, options=loss_options(kind), step=7, ema=ema,
+            )  # fmt: skip
+
+    assert checks == [7]  # once, after the last micro-batch
+    assert len(timestep_checks) == BATCH // MICRO_BATCH  # one forward per micro-batch
+    assert audit.mixed == []
+    assert audit.reads == []  # check_finite is the step's one read
+    assert_on(result.loss, DEVICE, "the step's loss")
+    assert_on(result.grad_norm, DEVICE, "the step's gradient norm")
+    parameters = list(model.parameters())
+    assert all(p.device == DEVICE and p.grad is None for p in parameters)
+    assert all(shadow.device == DEVICE for shadow in ema.shadow_params), "the EMA did not follow the model"
+    assert ema.optimization_step == 1
+    states = [optimizer.state[p] for p in parameters]
+    assert all(state["exp_avg"].device == DEVICE and state["exp_avg_sq"].device == DEVICE for state in states)
+    assert all(state["step"].device == CPU for state in states)  # AdamW keeps its step count on the CPU by design
+
+
+@pytest.mark.parametrize("output_type, inputs", [("pt", "prompt"), ("latent", "prompt"), ("pt", "tensors on the CPU")])
+def test_a_pipeline_call_keeps_every_tensor_on_the_model_device(
+    make_pipe, output_type, inputs, monkeypatch, timestep_checks
+):
+    pipe = make_pipe()
+    finite_checks = []
+
+    def check_on_device(images, message):
+        assert_on(images, DEVICE, "the images checked for NaN")
+        finite_checks.append(images.shape)
+
+    def first_step_index(timestep, schedule_timesteps=None):
+        # The scheduler's lookup of the first timestep in its schedule (a read), made on the device.
+        assert_on(timestep, DEVICE, "the scheduler's timestep")
+        assert_on(pipe.scheduler.timesteps, DEVICE, "the scheduler's timesteps")
+        return 0
+
+    set_timesteps, devices = pipe.scheduler.set_timesteps, []
+
+    def set_timesteps_outside_fake_mode(*args, device=None, **kwargs):
+        # diffusers' schedulers compute their schedules on the host, with NumPy: real tensors, out of fake mode.
+        devices.append(device)
+        with unset_fake_temporarily():
+            set_timesteps(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(pipeline_lmlp, "_raise_if_not_finite", check_on_device)
+    monkeypatch.setattr(pipe.scheduler, "index_for_timestep", first_step_index)
+    monkeypatch.setattr(pipe.scheduler, "set_timesteps", set_timesteps_outside_fake_mode)
+    # Real tensors of the scheduler (its schedule, on the CPU or the meta device) become fake ones of their device.
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for component in (pipe.text_encoder, pipe.transformer, pipe.vae):
+            to_fake(component, DEVICE)
+        if inputs == "prompt":
+            arguments = {"prompt": "a red circle", "generator": torch.Generator().manual_seed(0)}
+        else:  # what a user may pass from elsewhere: text states and initial noise, on the CPU
+            arguments = {
+                "prompt_embeds": torch.randn(1, *TEXT_SHAPE),
+                "negative_prompt_embeds": torch.randn(1, *TEXT_SHAPE),
+                "latents": torch.randn(1, *LATENT_SHAPE),
+            }
+        with DeviceAudit() as audit:
+            images = pipe(num_inference_steps=2, guidance_scale=2.0, output_type=output_type, **arguments).images
+
+    assert pipe._execution_device == DEVICE
+    assert devices == [DEVICE]  # so the scheduler's timesteps are on the device
+    # The one copy back: the timesteps, once, for the backbone's range check on the CPU.
+    assert audit.mixed == []
+    assert audit.reads == ["aten._to_copy.default of a (2,) tensor to the CPU"]
+    assert [tuple(t.shape) for t in timestep_checks] == [(2,), (2,)]  # [unconditional | conditional], 2 steps
+    assert_on(images, DEVICE, "the images")
+    assert images.dtype == torch.float32
+    if output_type == "latent":
+        assert images.shape == (1, *LATENT_SHAPE) and finite_checks == [images.shape]
+    else:
+        assert images.shape == (1, 3, NATIVE, NATIVE) and finite_checks == [(1, *LATENT_SHAPE), images.shape]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad):
+    accelerator = Accelerator(cpu=True)
+    model = make_model("moe_mlp").train()
+    ema = EMAModel(model.parameters())
+    model, optimizer, lr_scheduler = prepared(accelerator, model)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    latents = torch.randn(BATCH, *LATENT, generator=torch.Generator().manual_seed(0))
+    latents[1, 0, 2, 3] = bad
+    text_states = torch.randn(BATCH, *TEXT, generator=torch.Generator().manual_seed(1))
+    noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
+    with pytest.raises(NonFiniteLossError, match=r"^the loss is nan at step 5 \(gradient norm nan\)$"):
+        training_step(
+            accelerator, model, optimizer, lr_scheduler, noise_scheduler, latents, text_states,
+            torch.Generator().manual_seed(0), micro_batch_size=BATCH, options=loss_options("moe_mlp"), step=5, ema=ema,
+        )  # fmt: skip
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, before[name], rtol=0, atol=0, msg=name)
+        assert p.grad is None, name  # the gradients are dropped, never applied
+    assert not optimizer.state and lr_scheduler.scheduler.last_epoch == 0
+    assert ema.optimization_step == 0
+
+
+def train_one_step(kind: str, mixed_precision: str) -> tuple[torch.Tensor, dict, dict, dict]:
+    """One real training step on the CPU of a tiny model of `kind` (seed 0), as the trainer runs it with
+    `--mixed_precision`: the step's loss, and each parameter's gradient (as the optimizer sees it), value before
+    and value after."""
+    AcceleratorState._reset_state(reset_partial_state=True)  # a new mixed precision needs a new accelerate state
+    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=True, gradient_accumulation_steps=2)
+    model = make_model(kind).train()
+    names = {p: name for name, p in model.named_parameters()}
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ema = EMAModel(model.parameters())
+    model, optimizer, lr_scheduler = prepared(accelerator, model)
+    gradients = {}
+
+    def keep_gradients(optimizer, args, kwargs):
+        for p in (p for group in optimizer.param_groups for p in group["params"]):
+            gradients[names[p]] = None if p.grad is None else p.grad.clone()
+
+    optimizer.optimizer.register_step_pre_hook(keep_gradients)
+    data = torch.Generator().manual_seed(0)
+    latents, text_states = torch.randn(BATCH, *LATENT, generator=data), torch.randn(BATCH, *TEXT, generator=data)
+    noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
+    result = training_step(
+        accelerator, model, optimizer, lr_scheduler, noise_scheduler, latents, text_states,
+        torch.Generator().manual_seed(1), micro_batch_size=MICRO_BATCH, options=loss_options(kind), step=1, ema=ema,
+    )  # fmt: skip
+    after = {names[p]: p.detach().clone() for p in accelerator.unwrap_model(model).parameters()}
+    return result.loss, gradients, before, after
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_a_bf16_training_step_trains_every_parameter_and_matches_fp32(kind):
+    loss, gradients, before, after = train_one_step(kind, "bf16")
+    reference_loss, reference_gradients, reference_before, _ = train_one_step(kind, "no")
+
+    assert torch.isfinite(loss)
+    assert set(gradients) == set(before)
+    no_signal = [name for name, g in gradients.items() if g is None or not torch.isfinite(g).all() or not g.any()]
+    assert not no_signal, f"parameters without a gradient in bf16: {no_signal}"
+    unchanged = [name for name in before if torch.equal(after[name], before[name])]
+    assert not unchanged, f"parameters the bf16 step did not change: {unchanged}"
+    # The same weights, data and noise in fp32. Autocast rounds the inputs of every matmul and convolution to bf16
+    # (8 significant bits, a relative rounding error of at most 2⁻⁹ ≈ 0.2%) and accumulates in fp32, so the
+    # gradient, summed through the tiny model's few layers, is off by a few of those: about 0.5% here. 2% (ten
+    # roundings) allows that and the machine's kernels, and still fails on a term in the wrong dtype or dropped. The
+    # loss is mostly the noise's own MSE and stays within 0.1%.
+    torch.testing.assert_close(before, reference_before, rtol=0, atol=0)
+    torch.testing.assert_close(loss, reference_loss, rtol=1e-3, atol=0)
+    gradient = torch.cat([gradients[name].flatten() for name in reference_gradients])
+    assert relative_error(gradient, torch.cat([g.flatten() for g in reference_gradients.values()])) < 2e-2
+
+
+def sample_recording_noise(pipe, generate, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """`generate`'s output with guidance, and the guided noise predictions the solver got, (steps, B, C, h, w) in
+    fp32. With these random weights the predictions are small next to the initial noise, which the images mostly
+    show; the predictions show the network's precision."""
+    step, predictions = pipe.scheduler.step, []
+
+    @functools.wraps(step)  # the same signature: the pipeline looks for a `generator` argument
+    def recording_step(model_output, *args, **step_kwargs):
+        predictions.append(model_output.float())
+        return step(model_output, *args, **step_kwargs)
+
+    pipe.scheduler.step = recording_step
+    try:
+        return generate(pipe, guidance_scale=2.0, **kwargs), torch.stack(predictions)
+    finally:
+        del pipe.scheduler.step
+
+
+@pytest.mark.parametrize("bf16", ["weights", "autocast"])
+def test_a_bf16_pipeline_call_gives_finite_images_close_to_fp32(make_pipe, generate, bf16):
+    pipe = make_pipe()
+    reference, reference_noise = sample_recording_noise(pipe, generate)
+    reference_latents = generate(pipe, guidance_scale=2.0, output_type="latent")
+    if bf16 == "weights":
+        pipe.to(dtype=torch.bfloat16)
+        assert {pipe.text_encoder.dtype, pipe.transformer.dtype, pipe.vae.dtype} == {torch.bfloat16}
+        images, noise = sample_recording_noise(pipe, generate)
+        latents = generate(pipe, guidance_scale=2.0, output_type="latent")
+        assert latents.dtype == torch.bfloat16  # the transformer's dtype
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            images, noise = sample_recording_noise(pipe, generate)
+            latents = generate(pipe, guidance_scale=2.0, output_type="latent")
+        assert latents.dtype == torch.float32  # still the transformer's: the solver computes x₀ in fp32
+    assert images.dtype == torch.bfloat16 and images.shape == reference.shape
+    assert torch.isfinite(images).all() and images.min() >= 0 and images.max() <= 1
+    # bf16 keeps 8 significant bits: each rounding is off by at most 2⁻⁹ ≈ 0.2%, and every matmul and convolution
+    # rounds its inputs (accumulating in fp32). The guided noise predictions, through CLIP and the backbone, are off
+    # by 0.5-0.8% (L-MLP, MoE-MLP, U-ViT and gMLP backbones alike); 2% (ten roundings) allows that and fails on a
+    # cast to a coarser type (the guidance in float8: 2.8%) or a wrong scale. An image value near 1 is itself
+    # rounded by up to 0.002, and the solver and the decoder add a few such steps (0.006 at most, 0.0013 on
+    # average, here): 0.02 (five 8-bit grey levels) at most and 0.004 (one level) on average.
+    assert relative_error(noise, reference_noise) < 2e-2
+    assert relative_error(latents, reference_latents) < 2e-2
+    error = (images.float() - reference).abs()
+    assert error.max() < 2e-2 and error.mean() < 4e-3, (error.max(), error.mean())

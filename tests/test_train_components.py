@@ -1,0 +1,201 @@
+"""`--pretrained_vae` and `--pretrained_text_encoder` take what diffusers' examples take: a standalone model (as
+`stabilityai/sd-vae-ft-mse`, or `openai/clip-vit-large-patch14` with its tokenizer beside it) or a full pipeline
+(as `CompVis/stable-diffusion-v1-4`, with `vae/`, `text_encoder/` and `tokenizer/`), from a local folder or a
+pre-filled HF cache, under every preset. The layout is detected; `--vae_subfolder` only overrides it.
+
+The stand-ins are laid out file for file as the Hub repos are (tiny in width): the standalone VAE also carries the
+pickled `diffusion_pytorch_model.bin` the real repo has, here a file that fails if anything unpickles it."""
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub
+import pytest
+import torch
+from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_clip_repo, write_coco2014, write_sd_vae_repo
+from safetensors.torch import load_file
+from test_pipeline_loading import fill_hub_cache
+from test_train_text_to_image import load_script
+from transformers import CLIPTextModel, CLIPTokenizer
+
+from diffusers_lmlp.training import trainer
+from diffusers_lmlp.training.sources import TextEncoderSource, VaeSource, resolve_text_encoder, resolve_vae
+
+
+STANDALONE_VAE_REPO = "stabilityai/sd-vae-ft-mse"
+# Tiny COCO-recipe runs: the F2-deep skeleton narrowed to the stand-ins' widths.
+TINY = ["--model_overrides", "hidden_size=32", "num_layers=2", f"text_embed_dim={CLIP_TEXT_WIDTH}"]
+
+
+def write_standalone_vae(folder: Path, sd_repo: Path) -> Path:
+    """The `stabilityai/sd-vae-ft-mse` layout: `config.json` and the weights at the root, and the repo's pickled
+    `diffusion_pytorch_model.bin`, here bytes that no unpickler accepts."""
+    shutil.copytree(sd_repo / "vae", folder)
+    (folder / "diffusion_pytorch_model.bin").write_bytes(b"not a pickle: loading must never open this file")
+    return folder
+
+
+def write_sd_pipeline(folder: Path, clip_repo: Path) -> Path:
+    """The `CompVis/stable-diffusion-v1-4` layout with its text encoder and tokenizer: `model_index.json`, `vae/`,
+    `text_encoder/` (a `CLIPTextModel`) and `tokenizer/`."""
+    write_sd_vae_repo(folder, seed=1)  # other weights than the standalone VAE's, to tell which one loaded
+    CLIPTextModel.from_pretrained(clip_repo).save_pretrained(folder / "text_encoder")
+    CLIPTokenizer.from_pretrained(clip_repo).save_pretrained(folder / "tokenizer")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory) -> SimpleNamespace:
+    """The three repos as local folders, the same in an HF cache under their real ids, and a COCO-2014 folder."""
+    root = tmp_path_factory.mktemp("components")
+    clip = write_clip_repo(root / "repos" / CLIP_REPO)
+    sd = write_sd_pipeline(root / "repos" / SD_REPO, clip)
+    standalone = write_standalone_vae(root / "repos" / STANDALONE_VAE_REPO, sd_repo=write_sd_vae_repo(root / "sd0"))
+    cache = root / "hub"
+    for folder, repo_id in ((clip, CLIP_REPO), (sd, SD_REPO), (standalone, STANDALONE_VAE_REPO)):
+        fill_hub_cache(folder, cache, repo_id)
+    return SimpleNamespace(
+        root=root, cache=cache, clip=clip, sd=sd, standalone=standalone, coco=write_coco2014(root / "coco2014")
+    )
+
+
+@pytest.fixture
+def offline_cache(repos, monkeypatch) -> Path:
+    """The HF cache of `repos`, read offline (what `HF_HUB_CACHE=... HF_HUB_OFFLINE=1` gives a new process)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(repos.cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return repos.cache
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script()
+
+
+def source(repos, name: str, where: str) -> str:
+    """The `--pretrained_*` value of repo `name` ("standalone", "sd", "clip"): its local folder, or its Hub id."""
+    folder = getattr(repos, name)
+    ids = {"standalone": STANDALONE_VAE_REPO, "sd": SD_REPO, "clip": CLIP_REPO}
+    return str(folder) if where == "folder" else ids[name]
+
+
+def preset_args(repos, preset: str, tmp_path: Path) -> list[str]:
+    """A run of `preset` on data, as a user gives it; the LoRA preset fine-tunes a tiny COCO-sized pipeline."""
+    common = ["--output_dir", str(tmp_path / "out"), "--report_to", "none", "--max_train_steps", "1"]
+    if preset == "coco-f2":
+        return ["--preset", "coco-f2", "--train_data_dir", str(repos.coco), *TINY, *common]
+    if preset == "shapes":
+        return ["--preset", "shapes", "--data_layout", "coco2014", "--train_data_dir", str(repos.coco), *common]
+    return ["--preset", "shapes-lora", "--data_layout", "coco2014", "--train_data_dir", str(repos.coco), *common]
+
+
+VAE_LAYOUTS = {"standalone": VaeSource("{}", ""), "sd": VaeSource("{}", "vae")}
+TEXT_LAYOUTS = {"clip": TextEncoderSource("{}", "", ""), "sd": TextEncoderSource("{}", "text_encoder", "tokenizer")}
+
+
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+@pytest.mark.parametrize("vae", VAE_LAYOUTS)
+def test_a_vae_source_is_read_in_its_own_layout(repos, offline_cache, vae, where):
+    given = source(repos, vae, where)
+    assert resolve_vae(given, None) == VaeSource(given, VAE_LAYOUTS[vae].subfolder)
+
+
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+@pytest.mark.parametrize("text", TEXT_LAYOUTS)
+def test_a_text_encoder_source_is_read_in_its_own_layout(repos, offline_cache, text, where):
+    given = source(repos, text, where)
+    expected = TEXT_LAYOUTS[text]
+    assert resolve_text_encoder(given, None) == TextEncoderSource(
+        given, expected.subfolder, expected.tokenizer_subfolder
+    )
+
+
+@pytest.mark.parametrize("preset", ["coco-f2", "shapes", "shapes-lora"])
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+@pytest.mark.parametrize("vae, text", [("standalone", "clip"), ("sd", "sd")])
+def test_every_preset_loads_the_components_from_either_layout(
+    script, repos, offline_cache, tmp_path, preset, where, vae, text
+):
+    argv = preset_args(repos, preset, tmp_path)
+    argv += ["--pretrained_vae", source(repos, vae, where), "--pretrained_text_encoder", source(repos, text, where)]
+    args = script.parse_args(argv)
+    assert args.vae_source.subfolder == VAE_LAYOUTS[vae].subfolder
+    assert args.text_encoder_source.subfolder == TEXT_LAYOUTS[text].subfolder
+    tokenizer, text_encoder, loaded_vae = trainer.load_components(args)
+    # The weights that loaded are the ones of the layout given, read from safetensors (the .bin would fail).
+    folder = repos.standalone if vae == "standalone" else repos.sd / "vae"
+    expected = load_file(folder / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(loaded_vae.state_dict()[k], expected[k]) for k in expected)
+    text_folder = repos.clip if text == "clip" else repos.sd / "text_encoder"
+    expected = load_file(text_folder / "model.safetensors")  # a CLIPModel's keys start with text_model.
+    expected = {k.removeprefix("text_model."): v for k, v in expected.items()}
+    state = {k.removeprefix("text_model."): v for k, v in text_encoder.state_dict().items()}
+    assert all(torch.equal(state[k], expected[k]) for k in state)
+    assert (
+        tokenizer("a dog on a street").input_ids
+        == CLIPTokenizer.from_pretrained(repos.clip)("a dog on a street").input_ids
+    )
+
+
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+def test_vae_subfolder_overrides_the_detection(script, repos, offline_cache, tmp_path, where):
+    argv = preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", source(repos, "sd", where)]
+    assert script.parse_args(argv).vae_source.subfolder == "vae"
+    # A copy of the VAE at the root of the pipeline folder: detection prefers it, and --vae_subfolder vae picks vae/.
+    both = tmp_path / "both"
+    shutil.copytree(repos.sd, both)
+    for name in ("config.json", "diffusion_pytorch_model.safetensors"):
+        shutil.copy(repos.standalone / name, both / name)
+    argv = preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", str(both)]
+    assert script.parse_args(argv).vae_source.subfolder == ""
+    assert script.parse_args([*argv, "--vae_subfolder", "vae"]).vae_source.subfolder == "vae"
+
+
+def test_the_preset_default_ids_resolve_from_the_cache(script, repos, offline_cache, tmp_path):
+    args = script.parse_args(preset_args(repos, "coco-f2", tmp_path))
+    assert args.vae_source == VaeSource(SD_REPO, "vae")
+    assert args.text_encoder_source == TextEncoderSource(CLIP_REPO, "", "")
+
+
+def test_a_folder_without_a_vae_is_named(script, repos, offline_cache, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", str(empty)]
+    with pytest.raises(SystemExit):
+        script.parse_args(argv)
+    message = capsys.readouterr().err
+    assert f"--pretrained_vae {empty} holds no VAE: it has neither a config.json" in message
+    assert "vae/config.json" in message
+
+
+def test_a_repo_missing_from_the_offline_cache_is_named_with_what_to_do(
+    script, repos, offline_cache, tmp_path, capsys
+):
+    argv = preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", "someone/not-downloaded"]
+    with pytest.raises(SystemExit):
+        script.parse_args(argv)
+    message = capsys.readouterr().err
+    assert "--pretrained_vae someone/not-downloaded: the VAE" in message
+    assert "HF_HUB_OFFLINE=1 keeps it from downloading" in message and "hf download someone/not-downloaded" in message
+
+
+def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
+    """The documented 1-GPU COCO command (on the CPU here), with `--pretrained_vae stabilityai/sd-vae-ft-mse` from
+    the HF cache: the user's own VAE repo in its own layout, end to end."""
+    from test_train_coco import readme_command, run_bounded
+    from test_train_text_to_image import ENV
+
+    env = {**ENV, "HF_HUB_CACHE": str(repos.cache), "HF_HUB_OFFLINE": "1"}
+    shutil.copytree(repos.coco, tmp_path / "coco2014")
+    command = readme_command("1 GPU")
+    extra = [*TINY, "--train_batch_size", "2", "--lr_warmup_steps", "0", "--report_to", "none"]
+    extra += ["--max_train_steps", "1", "--output_dir", "run", "--pretrained_vae", STANDALONE_VAE_REPO]
+    result = run_bounded([*command, *extra], cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    saved = json.loads((tmp_path / "run" / "vae" / "config.json").read_text())
+    assert saved["scaling_factor"] == pytest.approx(0.23010)  # the recipe's latent scale travels with the VAE
+    weights = load_file(tmp_path / "run" / "vae" / "diffusion_pytorch_model.safetensors")
+    expected = load_file(repos.standalone / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)

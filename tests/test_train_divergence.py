@@ -1,0 +1,95 @@
+"""A diverging run never destroys good work: a NaN or inf loss or gradient norm stops the trainer at that step, before
+anything of it is applied or written, with a message that says what to try; the good checkpoints stay, rotation
+included. The trainer runs in this process (`main(argv)`), on the tiny workspace of test_train_text_to_image.
+(Corrupted cached features are refused earlier, by the feature store's checksums: tests/test_feature_store.py.)"""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train_text_to_image import load_script, make_workspace, train_args
+
+from diffusers_lmlp.training import step as step_module
+from diffusers_lmlp.training import trainer
+from diffusers_lmlp.training.step import NonFiniteLossError, check_finite, non_finite_parameters
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("divergence"))
+
+
+@pytest.fixture
+def script():
+    return load_script()
+
+
+def stop_message(script, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        script.main(argv)
+    assert isinstance(stopped.value.code, str), stopped.value.code
+    return stopped.value.code
+
+
+def all_finite(folder: Path) -> bool:
+    return all(torch.isfinite(t).all() for f in folder.rglob("*.safetensors") for t in load_file(f).values())
+
+
+def test_a_nan_loss_mid_run_stops_before_anything_is_written_and_keeps_the_last_good_checkpoint(
+    script, workspace, tmp_path, monkeypatch
+):
+    # Steps 1-4 train; from step 5 on the loss is NaN (as a too-high learning rate or a corrupted batch gives).
+    # Checkpoints every 2 steps, at most 1 kept: checkpoint-4 is the last good one and must survive.
+    loss, calls = step_module.diffusion_loss, []
+
+    def nan_from_step_5(*args, **kwargs):
+        calls.append(1)
+        value = loss(*args, **kwargs)
+        return value * float("nan") if len(calls) > 4 else value
+
+    monkeypatch.setattr(step_module, "diffusion_loss", nan_from_step_5)
+    out = tmp_path / "out"
+    argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "2"]
+    message = stop_message(script, [*argv, "--checkpoints_total_limit", "1", "--use_ema"])
+
+    assert message.startswith("error: the loss is nan at step 5 (gradient norm nan)")
+    assert f"the last checkpoint, {out / 'checkpoint-4'}, is intact" in message
+    assert "--resume_from_checkpoint latest" in message and "a lower --learning_rate (now 0.001)" in message
+    assert "--max_grad_norm 1.0" in message
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]  # rotation kept the good one
+    assert all_finite(out / "checkpoint-4")
+    assert not (out / "model_index.json").exists() and not (out / "training_summary.json").exists()
+    assert len(calls) == 5  # stopped at the first NaN, not trained on
+
+
+def test_a_learning_rate_that_diverges_stops_the_run_without_writing_nan(script, workspace, tmp_path):
+    out = tmp_path / "out"
+    argv = [*train_args(workspace, out), "--learning_rate", "1e9", "--max_train_steps", "20", "--checkpointing_steps"]
+    message = stop_message(script, [*argv, "1", "--adam_epsilon", "1e-30"])
+    assert "is nan" in message or "is inf" in message or "hold NaN or inf" in message, message
+    assert "a lower --learning_rate (now 1e+09)" in message
+    for checkpoint in out.glob("checkpoint-*"):
+        assert all_finite(checkpoint), checkpoint
+    assert not (out / "model_index.json").exists()
+
+
+def test_check_finite_refuses_nan_and_inf_and_names_the_step():
+    check_finite(torch.tensor(0.5), torch.tensor(1.0), step=3)
+    for loss, norm in ((math.nan, 1.0), (math.inf, 1.0), (0.5, math.nan), (0.5, math.inf)):
+        with pytest.raises(NonFiniteLossError, match=r"at step 7 \(gradient norm"):
+            check_finite(torch.tensor(loss), torch.tensor(norm), step=7)
+
+
+def test_weights_are_checked_before_a_checkpoint_is_written(script, tmp_path):
+    model = torch.nn.Linear(2, 2)
+    assert non_finite_parameters(model) == []
+    with torch.no_grad():
+        model.bias[0] = math.inf
+    assert non_finite_parameters(model) == ["bias"]
+    (tmp_path / "checkpoint-2").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        trainer.require_finite_weights(model, None, 3, tmp_path, 1e-3)
+    assert "after step 3, 1 weight tensor(s) hold NaN or inf (bias), so nothing was saved" in stopped.value.code
+    assert f"the last checkpoint, {tmp_path / 'checkpoint-2'}, is intact" in stopped.value.code

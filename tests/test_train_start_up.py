@@ -1,0 +1,180 @@
+"""What the trainer settles at start-up, before any data is read: the options a user gives are explained and
+checked, nothing is chosen silently, and nothing of an earlier run is lost. The trainer runs in this process."""
+
+import json
+import logging
+import types
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from diffusers.optimization import SchedulerType
+from test_train_text_to_image import load_script, make_workspace
+from test_train_validation import parser_error, tiny_args
+
+from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel
+from diffusers_lmlp.training import arguments, trainer
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("start-up"))
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script()
+
+
+def test_every_option_has_help_and_the_scheduler_lists_its_choices(script, capsys):
+    parser = script.build_parser()
+    undocumented = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert undocumented == []
+    with pytest.raises(SystemExit):
+        script.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "{linear,cosine,cosine_with_restarts,polynomial,constant,constant_with_warmup,piecewise_constant}" in text
+    assert "an L-MLP or MoE-MLP" not in text and "block families" in text
+
+
+def test_the_scheduler_choices_are_diffusers_own(script):
+    assert set(arguments.LR_SCHEDULERS) == {kind.value for kind in SchedulerType}
+
+
+def test_an_unknown_key_in_a_model_config_file_is_named_with_the_valid_ones(script, tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 64, "num_layer": 4}))
+    message = parser_error(script, ["--output_dir", "x", "--model_config", str(config)], capsys)
+    assert f"--model_config {config}: unknown config key 'num_layer'; the accepted keys of LMLPTransformer2DModel" in (
+        message
+    )
+    assert "num_layers" in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [("{", "is not valid JSON"), ("[1, 2]", "must hold a JSON object of config values, got list")],
+)
+def test_a_model_config_file_that_is_not_a_json_object_is_refused(script, tmp_path, capsys, text, problem):
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    assert problem in parser_error(script, ["--output_dir", "x", "--model_config", str(config)], capsys)
+
+
+def test_a_saved_backbone_config_builds_its_own_family(script, tmp_path):
+    # A backbone's config.json, as save_pretrained writes it (with _class_name and _diffusers_version).
+    model = FAMILIES["moe_mlp"].model_class(hidden_size=32, num_layers=2, num_experts=2, num_heads=2, sample_size=8)
+    model.save_config(tmp_path)
+    args = script.parse_args(["--output_dir", "x", "--model_config", str(tmp_path / "config.json")])
+    assert args.model_type == "moe_mlp"
+    built = trainer.build_model(args)
+    assert type(built).__name__ == "MoEMLPModel" and built.config.num_experts == 2 and built.config.hidden_size == 32
+
+
+def test_a_config_file_of_another_family_than_model_type_is_refused(script, tmp_path, capsys):
+    LMLPTransformer2DModel(hidden_size=32, num_layers=2).save_config(tmp_path)
+    argv = ["--output_dir", "x", "--model_type", "uvit", "--model_config", str(tmp_path / "config.json")]
+    assert "is a --model_type lmlp config (its _class_name)" in parser_error(script, argv, capsys)
+
+
+def test_push_to_hub_offline_is_refused_at_start_up(script, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    message = parser_error(script, ["--output_dir", "x", "--push_to_hub", "--hub_token", "hf_x"], capsys)
+    assert "--push_to_hub uploads at the end of training, but HF_HUB_OFFLINE=1 forbids" in message
+    assert "python -m diffusers_lmlp.hub push x <user>/<name>" in message
+
+
+def test_push_to_hub_without_a_token_is_refused_at_start_up(script, monkeypatch, capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("diffusers_lmlp.hub.upload.get_token", lambda: None)
+    assert "No Hugging Face token" in parser_error(script, ["--output_dir", "x", "--push_to_hub"], capsys)
+
+
+def test_validation_steps_on_data_without_prompts_is_refused(script, workspace, capsys):
+    message = parser_error(script, tiny_args(workspace, Path("x"), "--validation_steps", "2"), capsys)
+    assert "--validation_steps 2 samples validation prompts, and your data has none: pass --validation_prompts" in (
+        message
+    )
+    # With prompts it is fine, and without the option the run says that it will not validate.
+    script.parse_args(tiny_args(workspace, Path("x"), "--validation_steps", "2", "--validation_prompts", "a dog"))
+
+
+def test_a_run_without_validation_prompts_says_so(script, workspace, tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        script.main(tiny_args(workspace, tmp_path / "out"))
+    assert "no validation during training and no sample grid at the end" in caplog.text
+
+
+@pytest.mark.parametrize("earlier", ["finished", "checkpoints"])
+def test_an_output_dir_holding_a_run_is_refused_unless_resumed_or_overwritten(
+    script, workspace, tmp_path, capsys, earlier
+):
+    out = tmp_path / "out"
+    argv = tiny_args(workspace, out, "--checkpointing_steps", "1")
+    script.main(argv)
+    if earlier == "checkpoints":
+        (out / "training_summary.json").unlink()
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    message = parser_error(script, argv, capsys)
+    held = "a finished run (training_summary.json)" if earlier == "finished" else "the checkpoints of an earlier run"
+    assert f"--output_dir {out} already holds {held}" in message
+    assert "--resume_from_checkpoint latest" in message and "--overwrite_output_dir" in message
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing was touched
+    script.main([*argv, "--overwrite_output_dir"])
+    assert (out / "training_summary.json").is_file()
+
+
+def test_overwrite_and_resume_together_are_refused(script, workspace, capsys):
+    argv = tiny_args(workspace, Path("x"), "--overwrite_output_dir", "--resume_from_checkpoint", "latest")
+    assert "--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run" in parser_error(
+        script, argv, capsys
+    )
+
+
+def test_the_coco_preset_fp16_trains_in_float32_on_a_cpu_and_says_so(script):
+    accelerator = types.SimpleNamespace(mixed_precision="fp16", device=torch.device("cpu"))
+    args = types.SimpleNamespace(mixed_precision="fp16", mixed_precision_from_preset=True, preset="coco-f2")
+    assert trainer.effective_precision(accelerator, args).startswith("float32: the coco-f2 preset's fp16 needs a GPU")
+    gpu = types.SimpleNamespace(mixed_precision="fp16", device=torch.device("cuda"))
+    assert trainer.effective_precision(gpu, args) == "fp16"
+
+
+def test_an_explicit_fp16_on_a_cpu_is_refused(script):
+    accelerator = types.SimpleNamespace(mixed_precision="fp16", device=torch.device("cpu"))
+    args = types.SimpleNamespace(mixed_precision="fp16", mixed_precision_from_preset=False, preset=None)
+    with pytest.raises(SystemExit, match="fp16 mixed precision needs a GPU, and this run is on the CPU"):
+        trainer.effective_precision(accelerator, args)
+    # The same through `accelerate launch --mixed_precision fp16` (the option left out, accelerate's state fp16).
+    args = types.SimpleNamespace(mixed_precision=None, mixed_precision_from_preset=False, preset=None)
+    with pytest.raises(SystemExit, match="fp16 mixed precision needs a GPU"):
+        trainer.effective_precision(accelerator, args)
+
+
+@pytest.mark.parametrize(
+    "num_processes, device, num_threads, expected",
+    [(1, "cpu", None, "every core"), (1, "cpu", 1, 1), (2, "cpu", None, "unchanged"), (1, "cuda", None, "unchanged")],
+)
+def test_threads_of_a_run(script, monkeypatch, num_processes, device, num_threads, expected):
+    # As `accelerate launch` starts a process: OMP_NUM_THREADS=1, set by accelerate, not by the user.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.setattr("diffusers_lmlp.threads.launcher_environment", lambda: {})
+    accelerator = types.SimpleNamespace(num_processes=num_processes, device=torch.device(device))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        trainer.use_threads(accelerator, num_threads)
+        from diffusers_lmlp.threads import available_cores
+
+        wanted = {"every core": available_cores(), "unchanged": 1}.get(expected, expected)
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_num_threads_below_one_is_refused(script, capsys):
+    assert "--num_threads must be >= 1, got 0" in parser_error(
+        script, ["--output_dir", "x", "--num_threads", "0"], capsys
+    )
