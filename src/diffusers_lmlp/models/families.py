@@ -2,24 +2,27 @@
 
 The training script's `--model_type`, `build_tiny_pipeline`, the complexity accounting, the benchmarks, the model card
 and the Space all read `FAMILIES`; none of them tests a config key to guess a family. A family's per-block cost is
-its model class's `block_cost`, and its named configurations are the class's `named_configs`.
+its model class's `block_cost`, and its named configurations are `catalog.NAMED_CONFIGS[family.name]`.
+
+The registry itself imports no model: a family names its class, which is imported the first time `model_class` is
+read, so that command lines list families and configurations without loading diffusers.
 
 Adding a family: one file in `models/mixers/` with the block and its thin public model (a `UShapedMixerModel`
-subclass with `block_cost` and `named_configs`), plus one `BlockFamily` entry below.
+subclass with `block_cost`, and `named_configs` from its `NAMED_CONFIGS` entry), plus one `BlockFamily` entry below.
 """
 
+import functools
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .backbone import UShapedMixerModel
-from .lmlp_transformer_2d import LMLPTransformer2DModel
-from .mixers.attention import UViTTransformer2DModel
-from .mixers.gmlp import GMLPTransformer2DModel
-from .mixers.mlp_mixer import MLPMixerTransformer2DModel
-from .mixers.paramixer import AsymMixerTransformer2DModel, ParaMixerTransformer2DModel, SymMixerTransformer2DModel
-from .moe_mlp import MoEMLPModel
+from .catalog import NAMED_CONFIGS
+
+
+if TYPE_CHECKING:
+    from .backbone import UShapedMixerModel
 
 
 def _no_details(config: Mapping) -> str:
@@ -32,7 +35,9 @@ class BlockFamily:
 
     Args:
         name (`str`): The family's key, as `--model_type` and `build_tiny_pipeline(backbone=...)` take it.
-        model_class (`type[UShapedMixerModel]`): The public diffusers model.
+        class_name (`str`): The public diffusers model's class name, as `diffusers_lmlp` exports it and
+            `model_index.json` and config.json's `_class_name` record it.
+        module (`str`): The module of `diffusers_lmlp.models` that defines the class (e.g. "mixers.gmlp").
         label (`str`): What cards, the Space and tables call it (e.g. "UL-MLP").
         paper (`str`): The paper that defines the block, as a Markdown link.
         tag (`str`): The Hub tag of its checkpoints.
@@ -47,7 +52,8 @@ class BlockFamily:
     """
 
     name: str
-    model_class: type[UShapedMixerModel]
+    class_name: str
+    module: str
     label: str
     paper: str
     tag: str
@@ -55,6 +61,16 @@ class BlockFamily:
     details: Callable[[Mapping], str] = _no_details
     lora_target_modules: tuple[str, ...] = ()
     lora_target_parameters: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def model_class(self) -> type["UShapedMixerModel"]:
+        """The public diffusers model (its module is imported on first use)."""
+        return getattr(importlib.import_module(f"{__package__}.{self.module}"), self.class_name)
+
+    @property
+    def named_configs(self) -> dict[str, dict[str, Any]]:
+        """The family's named configurations: name -> `__init__` overrides."""
+        return NAMED_CONFIGS[self.name]
 
     @property
     def lora_target_regex(self) -> str | None:
@@ -97,7 +113,8 @@ FAMILIES: dict[str, BlockFamily] = {
     for family in (
         BlockFamily(
             name="lmlp",
-            model_class=LMLPTransformer2DModel,
+            class_name="LMLPTransformer2DModel",
+            module="lmlp_transformer_2d",
             label="UL-MLP",
             paper="[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)",
             tag="l-mlp",
@@ -105,7 +122,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="moe_mlp",
-            model_class=MoEMLPModel,
+            class_name="MoEMLPModel",
+            module="moe_mlp",
             label="MoE-MLP",
             paper='"Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"',
             tag="moe-mlp",
@@ -116,7 +134,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="uvit",
-            model_class=UViTTransformer2DModel,
+            class_name="UViTTransformer2DModel",
+            module="mixers.attention",
             label="U-ViT",
             paper="[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)",
             tag="u-vit",
@@ -125,7 +144,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="mlp_mixer",
-            model_class=MLPMixerTransformer2DModel,
+            class_name="MLPMixerTransformer2DModel",
+            module="mixers.mlp_mixer",
             label="MLP-Mixer",
             paper="[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)",
             tag="mlp-mixer",
@@ -133,7 +153,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="paramixer",
-            model_class=ParaMixerTransformer2DModel,
+            class_name="ParaMixerTransformer2DModel",
+            module="mixers.paramixer",
             label="ParaMixer",
             paper=_PARAMIXER_PAPER,
             tag="paramixer",
@@ -141,7 +162,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="symmixer",
-            model_class=SymMixerTransformer2DModel,
+            class_name="SymMixerTransformer2DModel",
+            module="mixers.paramixer",
             label="SymMixer",
             paper=_PARAMIXER_PAPER,
             tag="symmixer",
@@ -149,7 +171,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="asymmixer",
-            model_class=AsymMixerTransformer2DModel,
+            class_name="AsymMixerTransformer2DModel",
+            module="mixers.paramixer",
             label="AsymMixer",
             paper=_PARAMIXER_PAPER,
             tag="asymmixer",
@@ -158,7 +181,8 @@ FAMILIES: dict[str, BlockFamily] = {
         ),
         BlockFamily(
             name="gmlp",
-            model_class=GMLPTransformer2DModel,
+            class_name="GMLPTransformer2DModel",
+            module="mixers.gmlp",
             label="gMLP",
             paper="[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)",
             tag="gmlp",
@@ -181,9 +205,9 @@ def family_of(model: Any) -> BlockFamily:
     else:
         name = (model if isinstance(model, type) else type(model)).__name__
     for family in FAMILIES.values():
-        if family.model_class.__name__ == name:
+        if family.class_name == name:
             return family
-    known = ", ".join(family.model_class.__name__ for family in FAMILIES.values())
+    known = ", ".join(family.class_name for family in FAMILIES.values())
     raise ValueError(f"{name!r} is not a backbone of a registered block family ({known}).")
 
 
@@ -191,7 +215,7 @@ def named_configs() -> dict[str, tuple[BlockFamily, dict[str, Any]]]:
     """Every named configuration of every family: name -> (family, `__init__` overrides)."""
     named: dict[str, tuple[BlockFamily, dict[str, Any]]] = {}
     for family in FAMILIES.values():
-        for name, overrides in family.model_class.named_configs.items():
+        for name, overrides in family.named_configs.items():
             if name in named:
                 raise RuntimeError(
                     f"Named configuration {name!r} is defined by both {named[name][0].name} and "
@@ -201,7 +225,7 @@ def named_configs() -> dict[str, tuple[BlockFamily, dict[str, Any]]]:
     return named
 
 
-def from_named_config(name: str, **overrides: Any) -> UShapedMixerModel:
+def from_named_config(name: str, **overrides: Any) -> "UShapedMixerModel":
     """Build a randomly initialised backbone from any family's named configuration (e.g. "A2", "F2", "2E1H").
 
     Args:

@@ -6,47 +6,16 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 
-from .backbone import CONFIG_REQUIREMENTS, SHAPES_SMALL, UShapedMixerModel, _is_positive_real
+from ..exports import public
+from .backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
+from .catalog import NAMED_CONFIGS, TABLE_1  # noqa: F401  (TABLE_1: its former home)
 from .mixers.channel_mlp import CHANNEL_MLPS
 from .mixers.cost import BlockCost
 from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
 from .reference_keys import rename_reference_keys
 
 
-# L-MLP Table 1 (§5.2): the design ablation, on the COCO skeleton (32×32×4 latents, patch 2, D = 512, 77 text
-# tokens, L = 334). The paper trains each group at a matched size "by adjusting model hyperparameters" and says
-# (§4.1) it sizes an L-MLP by the MLP scale of FNN_Z; so within a group only the depth-12 (13-block) skeleton and
-# one width vary: the hemispheres' MLP width where there is no second stage, the joint MLP's scale s otherwise.
-# Readings where the paper is silent (Figure 7 is not in its text):
-# - "1-layer MLP" hemispheres (A1, B1–B3, C1) are Linear → GELU → Linear, one hidden layer.
-# - Table 1 (f) says D2 has no U-Net skips, so nothing before F1 has long skips (A1–E2 are plain stacks).
-# - F2-deep is the reference code (its long skip is added at the block's input), so that placement is "Second
-#   Stage": the skip joins the residual stream that the second stage reads. "First Stage" (F1) adds it to what
-#   the two hemispheres read only.
-# - B2's "GLUs": the left hemisphere gated by the sigmoid of the right (Dauphin et al.'s GLU across the
-#   hemispheres); E1's product gates the right hemisphere by GELU(left) (the footnote: GELU on the left only).
-# - A1 appears in group (a) at 23.5M and in group (c) at 45M with different FIDs: "A1" is the 23.5M row, "A1-45M"
-#   the 45M one.
-_PLAIN = dict(num_layers=12, long_skip=None)  # the depth-12 skeleton without long skips
-_NO_SECOND_STAGE = dict(_PLAIN, mlp_ratio=None)  # first stage only, sized by the hemispheres' MLP width
-_LINEAR_HEMISPHERES = dict(_PLAIN, mlp_ratio=5.2)  # Linear hemispheres, sized by s as Table 3's F2 block
-TABLE_1 = {
-    "A1": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.0),
-    "B1": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.0, merging="prod"),
-    "B2": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.0, merging="glu"),
-    "B3": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=2.35, merge_proj=False),
-    "A1-45M": dict(_NO_SECOND_STAGE, lateral_mlp_ratio=4.15),
-    "C1": dict(_PLAIN, lateral_mlp_ratio=1.0, mlp_ratio=4.49),
-    "D1": dict(_LINEAR_HEMISPHERES, merging="prod"),
-    "D2": dict(_LINEAR_HEMISPHERES),
-    "E1": dict(_LINEAR_HEMISPHERES, merging="prod", lateral_activation="left"),
-    "E2": dict(_LINEAR_HEMISPHERES, lateral_activation="both"),
-    "F1": dict(_LINEAR_HEMISPHERES, long_skip="first_stage"),
-    "F2": dict(_LINEAR_HEMISPHERES, long_skip="second_stage"),
-    "F2-deep": {},  # the defaults: the reference configs/lmlp_f2.py, depth 16, s = 4
-}
-
-
+@public
 class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped L-MLP ("UL-MLP") text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
 
@@ -54,7 +23,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     32×32×4 latents, patch 2, D = 512, 8 + 1 + 8 L-MLP blocks, MLP ratio 4, 77 CLIP ViT-L/14 tokens;
     47,139,122 parameters. The sequence length L = 1 + text_seq_len + (sample_size / patch_size)² (334 for F2-deep)
     is derived from the config. The other rows of the paper's design ablation (Table 1) are named configurations,
-    built by `from_named_config` (the comment above `TABLE_1` says how each row is read and sized):
+    built by `from_named_config` (the comment above `catalog.TABLE_1` says how each row is read and sized):
 
     | name | first stage (FNN_L, FNN_R) | merging | second stage | long skips | depth | params |
     |---|---|---|---|---|---|---|
@@ -121,7 +90,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         "merge_proj": (lambda v: isinstance(v, bool), "True or False"),
         "long_skip": (lambda v: v is None or v in SKIP_STAGES, f"one of {SKIP_STAGES} or None"),
     }
-    named_configs = TABLE_1 | {"shapes-S": SHAPES_SMALL}  # the shapes world's small model
+    named_configs = NAMED_CONFIGS["lmlp"]
 
     @register_to_config
     def __init__(

@@ -8,7 +8,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from diffusers.utils import BaseOutput
 
-from .backbone import SHAPES_SMALL, UShapedMixerModel
+from ..exports import public
+from .backbone import UShapedMixerModel
+from .catalog import NAMED_CONFIGS
 from .mixers.channel_mlp import CHANNEL_MLPS
 from .mixers.cost import BlockCost
 from .mixers.lmlp import LMLPBlock
@@ -30,6 +32,7 @@ class MoEMLPModelOutput(BaseOutput):
     router_probs: torch.Tensor | None = None
 
 
+@public
 class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped MoE-MLP backbone: L-MLP blocks whose token mixing is multi-head MoE-linear attention.
 
@@ -64,13 +67,7 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
 
     _no_split_modules = ["MoEMLPBlock"]
     _repeated_blocks = ["MoEMLPBlock"]
-    # Table 2 of the paper: F2's skeleton with E experts and H heads per block.
-    named_configs = {
-        "2E1H": {"num_experts": 2, "num_heads": 1},
-        "4E1H": {"num_experts": 4, "num_heads": 1},
-        "4E2H": {"num_experts": 4, "num_heads": 2},
-        "shapes-moe-S": dict(SHAPES_SMALL, num_experts=2, num_heads=2),
-    }
+    named_configs = NAMED_CONFIGS["moe_mlp"]
 
     @register_to_config
     def __init__(

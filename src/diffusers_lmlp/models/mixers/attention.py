@@ -32,7 +32,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
+from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int
+from ..catalog import NAMED_CONFIGS
 from ..reference_keys import rename_reference_keys
 from .channel_mlp import CHANNEL_MLPS, JointMLP
 from .cost import ZERO, BlockCost, layer_norm_cost, linear_cost
@@ -168,6 +170,7 @@ class UViTBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+@public
 class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-ViT text-to-image backbone ([U-ViT](https://arxiv.org/abs/2209.12152), Bao et al. 2023).
 
@@ -215,7 +218,7 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         "qkv_bias": (lambda v: isinstance(v, bool), "True or False"),
     }
     # The U-ViT paper's MS-COCO models (L-MLP Table 2 lists both, 45M and 58M): depth 12 and the "Deep" depth 16.
-    named_configs = {"U-ViT-S/2": {}, "U-ViT-S/2-deep": {"num_layers": 16}}
+    named_configs = NAMED_CONFIGS["uvit"]
 
     @register_to_config
     def __init__(

@@ -23,7 +23,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
+from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel
+from ..catalog import NAMED_CONFIGS
 from .cost import BlockCost, layer_norm_cost, linear_cost
 
 
@@ -139,14 +141,7 @@ class GMLPBlock(nn.Module):
         return x + self.channel_proj2(z)  # (B, L, D)
 
 
-# L-MLP Table 1 (a), row A3: gMLP at A1's size (23,484,738 parameters) on A1's skeleton: the COCO tokens (32×32×4
-# latents, patch 2, 77 CLIP tokens: L = 334), D = 512, depth 12 (13 blocks) and, as every row before F1, no long
-# skips. d_ffn is gMLP's one width (the spatial projection is L × L whatever the config), so it is what we size: the
-# gMLP paper's d_ffn = 6·D would make 32.8M parameters, and d_ffn = 2140 (mlp_ratio 4.18) matches A1's blocks
-# (1,761,226 parameters each against 1,761,686), for 23,478,758 parameters in all (-0.025 %).
-TABLE_1_A3 = dict(num_layers=12, long_skips=False, mlp_ratio=4.18)
-
-
+@public
 class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """gMLP blocks ([gMLP](https://arxiv.org/abs/2105.08050)) in the U-shaped text-to-image backbone.
 
@@ -180,7 +175,7 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     _no_split_modules = ["GMLPBlock"]
     _repeated_blocks = ["GMLPBlock"]
     config_requirements = {**CONFIG_REQUIREMENTS, "long_skips": (lambda v: isinstance(v, bool), "True or False")}
-    named_configs = {"A3": TABLE_1_A3}
+    named_configs = NAMED_CONFIGS["gmlp"]
 
     @register_to_config
     def __init__(

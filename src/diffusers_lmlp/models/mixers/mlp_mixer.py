@@ -20,7 +20,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
+from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
+from ..catalog import NAMED_CONFIGS
 from .channel_mlp import CHANNEL_MLPS, JointMLP
 from .cost import BlockCost, layer_norm_cost
 
@@ -98,15 +100,7 @@ class MLPMixerBlock(nn.Module):
         return x + self.channel_mlp(self.norm2(x))  # (B, L, D)
 
 
-# L-MLP Table 1 (a), row A2: MLP-Mixer at A1's size (23,484,738 parameters) on A1's skeleton: the COCO tokens
-# (32×32×4 latents, patch 2, 77 CLIP tokens: L = 334), D = 512, depth 12 (13 blocks) and, as every row before F1,
-# no long skips. The Mixer's standard channel ratio 4 cannot be kept: its channel MLP alone (2.10M) outweighs a whole
-# A1 block (1.76M), so the widths are matched to A1 instead. The token MLP is A1's FNN_L (L → 2L → L), and the channel
-# MLP takes the 5·D² that A1 spends on FNN_R (D → 2D → D) and its merge projection (D × D): D_C = 2.5·D. A2 then
-# differs from A1 only in how the block is wired, and has 23,486,038 parameters (+0.006 %).
-TABLE_1_A2 = dict(num_layers=12, long_skips=False, token_mlp_ratio=2.0, mlp_ratio=2.5)
-
-
+@public
 class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """MLP-Mixer blocks ([MLP-Mixer](https://arxiv.org/abs/2105.01601)) in the U-shaped text-to-image backbone.
 
@@ -150,7 +144,7 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
         ),
         "long_skips": (lambda v: isinstance(v, bool), "True or False"),
     }
-    named_configs = {"A2": TABLE_1_A2}
+    named_configs = NAMED_CONFIGS["mlp_mixer"]
 
     @register_to_config
     def __init__(

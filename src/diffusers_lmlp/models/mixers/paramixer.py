@@ -47,7 +47,9 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
+from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int, _is_positive_real
+from ..catalog import NAMED_CONFIGS
 from .cost import BlockCost, layer_norm_cost, linear_cost
 
 
@@ -351,13 +353,7 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         )
 
 
-# The COCO skeleton (32×32×4 latents, patch 2, D = 512, 77 text tokens, L = 334) at depth 16 (8 + 1 + 8 blocks, the
-# F2-deep depth) gives each family 44,955,812 parameters, 1.3% above the 44,366,248 of the L-MLP's Table 1 F2.
-# ParaMixer and AsymMixer keep the paper's widths (0.5·D, 4·D); SymMixer, with half the MLP parameters, doubles both
-# widths, as the paper's parameter-matched "Sym (dw)" (Table 3b), which doubles its MACs.
-_DEPTH_16 = dict(num_layers=16)
-
-
+@public
 class ParaMixerTransformer2DModel(ParallelMixerModel):
     """ParaMixer: parallelized mixing layers with independent token- and channel-MLP weights (eq. 32), U-shaped.
 
@@ -367,9 +363,10 @@ class ParaMixerTransformer2DModel(ParallelMixerModel):
     """
 
     mlp_class = VanillaMLP
-    named_configs = {"ParaMixer-S": _DEPTH_16}
+    named_configs = NAMED_CONFIGS["paramixer"]
 
 
+@public
 class SymMixerTransformer2DModel(ParallelMixerModel):
     """SymMixer: parallelized mixing layers whose MLPs have symmetric weights W₂ = W₁ᵀ (eqs. 28–29), U-shaped.
 
@@ -380,9 +377,10 @@ class SymMixerTransformer2DModel(ParallelMixerModel):
     """
 
     mlp_class = SymmetricMLP
-    named_configs = {"SymMixer-S": dict(_DEPTH_16, token_mlp_ratio=1.0, mlp_ratio=8.0)}
+    named_configs = NAMED_CONFIGS["symmixer"]
 
 
+@public
 class AsymMixerTransformer2DModel(ParallelMixerModel):
     """AsymMixer: SymMixer plus a learned symmetry-breaking term, W₂ = W₁ᵀ + W̃₂ (eq. 38), U-shaped.
 
@@ -393,7 +391,7 @@ class AsymMixerTransformer2DModel(ParallelMixerModel):
     """
 
     mlp_class = AsymmetricMLP
-    named_configs = {"AsymMixer-S": _DEPTH_16}
+    named_configs = NAMED_CONFIGS["asymmixer"]
 
 
 def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:

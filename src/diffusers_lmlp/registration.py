@@ -1,0 +1,97 @@
+"""How `DiffusionPipeline.from_pretrained` finds `LMLPPipeline`: diffusers resolves a folder's `_class_name` as an
+attribute of the `diffusers` package.
+
+Importing `diffusers_lmlp` gives the diffusers package a module `__getattr__` (PEP 562) that imports the pipeline
+when `diffusers.LMLPPipeline` is first read (and then sets it as an attribute), and passes every other name on to
+diffusers' own lazy lookup. It is added at
+once when diffusers is already imported, else right after diffusers' `__init__` has run (a one-shot import hook), so
+that `import diffusers_lmlp` alone loads no diffusers, and importing diffusers imports nothing of ours.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+
+# The pipelines diffusers can find by `_class_name`: name -> the module that defines it.
+PIPELINES = {"LMLPPipeline": "diffusers_lmlp.pipelines.pipeline_lmlp"}
+
+
+def find_pipeline(name: str) -> type:
+    """The diffusers package's module `__getattr__`: our pipelines by name, imported on first use.
+
+    Args:
+        name (`str`): The attribute read from `diffusers`.
+
+    Raises:
+        `AttributeError`: For any other name, so that diffusers' own lazy lookup handles it.
+    """
+    if name not in PIPELINES:
+        raise AttributeError(name)
+    pipeline_class = getattr(importlib.import_module(PIPELINES[name]), name)
+    setattr(sys.modules["diffusers"], name, pipeline_class)  # later reads skip this function
+    return pipeline_class
+
+
+def add_lookup(diffusers: ModuleType) -> None:
+    """Give the diffusers package `find_pipeline` as its module `__getattr__` (unless it has one of its own).
+
+    Args:
+        diffusers (`ModuleType`): The imported diffusers package.
+    """
+    diffusers.__dict__.setdefault("__getattr__", find_pipeline)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """A one-shot import hook: when module `name` is first imported, run `callback(module)` right after its code.
+
+    Args:
+        name (`str`): The module's full name.
+        callback (`Callable[[ModuleType], None]`): What to run with the imported module.
+    """
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the other finders find the module itself
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = CallbackLoader(spec.loader, self.callback)
+        return spec
+
+
+class CallbackLoader(importlib.abc.Loader):
+    """A module's own loader, followed by `callback(module)`; anything else is the wrapped loader's.
+
+    Args:
+        loader (`importlib.abc.Loader`): The module's loader.
+        callback (`Callable[[ModuleType], None]`): What to run once the module's code has run.
+    """
+
+    def __init__(self, loader: importlib.abc.Loader, callback: Callable[[ModuleType], None]):
+        self.loader, self.callback = loader, callback
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        # A package may replace itself in sys.modules as its code runs (diffusers installs a lazy module object).
+        self.callback(sys.modules[module.__name__])
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+
+def register_with_diffusers() -> None:
+    """Let diffusers find `LMLPPipeline` once diffusers is imported: now, or by a hook when it is."""
+    if "diffusers" in sys.modules:
+        add_lookup(sys.modules["diffusers"])
+    elif not any(isinstance(finder, AfterImport) and finder.name == "diffusers" for finder in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport("diffusers", add_lookup))

@@ -1,0 +1,162 @@
+"""Quick start-up: `import diffusers_lmlp`, every command's `--help` and its argument errors load no heavy library
+(diffusers, transformers, accelerate, datasets, peft, gradio), and what the lazy names replace still holds: diffusers
+finds `LMLPPipeline` whichever is imported first, saved folders name ["diffusers_lmlp", "<Class>"], and the
+trainer's former names keep working with a warning.
+
+Each case is a fresh interpreter run with `-X importtime`, which lists every module the command imported. How long
+the commands take is measured by `benchmarks/start_up.py`, not here."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import diffusers_lmlp
+from diffusers_lmlp import FAMILIES
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+HEAVY = {"diffusers", "transformers", "accelerate", "datasets", "peft", "gradio"}
+
+
+def imported_modules(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run `python -X importtime *args` and return the result and the top-level packages it imported."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *args], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:") and "|" in line]
+    names = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in lines[1:]}  # the first line is the header
+    return result, names
+
+
+def test_importing_the_package_loads_no_heavy_library():
+    result, names = imported_modules(
+        "-c", "import diffusers_lmlp; diffusers_lmlp.FAMILIES; diffusers_lmlp.__version__"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not names & HEAVY, sorted(names & HEAVY)
+    assert "diffusers_lmlp" in names  # the parsing of -X importtime output found the package itself
+
+
+@pytest.mark.parametrize(
+    ("command", "exit_code", "says"),
+    [
+        (["diffusers_lmlp.train", "--help"], 0, "usage: python -m diffusers_lmlp.train"),
+        (["diffusers_lmlp.train", "--no_such_option"], 2, "unrecognized arguments: --no_such_option"),
+        (["diffusers_lmlp.train", "--model_type", "transformer"], 2, "invalid choice: 'transformer'"),
+        (["diffusers_lmlp.train", "--learning_rate", "-1"], 2, "--learning_rate must be a positive number"),
+        (["diffusers_lmlp.train", "--model_config", "Z9"], 2, "unknown --model_config 'Z9'"),
+        (["diffusers_lmlp.train", "--resume_from_checkpoint", "nowhere/checkpoint-3"], 2, "no such checkpoint folder"),
+        (["diffusers_lmlp.evaluation", "--help"], 0, "usage: python -m diffusers_lmlp.evaluation"),
+        (["diffusers_lmlp.evaluation", "--pipeline", "./no-such-folder"], 2, "no such folder"),
+        (["diffusers_lmlp.evaluation", "--pipeline", "shapes", "--batch_size", "0"], 2, "must be positive"),
+        (["diffusers_lmlp.hub", "--help"], 0, "usage: python -m diffusers_lmlp.hub"),
+        (["diffusers_lmlp.hub", "push", "--help"], 0, "usage: python -m diffusers_lmlp.hub push"),
+        (["diffusers_lmlp.hub", "push-space"], 2, "the following arguments are required"),
+        (["diffusers_lmlp.hub", "push", "a", "b", "--output-dir", "x"], 2, "--output-dir only goes with --dry-run"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_help_and_argument_errors_load_no_heavy_library(command, exit_code, says):
+    result, names = imported_modules("-m", *command)
+    assert result.returncode == exit_code, result.stderr[-2000:]
+    output = result.stdout + "\n".join(line for line in result.stderr.splitlines() if not line.startswith("import"))
+    assert says in " ".join(output.split())
+    assert not names & HEAVY, sorted(names & HEAVY)
+
+
+def test_a_model_config_key_check_loads_the_model_class_only_then(tmp_path):
+    # The one kind of argument error that needs a model: its config signature names the valid keys.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_layers": 4, "no_such_key": 1}))
+    result, names = imported_modules("-m", "diffusers_lmlp.train", "--model_config", str(config))
+    assert result.returncode == 2 and "unknown config key 'no_such_key'" in result.stderr
+    assert "diffusers" in names  # the class was imported for it; a key check needs its signature
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import diffusers_lmlp; import diffusers",  # the package first: the import hook adds the lookup
+        "import diffusers; import diffusers_lmlp",  # diffusers first: registered at once
+        "from diffusers_lmlp.models import LMLPTransformer2DModel",  # diffusers imported by a model module
+        "from diffusers_lmlp.pipelines import LMLPPipeline",  # by the pipelines themselves
+    ],
+)
+def test_diffusion_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(first, tmp_path):
+    from diffusers_lmlp.tiny import build_tiny_pipeline
+
+    build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
+    code = f"""
+{first}
+import diffusers_lmlp
+from diffusers import DiffusionPipeline
+pipe = DiffusionPipeline.from_pretrained({str(tmp_path / "pipe")!r})
+print(type(pipe).__module__, type(pipe).__name__, type(pipe.transformer).__name__)
+"""
+    result = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPTransformer2DModel"]
+    assert "could not register" not in result.stderr
+
+
+def test_every_public_class_is_recorded_under_the_package_from_its_own_module():
+    # save_pretrained writes `__module__` into model_index.json: a class imported from its defining module, with the
+    # package's lazy names never read, must still say "diffusers_lmlp".
+    code = "\n".join(
+        f"from diffusers_lmlp.models.{family.module} import {family.class_name} as c; print(c.__module__)"
+        for family in FAMILIES.values()
+    )
+    code += "\nfrom diffusers_lmlp.pipelines.pipeline_lmlp import LMLPPipeline; print(LMLPPipeline.__module__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["diffusers_lmlp"] * (len(FAMILIES) + 1)
+
+
+def test_the_package_exports_every_family_and_lists_its_names():
+    for family in FAMILIES.values():
+        assert getattr(diffusers_lmlp, family.class_name) is family.model_class
+        assert family.class_name in diffusers_lmlp.__all__ and family.class_name in dir(diffusers_lmlp)
+    assert set(diffusers_lmlp.__all__) <= set(dir(diffusers_lmlp))
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        diffusers_lmlp.NoSuchName  # noqa: B018
+
+
+def test_the_trainers_former_names_work_with_a_deprecation_warning():
+    import diffusers_lmlp.train as train
+    from diffusers_lmlp.training import arguments, trainer
+
+    with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.train\.BatchReader.*diffusers_lmlp\.training\.trainer"):
+        assert train.BatchReader is trainer.BatchReader
+    with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.training\.arguments"):
+        assert train.PRESETS is arguments.PRESETS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert train.parse_args is arguments.parse_args  # the diffusers example's names stay, without a warning
+    with pytest.raises(AttributeError):
+        train.no_such_name  # noqa: B018
+
+
+def test_the_module_form_of_each_command_names_itself_and_a_script_keeps_its_own_name():
+    from diffusers_lmlp.commands import program_name
+
+    package = Path(diffusers_lmlp.__file__).parent
+    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", str(package / "train.py")) == (
+        "python -m diffusers_lmlp.train"
+    )
+    assert program_name("diffusers-lmlp-hub", "diffusers_lmlp.hub", str(package / "hub" / "__main__.py")) == (
+        "python -m diffusers_lmlp.hub"
+    )
+    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", "/venv/bin/diffusers-lmlp-train") == (
+        "diffusers-lmlp-train"
+    )
+    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", "examples/train_text_to_image.py") == (
+        "train_text_to_image.py"
+    )
+    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", "/elsewhere/train.py") == "train.py"
