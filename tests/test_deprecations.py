@@ -13,7 +13,7 @@ from diffusers_lmlp.tiny import RENAMED_BACKBONES_REMOVED_IN, build_tiny_pipelin
 
 def test_the_old_backbone_name_moe_warns_and_builds_the_moe_mlp_pipeline():
     expected = (
-        r"build_tiny_pipeline\(backbone='moe'\) is deprecated and will be removed in diffusers-lmlp 0\.2\.0: the "
+        r"build_tiny_pipeline\(backbone='moe'\) is deprecated and will be removed in diffusers-lmlp 0\.2\.0\. The "
         r"family is now called 'moe_mlp'"
     )
     with pytest.warns(FutureWarning, match=expected):
@@ -31,3 +31,15 @@ def test_deprecated_names_are_removed_by_their_version():
         f"diffusers-lmlp {diffusers_lmlp.__version__} has reached {RENAMED_BACKBONES_REMOVED_IN}: remove "
         "RENAMED_BACKBONES from diffusers_lmlp/tiny.py."
     )
+
+
+def test_a_deprecation_past_its_removal_version_fails_so_that_it_is_removed(monkeypatch):
+    from diffusers_lmlp.deprecation import deprecate
+
+    with pytest.warns(
+        FutureWarning, match=r"^`old_name` is deprecated and will be removed in diffusers-lmlp 0\.2\.0\. "
+    ):
+        deprecate("`old_name`", "0.2.0", "Use `new_name`.")
+    monkeypatch.setattr(diffusers_lmlp, "__version__", "0.2.0")
+    with pytest.raises(RuntimeError, match="was to be removed in diffusers-lmlp 0.2.0"):
+        deprecate("`old_name`", "0.2.0", "Use `new_name`.")

@@ -9,12 +9,12 @@ weights are random.
 import json
 import os
 import tempfile
-import warnings
 
 import torch
 from diffusers import AutoencoderKL
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
+from .deprecation import deprecate
 from .models import FAMILIES
 from .pipelines import LMLPPipeline, default_scheduler
 
@@ -166,12 +166,11 @@ def build_tiny_pipeline(
         `LMLPPipeline`: The pipeline, on the CPU in float32, with its models in eval mode.
     """
     if backbone in RENAMED_BACKBONES:
-        warnings.warn(
-            f"build_tiny_pipeline(backbone={backbone!r}) is deprecated and will be removed in diffusers-lmlp "
-            f"{RENAMED_BACKBONES_REMOVED_IN}: the family is now called {RENAMED_BACKBONES[backbone]!r}, its name in "
-            f"the registry diffusers_lmlp.FAMILIES. Pass backbone={RENAMED_BACKBONES[backbone]!r}.",
-            FutureWarning,
-            stacklevel=2,
+        deprecate(
+            f"build_tiny_pipeline(backbone={backbone!r})",
+            RENAMED_BACKBONES_REMOVED_IN,
+            f"The family is now called {RENAMED_BACKBONES[backbone]!r}, its name in the registry "
+            f"diffusers_lmlp.FAMILIES. Pass backbone={RENAMED_BACKBONES[backbone]!r}.",
         )
         backbone = RENAMED_BACKBONES[backbone]
     if backbone not in FAMILIES:

@@ -6,8 +6,8 @@ the warning). This module goes away in diffusers-lmlp 0.2.0.
 """
 
 import runpy
-import warnings
 
+from ..deprecation import deprecate
 from ..hub.space import DEFAULT_SPACE_DIR
 
 
@@ -17,12 +17,11 @@ REMOVED_IN = "0.2.0"
 def main() -> None:
     """Warn that this command is deprecated, then run the Space's `app.py` as its own script."""
     app = DEFAULT_SPACE_DIR / "app.py"
-    warnings.warn(
-        f"`python -m diffusers_lmlp.space.app` is deprecated and will be removed in diffusers-lmlp {REMOVED_IN}. "
+    deprecate(
+        "`python -m diffusers_lmlp.space.app`",
+        REMOVED_IN,
         f"The Space moved to spaces/lmlp-demo/: run its app with `python {app}` (in a checkout: "
         "`cd spaces/lmlp-demo && python app.py`).",
-        FutureWarning,
-        stacklevel=2,
     )
     runpy.run_path(str(app), run_name="__main__")
 
