@@ -84,9 +84,10 @@ def run(
     return result
 
 
-# Two warnings of the libraries on the offline path, not of this project's code or commands: diffusers 0.42 passes
-# huggingface_hub 2 the removed `local_dir_use_symlinks`, and huggingface_hub says it uses the cached revision offline.
-LIBRARY_WARNINGS = ("`local_dir_use_symlinks` argument is deprecated", "Could not reach the Hub")
+# Warnings of the libraries on the offline path, not of this project's code or commands: diffusers 0.42 passes
+# huggingface_hub 2 the removed `local_dir_use_symlinks`, huggingface_hub says it uses the cached revision offline,
+# and newer transformers log a "LOAD REPORT" of a CLIP text model read from the whole CLIP repo's weights.
+LIBRARY_WARNINGS = ("`local_dir_use_symlinks` argument is deprecated", "Could not reach the Hub", "LOAD REPORT")
 
 
 def our_warnings(log: str) -> list[str]:
