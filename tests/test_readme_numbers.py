@@ -1,0 +1,199 @@
+"""What the README states about the code, read from the README and compared with the code that it describes: the
+prompts it samples the shipped shapes model with, the progress lines, the upload limits, the Space's folder and
+settings, the install extra, the metadata example, deprecation dates and the options it names. A change on either
+side fails here, so that neither can drift from the other. (The vocabulary size and the LoRA share are checked in
+tests/test_readme_facts.py.)"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from test_readme import PYTHON_BLOCKS, stand_ins
+
+from diffusers_lmlp import unknown_words
+from diffusers_lmlp.hub.space import SPACE_FILE_LIMIT, SPACE_NAME, SPACE_TOTAL_LIMIT
+from diffusers_lmlp.hub.upload import IMAGE_LIMIT, TEXT_LIMIT
+from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+from diffusers_lmlp.training.progress import LINE_EVERY_FRACTION, LINE_EVERY_SECONDS
+
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SPACE_DIR = ROOT / "spaces" / SPACE_NAME
+
+
+def section(title: str) -> str:
+    """The README's text from the heading `title` (without its #s) to the next heading of the same level."""
+    [(_, body)] = re.findall(rf"^(#+) {re.escape(title)}\n(.*?)(?=^\1 |\Z)", README, flags=re.DOTALL | re.MULTILINE)
+    return body
+
+
+def stated(pattern: str, text: str = README) -> tuple[str, ...]:
+    """The groups of the one match of `pattern` in `text`, where a space of `pattern` matches any whitespace (the
+    README wraps its lines)."""
+    [match] = re.finditer(pattern.replace(" ", r"\s+"), text)
+    return match.groups()
+
+
+def module_constants(path: Path) -> dict[str, object]:
+    """The literal module-level constants of a Python file (`NAME = 32`), read without importing it."""
+    constants = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    constants[target.id] = node.value.value
+    return constants
+
+
+def requirement_name(requirement: str) -> str:
+    """The distribution name of a requirement line (`"peft>=0.20"` -> `"peft"`)."""
+    return re.match(r"[A-Za-z0-9_.-]+", requirement.strip()).group(0)
+
+
+def sampled_prompts(block: str) -> list[str]:
+    """The prompts a README Python block samples with: the first argument of a call of `pipe` (or of a pipeline
+    loaded in the same expression), the `prompt` and `negative_prompt` keywords, and strings assigned to `prompt`;
+    empty ones (an empty negative prompt) left out."""
+    prompts = []
+    for node in ast.walk(ast.parse(block)):
+        if isinstance(node, ast.Call):
+            if (isinstance(node.func, ast.Name) and node.func.id == "pipe") or isinstance(node.func, ast.Call):
+                prompts += [node.args[0].value] if node.args and isinstance(node.args[0], ast.Constant) else []
+            prompts += [
+                keyword.value.value
+                for keyword in node.keywords
+                if keyword.arg in ("prompt", "negative_prompt") and isinstance(keyword.value, ast.Constant)
+            ]
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            if any(isinstance(target, ast.Name) and target.id == "prompt" for target in node.targets):
+                prompts.append(node.value.value)
+    return [prompt for prompt in prompts if prompt]
+
+
+def test_every_prompt_the_readme_samples_the_shapes_model_with_is_in_its_vocabulary():
+    # The blocks that tests/test_readme.py runs against the shipped shapes model: those with a placeholder it
+    # replaces (the model repo, the repo pushed with code, the LoRA, the served Space), or that load it themselves.
+    placeholders = stand_ins("http://127.0.0.1:7860/", Path("lora"), Path("with-code"))
+    blocks = [
+        block
+        for block in PYTHON_BLOCKS
+        if any(placeholder in block for placeholder in placeholders) or "pretrained_shapes_pipeline()" in block
+    ]
+    prompts = [sampled_prompts(block) for block in blocks]
+    assert len(blocks) >= 4 and all(prompts), "every such block samples a prompt this test reads"
+    tokenizer = pretrained_shapes_pipeline().tokenizer
+    unknown = {prompt: unknown_words(tokenizer, prompt) for block in prompts for prompt in block}
+    assert {prompt: words for prompt, words in unknown.items() if words} == {}
+
+
+def test_the_log_file_progress_the_readme_describes_is_line_progress():
+    percent, period = stated(r"each write a plain line at every (\d+)% of their count, at least one (a minute),")
+    assert int(percent) == round(100 * LINE_EVERY_FRACTION)
+    assert {"a minute": 60.0}[period] == LINE_EVERY_SECONDS
+
+
+def test_the_upload_size_limits_in_the_readme_are_the_hubs():
+    text, image = stated(r"files other than weights over (\d+) MB \(images: (\d+) MB\)")
+    space_file, space_total = stated(r"A Space leaves out any file over (\d+) MB and is refused over (\d+) MB in all")
+    for mb, (limit, _) in zip(
+        (text, image, space_file, space_total), (TEXT_LIMIT, IMAGE_LIMIT, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT)
+    ):
+        assert int(mb) * 10**6 == limit
+
+
+def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
+    block = re.search(r"```bash\n(.*?)```", section("Run the Space locally"), flags=re.DOTALL).group(1)
+    [folder] = re.findall(r"cd (\S+)", block)
+    assert (ROOT / folder).resolve() == SPACE_DIR.resolve() and (SPACE_DIR / "app.py").is_file()
+    app = (SPACE_DIR / "app.py").read_text(encoding="utf-8")
+    constants = module_constants(SPACE_DIR / "app.py")
+    # Every variable the README sets is one the app reads.
+    variables = set(re.findall(r"\b(LMLP_[A-Z_]+)=", block))
+    assert variables == {"LMLP_MODEL", "LMLP_QUEUE_SIZE", "LMLP_CONCURRENCY", constants["THREADS_VARIABLE"]}
+    assert all(f'"{variable}"' in app for variable in variables)
+    # The example's values are those its comment describes, and the defaults are the app's.
+    queue, concurrency = stated(r"LMLP_QUEUE_SIZE=(\d+) LMLP_CONCURRENCY=(\d+) python app.py", block)
+    waiting, default_queue, running, default_concurrency = stated(
+        r"queue: (\d+) may wait \(default (\d+)\), (\d+) run at once \(default (\d+)\)", block
+    )
+    assert (queue, concurrency) == (waiting, running)
+    assert (int(default_queue), int(default_concurrency)) == (
+        constants["DEFAULT_QUEUE_SIZE"],
+        constants["DEFAULT_CONCURRENCY"],
+    )
+
+
+def test_the_spaces_requirements_the_readme_lists_are_its_requirements_txt():
+    [listed] = stated(r"`requirements.txt` \(([^)]+)\) and `README.md`")
+    lines = (SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    required = {requirement_name(line) for line in lines if line.strip() and not line.startswith("#")}
+    assert set(listed.replace("\n", " ").split(", ")) == required
+
+
+def test_the_train_extra_of_the_main_command_is_setup_pys():
+    main_command = README.split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert 'pip install -e ".[train]"' in main_command
+    [listed] = stated(r"`\.\[train\]` installs what the job needs \(([^)]+)\)")
+    setup = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    [extras] = [
+        node.value
+        for node in setup.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["extras"]
+    ]
+    train = ast.literal_eval(extras.values[[key.value for key in extras.keys].index("train")])
+    assert listed.split(", ") == [requirement_name(requirement) for requirement in train]
+
+
+def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_path):
+    from diffusers_lmlp.training.data import load_training_data
+
+    [example] = re.findall(r"```json\n(.*?)```", section("Train on COCO (the papers' recipe)"), flags=re.DOTALL)
+    folder = tmp_path / "data"
+    for name in re.findall(r'"file_name": "([^"]+)"', example):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), "red").save(folder / name)
+    (folder / "metadata.jsonl").write_text(example, encoding="utf-8")
+
+    dataset = load_training_data(
+        dataset_name=None, dataset_config_name=None, train_data_dir=str(folder), image_column="image",
+        caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert list(dataset["text"]) == re.findall(r'"text": "([^"]+)"', example)
+    assert len(dataset) == 2 and all(image.size == (8, 8) for image in dataset["image"])
+
+
+def test_the_deprecations_the_readme_dates_end_when_the_code_says():
+    from diffusers_lmlp.space.app import REMOVED_IN
+    from diffusers_lmlp.tiny import RENAMED_BACKBONES, RENAMED_BACKBONES_REMOVED_IN
+
+    former_command = r"`python -m diffusers_lmlp.space.app`, the former command, still runs it with a deprecation"
+    [space] = stated(former_command + r" warning until ([\d.]+)\.")
+    former_name = r'The former name `"(\w+)"` still builds a `"(\w+)"` pipeline, with a `FutureWarning`,'
+    old, new, tiny = stated(former_name + r" until diffusers-lmlp ([\d.]+)\.")
+    assert space == REMOVED_IN
+    assert RENAMED_BACKBONES == {old: new} and tiny == RENAMED_BACKBONES_REMOVED_IN
+
+
+def test_the_evaluation_progress_files_the_readme_names_are_the_commands():
+    from diffusers_lmlp.evaluation.__main__ import PARTIAL_REPORT, PROGRESS_FOLDER
+
+    text = section("Evaluate: FID and CLIP score")
+    assert f"`OUTPUT_DIR/{PROGRESS_FOLDER}`" in text and f"`{PARTIAL_REPORT}`" in text
+
+
+@pytest.mark.parametrize("title", ["Train", "Train on COCO (the papers' recipe)", "Evaluate: FID and CLIP score"])
+def test_every_option_the_readme_names_for_training_and_evaluation_exists(title):
+    from accelerate.commands.launch import launch_command_parser
+
+    from diffusers_lmlp.evaluation.__main__ import build_parser as evaluation_parser
+    from diffusers_lmlp.training.arguments import build_parser as training_parser
+
+    parsers = (training_parser(), evaluation_parser(), launch_command_parser())
+    options = {option for parser in parsers for action in parser._actions for option in action.option_strings}
+    # The benchmark commands quoted inline have options of their own.
+    text = re.sub(r"`python benchmarks/[^`]*`", "", section(title))
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*(?![\w-])", text))  # not hub's --dash-options
+    assert named and sorted(named - options) == []
