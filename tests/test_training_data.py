@@ -216,6 +216,35 @@ def test_a_row_without_a_file_inside_the_folder_is_refused(tmp_path, bad_row, pr
         load(tmp_path / "data", tmp_path)
 
 
+def test_captions_that_mix_strings_and_lists_are_refused_before_datasets_fails_on_them(tmp_path):
+    write_images(tmp_path / "data", ["0.png", "1.png", "sub/2.png"])
+    rows = [{"file_name": "0.png", "text": "a red circle"}, {"file_name": "1.png", "text": ["a blue square", "x"]}]
+    metadata = write_metadata(tmp_path / "data", rows, "jsonl")
+    # What datasets does with it (the reason for the check): an Arrow error deep in its loading.
+    with pytest.raises(pyarrow.ArrowInvalid, match="changed from string to array"):
+        datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "data"), cache_dir=str(tmp_path / "raw"))
+    with pytest.raises(ValueError) as error:
+        load(tmp_path / "data", tmp_path)
+    assert str(error.value) == (
+        f"{metadata} line 2 (file_name '1.png'): its caption is a list of captions, where {metadata} line 1's is a "
+        'string: datasets needs one type per column, so write every caption as a list (a single caption as ["..."]) '
+        "or every one as a string. Every row needs a caption and its image: fix or remove that row."
+    )
+    assert not (tmp_path / "cache").exists()
+    # Across the metadata files of one dataset too; all lists is fine, and reads every caption.
+    rows[0]["text"] = ["a red circle"]
+    write_metadata(tmp_path / "data", rows, "jsonl")
+    write_metadata(tmp_path / "data" / "sub", [{"file_name": "2.png", "text": "a green star"}], "jsonl")
+    with pytest.raises(ValueError, match=re.escape("its caption is a string, where ")):
+        load(tmp_path / "data", tmp_path)
+    write_metadata(tmp_path / "data" / "sub", [{"file_name": "2.png", "text": ["a green star"]}], "jsonl")
+    assert sorted(map(tuple, load(tmp_path / "data", tmp_path)["text"])) == [
+        ("a blue square", "x"),
+        ("a green star",),
+        ("a red circle",),
+    ]
+
+
 def test_metadata_of_two_formats_or_without_rows_are_refused(tmp_path):
     write_imagefolder(tmp_path / "data", {"0.png": "a red circle"})
     write_metadata(tmp_path / "data" / "sub", [{"file_name": "x.png", "text": "a blue square"}], "csv")

@@ -399,27 +399,35 @@ def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> Non
             f"the metadata files mix formats ({', '.join(formats)}), e.g. {first} and {other}: datasets reads one "
             "format per dataset, so write them all in one"
         )
+    first_caption = {}
     for path in metadata:
-        check_metadata_file(path, caption_column)
+        check_metadata_file(path, caption_column, first_caption)
 
 
-def check_metadata_file(metadata: Path, caption_column: str) -> None:
-    """Refuse a metadata file with no rows, without the caption column, or with a row `row_problem` finds wrong.
+def check_metadata_file(metadata: Path, caption_column: str, first_caption: dict[str, str] | None = None) -> None:
+    """Refuse a metadata file with no rows, without the caption column, or with a row `row_problem` finds wrong, or
+    whose caption is a list where an earlier row's is a string (or the other way round): `datasets` needs one type per
+    column, and fails deep inside Arrow otherwise.
 
     Args:
         metadata (`Path`): A `metadata.jsonl`, `metadata.csv` or `metadata.parquet` file.
         caption_column (`str`): The `--caption_column`.
+        first_caption (`dict[str, str]`, *optional*): Where the dataset's first caption is and what it is (`"where"`,
+            `"kind"`), shared between its metadata files; filled by the first row of the first file.
 
     Raises:
         `ValueError`: Naming the file, and the first bad row (its line, or its index in a parquet file) with its
             `file_name` and what is wrong; or, when no row has the caption column, the columns that might be it.
     """
     first_values, first_problem, problems, listings = {}, None, 0, {}
+    first_caption = {} if first_caption is None else first_caption
     folder, is_csv = str(metadata.parent), metadata.suffix == ".csv"
     for where, row in metadata_rows(metadata):
         for column in row.keys() - first_values.keys():
             first_values[column] = row[column]
-        problem = row_problem(row, caption_column, folder, is_csv, listings)
+        problem = row_problem(row, caption_column, folder, is_csv, listings) or caption_kind_problem(
+            row[caption_column], f"{metadata} {where}", first_caption
+        )
         if problem:
             problems += 1
             first_problem = first_problem or f"{where} (file_name {row.get('file_name')!r}): {problem}"
@@ -467,6 +475,26 @@ def row_problem(
         if not is_file(path, listings):
             return f"its image {path} is missing"
     return None
+
+
+def caption_kind_problem(value: str | list[str], where: str, first_caption: dict[str, str]) -> str | None:
+    """Whether a (valid) caption is a string where the dataset's first is a list, or the other way round.
+
+    Args:
+        value (`str` or `list[str]`): The row's caption.
+        where (`str`): The file and row, recorded if it is the dataset's first caption.
+        first_caption (`dict[str, str]`): The first caption's `"where"` and `"kind"`; filled here if empty.
+    """
+    kind = "a list of captions" if isinstance(value, list | tuple) else "a string"
+    if not first_caption:
+        first_caption.update(where=where, kind=kind)
+        return None
+    if kind == first_caption["kind"]:
+        return None
+    return (
+        f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: datasets needs one type "
+        'per column, so write every caption as a list (a single caption as ["..."]) or every one as a string'
+    )
 
 
 def is_file(path: str, listings: dict[str, set[str]]) -> bool:
