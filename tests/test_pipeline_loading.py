@@ -237,7 +237,7 @@ def test_a_repo_id_missing_from_the_cache_is_one_clear_error_offline(tmp_path, m
     cache = tmp_path / "cache"
     why = "HF_HUB_OFFLINE is set" if offline else "local_files_only=True"
     expected = (
-        f"a-mistyped-folder is not a local folder (there is no {tmp_path / 'a-mistyped-folder'}), and as a Hub repo "
+        f"No such local folder: a-mistyped-folder (there is no {tmp_path / 'a-mistyped-folder'}), and as a Hub repo "
         f"id it cannot be loaded: the huggingface_hub cache ({cache}) holds no copy of it, and {why}, so the Hub is "
         f"not contacted. To use the Hub repo, download it where the Hub can be reached (`hf download "
         f"a-mistyped-folder --cache-dir {cache}`), then load it again (offline too); to use a local folder, pass its "
@@ -256,7 +256,10 @@ def test_a_repo_id_that_the_hub_does_not_have_is_named_as_neither_folder_nor_rep
 
     monkeypatch.setattr(pipeline_lmlp, "snapshot_download", not_found)
     monkeypatch.chdir(tmp_path)
-    expected = f"user/mistyped is neither a local folder (there is no {tmp_path / 'user' / 'mistyped'}) nor a Hub repo"
+    expected = (
+        f"No such local folder: user/mistyped (there is no {tmp_path / 'user' / 'mistyped'}), and no Hub repo you can "
+        "access has that id."
+    )
     with pytest.raises(FileNotFoundError, match=re.escape(expected)) as missing:
         LMLPPipeline.from_pretrained("user/mistyped")
     assert missing.value.__suppress_context__

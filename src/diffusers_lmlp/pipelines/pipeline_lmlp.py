@@ -243,8 +243,8 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
         if isinstance(error, GatedRepoError):  # the repo exists, and its error says how to get access
             raise
         raise FileNotFoundError(
-            f"{name} is neither a local folder (there is no {folder}) nor a Hub repo you can access. Check the "
-            "name; for a private repo, log in (`hf auth login`) or pass token=..."
+            f"No such local folder: {name} (there is no {folder}), and no Hub repo you can access has that id. Check "
+            "the name; for a private repo, log in (`hf auth login`) or pass token=..."
         ) from None
     except LocalEntryNotFoundError as error:
         cache = cache_dir or huggingface_hub.constants.HF_HUB_CACHE
@@ -260,7 +260,7 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
             why += ", and the Hub could not be reached"
         download = f"hf download {name}" + (f" --cache-dir {cache_dir}" if cache_dir else "")
         raise LocalEntryNotFoundError(
-            f"{name} is not a local folder (there is no {folder}), and as a Hub repo id it cannot be loaded: {why}. "
+            f"No such local folder: {name} (there is no {folder}), and as a Hub repo id it cannot be loaded: {why}. "
             f"To use the Hub repo, download it where the Hub can be reached (`{download}`), then load it again "
             "(offline too); to use a local folder, pass its path."
         ) from None
