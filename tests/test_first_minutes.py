@@ -239,6 +239,11 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     extraction = [line for line in text.splitlines() if line.startswith("extracting features")]
     assert len(steps) == 20 and steps[-1].startswith("steps: 100% 40/40, ") and "loss=" in steps[-1]
     assert 1 <= len(extraction) <= 21 and "100% 8000/8000" in extraction[-1]
+    # The final evaluation samples both splits (the 32 combinations, 3 seeds of training captions and 4 held-out),
+    # with a line per 5% of each.
+    sampling = [line for line in text.splitlines() if line.startswith("sampling: ")]
+    finished = [line.split(",")[0] for line in sampling if line.startswith("sampling: 100% ")]
+    assert finished == ["sampling: 100% 96/96", "sampling: 100% 128/128"] and len(sampling) <= 2 * 21, sampling
     assert "evaluation: {" not in text and (out / "logs" / "evaluation.json").is_file()
 
     # The summary is the run's last words, and its last line loads the pipeline.

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from tqdm.auto import tqdm
 
 from ..image_grid import make_image_grid
+from ..training.progress import progress_bar
 from .clip_score import CLIPScorer
 from .extractors import (
     INCEPTION,
@@ -317,7 +317,7 @@ def evaluate(
         store.open()
 
     tally, earlier_seconds = Tally(scoring), 0.0  # earlier: the time of the batches taken from `resume_dir`
-    bar = tqdm(total=len(captions), desc="sampling", unit="img", disable=not progress or processes.index != 0)
+    bar = progress_bar(len(captions), "sampling", unit="img", disable=not progress or processes.index != 0)
     pipeline.set_progress_bar_config(disable=True)
     try:
         for batch in processes.batches(len(captions), batch_size):

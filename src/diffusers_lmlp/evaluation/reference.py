@@ -6,9 +6,9 @@ from pathlib import Path
 
 from huggingface_hub import constants
 from PIL import Image, UnidentifiedImageError
-from tqdm.auto import tqdm
 
 from ..training.data import center_crop_resize
+from ..training.progress import progress_bar
 from .extractors import extractor_name, feature_size, image_features, images_to_tensor
 from .fid import FeatureMoments, FIDStatistics
 
@@ -95,7 +95,7 @@ def folder_statistics(
         return FIDStatistics.load(cache)
     moments = FeatureMoments(feature_size(extractor, resolution))
     batches = processes.batches(len(files), batch_size)
-    bar = tqdm(total=len(files), desc="reference", unit="img", disable=not progress or processes.index != 0)
+    bar = progress_bar(len(files), "reference", unit="img", disable=not progress or processes.index != 0)
     for batch in batches:
         images = []
         for i in batch:
