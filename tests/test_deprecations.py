@@ -43,3 +43,17 @@ def test_a_deprecation_past_its_removal_version_fails_so_that_it_is_removed(monk
     monkeypatch.setattr(diffusers_lmlp, "__version__", "0.2.0")
     with pytest.raises(RuntimeError, match="was to be removed in diffusers-lmlp 0.2.0"):
         deprecate("`old_name`", "0.2.0", "Use `new_name`.")
+
+
+def test_analytic_complexitys_former_config_keyword_warns_and_counts_the_same():
+    from diffusers_lmlp.complexity import analytic_complexity
+    from diffusers_lmlp.models.catalog import SHAPES_SMALL
+
+    with pytest.warns(FutureWarning, match=r"^analytic_complexity\(config=\.\.\.\) is deprecated .* 0\.2\.0\. Pass"):
+        old = analytic_complexity(config=SHAPES_SMALL, family="lmlp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        new = analytic_complexity(SHAPES_SMALL, family="lmlp")
+    assert old == new and new.params > 0
+    with pytest.raises(TypeError, match="got both model and config"):
+        analytic_complexity(SHAPES_SMALL, family="lmlp", config=SHAPES_SMALL)

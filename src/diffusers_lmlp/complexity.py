@@ -22,6 +22,7 @@ import torch
 from diffusers.configuration_utils import ConfigMixin
 from torch.utils.flop_counter import FlopCounterMode
 
+from .deprecation import deprecate
 from .models.families import FAMILIES, BlockFamily, family_of
 from .models.mixers.cost import BlockCost, linear_cost
 
@@ -90,7 +91,12 @@ def _token_io_cost(config: Mapping) -> BlockCost:
     return patch_embed + text_adapter + pos_embed + head
 
 
-def analytic_complexity(model: Mapping | ConfigMixin | torch.nn.Module, family: str | None = None) -> Complexity:
+def analytic_complexity(
+    model: Mapping | ConfigMixin | torch.nn.Module | None = None,
+    family: str | None = None,
+    *,
+    config: Mapping | ConfigMixin | None = None,
+) -> Complexity:
     """Parameters and per-sample forward MACs of any registered backbone, from its config.
 
     The blocks' cost is each family's own (`<Model>.block_cost`); token I/O adds the patch embedding (N·D·C·p²),
@@ -101,6 +107,8 @@ def analytic_complexity(model: Mapping | ConfigMixin | torch.nn.Module, family: 
         model (`Mapping` or `ConfigMixin`): A backbone, or its config. A config names its family by `_class_name`
             (saved configs do) or by `family`.
         family (`str`, *optional*): The family's registry name (e.g. "lmlp", "uvit"), for a bare config mapping.
+        config (`Mapping` or `ConfigMixin`, *optional*): The former name of `model`: deprecated, removed in
+            diffusers-lmlp 0.2.0.
 
     Returns:
         [`Complexity`]: exact parameter count and forward MACs per sample.
@@ -111,6 +119,13 @@ def analytic_complexity(model: Mapping | ConfigMixin | torch.nn.Module, family: 
         analytic_complexity({"hidden_size": 256}, family="uvit")
         ```
     """
+    if config is not None:
+        if model is not None:
+            raise TypeError("analytic_complexity() got both model and config: pass the backbone or its config once")
+        deprecate("analytic_complexity(config=...)", "0.2.0", "Pass the backbone or its config as `model`.")
+        model = config
+    if model is None:
+        raise TypeError("analytic_complexity() needs a backbone or its config (model=...)")
     block_family: BlockFamily = FAMILIES[family] if family is not None else family_of(model)
     config = model.config if isinstance(model, ConfigMixin) else model
     config = block_family.full_config(config)
