@@ -77,22 +77,12 @@ def world(tmp_path_factory) -> SimpleNamespace:
 def run(
     world, command: list[str], *extra: str, env: dict | None = None, quiet: bool = True
 ) -> subprocess.CompletedProcess:
-    """Run a training command in the COCO folder; fail with its stderr, or (when `quiet`) on a warning of ours."""
+    """Run a training command in the COCO folder; fail with its stderr, or (when `quiet`) on any warning, ours or a
+    library's."""
     result = run_bounded([*command, *extra], cwd=world.root, env=env or world.env, timeout=300)
     assert result.returncode == 0, f"{shlex.join(command + list(extra))} failed:\n{result.stderr[-5000:]}"
-    assert not (quiet and our_warnings(result.stderr)), our_warnings(result.stderr)
+    assert not (quiet and warnings_in(result.stderr)), warnings_in(result.stderr)
     return result
-
-
-# Warnings of the libraries on the offline path, not of this project's code or commands: diffusers 0.42 passes
-# huggingface_hub 2 the removed `local_dir_use_symlinks`, huggingface_hub says it uses the cached revision offline,
-# and newer transformers log a "LOAD REPORT" of a CLIP text model read from the whole CLIP repo's weights.
-LIBRARY_WARNINGS = ("`local_dir_use_symlinks` argument is deprecated", "Could not reach the Hub", "LOAD REPORT")
-
-
-def our_warnings(log: str) -> list[str]:
-    """The warnings of a run (`processes.warnings_in`) other than `LIBRARY_WARNINGS`."""
-    return [line for line in warnings_in(log) if not any(known in line for known in LIBRARY_WARNINGS)]
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +219,7 @@ def test_two_machines_command_trains_as_one_run(world):
         results = [machine.result() for machine in machines]
     for rank, result in enumerate(results):
         assert result.returncode == 0, f"machine {rank}:\n{result.stderr[-5000:]}"
-        assert not our_warnings(result.stderr), our_warnings(result.stderr)
+        assert not warnings_in(result.stderr), warnings_in(result.stderr)
     summary = json.loads((shared / "lmlp-coco-f2" / "training_summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["ranks_in_sync"] is True
     assert (shared / "lmlp-coco-f2" / "checkpoint-2").is_dir()

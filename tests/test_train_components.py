@@ -7,7 +7,9 @@ The stand-ins are laid out file for file as the Hub repos are (tiny in width): t
 pickled `diffusion_pytorch_model.bin` the real repo has, here a file that fails if anything unpickles it."""
 
 import json
+import re
 import shutil
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,13 +17,21 @@ import huggingface_hub
 import pytest
 import torch
 from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_clip_repo, write_coco2014, write_sd_vae_repo
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_pipeline_loading import fill_hub_cache
 from test_train_text_to_image import load_script
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp.training import trainer
-from diffusers_lmlp.training.sources import TextEncoderSource, VaeSource, resolve_text_encoder, resolve_vae
+from diffusers_lmlp.training.sources import (
+    TOKENIZER_FILE_NAMES,
+    TextEncoderSource,
+    VaeSource,
+    load_text_encoder,
+    load_vae,
+    resolve_text_encoder,
+    resolve_vae,
+)
 
 
 STANDALONE_VAE_REPO = "stabilityai/sd-vae-ft-mse"
@@ -199,3 +209,127 @@ def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
     weights = load_file(tmp_path / "run" / "vae" / "diffusion_pytorch_model.safetensors")
     expected = load_file(repos.standalone / "diffusion_pytorch_model.safetensors")
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+# ------------------------------------------------------------------------------------------- loading the components
+
+
+# What the Hub answers for a file that a repo does not have (huggingface_hub's error reads the response's headers).
+NOT_FOUND = SimpleNamespace(headers={}, request=None)
+
+
+def quiet(stderr: str) -> bool:
+    """Whether a load wrote nothing but progress bars to stderr."""
+    return not [line for line in stderr.replace("\r", "\n").splitlines() if line and "it/s]" not in line]
+
+
+def copy_with_tensors(folder: Path, target: Path, change) -> Path:
+    """A copy of a model folder whose `model.safetensors` is `change(tensors)`."""
+    shutil.copytree(folder, target)
+    save_file(change(load_file(folder / "model.safetensors")), target / "model.safetensors")
+    return target
+
+
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+def test_every_text_tensor_of_a_full_clip_checkpoint_loads_without_warnings(repos, offline_cache, where, capfd):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokenizer, text_encoder = load_text_encoder(resolve_text_encoder(source(repos, "clip", where), None))
+    # No LOAD REPORT for the unused vision tower, no "Could not reach the Hub", no diffusers/hub UserWarning (only
+    # transformers' "Loading weights" bar, which the trainer turns off).
+    assert quiet(capfd.readouterr().err) and [str(w.message) for w in caught] == []
+    saved = load_file(repos.clip / "model.safetensors")
+    state = text_encoder.state_dict()
+    # Checkpoint names are the CLIPModel's (`text_model.…`); transformers 5 may drop that prefix in the model.
+    names = {key: key if key in saved else f"text_model.{key}" for key in state}
+    assert set(names.values()) <= saved.keys() and all(torch.equal(state[key], saved[names[key]]) for key in state)
+    assert any(key.startswith("vision_model.") for key in saved)  # a whole CLIP checkpoint, as the Hub repo's
+    assert tokenizer("a red circle").input_ids == CLIPTokenizer.from_pretrained(repos.clip)("a red circle").input_ids
+
+
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+@pytest.mark.parametrize("vae", VAE_LAYOUTS)
+def test_the_vae_loads_its_safetensors_without_warnings(repos, offline_cache, vae, where, capfd):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_vae(resolve_vae(source(repos, vae, where), None))
+    assert quiet(capfd.readouterr().err) and [str(w.message) for w in caught] == []
+    folder = getattr(repos, vae) / VAE_LAYOUTS[vae].subfolder
+    saved = load_file(folder / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(value, saved[key]) for key, value in loaded.state_dict().items())
+
+
+def test_a_hub_text_encoder_fetches_only_its_config_tokenizer_and_safetensors(repos, monkeypatch):
+    """Online, exactly the files the trainer reads are fetched: not the repo's .bin, .h5 or .msgpack weights, and not
+    a file the README's `hf download` line leaves out (tokenizer.json), which offline is simply not there."""
+    fetched = []
+
+    def hf_hub_download(repo_id, filename, revision=None):
+        fetched.append(filename)
+        if not (repos.clip / filename).is_file():
+            raise huggingface_hub.errors.RemoteEntryNotFoundError(f"404 {filename}", response=NOT_FOUND)
+        return str(repos.clip / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    load_text_encoder(TextEncoderSource(CLIP_REPO, "", ""))
+    assert fetched == ["config.json", "model.safetensors", *TOKENIZER_FILE_NAMES]
+
+
+def test_sharded_weights_are_fetched_with_their_index(repos, tmp_path, monkeypatch):
+    sharded = tmp_path / "sharded"
+    shutil.copytree(repos.standalone, sharded)
+    tensors = load_file(sharded / "diffusion_pytorch_model.safetensors")
+    (sharded / "diffusion_pytorch_model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {
+        "diffusion_pytorch_model-00001-of-00002.safetensors": names[::2],
+        "diffusion_pytorch_model-00002-of-00002.safetensors": names[1::2],
+    }
+    for shard, keys in halves.items():
+        save_file({key: tensors[key] for key in keys}, sharded / shard)
+    weight_map = {key: shard for shard, keys in halves.items() for key in keys}
+    (sharded / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    fetched = []
+
+    def hf_hub_download(repo_id, filename, revision=None):
+        fetched.append(filename)
+        if not (sharded / filename).is_file():
+            raise huggingface_hub.errors.RemoteEntryNotFoundError(f"404 {filename}", response=NOT_FOUND)
+        return str(sharded / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    vae = load_vae(VaeSource(STANDALONE_VAE_REPO, ""))
+    assert fetched == [
+        "config.json",
+        "diffusion_pytorch_model.safetensors",
+        "diffusion_pytorch_model.safetensors.index.json",
+        *halves,
+    ]
+    assert all(torch.equal(value, tensors[key]) for key, value in vae.state_dict().items())
+
+
+def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_refused(repos, tmp_path):
+    lacking = copy_with_tensors(
+        repos.clip, tmp_path / "lacking", lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}
+    )
+    with pytest.raises(ValueError) as error:
+        load_text_encoder(resolve_text_encoder(str(lacking), None))
+    # The names as transformers reports them (transformers 5 leaves out the checkpoint's "text_model." prefix).
+    bias, weight = (rf"(text_model\.)?final_layer_norm\.{name}" for name in ("bias", "weight"))
+    start = f"--pretrained_text_encoder {lacking}: the checkpoint lacks 2 of the CLIP text model's tensors ("
+    end = "), which would be left random. Pass a CLIP text model or a full CLIP checkpoint."
+    assert re.fullmatch(f"{re.escape(start)}{bias}, {weight}{re.escape(end)}", str(error.value)), str(error.value)
+    other = copy_with_tensors(repos.clip, tmp_path / "other", lambda t: {**t, "unet.conv.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match=r"holds 1 tensors that are not a CLIP text model's \(unet\.conv\.weight\)"):
+        load_text_encoder(resolve_text_encoder(str(other), None))
+
+
+def test_the_trainer_names_a_text_checkpoint_that_would_leave_tensors_random(script, repos, offline_cache, tmp_path):
+    lacking = copy_with_tensors(
+        repos.clip, tmp_path / "lacking", lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}
+    )
+    args = script.parse_args(preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_text_encoder", str(lacking)])
+    with pytest.raises(SystemExit, match=r"^error: --pretrained_text_encoder .*lacking: the checkpoint lacks 2 "):
+        trainer.load_components(args)

@@ -10,9 +10,18 @@ A source is a local folder or a Hub repo id, in one of two layouts:
 
 `--vae_subfolder` and `--text_encoder_subfolder` only override the detection. A Hub id's layout is read from the HF
 cache when the files are there (so it works with `HF_HUB_OFFLINE=1`), else with one request per file looked up.
+
+`load_vae` and `load_text_encoder` then fetch exactly the files the trainer reads (configs, tokenizer files and
+safetensors weights) into the HF cache with huggingface_hub, one by one, or find them there offline, and load the
+components from that local snapshot: nothing else is downloaded, and diffusers' and transformers' own Hub lookups (and their warnings)
+are not involved. A text encoder is loaded strictly: a tensor of the text model missing from the checkpoint (which
+would be left random) or one it does not know is refused; a full CLIP checkpoint's vision tower is expected.
 """
 
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +45,25 @@ COCO_TEXT_ENCODER_FILES = (
 )
 # A component's folder inside a full pipeline.
 VAE_FOLDER, TEXT_ENCODER_FOLDER, TOKENIZER_FOLDER = "vae", "text_encoder", "tokenizer"
+# The weights file of each component, as diffusers and transformers name it (`<name>.safetensors`, or shards listed in
+# `<name>.safetensors.index.json`).
+VAE_WEIGHTS, TEXT_ENCODER_WEIGHTS = "diffusion_pytorch_model", "model"
+# The CLIP tokenizer's files: a fast tokenizer's `tokenizer.json`, or a slow one's vocabulary and merges, and settings.
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+# The tensors of a full CLIP checkpoint (`openai/clip-vit-large-patch14`'s model.safetensors) that its text model
+# does not use: the vision tower, the two projections and the logit scale.
+CLIP_OTHER_TENSORS = ("vision_model.", "visual_projection.", "text_projection.", "logit_scale")
+
+
+def in_folder(folder: str, name: str) -> str:
+    """The POSIX path of the file `name` in `folder` of a source (`""`: its root)."""
+    return f"{folder}/{name}" if folder else name
 
 
 @dataclass(frozen=True)
@@ -228,19 +256,134 @@ def resolve_text_encoder(
     if True in holds:
         return TextEncoderSource(source, subfolder, candidates[holds.index(True)])
     if None in holds:
-        raise location.unreachable("the tokenizer", [tokenizer_path(candidates[0], TOKENIZER_FILES[1])])
+        raise location.unreachable("the tokenizer", [in_folder(candidates[0], TOKENIZER_FILES[1])])
     if subfolder and location.local and not (Path(source) / TOKENIZER_FOLDER).is_dir():
         raise ValueError(f"{option} {source} has no {TOKENIZER_FOLDER}/ folder: the tokenizer is missing")
     folder = Path(source) / candidates[0] if location.local else f"{source}/{candidates[0]}"
     raise ValueError(f"{option} {source}: the tokenizer folder {folder} has no {' or '.join(TOKENIZER_FILES)}")
 
 
-def tokenizer_path(folder: str, name: str) -> str:
-    """The POSIX path of the tokenizer file `name` in `folder` of a source (`""`: its root)."""
-    return f"{folder}/{name}" if folder else name
-
-
 def tokenizer_files(location: Location, folder: str) -> bool | None:
     """Whether `folder` of the source holds tokenizer files; None when a Hub repo cannot be asked."""
-    found = [location.has(tokenizer_path(folder, name)) for name in TOKENIZER_FILES]
+    found = [location.has(in_folder(folder, name)) for name in TOKENIZER_FILES]
     return True if True in found else None if None in found else False
+
+
+def local_folder(
+    source: str, folder: str, weights: str, optional: tuple[str, ...] = (), revision: str | None = None
+) -> str:
+    """A local folder that holds `source`'s model in `folder`: `source` itself, or the HF cache's snapshot of a Hub
+    repo, where huggingface_hub first downloads the files that are read, if they are not there yet: the config, the
+    safetensors weights (one file, or the shards its index lists) and the `optional` files that the repo has.
+
+    Args:
+        source (`str`): A local folder or a Hub repo id.
+        folder (`str`): The model's folder inside `source` (`""`: the root).
+        weights (`str`): The weights' file name without `.safetensors` (`VAE_WEIGHTS`, `TEXT_ENCODER_WEIGHTS`).
+        optional (`tuple[str, ...]`, *optional*): Other files, each fetched if the repo (or offline, the cache) has
+            it, as paths in `source`.
+        revision (`str`, *optional*): The Hub revision.
+
+    Raises:
+        `OSError`: huggingface_hub's, when a file that is read is neither cached nor reachable.
+    """
+    if Path(source).is_dir():
+        return source
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def fetch(name: str) -> Path:
+        return Path(hf_hub_download(source, name, revision=revision))
+
+    config = in_folder(folder, "config.json")
+    snapshot = fetch(config).parents[config.count("/")]
+    try:
+        fetch(in_folder(folder, f"{weights}.safetensors"))
+    except EntryNotFoundError:  # sharded weights
+        index = fetch(in_folder(folder, f"{weights}.safetensors.index.json"))
+        for shard in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())):
+            fetch(in_folder(folder, shard))
+    for name in optional:
+        try:
+            fetch(name)
+        except EntryNotFoundError:
+            pass
+    return str(snapshot)
+
+
+def load_vae(source: VaeSource, revision: str | None = None):
+    """The VAE of `source`, its weights from safetensors only.
+
+    Args:
+        source (`VaeSource`): Where it is (`resolve_vae`).
+        revision (`str`, *optional*): The Hub revision.
+    """
+    from diffusers import AutoencoderKL
+
+    folder = local_folder(source.source, source.subfolder, VAE_WEIGHTS, revision=revision)
+    return AutoencoderKL.from_pretrained(folder, subfolder=source.subfolder or None, use_safetensors=True)
+
+
+def load_text_encoder(
+    source: TextEncoderSource, option: str = "--pretrained_text_encoder", revision: str | None = None
+):
+    """The CLIP tokenizer and text model of `source`; the text model loaded strictly, its weights from safetensors.
+
+    Args:
+        source (`TextEncoderSource`): Where they are (`resolve_text_encoder`).
+        option (`str`, *optional*, defaults to `"--pretrained_text_encoder"`): The option, for the messages.
+        revision (`str`, *optional*): The Hub revision.
+
+    Returns:
+        `tuple[CLIPTokenizer, CLIPTextModel]`
+
+    Raises:
+        `ValueError`: When the checkpoint lacks some of the text model's tensors, or holds tensors that are neither
+            the text model's nor a full CLIP checkpoint's other tower, naming them.
+    """
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    tokenizer_files = tuple(in_folder(source.tokenizer_subfolder, name) for name in TOKENIZER_FILE_NAMES)
+    folder = local_folder(source.source, source.subfolder, TEXT_ENCODER_WEIGHTS, tokenizer_files, revision)
+    tokenizer = CLIPTokenizer.from_pretrained(folder, subfolder=source.tokenizer_subfolder)
+    with without_load_report():
+        text_encoder, info = CLIPTextModel.from_pretrained(
+            folder, subfolder=source.subfolder, use_safetensors=True, output_loading_info=True
+        )
+    missing = sorted(info["missing_keys"])
+    unknown = sorted(key for key in info["unexpected_keys"] if not key.startswith(CLIP_OTHER_TENSORS))
+    where = f"{option} {source.source}" + (f" ({source.subfolder}/)" if source.subfolder else "")
+    if missing:
+        raise ValueError(
+            f"{where}: the checkpoint lacks {len(missing)} of the CLIP text model's tensors ({named(missing)}), "
+            "which would be left random. Pass a CLIP text model or a full CLIP checkpoint."
+        )
+    if unknown:
+        raise ValueError(
+            f"{where}: the checkpoint holds {len(unknown)} tensors that are not a CLIP text model's ({named(unknown)}): "
+            "it is not the text encoder its config.json describes."
+        )
+    return tokenizer, text_encoder
+
+
+def named(keys: list[str], shown: int = 3) -> str:
+    """The first `shown` of `keys`, and how many more there are."""
+    more = f", and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+@contextlib.contextmanager
+def without_load_report() -> Iterator[None]:
+    """Leave out transformers' "LOAD REPORT" warning while a model loads: its caller reads the loading information
+    (`output_loading_info=True`) and says itself what is wrong, so that a full CLIP checkpoint's unused vision tower
+    is not reported as a problem on every run. Other warnings of the loading still show."""
+
+    def not_a_load_report(record: logging.LogRecord) -> bool:
+        return " LOAD REPORT" not in str(record.msg)
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addFilter(not_a_load_report)
+    try:
+        yield
+    finally:
+        logger.removeFilter(not_a_load_report)

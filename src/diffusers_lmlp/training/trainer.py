@@ -62,6 +62,7 @@ from diffusers_lmlp.training import (
     warn_about_later_checkpoints,
 )
 from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
+from diffusers_lmlp.training.sources import load_text_encoder, load_vae
 from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, non_finite_parameters, training_step
 
 
@@ -145,13 +146,10 @@ def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextMo
     text = args.text_encoder_source
     if text is not None:
         with loading_from("the text encoder", text.source, "--pretrained_text_encoder"):
-            tokenizer = CLIPTokenizer.from_pretrained(text.source, subfolder=text.tokenizer_subfolder)
-            text_encoder = CLIPTextModel.from_pretrained(text.source, subfolder=text.subfolder, use_safetensors=True)
+            tokenizer, text_encoder = load_text_encoder(text)
     if args.vae_source is not None:
         with loading_from("the VAE", args.vae_source.source, "--pretrained_vae"):
-            vae = AutoencoderKL.from_pretrained(
-                args.vae_source.source, subfolder=args.vae_source.subfolder or None, use_safetensors=True
-            )
+            vae = load_vae(args.vae_source)
     if args.latent_scale is not None:
         vae.register_to_config(scaling_factor=args.latent_scale)
     return tokenizer, text_encoder.requires_grad_(False).eval(), vae.requires_grad_(False).eval()
@@ -159,8 +157,8 @@ def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextMo
 
 @contextlib.contextmanager
 def loading_from(what: str, source: str, option: str):
-    """Turn a loader's `OSError` (a Hub id that cannot be fetched, a folder with broken files) into one message that
-    says what to do.
+    """Turn a loader's `OSError` (a Hub id that cannot be fetched, a folder with broken files) or `ValueError` (a
+    checkpoint that is not the component's) into one message that says what to do.
 
     Args:
         what (`str`): The component, for the message.
@@ -169,6 +167,8 @@ def loading_from(what: str, source: str, option: str):
     """
     try:
         yield
+    except ValueError as error:  # what the component's checkpoint holds is wrong (sources.load_text_encoder)
+        raise SystemExit(f"error: {error}") from None
     except OSError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if Path(source).is_dir():
@@ -565,7 +565,6 @@ def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
             num_inference_steps=args.final_evaluation_inference_steps,
             batch_size=64,
             seed=args.seed,
-            progress=False,
         )
     return reports
 
