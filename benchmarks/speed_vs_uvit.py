@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp.allocator import reuse_freed_memory
+from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.models import family_of, from_named_config, named_configs
 from diffusers_lmlp.models.backbone import UShapedMixerModel
 
@@ -107,17 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next(line for line in f if line.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return set()
-
-
 def native_bf16(device: str) -> bool:
     """Whether bf16 matmuls are fast here: a GPU, or a CPU with avx512_bf16 or AMX (elsewhere bf16 is 8–80× slower)."""
-    return device == "cuda" or bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return device == "cuda" or this_cpu().native_bf16 is not None
 
 
 def build(name: str, num_layers: int | None = None, device: str | torch.device = "cpu") -> UShapedMixerModel:
@@ -740,9 +733,8 @@ def draw_plot(rows: list[Row], title: str) -> Image.Image:
 
 
 def machine_line(device: str) -> str:
-    flags = " ".join(sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})) or "none of avx2/avx512/amx"
     where = torch.cuda.get_device_name() if device == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    return f"torch {torch.__version__}, {where}, {platform.machine()}, CPU flags: {flags}"
+    return f"torch {torch.__version__}, {where}, {platform.machine()}, CPU: {this_cpu().describe()}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from diffusers_lmlp.cpu import this_cpu
+
 
 # (what is measured, the interpreter's arguments, the exit code it must return)
 CASES = [
@@ -31,23 +33,6 @@ CASES = [
     ("hub --help", ["-m", "diffusers_lmlp.hub", "--help"], 0),
     ("hub push --help", ["-m", "diffusers_lmlp.hub", "push", "--help"], 0),
 ]
-
-
-def cpu_line() -> str:
-    """The CPU's model name and the flags that matter for torch, for the table's heading."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model in ("", platform.machine()):
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split())
-                    break
-    except OSError:
-        pass
-    kinds = " ".join(sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})) or "none of avx2/avx512/amx"
-    return f"{model}, {os.cpu_count()} cores, CPU flags: {kinds}"
 
 
 def seconds(arguments: list[str], exit_code: int) -> float:
@@ -72,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, arguments, exit_code in CASES:
             times[name].append(seconds(arguments, exit_code))
     floor = statistics.median(times["import torch"])
-    print(f"Start-up, median of {args.repeats} fresh interpreters; {cpu_line()}; Python {platform.python_version()}")
+    print(
+        f"Start-up, median of {args.repeats} fresh interpreters; CPU: {this_cpu().describe()}; Python {platform.python_version()}"
+    )
     print()
     print("| command | seconds | × import torch |")
     print("|---|---:|---:|")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from processes import run_bounded
 from tqdm.std import tqdm as plain_tqdm
 
@@ -266,3 +267,21 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     assert namespace["pipe"].transformer.config.sample_size == 8
     saved = json.loads((out / "training_summary.json").read_text())
     assert saved["steps"] == 40 and set(saved["scores"]) == {"train", "held-out"}
+
+    # Each validation scored both splits: the learning curves, which the benchmark script plots with the final scores.
+    scores = [json.loads(line) for line in (out / "logs" / "scores.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in scores] == [20, 40]
+    assert 0 < scores[0]["minutes"] < scores[1]["minutes"] <= saved["train_seconds"] / 60
+    for record in scores:
+        assert set(record) == {"step", "minutes", "train", "held-out"}
+        assert all(0 <= record[split][name] <= 1 for split in ("train", "held-out") for name in ("shape", "all"))
+    plot = tmp_path / "curves.png"
+    curves = run_bounded(
+        [sys.executable, str(ROOT / "benchmarks" / "learning_curves.py"), str(out), "--labels", "tiny", "--output",
+         str(plot)], env=env, timeout=120,
+    )  # fmt: skip
+    assert curves.returncode == 0, curves.stderr
+    final = saved["scores"]["held-out"]
+    assert f"| tiny | 40 | {saved['train_seconds'] / 60:.1f} | {final['shape']:.0%} |" in curves.stdout
+    with Image.open(plot) as image:
+        assert image.size[0] > 800 and image.size[1] > 600

@@ -220,3 +220,26 @@ def test_a_clip_layout_text_encoder_folder_trains(script, workspace, tmp_path):
     shutil.copytree(workspace / "tiny" / "tokenizer", clip, dirs_exist_ok=True)
     script.main(tiny_args(workspace, tmp_path / "out", "--pretrained_text_encoder", str(clip)))
     assert (tmp_path / "out" / "model_index.json").is_file()
+
+
+def test_shapes_num_images_sizes_the_shapes_world_only(tmp_path, capsys):
+    from diffusers_lmlp.training import load_training_data
+
+    script = load_script()
+    out = ["--output_dir", str(tmp_path / "out")]
+    assert "--shapes_num_images must be >= 1, got 0" in parser_error(
+        script, [*out, "--shapes_num_images", "0"], capsys
+    )
+    with_data = [*out, "--train_data_dir", str(tmp_path), "--shapes_num_images", "100"]
+    assert "--shapes_num_images sizes the shapes world, which your data replaces" in parser_error(
+        script, with_data, capsys
+    )
+    assert script.parse_args([*out, "--shapes_num_images", "100"]).shapes_num_images == 100
+    common = dict(
+        dataset_name=None, dataset_config_name=None, train_data_dir=None, image_column="image", caption_column="text",
+        max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path),
+    )  # fmt: skip
+    sized = load_training_data(shapes_num_images=100, **common)
+    default = load_training_data(**common)
+    assert len(sized) == 100 and len(default) == 8000
+    assert sized._fingerprint != default._fingerprint  # so the feature store of one is never read for the other

@@ -212,10 +212,13 @@ def describe_pipeline(
         lines.append(f"- Fine-tuned from [{base_model}](https://huggingface.co/{base_model})")
     if "learning_rate" in args:
         data_source = args.get("dataset_name") or args.get("train_data_dir") or "the procedural shapes world"
+        schedule = f" ({args['lr_scheduler']} schedule)" if "lr_scheduler" in args else ""
+        decay = f", weight decay {args['adam_weight_decay']}" if "adam_weight_decay" in args else ""
+        snr = f", Min-SNR γ {args['snr_gamma']}" if args.get("snr_gamma") else ""
         lines.append(
             f"- Training: {summary.get('steps', args.get('max_train_steps'))} steps on {data_source}, batch "
             f"{args.get('train_batch_size')} × {args.get('gradient_accumulation_steps', 1)} accumulation × "
-            f"{summary.get('num_processes', 1)} process(es), AdamW lr {args['learning_rate']}, "
+            f"{summary.get('num_processes', 1)} process(es), AdamW lr {args['learning_rate']}{schedule}{decay}{snr}, "
             f"EMA {args.get('ema_decay') if args.get('use_ema') else 'off'}, caption dropout {args.get('caption_dropout')}"
         )
     elif "steps" in summary:

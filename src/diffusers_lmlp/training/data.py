@@ -45,6 +45,7 @@ def load_training_data(
     seed: int,
     cache_dir: str,
     shapes_split: str = "train",
+    shapes_num_images: int | None = None,
 ):
     """The training split: a map-style `datasets.Dataset` (an `IterableDataset` with `streaming`).
 
@@ -64,6 +65,8 @@ def load_training_data(
         cache_dir (`str`): Where `datasets` caches what it prepares.
         shapes_split (`str`, *optional*, defaults to `"train"`): The shapes world's split used when no data is given:
             `"train"` or `"heldout"` (the combinations held out of the shipped model's training).
+        shapes_num_images (`int`, *optional*): How many images of the shapes world to render (`make_dataset`'s
+            default when not given).
 
     Raises:
         `ValueError`: For a bad layout, a metadata row without a usable caption or image, or a column the dataset
@@ -87,7 +90,7 @@ def load_training_data(
     else:
         from diffusers_lmlp.shapes.world import make_dataset
 
-        dataset = make_dataset(shapes_split, seed=seed)
+        dataset = make_dataset(shapes_split, num_images=shapes_num_images, seed=seed)
     columns = dataset.column_names or list(dataset.features or [])
     for flag, column in (("--image_column", image_column), ("--caption_column", caption_column)):
         if column not in columns:

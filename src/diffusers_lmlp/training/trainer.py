@@ -62,6 +62,7 @@ from diffusers_lmlp.training import (
     warn_about_later_checkpoints,
 )
 from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
+from diffusers_lmlp.training.precision import choose_precision, effective_precision
 from diffusers_lmlp.training.sources import load_text_encoder, load_vae
 from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, non_finite_parameters, training_step
 
@@ -76,6 +77,10 @@ SECRET_ARGUMENTS = frozenset({"hub_token"})
 # Images per caption (each from its own noise seed) in the final shapes evaluation: the intervals resample captions,
 # so more seeds of the 32 held-out combinations narrow them.
 FINAL_EVALUATION_SEEDS = {"train": 3, "held-out": 4}
+# The shapes world's splits the scorer reads, and the captions of each (`draw_captions` sources).
+SCORED_SPLITS = {"train": "shapes:train", "held-out": "shapes:heldout"}
+# Where each validation of a shapes-world run appends its scores, inside the logging folder: the learning curves.
+SCORES_FILE = "scores.jsonl"
 
 
 # --------------------------------------------------------------------------------------------- model and components
@@ -556,7 +561,7 @@ def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     from diffusers_lmlp.shapes.world import held_out_specs
 
     reports = {}
-    for split, source in (("train", "shapes:train"), ("held-out", "shapes:heldout")):
+    for split, source in SCORED_SPLITS.items():
         captions = draw_captions(source, len(held_out_specs()), args.seed) * FINAL_EVALUATION_SEEDS[split]
         reports[split], _ = evaluate(
             pipe,
@@ -615,34 +620,6 @@ def use_threads(accelerator: Accelerator, num_threads: int | None) -> None:
     apply_threads(choose_threads(num_threads), "training")
 
 
-def effective_precision(accelerator: Accelerator, args: argparse.Namespace) -> str:
-    """The precision the run trains in, in words for the log; refuses an explicit fp16 on a CPU.
-
-    accelerate accepts fp16 on a CPU and then trains in float32 without autocast while it reports fp16. A preset's
-    fp16 (a GPU setting, as coco-f2's) is taken as float32 there and said so; an fp16 the user asked for (the option, or
-    `accelerate launch --mixed_precision fp16`) is refused.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        args (`argparse.Namespace`): The parsed arguments.
-
-    Raises:
-        `SystemExit`: For fp16 asked for explicitly on a CPU.
-    """
-    precision = accelerator.mixed_precision
-    if precision != "fp16" or accelerator.device.type != "cpu":
-        return precision
-    if args.mixed_precision == "fp16" and args.mixed_precision_from_preset:
-        return (
-            f"float32: the {args.preset} preset's fp16 needs a GPU (--mixed_precision bf16 runs bf16 autocast on a CPU "
-            "with native bf16: avx512_bf16 or AMX)"
-        )
-    raise SystemExit(
-        "error: fp16 mixed precision needs a GPU, and this run is on the CPU, where accelerate would train in float32 "
-        "while reporting fp16. Pass --mixed_precision no, or bf16 on a CPU with native bf16 (avx512_bf16 or AMX)."
-    )
-
-
 def train(args: argparse.Namespace) -> None:
     """Set up accelerate, then train into `--output_dir` (which no other run may use meanwhile).
 
@@ -651,9 +628,10 @@ def train(args: argparse.Namespace) -> None:
     """
     output_dir = Path(args.output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    mixed_precision, why = choose_precision(args.mixed_precision)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
+        mixed_precision=mixed_precision,
         log_with=None if args.report_to == "none" else args.report_to,
         project_config=ProjectConfiguration(
             project_dir=str(output_dir), logging_dir=str(output_dir / args.logging_dir)
@@ -663,7 +641,7 @@ def train(args: argparse.Namespace) -> None:
         transformers_logging.disable_progress_bar()  # saving, Hub downloads) would redraw with carriage returns there
     logger.info(
         f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}, "
-        f"mixed precision {effective_precision(accelerator, args)}"
+        f"mixed precision {effective_precision(accelerator, args)}{why}"
     )
     if args.allow_tf32:
         allow_tf32()
@@ -712,6 +690,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
                 seed=args.seed,
                 cache_dir=str(cache_dir / "datasets"),
                 shapes_split=args.shapes_split,
+                shapes_num_images=args.shapes_num_images,
             )
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
@@ -762,6 +741,8 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
             global_step, seconds_before = checkpoint_step(path), saved_train_seconds(path)
             logger.info(f"resumed from {path} at step {global_step}")
     warn_about_later_checkpoints(output_dir, global_step)
+    if accelerator.is_main_process:
+        keep_scores_until(output_dir / args.logging_dir / SCORES_FILE, global_step)
 
     source = BatchSource(
         args, dataset, store, tokenizer, text_encoder, vae, global_step,
@@ -842,6 +823,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
                     args,
                     output_dir,
                     global_step,
+                    seconds_before + time.perf_counter() - start_time,
                 )
     finally:  # also when a step fails: the workers exit and the bar is closed now, not at interpreter exit
         batches.close()
@@ -947,11 +929,23 @@ def ema_weights(model, ema: EMAModel | None):
 
 
 def validate(
-    accelerator, model, ema, tokenizer, text_encoder, vae, prompts, fid_captions, args, output_dir: Path, step: int
+    accelerator,
+    model,
+    ema,
+    tokenizer,
+    text_encoder,
+    vae,
+    prompts,
+    fid_captions,
+    args,
+    output_dir: Path,
+    step: int,
+    seconds: float,
 ):
     """Sample the prompts (EMA weights if any) and save `validation/step-<step>.png`, a grid captioned with them;
     log the samples to tensorboard (one tiled image, tag "validation") and wandb (one image per prompt, captioned).
-    With `--validation_fid_images`, also sample the FID captions and log their FID ("fid").
+    With `--validation_fid_images`, also sample the FID captions and log their FID ("fid"). On the shapes world, also
+    score one image of every held-out combination and of as many training captions (`log_scores`).
 
     Args:
         accelerator (`Accelerator`): The run's accelerator; its trackers receive the images.
@@ -963,11 +957,14 @@ def validate(
         args (`argparse.Namespace`): The parsed arguments (seed, sampling steps, guidance scale, FID reference).
         output_dir (`Path`): The `--output_dir`.
         step (`int`): The optimizer step, the images' step in the trackers.
+        seconds (`float`): The time since the run started (over every segment of a resumed run).
     """
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
     with ema_weights(unwrapped, ema):
+        if args.shapes_world:
+            log_scores(accelerator, pipe, args, output_dir, step, seconds)
         images = generate(pipe, prompts, args, seed=args.seed) if prompts else []
         if fid_captions:
             report, _ = evaluate(
@@ -1000,6 +997,60 @@ def validate(
 
             tracker.log({"validation": [wandb.Image(i, caption=p) for i, p in zip(images, prompts)]}, step=step)
     logger.info(f"validation grid: {path}")
+
+
+def keep_scores_until(path: Path, step: int) -> None:
+    """Keep the scores that a run starting at `step` continues: none for a new run (an overwritten run's are removed),
+    those up to `step` for a resumed one (the later ones were scored by weights that the resumed run trains again).
+
+    Args:
+        path (`Path`): The run's `scores.jsonl`.
+        step (`int`): The step the run starts from.
+    """
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if step and line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: int, seconds: float) -> None:
+    """Score the shapes model being trained: one image of each held-out combination and of as many training
+    captions, at the validation sampler settings; log the accuracies to the trackers (`scores/<split>/<attribute>`)
+    and append them, with the step and the minutes since the run started, to `<logging_dir>/scores.jsonl`, the
+    learning curves that `benchmarks/learning_curves.py` plots.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator (its trackers).
+        pipe (`LMLPPipeline`): The pipeline of the model's current (EMA) weights.
+        args (`argparse.Namespace`): The parsed arguments (the seed, the validation sampler settings).
+        output_dir (`Path`): The `--output_dir`.
+        step (`int`): The optimizer step.
+        seconds (`float`): The time since the run started.
+    """
+    from diffusers_lmlp.shapes.world import held_out_specs
+
+    record = {"step": step, "minutes": round(seconds / 60, 3)}
+    for split, source in SCORED_SPLITS.items():
+        report, _ = evaluate(
+            pipe,
+            draw_captions(source, len(held_out_specs()), args.seed),
+            num_inference_steps=args.validation_inference_steps,
+            guidance_scale=args.validation_guidance_scale,
+            batch_size=64,
+            seed=args.seed,
+            progress=False,
+        )
+        record[split] = report["shapes"]
+        accelerator.log({f"scores/{split}/{name}": value for name, value in report["shapes"].items()}, step=step)
+    path = output_dir / args.logging_dir / SCORES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    held_out, train = record["held-out"], record["train"]
+    logger.info(
+        f"step {step}: held-out shape {held_out['shape']:.0%}, all {held_out['all']:.0%}; train all {train['all']:.0%}"
+    )
 
 
 def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:

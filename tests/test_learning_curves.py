@@ -1,0 +1,63 @@
+"""The learning curves of shapes-world runs: what each validation appends to `logs/scores.jsonl`, what a new or
+resumed run keeps of it, and how `benchmarks/learning_curves.py` reads a run (the plot itself is drawn in
+tests/test_first_minutes.py from a real run)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from diffusers_lmlp.training.trainer import keep_scores_until
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_curves():
+    spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "benchmarks" / "learning_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(step: int, shape: float) -> dict:
+    scores = {"shape": shape, "all": shape / 2}
+    return {"step": step, "minutes": step / 600, "train": scores, "held-out": scores}
+
+
+def write_scores(path: Path, steps: list[int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record(step, step / 1000)) + "\n" for step in steps))
+
+
+def test_a_new_run_starts_its_scores_anew_and_a_resumed_one_keeps_those_up_to_its_step(tmp_path):
+    scores = tmp_path / "logs" / "scores.jsonl"
+    keep_scores_until(scores, 0)  # no file yet: nothing to do
+    assert not scores.exists()
+    write_scores(scores, [100, 200, 300])
+    keep_scores_until(scores, 200)  # resumed from checkpoint-200: step 300 is trained again
+    assert [json.loads(line)["step"] for line in scores.read_text().splitlines()] == [100, 200]
+    keep_scores_until(scores, 0)  # --overwrite_output_dir: a new run
+    assert scores.read_text() == ""
+
+
+def test_a_run_is_read_as_its_validations_then_its_final_evaluation(tmp_path):
+    curves = load_curves()
+    run = tmp_path / "run"
+    write_scores(run / "logs" / "scores.jsonl", [100, 200])
+    final = {"shape": 0.9, "all": 0.8}
+    summary = {"steps": 200, "train_seconds": 150.0, "scores": {"train": final, "held-out": final}}
+    (run / "training_summary.json").write_text(json.dumps(summary))
+    points = curves.read_run(run)
+    assert [p["step"] for p in points] == [100, 200]  # the final evaluation replaces the last validation's point
+    assert points[-1]["held-out"] == final and points[-1]["minutes"] == 2.5
+
+
+def test_a_run_without_scores_and_mislabelled_runs_are_refused(tmp_path):
+    curves = load_curves()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="has no logs/scores.jsonl and no finished training_summary.json"):
+        curves.read_run(tmp_path / "empty")
+    with pytest.raises(SystemExit):
+        curves.parse_args([str(tmp_path / "a"), str(tmp_path / "b"), "--labels", "one"])
