@@ -49,13 +49,7 @@ VAE_FOLDER, TEXT_ENCODER_FOLDER, TOKENIZER_FOLDER = "vae", "text_encoder", "toke
 # `<name>.safetensors.index.json`).
 VAE_WEIGHTS, TEXT_ENCODER_WEIGHTS = "diffusion_pytorch_model", "model"
 # The CLIP tokenizer's files: a fast tokenizer's `tokenizer.json`, or a slow one's vocabulary and merges, and settings.
-TOKENIZER_FILE_NAMES = (
-    "tokenizer.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
+TOKENIZER_FILE_NAMES = (*TOKENIZER_FILES, "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 # The tensors of a full CLIP checkpoint (`openai/clip-vit-large-patch14`'s model.safetensors) that its text model
 # does not use: the vision tower, the two projections and the logit scale.
 CLIP_OTHER_TENSORS = ("vision_model.", "visual_projection.", "text_projection.", "logit_scale")

@@ -547,9 +547,9 @@ def default_validation_prompts(args) -> list[str]:
 
 def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     """Evaluate the finished pipeline on the shapes world at the pipeline's default sampler settings (what a user
-    gets from `pipe(caption)`; `--final_evaluation_inference_steps` changes the steps, for smoke runs): the shapes scorer's accuracies with 95% intervals over captions, and shapes-FID
-    against renders of the same captions with its real-vs-real floor. Each split has as many captions as there are
-    held-out combinations (all of them, for the held-out split), each sampled `FINAL_EVALUATION_SEEDS` times.
+    gets from `pipe(caption)`; `--final_evaluation_inference_steps` changes the steps, for smoke runs): the shapes
+    scorer's accuracies with 95% intervals over captions, and shapes-FID against renders of the same captions with its
+    real-vs-real floor, each caption sampled `FINAL_EVALUATION_SEEDS` times.
 
     Args:
         pipe (`LMLPPipeline`): The trained pipeline.
@@ -558,20 +558,51 @@ def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
     Returns:
         `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
     """
+    return evaluate_splits(
+        pipe, args, FINAL_EVALUATION_SEEDS, args.final_evaluation_inference_steps, fid_reference="shapes"
+    )
+
+
+def evaluate_splits(
+    pipe: LMLPPipeline,
+    args,
+    seeds: dict[str, int],
+    num_inference_steps: int,
+    guidance_scale: float | None = None,
+    fid_reference: str | None = None,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """Sample and score the shapes model on each of `SCORED_SPLITS`: as many captions as there are held-out
+    combinations (all of them, for the held-out split), each `seeds[split]` times.
+
+    Args:
+        pipe (`LMLPPipeline`): The pipeline.
+        args (`argparse.Namespace`): The parsed arguments (the seed).
+        seeds (`dict[str, int]`): Images per caption, by split.
+        num_inference_steps (`int`): Sampler steps.
+        guidance_scale (`float`, *optional*): The guidance; the pipeline's default when not given.
+        fid_reference (`str`, *optional*): `"shapes"` for shapes-FID against renders of the captions; none without.
+        progress (`bool`, *optional*, defaults to `True`): Show the sampling's progress.
+
+    Returns:
+        `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
+    """
     from diffusers_lmlp.shapes.world import held_out_specs
 
-    reports = {}
-    for split, source in SCORED_SPLITS.items():
-        captions = draw_captions(source, len(held_out_specs()), args.seed) * FINAL_EVALUATION_SEEDS[split]
-        reports[split], _ = evaluate(
+    sampler = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
+    return {
+        split: evaluate(
             pipe,
-            captions,
-            fid_reference="shapes",
-            num_inference_steps=args.final_evaluation_inference_steps,
+            draw_captions(source, len(held_out_specs()), args.seed) * seeds[split],
+            fid_reference=fid_reference,
+            num_inference_steps=num_inference_steps,
             batch_size=64,
             seed=args.seed,
-        )
-    return reports
+            progress=progress,
+            **sampler,
+        )[0]
+        for split, source in SCORED_SPLITS.items()
+    }
 
 
 def score_summary(reports: dict[str, dict], suffix: str = "") -> dict[str, dict]:
@@ -1028,19 +1059,16 @@ def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: in
         step (`int`): The optimizer step.
         seconds (`float`): The time since the run started.
     """
-    from diffusers_lmlp.shapes.world import held_out_specs
-
+    reports = evaluate_splits(
+        pipe,
+        args,
+        dict.fromkeys(SCORED_SPLITS, 1),
+        args.validation_inference_steps,
+        guidance_scale=args.validation_guidance_scale,
+        progress=False,
+    )
     record = {"step": step, "minutes": round(seconds / 60, 3)}
-    for split, source in SCORED_SPLITS.items():
-        report, _ = evaluate(
-            pipe,
-            draw_captions(source, len(held_out_specs()), args.seed),
-            num_inference_steps=args.validation_inference_steps,
-            guidance_scale=args.validation_guidance_scale,
-            batch_size=64,
-            seed=args.seed,
-            progress=False,
-        )
+    for split, report in reports.items():
         record[split] = report["shapes"]
         accelerator.log({f"scores/{split}/{name}": value for name, value in report["shapes"].items()}, step=step)
     path = output_dir / args.logging_dir / SCORES_FILE
