@@ -28,6 +28,7 @@ from .checkpoint_folders import (  # noqa: F401  (their former home)
     checkpoint_step,
     list_checkpoints,
 )
+from .compilation import plain_backbone
 from .durable import fsync_tree
 from .lora import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
 from .lora import load_adapter, save_adapter
@@ -225,7 +226,7 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
     def save_hook(models, weights, output_dir):
         if accelerator.is_main_process:
             for model in models:
-                unwrapped = accelerator.unwrap_model(model)
+                unwrapped = plain_backbone(accelerator, model)
                 if lora:
                     save_adapter(unwrapped, Path(output_dir) / LORA_CHECKPOINT_FOLDER)
                 else:
@@ -245,10 +246,10 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
         for _ in range(len(models)):
             model = models.pop()
             if lora:
-                load_adapter(accelerator.unwrap_model(model), Path(input_dir) / LORA_CHECKPOINT_FOLDER)
+                load_adapter(plain_backbone(accelerator, model), Path(input_dir) / LORA_CHECKPOINT_FOLDER)
                 continue
             loaded = model_class.from_pretrained(input_dir, subfolder="transformer")
-            accelerator.unwrap_model(model).load_state_dict(loaded.state_dict())
+            plain_backbone(accelerator, model).load_state_dict(loaded.state_dict())
         if ema is None:
             return
         ema_dir = os.path.join(input_dir, "transformer_ema")

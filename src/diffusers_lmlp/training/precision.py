@@ -31,8 +31,7 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` or its config
     if launched not in (None, "no"):
         return None, f" (auto: the launch's {launched} is kept)"
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    if torch.cuda.is_available() and not use_cpu:
+    if launch_device() == "cuda":
         if torch.cuda.is_bf16_supported():
             return "bf16", f" (auto: {torch.cuda.get_device_name()} runs bf16 natively)"
         return "no", f" (auto: {torch.cuda.get_device_name()} has no native bf16)"
@@ -40,6 +39,13 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
     if cpu.native_bf16:
         return "bf16", f" (auto: the CPU has native bf16, {cpu.native_bf16}: {cpu.describe()})"
     return "no", f" (auto: float32, the CPU has no native bf16 (avx512_bf16 or AMX): {cpu.describe()})"
+
+
+def launch_device() -> str:
+    """The device type the run's `Accelerator` will train on, before it is built: "cuda" where a GPU is visible and
+    `accelerate launch --cpu` (or its config's `use_cpu`) was not asked for, else "cpu"."""
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
 
 
 def effective_precision(accelerator: Accelerator, args: argparse.Namespace) -> str:

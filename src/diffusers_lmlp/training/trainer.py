@@ -61,6 +61,7 @@ from diffusers_lmlp.training import (
     saved_train_seconds,
     warn_about_later_checkpoints,
 )
+from diffusers_lmlp.training.compilation import choose_compilation, plain_backbone
 from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
 from diffusers_lmlp.training.precision import choose_precision, effective_precision
 from diffusers_lmlp.training.sources import load_text_encoder, load_vae
@@ -660,9 +661,11 @@ def train(args: argparse.Namespace) -> None:
     output_dir = Path(args.output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     mixed_precision, why = choose_precision(args.mixed_precision)
+    dynamo_backend, why_compiled = choose_compilation(args.torch_compile, args.max_train_steps)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=mixed_precision,
+        dynamo_backend=dynamo_backend,
         log_with=None if args.report_to == "none" else args.report_to,
         project_config=ProjectConfiguration(
             project_dir=str(output_dir), logging_dir=str(output_dir / args.logging_dir)
@@ -672,7 +675,8 @@ def train(args: argparse.Namespace) -> None:
         transformers_logging.disable_progress_bar()  # saving, Hub downloads) would redraw with carriage returns there
     logger.info(
         f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}, "
-        f"mixed precision {effective_precision(accelerator, args)}{why}"
+        f"mixed precision {effective_precision(accelerator, args)}{why}, "
+        f"torch.compile {accelerator.state.dynamo_plugin.backend.value.lower()}{why_compiled}"
     )
     if args.allow_tf32:
         allow_tf32()
@@ -832,7 +836,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
 
             if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
                 require_finite_weights(
-                    accelerator.unwrap_model(model), ema, global_step, output_dir, args.learning_rate
+                    plain_backbone(accelerator, model), ema, global_step, output_dir, args.learning_rate
                 )
                 if accelerator.is_main_process:
                     seconds = seconds_before + time.perf_counter() - start_time
@@ -939,7 +943,7 @@ def public_args(args: argparse.Namespace) -> dict:
 
 def ranks_in_sync(accelerator: Accelerator, model) -> bool:
     """Whether every process ended with the same weights (a wrong multi-process launch trains them separately)."""
-    flat = torch.cat([p.detach().float().flatten() for p in accelerator.unwrap_model(model).parameters()])
+    flat = torch.cat([p.detach().float().flatten() for p in plain_backbone(accelerator, model).parameters()])
     digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
     gathered = accelerator.gather(digest[None]).view(-1, 2)
     return bool((gathered == gathered[0]).all())
@@ -990,7 +994,7 @@ def validate(
         step (`int`): The optimizer step, the images' step in the trackers.
         seconds (`float`): The time since the run started (over every segment of a resumed run).
     """
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = plain_backbone(accelerator, model)  # sampled uncompiled: no recompilation for the sampler's batches
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
     with ema_weights(unwrapped, ema):
@@ -1083,8 +1087,7 @@ def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: in
 
 def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:
     """Save the pipeline (EMA weights unless EMA is off) with a model card; score it on the shapes world."""
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped = getattr(unwrapped, "_orig_mod", unwrapped)
+    unwrapped = plain_backbone(accelerator, model)
     if ema is not None:
         ema.copy_to(unwrapped.parameters())
     unwrapped.eval()

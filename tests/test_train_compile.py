@@ -1,0 +1,95 @@
+"""`--torch_compile`: the trainer compiles its backbone where asked, or (`auto`, the shapes preset's) where it works
+and pays; a compiled run resumes, validates and saves like an uncompiled one, and a machine where compilation
+fails trains uncompiled instead of crashing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train_text_to_image import ENV, make_workspace, train
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
+from diffusers_lmlp.training.compilation import AUTO_MIN_STEPS, choose_compilation
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("compile"))
+
+
+def test_the_shapes_preset_compiles_automatically_and_other_runs_keep_accelerates_choice():
+    assert PRESETS["shapes"]["torch_compile"] == "auto"
+    assert parse_args([]).torch_compile == "auto"
+    assert parse_args(["--torch_compile", "no"]).torch_compile == "no"
+    # Other runs (COCO, your own data, LoRA) keep accelerate's choice: accelerate launch --dynamo_backend decides.
+    assert build_parser().parse_args([]).torch_compile is None
+    assert all("torch_compile" not in PRESETS[name] for name in PRESETS if name != "shapes")
+
+
+def test_choices_and_what_auto_weighs(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)
+    assert choose_compilation(None, 5200) == (None, "")
+    assert choose_compilation("yes", 10) == ("inductor", "")
+    assert choose_compilation("no", 5200) == ("no", "")
+    backend, why = choose_compilation("auto", AUTO_MIN_STEPS - 1)
+    assert (backend, why) == ("no", f" (auto: {AUTO_MIN_STEPS - 1} steps do not repay a compilation; --torch_compile yes compiles)")  # fmt: skip
+    backend, why = choose_compilation("auto", AUTO_MIN_STEPS)
+    assert backend == "inductor" and "inductor works here, a trial compilation took" in why
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")  # what accelerate launch sets when not asked
+    assert choose_compilation("auto", AUTO_MIN_STEPS)[0] == "inductor"
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "AOT_EAGER")  # accelerate launch --dynamo_backend aot_eager
+    assert choose_compilation("auto", AUTO_MIN_STEPS) == (None, " (auto: the launch's aot_eager is kept)")
+
+
+def test_auto_trains_uncompiled_where_compilation_fails(tmp_path):
+    """No working C++ compiler (a fresh inductor cache, so nothing is reused): auto says why and does not compile."""
+    env = {**ENV, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("ACCELERATE_DYNAMO_BACKEND", None)
+    code = "from diffusers_lmlp.training.compilation import choose_compilation; print(repr(choose_compilation('auto', 5200)))"  # noqa: E501
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    backend, why = eval(result.stdout.strip().splitlines()[-1])  # a tuple of two strings, printed by repr
+    assert backend == "no"
+    assert "torch.compile does not work here" in why and "no-such-g++" in why and "training uncompiled" in why
+
+
+def final_weights(path) -> dict[str, torch.Tensor]:
+    return load_file(path / "transformer" / "diffusion_pytorch_model.safetensors")
+
+
+def test_a_compiled_run_checkpoints_resumes_validates_and_matches_an_uncompiled_one(workspace):
+    steps = ("--max_train_steps", "4", "--checkpointing_steps", "2", "--validation_steps", "2")
+    prompts = ("--validation_prompts", "a red circle")
+    plain = train(workspace, "plain", *steps, *prompts, "--torch_compile", "no")
+    assert "torch.compile no" in plain.stderr
+    compiled = train(workspace, "compiled", *steps, *prompts, "--torch_compile", "yes")
+    assert "torch.compile inductor" in compiled.stderr
+    # Resume the compiled run from step 2: the checkpoint loads into the compiled model (no `_orig_mod.` keys
+    # expected or written) and the run ends where the straight one did.
+    out = workspace / "compiled"
+    os.rename(out / "checkpoint-4", workspace / "compiled-checkpoint-4")
+    resumed = train(
+        workspace, "compiled", *steps, *prompts, "--torch_compile", "yes", "--resume_from_checkpoint",
+        str(out / "checkpoint-2"),
+    )  # fmt: skip
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr
+    # Both the compiled run's checkpoint and its resumed pipeline hold the uncompiled run's weights and keys.
+    pairs = [
+        (workspace / "compiled-checkpoint-4", workspace / "plain" / "checkpoint-4"),
+        (out, workspace / "plain"),
+    ]
+    for run, reference in pairs:
+        run, reference = final_weights(run), final_weights(reference)
+        assert set(run) == set(reference)  # plain keys: no `_orig_mod.` prefix
+        for key, value in reference.items():
+            torch.testing.assert_close(run[key], value, rtol=1e-3, atol=1e-4, msg=key)
+    # Validation sampled with the plain backbone and wrote its grids; the saved pipeline loads.
+    assert sorted(p.name for p in (out / "validation").glob("*.png")) == ["step-0000002.png", "step-0000004.png"]
+    LMLPPipeline.from_pretrained(out)
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == 4
