@@ -65,12 +65,13 @@ setup(
         # Every file of the demo (app.py comes as the mapped package's module).
         "diffusers_lmlp.space.lmlp_demo": ["*"],
     },
-    # The package's commands, also runnable as `python -m diffusers_lmlp.<train|evaluation|hub>`.
+    # The package's commands, also runnable as `python -m diffusers_lmlp.<train|evaluation|hub|analysis>`.
     entry_points={
         "console_scripts": [
             "diffusers-lmlp-train = diffusers_lmlp.train:cli",
             "diffusers-lmlp-evaluate = diffusers_lmlp.evaluation.__main__:main",
             "diffusers-lmlp-hub = diffusers_lmlp.hub.__main__:main",
+            "diffusers-lmlp-analysis = diffusers_lmlp.analysis.__main__:main",
         ]
     },
     python_requires=">=3.11",

@@ -92,8 +92,8 @@ def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
     assert found.returncode == 0, found.stderr[-2000:]
     where, *commands = found.stdout.splitlines()
     assert Path(where).is_relative_to(wheel_venv)  # the installed copy, not this checkout's src/
-    assert sorted(commands) == [f"diffusers-lmlp-{name} True" for name in ("evaluate", "hub", "train")]
-    for name in ("evaluate", "hub", "train"):  # the scripts pip wrote
+    assert sorted(commands) == [f"diffusers-lmlp-{name} True" for name in ("analysis", "evaluate", "hub", "train")]
+    for name in ("analysis", "evaluate", "hub", "train"):  # the scripts pip wrote
         assert (wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file()
     trainer = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-train"), "--help")
     assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]

@@ -1,0 +1,141 @@
+"""`python -m diffusers_lmlp.analysis` (or `diffusers-lmlp-analysis`): look inside a model.
+
+    # The L-MLP paper's Fig. 6 for the shipped shapes model, with the numbers behind its claims
+    python -m diffusers_lmlp.analysis lateralization
+
+    # An MoE-MLP's expert usage across sampling (or a U-ViT's attention maps of the Fig. 6 layers)
+    python -m diffusers_lmlp.analysis routing --pipeline lmlp-coco-moe --captions "a red bus" "two dogs on a beach"
+
+Argument parsing needs only the standard library and this package's light modules: torch, diffusers and the models
+are imported in `main`.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import commands
+from ..evaluation.__main__ import SHIPPED_SHAPES_PIPELINE
+
+
+# The console script setup.py installs for this command.
+CONSOLE_SCRIPT = "diffusers-lmlp-analysis"
+
+
+def program_name() -> str:
+    """How the user ran this command, for its usage line (`commands.program_name`)."""
+    return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.analysis")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments: a subcommand, then its options."""
+    parser = argparse.ArgumentParser(
+        prog=program_name(),
+        description="Look inside a trained backbone: the L-MLP paper's Fig. 6 lateralization maps (UL-MLP, MoE-MLP), "
+        "MoE-MLP expert usage across sampling, or U-ViT attention maps, each with the numbers that check the "
+        "papers' claims.",
+    )
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="{lateralization,routing}")
+    lateralization = subcommands.add_parser(
+        "lateralization",
+        help="draw and measure the first-stage weights of a UL-MLP or MoE-MLP (the paper's Fig. 6)",
+        description="Draw the first-stage weights of chosen layers, the left hemisphere (token mixing, L x L; each "
+        "expert and head of an MoE-MLP) and the right (channel mixing, D x D), normalised to [0, 1] with the token "
+        "regions marked, and measure each: diagonal ratio, locality and periodicity. Writes lateralization.png, "
+        ".json and .safetensors (the raw weights) into --output_dir and prints the measures.",
+    )
+    routing = subcommands.add_parser(
+        "routing",
+        help="MoE-MLP expert usage across sampling, or U-ViT attention maps",
+        description="Sample the captions and record, for an MoE-MLP, every router's expert usage per layer, head and "
+        "sampler step, with the load-balance statistics; for a U-ViT, the attention maps of the chosen layers, "
+        "averaged over heads, captions and steps, measured as lateralization measures a left hemisphere. Writes "
+        "routing.png, .json and .safetensors into --output_dir and prints the figures.",
+    )
+    for subcommand in (lateralization, routing):
+        subcommand.add_argument(
+            "--pipeline", default=SHIPPED_SHAPES_PIPELINE,
+            help=f"a pipeline folder, a backbone folder (lateralization only; e.g. a converted reference checkpoint "
+            f"saved with save_pretrained), or a Hub id of either (default: {SHIPPED_SHAPES_PIPELINE!r}, the shapes "
+            "pipeline shipped in the package)",
+        )  # fmt: skip
+        subcommand.add_argument("--output_dir", type=Path, default=Path("analysis"), help="where the files go")
+        subcommand.add_argument("--no_progress", action="store_true", help="no progress bar")
+    lateralization.add_argument(
+        "--layers", type=positive_int, nargs="+",
+        help="layer numbers as the reference figure script counts (in blocks, the mid block, out blocks, from 1; "
+        "default: the paper's 1, 5, 9, 13, 17 adapted to the depth)",
+    )  # fmt: skip
+    routing.add_argument(
+        "--layers", type=positive_int, nargs="+",
+        help="layer numbers, counted as lateralization counts them (default: every layer of an MoE-MLP; for a "
+        "U-ViT, lateralization's default layers)",
+    )  # fmt: skip
+    routing.add_argument("--captions", nargs="+", required=True, help="the captions to sample")
+    routing.add_argument("--num_inference_steps", type=positive_int, default=20, help="sampler steps per caption")
+    routing.add_argument("--guidance_scale", type=float, default=2.0, help="diffusers' g; the papers' s = g - 1")
+    routing.add_argument("--seed", type=int, default=0, help="caption i starts from the noise of seed SEED + i")
+    routing.add_argument("--batch_size", type=positive_int, default=8, help="captions per pipeline call")
+    return parser
+
+
+def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
+    """Load the model, run the subcommand, and return its table and the files it wrote.
+
+    Raises:
+        `ValueError` or `OSError`: For an input that cannot be analysed; the message says what to change.
+    """
+    import torch
+
+    from . import lateralization, routing
+    from .kinds import check_routing, routes
+    from .layers import check_layers, default_layers, num_blocks
+    from .sampling import SamplerSettings
+    from .sources import find_backbone
+
+    source = find_backbone(args.pipeline)
+    blocks = num_blocks(source.config["num_layers"])
+    layers = check_layers(args.layers, blocks) if args.layers else None
+    model = source.load_backbone()
+    progress = not args.no_progress
+    if args.command == "lateralization":
+        report = lateralization.run_lateralization(
+            model, layers or default_layers(blocks), args.output_dir, args.pipeline, progress
+        )
+        return lateralization.table(report), [args.output_dir / name for name in lateralization.FILES]
+    check_routing(model)
+    if layers is None:
+        layers = list(range(1, blocks + 1)) if routes(model) else default_layers(blocks)
+    pipeline = source.load_pipeline(model).to("cuda" if torch.cuda.is_available() else "cpu")
+    settings = SamplerSettings(args.num_inference_steps, args.guidance_scale, args.seed, args.batch_size)
+    report = routing.run_routing(pipeline, layers, args.captions, settings, args.output_dir, args.pipeline, progress)
+    return routing.table(report), [args.output_dir / name for name in routing.FILES]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command.
+
+    Args:
+        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when not given.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        printed, files = run(args)
+    except (ValueError, OSError) as error:
+        sys.exit(f"error: {error}")
+    print(f"{printed}\n\nWrote {', '.join(map(str, files))}")
+
+
+if __name__ == "__main__":
+    main()

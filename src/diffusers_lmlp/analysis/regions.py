@@ -1,0 +1,92 @@
+"""The token regions of a backbone's sequence, read from its config: [time (1) | text (T) | image patches (N)].
+
+Every backbone of this package orders its L = 1 + T + N tokens so (`models/tokens.py`), with the image patches
+row-major over a g × g grid (g = sample_size / patch_size, N = g²). An L × L token-mixing matrix therefore splits into
+regions by these boundaries, and the image part has a grid position per token. The L-MLP paper names the regions
+of its Fig. 6 "X-to-Y" with the x-axis the input and the y-axis the output: "text-to-image" is the block whose rows
+(outputs) are image tokens and whose columns (inputs) are text tokens.
+
+The reference figure script draws its one divider at index 77, one token early: the time token is index 0 and the
+text tokens are 1–77, so the image starts at 78. Here the boundaries come from the config: 1 and 1 + T.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenRegions:
+    """Where the time, text and image tokens lie in a sequence of `seq_len` tokens.
+
+    Args:
+        text_seq_len (`int`): Text tokens T.
+        grid_size (`int`): Side g of the square grid of image patches (N = g² image tokens).
+    """
+
+    text_seq_len: int
+    grid_size: int
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> "TokenRegions":
+        """The regions of a backbone with this config (`model.config`, or a config.json's contents).
+
+        Args:
+            config (`Mapping`): Has `sample_size`, `patch_size` and `text_seq_len`.
+        """
+        return cls(text_seq_len=config["text_seq_len"], grid_size=config["sample_size"] // config["patch_size"])
+
+    @property
+    def num_patches(self) -> int:
+        """N = g², the image tokens."""
+        return self.grid_size**2
+
+    @property
+    def seq_len(self) -> int:
+        """L = 1 + T + N."""
+        return 1 + self.text_seq_len + self.num_patches
+
+    @property
+    def time(self) -> range:
+        """The time token's index: 0."""
+        return range(0, 1)
+
+    @property
+    def text(self) -> range:
+        """The text tokens' indices: 1 … T."""
+        return range(1, 1 + self.text_seq_len)
+
+    @property
+    def image(self) -> range:
+        """The image tokens' indices: 1 + T … L − 1, row-major over the patch grid."""
+        return range(1 + self.text_seq_len, self.seq_len)
+
+    @property
+    def boundaries(self) -> tuple[int, int]:
+        """The token indices where the text and the image regions begin (the figure's red lines): 1 and 1 + T."""
+        return (self.text.start, self.image.start)
+
+    def patch_position(self, patch: int) -> tuple[int, int]:
+        """The (row, column) in the patch grid of the `patch`-th image token (counted from 0 within the image).
+
+        Args:
+            patch (`int`): 0 … N − 1.
+        """
+        return divmod(patch, self.grid_size)
+
+    def describe(self) -> str:
+        """The layout in words: "L = 27: 1 time + 10 text + 16 image tokens (4 × 4 patches)"."""
+        g = self.grid_size
+        return (
+            f"L = {self.seq_len}: 1 time + {self.text_seq_len} text + {self.num_patches} image tokens "
+            f"({g} × {g} patches)"
+        )
+
+    def to_json(self) -> dict:
+        """The layout for a report: L, each region as [start, stop) and the grid side."""
+        return {
+            "seq_len": self.seq_len,
+            "time": [self.time.start, self.time.stop],
+            "text": [self.text.start, self.text.stop],
+            "image": [self.image.start, self.image.stop],
+            "patch_grid": self.grid_size,
+        }

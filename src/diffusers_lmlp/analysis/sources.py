@@ -1,0 +1,145 @@
+"""What `--pipeline` names, found and loaded: the shipped shapes pipeline, a pipeline folder, a backbone folder (such
+as a converted reference checkpoint saved with `save_pretrained`) or a Hub repo id of either.
+
+The backbone's config is read first, so that `--layers` is checked before any weight is loaded. Weights load through
+the backbone's own `from_pretrained`: safetensors only, never unpickled, every weight filled. A Hub repo is fetched
+into the huggingface_hub cache: the backbone's files first, and the other components only for `routing`, which
+samples captions with the whole pipeline (`LMLPPipeline.from_pretrained`).
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..evaluation.__main__ import SHIPPED_SHAPES_PIPELINE, is_repo_id
+from ..models.families import BlockFamily, family_of
+from ..shapes.pretrained import PIPELINE_PATH
+
+
+# The files of a backbone, at the top of a model repo or under transformer/ of a pipeline repo.
+BACKBONE_FILES = [
+    "config.json",
+    "diffusion_pytorch_model*.safetensors",
+    "diffusion_pytorch_model.safetensors.index.json",
+]
+HUB_ALLOW_PATTERNS = ["model_index.json", *BACKBONE_FILES, *(f"transformer/{name}" for name in BACKBONE_FILES)]
+
+
+@dataclass(frozen=True)
+class BackboneSource:
+    """Where a backbone's files are, and its config.
+
+    Args:
+        name (`str`): What `--pipeline` said.
+        folder (`Path`): The local folder (a Hub repo's snapshot in the cache).
+        subfolder (`str`, *optional*): `"transformer"` in a pipeline folder; `None` in a backbone folder.
+        config (`dict`): The backbone's config.json.
+        family (`BlockFamily`): Its block family, from config.json's `_class_name`.
+        from_hub (`bool`): Whether `name` is a Hub repo id (the folder then holds the backbone's files only).
+    """
+
+    name: str
+    folder: Path
+    subfolder: str | None
+    config: dict[str, Any]
+    family: BlockFamily
+    from_hub: bool
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Whether the folder is a whole pipeline (model_index.json, with a text encoder for `routing`)."""
+        return self.subfolder is not None
+
+    def load_backbone(self):
+        """The backbone, loaded with its class's strict, safetensors-only `from_pretrained`."""
+        return self.family.model_class.from_pretrained(self.folder, subfolder=self.subfolder).eval()
+
+    def load_pipeline(self, transformer):
+        """The whole pipeline, around the backbone already loaded (`routing` samples captions with it).
+
+        Args:
+            transformer (`UShapedMixerModel`): This source's backbone (`load_backbone`).
+
+        Raises:
+            `ValueError`: For a backbone folder, which has no text encoder to encode captions with.
+            `OSError`: For a Hub repo whose other components cannot be fetched.
+        """
+        if not self.is_pipeline:
+            raise ValueError(
+                f"routing samples captions, so it needs a whole pipeline (model_index.json with its text encoder, "
+                f"tokenizer, VAE and scheduler), and --pipeline {self.name} is a backbone folder. Pass the folder of "
+                "the pipeline it belongs to."
+            )
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        from ..pipelines import LMLPPipeline
+
+        try:
+            return LMLPPipeline.from_pretrained(self.name if self.from_hub else self.folder, transformer=transformer)
+        except (LocalEntryNotFoundError, FileNotFoundError) as error:
+            raise OSError(f"--pipeline {self.name}: {error}") from None
+
+
+def _hub_snapshot(name: str) -> Path:
+    """The cached snapshot of the backbone files of the Hub repo `name`, fetched if the Hub can be reached.
+
+    Raises:
+        `OSError`: For a repo that does not exist, or is neither cached nor reachable.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_ALLOW_PATTERNS))
+    except RepositoryNotFoundError:
+        raise OSError(
+            f"--pipeline {name}: no such local folder, and no Hub repo you can access has that id. Check the name; "
+            "for a private repo, log in (`hf auth login`)."
+        ) from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+        raise OSError(
+            f"--pipeline {name}: no such local folder, and as a Hub repo id it is not in the huggingface_hub cache "
+            f"({constants.HF_HUB_CACHE}) and {why}. Download it where the Hub can be reached (`hf download {name}`), "
+            "or pass a local folder."
+        ) from None
+
+
+def find_backbone(name: str) -> BackboneSource:
+    """Find the backbone `--pipeline` names and read its config (no weights are loaded).
+
+    Args:
+        name (`str`): `"shapes"` (the pipeline shipped in the package), a pipeline folder (with model_index.json and
+            transformer/), a backbone folder (with config.json and safetensors weights), or a Hub repo id of either.
+
+    Raises:
+        `OSError`: For a path to nothing or to a file, or a Hub repo that cannot be fetched.
+        `ValueError`: For a folder that holds neither a pipeline nor a backbone, or a config of no registered family.
+    """
+    from_hub = False
+    if name == SHIPPED_SHAPES_PIPELINE:
+        folder = PIPELINE_PATH
+    elif os.path.isdir(name):
+        folder = Path(name)
+    elif os.path.exists(name):
+        raise OSError(f"--pipeline {name}: not a folder; pass a pipeline or backbone folder, or a Hub repo id")
+    elif not is_repo_id(name):
+        raise OSError(f"--pipeline {name}: no such folder (the current directory is {os.getcwd()})")
+    else:
+        folder, from_hub = _hub_snapshot(name), True
+    subfolder = "transformer" if (folder / "model_index.json").is_file() else None
+    config_file = folder / (subfolder or "") / "config.json"
+    if not config_file.is_file():
+        raise ValueError(
+            f"--pipeline {name}: {config_file} does not exist. Pass a pipeline folder (model_index.json and "
+            "transformer/, as LMLPPipeline.save_pretrained writes it) or a backbone folder (config.json and "
+            "diffusion_pytorch_model.safetensors, as the backbone's save_pretrained writes it)."
+        )
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        family = family_of(config)
+    except ValueError as error:
+        raise ValueError(f"--pipeline {name}: {config_file} is not a backbone's config: {error}") from None
+    return BackboneSource(name, folder, subfolder, config, family, from_hub)

@@ -1,0 +1,436 @@
+"""`python -m diffusers_lmlp.analysis`: the measures on matrices of known structure, the two subcommands on tiny
+UL-MLP, MoE-MLP and U-ViT pipelines, a full-size (L = 334) converted reference checkpoint, a Hub id and the shipped
+shapes model, the errors that name the subcommand that fits, and every command of docs/analysis.md and the README's
+section, run as written."""
+
+import functools
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+from test_lazy_imports import HEAVY, imported_modules
+from test_pipeline_loading import fill_hub_cache
+
+from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict
+from diffusers_lmlp.analysis.__main__ import main
+from diffusers_lmlp.analysis.attention import attention_probabilities
+from diffusers_lmlp.analysis.layers import block_name, default_layers
+from diffusers_lmlp.analysis.metrics import (
+    balance_statistics,
+    diagonal_ratio,
+    grid_distance,
+    locality,
+    noise_band,
+    normalise,
+    periodicity,
+    token_mixing_measures,
+)
+from diffusers_lmlp.analysis.regions import TokenRegions
+from diffusers_lmlp.models.mixers.attention import UViTAttention
+from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.tiny import build_tiny_pipeline
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "docs" / "analysis.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+README_SECTION = README.split("## Look inside a model", 1)[1].split("\n## ", 1)[0]
+CAPTIONS = ["a red circle", "a blue square", "a green triangle"]
+# The tiny pipelines' layout: 16 text tokens and a 4 × 4 patch grid, L = 33, 3 blocks.
+TINY = TokenRegions(text_seq_len=16, grid_size=4)
+
+
+def commands(text: str) -> list[str]:
+    """The analysis command lines of the bash blocks of a Markdown text."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
+    return [
+        line for block in blocks for line in block.splitlines() if line.startswith("python -m diffusers_lmlp.analysis")
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_unpickling(monkeypatch):
+    """Every load here must read safetensors only: `torch.load` (pickle) fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading unpickled a file with torch.load")
+
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def run(*argv: str) -> str:
+    """Run the command in this process and return what it printed; a refusal raises `SystemExit` with its message."""
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    printed = StringIO()
+    with redirect_stdout(printed):
+        main([*argv, "--no_progress"])
+    return printed.getvalue()
+
+
+def refusal(*argv: str) -> str:
+    """The message of a command that must stop with an error."""
+    with pytest.raises(SystemExit) as stop:
+        run(*argv)
+    return " ".join(str(stop.value.code).split())
+
+
+def gaussian_of_patch_distance(regions: TokenRegions, sigma: float = 1.0, seed: int = 0) -> torch.Tensor:
+    """(L, L) weak noise, with exp(−d² / 2σ²) of the grid distance d in the image × image block."""
+    generator = torch.Generator().manual_seed(seed)
+    matrix = 0.01 * torch.randn(regions.seq_len, regions.seq_len, generator=generator)
+    image = slice(regions.image.start, regions.image.stop)
+    matrix[image, image] += torch.exp(-(grid_distance(regions).double() ** 2) / (2 * sigma**2)).float()
+    return matrix
+
+
+def row_periodic(regions: TokenRegions, seed: int = 0) -> torch.Tensor:
+    """(L, L) noise that depends on an image token's grid column only: it repeats once per patch row."""
+    generator = torch.Generator().manual_seed(seed)
+    position = torch.arange(regions.seq_len)  # the time and text tokens keep their own index
+    image = torch.arange(regions.num_patches)
+    position[regions.image.start :] = regions.text.stop + image % regions.grid_size  # image tokens: their column
+    values = torch.randn(regions.seq_len, regions.seq_len, generator=generator)
+    return values[position][:, position]
+
+
+# The measures, on matrices of known structure.
+
+
+def test_a_gaussian_of_patch_distance_is_local_an_identity_is_diagonal_and_noise_is_neither():
+    regions = TokenRegions(text_seq_len=7, grid_size=8)
+    assert locality(normalise(gaussian_of_patch_distance(regions)), regions) > 10
+    generator = torch.Generator().manual_seed(0)
+    identity = torch.eye(regions.seq_len) + 0.1 * torch.rand(regions.seq_len, regions.seq_len, generator=generator)
+    assert diagonal_ratio(normalise(identity)) > 5
+    for _ in range(5):
+        noise = normalise(torch.randn(regions.seq_len, regions.seq_len, generator=generator))
+        assert locality(noise, regions) == pytest.approx(1, abs=0.1)
+        assert diagonal_ratio(noise) == pytest.approx(1, abs=0.15)
+        assert periodicity(noise, regions) == pytest.approx(0, abs=0.05)
+
+
+def test_a_pattern_that_repeats_every_patch_row_is_periodic_and_a_smooth_trend_is_not():
+    regions = TokenRegions(text_seq_len=7, grid_size=8)
+    assert periodicity(normalise(row_periodic(regions)), regions) > 0.9
+    index = torch.arange(regions.seq_len, dtype=torch.float64)
+    trend = index[:, None] + index[None, :]  # smooth: every shift correlates about as well
+    assert abs(periodicity(normalise(trend), regions)) < 0.05
+
+
+def test_the_grid_distance_and_the_measures_a_layout_cannot_define():
+    distance = grid_distance(TokenRegions(text_seq_len=3, grid_size=3))
+    assert distance[0].tolist() == [0, 1, 2, 1, 2, 3, 2, 3, 4]  # patch (0, 0) to the row-major 3 × 3 grid
+    one_patch = TokenRegions(text_seq_len=3, grid_size=1)
+    assert token_mixing_measures(torch.randn(5, 5), one_patch)["locality"] is None
+    assert token_mixing_measures(torch.randn(5, 5), one_patch)["periodicity"] is None
+    assert token_mixing_measures(torch.ones(33, 33), TINY)["diagonal"] is None  # constant: normalised to zeros
+
+
+def test_the_noise_band_brackets_noise_and_is_the_same_every_time():
+    measures = functools.partial(token_mixing_measures, regions=TINY)
+    band = noise_band(measures, TINY.seq_len, draws=50)
+    assert band == noise_band(measures, TINY.seq_len, draws=50)
+    assert band["locality"][0] < 1 < band["locality"][1] and band["periodicity"][0] < 0 < band["periodicity"][1]
+
+
+def test_a_one_hot_router_gives_one_expert_its_full_usage():
+    one_hot = torch.nn.functional.one_hot(torch.full((30,), 2), 4).double()  # (passes, E): always expert 2
+    statistics = balance_statistics(one_hot)
+    assert statistics["usage"] == [0, 0, 1, 0] and statistics["top1"] == [0, 0, 1, 0]
+    assert statistics["cv"] == pytest.approx(math.sqrt(3)) and statistics["entropy"] == pytest.approx(0)
+    even = balance_statistics(torch.full((30, 4), 0.25, dtype=torch.float64))
+    assert even["cv"] == pytest.approx(0) and even["entropy"] == pytest.approx(1)
+
+
+def test_layers_are_the_reference_scripts_and_adapt_to_the_depth():
+    # nnet_vis.py's "Layers 1, 5, 9, 13, 17" of the depth-16 UL-MLP.
+    assert [block_name(layer, 17) for layer in default_layers(17)] == [
+        "in_blocks.0", "in_blocks.4", "mid_block", "out_blocks.3", "out_blocks.7"
+    ]  # fmt: skip
+    assert default_layers(13) == [1, 4, 7, 10, 13] and default_layers(9) == [1, 3, 5, 7, 9]
+    assert default_layers(3) == [1, 2, 3] and default_layers(1) == [1]
+
+
+# lateralization, end to end.
+
+
+def test_lateralization_of_a_ul_mlp_pipeline_folder_writes_its_weights_and_measures(tmp_path):
+    pipe = build_tiny_pipeline("lmlp")
+    model = pipe.transformer
+    with torch.no_grad():
+        model.stack.mid_block.left.weight.copy_(gaussian_of_patch_distance(TINY))  # layer 2
+    pipe.save_pretrained(tmp_path / "pipe")
+
+    printed = run("lateralization", "--pipeline", str(tmp_path / "pipe"), "--output_dir", str(tmp_path / "out"))
+
+    report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
+    assert report["model"] == "UL-MLP (LMLPTransformer2DModel)"
+    assert report["regions"] == {"seq_len": 33, "time": [0, 1], "text": [1, 17], "image": [17, 33], "patch_grid": 4}
+    assert [entry["layer"] for entry in report["layers"]] == [1, 2, 3]
+    assert [entry["block"] for entry in report["layers"]] == ["in_blocks.0", "mid_block", "out_blocks.0"]
+    weights = load_file(tmp_path / "out" / "lateralization.safetensors")
+    assert sorted(weights) == [f"layer_{k}.{side}" for k in (1, 2, 3) for side in ("left", "right")]
+    for entry in report["layers"]:
+        block = model.stack.get_submodule(entry["block"])
+        left, right = weights[f"layer_{entry['layer']}.left"], weights[f"layer_{entry['layer']}.right"]
+        assert torch.equal(left, block.left.weight) and torch.equal(right, block.right.weight)
+        assert set(entry["left"]) == {"diagonal", "locality", "periodicity", "mean_abs"}
+        assert set(entry["right"]) == {"diagonal", "mean_abs"}
+        assert entry["left"]["locality"] == pytest.approx(locality(normalise(left), TINY))
+        assert entry["left"]["mean_abs"] == pytest.approx(left.double().abs().mean().item())
+    localities = [entry["left"]["locality"] for entry in report["layers"]]
+    assert localities[1] > 10 and localities[0] == pytest.approx(1, abs=0.3)  # the Gaussian, and the random init
+    assert set(report["noise"]) == {"draws", "left", "right"}
+    # The table prints the same numbers, and the command names its files.
+    assert f"{report['layers'][1]['left']['locality']:.3f}" in printed and "i.i.d. Gaussian matrices" in printed
+    assert printed.rstrip().endswith(str(tmp_path / "out" / "lateralization.safetensors"))
+    figure = Image.open(tmp_path / "out" / "lateralization.png")
+    assert figure.mode == "RGB" and figure.width > 3 * 256 and figure.height > 2 * 256
+
+
+def test_a_converted_reference_checkpoint_at_full_size_gives_the_reference_scripts_matrices(tmp_path):
+    # F2-deep's token layout (L = 334, 17 blocks), narrow so that the test is quick.
+    model = LMLPTransformer2DModel(hidden_size=32, text_embed_dim=32)
+    reference = {f"{name}.l.weight": torch.randn(334, 334) for name in ("in_blocks.4", "out_blocks.7")}
+    model.load_state_dict(convert_lmlp_reference_state_dict(reference), strict=False)
+    model.save_pretrained(tmp_path / "ul-mlp-f2-deep")
+
+    run("lateralization", "--pipeline", str(tmp_path / "ul-mlp-f2-deep"), "--output_dir", str(tmp_path / "out"))
+
+    report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
+    assert [entry["layer"] for entry in report["layers"]] == [1, 5, 9, 13, 17]
+    assert report["regions"]["text"] == [1, 78] and report["regions"]["image"] == [78, 334]
+    weights = load_file(tmp_path / "out" / "lateralization.safetensors")
+    assert weights["layer_5.left"].shape == (334, 334)
+    assert torch.equal(weights["layer_5.left"], reference["in_blocks.4.l.weight"])  # nnet_vis.py's "Layer 5"
+    assert torch.equal(weights["layer_17.left"], reference["out_blocks.7.l.weight"])  # and its "Layer 17"
+
+
+def test_an_moe_mlp_is_drawn_per_expert_and_head(tmp_path):
+    pipe = build_tiny_pipeline("moe_mlp")  # 2 experts × 2 heads
+    pipe.save_pretrained(tmp_path / "pipe")
+
+    printed = run("lateralization", "--pipeline", str(tmp_path / "pipe"), "--output_dir", str(tmp_path / "out"))
+
+    report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
+    weights = load_file(tmp_path / "out" / "lateralization.safetensors")
+    for entry in report["layers"]:
+        assert [(left["head"], left["expert"]) for left in entry["left"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        experts = pipe.transformer.stack.get_submodule(entry["block"]).left.expert_weight
+        assert torch.equal(weights[f"layer_{entry['layer']}.left"], experts)  # (H, E, L, L)
+    assert "left h1 e0" in printed
+    # Five rows of panels (4 experts and the right hemisphere) against the UL-MLP's two.
+    assert Image.open(tmp_path / "out" / "lateralization.png").height > 5 * 256
+
+
+@pytest.mark.parametrize(
+    ("backbone", "says"),
+    [
+        ("uvit", "this U-ViT (UViTTransformer2DModel) has no such blocks. Run `routing` on it instead"),
+        ("gmlp", "this gMLP (GMLPTransformer2DModel) has no such blocks. Neither subcommand fits it"),
+    ],
+)
+def test_a_model_without_l_by_l_first_stage_is_told_which_subcommand_fits(tmp_path, backbone, says):
+    build_tiny_pipeline(backbone).save_pretrained(tmp_path / "pipe")
+    assert says in refusal("lateralization", "--pipeline", str(tmp_path / "pipe"), "--output_dir", str(tmp_path))
+    assert not (tmp_path / "lateralization.json").exists()
+
+
+def test_bad_layers_and_folders_are_refused_naming_the_fix(tmp_path):
+    build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
+    pipe = str(tmp_path / "pipe")
+    message = refusal("lateralization", "--pipeline", pipe, "--layers", "1", "4")
+    assert "No layer 4 in this model: it has 3 blocks, numbered 1–3" in message
+    assert "layer 2 is mid_block, layer 3 is out_blocks.0" in message
+    assert "no such folder" in refusal("lateralization", "--pipeline", str(tmp_path / "nowhere"))
+    assert "not a folder" in refusal("lateralization", "--pipeline", str(tmp_path / "pipe" / "model_index.json"))
+    assert "config.json does not exist" in refusal("lateralization", "--pipeline", str(tmp_path))
+    assert "is not a backbone's config" in refusal("lateralization", "--pipeline", str(tmp_path / "pipe" / "vae"))
+    assert "Run `lateralization` on it instead" in refusal("routing", "--pipeline", pipe, "--captions", "a")
+
+
+def test_routing_needs_a_whole_pipeline(tmp_path):
+    build_tiny_pipeline("moe_mlp").save_pretrained(tmp_path / "pipe")
+    backbone = str(tmp_path / "pipe" / "transformer")
+    assert "is a backbone folder" in refusal("routing", "--pipeline", backbone, "--captions", "a red circle")
+    run("lateralization", "--pipeline", backbone, "--output_dir", str(tmp_path / "out"))  # which lateralization reads
+    assert (tmp_path / "out" / "lateralization.json").is_file()
+
+
+# routing, end to end.
+
+
+def test_a_one_hot_router_shows_one_experts_full_usage_at_every_step(tmp_path):
+    pipe = build_tiny_pipeline("moe_mlp")  # 2 experts × 2 heads
+    with torch.no_grad():
+        for block in (pipe.transformer.stack.in_blocks[0], pipe.transformer.stack.mid_block):
+            for head, gate in enumerate(block.left.gates):
+                gate.weight.zero_()
+                gate.bias.copy_(torch.tensor([-50.0, 50.0]) * (1 if head == 0 else -1))  # head 0: e1, head 1: e0
+    pipe.save_pretrained(tmp_path / "pipe")
+
+    printed = run(
+        "routing", "--pipeline", str(tmp_path / "pipe"), "--captions", *CAPTIONS, "--num_inference_steps", "3",
+        "--batch_size", "2", "--output_dir", str(tmp_path / "out"),
+    )  # fmt: skip
+
+    report = json.loads((tmp_path / "out" / "routing.json").read_text())
+    assert report["kind"] == "expert usage" and report["captions"] == CAPTIONS and len(report["timesteps"]) == 3
+    assert report["sampler"] == {"num_inference_steps": 3, "guidance_scale": 2.0, "seed": 0, "batch_size": 2}
+    assert [entry["layer"] for entry in report["layers"]] == [1, 2, 3]  # every layer of an MoE-MLP
+    for entry in report["layers"][:2]:
+        head_0, head_1 = entry["heads"]
+        assert head_0["usage"] == pytest.approx([0, 1]) and head_0["top1"] == [0, 1]
+        assert head_1["usage"] == pytest.approx([1, 0]) and head_1["top1"] == [1, 0]
+        assert head_0["cv"] == pytest.approx(1) and head_0["entropy"] == pytest.approx(0, abs=1e-9)
+    untouched = report["layers"][2]["heads"][0]
+    assert 0 < min(untouched["usage"]) and untouched["entropy"] > 0.9
+    data = load_file(tmp_path / "out" / "routing.safetensors")
+    assert data["usage"].shape == (3, 3, 2, 2) and data["timesteps"].tolist() == report["timesteps"]
+    assert torch.allclose(data["usage"].sum(-1), torch.ones(3, 3, 2))
+    assert torch.equal(data["usage"][:, 0, 0, 1], torch.ones(3))  # layer 1, head 0, expert 1, at every step
+    assert "load-balancing loss" in printed and report["balance_loss"] > 0
+    assert Image.open(tmp_path / "out" / "routing.png").width > 2 * 160
+
+
+def test_routing_a_uvit_draws_the_attention_of_the_lateralization_layers(tmp_path):
+    pipe = build_tiny_pipeline("uvit")
+    pipe.save_pretrained(tmp_path / "pipe")
+
+    printed = run(
+        "routing", "--pipeline", str(tmp_path / "pipe"), "--captions", *CAPTIONS, "--num_inference_steps", "2",
+        "--output_dir", str(tmp_path / "out"),
+    )  # fmt: skip
+
+    report = json.loads((tmp_path / "out" / "routing.json").read_text())
+    assert report["kind"] == "attention" and [entry["layer"] for entry in report["layers"]] == default_layers(3)
+    assert set(report["layers"][0]["attention"]) == {"diagonal", "locality", "periodicity"}
+    maps = load_file(tmp_path / "out" / "routing.safetensors")
+    assert sorted(maps) == ["layer_1.attention", "layer_2.attention", "layer_3.attention"]
+    assert torch.allclose(maps["layer_2.attention"].sum(-1), torch.ones(33))  # probabilities over the inputs
+    measures = token_mixing_measures(maps["layer_2.attention"], TINY)
+    assert report["layers"][1]["attention"]["locality"] == pytest.approx(measures["locality"], rel=1e-5)
+    assert "periodicity" in printed and "attention:" in printed
+
+
+def test_the_attention_maps_are_what_the_module_computes():
+    torch.manual_seed(0)
+    attention = UViTAttention(hidden_size=32, num_heads=4).eval()
+    tokens = torch.randn(2, 9, 32)
+    probabilities = attention_probabilities(attention, tokens)  # (B, H, L, L)
+    value = attention.qkv(tokens).reshape(2, 9, 3, 4, 8)[:, :, 2].transpose(1, 2)  # (B, H, L, D/H)
+    mixed = (probabilities @ value).transpose(1, 2).reshape(2, 9, 32)
+    assert torch.allclose(attention.proj(mixed), attention(tokens), atol=1e-5)
+
+
+def test_a_hub_repo_id_is_read_from_the_huggingface_cache(tmp_path, monkeypatch):
+    build_tiny_pipeline("moe_mlp").save_pretrained(tmp_path / "pipe")
+    fill_hub_cache(tmp_path / "pipe", tmp_path / "hub", "alice/tiny-moe")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    run("lateralization", "--pipeline", "alice/tiny-moe", "--output_dir", str(tmp_path / "out"))
+    run("routing", "--pipeline", "alice/tiny-moe", "--captions", "a red circle", "--num_inference_steps", "2",
+        "--output_dir", str(tmp_path / "out"))  # fmt: skip
+
+    assert json.loads((tmp_path / "out" / "lateralization.json").read_text())["pipeline"] == "alice/tiny-moe"
+    assert json.loads((tmp_path / "out" / "routing.json").read_text())["kind"] == "expert usage"
+    message = refusal("lateralization", "--pipeline", "alice/not-cached")
+    assert "not in the huggingface_hub cache" in message and "HF_HUB_OFFLINE is set" in message
+
+
+# The command line and the documentation.
+
+
+@pytest.mark.parametrize(
+    ("argv", "exit_code", "says"),
+    [
+        (["--help"], 0, "usage: python -m diffusers_lmlp.analysis [-h] {lateralization,routing}"),
+        (["lateralization", "--layers", "0"], 2, "--layers: must be at least 1, got 0"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_help_and_argument_errors_load_no_heavy_library(argv, exit_code, says):
+    result, names = imported_modules("-m", "diffusers_lmlp.analysis", *argv)
+    assert result.returncode == exit_code, result.stderr[-2000:]
+    output = result.stdout + "\n".join(line for line in result.stderr.splitlines() if not line.startswith("import"))
+    assert says in " ".join(output.split())
+    assert not names & HEAVY, sorted(names & HEAVY)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["lateralization", "--help"], "--layers LAYERS [LAYERS ...]"),
+        (["routing"], "the following arguments are required: --captions"),
+        (["routing", "--captions", "a", "--batch_size", "0"], "--batch_size: must be at least 1, got 0"),
+        (["routing", "--captions", "a", "--num_inference_steps", "two"], "not a whole number: 'two'"),
+        (["transplant"], "invalid choice: 'transplant'"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_the_subcommands_options(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    captured = capsys.readouterr()
+    assert says in " ".join((captured.out + captured.err).split())
+
+
+def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
+    [command, _] = commands(README_SECTION)
+    assert command == "python -m diffusers_lmlp.analysis lateralization"  # the shipped shapes model, by default
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "layers: 100% 5/5" in result.stderr  # a progress bar (lines, in a log)
+    report = json.loads((tmp_path / "analysis" / "lateralization.json").read_text())
+    assert report["pipeline"] == "shapes" and report["regions"]["seq_len"] == 27
+    assert [entry["layer"] for entry in report["layers"]] == [1, 3, 5, 7, 9]
+    weights = load_file(tmp_path / "analysis" / "lateralization.safetensors")
+    shipped = load_file(PIPELINE_PATH / "transformer" / "diffusion_pytorch_model.safetensors")
+    assert torch.equal(weights["layer_9.left"], shipped["stack.out_blocks.3.left.weight"])
+    # docs/lateralization-shapes.png is this figure (small enough for the README).
+    documented = ROOT / "docs" / "lateralization-shapes.png"
+    assert documented.stat().st_size < 300_000
+    drawn, shown = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float64) for path in (
+        tmp_path / "analysis" / "lateralization.png", documented
+    ))  # fmt: skip
+    assert drawn.shape == shown.shape and np.abs(drawn - shown).mean() < 1
+
+
+def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
+    """docs/analysis.md's and the README's commands, with tiny stand-ins for the pipelines a user trains, and a
+    full-size (L = 334) backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""
+    documented = commands(DOCS) + commands(README_SECTION)
+    assert len(documented) == 8
+    monkeypatch.chdir(tmp_path)
+    build_tiny_pipeline("moe_mlp").save_pretrained("lmlp-shapes-moe")
+    build_tiny_pipeline("uvit").save_pretrained("uvit-shapes")
+    LMLPTransformer2DModel(hidden_size=32, text_embed_dim=32).save_pretrained("ul-mlp-f2-deep")
+    printed = {}
+    for command in documented:
+        argv = shlex.split(command)
+        assert argv[:3] == ["python", "-m", "diffusers_lmlp.analysis"], command
+        options = [*argv[3:], "--num_inference_steps", "2"] if argv[3] == "routing" else argv[3:]
+        printed[command] = run(*options)
+    assert json.loads(Path("analysis-f2-deep/lateralization.json").read_text())["regions"]["seq_len"] == 334
+    assert json.loads(Path("analysis-moe/routing.json").read_text())["kind"] == "expert usage"
+    assert json.loads(Path("analysis-uvit/routing.json").read_text())["kind"] == "attention"
+    # The table docs/analysis.md shows is what the command prints for the shipped model's nine layers.
+    [table] = re.findall(r"```text\n(.*?)```", DOCS, flags=re.DOTALL)
+    all_layers = next(command for command in documented if "--layers 1 2 3 4 5 6 7 8 9" in command)
+    assert printed[all_layers].startswith(table)
