@@ -121,11 +121,13 @@ def test_bad_arguments_are_refused_with_the_fix(speed, capsys):
     assert args.models == [speed.BASELINE, "F2-deep", "4E2H"]  # the baseline, then the reference, first, once
 
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-# The README's commands for this script, as written (its bash blocks).
+ROOT = Path(__file__).resolve().parents[1]
+# The README's commands for this script, then those of the pages in docs/, as written (their bash blocks).
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMANDS = [
     shlex.split(line.split("#", 1)[0])
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+    for page in PAGES
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
     for line in block.splitlines()
     if line.startswith("python benchmarks/speed_vs_uvit.py")
 ]
@@ -137,8 +139,8 @@ SMOKE += ["--repeats", "1", "--pipeline_models", "F2-deep", "--pipeline_steps", 
 SMOKE += ["--memory_models", "F2-deep"]
 
 
-def test_the_readme_documents_the_cpu_and_gpu_commands(speed, capsys):
-    assert len(COMMANDS) >= 3
+def test_the_readme_and_docs_document_the_cpu_and_gpu_commands(speed, capsys):
+    assert len(COMMANDS) >= 5  # the README's three, and docs/speed-gpu.md's two
     for command in COMMANDS:
         if "cuda" in command and not torch.cuda.is_available():
             with pytest.raises(SystemExit):
