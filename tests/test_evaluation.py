@@ -24,8 +24,9 @@ from diffusers_lmlp.evaluation import (
 )
 from diffusers_lmlp.evaluation.clip_score import CLIPScorer
 from diffusers_lmlp.evaluation.evaluate import image_seed, shapes_renders
-from diffusers_lmlp.evaluation.extractors import image_features, images_to_tensor
+from diffusers_lmlp.evaluation.extractors import image_features
 from diffusers_lmlp.evaluation.resume import EvaluationInterrupted
+from diffusers_lmlp.image_tensors import images_to_tensor
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import accuracies, parse_caption, read_image, score_image
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render

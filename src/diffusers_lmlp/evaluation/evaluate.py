@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from ..image_grid import make_image_grid
+from ..image_tensors import images_to_tensor
 from ..training.progress import progress_bar
 from .clip_score import CLIPScorer
 from .extractors import (
@@ -28,7 +29,6 @@ from .extractors import (
     extractor_name,
     feature_size,
     image_features,
-    images_to_tensor,
     load_extractor,
 )
 from .fid import FeatureMoments, FIDStatistics, frechet_distance

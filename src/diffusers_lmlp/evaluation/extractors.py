@@ -5,9 +5,7 @@ int `num_features` (D) and a `name` for reports; a module without them is run on
 is named by its class.
 """
 
-import numpy as np
 import torch
-from PIL import Image
 from torch import nn
 
 
@@ -84,20 +82,6 @@ def extractor_name(extractor: nn.Module) -> str:
     return str(getattr(extractor, "name", type(extractor).__name__))
 
 
-def images_to_tensor(images: list[Image.Image]) -> torch.Tensor:
-    """RGB images of one size → a (B, 3, H, W) float32 batch in [0, 1].
-
-    Raises:
-        `ValueError`: When the images differ in size.
-    """
-    sizes = {image.size for image in images}
-    if len(sizes) != 1:
-        raise ValueError(f"The images of one batch must have one size; got {sorted(sizes)}")
-    pixels = np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) for image in images]) / 255.0
-    return torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous()  # (B, 3, H, W)
-
-
-@torch.no_grad()
 def feature_size(extractor: nn.Module, resolution: int) -> int:
     """D: the network's `num_features`, else the width of its output for one black image of the given size."""
     if isinstance(getattr(extractor, "num_features", None), int):

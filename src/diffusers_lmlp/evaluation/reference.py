@@ -7,9 +7,10 @@ from pathlib import Path
 from huggingface_hub import constants
 from PIL import Image, UnidentifiedImageError
 
+from ..image_tensors import images_to_tensor
 from ..training.data import center_crop_resize
 from ..training.progress import progress_bar
-from .extractors import extractor_name, feature_size, image_features, images_to_tensor
+from .extractors import extractor_name, feature_size, image_features
 from .fid import FeatureMoments, FIDStatistics
 
 

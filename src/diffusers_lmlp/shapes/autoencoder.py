@@ -11,7 +11,7 @@ from diffusers import AutoencoderKL
 from diffusers.image_processor import VaeImageProcessor
 from PIL import Image
 
-from ..evaluation.extractors import images_to_tensor
+from ..image_tensors import images_to_tensor
 from .scorer import score_images
 from .world import BACKGROUND, ShapeSpec, held_out_specs, render
 

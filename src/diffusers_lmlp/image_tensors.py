@@ -1,0 +1,21 @@
+"""PIL images as the float batches that feature networks and autoencoders read."""
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+def images_to_tensor(images: list[Image.Image]) -> torch.Tensor:
+    """RGB images of one size → a (B, 3, H, W) float32 batch in [0, 1].
+
+    Args:
+        images (`list[PIL.Image.Image]`): The images; any mode, converted to RGB.
+
+    Raises:
+        `ValueError`: When the images differ in size.
+    """
+    sizes = {image.size for image in images}
+    if len(sizes) != 1:
+        raise ValueError(f"The images of one batch must have one size; got {sorted(sizes)}")
+    pixels = np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) for image in images]) / 255.0
+    return torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous()  # (B, 3, H, W)
