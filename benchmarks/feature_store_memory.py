@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from speed_vs_uvit import SD_VAE_CONFIG  # this folder's speed benchmark: the SD VAE both papers decode with
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,14 +194,7 @@ def real_size(args, workdir: Path) -> None:
     from diffusers_lmlp.training import extract_features
 
     torch.manual_seed(0)
-    vae = AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(128, 256, 512, 512),
-        layers_per_block=2,
-        latent_channels=4,
-        sample_size=256,
-    ).eval()
+    vae = AutoencoderKL(**SD_VAE_CONFIG).eval()
     tokenizer = tiny_clip_tokenizer(model_max_length=77)
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
