@@ -15,7 +15,7 @@ from diffusers import DiffusionPipeline
 from safetensors.torch import load_file, save_file
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
-from diffusers_lmlp.pipelines import pipeline_lmlp
+from diffusers_lmlp.pipelines import loading as pipeline_loading
 
 
 BACKBONES = {name: family.model_class for name, family in FAMILIES.items()}
@@ -254,7 +254,7 @@ def test_a_repo_id_that_the_hub_does_not_have_is_named_as_neither_folder_nor_rep
         response = SimpleNamespace(headers={}, request=None)
         raise huggingface_hub.errors.RepositoryNotFoundError(f"404 for {repo_id}", response=response)
 
-    monkeypatch.setattr(pipeline_lmlp, "snapshot_download", not_found)
+    monkeypatch.setattr(pipeline_loading, "snapshot_download", not_found)
     monkeypatch.chdir(tmp_path)
     expected = (
         f"No such local folder: user/mistyped (there is no {tmp_path / 'user' / 'mistyped'}), and no Hub repo you can "

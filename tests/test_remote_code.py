@@ -361,3 +361,55 @@ def test_code_is_generated_for_the_pipeline_s_components_only(make_pipe, tmp_pat
     # One naming a library (which diffusers loads itself): kept as it is, and no code is generated for it.
     files, with_code_index = remote_code_files({**index, "extra": ["diffusers", "AutoencoderKL"]})
     assert set(files) == CODE_FILES and with_code_index["extra"] == ["diffusers", "AutoencoderKL"]
+
+
+def test_with_code_entries_are_mapped_by_one_function_that_only_looks_at_the_loaded_package(monkeypatch):
+    from diffusers_lmlp.hub import remote_code
+    from diffusers_lmlp.pipelines import model_index, pipeline_lmlp
+
+    # The push and LMLPPipeline.from_pretrained share it, and the pipeline's remote code carries it.
+    assert remote_code.package_model_index is pipeline_lmlp.package_model_index is model_index.package_model_index
+    assert "def package_model_index(" in bundle_source(defining_module_of("LMLPPipeline"), "LMLPPipeline")
+    with_code = {
+        "_class_name": ["pipeline_lmlp", "LMLPPipeline"],
+        "transformer": ["lmlp_transformer_2d", "LMLPTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKL"],
+        "other": ["lmlp_other", "NoSuchClass"],
+        "_diffusers_version": "0.42.0",
+    }
+    expected = {
+        **with_code,
+        "_class_name": "LMLPPipeline",
+        "transformer": ["diffusers_lmlp", "LMLPTransformer2DModel"],
+    }
+    assert model_index.package_model_index(with_code) == expected
+    assert model_index.package_model_index(expected) == expected
+
+    # A class the package exports lazily (a module `__getattr__`) counts; without the package loaded nothing changes,
+    # and nothing is imported.
+    lazy = type(sys)("diffusers_lmlp")
+
+    def exported_lazily(name):
+        if name in ("LMLPPipeline", "LMLPTransformer2DModel"):
+            return LMLPPipeline
+        raise AttributeError(name)
+
+    lazy.__getattr__ = exported_lazily
+    monkeypatch.setitem(sys.modules, "diffusers_lmlp", lazy)
+    assert model_index.package_model_index(with_code) == expected
+    monkeypatch.delitem(sys.modules, "diffusers_lmlp")
+    assert model_index.package_model_index(with_code) == with_code
+    assert "diffusers_lmlp" not in sys.modules
+
+
+def test_the_names_that_moved_out_of_remote_code_warn_at_their_old_path():
+    from diffusers_lmlp.hub import package_source, remote_code
+    from diffusers_lmlp.pipelines import model_index
+
+    for name, new in [("defining_module", package_source), ("PackageImport", package_source)]:
+        with pytest.warns(FutureWarning, match=rf"`diffusers_lmlp\.hub\.remote_code\.{name}` is deprecated"):
+            assert getattr(remote_code, name) is getattr(new, name)
+    with pytest.warns(FutureWarning, match="Import it from `diffusers_lmlp.pipelines.model_index`"):
+        assert remote_code.LOADABLE_LIBRARIES is model_index.LOADABLE_LIBRARIES
+    with pytest.raises(AttributeError):
+        remote_code.no_such_name

@@ -211,6 +211,7 @@ class Tally:
     def __init__(self, scoring: Scoring):
         self.moments = {name: FeatureMoments(scoring.num_features) for name in scoring.feature_names}
         self.rows, self.grid = [], []  # (B, C) and (n, H, W, 3) per batch
+        self.resumed_seconds = 0.0  # the time the batches taken from a `resume_dir` took when they were sampled
 
     def add(self, result: BatchResult) -> None:
         """Count one batch in (the moments add up in the order of the batches)."""
@@ -293,10 +294,30 @@ def evaluate(
     scoring = prepare_scoring(
         pipeline, captions, fid_reference, fid_extractor, clip_model, seed, processes, cache_dir, progress
     )
-    header = {
+    header = report_header(
+        pipeline, len(captions), scoring, processes, num_inference_steps, guidance_scale, batch_size
+    )
+    image_dir = Path(image_dir) if image_dir is not None else None
+    if image_dir is not None:
+        image_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(resume_dir, pipeline, captions, scoring, header, processes, image_dir)
+    tally = sample_batches(pipeline, captions, scoring, processes, store, image_dir, header, progress, started)
+    report = {**header, **scoring.report(tally, processes, captions)}
+    report["seconds"] = round(time.perf_counter() - started + tally.resumed_seconds, 1)
+    grid = gathered_grid(processes, tally, scoring.resolution, captions)
+    if image_dir is not None and processes.index == 0:
+        write_metadata(image_dir, captions)
+    return report, grid
+
+
+def report_header(
+    pipeline, num_images: int, scoring: Scoring, processes: Processes, num_inference_steps, guidance_scale, batch_size
+) -> dict:
+    """What the report says first: the model, the number of images, the seed and the sampler's settings."""
+    return {
         "model": str(pipeline.name_or_path or "(an unsaved pipeline)"),
-        "num_images": len(captions),
-        "seed": seed,
+        "num_images": num_images,
+        "seed": scoring.seed,
         "sampler": {
             "scheduler": type(pipeline.scheduler).__name__,
             "num_inference_steps": num_inference_steps,
@@ -307,16 +328,54 @@ def evaluate(
         },
         "num_processes": processes.count,
     }
-    image_dir = Path(image_dir) if image_dir is not None else None
-    if image_dir is not None:
-        image_dir.mkdir(parents=True, exist_ok=True)
-    store = None
-    if resume_dir is not None:
-        settings = evaluation_settings(pipeline, captions, scoring, header["sampler"])
-        store = ProgressStore(resume_dir, settings, processes, image_dir)
-        store.open()
 
-    tally, earlier_seconds = Tally(scoring), 0.0  # earlier: the time of the batches taken from `resume_dir`
+
+def open_store(
+    resume_dir: str | Path | None,
+    pipeline,
+    captions: list[str],
+    scoring: Scoring,
+    header: dict,
+    processes: Processes,
+    image_dir: Path | None,
+) -> ProgressStore | None:
+    """The opened store of finished batches in `resume_dir` (see `resume`), or None without one; a `resume_dir` of
+    other settings (`evaluation_settings`) is refused."""
+    if resume_dir is None:
+        return None
+    settings = evaluation_settings(pipeline, captions, scoring, header["sampler"])
+    store = ProgressStore(resume_dir, settings, processes, image_dir)
+    store.open()
+    return store
+
+
+def sample_batches(
+    pipeline,
+    captions: list[str],
+    scoring: Scoring,
+    processes: Processes,
+    store: ProgressStore | None,
+    image_dir: Path | None,
+    header: dict,
+    progress: bool,
+    started: float,
+) -> Tally:
+    """Sample and score this process's batches, taking those that `store` already holds instead of sampling them.
+
+    Args:
+        header (`dict`): The report's header (`report_header`): its sampler settings are read, and an interrupted
+            evaluation's partial report starts with it.
+        started (`float`): When the evaluation started (`time.perf_counter()`), for a partial report's time.
+
+    Returns:
+        `Tally`: The results of the batches.
+
+    Raises:
+        `EvaluationInterrupted`: On Ctrl-C (`KeyboardInterrupt`) with a `store` (see `interrupted`).
+    """
+    sampler = header["sampler"]
+    batch_size = sampler["batch_size"]
+    tally = Tally(scoring)
     bar = progress_bar(len(captions), "sampling", unit="img", disable=not progress or processes.index != 0)
     pipeline.set_progress_bar_config(disable=True)
     try:
@@ -325,29 +384,29 @@ def evaluate(
             paths = [image_dir / f"{index:06d}.png" for index in batch] if image_dir is not None else []
             result = store.load(number, batch, paths) if store is not None else None
             if result is None:
-                result = sample_batch(pipeline, captions, batch, scoring, num_inference_steps, guidance_scale, paths)
+                steps, guidance = sampler["num_inference_steps"], sampler["guidance_scale"]
+                result = sample_batch(pipeline, captions, batch, scoring, steps, guidance, paths)
                 if store is not None:
                     store.save(number, result)
             else:
-                earlier_seconds += result.seconds
+                tally.resumed_seconds += result.seconds
             tally.add(result)
             bar.update(min(len(batch) * processes.count, bar.total - bar.n))  # the first process's pace, for all
     except KeyboardInterrupt as interruption:
         if store is None:
             raise
-        seconds = time.perf_counter() - started + earlier_seconds
+        seconds = time.perf_counter() - started + tally.resumed_seconds
         raise interrupted(store, scoring, captions, processes, header, seconds) from interruption
     finally:
         bar.close()
+    return tally
 
-    report = {**header, **scoring.report(tally, processes, captions)}
-    report["seconds"] = round(time.perf_counter() - started + earlier_seconds, 1)
-    grid = gathered_grid(processes, tally, scoring.resolution, captions)
-    if image_dir is not None and processes.index == 0:
-        with open(image_dir / "metadata.jsonl", "w", encoding="utf-8") as f:
-            for index, caption in enumerate(captions):
-                f.write(json.dumps({"file_name": f"{index:06d}.png", "text": caption}) + "\n")
-    return report, grid
+
+def write_metadata(image_dir: Path, captions: list[str]) -> None:
+    """The captions of the saved images, as the `metadata.jsonl` of a 🤗 imagefolder."""
+    with open(image_dir / "metadata.jsonl", "w", encoding="utf-8") as f:
+        for index, caption in enumerate(captions):
+            f.write(json.dumps({"file_name": f"{index:06d}.png", "text": caption}) + "\n")
 
 
 def prepare_scoring(

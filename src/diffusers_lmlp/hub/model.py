@@ -188,11 +188,7 @@ def stage_pipeline(
         `StagedUpload`: The staging folder, its files, and what of the source folder was left out or refused.
     """
     folder = check_pipeline_folder(folder)
-    check_repo_id(repo_id, "model repo id")
-    if base_model:
-        check_repo_id(base_model, "base model")
-    for dataset in datasets or []:
-        check_repo_id(dataset, "dataset")
+    check_card_repo_ids(repo_id, base_model, datasets)
     source_pipe = LMLPPipeline.from_pretrained(folder)
 
     with staging(output_dir, "lmlp-upload-", source=folder) as target:
@@ -201,44 +197,77 @@ def stage_pipeline(
         # uploaded.
         pipe = load_staged(target, refused, source_pipe)
         if sample_prompts:
-            images = pipe(
-                list(sample_prompts), num_inference_steps=sample_steps, generator=torch.Generator().manual_seed(seed)
-            ).images
-            make_image_grid(images, captions=list(sample_prompts)).save(target / SAMPLE_GRID)
+            write_sample_grid(pipe, target, sample_prompts, sample_steps, seed)
         if with_code:
             code_files = add_remote_code(target)
         else:
             code_files = None
             name_package_classes(target)
-
-        card_path = target / "README.md"
-        existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
-        grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
-        summary_path = target / TRAINING_SUMMARY
-        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
-        if existing is None:
-            description = describe_pipeline(
-                pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
-            )
-            usage = usage_section(repo_id, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer)
-            blocks = {"description": description, "usage": usage}
-        else:
-            unshown = None if grid is not None and grid in without_block(existing, "usage") else grid
-            blocks = {
-                "usage": usage_section(
-                    repo_id, sample_grid=unshown, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer
-                )
-            }
-        card = update_card(
-            existing,
-            [family_of(pipe.transformer).tag],
-            blocks,
-            license=license,
-            datasets=list(datasets) if datasets else None,
-            base_model=base_model,
-        )
-        card.save(target / "README.md")
+        write_card(target, pipe, repo_id, code_files, license=license, base_model=base_model, datasets=datasets)
     return StagedUpload(target, list_files(target), left_out, refused)
+
+
+def check_card_repo_ids(repo_id: str, base_model: str | None, datasets: Sequence[str] | None) -> None:
+    """Raise unless the model repo, the base model and the datasets the card names are valid repo ids."""
+    check_repo_id(repo_id, "model repo id")
+    if base_model:
+        check_repo_id(base_model, "base model")
+    for dataset in datasets or []:
+        check_repo_id(dataset, "dataset")
+
+
+def write_sample_grid(pipe: LMLPPipeline, target: Path, prompts: Sequence[str], steps: int, seed: int) -> None:
+    """Sample one image per prompt and save them as a captioned grid, `SAMPLE_GRID`, in the staged folder."""
+    images = pipe(list(prompts), num_inference_steps=steps, generator=torch.Generator().manual_seed(seed)).images
+    make_image_grid(images, captions=list(prompts)).save(target / SAMPLE_GRID)
+
+
+def write_card(
+    target: Path,
+    pipe: LMLPPipeline,
+    repo_id: str,
+    code_files: list[str] | None,
+    license: str | None,
+    base_model: str | None,
+    datasets: Sequence[str] | None,
+) -> None:
+    """Write the staged folder's card (`README.md`): the folder's own, its metadata and usage block updated, or a
+    new one described from the pipeline and `TRAINING_SUMMARY` when it has none (see `stage_pipeline`).
+
+    Args:
+        target (`Path`): The staging folder, with the sample grid and code files already in it.
+        pipe (`LMLPPipeline`): The staged pipeline.
+        repo_id (`str`): The model repo (the usage snippet loads it).
+        code_files (`list[str]`, *optional*): The generated code files, for a push with the code.
+        license, base_model, datasets: See `stage_pipeline`.
+    """
+    card_path = target / "README.md"
+    existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
+    grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
+    summary_path = target / TRAINING_SUMMARY
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else None
+    if existing is None:
+        description = describe_pipeline(
+            pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
+        )
+        usage = usage_section(repo_id, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer)
+        blocks = {"description": description, "usage": usage}
+    else:
+        unshown = None if grid is not None and grid in without_block(existing, "usage") else grid
+        blocks = {
+            "usage": usage_section(
+                repo_id, sample_grid=unshown, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer
+            )
+        }
+    card = update_card(
+        existing,
+        [family_of(pipe.transformer).tag],
+        blocks,
+        license=license,
+        datasets=list(datasets) if datasets else None,
+        base_model=base_model,
+    )
+    card.save(target / "README.md")
 
 
 def push_pipeline(

@@ -24,7 +24,9 @@ file and only the files it imports itself (one level): `backbone.py` importing `
 component is that the pipeline's file and the transformer's hold their own copy of the shared backbone code.
 
 A with-code repo still loads with the package installed: `LMLPPipeline.from_pretrained` maps the entries back to
-the package (`package_model_index` is the same mapping for the push) and never runs the files.
+the package and never runs the files. Both it and the push use one mapping, `package_model_index`
+(`diffusers_lmlp.pipelines.model_index`, which the pipeline's file inlines). Reading the package's modules and their
+imports is `.package_source`.
 """
 
 import ast
@@ -36,190 +38,30 @@ import json
 import re
 import sys
 import tokenize
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..deprecation import deprecate
+from ..pipelines.model_index import package_model_index
+from .package_source import (
+    PACKAGE,
+    PACKAGE_ONLY_MODULES,
+    SourceModule,
+    _package_module,
+    bundle_order,
+    load_module,
+    package_imports,
+    top_level_names,
+)
 
 
-PACKAGE = __name__.split(".")[0]
-# What only the installed package does: recording its classes under the package's name (`exports.public`). Imports
-# from these modules, and the decorators they give, are left out of remote code, whose classes keep their own module.
-PACKAGE_ONLY_MODULES = (f"{PACKAGE}.exports",)
-# Libraries diffusers loads components from itself; entries naming them are never code of ours.
-LOADABLE_LIBRARIES = ("diffusers", "transformers")
 MODEL_INDEX = "model_index.json"
 LINE_LENGTH = 119
 # A line that diffusers' import scan (`check_imports`, `get_relative_imports`: a regular expression over every line,
 # strings included) reads as an import, and the module it names. diffusers imports that module (or copies the file
 # of a relative one), so no line of a shipped file may name the package or a relative module this way.
 _SCANNED_IMPORT = re.compile(r"^(\s*)(?:import\s+(\S+)\s*$|from\s+(\S+)\s+import)")
-
-
-@dataclass(frozen=True)
-class SourceModule:
-    """One module of the package, parsed.
-
-    Args:
-        name (`str`): Its dotted name (`"diffusers_lmlp.models.backbone"`).
-        path (`str`): Its file, relative to the folder that holds the package (`"diffusers_lmlp/models/backbone.py"`).
-        source (`str`): Its text.
-        tree (`ast.Module`): Its syntax tree.
-    """
-
-    name: str
-    path: str
-    source: str
-    tree: ast.Module
-
-    @property
-    def package(self) -> str:
-        """The package that its relative imports start from."""
-        return self.name if self.path.endswith("__init__.py") else self.name.rpartition(".")[0]
-
-
-@dataclass(frozen=True)
-class PackageImport:
-    """An import statement of a module that imports from the package, with what each name it binds resolves to.
-
-    Args:
-        node (`ast.ImportFrom`): The statement.
-        top_level (`bool`): Whether it runs when the module is imported (a statement of the module's body), rather
-            than when a function runs or a branch is taken.
-        bindings (`dict[str, tuple[str, str]]`): Each name it binds -> (the module that defines the object, the
-            object's name there).
-    """
-
-    node: ast.ImportFrom
-    top_level: bool
-    bindings: dict[str, tuple[str, str]]
-
-
-def load_module(name: str) -> SourceModule:
-    """Read and parse a module of the package by its dotted name.
-
-    Args:
-        name (`str`): The module, e.g. `"diffusers_lmlp.models.backbone"`.
-    """
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        raise ModuleNotFoundError(f"{name} has no Python source file to generate remote code from.")
-    origin = Path(spec.origin)
-    root = Path(importlib.util.find_spec(PACKAGE).origin).parent.parent
-    source = origin.read_text(encoding="utf-8")
-    return SourceModule(name, origin.relative_to(root).as_posix(), source, ast.parse(source, filename=spec.origin))
-
-
-def top_level_names(module: SourceModule) -> dict[str, ast.stmt]:
-    """The names a module defines itself at the top level (functions, classes, assignments), with their statement."""
-    names = {}
-    for node in module.tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names[node.name] = node
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        names[name.id] = node
-    return names
-
-
-def _package_module(module: SourceModule, node: ast.ImportFrom) -> str | None:
-    """The package module an import statement imports from, or None for an import from another library."""
-    if node.level:
-        return importlib.util.resolve_name("." * node.level + (node.module or ""), module.package)
-    if node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
-        return node.module
-    return None
-
-
-def defining_module(module_name: str, name: str, chain: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Where the object that `from <module_name> import <name>` imports is defined, following re-exports.
-
-    Args:
-        module_name (`str`): The package module imported from (`"diffusers_lmlp.models"`).
-        name (`str`): The name imported.
-
-    Returns:
-        `tuple[str, str]`: The module that defines the object and its name there.
-    """
-    where = f"{module_name}.{name}"
-    if where in chain:
-        raise ImportError(f"Circular re-export: {' -> '.join((*chain, where))}.")
-    module = load_module(module_name)
-    if name in top_level_names(module):
-        return module_name, name
-    for node in module.tree.body:
-        if isinstance(node, ast.ImportFrom) and (source := _package_module(module, node)):
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    return defining_module(source, alias.name, (*chain, where))
-    if module.path.endswith("__init__.py") and importlib.util.find_spec(where) is not None:
-        raise ImportError(
-            f"{module.path} imports the module {where} itself; remote code can only be generated from imports of "
-            f"names (`from .{name} import SomeClass`)."
-        )
-    raise ImportError(f"Cannot find where {module.path} gets {name!r} from (a name set at run time?).")
-
-
-def package_imports(module: SourceModule) -> list[PackageImport]:
-    """Every statement of `module` that imports from the package, at any depth, resolved to the defining modules."""
-    top = {id(node) for node in module.tree.body}
-    found = []
-    for node in ast.walk(module.tree):
-        if isinstance(node, ast.Import) and any(
-            alias.name == PACKAGE or alias.name.startswith(PACKAGE + ".") for alias in node.names
-        ):
-            raise ImportError(
-                f"{module.path}:{node.lineno} imports a module of the package (`{ast.unparse(node)}`); remote code "
-                "can only be generated from imports of names (`from .module import SomeClass`)."
-            )
-        if not isinstance(node, ast.ImportFrom) or (source := _package_module(module, node)) is None:
-            continue
-        if any(alias.name == "*" for alias in node.names):
-            raise ImportError(f"{module.path}:{node.lineno} star-imports {source}; import the names it uses.")
-        bindings = {alias.asname or alias.name: defining_module(source, alias.name) for alias in node.names}
-        found.append(PackageImport(node, id(node) in top, bindings))
-    return found
-
-
-def bundle_order(entry: str) -> list[SourceModule]:
-    """`entry` and every package module it needs, each after the modules its top-level imports need.
-
-    Args:
-        entry (`str`): The module to ship (`"diffusers_lmlp.models.lmlp_transformer_2d"`).
-    """
-    order: list[SourceModule] = []
-    done: set[str] = set()
-    active: list[str] = []  # the modules being visited, outermost first
-
-    def visit(name: str) -> None:
-        if name in done:
-            return
-        if name in active:
-            raise ImportError(f"Circular import at module level: {' -> '.join((*active, name))}.")
-        active.append(name)
-        module = load_module(name)
-        later = []  # what imports inside functions need: present when they run, so in any place after this module
-        for statement in package_imports(module):
-            for source, _ in statement.bindings.values():
-                if source in PACKAGE_ONLY_MODULES:
-                    continue
-                if statement.top_level:
-                    visit(source)
-                else:
-                    later.append(source)
-        active.pop()
-        done.add(name)
-        order.append(module)
-        for source in later:
-            if source not in active:
-                visit(source)
-
-    visit(entry)
-    return order
 
 
 def _statement_lines(module: SourceModule, node: ast.stmt) -> tuple[int, int, str]:
@@ -521,35 +363,6 @@ def defining_module_of(class_name: str) -> str:
     raise ValueError(f"No module of {PACKAGE} defines {class_name} (is it defined at run time?).")
 
 
-def package_model_index(model_index: dict[str, Any]) -> dict[str, Any]:
-    """`model_index.json` in the package's own form: entries of a with-code folder (`[file stem, Class]`) naming a
-    class the package exports become `["diffusers_lmlp", Class]`, and `_class_name` the bare class name.
-
-    Args:
-        model_index (`dict[str, Any]`): The folder's `model_index.json`.
-
-    Returns:
-        `dict[str, Any]`: A new dict; equal to `model_index` for a folder without code.
-    """
-    package = importlib.import_module(PACKAGE)
-
-    def ours(entry: Any) -> bool:
-        return (
-            isinstance(entry, list)
-            and len(entry) == 2
-            and entry[0] not in (PACKAGE, *LOADABLE_LIBRARIES)
-            and isinstance(getattr(package, str(entry[1]), None), type)
-        )
-
-    converted = {}
-    for key, entry in model_index.items():
-        if not ours(entry):
-            converted[key] = entry
-        else:
-            converted[key] = entry[1] if key == "_class_name" else [PACKAGE, entry[1]]
-    return converted
-
-
 def pipeline_components(class_name: str) -> list[str]:
     """The components a pipeline class of the package takes (its `__init__`'s, as diffusers reads them)."""
     pipeline = getattr(importlib.import_module(PACKAGE), class_name, None)
@@ -650,3 +463,22 @@ def name_package_classes(folder: str | Path) -> None:
     model_index = json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8"))
     if package_model_index(model_index) != model_index:
         write_model_index(folder, package_model_index(model_index))
+
+
+# Names that lived in this module until the reading of the package's source moved to `.package_source` and the
+# with-code mapping of `model_index.json` to `diffusers_lmlp.pipelines.model_index`; their old path keeps working,
+# with a warning, until this version.
+MOVED_REMOVED_IN = "0.2.0"
+MOVED = {
+    "PackageImport": f"{PACKAGE}.hub.package_source",
+    "defining_module": f"{PACKAGE}.hub.package_source",
+    "LOADABLE_LIBRARIES": f"{PACKAGE}.pipelines.model_index",
+}
+
+
+def __getattr__(name: str):
+    """The moved names at their former path, with a deprecation warning."""
+    if name not in MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    deprecate(f"`{__name__}.{name}`", MOVED_REMOVED_IN, f"Import it from `{MOVED[name]}`.", stacklevel=3)
+    return getattr(importlib.import_module(MOVED[name]), name)

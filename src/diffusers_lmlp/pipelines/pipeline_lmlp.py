@@ -11,19 +11,16 @@ shared/reference/reference-implementations.md §B.2–B.6):
 | ε = ε_c + s·(ε_c − ε_u), null context CLIP("")  | `guidance_scale` g = s + 1; `negative_prompt` defaults to ""  |
 | CLIP ViT-L/14 last hidden state, 77 tokens      | `text_encoder(input_ids)[0]`, tokenised to `text_seq_len`     |
 | latents × 0.23010 (COCO)                        | `vae.config.scaling_factor` (and `shift_factor`)              |
+
+Its checks live in `checks.py` (components, `__call__`'s arguments) and `loading.py` (`from_pretrained`); how it
+reads a folder pushed with `--with-code` in `model_index.py`.
 """
 
 import inspect
-import json
-import math
-import numbers
 import os
-import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any, Self
 
-import huggingface_hub
 import torch
 from diffusers import (
     AutoencoderKL,
@@ -37,30 +34,35 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import logging, replace_example_docstring
 from diffusers.utils.torch_utils import randn_tensor
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HFValidationError,
-    IncompleteSnapshotError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-)
-from huggingface_hub.utils import validate_repo_id
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..exports import public
-from ..folders import PICKLE_SUFFIXES, TOKENIZER_FILES
+from .checks import (
+    _check_components,
+    _check_guidance,
+    _check_images,
+    _check_prompts,
+    _check_steps,
+    _check_text_states,
+    _raise_if_not_finite,
+    _set_schedule,
+)
+from .loading import (
+    _folder_view,
+    _hub_snapshot,
+    _refuse_pickled_weights,
+    _refuse_strict,
+    _refuse_unpickling,
+    _require_component_folders,
+)
 from .lora import LMLPLoraLoaderMixin
+from .model_index import package_model_index
 from .vocabulary import describe_vocabulary, prompt_words, unknown_words
 
 
 logger = logging.get_logger(__name__)
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-
-# What `from_pretrained` fetches for a Hub repo id: configs, tokenizer files and safetensors weights, nothing that
-# would be unpickled.
-HUB_ALLOW_PATTERNS = ["*.json", "*.txt", "*.safetensors"]
 
 EXAMPLE_DOC_STRING = """
     Examples:
@@ -96,174 +98,6 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
         algorithm_type="dpmsolver++",
         prediction_type="epsilon",
     )
-
-
-def _is_integer(value: Any) -> bool:
-    """True for Python and NumPy integers; False for bools, floats and everything else."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Raise a `ValueError` unless `schedule` is a non-empty, strictly decreasing list of acceptable numbers.
-
-    Args:
-        name (`str`): The `__call__` argument, `"timesteps"` or `"sigmas"`.
-        schedule (`Any`): What the caller passed: a list, tuple, NumPy array or tensor.
-        valid (`str`): What `is_valid` accepts, in words, e.g. "integers in [0, 1000)".
-        is_valid (`Callable[[torch.Tensor], torch.Tensor]`): Maps the (S,) float64 values to an (S,) bool mask of
-            the acceptable ones (NaN must map to `False`).
-    """
-    try:
-        values = torch.as_tensor(schedule, dtype=torch.float64, device="cpu")  # (S,)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.") from error
-    if values.ndim != 1:
-        raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.")
-    if values.numel() == 0:
-        raise ValueError(
-            f"`{name}` is empty, which would decode the initial noise unchanged; pass at least one value, or leave "
-            "it unset and choose `num_inference_steps`."
-        )
-    bad = values[~is_valid(values)]  # (K,)
-    if bad.numel():
-        raise ValueError(f"`{name}` must be {valid}, got {bad.tolist()} in {values.tolist()}.")
-    if not (values[1:] < values[:-1]).all():
-        raise ValueError(
-            f"`{name}` must be strictly decreasing (sampling runs from noise to image, and a repeated value makes "
-            f"multistep solvers divide by zero), got {values.tolist()}."
-        )
-
-
-def _raise_if_not_finite(images: torch.Tensor, message: str) -> None:
-    """Raise a `FloatingPointError` naming the images of the batch that hold NaN or inf.
-
-    Args:
-        images (`torch.Tensor`): (B, ...) latents or decoded images.
-        message (`str`): The error, with `{bad}` (indices of the bad images) and `{total}` (B) to fill in.
-    """
-    finite = torch.isfinite(images).flatten(1).all(1)  # (B,)
-    if not finite.all():
-        raise FloatingPointError(message.format(bad=(~finite).nonzero().flatten().tolist(), total=len(finite)))
-
-
-def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
-    """Raise if the folder of a component named in `model_index.json` holds pickled weights and no safetensors."""
-    for component in sorted(name for name, entry in model_index.items() if isinstance(entry, list)):
-        directory = os.path.join(folder, component)
-        if not os.path.isdir(directory):
-            continue
-        files = os.listdir(directory)
-        pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
-        if pickled and not any(f.endswith(".safetensors") for f in files):
-            raise ValueError(
-                f"{directory} holds only pickled weights ({', '.join(pickled)}), and LMLPPipeline loads safetensors "
-                "weights only, so that loading never unpickles. If you trust the files, convert them once: load the "
-                "pipeline with DiffusionPipeline.from_pretrained(folder, use_safetensors=False) and save it again "
-                "with save_pretrained (safetensors is the default)."
-            )
-
-
-def _require_component_folders(folder: str, model_index: dict[str, Any], passed: set[str]) -> None:
-    """Raise if a component named in `model_index.json` (and not passed in) has no folder, or a tokenizer no files.
-
-    Without this, transformers builds an empty two-token tokenizer from a folder that lacks the tokenizer's files,
-    and a missing tokenizer folder surfaces as a `model_max_length=1e30` mismatch.
-
-    Args:
-        folder (`str`): The pipeline folder (or its Hub snapshot).
-        model_index (`dict`): Its `model_index.json`.
-        passed (`set[str]`): Components given to `from_pretrained` as objects, which are not loaded from disk.
-    """
-    for component, entry in sorted(model_index.items()):
-        if not isinstance(entry, list) or entry[0] is None or component in passed:
-            continue
-        directory = os.path.join(folder, component)
-        if not os.path.isdir(directory):
-            raise ValueError(
-                f"{folder} has no {component}/ folder, but its model_index.json names the {component} "
-                f"({entry[1]}). Copy that component's files into {directory}, or pass {component}=... to "
-                "from_pretrained."
-            )
-        if "Tokenizer" in entry[1] and not any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES):
-            raise ValueError(
-                f"The tokenizer folder {directory} has neither {' nor '.join(TOKENIZER_FILES)}, so the tokenizer "
-                "would load empty. Save the tokenizer there (tokenizer.save_pretrained), or pass tokenizer=... to "
-                "from_pretrained."
-            )
-
-
-def _is_repo_id(name: str) -> bool:
-    """Whether `name` has the form of a Hub repo id ("name" or "owner/name", in the Hub's characters)."""
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
-
-
-def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
-    """The local snapshot of the Hub repo `source` (configs, tokenizer files and safetensors weights), fetched or
-    read from the huggingface_hub cache; the Hub arguments are taken out of `kwargs`.
-
-    `source` is not a folder here. A name that can only be a path, and a missing repo, raise a `FileNotFoundError`;
-    a repo that is neither cached nor reachable (`HF_HUB_OFFLINE`, `local_files_only=True`, no network) a
-    `LocalEntryNotFoundError`, each one error that says both what was looked for and how to get it.
-
-    Args:
-        source (`str` or `os.PathLike`): What was passed to `from_pretrained`.
-        kwargs (`dict`): The other arguments of `from_pretrained`.
-    """
-    name = os.fspath(source)
-    if os.path.exists(name):
-        raise NotADirectoryError(f"{name} is a file; pass the pipeline's folder (the one with model_index.json).")
-    folder = os.path.abspath(name)
-    # Not a repo id: a path object, or a name that starts with ".", "~" or "/", has more than one "/", or holds
-    # characters the Hub does not allow in repo ids (validate_repo_id's rules).
-    if isinstance(source, os.PathLike) or not _is_repo_id(name):
-        tilde = " (a ~ is not expanded: pass os.path.expanduser(path))" if name.startswith("~") else ""
-        raise FileNotFoundError(
-            f"No such local folder: {name}{tilde}. Pass the folder that save_pretrained wrote (it holds "
-            f"model_index.json); the current directory is {os.getcwd()}."
-        )
-    cache_dir = kwargs.pop("cache_dir", None)
-    local_files_only = kwargs.pop("local_files_only", None) or False
-    try:
-        return snapshot_download(
-            name,
-            revision=kwargs.pop("revision", None),
-            cache_dir=cache_dir,
-            token=kwargs.pop("token", None),
-            force_download=kwargs.pop("force_download", False),
-            local_files_only=local_files_only,
-            allow_patterns=HUB_ALLOW_PATTERNS,
-            # Without a variant, skip variant weights such as `model.fp16.safetensors`.
-            ignore_patterns=None if kwargs.get("variant") else ["*.*.safetensors"],
-        )
-    except RepositoryNotFoundError as error:
-        if isinstance(error, GatedRepoError):  # the repo exists, and its error says how to get access
-            raise
-        raise FileNotFoundError(
-            f"No such local folder: {name} (there is no {folder}), and no Hub repo you can access has that id. Check "
-            "the name; for a private repo, log in (`hf auth login`) or pass token=..."
-        ) from None
-    except LocalEntryNotFoundError as error:
-        cache = cache_dir or huggingface_hub.constants.HF_HUB_CACHE
-        if isinstance(error, IncompleteSnapshotError):
-            why = f"its copy in the huggingface_hub cache ({cache}) is incomplete, and it cannot be completed now"
-        else:
-            why = f"the huggingface_hub cache ({cache}) holds no copy of it"
-        if huggingface_hub.constants.HF_HUB_OFFLINE:
-            why += ", and HF_HUB_OFFLINE is set, so the Hub is not contacted"
-        elif local_files_only:
-            why += ", and local_files_only=True, so the Hub is not contacted"
-        else:
-            why += ", and the Hub could not be reached"
-        download = f"hf download {name}" + (f" --cache-dir {cache_dir}" if cache_dir else "")
-        raise LocalEntryNotFoundError(
-            f"No such local folder: {name} (there is no {folder}), and as a Hub repo id it cannot be loaded: {why}. "
-            f"To use the Hub repo, download it where the Hub can be reached (`{download}`), then load it again "
-            "(offline too); to use a local folder, pass its path."
-        ) from None
 
 
 @public
@@ -308,36 +142,14 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         self.register_modules(
             vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, scheduler=scheduler
         )
-        self._check_components()
+        _check_components(
+            getattr(self, "transformer", None),
+            getattr(self, "text_encoder", None),
+            getattr(self, "tokenizer", None),
+            getattr(self, "vae", None),
+        )
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1) if getattr(self, "vae", None) else 8
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
-
-    def _check_components(self) -> None:
-        """Refuse a text encoder, tokenizer or VAE that does not fit the backbone's config (any may be None)."""
-        if getattr(self, "transformer", None) is None:
-            return
-        config = self.transformer.config
-        name = type(self.transformer).__name__
-        if getattr(self, "text_encoder", None) is not None and self.text_encoder.config.hidden_size != (
-            config.text_embed_dim
-        ):
-            raise ValueError(
-                f"The text encoder's hidden size is {self.text_encoder.config.hidden_size} but the {name} expects "
-                f"text states of width text_embed_dim={config.text_embed_dim}. Use the text encoder the backbone was "
-                f"trained with (CLIP ViT-L/14, hidden size 768, for the papers' models)."
-            )
-        if getattr(self, "tokenizer", None) is not None and self.tokenizer.model_max_length != config.text_seq_len:
-            raise ValueError(
-                f"The tokenizer pads prompts to model_max_length={self.tokenizer.model_max_length} tokens but the "
-                f"{name} mixes text_seq_len={config.text_seq_len} text tokens. Load the tokenizer with "
-                f"model_max_length={config.text_seq_len}."
-            )
-        if getattr(self, "vae", None) is not None and self.vae.config.latent_channels != config.in_channels:
-            raise ValueError(
-                f"The VAE has latent_channels={self.vae.config.latent_channels} but the {name} takes "
-                f"in_channels={config.in_channels}. Use the VAE the backbone was trained with (the SD KL-f8 VAE, "
-                f"4 latent channels, for the papers' models)."
-            )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> Self:
@@ -381,54 +193,26 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             `ValueError`: Pickled weights only, `use_safetensors=False`, `strict`, a component folder that is missing
                 or a backbone checkpoint that does not match its class.
         """
-        if kwargs.get("use_safetensors") not in (None, True):
-            raise ValueError(
-                "LMLPPipeline loads safetensors weights only, so that loading never unpickles; got "
-                f"use_safetensors={kwargs['use_safetensors']!r}. Convert pickled weights once, in a process that "
-                "trusts them, by loading them and calling save_pretrained(..., safe_serialization=True)."
-            )
-        kwargs["use_safetensors"] = True
+        _refuse_unpickling(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
         folder = path if os.path.isdir(path) else _hub_snapshot(pretrained_model_name_or_path, kwargs)
-        model_index = cls.load_config(folder)
+        saved_index = cls.load_config(folder)
 
-        # With-code entries: [file stem, class] where this package (the top of this module's name) exports the class.
-        # diffusers would run the file (with trust_remote_code=True); they become [package, class] instead, in a copy
-        # of the folder that links every file but model_index.json.
-        library = __name__.split(".")[0]
-        exported = vars(sys.modules[library]) if library in sys.modules else {}
-        ours = {
-            key: entry[1] if key == "_class_name" else [library, entry[1]]
-            for key, entry in model_index.items()
-            if isinstance(entry, list)
-            and len(entry) == 2
-            and entry[0] not in (library, "diffusers", "transformers")
-            and isinstance(entry[1], str)
-            and isinstance(exported.get(entry[1]), type)
-        }
-        model_index = {**model_index, **ours}
-        if "strict" in kwargs:
-            transformer_class = model_index.get("transformer", [None, "<the transformer's class>"])[1]
-            raise ValueError(
-                "strict is an argument of the backbone's from_pretrained, and diffusers' component loading does not "
-                f"pass it on. Load the transformer with it and pass it to the pipeline: transformer = "
-                f'{transformer_class}.from_pretrained({path!r}, subfolder="transformer", strict='
-                f"{kwargs['strict']!r}), then LMLPPipeline.from_pretrained({path!r}, transformer=transformer)."
-            )
+        # With-code entries: [file stem, class] where this package exports the class. diffusers would run the file
+        # (with trust_remote_code=True); they become [package, class] instead, in a view of the folder that links
+        # every file but model_index.json.
+        model_index = package_model_index(saved_index)
+        with_code = model_index != saved_index
+        _refuse_strict(kwargs, model_index, path)
         _require_component_folders(folder, model_index, passed=set(kwargs))
         if folder == path:
             _refuse_pickled_weights(folder, model_index)
-        if not ours:
+        if not with_code:
             pipeline = super().from_pretrained(folder, **kwargs)
         else:
-            with tempfile.TemporaryDirectory(prefix="lmlp-pipeline-") as view:
-                for name in os.listdir(folder):
-                    if name != "model_index.json":
-                        os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(view, name))
-                with open(os.path.join(view, "model_index.json"), "w", encoding="utf-8") as f:
-                    json.dump(model_index, f)
+            with _folder_view(folder, model_index) as view:
                 pipeline = super().from_pretrained(view, **kwargs)
-        if folder != path or ours:
+        if folder != path or with_code:
             pipeline.register_to_config(_name_or_path=path)
         return pipeline
 
@@ -593,53 +377,12 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         Returns:
             `int`: The number of prompts B.
         """
-        if (prompt is None) == (prompt_embeds is None):
-            raise ValueError(
-                "Pass exactly one of `prompt` (text) and `prompt_embeds` (precomputed text states), got "
-                f"{'both' if prompt is not None else 'neither'}."
-            )
-        if prompt is not None and not (
-            isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
-        ):
-            raise ValueError(f"`prompt` must be a string or a list of strings, got {type(prompt).__name__}.")
-        if prompt is not None and (self.tokenizer is None or self.text_encoder is None):
-            raise ValueError(
-                "This pipeline has no tokenizer or text encoder; pass `prompt_embeds` instead of `prompt`."
-            )
-        batch_size = 1 if isinstance(prompt, str) else len(prompt) if prompt is not None else prompt_embeds.shape[0]
-        if batch_size < 1:
-            raise ValueError("`prompt` is an empty list; pass at least one prompt.")
-
+        can_encode = self.tokenizer is not None and self.text_encoder is not None
+        batch_size = _check_prompts(prompt, prompt_embeds, can_encode)
         config = self.transformer.config
         expected_embeds = (config.text_seq_len, config.text_embed_dim)
-        for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
-            if embeds is not None and embeds.shape != (batch_size, *expected_embeds):
-                raise ValueError(
-                    f"`{name}` must have shape (batch size, text_seq_len, text_embed_dim) = "
-                    f"({batch_size}, {expected_embeds[0]}, {expected_embeds[1]}), got {tuple(embeds.shape)}. Compute "
-                    "it with `pipe.encode_prompt` (or the text encoder's last hidden state of prompts padded to "
-                    f"{expected_embeds[0]} tokens), one row per prompt."
-                )
-        if negative_prompt is not None and negative_prompt_embeds is not None:
-            raise ValueError("Pass at most one of `negative_prompt` and `negative_prompt_embeds`, got both.")
-        if negative_prompt is not None and not isinstance(negative_prompt, str) and len(negative_prompt) != batch_size:
-            raise ValueError(
-                f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts. Pass one "
-                "negative prompt per prompt, or a single string for all of them."
-            )
-        if isinstance(guidance_scale, bool) or not (
-            isinstance(guidance_scale, numbers.Real) and math.isfinite(guidance_scale)
-        ):
-            raise ValueError(
-                f"`guidance_scale` must be a finite number, got {guidance_scale!r}. Values <= 1 turn guidance off; "
-                "the papers' setting is 2.0."
-            )
-        if guidance_scale > 1 and negative_prompt_embeds is None and self.text_encoder is None:
-            raise ValueError(
-                "Classifier-free guidance (guidance_scale > 1) needs the unconditional context: pass "
-                '`negative_prompt_embeds` (the text states of ""), since this pipeline has no text encoder.'
-            )
-
+        _check_text_states(batch_size, expected_embeds, prompt_embeds, negative_prompt, negative_prompt_embeds)
+        _check_guidance(guidance_scale, negative_prompt_embeds, self.text_encoder is not None)
         if height != self.native_size or width != self.native_size:
             raise ValueError(
                 f"This pipeline generates {self.native_size}×{self.native_size} images only (sample_size="
@@ -647,45 +390,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 f"width={width}. The backbone mixes a fixed number of tokens (L = {self.transformer.seq_len}), so "
                 "leave height and width unset, or resize the result."
             )
-        if timesteps is not None and sigmas is not None:
-            raise ValueError("Pass at most one of `timesteps` and `sigmas`, got both.")
-        for name, schedule in (("timesteps", timesteps), ("sigmas", sigmas)):
-            if schedule is not None and name not in inspect.signature(self.scheduler.set_timesteps).parameters:
-                raise ValueError(
-                    f"{type(self.scheduler).__name__} does not accept custom `{name}`; use `num_inference_steps`, or "
-                    f"a scheduler whose `set_timesteps` takes `{name}`."
-                )
-        # Every diffusers noise scheduler has it; 1000 is also the range the backbones embed.
-        num_train_timesteps = self.scheduler.config.get("num_train_timesteps", 1000)
-        if timesteps is not None:
-            _check_schedule(
-                "timesteps",
-                timesteps,
-                f"integers in [0, {num_train_timesteps}) (the scheduler's num_train_timesteps={num_train_timesteps})",
-                lambda t: (t == t.round()) & (t >= 0) & (t < num_train_timesteps),
-            )
-        elif sigmas is not None:
-            _check_schedule("sigmas", sigmas, "finite and >= 0", lambda s: s.isfinite() & (s >= 0))
-        elif not (_is_integer(num_inference_steps) and 1 <= num_inference_steps < num_train_timesteps):
-            raise ValueError(
-                f"`num_inference_steps` must be an integer in [1, {num_train_timesteps - 1}] (at least 1, and fewer "
-                f"than the scheduler's num_train_timesteps={num_train_timesteps}: more would repeat timesteps, and "
-                f"multistep solvers then return NaN), got {num_inference_steps!r}."
-            )
-        if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
-            raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
-
-        num_images = batch_size * num_images_per_prompt
-        if isinstance(generator, list) and len(generator) != num_images:
-            raise ValueError(
-                f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "
-                f"{num_images_per_prompt} per prompt). Pass one generator per image, or a single generator."
-            )
-        if latents is not None and latents.shape != self._latents_shape(num_images):
-            raise ValueError(
-                f"`latents` must have shape (prompts × images per prompt, in_channels, sample_size, sample_size) = "
-                f"{self._latents_shape(num_images)}, got {tuple(latents.shape)}."
-            )
+        _check_steps(self.scheduler, num_inference_steps, timesteps, sigmas)
+        _check_images(batch_size, num_images_per_prompt, generator, latents, self._latents_shape)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         unknown = set(callback_on_step_end_tensor_inputs) - set(self._callback_tensor_inputs)
@@ -695,30 +401,6 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 f"{sorted(unknown)}."
             )
         return batch_size
-
-    def _set_timesteps(
-        self, num_inference_steps: int, timesteps: list[int] | None, sigmas: list[float] | None, device: torch.device
-    ) -> int:
-        """Set the scheduler's schedule and refuse one with no denoising step.
-
-        Runs before the text encoder: a schedule that `check_inputs` cannot judge alone (a scheduler reads the last
-        of its `sigmas` as the end point, so one sigma is zero steps) fails before any compute.
-
-        Returns:
-            `int`: The number of denoising steps.
-        """
-        if timesteps is not None or sigmas is not None:
-            name, schedule = ("timesteps", timesteps) if timesteps is not None else ("sigmas", sigmas)
-            self.scheduler.set_timesteps(device=device, **{name: schedule})
-            if len(self.scheduler.timesteps) == 0:
-                raise ValueError(
-                    f"`{name}`={list(schedule)} gives {type(self.scheduler).__name__} no denoising steps, which would "
-                    f"decode the initial noise unchanged; pass a longer `{name}` (for sigmas, the last value is the "
-                    "end point)."
-                )
-            return len(self.scheduler.timesteps)
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        return num_inference_steps
 
     def _latents_shape(self, num_images: int) -> tuple[int, int, int, int]:
         config = self.transformer.config
@@ -843,7 +525,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         self._interrupt = False
         device = self._execution_device
         dtype = self.transformer.dtype
-        num_inference_steps = self._set_timesteps(num_inference_steps, timesteps, sigmas, device)
+        num_inference_steps = _set_schedule(self.scheduler, num_inference_steps, timesteps, sigmas, device)
         timesteps = self.scheduler.timesteps
         self._num_timesteps = len(timesteps)
 

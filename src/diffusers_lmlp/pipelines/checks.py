@@ -1,0 +1,249 @@
+"""What `LMLPPipeline` refuses, with a message that says what to change: components that do not fit the backbone,
+arguments of `__call__` (checked by `check_inputs` before any model runs, in the order of these functions; a custom
+schedule is judged once it is set, `_set_schedule`) and non-finite results.
+"""
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _is_integer(value: Any) -> bool:
+    """True for Python and NumPy integers; False for bools, floats and everything else."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_components(transformer, text_encoder, tokenizer, vae) -> None:
+    """Refuse a text encoder, tokenizer or VAE that does not fit the backbone's config (any may be None)."""
+    if transformer is None:
+        return
+    config = transformer.config
+    name = type(transformer).__name__
+    if text_encoder is not None and text_encoder.config.hidden_size != config.text_embed_dim:
+        raise ValueError(
+            f"The text encoder's hidden size is {text_encoder.config.hidden_size} but the {name} expects "
+            f"text states of width text_embed_dim={config.text_embed_dim}. Use the text encoder the backbone was "
+            f"trained with (CLIP ViT-L/14, hidden size 768, for the papers' models)."
+        )
+    if tokenizer is not None and tokenizer.model_max_length != config.text_seq_len:
+        raise ValueError(
+            f"The tokenizer pads prompts to model_max_length={tokenizer.model_max_length} tokens but the "
+            f"{name} mixes text_seq_len={config.text_seq_len} text tokens. Load the tokenizer with "
+            f"model_max_length={config.text_seq_len}."
+        )
+    if vae is not None and vae.config.latent_channels != config.in_channels:
+        raise ValueError(
+            f"The VAE has latent_channels={vae.config.latent_channels} but the {name} takes "
+            f"in_channels={config.in_channels}. Use the VAE the backbone was trained with (the SD KL-f8 VAE, "
+            f"4 latent channels, for the papers' models)."
+        )
+
+
+def _check_prompts(prompt: str | list[str] | None, prompt_embeds: torch.Tensor | None, can_encode: bool) -> int:
+    """Refuse a prompt that is not exactly one of text and text states, or text without a way to encode it.
+
+    Args:
+        prompt (`str` or `list[str]`, *optional*): `__call__`'s `prompt`.
+        prompt_embeds (`torch.Tensor`, *optional*): `__call__`'s `prompt_embeds`.
+        can_encode (`bool`): Whether the pipeline has a tokenizer and a text encoder.
+
+    Returns:
+        `int`: The number of prompts B.
+    """
+    if (prompt is None) == (prompt_embeds is None):
+        raise ValueError(
+            "Pass exactly one of `prompt` (text) and `prompt_embeds` (precomputed text states), got "
+            f"{'both' if prompt is not None else 'neither'}."
+        )
+    if prompt is not None and not (
+        isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
+    ):
+        raise ValueError(f"`prompt` must be a string or a list of strings, got {type(prompt).__name__}.")
+    if prompt is not None and not can_encode:
+        raise ValueError("This pipeline has no tokenizer or text encoder; pass `prompt_embeds` instead of `prompt`.")
+    batch_size = 1 if isinstance(prompt, str) else len(prompt) if prompt is not None else prompt_embeds.shape[0]
+    if batch_size < 1:
+        raise ValueError("`prompt` is an empty list; pass at least one prompt.")
+    return batch_size
+
+
+def _check_text_states(
+    batch_size: int,
+    expected_embeds: tuple[int, int],
+    prompt_embeds: torch.Tensor | None,
+    negative_prompt: str | list[str] | None,
+    negative_prompt_embeds: torch.Tensor | None,
+) -> None:
+    """Refuse text states of the wrong shape, and negative prompts that do not match the prompts.
+
+    Args:
+        batch_size (`int`): The number of prompts B.
+        expected_embeds (`tuple[int, int]`): (text_seq_len, text_embed_dim) of the backbone.
+    """
+    for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
+        if embeds is not None and embeds.shape != (batch_size, *expected_embeds):
+            raise ValueError(
+                f"`{name}` must have shape (batch size, text_seq_len, text_embed_dim) = "
+                f"({batch_size}, {expected_embeds[0]}, {expected_embeds[1]}), got {tuple(embeds.shape)}. Compute "
+                "it with `pipe.encode_prompt` (or the text encoder's last hidden state of prompts padded to "
+                f"{expected_embeds[0]} tokens), one row per prompt."
+            )
+    if negative_prompt is not None and negative_prompt_embeds is not None:
+        raise ValueError("Pass at most one of `negative_prompt` and `negative_prompt_embeds`, got both.")
+    if negative_prompt is not None and not isinstance(negative_prompt, str) and len(negative_prompt) != batch_size:
+        raise ValueError(
+            f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts. Pass one "
+            "negative prompt per prompt, or a single string for all of them."
+        )
+
+
+def _check_guidance(guidance_scale: Any, negative_prompt_embeds: torch.Tensor | None, has_text_encoder: bool) -> None:
+    """Refuse a guidance scale that is not a finite number, or guidance without a way to get the unconditional
+    context."""
+    if isinstance(guidance_scale, bool) or not (
+        isinstance(guidance_scale, numbers.Real) and math.isfinite(guidance_scale)
+    ):
+        raise ValueError(
+            f"`guidance_scale` must be a finite number, got {guidance_scale!r}. Values <= 1 turn guidance off; "
+            "the papers' setting is 2.0."
+        )
+    if guidance_scale > 1 and negative_prompt_embeds is None and not has_text_encoder:
+        raise ValueError(
+            "Classifier-free guidance (guidance_scale > 1) needs the unconditional context: pass "
+            '`negative_prompt_embeds` (the text states of ""), since this pipeline has no text encoder.'
+        )
+
+
+def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Raise a `ValueError` unless `schedule` is a non-empty, strictly decreasing list of acceptable numbers.
+
+    Args:
+        name (`str`): The `__call__` argument, `"timesteps"` or `"sigmas"`.
+        schedule (`Any`): What the caller passed: a list, tuple, NumPy array or tensor.
+        valid (`str`): What `is_valid` accepts, in words, e.g. "integers in [0, 1000)".
+        is_valid (`Callable[[torch.Tensor], torch.Tensor]`): Maps the (S,) float64 values to an (S,) bool mask of
+            the acceptable ones (NaN must map to `False`).
+    """
+    try:
+        values = torch.as_tensor(schedule, dtype=torch.float64, device="cpu")  # (S,)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.") from error
+    if values.ndim != 1:
+        raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.")
+    if values.numel() == 0:
+        raise ValueError(
+            f"`{name}` is empty, which would decode the initial noise unchanged; pass at least one value, or leave "
+            "it unset and choose `num_inference_steps`."
+        )
+    bad = values[~is_valid(values)]  # (K,)
+    if bad.numel():
+        raise ValueError(f"`{name}` must be {valid}, got {bad.tolist()} in {values.tolist()}.")
+    if not (values[1:] < values[:-1]).all():
+        raise ValueError(
+            f"`{name}` must be strictly decreasing (sampling runs from noise to image, and a repeated value makes "
+            f"multistep solvers divide by zero), got {values.tolist()}."
+        )
+
+
+def _check_steps(scheduler, num_inference_steps: Any, timesteps: list[int] | None, sigmas: list[float] | None) -> None:
+    """Refuse a sampling schedule the scheduler cannot run: custom `timesteps` or `sigmas` it does not take or that
+    are not valid (`_check_schedule`), or a number of steps outside [1, num_train_timesteps)."""
+    if timesteps is not None and sigmas is not None:
+        raise ValueError("Pass at most one of `timesteps` and `sigmas`, got both.")
+    for name, schedule in (("timesteps", timesteps), ("sigmas", sigmas)):
+        if schedule is not None and name not in inspect.signature(scheduler.set_timesteps).parameters:
+            raise ValueError(
+                f"{type(scheduler).__name__} does not accept custom `{name}`; use `num_inference_steps`, or "
+                f"a scheduler whose `set_timesteps` takes `{name}`."
+            )
+    # Every diffusers noise scheduler has it; 1000 is also the range the backbones embed.
+    num_train_timesteps = scheduler.config.get("num_train_timesteps", 1000)
+    if timesteps is not None:
+        _check_schedule(
+            "timesteps",
+            timesteps,
+            f"integers in [0, {num_train_timesteps}) (the scheduler's num_train_timesteps={num_train_timesteps})",
+            lambda t: (t == t.round()) & (t >= 0) & (t < num_train_timesteps),
+        )
+    elif sigmas is not None:
+        _check_schedule("sigmas", sigmas, "finite and >= 0", lambda s: s.isfinite() & (s >= 0))
+    elif not (_is_integer(num_inference_steps) and 1 <= num_inference_steps < num_train_timesteps):
+        raise ValueError(
+            f"`num_inference_steps` must be an integer in [1, {num_train_timesteps - 1}] (at least 1, and fewer "
+            f"than the scheduler's num_train_timesteps={num_train_timesteps}: more would repeat timesteps, and "
+            f"multistep solvers then return NaN), got {num_inference_steps!r}."
+        )
+
+
+def _set_schedule(
+    scheduler,
+    num_inference_steps: int,
+    timesteps: list[int] | None,
+    sigmas: list[float] | None,
+    device: torch.device,
+) -> int:
+    """Set the scheduler's schedule and refuse one with no denoising step.
+
+    Runs before the text encoder: a schedule that `check_inputs` cannot judge alone (a scheduler reads the last of
+    its `sigmas` as the end point, so one sigma is zero steps) fails before any compute.
+
+    Returns:
+        `int`: The number of denoising steps.
+    """
+    if timesteps is not None or sigmas is not None:
+        name, schedule = ("timesteps", timesteps) if timesteps is not None else ("sigmas", sigmas)
+        scheduler.set_timesteps(device=device, **{name: schedule})
+        if len(scheduler.timesteps) == 0:
+            raise ValueError(
+                f"`{name}`={list(schedule)} gives {type(scheduler).__name__} no denoising steps, which would "
+                f"decode the initial noise unchanged; pass a longer `{name}` (for sigmas, the last value is the "
+                "end point)."
+            )
+        return len(scheduler.timesteps)
+    scheduler.set_timesteps(num_inference_steps, device=device)
+    return num_inference_steps
+
+
+def _check_images(
+    batch_size: int,
+    num_images_per_prompt: Any,
+    generator: torch.Generator | list[torch.Generator] | None,
+    latents: torch.Tensor | None,
+    latents_shape: Callable[[int], tuple[int, ...]],
+) -> None:
+    """Refuse a number of images per prompt that is not a positive integer, and generators or initial latents that
+    do not match the number of images.
+
+    Args:
+        batch_size (`int`): The number of prompts B.
+        latents_shape (`Callable[[int], tuple[int, ...]]`): The shape of the initial latents of a number of images.
+    """
+    if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
+        raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
+    num_images = batch_size * num_images_per_prompt
+    if isinstance(generator, list) and len(generator) != num_images:
+        raise ValueError(
+            f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "
+            f"{num_images_per_prompt} per prompt). Pass one generator per image, or a single generator."
+        )
+    if latents is not None and latents.shape != latents_shape(num_images):
+        raise ValueError(
+            f"`latents` must have shape (prompts × images per prompt, in_channels, sample_size, sample_size) = "
+            f"{latents_shape(num_images)}, got {tuple(latents.shape)}."
+        )
+
+
+def _raise_if_not_finite(images: torch.Tensor, message: str) -> None:
+    """Raise a `FloatingPointError` naming the images of the batch that hold NaN or inf.
+
+    Args:
+        images (`torch.Tensor`): (B, ...) latents or decoded images.
+        message (`str`): The error, with `{bad}` (indices of the bad images) and `{total}` (B) to fill in.
+    """
+    finite = torch.isfinite(images).flatten(1).all(1)  # (B,)
+    if not finite.all():
+        raise FloatingPointError(message.format(bad=(~finite).nonzero().flatten().tolist(), total=len(finite)))
