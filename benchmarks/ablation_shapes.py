@@ -46,7 +46,7 @@ from PIL import Image, ImageDraw, ImageFont
 from diffusers_lmlp.complexity import analytic_complexity
 from diffusers_lmlp.models.backbone import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, BlockFamily, named_configs
-from diffusers_lmlp.train import PRESETS
+from diffusers_lmlp.training.arguments import PRESETS
 
 
 TRAINING_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_text_to_image.py"

@@ -1,5 +1,6 @@
 """Renamed public names keep working for one release, with a FutureWarning, and are gone by their version."""
 
+import importlib
 import warnings
 
 import pytest
@@ -57,3 +58,109 @@ def test_analytic_complexitys_former_config_keyword_warns_and_counts_the_same():
     assert old == new and new.params > 0
     with pytest.raises(TypeError, match="got both model and config"):
         analytic_complexity(SHAPES_SMALL, family="lmlp", config=SHAPES_SMALL)
+
+
+# The trainer's rooms: each name that left `training.trainer`, `.arguments` or `.features`, by its new module.
+MOVED_TRAINING_NAMES = {
+    "trainer": {
+        "components": (
+            "routes",
+            "build_model",
+            "build_new_model",
+            "load_components",
+            "loading_from",
+            "check_compatible",
+            "vae_latent_size",
+        ),
+        "batches": ("step_generator", "build_feature_store", "BatchReader", "StepBatches", "BatchSource"),
+        "validation": (
+            "FINAL_EVALUATION_SEEDS",
+            "SCORED_SPLITS",
+            "SCORES_FILE",
+            "generate",
+            "build_pipeline",
+            "default_validation_prompts",
+            "final_evaluation",
+            "evaluate_splits",
+            "score_summary",
+            "ema_weights",
+            "validate",
+            "keep_scores_until",
+            "log_scores",
+        ),
+        "divergence": ("diverged_message", "require_finite_weights"),
+        "finishing": (
+            "TEARDOWN_TIMEOUT_SECONDS",
+            "SECRET_ARGUMENTS",
+            "public_args",
+            "ranks_in_sync",
+            "finish",
+            "leave_finished_process",
+        ),
+    },
+    "arguments": {
+        "argument_checks": (
+            "SKELETON_FIELDS",
+            "model_class_of",
+            "validate_args",
+            "earlier_run",
+            "validate_lora_args",
+            "resolve_model_type",
+            "parse_overrides",
+            "accepted_keys",
+            "check_config_values",
+            "read_model_config_file",
+            "value_fits",
+            "check_component_sources",
+            "is_local",
+            "require_files",
+        ),
+    },
+    "features": {
+        "feature_extraction": (
+            "write_json",
+            "encode_text",
+            "ShardWriter",
+            "ShardBatches",
+            "extract_features",
+            "refuse_non_finite",
+            "image_file",
+            "caption_counts",
+            "open_shard",
+            "write_manifest",
+            "open_feature_store",
+            "log_stores_of_other_formats",
+        ),
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "new"),
+    [
+        (old, name, new)
+        for old, rooms in MOVED_TRAINING_NAMES.items()
+        for new, names in rooms.items()
+        for name in names
+    ],
+)
+def test_a_training_name_that_moved_warns_at_its_old_path_and_is_the_same_object(old, name, new):
+    old_module = importlib.import_module(f"diffusers_lmlp.training.{old}")
+    new_module = importlib.import_module(f"diffusers_lmlp.training.{new}")
+    expected = (
+        rf"^`diffusers_lmlp\.training\.{old}\.{name}` is deprecated and will be removed in diffusers-lmlp 0\.2\.0\. "
+        rf"Import it from `diffusers_lmlp\.training\.{new}`\.$"
+    )
+    with pytest.warns(FutureWarning, match=expected):
+        assert getattr(old_module, name) is getattr(new_module, name)
+
+
+def test_the_names_that_stayed_in_the_trainers_modules_import_without_a_warning():
+    from diffusers_lmlp.training import arguments, features, trainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert callable(trainer.train) and callable(trainer.run_training) and callable(arguments.parse_args)
+        assert arguments.PRESETS and features.FeatureStore and features.TEXT_DTYPES
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        trainer.no_such_name  # noqa: B018

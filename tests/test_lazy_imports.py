@@ -130,10 +130,10 @@ def test_the_package_exports_every_family_and_lists_its_names():
 
 def test_the_trainers_former_names_work_with_a_deprecation_warning():
     import diffusers_lmlp.train as train
-    from diffusers_lmlp.training import arguments, trainer
+    from diffusers_lmlp.training import arguments, batches
 
-    with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.train\.BatchReader.*diffusers_lmlp\.training\.trainer"):
-        assert train.BatchReader is trainer.BatchReader
+    with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.train\.BatchReader.*diffusers_lmlp\.training\.batches"):
+        assert train.BatchReader is batches.BatchReader
     with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.training\.arguments"):
         assert train.PRESETS is arguments.PRESETS
     with warnings.catch_warnings():

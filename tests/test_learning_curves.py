@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diffusers_lmlp.training.trainer import keep_scores_until
+from diffusers_lmlp.training.validation import keep_scores_until
 
 
 ROOT = Path(__file__).resolve().parents[1]

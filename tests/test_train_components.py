@@ -22,7 +22,7 @@ from test_pipeline_loading import fill_hub_cache
 from test_train_text_to_image import load_script
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from diffusers_lmlp.training import trainer
+from diffusers_lmlp.training import components
 from diffusers_lmlp.training.sources import (
     TOKENIZER_FILE_NAMES,
     TextEncoderSource,
@@ -133,7 +133,7 @@ def test_every_preset_loads_the_components_from_either_layout(
     args = script.parse_args(argv)
     assert args.vae_source.subfolder == VAE_LAYOUTS[vae].subfolder
     assert args.text_encoder_source.subfolder == TEXT_LAYOUTS[text].subfolder
-    tokenizer, text_encoder, loaded_vae = trainer.load_components(args)
+    tokenizer, text_encoder, loaded_vae = components.load_components(args)
     # The weights that loaded are the ones of the layout given, read from safetensors (the .bin would fail).
     folder = repos.standalone if vae == "standalone" else repos.sd / "vae"
     expected = load_file(folder / "diffusion_pytorch_model.safetensors")
@@ -332,4 +332,4 @@ def test_the_trainer_names_a_text_checkpoint_that_would_leave_tensors_random(scr
     )
     args = script.parse_args(preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_text_encoder", str(lacking)])
     with pytest.raises(SystemExit, match=r"^error: --pretrained_text_encoder .*lacking: the checkpoint lacks 2 "):
-        trainer.load_components(args)
+        components.load_components(args)

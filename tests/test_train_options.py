@@ -20,7 +20,7 @@ from test_train_text_to_image import ENV, SCRIPT, load_script, weights
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.image_grid import make_image_grid
-from diffusers_lmlp.training import trainer
+from diffusers_lmlp.training import components, trainer, validation
 
 
 PROMPTS_FILE = (
@@ -84,7 +84,7 @@ def test_validation_prompts_file_skips_blank_lines_and_comments(script, tmp_path
     path.write_text(PROMPTS_FILE, encoding="utf-8")
     args = script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
     assert args.validation_prompts == PROMPTS
-    assert trainer.default_validation_prompts(args) == PROMPTS
+    assert validation.default_validation_prompts(args) == PROMPTS
 
 
 @pytest.mark.parametrize(
@@ -335,6 +335,6 @@ def test_a_vae_that_downsamples_other_than_its_config_says_is_refused(script, co
 
 
 def test_the_latent_size_is_measured_from_the_vae_layers(script, coco, tmp_path):
-    assert trainer.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)  # ×8
+    assert components.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)  # ×8
     mislabelled = AutoencoderKL.from_pretrained(write_mislabelled_vae(tmp_path / "vae-repo"), subfolder="vae")
-    assert trainer.vae_latent_size(mislabelled, 256) == (64, 64)  # ×4, whatever the config says
+    assert components.vae_latent_size(mislabelled, 256) == (64, 64)  # ×4, whatever the config says

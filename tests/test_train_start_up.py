@@ -14,7 +14,7 @@ from test_train_text_to_image import load_script, make_workspace
 from test_train_validation import parser_error, tiny_args
 
 from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel
-from diffusers_lmlp.training import arguments, trainer
+from diffusers_lmlp.training import arguments, components, trainer
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_a_saved_backbone_config_builds_its_own_family(script, tmp_path):
     model.save_config(tmp_path)
     args = script.parse_args(["--output_dir", "x", "--model_config", str(tmp_path / "config.json")])
     assert args.model_type == "moe_mlp"
-    built = trainer.build_model(args)
+    built = components.build_model(args)
     assert type(built).__name__ == "MoEMLPModel" and built.config.num_experts == 2 and built.config.hidden_size == 32
 
 

@@ -9,7 +9,7 @@ import pytest
 from test_train_text_to_image import load_script, make_workspace
 
 from diffusers_lmlp.models.backbone import SHAPES_SMALL
-from diffusers_lmlp.training import trainer
+from diffusers_lmlp.training import components
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +96,14 @@ def test_a_model_override_the_model_refuses_stops_before_any_data(script, tmp_pa
 def test_a_named_config_picks_its_family(script):
     args = script.parse_args(["--output_dir", "x", "--model_config", "A2"])
     assert (args.model_type, args.model_config) == ("mlp_mixer", "A2")
-    assert type(trainer.build_model(args)).__name__ == "MLPMixerTransformer2DModel"
+    assert type(components.build_model(args)).__name__ == "MLPMixerTransformer2DModel"
 
 
 def test_another_family_on_the_shapes_preset_takes_the_shapes_skeleton(script):
     args = script.parse_args(
         ["--output_dir", "x", "--model_type", "uvit", "--model_overrides", "num_attention_heads=4"]
     )
-    model = trainer.build_model(args)
+    model = components.build_model(args)
     assert type(model).__name__ == "UViTTransformer2DModel"
     assert {key: model.config[key] for key in SHAPES_SMALL} == SHAPES_SMALL  # fits the shapes world's components
     assert model.config.num_attention_heads == 4

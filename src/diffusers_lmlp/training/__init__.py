@@ -1,6 +1,19 @@
-"""Training as library code: reading the data (`data`), the on-disk feature store (`features`), checkpoints
-(`checkpoints`), durable writes (`durable`), progress bars that behave in log files (`progress`) and the end-of-run
-summary (`report`), used by the trainer `diffusers_lmlp.train` (which holds the arguments and the training loop).
+"""Training as library code, one concept per module. The trainer's command is `diffusers_lmlp.train`; its rooms:
+
+- `arguments`: the option table and the presets; `argument_checks`: the start-up checks of a command.
+- `trainer`: the run, from the accelerator's set-up to the finished pipeline, and its loop of steps.
+- `components`: the backbone and the frozen tokenizer, text encoder and VAE, and their compatibility checks.
+- `data`: reading the training data (imagefolders, COCO-2014, the Hub, the shapes world).
+- `features`: the on-disk feature store's format and its reading; `feature_extraction`: extracting and writing one.
+- `batches`: each step's batch, read ahead by `DataLoader` workers from the feature store or the images.
+- `step`: one optimizer step (the loss, accumulation, clipping, the EMA update).
+- `checkpoints` (and `checkpoint_folders`): where a checkpoint is written, kept and resumed from.
+- `divergence`: what a run does when its loss, gradients or weights stop being finite.
+- `validation`: the samples and scores during training, and the final evaluation on the shapes world.
+- `finishing`: the end of a run: the saved pipeline or adapter, its card and summary, the push, leaving together.
+- `lora`, `precision`, `compilation`, `sources`: LoRA adapters, mixed precision, `torch.compile`, where the frozen
+  components load from; `durable` writes, `progress` bars that behave in log files, the end-of-run `report`.
+- `moved`: the former paths of names that moved, with a deprecation warning.
 
 Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
 """
@@ -27,10 +40,10 @@ _EXPORTS = {
     "fsync_tree": ".durable",
     "TEXT_DTYPES": ".features",
     "FeatureStore": ".features",
-    "encode_text": ".features",
-    "extract_features": ".features",
+    "encode_text": ".feature_extraction",
+    "extract_features": ".feature_extraction",
     "feature_store_key": ".features",
-    "open_feature_store": ".features",
+    "open_feature_store": ".feature_extraction",
     "LineProgress": ".progress",
     "is_terminal": ".progress",
     "progress_bar": ".progress",
@@ -77,13 +90,7 @@ if TYPE_CHECKING:
     )  # noqa: F401
     from .data import DATA_LAYOUTS, captions_of, load_coco2014, load_training_data, preprocess_image  # noqa: F401
     from .durable import fsync_tree  # noqa: F401
-    from .features import (
-        TEXT_DTYPES,
-        FeatureStore,
-        encode_text,
-        extract_features,
-        feature_store_key,
-        open_feature_store,
-    )  # noqa: F401
+    from .feature_extraction import encode_text, extract_features, open_feature_store  # noqa: F401
+    from .features import TEXT_DTYPES, FeatureStore, feature_store_key  # noqa: F401
     from .progress import LineProgress, is_terminal, progress_bar  # noqa: F401
     from .report import format_run_summary  # noqa: F401

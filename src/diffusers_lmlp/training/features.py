@@ -3,6 +3,8 @@ once, on disk, and read lazily, a few rows at a time, by every training process.
 
 This is U-ViT's extraction (`scripts/extract_mscoco_feature.py`: moments mean ‖ logvar of the centre-cropped,
 Lanczos-resized image; the text encoder's last hidden state of each caption) with a different way of storing it.
+This module holds the store's format, its key and its reading; `training.feature_extraction` extracts and writes a
+store, and opens one for a run (`open_feature_store`).
 
 Layout of a store (`<cache_dir>/features/<key>/`, the key from `feature_store_key`)::
 
@@ -32,14 +34,8 @@ Why sharded safetensors files read with positional reads:
   page cache, which is not the process's memory and is dropped under pressure. A reading process holds a few open
   file descriptors and parsed headers: its memory does not grow with the dataset.
 - **safetensors, never pickle.** Each shard is a valid safetensors file (`safetensors.torch.load_file` reads it); it
-  is written here batch by batch at the header's offsets, so extraction holds one batch in memory, not one shard
+  is written batch by batch at the header's offsets, so extraction holds one batch in memory, not one shard
   (1,024 COCO images have 5,000+ fp32 text states: 1.2 GB).
-
-Extraction is parallel and resumable: with P processes, process p writes shards p, p + P, …; each shard is written
-to `<shard>.tmp`, its checksums file written, the shard fsynced and renamed, so a shard under its final name next to
-its checksums is complete, and a killed extraction writes only the shards it had not finished. The store folder must
-be on a file system that every process sees. No value that is not finite (a NaN or inf, as from a VAE overflowing in
-float16) is stored: the extraction stops, naming the image.
 
 Integrity, checked when a store opens (`open_feature_store`), before anything is read. Always, in every process: the
 structure of each shard (its size, its header against the manifest, its caption offsets rising from 0 to its number of
@@ -60,25 +56,22 @@ Disk per image: 4·2C·h·w + 8 bytes, plus 4·T·D (float32) or 2·T·D (float1
 
 import hashlib
 import json
-import logging
 import math
 import os
 import struct
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .data import captions_of, preprocess_image
-from .durable import fsync_tree
-from .progress import progress_bar
+from .moved import moved_names
 
 
-logger = logging.getLogger(__name__)
+# The names that lived in this module until the extraction moved to a module of its own.
+__getattr__ = moved_names(__name__, ("diffusers_lmlp.training.feature_extraction",))
 
 # `--cache_text_dtype`: how the text states are stored (the moments are always float32).
 TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -129,40 +122,6 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def write_json(path: Path, value) -> None:
-    """Write `value` as JSON to `path` durably: to a temporary name, fsynced, renamed, the folder fsynced.
-
-    Args:
-        path (`Path`): The file.
-        value: What JSON encodes.
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_tree(path.parent, recursive=False)
-
-
-@torch.no_grad()
-def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
-    """CLIP's last hidden state of each text, padded and truncated to the tokenizer's length, as U-ViT encodes.
-
-    Args:
-        tokenizer (`CLIPTokenizer`): The tokenizer.
-        text_encoder (`CLIPTextModel`): The text encoder (no attention mask is passed, as in the reference).
-        texts (`list[str]`): The texts.
-
-    Returns:
-        `torch.Tensor`: (B, T, D), on the text encoder's device, in its dtype.
-    """
-    ids = tokenizer(
-        texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
-    ).input_ids  # (B, T)
-    return text_encoder(ids.to(text_encoder.device))[0]  # (B, T, D)
-
-
 def feature_store_key(
     dataset, *, image_column: str, caption_column: str, resolution: int, tokenizer, text_encoder, vae, text_dtype: str
 ) -> str:
@@ -204,427 +163,6 @@ def json_digest(value) -> str:
         value: The value; what JSON cannot encode is encoded as its `str`.
     """
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------------------- writing
-
-
-class ShardWriter:
-    """Writes one safetensors file in place, batch by batch, at the offsets its header gives, and its checksums.
-
-    The header is written first, from the shapes alone; `write` then puts rows of a tensor at their place, so the
-    file never has to be held in memory. The rows of each tensor come in order, and each part of the file (the header,
-    then each tensor) is hashed as it is written, so no second pass over the file is needed. `commit` writes the
-    checksums file, fsyncs the shard and renames it from `<path>.tmp` to `path`.
-
-    Args:
-        path (`Path`): The final name of the file.
-        tensors (`dict[str, tuple[torch.dtype, tuple[int, ...]]]`): Name → (dtype, shape) of every tensor, in the
-            order their bytes follow each other.
-    """
-
-    def __init__(self, path: Path, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
-        header, self.offsets, end = {}, {}, 0
-        for name, (dtype, shape) in tensors.items():
-            size = math.prod(shape) * dtype.itemsize
-            header[name] = {
-                "dtype": SAFETENSORS_DTYPES[dtype],
-                "shape": list(shape),
-                "data_offsets": [end, end + size],
-            }
-            self.offsets[name] = (end, size // max(shape[0], 1), NUMPY_DTYPES[SAFETENSORS_DTYPES[dtype]])
-            end += size
-        encoded = json.dumps(header, separators=(",", ":")).encode()
-        encoded += b" " * (-len(encoded) % 8)  # the data start 8-byte aligned, as safetensors writes them
-        self.data_start, self.size = 8 + len(encoded), 8 + len(encoded) + end
-        self.rows = {name: shape[0] for name, (_, shape) in tensors.items()}
-        self.written = dict.fromkeys(tensors, 0)  # rows written so far, from row 0
-        self.hashes = {"header": hashlib.sha256(struct.pack("<Q", len(encoded)) + encoded)}
-        self.hashes.update({name: hashlib.sha256() for name in tensors})
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.pwrite(self.fd, struct.pack("<Q", len(encoded)) + encoded, 0)
-        os.ftruncate(self.fd, self.size)
-
-    def write(self, name: str, row: int, values: torch.Tensor) -> None:
-        """Write `values` as rows `row`, `row + 1`, … of tensor `name`; `row` is the first row not yet written.
-
-        Args:
-            name (`str`): The tensor.
-            row (`int`): The first row written.
-            values (`torch.Tensor`): (k, *shape[1:]), converted to the tensor's dtype.
-
-        Raises:
-            `ValueError`: For rows of another size than the header's, or rows out of order (they could not be hashed
-                as they are written).
-        """
-        begin, row_bytes, dtype = self.offsets[name]
-        data = np.ascontiguousarray(values.detach().cpu().numpy(), dtype=dtype)
-        if data.nbytes != len(values) * row_bytes:
-            raise ValueError(
-                f"{name}: rows of {data.nbytes // max(len(values), 1)} bytes, the header says {row_bytes}"
-            )
-        if row != self.written[name]:
-            raise ValueError(f"{name}: rows are written in order, from 0: row {self.written[name]} is next, not {row}")
-        os.pwrite(self.fd, data, self.data_start + begin + row * row_bytes)
-        self.hashes[name].update(data)
-        self.written[name] += len(data)
-
-    def commit(self) -> None:
-        """Make the file durable under its final name, after its checksums file (`checksums_path`: `bytes`, its size,
-        and `sha256`, the hex digest of each part in file order): fsync, rename, fsync the folder.
-
-        Raises:
-            `ValueError`: When a tensor has rows that were never written (they would read as zeros).
-        """
-        for name, rows in self.rows.items():
-            if self.written[name] != rows:
-                raise ValueError(f"{self.tmp}: {name} has {self.written[name]} of its {rows} rows written")
-        record = {"bytes": self.size, "sha256": {name: digest.hexdigest() for name, digest in self.hashes.items()}}
-        write_json(checksums_path(self.path), record)
-        os.fsync(self.fd)
-        os.close(self.fd)
-        os.replace(self.tmp, self.path)
-        fsync_tree(self.path.parent, recursive=False)
-
-
-class ShardBatches(torch.utils.data.Dataset):
-    """The image batches of the shards to write: item k is `(shard, first row in the shard, pixels, captions)`.
-
-    A map-style dataset, so a `DataLoader`'s workers decode and crop the images while the encoders run.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data.
-        spans (`list[tuple[int, int, int]]`): `(shard, start, stop)` per batch: dataset rows `start:stop`.
-        shard_size (`int`): Images per shard.
-        image_column (`str`): The image column.
-        caption_column (`str`): The caption column.
-        resolution (`int`): The side of the encoded images.
-    """
-
-    def __init__(self, dataset, spans, shard_size: int, image_column: str, caption_column: str, resolution: int):
-        self.dataset, self.spans, self.shard_size = dataset, spans, shard_size
-        self.image_column, self.caption_column, self.resolution = image_column, caption_column, resolution
-
-    def __len__(self) -> int:
-        return len(self.spans)
-
-    def __getitem__(self, k: int) -> tuple[int, int, torch.Tensor, list[list[str]]]:
-        shard, start, stop = self.spans[k]
-        rows = self.dataset[start:stop]
-        pixels = torch.stack([preprocess_image(image, self.resolution, False) for image in rows[self.image_column]])
-        return shard, start - shard * self.shard_size, pixels, [captions_of(v) for v in rows[self.caption_column]]
-
-
-@torch.no_grad()
-def extract_features(
-    path: Path,
-    dataset,
-    *,
-    image_column: str,
-    caption_column: str,
-    resolution: int,
-    tokenizer,
-    text_encoder,
-    vae,
-    text_dtype: str = "float32",
-    shard_size: int = SHARD_SIZE,
-    batch_size: int = 32,
-    num_workers: int = 0,
-    process_index: int = 0,
-    num_processes: int = 1,
-    wait_for_everyone: Callable[[], None] = lambda: None,
-) -> None:
-    """Write the store at `path`: this process's missing shards, then (on the main process) the manifest.
-
-    Every process of the run calls this together: process p writes shards p, p + P, …, skipping those already
-    complete (a killed extraction resumes), all wait, process 0 writes the manifest, all wait again. Process 0 shows a
-    progress bar with an ETA.
-
-    Args:
-        path (`Path`): The store folder (created if missing).
-        dataset (`datasets.Dataset`): Map-style training data, rows of `{image_column: PIL image, caption_column: a
-            caption or a list of them}`.
-        image_column (`str`): The image column.
-        caption_column (`str`): The caption column.
-        resolution (`int`): The side the images are centre-cropped and resized to.
-        tokenizer (`CLIPTokenizer`): The tokenizer.
-        text_encoder (`CLIPTextModel`): The text encoder.
-        vae (`AutoencoderKL`): The VAE; its encoder's moments are stored.
-        text_dtype (`str`, *optional*, defaults to `"float32"`): `"float32"` or `"float16"` for the text states.
-        shard_size (`int`, *optional*, defaults to `SHARD_SIZE`): Images per shard.
-        batch_size (`int`, *optional*, defaults to 32): Images encoded at once.
-        num_workers (`int`, *optional*, defaults to 0): `DataLoader` worker processes that decode the images.
-        process_index (`int`, *optional*, defaults to 0): This process's rank.
-        num_processes (`int`, *optional*, defaults to 1): The number of processes calling this together.
-        wait_for_everyone (`Callable`, *optional*): A barrier across those processes.
-
-    Raises:
-        `ValueError`: For an empty dataset, an unknown `text_dtype`, or a row without a usable caption.
-    """
-    if text_dtype not in TEXT_DTYPES:
-        raise ValueError(f"unknown text dtype {text_dtype!r}; choose one of {sorted(TEXT_DTYPES)}")
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty: there is nothing to extract features from")
-    path.mkdir(parents=True, exist_ok=True)
-    num_shards = -(-len(dataset) // shard_size)
-    mine = range(process_index, num_shards, num_processes)
-    todo = [s for s in mine if not all(file.is_file() for file in shard_files(path / shard_name(s)))]
-    if process_index == 0 and len(todo) < len(mine):
-        logger.info(f"resuming the extraction into {path}: {len(mine) - len(todo)} of its shards are complete")
-    spans = [
-        (s, start, min(start + batch_size, (s + 1) * shard_size, len(dataset)))
-        for s in todo
-        for start in range(s * shard_size, min((s + 1) * shard_size, len(dataset)), batch_size)
-    ]
-    batches = torch.utils.data.DataLoader(
-        ShardBatches(dataset, spans, shard_size, image_column, caption_column, resolution),
-        batch_size=None,  # items are batches already
-        num_workers=num_workers,
-        generator=torch.Generator().manual_seed(0),  # the global RNG is left untouched
-    )
-    progress = progress_bar(
-        sum(stop - start for _, start, stop in spans),
-        f"extracting features ({len(todo)} of {num_shards} shards on this process)",
-        unit="img",
-        disable=process_index != 0,
-    )
-    writer = None
-    for shard, row, pixels, captions in batches:
-        moments = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.parameters.float()  # (b, 2C, h, w)
-        states = encode_text(tokenizer, text_encoder, [c for image in captions for c in image])  # (m, T, D)
-        states = states.to(TEXT_DTYPES[text_dtype])
-        refuse_non_finite(dataset, image_column, shard * shard_size + row, moments, states, captions)
-        if writer is None:  # the shard's first batch gives the shapes of its header
-            counts = caption_counts(dataset, caption_column, shard, shard_size)
-            writer, caption_offsets = open_shard(path / shard_name(shard), counts, moments, states, text_dtype)
-        writer.write("moments", row, moments)
-        writer.write("text_states", int(caption_offsets[row]), states)
-        progress.update(len(pixels))
-        if row + len(pixels) == len(counts):  # the shard's last batch
-            writer.commit()
-            writer = None
-    progress.close()
-    wait_for_everyone()
-    if process_index == 0:
-        write_manifest(path, num_images=len(dataset), shard_size=shard_size, text_dtype=text_dtype)
-    wait_for_everyone()
-
-
-def refuse_non_finite(
-    dataset, image_column: str, first: int, moments: torch.Tensor, states: torch.Tensor, captions: list[list[str]]
-) -> None:
-    """Refuse a batch with a feature that is not finite, naming the image: a NaN or inf must never be stored.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data, for the image's file.
-        image_column (`str`): The image column.
-        first (`int`): The dataset index of the batch's first image.
-        moments (`torch.Tensor`): The batch's moments (b, 2C, h, w).
-        states (`torch.Tensor`): Its text states (m, T, D), in the dtype they are stored in.
-        captions (`list[list[str]]`): The captions of each image, in the order of `states`.
-
-    Raises:
-        `ValueError`: Naming the first image (its index and file) whose moments, or the text states of one of whose
-            captions, are NaN or infinite.
-    """
-    bad_moments = ~torch.isfinite(moments).flatten(1).all(1)  # (b,)
-    if bad_moments.any():
-        index = first + int(bad_moments.nonzero()[0])
-        raise ValueError(
-            f"image {index}{image_file(dataset, image_column, index)}: its VAE moments are not finite (NaN or inf), "
-            "as when a VAE in float16 overflows; nothing is stored. Encode in float32, or leave the image out"
-        )
-    bad_states = ~torch.isfinite(states).flatten(1).all(1)  # (m,)
-    if bad_states.any():
-        owners = [(k, caption) for k, image in enumerate(captions) for caption in image]  # one per row of states
-        image, caption = owners[int(bad_states.nonzero()[0])]
-        index = first + image
-        limit = " (or beyond float16's range: store them in float32)" if states.dtype == torch.float16 else ""
-        raise ValueError(
-            f"image {index}{image_file(dataset, image_column, index)}: the text states of its caption {caption!r} are "
-            f"not finite (NaN or inf){limit}; nothing is stored"
-        )
-
-
-def image_file(dataset, image_column: str, index: int) -> str:
-    """` (<path>)` of the image file of row `index`, or "" when the row's image is not read from a file.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data.
-        image_column (`str`): The image column.
-        index (`int`): The row.
-    """
-    import datasets
-
-    if not isinstance((dataset.features or {}).get(image_column), datasets.Image):
-        return ""
-    column = dataset.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
-    path = column[index][image_column].get("path")
-    return f" ({path})" if path else ""
-
-
-def caption_counts(dataset, caption_column: str, shard: int, shard_size: int) -> list[int]:
-    """The number of captions of each image of a shard, read from the caption column alone.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data.
-        caption_column (`str`): The caption column.
-        shard (`int`): The shard.
-        shard_size (`int`): Images per shard.
-    """
-    rows = dataset.select_columns([caption_column])[shard * shard_size : (shard + 1) * shard_size]
-    return [len(captions_of(value)) for value in rows[caption_column]]
-
-
-def open_shard(
-    path: Path, counts: list[int], moments: torch.Tensor, states: torch.Tensor, text_dtype: str
-) -> tuple[ShardWriter, torch.Tensor]:
-    """Start writing a shard: its header and its caption offsets.
-
-    Args:
-        path (`Path`): The shard's file.
-        counts (`list[int]`): The number of captions of each of its images.
-        moments (`torch.Tensor`): A batch of moments (b, 2C, h, w), for the shape.
-        states (`torch.Tensor`): A batch of text states (m, T, D), for the shape.
-        text_dtype (`str`): A `TEXT_DTYPES` name.
-
-    Returns:
-        `tuple[ShardWriter, torch.Tensor]`: The writer and the caption offsets (n + 1,).
-    """
-    caption_offsets = torch.tensor([0, *counts]).cumsum(0)  # (n + 1,)
-    writer = ShardWriter(
-        path,
-        {
-            "moments": (torch.float32, (len(counts), *moments.shape[1:])),
-            "caption_offsets": (torch.int64, (len(counts) + 1,)),
-            "text_states": (TEXT_DTYPES[text_dtype], (int(caption_offsets[-1]), *states.shape[1:])),
-        },
-    )
-    writer.write("caption_offsets", 0, caption_offsets)
-    return writer, caption_offsets
-
-
-def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: str) -> None:
-    """Check that every shard and its checksums are there and write `manifest.json` (durably, as `write_json`).
-
-    Args:
-        path (`Path`): The store folder.
-        num_images (`int`): The number of images.
-        shard_size (`int`): Images per shard.
-        text_dtype (`str`): A `TEXT_DTYPES` name.
-
-    Raises:
-        `FileNotFoundError`: When a shard or its checksums file is missing, as when the processes of a run on several
-            machines do not share the file system the store is on.
-    """
-    shards, headers = [], []
-    for s in range(-(-num_images // shard_size)):
-        file = path / shard_name(s)
-        for needed in shard_files(file):
-            if not needed.is_file():
-                raise FileNotFoundError(
-                    f"{needed} is missing after the extraction: every process of the run must see {path}; on several "
-                    "machines, put --cache_dir on a file system they share"
-                )
-        with open(file, "rb") as f:
-            header, _ = read_header(f.fileno(), file)
-        headers.append(header)
-        shards.append(
-            {
-                "file": file.name,
-                "num_images": header["moments"]["shape"][0],
-                "num_captions": header["text_states"]["shape"][0],
-                **json.loads(checksums_path(file).read_text(encoding="utf-8")),
-            }
-        )
-    manifest = {
-        "format": FORMAT,
-        "num_images": num_images,
-        "num_captions": sum(shard["num_captions"] for shard in shards),
-        "shard_size": shard_size,
-        "text_dtype": text_dtype,
-        "moments_shape": headers[0]["moments"]["shape"][1:],
-        "text_states_shape": headers[0]["text_states"]["shape"][1:],
-        "shards": shards,
-    }
-    write_json(path / MANIFEST, manifest)
-
-
-def open_feature_store(
-    path: Path,
-    dataset,
-    *,
-    process_index: int = 0,
-    num_processes: int = 1,
-    wait_for_everyone: Callable[[], None] = lambda: None,
-    **extraction,
-) -> "FeatureStore":
-    """The store at `path`, extracted first (by all the processes, each its shards) unless it is complete, and checked.
-
-    Every process of the run calls this together. Each checks the structure of every shard, and the checksums of its
-    share of them (shards p, p + P, …, hashed in parallel threads); then all wait for each other, so that no process
-    reads a shard before it was checked.
-
-    Args:
-        path (`Path`): The store folder, `<cache_dir>/features/<feature_store_key(...)>`.
-        dataset (`datasets.Dataset`): The training data.
-        process_index (`int`, *optional*, defaults to 0): This process's rank.
-        num_processes (`int`, *optional*, defaults to 1): The number of processes.
-        wait_for_everyone (`Callable`, *optional*): A barrier across them.
-        **extraction: The keyword arguments of `extract_features` (columns, resolution, components, dtype, …).
-
-    Raises:
-        `ValueError`: For a shard that is damaged or was changed since its extraction, naming it and the fix.
-        `FileNotFoundError`: For a shard missing from a complete store, or files other processes cannot see.
-    """
-    complete = (path / MANIFEST).is_file()
-    wait_for_everyone()  # every process has looked before one of them can write the manifest
-    if not complete:
-        if process_index == 0:
-            logger.info(f"building the feature cache {path}")
-            log_stores_of_other_formats(path.parent)
-        extract_features(
-            path,
-            dataset,
-            process_index=process_index,
-            num_processes=num_processes,
-            wait_for_everyone=wait_for_everyone,
-            **extraction,
-        )
-    store = FeatureStore(path, verify=False)
-    start, mine = time.perf_counter(), range(process_index, len(store.shards), num_processes)
-    store.verify(mine, num_threads=max(1, available_cpus() // num_processes))
-    if process_index == 0:
-        size = sum(store.shard_bytes(s) for s in mine)
-        logger.info(
-            f"checked the checksums of {len(mine)} of the {len(store.shards)} shards ({size / 1e9:.2f} GB) in "
-            f"{time.perf_counter() - start:.1f} s"
-        )
-    wait_for_everyone()  # every shard was checked, by one process or another
-    return store
-
-
-def log_stores_of_other_formats(features: Path) -> None:
-    """Warn about the stores next to a new one that this version does not read (an older format), with their size.
-
-    Args:
-        features (`Path`): The folder of the stores, `<cache_dir>/features`.
-    """
-    for manifest in sorted(features.glob(f"*/{MANIFEST}")):
-        try:
-            found = json.loads(manifest.read_text(encoding="utf-8")).get("format")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if found != FORMAT:
-            size = sum(file.stat().st_size for file in manifest.parent.iterdir())
-            logger.warning(
-                f"{manifest.parent} is a feature store of another format ({found!r}, not {FORMAT!r}), which this "
-                f"version does not read: delete it to free {size / 1e9:.2f} GB"
-            )
-
-
-# --------------------------------------------------------------------------------------------------------- reading
 
 
 def read_header(fd: int, path: Path) -> tuple[dict, int]:

@@ -1,0 +1,192 @@
+"""The backbone and its frozen components: building or loading the model, loading the tokenizer, text encoder and
+VAE, and refusing, before any data is read, components and a resolution that do not fit the backbone.
+
+`load_components` reads where each component comes from as resolved at start-up (`training.sources`); the trainer
+(`training.trainer`) calls these first.
+"""
+
+import argparse
+import contextlib
+import functools
+import inspect
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL
+from transformers import CLIPTextModel, CLIPTokenizer
+
+from diffusers_lmlp import FAMILIES, LMLPPipeline, symmetry_breaking_penalty
+from diffusers_lmlp.models import family_of
+from diffusers_lmlp.training.sources import load_text_encoder, load_vae
+
+
+def routes(model_class: type) -> bool:
+    """Whether the backbone can report router probabilities for the load-balancing loss."""
+    return "output_router_probs" in inspect.signature(model_class.forward).parameters
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    if args.pretrained_model_name_or_path:
+        config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
+        saved = family_of(config["transformer"][1]).name
+        if args.model_type not in (None, saved):
+            raise SystemExit(
+                f"error: --model_type {args.model_type} conflicts with the base pipeline, whose backbone is "
+                f"{config['transformer'][1]} (--model_type {saved}); fine-tuning keeps the saved backbone."
+            )
+        args.model_type = saved
+        if args.load_balance_weight and not routes(FAMILIES[saved].model_class):
+            raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
+        model = FAMILIES[saved].model_class.from_pretrained(
+            args.pretrained_model_name_or_path, subfolder="transformer", revision=args.revision, variant=args.variant
+        )
+    else:
+        model = build_new_model(args)
+    if args.symmetry_breaking_weight:
+        try:
+            symmetry_breaking_penalty(model)  # refuses a backbone without symmetry-breaking weights
+        except ValueError as error:
+            raise SystemExit(f"error: --symmetry_breaking_weight: {error}") from None
+    return model
+
+
+def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
+    """A randomly initialised backbone of --model_type from --model_config and --model_overrides."""
+    model_class = FAMILIES[args.model_type].model_class
+    if args.load_balance_weight and not routes(model_class):
+        raise SystemExit("error: --load_balance_weight applies to a backbone with routers (--model_type moe_mlp)")
+    if args.model_config is None:
+        build = functools.partial(model_class, **{**args.model_skeleton, **args.model_overrides})
+    elif args.model_config_values is not None:  # a JSON file, read and checked at start-up
+        build = functools.partial(model_class, **{**args.model_config_values, **args.model_overrides})
+    else:
+        build = functools.partial(model_class.from_named_config, args.model_config, **args.model_overrides)
+    try:
+        return build()
+    except ValueError as error:  # a value the model refuses (hidden_size=0)
+        source = f"--model_config {args.model_config}" if args.model_config else f"--model_type {args.model_type}"
+        raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
+
+
+def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
+    """The frozen tokenizer, text encoder and VAE.
+
+    A base pipeline's own, else the shapes world's (the embedded default), else the papers' SD VAE and CLIP L/14;
+    `--pretrained_vae` / `--pretrained_text_encoder` replace either. Where each loads from was resolved at start-up
+    (`args.text_encoder_source`, `args.vae_source`; see `diffusers_lmlp.training.sources`).
+    """
+    if args.pretrained_model_name_or_path:
+        pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
+        tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
+    elif args.shapes_world:
+        from diffusers_lmlp.shapes.text import shapes_components
+
+        tokenizer, text_encoder, vae = shapes_components()
+    text = args.text_encoder_source
+    if text is not None:
+        with loading_from("the text encoder", text.source, "--pretrained_text_encoder"):
+            tokenizer, text_encoder = load_text_encoder(text)
+    if args.vae_source is not None:
+        with loading_from("the VAE", args.vae_source.source, "--pretrained_vae"):
+            vae = load_vae(args.vae_source)
+    if args.latent_scale is not None:
+        vae.register_to_config(scaling_factor=args.latent_scale)
+    return tokenizer, text_encoder.requires_grad_(False).eval(), vae.requires_grad_(False).eval()
+
+
+@contextlib.contextmanager
+def loading_from(what: str, source: str, option: str):
+    """Turn a loader's `OSError` (a Hub id that cannot be fetched, a folder with broken files) or `ValueError` (a
+    checkpoint that is not the component's) into one message that says what to do.
+
+    Args:
+        what (`str`): The component, for the message.
+        source (`str`): The Hub id or folder it is loaded from.
+        option (`str`): The option that sets it.
+    """
+    try:
+        yield
+    except ValueError as error:  # what the component's checkpoint holds is wrong (sources.load_text_encoder)
+        raise SystemExit(f"error: {error}") from None
+    except OSError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if Path(source).is_dir():
+            raise SystemExit(f"error: could not load {what} from the folder {source}: {first}") from None
+        from huggingface_hub import constants
+
+        offline = " (HF_HUB_OFFLINE=1: only the Hugging Face cache is read)" if constants.HF_HUB_OFFLINE else ""
+        raise SystemExit(
+            f"error: could not load {what} from the Hub repo {source}{offline}: {first} Fetch its files once with "
+            f"the README's `hf download {source} ...` line (Train on COCO), or pass a local folder with {option}."
+        ) from None
+
+
+def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
+    """Refuse components and a resolution that do not fit the backbone, before any data is touched.
+
+    The model mixes a fixed number of tokens, so the VAE must turn `resolution` px images into latents of exactly
+    the model's `sample_size`. That size is measured from the VAE's layers, not only computed from its config: the
+    pipeline sizes images by the config's factor, so a VAE whose layers downsample otherwise is refused too.
+
+    Args:
+        model: The backbone.
+        tokenizer: The CLIP tokenizer.
+        text_encoder: The CLIP text model.
+        vae (`AutoencoderKL`): The VAE.
+        resolution (`int`): `--resolution`, in pixels.
+        fine_tuning (`bool`, *optional*, defaults to `False`): Whether the model is a saved one, whose `sample_size`
+            is kept (so the message does not offer `--model_overrides`).
+
+    Raises:
+        `SystemExit`: With a message that says what to pass instead.
+    """
+    config = model.config
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
+    native = config.sample_size * factor
+    if resolution != native:
+        fix = f"pass --resolution {native}"
+        if fine_tuning:
+            fix += " (a fine-tuned model keeps its sample_size)"
+        elif resolution % (factor * config.patch_size) == 0:
+            fix += f", or --model_overrides sample_size={resolution // factor}"
+        raise SystemExit(
+            f"error: --resolution {resolution} does not match the model: sample_size {config.sample_size} × VAE "
+            f"factor {factor} = {native} px. Token mixing is over a fixed number of tokens: {fix}."
+        )
+    height, width = vae_latent_size(vae, resolution)
+    if (height, width) != (config.sample_size, config.sample_size):
+        raise SystemExit(
+            f"error: the VAE encodes {resolution}×{resolution} px images to {height}×{width} latents, but the "
+            f"model's sample_size is {config.sample_size}: its config (block_out_channels of "
+            f"{len(vae.config.block_out_channels)} entries) gives a factor of {factor}, its layers downsample by "
+            f"{resolution // height}. Use a VAE whose config matches its layers (one down block per entry of "
+            "block_out_channels)."
+        )
+    # LMLPPipeline's constructor checks text width, tokenizer length and latent channels with clear messages.
+    try:
+        LMLPPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model, scheduler=None)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
+    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device: shapes
+    only, no memory for a copy of the weights and no arithmetic, even for SD's VAE at 512 px.
+
+    Args:
+        vae (`AutoencoderKL`): The VAE.
+        resolution (`int`): The image side, in pixels.
+
+    Raises:
+        `SystemExit`: When the encoder cannot take images of that size.
+    """
+    encoder = vae.encoder
+    tensors = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
+    meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors.items()}
+    image = torch.empty(1, vae.config.in_channels, resolution, resolution, dtype=vae.dtype, device="meta")
+    try:
+        with torch.no_grad():
+            moments = torch.func.functional_call(encoder, meta, (image,))  # (1, 2C, h, w)
+    except RuntimeError as error:
+        raise SystemExit(f"error: the VAE cannot encode {resolution}×{resolution} px images: {error}") from None
+    return tuple(moments.shape[-2:])

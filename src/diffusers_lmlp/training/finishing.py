@@ -1,0 +1,173 @@
+"""The end of a run: once the last step is taken, every process checks that the ranks agree, the main process saves
+the pipeline (or the LoRA adapter) with its model card, summary, samples and final scores and pushes it with
+`--push_to_hub`, and the processes leave together.
+
+`public_args` is what of the arguments leaves the process (trackers, the card, the summary): never the secrets.
+"""
+
+import argparse
+import atexit
+import faulthandler
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+
+from diffusers_lmlp.hub import write_model_card
+from diffusers_lmlp.hub.lora_card import write_lora_card
+from diffusers_lmlp.image_grid import make_image_grid
+from diffusers_lmlp.training.compilation import plain_backbone
+from diffusers_lmlp.training.lora import save_adapter
+from diffusers_lmlp.training.report import format_run_summary
+from diffusers_lmlp.training.validation import (
+    FINAL_EVALUATION_SEEDS,
+    build_pipeline,
+    default_validation_prompts,
+    final_evaluation,
+    generate,
+    score_summary,
+)
+
+
+logger = get_logger(__name__)
+
+# A finished multi-process run's teardown that takes longer has hung: its Python stacks are dumped and it exits (1).
+TEARDOWN_TIMEOUT_SECONDS = 120
+# Arguments that never leave this process: kept out of trackers, logs, the model card and training_summary.json.
+SECRET_ARGUMENTS = frozenset({"hub_token"})
+
+
+def public_args(args: argparse.Namespace) -> dict:
+    """The arguments without the secrets (`SECRET_ARGUMENTS`): all that trackers, the card and the summary see.
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments.
+    """
+    return {name: value for name, value in vars(args).items() if name not in SECRET_ARGUMENTS}
+
+
+def ranks_in_sync(accelerator: Accelerator, model) -> bool:
+    """Whether every process ended with the same weights (a wrong multi-process launch trains them separately)."""
+    flat = torch.cat([p.detach().float().flatten() for p in plain_backbone(accelerator, model).parameters()])
+    digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
+    gathered = accelerator.gather(digest[None]).view(-1, 2)
+    return bool((gathered == gathered[0]).all())
+
+
+def end_run(
+    accelerator: Accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, train_seconds: float
+) -> None:
+    """After the last step: check that the ranks agree, `finish` on the main process, then leave together.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        model: The prepared backbone.
+        ema (`EMAModel`, *optional*): The EMA weights.
+        tokenizer, text_encoder, vae: The frozen components.
+        args (`argparse.Namespace`): The parsed arguments.
+        output_dir (`Path`): The `--output_dir`.
+        train_seconds (`float`): The training time, over every segment of a resumed run.
+    """
+    accelerator.wait_for_everyone()
+    in_sync = ranks_in_sync(accelerator, model)
+    if accelerator.is_main_process:
+        finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, in_sync)
+    # Every process leaves together: a rank that tears down its process group while the main process still saves
+    # leaves the main process waiting for it at exit (seen with gloo).
+    accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1:  # everything is saved: a teardown that hangs must not hold the job forever
+        faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT_SECONDS, exit=True)
+    accelerator.end_training()
+
+
+def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:
+    """Save the pipeline (EMA weights unless EMA is off) with a model card; score it on the shapes world."""
+    unwrapped = plain_backbone(accelerator, model)
+    if ema is not None:
+        ema.copy_to(unwrapped.parameters())
+    unwrapped.eval()
+    pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
+    if args.lora_rank:
+        save_adapter(unwrapped, output_dir)
+    else:
+        pipe.save_pretrained(output_dir)
+
+    summary = {
+        **({"base_model": args.pretrained_model_name_or_path} if args.lora_rank else {}),
+        "num_processes": accelerator.num_processes,
+        "ranks_in_sync": in_sync,
+        "steps": args.max_train_steps,
+        "train_seconds": round(seconds, 1),
+    }
+    prompts = default_validation_prompts(args)
+    grid_path = None
+    if prompts:
+        summary["sample_prompts"] = prompts  # the card's usage snippet samples the first
+        images = generate(pipe, prompts, args, seed=args.seed)
+        grid_path = output_dir / "samples.png"
+        make_image_grid(images, captions=prompts).save(grid_path)
+    if args.shapes_world:
+        reports = final_evaluation(pipe, args)
+        summary.update(score_summary(reports))
+        if args.lora_rank:  # the base model, by the same evaluation: what the adapter changed
+            unwrapped.disable_adapters()
+            before = final_evaluation(pipe, args)
+            unwrapped.enable_adapters()
+            summary.update(score_summary(before, suffix="_before"))
+        summary["images_per_caption"] = FINAL_EVALUATION_SEEDS
+        summary["evaluation_sampler"] = reports["train"]["sampler"]
+        # The whole reports go to the logs folder (the scores are in the summary, which the run prints at the end).
+        reports_path = output_dir / args.logging_dir / "evaluation.json"
+        reports_path.parent.mkdir(parents=True, exist_ok=True)
+        whole = {"adapted": reports, "base": before} if args.lora_rank else reports
+        reports_path.write_text(json.dumps(whole, indent=1), encoding="utf-8")
+    with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    if args.lora_rank:
+        write_lora_card(output_dir, unwrapped, args=public_args(args), summary=summary, sample_grid=grid_path)
+        logger.info(f"saved the LoRA adapter to {output_dir}")
+    else:
+        write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)
+        logger.info(f"saved the pipeline to {output_dir}")
+
+    hub_url = None
+    if args.push_to_hub:
+        # The same upload as `python -m diffusers_lmlp.hub push`: safetensors, configs, tokenizer, images and the
+        # card (its usage block names the repo), never checkpoints, logs or pickles; one commit.
+        from diffusers_lmlp.hub import push_lora, push_pipeline
+
+        push = push_lora if args.lora_rank else push_pipeline
+        commit = push(
+            output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, commit_message="End of training"
+        )
+        logger.info(f"pushed to the Hub: {commit.commit_url}")
+        hub_url = commit.commit_url
+    # The last words of the run, for a person: where everything is, the scores and how to load the pipeline.
+    logging_dir, validation_dir = output_dir / args.logging_dir, output_dir / "validation"
+    text = format_run_summary(
+        summary,
+        output_dir,
+        sample_grid=grid_path,
+        validation_dir=validation_dir if validation_dir.is_dir() else None,
+        logging_dir=logging_dir if logging_dir.is_dir() else None,
+        hub_url=hub_url,
+    )
+    print(f"\n{text}", flush=True)
+
+
+def leave_finished_process() -> None:
+    """End a process of a finished multi-process run without the interpreter's finalization.
+
+    By then everything is saved and closed and the process group is destroyed. The exit handlers still run
+    (`atexit`: logging, file locks, multiprocessing children); what is skipped is the teardown of modules and C++
+    statics, where torch's autograd and gloo threads can race the GIL's destruction and hang a process forever after a
+    complete run (pytorch/pytorch#190489; seen here as a 2-process CPU run that never exited after saving everything).
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
