@@ -1,7 +1,7 @@
 """`python -m diffusers_lmlp.analysis`: the measures on matrices of known structure, the two subcommands on tiny
 UL-MLP, MoE-MLP and U-ViT pipelines, a full-size (L = 334) converted reference checkpoint, a Hub id and the shipped
-shapes model, the errors that name the subcommand that fits, and every command of docs/analysis.md and the README's
-section, run as written."""
+shapes model, the errors that name the subcommand that fits, and every command of docs/analysis.md (the README's
+former section among them), run as written."""
 
 import functools
 import json
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import documents
 import huggingface_hub
 import numpy as np
 import pytest
@@ -43,9 +44,9 @@ from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = (ROOT / "docs" / "analysis.md").read_text(encoding="utf-8")
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-README_SECTION = README.split("## Look inside a model", 1)[1].split("\n## ", 1)[0]
+DOCS = documents.text("docs/analysis.md")
+# The README's former "Look inside a model" section, now docs/analysis.md's "In short".
+README_SECTION = documents.section("docs/analysis.md", "In short")
 CAPTIONS = ["a red circle", "a blue square", "a green triangle"]
 # The tiny pipelines' layout: 16 text tokens and a 4 × 4 patch grid, L = 33, 3 blocks.
 TINY = TokenRegions(text_seq_len=16, grid_size=4)
@@ -413,10 +414,10 @@ def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
 
 
 def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
-    """docs/analysis.md's and the README's commands, with tiny stand-ins for the pipelines a user trains, and a
+    """docs/analysis.md's commands (the README's former ones among them), with tiny stand-ins for the pipelines a user trains, and a
     full-size (L = 334) backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""
-    documented = commands(DOCS) + commands(README_SECTION)
-    assert len(documented) == 8
+    documented = commands(DOCS)  # "In short" (the README's former section) included
+    assert len(documented) == 8 and commands(README_SECTION) == documented[:2]
     monkeypatch.chdir(tmp_path)
     build_tiny_pipeline("moe_mlp").save_pretrained("lmlp-shapes-moe")
     build_tiny_pipeline("uvit").save_pretrained("uvit-shapes")

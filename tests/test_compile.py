@@ -76,7 +76,7 @@ def base_output(adapted: nn.Module, inputs: tuple) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode", ["regional", "compile"])
 def test_pipeline_with_a_compiled_transformer_samples_the_same_images(make_pipe, mode):
-    """The README's sampling recipes: `pipe.transformer.compile_repeated_blocks()` and `torch.compile`."""
+    """docs/benchmarks.md's sampling recipes: `pipe.transformer.compile_repeated_blocks()` and `torch.compile`."""
     pipe = make_pipe("lmlp")
     call = dict(prompt=["a red circle", "a blue square"], num_inference_steps=3, output_type="np")
     expected = pipe(**call, generator=torch.Generator().manual_seed(0)).images

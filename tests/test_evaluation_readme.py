@@ -5,7 +5,6 @@ offline. `--fid_images`-style FID during training is exercised the same way."""
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from coco_fixture import CLIP_REPO, write_coco2014, write_hub_cache
+from documents import blocks
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_train_text_to_image import ENV, train
 
@@ -24,8 +24,15 @@ from tests.processes import run_bounded, warnings_in
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"  # torch_fidelity's interface, with a fixed random network
-BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+# docs/evaluation.md's commands (the README's former "Evaluate" section); the README's own one is among them.
+BASH_BLOCKS = blocks("docs/evaluation.md", "bash")
 COMMANDS = [line for block in BASH_BLOCKS for line in block.splitlines() if "-m diffusers_lmlp.evaluation" in line]
+README_COMMANDS = [
+    line
+    for block in blocks("README.md", "bash")
+    for line in block.splitlines()
+    if "-m diffusers_lmlp.evaluation" in line
+]
 # The README's 30k images and 50 steps, shortened: the options are the README's, these only come after them.
 SHORT = ["--num_images", "8", "--num_inference_steps", "2", "--batch_size", "2", "--no_progress"]
 
@@ -44,6 +51,8 @@ def as_argv(command: str, num_processes: int = 2) -> list[str]:
 def test_readme_has_the_evaluation_commands():
     assert COMMANDS[0] == "python -m diffusers_lmlp.evaluation --pipeline shapes", COMMANDS
     assert len(COMMANDS) == 3 and all("--captions coco2014" in command for command in COMMANDS[1:])
+    # The README's command is docs/evaluation.md's shapes one, which the next test runs as written.
+    assert README_COMMANDS == COMMANDS[:1]
 
 
 def test_the_shapes_command_runs_as_written_offline(tmp_path):

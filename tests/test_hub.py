@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import documents
 import numpy as np
 import pytest
 import safetensors.torch
@@ -348,8 +349,8 @@ def test_text_that_only_resembles_a_secret_is_not_taken_for_one(text, tmp_path):
 
 
 def test_tokenizer_vocabularies_and_shipped_files_are_not_taken_for_secrets(pipe, tmp_path):
-    # A CLIP-layout vocabulary of real English words (the README's), saved both ways CLIP tokenizers are saved.
-    words = tuple(sorted(set(re.findall(r"[a-z]{2,}", (Path(__file__).parents[1] / "README.md").read_text().lower()))))
+    # A CLIP-layout vocabulary of real English words (the README's and docs/'), saved both ways CLIP tokenizers are saved.
+    words = tuple(sorted(set(re.findall(r"[a-z]{2,}", documents.texts().lower()))))
     assert len(words) > 1000
     clip = tmp_path / "clip"
     tiny_clip_tokenizer(77, clip, words=words).save_pretrained(clip)

@@ -1,7 +1,9 @@
-"""Every README example runs as written on a CPU machine, offline, with local stand-ins for what lives on the Hub.
+"""Every example of the README and of the pages in docs/ runs as written on a CPU machine, offline, with local
+stand-ins for what lives on the Hub.
 
-Hub ids and the Space's address are the only things replaced: a README block that names anything else not
-available here fails the test, so a new example cannot slip through untested.
+Hub ids and the Space's address are the only things replaced: a block that names anything else not available here
+fails the test, so a new example cannot slip through untested. The Python examples run one after another in one
+namespace, in the order of `documents.PAGES` (the README's first).
 """
 
 import re
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from documents import PAGES, blocks
 from PIL import Image
 from space_server import load_app, one_cpu_thread, serve, shapes_pipeline
 
@@ -24,8 +27,8 @@ from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 TEXT = README.read_text(encoding="utf-8")
-PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.DOTALL)
-BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", TEXT, flags=re.DOTALL)
+PYTHON_BLOCKS = [code for page in PAGES for code in blocks(page, "python")]
+BASH_BLOCKS = [code for page in PAGES for code in blocks(page, "bash")]
 SPACE_URL = "http://127.0.0.1:7860/"
 
 
@@ -66,8 +69,8 @@ def localise(block: str, replacements: dict[str, str]) -> str:
 
 
 def test_readme_has_the_examples_it_documents():
-    assert len(PYTHON_BLOCKS) >= 5
-    assert any('from_pretrained("<user>/<lmlp-repo>"' in block for block in PYTHON_BLOCKS)
+    assert len(PYTHON_BLOCKS) >= 9
+    assert any('from_pretrained("<user>/<lmlp-repo>"' in block for block in blocks("README.md", "python"))
 
 
 def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
@@ -77,7 +80,7 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     with one_cpu_thread(), serve(load_app().build_demo(shapes_pipeline(), queue_size=8)) as url:
         for index, block in enumerate(PYTHON_BLOCKS):
             code = localise(block, stand_ins(url, lora, with_code))
-            exec(compile(code, f"README.md python block {index}", "exec"), namespace)
+            exec(compile(code, f"python block {index} of {' + '.join(PAGES)}", "exec"), namespace)
 
     # "Generate an image": the shipped 32×32 shapes model in place of the Hub repo, on the CPU.
     image = Image.open("red_circle.png")
@@ -108,15 +111,19 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
 
 
 def test_hub_dry_run_commands_run_as_written(tmp_path):
-    """The "Publish to the Hub" dry runs, with the shipped pipeline as the trained `lmlp-shapes/` folder."""
+    """docs/hub.md's dry runs, with the shipped pipeline as the trained `lmlp-shapes/` folder; every push the README
+    and docs/hub.md show is one of them without `--dry-run --output-dir ...`."""
     shutil.copytree(PIPELINE_PATH, tmp_path / "lmlp-shapes")
-    commands = [
+    hub_lines = [
         line.split("#", 1)[0].strip()
         for block in BASH_BLOCKS
         for line in block.splitlines()
-        if line.startswith("python -m diffusers_lmlp.hub") and "--dry-run" in line.split("#", 1)[0]
+        if line.startswith("python -m diffusers_lmlp.hub")
     ]
+    commands = [line for line in hub_lines if "--dry-run" in line]
     assert len(commands) == 3, commands
+    pushes = {re.sub(r" --dry-run --output-dir \S+$", "", command) for command in commands}
+    assert set(hub_lines) - set(commands) == pushes, hub_lines
     for command in commands:
         argv = shlex.split(command.replace("<user>", "alice"))
         result = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True, text=True)

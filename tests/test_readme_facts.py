@@ -1,19 +1,21 @@
-"""The README's numbers and example prompts come from the code: each is read from the README and compared with what
-the package computes, so that neither can drift from the other."""
+"""The numbers and example prompts of the README and docs/training.md come from the code: each is read from its page
+and compared with what the package computes, so that neither can drift from the other."""
 
 import re
-from pathlib import Path
+
+from documents import text
 
 from diffusers_lmlp import known_words, unknown_words
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.training.lora import add_lora, lora_config
 
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+README = text("README.md")
+TRAINING = text("docs/training.md")  # the shapes preset and LoRA fine-tuning, moved from the README
 
 
 def test_the_shapes_vocabulary_size_is_the_tokenizers():
-    [stated] = re.findall(r"an offline CLIP tokenizer over the world's (\d+) words", README)
+    [stated] = re.findall(r"an offline CLIP tokenizer over the world's (\d+) words", TRAINING)
     assert int(stated) == len(known_words(pretrained_shapes_pipeline().tokenizer))
 
 
@@ -22,7 +24,7 @@ def test_the_lora_example_numbers_are_what_the_trainer_logs():
     [(layers, trainable, share)] = re.findall(
         r"every `nn.Linear` of every block, token mixers included: (\d+) layers, ([\d,]+)\s+parameters \(([\d.]+)% of "
         r"this small backbone",
-        README,
+        TRAINING,
     )
     model = pretrained_shapes_pipeline().transformer
     base = sum(parameter.numel() for parameter in model.parameters())

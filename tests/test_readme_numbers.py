@@ -1,14 +1,16 @@
-"""What the README states about the code, read from the README and compared with the code that it describes: the
-prompts it samples the shipped shapes model with, the progress lines, the upload limits, the Space's folder and
-settings, the install extra, the metadata example, deprecation dates and the options it names. A change on either
-side fails here, so that neither can drift from the other. (The vocabulary size and the LoRA share are checked in
+"""What the README and docs/ state about the code, read from their pages and compared with the code that it
+describes: the prompts it samples the shipped shapes model with, the progress lines, the upload limits, the Space's
+folder and settings, the install extra, the metadata example, deprecation dates and the options it names. A change on
+either side fails here, so that neither can drift from the other. (The vocabulary size and the LoRA share are checked in
 tests/test_readme_facts.py.)"""
 
 import ast
 import re
 from pathlib import Path
 
+import documents
 import pytest
+from documents import text as page_text
 from PIL import Image
 from test_readme import PYTHON_BLOCKS, stand_ins
 
@@ -20,14 +22,13 @@ from diffusers_lmlp.training.progress import LINE_EVERY_FRACTION, LINE_EVERY_SEC
 
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = page_text("README.md")
 SPACE_DIR = ROOT / "spaces" / SPACE_NAME
 
 
-def section(title: str) -> str:
-    """The README's text from the heading `title` (without its #s) to the next heading of the same level."""
-    [(_, body)] = re.findall(rf"^(#+) {re.escape(title)}\n(.*?)(?=^\1 |\Z)", README, flags=re.DOTALL | re.MULTILINE)
-    return body
+def section(page: str, title: str) -> str:
+    """The text of `page` (`"README.md"`, `"docs/hub.md"`) under the heading `title` (without its #s)."""
+    return documents.section(page, title)
 
 
 def stated(pattern: str, text: str = README) -> tuple[str, ...]:
@@ -96,8 +97,11 @@ def test_the_log_file_progress_the_readme_describes_is_line_progress():
 
 
 def test_the_upload_size_limits_in_the_readme_are_the_hubs():
-    text, image = stated(r"files other than weights over (\d+) MB \(images: (\d+) MB\)")
-    space_file, space_total = stated(r"A Space leaves out any file over (\d+) MB and is refused over (\d+) MB in all")
+    hub = page_text("docs/hub.md")
+    text, image = stated(r"files other than weights over (\d+) MB \(images: (\d+) MB\)", hub)
+    space_file, space_total = stated(
+        r"A Space leaves out any file over (\d+) MB and is refused over (\d+) MB in all", hub
+    )
     for mb, (limit, _) in zip(
         (text, image, space_file, space_total), (TEXT_LIMIT, IMAGE_LIMIT, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT)
     ):
@@ -105,7 +109,7 @@ def test_the_upload_size_limits_in_the_readme_are_the_hubs():
 
 
 def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
-    block = re.search(r"```bash\n(.*?)```", section("Run the Space locally"), flags=re.DOTALL).group(1)
+    block = re.search(r"```bash\n(.*?)```", section("docs/hub.md", "Run the Space locally"), flags=re.DOTALL).group(1)
     [folder] = re.findall(r"cd (\S+)", block)
     assert (ROOT / folder).resolve() == SPACE_DIR.resolve() and (SPACE_DIR / "app.py").is_file()
     app = (SPACE_DIR / "app.py").read_text(encoding="utf-8")
@@ -127,7 +131,7 @@ def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
 
 
 def test_the_spaces_requirements_the_readme_lists_are_its_requirements_txt():
-    [listed] = stated(r"`requirements.txt` \(([^)]+)\) and `README.md`")
+    [listed] = stated(r"`requirements.txt` \(([^)]+)\) and `README.md`", page_text("docs/hub.md"))
     lines = (SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
     required = {requirement_name(line) for line in lines if line.strip() and not line.startswith("#")}
     assert set(listed.replace("\n", " ").split(", ")) == required
@@ -150,7 +154,8 @@ def test_the_train_extra_of_the_main_command_is_setup_pys():
 def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_path):
     from diffusers_lmlp.training.data import load_training_data
 
-    [example] = re.findall(r"```json\n(.*?)```", section("Train on COCO (the papers' recipe)"), flags=re.DOTALL)
+    layouts = section("docs/data.md", "An imagefolder, a datasets repo, a COCO folder")
+    [example] = re.findall(r"```json\n(.*?)```", layouts, flags=re.DOTALL)
     folder = tmp_path / "data"
     for name in re.findall(r'"file_name": "([^"]+)"', example):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -170,9 +175,9 @@ def test_the_deprecations_the_readme_dates_end_when_the_code_says():
     from diffusers_lmlp.tiny import RENAMED_BACKBONES, RENAMED_BACKBONES_REMOVED_IN
 
     former_command = r"`python -m diffusers_lmlp.space.app`, the former command, still runs it with a deprecation"
-    [space] = stated(former_command + r" warning until ([\d.]+)\.")
+    [space] = stated(former_command + r" warning until ([\d.]+)\.", page_text("docs/hub.md"))
     former_name = r'The former name `"(\w+)"` still builds a `"(\w+)"` pipeline, with a `FutureWarning`,'
-    old, new, tiny = stated(former_name + r" until diffusers-lmlp ([\d.]+)\.")
+    old, new, tiny = stated(former_name + r" until diffusers-lmlp ([\d.]+)\.", page_text("docs/pipeline.md"))
     assert space == REMOVED_IN
     assert RENAMED_BACKBONES == {old: new} and tiny == RENAMED_BACKBONES_REMOVED_IN
 
@@ -180,12 +185,23 @@ def test_the_deprecations_the_readme_dates_end_when_the_code_says():
 def test_the_evaluation_progress_files_the_readme_names_are_the_commands():
     from diffusers_lmlp.evaluation.__main__ import PARTIAL_REPORT, PROGRESS_FOLDER
 
-    text = section("Evaluate: FID and CLIP score")
+    text = page_text("docs/evaluation.md")
     assert f"`OUTPUT_DIR/{PROGRESS_FOLDER}`" in text and f"`{PARTIAL_REPORT}`" in text
 
 
-@pytest.mark.parametrize("title", ["Train", "Train on COCO (the papers' recipe)", "Evaluate: FID and CLIP score"])
-def test_every_option_the_readme_names_for_training_and_evaluation_exists(title):
+@pytest.mark.parametrize(
+    "page, title",
+    [
+        ("README.md", "Train on the shapes world"),
+        ("README.md", "Train on your own data and on COCO"),
+        ("README.md", "Evaluate"),
+        ("docs/training.md", None),  # the README's former "Train" section, LoRA fine-tuning included
+        ("docs/data.md", None),
+        ("docs/coco.md", None),  # the README's former "Train on COCO (the papers' recipe)"
+        ("docs/evaluation.md", None),  # the README's former "Evaluate: FID and CLIP score"
+    ],
+)
+def test_every_option_the_readme_names_for_training_and_evaluation_exists(page, title):
     from accelerate.commands.launch import launch_command_parser
 
     from diffusers_lmlp.evaluation.__main__ import build_parser as evaluation_parser
@@ -194,6 +210,6 @@ def test_every_option_the_readme_names_for_training_and_evaluation_exists(title)
     parsers = (training_parser(), evaluation_parser(), launch_command_parser())
     options = {option for parser in parsers for action in parser._actions for option in action.option_strings}
     # The benchmark commands quoted inline have options of their own.
-    text = re.sub(r"`python benchmarks/[^`]*`", "", section(title))
+    text = re.sub(r"`python benchmarks/[^`]*`", "", section(page, title) if title else page_text(page))
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*(?![\w-])", text))  # not hub's --dash-options
     assert named and sorted(named - options) == []

@@ -122,7 +122,8 @@ def test_bad_arguments_are_refused_with_the_fix(speed, capsys):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# The README's commands for this script, then those of the pages in docs/, as written (their bash blocks).
+# The commands for this script in the README and the pages in docs/, as written (their bash blocks): docs/benchmarks.md's
+# (the README's former "Benchmarks" section) first.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMANDS = [
     shlex.split(line.split("#", 1)[0])
@@ -140,7 +141,7 @@ SMOKE += ["--memory_models", "F2-deep"]
 
 
 def test_the_readme_and_docs_document_the_cpu_and_gpu_commands(speed, capsys):
-    assert len(COMMANDS) >= 5  # the README's three, and docs/speed-gpu.md's two
+    assert len(COMMANDS) >= 5  # docs/benchmarks.md's three, and docs/speed-gpu.md's two
     for command in COMMANDS:
         if "cuda" in command and not torch.cuda.is_available():
             with pytest.raises(SystemExit):
@@ -151,7 +152,7 @@ def test_the_readme_and_docs_document_the_cpu_and_gpu_commands(speed, capsys):
 
 
 def test_the_documented_command_runs(tmp_path):
-    """The README's first command, shrunk (SMOKE): every section writes its table, the JSON and the plot."""
+    """docs/benchmarks.md's first command, shrunk (SMOKE): every section writes its table, the JSON and the plot."""
     out = tmp_path / "speed"
     command = [sys.executable, *COMMANDS[0][1:], "--output_dir", str(out), *SMOKE]
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=SCRIPT.parents[1])

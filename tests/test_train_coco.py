@@ -1,4 +1,4 @@
-"""The real-data path, offline: the README's COCO commands on the official COCO-2014 layout, with the recipe's
+"""The real-data path, offline: the COCO commands of docs/coco.md on the official COCO-2014 layout, with the recipe's
 default component ids resolved from a pre-filled HF cache (tests/coco_fixture.py). Only the model size, the batch,
 the step count and the warm-up are overridden, to make the runs tiny."""
 
@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_coco2014, write_hub_cache
+from documents import blocks
 from processes import run_bounded, warnings_in
 from test_feature_store import write_store
 from test_pipeline_loading import fill_hub_cache
@@ -27,7 +28,7 @@ from diffusers_lmlp.training import batches, load_coco2014
 
 
 ROOT = Path(__file__).resolve().parents[1]
-BASH_BLOCKS = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+BASH_BLOCKS = blocks("docs/coco.md", "bash")
 COCO_COMMANDS = [
     line.split("#", 1)[0].strip()
     for block in BASH_BLOCKS
@@ -42,7 +43,7 @@ STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
 REPOS = (SD_REPO, CLIP_REPO)
 
 
-# Which README COCO command is which.
+# Which COCO command of docs/coco.md is which.
 SETUPS = {
     "1 GPU": lambda command: "--multi_gpu" not in command,
     "8 GPUs": lambda command: "--multi_gpu" in command and "--num_machines" not in command,
@@ -66,7 +67,7 @@ def readme_command(setup: str, **values: str) -> list[str]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> SimpleNamespace:
     """A folder holding `coco2014/` (the official layout) and the env of a user whose HF cache has the recipe's
-    components under their real ids; the commands run from that folder, as the README's relative paths need."""
+    components under their real ids; the commands run from that folder, as the relative paths of docs/coco.md need."""
     root = tmp_path_factory.mktemp("coco")
     write_coco2014(root / "coco2014")
     cache = write_hub_cache(root / "hf")
@@ -175,7 +176,7 @@ def test_readme_downloads_are_the_files_the_run_reads(world, tmp_path):
         folder = tmp_path / "listed" / repo
         for name in files:
             source = world.root / "hf" / "repos" / repo / name
-            assert source.is_file(), f"the README downloads {name} from {repo}, which the repo has no file of"
+            assert source.is_file(), f"docs/coco.md downloads {name} from {repo}, which the repo has no file of"
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source, folder / name)
         fill_hub_cache(folder, cache, repo)

@@ -261,7 +261,7 @@ def test_the_vae_loads_its_safetensors_without_warnings(repos, offline_cache, va
 
 def test_a_hub_text_encoder_fetches_only_its_config_tokenizer_and_safetensors(repos, monkeypatch):
     """Online, exactly the files the trainer reads are fetched: not the repo's .bin, .h5 or .msgpack weights, and not
-    a file the README's `hf download` line leaves out (tokenizer.json), which offline is simply not there."""
+    a file the `hf download` line of docs/coco.md leaves out (tokenizer.json), which offline is simply not there."""
     fetched = []
 
     def hf_hub_download(repo_id, filename, revision=None):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from documents import text as page_text
 from safetensors.torch import load_file
 from test_hub import HUB_TOKEN, hub_calls  # noqa: F401 (a fixture)
 from test_train_text_to_image import ENV, load_script, make_workspace, train
@@ -25,7 +26,7 @@ from diffusers_lmlp.training.lora import add_lora, lora_config, names_in_block
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]
 LORA_FILE = "pytorch_lora_weights.safetensors"
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = page_text("docs/training.md")  # the README's former "Fine-tune with LoRA" section is docs/training.md's
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_bad_lora_arguments_are_refused_at_start_up(argv, message, capsys):
 
 
 def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after(tmp_path):
-    # The README's LoRA command as written, shortened: the shipped shapes model learns the held-out combinations.
+    # docs/training.md's LoRA command as written, shortened: the shipped shapes model learns the held-out combinations.
     (documented,) = [
         line for line in README.splitlines() if line.startswith("accelerate launch") and "shapes-lora" in line
     ]

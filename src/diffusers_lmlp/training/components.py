@@ -117,7 +117,7 @@ def loading_from(what: str, source: str, option: str):
         offline = " (HF_HUB_OFFLINE=1: only the Hugging Face cache is read)" if constants.HF_HUB_OFFLINE else ""
         raise SystemExit(
             f"error: could not load {what} from the Hub repo {source}{offline}: {first} Fetch its files once with "
-            f"the README's `hf download {source} ...` line (Train on COCO), or pass a local folder with {option}."
+            f"the `hf download {source} ...` line of docs/coco.md, or pass a local folder with {option}."
         ) from None
 
 

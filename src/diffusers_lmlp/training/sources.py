@@ -30,7 +30,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from ..folders import TOKENIZER_FILES
 
 
-# The files the trainer reads of the papers' components (the README's `hf download` lines name exactly these).
+# The files the trainer reads of the papers' components (docs/coco.md's `hf download` lines name exactly these).
 COCO_VAE_REPO = "CompVis/stable-diffusion-v1-4"
 COCO_VAE_FILES = ("vae/config.json", "vae/diffusion_pytorch_model.safetensors")
 COCO_TEXT_ENCODER_REPO = "openai/clip-vit-large-patch14"
@@ -156,7 +156,7 @@ class Location:
         )
         return ValueError(
             f"{self.option} {self.source}: {what} ({' or '.join(files)}) is not in the Hugging Face cache, and {why}. "
-            f"Fetch the files once, e.g. `hf download {self.source} {files[0]}` and the weights beside it (the README "
+            f"Fetch the files once, e.g. `hf download {self.source} {files[0]}` and the weights beside it (docs/coco.md "
             f"lists the exact files), or pass a local folder with {self.option}."
         )
 

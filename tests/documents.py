@@ -1,0 +1,77 @@
+"""The README and the pages in docs/, for the tests that run their commands and read their numbers.
+
+A page is named by its path from the repository root (`"README.md"`, `"docs/coco.md"`). When text moves from one page
+to another, the tests that read it change only the page they name here.
+"""
+
+import re
+from functools import cache
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every page, in the order their Python examples run one after another in one namespace (tests/test_readme.py): the
+# README's examples first, and each page's after the ones it builds on (docs/backbones.md's use the README's model).
+PAGES = (
+    "README.md",
+    "docs/pipeline.md",
+    "docs/hub.md",
+    "docs/backbones.md",
+    "docs/lora.md",
+    "docs/index.md",
+    "docs/training.md",
+    "docs/data.md",
+    "docs/coco.md",
+    "docs/evaluation.md",
+    "docs/analysis.md",
+    "docs/conventions.md",
+    "docs/benchmarks.md",
+    "docs/speed-gpu.md",
+    "docs/ablation.md",
+    "docs/shapes-runs.md",
+)
+# The languages of the command blocks: each one must be run by a test (tests/test_documents.py).
+COMMAND_LANGUAGES = ("bash", "sh", "console")
+
+
+@cache
+def text(page: str) -> str:
+    """The whole text of `page`."""
+    return (ROOT / page).read_text(encoding="utf-8")
+
+
+def texts(*pages: str) -> str:
+    """The texts of `pages` one after another (every page when none is named)."""
+    return "\n\n".join(text(page) for page in pages or PAGES)
+
+
+def headings(markdown: str) -> list[tuple[int, int, str]]:
+    """The headings of Markdown text as (line index, level, title), code blocks' `#` comments left out."""
+    found, fenced = [], False
+    for index, line in enumerate(markdown.splitlines()):
+        fenced = fenced != line.startswith("```")
+        if not fenced and (match := re.match(r"(#+) (.*)", line)):
+            found.append((index, len(match.group(1)), match.group(2).strip()))
+    return found
+
+
+def section(page: str, title: str) -> str:
+    """The text of `page` under the heading `title` (without its #s), to the next heading of the same level or
+    above."""
+    all_lines = text(page).splitlines()
+    found = headings(text(page))
+    [(start, level)] = [(index, level) for index, level, heading in found if heading == title]
+    end = next((index for index, depth, _ in found if index > start and depth <= level), len(all_lines))
+    return "\n".join(all_lines[start + 1 : end]) + "\n"
+
+
+def blocks(source: str, language: str) -> list[str]:
+    """The code blocks of `language` in `source`: a page's path, or Markdown text itself."""
+    markdown = text(source) if source in PAGES else source
+    return re.findall(rf"^```{language}\n(.*?)^```", markdown, flags=re.DOTALL | re.MULTILINE)
+
+
+def block(page: str, title: str, language: str = "bash") -> str:
+    """The one code block of `language` under the heading `title` of `page`."""
+    [found] = blocks(section(page, title), language)
+    return found
