@@ -73,6 +73,7 @@ def test_default_entries_are_every_family_and_the_table_1_variants(ablation):
     assert {"uvit", "paramixer", "symmixer", "lmlp"} <= set(entries)
 
 
+@pytest.mark.slow
 def test_every_entry_matches_the_parameter_count_at_the_closest_width_it_accepts(ablation, planned):
     target, entries = planned
     for entry in entries:
@@ -203,6 +204,7 @@ def test_unknown_entries_and_training_arguments_the_ablation_sets_are_refused(ab
     assert args.models == ["lmlp", "A1"] and extra == ["--seed", "1"]
 
 
+@pytest.mark.slow
 def test_two_entries_train_score_and_resume_end_to_end(tmp_path):
     command = [
         sys.executable, str(SCRIPT), "--models", "lmlp", "A3", "--steps", "2", "--output_dir", str(tmp_path),

@@ -202,6 +202,7 @@ def test_lateralization_of_a_ul_mlp_pipeline_folder_writes_its_weights_and_measu
     assert figure.mode == "RGB" and figure.width > 3 * 256 and figure.height > 2 * 256
 
 
+@pytest.mark.slow
 def test_a_converted_reference_checkpoint_at_full_size_gives_the_reference_scripts_matrices(tmp_path):
     # F2-deep's token layout (L = 334, 17 blocks), narrow so that the test is quick.
     model = LMLPTransformer2DModel(hidden_size=32, text_embed_dim=32)
@@ -337,6 +338,7 @@ def test_the_attention_maps_are_what_the_module_computes():
     assert torch.allclose(attention.proj(mixed), attention(tokens), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_hub_repo_id_is_read_from_the_huggingface_cache(tmp_path, monkeypatch):
     build_tiny_pipeline("moe_mlp").save_pretrained(tmp_path / "pipe")
     fill_hub_cache(tmp_path / "pipe", tmp_path / "hub", "alice/tiny-moe")
@@ -363,6 +365,7 @@ def test_a_hub_repo_id_is_read_from_the_huggingface_cache(tmp_path, monkeypatch)
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )
+@pytest.mark.slow
 def test_help_and_argument_errors_load_no_heavy_library(argv, exit_code, says):
     result, names = imported_modules("-m", "diffusers_lmlp.analysis", *argv)
     assert result.returncode == exit_code, result.stderr[-2000:]
@@ -389,6 +392,7 @@ def test_the_subcommands_options(argv, says, capsys):
     assert says in " ".join((captured.out + captured.err).split())
 
 
+@pytest.mark.slow
 def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
     [command, _] = commands(README_SECTION)
     assert command == "python -m diffusers_lmlp.analysis lateralization"  # the shipped shapes model, by default
@@ -413,6 +417,7 @@ def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
     assert drawn.shape == shown.shape and np.abs(drawn - shown).mean() < 1
 
 
+@pytest.mark.slow
 def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
     """docs/analysis.md's commands (the README's former ones among them), with tiny stand-ins for the pipelines a user trains, and a
     full-size (L = 334) backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""

@@ -83,6 +83,7 @@ def test_bad_sigmas_raise_before_any_compute(pipe, case):
     assert calls == []
 
 
+@pytest.mark.slow
 def test_the_largest_step_count_still_samples(pipe, generate):
     images = generate(pipe, num_inference_steps=999, guidance_scale=1.0, output_type="latent")
     assert pipe.num_timesteps == 999 and torch.isfinite(images).all()

@@ -252,6 +252,7 @@ def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(scorer):
     assert abs(scores[3] - scores[0]) > 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", ["shuffled", "recoloured"])
 def test_trained_clip_scores_matching_captions_above_wrong_ones(trained_scorer, wrong):
     rng = np.random.default_rng(1)  # fresh renders: other jitter than in training

@@ -37,6 +37,7 @@ def linear_calls(model: nn.Module) -> Counter:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["regional", "compile"])
 @pytest.mark.parametrize("kind", COMPILED)
 def test_compiled_model_keeps_lora_and_hooks(kind, mode):
@@ -74,6 +75,7 @@ def base_output(adapted: nn.Module, inputs: tuple) -> torch.Tensor:
         return adapted(*inputs).sample
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["regional", "compile"])
 def test_pipeline_with_a_compiled_transformer_samples_the_same_images(make_pipe, mode):
     """docs/benchmarks.md's sampling recipes: `pipe.transformer.compile_repeated_blocks()` and `torch.compile`."""

@@ -117,6 +117,7 @@ def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
     assert moe_complexity.params - lmlp.params == 17 * (seq_len + 1)  # only the gate's weight and bias are new
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(named_configs()))
 def test_every_named_config_is_counted_exactly(name):
     """Every family's blocks report their own cost: analytic = the real parameters = torch's FLOP counter."""

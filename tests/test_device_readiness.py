@@ -139,6 +139,7 @@ def prepared(accelerator: Accelerator, model: torch.nn.Module, learning_rate: fl
     return accelerator.prepare(model, optimizer, get_scheduler("constant", optimizer=optimizer))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, monkeypatch, timestep_checks):
     checks = []

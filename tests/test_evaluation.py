@@ -112,6 +112,7 @@ def corrupt(images, noise: float, blur: float, seed: int = 0) -> list[Image.Imag
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["noise", "blur"])
 def test_shapes_fid_grows_monotonically_with_corruption(kind):
     extractor = load_extractor("shapes")
@@ -322,6 +323,7 @@ def test_each_image_depends_only_on_its_seed_and_index(pipe, tmp_path):
     assert grid.width > 6 * 32  # six captioned cells
 
 
+@pytest.mark.slow
 def test_evaluate_reports_shapes_fid_with_its_floor_and_saves_an_imagefolder(pipe, tmp_path):
     import datasets
 
@@ -458,6 +460,7 @@ def without_seconds(report: dict) -> dict:
     return {key: value for key, value in report.items() if key != "seconds"}
 
 
+@pytest.mark.slow
 def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_uninterrupted_one(
     pipe, tiny_clip, pipeline_calls, tmp_path
 ):

@@ -49,6 +49,7 @@ def one_process(tmp_path_factory) -> tuple[Path, str]:
     return output, result.stdout
 
 
+@pytest.mark.slow
 def test_the_shipped_pipeline_is_evaluated_offline_with_a_one_line_summary(one_process):
     output, stdout = one_process
     report = json.loads((output / "report.json").read_text())
@@ -70,6 +71,7 @@ def test_the_shipped_pipeline_is_evaluated_offline_with_a_one_line_summary(one_p
     assert len(list((output / "images").glob("*.png"))) == 40
 
 
+@pytest.mark.slow
 def test_the_console_script_is_installed():
     command = shutil.which("diffusers-lmlp-evaluate", path=str(Path(sys.executable).parent))
     assert command is not None, "pip install the package: it declares the diffusers-lmlp-evaluate console script"
@@ -199,6 +201,7 @@ def raise_keyboard_interrupt(number, frame):
     raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_a_partial_report_and_the_same_command_finishes_as_an_uninterrupted_run(
     tmp_path, monkeypatch, capsys, torch_threads
 ):
@@ -288,6 +291,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_two_processes_stopped_by_ctrl_c_and_run_again_give_the_one_process_result(one_process, tmp_path):
     script, output = tmp_path / "ctrl_c.py", tmp_path / "out"
     script.write_text(CTRL_C_AT_THE_SECOND_BATCH)

@@ -55,6 +55,7 @@ def test_readme_has_the_evaluation_commands():
     assert README_COMMANDS == COMMANDS[:1]
 
 
+@pytest.mark.slow
 def test_the_shapes_command_runs_as_written_offline(tmp_path):
     result = run_bounded(as_argv(COMMANDS[0]), env={**ENV, "OMP_NUM_THREADS": "2"}, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -100,6 +101,7 @@ def run_readme(coco, index: int) -> dict:
     return json.loads((coco.root / output / "report.json").read_text())
 
 
+@pytest.mark.slow
 def test_coco_fid_and_clip_score_against_the_published_statistics(coco):
     report = run_readme(coco, 1)
     assert report["num_processes"] == 2 and report["num_images"] == 8 and report["captions"] == "coco2014"
@@ -109,6 +111,7 @@ def test_coco_fid_and_clip_score_against_the_published_statistics(coco):
     coco.published = report
 
 
+@pytest.mark.slow
 def test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics(coco):
     report = run_readme(coco, 2)
     assert report["fid_reference"] == "coco2014/val2014" and report["fid_reference_images"] == 6
@@ -120,6 +123,7 @@ def test_coco_fid_against_the_val_images_themselves_equals_the_published_statist
     assert report["clip_score"] == pytest.approx(published["clip_score"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_inception_fid_without_torch_fidelity_stops_and_says_what_to_install(coco):
     env = {**coco.env, "PYTHONPATH": ENV.get("PYTHONPATH", "")}
     command = shlex.split(COMMANDS[1])
@@ -130,6 +134,7 @@ def test_inception_fid_without_torch_fidelity_stops_and_says_what_to_install(coc
     assert "FID" not in result.stdout
 
 
+@pytest.mark.slow
 def test_fid_during_training_is_logged_at_every_validation(tmp_path):
     (tmp_path / "captions.txt").write_text("a red circle\na blue square\n", encoding="utf-8")
     workspace = tmp_path / "work"
@@ -155,6 +160,7 @@ def test_fid_during_training_is_logged_at_every_validation(tmp_path):
         (["--validation_fid_images", "-1"], "--validation_fid_images must be >= 0"),
     ],
 )
+@pytest.mark.slow
 def test_fid_during_training_on_your_data_needs_captions_and_a_reference(tmp_path, extra, message):
     from test_train_text_to_image import make_workspace
 

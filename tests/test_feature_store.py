@@ -170,6 +170,7 @@ def test_a_batch_reads_only_its_own_rows(straight, monkeypatch):
     assert sum(read) == 3 * per_image and len(read) == 9
 
 
+@pytest.mark.slow
 def test_a_killed_extraction_resumes_at_its_first_incomplete_shard(tmp_path, straight, dataset, pipe):
     dataset.save_to_disk(tmp_path / "data")
     pipe.save_pretrained(tmp_path / "pipe")
@@ -493,6 +494,7 @@ def script():
     return load_script()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["--cache_features", "--no-cache_features"])
 def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(workspace, script, monkeypatch, cache):
     name = cache.strip("-")
@@ -533,6 +535,7 @@ def test_a_run_that_fails_mid_training_leaves_no_worker_processes(workspace, scr
     assert [child for child in psutil.Process().children(recursive=True) if child.pid not in before] == []
 
 
+@pytest.mark.slow
 def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, monkeypatch):
     def args(out: str, *extra: str) -> list[str]:
         return [
@@ -573,6 +576,7 @@ def test_an_empty_stream_is_an_error_not_an_endless_wait(script):
         batches.BatchReader(args, empty, None, 0, 1, 0)._next_records(2)
 
 
+@pytest.mark.slow
 def test_float16_storage_trains_like_float32(workspace, script):
     runs = {}
     for dtype in ("float32", "float16"):
@@ -586,6 +590,7 @@ def test_float16_storage_trains_like_float32(workspace, script):
     assert 0 < apart < 0.01 * moved  # float16 text states: a trace of the change 5 steps of training make
 
 
+@pytest.mark.slow
 def test_a_damaged_feature_store_stops_the_run_naming_the_shard(workspace, script, tmp_path):
     # The symptom of the issue: zeroed caption offsets trained with exit code 0, each image paired with one caption.
     steps = ["--max_train_steps", "1", "--cache_features", "--cache_dir", str(tmp_path / "cache")]

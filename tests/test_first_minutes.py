@@ -209,6 +209,7 @@ def launch(argv: list[str], tmp_path: Path) -> tuple[list[str], dict]:
     return [str(accelerate), *argv[1:]], env
 
 
+@pytest.mark.slow
 def test_accelerate_launch_warns_on_a_fresh_machine_without_the_shipped_config(tmp_path):
     """The control: the text the main command's test looks for is what accelerate prints without a config."""
     script = tmp_path / "hello.py"
@@ -219,6 +220,7 @@ def test_accelerate_launch_warns_on_a_fresh_machine_without_the_shipped_config(t
     assert ACCELERATE_WARNING in result.stderr
 
 
+@pytest.mark.slow
 def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary(tmp_path):
     assert MAIN_COMMAND.startswith("accelerate launch ") and MAIN_COMMAND.endswith("examples/train_text_to_image.py")
     out = tmp_path / "shapes"
@@ -267,6 +269,12 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     assert namespace["pipe"].transformer.config.sample_size == 8
     saved = json.loads((out / "training_summary.json").read_text())
     assert saved["steps"] == 40 and set(saved["scores"]) == {"train", "held-out"}
+    assert set(saved["scores"]["train"]) >= {"colour", "shape", "position", "colour+position"}
+    assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
+    # The package's own components: the VAE's latent scale travels with the pipeline, and it samples at 32 px.
+    vae_config = json.loads((out / "vae" / "config.json").read_text())
+    assert namespace["pipe"].native_size == 32
+    assert namespace["pipe"].vae.config.scaling_factor == pytest.approx(vae_config["scaling_factor"])
 
     # Each validation scored both splits: the learning curves, which the benchmark script plots with the final scores.
     scores = [json.loads(line) for line in (out / "logs" / "scores.jsonl").read_text().splitlines()]

@@ -85,6 +85,7 @@ def test_tiny_model_is_counted_exactly(long_skips):
     check_counted_exactly(model, closed_form_block_macs(model.config, TINY_SEQ_LEN), batch_size=2)
 
 
+@pytest.mark.slow
 def test_a3_is_counted_exactly():
     with torch.device("meta"):
         model = GMLPTransformer2DModel.from_named_config("A3")

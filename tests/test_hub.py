@@ -203,6 +203,7 @@ def add_hostile_files(folder: Path, outside: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_links_credentials_and_oversize_files_are_refused_by_the_dry_run_and_the_push(
     saved, hub_calls, generate, tmp_path, capsys, caplog
 ):
@@ -348,6 +349,7 @@ def test_text_that_only_resembles_a_secret_is_not_taken_for_one(text, tmp_path):
     assert find_secret(tmp_path / "notes.txt") is None
 
 
+@pytest.mark.slow
 def test_tokenizer_vocabularies_and_shipped_files_are_not_taken_for_secrets(pipe, tmp_path):
     # A CLIP-layout vocabulary of real English words (the README's and docs/'), saved both ways CLIP tokenizers are saved.
     words = tuple(sorted(set(re.findall(r"[a-z]{2,}", documents.texts().lower()))))
@@ -517,6 +519,7 @@ def test_card_update_keeps_what_the_user_wrote(saved, tmp_path):
     assert card_of(tmp_path / "again").content == card.content
 
 
+@pytest.mark.slow
 def test_training_script_push_uploads_the_run_without_its_state(pipe, hub_calls, tmp_path):
     # The output folder as examples/train_text_to_image.py's finish() leaves it, then its --push_to_hub call.
     output_dir = tmp_path / "lmlp-model"
@@ -770,6 +773,7 @@ def sparse_file(path: Path, size: int) -> None:
         f.truncate(size)
 
 
+@pytest.mark.slow
 def test_space_over_its_size_limits_is_refused_naming_the_file_and_the_limit(space_dir, hub_calls, tmp_path):
     sparse_file(space_dir / "weights.bin", SPACE_FILE_LIMIT[0] + 1)
     staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")
@@ -823,6 +827,7 @@ def test_space_refuses_a_missing_model_repo_one_without_code_and_no_app(space_di
     assert hub_calls == []
 
 
+@pytest.mark.slow
 def test_cli_dry_run_prints_the_folder_it_wrote(saved, tmp_path):
     out = tmp_path / "upload"
     cmd = [sys.executable, "-m", "diffusers_lmlp.hub", "push", str(saved), "alice/tiny-lmlp", "--dry-run"]

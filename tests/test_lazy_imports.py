@@ -61,6 +61,7 @@ def test_importing_the_package_loads_no_heavy_library():
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )
+@pytest.mark.slow
 def test_help_and_argument_errors_load_no_heavy_library(command, exit_code, says):
     result, names = imported_modules("-m", *command)
     assert result.returncode == exit_code, result.stderr[-2000:]
@@ -69,6 +70,7 @@ def test_help_and_argument_errors_load_no_heavy_library(command, exit_code, says
     assert not names & HEAVY, sorted(names & HEAVY)
 
 
+@pytest.mark.slow
 def test_a_model_config_key_check_loads_the_model_class_only_then(tmp_path):
     # The one kind of argument error that needs a model: its config signature names the valid keys.
     config = tmp_path / "config.json"
@@ -87,6 +89,7 @@ def test_a_model_config_key_check_loads_the_model_class_only_then(tmp_path):
         "from diffusers_lmlp.pipelines import LMLPPipeline",  # by the pipelines themselves
     ],
 )
+@pytest.mark.slow
 def test_diffusion_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(first, tmp_path):
     from diffusers_lmlp.tiny import build_tiny_pipeline
 
@@ -106,6 +109,7 @@ print(type(pipe).__module__, type(pipe).__name__, type(pipe.transformer).__name_
     assert "could not register" not in result.stderr
 
 
+@pytest.mark.slow
 def test_every_public_class_is_recorded_under_the_package_from_its_own_module():
     # save_pretrained writes `__module__` into model_index.json: a class imported from its defining module, with the
     # package's lazy names never read, must still say "diffusers_lmlp".

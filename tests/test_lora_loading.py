@@ -146,6 +146,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_saved_lora_loads_to_the_hand_merged_weights_on_every_layer(make_pipe, generate, tmp_path, family):
     in_memory = write_lora(make_pipe, tmp_path, family)

@@ -42,6 +42,7 @@ def kind(request):
     return request.param
 
 
+@pytest.mark.slow
 def test_f2_default_is_the_paper_model():
     model = LMLPTransformer2DModel()
     assert sum(p.numel() for p in model.parameters()) == 47_139_122
@@ -201,6 +202,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(kind):
     assert not model.stack.gradient_checkpointing
 
 
+@pytest.mark.slow
 def test_torch_compile_gives_the_same_output(kind):
     model = make_model(kind)
     x, ctx, t = make_inputs()

@@ -87,6 +87,7 @@ for entry in importlib.metadata.entry_points(group="console_scripts"):
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
     found = run_installed(wheel_venv, str(wheel_venv / "bin" / "python"), "-c", ENTRY_POINTS)
     assert found.returncode == 0, found.stderr[-2000:]
@@ -118,6 +119,7 @@ def installed_space(venv: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_the_space_folder_and_stages_it(wheel_venv, tmp_path):
     # The one demo folder of the repository, byte for byte, and nothing else of it.
     space = installed_space(wheel_venv)

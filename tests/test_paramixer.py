@@ -198,6 +198,7 @@ def test_penalty_gradient_is_twice_the_symmetry_breaking_weights_only():
             assert parameter.grad is None, name
 
 
+@pytest.mark.slow
 def test_penalty_sees_through_compile_and_peft_wrappers():
     from peft import LoraConfig, get_peft_model
 

@@ -134,6 +134,7 @@ def test_dtype_torch_dtype_and_per_component_dtype(pipe, tmp_path):
     assert torch.isfinite(images).all()
 
 
+@pytest.mark.slow
 def test_variant_round_trip(pipe, generate, tmp_path):
     pipe.to(torch.bfloat16)
     pipe.save_pretrained(tmp_path, variant="bf16")

@@ -73,6 +73,7 @@ def test_readme_has_the_examples_it_documents():
     assert any('from_pretrained("<user>/<lmlp-repo>"' in block for block in blocks("README.md", "python"))
 
 
+@pytest.mark.slow
 def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace, lora = {}, shapes_lora(tmp_path / "lora")
@@ -110,6 +111,7 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     assert np.abs(base - np.asarray(fresh.images[0], dtype=np.float64)).max() <= 1  # fused and unfused: rounding
 
 
+@pytest.mark.slow
 def test_hub_dry_run_commands_run_as_written(tmp_path):
     """docs/hub.md's dry runs, with the shipped pipeline as the trained `lmlp-shapes/` folder; every push the README
     and docs/hub.md show is one of them without `--dry-run --output-dir ...`."""

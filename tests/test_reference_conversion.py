@@ -106,6 +106,7 @@ def test_converted_tiny_model_matches_reference_forward():
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_f2_reference_layout_loads_one_to_one_and_matches():
     model = LMLPTransformer2DModel().eval()  # F2
     sd = reference_state_dict(depth=16, dim=512, seq_len=334, patch=2, channels=4, text_dim=768, mlp_hidden=2048)

@@ -113,6 +113,7 @@ def code_files_of(family: str) -> set[str]:
     return {"pipeline_lmlp.py", f"transformer/{stem}.py"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", IMAGE_FAMILIES)
 def test_with_code_repo_loads_by_repo_id_without_the_package_and_gives_the_package_image(make_pipe, tmp_path, family):
     pipe, staged = stage_with_code(make_pipe, tmp_path, family)
@@ -128,6 +129,7 @@ def test_with_code_repo_loads_by_repo_id_without_the_package_and_gives_the_packa
     torch.testing.assert_close(images[repo_id_of(family)], image_of(pipe), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_every_family_s_generated_transformer_loads_without_the_package_and_matches_it(make_pipe, tmp_path):
     families = sorted(set(FAMILIES) - set(IMAGE_FAMILIES))
     expected = {}
@@ -160,6 +162,7 @@ def with_canaries(staged: Path) -> None:
         path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
 
 
+@pytest.mark.slow
 def test_without_trust_remote_code_diffusers_refuses_and_runs_nothing_of_the_repo(make_pipe, tmp_path):
     _, staged = stage_with_code(make_pipe, tmp_path, "lmlp")
     with_canaries(staged)
@@ -174,6 +177,7 @@ def test_without_trust_remote_code_diffusers_refuses_and_runs_nothing_of_the_rep
     assert not [name for name in set(sys.modules) - before if name.split(".")[0] == "diffusers_modules"]
 
 
+@pytest.mark.slow
 def test_lmlp_pipeline_loads_a_with_code_repo_with_the_package_and_runs_none_of_its_code(make_pipe, tmp_path):
     pipe, staged = stage_with_code(make_pipe, tmp_path, "lmlp")
     with_canaries(staged)
@@ -201,6 +205,7 @@ def imports_of(source: str) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("class_name", sorted({"LMLPPipeline", *(f.model_class.__name__ for f in FAMILIES.values())}))
 def test_generated_files_are_self_contained_deterministic_and_name_their_version(class_name, tmp_path):
     module = defining_module_of(class_name)
@@ -222,6 +227,7 @@ def test_a_name_two_bundled_modules_define_differently_is_refused():
         _check_one_namespace(modules)
 
 
+@pytest.mark.slow
 def test_default_push_uploads_no_code_and_the_folder_s_own_code_is_left_out(make_pipe, tmp_path):
     saved_pipeline(make_pipe, tmp_path / "saved")
     index = (tmp_path / "saved" / "model_index.json").read_text()
@@ -251,6 +257,7 @@ def test_default_push_uploads_no_code_and_the_folder_s_own_code_is_left_out(make
     assert json.loads((again.folder / "model_index.json").read_text()) == json.loads(index)
 
 
+@pytest.mark.slow
 def test_push_with_code_commits_exactly_what_the_dry_run_wrote(make_pipe, tmp_path, monkeypatch):
     saved_pipeline(make_pipe, tmp_path / "saved")
     dry = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "dry", with_code=True)
@@ -269,6 +276,7 @@ def test_push_with_code_commits_exactly_what_the_dry_run_wrote(make_pipe, tmp_pa
     assert committed == {path: (dry.folder / path).read_bytes() for path in dry.files}
 
 
+@pytest.mark.slow
 def test_with_code_card_loads_with_trust_remote_code_and_says_the_code_runs(make_pipe, tmp_path):
     saved_pipeline(make_pipe, tmp_path / "saved")
     plain = ModelCard.load(
@@ -290,6 +298,7 @@ def test_with_code_card_loads_with_trust_remote_code_and_says_the_code_runs(make
     assert "trust_remote_code" not in again.text
 
 
+@pytest.mark.slow
 def test_cli_dry_run_with_code_lists_the_code_and_writes_the_same_bytes_in_another_process(make_pipe, tmp_path):
     _, staged = stage_with_code(make_pipe, tmp_path, "lmlp")
     out = tmp_path / "cli"

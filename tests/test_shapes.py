@@ -56,6 +56,7 @@ def template_of(caption: str) -> str:
     return next(template for template, pattern in zip(TEMPLATES, CAPTIONS) if pattern.fullmatch(caption))
 
 
+@pytest.mark.slow
 def test_scorer_reads_every_jittered_ground_truth_render():
     rng = np.random.default_rng(0)
     specs = all_specs() * 3  # 972 renders, each with its own jitter
@@ -213,6 +214,7 @@ def test_tokenizer_has_one_token_per_world_word_and_still_reads_other_words():
     assert tokenizer.decode(tokenizer("a zebra").input_ids, skip_special_tokens=True) == "a zebra"
 
 
+@pytest.mark.slow
 def test_every_phrasing_fits_the_text_length_one_token_per_word():
     tokenizer = shapes_tokenizer()
     lengths = []
@@ -245,6 +247,7 @@ def last_states(encoder, tokenizer, specs) -> tuple[torch.Tensor, list[ShapeSpec
         return encoder(ids.input_ids)[0][:, -1], [parse_caption(caption) for caption in captions]  # (N, 64)
 
 
+@pytest.mark.slow
 def test_shipped_text_encoder_reads_any_phrasing_of_held_out_combinations():
     # Nearest class centroid of the training phrasings' last states, on every phrasing of the held-out combinations
     # (none seen in pretraining): each attribute is read whatever the word order, article, size or synonyms.
@@ -266,6 +269,7 @@ def test_components_refuse_a_text_encoder_that_does_not_read_the_tokenizer(monke
         shapes_components()
 
 
+@pytest.mark.slow
 def test_committed_vae_keeps_the_shapes_of_held_out_renders():
     _, _, vae = shapes_components()
     images, captions = held_out_renders(num_per_spec=5, seed=11)  # 160 renders, none of the VAE's training images
@@ -290,6 +294,7 @@ def test_foreground_psnr_counts_the_shape_pixels_only():
     assert psnr(target, target, foreground_mask(target)) == 100.0  # error floored at 1e-10
 
 
+@pytest.mark.slow
 def test_shipped_pipeline_draws_colour_and_position_in_any_phrasing():
     pipe = pretrained_shapes_pipeline()
     pipe.set_progress_bar_config(disable=True)

@@ -323,6 +323,7 @@ def test_pipeline_vocabulary_methods_are_the_tokenizer_s(shapes_pipe):
     assert shapes_pipe.unknown_words(text) == ["dog"]
 
 
+@pytest.mark.slow
 def test_with_the_package_the_app_loads_a_with_code_folder_and_runs_none_of_its_code(tmp_path):
     build_tiny_pipeline("lmlp", seed=0).save_pretrained(tmp_path / "saved")
     staged = stage_pipeline(tmp_path / "saved", "owner/tiny-lmlp", tmp_path / "code", with_code=True).folder

@@ -78,6 +78,7 @@ def page(shapes_pipe):
             browser.close()
 
 
+@pytest.mark.slow
 def test_browser_generates_native_images_shown_large_and_crisp(page, artifacts):
     page.fill("#prompt textarea", "a large red circle at the center")
     page.click("#generate")
@@ -108,6 +109,7 @@ def test_browser_generates_native_images_shown_large_and_crisp(page, artifacts):
     assert (artifacts / "space.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_browser_examples_fill_the_prompt_and_bad_input_shows_the_message(page):
     page.get_by_text("a small blue square at the top left", exact=True).click()
     page.wait_for_function(
@@ -120,6 +122,7 @@ def test_browser_examples_fill_the_prompt_and_bad_input_shows_the_message(page):
     assert "Traceback" not in page.content()
 
 
+@pytest.mark.slow
 def test_browser_shows_live_progress_while_denoising(page, shapes_pipe):
     # Test-only hold: the 10th forward pass (step 10 of 50) waits until the page has shown the progress so far.
     calls, gate = [], threading.Event()

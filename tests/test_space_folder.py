@@ -5,6 +5,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from gradio_client import Client
 from PIL import Image
 from space_server import app_process, image_std, model_panel
@@ -31,6 +32,7 @@ def untracked_files(folder: Path) -> set[str] | None:
     return set(listed.stdout.split())
 
 
+@pytest.mark.slow
 def test_python_app_py_in_the_space_folder_serves_the_shipped_model_offline(tmp_path):
     assert DEFAULT_SPACE_DIR == SPACE_FOLDER  # the folder push-space uploads from a checkout
     before = untracked_files(SPACE_FOLDER)

@@ -40,6 +40,7 @@ def shapes_pipe():
         yield shapes_pipeline()
 
 
+@pytest.mark.slow
 def test_concurrent_requests_all_complete_with_their_own_images(shapes_pipe):
     app = load_app()
     # What each seed must give, computed one at a time in-process.
@@ -79,6 +80,7 @@ def test_every_request_samples_with_its_own_tokenizer(shapes_pipe, monkeypatch):
     assert seen[0](PROMPT).input_ids == shapes_pipe.tokenizer(PROMPT).input_ids  # a copy: the same tokens
 
 
+@pytest.mark.slow
 def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
     app = load_app()
     queue_size = 2
@@ -123,6 +125,7 @@ def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
         hook.remove()
 
 
+@pytest.mark.slow
 def test_api_refuses_out_of_range_values_with_the_input_and_its_range(shapes_pipe):
     app = load_app()
     with serve(app.build_demo(shapes_pipe, queue_size=4)) as url:
@@ -139,6 +142,7 @@ def test_api_refuses_out_of_range_values_with_the_input_and_its_range(shapes_pip
         assert Image.open(gallery[0]["image"]).size == (32, 32)
 
 
+@pytest.mark.slow
 def test_file_uploads_are_refused_and_the_app_still_generates(shapes_pipe):
     app = load_app()
     with serve(app.build_demo(shapes_pipe, queue_size=4)) as url:

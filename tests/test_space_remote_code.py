@@ -90,6 +90,7 @@ def shapes_pipe():
         yield shapes_pipeline()
 
 
+@pytest.mark.slow
 def test_space_without_the_package_serves_the_model_from_its_code(served, space, shapes_pipe):
     gallery, seed = served.client.predict(*request_args(seed=5), api_name="/generate")
 
@@ -116,6 +117,7 @@ def test_space_without_the_package_serves_the_model_from_its_code(served, space,
     assert [np.asarray(image).tolist() for image in images] == [np.asarray(image).tolist() for image in expected]
 
 
+@pytest.mark.slow
 def test_space_without_the_package_refuses_bad_input_as_with_it(served, shapes_pipe):
     app = load_app()
     messages = []
@@ -130,6 +132,7 @@ def test_space_without_the_package_refuses_bad_input_as_with_it(served, shapes_p
     assert messages[0].endswith(f"This model knows only {describe_vocabulary(shapes_pipe.tokenizer)}.")
 
 
+@pytest.mark.slow
 def test_space_without_the_package_refuses_a_repo_without_code_and_a_missing_model_with_the_fix(space):
     log = space.imports.read_text() if space.imports.exists() else ""
     env = {key: value for key, value in space.env.items() if key != "LMLP_MODEL"}
@@ -156,6 +159,7 @@ def test_space_without_the_package_refuses_a_repo_without_code_and_a_missing_mod
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone", sorted(FAMILIES))
 def test_generated_backbone_code_names_its_family_as_the_registry_does(backbone, monkeypatch):
     family = FAMILIES[backbone]

@@ -151,6 +151,7 @@ def test_the_readme_and_docs_document_the_cpu_and_gpu_commands(speed, capsys):
             speed.parse_args(command[2:])  # every option exists and every value is valid
 
 
+@pytest.mark.slow
 def test_the_documented_command_runs(tmp_path):
     """docs/benchmarks.md's first command, shrunk (SMOKE): every section writes its table, the JSON and the plot."""
     out = tmp_path / "speed"

@@ -67,6 +67,7 @@ def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, tor
         torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.slow
 def test_sigkill_while_writing_the_only_checkpoint_keeps_the_previous_one(workspace, straight):
     out = workspace / "killed-limit-1"
     killed = train(
@@ -88,6 +89,7 @@ def test_sigkill_while_writing_the_only_checkpoint_keeps_the_previous_one(worksp
     assert_same_weights(weights(out / "checkpoint-6"), weights(straight / "checkpoint-6"))
 
 
+@pytest.mark.slow
 def test_resuming_from_an_older_checkpoint_overwrites_the_abandoned_later_ones(workspace, straight):
     out = workspace / "older"
     shutil.copytree(straight, out)
@@ -103,6 +105,7 @@ def test_resuming_from_an_older_checkpoint_overwrites_the_abandoned_later_ones(w
     assert_same_weights(weights(out), weights(straight))
 
 
+@pytest.mark.slow
 def test_pruning_after_a_resume_from_an_older_checkpoint_removes_the_abandoned_ones_first(workspace, straight):
     out = workspace / "older-limit-2"
     shutil.copytree(straight, out)
@@ -116,6 +119,7 @@ def test_pruning_after_a_resume_from_an_older_checkpoint_removes_the_abandoned_o
     assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_set_aside_while_being_replaced_is_restored_at_start_up(workspace, straight):
     # Killed between the two renames of a replacement: checkpoint-6 is set aside, the new one not yet in place.
     out = workspace / "set-aside"
@@ -137,6 +141,7 @@ def test_stale_temporary_folders_are_removed_at_start_up(workspace, script):
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-1"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(workspace, script, monkeypatch):
     out = workspace / "full-disk"
     save = accelerate.accelerator.save_accelerator_state
@@ -171,6 +176,7 @@ def busy(workspace):
         yield out
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_busy_output_dir_is_refused(workspace, busy):
     result = train(workspace, busy.name, "--max_train_steps", "1", check=False)
     assert result.returncode != 0
@@ -179,6 +185,7 @@ def test_a_second_run_on_a_busy_output_dir_is_refused(workspace, busy):
     assert not list(busy.glob("*checkpoint-*")) and not (busy / "model_index.json").exists()
 
 
+@pytest.mark.slow
 def test_every_process_of_a_multi_process_run_stops_on_a_busy_output_dir(workspace, busy):
     launch = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -192,6 +199,7 @@ def test_every_process_of_a_multi_process_run_stops_on_a_busy_output_dir(workspa
     assert result.stderr.count(f"another training run is using --output_dir {busy}") == 2  # both ranks say why
 
 
+@pytest.mark.slow
 def test_training_time_adds_up_across_resumes(workspace, straight):
     out = workspace / "time"
     shutil.copytree(straight, out)
@@ -207,4 +215,6 @@ def test_training_time_adds_up_across_resumes(workspace, straight):
     summary = json.loads((out / "training_summary.json").read_text())
     assert 1000.0 <= summary["train_seconds"] < 1000.0 + elapsed  # rounded to 0.1 s
     saved = json.loads((out / "checkpoint-6" / "training_state.json").read_text())["train_seconds"]
-    assert 1000.0 < saved < 1000.0 + elapsed and saved == pytest.approx(summary["train_seconds"], abs=0.1)
+    # The last checkpoint is written just before the loop ends: its time is the summary's, up to the rounding and the
+    # moments between the two (tenths of a second on a busy machine).
+    assert 1000.0 < saved < 1000.0 + elapsed and saved == pytest.approx(summary["train_seconds"], abs=1.0)

@@ -101,6 +101,7 @@ def test_readme_has_the_coco_commands():
     assert "$" not in " ".join(readme_command("2 machines", MACHINE_RANK="0", HEAD_IP="10.0.0.1"))
 
 
+@pytest.mark.slow
 def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(straight):
     summary = json.loads((straight / "training_summary.json").read_text())
     assert summary["steps"] == 4 and summary["num_processes"] == 1
@@ -119,6 +120,7 @@ def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(st
     assert images.shape == (2, 3, 256, 256) and torch.isfinite(images).all() and images.std() > 0
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_large_batch(world, straight):
     big = world.root / "big"
     run(world, readme_command("1 GPU"), *TINY, *STEPS, "--output_dir", "big", "--gradient_accumulation_steps", "1",
@@ -130,6 +132,7 @@ def test_gradient_accumulation_matches_the_large_batch(world, straight):
         torch.testing.assert_close(accumulated[key], large[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_the_uninterrupted_run(world, straight):
     # SIGKILL while checkpoint-4 is being written: checkpoint-2 is the latest complete one.
     readme = readme_command("1 GPU")
@@ -149,6 +152,7 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(world, straight):
             torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=f"{folder} {key}")
 
 
+@pytest.mark.slow
 def test_component_folders_downloaded_like_the_repos_load_without_the_cache(world):
     # `hf download CompVis/stable-diffusion-v1-4 --local-dir ...` and the same for CLIP: local folders, no Hub cache.
     env = {**world.env, "HF_HUB_CACHE": str(world.root / "empty-cache")}
@@ -160,6 +164,7 @@ def test_component_folders_downloaded_like_the_repos_load_without_the_cache(worl
     assert LMLPPipeline.from_pretrained(world.root / "local").vae.config.scaling_factor == pytest.approx(0.23010)
 
 
+@pytest.mark.slow
 def test_readme_downloads_are_the_files_the_run_reads(world, tmp_path):
     # The README's offline preparation: `hf download <repo> <files>`. The files it names, and no others, are put in a
     # fresh HF cache; the download lines then run as written (offline, from that cache), and the 1-GPU command trains.
@@ -188,6 +193,7 @@ def test_readme_downloads_are_the_files_the_run_reads(world, tmp_path):
     assert LMLPPipeline.from_pretrained(world.root / "downloaded").text_encoder.config.hidden_size == CLIP_TEXT_WIDTH
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_train_together(world):
     # The README's multi-GPU command on 2 CPU processes, with ACCELERATE_USE_CPU=1 as its CPU line documents.
     command = readme_command("8 GPUs")
@@ -200,6 +206,7 @@ def test_two_cpu_processes_train_together(world):
     assert (world.root / "ddp" / "checkpoint-2").is_dir()
 
 
+@pytest.mark.slow
 def test_two_machines_command_trains_as_one_run(world):
     # The README's several-machines command as 2 "machines" of 1 CPU process each on this host (the head at
     # 127.0.0.1), its shared file system a local folder.

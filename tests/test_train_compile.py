@@ -31,6 +31,7 @@ def test_the_shapes_preset_compiles_automatically_and_other_runs_keep_accelerate
     assert all("torch_compile" not in PRESETS[name] for name in PRESETS if name != "shapes")
 
 
+@pytest.mark.slow
 def test_choices_and_what_auto_weighs(monkeypatch):
     monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)
     assert choose_compilation(None, 5200) == (None, "")
@@ -46,6 +47,7 @@ def test_choices_and_what_auto_weighs(monkeypatch):
     assert choose_compilation("auto", AUTO_MIN_STEPS) == (None, " (auto: the launch's aot_eager is kept)")
 
 
+@pytest.mark.slow
 def test_auto_trains_uncompiled_where_compilation_fails(tmp_path):
     """No working C++ compiler (a fresh inductor cache, so nothing is reused): auto says why and does not compile."""
     env = {**ENV, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
@@ -62,6 +64,7 @@ def final_weights(path) -> dict[str, torch.Tensor]:
     return load_file(path / "transformer" / "diffusion_pytorch_model.safetensors")
 
 
+@pytest.mark.slow
 def test_a_compiled_run_checkpoints_resumes_validates_and_matches_an_uncompiled_one(workspace):
     steps = ("--max_train_steps", "4", "--checkpointing_steps", "2", "--validation_steps", "2")
     prompts = ("--validation_prompts", "a red circle")

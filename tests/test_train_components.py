@@ -122,6 +122,7 @@ def test_a_text_encoder_source_is_read_in_its_own_layout(repos, offline_cache, t
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["coco-f2", "shapes", "shapes-lora"])
 @pytest.mark.parametrize("where", ["folder", "hub cache"])
 @pytest.mark.parametrize("vae, text", [("standalone", "clip"), ("sd", "sd")])
@@ -191,6 +192,7 @@ def test_a_repo_missing_from_the_offline_cache_is_named_with_what_to_do(
     assert "HF_HUB_OFFLINE=1 keeps it from downloading" in message and "hf download someone/not-downloaded" in message
 
 
+@pytest.mark.slow
 def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
     """The documented 1-GPU COCO command (on the CPU here), with `--pretrained_vae stabilityai/sd-vae-ft-mse` from
     the HF cache: the user's own VAE repo in its own layout, end to end."""

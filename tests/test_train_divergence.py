@@ -37,6 +37,7 @@ def all_finite(folder: Path) -> bool:
     return all(torch.isfinite(t).all() for f in folder.rglob("*.safetensors") for t in load_file(f).values())
 
 
+@pytest.mark.slow
 def test_a_nan_loss_mid_run_stops_before_anything_is_written_and_keeps_the_last_good_checkpoint(
     script, workspace, tmp_path, monkeypatch
 ):

@@ -49,6 +49,7 @@ def block_linears(model: torch.nn.Module) -> set[str]:
     return {n for n in names if n.startswith("stack.") and names_in_block([n])}
 
 
+@pytest.mark.slow
 def test_the_output_is_a_diffusers_lora_file_and_a_card_not_a_pipeline(lora_run, workspace):
     assert sorted(p.name for p in lora_run.iterdir() if p.name != ".train.lock") == [
         "README.md", "checkpoint-2", "checkpoint-4", LORA_FILE, "training_summary.json",
@@ -61,6 +62,7 @@ def test_the_output_is_a_diffusers_lora_file_and_a_card_not_a_pipeline(lora_run,
     assert summary["base_model"] == str(workspace / "tiny") and summary["steps"] == 4
 
 
+@pytest.mark.slow
 def test_every_linear_of_every_block_is_adapted_and_nothing_else(lora_run, workspace):
     state = load_file(lora_run / LORA_FILE)
     adapted = {key.removeprefix("transformer.").rsplit(".lora_", 1)[0] for key in state}
@@ -69,6 +71,7 @@ def test_every_linear_of_every_block_is_adapted_and_nothing_else(lora_run, works
     assert all(state[k].abs().sum() > 0 for k in state if "lora_B" in k)  # B starts at 0: every layer learned
 
 
+@pytest.mark.slow
 def test_loaded_adapter_equals_the_hand_merged_weights(lora_run, workspace):
     # Independent reference: W + (alpha / r) B A written into a plain copy of the base weights.
     pipe = LMLPPipeline.from_pretrained(workspace / "tiny")
@@ -92,6 +95,7 @@ def test_loaded_adapter_equals_the_hand_merged_weights(lora_run, workspace):
     assert (adapted - base).abs().max() > 1e-4  # the adapter changes the output
 
 
+@pytest.mark.slow
 def test_a_resumed_lora_run_ends_with_the_uninterrupted_run_s_adapter(lora_run, workspace):
     out = workspace / "lora-resumed"
     out.mkdir()
@@ -104,6 +108,7 @@ def test_a_resumed_lora_run_ends_with_the_uninterrupted_run_s_adapter(lora_run, 
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.slow
 def test_a_lora_checkpoint_is_not_resumed_as_a_full_run_or_with_another_rank(lora_run, workspace, tmp_path):
     for extra, message in (
         ([], "is a checkpoint of a run that trained a LoRA adapter: resume it with --lora_rank"),
@@ -154,6 +159,7 @@ def test_bad_lora_arguments_are_refused_at_start_up(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after(tmp_path):
     # docs/training.md's LoRA command as written, shortened: the shipped shapes model learns the held-out combinations.
     (documented,) = [
@@ -177,6 +183,7 @@ def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_af
     assert not list((tmp_path / "out").glob("**/diffusion_pytorch_model.safetensors"))  # the base is not copied
 
 
+@pytest.mark.slow
 def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path):
     # The dry run of `python -m diffusers_lmlp.hub push`, on the trainer's output folder.
     (lora_run / "token.txt").write_text("hf_secret")  # a credential, and a link out of the folder: never uploaded
@@ -198,6 +205,7 @@ def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path):
     assert refused.returncode == 2 and "apply to pipeline folders only" in refused.stderr
 
 
+@pytest.mark.slow
 def test_pushing_the_adapter_makes_one_commit_of_the_dry_run_s_files(lora_run, hub_calls, tmp_path):  # noqa: F811
     # What the trainer's --push_to_hub does with --lora_rank (push_lora), against a recording HfApi.
     staged = stage_lora(lora_run, "alice/shapes-lora", tmp_path / "dry")

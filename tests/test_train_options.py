@@ -53,6 +53,7 @@ def tf32_off():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag, expected", [(["--allow_tf32"], True), ([], False)])
 def test_allow_tf32_is_applied_before_training_and_only_when_asked(
     script, monkeypatch, tmp_path, tf32_off, flag, expected
@@ -154,6 +155,7 @@ def bf16_run(coco) -> Path:
     return coco.root / "bf16"
 
 
+@pytest.mark.slow
 def test_bf16_run_saves_finite_weights_and_a_pipeline_that_samples(bf16_run):
     for folder in (bf16_run / "checkpoint-2", bf16_run):
         saved = weights(folder)
@@ -176,6 +178,7 @@ def blank_cells(grid: Image.Image, count: int, cell: int = 128, gap: int = 6) ->
     return pixels
 
 
+@pytest.mark.slow
 def test_validation_grid_png_has_the_file_prompts_as_captions(bf16_run):
     for step in (1, 2):
         grid = Image.open(bf16_run / "validation" / f"step-{step:07d}.png").convert("RGB")
@@ -185,6 +188,7 @@ def test_validation_grid_png_has_the_file_prompts_as_captions(bf16_run):
         assert np.array(grid)[:128, :128].std() > 0  # a sample, not a blank cell
 
 
+@pytest.mark.slow
 def test_validation_images_are_logged_to_tensorboard_at_their_steps(bf16_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -235,6 +239,7 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_validation_images_are_logged_to_wandb_with_their_prompts(bf16_run):
     pytest.importorskip("wandb")
     [run_dir] = (bf16_run.parent / "wandb-dir" / "wandb").glob("offline-run-*")

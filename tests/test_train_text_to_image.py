@@ -85,6 +85,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors")
 
 
+@pytest.mark.slow
 def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
     base = weights(workspace / "tiny")
     result = train(
@@ -110,31 +111,7 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
     assert image.shape == (1, 16, 16, 3)
 
 
-def test_embedded_default_runs_offline_end_to_end(tmp_path):
-    # The README's main command, shortened: no data arguments means the shapes world and the package's components.
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(SCRIPT.parent / "accelerate.yaml"),
-        str(SCRIPT), "--max_train_steps", "2", "--validation_inference_steps", "2",
-        "--output_dir", str(tmp_path / "shapes"), "--cache_dir", str(tmp_path / "cache"),
-    ]  # fmt: skip
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    out = tmp_path / "shapes"
-    summary = json.loads((out / "training_summary.json").read_text())
-    assert set(summary["scores"]) == {"train", "held-out"}
-    assert set(summary["scores"]["train"]) >= {"colour", "shape", "position", "colour+position"}
-    assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
-    pipe = LMLPPipeline.from_pretrained(out)
-    assert pipe.transformer.config.sample_size == 8 and pipe.native_size == 32
-    again = subprocess.run([*command[:-4], "--output_dir", str(tmp_path / "again"), "--cache_dir",
-                            str(tmp_path / "cache")], env=ENV, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert again.returncode == 0, again.stderr[-4000:]
-    first, second = weights(out), weights(tmp_path / "again")
-    assert all(torch.equal(first[k], second[k]) for k in first)  # a from-scratch run is reproducible from its seed
-    assert pipe.vae.config.scaling_factor == pytest.approx(json.loads((out / "vae" / "config.json").read_text())[
-        "scaling_factor"])  # fmt: skip
-
-
+@pytest.mark.slow
 def test_components_from_folders_checkpointing_clipping_and_flips(workspace):
     # The frozen components can come from any folder (here the tiny pipeline's subfolders), not only a base pipeline.
     result = train(
@@ -148,6 +125,7 @@ def test_components_from_folders_checkpointing_clipping_and_flips(workspace):
     assert saved["scaling_factor"] == 0.5  # --latent_scale travels with the pipeline
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_large_batch(workspace):
     train(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
     train(
@@ -161,6 +139,7 @@ def test_gradient_accumulation_matches_the_large_batch(workspace):
         torch.testing.assert_close(accum[key], big[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly_and_ignores_a_half_written_checkpoint(workspace):
     steps = ["--max_train_steps", "60", "--checkpointing_steps", "10", "--use_ema", "--cache_features"]
     train(workspace, "straight", *steps)
@@ -186,6 +165,7 @@ def test_killed_run_resumes_exactly_and_ignores_a_half_written_checkpoint(worksp
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.slow
 def test_feature_cache_is_built_once_and_reused(workspace):
     first = train(workspace, "cache1", "--max_train_steps", "1", "--cache_features", "--cache_dir",
                   str(workspace / "fresh-cache"))  # fmt: skip
@@ -196,6 +176,7 @@ def test_feature_cache_is_built_once_and_reused(workspace):
     assert len(list((workspace / "fresh-cache" / "features").iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_streaming_dataset_trains_and_resumes(workspace):
     common = ["--dataset_name", str(workspace / "data"), "--streaming", "--checkpointing_steps", "3"]
     args = [
@@ -214,6 +195,7 @@ def test_streaming_dataset_trains_and_resumes(workspace):
     assert json.loads((workspace / "stream" / "training_summary.json").read_text())["steps"] == 8
 
 
+@pytest.mark.slow
 def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspace):
     train(
         workspace, "moe", "--max_train_steps", "2", "--load_balance_weight", "0.01", "--snr_gamma", "5.0",
@@ -222,6 +204,7 @@ def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspac
     assert (workspace / "moe" / "model_index.json").is_file()
 
 
+@pytest.mark.slow
 def test_asymmixer_backbone_with_the_symmetry_breaking_penalty(workspace):
     train(workspace, "asym", "--max_train_steps", "2", "--symmetry_breaking_weight", "0.01", base="tiny-asym")
     config = json.loads((workspace / "asym" / "transformer" / "config.json").read_text())
@@ -255,6 +238,7 @@ def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, m
     assert not (workspace / "bad" / "checkpoint-1").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_argument_stops_the_command_with_its_message(workspace):
     result = train(workspace, "bad-command", "--max_train_steps", "1", "--resolution", "32", check=False)
     assert result.returncode != 0
@@ -262,6 +246,7 @@ def test_a_bad_argument_stops_the_command_with_its_message(workspace):
     assert not (workspace / "bad-command" / "checkpoint-1").exists()
 
 
+@pytest.mark.slow
 def test_push_to_hub_without_a_token_fails_at_start_up(workspace, tmp_path):
     args = [
         sys.executable, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / "tiny"),
@@ -301,6 +286,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_the_hub_token_reaches_the_upload_and_nothing_else(workspace, tmp_path):
     secret = "hf_SECRETtest0123456789abcdefghijklmnop"
     record = tmp_path / "push.json"
@@ -326,6 +312,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_really_train_together(workspace):
     launch = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -346,6 +333,7 @@ def test_two_cpu_processes_really_train_together(workspace):
     assert summary["ranks_in_sync"] is True
 
 
+@pytest.mark.slow
 def test_regionally_compiled_training_saves_a_plain_checkpoint(workspace):
     """`accelerate launch --dynamo_backend inductor --dynamo_use_regional_compilation` trains, checkpoints and saves a
     transformer whose weights load into the plain model: no `_orig_mod.` in a key. (A whole-model compile, the

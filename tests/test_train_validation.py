@@ -222,6 +222,7 @@ def test_a_clip_layout_text_encoder_folder_trains(script, workspace, tmp_path):
     assert (tmp_path / "out" / "model_index.json").is_file()
 
 
+@pytest.mark.slow
 def test_shapes_num_images_sizes_the_shapes_world_only(tmp_path, capsys):
     from diffusers_lmlp.training import load_training_data
 

@@ -147,6 +147,7 @@ def test_converted_tiny_model_matches_reference_forward(case):
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_uvit_s2_reference_layout_loads_one_to_one_and_matches():
     model = UViTTransformer2DModel().eval()  # U-ViT-S/2
     sd = reference_state_dict(12, 512, 334, 2, 4, text_dim=768, mlp_hidden=2048)
