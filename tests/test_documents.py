@@ -1,11 +1,15 @@
 """The README and docs/ as a whole: every command block is run by a named test, every relative link resolves, every
 page is listed, the README stays a five-minute read, and the numbers that have a results file in the repository
-(the shipped shapes pipeline's `training_summary.json`) or come from the code (the named configurations' sizes and
-costs) are what those say."""
+(the shipped shapes pipeline's `training_summary.json` and weights) or come from the code (the named configurations'
+sizes and costs, the shapes model's layout, the ablation's matched widths, the COCO feature store's sizes, the
+analysis page's findings) are what those say. Every other number is marked as measured once, with its date and
+machine (docs/conventions.md, "Numbers in these pages")."""
 
 import ast
+import functools
 import importlib.util
 import json
+import math
 import re
 import shlex
 import unicodedata
@@ -193,11 +197,17 @@ def test_the_gpu_page_ran_the_readme_main_command():
     assert on_the_gpu.strip() == install_and_run.strip().split(" && ")[-1]
 
 
+def benchmark(name: str):
+    """The script `benchmarks/<name>.py`, imported as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_ablation_command_is_the_scripts_own():
     # Its options and values are the script's; tests/test_ablation_shapes.py runs the script end to end, shortened.
-    spec = importlib.util.spec_from_file_location("ablation_shapes", ROOT / "benchmarks" / "ablation_shapes.py")
-    ablation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ablation)
+    ablation = benchmark("ablation_shapes")
     [command] = [line for line in blocks("docs/ablation.md", "bash")[0].splitlines() if line.startswith("python")]
     argv = shlex.split(command.split("  #", 1)[0])
     assert argv[:2] == ["python", "benchmarks/ablation_shapes.py"]
@@ -240,6 +250,182 @@ def test_the_shapes_models_size_is_the_shipped_ones():
     params = sum(p.numel() for p in pretrained_shapes_pipeline().transformer.parameters())
     for page in ("README.md", "docs/training.md"):
         assert f"a UL-MLP with {params / 1e6:.2f} M parameters" in " ".join(text(page).split())
+    assert f"(`shapes-S`, {params:,} parameters)" in " ".join(text("docs/shapes-runs.md").split())
+    assert f"`shapes-S`'s {params:,} parameters" in " ".join(text("docs/ablation.md").split())
+    assert f"the {params / 1e6:.2f}M-parameter model" in " ".join(text("docs/speed-gpu.md").split())
+
+
+def test_the_shapes_models_layout_is_the_shipped_config():
+    config = json.loads((PIPELINE_PATH / "transformer" / "config.json").read_text(encoding="utf-8"))
+    grid, words = config["sample_size"] // config["patch_size"], config["text_seq_len"]
+    tokens, width, depth = 1 + words + grid**2, config["hidden_size"], config["num_layers"]
+    training = " ".join(text("docs/training.md").split())
+    assert f"(D = {width}, {depth} + 1 layers, {tokens} tokens: 1 time, {words} text, {grid**2} image)" in training
+    analysis = " ".join(text("docs/analysis.md").split())
+    layout = f"{words} text and {grid**2} image tokens on a {grid} × {grid} grid; D = {width}; {depth + 1} blocks)"
+    assert f"(L = {tokens}: 1 time, {layout}" in analysis
+
+
+def test_the_shipped_vaes_size_is_its_weights_file():
+    from safetensors import safe_open
+
+    weights = PIPELINE_PATH / "vae" / "diffusion_pytorch_model.safetensors"
+    with safe_open(weights, "pt") as tensors:
+        params = sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    stated = f"The shipped VAE has {params:,} parameters ({weights.stat().st_size / 1e6:.1f} MB)"
+    assert stated in " ".join(text("docs/training.md").split())
+
+
+def test_the_lora_size_of_f2_deep_is_the_trainers():
+    from diffusers_lmlp import from_named_config
+    from diffusers_lmlp.training.lora import add_lora, lora_config
+
+    with torch.device("meta"):
+        model = from_named_config("F2-deep")
+    base = sum(p.numel() for p in model.parameters())
+    add_lora(model, lora_config(model, rank=8, alpha=None, dropout=0.0, target_modules=None))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    stated = f"at rank 8, F2-deep gets {trainable / 1e6:.2f} M, {trainable / base:.1%} of its {base / 1e6:.0f} M"
+    assert stated in " ".join(text("docs/training.md").split())
+
+
+def test_the_ablation_tables_sizes_and_costs_are_the_scripts_plan():
+    # The columns fixed before any training (entry, family, D, params, Δ params, MMACs/sample) are the script's plan.
+    ablation = benchmark("ablation_shapes")
+    target = ablation.reference_params()
+    lines = [line for line in text("docs/ablation.md").splitlines() if re.match(r"\| [\w-]+ \| ", line)]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+    assert rows[0][0] == "entry" and [row[0] for row in rows[1:]] == ablation.default_entries()
+    for row in rows[1:]:
+        planned = ablation.table_row(ablation.plan_entry(row[0], target), target)
+        assert row[:6] == list(planned[:6]), row[0]
+
+
+def test_the_coco_feature_store_sizes_are_the_benchmarks_formula(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports its neighbour speed_vs_uvit
+    benchmark("feature_store_memory").coco()
+    printed = capsys.readouterr().out
+    [images] = re.findall(r"train2014 \(([\d,]+) images", printed)
+    table = section("docs/coco.md", "The feature store")
+    assert f"| | per image (5 captions) | train2014 ({images} images) |" in table
+    labels = {"float32": "text states in float32 (default)", "float16": "`--cache_text_dtype float16`"}
+    computed = re.findall(r"^\| (float\d+) \| [^|]* = ([\d,]+) B \| ([\d.]+ GB) \|$", printed, flags=re.MULTILINE)
+    assert [dtype for dtype, _, _ in computed] == list(labels)
+    for dtype, per_image, total in computed:
+        mib = int(per_image.replace(",", "")) / 2**20
+        assert f"| {labels[dtype]} | {mib:.2f} MiB | {total} |" in table, dtype
+
+
+def test_the_flops_the_speed_pages_compare_are_the_codes():
+    from diffusers_lmlp import from_named_config
+    from diffusers_lmlp.complexity import analytic_complexity
+
+    with torch.device("meta"):
+        models = {name: from_named_config(name) for name in ("F2-deep", "U-ViT-S/2", "F2")}
+        macs = {name: analytic_complexity(model).macs for name, model in models.items()}
+    # One image forward: 2 FLOPs a multiply-add.
+    flops = f"{2 * macs['F2-deep'] / 1e9:.1f} and {2 * macs['U-ViT-S/2'] / 1e9:.1f} GFLOP per image forward"
+    for page in ("docs/benchmarks.md", "docs/speed-gpu.md"):
+        assert flops in " ".join(text(page).split()), page
+    fewer = round(100 * (1 - macs["F2"] / macs["F2-deep"]))
+    width = models["F2"].stack.in_blocks[0].joint_mlp.fc1.out_features
+    stated = f"despite {fewer}% fewer FLOPs. Its joint MLP is {width:,} wide"
+    assert stated in " ".join(text("docs/benchmarks.md").split())
+
+
+def printed_measures() -> tuple[dict, dict, dict, dict]:
+    """docs/analysis.md's table of the shipped model's measures (which tests/test_analysis.py checks the command
+    prints): per layer, the left and the right hemisphere's measures, then the two noise bands."""
+    [table] = blocks("docs/analysis.md", "text")
+    left, right = {}, {}
+    pattern = r"^(\d+)\s+\S+\s+(left|right)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$"
+    for layer, side, *values in re.findall(pattern, table, flags=re.MULTILINE):
+        names = ("diagonal", "locality", "periodicity", "mean_abs")
+        measures = {name: float(value) for name, value in zip(names, values) if value != "–"}
+        (left if side == "left" else right)[int(layer)] = measures
+    noise = table.split("95% of 200 draws: ", 1)[1]
+    bands = [
+        {name: (float(low), float(high)) for name, low, high in re.findall(r"(\w+) (-?[\d.]+) to (-?[\d.]+)", part)}
+        for part in noise.split("; right: ")
+    ]
+    return left, right, *bands
+
+
+def test_the_analysis_findings_are_the_printed_measures():
+    left, right, left_band, right_band = printed_measures()
+    assert sorted(left) == sorted(right) == list(range(1, 10))
+    prose = " ".join(text("docs/analysis.md").split())
+
+    def span(values) -> str:
+        return f"{min(values):.2f}–{max(values):.2f}"
+
+    def layers(numbers) -> str:
+        return f"{', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+
+    def outside(value, band) -> bool:
+        return not band[0] <= value <= band[1]
+
+    (diagonal_low, diagonal_high), (low, high) = left_band["diagonal"], left_band["periodicity"]
+    assert f"it is {diagonal_low:.2f}–{diagonal_high:.2f} for the diagonal and −{-low:.3f} to {high:.3f}" in prose
+    # 1. Periodicity.
+    periodic = [layer for layer in left if left[layer]["periodicity"] > high]
+    late = [left[layer]["periodicity"] for layer in (7, 8, 9)]
+    before = max(left[layer]["periodicity"] for layer in range(1, 7))
+    assert f"above the noise band in {len(periodic)} of the 9 layers" in prose
+    assert f"({span(late)} in layers 7–9, against at most {before:.2f} before)" in prose
+    assert f"Layers {layers(sorted(set(left) - set(periodic)))} show no repeat" in prose
+    # 2. Locality, and the left diagonal.
+    band = left_band["locality"]
+    local = [layer for layer in left if outside(left[layer]["locality"], band)]
+    higher = [layer for layer in local if left[layer]["locality"] > band[1]]
+    lower = [layer for layer in local if left[layer]["locality"] < band[0]]
+    assert f"in {len(local)} of the 9 layers (locality outside {span(band)})" in prose
+    assert f"only in layers {layers(higher)} ({span([left[layer]['locality'] for layer in higher])})" in prose
+    assert f"in layers {layers(lower)} they get lower weights" in prose
+    assert f"({span([left[layer]['locality'] for layer in lower])}: layer 3 subtracts" in prose
+    diagonal = [layer for layer in left if outside(left[layer]["diagonal"], left_band["diagonal"])]
+    assert f"inside its band except in layers {layers(diagonal)})" in prose
+    # 3. The right hemisphere's last layer is the most diagonal matrix of all.
+    right_diagonal = [layer for layer in right if outside(right[layer]["diagonal"], right_band["diagonal"])]
+    assert f"its diagonal ratio leaves its (narrower) noise band in {len(right_diagonal)} of 9 layers" in prose
+    most = max([*left.values(), *right.values()], key=lambda measures: measures["diagonal"])
+    assert most is right[9] and f"({right[9]['diagonal']:.2f}, while the left is {left[9]['diagonal']:.2f})" in prose
+    # 4. Mean |w|: highest in the middle layers.
+    mean_left = {layer: measures["mean_abs"] for layer, measures in left.items()}
+    mean_right = {layer: measures["mean_abs"] for layer, measures in right.items()}
+    assert sorted(mean_left, key=mean_left.get)[-2:] == [5, 6]
+    rises = f"rises from {mean_left[1]:.3f} (layer 1) to {mean_left[5]:.3f}–{mean_left[6]:.3f} (layers 5 and 6)"
+    assert f"left hemisphere {rises} and falls to {mean_left[9]:.3f} (layer 9)" in prose
+    middle = max(mean_right[layer] for layer in (3, 4, 5))
+    assert middle == max(mean_right.values())
+    falls = f"and falls to {mean_right[9]:.3f}."
+    assert f"the right one rises from {mean_right[1]:.3f} to {middle:.3f} (layers 3–5) {falls}" in prose
+
+
+def test_the_initial_weights_scale_is_the_codes():
+    from diffusers_lmlp import from_named_config
+
+    torch.manual_seed(0)
+    model = from_named_config("shapes-S")
+    left = torch.cat([p.detach().flatten() for name, p in model.named_parameters() if name.endswith("left.weight")])
+    stated = f"initialised with mean |w| ≈ {left.abs().mean():.3f} (truncated normal, std 0.02)"
+    assert stated in " ".join(text("docs/analysis.md").split())
+
+
+@pytest.mark.slow
+def test_the_full_size_noise_band_is_the_codes():
+    # About 20 s: 200 Gaussian 334 × 334 matrices, measured as the command measures a converted F2-deep.
+    from diffusers_lmlp import from_named_config
+    from diffusers_lmlp.analysis.metrics import noise_band, token_mixing_measures
+    from diffusers_lmlp.analysis.regions import TokenRegions
+
+    with torch.device("meta"):
+        regions = TokenRegions.from_config(from_named_config("F2-deep").config)
+    band = noise_band(functools.partial(token_mixing_measures, regions=regions), regions.seq_len)
+    (low, high), periodicity = band["diagonal"], max(abs(bound) for bound in band["periodicity"])
+    assert f"for L = {regions.seq_len}, {low:.2f}–{high:.2f} and ±{periodicity:.3f}" in " ".join(
+        text("docs/analysis.md").split()
+    )
 
 
 def test_the_named_configurations_sizes_and_costs_are_the_codes():
@@ -265,3 +451,6 @@ def test_the_named_configurations_sizes_and_costs_are_the_codes():
     [stated] = re.findall(r"\*\*F2-deep\*\*: ([\d,]+) parameters", text("README.md"))
     with torch.device("meta"):
         assert stated == f"{analytic_complexity(from_named_config('F2-deep')).params:,}"
+        # What docs/backbones.md's example prints.
+        uvit, a2 = (analytic_complexity(from_named_config(name)).params for name in ("U-ViT-S/2", "A2"))
+    assert f"# {uvit:,} / {a2:,}" in text("docs/backbones.md")
