@@ -27,6 +27,7 @@ extras = {
     # torchmetrics: the independent reference the FID and CLIP score tests compare with.
     "test": [
         "pytest>=8",
+        "pytest-xdist>=3.6",
         "ruff",
         "peft>=0.20",
         "tensorboard",

@@ -10,7 +10,7 @@ python3 -m venv "$venv"
 pip install torch==2.13.0
 python scripts/lowest_requirements.py train > "$venv/lowest.txt"
 echo "lowest versions:" && cat "$venv/lowest.txt"
-pip install -c "$venv/lowest.txt" -e ".[train]" "pytest>=8"
+pip install -c "$venv/lowest.txt" -e ".[train]" "pytest>=8" "pytest-xdist>=3.6"
 pip list | grep -iE "^(torch|diffusers|transformers|accelerate|safetensors|huggingface.hub|datasets|peft) "
 python -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_pipeline.py tests/test_pipeline_loading.py \
     tests/test_bad_inputs.py tests/test_peft.py tests/test_lora_loading.py tests/test_train_lora.py

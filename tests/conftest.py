@@ -19,6 +19,13 @@ from diffusers_lmlp import LMLPPipeline  # noqa: E402
 from diffusers_lmlp.tiny import build_tiny_pipeline  # noqa: E402
 
 
+# pytest-xdist runs the suite in one worker process per core (`-n auto`). A worker's own tensors then get their share
+# of the cores, so that the workers' thread pools do not fight over the same cores (unless OMP_NUM_THREADS says how
+# many); the commands a test starts keep the thread counts they would have (their environment is not touched).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerate():
     """Every test starts and ends with no accelerate state: the training script's `main`, run in this process,

@@ -6,11 +6,13 @@ fails the test, so a new example cannot slip through untested. The Python exampl
 namespace, in the order of `documents.PAGES` (the README's first).
 """
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +145,27 @@ def test_development_command_lints_clean():
             [sys.executable, "-m", *shlex.split(command)], cwd=ROOT, capture_output=True, text=True
         )
         assert result.returncode == 0, f"{command}\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.slow
+def test_development_single_process_command_runs_one_test_file_without_workers():
+    """The README's "Development" line for a debugger: `-n 0` runs the selected tests in one process, and they pass."""
+    block = next(block for block in BASH_BLOCKS if "ruff check" in block)
+    [command] = [line for line in block.splitlines() if line.startswith("python -m pytest -n 0")]
+    argv = [sys.executable, *shlex.split(command)[1:], "-p", "no:cacheprovider"]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"\b\d+ passed\b", result.stdout) and "workers" not in result.stdout  # xdist says "N workers"
+
+
+def test_the_suite_runs_in_one_worker_per_core_each_with_its_share_of_threads():
+    # pyproject's addopts (what the README's `python -m pytest -q` runs with), and conftest's thread share.
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "-n auto" in addopts and "--dist worksteal" in addopts
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None or "OMP_NUM_THREADS" in os.environ:  # `-n 0`, or a count the user chose: torch's own
+        pytest.skip("this run has no pytest-xdist workers, or OMP_NUM_THREADS sets the threads")
+    assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // int(workers))
 
 
 @pytest.mark.parametrize("marker", ["<!-- main-command -->", "<!-- test-command -->"])
