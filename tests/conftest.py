@@ -23,7 +23,8 @@ from diffusers_lmlp.tiny import build_tiny_pipeline  # noqa: E402
 # of the cores, so that the workers' thread pools do not fight over the same cores (unless OMP_NUM_THREADS says how
 # many); the commands a test starts keep the thread counts they would have (their environment is not touched).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # not on macOS
+    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture(autouse=True)
