@@ -40,6 +40,13 @@ def text(page: str) -> str:
     return (ROOT / page).read_text(encoding="utf-8")
 
 
+@cache
+def prose(page: str) -> str:
+    """The text of `page` with every run of whitespace as one space, so that a sentence matches however its lines
+    wrap."""
+    return " ".join(text(page).split())
+
+
 def texts(*pages: str) -> str:
     """The texts of `pages` one after another (every page when none is named)."""
     return "\n\n".join(text(page) for page in pages or PAGES)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from documents import COMMAND_LANGUAGES, PAGES, ROOT, blocks, headings, section, text
+from documents import COMMAND_LANGUAGES, PAGES, ROOT, blocks, headings, prose, section, text
 
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
@@ -149,9 +149,9 @@ def anchors(page: Path) -> set[str]:
 
 def links(markdown: str) -> list[str]:
     """The targets of the Markdown links and images of a text, code blocks and inline code left out."""
-    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
-    prose = re.sub(r"`[^`\n]*`", "", prose)
-    return re.findall(r"\]\(([^)\s]+)\)", prose)
+    outside_code = re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    outside_code = re.sub(r"`[^`\n]*`", "", outside_code)
+    return re.findall(r"\]\(([^)\s]+)\)", outside_code)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -241,7 +241,7 @@ def test_the_shapes_quality_table_is_the_shipped_training_summary():
     minutes, seconds = divmod(round(summary["train_seconds"]), 60)
     assert re.search(rf"of which 8 min\s+{seconds} s of training", training) and minutes == 8
     steps = f"{summary['steps']:,}"
-    assert f"{steps} steps of batch 64" in training and f"for {steps} steps" in " ".join(text("README.md").split())
+    assert f"{steps} steps of batch 64" in training and f"for {steps} steps" in prose("README.md")
 
 
 def test_the_shapes_models_size_is_the_shipped_ones():
@@ -249,19 +249,19 @@ def test_the_shapes_models_size_is_the_shipped_ones():
 
     params = sum(p.numel() for p in pretrained_shapes_pipeline().transformer.parameters())
     for page in ("README.md", "docs/training.md"):
-        assert f"a UL-MLP with {params / 1e6:.2f} M parameters" in " ".join(text(page).split())
-    assert f"(`shapes-S`, {params:,} parameters)" in " ".join(text("docs/shapes-runs.md").split())
-    assert f"`shapes-S`'s {params:,} parameters" in " ".join(text("docs/ablation.md").split())
-    assert f"the {params / 1e6:.2f}M-parameter model" in " ".join(text("docs/speed-gpu.md").split())
+        assert f"a UL-MLP with {params / 1e6:.2f} M parameters" in prose(page)
+    assert f"(`shapes-S`, {params:,} parameters)" in prose("docs/shapes-runs.md")
+    assert f"`shapes-S`'s {params:,} parameters" in prose("docs/ablation.md")
+    assert f"the {params / 1e6:.2f}M-parameter model" in prose("docs/speed-gpu.md")
 
 
 def test_the_shapes_models_layout_is_the_shipped_config():
     config = json.loads((PIPELINE_PATH / "transformer" / "config.json").read_text(encoding="utf-8"))
     grid, words = config["sample_size"] // config["patch_size"], config["text_seq_len"]
     tokens, width, depth = 1 + words + grid**2, config["hidden_size"], config["num_layers"]
-    training = " ".join(text("docs/training.md").split())
+    training = prose("docs/training.md")
     assert f"(D = {width}, {depth} + 1 layers, {tokens} tokens: 1 time, {words} text, {grid**2} image)" in training
-    analysis = " ".join(text("docs/analysis.md").split())
+    analysis = prose("docs/analysis.md")
     layout = f"{words} text and {grid**2} image tokens on a {grid} × {grid} grid; D = {width}; {depth + 1} blocks)"
     assert f"(L = {tokens}: 1 time, {layout}" in analysis
 
@@ -273,7 +273,7 @@ def test_the_shipped_vaes_size_is_its_weights_file():
     with safe_open(weights, "pt") as tensors:
         params = sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
     stated = f"The shipped VAE has {params:,} parameters ({weights.stat().st_size / 1e6:.1f} MB)"
-    assert stated in " ".join(text("docs/training.md").split())
+    assert stated in prose("docs/training.md")
 
 
 def test_the_lora_size_of_f2_deep_is_the_trainers():
@@ -286,7 +286,7 @@ def test_the_lora_size_of_f2_deep_is_the_trainers():
     add_lora(model, lora_config(model, rank=8, alpha=None, dropout=0.0, target_modules=None))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     stated = f"at rank 8, F2-deep gets {trainable / 1e6:.2f} M, {trainable / base:.1%} of its {base / 1e6:.0f} M"
-    assert stated in " ".join(text("docs/training.md").split())
+    assert stated in prose("docs/training.md")
 
 
 def test_the_ablation_tables_sizes_and_costs_are_the_scripts_plan():
@@ -326,11 +326,11 @@ def test_the_flops_the_speed_pages_compare_are_the_codes():
     # One image forward: 2 FLOPs a multiply-add.
     flops = f"{2 * macs['F2-deep'] / 1e9:.1f} and {2 * macs['U-ViT-S/2'] / 1e9:.1f} GFLOP per image forward"
     for page in ("docs/benchmarks.md", "docs/speed-gpu.md"):
-        assert flops in " ".join(text(page).split()), page
+        assert flops in prose(page), page
     fewer = round(100 * (1 - macs["F2"] / macs["F2-deep"]))
     width = models["F2"].stack.in_blocks[0].joint_mlp.fc1.out_features
     stated = f"despite {fewer}% fewer FLOPs. Its joint MLP is {width:,} wide"
-    assert stated in " ".join(text("docs/benchmarks.md").split())
+    assert stated in prose("docs/benchmarks.md")
 
 
 def printed_measures() -> tuple[dict, dict, dict, dict]:
@@ -354,7 +354,7 @@ def printed_measures() -> tuple[dict, dict, dict, dict]:
 def test_the_analysis_findings_are_the_printed_measures():
     left, right, left_band, right_band = printed_measures()
     assert sorted(left) == sorted(right) == list(range(1, 10))
-    prose = " ".join(text("docs/analysis.md").split())
+    page = prose("docs/analysis.md")
 
     def span(values) -> str:
         return f"{min(values):.2f}–{max(values):.2f}"
@@ -366,40 +366,40 @@ def test_the_analysis_findings_are_the_printed_measures():
         return not band[0] <= value <= band[1]
 
     (diagonal_low, diagonal_high), (low, high) = left_band["diagonal"], left_band["periodicity"]
-    assert f"it is {diagonal_low:.2f}–{diagonal_high:.2f} for the diagonal and −{-low:.3f} to {high:.3f}" in prose
+    assert f"it is {diagonal_low:.2f}–{diagonal_high:.2f} for the diagonal and −{-low:.3f} to {high:.3f}" in page
     # 1. Periodicity.
     periodic = [layer for layer in left if left[layer]["periodicity"] > high]
     late = [left[layer]["periodicity"] for layer in (7, 8, 9)]
     before = max(left[layer]["periodicity"] for layer in range(1, 7))
-    assert f"above the noise band in {len(periodic)} of the 9 layers" in prose
-    assert f"({span(late)} in layers 7–9, against at most {before:.2f} before)" in prose
-    assert f"Layers {layers(sorted(set(left) - set(periodic)))} show no repeat" in prose
+    assert f"above the noise band in {len(periodic)} of the 9 layers" in page
+    assert f"({span(late)} in layers 7–9, against at most {before:.2f} before)" in page
+    assert f"Layers {layers(sorted(set(left) - set(periodic)))} show no repeat" in page
     # 2. Locality, and the left diagonal.
     band = left_band["locality"]
     local = [layer for layer in left if outside(left[layer]["locality"], band)]
     higher = [layer for layer in local if left[layer]["locality"] > band[1]]
     lower = [layer for layer in local if left[layer]["locality"] < band[0]]
-    assert f"in {len(local)} of the 9 layers (locality outside {span(band)})" in prose
-    assert f"only in layers {layers(higher)} ({span([left[layer]['locality'] for layer in higher])})" in prose
-    assert f"in layers {layers(lower)} they get lower weights" in prose
-    assert f"({span([left[layer]['locality'] for layer in lower])}: layer 3 subtracts" in prose
+    assert f"in {len(local)} of the 9 layers (locality outside {span(band)})" in page
+    assert f"only in layers {layers(higher)} ({span([left[layer]['locality'] for layer in higher])})" in page
+    assert f"in layers {layers(lower)} they get lower weights" in page
+    assert f"({span([left[layer]['locality'] for layer in lower])}: layer 3 subtracts" in page
     diagonal = [layer for layer in left if outside(left[layer]["diagonal"], left_band["diagonal"])]
-    assert f"inside its band except in layers {layers(diagonal)})" in prose
+    assert f"inside its band except in layers {layers(diagonal)})" in page
     # 3. The right hemisphere's last layer is the most diagonal matrix of all.
     right_diagonal = [layer for layer in right if outside(right[layer]["diagonal"], right_band["diagonal"])]
-    assert f"its diagonal ratio leaves its (narrower) noise band in {len(right_diagonal)} of 9 layers" in prose
+    assert f"its diagonal ratio leaves its (narrower) noise band in {len(right_diagonal)} of 9 layers" in page
     most = max([*left.values(), *right.values()], key=lambda measures: measures["diagonal"])
-    assert most is right[9] and f"({right[9]['diagonal']:.2f}, while the left is {left[9]['diagonal']:.2f})" in prose
+    assert most is right[9] and f"({right[9]['diagonal']:.2f}, while the left is {left[9]['diagonal']:.2f})" in page
     # 4. Mean |w|: highest in the middle layers.
     mean_left = {layer: measures["mean_abs"] for layer, measures in left.items()}
     mean_right = {layer: measures["mean_abs"] for layer, measures in right.items()}
     assert sorted(mean_left, key=mean_left.get)[-2:] == [5, 6]
     rises = f"rises from {mean_left[1]:.3f} (layer 1) to {mean_left[5]:.3f}–{mean_left[6]:.3f} (layers 5 and 6)"
-    assert f"left hemisphere {rises} and falls to {mean_left[9]:.3f} (layer 9)" in prose
+    assert f"left hemisphere {rises} and falls to {mean_left[9]:.3f} (layer 9)" in page
     middle = max(mean_right[layer] for layer in (3, 4, 5))
     assert middle == max(mean_right.values())
     falls = f"and falls to {mean_right[9]:.3f}."
-    assert f"the right one rises from {mean_right[1]:.3f} to {middle:.3f} (layers 3–5) {falls}" in prose
+    assert f"the right one rises from {mean_right[1]:.3f} to {middle:.3f} (layers 3–5) {falls}" in page
 
 
 def test_the_initial_weights_scale_is_the_codes():
@@ -409,7 +409,7 @@ def test_the_initial_weights_scale_is_the_codes():
     model = from_named_config("shapes-S")
     left = torch.cat([p.detach().flatten() for name, p in model.named_parameters() if name.endswith("left.weight")])
     stated = f"initialised with mean |w| ≈ {left.abs().mean():.3f} (truncated normal, std 0.02)"
-    assert stated in " ".join(text("docs/analysis.md").split())
+    assert stated in prose("docs/analysis.md")
 
 
 @pytest.mark.slow
@@ -423,9 +423,7 @@ def test_the_full_size_noise_band_is_the_codes():
         regions = TokenRegions.from_config(from_named_config("F2-deep").config)
     band = noise_band(functools.partial(token_mixing_measures, regions=regions), regions.seq_len)
     (low, high), periodicity = band["diagonal"], max(abs(bound) for bound in band["periodicity"])
-    assert f"for L = {regions.seq_len}, {low:.2f}–{high:.2f} and ±{periodicity:.3f}" in " ".join(
-        text("docs/analysis.md").split()
-    )
+    assert f"for L = {regions.seq_len}, {low:.2f}–{high:.2f} and ±{periodicity:.3f}" in prose("docs/analysis.md")
 
 
 def test_the_named_configurations_sizes_and_costs_are_the_codes():
