@@ -19,12 +19,20 @@ from diffusers_lmlp import LMLPPipeline  # noqa: E402
 from diffusers_lmlp.tiny import build_tiny_pipeline  # noqa: E402
 
 
-# pytest-xdist runs the suite in one worker process per core (`-n auto`). A worker's own tensors then get their share
-# of the cores, so that the workers' thread pools do not fight over the same cores (unless OMP_NUM_THREADS says how
-# many); the commands a test starts keep the thread counts they would have (their environment is not touched).
+# pytest-xdist runs the suite in one worker process per core (`-n auto`). Each worker, and every command a test starts
+# (the environment is inherited), then uses its share of the cores, unless OMP_NUM_THREADS says how many: a command
+# that took every core beside a busy worker would fight it for them, and run several times slower than on its share.
+# `THREAD_SHARE` is that share, or None where the suite did not set it (`-n 0`, or OMP_NUM_THREADS set by the user).
+THREAD_SHARE = None
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # not on macOS
-    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    THREAD_SHARE = max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(THREAD_SHARE)
+    os.environ["OMP_NUM_THREADS"] = str(THREAD_SHARE)
+
+
+def pytest_configure(config):
+    config.thread_share = THREAD_SHARE  # read by tests/test_readme.py
 
 
 @pytest.fixture(autouse=True)

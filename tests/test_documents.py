@@ -35,7 +35,7 @@ COVERAGE = {
     ],
     ("README.md", 2, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
         "tests/test_evaluation_readme.py::test_readme_has_the_evaluation_commands",  # it is docs/evaluation.md's
-        "tests/test_evaluation_readme.py::test_the_shapes_command_runs_as_written_offline",
+        "tests/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
     ],
     ("README.md", 3, "python -m diffusers_lmlp.hub push-space <user>/lmlp-demo --model <user>/lmlp-shapes"): [
         "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",  # each push is a dry run without the dry
@@ -69,7 +69,7 @@ COVERAGE = {
         "tests/test_train_coco.py::test_two_machines_command_trains_as_one_run",
     ],
     ("docs/evaluation.md", 0, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
-        "tests/test_evaluation_readme.py::test_the_shapes_command_runs_as_written_offline",
+        "tests/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
     ],
     ("docs/evaluation.md", 1, "--fid_reference coco2014/val2014"): [
         "tests/test_evaluation_readme.py::test_coco_fid_and_clip_score_against_the_published_statistics",

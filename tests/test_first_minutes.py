@@ -226,6 +226,7 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     out = tmp_path / "shapes"
     argv, env = launch(shlex.split(MAIN_COMMAND), tmp_path)
     tiny = ["--max_train_steps", "40", "--validation_steps", "20", "--validation_inference_steps", "2"]
+    tiny += ["--final_evaluation_inference_steps", "10"]  # the final evaluation's images, in a fifth of the steps
     argv += [*tiny, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
     # From the clone, as the README's command runs, into a log file as `> train.log 2>&1` writes one.
     log = tmp_path / "train.log"
@@ -261,7 +262,8 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
         "summary": str(out / "training_summary.json"),
     }
     scores = lines[lines.index("", start) + 1 : -3]  # then a blank line, "Load it in Python:" and the line itself
-    assert scores[0].startswith("Scores") and scores[1].split() == ["train", "held-out"]
+    assert scores[0].startswith("Scores") and " 10 DPMSolverMultistepScheduler steps" in scores[0]
+    assert scores[1].split() == ["train", "held-out"]
     assert {"colour", "shape", "position", "colour+position"} <= {row.split()[0] for row in scores[2:]}
     assert lines[-3:-1] == ["", "Load it in Python:"]
     namespace = {}

@@ -158,14 +158,18 @@ def test_development_single_process_command_runs_one_test_file_without_workers()
     assert re.search(r"\b\d+ passed\b", result.stdout) and "workers" not in result.stdout  # xdist says "N workers"
 
 
-def test_the_suite_runs_in_one_worker_per_core_each_with_its_share_of_threads():
-    # pyproject's addopts (what the README's `python -m pytest -q` runs with), and conftest's thread share.
+def test_the_suite_runs_in_one_worker_per_core_each_with_its_share_of_threads(request):
+    # pyproject's addopts (what the README's `python -m pytest -q` runs with), and conftest's thread share: this
+    # worker's torch and the commands its tests start (they inherit OMP_NUM_THREADS) use it.
     addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     assert "-n auto" in addopts and "--dist worksteal" in addopts
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if workers is None or "OMP_NUM_THREADS" in os.environ:  # `-n 0`, or a count the user chose: torch's own
+    share = request.config.thread_share
+    if share is None:  # `-n 0`, or a count the user chose: torch's own
         pytest.skip("this run has no pytest-xdist workers, or OMP_NUM_THREADS sets the threads")
-    assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // int(workers))
+    assert share == max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    assert torch.get_num_threads() == share
+    started = [sys.executable, "-c", "import torch; print(torch.get_num_threads())"]
+    assert subprocess.run(started, capture_output=True, text=True, check=True).stdout.strip() == str(share)
 
 
 @pytest.mark.parametrize("marker", ["<!-- main-command -->", "<!-- test-command -->"])

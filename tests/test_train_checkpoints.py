@@ -13,7 +13,17 @@ import accelerate.accelerator
 import pytest
 import torch
 from processes import run_bounded
-from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, make_workspace, train, train_args, weights
+from test_train_text_to_image import (
+    ENV,
+    SCRIPT,
+    free_port,
+    load_script,
+    make_workspace,
+    train,
+    train_args,
+    train_here,
+    weights,
+)
 
 
 STEPS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--use_ema", "--cache_features"]
@@ -47,7 +57,7 @@ def workspace(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def straight(workspace) -> Path:
     """An uninterrupted 6-step run with checkpoints at steps 2, 4 and 6: the reference for every resume."""
-    train(workspace, "straight", *STEPS)
+    train_here(workspace, "straight", *STEPS)
     return workspace / "straight"
 
 
@@ -79,7 +89,7 @@ def test_sigkill_while_writing_the_only_checkpoint_keeps_the_previous_one(worksp
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
     assert (out / ".train.lock").is_file()  # the killed run's lock file stays; its lock went with the process
 
-    resumed = train(
+    resumed = train_here(
         workspace, out.name, *STEPS, "--checkpoints_total_limit", "1", "--resume_from_checkpoint", "latest"
     )
     assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr
@@ -97,7 +107,7 @@ def test_resuming_from_an_older_checkpoint_overwrites_the_abandoned_later_ones(w
         shutil.rmtree(out / stale)
         shutil.copytree(straight / "checkpoint-2", out / stale)
 
-    result = train(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-2"))
     assert "later checkpoints checkpoint-4, checkpoint-6" in result.stderr and "will be overwritten" in result.stderr
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
     for step in (4, 6):
@@ -114,7 +124,7 @@ def test_pruning_after_a_resume_from_an_older_checkpoint_removes_the_abandoned_o
     shutil.copytree(straight / "checkpoint-2", out / "checkpoint-6")  # abandoned
     steps = [*STEPS[2:], "--max_train_steps", "4", "--checkpoints_total_limit", "2"]
 
-    train(workspace, out.name, *steps, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    train_here(workspace, out.name, *steps, "--resume_from_checkpoint", str(out / "checkpoint-2"))
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2", "checkpoint-4"]
     assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
 
@@ -127,7 +137,7 @@ def test_a_checkpoint_set_aside_while_being_replaced_is_restored_at_start_up(wor
     (out / "checkpoint-6").rename(out / ".checkpoint-6.old")
     (out / ".checkpoint-6.tmp" / "transformer").mkdir(parents=True)
 
-    result = train(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
+    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
     assert f"resumed from {out / 'checkpoint-6'} at step 6" in result.stderr
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
 
@@ -210,7 +220,7 @@ def test_training_time_adds_up_across_resumes(workspace, straight):
     (out / "checkpoint-4" / "training_state.json").write_text(json.dumps({**state, "train_seconds": 1000.0}))
 
     start = time.monotonic()
-    train(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-4"))
+    train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-4"))
     elapsed = time.monotonic() - start
     summary = json.loads((out / "training_summary.json").read_text())
     assert 1000.0 <= summary["train_seconds"] < 1000.0 + elapsed  # rounded to 0.1 s

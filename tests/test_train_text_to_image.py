@@ -1,8 +1,12 @@
-"""examples/train_text_to_image.py, run as users run it (subprocesses), on a tiny pipeline and a tiny imagefolder; its
-start-up checks also in this process (`main(argv)`, what the script calls)."""
+"""examples/train_text_to_image.py on a tiny pipeline and a tiny imagefolder: as users run it (subprocesses) where the
+process is the point (its exit, a kill, several processes, a launcher, what it prints), and otherwise in this process
+through `main(argv)`, what the script calls, which spares each run the command's 10 s of imports."""
 
+import contextlib
 import importlib.util
+import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -10,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -62,11 +67,45 @@ def train(
     return result
 
 
-def train_args(workspace: Path, output: str | Path, base: str = "tiny") -> list[str]:
-    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder, 16 px, batch 4, into `output` (a
-    name in `workspace`, or a path)."""
+def train_here(
+    workspace: Path, output: str | Path, *extra: str, base: str = "tiny", data_option: str = "--train_data_dir"
+) -> SimpleNamespace:
+    """`train`'s run (`train_args` and `extra`) in this process, through the command's `main(argv)`, on one thread as
+    `train`'s subprocesses (`ENV`), so that the two give the same weights; this process's thread count is restored
+    after.
+
+    Returns what the run printed, as `train`'s result has it: `stdout`, and `stderr` with the progress bars and the
+    log records (INFO and up, as the command writes them). A failed run prints the tail of both before its error.
+    """
+    threads, root = torch.get_num_threads(), logging.getLogger()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    log = logging.StreamHandler(stderr)
+    log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))  # the trainer's format
+    level = root.level
+    root.addHandler(log)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            diffusers_lmlp.train.main(
+                [*train_args(workspace, output, base, data_option), "--num_threads", "1", *extra]
+            )
+    except BaseException:
+        sys.stderr.write(f"{stdout.getvalue()[-2000:]}\n{stderr.getvalue()[-4000:]}")
+        raise
+    finally:
+        root.removeHandler(log)
+        root.setLevel(level)
+        torch.set_num_threads(threads)
+    return SimpleNamespace(stdout=stdout.getvalue(), stderr=stderr.getvalue())
+
+
+def train_args(
+    workspace: Path, output: str | Path, base: str = "tiny", data_option: str = "--train_data_dir"
+) -> list[str]:
+    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder (by `data_option`; `--dataset_name`
+    reads it as a dataset), 16 px, batch 4, into `output` (a name in `workspace`, or a path)."""
     return [
-        "--pretrained_model_name_or_path", str(workspace / base), "--train_data_dir", str(workspace / "data"),
+        "--pretrained_model_name_or_path", str(workspace / base), data_option, str(workspace / "data"),
         "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(workspace / output),
         "--cache_dir", str(workspace / "cache"), "--lr_warmup_steps", "0", "--learning_rate", "1e-3",
     ]  # fmt: skip
@@ -88,7 +127,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
     base = weights(workspace / "tiny")
-    result = train(
+    result = train_here(
         workspace, "run", "--max_train_steps", "3", "--checkpointing_steps", "2", "--use_ema",
         "--validation_prompts", "a red circle", "a blue square", "--validation_steps", "2",
         "--validation_inference_steps", "2",
@@ -114,21 +153,20 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
 @pytest.mark.slow
 def test_components_from_folders_checkpointing_clipping_and_flips(workspace):
     # The frozen components can come from any folder (here the tiny pipeline's subfolders), not only a base pipeline.
-    result = train(
+    train_here(
         workspace, "components", "--max_train_steps", "2", "--pretrained_vae", str(workspace / "tiny"),
         "--vae_subfolder", "vae", "--pretrained_text_encoder", str(workspace / "tiny"), "--text_encoder_subfolder",
         "text_encoder", "--latent_scale", "0.5", "--gradient_checkpointing", "--max_grad_norm", "0.5",
         "--random_flip",
     )  # fmt: skip
-    assert result.returncode == 0
     saved = json.loads((workspace / "components" / "vae" / "config.json").read_text())
     assert saved["scaling_factor"] == 0.5  # --latent_scale travels with the pipeline
 
 
 @pytest.mark.slow
 def test_gradient_accumulation_matches_the_large_batch(workspace):
-    train(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
-    train(
+    train_here(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
+    train_here(
         workspace, "accum", "--max_train_steps", "3", "--train_batch_size", "4", "--gradient_accumulation_steps", "2",
         "--checkpointing_steps", "100",
     )  # fmt: skip
@@ -142,7 +180,7 @@ def test_gradient_accumulation_matches_the_large_batch(workspace):
 @pytest.mark.slow
 def test_killed_run_resumes_exactly_and_ignores_a_half_written_checkpoint(workspace):
     steps = ["--max_train_steps", "60", "--checkpointing_steps", "10", "--use_ema", "--cache_features"]
-    train(workspace, "straight", *steps)
+    train_here(workspace, "straight", *steps)
 
     out = workspace / "killed"
     process = train(workspace, "killed", *steps, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -158,7 +196,7 @@ def test_killed_run_resumes_exactly_and_ignores_a_half_written_checkpoint(worksp
     (out / f".checkpoint-{latest + 10}.tmp" / "transformer").mkdir(parents=True, exist_ok=True)
     (out / f".checkpoint-{latest + 10}.tmp" / "transformer" / "config.json").write_text("{truncated")
 
-    result = train(workspace, "killed", *steps, "--resume_from_checkpoint", "latest")
+    result = train_here(workspace, "killed", *steps, "--resume_from_checkpoint", "latest")
     assert f"resumed from {out / f'checkpoint-{latest}'} at step {latest}" in result.stderr
     straight, resumed = weights(workspace / "straight"), weights(out)
     for key in straight:
@@ -167,37 +205,39 @@ def test_killed_run_resumes_exactly_and_ignores_a_half_written_checkpoint(worksp
 
 @pytest.mark.slow
 def test_feature_cache_is_built_once_and_reused(workspace):
-    first = train(workspace, "cache1", "--max_train_steps", "1", "--cache_features", "--cache_dir",
-                  str(workspace / "fresh-cache"))  # fmt: skip
-    second = train(workspace, "cache2", "--max_train_steps", "1", "--cache_features", "--cache_dir",
-                   str(workspace / "fresh-cache"))  # fmt: skip
-    assert "building the feature cache" in first.stderr
-    assert "building the feature cache" not in second.stderr and "25 images ready" not in second.stderr
+    first, second = (
+        train_here(
+            workspace,
+            output,
+            "--max_train_steps",
+            "1",
+            "--cache_features",
+            "--cache_dir",
+            str(workspace / "fresh-cache"),
+        )  # fmt: skip
+        for output in ("cache1", "cache2")
+    )
+    # The 24 images are extracted by the first run only; the second finds them ready.
+    assert "building the feature cache" in first.stderr and "building the feature cache" not in second.stderr
+    assert "24 images ready" in first.stderr and "24 images ready" in second.stderr
     assert len(list((workspace / "fresh-cache" / "features").iterdir())) == 1
 
 
 @pytest.mark.slow
 def test_streaming_dataset_trains_and_resumes(workspace):
-    common = ["--dataset_name", str(workspace / "data"), "--streaming", "--checkpointing_steps", "3"]
-    args = [
-        sys.executable, str(SCRIPT), "--pretrained_model_name_or_path", str(workspace / "tiny"), "--resolution", "16",
-        "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(workspace / "stream"),
-        "--cache_dir", str(workspace / "cache"), *common,
-    ]  # fmt: skip
-    first = subprocess.run([*args, "--max_train_steps", "3"], env=ENV, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-4000:]
-    second = subprocess.run(
-        [*args, "--max_train_steps", "8", "--resume_from_checkpoint", "latest"],
-        env=ENV, capture_output=True, text=True, timeout=600,
+    common = ["--streaming", "--checkpointing_steps", "3"]
+    train_here(workspace, "stream", *common, "--max_train_steps", "3", data_option="--dataset_name")
+    second = train_here(
+        workspace, "stream", *common, "--max_train_steps", "8", "--resume_from_checkpoint", "latest",
+        data_option="--dataset_name",
     )  # fmt: skip
-    assert second.returncode == 0, second.stderr[-4000:]
     assert "at step 3" in second.stderr  # 12 samples skipped, then 5 more steps through the epoch boundary
     assert json.loads((workspace / "stream" / "training_summary.json").read_text())["steps"] == 8
 
 
 @pytest.mark.slow
 def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspace):
-    train(
+    train_here(
         workspace, "moe", "--max_train_steps", "2", "--load_balance_weight", "0.01", "--snr_gamma", "5.0",
         "--noise_offset", "0.05", "--mixed_precision", "bf16", base="tiny-moe",
     )  # fmt: skip
@@ -206,7 +246,7 @@ def test_moe_backbone_with_load_balancing_min_snr_noise_offset_and_bf16(workspac
 
 @pytest.mark.slow
 def test_asymmixer_backbone_with_the_symmetry_breaking_penalty(workspace):
-    train(workspace, "asym", "--max_train_steps", "2", "--symmetry_breaking_weight", "0.01", base="tiny-asym")
+    train_here(workspace, "asym", "--max_train_steps", "2", "--symmetry_breaking_weight", "0.01", base="tiny-asym")
     config = json.loads((workspace / "asym" / "transformer" / "config.json").read_text())
     assert config["_class_name"] == "AsymMixerTransformer2DModel"
 
