@@ -259,10 +259,12 @@ def gemm_step(operands: list[tuple], device: str, precision: str) -> Callable[[]
     return step
 
 
-def time_interleaved(steps: dict[str, Callable[[], object]], repeats: int, device: str) -> dict[str, float]:
+def time_interleaved(
+    steps: dict[str, Callable[[], object]], repeats: int, device: str, warm_up: bool = True
+) -> dict[str, float]:
     """Best time of each step over `repeats` rounds, the order reversed every other round so no step always goes
-    first; each step runs once before (a compiled step must already have compiled)."""
-    for step in steps.values():
+    first; with `warm_up`, each step runs once before (a compiled step must already have compiled)."""
+    for step in steps.values() if warm_up else ():
         step()
     times = {key: [] for key in steps}
     for repeat in range(repeats):
@@ -489,7 +491,8 @@ SD_VAE_CONFIG = dict(
 
 def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
     """Wall time of `LMLPPipeline(...)` for `--pipeline_steps` steps against its parts timed alone: that many CFG
-    forwards of the backbone (2·B images each) plus one VAE decode of B latents. fp32, best of two rounds each."""
+    forwards of the backbone (2·B images each) plus one VAE decode of B latents. fp32, best of `--repeats` rounds
+    each."""
     from diffusers import AutoencoderKL
 
     from diffusers_lmlp import LMLPPipeline
@@ -523,12 +526,10 @@ def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
         with torch.inference_mode():
             vae.decode(latents)
 
-    pipeline(2)  # compiles the backbone
+    pipeline(2)  # compiles the backbone and warms the VAE, in 2 steps however many are timed
     forward()
-    rounds = {"pipeline": [], "parts": []}
-    for key in ("pipeline", "parts", "parts", "pipeline"):
-        rounds[key].append(seconds(pipeline if key == "pipeline" else parts, args.device))
-    pipeline_seconds, parts_seconds = min(rounds["pipeline"]), min(rounds["parts"])
+    best = time_interleaved({"pipeline": pipeline, "parts": parts}, args.repeats, args.device, warm_up=False)
+    pipeline_seconds, parts_seconds = best["pipeline"], best["parts"]
     result = {
         "model": name,
         "mode": mode,

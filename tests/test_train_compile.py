@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train_text_to_image import ENV, make_workspace, train
+from test_train_text_to_image import ENV, make_workspace, train, train_here
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
@@ -68,7 +68,7 @@ def final_weights(path) -> dict[str, torch.Tensor]:
 def test_a_compiled_run_checkpoints_resumes_validates_and_matches_an_uncompiled_one(workspace):
     steps = ("--max_train_steps", "4", "--checkpointing_steps", "2", "--validation_steps", "2")
     prompts = ("--validation_prompts", "a red circle")
-    plain = train(workspace, "plain", *steps, *prompts, "--torch_compile", "no")
+    plain = train_here(workspace, "plain", *steps, *prompts, "--torch_compile", "no")  # the reference, in this process
     assert "torch.compile no" in plain.stderr
     compiled = train(workspace, "compiled", *steps, *prompts, "--torch_compile", "yes")
     assert "torch.compile inductor" in compiled.stderr
