@@ -18,6 +18,7 @@ from test_train_text_to_image import ENV, load_script, make_workspace, train_her
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.hub import push_lora, stage_lora
+from diffusers_lmlp.hub.__main__ import main as hub_main
 from diffusers_lmlp.models import FAMILIES
 from diffusers_lmlp.tiny import build_tiny_pipeline
 from diffusers_lmlp.training.lora import add_lora, lora_config, names_in_block
@@ -185,7 +186,7 @@ def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_af
 
 
 @pytest.mark.slow
-def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path):
+def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path, capsys):
     # The dry run of `python -m diffusers_lmlp.hub push`, on the trainer's output folder.
     (lora_run / "token.txt").write_text("hf_secret")  # a credential, and a link out of the folder: never uploaded
     (lora_run / "notes.json").symlink_to("/etc/hostname")
@@ -202,8 +203,9 @@ def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path):
     assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny")' in card
     assert 'pipe.load_lora_weights("alice/shapes-lora")' in card and "base_model: alice/tiny" in card
     assert "rank 2, alpha 4" in card  # the trainer's description is kept
-    refused = subprocess.run([*hub, "--dry-run", "--with-code"], env=ENV, capture_output=True, text=True)
-    assert refused.returncode == 2 and "apply to pipeline folders only" in refused.stderr
+    with pytest.raises(SystemExit) as refused:  # the same command, in this process
+        hub_main([*hub[3:], "--dry-run", "--with-code"])
+    assert refused.value.code == 2 and "apply to pipeline folders only" in capsys.readouterr().err
 
 
 @pytest.mark.slow
