@@ -21,8 +21,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
-from test_train_checkpoints import in_process_args
-from test_train_text_to_image import ENV, load_script, make_workspace, weights
+from test_train_text_to_image import ENV, load_script, make_workspace, train_here, weights
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
@@ -496,10 +495,10 @@ def script():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cache", ["--cache_features", "--no-cache_features"])
-def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(workspace, script, monkeypatch, cache):
+def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(workspace, monkeypatch, cache):
     name = cache.strip("-")
     steps = ["--max_train_steps", "4", "--checkpointing_steps", "2", cache]
-    script.main(in_process_args(workspace, workspace / f"{name}-straight", *steps, "--dataloader_num_workers", "0"))
+    train_here(workspace, f"{name}-straight", *steps, "--dataloader_num_workers", "0")
 
     resumed = workspace / f"{name}-resumed"
     shutil.copytree(workspace / f"{name}-straight" / "checkpoint-2", resumed / "checkpoint-2")
@@ -512,8 +511,7 @@ def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(work
         return load(self, positions, generator)
 
     monkeypatch.setattr(batches.BatchReader, "load", recording_load)
-    args = in_process_args(workspace, resumed, *steps, "--dataloader_num_workers", "2")
-    script.main([*args, "--resume_from_checkpoint", "latest"])
+    train_here(workspace, resumed, *steps, "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest")
     readers = pids.read_text().split()
     assert len(readers) == 2 and len(set(readers)) == 2 and str(os.getpid()) not in readers  # steps 3, 4: 2 workers
     straight, got = weights(workspace / f"{name}-straight"), weights(resumed)
@@ -521,7 +519,7 @@ def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(work
         torch.testing.assert_close(got[key], straight[key], rtol=0, atol=0, msg=key)
 
 
-def test_a_run_that_fails_mid_training_leaves_no_worker_processes(workspace, script, monkeypatch):
+def test_a_run_that_fails_mid_training_leaves_no_worker_processes(workspace, monkeypatch):
     def full_disk(output_dir, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(output_dir))
 
@@ -529,23 +527,19 @@ def test_a_run_that_fails_mid_training_leaves_no_worker_processes(workspace, scr
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     args = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--dataloader_num_workers", "2"]
     with pytest.raises(SystemExit, match="no space left on the device") as failure:
-        script.main(in_process_args(workspace, workspace / "fails", *args))
+        train_here(workspace, "fails", *args)
     # The failure is still held (its traceback, as a caller's handler would hold it), and the workers are gone.
     assert failure.value is not None
     assert [child for child in psutil.Process().children(recursive=True) if child.pid not in before] == []
 
 
 @pytest.mark.slow
-def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, monkeypatch):
-    def args(out: str, *extra: str) -> list[str]:
-        return [
-            "--pretrained_model_name_or_path", str(workspace / "tiny"), "--dataset_name", str(workspace / "data"),
-            "--streaming", "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir",
-            str(workspace / out), "--cache_dir", str(workspace / "cache"), "--max_train_steps", "8",
-            "--checkpointing_steps", "3", *extra,
-        ]  # fmt: skip
+def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, monkeypatch):
+    def run(out: str, *extra: str) -> None:
+        steps = ["--streaming", "--max_train_steps", "8", "--checkpointing_steps", "3"]
+        train_here(workspace, out, *steps, *extra, data_option="--dataset_name")
 
-    script.main(args("stream-straight"))
+    run("stream-straight")
     shutil.copytree(workspace / "stream-straight" / "checkpoint-3", workspace / "stream-resumed" / "checkpoint-3")
     pids = workspace / "stream-pids"
     next_records = batches.BatchReader._next_records
@@ -556,7 +550,7 @@ def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, m
         return next_records(self, count)
 
     monkeypatch.setattr(batches.BatchReader, "_next_records", recording_next_records)
-    script.main(args("stream-resumed", "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest"))
+    run("stream-resumed", "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest")
     readers = set(pids.read_text().split())
     assert len(readers) == 1 and str(os.getpid()) not in readers  # one worker reads the stream, in order
     straight, got = weights(workspace / "stream-straight"), weights(workspace / "stream-resumed")
@@ -564,7 +558,7 @@ def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, script, m
         torch.testing.assert_close(got[key], straight[key], rtol=0, atol=0, msg=key)
 
 
-def test_an_empty_stream_is_an_error_not_an_endless_wait(script):
+def test_an_empty_stream_is_an_error_not_an_endless_wait():
     def nothing():
         yield from ()
 
@@ -577,12 +571,11 @@ def test_an_empty_stream_is_an_error_not_an_endless_wait(script):
 
 
 @pytest.mark.slow
-def test_float16_storage_trains_like_float32(workspace, script):
+def test_float16_storage_trains_like_float32(workspace):
     runs = {}
     for dtype in ("float32", "float16"):
         out = workspace / f"fp-{dtype}"
-        script.main(in_process_args(workspace, out, "--max_train_steps", "5", "--cache_features",
-                                    "--cache_text_dtype", dtype))  # fmt: skip
+        train_here(workspace, out, "--max_train_steps", "5", "--cache_features", "--cache_text_dtype", dtype)
         runs[dtype] = weights(out)
     initial = build_tiny_pipeline().transformer.state_dict()  # the workspace's "tiny" pipeline, before training
     moved = sum(float((runs["float32"][k] - initial[k]).norm() ** 2) for k in initial) ** 0.5
@@ -591,14 +584,14 @@ def test_float16_storage_trains_like_float32(workspace, script):
 
 
 @pytest.mark.slow
-def test_a_damaged_feature_store_stops_the_run_naming_the_shard(workspace, script, tmp_path):
+def test_a_damaged_feature_store_stops_the_run_naming_the_shard(workspace, tmp_path):
     # The symptom of the issue: zeroed caption offsets trained with exit code 0, each image paired with one caption.
     steps = ["--max_train_steps", "1", "--cache_features", "--cache_dir", str(tmp_path / "cache")]
-    script.main(in_process_args(workspace, tmp_path / "first", *steps))
+    train_here(workspace, tmp_path / "first", *steps)
     [shard] = (tmp_path / "cache" / "features").glob(f"*/{shard_name(0)}")
     overwrite(shard, "caption_offsets", 0, bytes(8 * 25))  # the workspace's 24 images: 25 offsets
     with pytest.raises(SystemExit) as stopped:
-        script.main(in_process_args(workspace, tmp_path / "second", *steps))
+        train_here(workspace, tmp_path / "second", *steps)
     assert str(stopped.value.code).startswith(f"error: {shard} has caption offsets [0, 0, 0, 0, …, 0, 0], which")
     assert not (tmp_path / "second" / "checkpoint-1").exists()
 

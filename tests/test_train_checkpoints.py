@@ -17,10 +17,8 @@ from test_train_text_to_image import (
     ENV,
     SCRIPT,
     free_port,
-    load_script,
     make_workspace,
     train,
-    train_args,
     train_here,
     weights,
 )
@@ -59,16 +57,6 @@ def straight(workspace) -> Path:
     """An uninterrupted 6-step run with checkpoints at steps 2, 4 and 6: the reference for every resume."""
     train_here(workspace, "straight", *STEPS)
     return workspace / "straight"
-
-
-@pytest.fixture(scope="module")
-def script():
-    """The training script as a module, to run `main` in this process (where monkeypatch reaches)."""
-    return load_script()
-
-
-def in_process_args(workspace: Path, output: Path, *extra: str) -> list[str]:
-    return [*train_args(workspace, output), *extra]
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -142,17 +130,17 @@ def test_a_checkpoint_set_aside_while_being_replaced_is_restored_at_start_up(wor
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
 
 
-def test_stale_temporary_folders_are_removed_at_start_up(workspace, script):
+def test_stale_temporary_folders_are_removed_at_start_up(workspace):
     out = workspace / "stale"
     for name in (".checkpoint-7.tmp", ".checkpoint-3.deleting"):
         (out / name / "transformer").mkdir(parents=True)
         (out / name / "transformer" / "config.json").write_text("{truncated")
-    script.main(in_process_args(workspace, out, "--max_train_steps", "1"))
+    train_here(workspace, out, "--max_train_steps", "1")
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-1"]
 
 
 @pytest.mark.slow
-def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(workspace, script, monkeypatch):
+def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(workspace, monkeypatch):
     out = workspace / "full-disk"
     save = accelerate.accelerator.save_accelerator_state
 
@@ -163,16 +151,16 @@ def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(workspac
         return save(output_dir, *args, **kwargs)
 
     monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state", save_accelerator_state)
-    args = in_process_args(workspace, out, *STEPS, "--checkpoints_total_limit", "1")
+    args = [*STEPS, "--checkpoints_total_limit", "1"]
     with pytest.raises(SystemExit) as error:
-        script.main(args)
+        train_here(workspace, out, *args)
     message = str(error.value)
     assert "no space left on the device" in message and str(out) in message and "checkpoint-4" in message
     assert "the earlier checkpoints are intact: checkpoint-2" in message
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2"]
 
     monkeypatch.setattr(accelerate.accelerator, "save_accelerator_state", save)  # space was freed: resume
-    script.main([*args, "--resume_from_checkpoint", "latest"])
+    train_here(workspace, out, *args, "--resume_from_checkpoint", "latest")
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-6"]
 
 
