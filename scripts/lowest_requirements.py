@@ -5,6 +5,11 @@
 
 setup.py is read, not run: its `install_requires` list and `extras` dict literals are parsed. torch is left out
 (install your build first, as the README says), and so is any requirement without a floor.
+
+With `--requirements`, it prints instead every requirement of the package and the extras, as setup.py writes them
+(torch again left out), so that the dependencies install before the package itself:
+
+    pip install -c lowest.txt -r <(python scripts/lowest_requirements.py --requirements EXTRA ...)
 """
 
 import ast
@@ -15,6 +20,7 @@ from pathlib import Path
 
 SETUP = Path(__file__).resolve().parents[1] / "setup.py"
 FLOOR = re.compile(r"^([A-Za-z0-9_.\-]+)>=([0-9][A-Za-z0-9.]*)$")
+NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def requirement_literals(source: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -45,13 +51,24 @@ def lowest_constraints(requirements: list[str]) -> list[str]:
     return list(pins.values())
 
 
-def main(extra_names: list[str]) -> None:
+def dependencies(requirements: list[str]) -> list[str]:
+    """The requirements as written, torch excepted, each once in the order given.
+
+    Args:
+        requirements (`list[str]`): Requirement strings from setup.py.
+    """
+    return [req for req in dict.fromkeys(requirements) if NAME.match(req).group(0) != "torch"]
+
+
+def main(argv: list[str]) -> None:
+    as_requirements = "--requirements" in argv
+    extra_names = [arg for arg in argv if arg != "--requirements"]
     install_requires, extras = requirement_literals(SETUP.read_text(encoding="utf-8"))
     unknown = sorted(set(extra_names) - set(extras))
     if unknown:
         sys.exit(f"unknown extra(s) {unknown}; setup.py defines {sorted(extras)}")
     requirements = install_requires + [req for name in extra_names for req in extras[name]]
-    print("\n".join(lowest_constraints(requirements)))
+    print("\n".join(dependencies(requirements) if as_requirements else lowest_constraints(requirements)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """scripts/lowest_requirements.py pins exactly setup.py's floors, which CI installs to test the lowest versions."""
 
 import importlib.util
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,29 @@ def test_unfloored_and_repeated_requirements_are_left_alone():
 def test_unknown_extra_is_refused(capsys):
     with pytest.raises(SystemExit, match=r"unknown extra\(s\) \['gpu'\]; setup.py defines"):
         lowest.main(["gpu"])
+
+
+def test_requirements_are_setup_pys_own_without_torch(capsys):
+    """What the lowest-versions venv installs before the package: setup.py's requirements, as written, torch apart."""
+    lowest.main(["--requirements", "train"])
+    install_requires, extras = lowest.requirement_literals((ROOT / "setup.py").read_text(encoding="utf-8"))
+    printed = capsys.readouterr().out.split()
+    assert printed == [req for req in install_requires + extras["train"] if not req.startswith("torch")]
+    assert "tqdm" in printed and "peft>=0.20" in printed  # unfloored ones too; the constraints pin the floors
+
+
+def test_repeated_requirements_are_listed_once():
+    assert lowest.dependencies(["torch>=2.5", "peft>=0.20", "tqdm", "peft>=0.20", "torchvision"]) == [
+        "peft>=0.20",
+        "tqdm",
+        "torchvision",
+    ]
+
+
+def test_the_script_refuses_an_unknown_step():
+    result = subprocess.run(
+        ["bash", ROOT / "scripts" / "test_lowest_versions.sh", "tests"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "usage: bash scripts/test_lowest_versions.sh [deps|test]; got 'tests'" in result.stderr
+    assert result.stdout == ""  # refused before its venv is touched
