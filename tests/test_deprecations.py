@@ -60,7 +60,7 @@ def test_analytic_complexitys_former_config_keyword_warns_and_counts_the_same():
         analytic_complexity(SHAPES_SMALL, family="lmlp", config=SHAPES_SMALL)
 
 
-# The trainer's rooms: each name that left `training.trainer`, `.arguments` or `.features`, by its new module.
+# The trainer's rooms: each name that left `training.trainer`, `.arguments`, `.features` or `.data`, by its new module.
 MOVED_TRAINING_NAMES = {
     "trainer": {
         "components": (
@@ -132,6 +132,20 @@ MOVED_TRAINING_NAMES = {
             "log_stores_of_other_formats",
         ),
     },
+    "data": {
+        "imagefolder": (
+            "CSV_MISSING_VALUES",
+            "imagefolder_split",
+            "split_of",
+            "no_metadata_message",
+            "check_metadata_file",
+            "row_problem",
+            "caption_kind_problem",
+            "is_file",
+            "missing_caption_column_message",
+            "metadata_rows",
+        ),
+    },
 }
 
 
@@ -156,11 +170,12 @@ def test_a_training_name_that_moved_warns_at_its_old_path_and_is_the_same_object
 
 
 def test_the_names_that_stayed_in_the_trainers_modules_import_without_a_warning():
-    from diffusers_lmlp.training import arguments, features, trainer
+    from diffusers_lmlp.training import arguments, data, features, trainer
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         assert callable(trainer.train) and callable(trainer.run_training) and callable(arguments.parse_args)
         assert arguments.PRESETS and features.FeatureStore and features.TEXT_DTYPES
+        assert callable(data.load_training_data) and callable(data.load_imagefolder) and callable(data.captions_of)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         trainer.no_such_name  # noqa: B018

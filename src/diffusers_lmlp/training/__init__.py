@@ -3,7 +3,8 @@
 - `arguments`: the option table and the presets; `argument_checks`: the start-up checks of a command.
 - `trainer`: the run, from the accelerator's set-up to the finished pipeline, and its loop of steps.
 - `components`: the backbone and the frozen tokenizer, text encoder and VAE, and their compatibility checks.
-- `data`: reading the training data (imagefolders, COCO-2014, the Hub, the shapes world).
+- `data`: reading the training data (COCO-2014, the Hub, the shapes world; `imagefolder`: an imagefolder and the
+  checks of its metadata; `captions`: what a caption is).
 - `features`: the on-disk feature store's format and its reading; `feature_extraction`: extracting and writing one.
 - `batches`: each step's batch, read ahead by `DataLoader` workers from the feature store or the images.
 - `step`: one optimizer step (the loss, accumulation, clipping, the EMA update).
@@ -33,7 +34,7 @@ _EXPORTS = {
     "saved_train_seconds": ".checkpoints",
     "warn_about_later_checkpoints": ".checkpoints",
     "DATA_LAYOUTS": ".data",
-    "captions_of": ".data",
+    "captions_of": ".captions",
     "load_coco2014": ".data",
     "load_training_data": ".data",
     "preprocess_image": ".data",
@@ -78,6 +79,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from .captions import captions_of  # noqa: F401
     from .checkpoints import (
         CHECKPOINT_PATTERN,
         checkpoint_step,
@@ -88,7 +90,7 @@ if TYPE_CHECKING:
         saved_train_seconds,
         warn_about_later_checkpoints,
     )  # noqa: F401
-    from .data import DATA_LAYOUTS, captions_of, load_coco2014, load_training_data, preprocess_image  # noqa: F401
+    from .data import DATA_LAYOUTS, load_coco2014, load_training_data, preprocess_image  # noqa: F401
     from .durable import fsync_tree  # noqa: F401
     from .feature_extraction import encode_text, extract_features, open_feature_store  # noqa: F401
     from .features import TEXT_DTYPES, FeatureStore, feature_store_key  # noqa: F401

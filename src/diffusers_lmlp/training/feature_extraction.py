@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import captions_of, preprocess_image
+from .captions import captions_of
+from .data import preprocess_image
 from .durable import fsync_tree
 from .features import (
     FORMAT,

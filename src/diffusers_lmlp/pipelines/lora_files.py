@@ -1,0 +1,125 @@
+"""Where a LoRA file is, and reading it: a `.safetensors` file itself, one in a folder (never a path that leads out of
+it), or one in a Hub repo; never a pickle, and never a header whose adapter config is not a JSON object."""
+
+import json
+import os
+from typing import Any
+
+import safetensors
+import torch
+from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY, LORA_WEIGHT_NAME_SAFE
+from huggingface_hub import hf_hub_download
+
+
+# What JSON calls the values that `json.loads` returns, but an object.
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def refuse_pickle(name: str) -> None:
+    """Raise unless `name` is a safetensors file; called before the file is opened or downloaded."""
+    if not name.endswith(".safetensors"):
+        raise ValueError(
+            f"{name} is not a safetensors file, and LMLPPipeline loads LoRA weights from safetensors files only, so "
+            "that loading never unpickles (a .bin or .pt file is a pickle, which can run code when loaded). If you "
+            "trust the file, convert it once with safetensors.torch.save_file and load the .safetensors file."
+        )
+
+
+def lora_file(
+    source: str | os.PathLike,
+    weight_name: str | None = None,
+    subfolder: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    force_download: bool = False,
+    local_files_only: bool = False,
+    token: str | bool | None = None,
+    revision: str | None = None,
+) -> str:
+    """The local path of a LoRA file: `source` itself, `weight_name` in the folder `source`, or in the Hub repo
+    `source` (downloaded into, or read offline from, the huggingface_hub cache).
+
+    Args:
+        source (`str` or `os.PathLike`): A `.safetensors` file, a folder, or a Hub repo id ("user/repo").
+        weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file in the folder
+            or repo.
+        subfolder (`str`, *optional*): The file's folder inside the folder or repo.
+        cache_dir, force_download, local_files_only, token, revision: As `huggingface_hub.hf_hub_download`.
+    """
+    source = os.fspath(source)
+    if os.path.isfile(source):
+        if weight_name is not None or subfolder is not None:
+            raise ValueError(f"{source} is a file: pass its folder to choose a file with weight_name or subfolder.")
+        refuse_pickle(source)
+        return source
+    weight_name = LORA_WEIGHT_NAME_SAFE if weight_name is None else weight_name
+    refuse_pickle(weight_name)
+    if not os.path.isdir(source):
+        return hf_hub_download(
+            source,
+            weight_name,
+            subfolder=subfolder,
+            revision=revision,
+            cache_dir=cache_dir,
+            force_download=force_download,
+            local_files_only=local_files_only,
+            token=token,
+        )
+    folder = os.path.join(source, subfolder) if subfolder else source
+    if subfolder and not is_inside(folder, source):
+        raise ValueError(
+            f'subfolder={subfolder!r} leads out of {source}; pass a folder inside it, such as subfolder="loras".'
+        )
+    if not os.path.isdir(folder):
+        raise ValueError(f"{source} has no subfolder {subfolder!r} ({folder} does not exist).")
+    path = os.path.join(folder, weight_name)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{folder} has no {weight_name} (it holds {sorted(os.listdir(folder)) or 'nothing'}). Pass "
+            "weight_name=... to load another safetensors file; pickled weights (.bin, .pt) are never loaded."
+        )
+    return path
+
+
+def is_inside(path: str, folder: str) -> bool:
+    """Whether the path `path` names `folder` or a path under it (by its text: `..` and absolute paths lead out)."""
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """The tensors of a safetensors LoRA file and its adapter metadata (None when the header has none)."""
+    try:
+        with safetensors.safe_open(path, framework="pt") as file:
+            header = file.metadata() or {}
+            state_dict = {key: file.get_tensor(key) for key in file.keys()}
+    except safetensors.SafetensorError as error:
+        raise ValueError(
+            f"{path} is not a valid safetensors file ({error}). Save LoRA weights with "
+            "LMLPPipeline.save_lora_weights; a pickle renamed to .safetensors is refused, never unpickled."
+        ) from error
+    return state_dict, adapter_metadata(path, header)
+
+
+def adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None:
+    """The adapter config in a LoRA file's header (a JSON object), or None when the header has none.
+
+    Args:
+        path (`str`): The file, for the error.
+        header (`dict[str, str]`): Its safetensors metadata.
+    """
+    if LORA_ADAPTER_METADATA_KEY not in header:
+        return None
+    raw = header[LORA_ADAPTER_METADATA_KEY]
+    try:
+        metadata = json.loads(raw)
+    except json.JSONDecodeError as error:
+        found = f"malformed JSON ({error})"
+    else:
+        if isinstance(metadata, dict):
+            return metadata
+        found = f"a JSON {JSON_TYPES[type(metadata)]}, {raw[:80]}"
+    raise ValueError(
+        f"{path}: the header entry {LORA_ADAPTER_METADATA_KEY!r} must be the adapter's LoraConfig as a JSON object "
+        f"(lora_config.to_dict(), as save_lora_weights writes it), but it is {found}. Save the LoRA again with "
+        "LMLPPipeline.save_lora_weights(..., transformer_lora_adapter_metadata=lora_config.to_dict())."
+    )
