@@ -16,7 +16,7 @@ native bf16, bf16:
 - the pipeline's wall time for 50 steps against the sum of its parts (50 CFG forwards of the backbone, i.e. 100 image
   forwards, plus one VAE decode), so that nothing but the model costs;
 - peak memory of a training step at batch B, with and without gradient checkpointing (CPU: the rise of the
-  process's peak resident memory during one step, each in a fresh process; CUDA: `max_memory_allocated`);
+  process's peak resident memory during one step, both in a fresh process per model; CUDA: `max_memory_allocated`);
 - on a GPU (`--device cuda`): images/s and bf16 MFU at batches 32–256, eager and compiled, and the largest training
   batch that fits.
 
@@ -599,18 +599,21 @@ def training_step_memory(name: str, num_layers: int | None, batch_size: int, che
     return (_peak_rss_kib() - base) * 1024
 
 
-def memory_in_fresh_process(name: str, num_layers: int | None, batch_size: int, checkpointing: bool) -> int:
-    """`training_step_memory` on CPU in a fresh Python whose allocator maps every buffer of 64 KiB or more on its own,
-    so that freeing it lowers the resident size and the peak is the step's."""
+def memory_in_fresh_process(name: str, num_layers: int | None, batch_size: int) -> tuple[int, int]:
+    """`training_step_memory` on CPU, without and then with gradient checkpointing, in a fresh Python whose allocator
+    maps every buffer of 64 KiB or more on its own, so that freeing it lowers the resident size and each peak is its
+    step's: the first step's buffers are unmapped when its model is dropped, before the second step's peak is reset."""
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import speed_vs_uvit; "
-        f"print(speed_vs_uvit.training_step_memory({name!r}, {num_layers!r}, {batch_size}, {checkpointing}, 'cpu'))"
+        f"print(*(speed_vs_uvit.training_step_memory({name!r}, {num_layers!r}, {batch_size}, checkpointing, 'cpu') "
+        "for checkpointing in (False, True)))"
     )
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if result.returncode:
         raise RuntimeError(f"the memory probe of {name} failed:\n{result.stderr[-2000:]}")
-    return int(result.stdout.split()[-1])
+    plain, checkpointing = map(int, result.stdout.split()[-2:])
+    return plain, checkpointing
 
 
 def largest_batch(fits: Callable[[int], bool], start: int = 32, limit: int = 8192) -> int:
@@ -652,15 +655,16 @@ def measure_memory(args: argparse.Namespace) -> list[dict]:
     results = []
     for name in args.memory_models:
         result = {"model": name, "batch_size": args.batch_size}
-        for checkpointing in (False, True):
+        if args.device == "cpu":
+            result["bytes"], result["checkpointing_bytes"] = memory_in_fresh_process(
+                name, args.num_layers, args.batch_size
+            )
+        for checkpointing in (False, True) if args.device == "cuda" else ():
             key = "checkpointing_bytes" if checkpointing else "bytes"
-            if args.device == "cuda":
-                result[key] = training_step_memory(name, args.num_layers, args.batch_size, checkpointing, "cuda")
-                torch.cuda.empty_cache()
-                fits = cuda_training_fits(name, args.num_layers, checkpointing)
-                result["largest_batch_checkpointing" if checkpointing else "largest_batch"] = largest_batch(fits)
-            else:
-                result[key] = memory_in_fresh_process(name, args.num_layers, args.batch_size, checkpointing)
+            result[key] = training_step_memory(name, args.num_layers, args.batch_size, checkpointing, "cuda")
+            torch.cuda.empty_cache()
+            fits = cuda_training_fits(name, args.num_layers, checkpointing)
+            result["largest_batch_checkpointing" if checkpointing else "largest_batch"] = largest_batch(fits)
         results.append(result)
         print(memory_row(result), flush=True)
     return results

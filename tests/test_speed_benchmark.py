@@ -133,7 +133,7 @@ COMMANDS = [
     if line.startswith("python benchmarks/speed_vs_uvit.py")
 ]
 # What shrinks a command to a smoke run: depth 2, batch 2, one repeat, eager only (compiling is tested in
-# test_compile), fp32, a 2-step pipeline and one memory probe (each in a fresh process). Later options win in argparse.
+# test_compile), fp32, a 2-step pipeline and one memory probe (a fresh process). Later options win in argparse.
 SMOKE = ["--models", "4E2H", "F2-deep", "--modes", "eager", "--precisions", "fp32", "--num_layers", "2"]
 SMOKE += ["--batch_size", "2"]
 SMOKE += ["--repeats", "1", "--pipeline_models", "F2-deep", "--pipeline_steps", "2", "--pipeline_batch_size", "1"]
