@@ -71,7 +71,10 @@ COVERAGE = {
     ("docs/evaluation.md", 0, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
         "tests/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
     ],
-    ("docs/evaluation.md", 1, "--fid_reference coco2014/val2014"): [
+    ("docs/evaluation.md", 1, "python benchmarks/scorer_agreement.py"): [
+        "tests/test_scorer_agreement.py::test_the_documented_command_samples_scores_and_writes_its_results",
+    ],
+    ("docs/evaluation.md", 2, "--fid_reference coco2014/val2014"): [
         "tests/test_evaluation_readme.py::test_coco_fid_and_clip_score_against_the_published_statistics",
         "tests/test_evaluation_readme.py::test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics",
     ],

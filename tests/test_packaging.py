@@ -31,6 +31,7 @@ def test_the_apache_license_that_setup_py_and_the_cards_name_is_there():
         "tiny-lmlp/model_index.json",  # README examples
         "ul-mlp-f2-deep/config.json",
         "ablation-shapes/results.md",  # benchmarks/ablation_shapes.py --output_dir ablation-shapes
+        "scorer-agreement/results.json",  # benchmarks/scorer_agreement.py
         "shapes-lora/pytorch_lora_weights.safetensors",
         "lmlp-shapes-lora/pytorch_lora_weights.safetensors",  # the trainer's --preset shapes-lora
         "red_circle.png",

@@ -1,0 +1,125 @@
+"""benchmarks/scorer_agreement.py: a second reader of shapes-world images, sharing no code or method with the package's
+scorer, read against the world's own renders; how it and the package's scorer are compared; its documented command."""
+
+import ast
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from documents import block
+from PIL import Image
+
+from diffusers_lmlp.shapes.world import BACKGROUND, ShapeSpec, all_specs, render
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "scorer_agreement.py"
+spec = importlib.util.spec_from_file_location("scorer_agreement", SCRIPT)
+agreement = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(agreement)
+ATTRIBUTES = ("colour", "shape", "position", "size")
+
+
+def truth(shape: ShapeSpec) -> dict[str, str]:
+    return {key: getattr(shape, key) for key in ATTRIBUTES}
+
+
+@pytest.mark.parametrize("image_size", [32, 64])
+def test_the_second_reader_reads_every_combination_of_the_world(image_size):
+    rng = np.random.default_rng(image_size)  # jittered centres and sizes, as the training images are
+    for shape in all_specs():
+        reading = agreement.read_shape(render(shape, image_size=image_size, rng=rng))
+        assert {key: reading[key] for key in ATTRIBUTES} == truth(shape), (shape, reading)
+
+
+def test_it_tells_the_shapes_apart_by_wide_margins_on_renders():
+    rng = np.random.default_rng(1)
+    readings = {name: [] for name in ("circle", "square", "triangle")}
+    for shape in all_specs():
+        reading = agreement.read_shape(render(shape, rng=rng))
+        readings[shape.shape].append((reading["drop"], reading["fill"]))
+    drop = {name: np.array(values)[:, 0] for name, values in readings.items()}
+    fill = {name: np.array(values)[:, 1] for name, values in readings.items()}
+    # A triangle's outline lies low in its box (1/6 of its height in theory), a circle's and a square's do not.
+    assert drop["triangle"].min() > 0.08 > 0.04 > max(abs(drop["circle"]).max(), abs(drop["square"]).max())
+    # A circle fills π/4 of its box, a square all of it.
+    assert abs(np.median(fill["circle"]) - np.pi / 4) < 0.02 and fill["circle"].max() < 0.87
+    assert fill["square"].min() > 0.93
+
+
+def test_an_image_without_a_shape_is_read_as_nothing_and_scored_wrong_on_every_attribute():
+    blank = Image.new("RGB", (32, 32), BACKGROUND)
+    assert agreement.read_shape(blank) is None
+    asked = ShapeSpec("small", "red", "circle", "top left")
+    assert agreement.verdicts(None, asked) == dict.fromkeys(ATTRIBUTES, False)
+    assert agreement.verdicts(None, ShapeSpec(None, "red", "circle", "top")) == dict.fromkeys(ATTRIBUTES[:3], False)
+
+
+def test_the_reader_imports_nothing_of_the_package():
+    # Only the functions that sample and compare import diffusers_lmlp; the reader itself reads pixels alone.
+    tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
+    top_level = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    modules = [alias.name for node in top_level for alias in node.names if isinstance(node, ast.Import)]
+    modules += [node.module for node in top_level if isinstance(node, ast.ImportFrom)]
+    assert not [module for module in modules if module.startswith("diffusers_lmlp")], modules
+    reader = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "read_shape")
+    assert not [node for node in ast.walk(reader) if isinstance(node, ast.Import | ast.ImportFrom)]
+
+
+def test_the_summary_counts_each_scorer_and_their_agreement():
+    right, wrong_shape = dict.fromkeys(ATTRIBUTES, True), {**dict.fromkeys(ATTRIBUTES, True), "shape": False}
+    records = [
+        {"package": right, "independent": right},
+        {"package": right, "independent": wrong_shape},
+        {"package": wrong_shape, "independent": wrong_shape},
+        {"package": {**right, "position": False}, "independent": right},
+    ]
+    scores = agreement.summary(records)
+    assert scores["package"]["shape"] == 0.75 and scores["independent"]["shape"] == 0.5
+    assert scores["package"]["all"] == 0.5 and scores["independent"]["all"] == 0.5
+    assert scores["agree"]["shape"] == 0.75 and scores["agree"]["position"] == 0.75
+    assert scores["agree"]["all"] == 0.5 and scores["agree"]["colour"] == 1.0
+    assert scores["package"]["colour+position"] == 0.75 and scores["agree"]["colour+position"] == 0.75
+
+
+def test_its_captions_are_its_own_draw_of_the_held_out_and_training_combinations():
+    from diffusers_lmlp.shapes.scorer import parse_caption
+    from diffusers_lmlp.shapes.world import held_out_specs, train_specs
+
+    captions = agreement.own_captions(1128)
+    assert [shape for shape, _ in captions["held-out"]] == held_out_specs()
+    assert len(captions["train"]) == 32 and {shape for shape, _ in captions["train"]} <= set(train_specs())
+    for shape, caption in captions["held-out"] + captions["train"]:
+        assert parse_caption(caption) == shape, caption
+    assert len({caption for _, caption in captions["held-out"]}) == 32
+    assert captions == agreement.own_captions(1128) and captions != agreement.own_captions(1129)
+
+
+@pytest.mark.slow
+def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
+    argv = shlex.split(block("docs/evaluation.md", "A second scorer"))
+    assert argv == ["python", "benchmarks/scorer_agreement.py"]
+    defaults = agreement.parse_args(argv[2:])
+    assert defaults.images_per_caption == (4, 3) and defaults.num_inference_steps is None  # the pipeline's 50
+    short = ["--num_inference_steps", "2", "--images_per_caption", "1", "1", "--output_dir", str(tmp_path / "out")]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / argv[1]), *short], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    assert {split: len(images) for split, images in report["images"].items()} == {"held-out": 32, "train": 32}
+    assert report["num_inference_steps"] == 2 and report["seed"] == 1128
+    for split in ("held-out", "train"):
+        renders = report["references"]["render"][split]
+        assert renders["package"]["all"] == 1.0 == renders["independent"]["all"]  # the world's own images
+        assert set(report["references"]["round trip"][split]) == {"package", "independent", "agree"}
+        assert f"| {split} | agree |" in result.stdout
+        assert f"round trips of the {split} combinations, same seeds: all four" in result.stdout
+    differ = sum(image["package"] != image["independent"] for images in report["images"].values() for image in images)
+    assert f"{differ} images on which the two scorers differ" in result.stdout
+    assert (tmp_path / "out" / "disagreements.png").is_file() == (differ > 0)
