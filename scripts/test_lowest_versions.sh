@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install the lowest versions setup.py allows (every `>=` floor pinned with `==`, torch as the README pins it) in a
-# fresh venv, and run the model, pipeline and LoRA tests there. CI runs this after the README's test command.
+# fresh venv, and run the model, pipeline and LoRA tests there. CI runs this beside the README's test command.
 #
 #   bash scripts/test_lowest_versions.sh            # both steps
 #   bash scripts/test_lowest_versions.sh deps       # 1. a fresh venv with torch and the dependencies, not the package
 #   bash scripts/test_lowest_versions.sh test       # 2. the package itself (editable), then the tests
 #
-# CI runs step 1 beside the README's install (each pip install keeps one core busy) and step 2 after its tests. Step 1
-# leaves the package out because installing it writes src/diffusers_lmlp.egg-info, which the README's install writes
-# at the same time.
+# CI runs step 1 beside the README's install (each pip install keeps one core busy), and step 2 at the lowest priority
+# beside the README's tests, once the README's install has built the package. Step 1 leaves the package out because
+# installing it writes src/diffusers_lmlp.egg-info, which the README's install writes too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-lowest
