@@ -1,7 +1,9 @@
 """A second reader of shapes-world images, and how far it agrees with the package's scorer on a pipeline's samples.
 
 The package's scorer (`diffusers_lmlp.shapes.scorer`) reads an image by matching it against the world's own renders
-of each shape. This reader shares neither code nor method with it. It measures the image's geometry:
+of each shape. This reader shares neither code nor method with it, and knows the world only as its documentation
+describes it (six named colours, circles, squares and triangles pointing up, a 3×3 grid of positions, two sizes). It
+measures the image's geometry:
 
 - the background is the median of the border, and each pixel's coverage α its distance from the background over
   that of the shape's core (the 8 pixels farthest from it), clipped to [0, 1];
@@ -68,7 +70,7 @@ def read_shape(image: Image.Image) -> dict[str, str | float] | None:
     if core_distance < MIN_CONTRAST:
         return None
     alpha = np.clip(distance / core_distance, 0.0, 1.0)  # (S, S)
-    fine = Image.fromarray(alpha.astype(np.float32), mode="F").resize((side * UPSAMPLING,) * 2, Image.BILINEAR)
+    fine = Image.fromarray(alpha.astype(np.float32)).resize((side * UPSAMPLING,) * 2, Image.Resampling.BILINEAR)
     rows, columns = np.nonzero(np.asarray(fine) >= 0.5)  # the outline's pixels, in the (8·S, 8·S) map
     top, bottom, left, right = rows.min(), rows.max() + 1, columns.min(), columns.max() + 1
     drop = (rows.mean() + 0.5 - (top + bottom) / 2) / (bottom - top)
