@@ -612,8 +612,8 @@ def memory_in_fresh_process(name: str, num_layers: int | None, batch_size: int) 
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     if result.returncode:
         raise RuntimeError(f"the memory probe of {name} failed:\n{result.stderr[-2000:]}")
-    plain, checkpointing = map(int, result.stdout.split()[-2:])
-    return plain, checkpointing
+    plain, checkpointing = result.stdout.split()[-2:]
+    return int(plain), int(checkpointing)
 
 
 def largest_batch(fits: Callable[[int], bool], start: int = 32, limit: int = 8192) -> int:
@@ -659,12 +659,13 @@ def measure_memory(args: argparse.Namespace) -> list[dict]:
             result["bytes"], result["checkpointing_bytes"] = memory_in_fresh_process(
                 name, args.num_layers, args.batch_size
             )
-        for checkpointing in (False, True) if args.device == "cuda" else ():
-            key = "checkpointing_bytes" if checkpointing else "bytes"
-            result[key] = training_step_memory(name, args.num_layers, args.batch_size, checkpointing, "cuda")
-            torch.cuda.empty_cache()
-            fits = cuda_training_fits(name, args.num_layers, checkpointing)
-            result["largest_batch_checkpointing" if checkpointing else "largest_batch"] = largest_batch(fits)
+        else:
+            for checkpointing in (False, True):
+                key = "checkpointing_bytes" if checkpointing else "bytes"
+                result[key] = training_step_memory(name, args.num_layers, args.batch_size, checkpointing, "cuda")
+                torch.cuda.empty_cache()
+                fits = cuda_training_fits(name, args.num_layers, checkpointing)
+                result["largest_batch_checkpointing" if checkpointing else "largest_batch"] = largest_batch(fits)
         results.append(result)
         print(memory_row(result), flush=True)
     return results
