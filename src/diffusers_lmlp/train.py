@@ -32,25 +32,27 @@ MOVED_TO = tuple(
 )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, exit_when_done: bool = False) -> None:
     """Parse the options (a wrong one exits (2) before any heavy import), then train.
 
     Args:
         argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
+        exit_when_done (`bool`, *optional*, defaults to `False`): End the process as soon as the run is saved and
+            every process has finished (see `diffusers_lmlp.training.trainer.train`).
     """
     args = parse_args(argv)
     from diffusers_lmlp.training.trainer import train
 
-    train(args)
+    train(args, exit_when_done)
 
 
 def cli() -> None:
-    """The command line: `python -m diffusers_lmlp.train`, `diffusers-lmlp-train`, examples/train_text_to_image.py."""
-    main()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from diffusers_lmlp.training.finishing import leave_finished_process
+    """The command line: `python -m diffusers_lmlp.train`, `diffusers-lmlp-train`, examples/train_text_to_image.py.
 
-        leave_finished_process()
+    Each process of a multi-process run ends as soon as the run is saved and the processes have left together, without
+    tearing down its objects and interpreter, which can hang after a complete run (pytorch/pytorch#190489).
+    """
+    main(exit_when_done=int(os.environ.get("WORLD_SIZE", "1")) > 1)
 
 
 # The trainer's names at their former path, with a deprecation warning.

@@ -59,7 +59,16 @@ def ranks_in_sync(accelerator: Accelerator, model) -> bool:
 
 
 def end_run(
-    accelerator: Accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, train_seconds: float
+    accelerator: Accelerator,
+    model,
+    ema,
+    tokenizer,
+    text_encoder,
+    vae,
+    args,
+    output_dir: Path,
+    train_seconds: float,
+    exit_when_done: bool = False,
 ) -> None:
     """After the last step: check that the ranks agree, `finish` on the main process, then leave together.
 
@@ -71,6 +80,10 @@ def end_run(
         args (`argparse.Namespace`): The parsed arguments.
         output_dir (`Path`): The `--output_dir`.
         train_seconds (`float`): The training time, over every segment of a resumed run.
+        exit_when_done (`bool`, *optional*, defaults to `False`): End the process here, once the process group is
+            destroyed (`leave_finished_process`): before the caller's frames free the model, optimizer and data
+            iterators, whose C++ destructors can hang after a multi-process run (pytorch/pytorch#190489). The main
+            process's `--output_dir` lock goes with the process.
     """
     accelerator.wait_for_everyone()
     in_sync = ranks_in_sync(accelerator, model)
@@ -82,6 +95,8 @@ def end_run(
     if accelerator.num_processes > 1:  # everything is saved: a teardown that hangs must not hold the job forever
         faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT_SECONDS, exit=True)
     accelerator.end_training()
+    if exit_when_done:
+        leave_finished_process()
 
 
 def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:
@@ -163,9 +178,10 @@ def leave_finished_process() -> None:
     """End a process of a finished multi-process run without the interpreter's finalization.
 
     By then everything is saved and closed and the process group is destroyed. The exit handlers still run
-    (`atexit`: logging, file locks, multiprocessing children); what is skipped is the teardown of modules and C++
-    statics, where torch's autograd and gloo threads can race the GIL's destruction and hang a process forever after a
-    complete run (pytorch/pytorch#190489; seen here as a 2-process CPU run that never exited after saving everything).
+    (`atexit`: logging, file locks, multiprocessing children); what is skipped is freeing the run's objects and the
+    teardown of modules and C++ statics, where torch's autograd and gloo threads can race the GIL's destruction and
+    hang a process forever after a complete run (pytorch/pytorch#190489; seen here as 2-process CPU runs that never
+    exited after saving everything, once at interpreter exit and once as the trainer's frames were freed).
     """
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -125,11 +125,14 @@ def use_threads(accelerator: Accelerator, num_threads: int | None) -> None:
     apply_threads(choose_threads(num_threads), "training")
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
     """Set up accelerate, then train into `--output_dir` (which no other run may use meanwhile).
 
     Args:
         args (`argparse.Namespace`): The checked arguments (`training.arguments.parse_args`).
+        exit_when_done (`bool`, *optional*, defaults to `False`): End the process once the run is saved and every
+            process has finished (`finishing.leave_finished_process`), before the run's objects are torn down. The
+            command does this for each process of a multi-process run; a caller that goes on after `train` must not.
     """
     output_dir = Path(args.output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
@@ -155,16 +158,17 @@ def train(args: argparse.Namespace) -> None:
         allow_tf32()
     use_threads(accelerator, args.num_threads)
     with exclusive_output_dir(accelerator, output_dir):
-        run_training(args, accelerator, output_dir)
+        run_training(args, accelerator, output_dir, exit_when_done)
 
 
-def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir: Path) -> None:
+def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir: Path, exit_when_done: bool) -> None:
     """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub).
 
     Args:
         args (`argparse.Namespace`): The parsed arguments.
         accelerator (`Accelerator`): The run's accelerator.
         output_dir (`Path`): The `--output_dir`, held by this run.
+        exit_when_done (`bool`): End the process at the end of `finishing.end_run` (see `train`).
     """
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
     model, frozen = prepare_model(args, accelerator)
@@ -184,7 +188,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
         accelerator.init_trackers(args.tracker_project_name, config=config)
     run = Run(args, accelerator, output_dir, model, ema, optimizer, lr_scheduler, noise_scheduler, frozen, store)
     train_seconds = take_steps(run, step_batches, global_step, seconds_before)  # over every segment of a resumed run
-    finishing.end_run(accelerator, model, ema, *frozen, args, output_dir, train_seconds)
+    finishing.end_run(accelerator, model, ema, *frozen, args, output_dir, train_seconds, exit_when_done)
 
 
 def prepare_model(args: argparse.Namespace, accelerator: Accelerator) -> tuple[torch.nn.Module, tuple]:

@@ -1,0 +1,71 @@
+"""How the command's processes end: each process of a multi-process run leaves at the end of `finishing.end_run`,
+after everything is saved and the process group is destroyed, and before the trainer's frames free the run's objects,
+whose C++ destructors can hang after a complete run (pytorch/pytorch#190489: seen in CI as rank 1 of a 2-process run
+stuck as `run_training` returned). A caller of `main` that goes on after it keeps its process."""
+
+import traceback
+
+import pytest
+import torch
+from test_train_text_to_image import make_workspace, train_args
+
+import diffusers_lmlp.train
+from diffusers_lmlp.training import finishing
+
+
+class Left(BaseException):
+    """Raised by the stand-in for `leave_finished_process`, which would end this test's process."""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("exit"))
+
+
+def test_the_process_leaves_after_saving_and_before_the_trainer_frees_the_run(workspace, monkeypatch):
+    output = workspace / "leaves"
+    seen = {}
+
+    def leave():
+        seen["saved"] = sorted(path.name for path in output.iterdir())
+        seen["process group"] = torch.distributed.is_initialized()
+        raise Left
+
+    monkeypatch.setattr(finishing, "leave_finished_process", leave)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Left) as left:
+            diffusers_lmlp.train.main(
+                [*train_args(workspace, output), "--max_train_steps", "1", "--num_threads", "1"], exit_when_done=True
+            )
+    finally:
+        torch.set_num_threads(threads)
+    assert {"model_index.json", "training_summary.json", "transformer", "README.md"} <= set(seen["saved"])
+    assert not seen["process group"]
+    # Left from inside end_run, with run_training's frame (the model, optimizer and data iterators) still alive.
+    frames = [frame.name for frame in traceback.extract_tb(left.value.__traceback__)]
+    assert frames[-3:-1] == ["run_training", "end_run"]
+
+
+def test_a_caller_that_goes_on_keeps_its_process(workspace, monkeypatch):
+    monkeypatch.setattr(finishing, "leave_finished_process", lambda: pytest.fail("the process was ended"))
+    threads = torch.get_num_threads()
+    try:
+        diffusers_lmlp.train.main([*train_args(workspace, workspace / "stays"), "--max_train_steps", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert (workspace / "stays" / "model_index.json").is_file()
+
+
+@pytest.mark.parametrize("world_size, leaves", [(None, False), ("1", False), ("2", True)])
+def test_the_command_leaves_in_each_process_of_a_multi_process_run(world_size, leaves, monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        diffusers_lmlp.train, "main", lambda argv=None, exit_when_done=False: calls.append(exit_when_done)
+    )
+    if world_size is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+    diffusers_lmlp.train.cli()
+    assert calls == [leaves]
