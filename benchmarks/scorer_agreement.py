@@ -28,6 +28,7 @@ import argparse
 import colorsys
 import inspect
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -154,11 +155,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="samples of each held-out and each training caption (the issue's protocol: 4 and 3)",
     )
     parser.add_argument("--num_inference_steps", type=int, help="sampler steps (default: the pipeline's, 50)")
+    parser.add_argument(
+        "--guidance_scale", type=float, help="classifier-free guidance, diffusers' g (default: the pipeline's, 2)"
+    )
     parser.add_argument("--batch_size", type=int, default=32)
     args = parser.parse_args(argv)
     if min(args.images_per_caption) < 1 or args.batch_size < 1 or (args.num_inference_steps or 1) < 1:
         parser.error("--images_per_caption, --batch_size and --num_inference_steps must be positive")
+    if args.guidance_scale is not None and not math.isfinite(args.guidance_scale):
+        parser.error(f"--guidance_scale must be a finite number, not {args.guidance_scale}")
     return args
+
+
+def sampler_settings(args: argparse.Namespace, pipe) -> dict[str, int | float]:
+    """The sampler's steps and guidance: the ones given, else the pipeline's defaults.
+
+    Args:
+        args (`argparse.Namespace`): The parsed arguments.
+        pipe (`LMLPPipeline`): The pipeline.
+    """
+    defaults = inspect.signature(type(pipe).__call__).parameters
+    return {
+        name: getattr(args, name) if getattr(args, name) is not None else defaults[name].default
+        for name in ("num_inference_steps", "guidance_scale")
+    }
 
 
 def round_trips(vae, images: list[Image.Image]) -> list[Image.Image]:
@@ -190,7 +210,7 @@ def sample_and_score(pipe, items: list[tuple], args: argparse.Namespace) -> list
     from diffusers_lmlp.shapes.scorer import read_image, score_image
     from diffusers_lmlp.shapes.world import render
 
-    sampler = {} if args.num_inference_steps is None else {"num_inference_steps": args.num_inference_steps}
+    sampler = sampler_settings(args, pipe)
     records = []
     for start in tqdm(range(0, len(items), args.batch_size), desc="sampling", unit="batch"):
         batch = items[start : start + args.batch_size]
@@ -275,8 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "pipeline": str(args.pipeline or PIPELINE_PATH),
         "seed": args.seed,
-        "num_inference_steps": args.num_inference_steps
-        or inspect.signature(type(pipe).__call__).parameters["num_inference_steps"].default,
+        **sampler_settings(args, pipe),
         "results": results,
         "references": references,
         "images": per_image,

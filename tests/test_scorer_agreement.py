@@ -8,9 +8,11 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from documents import block
 from PIL import Image
 
@@ -106,6 +108,7 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
     assert argv == ["python", "benchmarks/scorer_agreement.py"]
     defaults = agreement.parse_args(argv[2:])
     assert defaults.images_per_caption == (4, 3) and defaults.num_inference_steps is None  # the pipeline's 50
+    assert defaults.guidance_scale is None  # the pipeline's 2
     short = ["--num_inference_steps", "2", "--images_per_caption", "1", "1", "--output_dir", str(tmp_path / "out")]
     result = subprocess.run(
         [sys.executable, str(ROOT / argv[1]), *short], capture_output=True, text=True, cwd=tmp_path, timeout=300
@@ -113,7 +116,7 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
     assert {split: len(images) for split, images in report["images"].items()} == {"held-out": 32, "train": 32}
-    assert report["num_inference_steps"] == 2 and report["seed"] == 1128
+    assert report["num_inference_steps"] == 2 and report["guidance_scale"] == 2.0 and report["seed"] == 1128
     for split in ("held-out", "train"):
         renders = report["references"]["render"][split]
         assert renders["package"]["all"] == 1.0 == renders["independent"]["all"]  # the world's own images
@@ -123,3 +126,44 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
     differ = sum(image["package"] != image["independent"] for images in report["images"].values() for image in images)
     assert f"{differ} images on which the two scorers differ" in result.stdout
     assert (tmp_path / "out" / "disagreements.png").is_file() == (differ > 0)
+
+
+class StubPipeline:
+    """Draws each caption's render and records the sampler settings it was called with; its VAE is the identity."""
+
+    vae = SimpleNamespace(
+        dtype=torch.float32,
+        encode=lambda x: SimpleNamespace(latent_dist=SimpleNamespace(mode=lambda: x)),
+        decode=lambda z: SimpleNamespace(sample=z),
+    )
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompt, num_inference_steps: int = 50, guidance_scale: float = 2.0, generator=None):
+        self.calls.append({"num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale})
+        return SimpleNamespace(images=[render(ShapeSpec("small", "red", "square", "top"))] * len(prompt))
+
+
+@pytest.mark.parametrize(
+    "options, sampler",
+    [
+        ([], {"num_inference_steps": 50, "guidance_scale": 2.0}),
+        (["--guidance_scale", "3.5", "--num_inference_steps", "7"], {"num_inference_steps": 7, "guidance_scale": 3.5}),
+        (["--guidance_scale", "1"], {"num_inference_steps": 50, "guidance_scale": 1.0}),
+    ],
+)
+def test_the_sampler_settings_reach_the_pipeline(options, sampler):
+    pipe = StubPipeline()
+    args = agreement.parse_args(options)
+    assert agreement.sampler_settings(args, pipe) == sampler
+    items = [(ShapeSpec("small", "red", "square", "top"), "a small red square at the top", seed) for seed in range(3)]
+    records = agreement.sample_and_score(pipe, items, args)
+    assert pipe.calls == [sampler] and all(record["independent"]["shape"] for record in records)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_guidance_scale_that_is_not_a_number_is_refused(value, capsys):
+    with pytest.raises(SystemExit):
+        agreement.parse_args(["--guidance_scale", value])
+    assert f"--guidance_scale must be a finite number, not {float(value)}" in capsys.readouterr().err
