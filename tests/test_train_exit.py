@@ -1,5 +1,5 @@
 """How the command's processes end: each process of a multi-process run leaves at the end of `finishing.end_run`,
-after everything is saved and the process group is destroyed, and before the trainer's frames free the run's objects,
+after everything is saved and the processes have left together, and before the trainer's frames free the run's objects,
 whose C++ destructors can hang after a complete run (pytorch/pytorch#190489: seen in CI as rank 1 of a 2-process run
 stuck as `run_training` returned). A caller of `main` that goes on after it keeps its process."""
 
@@ -28,7 +28,6 @@ def test_the_process_leaves_after_saving_and_before_the_trainer_frees_the_run(wo
 
     def leave():
         seen["saved"] = sorted(path.name for path in output.iterdir())
-        seen["process group"] = torch.distributed.is_initialized()
         raise Left
 
     monkeypatch.setattr(finishing, "leave_finished_process", leave)
@@ -41,7 +40,6 @@ def test_the_process_leaves_after_saving_and_before_the_trainer_frees_the_run(wo
     finally:
         torch.set_num_threads(threads)
     assert {"model_index.json", "training_summary.json", "transformer", "README.md"} <= set(seen["saved"])
-    assert not seen["process group"]
     # Left from inside end_run, with run_training's frame (the model, optimizer and data iterators) still alive.
     frames = [frame.name for frame in traceback.extract_tb(left.value.__traceback__)]
     assert frames[-3:-1] == ["run_training", "end_run"]
@@ -51,7 +49,9 @@ def test_a_caller_that_goes_on_keeps_its_process(workspace, monkeypatch):
     monkeypatch.setattr(finishing, "leave_finished_process", lambda: pytest.fail("the process was ended"))
     threads = torch.get_num_threads()
     try:
-        diffusers_lmlp.train.main([*train_args(workspace, workspace / "stays"), "--max_train_steps", "1"])
+        diffusers_lmlp.train.main(
+            [*train_args(workspace, workspace / "stays"), "--max_train_steps", "1", "--num_threads", "1"]
+        )
     finally:
         torch.set_num_threads(threads)
     assert (workspace / "stays" / "model_index.json").is_file()
