@@ -89,12 +89,19 @@ COVERAGE = {
         "tests/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
         "tests/test_speed_benchmark.py::test_the_documented_command_runs",
     ],
+    ("docs/benchmarks.md", 1, "python benchmarks/profile_passes.py --models U-ViT-S/2 F2-deep --mode eager"): [
+        "tests/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/test_profile_passes.py::test_the_documented_command_profiles_each_pass_and_counts_every_gemm",
+    ],
     ("docs/speed-gpu.md", 0, "examples/train_text_to_image.py"): [
         "tests/test_documents.py::test_the_gpu_page_ran_the_readme_main_command",
         "tests/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
     ],
     ("docs/speed-gpu.md", 1, "python benchmarks/speed_vs_uvit.py --device cuda"): [
         "tests/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
+    ],
+    ("docs/speed-gpu.md", 2, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
+        "tests/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
     ],
     ("docs/ablation.md", 0, "python benchmarks/ablation_shapes.py --output_dir ablation-shapes"): [
         "tests/test_documents.py::test_the_ablation_command_is_the_scripts_own",

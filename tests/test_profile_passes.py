@@ -1,0 +1,160 @@
+"""benchmarks/profile_passes.py: how it sorts kernels, how it reads the profiler's events, and its documented command."""
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "profile_passes.py"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def profiler():
+    sys.path.insert(0, str(SCRIPT.parent))  # as when it runs as a script: speed_vs_uvit.py beside it
+    try:
+        spec = importlib.util.spec_from_file_location("profile_passes", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
+        ("nvjet_tst_192x192_64x4_2x1_v_bz_TNT", "GEMM"),
+        ("triton_tem_fused_addmm_gelu_0", "GEMM"),  # inductor's GEMM template, its epilogue fused
+        ("aten::addmm", "GEMM"),
+        ("aten::mm", "GEMM"),
+        ("aten::bmm", "GEMM"),
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+        ("triton_per_fused_add_native_layer_norm_transpose_3", "norm"),
+        ("graph_0_cpp_fused_native_layer_norm_transpose_0", "norm"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", "norm"),
+        ("triton_poi_fused_addmm_gelu_1", "activation"),  # a pointwise kernel named after the GEMM it follows
+        ("aten::gelu_backward", "activation"),
+        ("triton_poi_fused_clone_2", "layout"),
+        ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "layout"),
+        ("aten::copy_", "layout"),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+        ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "other"),
+        ("aten::add", "other"),
+    ],
+)
+def test_kernels_are_sorted_by_the_work_their_names_say(profiler, name, kind):
+    assert profiler.kind_of(name) == kind
+
+
+def event(name: str, start: int, end: int, device_type=DeviceType.CPU, parent: FunctionEvent | None = None):
+    made = FunctionEvent(
+        id=start, name=name, thread=0, start_us=start, end_us=end, device_type=device_type, use_device="cuda"
+    )
+    if parent is not None:
+        made.cpu_parent = parent
+        parent.append_cpu_child(made)
+    return made
+
+
+def test_on_a_gpu_each_kernel_counts_once_and_its_launching_operator_not_at_all(profiler):
+    mm = event("aten::mm", 0, 50)
+    mm.append_kernel("sm90_xmma_gemm", 0, 30)  # the operator carries its kernel's device time too
+    kernels = [
+        event("sm90_xmma_gemm", 10, 40, DeviceType.CUDA),
+        event("sm90_xmma_gemm", 60, 90, DeviceType.CUDA),
+        event("triton_per_fused_native_layer_norm_0", 90, 95, DeviceType.CUDA),
+    ]
+    times = profiler.kernel_times([mm, *kernels], "cuda")
+    assert times == {"sm90_xmma_gemm": (60.0, 2, "GEMM"), "triton_per_fused_native_layer_norm_0": (5.0, 1, "norm")}
+
+
+def test_on_the_cpu_operators_count_their_self_time_and_adamw_counts_as_the_optimizer(profiler):
+    step = event("Optimizer.step#AdamW.step", 0, 100)
+    inside = event("aten::addcdiv_", 10, 30, parent=event("aten::_foreach_step", 5, 40, parent=step))
+    linear = event("aten::linear", 100, 200)  # a wrapper: its self time is dispatch, its addmm the work
+    addmm = event("aten::addmm", 110, 190, parent=linear)
+    times = profiler.kernel_times([step, inside.cpu_parent, inside, linear, addmm], "cpu")
+    assert times["aten::addcdiv_ (in Optimizer.step)"] == (20.0, 1, "optimizer")
+    assert times["aten::addmm"] == (80.0, 1, "GEMM")
+    assert "aten::linear" not in times and "aten::addcdiv_" not in times
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def documented_commands() -> list[list[str]]:
+    """This script's commands in the README and docs/, as written (their bash blocks), docs/benchmarks.md's first."""
+    return [
+        shlex.split(line.split("#", 1)[0])
+        for page in PAGES
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+        for line in block.splitlines()
+        if line.startswith("python benchmarks/profile_passes.py")
+    ]
+
+
+def test_every_documented_command_is_one_the_script_takes(profiler, capsys):
+    commands = documented_commands()
+    assert len(commands) == 3  # docs/benchmarks.md's, and docs/speed-gpu.md's two for the next GPU session
+    for command in commands:
+        if "cuda" in command and not torch.cuda.is_available():
+            with pytest.raises(SystemExit):
+                profiler.parse_args(command[2:])
+            assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
+        else:
+            profiler.parse_args(command[2:])  # every option exists and every value is valid
+
+
+@pytest.mark.slow
+def test_the_documented_command_profiles_each_pass_and_counts_every_gemm(profiler, tmp_path):
+    """docs/benchmarks.md's command, shrunk to depth 2, batch 1 and one profiled step, eager."""
+    out = tmp_path / "profile"
+    shrink = ["--models", "F2-deep", "--mode", "eager", "--num_layers", "2", "--batch_size", "1", "--steps", "1"]
+    command = [sys.executable, *documented_commands()[0][1:], *shrink, "--output_dir", str(out)]
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (out / "profile.md").read_text()
+    assert "## Share of kernel time by kind" in report and "## F2-deep, training: the" in report
+    profiles = {p["pass_"]: p for p in json.loads((out / "profile.json").read_text())["profiles"]}
+    assert set(profiles) == {"sampling", "training"}
+    for profile in profiles.values():
+        assert sum(profile["shares"].values()) == pytest.approx(1.0)
+        assert profile["shares"]["GEMM"] > 0 and 0 < profile["kernel_ms"] <= profile["step_ms"]
+    assert profiles["sampling"]["shares"]["optimizer"] == 0 < profiles["training"]["shares"]["optimizer"]
+
+    # Every matrix multiply of the pass is in the profile: as many mm/addmm/bmm calls per step as the meta-device
+    # trace of the same pass records (speed_vs_uvit.meta_pass), read from a full list of kernels.
+    speed = sys.modules[profiler.build.__module__]  # speed_vs_uvit.py, which the profiler imports its passes from
+    args = profiler.parse_args([*shrink, "--top", "1000", "--output_dir", str(tmp_path / "again")])
+    for pass_, rows in (("sampling", 2), ("training", 1)):
+        profile = profiler.profile_pass("F2-deep", pass_, args)
+        calls = sum(c for name, _, _, c in profile.top if name in ("aten::mm", "aten::addmm", "aten::bmm"))
+        _, operands = speed.meta_pass("F2-deep", 2, rows, train=pass_ == "training")
+        assert calls == len(operands) > 0
+
+
+def test_bad_arguments_are_refused_with_the_fix(profiler, capsys):
+    with pytest.raises(SystemExit):
+        profiler.parse_args(["--models", "F3"])
+    assert "unknown named configs ['F3']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        profiler.parse_args(["--steps", "0"])
+    assert "--steps must be at least 1" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            profiler.parse_args(["--device", "cuda"])
+        assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
