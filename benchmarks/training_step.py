@@ -5,6 +5,10 @@ A step is what the trainer does with a batch: the backbone's forward on noisy la
 backward and an AdamW step. The timings are the median of `--steps` steps after `--warmup` (compilation happens in the
 warm-up, whose time is printed too). Ratios are against eager float32 in the same run.
 
+A second table times the optimizer and the EMA alone, on the model's weights with random gradients: torch's default
+AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.optimizer`), and the
+EMA's per-tensor loop against its multi-tensor (`foreach`) update, which the trainer uses.
+
     python benchmarks/training_step.py                         # the shipped UL-MLP, batch 64
     python benchmarks/training_step.py --family moe_mlp --config shapes-moe-S
 """
@@ -13,8 +17,10 @@ import argparse
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
+from diffusers.training_utils import EMAModel
 
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.cpu import this_cpu
@@ -34,26 +40,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def time_mode(args: argparse.Namespace, mode: str) -> tuple[float, float]:
-    """(warm-up seconds, median seconds per step) of one mode, from the same initial weights and batch."""
-    torch.manual_seed(0)
-    model = FAMILIES[args.family].model_class.from_named_config(args.config)
-    config = model.config
-    latents = torch.randn(args.batch_size, config.in_channels, config.sample_size, config.sample_size)
-    text = torch.randn(args.batch_size, config.text_seq_len, config.text_embed_dim)
-    timesteps = torch.randint(0, 1000, (args.batch_size,))
+def bare_step(model: torch.nn.Module, batch_size: int, mode: str) -> Callable[[], None]:
+    """One bare training step of `model` in one mode: forward, MSE, backward and torch's default AdamW step on a
+    fixed random batch, on the model's device.
+
+    Args:
+        model (`torch.nn.Module`): A backbone (`diffusers_lmlp.FAMILIES`' model classes), trained in place.
+        batch_size (`int`): Samples per step.
+        mode (`str`): One of `MODES`.
+    """
+    config, device = model.config, next(model.parameters()).device
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(batch_size, config.in_channels, config.sample_size, config.sample_size, generator=generator)
+    text = torch.randn(batch_size, config.text_seq_len, config.text_embed_dim, generator=generator)
+    timesteps = torch.randint(0, 1000, (batch_size,), generator=generator)
+    latents, text = latents.to(device), text.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = torch.compile(model) if mode.startswith("compile") else model
     bf16 = mode.endswith("bf16")
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             prediction = forward(latents, text, timesteps, return_dict=False)[0]
         loss = torch.nn.functional.mse_loss(prediction.float(), latents)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return step
+
+
+def time_mode(args: argparse.Namespace, mode: str) -> tuple[float, float]:
+    """(warm-up seconds, median seconds per step) of one mode, from the same initial weights and batch."""
+    torch.manual_seed(0)  # the same initial weights in every mode
+    step = bare_step(FAMILIES[args.family].model_class.from_named_config(args.config), args.batch_size, mode)
     started = time.perf_counter()
     for _ in range(args.warmup):
         step()
@@ -64,6 +84,34 @@ def time_mode(args: argparse.Namespace, mode: str) -> tuple[float, float]:
         step()
         seconds.append(time.perf_counter() - started)
     return warmup, statistics.median(seconds)
+
+
+def time_update(update, steps: int) -> float:
+    """Median seconds of `update()` over `steps` calls, after two."""
+    update()
+    update()
+    seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        update()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def time_updates(args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds per step of AdamW (torch's default and fused) and of the EMA (per-tensor loop and foreach)."""
+    torch.manual_seed(0)
+    model = FAMILIES[args.family].model_class.from_named_config(args.config)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    times = {}
+    for label, fused in (("AdamW, torch's default", None), ("AdamW, fused (the trainer's)", True)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
+        times[label] = time_update(optimizer.step, args.steps)
+    for label, foreach in (("EMA, per-tensor loop", False), ("EMA, foreach (the trainer's)", True)):
+        ema = EMAModel(model.parameters(), decay=0.999, foreach=foreach)
+        times[label] = time_update(lambda: ema.step(model.parameters()), args.steps)
+    return times
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,6 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         base = base or (step if mode == "fp32" else None)
         ratio = f"{base / step:.2f}×" if base else "—"
         print(f"| {mode} | {warmup:.1f} | {step * 1000:.1f} | {ratio} |", flush=True)
+    tensors = sum(1 for _ in FAMILIES[args.family].model_class.from_named_config(args.config).parameters())
+    print(f"\nThe optimizer and the EMA alone ({tensors} weight tensors):\n\n| update | ms per step |\n|---|---:|")
+    for label, seconds in time_updates(args).items():
+        print(f"| {label} | {seconds * 1000:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

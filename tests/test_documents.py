@@ -93,6 +93,9 @@ COVERAGE = {
         "tests/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
         "tests/test_profile_passes.py::test_the_documented_command_profiles_each_pass_and_counts_every_gemm",
     ],
+    ("docs/benchmarks.md", 2, "python benchmarks/trainer_overhead.py --torch_compile yes"): [
+        "tests/test_trainer_overhead.py::test_the_documented_command_times_the_trainer_beside_a_bare_step",
+    ],
     ("docs/speed-gpu.md", 0, "examples/train_text_to_image.py"): [
         "tests/test_documents.py::test_the_gpu_page_ran_the_readme_main_command",
         "tests/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",

@@ -1,0 +1,87 @@
+"""benchmarks/trainer_overhead.py: its documented command, shrunk, times the trainer beside a bare step of a copy of
+its model, built in the precision and compilation the trainer chose."""
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from diffusers_lmlp.models import LMLPTransformer2DModel
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "trainer_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    sys.path.insert(0, str(SCRIPT.parent))  # as when it runs as a script: training_step.py beside it
+    try:
+        spec = importlib.util.spec_from_file_location("trainer_overhead", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return module
+
+
+def documented_command() -> list[str]:
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    [line] = [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", page, flags=re.DOTALL)
+        for line in block.splitlines()
+        if line.startswith("python benchmarks/trainer_overhead.py")
+    ]
+    return shlex.split(line.split("#", 1)[0])
+
+
+@pytest.mark.slow
+def test_the_documented_command_times_the_trainer_beside_a_bare_step(tmp_path):
+    # Shrunk: 30 steps of 4 samples from 64 images, eager (later options win), 2 bare steps every 10 trainer steps.
+    shrink = ["--max_train_steps", "30", "--skip", "5", "--every", "10", "--bare_steps", "2", "--torch_compile", "no"]
+    shrink += ["--train_batch_size", "4", "--shapes_num_images", "64", "--output_dir", str(tmp_path / "run")]
+    command = [sys.executable, *documented_command()[1:], *shrink]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the trainer's steps 6–30; the bare step (fp32) 6 times between them" in result.stdout
+    rows = dict(
+        re.findall(r"^\| (the trainer's loop|its step function|bare step)[^|]* \| ([\d.]+) \|", result.stdout, re.M)
+    )
+    assert set(rows) == {"the trainer's loop", "its step function", "bare step"}
+    assert float(rows["the trainer's loop"]) >= float(rows["its step function"]) > 0 and float(rows["bare step"]) > 0
+    assert "| bare step | " in result.stdout and result.stdout.rstrip().endswith("| 100% |")
+    assert (tmp_path / "run" / "model_index.json").exists()  # the run itself finished and saved its pipeline
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled, precision, mode", [(False, "no", "fp32"), (True, "bf16", "compile-bf16")])
+def test_the_bare_step_is_built_as_the_trainer_built_its_model(overhead, compiled, precision, mode):
+    torch.manual_seed(0)
+    model = LMLPTransformer2DModel(
+        sample_size=4, patch_size=2, in_channels=4, hidden_size=16, num_layers=2, text_embed_dim=8, text_seq_len=3
+    )
+    trained = torch.compile(model) if compiled else model
+    accelerator = SimpleNamespace(mixed_precision=precision, unwrap_model=lambda m, **_: getattr(m, "_orig_mod", m))
+    timer = overhead.Timer(overhead.parse_args([])[0], step_function=None)
+    timer.build_bare(accelerator, trained, torch.zeros(3, 4, 4, 4))
+    assert timer.bare_mode == mode
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    timer.bare()  # a step of a copy, on a batch of the trainer's 3 samples: the trainer's model is left as it was
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+
+
+def test_options_that_leave_no_timed_window_are_refused(overhead, capsys):
+    with pytest.raises(SystemExit):
+        overhead.parse_args(["--max_train_steps", "100", "--skip", "100"])
+    assert "leaves no timed window" in capsys.readouterr().err
+    args, rest = overhead.parse_args(["--every", "25", "--train_batch_size", "32"])
+    assert args.every == 25 and rest == ["--train_batch_size", "32"]  # the trainer's own options pass through
