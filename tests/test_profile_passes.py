@@ -1,35 +1,24 @@
 """benchmarks/profile_passes.py: how it sorts kernels, how it reads the profiler's events, and its documented command."""
 
-import importlib.util
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import check_the_commands_parse, documented_commands, load_benchmark
+from documents import ROOT
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "profile_passes.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def profiler():
-    sys.path.insert(0, str(SCRIPT.parent))  # as when it runs as a script: speed_vs_uvit.py beside it
-    try:
-        spec = importlib.util.spec_from_file_location("profile_passes", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
+    return load_benchmark("profile_passes")
 
 
 @pytest.mark.parametrize(
@@ -93,30 +82,10 @@ def test_on_the_cpu_operators_count_their_self_time_and_adamw_counts_as_the_opti
     assert "aten::linear" not in times and "aten::addcdiv_" not in times
 
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-
-def documented_commands() -> list[list[str]]:
-    """This script's commands in the README and docs/, as written (their bash blocks), docs/benchmarks.md's first."""
-    return [
-        shlex.split(line.split("#", 1)[0])
-        for page in PAGES
-        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
-        for line in block.splitlines()
-        if line.startswith("python benchmarks/profile_passes.py")
-    ]
-
-
 def test_every_documented_command_is_one_the_script_takes(profiler, capsys):
-    commands = documented_commands()
+    commands = documented_commands("profile_passes")
     assert len(commands) == 3  # docs/benchmarks.md's, and docs/speed-gpu.md's two for the next GPU session
-    for command in commands:
-        if "cuda" in command and not torch.cuda.is_available():
-            with pytest.raises(SystemExit):
-                profiler.parse_args(command[2:])
-            assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
-        else:
-            profiler.parse_args(command[2:])  # every option exists and every value is valid
+    check_the_commands_parse(profiler.parse_args, commands, capsys)
 
 
 @pytest.mark.slow
@@ -124,7 +93,7 @@ def test_the_documented_command_profiles_each_pass_and_counts_every_gemm(profile
     """docs/benchmarks.md's command, shrunk to depth 2, batch 1 and one profiled step, eager."""
     out = tmp_path / "profile"
     shrink = ["--models", "F2-deep", "--mode", "eager", "--num_layers", "2", "--batch_size", "1", "--steps", "1"]
-    command = [sys.executable, *documented_commands()[0][1:], *shrink, "--output_dir", str(out)]
+    command = [sys.executable, *documented_commands("profile_passes")[0][1:], *shrink, "--output_dir", str(out)]
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     report = (out / "profile.md").read_text()

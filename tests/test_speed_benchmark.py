@@ -1,30 +1,25 @@
 """benchmarks/speed_vs_uvit.py: its pieces against plain arithmetic, and one real smoke run of its command."""
 
-import importlib.util
 import json
 import math
 import os
 import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import check_the_commands_parse, documented_commands, load_benchmark
+from documents import ROOT
 from PIL import Image
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "speed_vs_uvit.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def speed():
-    spec = importlib.util.spec_from_file_location("speed_vs_uvit", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("speed_vs_uvit")
 
 
 @pytest.mark.parametrize("answer", [0, 1, 5, 31, 32, 33, 100, 511, 512, 777, 8192])
@@ -121,17 +116,9 @@ def test_bad_arguments_are_refused_with_the_fix(speed, capsys):
     assert args.models == [speed.BASELINE, "F2-deep", "4E2H"]  # the baseline, then the reference, first, once
 
 
-ROOT = Path(__file__).resolve().parents[1]
-# The commands for this script in the README and the pages in docs/, as written (their bash blocks): docs/benchmarks.md's
-# (the README's former "Benchmarks" section) first.
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-COMMANDS = [
-    shlex.split(line.split("#", 1)[0])
-    for page in PAGES
-    for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
-    for line in block.splitlines()
-    if line.startswith("python benchmarks/speed_vs_uvit.py")
-]
+# The commands for this script in the README and the pages in docs/, as written: docs/benchmarks.md's (the README's
+# former "Benchmarks" section) first.
+COMMANDS = documented_commands("speed_vs_uvit")
 # What shrinks a command to a smoke run: depth 2, batch 2, one repeat, eager only (compiling is tested in
 # test_compile), fp32, a 2-step pipeline and one memory probe (a fresh process). Later options win in argparse.
 SMOKE = ["--models", "4E2H", "F2-deep", "--modes", "eager", "--precisions", "fp32", "--num_layers", "2"]
@@ -142,13 +129,7 @@ SMOKE += ["--memory_models", "F2-deep"]
 
 def test_the_readme_and_docs_document_the_cpu_and_gpu_commands(speed, capsys):
     assert len(COMMANDS) >= 5  # docs/benchmarks.md's three, and docs/speed-gpu.md's two
-    for command in COMMANDS:
-        if "cuda" in command and not torch.cuda.is_available():
-            with pytest.raises(SystemExit):
-                speed.parse_args(command[2:])
-            assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
-        else:
-            speed.parse_args(command[2:])  # every option exists and every value is valid
+    check_the_commands_parse(speed.parse_args, COMMANDS, capsys)
 
 
 @pytest.mark.slow
@@ -156,7 +137,7 @@ def test_the_documented_command_runs(tmp_path):
     """docs/benchmarks.md's first command, shrunk (SMOKE): every section writes its table, the JSON and the plot."""
     out = tmp_path / "speed"
     command = [sys.executable, *COMMANDS[0][1:], "--output_dir", str(out), *SMOKE]
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=SCRIPT.parents[1])
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     report = (out / "results.md").read_text()
     for heading in ("## Best mode per model", "## Every mode", "## The pipeline against its parts", "## Memory"):

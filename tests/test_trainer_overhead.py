@@ -1,46 +1,23 @@
 """benchmarks/trainer_overhead.py: its documented command, shrunk, times the trainer beside a bare step of a copy of
 its model, built in the precision and compilation the trainer chose."""
 
-import importlib.util
 import os
 import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from benchmark_scripts import documented_commands, load_benchmark
+from documents import ROOT
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
 
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "trainer_overhead.py"
-
-
 @pytest.fixture(scope="module")
 def overhead():
-    sys.path.insert(0, str(SCRIPT.parent))  # as when it runs as a script: training_step.py beside it
-    try:
-        spec = importlib.util.spec_from_file_location("trainer_overhead", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return module
-
-
-def documented_command() -> list[str]:
-    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    [line] = [
-        line
-        for block in re.findall(r"```bash\n(.*?)```", page, flags=re.DOTALL)
-        for line in block.splitlines()
-        if line.startswith("python benchmarks/trainer_overhead.py")
-    ]
-    return shlex.split(line.split("#", 1)[0])
+    return load_benchmark("trainer_overhead")
 
 
 @pytest.mark.slow
@@ -48,7 +25,8 @@ def test_the_documented_command_times_the_trainer_beside_a_bare_step(tmp_path):
     # Shrunk: 30 steps of 4 samples from 64 images, eager (later options win), 2 bare steps every 10 trainer steps.
     shrink = ["--max_train_steps", "30", "--skip", "5", "--every", "10", "--bare_steps", "2", "--torch_compile", "no"]
     shrink += ["--train_batch_size", "4", "--shapes_num_images", "64", "--output_dir", str(tmp_path / "run")]
-    command = [sys.executable, *documented_command()[1:], *shrink]
+    [documented] = documented_commands("trainer_overhead")
+    command = [sys.executable, *documented[1:], *shrink]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

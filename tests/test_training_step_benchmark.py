@@ -1,20 +1,12 @@
 """benchmarks/training_step.py: its command runs and prints both tables, the step modes and the updates alone."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "training_step.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def benchmark():
-    spec = importlib.util.spec_from_file_location("training_step_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("training_step")
 
 
 def test_the_command_times_a_step_and_the_optimizer_and_ema_alone(benchmark, capsys):
