@@ -55,6 +55,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, trainer_argv
 
 
+def bare_mode(accelerator, model: torch.nn.Module) -> str:
+    """The mode of `training_step.MODES` that matches how the trainer runs its model: bf16 under bf16 mixed
+    precision, else fp32, and compiled when accelerate wrapped the model in torch.compile's `OptimizedModule`.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        model (`torch.nn.Module`): The prepared model the trainer steps.
+    """
+    precision = "bf16" if accelerator.mixed_precision == "bf16" else "fp32"
+    return f"compile-{precision}" if hasattr(model, "_orig_mod") else precision
+
+
 class Timer:
     """Stands in for `training_step` where the trainer calls it: times each call, the loop between calls, and bursts
     of a bare step built at the first call to match the trainer's model (a copy of it: same configuration and batch,
@@ -72,10 +84,7 @@ class Timer:
 
     def build_bare(self, accelerator, model: torch.nn.Module, latents: torch.Tensor) -> None:
         plain = copy.deepcopy(trainer.plain_backbone(accelerator, model))
-        precision = "bf16" if accelerator.mixed_precision == "bf16" else "fp32"
-        self.bare_mode = (
-            f"compile-{precision}" if hasattr(model, "_orig_mod") else precision
-        )  # torch.compile's wrapper
+        self.bare_mode = bare_mode(accelerator, model)
         self.bare = bare_step(plain, latents.shape[0], self.bare_mode)
         self.bare()  # compiles now, outside every timed window
 

@@ -40,20 +40,31 @@ def test_the_documented_command_times_the_trainer_beside_a_bare_step(tmp_path):
     assert (tmp_path / "run" / "model_index.json").exists()  # the run itself finished and saved its pipeline
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("compiled, precision, mode", [(False, "no", "fp32"), (True, "bf16", "compile-bf16")])
-def test_the_bare_step_is_built_as_the_trainer_built_its_model(overhead, compiled, precision, mode):
+def tiny_model() -> LMLPTransformer2DModel:
     torch.manual_seed(0)
-    model = LMLPTransformer2DModel(
+    return LMLPTransformer2DModel(
         sample_size=4, patch_size=2, in_channels=4, hidden_size=16, num_layers=2, text_embed_dim=8, text_seq_len=3
     )
-    trained = torch.compile(model) if compiled else model
-    accelerator = SimpleNamespace(mixed_precision=precision, unwrap_model=lambda m, **_: getattr(m, "_orig_mod", m))
+
+
+@pytest.mark.parametrize(
+    "compiled, precision, mode",
+    [(False, "no", "fp32"), (False, "bf16", "bf16"), (True, "no", "compile-fp32"), (True, "bf16", "compile-bf16")],
+)
+def test_the_bare_step_runs_in_the_mode_the_trainer_runs_its_model(overhead, compiled, precision, mode):
+    model = tiny_model()
+    trained = torch.compile(model) if compiled else model  # wrapped as accelerate wraps it; nothing compiles yet
+    assert overhead.bare_mode(SimpleNamespace(mixed_precision=precision), trained) == mode
+
+
+def test_the_bare_step_trains_a_copy_and_leaves_the_trainers_model_as_it_was(overhead):
+    model = tiny_model()
+    accelerator = SimpleNamespace(mixed_precision="no", unwrap_model=lambda m, **_: m)
     timer = overhead.Timer(overhead.parse_args([])[0], step_function=None)
-    timer.build_bare(accelerator, trained, torch.zeros(3, 4, 4, 4))
-    assert timer.bare_mode == mode
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    timer.bare()  # a step of a copy, on a batch of the trainer's 3 samples: the trainer's model is left as it was
+    timer.build_bare(accelerator, model, torch.zeros(3, 4, 4, 4))  # a first step, on a batch of the trainer's 3
+    timer.bare()
+    assert timer.bare_mode == "fp32"
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
 
 
