@@ -49,7 +49,7 @@ KINDS = {
     "GEMM": r"triton_tem_|gemm|cutlass|xmma|nvjet|sm90_|cublas|^aten::(mm|addmm|bmm|baddbmm)$|^mkl|_mm_|mkldnn",
     "norm": r"layer_norm|layernorm",
     "activation": r"gelu",
-    "layout": r"copy|clone|transpose|permute|contiguous|cat_|_cat\b|^aten::cat$",
+    "layout": r"copy|clone|transpose|permute|contiguous|cat_|_cat\b|^aten::(cat|stack)$",
 }
 # Profiler entries that are not kernels: wrappers whose self time only counts launch overhead (CPU side).
 WRAPPERS = re.compile(r"^(##|profilerstep|compiledfunction|torch-compiled|cudagraph|aten::(linear|matmul)$)")

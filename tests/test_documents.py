@@ -40,7 +40,12 @@ COVERAGE = {
     ("README.md", 3, "python -m diffusers_lmlp.hub push-space <user>/lmlp-demo --model <user>/lmlp-shapes"): [
         "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",  # each push is a dry run without the dry
     ],
-    ("README.md", 4, "ruff check . && ruff format --check ."): [
+    ("README.md", 4, "python benchmarks/roofline.py"): [
+        "tests/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/test_roofline.py::test_the_documented_command_writes_its_tables",
+        "tests/test_roofline.py::test_the_pages_print_the_scripts_estimate",
+    ],
+    ("README.md", 5, "ruff check . && ruff format --check ."): [
         "tests/test_readme.py::test_development_command_lints_clean",
     ],
     ("docs/hub.md", 0, "--dry-run --output-dir lmlp-shapes-upload"): [
@@ -103,7 +108,11 @@ COVERAGE = {
     ("docs/speed-gpu.md", 1, "python benchmarks/speed_vs_uvit.py --device cuda"): [
         "tests/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
     ],
-    ("docs/speed-gpu.md", 2, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
+    ("docs/speed-gpu.md", 2, "python benchmarks/roofline.py"): [
+        "tests/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/test_roofline.py::test_the_pages_print_the_scripts_estimate",
+    ],
+    ("docs/speed-gpu.md", 3, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
         "tests/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
     ],
     ("docs/ablation.md", 0, "python benchmarks/ablation_shapes.py --output_dir ablation-shapes"): [

@@ -40,6 +40,7 @@ def profiler():
         ("triton_poi_fused_clone_2", "layout"),
         ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "layout"),
         ("aten::copy_", "layout"),
+        ("aten::stack", "layout"),  # the backward of unbind (U-ViT's q, k, v)
         ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
         ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", "other"),
         ("aten::add", "other"),

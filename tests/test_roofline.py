@@ -1,0 +1,156 @@
+"""benchmarks/roofline.py: what it charges each kernel, that its FLOPs are the speed benchmark's, and that the README
+and docs/speed-gpu.md print what it prints."""
+
+import json
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from benchmark_scripts import check_the_commands_parse, documented_commands, load_benchmark
+from documents import section, text
+
+
+BF16 = 2  # bytes per element
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return load_benchmark("roofline")
+
+
+@pytest.fixture(scope="module")
+def speed():
+    return load_benchmark("speed_vs_uvit")
+
+
+def meta(*shape: int, requires_grad: bool = False) -> torch.Tensor:
+    return torch.empty(shape, device="meta", dtype=torch.bfloat16, requires_grad=requires_grad)
+
+
+def test_a_linear_reads_its_operands_and_writes_its_result_once(roofline):
+    x, weight, bias = meta(6, 10), meta(4, 10), meta(4)
+    with roofline.recording() as recorder:
+        F.linear(x, weight, bias)  # addmm(bias, x, weight.T): the transpose is a view
+    [op] = recorder.ops
+    assert (op.name, op.kind, op.flops) == ("addmm", "GEMM", 2 * 6 * 4 * 10)
+    assert op.bytes == BF16 * (6 * 10 + 4 * 10 + 4 + 6 * 4)
+
+
+def test_views_are_free_and_a_copy_or_a_broadcast_add_moves_its_bytes(roofline):
+    x, bias = meta(3, 5, 7), meta(7)
+    with roofline.recording() as recorder:
+        moved = x.transpose(1, 2)  # a view: no kernel
+        moved.reshape(3, 35)  # not viewable: one copy, then a free reshape of the copy
+        x + bias  # the bias is read once, not once per row
+    assert [(op.name, op.kind) for op in recorder.ops] == [("clone", "layout"), ("add", "other")]
+    assert [op.flops for op in recorder.ops] == [0, 0]
+    assert recorder.ops[0].bytes == BF16 * 2 * 3 * 5 * 7
+    assert recorder.ops[1].bytes == BF16 * (2 * 3 * 5 * 7 + 7)
+
+
+def test_attention_is_one_flash_kernel_each_way(roofline):
+    b, h, length, d = 2, 3, 11, 8
+    query, key, value = (meta(b, h, length, d, requires_grad=True) for _ in range(3))
+    with roofline.recording() as recorder:
+        out = F.scaled_dot_product_attention(query, key, value)
+        out.backward(torch.empty_like(out))
+    assert out.shape == (b, h, length, d)
+    assert all(x.grad is not None and x.grad.shape == x.shape for x in (query, key, value))
+    # no L × L scores, softmax or bmm: only the two fused kernels, and the backward's incoming gradient
+    assert [op.name for op in recorder.ops] == ["flash_attention", "flash_attention_backward"]
+    forward, backward = recorder.ops
+    assert forward.flops == 2 * (2 * b * h * length * length * d)  # QKᵀ and PV
+    assert backward.flops == 5 * (2 * b * h * length * length * d)  # QKᵀ again, then dV, dP, dQ, dK
+    tensor = BF16 * b * h * length * d
+    assert (forward.bytes, backward.bytes) == (4 * tensor, 8 * tensor)
+
+
+def test_attention_it_cannot_model_is_refused(roofline):
+    query = meta(1, 2, 5, 4)
+    with roofline.recording(), pytest.raises(NotImplementedError, match="plain attention only"):
+        F.scaled_dot_product_attention(query, query, query, is_causal=True)
+
+
+def test_a_kernel_takes_its_compute_or_its_memory_time_whichever_is_longer(roofline):
+    h100 = roofline.GPUS["H100"]
+    square = roofline.Op("mm", "GEMM", flops=2 * 4096**3, bytes=BF16 * 3 * 4096**2)
+    assert square.seconds(h100) == pytest.approx(2 * 4096**3 / 989e12)  # compute-bound
+    add = roofline.Op("add", "other", flops=0, bytes=3 * 10**9)
+    assert add.seconds(h100) == pytest.approx(3e9 / 3350e9)  # memory-bound
+
+
+@pytest.mark.parametrize("name", ["U-ViT-S/2", "F2-deep", "4E2H"])
+@pytest.mark.parametrize("pass_", ["sampling", "training"])
+def test_the_flops_are_the_speed_benchmarks_counts(roofline, speed, name, pass_):
+    batch_size = 2
+    ops = roofline.trace(name, batch_size, pass_, num_layers=2)
+    rows = 2 * batch_size if pass_ == "sampling" else batch_size
+    counted, _ = speed.meta_pass(name, 2, rows, train=pass_ == "training")
+    recomputed = 0  # FlashAttention's backward recomputes QKᵀ, which the decomposed attention keeps
+    if name == "U-ViT-S/2" and pass_ == "training":
+        config = speed.build(name, 2, device="meta").config
+        length = 1 + config.text_seq_len + (config.sample_size // config.patch_size) ** 2
+        recomputed = 3 * 2 * rows * length**2 * config.hidden_size  # 3 blocks; H · (D/H) = D
+    assert sum(op.flops for op in ops) == counted + recomputed
+    assert all(op.bytes > 0 for op in ops)
+
+
+def test_the_bounds_add_up(roofline):
+    ops = roofline.trace("F2-deep", 2, "training", num_layers=2)
+    row = roofline.estimate("F2-deep", "training", 2, "H100", ops)
+    assert row.kernels == len(ops)
+    assert sum(row.ms_by_kind.values()) == pytest.approx(row.unfused_ms)
+    assert row.fused_ms == pytest.approx(row.ms_by_kind["GEMM"] + row.ms_by_kind["attention"])
+    assert 0 < row.fused_ms < row.unfused_ms
+    assert row.gigabytes == pytest.approx(sum(op.bytes for op in ops) / 1e9)
+
+
+def test_every_documented_command_is_one_the_script_takes(roofline, capsys):
+    commands = documented_commands("roofline")
+    assert commands, "the README and docs/ document the roofline command"
+    check_the_commands_parse(roofline.parse_args, commands, capsys)
+    with pytest.raises(SystemExit):
+        roofline.parse_args(["--models", "F9"])
+    assert "unknown named configs ['F9']" in capsys.readouterr().err
+
+
+def test_the_documented_command_writes_its_tables(roofline, tmp_path, capsys):
+    command = documented_commands("roofline")[0]
+    rows = roofline.main([*command[2:], "--num_layers", "2", "--batch_sizes", "2", "--output_dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "An estimate, not a measurement" in printed
+    assert (tmp_path / "roofline.md").read_text() == printed
+    saved = json.loads((tmp_path / "roofline.json").read_text())
+    assert {(r["model"], r["pass_"], r["gpu"]) for r in saved} == {
+        (model, pass_, gpu) for model in ("U-ViT-S/2", "F2-deep", "4E2H") for pass_ in roofline.PASSES
+        for gpu in roofline.GPUS
+    }  # fmt: skip
+    baseline = [r for r in rows if r.model == "U-ViT-S/2"]
+    assert all(roofline.speedup(r, rows, bound) == 1.0 for r in baseline for bound in ("unfused", "fused"))
+
+
+@pytest.mark.slow
+def test_the_pages_print_the_scripts_estimate(roofline, tmp_path, capsys):
+    """The estimate is a pure function of the code: docs/speed-gpu.md's tables are the script's output, line for
+    line, and the README's summary is read from the same rows."""
+    rows = roofline.main([*documented_commands("roofline")[0][2:], "--output_dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    page = section("docs/speed-gpu.md", "A roofline estimate")
+    table_lines = [line for line in printed.splitlines() if line.startswith("| ")]
+    assert table_lines and all(line in page.splitlines() for line in table_lines)
+    readme = section("README.md", "Speed")
+    for gpu in roofline.GPUS:
+        for pass_ in roofline.PASSES:
+            uvit, f2 = (
+                next(r for r in rows if (r.model, r.pass_, r.gpu, r.batch_size) == (m, pass_, gpu, 256))
+                for m in ("U-ViT-S/2", "F2-deep")
+            )
+            line = (
+                f"| {gpu} | {pass_} | {uvit.unfused_ms:.1f} / {f2.unfused_ms:.1f} | "
+                f"{roofline.speedup(f2, rows, 'unfused'):.2f}× | {uvit.fused_ms:.1f} / {f2.fused_ms:.1f} | "
+                f"{roofline.speedup(f2, rows, 'fused'):.2f}× |"
+            )
+            assert line in readme.splitlines(), line
+    assert re.search(r"estimate", readme, flags=re.IGNORECASE)
+    assert text("README.md").count("python benchmarks/roofline.py") == 1
