@@ -126,6 +126,18 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
     differ = sum(image["package"] != image["independent"] for images in report["images"].values() for image in images)
     assert f"{differ} images on which the two scorers differ" in result.stdout
     assert (tmp_path / "out" / "disagreements.png").is_file() == (differ > 0)
+    assert "| split | shape asked for | images | median fill: samples | renders | round trips |" in result.stdout
+    for split, by_shape in report["median_fills"].items():
+        assert set(by_shape) == {"circle", "square", "triangle"}
+        # the renders fill their boxes as geometry says: π/4 for a circle, all of it for a square
+        assert abs(by_shape["circle"]["render"] - np.pi / 4) < 0.03 and by_shape["square"]["render"] > 0.93
+        for shape, row in by_shape.items():
+            images = [image for image in report["images"][split] if image["shape"] == shape]
+            assert row["images"] == len(images)
+            fills = [image["fill"]["sample"] for image in images if image["fill"]["sample"] is not None]
+            if fills:
+                assert row["sample"] == round(float(np.median(fills)), 3)
+            assert f"| {split} | {shape} | {len(images)} | " in result.stdout
 
 
 class StubPipeline:
@@ -160,6 +172,29 @@ def test_the_sampler_settings_reach_the_pipeline(options, sampler):
     items = [(ShapeSpec("small", "red", "square", "top"), "a small red square at the top", seed) for seed in range(3)]
     records = agreement.sample_and_score(pipe, items, args)
     assert pipe.calls == [sampler] and all(record["independent"]["shape"] for record in records)
+    # the stub draws an unjittered render, and its VAE gives each seed's render back unchanged
+    drawn = agreement.read_shape(render(ShapeSpec("small", "red", "square", "top")))["fill"]
+    for record in records:
+        assert record["shape"] == "square" and record["fill"]["sample"] == drawn > 0.93
+        assert record["fill"]["render"] == record["fill"]["round trip"] > 0.93
+
+
+def test_the_median_fills_are_taken_per_shape_over_the_images_that_show_one():
+    def record(shape, sample, render_, trip):
+        return {"shape": shape, "fill": {"sample": sample, "render": render_, "round trip": trip}}
+
+    records = [
+        record("square", 0.90, 0.98, 0.95),
+        record("square", 0.80, 0.99, 0.96),
+        record("square", None, 0.97, 0.94),  # nothing drawn: left out of the samples' median only
+        record("circle", 0.85, 0.78, 0.80),
+    ]
+    assert agreement.median_fills(records) == {
+        "circle": {"images": 1, "sample": 0.85, "render": 0.78, "round trip": 0.8},
+        "square": {"images": 3, "sample": 0.85, "render": 0.98, "round trip": 0.95},
+    }
+    table = agreement.fill_table({"held-out": agreement.median_fills(records)})
+    assert "| held-out | square | 3 | 0.850 | 0.980 | 0.950 |" in table.splitlines()
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
