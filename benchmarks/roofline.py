@@ -8,7 +8,8 @@ device with the model in bf16, and each kernel is charged
 
 FLOPs are torch's own counts (`torch.utils.flop_counter`, as the speed benchmark counts them); an op's bytes are
 its tensor inputs and outputs (a broadcast input counted once), so each kernel is assumed to read its operands and
-write its result exactly once. Views move nothing and launch nothing. U-ViT's attention is charged as one
+write its result exactly once. Views move nothing and launch nothing; a LayerNorm over a strided view (the token
+axis) copies it first, as ATen's does. U-ViT's attention is charged as one
 FlashAttention kernel, forward and backward (torch's counts, with the backward's recomputation of the scores):
 reading Q, K, V (and O, dO in the backward) and writing O (dQ, dK, dV), never the L × L scores.
 
@@ -62,6 +63,9 @@ PASSES = ("sampling", "training")
 # Ops that launch no kernel besides views: allocations whose contents the next kernel writes, and the reshape of a
 # contiguous result that autograd does not track as a view.
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view"}
+# Ops whose kernels read contiguous tensors only and copy any other input first, inside the op, where a dispatch
+# mode does not see it (ATen's LayerNorm calls `expect_contiguous()` on its input, and on dY and X in the backward).
+COPY_STRIDED_INPUTS = {"native_layer_norm", "native_layer_norm_backward"}
 
 
 @dataclass
@@ -99,6 +103,11 @@ class _RecordOps(TorchDispatchMode):
         name = func._overloadpacket.__name__
         if func.is_view or name in NO_KERNEL:
             return out
+        if name in COPY_STRIDED_INPUTS:
+            for x in args:
+                if isinstance(x, torch.Tensor) and not x.is_contiguous():
+                    moved = distinct_bytes(x) + x.numel() * x.element_size()  # read as it is, written whole
+                    self.ops.append(Op(f"{name} (copy of a strided input)", "layout", 0, moved))
         formula = flop_counter.flop_registry.get(func._overloadpacket)
         flops = formula(*args, **kwargs, out_val=out) if formula is not None else 0
         tensors = [x for x in tree_leaves((args, kwargs, out)) if isinstance(x, torch.Tensor)]

@@ -49,6 +49,27 @@ def test_views_are_free_and_a_copy_or_a_broadcast_add_moves_its_bytes(roofline):
     assert recorder.ops[1].bytes == BF16 * (2 * 3 * 5 * 7 + 7)
 
 
+def test_a_layer_norm_over_a_strided_view_first_copies_it(roofline):
+    tokens = meta(2, 6, 4)  # (B, L, D)
+    with roofline.recording() as recorder:
+        F.layer_norm(tokens.transpose(1, 2), (6,))  # over the token axis, as the left hemisphere's norm
+    assert [(op.name, op.kind) for op in recorder.ops] == [
+        ("native_layer_norm (copy of a strided input)", "layout"),
+        ("native_layer_norm", "norm"),
+    ]
+    assert recorder.ops[0].bytes == 2 * BF16 * 2 * 6 * 4  # read and written once
+    with roofline.recording() as recorder:
+        F.layer_norm(tokens, (4,))
+    assert [op.name for op in recorder.ops] == ["native_layer_norm"]
+    gradient = torch.empty(2, 1, 1, device="meta", dtype=torch.bfloat16).expand(2, 4, 6)  # broadcast: 2 elements
+    with roofline.recording() as recorder:
+        torch.ops.aten.native_layer_norm_backward(
+            gradient, tokens.transpose(1, 2), (6,), meta(2, 4, 1), meta(2, 4, 1), meta(6), meta(6), [True, True, True]
+        )
+    copies = [op.bytes for op in recorder.ops if op.kind == "layout"]
+    assert copies == [BF16 * (2 + 2 * 4 * 6), 2 * BF16 * 2 * 6 * 4]  # dY written whole, then X
+
+
 def test_attention_is_one_flash_kernel_each_way(roofline):
     b, h, length, d = 2, 3, 11, 8
     query, key, value = (meta(b, h, length, d, requires_grad=True) for _ in range(3))

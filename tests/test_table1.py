@@ -169,3 +169,24 @@ def test_bad_table1_options_raise_clear_errors(overrides, message):
         LMLPTransformer2DModel(
             sample_size=8, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5, **overrides
         )
+
+
+@pytest.mark.parametrize("name", [name for name in ROWS if ROWS[name]["merge_proj"]])
+def test_the_merge_linear_reads_z_without_a_copy(name):
+    """The left hemisphere's output is a transposed view; Z = merging(left, right) must still come out contiguous, so
+    that the merge Linear (called as a module) runs one GEMM on it, not a copy first (3% of F2-deep's bf16 training
+    pass in the roofline estimate, benchmarks/roofline.py)."""
+    config = LMLPTransformer2DModel.named_configs[name]
+    block = LMLPBlock(
+        hidden_size=16,
+        seq_len=12,
+        mlp_ratio=config.get("mlp_ratio") and 2.0,
+        norm_eps=1e-5,
+        lateral_mlp_ratio=config.get("lateral_mlp_ratio") and 1.5,
+        lateral_activation=config.get("lateral_activation", "none"),
+        merging=config.get("merging", "add"),
+    )
+    seen = []
+    block.merge.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    block(torch.randn(2, 12, 16))
+    assert seen == [True]

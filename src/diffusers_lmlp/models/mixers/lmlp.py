@@ -139,12 +139,15 @@ class LMLPBlock(nn.Module):
             left = F.gelu(left)
         if self.lateral_activation == "both":
             right = F.gelu(right)
+        # `right` first: the left hemisphere's output is a transposed view, and an element-wise op takes the layout of
+        # its first operand, so Z comes out contiguous and the merge Linear reads it without a copy. The sums and
+        # products are the same numbers either way round (tests/test_table1.py checks the layout).
         if self.merging == "add":
-            z = left + right
+            z = right + left
         elif self.merging == "prod":
-            z = left * right
+            z = right * left
         else:  # "glu"
-            z = left * torch.sigmoid(right)
+            z = torch.sigmoid(right) * left
         return z if self.merge is None else self.merge(z)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
