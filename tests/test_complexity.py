@@ -129,14 +129,15 @@ def test_every_named_config_is_counted_exactly(name):
     assert complexity.macs == measured_macs(model)
 
 
+@pytest.mark.parametrize("pooled_text_projection", [False, True])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_every_family_is_counted_exactly_on_a_tiny_model(name):
+def test_every_family_is_counted_exactly_on_a_tiny_model(name, pooled_text_projection):
     # On the meta device: torch 2.13's counter has no formula for the CPU flash-attention kernel that SDPA picks on
     # CPU tensors (it counts 0 there), while on meta SDPA runs its math path, two counted bmms, as the CUDA kernels'
     # formulas count it.
     family = FAMILIES[name]
     with torch.device("meta"):
-        model = family.model_class(**TINY, **family.tiny_overrides)
+        model = family.model_class(**TINY, **family.tiny_overrides, pooled_text_projection=pooled_text_projection)
     complexity = analytic_complexity(model)
     assert complexity.params == num_parameters(model)
     assert complexity.macs == measured_macs(model, batch_size=2)

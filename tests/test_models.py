@@ -245,3 +245,34 @@ def test_bad_configs_raise_clear_errors():
         LMLPTransformer2DModel(**{**TINY, "sample_size": 9})
     with pytest.raises(ValueError, match=r"hidden_size \(32\) must be divisible by num_heads \(3\)"):
         MoEMLPModel(**{**TINY, "num_heads": 3})
+
+
+def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_token(kind, tmp_path):
+    """With `pooled_text_projection`, every image token also gets `pooled_text_proj` of the text states' last
+    position: the same model with that projection zeroed is the model without it, weight for weight."""
+    model = make_model(kind, pooled_text_projection=True)
+    plain = make_model(kind)
+    assert model.config.pooled_text_projection and not plain.config.pooled_text_projection
+    assert plain.embed.pooled_text_proj is None
+    extra = {name for name, _ in model.named_parameters()} - {name for name, _ in plain.named_parameters()}
+    assert extra == {"embed.pooled_text_proj.weight", "embed.pooled_text_proj.bias"}
+    assert model.embed.pooled_text_proj.weight.std() > 0  # initialised as every Linear, not left at zero
+    latents, text, t = make_inputs()
+    with torch.no_grad():
+        # the last text position reaches the output by the new path too: changing it alone changes every sample
+        changed = text.clone()
+        changed[:, -1] += 1.0
+        assert not torch.allclose(model(latents, text, t).sample, model(latents, changed, t).sample)
+        model.embed.pooled_text_proj.weight.zero_()
+        model.embed.pooled_text_proj.bias.zero_()
+        plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("embed.pooled")})
+        torch.testing.assert_close(model(latents, text, t).sample, plain(latents, text, t).sample, rtol=0, atol=0)
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path)
+    assert loaded.config.pooled_text_projection
+    torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
+
+
+def test_a_pooled_text_projection_that_is_not_a_bool_is_refused():
+    with pytest.raises(ValueError, match="pooled_text_projection='yes' cannot build a LMLPTransformer2DModel"):
+        LMLPTransformer2DModel(**TINY, pooled_text_projection="yes")

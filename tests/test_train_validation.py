@@ -109,6 +109,18 @@ def test_another_family_on_the_shapes_preset_takes_the_shapes_skeleton(script):
     assert model.config.num_attention_heads == 4
 
 
+@pytest.mark.parametrize("model_type", ["lmlp", "moe_mlp"])
+def test_the_pooled_text_projection_is_one_override_away_on_the_shapes_preset(script, model_type):
+    """As docs/shapes-runs.md trains it: the preset's model with the caption's last text state added to every image
+    token."""
+    args = script.parse_args(
+        ["--output_dir", "x", "--model_type", model_type, "--model_overrides", "pooled_text_projection=true"]
+    )
+    model = components.build_model(args)
+    assert model.config.pooled_text_projection and model.embed.pooled_text_proj.in_features == 64  # the text width
+    assert {key: model.config[key] for key in SHAPES_SMALL} == SHAPES_SMALL
+
+
 def test_a_named_config_of_another_family_is_refused(script, capsys):
     message = parser_error(script, ["--output_dir", "x", "--model_type", "uvit", "--model_config", "F2"], capsys)
     assert "--model_config F2 is a --model_type lmlp configuration" in message

@@ -83,6 +83,8 @@ def _token_io_cost(config: Mapping) -> BlockCost:
     seq_len = 1 + text_len + num_patches
     patch_embed = linear_cost(channels * patch * patch, hidden, rows=num_patches)
     text_adapter = linear_cost(text_dim, hidden, rows=text_len)
+    if config["pooled_text_projection"]:
+        text_adapter += linear_cost(text_dim, hidden, rows=1)  # one state per caption, added to every image token
     pos_embed = BlockCost(seq_len * hidden, 0)
     # The output Linear runs over all L tokens, before the time and text tokens are dropped.
     head = BlockCost(2 * hidden, 0) + linear_cost(hidden, patch * patch * out_channels, rows=seq_len)
@@ -100,8 +102,8 @@ def analytic_complexity(
     """Parameters and per-sample forward MACs of any registered backbone, from its config.
 
     The blocks' cost is each family's own (`<Model>.block_cost`); token I/O adds the patch embedding (N·D·C·p²),
-    the text adapter (T·text_embed_dim·D), the output Linear over all L tokens (L·D·p²·C_out) and the optional
-    3×3 convolution (H·W·C_out²·9).
+    the text adapter (T·text_embed_dim·D) and, when configured, the pooled text projection (text_embed_dim·D), the
+    output Linear over all L tokens (L·D·p²·C_out) and the optional 3×3 convolution (H·W·C_out²·9).
 
     Args:
         model (`Mapping` or `ConfigMixin`): A backbone, or its config. A config names its family by `_class_name`

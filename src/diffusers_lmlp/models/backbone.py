@@ -59,6 +59,7 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "text_embed_dim": (_is_positive_int, "a positive integer (the width of the text encoder states)"),
     "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
+    "pooled_text_projection": (lambda v: isinstance(v, bool), "True or False"),
     "norm_eps": (_is_positive_real, "a positive finite number (the LayerNorm epsilon)"),
 }
 
@@ -273,6 +274,7 @@ class UShapedMixerModel(ModelMixin):
             config.hidden_size,
             config.text_embed_dim,
             config.text_seq_len,
+            config.pooled_text_projection,
         )
         seq_len = self.embed.seq_len
         self.stack = UShapedStack(config.num_layers, lambda skip: make_block(seq_len, skip), self.long_skips(config))

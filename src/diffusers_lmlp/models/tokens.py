@@ -23,6 +23,10 @@ class TokenEmbedder(nn.Module):
         hidden_size (`int`): Token width D.
         text_embed_dim (`int`): Width of the text encoder states (768 for CLIP ViT-L/14).
         text_seq_len (`int`): Number of text tokens T (77 for CLIP).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add `pooled_text_proj` of the text states'
+            last position to every image token. A causal text encoder (CLIP) computes that state from the whole
+            caption, and the shapes world's encoder is trained to read every attribute from it; the blocks then
+            find the caption in each image token's own channels instead of only by mixing the text tokens in.
     """
 
     def __init__(
@@ -33,6 +37,7 @@ class TokenEmbedder(nn.Module):
         hidden_size: int,
         text_embed_dim: int,
         text_seq_len: int,
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         self.hidden_size = hidden_size
@@ -40,6 +45,7 @@ class TokenEmbedder(nn.Module):
         self.num_patches = (sample_size // patch_size) ** 2
         self.patch_embed = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
         self.text_adapter = nn.Linear(text_embed_dim, hidden_size)
+        self.pooled_text_proj = nn.Linear(text_embed_dim, hidden_size) if pooled_text_projection else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_extra_tokens + self.num_patches, hidden_size))
 
     @property
@@ -67,6 +73,9 @@ class TokenEmbedder(nn.Module):
         text_states = text_states.to(get_parameter_dtype(self.text_adapter))
         patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
         patches = patches.flatten(2).transpose(1, 2)  # (B, N, D), row-major over the patch grid
+        if self.pooled_text_proj is not None:
+            pooled = self.pooled_text_proj(text_states[:, -1]).to(patches.dtype)  # (B, D)
+            patches = patches + pooled.unsqueeze(1)  # (B, N, D)
         # The reference time token is the bare sinusoid, cos half first, with no MLP.
         time = get_timestep_embedding(timestep, self.hidden_size, flip_sin_to_cos=True, downscale_freq_shift=0)
         time = time.to(patches.dtype).unsqueeze(1)  # (B, 1, D)
