@@ -34,11 +34,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from speed_vs_uvit import build, inputs, machine_line, make_runner, markdown, sampling_step, synchronize, training_step
+from speed_vs_uvit import (
+    build,
+    inputs,
+    machine_line,
+    make_runner,
+    markdown,
+    refuse_unknown_configs,
+    sampling_step,
+    synchronize,
+    training_step,
+)
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
-
-from diffusers_lmlp.models import named_configs
 
 
 PASSES = ("sampling", "training")
@@ -167,9 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_layers", type=int, help="override every model's depth (a smoke run)")
     parser.add_argument("--output_dir", type=Path, default=Path("profile"))
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.models) - set(named_configs()))
-    if unknown:
-        parser.error(f"unknown named configs {unknown}; choose from {sorted(named_configs())}")
+    refuse_unknown_configs(parser, args.models)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here; profile the CPU without it.")
     for name in ("batch_size", "steps", "top"):

@@ -38,13 +38,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from profile_passes import kind_of
-from speed_vs_uvit import BASELINE, build, inputs, markdown
+from speed_vs_uvit import BASELINE, build, inputs, markdown, refuse_unknown_configs
 from torch.overrides import TorchFunctionMode
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-from diffusers_lmlp.models import named_configs
 
 
 @dataclass(frozen=True)
@@ -277,9 +275,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_layers", type=int, help="override every model's depth (a smoke run)")
     parser.add_argument("--output_dir", type=Path, default=Path("roofline"))
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.models) - set(named_configs()))
-    if unknown:
-        parser.error(f"unknown named configs {unknown}; choose from {sorted(named_configs())}")
+    refuse_unknown_configs(parser, args.models)
     if min(args.batch_sizes) < 1:
         parser.error(f"--batch_sizes must be at least 1, got {min(args.batch_sizes)}")
     args.models = [BASELINE] + [name for name in dict.fromkeys(args.models) if name != BASELINE]

@@ -90,9 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="let glibc keep freed buffers (diffusers_lmlp.allocator) instead of page-faulting them back every pass",
     )
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.models + args.pipeline_models + (args.memory_models or [])) - set(named_configs()))
-    if unknown:
-        parser.error(f"unknown named configs {unknown}; choose from {sorted(named_configs())}")
+    refuse_unknown_configs(parser, args.models + args.pipeline_models + (args.memory_models or []))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here; run the CPU section without it.")
     for name in ("batch_size", "repeats", "pipeline_batch_size", "pipeline_steps"):
@@ -106,6 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.precisions is None:
         args.precisions = ["fp32", "bf16"] if native_bf16(args.device) else ["fp32"]
     return args
+
+
+def refuse_unknown_configs(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """Stop with a usage error that lists the named configs when one of `names` is not one (`parser.error` exits)."""
+    unknown = sorted(set(names) - set(named_configs()))
+    if unknown:
+        parser.error(f"unknown named configs {unknown}; choose from {sorted(named_configs())}")
 
 
 def native_bf16(device: str) -> bool:
