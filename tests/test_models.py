@@ -1,5 +1,6 @@
 """diffusers model conventions and input checking, for every registered block family, on tiny configs."""
 
+import inspect
 import os
 
 import pytest
@@ -276,3 +277,8 @@ def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_toke
 def test_a_pooled_text_projection_that_is_not_a_bool_is_refused():
     with pytest.raises(ValueError, match="pooled_text_projection='yes' cannot build a LMLPTransformer2DModel"):
         LMLPTransformer2DModel(**TINY, pooled_text_projection="yes")
+
+
+def test_the_pooled_text_projection_comes_last_so_positional_arguments_keep_their_meaning(kind):
+    parameters = list(inspect.signature(type(make_model(kind)).__init__).parameters)
+    assert parameters[-1] == "pooled_text_projection"

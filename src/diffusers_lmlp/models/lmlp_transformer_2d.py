@@ -56,9 +56,6 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             multiple of D (the paper's s); `None`: no second stage (Table 1 A1, B1–B3).
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         lateral_mlp_ratio (`float`, *optional*): Make the first stage's FNN_L and FNN_R one-hidden-layer MLPs with
@@ -73,6 +70,9 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             the two hemispheres only), or `None` (no long skips).
         channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP, a key of
             `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
+            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
+            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
     """
 
     _no_split_modules = ["LMLPBlock"]
@@ -107,7 +107,6 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio: float | None = 4.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
-        pooled_text_projection: bool = False,
         conv_out: bool = True,
         norm_eps: float = 1e-5,
         lateral_mlp_ratio: float | None = None,
@@ -116,6 +115,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         merge_proj: bool = True,
         long_skip: str | None = "second_stage",
         channel_mlp: str = "mlp",
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         if lateral_mlp_ratio is not None and lateral_activation != "none":

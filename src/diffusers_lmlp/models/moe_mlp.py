@@ -57,15 +57,15 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP hidden width as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         num_experts (`int`, *optional*, defaults to 4): Experts E (L×L token-mixing matrices) per head.
         num_heads (`int`, *optional*, defaults to 1): Channel heads H, each with its own experts and gate.
         channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP, a key of
             `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
+            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
+            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
     """
 
     _no_split_modules = ["MoEMLPBlock"]
@@ -84,12 +84,12 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio: float = 4.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
-        pooled_text_projection: bool = False,
         conv_out: bool = True,
         norm_eps: float = 1e-5,
         num_experts: int = 4,
         num_heads: int = 1,
         channel_mlp: str = "mlp",
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         self._build(

@@ -202,15 +202,15 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         num_attention_heads (`int`, *optional*, defaults to 8): Attention heads H; must divide `hidden_size`.
         qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
         channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of
             `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
+            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
+            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
     """
 
     _no_split_modules = ["UViTBlock"]
@@ -235,12 +235,12 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio: float = 4.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
-        pooled_text_projection: bool = False,
         conv_out: bool = True,
         norm_eps: float = 1e-5,
         num_attention_heads: int = 8,
         qkv_bias: bool = False,
         channel_mlp: str = "mlp",
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         self._build(

@@ -166,13 +166,13 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             int(hidden_size × mlp_ratio) must be even.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i, added
             at its input; `False`: a plain stack (Table 1 A3).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
+            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
+            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
     """
 
     _no_split_modules = ["GMLPBlock"]
@@ -192,10 +192,10 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio: float = 6.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
-        pooled_text_projection: bool = False,
         conv_out: bool = True,
         norm_eps: float = 1e-5,
         long_skips: bool = True,
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         self._build(lambda seq_len, skip: GMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps))

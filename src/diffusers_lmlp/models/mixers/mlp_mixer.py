@@ -124,9 +124,6 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
         mlp_ratio (`float`, *optional*, defaults to 4.0): Channel MLP hidden width D_C as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         token_mlp_ratio (`float`, *optional*, defaults to 2.0): Token MLP hidden width D_S as a multiple of the
@@ -135,6 +132,9 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
             at its input; `False`: a plain stack (Table 1 A2).
         channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of
             `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
+            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
+            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
     """
 
     _no_split_modules = ["MLPMixerBlock"]
@@ -161,12 +161,12 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
         mlp_ratio: float = 4.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
-        pooled_text_projection: bool = False,
         conv_out: bool = True,
         norm_eps: float = 1e-5,
         token_mlp_ratio: float = 2.0,
         long_skips: bool = True,
         channel_mlp: str = "mlp",
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         self._build(

@@ -270,9 +270,6 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-6): Epsilon of every LayerNorm (the symmetric ones and the
             output head's); 1e-6 as in paramixer.
@@ -280,6 +277,9 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             L), as in paramixer.
         num_iterations (`int`, *optional*, defaults to 1): Apply each block this many times with the same weights
             (the paper's iterative mixing layers, Table 2).
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
+            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
+            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
     """
 
     _no_split_modules = ["ParaMixerBlock"]
@@ -307,11 +307,11 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         mlp_ratio: float = 4.0,
         text_embed_dim: int = 768,
         text_seq_len: int = 77,
-        pooled_text_projection: bool = False,
         conv_out: bool = True,
         norm_eps: float = 1e-6,
         token_mlp_ratio: float = 0.5,
         num_iterations: int = 1,
+        pooled_text_projection: bool = False,
     ):
         super().__init__()
         self._build(
