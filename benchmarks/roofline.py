@@ -9,9 +9,9 @@ device with the model in bf16, and each kernel is charged
 FLOPs are torch's own counts (`torch.utils.flop_counter`, as the speed benchmark counts them); an op's bytes are
 its tensor inputs and outputs (a broadcast input counted once), so each kernel is assumed to read its operands and
 write its result exactly once. Views move nothing and launch nothing; a LayerNorm over a strided view (the token
-axis) copies it first, as ATen's does. U-ViT's attention is charged as one
-FlashAttention kernel, forward and backward (torch's counts, with the backward's recomputation of the scores):
-reading Q, K, V (and O, dO in the backward) and writing O (dQ, dK, dV), never the L × L scores.
+axis) copies it first, as ATen's does. U-ViT's attention is charged as one FlashAttention kernel, forward and
+backward (torch's counts, with the backward's recomputation of the scores): reading Q, K, V (and O, dO in the
+backward) and writing O (dQ, dK, dV), never the L × L scores.
 
 Two bounds per pass:
 
@@ -148,9 +148,12 @@ class _AsFlashAttention(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            unsupported = {k: v for k, v in kwargs.items() if v not in (None, False, 0.0)}
+            # the defaults: no mask, no dropout, not causal, the default scale
+            unsupported = sorted(
+                k for k, v in kwargs.items() if not (v is None or v is False or (isinstance(v, float) and v == 0.0))
+            )
             if len(args) != 3 or unsupported:
-                raise NotImplementedError(f"the roofline models plain attention only, not {sorted(unsupported)}")
+                raise NotImplementedError(f"the roofline models plain attention only, not {unsupported}")
             return _FlashAttention.apply(self.recorder, *args)
         return func(*args, **kwargs)
 

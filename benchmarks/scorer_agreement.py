@@ -275,7 +275,8 @@ def table(results: dict[str, dict]) -> str:
 
 def median_fills(records: list[dict]) -> dict[str, dict[str, float | int]]:
     """By the shape the caption asks for: how many images, and the median share of its box the outline fills on the
-    samples, on the renders and on their round trips (images where nothing stands out are left out).
+    samples, on the renders and on their round trips (images where nothing stands out are left out; None where none
+    is left).
 
     A circle fills π/4 ≈ 0.79 of its box and a square 1; the cut between them is `SQUARE_FILL`. Samples of one shape
     whose fill moves towards the other's show a model that draws something between the two.
@@ -289,7 +290,7 @@ def median_fills(records: list[dict]) -> dict[str, dict[str, float | int]]:
         fills[shape] = {"images": len(chosen)}
         for name in ("sample", "render", "round trip"):
             values = [fill[name] for fill in chosen if fill[name] is not None]
-            fills[shape][name] = round(float(np.median(values)), 3) if values else float("nan")
+            fills[shape][name] = round(float(np.median(values)), 3) if values else None
     return fills
 
 
@@ -305,10 +306,10 @@ def fill_table(fills: dict[str, dict]) -> str:
     ]
     for split, by_shape in fills.items():
         for shape, row in by_shape.items():
-            lines.append(
-                f"| {split} | {shape} | {row['images']} | {row['sample']:.3f} | {row['render']:.3f} | "
-                f"{row['round trip']:.3f} |"
+            cells = " | ".join(
+                "—" if row[name] is None else f"{row[name]:.3f}" for name in ("sample", "render", "round trip")
             )
+            lines.append(f"| {split} | {shape} | {row['images']} | {cells} |")
     return "\n".join(lines)
 
 

@@ -89,8 +89,14 @@ def test_attention_is_one_flash_kernel_each_way(roofline):
 
 def test_attention_it_cannot_model_is_refused(roofline):
     query = meta(1, 2, 5, 4)
-    with roofline.recording(), pytest.raises(NotImplementedError, match="plain attention only"):
+    with roofline.recording(), pytest.raises(NotImplementedError, match=r"plain attention only, not \['is_causal'\]"):
         F.scaled_dot_product_attention(query, query, query, is_causal=True)
+    mask = torch.ones(5, 5, device="meta", dtype=torch.bool)
+    with roofline.recording(), pytest.raises(NotImplementedError, match=r"not \['attn_mask'\]"):
+        F.scaled_dot_product_attention(query, query, query, attn_mask=mask)
+    with roofline.recording() as recorder:  # the defaults, written out, are plain attention
+        F.scaled_dot_product_attention(query, query, query, attn_mask=None, dropout_p=0.0, is_causal=False)
+    assert [op.name for op in recorder.ops] == ["flash_attention"]
 
 
 def test_a_kernel_takes_its_compute_or_its_memory_time_whichever_is_longer(roofline):

@@ -188,13 +188,18 @@ def test_the_median_fills_are_taken_per_shape_over_the_images_that_show_one():
         record("square", 0.80, 0.99, 0.96),
         record("square", None, 0.97, 0.94),  # nothing drawn: left out of the samples' median only
         record("circle", 0.85, 0.78, 0.80),
+        record("triangle", None, 0.60, 0.61),  # no sample shows one: no median, and valid JSON
     ]
-    assert agreement.median_fills(records) == {
+    fills = agreement.median_fills(records)
+    assert fills == {
         "circle": {"images": 1, "sample": 0.85, "render": 0.78, "round trip": 0.8},
         "square": {"images": 3, "sample": 0.85, "render": 0.98, "round trip": 0.95},
+        "triangle": {"images": 1, "sample": None, "render": 0.6, "round trip": 0.61},
     }
-    table = agreement.fill_table({"held-out": agreement.median_fills(records)})
-    assert "| held-out | square | 3 | 0.850 | 0.980 | 0.950 |" in table.splitlines()
+    json.loads(json.dumps(fills, allow_nan=False))
+    table = agreement.fill_table({"held-out": fills}).splitlines()
+    assert "| held-out | square | 3 | 0.850 | 0.980 | 0.950 |" in table
+    assert "| held-out | triangle | 1 | — | 0.600 | 0.610 |" in table
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
