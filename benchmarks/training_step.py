@@ -11,6 +11,9 @@ EMA's per-tensor loop against its multi-tensor (`foreach`) update, which the tra
 
     python benchmarks/training_step.py                         # the shipped UL-MLP, batch 64
     python benchmarks/training_step.py --family moe_mlp --config shapes-moe-S
+
+The model is the named configuration with the shapes preset's model options (`--model_overrides` of
+`diffusers_lmlp.training.arguments.PRESETS["shapes"]`: its projection of the caption), as the main job trains it.
 """
 
 import argparse
@@ -24,9 +27,18 @@ from diffusers.training_utils import EMAModel
 
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.cpu import this_cpu
+from diffusers_lmlp.training.argument_checks import parse_overrides
+from diffusers_lmlp.training.arguments import PRESETS
 
 
 MODES = ("fp32", "bf16", "compile-fp32", "compile-bf16")
+
+
+def shapes_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The backbone `--family` / `--config` with the shapes preset's model options, as the main job builds it."""
+    model_class = FAMILIES[args.family].model_class
+    overrides = parse_overrides(PRESETS["shapes"].get("model_overrides", []), model_class)
+    return model_class.from_named_config(args.config, **overrides)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,7 +85,7 @@ def bare_step(model: torch.nn.Module, batch_size: int, mode: str) -> Callable[[]
 def time_mode(args: argparse.Namespace, mode: str) -> tuple[float, float]:
     """(warm-up seconds, median seconds per step) of one mode, from the same initial weights and batch."""
     torch.manual_seed(0)  # the same initial weights in every mode
-    step = bare_step(FAMILIES[args.family].model_class.from_named_config(args.config), args.batch_size, mode)
+    step = bare_step(shapes_model(args), args.batch_size, mode)
     started = time.perf_counter()
     for _ in range(args.warmup):
         step()
@@ -101,7 +113,7 @@ def time_update(update, steps: int) -> float:
 def time_updates(args: argparse.Namespace) -> dict[str, float]:
     """Median seconds per step of AdamW (torch's default and fused) and of the EMA (per-tensor loop and foreach)."""
     torch.manual_seed(0)
-    model = FAMILIES[args.family].model_class.from_named_config(args.config)
+    model = shapes_model(args)
     for parameter in model.parameters():
         parameter.grad = torch.randn_like(parameter)
     times = {}
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         base = base or (step if mode == "fp32" else None)
         ratio = f"{base / step:.2f}×" if base else "—"
         print(f"| {mode} | {warmup:.1f} | {step * 1000:.1f} | {ratio} |", flush=True)
-    tensors = sum(1 for _ in FAMILIES[args.family].model_class.from_named_config(args.config).parameters())
+    tensors = sum(1 for _ in shapes_model(args).parameters())
     print(f"\nThe optimizer and the EMA alone ({tensors} weight tensors):\n\n| update | ms per step |\n|---|---:|")
     for label, seconds in time_updates(args).items():
         print(f"| {label} | {seconds * 1000:.2f} |", flush=True)

@@ -346,7 +346,10 @@ def test_evaluate_reports_shapes_fid_with_its_floor_and_saves_an_imagefolder(pip
     assert saved["text"] == captions
     generator = torch.Generator().manual_seed(image_seed(0, 5))
     again = pipe(captions[5], num_inference_steps=4, generator=generator).images[0]
-    np.testing.assert_array_equal(np.asarray(saved[5]["image"]), np.asarray(again))
+    # The same image alone as in its batch of 16, up to float rounding across batch sizes (a GEMM over 1 or 16 rows
+    # may sum in another order): at most one 8-bit level in a pixel here and there.
+    difference = np.abs(np.asarray(saved[5]["image"], dtype=int) - np.asarray(again, dtype=int))  # (H, W, 3)
+    assert difference.max() <= 1 and (difference > 0).mean() < 0.01
 
 
 def test_evaluate_scores_each_caption_on_what_it_states(pipe, tmp_path):

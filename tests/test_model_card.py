@@ -38,3 +38,20 @@ def test_a_pushed_closed_vocabulary_pipeline_gets_a_card_whose_prompt_it_knows(t
     staged = stage_pipeline(tmp_path / "shapes", "someone/shapes", tmp_path / "staged", sample_steps=2)
     prompt = snippet_prompt((staged.folder / "README.md").read_text(encoding="utf-8"))
     assert prompt != GENERIC_PROMPT and unknown_words(pipe.tokenizer, prompt) == []
+
+
+def test_the_card_names_the_caption_projection_only_where_the_backbone_has_it(tmp_path):
+    # The shipped model has it (the shapes preset); the papers' layout does not.
+    from diffusers_lmlp.hub.card import POOLED_TEXT_PROJECTION
+
+    pipe = pretrained_shapes_pipeline()
+    assert pipe.transformer.config.pooled_text_projection
+    pipe.save_pretrained(tmp_path / "with")
+    backbone_line = "\n".join(
+        line for line in write_model_card(tmp_path / "with", pipe).text.splitlines() if line.startswith("- Backbone:")
+    )
+    assert backbone_line.endswith(POOLED_TEXT_PROJECTION)
+    config = {**pipe.transformer.config, "pooled_text_projection": False}
+    pipe.transformer = type(pipe.transformer).from_config(config)  # the papers' layout, weights aside
+    pipe.save_pretrained(tmp_path / "without")
+    assert "pooled_text_projection" not in write_model_card(tmp_path / "without", pipe).text

@@ -209,7 +209,9 @@ def test_every_option_the_readme_names_for_training_and_evaluation_exists(page, 
 
     parsers = (training_parser(), evaluation_parser(), launch_command_parser())
     options = {option for parser in parsers for action in parser._actions for option in action.option_strings}
-    # The benchmark commands quoted inline have options of their own.
+    # The benchmark commands quoted inline, and the scripts/ commands (inline or as lines of a block), have options
+    # of their own.
     text = re.sub(r"`python benchmarks/[^`]*`", "", section(page, title) if title else page_text(page))
+    text = re.sub(r"`python scripts/[^`]*`|^python scripts/.*$", "", text, flags=re.MULTILINE)
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*(?![\w-])", text))  # not hub's --dash-options
     assert named and sorted(named - options) == []

@@ -272,13 +272,16 @@ def test_components_refuse_a_text_encoder_that_does_not_read_the_tokenizer(monke
 @pytest.mark.slow
 def test_committed_vae_keeps_the_shapes_of_held_out_renders():
     _, _, vae = shapes_components()
-    images, captions = held_out_renders(num_per_spec=5, seed=11)  # 160 renders, none of the VAE's training images
+    # The 800 renders of docs/training.md's VAE table (25 of each held-out combination, which the VAE never trained on),
+    # measured there at commit: colour, position and size 100%, shape 99.0%, PSNR 47.0 dB, foreground 35.0 dB. The
+    # decoder's second stage (noisy latents) costs a little on exact ones: shape 99.4% before it, the margin here.
+    images, captions = held_out_renders()
     report = reconstruction_report(vae, images, captions)
-    # Measured at commit on 800 renders (`scripts/train_shapes_vae.py`): see the README's table.
-    assert min(report[key] for key in ("colour", "shape", "position", "size")) >= 0.99, report
-    assert report["psnr"] >= 40.0 and report["foreground psnr"] >= 30.0, report
+    assert min(report[key] for key in ("colour", "position", "size")) >= 0.995, report
+    assert report["shape"] >= 0.985, report
+    assert report["psnr"] >= 46.0 and report["foreground psnr"] >= 34.0, report
     with torch.no_grad():
-        latents = vae.encode(to_pixels(images[:64])).latent_dist.mode()  # (64, 4, 16, 16)
+        latents = vae.encode(to_pixels(images[:64])).latent_dist.mode()  # (64, 8, 8, 8)
     assert 0.5 < (latents * vae.config.scaling_factor).std() < 2.0  # the scaling factor normalises the latents
     weights = sum(f.stat().st_size for f in VAE_PATH.iterdir())
     assert weights < 3_000_000  # a few MB in the package

@@ -243,7 +243,7 @@ def test_the_old_module_form_still_runs_the_app_with_a_deprecation_warning(fresh
 def test_model_panel_describes_the_shipped_model(shapes_pipe):
     text = app.describe_model(shapes_pipe, shapes_pipe.name_or_path)
     num_params = sum(p.numel() for p in shapes_pipe.transformer.parameters())
-    assert num_params == 860_386  # the model card's figure
+    assert num_params == 866_626  # the model card's figure
     assert f"{num_params:,} parameters" in text
     assert "Model: lmlp-shapes" in text and "pretrained_shapes_pipeline()" in text
     assert "UL-MLP (`LMLPTransformer2DModel`)" in text and "MoE-MLP" not in text

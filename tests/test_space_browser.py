@@ -104,7 +104,7 @@ def test_browser_generates_native_images_shown_large_and_crisp(page, artifacts):
         assert image_std(image) > 8, "the image is blank"
 
     panel = page.inner_text("#model-info")
-    assert "UL-MLP" in panel and "860,386 parameters" in panel and "shapes world" in panel
+    assert "UL-MLP" in panel and "866,626 parameters" in panel and "shapes world" in panel
     page.screenshot(path=artifacts / "space.png", full_page=True)
     assert (artifacts / "space.png").stat().st_size > 0
 

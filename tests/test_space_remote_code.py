@@ -99,7 +99,7 @@ def test_space_without_the_package_serves_the_model_from_its_code(served, space,
     assert all(image.size == (32, 32) and image_std(image) > 8 for image in images)
     panel = model_panel(served.url)
     assert "### Model: lmlp-shapes\n`owner/lmlp-shapes`" in panel  # the card's title, read from the cached repo
-    assert "**Backbone:** UL-MLP (`LMLPTransformer2DModel`), 860,386 parameters" in panel
+    assert "**Backbone:** UL-MLP (`LMLPTransformer2DModel`), 866,626 parameters" in panel
     assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in panel
     assert "**Training data:** 5200 steps on the procedural shapes world" in panel
     # The package never loaded: the app asked once whether it is installed, and diffusers never asked.

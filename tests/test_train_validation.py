@@ -110,15 +110,32 @@ def test_another_family_on_the_shapes_preset_takes_the_shapes_skeleton(script):
 
 
 @pytest.mark.parametrize("model_type", ["lmlp", "moe_mlp"])
-def test_the_pooled_text_projection_is_one_override_away_on_the_shapes_preset(script, model_type):
-    """As docs/shapes-runs.md trains it: the preset's model with the caption's last text state added to every image
-    token."""
-    args = script.parse_args(
-        ["--output_dir", "x", "--model_type", model_type, "--model_overrides", "pooled_text_projection=true"]
-    )
+def test_the_shapes_preset_adds_the_pooled_text_projection_and_one_override_removes_it(script, model_type):
+    """The preset's model adds the caption's last text state to every image token (docs/shapes-runs.md); the
+    papers' layout, without it, is `--model_overrides pooled_text_projection=false`."""
+    args = script.parse_args(["--output_dir", "x", "--model_type", model_type])
     model = components.build_model(args)
     assert model.config.pooled_text_projection and model.embed.pooled_text_proj.in_features == 64  # the text width
     assert {key: model.config[key] for key in SHAPES_SMALL} == SHAPES_SMALL
+    args = script.parse_args(
+        ["--output_dir", "x", "--model_type", model_type, "--model_overrides", "pooled_text_projection=false"]
+    )
+    model = components.build_model(args)
+    assert not model.config.pooled_text_projection and model.embed.pooled_text_proj is None
+
+
+def test_overrides_given_are_added_to_the_presets_not_put_in_their_place(script):
+    # Naming another key used to drop the preset's own model options without a word.
+    args = script.parse_args(["--output_dir", "x", "--model_overrides", "num_layers=4", "hidden_size=64"])
+    assert args.model_overrides == {"pooled_text_projection": True, "num_layers": 4, "hidden_size": 64}
+    model = components.build_model(args)
+    assert (model.config.num_layers, model.config.hidden_size, model.config.pooled_text_projection) == (4, 64, True)
+
+
+def test_a_preset_fine_tuning_a_saved_model_keeps_its_configuration(script, workspace):
+    # The preset's model options configure a new model; a saved one keeps its own, and that is not an error.
+    argv = ["--preset", "shapes", "--pretrained_model_name_or_path", str(workspace / "tiny"), "--output_dir", "x"]
+    assert script.parse_args(argv).model_overrides == {}
 
 
 def test_a_named_config_of_another_family_is_refused(script, capsys):
@@ -138,7 +155,13 @@ def test_well_formed_model_overrides_are_typed_by_the_model_class(script):
         ["--output_dir", "x", "--model_type", "moe_mlp", "--model_config", "shapes-moe-S", "--model_overrides",
          "num_experts=2", "mlp_ratio=2", "out_channels=null", "conv_out=false"]
     )  # fmt: skip
-    assert args.model_overrides == {"num_experts": 2, "mlp_ratio": 2, "out_channels": None, "conv_out": False}
+    assert args.model_overrides == {
+        "pooled_text_projection": True,  # the shapes preset's
+        "num_experts": 2,
+        "mlp_ratio": 2,
+        "out_channels": None,
+        "conv_out": False,
+    }
 
 
 def test_model_overrides_are_refused_when_fine_tuning(script, workspace, capsys):

@@ -21,4 +21,18 @@ def test_the_command_times_a_step_and_the_optimizer_and_ema_alone(benchmark, cap
         "EMA, foreach (the trainer's)",
     ]
     assert all(float(line.split(" | ")[1].rstrip(" |")) > 0 for line in updates)
-    assert "(137 weight tensors)" in out  # shapes-S's tensors, every one updated by each
+    assert "(139 weight tensors)" in out  # the preset's shapes-S's tensors, every one updated by each
+
+
+@pytest.mark.parametrize("family", ["lmlp", "moe_mlp"])
+def test_the_step_timed_is_the_main_jobs_model(benchmark, family):
+    # The shapes preset's model options (its caption projection) included, as the trainer builds the model.
+    from diffusers_lmlp.training import components
+    from diffusers_lmlp.training.arguments import parse_args
+
+    config = {"lmlp": "shapes-S", "moe_mlp": "shapes-moe-S"}[family]
+    timed = benchmark.shapes_model(benchmark.parse_args(["--family", family, "--config", config]))
+    trained = components.build_model(
+        parse_args(["--output_dir", "x", "--model_type", family, "--model_config", config])
+    )
+    assert timed.config == trained.config and timed.config.pooled_text_projection

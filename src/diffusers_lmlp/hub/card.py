@@ -36,6 +36,12 @@ GENERIC_PROMPT = "a photograph of an astronaut riding a horse"
 # The settings of the scores' sampler (`summary["evaluation_sampler"]`) that are `LMLPPipeline.__call__` arguments.
 SAMPLER_CALL_ARGUMENTS = ("num_inference_steps", "guidance_scale")
 
+# The backbone option that is not in the papers, named where a card describes the backbone.
+POOLED_TEXT_PROJECTION = (
+    "; the text encoder's last-position state is also projected and added to every image token "
+    "(`pooled_text_projection`, not in the papers)"
+)
+
 
 def block_markers(name: str) -> tuple[str, str]:
     """The begin and end markers around the generated block `name` of a card body."""
@@ -188,6 +194,7 @@ def describe_pipeline(
     config = backbone.config
     family = family_of(backbone)
     num_params = sum(p.numel() for p in backbone.parameters())
+    pooled = POOLED_TEXT_PROJECTION if config.get("pooled_text_projection") else ""
     trained = "learning_rate" in args or "steps" in summary
     origin = "trained with diffusers-lmlp (`python -m diffusers_lmlp.train`)" if trained else "for diffusers-lmlp"
     lines = [
@@ -198,7 +205,7 @@ def describe_pipeline(
         "",
         f"- Backbone: `{type(backbone).__name__}`, hidden size {config.hidden_size}, {config.num_layers} layers "
         f"(+1 mid block), patch {config.patch_size}, {config.sample_size}×{config.sample_size} latents, "
-        f"{backbone.seq_len} tokens{family.details(config)}",
+        f"{backbone.seq_len} tokens{family.details(config)}{pooled}",
         f"- Native resolution: {pipe.native_size}×{pipe.native_size} px; latent scale "
         f"{pipe.vae.config.scaling_factor:.5f}",
     ]

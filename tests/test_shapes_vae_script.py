@@ -1,0 +1,81 @@
+"""scripts/train_shapes_vae.py: both stages as docs/training.md runs them, on a tiny VAE. The decoder stage must
+train every decoder layer and nothing else: a changed encoder or latent scale would leave the shipped backbone
+generating latents its VAE no longer reads."""
+
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from documents import block
+from safetensors.torch import load_file
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# A VAE of the script's layout, as small as its GroupNorms allow, trained for two steps on eight renders.
+TINY = ["--steps", "2", "--batch-size", "4", "--num-images", "8", "--block-out-channels", "8", "8", "8"]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("train_shapes_vae", ROOT / "scripts" / "train_shapes_vae.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def saved(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """A saved VAE's weights and config."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return load_file(folder / "diffusion_pytorch_model.safetensors"), config
+
+
+def test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents(script, tmp_path, monkeypatch):
+    # docs/training.md's two commands, run as written with tiny sizes added (argparse's last value wins).
+    [first, second] = block("docs/training.md", "The shapes VAE").strip().splitlines()
+    monkeypatch.chdir(tmp_path)
+    for command in (first, second):
+        argv = shlex.split(command)
+        assert argv[:2] == ["python", "scripts/train_shapes_vae.py"]
+        script.main([*argv[2:], *TINY])
+    assert "--decoder-from shapes-vae" in second and "--output-dir shapes-vae-decoder" in second
+    (before, before_config), (after, after_config) = (
+        saved(tmp_path / "shapes-vae"),
+        saved(tmp_path / "shapes-vae-decoder"),
+    )
+    assert before.keys() == after.keys()
+    frozen = [key for key in before if key.startswith(("encoder.", "quant_conv."))]
+    trained = [key for key in before if key.startswith(("decoder.", "post_quant_conv."))]
+    assert frozen and trained and len(frozen) + len(trained) == len(before)
+    assert [key for key in frozen if not torch.equal(before[key], after[key])] == []
+    assert [key for key in trained if torch.equal(before[key], after[key])] == []  # no decoder layer left as it was
+    assert after_config["scaling_factor"] == before_config["scaling_factor"]  # set by the first stage only
+
+
+def test_the_latent_noise_is_drawn_per_image_in_units_of_the_scaled_latents(script):
+    generator = torch.Generator().manual_seed(0)
+    noise = script.latent_noise(torch.Size((4000, 8, 8, 8)), 0.4, 0.5, generator)  # (b, C, h, w)
+    per_image = (noise * 0.5).flatten(1).std(dim=1)  # (b,): in the backbone's units
+    assert per_image.max() < 0.4 * 1.15  # at most --latent-noise, up to the estimate's spread over 512 values
+    assert per_image.mean() == pytest.approx(0.2, abs=0.01)  # U(0, 0.4) on average
+    assert per_image.min() < 0.02  # nearly exact latents are drawn too
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--latent-noise", "-0.1"], "--latent-noise must be a finite number >= 0, got -0.1"),
+        (["--latent-noise", "nan"], "--latent-noise must be a finite number >= 0, got nan"),
+        (
+            ["--decoder-from", "missing"],
+            "--decoder-from missing has no config.json: pass a folder saved by this script",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_training(script, capsys, argv, says):
+    with pytest.raises(SystemExit) as error:
+        script.main(argv)
+    assert error.value.code == 2
+    assert says in capsys.readouterr().err
