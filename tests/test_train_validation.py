@@ -125,7 +125,8 @@ def test_the_shapes_preset_adds_the_pooled_text_projection_and_one_override_remo
 
 
 def test_overrides_given_are_added_to_the_presets_not_put_in_their_place(script):
-    # Naming another key used to drop the preset's own model options without a word.
+    # Naming another key must not drop the preset's own model options (argparse would put the given list in
+    # their place).
     args = script.parse_args(["--output_dir", "x", "--model_overrides", "num_layers=4", "hidden_size=64"])
     assert args.model_overrides == {"pooled_text_projection": True, "num_layers": 4, "hidden_size": 64}
     model = components.build_model(args)
