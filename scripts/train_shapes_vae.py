@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from diffusers_lmlp.shapes.autoencoder import foreground_mask, held_out_renders, reconstruction_report, to_pixels
 from diffusers_lmlp.shapes.world import IMAGE_SIZE, make_dataset
+from diffusers_lmlp.training.step import non_finite_parameters
 
 
 def image_gradients(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,18 +74,25 @@ def latent_noise(shape: torch.Size, max_std: float, scaling_factor: float, gener
     return std * torch.randn(shape, generator=generator) / scaling_factor
 
 
+class DivergedError(RuntimeError):
+    """Training produced a loss, weights or a latent scale that is not finite; nothing was saved."""
+
+
 def train(vae: AutoencoderKL, pixels: torch.Tensor, args: argparse.Namespace) -> float:
     """Train the VAE's parameters that require gradients on `pixels` (N, 3, H, W); returns the seconds taken.
 
     With a frozen encoder (the decoder stage) its posterior is computed without gradients and the KL term, which
     only the encoder could lower, is left out.
+
+    Raises:
+        DivergedError: At the first step whose loss is NaN or infinite, before that step updates any weight.
     """
     encoder_trains = any(p.requires_grad for p in vae.encoder.parameters())
     optimizer = torch.optim.AdamW([p for p in vae.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
     generator = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
-    for _ in (progress := tqdm(range(args.steps), desc="training the shapes VAE", mininterval=10)):
+    for step in (progress := tqdm(range(1, args.steps + 1), desc="training the shapes VAE", mininterval=10)):
         batch = pixels[torch.randint(0, len(pixels), (args.batch_size,), generator=generator)]  # (b, 3, H, W)
         with torch.set_grad_enabled(encoder_trains):
             posterior = vae.encode(batch).latent_dist
@@ -94,12 +102,35 @@ def train(vae: AutoencoderKL, pixels: torch.Tensor, args: argparse.Namespace) ->
         loss = reconstruction_loss(vae.decode(latents).sample, batch, args.foreground_weight, args.edge_weight)
         if encoder_trains:
             loss = loss + args.kl_weight * posterior.kl().mean() / batch[0].numel()
+        if not math.isfinite(loss_value := loss.item()):
+            raise DivergedError(
+                f"the VAE's loss is {loss_value} at step {step} of {args.steps}: training diverged and nothing was "
+                f"saved. Lower --lr (it is {args.lr}) and run again."
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         schedule.step()
-        progress.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        progress.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
     return time.perf_counter() - start
+
+
+def refuse_non_finite(vae: AutoencoderKL, output_dir: Path) -> None:
+    """Raise `DivergedError`, before anything is written to `output_dir`, if a weight or the latent scale of `vae`
+    is NaN or infinite: a finite loss at every step does not rule out a last update that overflowed.
+
+    Args:
+        vae (`AutoencoderKL`): The trained VAE, about to be saved.
+        output_dir (`Path`): Where it would be saved, for the message.
+    """
+    bad = non_finite_parameters(vae)
+    if not math.isfinite(vae.config.scaling_factor):
+        bad.append(f"scaling_factor ({vae.config.scaling_factor})")
+    if bad:
+        raise DivergedError(
+            f"{len(bad)} of the trained VAE's values are not finite ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}), so it was not saved to {output_dir}. Lower --lr and run again."
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--output-dir", type=Path, default=Path("shapes-vae"))
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
     if not (math.isfinite(args.latent_noise) and args.latent_noise >= 0):
         parser.error(f"--latent-noise must be a finite number >= 0, got {args.latent_noise}")
     if args.decoder_from and not (args.decoder_from / "config.json").is_file():
@@ -148,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         )  # (N, C, h, w)
     if not args.decoder_from:  # the decoder stage keeps the latents, and so their scale
         vae.register_to_config(scaling_factor=round(1.0 / latents.std().item(), 5))
+    refuse_non_finite(vae, args.output_dir)
     vae.save_pretrained(args.output_dir)
     report = reconstruction_report(vae, *held_out_renders())
     print(

@@ -66,6 +66,8 @@ def test_the_latent_noise_is_drawn_per_image_in_units_of_the_scaled_latents(scri
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
+        (["--lr", "0"], "--lr must be a finite number > 0, got 0.0"),
+        (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
         (["--latent-noise", "-0.1"], "--latent-noise must be a finite number >= 0, got -0.1"),
         (["--latent-noise", "nan"], "--latent-noise must be a finite number >= 0, got nan"),
         (
@@ -79,3 +81,41 @@ def test_bad_arguments_are_refused_before_any_training(script, capsys, argv, say
         script.main(argv)
     assert error.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_diverging_loss_stops_the_run_at_its_step_and_writes_nothing(script, tmp_path, monkeypatch):
+    losses = []
+    finite_loss = script.reconstruction_loss
+
+    def diverging_loss(*args):  # finite at the first step, NaN from the second on
+        losses.append(finite_loss(*args))
+        return losses[-1] if len(losses) == 1 else losses[-1] * float("nan")
+
+    monkeypatch.setattr(script, "reconstruction_loss", diverging_loss)
+    with pytest.raises(
+        script.DivergedError,
+        match=r"the VAE's loss is nan at step 2 of 2: training diverged and "
+        r"nothing was saved\. Lower --lr \(it is 0\.002\) and run again\.",
+    ):
+        script.main([*TINY, "--output-dir", str(tmp_path / "vae")])
+    assert len(losses) == 2 and not (tmp_path / "vae").exists()
+
+
+def test_non_finite_weights_after_training_are_never_saved(script, tmp_path, monkeypatch):
+    # A last update that overflowed leaves every loss finite and a weight NaN: the script must still refuse to save.
+    trained = script.train
+
+    def train_then_overflow(vae, pixels, args):
+        seconds = trained(vae, pixels, args)
+        with torch.no_grad():
+            vae.decoder.conv_out.weight[0, 0, 0, 0] = float("nan")
+        return seconds
+
+    monkeypatch.setattr(script, "train", train_then_overflow)
+    with pytest.raises(
+        script.DivergedError,
+        match=r"1 of the trained VAE's values are not finite "
+        r"\(decoder\.conv_out\.weight\), so it was not saved to .*vae\. Lower --lr",
+    ):
+        script.main([*TINY, "--output-dir", str(tmp_path / "vae")])
+    assert not (tmp_path / "vae").exists()
