@@ -128,7 +128,7 @@ def refuse_non_finite(vae: AutoencoderKL, output_dir: Path) -> None:
         bad.append(f"scaling_factor ({vae.config.scaling_factor})")
     if bad:
         raise DivergedError(
-            f"{len(bad)} of the trained VAE's values are not finite ({', '.join(bad[:3])}"
+            f"{len(bad)} of the trained VAE's tensors hold NaN or inf ({', '.join(bad[:3])}"
             f"{', ...' if len(bad) > 3 else ''}), so it was not saved to {output_dir}. Lower --lr and run again."
         )
 
