@@ -85,6 +85,19 @@ def test_this_cpu_reads_the_flags_the_system_lists():
         flags = next(line for line in listed.read_text().splitlines() if line.startswith("flags")).split(":")[1]
         assert here.flags == frozenset(flags.split())
         assert (here.native_bf16 is not None) == bool({"avx512_bf16", "amx_bf16"} & here.flags)
+        first = listed.read_text().split("\n\n")[0].splitlines()  # the first processor's block
+        numbers = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first)}
+        if "cpu family" in numbers:  # x86
+            assert here.generation == f"family {numbers['cpu family']}, model {numbers['model']}"
+            assert f"({here.generation}), {here.cores} cores" in here.describe()
+
+
+def test_the_description_tells_apart_cpus_of_one_name():
+    zen4 = cpu.CPU("AMD EPYC", frozenset({"avx2", "avx512f", "avx512_bf16"}), 2, "family 25, model 17")
+    zen5 = cpu.CPU("AMD EPYC", frozenset({"avx2", "avx512f", "avx512_bf16"}), 2, "family 26, model 2")
+    assert zen4.describe() == "AMD EPYC (family 25, model 17), 2 cores, avx2 avx512f avx512_bf16"
+    assert zen5.describe() != zen4.describe()
+    assert APPLE.describe() == "arm, 8 cores, no avx2/avx512/amx flags known"  # nothing said where nothing is known
 
 
 def test_the_shapes_preset_trains_in_auto_precision_and_an_explicit_choice_wins(tmp_path):
