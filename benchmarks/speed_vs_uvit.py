@@ -1,9 +1,8 @@
 """Speed of every block family against the U-ViT-S/2 attention baseline, measured side by side in one process.
 
-What it measures, for each model in each of its modes (eager, `torch.compile` of the whole model, diffusers'
-regional compilation of the repeated block, `compile_repeated_blocks()`, and, for sampling only, "frozen": the whole
-model compiled with inductor's `freezing` and `max_autotune`), and for fp32 and, where the machine has native bf16,
-bf16:
+What it measures, for each model in each of its modes (eager, `torch.compile` of the whole model, and diffusers'
+regional compilation of the repeated block, `compile_repeated_blocks()`), and for fp32 and, where the machine has
+native bf16, bf16:
 
 - sampling: images/s of the pipeline's classifier-free-guidance forward (one forward over 2·B latents);
 - training: images/s of a training step (forward, MSE loss, backward, AdamW step) at batch B;
@@ -58,9 +57,7 @@ BASELINE = "U-ViT-S/2"
 REFERENCE = "F2-deep"  # the paper's UL-MLP, against which the MoE-MLP's cost is read
 # One model per registered family (Table 1's F2 beside the reference F2-deep), the baseline first.
 DEFAULT_MODELS = [BASELINE, "F2-deep", "F2", "4E2H", "A2", "A3", "ParaMixer-S", "SymMixer-S", "AsymMixer-S"]
-MODES = ("eager", "compile", "regional", "frozen")
-# Modes that only inference can use: freezing makes the weights constants of the compiled graph, which training changes.
-SAMPLING_ONLY_MODES = ("frozen",)
+MODES = ("eager", "compile", "regional")
 PASSES = ("sampling", "training")
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) of the GPUs this project runs on, for MFU. Others: the measured
 # bf16 GEMM rate is used instead, and the table says so.
@@ -96,10 +93,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     refuse_unknown_configs(parser, args.models + args.pipeline_models + (args.memory_models or []))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here; run the CPU section without it.")
-    if set(args.modes) <= set(SAMPLING_ONLY_MODES):
-        parser.error(
-            f"--modes {' '.join(args.modes)} times sampling only; add eager, compile or regional for training"
-        )
     for name in ("batch_size", "repeats", "pipeline_batch_size", "pipeline_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -152,22 +145,15 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
 
 
 def make_runner(model: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """The model in one mode: itself, `torch.compile(model)`, a copy with its repeated blocks compiled, or a frozen
-    copy compiled for inference.
+    """The model in one mode: itself, `torch.compile(model)`, or a copy with its repeated blocks compiled.
 
     Every mode calls every layer as a module (compilation traces the modules, it does not replace them), so hooks and
-    adapters registered before compiling run in all of them. "frozen" (`SAMPLING_ONLY_MODES`) compiles with inductor's
-    `freezing`, which folds the weights into the graph as constants (on a CPU, oneDNN linears with their weights
-    pre-packed and the bias and GELU fused), and `max_autotune`, which times inductor's C++ GEMM templates against
-    them: the copy's weights are read once, at the first call, so it must be compiled after the last change to them
-    (a LoRA loaded, fused or rescaled) and only run under `torch.no_grad()` or `torch.inference_mode()`.
+    adapters registered before compiling run in all of them.
     """
     if mode == "eager":
         return model
     if mode == "compile":
         return torch.compile(model)
-    if mode == "frozen":
-        return torch.compile(copy.deepcopy(model), options={"freezing": True, "max_autotune": True})
     regional = copy.deepcopy(model)
     regional.compile_repeated_blocks()
     return regional
@@ -338,8 +324,6 @@ def measure_model(
         rows_in_step = args.batch_size * (2 if pass_ == "sampling" else 1)
         steps, compile_seconds = {}, {}
         for mode in args.modes:
-            if pass_ == "training" and mode in SAMPLING_ONLY_MODES:
-                continue
             runner = make_runner(model, mode)
             data = inputs(model.config, args.batch_size, args.device)
             step = (

@@ -112,34 +112,8 @@ def test_bad_arguments_are_refused_with_the_fix(speed, capsys):
     with pytest.raises(SystemExit):
         speed.parse_args(["--batch_size", "0"])
     assert "--batch_size must be at least 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        speed.parse_args(["--modes", "frozen"])
-    assert "--modes frozen times sampling only; add eager, compile or regional for training" in capsys.readouterr().err
     args = speed.parse_args(["--models", "4E2H", "F2-deep", speed.BASELINE])
     assert args.models == [speed.BASELINE, "F2-deep", "4E2H"]  # the baseline, then the reference, first, once
-
-
-@pytest.mark.slow
-def test_the_frozen_mode_samples_as_eager_and_never_trains(speed):
-    """The frozen mode compiles a copy with the weights folded in as constants: the CFG forward gives eager's numbers,
-    the model itself is left as it was, and the training pass, which changes the weights, never runs it."""
-    args = speed.parse_args(["--models", "F2-deep", "--modes", "eager", "frozen", "--precisions", "fp32"])
-    args.num_layers, args.batch_size, args.repeats = 2, 2, 1
-    torch.manual_seed(0)
-    model = speed.build("F2-deep", args.num_layers).eval()
-    data = speed.inputs(model.config, args.batch_size, "cpu")
-    eager = speed.sampling_step(model, data, "cpu", "fp32")()
-    frozen_runner = speed.make_runner(model, "frozen")
-    frozen = speed.sampling_step(frozen_runner, data, "cpu", "fp32")()
-    torch.testing.assert_close(frozen, eager, rtol=1e-4, atol=1e-4)
-    assert frozen_runner._orig_mod is not model  # a copy: the model's own parameters stay trainable tensors
-    rows, steps = speed.measure_model("F2-deep", args, "fp32", {})
-    assert {(row.pass_, row.mode) for row in rows} == {
-        ("sampling", "eager"),
-        ("sampling", "frozen"),
-        ("training", "eager"),
-    }
-    assert set(steps["training"]) == {"eager"}
 
 
 # The commands for this script in the README and the pages in docs/, as written: docs/benchmarks.md's (the README's
