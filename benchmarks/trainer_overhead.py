@@ -12,7 +12,7 @@ validations and checkpoints spaced past the run) and times, after `--skip` warm-
 
 The last column is each one's steps/s over the bare step's; the project's goal for the trainer's loop is ≥ 90%.
 Options this script does not know go to the trainer (`--torch_compile yes` compiles as the preset's `auto` does for
-runs of 1,000 steps or more, such as the main command's 5,200):
+runs of 1,000 steps or more, such as the main command's 10,400):
 
     python benchmarks/trainer_overhead.py --torch_compile yes          # the main command's preset, 800 steps
     python benchmarks/trainer_overhead.py --max_train_steps 400 --train_batch_size 32

@@ -423,7 +423,9 @@ def test_the_analysis_findings_are_the_printed_measures():
     count = len(right_above) + len(right_below)
     assert f"its diagonal ratio leaves its (narrower) noise band in {count} of 9 layers" in page
     ratios = " and ".join(f"{right[layer]['diagonal']:.2f}" for layer in right_above)
-    assert f"above it in {layers(right_above)} ({ratios}) and below it in {layers(right_below)}" in page
+    sides_of_band = [f"above it in {layers(right_above)} ({ratios})"] if right_above else []
+    sides_of_band += [f"below it in {layers(right_below)}"] if right_below else []
+    assert f"noise band in {count} of 9 layers, {' and '.join(sides_of_band)}," in page
     sides = {("left", layer): m for layer, m in left.items()} | {("right", layer): m for layer, m in right.items()}
     (side, layer), most = max(sides.items(), key=lambda item: item[1]["diagonal"])
     assert (
@@ -432,9 +434,11 @@ def test_the_analysis_findings_are_the_printed_measures():
     # 4. Mean |w|: highest in the middle layers.
     mean_left = {layer: measures["mean_abs"] for layer, measures in left.items()}
     mean_right = {layer: measures["mean_abs"] for layer, measures in right.items()}
-    assert set(sorted(mean_left, key=mean_left.get)[-2:]) == {5, 6}
-    peak = f"{min(mean_left[5], mean_left[6]):.3f}–{max(mean_left[5], mean_left[6]):.3f}"
-    rises = f"rises from {mean_left[1]:.3f} (layer 1) to {peak} (layers 5 and 6)"
+    # The peak: every layer within 5% of the largest mean |w|, none of them the first or the last layers.
+    top = sorted(layer for layer, mean in mean_left.items() if mean >= 0.95 * max(mean_left.values()))
+    assert 4 <= min(top) and max(top) <= 8
+    peak = f"{min(mean_left[layer] for layer in top):.3f}–{max(mean_left[layer] for layer in top):.3f}"
+    rises = f"rises from {mean_left[1]:.3f} (layer 1) to {peak} ({layers(top)})"
     assert f"left hemisphere {rises} and falls to {mean_left[9]:.3f} (layer 9)" in page
     middle = max(mean_right[layer] for layer in (3, 4, 5))
     assert middle == max(mean_right.values())

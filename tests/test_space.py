@@ -250,7 +250,7 @@ def test_model_panel_describes_the_shipped_model(shapes_pipe):
     assert "32×32 px (8×8 latents × VAE factor 4)" in text
     assert "up to 10 tokens" in text
     assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in text
-    assert "**Training data:** 5200 steps on the procedural shapes world" in text
+    assert "**Training data:** 10400 steps on the procedural shapes world" in text
     assert "cpu, float32" in text
 
 

@@ -101,7 +101,7 @@ def test_space_without_the_package_serves_the_model_from_its_code(served, space,
     assert "### Model: lmlp-shapes\n`owner/lmlp-shapes`" in panel  # the card's title, read from the cached repo
     assert "**Backbone:** UL-MLP (`LMLPTransformer2DModel`), 866,626 parameters" in panel
     assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in panel
-    assert "**Training data:** 5200 steps on the procedural shapes world" in panel
+    assert "**Training data:** 10400 steps on the procedural shapes world" in panel
     # The package never loaded: the app asked once whether it is installed, and diffusers never asked.
     assert space.imports.read_text().split() == APP_PROBE
     # Without the package, the app applies the thread rule itself: the count given wins.
