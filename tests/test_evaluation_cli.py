@@ -224,13 +224,16 @@ def test_sigterm_keeps_a_partial_report_and_the_same_command_finishes_as_an_unin
     monkeypatch.setattr(ProgressStore, "results", terminated_again)
     capsys.readouterr()
     fallback = signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # SIGTERM's default would end pytest itself
+    # What SIGINT did before the command: Python's KeyboardInterrupt, or nothing where the launcher ignores it (a
+    # background job, `nohup`).
+    sigint_before = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(SystemExit) as stopped:
             main([*SMALL, "--output_dir", str(output)])
     finally:
         signal.signal(signal.SIGTERM, fallback)
     assert stopped.value.code == 128 + signal.SIGTERM
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's handlers are gone
+    assert signal.getsignal(signal.SIGINT) is sigint_before  # the command's handlers are gone
     partial = json.loads((output / "report.partial.json").read_text())
     assert partial["partial"] is True and partial["num_images_done"] == 8 and partial["num_images"] == 10
     assert partial["captions"] == "shapes" and 0 <= partial["shapes"]["colour"] <= 1
