@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 from speed_vs_uvit import (
+    MODES,
+    SAMPLING_ONLY_MODES,
     build,
     inputs,
     machine_line,
@@ -168,7 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
-    parser.add_argument("--mode", default="regional", choices=("eager", "compile", "regional"))
+    parser.add_argument(
+        "--mode", default="regional", choices=MODES, help="frozen (the pipeline's inductor freezing): sampling only"
+    )
     parser.add_argument("--batch_size", type=int, default=8, help="B: images per step (sampling runs 2·B)")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps, after two warm-up steps")
     parser.add_argument("--top", type=int, default=8, help="most expensive kernels listed per pass")
@@ -181,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("batch_size", "steps", "top"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.mode in SAMPLING_ONLY_MODES and "training" in args.passes:
+        parser.error(f"--mode {args.mode} compiles for inference only: add --passes sampling.")
     return args
 
 

@@ -1,8 +1,9 @@
 """Speed of every block family against the U-ViT-S/2 attention baseline, measured side by side in one process.
 
-What it measures, for each model in each of its modes (eager, `torch.compile` of the whole model, and diffusers'
-regional compilation of the repeated block, `compile_repeated_blocks()`), and for fp32 and, where the machine has
-native bf16, bf16:
+What it measures, for each model in each of its modes (eager, `torch.compile` of the whole model, diffusers'
+regional compilation of the repeated block, `compile_repeated_blocks()`, and, for sampling only, the whole model
+compiled with inductor's freezing, as `LMLPPipeline.enable_inductor_freezing()` samples), and for fp32 and, where the
+machine has native bf16, bf16:
 
 - sampling: images/s of the pipeline's classifier-free-guidance forward (one forward over 2·B latents);
 - training: images/s of a training step (forward, MSE loss, backward, AdamW step) at batch B;
@@ -51,13 +52,15 @@ from diffusers_lmlp.allocator import reuse_freed_memory
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.models import family_of, from_named_config, named_configs
 from diffusers_lmlp.models.backbone import UShapedMixerModel
+from diffusers_lmlp.pipelines.freezing import FrozenTransformer
 
 
 BASELINE = "U-ViT-S/2"
 REFERENCE = "F2-deep"  # the paper's UL-MLP, against which the MoE-MLP's cost is read
 # One model per registered family (Table 1's F2 beside the reference F2-deep), the baseline first.
 DEFAULT_MODELS = [BASELINE, "F2-deep", "F2", "4E2H", "A2", "A3", "ParaMixer-S", "SymMixer-S", "AsymMixer-S"]
-MODES = ("eager", "compile", "regional")
+MODES = ("eager", "compile", "regional", "frozen")
+SAMPLING_ONLY_MODES = ("frozen",)  # freezing makes the weights constants: an inference mode
 PASSES = ("sampling", "training")
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) of the GPUs this project runs on, for MFU. Others: the measured
 # bf16 GEMM rate is used instead, and the table says so.
@@ -144,8 +147,9 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def make_runner(model: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """The model in one mode: itself, `torch.compile(model)`, or a copy with its repeated blocks compiled.
+def make_runner(model: torch.nn.Module, mode: str) -> Callable:
+    """The model in one mode: itself, `torch.compile(model)`, a copy with its repeated blocks compiled, or the
+    pipeline's frozen compilation of a copy (`FrozenTransformer`; sampling only).
 
     Every mode calls every layer as a module (compilation traces the modules, it does not replace them), so hooks and
     adapters registered before compiling run in all of them.
@@ -154,6 +158,8 @@ def make_runner(model: torch.nn.Module, mode: str) -> torch.nn.Module:
         return model
     if mode == "compile":
         return torch.compile(model)
+    if mode == "frozen":
+        return FrozenTransformer().for_sampling(copy.deepcopy(model))
     regional = copy.deepcopy(model)
     regional.compile_repeated_blocks()
     return regional
@@ -324,6 +330,8 @@ def measure_model(
         rows_in_step = args.batch_size * (2 if pass_ == "sampling" else 1)
         steps, compile_seconds = {}, {}
         for mode in args.modes:
+            if pass_ == "training" and mode in SAMPLING_ONLY_MODES:
+                continue
             runner = make_runner(model, mode)
             data = inputs(model.config, args.batch_size, args.device)
             step = (
@@ -504,11 +512,14 @@ def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
     from diffusers_lmlp.pipelines.pipeline_lmlp import default_scheduler
 
     model = build(name, args.num_layers, args.device).eval()
-    runner = make_runner(model, mode)
+    frozen = mode == "frozen"  # the pipeline's own switch, fingerprint of the weights included
+    runner = model if frozen else make_runner(model, mode)
     torch.manual_seed(0)
     vae = AutoencoderKL(**SD_VAE_CONFIG).to(args.device).eval()
     pipe = LMLPPipeline(vae=vae, text_encoder=None, tokenizer=None, transformer=runner, scheduler=default_scheduler())
     pipe.set_progress_bar_config(disable=True)
+    if frozen:
+        pipe.enable_inductor_freezing()
     batch = args.pipeline_batch_size
     data = inputs(model.config, batch, args.device)
     prompt_embeds, negative_embeds = 0.5 * data["text"], 0.5 * data["text"].roll(1, 0)
@@ -523,8 +534,6 @@ def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
             output_type="np",
         )
 
-    forward = sampling_step(runner, data, args.device, "fp32")
-
     def parts():
         for _ in range(args.pipeline_steps):
             forward()
@@ -532,6 +541,10 @@ def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
             vae.decode(latents)
 
     pipeline(2)  # compiles the backbone and warms the VAE, in 2 steps however many are timed
+    # The parts run the pipeline's own frozen graph, compiled by the call above.
+    forward = sampling_step(
+        pipe._inductor_freezing.for_sampling(model) if frozen else runner, data, args.device, "fp32"
+    )
     forward()
     best = time_interleaved({"pipeline": pipeline, "parts": parts}, args.repeats, args.device, warm_up=False)
     pipeline_seconds, parts_seconds = best["pipeline"], best["parts"]

@@ -161,3 +161,24 @@ def test_the_documented_command_runs(tmp_path):
     assert 20 * 2**20 < memory["bytes"] < 400 * 2**20 and memory["checkpointing_bytes"] < 0.9 * memory["bytes"]
     with Image.open(out / "speed.png") as plot:
         assert plot.width > 400 and plot.height > 80
+
+
+@pytest.mark.slow
+def test_the_frozen_mode_times_sampling_only(tmp_path):
+    """`--modes frozen` times the pipeline's frozen compilation in sampling, and never a training step (freezing
+    makes the weights constants); the pipeline section switches the pipeline's own freezing on when it is the best."""
+    out = tmp_path / "speed"
+    smoke = [*SMOKE, "--models", "F2-deep", "--modes", "eager", "frozen", "--memory_models"]
+    command = [sys.executable, *COMMANDS[0][1:], "--output_dir", str(out), *smoke]
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    modes = {(r["model"], r["pass_"], r["mode"]) for r in data["rows"]}
+    assert modes == {(m, "sampling", mode) for m in ("U-ViT-S/2", "F2-deep") for mode in ("eager", "frozen")} | {
+        (m, "training", "eager") for m in ("U-ViT-S/2", "F2-deep")
+    }
+    best = max(
+        (r for r in data["rows"] if r["model"] == "F2-deep" and r["pass_"] == "sampling"),
+        key=lambda r: r["images_per_second"],
+    )
+    assert data["pipeline"][0]["mode"] == best["mode"] and data["pipeline"][0]["ratio"] > 0

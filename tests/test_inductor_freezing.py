@@ -1,0 +1,174 @@
+"""`LMLPPipeline.enable_inductor_freezing()`: the transformer compiled with its weights as constants.
+
+A frozen graph does not read the weights any more, so what must never happen is a sample drawn with weights that
+have since changed: every way of changing them (in place through `.data`, `load_state_dict`, a LoRA loaded, rescaled,
+fused, unfused or disabled, a dtype change, a hook) is checked against the same change made to an unfrozen pipeline.
+"""
+
+import pytest
+import torch
+from accelerate.hooks import ModelHook, add_hook_to_module
+from diffusers.utils.torch_utils import is_compiled_module
+from test_lora_loading import write_lora
+from torch import nn
+
+from diffusers_lmlp.pipelines.freezing import FrozenTransformer, weights_fingerprint
+
+
+pytestmark = pytest.mark.slow  # every test compiles
+
+ATOL = 1e-4  # freezing fuses biases and GELUs into the GEMMs: float32 rounding differs in the last bits
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = ATOL) -> None:
+    torch.testing.assert_close(actual, expected, rtol=0, atol=atol)
+
+
+def test_frozen_sampling_draws_the_unfrozen_images_and_leaves_the_transformer_alone(make_pipe, generate):
+    pipe = make_pipe()
+    expected = generate(pipe)
+    pipe.enable_inductor_freezing()
+    close(generate(pipe), expected)
+    close(generate(pipe, seed=1), generate(make_pipe(), seed=1))
+    assert pipe._inductor_freezing.freezes == 1, "the same weights were frozen again"
+    assert not is_compiled_module(pipe.transformer)  # save_pretrained, hooks and adapters see the module itself
+    pipe.disable_inductor_freezing()
+    torch.testing.assert_close(generate(pipe), expected, rtol=0, atol=0)
+
+
+def test_one_frozen_graph_serves_every_batch_size(make_pipe, generate):
+    """The batch is dynamic in the frozen graph: more prompts or images per prompt do not compile again."""
+    pipe = make_pipe()
+    pipe.enable_inductor_freezing()
+    generate(pipe)  # 2 latents: unconditional and conditional
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    prompts = ["a red circle", "a blue square", "a green triangle"]
+    close(generate(pipe, prompt=prompts), generate(make_pipe(), prompt=prompts))
+    close(generate(pipe, num_images_per_prompt=2), generate(make_pipe(), num_images_per_prompt=2))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "a new batch size compiled again"
+    assert pipe._inductor_freezing.freezes == 1
+
+
+def test_the_frozen_graph_ignores_weights_changed_behind_its_back():
+    """Why the pipeline fingerprints the weights: a frozen graph computes with the weights it was frozen with."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    x = torch.randn(4, 8)
+    freezing = FrozenTransformer()
+    with torch.no_grad():
+        frozen = freezing.for_sampling(model)
+        before = frozen(x)
+        model[0].weight.data.mul_(2.0)  # in place through .data: no version bump, same storage
+        close(frozen(x), before)  # stale: the old weights are constants of the graph
+        assert (model(x) - before).abs().max() > 1e-2
+        close(freezing.for_sampling(model)(x), model(x))  # checked again, so frozen again
+    assert freezing.freezes == 2
+
+
+def test_freezing_again_and_again_stays_frozen_and_right():
+    """Each freeze adds a graph to one cached frame; without resetting, dynamo would give up after 8 and run eagerly
+    (still right, but no longer frozen)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    x = torch.randn(4, 8)
+    freezing = FrozenTransformer()
+    with torch.no_grad():
+        for _ in range(10):
+            model[2].bias.data.add_(0.5)
+            frozen = freezing.for_sampling(model)
+            close(frozen(x), model(x))
+        model[2].bias.data.add_(0.5)
+        close(frozen(x), model(x) - 0.5)  # the tenth graph is frozen too: it still has the tenth bias
+    assert freezing.freezes == 10
+
+
+def scale_merge_in_place(pipe):
+    pipe.transformer.head.proj.weight.data.mul_(1.5)
+
+
+def load_other_weights(pipe, make_pipe):
+    pipe.transformer.load_state_dict(make_pipe(seed=3).transformer.state_dict())
+
+
+def add_output_hook(pipe):
+    pipe.transformer.head.proj.register_forward_hook(lambda module, args, output: 0.5 * output)
+
+
+CHANGES = {
+    "weights edited in place through .data": lambda pipe, make_pipe: scale_merge_in_place(pipe),
+    "load_state_dict": load_other_weights,
+    "a forward hook added": lambda pipe, make_pipe: add_output_hook(pipe),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_change_after_freezing_is_sampled_with(make_pipe, generate, change):
+    pipe, unfrozen = make_pipe(), make_pipe()
+    pipe.enable_inductor_freezing()
+    close(generate(pipe), generate(unfrozen))
+    CHANGES[change](pipe, make_pipe)
+    CHANGES[change](unfrozen, make_pipe)
+    changed = generate(unfrozen)
+    assert (changed - generate(make_pipe())).abs().max() > 1e-3, "the change does not change the image"
+    close(generate(pipe), changed)
+    assert pipe._inductor_freezing.freezes == 2
+
+
+def test_a_dtype_change_after_freezing_is_sampled_with(make_pipe, generate):
+    pipe = make_pipe()
+    pipe.enable_inductor_freezing()
+    generate(pipe)
+    pipe.transformer.to(torch.bfloat16)
+    unfrozen = make_pipe()
+    unfrozen.transformer.to(torch.bfloat16)
+    close(generate(pipe), generate(unfrozen), atol=0.02)
+    assert pipe._inductor_freezing.freezes == 2
+
+
+def test_every_lora_operation_after_freezing_is_sampled_with(make_pipe, generate, tmp_path):
+    write_lora(make_pipe, tmp_path)
+    pipe, unfrozen = make_pipe(), make_pipe()
+    pipe.enable_inductor_freezing()
+    generate(pipe)
+    steps = {
+        "load": lambda p: p.load_lora_weights(tmp_path, adapter_name="style"),
+        "rescale": lambda p: p.set_adapters("style", adapter_weights=0.5),
+        "fuse": lambda p: p.fuse_lora(),
+        "unfuse": lambda p: p.unfuse_lora(),
+        "disable": lambda p: p.disable_lora(),
+        "enable": lambda p: p.enable_lora(),
+        "unload": lambda p: p.unload_lora_weights(),
+    }
+    images = {}
+    for name, step in steps.items():
+        step(pipe)
+        step(unfrozen)
+        images[name] = expected = generate(unfrozen)
+        close(generate(pipe), expected)
+    assert (images["load"] - images["rescale"]).abs().max() > 1e-3
+    assert (images["load"] - images["disable"]).abs().max() > 1e-3
+
+
+def test_a_hook_present_when_freezing_is_in_the_graph(make_pipe, generate):
+    pipe, unfrozen = make_pipe(), make_pipe()
+    for p in (pipe, unfrozen):
+        add_output_hook(p)
+    pipe.enable_inductor_freezing()
+    close(generate(pipe), generate(unfrozen))
+
+
+def test_the_fingerprint_sees_a_nan_as_itself():
+    model = nn.Linear(2, 2)
+    model.weight.data[0, 0] = float("nan")
+    assert weights_fingerprint(model) == weights_fingerprint(model)
+
+
+def test_freezing_refuses_a_compiled_or_offloaded_transformer(make_pipe):
+    pipe = make_pipe()
+    pipe.transformer = torch.compile(pipe.transformer)
+    with pytest.raises(ValueError, match=r"compiled already \(torch.compile\).*_orig_mod"):
+        pipe.enable_inductor_freezing()
+    pipe = make_pipe()
+    add_hook_to_module(pipe.transformer, ModelHook())
+    with pytest.raises(ValueError, match=r"model offloading.*remove_all_hooks"):
+        pipe.enable_inductor_freezing()
