@@ -307,9 +307,14 @@ def test_two_processes_stopped_by_ctrl_c_and_run_again_give_the_one_process_resu
 
     interrupted = launch(str(script), *args)
     assert interrupted.returncode != 0 and "run the same command again to continue" in interrupted.stderr
-    kept = [*(output / "progress").glob("batch-*.safetensors"), *(output / "images").glob("*.png")]
-    inodes = {path: path.stat().st_ino for path in kept}
-    batches = sorted(path.name for path in kept if path.suffix == ".safetensors")
+    batch_files = list((output / "progress").glob("batch-*.safetensors"))
+    batches = sorted(path.name for path in batch_files)
+    # The images of the finished batches. The other process may have been stopped between writing a batch's images
+    # and its batch file: that batch is not finished, and is sampled and written again.
+    done = {int(name.removeprefix("batch-").removesuffix(".safetensors")) for name in batches}
+    images = [path for path in (output / "images").glob("*.png") if int(path.stem) // 4 in done]  # --batch_size 4
+    assert len(images) == 4 * len(done)  # a batch counts as done only with its images on disk
+    inodes = {path: path.stat().st_ino for path in [*batch_files, *images]}
     partial = json.loads((output / "report.partial.json").read_text())
     # Both processes' batches (process p samples batches p, p + 2, ...), reported on by the first process.
     assert 2 <= len(batches) < 10 and batches[:2] == ["batch-000000.safetensors", "batch-000001.safetensors"]
