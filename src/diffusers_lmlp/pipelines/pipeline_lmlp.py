@@ -243,7 +243,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         """Sample with the transformer compiled by inductor with freezing: its weights become constants of the graph,
         so each Linear's weight is pre-packed and its bias and GELU are fused into the GEMM. The fastest way to sample
         on a CPU (F2-deep's forward ran 1.28× as fast as under `torch.compile` in bf16, 2.07× in float32, on an
-        `avx512_bf16` EPYC); the first call compiles (15–30 s for the papers' models on 2 cores), and the frozen graph
+        `avx512_bf16` EPYC); the first call compiles (16–32 s for the papers' models on 2 cores), and the frozen graph
         holds its own packed copy of the weights. One graph serves every batch size.
 
         Before every call the pipeline checks the transformer's weights, and freezes them again, compiling anew, if
