@@ -327,11 +327,12 @@ def measure_model(
     params = sum(p.numel() for p in model.parameters())
     rows, own_steps = [], {}
     for pass_ in PASSES:
+        modes = [mode for mode in args.modes if pass_ == "sampling" or mode not in SAMPLING_ONLY_MODES]
+        if not modes:  # `--modes frozen`: no training pass, and no GEMM reference to time for one
+            continue
         rows_in_step = args.batch_size * (2 if pass_ == "sampling" else 1)
         steps, compile_seconds = {}, {}
-        for mode in args.modes:
-            if pass_ == "training" and mode in SAMPLING_ONLY_MODES:
-                continue
+        for mode in modes:
             runner = make_runner(model, mode)
             data = inputs(model.config, args.batch_size, args.device)
             step = (

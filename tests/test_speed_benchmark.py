@@ -182,3 +182,13 @@ def test_the_frozen_mode_times_sampling_only(tmp_path):
         key=lambda r: r["images_per_second"],
     )
     assert data["pipeline"][0]["mode"] == best["mode"] and data["pipeline"][0]["ratio"] > 0
+
+
+@pytest.mark.slow
+def test_sampling_only_modes_alone_skip_the_training_pass(speed):
+    """`--modes frozen` times sampling only: no training rows, and no training pass's GEMMs timed for nothing."""
+    args = speed.parse_args(["--models", "F2-deep", "--modes", "frozen", "--precisions", "fp32"])
+    args.num_layers, args.batch_size, args.repeats = 2, 2, 1
+    rows, steps = speed.measure_model("F2-deep", args, "fp32", {})
+    assert {(row.pass_, row.mode) for row in rows} == {("sampling", "frozen")}
+    assert set(steps) == {"sampling"}
