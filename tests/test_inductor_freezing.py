@@ -157,6 +157,19 @@ def test_a_hook_present_when_freezing_is_in_the_graph(make_pipe, generate):
     close(generate(pipe), generate(unfrozen))
 
 
+def test_a_nan_weight_frozen_into_the_graph_raises_and_returns_no_image(make_pipe):
+    """The frozen graph's output goes through the pipeline's finite check like the module's: a NaN weight, there at
+    freezing time or written in afterwards, raises instead of returning a NaN image."""
+    pipe = make_pipe()
+    pipe.enable_inductor_freezing()
+    pipe("a red circle", num_inference_steps=2)  # frozen with finite weights
+    pipe.transformer.head.proj.weight.data[0, 0] = float("nan")
+    for _ in range(2):  # frozen again with the NaN, then the same graph
+        with pytest.raises(FloatingPointError, match="non-finite latents"):
+            pipe("a red circle", num_inference_steps=2, output_type="pil")
+    assert pipe._inductor_freezing.freezes == 2
+
+
 def test_the_fingerprint_sees_a_nan_as_itself():
     model = nn.Linear(2, 2)
     model.weight.data[0, 0] = float("nan")
