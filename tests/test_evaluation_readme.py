@@ -15,7 +15,7 @@ import pytest
 from coco_fixture import CLIP_REPO, write_coco2014, write_hub_cache
 from documents import blocks
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_text_to_image import ENV, train
+from test_train_text_to_image import ENV, free_port, train
 
 from diffusers_lmlp.evaluation import FIDStatistics
 from diffusers_lmlp.evaluation.__main__ import parse_args
@@ -40,12 +40,16 @@ SHORT = ["--num_images", "8", "--num_inference_steps", "2", "--batch_size", "2",
 
 
 def as_argv(command: str, num_processes: int = 2) -> list[str]:
-    """A README command as argv: `accelerate` and `python` are this Python, 8 GPUs are `num_processes` CPU ones."""
+    """A README command as argv: `accelerate` and `python` are this Python, 8 GPUs are `num_processes` CPU ones.
+
+    A launch gets a free port of its own: the README's commands leave accelerate's default, 29500, which two of them
+    running at once on two pytest-xdist workers would both try to listen on."""
     argv = shlex.split(command)
     if argv[:2] == ["accelerate", "launch"]:
         argv[argv.index("--num_processes") + 1] = str(num_processes)
         argv[argv.index("examples/accelerate.yaml")] = str(ROOT / "examples" / "accelerate.yaml")  # cwd: coco's
-        return [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
+        port = ["--main_process_port", str(free_port())]
+        return [sys.executable, "-m", "accelerate.commands.launch", *port, *argv[2:]]
     assert argv[0] == "python", command
     return [sys.executable, *argv[1:]]
 
