@@ -12,8 +12,8 @@ machine has native bf16, bf16:
   shapes and layouts, as plain `torch.mm`/`torch.bmm`), timed in the same window, over the pass's time;
 - the speed-up over U-ViT-S/2, each model in its best mode against U-ViT in its best mode, both timed in the same
   interleaved window (and eager against eager);
-- the time over the reference UL-MLP's (F2-deep, the MoE-MLP's dense counterpart), F2-deep's best mode timed in the
-  same window as each later model;
+- the time over the reference UL-MLP's (F2-deep, the MoE-MLP's dense counterpart), best mode against best mode and
+  eager against eager, F2-deep's best and eager modes timed in the same window as each later model;
 - the pipeline's wall time for 50 steps against the sum of its parts (50 CFG forwards of the backbone, i.e. 100 image
   forwards, plus one VAE decode), so that nothing but the model costs;
 - peak memory of a training step at batch B, with and without gradient checkpointing (CPU: the rise of the
@@ -300,7 +300,7 @@ class Row:
     gemm_gflops: float
     compile_seconds: float
     baseline_images_per_second: dict = field(default_factory=dict)  # U-ViT's mode -> images/s in the same window
-    reference_images_per_second: float | None = None  # F2-deep's best mode in the same window
+    reference_images_per_second: dict = field(default_factory=dict)  # F2-deep's mode -> images/s in the same window
 
     @property
     def of_gemm(self) -> float:
@@ -317,7 +317,7 @@ def measure_model(
         args (`argparse.Namespace`): The command line (batch size, modes, repeats, device).
         precision (`str`): `"fp32"` or `"bf16"`.
         references (`dict`): Model name -> pass -> mode -> step, timed in the same window: U-ViT-S/2's best and
-            eager modes (`BASELINE`) and F2-deep's best mode (`REFERENCE`), once each has been measured.
+            eager modes (`BASELINE`) and F2-deep's (`REFERENCE`), once each has been measured.
 
     Returns:
         The rows, and this model's steps (pass -> mode -> step).
@@ -354,7 +354,6 @@ def measure_model(
             label: {mode: args.batch_size / best[f"{label} {mode}"] for mode in by_mode}
             for label, by_mode in beside.items()
         }
-        reference_rate = max(rates.get(REFERENCE, {}).values(), default=None)
         for mode in steps:
             images = args.batch_size / best[mode]
             rows.append(
@@ -371,7 +370,7 @@ def measure_model(
                     flops / best["GEMM"] / 1e9,
                     compile_seconds[mode],
                     rates.get(BASELINE, {}),
-                    reference_rate,
+                    rates.get(REFERENCE, {}),
                 )
             )
             print(format_row(rows[-1]), flush=True)
@@ -456,21 +455,37 @@ def reference_time_ratio(row: Row, rows: list[Row]) -> float | None:
     if row.model == BASELINE:
         reference = best_rows(rows).get((REFERENCE, row.batch_size, row.precision, row.pass_))
         return speedup(reference, rows) if reference else None
-    if row.reference_images_per_second is None:
+    if not row.reference_images_per_second:
         return None
-    return row.reference_images_per_second / row.images_per_second
+    return max(row.reference_images_per_second.values()) / row.images_per_second
+
+
+def eager_time_ratio(row: Row, rows: list[Row]) -> float | None:
+    """An eager row's time over F2-deep's eager time, timed in the same window (U-ViT's: F2-deep's eager speed-up
+    over it, from F2-deep's window). `None` when F2-deep's eager mode was not measured."""
+    if row.model == REFERENCE:
+        return 1.0
+    if row.model == BASELINE:
+        key = (REFERENCE, row.batch_size, row.precision, row.pass_, "eager")
+        reference = next((r for r in rows if (r.model, r.batch_size, r.precision, r.pass_, r.mode) == key), None)
+        baseline = reference.baseline_images_per_second.get("eager") if reference else None
+        return reference.images_per_second / baseline if baseline else None
+    reference = row.reference_images_per_second.get("eager")
+    return reference / row.images_per_second if reference else None
 
 
 def summary_table(rows: list[Row]) -> str:
     """Best mode per model: sampling and training speed over U-ViT-S/2's (best modes against best modes, and eager
-    against eager), and the time over F2-deep's (best modes, same window)."""
+    against eager), and the time over F2-deep's (best modes against best modes, and eager against eager; same
+    window)."""
     header = ("model", "B", "precision", "sampling: best mode", "× U-ViT", "training: best mode", "× U-ViT")
     header += ("eager × U-ViT (sampling / training)", "time ÷ F2-deep's (sampling / training)")
+    header += ("eager time ÷ F2-deep's (sampling / training)",)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     best = best_rows(rows)
     modes = {(r.model, r.batch_size, r.precision, r.pass_, r.mode): r for r in rows}
     for model, batch_size, precision in dict.fromkeys((row.model, row.batch_size, row.precision) for row in rows):
-        cells, eager, reference = [model, str(batch_size), precision], [], []
+        cells, eager, reference, eager_reference = [model, str(batch_size), precision], [], [], []
         for pass_ in PASSES:
             row = best.get((model, batch_size, precision, pass_))
             ratio = speedup(row, rows) if row else None
@@ -483,7 +498,10 @@ def summary_table(rows: list[Row]) -> str:
             time_ratio = reference_time_ratio(row, rows) if row else None
             if time_ratio:
                 reference.append(f"{time_ratio:.2f}×")
-        cells += [" / ".join(eager) or "–", " / ".join(reference) or "–"]
+            eager_ratio = eager_time_ratio(eager_row, rows) if eager_row else None
+            if eager_ratio:
+                eager_reference.append(f"{eager_ratio:.2f}×")
+        cells += [" / ".join(eager) or "–", " / ".join(reference) or "–", " / ".join(eager_reference) or "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -784,8 +802,8 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.models:
                 model_rows, steps = measure_model(name, args, precision, references)
                 rows += model_rows
-                if name in (BASELINE, REFERENCE):  # its best mode per pass, and U-ViT's eager (eager against eager)
-                    kept = {"eager"} & set(args.modes) if name == BASELINE else set()
+                if name in (BASELINE, REFERENCE):  # its best mode per pass, and its eager (eager against eager)
+                    kept = {"eager"} & set(args.modes)
                     references[name] = {
                         row.pass_: {mode: steps[row.pass_][mode] for mode in kept | {row.mode}}
                         for row in best_rows(model_rows).values()
