@@ -97,9 +97,9 @@ def kernel_times(events: Iterable, device: str) -> dict[str, tuple[float, int, s
     """Kernel or operator name -> (total µs, calls, kind) over the profiled steps.
 
     On a GPU: each kernel's own device time, from the profiler's device events (its CPU operators, which carry the
-    same time again as their kernels', are left out); AdamW's kernels are `multi_tensor_apply` ones. On the CPU:
-    each operator's self time, wrappers left out; an operator that runs inside `Optimizer.step` counts as
-    "optimizer", since on the CPU AdamW runs as plain `mul_`, `addcdiv_`, ... operators.
+    same time again as their kernels', are left out); AdamW's kernels are fused or `multi_tensor_apply` ones. On
+    the CPU: each operator's self time, wrappers left out; an operator that runs inside `Optimizer.step` counts as
+    "optimizer" (the fused AdamW the passes use is one operator, but the step count's `add_` runs beside it).
 
     Args:
         events (`Iterable[FunctionEvent]`): The profiler's events (`prof.events()`).

@@ -53,6 +53,7 @@ from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.models import family_of, from_named_config, named_configs
 from diffusers_lmlp.models.backbone import UShapedMixerModel
 from diffusers_lmlp.pipelines.freezing import FrozenTransformer
+from diffusers_lmlp.training.optimizer import fused_adamw
 
 
 BASELINE = "U-ViT-S/2"
@@ -180,8 +181,9 @@ def sampling_step(runner: torch.nn.Module, data: dict, device: str, precision: s
 def training_step(
     runner: torch.nn.Module, model: torch.nn.Module, data: dict, device: str, precision: str
 ) -> Callable[[], torch.Tensor]:
-    """One optimisation step on the batch, as the training script takes it (MSE on ε, AdamW)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    """One optimisation step on the batch, as the training script takes it (MSE on ε, AdamW with the trainer's
+    kernel: torch's fused one on the CPU and CUDA)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused_adamw(torch.device(device)))
 
     def step():
         optimizer.zero_grad(set_to_none=True)

@@ -99,6 +99,20 @@ def test_speedup_compares_best_modes_in_the_same_window(speed):
     assert rows[3].of_gemm == pytest.approx(0.5)
 
 
+def test_the_training_step_uses_the_trainers_adamw_kernel(speed, monkeypatch):
+    """The training pass steps AdamW as the trainer does: torch's fused kernel on the CPU (the default, a Python loop
+    over the parameters, costs the MoE-MLP's extra expert parameters more), and updates the weights."""
+    made = []
+    adamw = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **kw: made.append(kw) or adamw(*a, **kw))
+    model = speed.build("4E2H", num_layers=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    step = speed.training_step(model, model, speed.inputs(model.config, 2, "cpu"), "cpu", "fp32")
+    assert torch.isfinite(step())
+    assert made == [{"lr": 1e-6, "fused": True}]
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 def test_gpu_peak_comes_from_the_name_or_the_measured_gemm(speed, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     assert speed.gpu_peak_tflops(700.0)[0] == 989.0
