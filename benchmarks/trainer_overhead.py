@@ -5,10 +5,12 @@ validations and checkpoints spaced past the run) and times, after `--skip` warm-
 
 - the trainer's loop: each step's batch from the feature cache, the step (noise, forward, loss, backward, clipping,
   AdamW, EMA) and its logging, from one step's end to the next's;
-- the trainer's step function alone (`diffusers_lmlp.training.step.training_step`);
-- a bare step (`benchmarks/training_step.py`): forward, MSE, backward and torch's default AdamW on a fixed batch,
-  built in the precision and compilation the trainer chose. Every `--every` trainer steps the bare step runs
-  `--bare_steps` times, so both are timed in the same window.
+- the trainer's step function alone (`diffusers_lmlp.training.step.training_step`), and its parts where the trainer
+  calls them (the noise, forward and loss, backward, gradient norm, AdamW, EMA, ...; `STEP_PARTS`), with the logging
+  between steps;
+- a bare step (`benchmarks/training_step.py`): forward, MSE, backward and AdamW with the trainer's own kernel
+  (fused on the CPU and CUDA) on a fixed batch, built in the precision and compilation the trainer chose. Every
+  `--every` trainer steps the bare step runs `--bare_steps` times, so both are timed in the same window.
 
 The last column is each one's steps/s over the bare step's; the project's goal for the trainer's loop is ≥ 90%.
 Options this script does not know go to the trainer (`--torch_compile yes` compiles as the preset's `auto` does for
@@ -29,8 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from training_step import bare_step
 
+import diffusers_lmlp.training.step as step_module
 import diffusers_lmlp.training.trainer as trainer
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.train import main as train_main
@@ -67,6 +71,21 @@ def bare_mode(accelerator, model: torch.nn.Module) -> str:
     return f"compile-{precision}" if hasattr(model, "_orig_mod") else precision
 
 
+# What the trainer's step and loop do, each timed where the trainer calls it: (owner, attribute, label). The owners
+# are patched for the run and restored after; the optimizer and scheduler, made by the run, are patched on the
+# instance at the first step (`INSTANCE_PARTS`, on the `training_step` arguments at these positions).
+STEP_PARTS = (
+    (step_module, "draw_noise", "noise and timesteps"),
+    (step_module, "diffusion_loss", "forward and loss"),
+    (Accelerator, "backward", "backward"),
+    (Accelerator, "clip_grad_norm_", "gradient norm (clipped only with --max_grad_norm)"),
+    (step_module, "check_finite", "finite check of the loss and norm"),
+    (step_module, "update_ema", "EMA"),
+    (Accelerator, "log", "logging (`accelerator.log`, between steps)"),
+)
+INSTANCE_PARTS = ((0, "step", "AdamW"), (0, "zero_grad", "zero_grad"), (1, "step", "learning-rate schedule"))
+
+
 class Timer:
     """Stands in for `training_step` where the trainer calls it: times each call, the loop between calls, and bursts
     of a bare step built at the first call to match the trainer's model (a copy of it: same configuration and batch,
@@ -81,6 +100,35 @@ class Timer:
         self.last_end: float | None = None
         self.bare: Callable[[], None] | None = None
         self.bare_mode = ""
+        self.timed = False
+        self.part_seconds: dict[str, list[float]] = {}
+        self.patched: list[tuple[object, str, object]] = []
+
+    def timing(self, label: str, function: Callable) -> Callable:
+        """`function`, recording its seconds under `label` while the window is timed."""
+        seconds = self.part_seconds.setdefault(label, [])
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            result = function(*args, **kwargs)
+            if self.timed:
+                seconds.append(time.perf_counter() - started)
+            return result
+
+        return timed
+
+    def patch(self, owner: object, name: str, label: str) -> None:
+        """Time `owner.name` under `label`, until `restore`."""
+        self.patched.append((owner, name, owner.__dict__.get(name)))
+        setattr(owner, name, self.timing(label, getattr(owner, name)))
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self.patched):
+            if original is None:
+                delattr(owner, name)  # an instance's patch: the class's method shows through again
+            else:
+                setattr(owner, name, original)
+        self.patched.clear()
 
     def build_bare(self, accelerator, model: torch.nn.Module, latents: torch.Tensor) -> None:
         plain = copy.deepcopy(trainer.plain_backbone(accelerator, model))
@@ -91,8 +139,10 @@ class Timer:
     def __call__(self, accelerator, model, *rest, **kwargs):
         if self.bare is None:
             self.build_bare(accelerator, model, rest[3])  # (optimizer, lr_scheduler, noise_scheduler, latents, ...)
+            for position, name, label in INSTANCE_PARTS:
+                self.patch(rest[position], name, label)
         self.calls += 1
-        timed = self.calls > self.args.skip
+        timed = self.timed = self.calls > self.args.skip
         started = time.perf_counter()
         if timed and self.last_end is not None:
             self.between_seconds.append(started - self.last_end)
@@ -100,6 +150,7 @@ class Timer:
         if timed:
             self.step_seconds.append(time.perf_counter() - started)
         if self.calls % self.args.every == 0:
+            self.timed = False  # the bare step calls none of the parts; the flag is for what follows
             for _ in range(self.args.bare_steps):
                 bare_start = time.perf_counter()
                 self.bare()
@@ -121,10 +172,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if "--output_dir" not in trainer_argv:
             extra += ["--output_dir", str(Path(scratch) / "run")]
         trainer.training_step = timer
+        for owner, name, label in STEP_PARTS:
+            timer.patch(owner, name, label)
         try:
             train_main([*trainer_argv, *extra])
         finally:
             trainer.training_step = timer.step_function
+            timer.restore()
     step = statistics.median(timer.step_seconds)
     loop = step + statistics.fmean(timer.between_seconds)
     bare = statistics.median(timer.bare_seconds)
@@ -135,7 +189,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     rows = {"the trainer's loop (batch, step, logging)": loop, "its step function": step, "bare step": bare}
     for label, seconds in rows.items():
         print(f"| {label} | {seconds * 1e3:.1f} | {1 / seconds:.2f} | {bare / seconds:.0%} |")
-    return {"loop": loop, "step": step, "bare": bare}
+    # Means, so that a part called once per micro-batch or a rare slow call counts as it adds up over the run.
+    steps, step_mean = len(timer.step_seconds), statistics.fmean(timer.step_seconds)
+    parts = {label: sum(seconds) / steps for label, seconds in timer.part_seconds.items()}
+    print(f"\nThe step's parts, mean ms per timed step (the step function's mean: {step_mean * 1e3:.1f} ms):\n")
+    print("| part | ms per step | of the step function |\n|---|---:|---:|")
+    for label, seconds in parts.items():
+        print(f"| {label} | {seconds * 1e3:.2f} | {seconds / step_mean:.1%} |")
+    return {"loop": loop, "step": step, "bare": bare, "parts": parts}
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 torch.compile: the throughput levers of the main job (`--mixed_precision auto`).
 
 A step is what the trainer does with a batch: the backbone's forward on noisy latents and text states, an MSE loss,
-backward and an AdamW step. The timings are the median of `--steps` steps after `--warmup` (compilation happens in the
+backward and an AdamW step with the trainer's kernel (torch's fused one on the CPU and CUDA). The timings are the median of `--steps` steps after `--warmup` (compilation happens in the
 warm-up, whose time is printed too). Ratios are against eager float32 in the same run.
 
 A second table times the optimizer and the EMA alone, on the model's weights with random gradients: torch's default
@@ -29,6 +29,7 @@ from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.training.argument_checks import parse_overrides
 from diffusers_lmlp.training.arguments import PRESETS
+from diffusers_lmlp.training.optimizer import fused_adamw
 
 
 MODES = ("fp32", "bf16", "compile-fp32", "compile-bf16")
@@ -53,8 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def bare_step(model: torch.nn.Module, batch_size: int, mode: str) -> Callable[[], None]:
-    """One bare training step of `model` in one mode: forward, MSE, backward and torch's default AdamW step on a
-    fixed random batch, on the model's device.
+    """One bare training step of `model` in one mode: forward, MSE, backward and an AdamW step with the trainer's
+    kernel (`diffusers_lmlp.training.optimizer.fused_adamw`: fused on the CPU and CUDA) on a fixed random batch, on the
+    model's device.
 
     Args:
         model (`torch.nn.Module`): A backbone (`diffusers_lmlp.FAMILIES`' model classes), trained in place.
@@ -67,7 +69,7 @@ def bare_step(model: torch.nn.Module, batch_size: int, mode: str) -> Callable[[]
     text = torch.randn(batch_size, config.text_seq_len, config.text_embed_dim, generator=generator)
     timesteps = torch.randint(0, 1000, (batch_size,), generator=generator)
     latents, text = latents.to(device), text.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused_adamw(device))
     forward = torch.compile(model) if mode.startswith("compile") else model
     bf16 = mode.endswith("bf16")
 

@@ -36,3 +36,20 @@ def test_the_step_timed_is_the_main_jobs_model(benchmark, family):
         parse_args(["--output_dir", "x", "--model_type", family, "--model_config", config])
     )
     assert timed.config == trained.config and timed.config.pooled_text_projection
+
+
+def test_the_bare_step_steps_adamw_with_the_trainers_kernel(benchmark, monkeypatch):
+    """The bare step the trainer is measured against uses the trainer's own AdamW kernel (fused on the CPU), not
+    torch's slower default, which would flatter the trainer's share of it; and it trains the model."""
+    import torch
+
+    from diffusers_lmlp.tiny import build_tiny_pipeline
+
+    made = []
+    adamw = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **kw: made.append(kw) or adamw(*a, **kw))
+    model = build_tiny_pipeline().transformer
+    before = [p.detach().clone() for p in model.parameters()]
+    benchmark.bare_step(model, 2, "fp32")()
+    assert made == [{"lr": 1e-3, "fused": True}]
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
