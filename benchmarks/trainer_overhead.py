@@ -150,7 +150,6 @@ class Timer:
         if timed:
             self.step_seconds.append(time.perf_counter() - started)
         if self.calls % self.args.every == 0:
-            self.timed = False  # the bare step calls none of the parts; the flag is for what follows
             for _ in range(self.args.bare_steps):
                 bare_start = time.perf_counter()
                 self.bare()

@@ -2,8 +2,9 @@
 torch.compile: the throughput levers of the main job (`--mixed_precision auto`).
 
 A step is what the trainer does with a batch: the backbone's forward on noisy latents and text states, an MSE loss,
-backward and an AdamW step with the trainer's kernel (torch's fused one on the CPU and CUDA). The timings are the median of `--steps` steps after `--warmup` (compilation happens in the
-warm-up, whose time is printed too). Ratios are against eager float32 in the same run.
+backward and an AdamW step with the trainer's kernel (torch's fused one on the CPU and CUDA). The timings are the
+median of `--steps` steps after `--warmup` (compilation happens in the warm-up, whose time is printed too). Ratios
+are against eager float32 in the same run.
 
 A second table times the optimizer and the EMA alone, on the model's weights with random gradients: torch's default
 AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.optimizer`), and the
