@@ -13,8 +13,8 @@ EMA's per-tensor loop against its multi-tensor (`foreach`) update, which the tra
     python benchmarks/training_step.py                         # the shipped UL-MLP, batch 64
     python benchmarks/training_step.py --family moe_mlp --config shapes-moe-S
 
-The model is the named configuration with the shapes preset's model options (`--model_overrides` of
-`diffusers_lmlp.training.arguments.PRESETS["shapes"]`: its projection of the caption), as the main job trains it.
+The model is the named configuration with the shapes preset's model options (its projection of the caption), built
+by the trainer's own `diffusers_lmlp.training.components.build_model`, as the main job trains it.
 """
 
 import argparse
@@ -26,10 +26,9 @@ from collections.abc import Callable
 import torch
 from diffusers.training_utils import EMAModel
 
-from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.cpu import this_cpu
-from diffusers_lmlp.training.argument_checks import parse_overrides
-from diffusers_lmlp.training.arguments import PRESETS
+from diffusers_lmlp.training.arguments import parse_args as training_args
+from diffusers_lmlp.training.components import build_model
 from diffusers_lmlp.training.optimizer import fused_adamw
 
 
@@ -37,10 +36,12 @@ MODES = ("fp32", "bf16", "compile-fp32", "compile-bf16")
 
 
 def shapes_model(args: argparse.Namespace) -> torch.nn.Module:
-    """The backbone `--family` / `--config` with the shapes preset's model options, as the main job builds it."""
-    model_class = FAMILIES[args.family].model_class
-    overrides = parse_overrides(PRESETS["shapes"].get("model_overrides", []), model_class)
-    return model_class.from_named_config(args.config, **overrides)
+    """The backbone `--family` / `--config` as the main job builds it: the trainer's own `build_model`, with the
+    shapes preset's model options (nothing is written; `--output_dir` is only parsed)."""
+    trainer_args = training_args(
+        ["--output_dir", "unused", "--model_type", args.family, "--model_config", args.config]
+    )
+    return build_model(trainer_args)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
