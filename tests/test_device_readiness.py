@@ -22,7 +22,6 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from diffusers import DDPMScheduler
 from diffusers.optimization import get_scheduler
-from diffusers.training_utils import EMAModel
 from test_models import MODELS, TINY, make_model
 from test_pipeline import LATENT_SHAPE, NATIVE, TEXT_SHAPE
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -34,6 +33,7 @@ import diffusers_lmlp.pipelines.pipeline_lmlp as pipeline_lmlp
 import diffusers_lmlp.training.step as training_step_module
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.pipelines import default_scheduler
+from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, training_step
 
 
@@ -121,15 +121,16 @@ def timestep_checks(monkeypatch) -> list[torch.Tensor]:
     return checked
 
 
-def loss_options(kind: str) -> LossOptions:
-    """Every term of the loss that the family has: Min-SNR, the noise offset and clipping for all, the MoE-MLP's
-    load-balancing loss, the AsymMixer's symmetry-breaking penalty."""
+def loss_options(kind: str, max_grad_norm: float | None = 1.0) -> LossOptions:
+    """Every term of the loss that the family has: Min-SNR, the noise offset and clipping (unless `max_grad_norm`
+    is None: the norm is then measured alone) for all, the MoE-MLP's load-balancing loss, the AsymMixer's
+    symmetry-breaking penalty."""
     return LossOptions(
         snr_gamma=5.0,
         noise_offset=0.1,
         load_balance_weight=0.01 if kind == "moe_mlp" else 0.0,
         symmetry_breaking_weight=0.1 if kind == "asymmixer" else 0.0,
-        max_grad_norm=1.0,
+        max_grad_norm=max_grad_norm,
     )
 
 
@@ -140,8 +141,9 @@ def prepared(accelerator: Accelerator, model: torch.nn.Module, learning_rate: fl
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("max_grad_norm", [1.0, None], ids=["clipped", "norm-only"])
 @pytest.mark.parametrize("kind", list(FAMILIES))
-def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, monkeypatch, timestep_checks):
+def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, max_grad_norm, monkeypatch, timestep_checks):
     checks = []
 
     def check_on_device(loss, grad_norm, step):
@@ -159,7 +161,7 @@ def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, monkeypatc
     with FakeTensorMode():
         noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
         # As in the trainer, the EMA is made while the model is on the CPU, before the model moves to the device.
-        ema = EMAModel([torch.nn.Parameter(torch.empty(p.shape)) for p in model.parameters()])
+        ema = EMAWeights([torch.nn.Parameter(torch.empty(p.shape)) for p in model.parameters()], foreach=True)
         model, optimizer, lr_scheduler = prepared(accelerator, to_fake(model, DEVICE))
         latents = torch.randn(BATCH, *LATENT, device=DEVICE)
         text_states = torch.randn(BATCH, *TEXT, device=DEVICE)
@@ -167,7 +169,7 @@ def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, monkeypatc
         with DeviceAudit() as audit:
             result = training_step(
                 accelerator, model, optimizer, lr_scheduler, noise_scheduler, latents, text_states, generator,
-                micro_batch_size=MICRO_BATCH, options=loss_options(kind), step=7, ema=ema,
+                micro_batch_size=MICRO_BATCH, options=loss_options(kind, max_grad_norm), step=7, ema=ema,
             )  # fmt: skip
 
     assert checks == [7]  # once, after the last micro-batch
@@ -242,11 +244,12 @@ def test_a_pipeline_call_keeps_every_tensor_on_the_model_device(
         assert images.shape == (1, 3, NATIVE, NATIVE) and finite_checks == [(1, *LATENT_SHAPE), images.shape]
 
 
+@pytest.mark.parametrize("max_grad_norm", [1.0, None], ids=["clipped", "norm-only"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad):
+def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad, max_grad_norm):
     accelerator = Accelerator(cpu=True)
     model = make_model("moe_mlp").train()
-    ema = EMAModel(model.parameters())
+    ema = EMAWeights(model.parameters(), foreach=True)
     model, optimizer, lr_scheduler = prepared(accelerator, model)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     latents = torch.randn(BATCH, *LATENT, generator=torch.Generator().manual_seed(0))
@@ -256,7 +259,8 @@ def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad):
     with pytest.raises(NonFiniteLossError, match=r"^the loss is nan at step 5 \(gradient norm nan\)$"):
         training_step(
             accelerator, model, optimizer, lr_scheduler, noise_scheduler, latents, text_states,
-            torch.Generator().manual_seed(0), micro_batch_size=BATCH, options=loss_options("moe_mlp"), step=5, ema=ema,
+            torch.Generator().manual_seed(0), micro_batch_size=BATCH, options=loss_options("moe_mlp", max_grad_norm),
+            step=5, ema=ema,
         )  # fmt: skip
     for name, p in model.named_parameters():
         torch.testing.assert_close(p, before[name], rtol=0, atol=0, msg=name)
@@ -274,7 +278,7 @@ def train_one_step(kind: str, mixed_precision: str) -> tuple[torch.Tensor, dict,
     model = make_model(kind).train()
     names = {p: name for name, p in model.named_parameters()}
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    ema = EMAModel(model.parameters())
+    ema = EMAWeights(model.parameters(), foreach=True)
     model, optimizer, lr_scheduler = prepared(accelerator, model)
     gradients = {}
 

@@ -17,10 +17,20 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from accelerate.utils import DistributedType
 from diffusers import DDPMScheduler
 from diffusers.training_utils import EMAModel, compute_snr
 
 from ..models import load_balancing_loss, symmetry_breaking_penalty
+
+
+# Where accelerate holds the gradients or shards them across processes: only its `clip_grad_norm_` measures them.
+ACCELERATE_HELD_GRADIENTS = (
+    DistributedType.FSDP,
+    DistributedType.DEEPSPEED,
+    DistributedType.XLA,
+    DistributedType.MEGATRON_LM,
+)
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,6 @@ def training_step(
     noise, timesteps = draw_noise(latents, generator, noise_scheduler.config.num_train_timesteps, options.noise_offset)
     noisy = noise_scheduler.add_noise(latents, noise, timesteps.to(latents.device))  # (B, C, h, w)
     accumulation = max(1, math.ceil(latents.shape[0] / micro_batch_size))
-    max_norm = options.max_grad_norm if options.max_grad_norm is not None else math.inf
     step_loss = torch.zeros((), device=latents.device)
     grad_norm = loss = None
     for start in range(0, latents.shape[0], micro_batch_size):
@@ -185,7 +194,8 @@ def training_step(
             accelerator.backward(micro_loss)
             step_loss += micro_loss.detach() / accumulation
             if accelerator.sync_gradients:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)  # logged; clipped if set
+                # Logged and checked; the gradients are clipped with --max_grad_norm.
+                grad_norm = gradient_norm(accelerator, model, optimizer, options.max_grad_norm)
                 loss = accelerator.gather(step_loss[None]).mean()  # (): the same on every process
                 try:
                     check_finite(loss, grad_norm, step)
@@ -198,6 +208,50 @@ def training_step(
     if ema is not None:
         update_ema(ema, model)
     return StepResult(loss=loss, grad_norm=torch.as_tensor(grad_norm))
+
+
+def gradient_norm(
+    accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
+) -> torch.Tensor:
+    """The 2-norm of the step's gradients, measured before they are clipped to `max_grad_norm` (when it is set).
+
+    accelerate's `clip_grad_norm_` always scales the gradients, by 1 when they are within the norm: without clipping,
+    that is one more read and write of every gradient per step. So without `--max_grad_norm` the norm is measured
+    alone, after the same unscaling (fp16), as torch's `clip_grad_norm_` measures it: the same value. The gradients
+    are those of the weights the optimizer steps, the model's weights that require one, in the model's order (so the
+    model's modules are not walked again). Where accelerate holds or shards the gradients (FSDP, DeepSpeed, XLA,
+    Megatron-LM, or DTensor gradients), its own call measures them.
+
+    Args:
+        accelerator (`Accelerator`): The run's accelerator.
+        model (`torch.nn.Module`): The prepared backbone, its gradients synchronized.
+        optimizer (`torch.optim.Optimizer`): Its optimizer, which holds every weight that has a gradient.
+        max_grad_norm (`float`, *optional*): Clip the gradients to this norm.
+
+    Returns:
+        `torch.Tensor`: The norm (0-dim, on the gradients' device).
+    """
+    gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if (
+        max_grad_norm is not None
+        or accelerator.distributed_type in ACCELERATE_HELD_GRADIENTS
+        or has_dtensors(gradients)
+        or not gradients
+    ):
+        return accelerator.clip_grad_norm_(model.parameters(), math.inf if max_grad_norm is None else max_grad_norm)
+    accelerator.unscale_gradients()
+    # torch's `get_total_norm` without its grouping of the tensors by device and dtype (one device here; `stack`
+    # promotes mixed dtypes): the same two ops.
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradients)))  # ()
+
+
+def has_dtensors(tensors: list[torch.Tensor]) -> bool:
+    """Whether any of `tensors` is a distributed tensor (tensor parallelism, FSDP2), whose norm needs its mesh."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(tensor, DTensor) for tensor in tensors)
 
 
 def update_ema(ema: EMAModel, model: torch.nn.Module) -> None:
