@@ -164,9 +164,22 @@ def test_a_batch_reads_only_its_own_rows(straight, monkeypatch):
         return preadv(fd, buffers, offset)
 
     monkeypatch.setattr(os, "preadv", counting_preadv)
-    moments, states = store.read([1, 8, 6], torch.tensor([0.2, 0.7, 0.9]))
-    per_image = 2 * 8 + moments[0].numel() * 4 + states[0].numel() * 4  # 2 caption offsets, moments, 1 text state
-    assert sum(read) == 3 * per_image and len(read) == 9
+    picks = torch.tensor([0.2, 0.7, 0.9])
+    moments, states = store.read([1, 8, 6], picks)  # shards 0, 2 and 1 of 4, 2 and 4 images
+    per_image = moments[0].numel() * 4 + states[0].numel() * 4  # its moments and one text state
+    offsets = [(4 + 1) * 8, (2 + 1) * 8, (4 + 1) * 8]  # each shard's caption offsets, read once while it is open
+    assert read == [offsets[0], *per_image_reads(moments, states), offsets[1], *per_image_reads(moments, states),
+                    offsets[2], *per_image_reads(moments, states)]  # fmt: skip
+    assert sum(read) == sum(offsets) + 3 * per_image
+    read.clear()
+    again, _ = store.read([6, 1, 8], picks)  # the same shards: their images' rows only
+    assert read == 3 * per_image_reads(moments, states)
+    torch.testing.assert_close(again, moments[[2, 0, 1]], rtol=0, atol=0)
+
+
+def per_image_reads(moments: torch.Tensor, states: torch.Tensor) -> list[int]:
+    """The bytes of the two reads of one image: its moments, then one of its text states."""
+    return [moments[0].numel() * 4, states[0].numel() * 4]
 
 
 @pytest.mark.slow

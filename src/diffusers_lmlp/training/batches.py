@@ -91,7 +91,8 @@ class BatchReader:
         epoch, offset = divmod(position, len(self.dataset))
         if self._permutation[0] != epoch:
             generator = step_generator(self.args.seed, "epoch", epoch)
-            self._permutation = (epoch, torch.randperm(len(self.dataset), generator=generator))
+            # As a NumPy array: indexing it is ~10× cheaper than indexing a tensor, at the same 8 bytes a sample.
+            self._permutation = (epoch, torch.randperm(len(self.dataset), generator=generator).numpy())
         return int(self._permutation[1][offset])
 
     def _next_records(self, count: int) -> list[dict]:
