@@ -4,7 +4,7 @@ It runs the training command in this process (the shapes preset unless trainer o
 validations and checkpoints spaced past the run) and times, after `--skip` warm-up steps:
 
 - the trainer's loop: each step's batch from the feature cache, the step (noise, forward, loss, backward, gradient
-  norm, AdamW, EMA) and its logging, from one step's end to the next's;
+  norm, AdamW, EMA) and its logging (every `--logging_steps`), from one step's end to the next's;
 - the trainer's step function alone (`diffusers_lmlp.training.step.training_step`), and its parts where the trainer
   calls them (the noise, forward and loss, backward, gradient norm, AdamW, EMA, ...; `STEP_PARTS`), with the logging
   between steps;
@@ -81,7 +81,7 @@ STEP_PARTS = (
     (step_module, "gradient_norm", "gradient norm (clipped only with --max_grad_norm)"),
     (step_module, "check_finite", "finite check of the loss and norm"),
     (step_module, "update_ema", "EMA"),
-    (Accelerator, "log", "logging (`accelerator.log`, between steps)"),
+    (Accelerator, "log", "logging (`accelerator.log` every --logging_steps, between steps)"),
 )
 INSTANCE_PARTS = ((0, "step", "AdamW"), (0, "zero_grad", "zero_grad"), (1, "step", "learning-rate schedule"))
 

@@ -108,6 +108,7 @@ def check_training_values(parser: argparse.ArgumentParser, args: argparse.Namesp
         "max_train_steps",
         "gradient_accumulation_steps",
         "checkpointing_steps",
+        "logging_steps",
         "final_evaluation_inference_steps",
     ):
         if getattr(args, name) < 1:

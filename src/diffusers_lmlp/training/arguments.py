@@ -90,6 +90,8 @@ PRESETS = {
         checkpointing_steps=1300,
         checkpoints_total_limit=2,
         validation_steps=1300,
+        # A tracker's log costs 1.5% of a 29 ms step (tensorboard flushes its file at each): 1,040 points still.
+        logging_steps=10,
         # The pipeline's defaults (the papers' 50 steps and s = 1), with which the final scores are measured too.
         validation_inference_steps=50,
         validation_guidance_scale=2.0,
@@ -132,6 +134,7 @@ PRESETS = {
         checkpointing_steps=200,
         checkpoints_total_limit=1,
         validation_steps=200,
+        logging_steps=10,
         validation_inference_steps=50,
         validation_guidance_scale=2.0,
         output_dir="lmlp-shapes-lora",
@@ -366,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
         "new run reaches their steps); without it such a folder is refused, unless --resume_from_checkpoint",
     )  # fmt: skip
     out.add_argument("--logging_dir", default="logs", help="the trackers' folder, inside --output_dir")
+    out.add_argument(
+        "--logging_steps", type=int, default=1,
+        help="send the trackers the mean loss and gradient norm of every this many steps, and the learning rate (the "
+        "shapes presets: 10; the progress bar shows every step)",
+    )  # fmt: skip
     out.add_argument("--report_to", default="tensorboard", help='"tensorboard", "wandb", "all" or "none"')
     out.add_argument(
         "--tracker_project_name", default="lmlp-text-to-image", help="the project name in tensorboard or wandb"

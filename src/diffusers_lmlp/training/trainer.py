@@ -53,6 +53,7 @@ from diffusers_lmlp.training.optimizer import follow_device, fused_adamw
 from diffusers_lmlp.training.precision import choose_precision, effective_precision
 from diffusers_lmlp.training.progress import is_terminal, progress_bar
 from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, training_step
+from diffusers_lmlp.training.tracker_logs import TrackerLogs
 
 
 logger = get_logger(__name__)
@@ -369,6 +370,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
         args.max_train_steps, "steps", initial=global_step, disable=not accelerator.is_local_main_process
     )
     prompts, fid_captions = validation.validation_inputs(args)
+    tracker_logs = TrackerLogs(accelerator, args.logging_steps)
     start_time = time.perf_counter()
 
     def seconds() -> float:
@@ -389,14 +391,10 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
             except NonFiniteLossError as error:
                 raise SystemExit(divergence.diverged_message(error, args, run.output_dir, run.store)) from None
             global_step += 1
-            logs = {
-                "loss": result.loss.item(),
-                "lr": run.lr_scheduler.get_last_lr()[0],
-                "grad_norm": float(result.grad_norm),
-            }
-            progress.set_postfix(loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}", refresh=False)
+            loss, lr = result.loss.item(), run.lr_scheduler.get_last_lr()[0]
+            progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
             progress.update(1)  # after the postfix: the line written at this step shows this step's loss
-            accelerator.log(logs, step=global_step)
+            tracker_logs.add(global_step, loss, float(result.grad_norm), lr)
 
             if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
                 checkpoint(run, global_step, seconds)
@@ -408,6 +406,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
     finally:  # also when a step fails: the workers exit and the bar is closed now, not at interpreter exit
         step_batches.close()
         progress.close()
+        tracker_logs.send()  # the steps since the last log, also when the loop stops early
     return seconds()
 
 
