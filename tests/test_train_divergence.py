@@ -37,20 +37,27 @@ def all_finite(folder: Path) -> bool:
     return all(torch.isfinite(t).all() for f in folder.rglob("*.safetensors") for t in load_file(f).values())
 
 
+def nan_loss_from_step(monkeypatch, step: int) -> list[int]:
+    """Make the loss NaN from optimizer step `step` on (one micro-batch per step); returns the list the loss's calls
+    are counted in."""
+    loss, calls = step_module.diffusion_loss, []
+
+    def nan_from_step(*args, **kwargs):
+        calls.append(1)
+        value = loss(*args, **kwargs)
+        return value * float("nan") if len(calls) >= step else value
+
+    monkeypatch.setattr(step_module, "diffusion_loss", nan_from_step)
+    return calls
+
+
 @pytest.mark.slow
 def test_a_nan_loss_mid_run_stops_before_anything_is_written_and_keeps_the_last_good_checkpoint(
     script, workspace, tmp_path, monkeypatch
 ):
     # Steps 1-4 train; from step 5 on the loss is NaN (as a too-high learning rate or a corrupted batch gives).
     # Checkpoints every 2 steps, at most 1 kept: checkpoint-4 is the last good one and must survive.
-    loss, calls = step_module.diffusion_loss, []
-
-    def nan_from_step_5(*args, **kwargs):
-        calls.append(1)
-        value = loss(*args, **kwargs)
-        return value * float("nan") if len(calls) > 4 else value
-
-    monkeypatch.setattr(step_module, "diffusion_loss", nan_from_step_5)
+    calls = nan_loss_from_step(monkeypatch, 5)
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "2"]
     message = stop_message(script, [*argv, "--checkpoints_total_limit", "1", "--use_ema"])

@@ -6,9 +6,9 @@ import math
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_train_divergence import nan_loss_from_step
 from test_train_text_to_image import load_script, make_workspace, train_args
 
-from diffusers_lmlp.training import step as step_module
 from diffusers_lmlp.training import trainer
 from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
 from diffusers_lmlp.training.tracker_logs import TrackerLogs
@@ -100,14 +100,7 @@ def test_tensorboard_gets_each_windows_mean_loss_and_the_last_partial_window(wor
 @pytest.mark.slow
 def test_a_diverging_run_logs_its_finished_steps_and_never_the_nan(workspace, tmp_path, monkeypatch):
     losses = step_losses(monkeypatch)
-    loss, calls = step_module.diffusion_loss, []
-
-    def nan_from_step_5(*args, **kwargs):
-        calls.append(1)
-        value = loss(*args, **kwargs)
-        return value * float("nan") if len(calls) > 4 else value
-
-    monkeypatch.setattr(step_module, "diffusion_loss", nan_from_step_5)
+    nan_loss_from_step(monkeypatch, 5)
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "8"]
     with pytest.raises(SystemExit, match="the loss is nan at step 5"):
