@@ -57,7 +57,7 @@ LR_SCHEDULERS = (
 # `--preset NAME` sets these defaults; explicit arguments still win.
 PRESETS = {
     # The embedded default: the procedural shapes world with the package's offline components, ≤ 10 min on 2 CPU cores
-    # with native bf16 (8 min 8 s on a family-26 avx512_bf16 EPYC); in float32, where bf16 is emulated, about twice
+    # with native bf16 (7 min 47 s on a family-26 avx512_bf16 EPYC); in float32, where bf16 is emulated, about twice
     # the 13 min 56 s that 5,200 steps took on an AVX2-only EPYC.
     "shapes": dict(
         model_config="shapes-S",
