@@ -7,8 +7,9 @@ median of `--steps` steps after `--warmup` (compilation happens in the warm-up, 
 are against eager float32 in the same run.
 
 A second table times the optimizer and the EMA alone, on the model's weights with random gradients: torch's default
-AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.optimizer`), and the
-EMA's per-tensor loop against its multi-tensor (`foreach`) update, which the trainer uses.
+AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.optimizer`), and
+diffusers' EMA (its per-tensor loop and its two-pass `foreach` update) against the trainer's one-pass lerp
+(`diffusers_lmlp.training.ema.EMAWeights`).
 
     python benchmarks/training_step.py                         # the shipped UL-MLP, batch 64
     python benchmarks/training_step.py --family moe_mlp --config shapes-moe-S
@@ -29,6 +30,7 @@ from diffusers.training_utils import EMAModel
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.training.arguments import parse_args as training_args
 from diffusers_lmlp.training.components import build_model
+from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.optimizer import fused_adamw
 
 
@@ -115,7 +117,8 @@ def time_update(update, steps: int) -> float:
 
 
 def time_updates(args: argparse.Namespace) -> dict[str, float]:
-    """Median seconds per step of AdamW (torch's default and fused) and of the EMA (per-tensor loop and foreach)."""
+    """Median seconds per step of AdamW (torch's default and fused) and of the EMA (diffusers' per-tensor loop and
+    foreach update, and the trainer's `EMAWeights`)."""
     torch.manual_seed(0)
     model = shapes_model(args)
     for parameter in model.parameters():
@@ -124,8 +127,12 @@ def time_updates(args: argparse.Namespace) -> dict[str, float]:
     for label, fused in (("AdamW, torch's default", None), ("AdamW, fused (the trainer's)", True)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
         times[label] = time_update(optimizer.step, args.steps)
-    for label, foreach in (("EMA, per-tensor loop", False), ("EMA, foreach (the trainer's)", True)):
-        ema = EMAModel(model.parameters(), decay=0.999, foreach=foreach)
+    emas = {
+        "EMA, diffusers' per-tensor loop": EMAModel(model.parameters(), decay=0.999, foreach=False),
+        "EMA, diffusers' foreach": EMAModel(model.parameters(), decay=0.999, foreach=True),
+        "EMA, one-pass lerp (the trainer's)": EMAWeights(model.parameters(), decay=0.999, foreach=True),
+    }
+    for label, ema in emas.items():
         times[label] = time_update(lambda: ema.step(model.parameters()), args.steps)
     return times
 
