@@ -185,3 +185,15 @@ def test_freezing_refuses_a_compiled_or_offloaded_transformer(make_pipe):
     add_hook_to_module(pipe.transformer, ModelHook())
     with pytest.raises(ValueError, match=r"model offloading.*remove_all_hooks"):
         pipe.enable_inductor_freezing()
+
+
+def test_the_ninth_frozen_pipeline_of_a_class_still_samples_frozen(make_pipe, generate):
+    # Dynamo keeps at most `recompile_limit` (8) graphs for the forward that every model of the class shares, then
+    # runs it eagerly; without a reset at each freeze, the ninth pipeline frozen here would silently sample eagerly.
+    assert torch._dynamo.config.recompile_limit == 8
+    for index in range(9):
+        pipe = make_pipe(seed=index)
+        pipe.enable_inductor_freezing()
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        generate(pipe)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs, f"pipeline {index + 1} ran eagerly"

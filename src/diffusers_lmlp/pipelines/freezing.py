@@ -11,9 +11,10 @@ A frozen graph no longer reads the weights, so it would go on computing with the
 them in place: a LoRA fused into them, `load_state_dict`, an edit through `.data` (which does not even bump a
 tensor's version). Compiling the same module again does not help by itself either: torch reuses the first frozen
 graph for an equal backend. So `FrozenTransformer` fingerprints the weights before every pipeline call and freezes
-again, with a backend of its own, whenever they changed (`tests/test_inductor_freezing.py`). Freezing again also
-resets torch.compile's caches (`torch._dynamo.reset()`): each freeze adds a graph to the same cached frame, and after
-8 of them dynamo would stop compiling and run the transformer eagerly. Freezing is for sampling many times with the
+again, with a backend of its own, whenever they changed (`tests/test_inductor_freezing.py`). Every freeze, the first
+one too, resets torch.compile's caches (`torch._dynamo.reset()`): each freeze adds its graphs to the same cached frame
+(the forward of the model's class), and after 8 of them dynamo would stop compiling and run the transformer eagerly,
+however many other pipelines had frozen a model of that class before. Freezing is for sampling many times with the
 same weights; a workload that swaps weights on every call is better served by `torch.compile` or
 `compile_repeated_blocks()`, which read the weights on every call.
 """
@@ -79,14 +80,16 @@ class FrozenTransformer:
         fingerprint = weights_fingerprint(transformer)
         if transformer is not self._transformer or fingerprint != self._fingerprint:
             if self._transformer is not None:
-                # Each freeze adds a graph to the frame torch.compile caches them on, and after `recompile_limit` (8)
-                # of them dynamo stops compiling and runs eagerly. Dropping the compiled graphs keeps re-freezing
-                # fast; any other compiled model compiles again on its next call.
                 logger.info(
                     "The transformer or its weights changed since it was frozen: freezing it again (this resets "
                     "torch.compile's compiled graphs, torch._dynamo.reset())."
                 )
-                torch._dynamo.reset()
+            # Each freeze adds its graphs to the frame torch.compile caches them on, the forward that every model of
+            # the class shares, and after `recompile_limit` (8) of them dynamo stops compiling and runs the
+            # transformer eagerly: silently, for a pipeline that is meant to sample frozen. Dropping the compiled
+            # graphs at every freeze keeps each new one frozen and fast; any other compiled model compiles again on
+            # its next call.
+            torch._dynamo.reset()
 
             # A new backend for each freeze: dynamo reuses a compiled graph for an equal backend, and an older frozen
             # graph holds older weights.
