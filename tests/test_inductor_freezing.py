@@ -5,6 +5,8 @@ have since changed: every way of changing them (in place through `.data`, `load_
 fused, unfused or disabled, a dtype change, a hook) is checked against the same change made to an unfrozen pipeline.
 """
 
+import copy
+
 import pytest
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module
@@ -12,6 +14,7 @@ from diffusers.utils.torch_utils import is_compiled_module
 from test_lora_loading import write_lora
 from torch import nn
 
+from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.pipelines.freezing import FrozenTransformer, weights_fingerprint
 
 
@@ -185,6 +188,39 @@ def test_freezing_refuses_a_compiled_or_offloaded_transformer(make_pipe):
     add_hook_to_module(pipe.transformer, ModelHook())
     with pytest.raises(ValueError, match=r"model offloading.*remove_all_hooks"):
         pipe.enable_inductor_freezing()
+
+
+def test_a_pipeline_made_with_from_pipe_samples_with_the_same_frozen_graph(make_pipe, generate):
+    pipe = make_pipe()
+    expected = generate(pipe)
+    pipe.enable_inductor_freezing()
+    generate(pipe)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    view = LMLPPipeline.from_pipe(pipe, scheduler=copy.deepcopy(pipe.scheduler))
+    view.set_progress_bar_config(disable=True)
+    assert view.inductor_freezing_enabled and view.transformer is pipe.transformer
+    close(generate(view), expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "the shared graph compiled again"
+    assert pipe._inductor_freezing.freezes == 1
+    # What must never happen: a change made through one pipeline, sampled with stale weights by the other.
+    load_other_weights(view, make_pipe)
+    unfrozen = make_pipe()
+    load_other_weights(unfrozen, make_pipe)
+    changed = generate(unfrozen)
+    assert (changed - expected).abs().max() > 1e-3, "the change does not change the image"
+    close(generate(pipe), changed)
+    close(generate(view), changed)
+    assert pipe._inductor_freezing.freezes == 2
+
+
+def test_from_pipe_passes_on_no_freezing_that_is_off_or_of_another_transformer(make_pipe):
+    pipe = make_pipe()
+    assert not LMLPPipeline.from_pipe(pipe).inductor_freezing_enabled
+    pipe.enable_inductor_freezing()
+    other = make_pipe(seed=1).transformer
+    assert not LMLPPipeline.from_pipe(pipe, transformer=other).inductor_freezing_enabled
+    pipe.disable_inductor_freezing()
+    assert not pipe.inductor_freezing_enabled
 
 
 def test_the_ninth_frozen_pipeline_of_a_class_still_samples_frozen(make_pipe, generate):

@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import logging
 
 import numpy as np
 import PIL.Image
@@ -11,6 +12,7 @@ from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteS
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel, default_scheduler
+from diffusers_lmlp.pipelines.pipeline_lmlp import _EmptyFp32ModulesWarning
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_tokenizer
 
 
@@ -333,3 +335,48 @@ def test_tiny_tokenizer_merges_common_words_and_still_tokenizes_unknown_ones(tmp
         "<|endoftext|>"
     ]
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a zebra"
+
+
+@pytest.mark.parametrize("backbone", sorted(FAMILIES))
+def test_from_pipe_shares_every_component_and_samples_the_same_images(make_pipe, generate, backbone):
+    # diffusers' own `from_pipe` leaves out a backbone whose class is not the annotated one (`ModelMixin`), then
+    # refuses the pipeline for the missing component.
+    pipe = make_pipe(backbone)
+    view = LMLPPipeline.from_pipe(pipe, scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler.config))
+    view.set_progress_bar_config(disable=True)
+    for name in ("transformer", "vae", "text_encoder", "tokenizer"):
+        assert getattr(view, name) is getattr(pipe, name)
+    assert isinstance(view.scheduler, EulerDiscreteScheduler)
+    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+    torch.testing.assert_close(generate(view), generate(pipe), rtol=0, atol=0)
+
+
+def test_from_pipe_keeps_the_dtype_and_casts_only_when_asked(make_pipe):
+    pipe = make_pipe().to(torch.bfloat16)
+    modeling_logger = logging.getLogger("diffusers.models.modeling_utils")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    modeling_logger.addHandler(handler)
+    try:
+        view = LMLPPipeline.from_pipe(pipe)
+    finally:
+        modeling_logger.removeHandler(handler)
+    # diffusers 0.42 would cast the new pipeline, and the modules it shares, to float32 (huggingface/diffusers#12754).
+    assert view.dtype == pipe.dtype == pipe.transformer.dtype == torch.bfloat16
+    # Nor does its cast to the same dtype warn of float32 modules it then names as none.
+    assert [record.getMessage() for record in records] == []
+    view = LMLPPipeline.from_pipe(pipe, dtype=torch.float32)  # diffusers' `from_pipe`: shared modules cast too
+    assert view.dtype == pipe.transformer.dtype == torch.float32
+
+
+def test_only_the_vacuous_float32_warning_is_filtered():
+    empty = _EmptyFp32ModulesWarning()
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("diffusers.models.modeling_utils", logging.WARNING, __file__, 0, message, None, None)
+
+    vacuous = "There are modules in AutoencoderKL that should be kept in float32: []. Casting directly with `to()` ..."
+    named = "There are modules in T5EncoderModel that should be kept in float32: ['wo']. Casting directly with ..."
+    assert not empty.filter(record(vacuous))
+    assert empty.filter(record(named))

@@ -17,8 +17,10 @@ reads a folder pushed with `--with-code` in `model_index.py`.
 """
 
 import inspect
+import logging as std_logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Self
 
 import torch
@@ -99,6 +101,28 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
         algorithm_type="dpmsolver++",
         prediction_type="epsilon",
     )
+
+
+class _EmptyFp32ModulesWarning(std_logging.Filter):
+    """Drops diffusers 0.42's warning that a model has modules to keep in float32 when it names none:
+    `ModelMixin.to` gives it for every cast to a dtype, because its list of such modules defaults to `[]`, never to
+    `None`. A model that does keep modules in float32 names them, and its warning passes."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return "should be kept in float32: []." not in record.getMessage()
+
+
+@contextmanager
+def _no_empty_fp32_warning() -> Iterator[None]:
+    """Within the block, `_EmptyFp32ModulesWarning` filters the log of diffusers' models (`from_pipe` casts every
+    model it shares, to the dtype it already has)."""
+    models_logger = logging.get_logger("diffusers.models.modeling_utils")
+    empty_warning = _EmptyFp32ModulesWarning()
+    models_logger.addFilter(empty_warning)
+    try:
+        yield
+    finally:
+        models_logger.removeFilter(empty_warning)
 
 
 @public
@@ -218,6 +242,44 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             pipeline.register_to_config(_name_or_path=path)
         return pipeline
 
+    @classmethod
+    def from_pipe(cls, pipeline: DiffusionPipeline, **kwargs) -> DiffusionPipeline:
+        """A new pipeline of this class that shares `pipeline`'s components, as diffusers' `from_pipe` makes it, with
+        the components passed in `kwargs` in their place.
+
+        Three things differ from diffusers 0.42's own:
+
+        - **The transformer is shared**, whatever its family. diffusers switches a model over only when its class is
+          the exact class that `__init__` annotates, and the backbone is annotated as `ModelMixin` (any family, and
+          the classes a `--with-code` repo ships); diffusers would leave it out, then refuse the missing component.
+        - **The dtype stays `pipeline`'s** unless `dtype` (or `torch_dtype`) is given. diffusers 0.42 casts the new
+          pipeline, and so the components it shares with `pipeline`, to float32 by default, a regression
+          (huggingface/diffusers#12754).
+        - **The frozen graph is shared.** When `pipeline` samples with the transformer frozen
+          (`enable_inductor_freezing`), the new pipeline samples with the same graph, compiled once, where freezing
+          afresh would compile again. Both check the weights before every call, so a change made through either
+          (a LoRA loaded, `load_state_dict`) freezes the shared graph again.
+
+        Args:
+            pipeline (`DiffusionPipeline`): The pipeline whose components the new one shares.
+            **kwargs: What diffusers' `from_pipe` takes: components to use instead of `pipeline`'s (a scheduler of
+                its own, say), config values, `dtype`.
+
+        Returns:
+            `LMLPPipeline`: The new pipeline.
+        """
+        transformer = getattr(pipeline, "transformer", None)
+        if isinstance(transformer, ModelMixin):
+            kwargs.setdefault("transformer", transformer)
+        if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
+            kwargs["dtype"] = pipeline.dtype
+        with _no_empty_fp32_warning():
+            new = super().from_pipe(pipeline, **kwargs)
+        freezing = getattr(pipeline, "_inductor_freezing", None)
+        if freezing is not None and getattr(new, "transformer", None) is pipeline.transformer:
+            new._inductor_freezing = freezing
+        return new
+
     @property
     def guidance_scale(self) -> float:
         return self._guidance_scale
@@ -244,7 +306,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         so each Linear's weight is pre-packed and its bias and GELU are fused into the GEMM. The fastest way to sample
         on a CPU (F2-deep's forward ran 1.28× as fast as under `torch.compile` in bf16, 2.07× in float32, on an
         `avx512_bf16` EPYC); the first call compiles (16–32 s for the papers' models on 2 cores), and the frozen graph
-        holds its own packed copy of the weights. One graph serves every batch size.
+        holds its own packed copy of the weights. One graph serves every batch size, and every pipeline made from this
+        one with `from_pipe`.
 
         Before every call the pipeline checks the transformer's weights, and freezes them again, compiling anew, if
         anything changed them (a LoRA loaded, fused or rescaled, `load_state_dict`, `.to(...)`): a frozen graph never
@@ -271,6 +334,11 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     def disable_inductor_freezing(self) -> None:
         """Sample with `pipe.transformer` itself again, as it is."""
         self._inductor_freezing = None
+
+    @property
+    def inductor_freezing_enabled(self) -> bool:
+        """Whether calls sample with the transformer frozen by inductor (`enable_inductor_freezing`)."""
+        return self._inductor_freezing is not None
 
     def enable_vae_slicing(self) -> None:
         """Decode the batch one image at a time (less memory for large batches)."""
