@@ -61,6 +61,10 @@ COVERAGE = {
         "tests/test_readme_numbers.py::test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings",
         "tests/test_space.py::test_the_app_serves_on_the_threads_it_chose_and_says_why",
     ],
+    ("docs/hub.md", 4, "python benchmarks/space_sampling.py --num_images 1 --rounds 9"): [
+        "tests/test_space_sampling_benchmark.py::test_the_documented_commands_parse",
+        "tests/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen",
+    ],
     ("docs/training.md", 0, "--decoder-from shapes-vae --latent-noise 0.4"): [
         "tests/test_shapes_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents",
     ],

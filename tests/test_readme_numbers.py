@@ -116,7 +116,13 @@ def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
     constants = module_constants(SPACE_DIR / "app.py")
     # Every variable the README sets is one the app reads.
     variables = set(re.findall(r"\b(LMLP_[A-Z_]+)=", block))
-    assert variables == {"LMLP_MODEL", "LMLP_QUEUE_SIZE", "LMLP_CONCURRENCY", constants["THREADS_VARIABLE"]}
+    assert variables == {
+        "LMLP_MODEL",
+        "LMLP_QUEUE_SIZE",
+        "LMLP_CONCURRENCY",
+        constants["THREADS_VARIABLE"],
+        constants["FREEZE_VARIABLE"],
+    }
     assert all(f'"{variable}"' in app for variable in variables)
     # The example's values are those its comment describes, and the defaults are the app's.
     queue, concurrency = stated(r"LMLP_QUEUE_SIZE=(\d+) LMLP_CONCURRENCY=(\d+) python app.py", block)

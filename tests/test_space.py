@@ -4,6 +4,8 @@ it loads, and its requirements. `test_space_remote_code.py` serves it without th
 `python app.py` in its folder."""
 
 import ast
+import contextlib
+import io
 import os
 import re
 import runpy
@@ -13,11 +15,13 @@ import gradio as gr
 import numpy as np
 import pytest
 import torch
+from diffusers import DiffusionPipeline
 from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
 from diffusers_lmlp import FAMILIES, threads
 from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
+from diffusers_lmlp.pipelines import freezing
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.tiny import build_tiny_pipeline
@@ -172,7 +176,14 @@ def test_queue_settings_refuse_bad_values(environ):
 def fresh_process(monkeypatch):
     """The environment and torch threads of a process nobody configured: no thread variables, torch at its starting
     count (any other counts as set by the user), on a machine of 8 cores; torch's count is restored after."""
-    for name in ("OMP_NUM_THREADS", app.THREADS_VARIABLE, "LMLP_CONCURRENCY", "LMLP_QUEUE_SIZE", "LMLP_MODEL"):
+    for name in (
+        "OMP_NUM_THREADS",
+        app.THREADS_VARIABLE,
+        "LMLP_CONCURRENCY",
+        "LMLP_QUEUE_SIZE",
+        "LMLP_MODEL",
+        "LMLP_FREEZE",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)  # not started by `accelerate launch`
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
@@ -227,6 +238,112 @@ def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, caps
     assert "Serving on the CPU with 3 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in (
         capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize(
+    "environ, expected", [({}, True), ({"LMLP_FREEZE": "1"}, True), ({"LMLP_FREEZE": " 0 "}, False)]
+)
+def test_freeze_setting_reads_the_environment(environ, expected):
+    assert app.freeze_setting(environ) is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "", "true"])
+def test_a_bad_lmlp_freeze_stops_the_app_before_it_loads_a_model(fresh_process, value, monkeypatch):
+    fresh_process.setenv("LMLP_FREEZE", value)
+    monkeypatch.setattr(app, "pick_device_and_dtype", lambda: pytest.fail("went on to pick the device"))
+    with pytest.raises(SystemExit) as exit_info:
+        app.main()
+    assert exit_info.value.code == (
+        f"error: LMLP_FREEZE must be 1 (freeze the transformer) or 0 (sample eagerly), got {value!r}."
+    )
+
+
+def serve_in_process(fresh_process, pipe, freeze: str) -> str:
+    """Run the app's `main` on one thread, in float32, serving `pipe` (not launched); its standard output."""
+    fresh_process.setenv("LMLP_NUM_THREADS", "1")
+    fresh_process.setenv("LMLP_FREEZE", freeze)
+    fresh_process.setattr(app, "pick_device_and_dtype", lambda: ("cpu", torch.float32))
+    fresh_process.setattr(app, "load_pipeline", lambda model, dtype: pipe)
+    launched = []
+    fresh_process.setattr(app, "launch", launched.append)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        app.main()
+    assert len(launched) == 1
+    return output.getvalue()
+
+
+def requests_of_every_batch(pipe) -> list[list[np.ndarray]]:
+    """The images of requests whose batches are 1 (one image, no guidance), 2, 3 and 8 latents."""
+    generate = app.make_generate_fn(pipe)
+    shapes = [(1, 1.0), (1, 2.0), (3, 0.0), (4, 2.0)]  # (images, guidance scale)
+    requests = [{**VALID, "num_inference_steps": 3, "num_images": n, "guidance_scale": g} for n, g in shapes]
+    return [[np.asarray(image) for image in generate(*request.values())[0]] for request in requests]
+
+
+@pytest.mark.slow
+def test_the_app_samples_with_the_transformer_frozen_and_compiled_before_the_first_request(fresh_process):
+    pipe = shapes_pipeline()
+    output = serve_in_process(fresh_process, pipe, freeze="1")
+    assert re.search(
+        r"^Sampling with the transformer frozen by inductor, compiled in \d+\.\d s \(LMLP_FREEZE=0 samples "
+        r"eagerly\)\.$",
+        output,
+        re.M,
+    ), output
+    assert pipe.inductor_freezing_enabled
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with one_cpu_thread():
+        frozen = requests_of_every_batch(pipe)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "a request compiled a graph"
+        eager = requests_of_every_batch(shapes_pipeline())
+    for frozen_images, eager_images in zip(frozen, eager, strict=True):
+        for image, expected in zip(frozen_images, eager_images, strict=True):
+            assert np.abs(image.astype(int) - expected).max() <= 1  # float32 rounding of the fused GEMMs
+
+
+def test_lmlp_freeze_0_serves_the_transformer_as_it_is(fresh_process):
+    pipe = shapes_pipeline()
+    assert "Sampling eagerly (LMLP_FREEZE=0).\n" in serve_in_process(fresh_process, pipe, freeze="0")
+    assert not pipe.inductor_freezing_enabled
+
+
+@pytest.mark.slow
+def test_the_app_samples_eagerly_where_inductor_cannot_compile(monkeypatch):
+    pipe = shapes_pipeline()
+
+    def no_compiler(graph, example_inputs):
+        raise RuntimeError("Failed to find a working C++ compiler.")
+
+    monkeypatch.setattr(freezing, "compile_fx", no_compiler)
+    try:
+        line = app.serve_frozen(pipe)
+    finally:
+        torch._dynamo.reset()
+    assert line == (
+        "Sampling eagerly: inductor could not freeze the transformer here (RuntimeError: Failed to find a working "
+        "C++ compiler.)."
+    )
+    assert not pipe.inductor_freezing_enabled
+    with one_cpu_thread():
+        assert image_std(app.make_generate_fn(pipe)(*VALID.values())[0][0]) > 8
+
+
+def test_the_app_never_claims_a_frozen_graph_that_requests_do_not_share(monkeypatch):
+    # The code of a model pushed before `from_pipe` passed the frozen graph on: diffusers' own `from_pipe`.
+    pipe = shapes_pipeline()
+    monkeypatch.setattr(type(pipe), "from_pipe", classmethod(DiffusionPipeline.from_pipe.__func__))
+    assert app.serve_frozen(pipe) == (
+        "Sampling eagerly: this pipeline's code does not share its frozen graph with requests (push the model with "
+        "its code again, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`)."
+    )
+    assert not pipe.inductor_freezing_enabled
+    assert not hasattr(object(), "enable_inductor_freezing")
+    assert app.serve_frozen(object()).startswith(
+        "Sampling eagerly: this pipeline's code cannot freeze the transformer"
+    )
+    with one_cpu_thread():
+        assert image_std(app.make_generate_fn(pipe)(*VALID.values())[0][0]) > 8
 
 
 def test_the_old_module_form_still_runs_the_app_with_a_deprecation_warning(fresh_process):

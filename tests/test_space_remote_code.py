@@ -7,6 +7,7 @@ subprocess that cannot import the package; it is driven over loopback with gradi
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -107,12 +108,14 @@ def test_space_without_the_package_serves_the_model_from_its_code(served, space,
     # Without the package, the app applies the thread rule itself: the count given wins.
     log = served.log.read_text()
     assert "Serving on the CPU with 1 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in log
+    # The model's own code freezes the transformer too, and passes the frozen graph on to each request's pipeline.
+    assert re.search(r"^Sampling with the transformer frozen by inductor, compiled in \d+\.\d s", log, re.M), log
     # The images the app makes with the package, in the dtype the served app chose (bf16 where this CPU runs it
-    # faster) and on as many threads as it runs.
+    # faster), frozen as it serves, and on as many threads as it runs.
     dtype = getattr(torch, panel.rsplit("**Running on:** cpu, ", 1)[1].strip())
     pipe = pretrained_shapes_pipeline(dtype=dtype)
-    pipe.set_progress_bar_config(disable=True)
     with one_cpu_thread():
+        load_app().serve_frozen(pipe)
         expected, _ = load_app().make_generate_fn(pipe)(*request_args(seed=5))
     assert [np.asarray(image).tolist() for image in images] == [np.asarray(image).tolist() for image in expected]
 

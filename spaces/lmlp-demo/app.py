@@ -28,10 +28,11 @@ Environment variables:
 | `LMLP_QUEUE_SIZE` | 32 | requests that may wait in the queue; more are refused ("Queue is full") |
 | `LMLP_CONCURRENCY` | 1 | requests that run at the same time |
 | `LMLP_NUM_THREADS` | `OMP_NUM_THREADS` if set, else the cores ÷ `LMLP_CONCURRENCY` | CPU threads of torch (on the CPU) |
+| `LMLP_FREEZE` | 1 | on the CPU, 1 samples with the transformer frozen by inductor (`serve_frozen`), 0 eagerly |
 
-Each must be a whole number of at least 1; the app stops at start-up with a message naming a bad one. The threads
-follow the rule of `diffusers_lmlp.threads` (`choose_cpu_threads`): requests that run side by side share the cores,
-and more threads than cores slow every one of them down.
+Each must be a whole number of at least 1 (`LMLP_FREEZE`: 0 or 1); the app stops at start-up with a message naming a
+bad one. The threads follow the rule of `diffusers_lmlp.threads` (`choose_cpu_threads`): requests that run side by
+side share the cores, and more threads than cores slow every one of them down.
 
 The UI and the named API endpoint `/generate` run the same function. Every input is checked on the server by
 `validate_inputs` (API calls do not pass through the browser's sliders), and a bad value raises `gr.Error` with a
@@ -85,6 +86,9 @@ except ModuleNotFoundError as missing:
 
 # The package's `diffusers_lmlp.threads.THREADS_VARIABLE`, spelled out for a Space without the package.
 THREADS_VARIABLE = "LMLP_NUM_THREADS"
+# 1: sample on the CPU with the transformer frozen by inductor (`serve_frozen`); 0: eagerly.
+FREEZE_VARIABLE = "LMLP_FREEZE"
+UPDATE_CODE = "push the model with its code again, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`"
 
 MAX_SEED = 2**31 - 1  # np.iinfo(np.int32).max, the Space convention
 MAX_PROMPT_CHARS = 400
@@ -395,13 +399,90 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
     )
 
 
+def freeze_setting(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether to sample on the CPU with the transformer frozen by inductor (`serve_frozen`), from `LMLP_FREEZE`: 1 (the
+    default) or 0; raise `ValueError` naming the variable and its values otherwise.
+
+    Args:
+        environ (`Mapping[str, str]`, *optional*): The environment; `os.environ` by default.
+    """
+    value = environ.get(FREEZE_VARIABLE, "1")
+    if value.strip() not in ("0", "1"):
+        raise ValueError(f"{FREEZE_VARIABLE} must be 1 (freeze the transformer) or 0 (sample eagerly), got {value!r}.")
+    return value.strip() == "1"
+
+
+def serve_frozen(pipe: DiffusionPipeline) -> str:
+    """Sample with the transformer compiled by inductor with its weights frozen into the graph
+    (`pipe.enable_inductor_freezing()`), compiled now, before the first request; or eagerly where inductor cannot
+    compile (no C++ compiler, say).
+
+    The served weights never change, so the graphs compiled here serve every request: one for a batch of one image
+    without guidance (dynamo specialises a batch of 1), and one for every larger batch (the batch is dynamic). Each
+    request's pipeline shares them (`request_pipeline`), and they are compiled through one such pipeline, so the app
+    never says it samples frozen when the model's code does not pass the graph on.
+
+    Args:
+        pipe (`LMLPPipeline`): The served pipeline, on the CPU.
+
+    Returns:
+        `str`: The start-up log's line saying how the app samples.
+    """
+    started = time.perf_counter()
+    if not hasattr(pipe, "enable_inductor_freezing"):
+        return f"Sampling eagerly: this pipeline's code cannot freeze the transformer ({UPDATE_CODE})."
+    pipe.enable_inductor_freezing()
+    warm_up = request_pipeline(pipe)
+    if not getattr(warm_up, "inductor_freezing_enabled", False):
+        pipe.disable_inductor_freezing()
+        return f"Sampling eagerly: this pipeline's code does not share its frozen graph with requests ({UPDATE_CODE})."
+    try:
+        for guidance_scale in (1.0, DEFAULT_GUIDANCE):  # batches of 1, then of 2: (uncond | cond)
+            warm_up("", num_inference_steps=1, guidance_scale=guidance_scale, output_type="latent")
+    except Exception as error:  # whatever stops inductor here, the eager transformer samples the same images
+        pipe.disable_inductor_freezing()
+        # What the compiler raised, which dynamo wraps (`BackendCompilerFailed.inner_exception`).
+        while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+            error = inner
+        lines = str(error).strip().splitlines()
+        cause = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        return f"Sampling eagerly: inductor could not freeze the transformer here ({cause})."
+    return (
+        f"Sampling with the transformer frozen by inductor, compiled in {time.perf_counter() - started:.1f} s "
+        f"({FREEZE_VARIABLE}=0 samples eagerly)."
+    )
+
+
+def request_pipeline(pipe: DiffusionPipeline) -> DiffusionPipeline:
+    """The pipeline one request samples with: `pipe`'s modules in its dtype, and its frozen graph (`serve_frozen`),
+    with a scheduler and a tokenizer of its own, its progress bar off.
+
+    A fast tokenizer keeps its padding and truncation settings in its Rust object and sets them on every call: shared
+    between threads, one request's unpadded call can land between another's settings and its encoding (seen as 9 and
+    10 text tokens in one batch). So each request gets its own copy, as its own scheduler. The transformer and the
+    dtype are passed, as diffusers' own `from_pipe` needs them for the code of a model pushed before the package's.
+
+    Args:
+        pipe (`LMLPPipeline`): The served pipeline.
+    """
+    call_pipe = type(pipe).from_pipe(
+        pipe,
+        transformer=pipe.transformer,
+        scheduler=copy.deepcopy(pipe.scheduler),
+        tokenizer=copy.deepcopy(pipe.tokenizer),
+        dtype=pipe.dtype,
+    )
+    call_pipe.set_progress_bar_config(disable=True)
+    return call_pipe
+
+
 def make_generate_fn(pipe: DiffusionPipeline) -> Callable:
     """The UI's and the API's generate function for `pipe`.
 
     It validates the inputs first, so that a bad request never waits for a GPU; only the sampling is wrapped with
-    `@spaces.GPU`. Each call samples with its own `LMLPPipeline` view of the shared modules, a fresh scheduler (the
-    scheduler's step state and the guidance scale live on the pipeline) and its own tokenizer (a fast tokenizer's
-    padding state is set per call), so concurrent requests do not step on each other.
+    `@spaces.GPU`. Each call samples with its own `LMLPPipeline` (`request_pipeline`: the same modules and frozen
+    graph, a fresh scheduler and its own tokenizer; the scheduler's step state and the guidance scale live on the
+    pipeline), so concurrent requests do not step on each other.
 
     Args:
         pipe (`LMLPPipeline`): The served pipeline, already on its device and in its dtype.
@@ -413,17 +494,7 @@ def make_generate_fn(pipe: DiffusionPipeline) -> Callable:
 
     @gpu
     def sample(request: GenerationRequest, seed: int, progress: gr.Progress) -> list[Image.Image]:
-        # A fast tokenizer keeps its padding and truncation settings in its Rust object and sets them on every call:
-        # shared between threads, one request's unpadded call can land between another's settings and its encoding
-        # (seen as 9 and 10 text tokens in one batch). So each request gets its own copy, as its own scheduler.
-        call_pipe = type(pipe)(
-            **{
-                **pipe.components,
-                "scheduler": copy.deepcopy(pipe.scheduler),
-                "tokenizer": copy.deepcopy(pipe.tokenizer),
-            }
-        )
-        call_pipe.set_progress_bar_config(disable=True)
+        call_pipe = request_pipeline(pipe)
 
         def report_step(_pipe, step: int, _timestep, callback_kwargs: dict) -> dict:
             progress((step + 1, request.num_inference_steps), desc="Denoising", unit="steps")
@@ -680,6 +751,7 @@ def main() -> None:
     try:
         queue_size, concurrency = queue_settings()
         num_threads, reason = choose_cpu_threads(concurrency)
+        freeze = freeze_setting()
     except ValueError as error:
         sys.exit(f"error: {error}")
     device, dtype = pick_device_and_dtype()
@@ -695,6 +767,8 @@ def main() -> None:
     except CannotServe as error:
         sys.exit(f"error: {error}")
     pipe = pipe.to(device)
+    if device == "cpu":
+        print(serve_frozen(pipe) if freeze else f"Sampling eagerly ({FREEZE_VARIABLE}=0).", flush=True)
     launch(build_demo(pipe, source=model, queue_size=queue_size, concurrency=concurrency))
 
 
