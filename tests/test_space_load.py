@@ -41,8 +41,13 @@ def shapes_pipe():
 
 
 @pytest.mark.slow
-def test_concurrent_requests_all_complete_with_their_own_images(shapes_pipe):
+@pytest.mark.parametrize("frozen", [False, True], ids=["eager", "frozen"])
+def test_concurrent_requests_all_complete_with_their_own_images(shapes_pipe, frozen):
     app = load_app()
+    if frozen:  # as the app serves on a CPU: requests run side by side in the one frozen graph they share
+        shapes_pipe = shapes_pipeline()
+        with one_cpu_thread():
+            assert app.serve_frozen(shapes_pipe).startswith("Sampling with the transformer frozen by inductor")
     # What each seed must give, computed one at a time in-process.
     generate = app.make_generate_fn(shapes_pipe)
     expected = {seed: np.asarray(generate(*request_args(seed))[0][0]) for seed in range(NUM_REQUESTS)}
