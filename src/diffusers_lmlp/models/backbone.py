@@ -30,6 +30,7 @@ from .loading import (
 )
 from .mixers.channel_mlp import channel_mlp_factory
 from .mixers.cost import BlockCost
+from .saving import local_paths_left_out
 from .tokens import OutputHead, TokenEmbedder
 
 
@@ -190,6 +191,35 @@ class UShapedMixerModel(ModelMixin):
                 raise ValueError(refusal(cls.__name__, saved_class, location, missing, unexpected))
             warn_non_strict(cls.__name__, location, missing, unexpected)
         return (model, info) if output_loading_info else model
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        safe_serialization: bool = True,
+        variant: str | None = None,
+        max_shard_size: int | str = "10GB",
+        **kwargs,
+    ) -> None:
+        """`ModelMixin.save_pretrained` (and so `push_to_hub`), without the local folder the model was loaded from:
+        diffusers writes its absolute path into `config.json` (`_name_or_path`); a Hub repo id stays
+        (`models/saving.py`). A pipeline's `save_pretrained` passes on the arguments it finds in this signature.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): The folder; made if missing.
+            safe_serialization (`bool`, *optional*, defaults to `True`): Write safetensors (the loader reads nothing
+                else).
+            variant (`str`, *optional*): Write `diffusion_pytorch_model.<variant>.safetensors`.
+            max_shard_size (`int` or `str`, *optional*, defaults to `"10GB"`): The largest weights file.
+            **kwargs: The rest of what `ModelMixin.save_pretrained` takes (`is_main_process`, `push_to_hub`, ...).
+        """
+        with local_paths_left_out(self):
+            super().save_pretrained(
+                save_directory,
+                safe_serialization=safe_serialization,
+                variant=variant,
+                max_shard_size=max_shard_size,
+                **kwargs,
+            )
 
     @classmethod
     def _load_pretrained_model(

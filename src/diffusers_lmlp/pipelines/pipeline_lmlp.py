@@ -39,6 +39,7 @@ from diffusers.utils.torch_utils import is_compiled_module, randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..exports import public
+from ..models.saving import local_paths_left_out
 from .checks import (
     _check_components,
     _check_guidance,
@@ -279,6 +280,22 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         if freezing is not None and getattr(new, "transformer", None) is pipeline.transformer:
             new._inductor_freezing = freezing
         return new
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
+        """Save the pipeline to a folder (and push it with `push_to_hub=True`), as `DiffusionPipeline.save_pretrained`
+        does, but without the local folders its components were loaded from: diffusers writes each one's absolute
+        path, the username in it, into its config (`_name_or_path`). A Hub repo id stays (`models/saving.py`).
+
+        A `Path` may be given with `push_to_hub=True` too: diffusers 0.42 splits `save_directory` as a string for the
+        default `repo_id`, even when `repo_id` is given.
+
+        Args:
+            save_directory (`str` or `os.PathLike`): The folder; made if missing.
+            **kwargs: What `DiffusionPipeline.save_pretrained` takes (`safe_serialization`, `variant`,
+                `max_shard_size`, `push_to_hub`, `repo_id`, ...).
+        """
+        with local_paths_left_out(self, *self.components.values()):
+            super().save_pretrained(os.fspath(save_directory), **kwargs)
 
     @property
     def guidance_scale(self) -> float:
