@@ -136,6 +136,32 @@ def test_dry_run_folder_loads_and_generates_the_same_image(saved, generate, tmp_
     assert torch.equal(generate(source, seed=3), generate(uploaded, seed=3))
 
 
+def test_a_folder_saved_with_this_machine_s_paths_is_uploaded_without_them(saved, hub_calls, tmp_path):
+    # As diffusers' own `save_pretrained` of the components (or an older diffusers-lmlp) leaves a folder: each config
+    # names where its component was loaded from. The Hub repo id a pipeline was loaded by says nothing of the machine.
+    written = {
+        "model_index.json": "stabilityai/a-base",
+        "vae/config.json": "/home/alice/models/sd-vae-ft-mse",
+        "transformer/config.json": str(tmp_path / "run" / "transformer"),
+        "scheduler/scheduler_config.json": "/home/alice/.cache/huggingface/hub/models--a--b/snapshots/0/scheduler",
+    }
+    for name, value in written.items():
+        config = json.loads((saved / name).read_text())
+        (saved / name).write_text(json.dumps({**config, "_name_or_path": value}, indent=2))
+    before = {name: (saved / name).read_text() for name in written}
+
+    push_pipeline(saved, "alice/tiny-lmlp", token=HUB_TOKEN)
+    uploaded = {name: data.decode() for name, data in hub_calls[-1][1]["files"].items() if name.endswith(".json")}
+    assert not [name for name, text in uploaded.items() if "/home/alice" in text or str(tmp_path) in text]
+    assert json.loads(uploaded["model_index.json"])["_name_or_path"] == "stabilityai/a-base"
+    for name in written:  # the rest of each config goes up as it was
+        expected = json.loads(before[name])
+        if expected["_name_or_path"].startswith("/"):
+            del expected["_name_or_path"]
+        assert json.loads(uploaded[name]) == expected, name
+    assert {name: (saved / name).read_text() for name in written} == before  # the folder itself is not changed
+
+
 def test_upload_leaves_out_checkpoints_logs_and_pickles(saved, tmp_path):
     staged = stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
     assert set(staged.files) == PIPELINE_FILES

@@ -21,7 +21,7 @@ from diffusers_lmlp.hub import push_lora, stage_lora
 from diffusers_lmlp.hub.__main__ import main as hub_main
 from diffusers_lmlp.models import FAMILIES
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from diffusers_lmlp.training.lora import add_lora, lora_config, names_in_block
+from diffusers_lmlp.training.lora import SHIPPED_SHAPES_MODEL, add_lora, lora_config, names_in_block
 
 
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]
@@ -182,6 +182,11 @@ def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_af
     assert "pretrained_shapes_pipeline()" in result.stdout and "pipe.load_lora_weights(" in result.stdout
     card = (tmp_path / "out" / "README.md").read_text()
     assert "held-out: base | held-out: with LoRA" in card
+    # The shipped base is named by the function that loads it, not by its folder in this installation.
+    assert summary["base_model"] == SHIPPED_SHAPES_MODEL
+    assert "the shapes model that ships with diffusers-lmlp" in card and "pretrained_shapes_pipeline()" in card
+    written = [p for p in (tmp_path / "out").glob("*.*") if p.suffix in {".json", ".md"}]
+    assert len(written) == 2 and not [p.name for p in written if str(ROOT) in p.read_text()]
     assert not list((tmp_path / "out").glob("**/diffusion_pytorch_model.safetensors"))  # the base is not copied
 
 
@@ -203,6 +208,11 @@ def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path, capsys)
     assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny")' in card
     assert 'pipe.load_lora_weights("alice/shapes-lora")' in card and "base_model: alice/tiny" in card
     assert "rank 2, alpha 4" in card  # the trainer's description is kept
+    # The run's base was a local folder: the staged files name it by the Hub repo given, never by its path here.
+    assert json.loads((tmp_path / "up" / "training_summary.json").read_text())["base_model"] == "alice/tiny"
+    staged_text = [p for p in (tmp_path / "up").iterdir() if p.suffix != ".safetensors"]
+    assert not [p.name for p in staged_text if str(lora_run.parent) in p.read_text()]
+    assert json.loads((lora_run / "training_summary.json").read_text())["base_model"] == str(lora_run.parent / "tiny")
     with pytest.raises(SystemExit) as refused:  # the same command, in this process
         hub_main([*hub[3:], "--dry-run", "--with-code"])
     assert refused.value.code == 2 and "apply to pipeline folders only" in capsys.readouterr().err

@@ -141,6 +141,10 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace):
     assert "library_name: diffusers" in card and "pipeline_tag: text-to-image" in card and "samples.png" in card
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["num_processes"] == 1 and summary["ranks_in_sync"] and summary["steps"] == 3
+    # What a push publishes names no folder of this machine: not the base pipeline's (the VAE's config), nor the data's.
+    published = [p for p in out.rglob("*.*") if p.suffix in {".json", ".md"} and p.parts[len(out.parts)] != "logs"]
+    assert "3 steps on the local folder `data`" in card and len(published) > 5
+    assert not [str(p) for p in published if str(workspace) in p.read_text()]
 
     pipe = LMLPPipeline.from_pretrained(out)
     trained = pipe.transformer.state_dict()

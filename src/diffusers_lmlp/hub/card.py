@@ -74,6 +74,21 @@ def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
     return str(value)
 
 
+def data_source(args: Mapping, default: str) -> str:
+    """What a card says the model was trained on: a Hub dataset by its repo id, a local folder by its own name only
+    (its path on this machine, `/home/<user>/...`, means nothing to the card's readers and names the user), else
+    `default`.
+
+    Args:
+        args (`Mapping`): The training arguments (`dataset_name`, `train_data_dir`).
+        default (`str`): What the model was trained on without either (the procedural shapes world).
+    """
+    source = args.get("dataset_name") or args.get("train_data_dir")
+    if not source:
+        return default
+    return hub_id_or_none(source) or f"the local folder `{Path(source).name}`"
+
+
 def write_model_card(
     folder: str | os.PathLike,
     pipe,
@@ -218,12 +233,12 @@ def describe_pipeline(
     if base_model:
         lines.append(f"- Fine-tuned from [{base_model}](https://huggingface.co/{base_model})")
     if "learning_rate" in args:
-        data_source = args.get("dataset_name") or args.get("train_data_dir") or "the procedural shapes world"
+        data = data_source(args, "the procedural shapes world")
         schedule = f" ({args['lr_scheduler']} schedule)" if "lr_scheduler" in args else ""
         decay = f", weight decay {args['adam_weight_decay']}" if "adam_weight_decay" in args else ""
         snr = f", Min-SNR γ {args['snr_gamma']}" if args.get("snr_gamma") else ""
         lines.append(
-            f"- Training: {summary.get('steps', args.get('max_train_steps'))} steps on {data_source}, batch "
+            f"- Training: {summary.get('steps', args.get('max_train_steps'))} steps on {data}, batch "
             f"{args.get('train_batch_size')} × {args.get('gradient_accumulation_steps', 1)} accumulation × "
             f"{summary.get('num_processes', 1)} process(es), AdamW lr {args['learning_rate']}{schedule}{decay}{snr}, "
             f"EMA {args.get('ema_decay') if args.get('use_ema') else 'off'}, caption dropout {args.get('caption_dropout')}"

@@ -13,8 +13,28 @@ from pathlib import Path
 from huggingface_hub import ModelCard
 
 from ..models.families import family_of
-from ..training.lora import ADAPTER_NAME, adapted_modules, is_shipped_shapes_model, load_base_code, names_in_block
-from .card import GENERIC_PROMPT, SAMPLER_CALL_ARGUMENTS, hub_id_or_none, update_card
+from ..training.lora import (
+    ADAPTER_NAME,
+    SHIPPED_SHAPES_MODEL,
+    adapted_modules,
+    is_shipped_shapes_model,
+    load_base_code,
+    names_in_block,
+)
+from .card import GENERIC_PROMPT, SAMPLER_CALL_ARGUMENTS, data_source, hub_id_or_none, update_card
+
+
+def public_base_model(base_model: str) -> str:
+    """How a card, and the summary a push uploads, name a LoRA run's base pipeline: a Hub repo id as is, the shipped
+    shapes model as `SHIPPED_SHAPES_MODEL`, any other local folder by its own name only (its path on this machine means
+    nothing to the card's readers and names the user).
+
+    Args:
+        base_model (`str`): The summary's `base_model`, or a run's `--pretrained_model_name_or_path`.
+    """
+    if is_shipped_shapes_model(base_model):
+        return SHIPPED_SHAPES_MODEL
+    return hub_id_or_none(base_model) or Path(base_model).name
 
 
 def score_table(summary: Mapping) -> list[str]:
@@ -88,11 +108,11 @@ def write_lora_card(
     folder = Path(folder)
     family = family_of(model)
     config = model.peft_config[ADAPTER_NAME]
-    base_model = summary["base_model"]
+    recorded = summary["base_model"]
+    base_model = public_base_model(recorded)
     adapted = adapted_modules(model)
     trainable = sum(p.numel() for name, p in model.named_parameters() if ".lora_" in name)
-    data = args.get("dataset_name") or args.get("train_data_dir")
-    data = data or f"the shapes world's {args['shapes_split']} combinations"
+    data = data_source(args, f"the shapes world's {args['shapes_split']} combinations")
     lines = [
         f"# {folder.resolve().name}",
         "",
@@ -102,8 +122,10 @@ def write_lora_card(
         "- Base pipeline: "
         + (
             "the shapes model that ships with diffusers-lmlp (`pretrained_shapes_pipeline()`)"
-            if is_shipped_shapes_model(base_model)
+            if is_shipped_shapes_model(recorded)
             else f"`{base_model}`"
+            if hub_id_or_none(recorded)
+            else f"the local folder `{base_model}`"
         ),
         f"- LoRA: rank {config.r}, alpha {config.lora_alpha:g}, dropout {config.lora_dropout:g}; {len(adapted)} layers "
         f"adapted ({', '.join(f'`{name}`' for name in names_in_block(adapted))} in the blocks), {trainable:,} "
@@ -134,7 +156,7 @@ def write_lora_card(
             "description": "\n".join(lines),
             "usage": lora_usage_section(args.get("hub_model_id") or folder.resolve().name, base_model, summary),
         },
-        base_model=hub_id_or_none(base_model),
+        base_model=hub_id_or_none(recorded),
     )
     card.save(path)
     return card

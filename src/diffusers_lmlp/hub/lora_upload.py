@@ -13,7 +13,7 @@ from huggingface_hub import CommitInfo
 
 from ..pipelines import LMLPPipeline
 from .card import hub_id_or_none, update_card, without_block
-from .lora_card import lora_usage_section
+from .lora_card import lora_usage_section, public_base_model
 from .model import SAMPLE_GRID, TRAINING_SUMMARY, left_out_file, left_out_folder, size_limit
 from .upload import (
     StagedUpload,
@@ -53,9 +53,9 @@ def stage_lora(
         output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
             temporary folder.
         license (`str`, *optional*): The card's license (default: the card's own, else apache-2.0).
-        base_model (`str`, *optional*): The Hub repo of the base pipeline, for the card's metadata and its usage
-            snippet; by default the `base_model` of `training_summary.json` (a local folder there is shown as is and
-            left out of the metadata).
+        base_model (`str`, *optional*): The Hub repo of the base pipeline, for the card's metadata, its usage snippet
+            and the staged `training_summary.json`; by default the summary's `base_model` (a local folder there is
+            named by its own name only, not its path on this machine, and left out of the metadata).
 
     Returns:
         `StagedUpload`: The staging folder, its files, and what of the source folder was left out or refused.
@@ -85,9 +85,13 @@ def stage_lora(
                 f"{folder} does not say which pipeline the LoRA adapts (no base_model in {TRAINING_SUMMARY}): pass "
                 "--base-model <its Hub repo id>."
             )
+        public = public_base_model(base_model)
+        if summary.get("base_model", public) != public:  # the staged summary names no folder of this machine
+            summary["base_model"] = public
+            summary_path.write_text(json.dumps(summary, indent=2), encoding="utf-8")
         card_path = target / "README.md"
         existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
-        usage = lora_usage_section(repo_id, base_model, summary)
+        usage = lora_usage_section(repo_id, public, summary)
         shown = existing is not None and SAMPLE_GRID in without_block(existing, "usage")
         if (target / SAMPLE_GRID).is_file() and not shown:
             usage = f"![samples]({SAMPLE_GRID})\n\n{usage}"

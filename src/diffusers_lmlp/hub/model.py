@@ -1,6 +1,7 @@
 """Publish a saved pipeline folder as a Hub model repo: what belongs in the upload, its card, the one commit."""
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from fnmatch import fnmatch
@@ -12,6 +13,7 @@ from huggingface_hub import CommitInfo
 from ..folders import PICKLE_SUFFIXES
 from ..image_grid import make_image_grid
 from ..models.families import family_of
+from ..models.saving import is_local_path
 from ..pipelines import LMLPPipeline
 from .card import describe_pipeline, update_card, usage_section, without_block
 from .remote_code import add_remote_code, check_component_names, name_package_classes, package_model_index
@@ -27,6 +29,8 @@ from .upload import (
     staging,
 )
 
+
+logger = logging.getLogger(__name__)
 
 # Uploaded: weights (safetensors only), configs, tokenizer files, images, and the card. Never: pickles (*.bin, *.pt,
 # *.pth, *.ckpt, *.pkl), code (*.py: the only code a push uploads is what `--with-code` generates from the installed
@@ -195,6 +199,7 @@ def stage_pipeline(
         left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
         # From here on, only the staged copy is read: it is what the checks, the grid and the card see, and what is
         # uploaded.
+        leave_out_local_paths(target)
         pipe = load_staged(target, refused, source_pipe)
         if sample_prompts:
             write_sample_grid(pipe, target, sample_prompts, sample_steps, seed)
@@ -205,6 +210,28 @@ def stage_pipeline(
             name_package_classes(target)
         write_card(target, pipe, repo_id, code_files, license=license, base_model=base_model, datasets=datasets)
     return StagedUpload(target, list_files(target), left_out, refused)
+
+
+def leave_out_local_paths(folder: Path) -> None:
+    """Take the paths of the machine that saved a staged pipeline out of its configs: the `_name_or_path` that
+    diffusers writes for each component it loaded from a folder or the Hub cache (`/home/<user>/...`), in a folder
+    that `LMLPPipeline.save_pretrained` did not write (diffusers' own `save_pretrained` of the components, an older
+    diffusers-lmlp). A Hub repo id there stays; no loader reads the key (`diffusers_lmlp.models.saving`).
+
+    Args:
+        folder (`Path`): The staging folder.
+    """
+    configs = [
+        folder / "model_index.json",
+        *sorted(folder.glob("*/config.json")),
+        *sorted(folder.glob("*/*_config.json")),
+    ]
+    for path in configs:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        if isinstance(config, dict) and is_local_path(config.get("_name_or_path")):
+            del config["_name_or_path"]
+            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            logger.info(f"{path.relative_to(folder).as_posix()}: left out _name_or_path, a path of this machine")
 
 
 def check_card_repo_ids(repo_id: str, base_model: str | None, datasets: Sequence[str] | None) -> None:

@@ -21,7 +21,7 @@ from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.hub.lora_card import write_lora_card
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training.compilation import plain_backbone
-from diffusers_lmlp.training.lora import save_adapter
+from diffusers_lmlp.training.lora import recorded_base_model, save_adapter
 from diffusers_lmlp.training.report import format_run_summary
 from diffusers_lmlp.training.validation import (
     FINAL_EVALUATION_SEEDS,
@@ -112,7 +112,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         pipe.save_pretrained(output_dir)
 
     summary = {
-        **({"base_model": args.pretrained_model_name_or_path} if args.lora_rank else {}),
+        **({"base_model": recorded_base_model(args.pretrained_model_name_or_path)} if args.lora_rank else {}),
         "num_processes": accelerator.num_processes,
         "ranks_in_sync": in_sync,
         "steps": args.max_train_steps,

@@ -23,6 +23,9 @@ ADAPTER_NAME = "default"
 BLOCK_PREFIX = re.compile(r"^stack\.(?:(?:in|out)_blocks\.\d+|mid_block)\.")
 # Where a checkpoint keeps the adapter (instead of the whole backbone's `transformer/`).
 CHECKPOINT_FOLDER = "transformer_lora"
+# How a run's `training_summary.json` names the shapes model shipped in the package as its base: by the function that
+# loads it, not by its path in this installation (`/home/<user>/.venv/...`), which the summary would carry to the Hub.
+SHIPPED_SHAPES_MODEL = "diffusers_lmlp.shapes.pretrained_shapes_pipeline()"
 
 
 def require_peft():
@@ -125,12 +128,23 @@ def names_in_block(names: list[str]) -> list[str]:
 
 
 def is_shipped_shapes_model(base_model: str) -> bool:
-    """Whether `base_model` (a run's `--pretrained_model_name_or_path`) is the shapes model shipped in the package.
+    """Whether `base_model` (a run's `--pretrained_model_name_or_path`, or a summary's `base_model`) is the shapes
+    model shipped in the package: its folder, or `SHIPPED_SHAPES_MODEL`.
 
     Args:
-        base_model (`str`): A folder or a Hub repo id.
+        base_model (`str`): A folder, a Hub repo id or `SHIPPED_SHAPES_MODEL`.
     """
-    return Path(base_model).resolve() == SHAPES_PIPELINE_PATH.resolve()
+    return base_model == SHIPPED_SHAPES_MODEL or Path(base_model).resolve() == SHAPES_PIPELINE_PATH.resolve()
+
+
+def recorded_base_model(base_model: str) -> str:
+    """How a LoRA run's summary records its base pipeline: `SHIPPED_SHAPES_MODEL` for the shipped shapes model, any
+    other folder or repo id as given (the end-of-run summary's load line reads it on this machine).
+
+    Args:
+        base_model (`str`): The run's `--pretrained_model_name_or_path`.
+    """
+    return SHIPPED_SHAPES_MODEL if is_shipped_shapes_model(base_model) else base_model
 
 
 def load_base_code(base_model: str) -> str:
