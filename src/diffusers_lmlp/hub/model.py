@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
 SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
 SAMPLE_GRID = "samples.png"
+# The keys of a saved config that record where its component was loaded from (`leave_out_local_paths`).
+LOCAL_PATH_KEYS = ("_name_or_path", "name_or_path")
 TRAINING_SUMMARY = "training_summary.json"
 # A prompt whose tokens show whether a staged tokenizer splits text as the source's does.
 TOKENIZER_PROBE = "a red circle on a blue square, photographed at dusk"
@@ -216,7 +218,8 @@ def leave_out_local_paths(folder: Path) -> None:
     """Take the paths of the machine that saved a staged pipeline out of its configs: the `_name_or_path` that
     diffusers writes for each component it loaded from a folder or the Hub cache (`/home/<user>/...`), in a folder
     that `LMLPPipeline.save_pretrained` did not write (diffusers' own `save_pretrained` of the components, an older
-    diffusers-lmlp). A Hub repo id there stays; no loader reads the key (`diffusers_lmlp.models.saving`).
+    diffusers-lmlp), and the `name_or_path` of a tokenizer saved by transformers before 4.27. A Hub repo id there
+    stays; no loader reads either key (`diffusers_lmlp.models.saving`).
 
     Args:
         folder (`Path`): The staging folder.
@@ -228,10 +231,13 @@ def leave_out_local_paths(folder: Path) -> None:
     ]
     for path in configs:
         config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-        if isinstance(config, dict) and is_local_path(config.get("_name_or_path")):
-            del config["_name_or_path"]
-            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            logger.info(f"{path.relative_to(folder).as_posix()}: left out _name_or_path, a path of this machine")
+        local = [key for key in LOCAL_PATH_KEYS if isinstance(config, dict) and is_local_path(config.get(key))]
+        if local:
+            path.write_text(
+                json.dumps({k: v for k, v in config.items() if k not in local}, indent=2, sort_keys=True) + "\n",
+                encoding="utf-8",
+            )
+            logger.info(f"{path.relative_to(folder).as_posix()}: left out {', '.join(local)}, a path of this machine")
 
 
 def check_card_repo_ids(repo_id: str, base_model: str | None, datasets: Sequence[str] | None) -> None:
