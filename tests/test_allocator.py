@@ -1,9 +1,12 @@
-"""The opt-in glibc allocator setting: applied where glibc exists, a clean no-op elsewhere."""
+"""The glibc allocator setting: applied where glibc exists, a clean no-op elsewhere; the trainer applies it on the
+CPU unless the user set glibc's malloc."""
 
 import ctypes
+import logging
 import platform
 
 import pytest
+import torch
 
 from diffusers_lmlp import allocator
 
@@ -39,3 +42,50 @@ def test_reuse_freed_memory_without_glibc_returns_false(monkeypatch):
 
     monkeypatch.setattr(allocator.ctypes, "CDLL", MuslLike)
     assert allocator.reuse_freed_memory() is False
+
+
+@pytest.fixture
+def recorded(monkeypatch) -> list[str]:
+    """`reuse_freed_memory` replaced by a recorder (its glibc calls are tested above), with no malloc setting in the
+    environment."""
+    calls = []
+    for name in (*allocator.MALLOC_VARIABLES, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(allocator, "reuse_freed_memory", lambda: calls.append("reuse") or True)
+    return calls
+
+
+def test_work_on_the_cpu_keeps_freed_memory_and_says_so(recorded, caplog):
+    with caplog.at_level(logging.INFO, logger="diffusers_lmlp.allocator"):
+        allocator.keep_freed_memory(torch.device("cpu"))
+    assert recorded == ["reuse"]
+    assert "glibc keeps up to 1 GiB of freed buffers for reuse" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MALLOC_TRIM_THRESHOLD_", "0"),
+        ("MALLOC_MMAP_THRESHOLD_", "131072"),
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"),
+    ],
+)
+def test_a_malloc_setting_of_yours_is_kept(recorded, monkeypatch, caplog, name, value):
+    monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.INFO, logger="diffusers_lmlp.allocator"):
+        allocator.keep_freed_memory(torch.device("cpu"))
+    assert recorded == [] and f"glibc's malloc as your {name} sets it" in caplog.text
+
+
+def test_other_tunables_and_other_devices(recorded, monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F")  # not malloc's: the setting still applies
+    allocator.keep_freed_memory(torch.device("cpu"))
+    allocator.keep_freed_memory(torch.device("meta"))  # a GPU run, as far as this is concerned: nothing changes
+    assert recorded == ["reuse"]
+
+
+def test_without_glibc_the_log_says_the_allocator_is_unchanged(recorded, monkeypatch, caplog):
+    monkeypatch.setattr(allocator, "reuse_freed_memory", lambda: False)
+    with caplog.at_level(logging.INFO, logger="diffusers_lmlp.allocator"):
+        allocator.keep_freed_memory(torch.device("cpu"))
+    assert "no glibc here" in caplog.text

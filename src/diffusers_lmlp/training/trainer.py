@@ -32,6 +32,7 @@ from diffusers.training_utils import EMAModel
 from transformers.utils import logging as transformers_logging
 
 from diffusers_lmlp import default_scheduler
+from diffusers_lmlp.allocator import keep_freed_memory
 from diffusers_lmlp.threads import apply_threads, choose_threads
 from diffusers_lmlp.training import batches, components, divergence, finishing, validation
 from diffusers_lmlp.training.checkpoints import (
@@ -160,6 +161,7 @@ def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
     if args.allow_tf32:
         allow_tf32()
     use_threads(accelerator, args.num_threads)
+    keep_freed_memory(accelerator.device)
     with exclusive_output_dir(accelerator, output_dir):
         run_training(args, accelerator, output_dir, exit_when_done)
 
