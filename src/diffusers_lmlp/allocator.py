@@ -6,11 +6,10 @@ and returns them to the system when they are freed. Every pass then pays a page 
 activation: on two cores that costs the eager F2-deep forward about a tenth of its time
 (benchmarks/speed_vs_uvit.py, `--reuse_freed_memory`), and the README's main command in float32, as `accelerate
 launch` starts it, up to a quarter of every step in the runs that fall into it (5,000-20,000 faults a step;
-docs/benchmarks.md). Asking glibc to keep freed memory for reuse
-removes that cost. It changes the whole process's allocator, so it is never done on import: the trainer does it for a
-run on the CPU (`keep_freed_memory`), other applications call `reuse_freed_memory`. Where you set glibc's malloc
-yourself (`MALLOC_TRIM_THRESHOLD_`, `MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES=glibc.malloc.*`), the trainer keeps
-your setting.
+docs/benchmarks.md). Asking glibc to keep freed memory for reuse removes that cost. It changes the whole process's
+allocator, so it is never done on import: the trainer does it for a run on the CPU (`keep_freed_memory`), other
+applications call `reuse_freed_memory`. Where you set glibc's malloc yourself (`MALLOC_TRIM_THRESHOLD_`,
+`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES=glibc.malloc.*`), the trainer keeps your setting.
 """
 
 import ctypes
