@@ -529,8 +529,7 @@ def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
     each."""
     from diffusers import AutoencoderKL
 
-    from diffusers_lmlp import LMLPPipeline
-    from diffusers_lmlp.pipelines.pipeline_lmlp import default_scheduler
+    from diffusers_lmlp import LMLPPipeline, default_scheduler
 
     model = build(name, args.num_layers, args.device).eval()
     frozen = mode == "frozen"  # the pipeline's own switch, fingerprint of the weights included

@@ -18,7 +18,7 @@ _EXPORTS = {
     "from_named_config": ".models.families",
     "LMLPLoraLoaderMixin": ".pipelines.lora",
     "LMLPPipeline": ".pipelines.pipeline_lmlp",
-    "default_scheduler": ".pipelines.pipeline_lmlp",
+    "default_scheduler": ".pipelines.schedulers",
     "known_words": ".pipelines.vocabulary",
     "unknown_words": ".pipelines.vocabulary",
     "MoEMLPModelOutput": ".models.moe_mlp",

@@ -11,7 +11,7 @@ from ..exports import lazy_exports
 _EXPORTS = {
     "LMLPLoraLoaderMixin": ".lora",
     "LMLPPipeline": ".pipeline_lmlp",
-    "default_scheduler": ".pipeline_lmlp",
+    "default_scheduler": ".schedulers",
     "known_words": ".vocabulary",
     "unknown_words": ".vocabulary",
 }
@@ -20,5 +20,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .lora import LMLPLoraLoaderMixin  # noqa: F401
-    from .pipeline_lmlp import LMLPPipeline, default_scheduler  # noqa: F401
+    from .pipeline_lmlp import LMLPPipeline  # noqa: F401
+    from .schedulers import default_scheduler  # noqa: F401
     from .vocabulary import known_words, unknown_words  # noqa: F401

@@ -12,8 +12,8 @@ shared/reference/reference-implementations.md §B.2–B.6):
 | CLIP ViT-L/14 last hidden state, 77 tokens      | `text_encoder(input_ids)[0]`, tokenised to `text_seq_len`     |
 | latents × 0.23010 (COCO)                        | `vae.config.scaling_factor` (and `shift_factor`)              |
 
-Its checks live in `checks.py` (components, `__call__`'s arguments) and `loading.py` (`from_pretrained`); how it
-reads a folder pushed with `--with-code` in `model_index.py`.
+Its checks live in `checks.py` (components, `__call__`'s arguments), `schedulers.py` (which schedulers can sample
+it) and `loading.py` (`from_pretrained`); how it reads a folder pushed with `--with-code` in `model_index.py`.
 """
 
 import inspect
@@ -27,7 +27,6 @@ import torch
 from diffusers import (
     AutoencoderKL,
     DiffusionPipeline,
-    DPMSolverMultistepScheduler,
     ImagePipelineOutput,
     ModelMixin,
     SchedulerMixin,
@@ -61,6 +60,7 @@ from .loading import (
 )
 from .lora import LMLPLoraLoaderMixin
 from .model_index import package_model_index
+from .schedulers import check_scheduler, default_scheduler  # noqa: F401 (default_scheduler: its former home)
 from .vocabulary import describe_vocabulary, prompt_words, unknown_words
 
 
@@ -80,28 +80,6 @@ EXAMPLE_DOC_STRING = """
         >>> image.save("red_circle.png")
         ```
 """
-
-
-def default_scheduler() -> DPMSolverMultistepScheduler:
-    """The papers' sampler: DPM-Solver++ on the Stable Diffusion noise schedule.
-
-    `beta_schedule="scaled_linear"` from 0.00085 to 0.012 over 1000 training steps (the reference's
-    "stable-diffusion" betas) with `algorithm_type="dpmsolver++"` (the reference's `predict_x0=True`) and
-    ε-prediction. The reference runs a single-step order-3 solver on its own time grid; diffusers' multistep solver
-    (order 2, recommended for guided sampling) is close but not bit-exact.
-
-    Returns:
-        `DPMSolverMultistepScheduler`: A fresh scheduler; swap it with any diffusers scheduler built with
-        `Scheduler.from_config(pipe.scheduler.config)`.
-    """
-    return DPMSolverMultistepScheduler(
-        num_train_timesteps=1000,
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        algorithm_type="dpmsolver++",
-        prediction_type="epsilon",
-    )
 
 
 class _EmptyFp32ModulesWarning(std_logging.Filter):
@@ -147,7 +125,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             `text_seq_len`.
         transformer ([`UShapedMixerModel`]): The ε-prediction backbone, a model of any registered block family
             (`LMLPTransformer2DModel`, `MoEMLPModel`, `UViTTransformer2DModel`, ...; see `diffusers_lmlp.FAMILIES`).
-        scheduler ([`~schedulers.SchedulerMixin`]): Any diffusers scheduler for ε-prediction models;
+        scheduler ([`~schedulers.SchedulerMixin`]): A DDPM-family diffusers scheduler on the training schedule,
+            reading ε and not clipping the latents (`check_scheduler` refuses others when the pipeline is called);
             `default_scheduler()` is the papers' DPM-Solver++ setup.
     """
 
@@ -510,6 +489,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 f"width={width}. The backbone mixes a fixed number of tokens (L = {self.transformer.seq_len}), so "
                 "leave height and width unset, or resize the result."
             )
+        check_scheduler(self.scheduler)
         _check_steps(self.scheduler, num_inference_steps, timesteps, sigmas)
         _check_images(batch_size, num_images_per_prompt, generator, latents, self._latents_shape)
         if output_type not in OUTPUT_TYPES:
