@@ -212,9 +212,11 @@ def test_every_option_the_readme_names_for_training_and_evaluation_exists(page, 
 
     from diffusers_lmlp.evaluation.__main__ import build_parser as evaluation_parser
     from diffusers_lmlp.training.arguments import build_parser as training_parser
+    from diffusers_lmlp.training.diffusers_options import DIFFUSERS_ONLY_OPTIONS
 
     parsers = (training_parser(), evaluation_parser(), launch_command_parser())
     options = {option for parser in parsers for action in parser._actions for option in action.option_strings}
+    options |= set(DIFFUSERS_ONLY_OPTIONS)  # diffusers' options, which the trainer answers with what to give instead
     # The benchmark commands quoted inline, and the scripts/ commands (inline or as lines of a block), have options
     # of their own.
     text = re.sub(r"`python benchmarks/[^`]*`", "", section(page, title) if title else page_text(page))

@@ -21,6 +21,8 @@ from test_train_text_to_image import ENV, SCRIPT, load_script, weights
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training import components, trainer, validation
+from diffusers_lmlp.training.arguments import build_parser
+from diffusers_lmlp.training.diffusers_options import DIFFUSERS_ONLY_OPTIONS
 
 
 PROMPTS_FILE = (
@@ -343,3 +345,57 @@ def test_the_latent_size_is_measured_from_the_vae_layers(script, coco, tmp_path)
     assert components.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)  # ×8
     mislabelled = AutoencoderKL.from_pretrained(write_mislabelled_vae(tmp_path / "vae-repo"), subfolder="vae")
     assert components.vae_latent_size(mislabelled, 256) == (64, 64)  # ×4, whatever the config says
+
+
+# ------------------------------------------------------------------------------------- diffusers' options not taken
+
+# The command of diffusers' text-to-image README (examples/text_to_image), pointed at a local folder.
+DIFFUSERS_README_COMMAND = [
+    "--pretrained_model_name_or_path=CompVis/stable-diffusion-v1-4", "--train_data_dir=data", "--use_ema",
+    "--resolution=512", "--center_crop", "--random_flip", "--train_batch_size=1", "--gradient_accumulation_steps=4",
+    "--gradient_checkpointing", "--max_train_steps=15000", "--learning_rate=1e-05", "--max_grad_norm=1",
+    "--enable_xformers_memory_efficient_attention", "--lr_scheduler=constant", "--lr_warmup_steps=0",
+    "--output_dir=sd-naruto-model",
+]  # fmt: skip
+
+
+def test_a_diffusers_command_is_told_what_to_drop(script, capsys):
+    with pytest.raises(SystemExit) as error:
+        script.parse_args(DIFFUSERS_README_COMMAND)
+    assert error.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "train_text_to_image.py:" in line]
+    assert len(lines) == 2
+    assert (
+        "--center_crop is an option of diffusers' train_text_to_image.py: images are always center-cropped" in lines[0]
+    )
+    assert lines[1].startswith("--enable_xformers_memory_efficient_attention is an option of diffusers'")
+
+
+@pytest.mark.parametrize("option", sorted(DIFFUSERS_ONLY_OPTIONS))
+@pytest.mark.parametrize("form", ["separate", "joined"])
+def test_each_diffusers_only_option_says_what_to_give_instead(script, capsys, option, form):
+    given = [f"{option}=1"] if form == "joined" else [option, "1"]
+    with pytest.raises(SystemExit) as error:
+        script.parse_args(["--output_dir", "x", *given])
+    assert error.value.code == 2
+    assert f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}" in (
+        capsys.readouterr().err
+    )
+
+
+def test_no_option_this_script_takes_is_explained_away(script):
+    """An option in the table must not also be one of ours: it would be refused instead of read."""
+    ours = {flag for action in build_parser()._actions for flag in action.option_strings}
+    assert not ours & set(DIFFUSERS_ONLY_OPTIONS)
+    args = script.parse_args(
+        ["--output_dir", "x", "--lr_scheduler", "linear", "--snr_gamma", "5", "--noise_offset", "0.1"]
+    )
+    assert (args.lr_scheduler, args.snr_gamma, args.noise_offset) == ("linear", 5.0, 0.1)
+
+
+def test_an_option_of_neither_script_keeps_argparses_message(script, capsys):
+    with pytest.raises(SystemExit):
+        script.parse_args(["--output_dir", "x", "--no_such_option"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --no_such_option" in err
+    assert "train_text_to_image.py:" not in err

@@ -12,6 +12,7 @@ from ..models.families import FAMILIES, named_configs
 from ..shapes.pretrained import PIPELINE_PATH as SHAPES_PIPELINE_PATH
 from . import argument_checks
 from .data import DATA_LAYOUTS
+from .diffusers_options import diffusers_only_options
 from .features import TEXT_DTYPES
 from .moved import moved_names
 from .sources import COCO_TEXT_ENCODER_REPO, COCO_VAE_REPO
@@ -451,7 +452,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Presets change defaults only: read the preset first, then parse everything with its defaults in place.
     given = given_options(parser, argv)
     uses_data = bool({"dataset_name", "train_data_dir"} & given)
-    known, _ = parser.parse_known_args(argv)
+    known, unknown = parser.parse_known_args(argv)
+    if explanations := diffusers_only_options(unknown):  # diffusers' options, with what to do instead
+        parser.error("\n".join(explanations))
     preset = known.preset or (None if uses_data else ("shapes-lora" if known.lora_rank else "shapes"))
     if preset:
         parser.set_defaults(**PRESETS[preset])
