@@ -123,6 +123,10 @@ def _bad_schedulers():
     return {
         "DDIM clip_sample=True": (DDIMScheduler.from_config(config, clip_sample=True), "clip_sample=False"),
         "DDPM thresholding": (DDPMScheduler.from_config(config, thresholding=True), "thresholding=False"),
+        "flow-matching sigmas": (
+            DPMSolverMultistepScheduler.from_config(config, use_flow_sigmas=True),
+            "use_flow_sigmas=False",
+        ),
         "v-prediction": (
             DPMSolverMultistepScheduler.from_config(config, prediction_type="v_prediction"),
             "prediction_type='v_prediction'",

@@ -8,10 +8,12 @@ it correctly when it:
   DEIS, UniPC, LCM, TCD, ...) whose config gives the training schedule's betas. Flow-matching, EDM and
   variance-exploding schedulers sample on schedules of their own, even where diffusers lists them as compatible;
 - reads the network's output as ε (`prediction_type="epsilon"`);
-- leaves the predicted clean latents as they are. `clip_sample` and `thresholding` are for pixel-space models,
-  whose samples lie in [-1, 1]. Latents do not (13% of the shipped shapes model's final latents lie beyond ±1, up
-  to 10.7): with DDIM's and DDPM's default, `clip_sample=True`, the shipped model drew 0 and 1 of 128 held-out
-  captions right, against 128 and 127 with `clip_sample=False` (docs/pipeline.md, "Schedulers").
+- leaves the predicted clean latents as they are (`clip_sample` and `thresholding` are for pixel-space models, whose
+  samples lie in [-1, 1]) and keeps to DDPM sigmas (`use_flow_sigmas` is for flow-matching models). Latents go
+  beyond ±1 (13% of the shipped shapes model's final latents, up to 10.7): with DDIM's and DDPM's default,
+  `clip_sample=True`, the shipped model drew 0 and 1 of 128 held-out captions right, against 128 and 127 with
+  `clip_sample=False`; DPM-Solver++ with `use_flow_sigmas=True` drew 3 of 16 training captions right, against 16
+  (docs/pipeline.md, "Schedulers").
 
 `default_scheduler()` writes `clip_sample=False` into its config, as Stable Diffusion's scheduler configs do, so
 `DDIMScheduler.from_config(pipe.scheduler.config)` and `DDIMScheduler.from_pretrained(folder, subfolder="scheduler")`
@@ -37,6 +39,13 @@ TRAINING_SCHEDULE = {
 # Settings a latent model needs where a diffusers scheduler's default is meant for pixel-space models; the default
 # scheduler's config carries them to every scheduler built from it, as Stable Diffusion's scheduler configs do.
 LATENT_MODEL_SETTINGS = {"clip_sample": False}
+
+# Scheduler settings for other kinds of models, each of which makes a scheduler sample this family wrongly.
+OTHER_MODELS_SETTINGS = {
+    "clip_sample": "clips the predicted clean sample to [-1, 1], as pixel-space models need",
+    "thresholding": "thresholds the predicted clean sample, as pixel-space models need",
+    "use_flow_sigmas": "samples on the sigmas of flow-matching models",
+}
 
 
 def default_scheduler() -> DPMSolverMultistepScheduler:
@@ -133,10 +142,10 @@ def check_scheduler(scheduler) -> None:
             f"would read ε as another quantity and draw wrong images. Pass prediction_type='epsilon', or build it "
             f"with {rebuild}."
         )
-    for setting, what in (("clip_sample", "clips"), ("thresholding", "thresholds")):
+    for setting, what in OTHER_MODELS_SETTINGS.items():
         if setting in takes and scheduler.config.get(setting):
             raise ValueError(
-                f"{name} {what} the predicted clean latents ({setting}=True, meant for pixel-space models, whose "
-                "samples lie in [-1, 1]); latents go well beyond that, and the images come out wrong. Pass "
+                f"{name} has {setting}=True: it {what}, and this pipeline's images come out wrong with it (its "
+                "latents go well beyond [-1, 1], and its backbone predicts the ε of a DDPM schedule). Pass "
                 f"{setting}=False: `pipe.scheduler = {name}.from_config(pipe.scheduler.config, {setting}=False)`."
             )
