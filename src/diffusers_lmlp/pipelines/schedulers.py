@@ -42,9 +42,9 @@ LATENT_MODEL_SETTINGS = {"clip_sample": False}
 
 # Scheduler settings for other kinds of models, each of which makes a scheduler sample this family wrongly.
 OTHER_MODELS_SETTINGS = {
-    "clip_sample": "clips the predicted clean sample to [-1, 1], as pixel-space models need",
-    "thresholding": "thresholds the predicted clean sample, as pixel-space models need",
-    "use_flow_sigmas": "samples on the sigmas of flow-matching models",
+    "clip_sample": "it clips the predicted clean sample to [-1, 1], for pixel-space models; latents go well beyond",
+    "thresholding": "it thresholds the predicted clean sample, for pixel-space models; latents go well beyond [-1, 1]",
+    "use_flow_sigmas": "it samples on the sigmas of flow-matching models; this backbone predicts a DDPM schedule's ε",
 }
 
 
@@ -145,7 +145,6 @@ def check_scheduler(scheduler) -> None:
     for setting, what in OTHER_MODELS_SETTINGS.items():
         if setting in takes and scheduler.config.get(setting):
             raise ValueError(
-                f"{name} has {setting}=True: it {what}, and this pipeline's images come out wrong with it (its "
-                "latents go well beyond [-1, 1], and its backbone predicts the ε of a DDPM schedule). Pass "
-                f"{setting}=False: `pipe.scheduler = {name}.from_config(pipe.scheduler.config, {setting}=False)`."
+                f"{name} has {setting}=True: {what}, so the images come out wrong. Pass {setting}=False: "
+                f"`pipe.scheduler = {name}.from_config(pipe.scheduler.config, {setting}=False)`."
             )
