@@ -2,6 +2,7 @@
 script, and on 2 processes through `accelerate launch`, whose result must equal the 1-process run's; stopped by
 Ctrl-C or SIGTERM and run again; with bad arguments; and its thread count."""
 
+import importlib
 import json
 import os
 import shutil
@@ -150,6 +151,39 @@ def test_a_hub_id_missing_offline_is_one_line_naming_hf_hub_offline_and_the_down
     assert message.startswith("error: --pipeline some-user/absent-repo: ") and "\n" not in message
     assert "HF_HUB_OFFLINE is set" in message and "`hf download some-user/absent-repo`" in message
     assert not (tmp_path / "evaluation").exists()
+
+
+def test_a_pipeline_whose_scheduler_would_draw_wrong_images_stops_before_any_work(
+    tmp_path, monkeypatch, torch_threads
+):
+    """A folder saved with a scheduler that clips the latents (what `DDIMScheduler.from_config` of a config without
+    `clip_sample` gives): one line naming the fix, before the FID reference's statistics or any sample."""
+    from diffusers import DDIMScheduler
+
+    from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+
+    evaluate_module = importlib.import_module("diffusers_lmlp.evaluation.evaluate")  # the package exports the function
+
+    pipe = pretrained_shapes_pipeline()
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=True)
+    pipe.save_pretrained(tmp_path / "ddim")
+    monkeypatch.setattr(evaluate_module, "evaluate", lambda *args, **kwargs: pytest.fail("evaluate() was called"))
+    with pytest.raises(SystemExit) as failed:
+        main(
+            [
+                "--pipeline",
+                str(tmp_path / "ddim"),
+                "--captions",
+                "shapes",
+                "--output_dir",
+                str(tmp_path / "out"),
+                "--num_threads",
+                "1",
+            ]
+        )
+    message = str(failed.value.code)
+    assert message.startswith("error: DDIMScheduler has clip_sample=True") and "clip_sample=False" in message
+    assert not (tmp_path / "out").exists()
 
 
 # -------------------------------------------------------------------------------------------------------- threads

@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
+    from ..pipelines.schedulers import check_scheduler
     from .captions import draw_captions
     from .evaluate import Processes, evaluate
     from .resume import EvaluationInterrupted, remove_progress, write_json_durably
@@ -272,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             configure_threads(args.num_threads, state.num_processes, state.device)
             captions = draw_captions(args.captions, args.num_images, args.seed)
             pipeline = load_pipeline(args.pipeline, DTYPES[args.dtype]).to(state.device)
+            check_scheduler(pipeline.scheduler)  # before the FID reference's statistics, which can take hours
             report, grid = evaluate(
                 pipeline,
                 captions,
