@@ -652,6 +652,21 @@ def test_folders_that_are_not_saved_pipelines_are_refused(saved, tmp_path):
         stage_pipeline(saved, "alice/x")
 
 
+def test_a_pipeline_whose_scheduler_would_draw_wrong_images_is_not_published(pipe, hub_calls, tmp_path):
+    """A pipeline saved with DDIM's own `clip_sample=True` (its `from_config` of a config that lacks the setting):
+    refused by the dry run and the push, with the fix, before anything is staged or sent."""
+    from diffusers import DDIMScheduler
+
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=True)
+    pipe.save_pretrained(tmp_path / "ddim")
+    with pytest.raises(ValueError, match=r"DDIMScheduler has clip_sample=True.*Pass clip_sample=False"):
+        stage_pipeline(tmp_path / "ddim", "alice/x", output_dir=tmp_path / "staged")
+    assert not (tmp_path / "staged").exists()
+    with pytest.raises(SystemExit, match="error: DDIMScheduler has clip_sample=True"):
+        main(["push", str(tmp_path / "ddim"), "alice/tiny-lmlp", "--token", "hf_test"])
+    assert hub_calls == []
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

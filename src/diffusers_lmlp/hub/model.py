@@ -15,6 +15,7 @@ from ..image_grid import make_image_grid
 from ..models.families import family_of
 from ..models.saving import is_local_path
 from ..pipelines import LMLPPipeline
+from ..pipelines.schedulers import check_scheduler
 from .card import describe_pipeline, update_card, usage_section, without_block
 from .remote_code import add_remote_code, check_component_names, name_package_classes, package_model_index
 from .upload import (
@@ -163,7 +164,8 @@ def stage_pipeline(
     """Build the exact folder that `push_pipeline` uploads, card included; the source folder is not changed.
 
     The pipeline is loaded first (`LMLPPipeline.from_pretrained`, safetensors only), so a folder that would not
-    load from the Hub is refused before anything is written. Links, hard links, credential-like names, files that
+    load from the Hub, or whose scheduler would draw wrong images (`check_scheduler`), is refused before anything is
+    written. Links, hard links, credential-like names, files that
     hold secrets and files over `TEXT_LIMIT` / `IMAGE_LIMIT` are refused (see `diffusers_lmlp.hub.upload`). Then only
     the staged copy is read: it must load (`load_staged`), and the sample grid, the card and the generated code come
     from it, so that what is described is what is uploaded. The card (`README.md`) is the folder's own, updated (see
@@ -196,6 +198,7 @@ def stage_pipeline(
     folder = check_pipeline_folder(folder)
     check_card_repo_ids(repo_id, base_model, datasets)
     source_pipe = LMLPPipeline.from_pretrained(folder)
+    check_scheduler(source_pipe.scheduler)  # a repo whose scheduler would draw wrong images is not published
 
     with staging(output_dir, "lmlp-upload-", source=folder) as target:
         left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
