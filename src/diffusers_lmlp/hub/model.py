@@ -165,8 +165,8 @@ def stage_pipeline(
 
     The pipeline is loaded first (`LMLPPipeline.from_pretrained`, safetensors only), so a folder that would not
     load from the Hub, or whose scheduler would draw wrong images (`check_scheduler`), is refused before anything is
-    written. Links, hard links, credential-like names, files that
-    hold secrets and files over `TEXT_LIMIT` / `IMAGE_LIMIT` are refused (see `diffusers_lmlp.hub.upload`). Then only
+    written. Links, hard links, credential-like names, files that hold secrets and files over `TEXT_LIMIT` /
+    `IMAGE_LIMIT` are refused (see `diffusers_lmlp.hub.upload`). Then only
     the staged copy is read: it must load (`load_staged`), and the sample grid, the card and the generated code come
     from it, so that what is described is what is uploaded. The card (`README.md`) is the folder's own, updated (see
     `diffusers_lmlp.hub.card`: metadata and the usage block are ours, the rest is kept), or a new one described from
