@@ -14,13 +14,15 @@ processes per machine, and on a GPU), which would leave a one-process CPU run on
 (`/proc/<launcher>/environ`); elsewhere only the flag overrides it.
 
 On busy cores, more threads than free cores make every step wait for the slowest thread: with another job on one of 2
-cores, 2 threads trained 6× slower than 1 here. When the load average says other work is running, the chosen count is
+cores, 2 threads trained 6× slower than 1 here. When other work is running (`busy_cores_of_others`), the chosen count is
 kept (the load may be gone in a minute) but a warning names the flag that sets fewer.
 """
 
 import logging
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -125,23 +127,74 @@ def choose_threads(num_threads: int | None, default: int | None = None, option: 
     return ThreadChoice(count, "every core" if count == cores else f"{count} of {cores} cores")
 
 
+def busy_cores_of_others(samples: int = 10, interval: float = 0.02, proc: Path = Path("/proc")) -> float | None:
+    """How many cores other processes keep busy right now: the kernel's count of running tasks (`/proc/loadavg`'s
+    fourth field) less this process's own running threads, averaged over `samples` reads `interval` seconds apart.
+
+    Not the load average: a minute after a `pip install`, as the README's main command starts, that still reads
+    about 0.5 with nothing else running.
+
+    Args:
+        samples (`int`, *optional*, defaults to 10): Reads to average.
+        interval (`float`, *optional*, defaults to 0.02): Seconds between them.
+        proc (`Path`, *optional*, defaults to `/proc`): The proc file system.
+
+    Returns:
+        `float` or `None`: The mean count; None where `/proc` is missing (not Linux).
+    """
+    counts = []
+    try:
+        for sample in range(samples):
+            if sample:
+                time.sleep(interval)
+            running = int((proc / "loadavg").read_text().split()[3].split("/")[0])
+            counts.append(running - own_running_threads(proc))
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, sum(counts) / len(counts))
+
+
+def own_running_threads(proc: Path = Path("/proc")) -> int:
+    """The threads of this process that are running or runnable now (state R in `/proc/self/task/*/stat`); the
+    reading thread is one of them.
+
+    Args:
+        proc (`Path`, *optional*, defaults to `/proc`): The proc file system.
+    """
+    running = 0
+    for stat in (proc / "self" / "task").glob("*/stat"):
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]  # after "pid (comm)", which may hold spaces
+        except (OSError, IndexError):
+            continue  # a thread that ended while being read
+        running += state == "R"
+    return max(1, running)
+
+
 def busy_cores_warning(num_threads: int, option: str = "--num_threads") -> str | None:
     """A warning when other work keeps the cores busy that `num_threads` threads would need, else None.
+
+    Other work is what runs now (`busy_cores_of_others`); where `/proc` is missing, the 1-minute load average.
 
     Args:
         num_threads (`int`): The chosen count.
         option (`str`, *optional*, defaults to `"--num_threads"`): How the user sets fewer, for the message.
     """
-    if num_threads < 2 or not hasattr(os, "getloadavg"):
+    if num_threads < 2:
         return None
-    load, cores = os.getloadavg()[0], available_cores()
-    free = cores - load
+    busy = busy_cores_of_others()
+    if busy is None:
+        if not hasattr(os, "getloadavg"):
+            return None
+        busy = os.getloadavg()[0]
+    cores = available_cores()
+    free = cores - busy
     if free >= num_threads - 0.5:
         return None
     fewer = max(1, int(free + 0.5))
     return (
-        f"the CPU's load average is {load:.1f} on {cores} cores: other work is running, and {num_threads} threads on "
-        f"busy cores can run several times slower than {fewer}. If steps are slow, pass {option} {fewer}."
+        f"other work keeps {busy:.1f} of the {cores} cores busy, and {num_threads} threads on busy cores can run "
+        f"several times slower than {fewer}. If steps are slow, pass {option} {fewer}."
     )
 
 
