@@ -36,11 +36,9 @@ TRAINING_SCHEDULE = {
     "beta_schedule": "scaled_linear",
 }
 
-# Settings a latent model needs where a diffusers scheduler's default is meant for pixel-space models; the default
-# scheduler's config carries them to every scheduler built from it, as Stable Diffusion's scheduler configs do.
-LATENT_MODEL_SETTINGS = {"clip_sample": False}
-
-# Scheduler settings for other kinds of models, each of which makes a scheduler sample this family wrongly.
+# Scheduler settings for other kinds of models, each of which makes a scheduler sample this family wrongly. The
+# default scheduler's config sets each one off, so that every scheduler built from it inherits that (DDIM's and
+# DDPM's own default is clip_sample=True), as Stable Diffusion's scheduler configs do.
 OTHER_MODELS_SETTINGS = {
     "clip_sample": "it clips the predicted clean sample to [-1, 1], for pixel-space models; latents go well beyond",
     "thresholding": "it thresholds the predicted clean sample, for pixel-space models; latents go well beyond [-1, 1]",
@@ -54,8 +52,8 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
     `beta_schedule="scaled_linear"` from 0.00085 to 0.012 over 1000 training steps (the reference's
     "stable-diffusion" betas) with `algorithm_type="dpmsolver++"` (the reference's `predict_x0=True`) and
     ε-prediction. The reference runs a single-step order-3 solver on its own time grid; diffusers' multistep solver
-    (order 2, recommended for guided sampling) is close but not bit-exact. Its config also holds `clip_sample=False`
-    (`LATENT_MODEL_SETTINGS`), which DDIM and DDPM built from it inherit.
+    (order 2, recommended for guided sampling) is close but not bit-exact. Its config also turns off every setting of
+    `OTHER_MODELS_SETTINGS` (`clip_sample=False` among them), which the schedulers built from it inherit.
 
     Returns:
         `DPMSolverMultistepScheduler`: A fresh scheduler; swap it with another DDPM-family diffusers scheduler built
@@ -64,7 +62,7 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
     scheduler = DPMSolverMultistepScheduler(
         **TRAINING_SCHEDULE, algorithm_type="dpmsolver++", prediction_type="epsilon"
     )
-    scheduler.register_to_config(**LATENT_MODEL_SETTINGS)
+    scheduler.register_to_config(**dict.fromkeys(OTHER_MODELS_SETTINGS, False))
     return scheduler
 
 
