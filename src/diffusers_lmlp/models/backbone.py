@@ -30,7 +30,7 @@ from .loading import (
 )
 from .mixers.channel_mlp import channel_mlp_factory
 from .mixers.cost import BlockCost
-from .saving import local_paths_left_out
+from .saving import check_storable, local_paths_left_out
 from .tokens import OutputHead, TokenEmbedder
 
 
@@ -211,7 +211,12 @@ class UShapedMixerModel(ModelMixin):
             variant (`str`, *optional*): Write `diffusion_pytorch_model.<variant>.safetensors`.
             max_shard_size (`int` or `str`, *optional*, defaults to `"10GB"`): The largest weights file.
             **kwargs: The rest of what `ModelMixin.save_pretrained` takes (`is_main_process`, `push_to_hub`, ...).
+
+        Raises:
+            `ValueError`: Before anything is written, for a model that safetensors cannot store (torch's quantized
+                layers: `check_storable`).
         """
+        check_storable(self)
         with local_paths_left_out(self):
             super().save_pretrained(
                 save_directory,

@@ -1,4 +1,4 @@
-"""Saving a model or a pipeline without the folders of the machine that loaded it.
+"""Saving a model or a pipeline: without the folders of the machine that loaded it, and only what safetensors can store.
 
 diffusers records where each component was loaded from in its config (`_name_or_path`) and writes it back on every
 `save_pretrained`. For a component read from a local folder, or from a Hub repo through the local cache, that is an
@@ -7,6 +7,11 @@ reads it (diffusers' `from_pretrained` takes the path it is given, and drops the
 so it is only bookkeeping. transformers leaves `name_or_path` out of a saved tokenizer for the same reason
 (huggingface/transformers#21483). A Hub repo id (`"user/repo"`, what a pipeline loaded by its id records) says where
 the model came from and nothing about the machine: it is kept.
+
+torch's own quantized layers (`torch.ao.quantization.quantize_dynamic`, the eager quantization of a model on a CPU)
+keep their int8 weights packed, as Python objects in the state dict, which safetensors cannot store: diffusers and
+huggingface_hub fail on them with an `AttributeError`, after `config.json` is written. `check_storable` refuses such a
+model before anything is written. (torchao's quantized weights are tensors: they save and load.)
 """
 
 import os
@@ -14,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from diffusers.configuration_utils import FrozenDict
 
 
@@ -50,3 +56,26 @@ def local_paths_left_out(*objects: Any) -> Iterator[None]:
     finally:
         for obj, config in changed:
             obj._internal_dict = config
+
+
+def check_storable(model: torch.nn.Module) -> None:
+    """Raise a `ValueError` before anything is written if `model`'s state dict holds what safetensors cannot store:
+    an object that is not a tensor, or a tensor of torch's quantized dtypes (`qint8`, ...).
+
+    Args:
+        model (`torch.nn.Module`): The model about to be saved.
+
+    Raises:
+        `ValueError`: It names the keys and says to save the model before quantizing it.
+    """
+    keys = [
+        key for key, value in model.state_dict().items() if not isinstance(value, torch.Tensor) or value.is_quantized
+    ]
+    if keys:
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        raise ValueError(
+            f"{type(model).__name__} holds state that safetensors cannot store ({shown}): torch's quantized layers "
+            "(torch.ao.quantization.quantize_dynamic) keep their weights packed. Save the model before quantizing it, "
+            "and quantize it again after loading; or quantize with torchao (diffusers' TorchAoConfig), whose weights "
+            "save. Nothing was written."
+        )

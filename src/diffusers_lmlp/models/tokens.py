@@ -13,6 +13,21 @@ from diffusers.models.modeling_utils import get_parameter_dtype
 from torch import nn
 
 
+def input_dtype(layer: nn.Module) -> torch.dtype:
+    """The dtype `layer` computes in, which its input is cast to: diffusers' `get_parameter_dtype` (the compute dtype
+    under layerwise casting, else the first floating-point weight), or float32 for a layer that holds no tensor of its
+    own. torch's dynamically quantized `Linear` (`torch.ao.quantization.quantize_dynamic`) is one: it keeps its int8
+    weight packed, outside any parameter or buffer, and reads float32; diffusers 0.42's `get_parameter_dtype` raises
+    an `UnboundLocalError` on such a layer.
+
+    Args:
+        layer (`nn.Module`): The layer that reads the input.
+    """
+    if next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
+        return torch.float32
+    return get_parameter_dtype(layer)
+
+
 class TokenEmbedder(nn.Module):
     """Patchify the latent, embed the timestep and adapt the text states into one token sequence.
 
@@ -56,10 +71,10 @@ class TokenEmbedder(nn.Module):
     def forward(self, latents: torch.Tensor, text_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
         """Build the token sequence.
 
-        Each input is cast to the compute dtype of the layer that reads it, as diffusers' own transformers do (e.g.
-        MiniMax-H3's `proj_in(hidden_states.to(get_parameter_dtype(self.proj_in)))`), so float64 or bfloat16 inputs
-        work with a float32 model; under layerwise casting that is the compute dtype, and autocast still picks the
-        dtype of the convolution and matmul.
+        Each input is cast to the compute dtype of the layer that reads it (`input_dtype`), as diffusers' own
+        transformers do (e.g. MiniMax-H3's `proj_in(hidden_states.to(get_parameter_dtype(self.proj_in)))`), so
+        float64 or bfloat16 inputs work with a float32 model; under layerwise casting that is the compute dtype, and
+        autocast still picks the dtype of the convolution and matmul.
 
         Args:
             latents (`torch.Tensor`): (B, C, H, W) noisy latents, any float dtype.
@@ -69,8 +84,8 @@ class TokenEmbedder(nn.Module):
         Returns:
             `torch.Tensor`: (B, L, D) tokens, in the patch embedding's dtype.
         """
-        latents = latents.to(get_parameter_dtype(self.patch_embed))
-        text_states = text_states.to(get_parameter_dtype(self.text_adapter))
+        latents = latents.to(input_dtype(self.patch_embed))
+        text_states = text_states.to(input_dtype(self.text_adapter))
         patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
         patches = patches.flatten(2).transpose(1, 2)  # (B, N, D), row-major over the patch grid
         if self.pooled_text_proj is not None:

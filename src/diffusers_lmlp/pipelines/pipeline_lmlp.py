@@ -38,7 +38,7 @@ from diffusers.utils.torch_utils import is_compiled_module, randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..exports import public
-from ..models.saving import local_paths_left_out
+from ..models.saving import check_storable, local_paths_left_out
 from .checks import (
     _check_components,
     _check_guidance,
@@ -272,7 +272,14 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             save_directory (`str` or `os.PathLike`): The folder; made if missing.
             **kwargs: What `DiffusionPipeline.save_pretrained` takes (`safe_serialization`, `variant`,
                 `max_shard_size`, `push_to_hub`, `repo_id`, ...).
+
+        Raises:
+            `ValueError`: Before anything is written, when a component holds what safetensors cannot store (torch's
+                quantized layers: `check_storable`).
         """
+        for component in self.components.values():
+            if isinstance(component, torch.nn.Module):
+                check_storable(getattr(component, "_orig_mod", component))
         with local_paths_left_out(self, *self.components.values()):
             super().save_pretrained(os.fspath(save_directory), **kwargs)
 

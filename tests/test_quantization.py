@@ -1,0 +1,104 @@
+"""torch's dynamic int8 quantization (`torch.ao.quantization.quantize_dynamic`, the eager quantization of a model on a
+CPU) reaches every nn.Linear of every backbone, which then predicts what the float model predicts to within int8's
+error, and the shipped pipeline so quantized draws held-out captions right; a model or pipeline so quantized, which
+safetensors cannot store, is refused by `save_pretrained` before anything is written."""
+
+import pytest
+import torch
+from diffusers.hooks import apply_layerwise_casting
+from torch import nn
+from torch.ao.quantization import quantize_dynamic
+
+from diffusers_lmlp import FAMILIES
+from diffusers_lmlp.evaluation.captions import draw_captions
+from diffusers_lmlp.models.tokens import input_dtype
+from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+from diffusers_lmlp.shapes.scorer import score_images
+
+
+# torch 2.13 marks its eager quantization deprecated (in favour of torchao), and it still runs.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:torch.ao.quantization is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning"),
+]
+
+TINY = dict(
+    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
+)
+
+
+def tiny_model(kind: str) -> nn.Module:
+    family = FAMILIES[kind]
+    return family.model_class(**TINY, **family.tiny_overrides).eval()
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(2, 4, 8, 8, generator=generator)  # (B, C, h, w)
+    text = torch.randn(2, 5, 16, generator=generator)  # (B, T, D_text)
+    return latents, text, torch.tensor([10, 500])
+
+
+def is_dynamic_quantized(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("torch.ao.nn.quantized.dynamic")
+
+
+def quantized(model: nn.Module) -> nn.Module:
+    return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind):
+    torch.manual_seed(0)
+    model = tiny_model(kind)
+    linears = sorted(name for name, module in model.named_modules() if isinstance(module, nn.Linear))
+    int8 = quantized(model)
+    assert sorted(name for name, module in int8.named_modules() if is_dynamic_quantized(module)) == linears
+    assert not any(type(module) is nn.Linear for module in int8.modules())  # no layer skipped
+    with torch.no_grad():
+        reference = model(*inputs()).sample
+        sample = int8(*inputs()).sample
+    error = ((sample - reference).norm() / reference.norm()).item()
+    # int8 rounding (measured: 0.7–1.2% on every family), not a weight left random or zero (about 100%).
+    assert 0 < error < 0.05, error
+
+
+def test_the_shipped_pipeline_quantized_draws_held_out_captions():
+    pipe = pretrained_shapes_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    captions = draw_captions("shapes:heldout", 8, seed=3)
+    images = pipe(captions, num_inference_steps=25, generator=torch.Generator().manual_seed(0)).images
+    assert score_images(images, captions)["all"] >= 7 / 8
+
+
+def test_saving_a_quantized_model_writes_nothing(tmp_path):
+    int8 = quantized(tiny_model("lmlp"))
+    with pytest.raises(ValueError, match=r"safetensors cannot store .*Save the model before quantizing it"):
+        int8.save_pretrained(tmp_path / "transformer")
+    assert not (tmp_path / "transformer").exists()
+
+
+def test_saving_a_pipeline_with_a_quantized_component_writes_nothing(tmp_path):
+    pipe = pretrained_shapes_pipeline()
+    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    with pytest.raises(ValueError, match=r"LMLPTransformer2DModel holds state that safetensors cannot store"):
+        pipe.save_pretrained(tmp_path / "pipeline")
+    assert not (tmp_path / "pipeline").exists()
+    pipe = pretrained_shapes_pipeline()
+    pipe.text_encoder = quantize_dynamic(pipe.text_encoder, {nn.Linear}, dtype=torch.qint8)
+    with pytest.raises(ValueError, match=r"CLIPTextModel holds state that safetensors cannot store"):
+        pipe.save_pretrained(tmp_path / "pipeline")
+    assert not (tmp_path / "pipeline").exists()
+
+
+def test_input_dtype_is_the_layers_compute_dtype():
+    layer = nn.Linear(4, 4)
+    assert input_dtype(layer) == torch.float32
+    assert input_dtype(layer.to(torch.bfloat16)) == torch.bfloat16
+    apply_layerwise_casting(layer, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    assert input_dtype(layer) == torch.bfloat16
+    # A dynamically quantized Linear keeps no parameter or buffer, and reads float32.
+    [int8] = quantize_dynamic(nn.Sequential(nn.Linear(4, 4).to(torch.float64)), {nn.Linear}, dtype=torch.qint8)
+    assert is_dynamic_quantized(int8) and next(int8.parameters(), None) is None
+    assert input_dtype(int8) == torch.float32
