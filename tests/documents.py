@@ -5,6 +5,7 @@ to another, the tests that read it change only the page they name here.
 """
 
 import re
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def headings(markdown: str) -> list[tuple[int, int, str]]:
     """The headings of Markdown text as (line index, level, title), code blocks' `#` comments left out."""
     found, fenced = [], False
     for index, line in enumerate(markdown.splitlines()):
-        fenced = fenced != line.startswith("```")
+        fenced = fenced != line.lstrip(" ").startswith("```")
         if not fenced and (match := re.match(r"(#+) (.*)", line)):
             found.append((index, len(match.group(1)), match.group(2).strip()))
     return found
@@ -73,9 +74,11 @@ def section(page: str, title: str) -> str:
 
 
 def blocks(source: str, language: str) -> list[str]:
-    """The code blocks of `language` in `source`: a page's path, or Markdown text itself."""
+    """The code blocks of `language` in `source`: a page's path, or Markdown text itself. A block indented under a list
+    item counts too, its indentation removed."""
     markdown = text(source) if source in PAGES else source
-    return re.findall(rf"^```{language}\n(.*?)^```", markdown, flags=re.DOTALL | re.MULTILINE)
+    found = re.findall(rf"^( *)```{language}\n(.*?)^\1```", markdown, flags=re.DOTALL | re.MULTILINE)
+    return [textwrap.dedent(code) for _, code in found]
 
 
 def block(page: str, title: str, language: str = "bash") -> str:

@@ -178,7 +178,7 @@ def anchors(page: Path) -> set[str]:
 
 def links(markdown: str) -> list[str]:
     """The targets of the Markdown links and images of a text, code blocks and inline code left out."""
-    outside_code = re.sub(r"^```.*?^```", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    outside_code = re.sub(r"^( *)```.*?^\1```", "", markdown, flags=re.DOTALL | re.MULTILINE)
     outside_code = re.sub(r"`[^`\n]*`", "", outside_code)
     return re.findall(r"\]\(([^)\s]+)\)", outside_code)
 
