@@ -93,6 +93,10 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     assert len(namespace["images"]) == 4 and all(Path(item["image"]).is_file() for item in namespace["images"])
     assert Image.open(namespace["images"][0]["image"]).size == (32, 32) and namespace["seed"] == 0
     assert Path("tiny-lmlp/model_index.json").is_file()
+    # Quantizing: every Linear of the pipeline's transformer is torch's int8 one, and the float pipeline is untouched.
+    int8, float_transformer = namespace["int8_pipe"].transformer, namespace["pipe"].transformer
+    assert not any(type(module) is torch.nn.Linear for module in int8.modules())
+    assert any(type(module) is torch.nn.Linear for module in float_transformer.modules())
     assert Path("ul-mlp-f2-deep/diffusion_pytorch_model.safetensors").is_file()
     assert namespace["eps"].shape == (2, 4, 32, 32) and namespace["loss"].ndim == 0
     # LoRA: every Linear of every block carries an adapter (none skipped), and the adapter file is written.
