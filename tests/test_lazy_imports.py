@@ -1,7 +1,7 @@
 """Quick start-up: `import diffusers_lmlp`, every command's `--help` and its argument errors load no heavy library
 (diffusers, transformers, accelerate, datasets, peft, gradio), and what the lazy names replace still holds: diffusers
-finds `LMLPPipeline` whichever is imported first, saved folders name ["diffusers_lmlp", "<Class>"], and the
-trainer's former names keep working with a warning.
+(and its AutoPipelineForText2Image) finds `LMLPPipeline` whichever is imported first, saved folders name
+["diffusers_lmlp", "<Class>"], and the trainer's former names keep working with a warning.
 
 Each case is a fresh interpreter run with `-X importtime`, which lists every module the command imported. How long
 the commands take is measured by `benchmarks/start_up.py`, not here."""
@@ -107,6 +107,32 @@ print(type(pipe).__module__, type(pipe).__name__, type(pipe.transformer).__name_
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPTransformer2DModel"]
     assert "could not register" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import diffusers_lmlp",  # the package first: a hook enters the pipeline when auto_pipeline is imported
+        "from diffusers import AutoPipelineForText2Image; import diffusers_lmlp",  # auto_pipeline first: at once
+        "from diffusers_lmlp.pipelines import LMLPPipeline",  # diffusers imported by the pipeline module
+    ],
+)
+@pytest.mark.slow
+def test_auto_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(first, tmp_path):
+    from diffusers_lmlp.tiny import build_tiny_pipeline
+
+    build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
+    code = f"""
+{first}
+from diffusers import AutoPipelineForText2Image
+pipe = AutoPipelineForText2Image.from_pretrained({str(tmp_path / "pipe")!r})
+print(type(pipe).__module__, type(pipe).__name__, type(AutoPipelineForText2Image.from_pipe(pipe)).__name__)
+"""
+    result = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPPipeline"]
 
 
 @pytest.mark.slow

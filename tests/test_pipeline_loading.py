@@ -11,7 +11,12 @@ from types import SimpleNamespace
 import huggingface_hub
 import pytest
 import torch
-from diffusers import DiffusionPipeline
+from diffusers import (
+    AutoPipelineForImage2Image,
+    AutoPipelineForInpainting,
+    AutoPipelineForText2Image,
+    DiffusionPipeline,
+)
 from safetensors.torch import load_file, save_file
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
@@ -116,6 +121,36 @@ def test_diffusers_own_loader_refuses_the_hub_repo_id(pipe, tmp_path, monkeypatc
     fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp")
     with pytest.raises(ValueError, match="transformer/diffusers_lmlp.py .* does not exist"):
         DiffusionPipeline.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache")
+
+
+def test_auto_pipeline_for_text2image_loads_a_folder_and_a_hub_repo(pipe, generate, tmp_path, monkeypatch):
+    # diffusers' auto pipelines find a class in their task mappings, where `import diffusers_lmlp` enters it.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    pipe.save_pretrained(tmp_path / "saved")
+    fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp")
+    expected = generate(pipe)
+    for loaded in (
+        AutoPipelineForText2Image.from_pretrained(tmp_path / "saved"),
+        AutoPipelineForText2Image.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache"),
+    ):
+        assert type(loaded) is LMLPPipeline and isinstance(loaded.transformer, LMLPTransformer2DModel)
+        loaded.set_progress_bar_config(disable=True)
+        torch.testing.assert_close(generate(loaded), expected, rtol=0, atol=0)
+
+
+def test_auto_pipeline_for_text2image_from_pipe_shares_the_components(pipe, generate):
+    derived = AutoPipelineForText2Image.from_pipe(pipe)
+    assert type(derived) is LMLPPipeline
+    assert all(derived.components[name] is component for name, component in pipe.components.items())
+    torch.testing.assert_close(generate(derived), generate(pipe), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("auto_pipeline", [AutoPipelineForImage2Image, AutoPipelineForInpainting])
+def test_the_other_auto_pipelines_say_there_is_none_for_it(pipe, tmp_path, auto_pipeline):
+    pipe.save_pretrained(tmp_path)
+    for load in (lambda: auto_pipeline.from_pretrained(tmp_path), lambda: auto_pipeline.from_pipe(pipe)):
+        with pytest.raises(ValueError, match="can't find a pipeline linked to LMLPPipeline"):
+            load()
 
 
 def test_dtype_torch_dtype_and_per_component_dtype(pipe, tmp_path):

@@ -1,11 +1,15 @@
-"""How `DiffusionPipeline.from_pretrained` finds `LMLPPipeline`: diffusers resolves a folder's `_class_name` as an
-attribute of the `diffusers` package.
+"""How `DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` find `LMLPPipeline`: diffusers resolves a
+folder's `_class_name` as an attribute of the `diffusers` package, and its auto pipelines look the class up in their
+task mappings.
 
 Importing `diffusers_lmlp` gives the diffusers package a module `__getattr__` (PEP 562) that imports the pipeline
 when `diffusers.LMLPPipeline` is first read (and then sets it as an attribute), and passes every other name on to
 diffusers' own lazy lookup. It is added at
 once when diffusers is already imported, else right after diffusers' `__init__` has run (a one-shot import hook), so
-that `import diffusers_lmlp` alone loads no diffusers, and importing diffusers imports nothing of ours.
+that `import diffusers_lmlp` alone loads no diffusers, and importing diffusers imports nothing of ours. Likewise, once
+diffusers' `auto_pipeline` module is imported (now, or when it is), `LMLPPipeline` is entered in its text-to-image
+mapping, so that `AutoPipelineForText2Image.from_pretrained(folder)` and `.from_pipe(pipe)` give an `LMLPPipeline`
+(the other auto pipelines, image-to-image and inpainting, still say that there is none for it).
 """
 
 import importlib
@@ -18,6 +22,9 @@ from types import ModuleType
 
 # The pipelines diffusers can find by `_class_name`: name -> the module that defines it.
 PIPELINES = {"LMLPPipeline": "diffusers_lmlp.pipelines.pipeline_lmlp"}
+# The text-to-image pipelines among them, by the key `AutoPipelineForText2Image`'s mapping files them under.
+TEXT2IMAGE_PIPELINES = {"lmlp": "LMLPPipeline"}
+AUTO_PIPELINE_MODULE = "diffusers.pipelines.auto_pipeline"
 
 
 def find_pipeline(name: str) -> type:
@@ -43,6 +50,17 @@ def add_lookup(diffusers: ModuleType) -> None:
         diffusers (`ModuleType`): The imported diffusers package.
     """
     diffusers.__dict__.setdefault("__getattr__", find_pipeline)
+
+
+def add_auto_pipelines(auto_pipeline: ModuleType) -> None:
+    """Enter `TEXT2IMAGE_PIPELINES` in diffusers' `AUTO_TEXT2IMAGE_PIPELINES_MAPPING` (a key diffusers uses itself
+    is left to diffusers).
+
+    Args:
+        auto_pipeline (`ModuleType`): The imported `diffusers.pipelines.auto_pipeline`.
+    """
+    for key, name in TEXT2IMAGE_PIPELINES.items():
+        auto_pipeline.AUTO_TEXT2IMAGE_PIPELINES_MAPPING.setdefault(key, find_pipeline(name))
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
@@ -90,8 +108,10 @@ class CallbackLoader(importlib.abc.Loader):
 
 
 def register_with_diffusers() -> None:
-    """Let diffusers find `LMLPPipeline` once diffusers is imported: now, or by a hook when it is."""
-    if "diffusers" in sys.modules:
-        add_lookup(sys.modules["diffusers"])
-    elif not any(isinstance(finder, AfterImport) and finder.name == "diffusers" for finder in sys.meta_path):
-        sys.meta_path.insert(0, AfterImport("diffusers", add_lookup))
+    """Let diffusers find `LMLPPipeline` once diffusers is imported, and its auto pipelines once they are: now, or
+    by a hook when they are."""
+    for name, register in (("diffusers", add_lookup), (AUTO_PIPELINE_MODULE, add_auto_pipelines)):
+        if name in sys.modules:
+            register(sys.modules[name])
+        elif not any(isinstance(finder, AfterImport) and finder.name == name for finder in sys.meta_path):
+            sys.meta_path.insert(0, AfterImport(name, register))
