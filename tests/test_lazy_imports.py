@@ -87,52 +87,31 @@ def test_a_model_config_key_check_loads_the_model_class_only_then(tmp_path):
         "import diffusers; import diffusers_lmlp",  # diffusers first: registered at once
         "from diffusers_lmlp.models import LMLPTransformer2DModel",  # diffusers imported by a model module
         "from diffusers_lmlp.pipelines import LMLPPipeline",  # by the pipelines themselves
+        # diffusers' auto pipelines imported before the package: it enters the pipeline in their mapping at once
+        "from diffusers import AutoPipelineForText2Image; import diffusers_lmlp",
     ],
 )
 @pytest.mark.slow
 def test_diffusion_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(first, tmp_path):
+    """`DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` (`from_pretrained`, `from_pipe`)."""
     from diffusers_lmlp.tiny import build_tiny_pipeline
 
     build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
     code = f"""
 {first}
 import diffusers_lmlp
-from diffusers import DiffusionPipeline
+from diffusers import AutoPipelineForText2Image, DiffusionPipeline
 pipe = DiffusionPipeline.from_pretrained({str(tmp_path / "pipe")!r})
+auto = AutoPipelineForText2Image.from_pretrained({str(tmp_path / "pipe")!r})
 print(type(pipe).__module__, type(pipe).__name__, type(pipe.transformer).__name__)
+print(type(auto).__name__, type(AutoPipelineForText2Image.from_pipe(pipe)).__name__)
 """
     result = subprocess.run(
         [sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, env=ENV, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPTransformer2DModel"]
+    assert result.stdout.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPTransformer2DModel"] + ["LMLPPipeline"] * 2
     assert "could not register" not in result.stderr
-
-
-@pytest.mark.parametrize(
-    "first",
-    [
-        "import diffusers_lmlp",  # the package first: a hook enters the pipeline when auto_pipeline is imported
-        "from diffusers import AutoPipelineForText2Image; import diffusers_lmlp",  # auto_pipeline first: at once
-        "from diffusers_lmlp.pipelines import LMLPPipeline",  # diffusers imported by the pipeline module
-    ],
-)
-@pytest.mark.slow
-def test_auto_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(first, tmp_path):
-    from diffusers_lmlp.tiny import build_tiny_pipeline
-
-    build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
-    code = f"""
-{first}
-from diffusers import AutoPipelineForText2Image
-pipe = AutoPipelineForText2Image.from_pretrained({str(tmp_path / "pipe")!r})
-print(type(pipe).__module__, type(pipe).__name__, type(AutoPipelineForText2Image.from_pipe(pipe)).__name__)
-"""
-    result = subprocess.run(
-        [sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, env=ENV, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPPipeline"]
 
 
 @pytest.mark.slow
