@@ -1,7 +1,8 @@
 """torch's dynamic int8 quantization (`torch.ao.quantization.quantize_dynamic`, the eager quantization of a model on a
 CPU) reaches every nn.Linear of every backbone, which then predicts what the float model predicts to within int8's
-error, and the shipped pipeline so quantized draws held-out captions right; a model or pipeline so quantized, which
-safetensors cannot store, is refused by `save_pretrained` before anything is written."""
+error, and the shipped pipeline so quantized draws held-out captions right. What it cannot do is refused with the way
+to do it: saving (safetensors cannot store the packed weights; nothing is written), sampling with the other weights
+cast to bf16, and loading a LoRA into the quantized layers."""
 
 import pytest
 import torch
@@ -11,9 +12,11 @@ from torch.ao.quantization import quantize_dynamic
 
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.evaluation.captions import draw_captions
+from diffusers_lmlp.models.quantized import dynamically_quantized_layers
 from diffusers_lmlp.models.tokens import input_dtype
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import score_images
+from diffusers_lmlp.training.lora import add_lora, lora_config
 
 
 # torch 2.13 marks its eager quantization deprecated (in favour of torchao), and it still runs.
@@ -102,3 +105,59 @@ def test_input_dtype_is_the_layers_compute_dtype():
     [int8] = quantize_dynamic(nn.Sequential(nn.Linear(4, 4).to(torch.float64)), {nn.Linear}, dtype=torch.qint8)
     assert is_dynamic_quantized(int8) and next(int8.parameters(), None) is None
     assert input_dtype(int8) == torch.float32
+
+
+def quantized_shapes_pipeline():
+    pipe = pretrained_shapes_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    return pipe
+
+
+def sample(pipe, steps: int = 10) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return pipe("a red circle at the center", num_inference_steps=steps, generator=generator, output_type="pt").images
+
+
+def test_a_quantized_transformer_cast_to_bf16_is_refused_before_any_model_runs_and_the_fix_samples():
+    pipe = quantized_shapes_pipeline()
+    expected = sample(pipe)
+    pipe.to(torch.bfloat16)
+    calls = []
+    pipe.transformer.register_forward_pre_hook(lambda module, args: calls.append(1))
+    with pytest.raises(ValueError, match=r"dynamic quantization replaced \(embed.text_adapter, .*torch.bfloat16"):
+        sample(pipe)
+    assert calls == []
+    pipe.transformer.to(torch.float32)  # the message's fix
+    assert dynamically_quantized_layers(pipe.transformer)  # the int8 layers stayed
+    images = sample(pipe)
+    assert torch.isfinite(images).all()
+    assert (images.float() - expected).abs().mean() < 0.01  # the text encoder and the VAE run in bf16 now
+
+
+def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effect(tmp_path):
+    # A LoRA of the shipped model as the trainer saves it, with random B so that it changes the images.
+    model = pretrained_shapes_pipeline().transformer
+    add_lora(model, lora_config(model, rank=4, alpha=None, dropout=0.0, target_modules=None))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05, generator=torch.Generator().manual_seed(0))
+    from diffusers_lmlp.training.lora import save_adapter
+
+    save_adapter(model, tmp_path / "lora")
+
+    with pytest.raises(ValueError, match=r"torch's dynamic quantization \(quantize_dynamic\) replaced.*fuse it"):
+        quantized_shapes_pipeline().load_lora_weights(tmp_path / "lora")
+
+    # The fix: load into the float model, fuse, unload the adapter, then quantize.
+    pipe = pretrained_shapes_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(tmp_path / "lora")
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    fused_float = sample(pipe)
+    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    assert not any(type(module) is nn.Linear or "lora" in name for name, module in pipe.transformer.named_modules())
+    fused_int8, base_int8 = sample(pipe), sample(quantized_shapes_pipeline())
+    assert (fused_int8 - fused_float).abs().mean() < (fused_int8 - base_int8).abs().mean() / 4

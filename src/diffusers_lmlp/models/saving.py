@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from diffusers.configuration_utils import FrozenDict
 
+from .loading import listed
+
 
 def is_local_path(value: Any) -> bool:
     """Whether a config's `_name_or_path` names a place on this machine: an absolute path, or a relative one that
@@ -72,9 +74,8 @@ def check_storable(model: torch.nn.Module) -> None:
         key for key, value in model.state_dict().items() if not isinstance(value, torch.Tensor) or value.is_quantized
     ]
     if keys:
-        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
         raise ValueError(
-            f"{type(model).__name__} holds state that safetensors cannot store ({shown}): torch's quantized layers "
+            f"{type(model).__name__} holds state that safetensors cannot store ({listed(keys)}): torch's quantized layers "
             "(torch.ao.quantization.quantize_dynamic) keep their weights packed. Save the model before quantizing it, "
             "and quantize it again after loading; or quantize with torchao (diffusers' TorchAoConfig), whose weights "
             "save. Nothing was written."

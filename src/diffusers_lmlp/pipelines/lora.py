@@ -40,6 +40,7 @@ from diffusers.utils import get_adapter_name, logging
 from torch import nn
 
 from ..models.loading import listed
+from ..models.quantized import is_dynamically_quantized
 from .lora_files import lora_file, read_lora_file, refuse_pickle
 
 
@@ -112,6 +113,12 @@ def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -
             module.named_parameters(recurse=False)
         ):
             return tuple(getattr(module, parameter).shape)
+    if is_dynamically_quantized(module):
+        raise ValueError(
+            f"The LoRA adapts {name}, a Linear that torch's dynamic quantization (quantize_dynamic) replaced, which "
+            "PEFT cannot adapt. Load the LoRA into the float model, fuse it (pipe.fuse_lora(), then "
+            "pipe.unload_lora_weights()) and quantize after."
+        )
     raise ValueError(
         f"The LoRA adapts {name}, a {type(module).__name__}, not an nn.Linear. A weight used outside an nn.Linear "
         "(the tied SymMixer/AsymMixer weights) is adapted as a parameter, and the file's metadata must say so: save "

@@ -38,6 +38,7 @@ from diffusers.utils.torch_utils import is_compiled_module, randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..exports import public
+from ..models.quantized import check_float32_beside_quantized_layers
 from ..models.saving import check_storable, local_paths_left_out
 from .checks import (
     _check_components,
@@ -497,6 +498,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 "leave height and width unset, or resize the result."
             )
         check_scheduler(self.scheduler)
+        check_float32_beside_quantized_layers(self.transformer)
         _check_steps(self.scheduler, num_inference_steps, timesteps, sigmas)
         _check_images(batch_size, num_images_per_prompt, generator, latents, self._latents_shape)
         if output_type not in OUTPUT_TYPES:
