@@ -161,3 +161,20 @@ def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effe
     assert not any(type(module) is nn.Linear or "lora" in name for name, module in pipe.transformer.named_modules())
     fused_int8, base_int8 = sample(pipe), sample(quantized_shapes_pipeline())
     assert (fused_int8 - fused_float).abs().mean() < (fused_int8 - base_int8).abs().mean() / 4
+
+
+def test_freezing_refuses_a_quantized_transformer_before_compiling():
+    # The int8 layers break dynamo's graph, and the frozen model samples slower than the eager one.
+    pipe = quantized_shapes_pipeline()
+    with pytest.raises(ValueError, match=r"dynamic quantization replaced \(embed.text_adapter, .*without freezing"):
+        pipe.enable_inductor_freezing()
+    assert not pipe.inductor_freezing_enabled
+    # Quantized after freezing was enabled: the call refuses before anything compiles.
+    pipe = pretrained_shapes_pipeline()
+    pipe.enable_inductor_freezing()
+    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    with pytest.raises(ValueError, match="Freezing cannot compile"):
+        sample(pipe, steps=2)
+    assert pipe._inductor_freezing.freezes == 0
+    pipe.disable_inductor_freezing()  # the message's fix
+    assert torch.isfinite(sample(pipe, steps=2)).all()

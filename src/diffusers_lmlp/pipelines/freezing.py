@@ -27,6 +27,9 @@ from torch import nn
 from torch._inductor import config as inductor_config
 from torch._inductor.compile_fx import compile_fx
 
+from ..models.loading import listed
+from ..models.quantized import dynamically_quantized_layers
+
 
 logger = logging.get_logger(__name__)
 
@@ -56,6 +59,24 @@ def weights_fingerprint(module: nn.Module) -> tuple:
     return layout, hooks, checksum
 
 
+def check_freezable(transformer: nn.Module) -> None:
+    """Raise a `ValueError` for a transformer that freezing would make slower: one with layers that torch's dynamic
+    quantization replaced. dynamo cannot trace them (their packed weights are TorchScript objects), so the graph
+    breaks at each one and little is left to freeze; F2-deep's int8 forward took 989 ms frozen against 871 ms eager
+    (benchmarks/quantized_sampling.py's machine, 2026-11-29).
+
+    Args:
+        transformer (`nn.Module`): The transformer to freeze.
+    """
+    layers = dynamically_quantized_layers(transformer)
+    if layers:
+        raise ValueError(
+            f"Freezing cannot compile the layers that torch's dynamic quantization replaced ({listed(layers)}): the "
+            "graph breaks at each one, and such a transformer samples slower frozen than eagerly. Sample it without "
+            "freezing (pipe.disable_inductor_freezing()), or freeze the float transformer instead."
+        )
+
+
 class FrozenTransformer:
     """A pipeline's transformer compiled by inductor with freezing, frozen again whenever its weights change.
 
@@ -76,7 +97,11 @@ class FrozenTransformer:
 
         Args:
             transformer (`nn.Module`): The pipeline's current transformer.
+
+        Raises:
+            `ValueError`: For a transformer with dynamically quantized layers (`check_freezable`).
         """
+        check_freezable(transformer)
         fingerprint = weights_fingerprint(transformer)
         if transformer is not self._transformer or fingerprint != self._fingerprint:
             if self._transformer is not None:

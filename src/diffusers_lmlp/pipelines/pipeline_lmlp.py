@@ -50,7 +50,7 @@ from .checks import (
     _raise_if_not_finite,
     _set_schedule,
 )
-from .freezing import FrozenTransformer
+from .freezing import FrozenTransformer, check_freezable
 from .loading import (
     _folder_view,
     _hub_snapshot,
@@ -316,8 +316,9 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         Before every call the pipeline checks the transformer's weights, and freezes them again, compiling anew, if
         anything changed them (a LoRA loaded, fused or rescaled, `load_state_dict`, `.to(...)`): a frozen graph never
         samples with stale weights. `pipe.transformer` itself is left as it is, uncompiled, so hooks, adapters and
-        `save_pretrained` work on it as before. Not for a transformer compiled already (`torch.compile`) or offloaded
-        with `enable_model_cpu_offload` (its weights move on every call, so it would compile on every call).
+        `save_pretrained` work on it as before. Not for a transformer compiled already (`torch.compile`), offloaded
+        with `enable_model_cpu_offload` (its weights move on every call, so it would compile on every call), or
+        quantized with torch's `quantize_dynamic` (its int8 layers break the graph: it samples faster eagerly).
         """
         transformer = getattr(self, "transformer", None)
         if transformer is None:
@@ -333,6 +334,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 "device_map): the offload hooks move the weights on every call, which would recompile on every call. "
                 "Remove the offloading (`pipe.remove_all_hooks()`) or sample without freezing."
             )
+        check_freezable(transformer)
         self._inductor_freezing = FrozenTransformer()
 
     def disable_inductor_freezing(self) -> None:
