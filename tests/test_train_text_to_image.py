@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 import diffusers_lmlp.train
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
+from diffusers_lmlp.training.imagefolder import load_imagefolder
 
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_text_to_image.py"
@@ -67,7 +68,12 @@ def train(
 
 
 def train_here(
-    workspace: Path, output: str | Path, *extra: str, base: str = "tiny", data_option: str = "--train_data_dir"
+    workspace: Path,
+    output: str | Path,
+    *extra: str,
+    base: str = "tiny",
+    data_option: str = "--train_data_dir",
+    data: Path | None = None,
 ) -> SimpleNamespace:
     """`train`'s run (`train_args` and `extra`) in this process, through the command's `main(argv)`, on one thread as
     `train`'s subprocesses (`ENV`), so that the two give the same weights; this process's thread count is restored
@@ -86,7 +92,7 @@ def train_here(
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             diffusers_lmlp.train.main(
-                [*train_args(workspace, output, base, data_option), "--num_threads", "1", *extra]
+                [*train_args(workspace, output, base, data_option, data), "--num_threads", "1", *extra]
             )
     except BaseException:
         sys.stderr.write(f"{stdout.getvalue()[-2000:]}\n{stderr.getvalue()[-4000:]}")
@@ -99,12 +105,16 @@ def train_here(
 
 
 def train_args(
-    workspace: Path, output: str | Path, base: str = "tiny", data_option: str = "--train_data_dir"
+    workspace: Path,
+    output: str | Path,
+    base: str = "tiny",
+    data_option: str = "--train_data_dir",
+    data: Path | None = None,
 ) -> list[str]:
-    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder (by `data_option`; `--dataset_name`
-    reads it as a dataset), 16 px, batch 4, into `output` (a name in `workspace`, or a path)."""
+    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder or `data` (by `data_option`;
+    `--dataset_name` reads it as a dataset), 16 px, batch 4, into `output` (a name in `workspace`, or a path)."""
     return [
-        "--pretrained_model_name_or_path", str(workspace / base), data_option, str(workspace / "data"),
+        "--pretrained_model_name_or_path", str(workspace / base), data_option, str(data or workspace / "data"),
         "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(workspace / output),
         "--cache_dir", str(workspace / "cache"), "--lr_warmup_steps", "0", "--learning_rate", "1e-3",
     ]  # fmt: skip
@@ -239,6 +249,18 @@ def test_streaming_dataset_trains_and_resumes(workspace):
     )  # fmt: skip
     assert "at step 3" in second.stderr  # 12 samples skipped, then 5 more steps through the epoch boundary
     assert json.loads((workspace / "stream" / "training_summary.json").read_text())["steps"] == 8
+
+
+@pytest.mark.slow
+def test_a_dataset_written_by_save_to_disk_trains_as_the_imagefolder_it_holds(workspace, tmp_path):
+    # The imagefolder as --train_data_dir reads it, saved as users keep prepared data (datasets' save_to_disk).
+    load_imagefolder(workspace / "data", cache_dir=str(tmp_path / "cache")).save_to_disk(str(tmp_path / "saved"))
+    steps = ("--max_train_steps", "3", "--seed", "3")
+    train_here(workspace, tmp_path / "from-folder", *steps)
+    train_here(workspace, tmp_path / "from-saved", *steps, data_option="--dataset_name", data=tmp_path / "saved")
+    folder, saved = weights(tmp_path / "from-folder"), weights(tmp_path / "from-saved")
+    assert folder.keys() == saved.keys()
+    assert all(torch.equal(folder[key], saved[key]) for key in folder)
 
 
 @pytest.mark.slow

@@ -124,6 +124,45 @@ def test_a_local_imagefolder_given_as_dataset_name_points_to_train_data_dir(tmp_
     )
 
 
+def saved_dataset(tmp_path: Path, as_dict: bool, split: str = "train") -> tuple[Path, datasets.Dataset]:
+    """An imagefolder read by `datasets`, then written by `save_to_disk`: a `Dataset`, or a `DatasetDict`."""
+    write_imagefolder(tmp_path / "data", {f"{i}.png": f"caption {i}" for i in range(6)})
+    original = load(tmp_path / "data", tmp_path)
+    saved = datasets.DatasetDict({split: original}) if as_dict else original
+    saved.save_to_disk(str(tmp_path / "saved"))
+    return tmp_path / "saved", original
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["Dataset", "DatasetDict"])
+def test_a_folder_written_by_save_to_disk_is_read_as_it_was_saved(tmp_path, as_dict):
+    folder, original = saved_dataset(tmp_path, as_dict)
+    if not as_dict:  # datasets' load_dataset refuses a saved Dataset ("use load_from_disk instead")
+        with pytest.raises(ValueError, match="load_from_disk"):
+            datasets.load_dataset(str(folder))
+    dataset = load(None, tmp_path, dataset_name=str(folder))
+    assert list(dataset["text"]) == list(original["text"])
+    assert [np.asarray(image).tolist() for image in dataset["image"]] == [
+        np.asarray(image).tolist() for image in original["image"]
+    ]
+    # The same fingerprint at every load: the feature store is found again by the next run.
+    assert load(None, tmp_path, dataset_name=str(folder))._fingerprint == dataset._fingerprint
+    streamed = load(None, tmp_path, dataset_name=str(folder), streaming=True, max_train_samples=4)
+    assert isinstance(streamed, datasets.IterableDataset)
+    assert [row["text"] for row in streamed] == list(original["text"])[:4]
+
+
+def test_a_saved_dataset_without_a_train_split_or_with_a_config_name_is_refused(tmp_path):
+    folder, _ = saved_dataset(tmp_path, as_dict=True, split="validation")
+    with pytest.raises(ValueError) as error:
+        load(None, tmp_path, dataset_name=str(folder))
+    assert str(error.value) == (
+        f"--dataset_name {folder} has the splits ['validation'] and no 'train' split, which is what the trainer reads: "
+        "save or name the training data as 'train'"
+    )
+    with pytest.raises(ValueError, match=r"written by save_to_disk, .* drop --dataset_config_name default"):
+        load(None, tmp_path, dataset_name=str(folder), dataset_config_name="default")
+
+
 def test_a_train_data_dir_that_is_not_a_folder_is_named(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"--train_data_dir {tmp_path / 'nowhere'} is not a folder")):
         load(tmp_path / "nowhere", tmp_path)

@@ -229,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     components.add_argument("--latent_scale", type=float, help="latent scaling factor (default: the VAE config's)")
 
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset_name", help="a datasets Hub id or a local dataset script/folder")
+    data.add_argument(
+        "--dataset_name", help="a datasets Hub id, a local dataset folder, or a folder written by save_to_disk"
+    )
     data.add_argument("--dataset_config_name", help="the configuration of --dataset_name, if it has several")
     data.add_argument(
         "--streaming", action="store_true",

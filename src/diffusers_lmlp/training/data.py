@@ -1,5 +1,6 @@
-"""The training images and captions: the official COCO-2014 layout, an imagefolder with metadata (`imagefolder`), or
-a `datasets` dataset, all read as rows of `{image column: PIL image, caption column: a caption or a list of captions}`.
+"""The training images and captions: the official COCO-2014 layout, an imagefolder with metadata (`imagefolder`), a
+`datasets` dataset from the Hub or a folder, or one written by `save_to_disk`, all read as rows of `{image column: PIL
+image, caption column: a caption or a list of captions}`.
 
 Every loader here checks the layout before anything is encoded, and names the file or folder that is wrong.
 """
@@ -48,7 +49,8 @@ def load_training_data(
     """The training split: a map-style `datasets.Dataset` (an `IterableDataset` with `streaming`).
 
     Args:
-        dataset_name (`str`, *optional*): A `datasets` Hub id or a local dataset folder.
+        dataset_name (`str`, *optional*): A `datasets` Hub id, a local dataset folder, or a folder written by
+            `save_to_disk` (a `Dataset`, or a `DatasetDict` with a `train` split).
         dataset_config_name (`str`, *optional*): Its configuration.
         train_data_dir (`str`, *optional*): A local folder laid out as `data_layout` says.
         data_layout (`str`, *optional*, defaults to `"auto"`): `"imagefolder"` (images with `metadata.jsonl`,
@@ -75,14 +77,16 @@ def load_training_data(
     if data_layout not in DATA_LAYOUTS:
         raise ValueError(f"unknown data layout {data_layout!r}; choose one of {DATA_LAYOUTS}")
     hint = ""
-    if dataset_name:
+    if dataset_name and is_saved_dataset(Path(dataset_name)):
+        dataset = load_saved_dataset(Path(dataset_name), dataset_config_name, streaming)
+    elif dataset_name:
         if Path(dataset_name).is_dir():  # a local imagefolder, when it has metadata
             metadata = sorted(p for name in metadata_file_names() for p in Path(dataset_name).rglob(name))
             check_imagefolder_metadata(metadata, caption_column)
             if metadata:
                 hint = " (a local imagefolder: --train_data_dir reads its captions whatever its file names are)"
         dataset = datasets.load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir, streaming=streaming)
-        dataset = dataset["train"]
+        dataset = train_split(dataset, f"--dataset_name {dataset_name}")
     elif train_data_dir:
         dataset = load_data_dir(Path(train_data_dir), data_layout, image_column, caption_column, cache_dir)
     else:
@@ -100,6 +104,63 @@ def load_training_data(
             else dataset.select(range(min(max_train_samples, len(dataset))))
         )
     return dataset
+
+
+def is_saved_dataset(folder: Path) -> bool:
+    """Whether `folder` was written by `datasets`' `save_to_disk`: a `Dataset` (`state.json` and `dataset_info.json`
+    beside its Arrow files) or a `DatasetDict` (`dataset_dict.json` and a folder per split). `load_dataset` refuses
+    such a folder ("use `load_from_disk` instead").
+
+    Args:
+        folder (`Path`): The `--dataset_name`.
+    """
+    return (folder / "dataset_dict.json").is_file() or all(
+        (folder / name).is_file() for name in ("state.json", "dataset_info.json")
+    )
+
+
+def load_saved_dataset(folder: Path, dataset_config_name: str | None, streaming: bool):
+    """The training split of a folder written by `save_to_disk`, read with `load_from_disk` (memory-mapped Arrow).
+
+    Args:
+        folder (`Path`): The folder.
+        dataset_config_name (`str`, *optional*): Must be unset: a saved dataset has no configurations.
+        streaming (`bool`): Read it in order as an `IterableDataset`, as a streamed Hub dataset is read.
+
+    Raises:
+        `ValueError`: For `--dataset_config_name`, or a `DatasetDict` without a `train` split.
+    """
+    import datasets
+
+    if dataset_config_name is not None:
+        raise ValueError(
+            f"--dataset_name {folder} was written by save_to_disk, which saves no configurations: drop "
+            f"--dataset_config_name {dataset_config_name}"
+        )
+    dataset = train_split(datasets.load_from_disk(str(folder)), f"--dataset_name {folder}")
+    return dataset.to_iterable_dataset() if streaming else dataset
+
+
+def train_split(dataset, source: str):
+    """The `train` split of a `DatasetDict` (or `IterableDatasetDict`); a single dataset as it is.
+
+    Args:
+        dataset: What `load_dataset` or `load_from_disk` returned.
+        source (`str`): Where it came from, for the error.
+
+    Raises:
+        `ValueError`: For a dict without a `train` split, naming the splits it has.
+    """
+    import datasets
+
+    if not isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
+        return dataset
+    if "train" not in dataset:
+        raise ValueError(
+            f"{source} has the splits {sorted(dataset)} and no 'train' split, which is what the trainer reads: "
+            "save or name the training data as 'train'"
+        )
+    return dataset["train"]
 
 
 def load_data_dir(folder: Path, data_layout: str, image_column: str, caption_column: str, cache_dir: str | None):
