@@ -126,6 +126,12 @@ def check_training_values(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error("--shapes_num_images sizes the shapes world, which your data replaces: leave it out")
     if not 0.0 <= args.caption_dropout < 1.0:
         parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    if not 0 <= args.seed < 2**32:
+        # numpy's seeds, which accelerate's set_seed sets too, are 32-bit; -1 is not "random" here.
+        parser.error(
+            f"--seed must be in [0, 2**32 - 1], got {args.seed}: every draw of a run comes from it, so that the run "
+            "can be reproduced and resumed; pick any number in that range"
+        )
 
 
 def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> None:
