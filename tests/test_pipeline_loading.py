@@ -20,6 +20,7 @@ from diffusers import (
 from safetensors.torch import load_file, save_file
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
+from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.pipelines import loading as pipeline_loading
 
 
@@ -143,6 +144,18 @@ def test_auto_pipeline_for_text2image_from_pipe_shares_the_components(pipe, gene
     assert type(derived) is LMLPPipeline
     assert all(derived.components[name] is component for name, component in pipe.components.items())
     torch.testing.assert_close(generate(derived), generate(pipe), rtol=0, atol=0)
+
+
+def test_a_folder_pushed_with_code_is_not_for_the_auto_pipeline_but_for_lmlp_pipeline(pipe, generate, tmp_path):
+    # Its model_index.json names its own code, ["pipeline_lmlp", "LMLPPipeline"], which diffusers' auto pipelines
+    # cannot resolve; docs/pipeline.md sends such a repo to LMLPPipeline.from_pretrained.
+    pipe.save_pretrained(tmp_path / "saved")
+    folder = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "with-code", with_code=True).folder
+    with pytest.raises(ValueError, match=r"can't find a pipeline linked to \['pipeline_lmlp', 'LMLPPipeline'\]"):
+        AutoPipelineForText2Image.from_pretrained(folder)
+    loaded = LMLPPipeline.from_pretrained(folder)
+    loaded.set_progress_bar_config(disable=True)
+    torch.testing.assert_close(generate(loaded), generate(pipe), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("auto_pipeline", [AutoPipelineForImage2Image, AutoPipelineForInpainting])
