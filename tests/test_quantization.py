@@ -16,7 +16,7 @@ from diffusers_lmlp.models.quantized import dynamically_quantized_layers
 from diffusers_lmlp.models.tokens import input_dtype
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import score_images
-from diffusers_lmlp.training.lora import add_lora, lora_config
+from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
 
 
 # torch 2.13 marks its eager quantization deprecated (in favour of torchao), and it still runs.
@@ -143,8 +143,6 @@ def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effe
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(std=0.05, generator=torch.Generator().manual_seed(0))
-    from diffusers_lmlp.training.lora import save_adapter
-
     save_adapter(model, tmp_path / "lora")
 
     with pytest.raises(ValueError, match=r"torch's dynamic quantization \(quantize_dynamic\) replaced.*fuse it"):
