@@ -12,7 +12,7 @@ from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerDiscreteS
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel, default_scheduler
-from diffusers_lmlp.pipelines.pipeline_lmlp import _EmptyFp32ModulesWarning
+from diffusers_lmlp.models.casting import EmptyFp32ModulesWarning
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_tokenizer
 
 
@@ -370,8 +370,30 @@ def test_from_pipe_keeps_the_dtype_and_casts_only_when_asked(make_pipe):
     assert view.dtype == pipe.transformer.dtype == torch.float32
 
 
+def test_casting_with_to_does_not_warn_of_float32_modules_it_names_as_none(make_pipe):
+    # diffusers 0.42's ModelMixin.to warns "should be kept in float32: []" for every model on every cast to a dtype.
+    pipe = make_pipe()
+    modeling_logger = logging.getLogger("diffusers.models.modeling_utils")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    modeling_logger.addHandler(handler)
+    try:
+        pipe.to(torch.bfloat16)
+        assert pipe.transformer.dtype == pipe.vae.dtype == torch.bfloat16
+        pipe.transformer.to(torch.float32)
+        assert pipe.transformer.dtype == torch.float32
+        assert pipe.to("cpu", torch.float32) is pipe and pipe.vae.dtype == torch.float32
+        pipe.vae.to(torch.bfloat16)  # diffusers' own model, outside the pipeline's `to`: its warning stays
+    finally:
+        modeling_logger.removeHandler(handler)
+    assert [record.getMessage().split(":")[0] for record in records] == [
+        "There are modules in AutoencoderKL that should be kept in float32"
+    ]
+
+
 def test_only_the_vacuous_float32_warning_is_filtered():
-    empty = _EmptyFp32ModulesWarning()
+    empty = EmptyFp32ModulesWarning()
 
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord("diffusers.models.modeling_utils", logging.WARNING, __file__, 0, message, None, None)

@@ -19,6 +19,7 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from .casting import no_empty_fp32_warning
 from .catalog import SHAPES_SMALL  # noqa: F401  (its former home)
 from .loading import (
     checkpoint_keys,
@@ -225,6 +226,16 @@ class UShapedMixerModel(ModelMixin):
                 max_shard_size=max_shard_size,
                 **kwargs,
             )
+
+    def to(self, *args, **kwargs):
+        """`ModelMixin.to` (a device, a dtype or both), without diffusers 0.42's warning that the model has modules to
+        keep in float32 when it names none (`models/casting.py`).
+
+        Args:
+            *args, **kwargs: What `nn.Module.to` takes.
+        """
+        with no_empty_fp32_warning():
+            return super().to(*args, **kwargs)
 
     @classmethod
     def _load_pretrained_model(

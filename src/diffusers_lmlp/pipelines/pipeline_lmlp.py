@@ -17,10 +17,8 @@ it) and `loading.py` (`from_pretrained`); how it reads a folder pushed with `--w
 """
 
 import inspect
-import logging as std_logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Self
 
 import torch
@@ -38,6 +36,7 @@ from diffusers.utils.torch_utils import is_compiled_module, randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..exports import public
+from ..models.casting import no_empty_fp32_warning
 from ..models.quantized import check_float32_beside_quantized_layers
 from ..models.saving import check_storable, local_paths_left_out
 from .checks import (
@@ -81,28 +80,6 @@ EXAMPLE_DOC_STRING = """
         >>> image.save("red_circle.png")
         ```
 """
-
-
-class _EmptyFp32ModulesWarning(std_logging.Filter):
-    """Drops diffusers 0.42's warning that a model has modules to keep in float32 when it names none:
-    `ModelMixin.to` gives it for every cast to a dtype, because its list of such modules defaults to `[]`, never to
-    `None`. A model that does keep modules in float32 names them, and its warning passes."""
-
-    def filter(self, record: std_logging.LogRecord) -> bool:
-        return "should be kept in float32: []." not in record.getMessage()
-
-
-@contextmanager
-def _no_empty_fp32_warning() -> Iterator[None]:
-    """Within the block, `_EmptyFp32ModulesWarning` filters the log of diffusers' models (`from_pipe` casts every
-    model it shares, to the dtype it already has)."""
-    models_logger = logging.get_logger("diffusers.models.modeling_utils")
-    empty_warning = _EmptyFp32ModulesWarning()
-    models_logger.addFilter(empty_warning)
-    try:
-        yield
-    finally:
-        models_logger.removeFilter(empty_warning)
 
 
 @public
@@ -254,12 +231,22 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             kwargs.setdefault("transformer", transformer)
         if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None:
             kwargs["dtype"] = pipeline.dtype
-        with _no_empty_fp32_warning():
+        with no_empty_fp32_warning():  # `from_pipe` casts every model it shares, to the dtype it already has
             new = super().from_pipe(pipeline, **kwargs)
         freezing = getattr(pipeline, "_inductor_freezing", None)
         if freezing is not None and getattr(new, "transformer", None) is pipeline.transformer:
             new._inductor_freezing = freezing
         return new
+
+    def to(self, *args, **kwargs) -> Self:
+        """`DiffusionPipeline.to` (a device, a dtype or both), without diffusers 0.42's warning, once per model, that
+        the model has modules to keep in float32 when it names none (`models/casting.py`).
+
+        Args:
+            *args, **kwargs: What `DiffusionPipeline.to` takes.
+        """
+        with no_empty_fp32_warning():
+            return super().to(*args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
         """Save the pipeline to a folder (and push it with `push_to_hub=True`), as `DiffusionPipeline.save_pretrained`

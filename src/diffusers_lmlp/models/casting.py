@@ -1,0 +1,35 @@
+"""Casting a model to a dtype without diffusers 0.42's vacuous warning.
+
+`ModelMixin.to(dtype)` warns "There are modules in <Model> that should be kept in float32: []. Casting directly with
+`to()` can lead to inconsistent results ..." for every cast to a dtype, because its list of modules to keep in float32
+defaults to `[]`, never to `None`: the warning names no module, and nothing is inconsistent. Stable Diffusion's own
+pipelines print it too. A model that does keep modules in float32 names them, and its warning still passes.
+"""
+
+# `std_logging`: `hub push --with-code` puts the package's modules in one namespace, where `logging` is diffusers'.
+import logging as std_logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+# The logger `ModelMixin.to` warns on.
+MODELS_LOGGER = "diffusers.models.modeling_utils"
+
+
+class EmptyFp32ModulesWarning(std_logging.Filter):
+    """Drops the warning that a model has modules to keep in float32 when it names none."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return "should be kept in float32: []." not in record.getMessage()
+
+
+@contextmanager
+def no_empty_fp32_warning() -> Iterator[None]:
+    """Within the block, `EmptyFp32ModulesWarning` filters the log of diffusers' models."""
+    models_logger = std_logging.getLogger(MODELS_LOGGER)
+    empty_warning = EmptyFp32ModulesWarning()
+    models_logger.addFilter(empty_warning)
+    try:
+        yield
+    finally:
+        models_logger.removeFilter(empty_warning)
