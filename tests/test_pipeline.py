@@ -1,8 +1,10 @@
 """`LMLPPipeline.__call__`: generation, guidance, inputs and outputs, errors, and the tiny offline components."""
 
+import contextlib
 import inspect
 import json
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import PIL.Image
@@ -351,17 +353,24 @@ def test_from_pipe_shares_every_component_and_samples_the_same_images(make_pipe,
     torch.testing.assert_close(generate(view), generate(pipe), rtol=0, atol=0)
 
 
-def test_from_pipe_keeps_the_dtype_and_casts_only_when_asked(make_pipe):
-    pipe = make_pipe().to(torch.bfloat16)
+@contextlib.contextmanager
+def models_log() -> Iterator[list[logging.LogRecord]]:
+    """The records that diffusers' models log within the block (where `ModelMixin.to` warns)."""
     modeling_logger = logging.getLogger("diffusers.models.modeling_utils")
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     modeling_logger.addHandler(handler)
     try:
-        view = LMLPPipeline.from_pipe(pipe)
+        yield records
     finally:
         modeling_logger.removeHandler(handler)
+
+
+def test_from_pipe_keeps_the_dtype_and_casts_only_when_asked(make_pipe):
+    pipe = make_pipe().to(torch.bfloat16)
+    with models_log() as records:
+        view = LMLPPipeline.from_pipe(pipe)
     # diffusers 0.42 would cast the new pipeline, and the modules it shares, to float32 (huggingface/diffusers#12754).
     assert view.dtype == pipe.dtype == pipe.transformer.dtype == torch.bfloat16
     # Nor does its cast to the same dtype warn of float32 modules it then names as none.
@@ -373,20 +382,13 @@ def test_from_pipe_keeps_the_dtype_and_casts_only_when_asked(make_pipe):
 def test_casting_with_to_does_not_warn_of_float32_modules_it_names_as_none(make_pipe):
     # diffusers 0.42's ModelMixin.to warns "should be kept in float32: []" for every model on every cast to a dtype.
     pipe = make_pipe()
-    modeling_logger = logging.getLogger("diffusers.models.modeling_utils")
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    modeling_logger.addHandler(handler)
-    try:
+    with models_log() as records:
         pipe.to(torch.bfloat16)
         assert pipe.transformer.dtype == pipe.vae.dtype == torch.bfloat16
         pipe.transformer.to(torch.float32)
         assert pipe.transformer.dtype == torch.float32
         assert pipe.to("cpu", torch.float32) is pipe and pipe.vae.dtype == torch.float32
         pipe.vae.to(torch.bfloat16)  # diffusers' own model, outside the pipeline's `to`: its warning stays
-    finally:
-        modeling_logger.removeHandler(handler)
     assert [record.getMessage().split(":")[0] for record in records] == [
         "There are modules in AutoencoderKL that should be kept in float32"
     ]
