@@ -62,6 +62,21 @@ def shapes_pipeline():
     return pipe
 
 
+def shapes_lora(folder: Path, std: float = 0.02) -> Path:
+    """A LoRA of the shipped shapes model in the trainer's format, written to `folder` (random B of this `std`, so that
+    it changes the model)."""
+    from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
+
+    model = shapes_pipeline().transformer
+    add_lora(model, lora_config(model, rank=4, alpha=None, dropout=0.0, target_modules=None))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=std, generator=torch.Generator().manual_seed(0))
+    save_adapter(model, folder)
+    return folder
+
+
 def image_std(image: Image.Image) -> float:
     """Standard deviation of an image's RGB values (0..255): near 0 for a blank image, ~20 for a shapes sample."""
     return float(np.asarray(image.convert("RGB"), dtype=np.float64).std())

@@ -7,6 +7,7 @@ cast to bf16, and loading a LoRA into the quantized layers."""
 import pytest
 import torch
 from diffusers.hooks import apply_layerwise_casting
+from space_server import shapes_lora, shapes_pipeline
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 
@@ -16,7 +17,6 @@ from diffusers_lmlp.models.quantized import dynamically_quantized_layers
 from diffusers_lmlp.models.tokens import input_dtype
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import score_images
-from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
 
 
 # torch 2.13 marks its eager quantization deprecated (in favour of torchao), and it still runs.
@@ -108,8 +108,7 @@ def test_input_dtype_is_the_layers_compute_dtype():
 
 
 def quantized_shapes_pipeline():
-    pipe = pretrained_shapes_pipeline()
-    pipe.set_progress_bar_config(disable=True)
+    pipe = shapes_pipeline()
     pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
     return pipe
 
@@ -136,21 +135,13 @@ def test_a_quantized_transformer_cast_to_bf16_is_refused_before_any_model_runs_a
 
 
 def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effect(tmp_path):
-    # A LoRA of the shipped model as the trainer saves it, with random B so that it changes the images.
-    model = pretrained_shapes_pipeline().transformer
-    add_lora(model, lora_config(model, rank=4, alpha=None, dropout=0.0, target_modules=None))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.05, generator=torch.Generator().manual_seed(0))
-    save_adapter(model, tmp_path / "lora")
+    shapes_lora(tmp_path / "lora", std=0.05)  # a LoRA that changes the images well beyond int8's rounding
 
     with pytest.raises(ValueError, match=r"torch's dynamic quantization \(quantize_dynamic\) replaced.*fuse it"):
         quantized_shapes_pipeline().load_lora_weights(tmp_path / "lora")
 
     # The fix: load into the float model, fuse, unload the adapter, then quantize.
-    pipe = pretrained_shapes_pipeline()
-    pipe.set_progress_bar_config(disable=True)
+    pipe = shapes_pipeline()
     pipe.load_lora_weights(tmp_path / "lora")
     pipe.fuse_lora()
     pipe.unload_lora_weights()

@@ -20,7 +20,7 @@ import pytest
 import torch
 from documents import PAGES, blocks
 from PIL import Image
-from space_server import load_app, one_cpu_thread, serve, shapes_pipeline
+from space_server import load_app, one_cpu_thread, serve, shapes_lora, shapes_pipeline
 
 from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
@@ -44,20 +44,6 @@ def stand_ins(space_url: str, lora: Path, with_code: Path) -> dict[str, str]:
         '"<user>/<lmlp-lora>"': repr(str(lora)),
         f'"{SPACE_URL}"': repr(space_url),
     }
-
-
-def shapes_lora(folder: Path) -> Path:
-    """A LoRA of the shipped shapes model in the trainer's format (random B, so that it changes the model)."""
-    from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
-
-    model = shapes_pipeline().transformer
-    add_lora(model, lora_config(model, rank=4, alpha=None, dropout=0.0, target_modules=None))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.02, generator=torch.Generator().manual_seed(0))
-    save_adapter(model, folder)
-    return folder
 
 
 def localise(block: str, replacements: dict[str, str]) -> str:
