@@ -8,6 +8,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
+from test_train_text_to_image import make_workspace, train_here
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
 from diffusers_lmlp.training import ema as ema_module
@@ -72,7 +74,7 @@ def test_the_trainers_fused_adamw_and_foreach_ema_take_the_written_out_updates_o
         optimizer.step()
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        update_ema(ema, model)
+        update_ema(ema, list(model.parameters()))
         hyper = (args.learning_rate, (args.adam_beta1, args.adam_beta2), args.adam_epsilon, args.adam_weight_decay)
         expected = reference_adamw(expected, grads, moments, step, *hyper)
         decay = ema.get_decay(ema.optimization_step)
@@ -204,3 +206,44 @@ def test_the_ema_saves_and_loads_as_diffusers_ema_does(tmp_path):
         assert loaded.optimization_step == ours.optimization_step and loaded.decay == ours.decay
         for mine, back in zip(ours.shadow_params, loaded.shadow_params):
             assert torch.equal(mine, back)
+
+
+@pytest.mark.slow
+def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_validation(tmp_path):
+    """The trainer lists the weights the EMA averages once per run: they must stay the model's own, step after step,
+    through a validation (which swaps the EMA weights in and back). The reference is diffusers' `EMAModel`, stepped
+    per tensor with the weights each optimizer step left."""
+    workspace = make_workspace(tmp_path)
+    first, stepped = [], []
+
+    def weights_now(optimizer) -> list[torch.Tensor]:  # every weight of the model, in its order (no LoRA here)
+        return [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+
+    def before_the_first_step(optimizer, args, kwargs) -> None:
+        if not first:
+            first.append(weights_now(optimizer))
+
+    def after_each_step(optimizer, args, kwargs) -> None:
+        stepped.append(weights_now(optimizer))
+
+    hooks = (
+        register_optimizer_step_pre_hook(before_the_first_step),
+        register_optimizer_step_post_hook(after_each_step),
+    )
+    try:
+        train_here(
+            workspace, "run", "--max_train_steps", "4", "--checkpointing_steps", "4", "--use_ema",
+            "--validation_prompts", "a red circle", "--validation_steps", "2", "--validation_inference_steps", "2",
+        )  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    saved = EMAModel.from_pretrained(tmp_path / "run" / "checkpoint-4" / "transformer_ema", LMLPTransformer2DModel)
+    assert len(stepped) == saved.optimization_step == 4
+    reference = EMAModel([torch.nn.Parameter(w.clone()) for w in first[0]], decay=saved.decay, foreach=False)
+    for weights in stepped:
+        reference.step([torch.nn.Parameter(w) for w in weights])
+    assert len(saved.shadow_params) == len(reference.shadow_params) == len(first[0])
+    for mine, expected, start, end in zip(saved.shadow_params, reference.shadow_params, first[0], stepped[-1]):
+        torch.testing.assert_close(mine, expected, rtol=1e-5, atol=1e-7)
+        assert not torch.equal(mine, start) and not torch.equal(mine, end)  # averaged, neither left nor just copied

@@ -373,6 +373,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
     )
     prompts, fid_captions = validation.validation_inputs(args)
     tracker_logs = TrackerLogs(accelerator, args.logging_steps)
+    parameters = list(run.model.parameters())  # the EMA's, listed once: the same tensors at every step
     start_time = time.perf_counter()
 
     def seconds() -> float:
@@ -388,7 +389,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
                 result = training_step(
                     accelerator, run.model, run.optimizer, run.lr_scheduler, run.noise_scheduler, latents, text_states,
                     generator, micro_batch_size=args.train_batch_size, options=loss_options, step=global_step + 1,
-                    ema=run.ema,
+                    ema=run.ema, parameters=parameters,
                 )  # fmt: skip
             except NonFiniteLossError as error:
                 raise SystemExit(divergence.diverged_message(error, args, run.output_dir, run.store)) from None
