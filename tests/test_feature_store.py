@@ -653,9 +653,15 @@ def test_float16_storage_trains_like_float32(workspace):
 @pytest.mark.slow
 def test_a_run_on_a_held_store_trains_the_weights_of_a_run_that_reads_the_files(workspace, monkeypatch):
     steps = ["--max_train_steps", "3", "--cache_features"]
-    train_here(workspace, "held", *steps)
+    log = train_here(workspace, "held", *steps).stderr
+    held_line = "the feature store is 0.1 MB: each process that reads it holds it in memory from its first batch"
+    assert f"{held_line} (at most 256 MiB)" in log
     monkeypatch.setattr(features, "HELD_STORE_BYTES", 0)  # every store is read from its files
-    train_here(workspace, "from-files", *steps)
+    log = train_here(workspace, "from-files", *steps).stderr
+    assert (
+        "the feature store is 0.1 MB: read a batch at a time (it is over 0 MiB, the most a reading process holds)"
+        in log
+    )
     held, from_files = weights(workspace / "held"), weights(workspace / "from-files")
     assert held.keys() == from_files.keys()
     assert all(torch.equal(held[key], from_files[key]) for key in held)

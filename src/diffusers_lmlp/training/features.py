@@ -501,11 +501,23 @@ class FeatureStore:
         # A process that receives the store opens its own files, and holds its own copy of a small store.
         return {**{k: v for k, v in self.__dict__.items() if k != "held"}, "_open": OrderedDict()}
 
+    @property
+    def small(self) -> bool:
+        """Whether the store's shards total at most `HELD_STORE_BYTES`, so that each reading process holds it."""
+        return sum(record["bytes"] for record in self.records) <= HELD_STORE_BYTES
+
+    def reading(self) -> str:
+        """How the training processes read the store, for the log: held whole in memory, or a batch at a time."""
+        size, limit = sum(record["bytes"] for record in self.records) / 1e6, HELD_STORE_BYTES >> 20  # MB, MiB
+        if self.small:
+            return f"{size:,.1f} MB: each process that reads it holds it in memory from its first batch (at most {limit} MiB)"
+        return f"{size:,.1f} MB: read a batch at a time (it is over {limit} MiB, the most a reading process holds)"
+
     @functools.cached_property
     def held(self) -> "HeldFeatures | None":
         """The whole store in memory, read at first use, when its shards total at most `HELD_STORE_BYTES`; else
         None, and every batch is read from the files. Its shards are closed once read."""
-        if sum(record["bytes"] for record in self.records) > HELD_STORE_BYTES:
+        if not self.small:
             return None
         text_dtype = NUMPY_DTYPES[SAFETENSORS_DTYPES[self.text_dtype]]
         moments = np.empty((self.num_images, *self.moments_shape), NUMPY_DTYPES["F32"])  # (N, 2C, h, w)
