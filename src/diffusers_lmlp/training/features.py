@@ -35,7 +35,7 @@ Why sharded safetensors files read with positional reads:
   file descriptors and parsed headers: its memory does not grow with the dataset.
 - **Except a small store, held in memory.** A store whose shards total at most `HELD_STORE_BYTES` (256 MiB) is read
   whole by each reading process at its first batch, and a batch is then two NumPy gathers, not two positional reads
-  and a few microseconds of Python per sample. For the shapes preset's store (51 MB), the trainer's time between two
+  and a few microseconds of Python per sample. For the shapes preset's store (53 MB), the trainer's time between two
   steps fell from 1.17–1.28 ms to 0.92–0.98 ms, of a 33 ms step (`python benchmarks/trainer_overhead.py
   --torch_compile yes`, three runs each way, 2 cores of a family-26 AMD EPYC, 2026-11-29). Above the limit, the
   memory of a reading process stays bounded as described above; below it, each reading process (a `DataLoader`
