@@ -1,15 +1,16 @@
-"""glibc's allocator setting that lets CPU work run near the GEMM peak: the trainer applies it on the CPU, and a
-sampling loop or a server can.
+"""glibc's allocator setting that lets CPU work run near the GEMM peak: the trainer and the evaluation command apply it
+on the CPU, and a sampling loop or a server can.
 
 PyTorch's CPU allocator hands large buffers to glibc, which serves them with fresh `mmap`s, or from a heap it trims,
 and returns them to the system when they are freed. Every pass then pays a page fault per 4 KiB of every new
-activation: on two cores that costs the eager F2-deep forward about a tenth of its time
-(benchmarks/speed_vs_uvit.py, `--reuse_freed_memory`), and the README's main command in float32, as `accelerate
-launch` starts it, up to a quarter of every step in the runs that fall into it (5,000-20,000 faults a step;
-docs/benchmarks.md). Asking glibc to keep freed memory for reuse removes that cost. It changes the whole process's
-allocator, so it is never done on import: the trainer does it for a run on the CPU (`keep_freed_memory`), other
-applications call `reuse_freed_memory`. Where you set glibc's malloc yourself (`MALLOC_TRIM_THRESHOLD_`,
-`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES=glibc.malloc.*`), the trainer keeps your setting.
+activation: on two cores that costs the eager F2-deep forward about a tenth of its time (benchmarks/speed_vs_uvit.py,
+`--reuse_freed_memory`), and the README's main command in float32, as `accelerate launch` starts it, up to a quarter
+of every step in the runs that fall into it (5,000-20,000 faults a step; docs/benchmarks.md), and the evaluation
+command about a seventh of its time (docs/evaluation.md). Asking glibc to keep freed memory for reuse removes that
+cost. It changes the whole process's allocator, so it is never done on import: the trainer and the evaluation command
+do it for work on the CPU (`keep_freed_memory`), other applications call `reuse_freed_memory`. Where you set glibc's
+malloc yourself (`MALLOC_TRIM_THRESHOLD_`, `MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES=glibc.malloc.*`), they keep your
+setting.
 """
 
 import ctypes
@@ -75,8 +76,8 @@ def keep_freed_memory(device) -> None:
         logger.info(f"CPU memory: glibc's malloc as your {setting} sets it")
     elif reuse_freed_memory():
         logger.info(
-            "CPU memory: glibc keeps up to 1 GiB of freed buffers for reuse, so that steps do not page-fault them back "
-            "in (set MALLOC_TRIM_THRESHOLD_ to choose otherwise)"
+            "CPU memory: glibc keeps up to 1 GiB of freed buffers for reuse, so that each pass does not page-fault "
+            "them back in (set MALLOC_TRIM_THRESHOLD_ to choose otherwise)"
         )
     else:
         logger.info("CPU memory: no glibc here (macOS, Windows, musl), the allocator is unchanged")

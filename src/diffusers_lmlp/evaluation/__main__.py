@@ -255,11 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     """
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s")
-    for name in ("diffusers_lmlp.evaluation", "diffusers_lmlp.threads"):
+    for name in ("diffusers_lmlp.evaluation", "diffusers_lmlp.threads", "diffusers_lmlp.allocator"):
         logging.getLogger(name).setLevel(logging.INFO)
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
+    from ..allocator import keep_freed_memory
     from ..pipelines.schedulers import check_scheduler
     from .captions import draw_captions
     from .evaluate import Processes, evaluate
@@ -271,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     with StopSignals() as signals:
         try:
             configure_threads(args.num_threads, state.num_processes, state.device)
+            keep_freed_memory(state.device)  # sampling on the CPU, like training, page-faults every pass otherwise
             captions = draw_captions(args.captions, args.num_images, args.seed)
             pipeline = load_pipeline(args.pipeline, DTYPES[args.dtype]).to(state.device)
             check_scheduler(pipeline.scheduler)  # before the FID reference's statistics, which can take hours
