@@ -101,9 +101,10 @@ class FrozenTransformer:
         Raises:
             `ValueError`: For a transformer with dynamically quantized layers (`check_freezable`).
         """
-        check_freezable(transformer)
         fingerprint = weights_fingerprint(transformer)
         if transformer is not self._transformer or fingerprint != self._fingerprint:
+            # Quantizing changes the fingerprint (its layers replace the Linears' weights), so this is checked here.
+            check_freezable(transformer)
             if self._transformer is not None:
                 logger.info(
                     "The transformer or its weights changed since it was frozen: freezing it again (this resets "
