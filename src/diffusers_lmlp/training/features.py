@@ -501,14 +501,18 @@ class FeatureStore:
         # A process that receives the store opens its own files, and holds its own copy of a small store.
         return {**{k: v for k, v in self.__dict__.items() if k != "held"}, "_open": OrderedDict()}
 
+    def shards_bytes(self) -> int:
+        """The size of the store's shard files, in bytes, as the manifest records them."""
+        return sum(record["bytes"] for record in self.records)
+
     @property
     def small(self) -> bool:
         """Whether the store's shards total at most `HELD_STORE_BYTES`, so that each reading process holds it."""
-        return sum(record["bytes"] for record in self.records) <= HELD_STORE_BYTES
+        return self.shards_bytes() <= HELD_STORE_BYTES
 
     def reading(self) -> str:
         """How the training processes read the store, for the log: held whole in memory, or a batch at a time."""
-        size, limit = sum(record["bytes"] for record in self.records) / 1e6, HELD_STORE_BYTES >> 20  # MB, MiB
+        size, limit = self.shards_bytes() / 1e6, HELD_STORE_BYTES >> 20  # MB, MiB
         if self.small:
             return f"{size:,.1f} MB: each process that reads it holds it in memory from its first batch (at most {limit} MiB)"
         return f"{size:,.1f} MB: read a batch at a time (it is over {limit} MiB, the most a reading process holds)"
