@@ -21,6 +21,8 @@ extras = {
     # 5 removed, and 0.18/0.19 allow one adapter with `target_parameters` per model (SymMixer's tied weights).
     "train": ["tensorboard", "tqdm", "peft>=0.20"],
     "space": ["gradio>=6"],
+    # matplotlib: the learning curves and the other charts in benchmarks/ (docs/*.png).
+    "plots": ["matplotlib"],
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
     # wandb: the test that validation images reach wandb runs it offline (no account, nothing sent).
@@ -36,6 +38,7 @@ extras = {
         "gradio_client",
         "playwright",
         "torchmetrics",
+        "matplotlib",
     ],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
@@ -52,9 +55,18 @@ setup(
     # from a pip install too (hub/space.py finds either place).
     package_dir={"": "src", "diffusers_lmlp.space.lmlp_demo": "spaces/lmlp-demo"},
     packages=[*find_packages("src"), "diffusers_lmlp.space.lmlp_demo"],
-    # The shapes world's trained VAE and pipeline ship inside the package, so pip users get them offline.
+    # The shapes and emoji worlds' data, trained components and pipelines ship inside the package, so pip users get
+    # them offline.
     package_data={
         "diffusers_lmlp": [
+            "emoji/assets/world/*",
+            "emoji/assets/clip/*",
+            "emoji/assets/pipeline/*.json",
+            "emoji/assets/pipeline/*.md",
+            "emoji/assets/pipeline/*.png",
+            "emoji/assets/pipeline/*/*.json",
+            "emoji/assets/pipeline/*/*.safetensors",
+            "emoji/assets/pipeline/*/*.txt",
             "shapes/assets/*/*.json",
             "shapes/assets/*/*.safetensors",
             "shapes/assets/*/*/*.json",

@@ -1,9 +1,10 @@
-"""The learning curves of shapes-world training runs: the shapes scorer's accuracies on held-out and training
-captions against steps and against minutes, one line per run, and a table of each run's last scores.
+"""The learning curves of runs on an embedded world (shapes or emoji): the world scorer's scores on held-out and
+training captions against steps and against minutes, one line per run, and a table of each run's last scores.
 
-Every validation of a shapes-world run appends its scores to `<run>/logs/scores.jsonl` (one image of each of the 32
-held-out combinations and of 32 training captions, at the validation sampler settings); the run's final evaluation
-(4 and 3 images per caption) is in `<run>/training_summary.json` and is drawn as the last point of each line.
+Every validation of a world's run appends its scores to `<run>/logs/scores.jsonl` (one image of each of a number of
+held-out and training captions, at the validation sampler settings); the run's final evaluation is in
+`<run>/training_summary.json` and is drawn as the last point of each line. Needs matplotlib (`pip install
+matplotlib`, or the package's `[plots]` extra).
 
     python benchmarks/learning_curves.py lmlp-shapes other-run --labels shipped "other recipe" --output curves.png
 """
@@ -12,17 +13,21 @@ import argparse
 import json
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageFont
 
-
-# The panels: (split, attribute, title), one row each.
-PANELS = (
-    ("held-out", "shape", "held-out shape"),
-    ("held-out", "all", "held-out all four"),
-    ("train", "all", "training captions, all four"),
-)
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-PANEL, MARGIN, LEGEND_ROW = (420, 220), 48, 16
+# The panels of each world: (split, score, title), one row each. The emoji world's pixel scores are drawn dashed.
+PANELS = {
+    "shapes": (
+        ("held-out", "shape", "held-out shape"),
+        ("held-out", "all", "held-out all four"),
+        ("train", "all", "training captions, all four"),
+    ),
+    "emoji": (
+        ("train", "top-5", "training names: the emoji among the 5 nearest"),
+        ("held-out", "top-5", "held-out tone variants: the emoji among the 5 nearest"),
+        ("held-out", "tone", "held-out tone variants: the tone nearest"),
+    ),
+}
+MAX_RUNS = 10  # matplotlib's default colour cycle
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.labels = args.labels or [run.name for run in args.runs]
     if len(args.labels) != len(args.runs):
         parser.error(f"--labels names {len(args.labels)} runs, but {len(args.runs)} are given")
+    if len(args.runs) > MAX_RUNS:
+        parser.error(f"at most {MAX_RUNS} runs fit one plot")
     return args
 
 
@@ -56,56 +63,60 @@ def read_run(run: Path) -> list[dict]:
     return points
 
 
-def draw(runs: dict[str, list[dict]]) -> Image.Image:
+def world_of(points: list[dict]) -> str:
+    """The world whose scores these are: the emoji world's have "top-5"."""
+    return "emoji" if "top-5" in points[-1]["held-out"] else "shapes"
+
+
+def draw(runs: dict[str, list[dict]], output: Path) -> None:
     """The plot: a row per panel, steps on the left and minutes on the right, y from 0 to 100%."""
-    font = ImageFont.load_default(size=13)
-    width = 2 * (PANEL[0] + MARGIN) + MARGIN
-    height = len(PANELS) * (PANEL[1] + MARGIN) + MARGIN + LEGEND_ROW * len(runs)
-    image = Image.new("RGB", (width, height), "white")
-    d = ImageDraw.Draw(image)
-    for column, axis in enumerate(("step", "minutes")):
-        top = max((p[axis] for points in runs.values() for p in points), default=1) or 1
-        for row, (split, attribute, title) in enumerate(PANELS):
-            x0, y0 = MARGIN + column * (PANEL[0] + MARGIN), MARGIN + row * (PANEL[1] + MARGIN)
-            d.rectangle((x0, y0, x0 + PANEL[0], y0 + PANEL[1]), outline="black")
-            d.text((x0, y0 - 14), f"{title} vs {'steps' if axis == 'step' else 'minutes'}", fill="black", font=font)
-            for percent in (0, 25, 50, 75, 90, 100):
-                y = y0 + PANEL[1] * (1 - percent / 100)
-                d.line((x0, y, x0 + PANEL[0], y), fill="#dddddd" if percent != 90 else "#999999")
-                d.text((x0 - 30, y - 5), f"{percent}%", fill="black", font=font)
-            d.text((x0 + PANEL[0] - 40, y0 + PANEL[1] + 4), f"{top:,.0f}" if axis == "step" else f"{top:.1f}", fill="black", font=font)  # fmt: skip
-            for colour, points in zip(COLOURS, runs.values()):
-                xy = [
-                    (x0 + PANEL[0] * p[axis] / top, y0 + PANEL[1] * (1 - p[split][attribute]))
-                    for p in points
-                    if split in p
-                ]
-                if len(xy) > 1:
-                    d.line(xy, fill=colour, width=2)
-                for x, y in xy:
-                    d.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
-    legend = len(PANELS) * (PANEL[1] + MARGIN) + MARGIN // 2
-    for i, (colour, label) in enumerate(zip(COLOURS, runs)):
-        y = legend + i * LEGEND_ROW
-        d.line((MARGIN, y + 6, MARGIN + 24, y + 6), fill=colour, width=3)
-        d.text((MARGIN + 30, y), label, fill="black", font=font)
-    return image
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    worlds = {world_of(points) for points in runs.values()}
+    if len(worlds) > 1:
+        raise SystemExit(f"error: the runs are of several worlds ({', '.join(sorted(worlds))}): plot each apart")
+    panels = PANELS[worlds.pop()]
+    figure, axes = plt.subplots(len(panels), 2, figsize=(11, 3.2 * len(panels)), squeeze=False)
+    for row, (split, score, title) in enumerate(panels):
+        for column, (axis, label) in enumerate((("step", "optimizer steps"), ("minutes", "training minutes"))):
+            ax = axes[row][column]
+            for colour, (name, points) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
+                drawn = [p for p in points if split in p]
+                for prefix, style in (("", "-"), ("pixel ", "--")):
+                    if f"{prefix}{score}" in drawn[-1][split]:
+                        ax.plot(
+                            [p[axis] for p in drawn], [p[split][f"{prefix}{score}"] for p in drawn], style,
+                            marker="o", markersize=3, color=colour,
+                            label=f"{name}{' (pixels)' if prefix else ''}",
+                        )  # fmt: skip
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel(label)
+            ax.set_ylabel("share of images")
+            ax.set_ylim(0, 1.02)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if len(args.runs) > len(COLOURS):
-        raise SystemExit(f"error: at most {len(COLOURS)} runs fit one plot")
     runs = {label: read_run(run) for label, run in zip(args.labels, args.runs)}
-    print("| run | steps | minutes | held-out shape | held-out all | train all |\n|---|---:|---:|---:|---:|---:|")
+    panels = PANELS[world_of(next(iter(runs.values())))]
+    print("| run | steps | minutes | " + " | ".join(title for _, _, title in panels) + " |")
+    print("|---|---:|---:|" + "---:|" * len(panels))
     for label, points in runs.items():
         last = points[-1]
-        print(
-            f"| {label} | {last['step']:,} | {last['minutes']:.1f} | {last['held-out']['shape']:.0%} | "
-            f"{last['held-out']['all']:.0%} | {last['train']['all']:.0%} |"
-        )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    draw(runs).save(args.output)
+        cells = [f"{last[split][score]:.0%}" for split, score, _ in panels]
+        print(f"| {label} | {last['step']:,} | {last['minutes']:.1f} | " + " | ".join(cells) + " |")
+    draw(runs, args.output)
     print(f"\n{args.output}")
 
 

@@ -21,6 +21,7 @@ PAGES = (
     "docs/lora.md",
     "docs/index.md",
     "docs/training.md",
+    "docs/emoji.md",
     "docs/data.md",
     "docs/coco.md",
     "docs/evaluation.md",

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from diffusers_lmlp.emoji import pretrained_emoji_pipeline
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 
@@ -58,6 +59,13 @@ def one_cpu_thread() -> Iterator[None]:
 def shapes_pipeline():
     """A fresh copy of the shapes pipeline that ships in the package (32×32 images), its progress bar off."""
     pipe = pretrained_shapes_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def emoji_pipeline():
+    """A fresh copy of the emoji pipeline that ships in the package (32×32 images), its progress bar off."""
+    pipe = pretrained_emoji_pipeline()
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -74,8 +74,6 @@ MOVED_TRAINING_NAMES = {
         ),
         "batches": ("step_generator", "build_feature_store", "BatchReader", "StepBatches", "BatchSource"),
         "validation": (
-            "FINAL_EVALUATION_SEEDS",
-            "SCORED_SPLITS",
             "SCORES_FILE",
             "generate",
             "build_pipeline",

@@ -66,10 +66,20 @@ COVERAGE = {
         "tests/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen",
     ],
     ("docs/training.md", 0, "--decoder-from shapes-vae --latent-noise 0.4"): [
-        "tests/test_shapes_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents",
+        "tests/test_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents",
     ],
     ("docs/training.md", 1, "--preset shapes-lora"): [
         "tests/test_train_lora.py::test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after",
+    ],
+    ("docs/emoji.md", 0, "python scripts/build_emoji_world.py --size 64"): [
+        "tests/test_emoji_world.py::test_the_documented_build_commands_run_on_the_npm_layout",
+    ],
+    ("docs/emoji.md", 1, "python scripts/train_emoji_clip.py"): [
+        "tests/test_emoji_clip_script.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side",
+        "tests/test_vae_script.py::test_the_documented_emoji_vae_command_trains_on_the_training_pictures",
+    ],
+    ("docs/emoji.md", 2, "--pipeline emoji --captions emoji:heldout"): [
+        "tests/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline",
     ],
     ("docs/coco.md", 0, "hf download openai/clip-vit-large-patch14"): [
         "tests/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads",

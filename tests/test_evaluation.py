@@ -23,12 +23,12 @@ from diffusers_lmlp.evaluation import (
     load_extractor,
 )
 from diffusers_lmlp.evaluation.clip_score import CLIPScorer
-from diffusers_lmlp.evaluation.evaluate import image_seed, shapes_renders
+from diffusers_lmlp.evaluation.evaluate import image_seed
 from diffusers_lmlp.evaluation.extractors import image_features
 from diffusers_lmlp.evaluation.resume import EvaluationInterrupted
 from diffusers_lmlp.image_tensors import images_to_tensor
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-from diffusers_lmlp.shapes.scorer import accuracies, parse_caption, read_image, score_image
+from diffusers_lmlp.shapes.scorer import ShapesScorer, accuracies, parse_caption, read_image, score_image
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
 from tests.coco_fixture import write_clip_repo, write_coco2014
 
@@ -294,11 +294,14 @@ def test_varied_shapes_captions_phrase_the_canonical_draw_differently():
 
 def test_shapes_references_draw_an_unstated_size_from_their_seed():
     captions = ["red circle, top left"] * 8
-    first, again = shapes_renders(captions, range(8), 3, 1, 32), shapes_renders(captions, range(8), 3, 1, 32)
+    first, again = (
+        ShapesScorer().renders(captions, range(8), 3, 1, 32),
+        ShapesScorer().renders(captions, range(8), 3, 1, 32),
+    )
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first, again))
     assert {read_image(image)["size"] for image in first} == {"small", "large"}
     assert {read_image(image)["position"] for image in first} == {"top left"}
-    stated = shapes_renders(["a small red circle at the top left"], range(5, 6), 3, 1, 32)[0]
+    stated = ShapesScorer().renders(["a small red circle at the top left"], range(5, 6), 3, 1, 32)[0]
     expected = render(ShapeSpec("small", "red", "circle", "top left"), 32, np.random.default_rng([3, 1, 5]))
     np.testing.assert_array_equal(np.asarray(stated), np.asarray(expected))  # stated sizes: renders as before
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline
-from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
+from PIL import Image
+from space_server import emoji_pipeline, image_std, load_app, one_cpu_thread, serve, shapes_pipeline
 
 from diffusers_lmlp import FAMILIES, threads
 from diffusers_lmlp.hub import stage_pipeline
@@ -449,7 +450,7 @@ def test_with_the_package_the_app_loads_a_with_code_folder_and_runs_none_of_its_
     pipe = app.load_pipeline(str(staged), torch.float32)
 
     assert type(pipe) is app.LMLPPipeline and type(pipe.transformer) is FAMILIES["lmlp"].model_class
-    assert Path(app.load_pipeline(None, torch.float32).name_or_path).samefile(PIPELINE_PATH)
+    assert Path(app.load_pipeline("shapes", torch.float32).name_or_path).samefile(PIPELINE_PATH)
 
 
 def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
@@ -470,3 +471,35 @@ def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
     }
     # diffusers-lmlp is not on PyPI (the model repo brings its code); the README's sdk_version installs gradio.
     assert not {name for name in listed if name.replace("_", "-") in ("diffusers-lmlp", "gradio")}
+
+
+def test_the_app_serves_lmlp_models_in_order_else_the_shipped_emoji_then_shapes():
+    assert app.served_models({}) == ["emoji", "shapes"]
+    assert app.served_models({"LMLP_MODEL": " alice/emoji , ./shapes ,"}) == ["alice/emoji", "./shapes"]
+
+
+@pytest.mark.slow
+def test_the_model_choice_opens_on_emoji_and_samples_the_chosen_model(shapes_pipe):
+    from gradio_client import Client
+
+    with one_cpu_thread():
+        emoji_pipe = emoji_pipeline()
+        demo = app.build_demo({"emoji": emoji_pipe, "shapes": shapes_pipe}, queue_size=4)
+        [choice] = [c for c in demo.config["components"] if c["props"].get("elem_id") == "model"]
+        assert choice["props"]["value"] == "emoji" and choice["props"]["visible"]
+        [panel] = [c for c in demo.config["components"] if c["props"].get("elem_id") == "model-info"]
+        assert "emoji world" in panel["props"]["value"]
+        request = [*VALID.values()][:-1] + [1]  # one image
+        emoji_request = ["red apple", *request[1:]]
+        with serve(demo) as url:
+            client = Client(url, verbose=False)
+            default, _ = client.predict(*emoji_request, api_name="/generate")  # the first model when left out
+            shapes, _ = client.predict(*request, "shapes", api_name="/generate")
+            with pytest.raises(Exception, match="The model must be one of 'emoji', 'shapes'"):
+                client.predict(*request, "other", api_name="/generate")
+        expected_emoji = app.make_generate_fn(emoji_pipe)(*emoji_request)[0][0]
+        expected_shapes = app.make_generate_fn(shapes_pipe)(*request)[0][0]
+    for gallery, expected in ((default, expected_emoji), (shapes, expected_shapes)):
+        image = np.asarray(Image.open(gallery[0]["image"]).convert("RGB"))
+        assert np.array_equal(image, np.asarray(expected))
+    assert app.examples_for(app.describe_model(emoji_pipe, app.SHIPPED["emoji"])) == app.EMOJI_EXAMPLES

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from space_server import image_std, load_app, one_cpu_thread, serve, shapes_pipeline
+from space_server import emoji_pipeline, image_std, load_app, one_cpu_thread, serve, shapes_pipeline
 
 
 # Without the background-networking flags chromium waits on connections that cannot be made here.
@@ -61,12 +61,20 @@ def shapes_pipe():
         yield shapes_pipeline()
 
 
+@pytest.fixture(scope="module")
+def emoji_pipe():
+    with one_cpu_thread():
+        yield emoji_pipeline()
+
+
 @pytest.fixture
-def page(shapes_pipe):
+def page(emoji_pipe, shapes_pipe):
+    """The app as it serves the shipped models: the emoji world's first, the shapes world's beside it."""
     chromium = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
-    with serve(load_app().build_demo(shapes_pipe, queue_size=8)) as url, sync_playwright() as p:
+    demo = load_app().build_demo({"emoji": emoji_pipe, "shapes": shapes_pipe}, queue_size=8)
+    with serve(demo) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
@@ -78,20 +86,46 @@ def page(shapes_pipe):
             browser.close()
 
 
-@pytest.mark.slow
-def test_browser_generates_native_images_shown_large_and_crisp(page, artifacts):
-    page.fill("#prompt textarea", "a large red circle at the center")
-    page.click("#generate")
+def choose(page, model: str) -> None:
+    """Pick a model in the app's model choice and wait for its panel."""
+    page.locator("#model label", has_text=model).click()
+    page.wait_for_function(f"document.querySelector('#model-info').innerText.includes('{model} world')")
+
+
+def gallery_images(page) -> list[dict]:
+    """The gallery's images once all 4 have loaded: their source, natural size, shown width and rendering."""
     page.wait_for_selector("#gallery img")
     page.wait_for_function(
         "document.querySelectorAll('#gallery img').length === 4 && [...document.querySelectorAll('#gallery img')].every(img => img.complete)"
     )
-
-    shown = page.eval_on_selector_all(
+    return page.eval_on_selector_all(
         "#gallery img",
         "imgs => imgs.map(img => ({src: img.src, natural: [img.naturalWidth, img.naturalHeight], "
         "width: img.getBoundingClientRect().width, rendering: getComputedStyle(img).imageRendering}))",
     )
+
+
+@pytest.mark.slow
+def test_browser_opens_on_the_emoji_model_and_draws_an_emoji_from_its_examples(page, artifacts):
+    panel = page.inner_text("#model-info")
+    assert "emoji world" in panel and "UL-MLP" in panel
+    page.get_by_text("red apple", exact=True).click()
+    page.wait_for_function("document.querySelector('#prompt textarea').value === 'red apple'")
+    page.click("#generate")
+    shown = gallery_images(page)
+    assert [img["natural"] for img in shown] == [[32, 32]] * 4
+    for img in shown:
+        image = Image.open(io.BytesIO(page.request.get(img["src"]).body()))
+        assert image.format == "PNG" and image_std(image) > 8, "the image is blank"
+    page.screenshot(path=artifacts / "space-emoji.png", full_page=True)
+
+
+@pytest.mark.slow
+def test_browser_generates_native_images_shown_large_and_crisp(page, artifacts):
+    choose(page, "shapes")
+    page.fill("#prompt textarea", "a large red circle at the center")
+    page.click("#generate")
+    shown = gallery_images(page)
     assert len(shown) == 4  # the default number of images
     for img in shown:
         assert img["natural"] == [32, 32], "the gallery must show the model's native pixels"
@@ -111,6 +145,8 @@ def test_browser_generates_native_images_shown_large_and_crisp(page, artifacts):
 
 @pytest.mark.slow
 def test_browser_examples_fill_the_prompt_and_bad_input_shows_the_message(page):
+    assert page.get_by_text("a small blue square at the top left", exact=True).count() == 0  # the emoji examples
+    choose(page, "shapes")
     page.get_by_text("a small blue square at the top left", exact=True).click()
     page.wait_for_function(
         "document.querySelector('#prompt textarea').value === 'a small blue square at the top left'"
@@ -134,6 +170,7 @@ def test_browser_shows_live_progress_while_denoising(page, shapes_pipe):
 
     hook = shapes_pipe.transformer.register_forward_pre_hook(hold)
     try:
+        choose(page, "shapes")
         page.fill("#prompt textarea", "a small blue square at the top left")
         page.click("#generate")
         page.get_by_text("9/50 steps").wait_for()  # the progress bar, driven by callback_on_step_end

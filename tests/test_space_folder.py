@@ -42,17 +42,19 @@ def test_python_app_py_in_the_space_folder_serves_the_shipped_model_offline(tmp_
 
     with app_process(SPACE_FOLDER, env, tmp_path / "server.log") as url:
         panel = model_panel(url)
-        # (prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images)
+        # (prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images, model)
         gallery, seed = Client(url, verbose=False).predict(
-            "a large red circle at the center", "", 3, False, 3, 2.0, 1, api_name="/generate"
+            "a large red circle at the center", "", 3, False, 3, 2.0, 1, "shapes", api_name="/generate"
         )
 
-    assert "### Model: lmlp-shapes\nships with diffusers-lmlp: `pretrained_shapes_pipeline()`" in panel
+    # It opens on the shipped emoji model, with the shapes model beside it.
+    assert "### Model: lmlp-emoji\nships with diffusers-lmlp: `pretrained_emoji_pipeline()`" in panel
     assert seed == 3 and len(gallery) == 1
     image = Image.open(gallery[0]["image"])
     assert image.size == (32, 32) and image_std(image) > 8
     log = (tmp_path / "server.log").read_text()
     assert "Serving on the CPU with 1 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in log
+    assert "Serving emoji.\n" in log and "Serving shapes.\n" in log
     # The fastest way to sample on a CPU, compiled before the app answered its first request.
     assert re.search(r"^Sampling with the transformer frozen by inductor, compiled in \d+\.\d s", log, re.M), log
     # A local run leaves nothing in the folder that git would pick up (or push-space upload: it skips hidden files).

@@ -22,13 +22,13 @@ def workspace(tmp_path_factory):
     return make_workspace(tmp_path_factory.mktemp("compile"))
 
 
-def test_the_shapes_preset_compiles_automatically_and_other_runs_keep_accelerates_choice():
-    assert PRESETS["shapes"]["torch_compile"] == "auto"
+def test_the_world_presets_compile_automatically_and_other_runs_keep_accelerates_choice():
+    assert PRESETS["shapes"]["torch_compile"] == PRESETS["emoji"]["torch_compile"] == "auto"
     assert parse_args([]).torch_compile == "auto"
     assert parse_args(["--torch_compile", "no"]).torch_compile == "no"
     # Other runs (COCO, your own data, LoRA) keep accelerate's choice: accelerate launch --dynamo_backend decides.
     assert build_parser().parse_args([]).torch_compile is None
-    assert all("torch_compile" not in PRESETS[name] for name in PRESETS if name != "shapes")
+    assert all("torch_compile" not in PRESETS[name] for name in PRESETS if name not in ("shapes", "emoji"))
 
 
 @pytest.mark.slow

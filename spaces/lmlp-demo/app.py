@@ -5,16 +5,19 @@ Space: `python -m diffusers_lmlp.hub push-space` uploads it as it is, and a Spac
 The wheel ships the same folder as package data (`diffusers_lmlp/space/lmlp_demo/`), so that `push-space` works from
 a pip install too. The app runs two ways:
 
-- **With diffusers-lmlp installed** (a local run: `python app.py` in this folder), it serves the pipeline named
-  by `LMLP_MODEL` (a Hub repo id or a local folder written by `save_pretrained`) with `LMLPPipeline.from_pretrained`,
-  which runs no code from the repo; without `LMLP_MODEL`, the 32×32 shapes-world model that ships in the package
-  (offline).
-- **Without it** (the Space: diffusers-lmlp is not on PyPI), `LMLP_MODEL` must name a pipeline pushed with its code
+- **With diffusers-lmlp installed** (a local run: `python app.py` in this folder), it serves the pipelines named
+  by `LMLP_MODEL` (Hub repo ids or local folders written by `save_pretrained`, separated by commas) with
+  `LMLPPipeline.from_pretrained`, which runs no code from the repos; without `LMLP_MODEL`, the two 32×32 models that
+  ship in the package, offline: the emoji world's, which it opens on, and the shapes world's beside it.
+- **Without it** (the Space: diffusers-lmlp is not on PyPI), `LMLP_MODEL` must name pipelines pushed with their code
   (`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`), which it loads with
-  `DiffusionPipeline.from_pretrained(LMLP_MODEL, trust_remote_code=True)`: the repo's `pipeline_lmlp.py` and
-  `transformer/*.py` run here. The opt-in is given for that one model only, the one the Space's own variable names
+  `DiffusionPipeline.from_pretrained(model, trust_remote_code=True)`: the repos' `pipeline_lmlp.py` and
+  `transformer/*.py` run here. The opt-in is given for those models only, the ones the Space's own variable names
   (only the Space's owner sets it), and never when the package is installed. A repo without the code is refused
   before anything of it runs, with the command that adds it.
+
+With several models, a choice above the prompt switches the model panel, the examples and the model that samples;
+the API endpoint `/generate` takes the model's name as its last input (the first model when left out).
 
 What else the app needs from the package it takes from what it loaded, whose classes carry it in either case: the
 words of a closed vocabulary from the pipeline's methods (`unknown_words`, `prompt_words`, `describe_vocabulary`),
@@ -24,7 +27,7 @@ Environment variables:
 
 | variable | default | meaning |
 |---|---|---|
-| `LMLP_MODEL` | the shipped shapes model (package installed only) | pipeline to serve: Hub repo id or local folder |
+| `LMLP_MODEL` | the shipped emoji and shapes models (package installed only) | pipelines to serve, comma-separated: Hub repo ids or local folders; the first opens |
 | `LMLP_QUEUE_SIZE` | 32 | requests that may wait in the queue; more are refused ("Queue is full") |
 | `LMLP_CONCURRENCY` | 1 | requests that run at the same time |
 | `LMLP_NUM_THREADS` | `OMP_NUM_THREADS` if set, else the cores ÷ `LMLP_CONCURRENCY` | CPU threads of torch (on the CPU) |
@@ -75,14 +78,17 @@ PACKAGE = "diffusers_lmlp"
 try:
     from diffusers_lmlp import LMLPPipeline, threads
     from diffusers_lmlp.models import family_of
-    from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-    from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+    from diffusers_lmlp.worlds import WORLDS
+
+    # The pipelines that ship in the package, the one the app opens on first.
+    SHIPPED = {name: str(WORLDS[name].pipeline_path) for name in ("emoji", "shapes")}
 except ModuleNotFoundError as missing:
     if missing.name != PACKAGE:  # installed but broken: say so, do not fall back to the repo's code
         raise
-    # The Space: the served model repo brings its own code (`load_pipeline`), and the thread rule is written out here
-    # (`choose_cpu_threads`).
-    LMLPPipeline = family_of = pretrained_shapes_pipeline = PIPELINE_PATH = threads = None
+    # The Space: the served model repos bring their own code (`load_pipeline`), and the thread rule is written out
+    # here (`choose_cpu_threads`).
+    LMLPPipeline = family_of = threads = None
+    SHIPPED = {}
 
 # The package's `diffusers_lmlp.threads.THREADS_VARIABLE`, spelled out for a Space without the package.
 THREADS_VARIABLE = "LMLP_NUM_THREADS"
@@ -111,6 +117,14 @@ SHAPES_EXAMPLES = [
     "a large yellow square at the top",
     "a small magenta circle at the right",
     "a large cyan triangle at the left",
+]
+EMOJI_EXAMPLES = [
+    "red apple",
+    "grinning face",
+    "rocket",
+    "a sunflower emoji",
+    "surfer: dark skin tone",
+    "thumbs up sign: medium skin tone",
 ]
 GENERIC_EXAMPLES = [
     "a red circle on a blue square",
@@ -376,8 +390,8 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
     layout = f"hidden size {config.hidden_size}, {config.num_layers} + 1 blocks, patch {config.patch_size}"
     layout += details(config)
     latent = config.sample_size
-    shipped = PIPELINE_PATH is not None and os.path.isdir(source) and os.path.samefile(source, PIPELINE_PATH)
-    origin = "ships with diffusers-lmlp: `pretrained_shapes_pipeline()`" if shipped else f"`{source}`"
+    shipped = [name for name, path in SHIPPED.items() if os.path.isdir(source) and os.path.samefile(source, path)]
+    origin = f"ships with diffusers-lmlp: `pretrained_{shipped[0]}_pipeline()`" if shipped else f"`{source}`"
     vocabulary = pipe.describe_vocabulary()
     if vocabulary is None:
         vocabulary = "open: the tokenizer spells any word in subword pieces the text encoder knows"
@@ -540,14 +554,22 @@ def make_generate_fn(pipe: DiffusionPipeline) -> Callable:
     return generate
 
 
-def build_demo(
-    pipe: DiffusionPipeline, source: str | None = None, queue_size: int | None = None, concurrency: int = 1
-):
+def examples_for(info: str) -> list[str]:
+    """The prompt examples for a model, by the world its panel says it was trained on."""
+    if "emoji world" in info:
+        return EMOJI_EXAMPLES
+    return SHAPES_EXAMPLES if "shapes world" in info else GENERIC_EXAMPLES
+
+
+def build_demo(pipes, source: str | None = None, queue_size: int | None = None, concurrency: int = 1):
     """The Space's `gr.Blocks`, queued; serve it with `launch(demo)`.
 
     Args:
-        pipe (`LMLPPipeline`): The pipeline to serve, already on its device and in its dtype.
-        source (`str`, *optional*): Where it was loaded from (for the model panel); `pipe.name_or_path` by default.
+        pipes (`LMLPPipeline` or `Mapping[str, LMLPPipeline]`): The pipeline to serve, or several by the name the
+            model choice shows (each loaded from the folder or Hub id of that name, for its panel), the first opening;
+            each already on its device and in its dtype.
+        source (`str`, *optional*): Where a single pipeline was loaded from (for the model panel);
+            `pipe.name_or_path` by default.
         queue_size (`int`, *optional*): Requests that may wait; more are refused with "Queue is full". Unbounded
             when None.
         concurrency (`int`, *optional*, defaults to 1): Requests that run at the same time.
@@ -555,19 +577,40 @@ def build_demo(
     Returns:
         `gr.Blocks`: The app, with the API endpoint `/generate` returning (gallery images, seed used).
     """
-    source = source or pipe.name_or_path
-    info = describe_model(pipe, source)
-    examples = SHAPES_EXAMPLES if "shapes world" in info else GENERIC_EXAMPLES
+    if not isinstance(pipes, Mapping):
+        pipes = {source or pipes.name_or_path: pipes}
+    names = list(pipes)
+    infos = {name: describe_model(pipe, SHIPPED.get(name, name)) for name, pipe in pipes.items()}
+    generators = {name: make_generate_fn(pipe) for name, pipe in pipes.items()}
+    examples = {name: examples_for(info) for name, info in infos.items()}
+
+    def generate(
+        prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images,
+        model=names[0], progress: gr.Progress = gr.Progress(),
+    ):  # fmt: skip
+        if model not in generators:
+            raise invalid_input(f"The model must be one of {', '.join(map(repr, names))}, got {model!r}.")
+        request = (prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images)
+        return generators[model](*request, progress=progress)
+
+    def choose(model: str):
+        return (
+            infos[model],
+            gr.Dataset(samples=[[e] for e in examples[model]]),
+            gr.Textbox(placeholder=examples[model][0]),
+        )
+
     with gr.Blocks(title="diffusers-lmlp") as demo:
         gr.Markdown(
             "# diffusers-lmlp: attention-free MLP text-to-image\n"
             "A latent diffusion model whose backbone is a U-shaped lateralization MLP (L-MLP) or a MoE-MLP: no "
             "attention anywhere. Images come at the model's native size only."
         )
+        model = gr.Radio(names, value=names[0], label="Model", visible=len(names) > 1, elem_id="model")
         with gr.Row():
             prompt = gr.Textbox(
                 label="Prompt",
-                placeholder=examples[0],
+                placeholder=examples[names[0]][0],
                 max_lines=2,
                 max_length=MAX_PROMPT_CHARS,
                 scale=4,
@@ -585,7 +628,7 @@ def build_demo(
                     elem_id="gallery",
                 )
             with gr.Column(scale=2):
-                gr.Markdown(info, elem_id="model-info")
+                info = gr.Markdown(infos[names[0]], elem_id="model-info")
                 with gr.Accordion("Advanced settings", open=False):
                     negative_prompt = gr.Textbox("", label="Negative prompt", max_lines=2, max_length=MAX_PROMPT_CHARS)
                     with gr.Row():
@@ -601,11 +644,21 @@ def build_demo(
                         info="diffusers' g; the papers' s is g − 1 (≤ 1: no guidance)",
                     )
                     num_images = gr.Slider(1, MAX_IMAGES, value=MAX_IMAGES, step=1, label="Number of images")
-        gr.Examples(examples=[[example] for example in examples], inputs=[prompt])
+        shown = gr.Examples(examples=[[example] for example in examples[names[0]]], inputs=[prompt])
+        model.change(choose, inputs=[model], outputs=[info, shown.dataset, prompt], api_name=False)
         gr.on(
             triggers=[run.click, prompt.submit],
-            fn=make_generate_fn(pipe),
-            inputs=[prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images],
+            fn=generate,
+            inputs=[
+                prompt,
+                negative_prompt,
+                seed,
+                randomize_seed,
+                num_inference_steps,
+                guidance_scale,
+                num_images,
+                model,
+            ],
             outputs=[gallery, seed],
             api_name="generate",
             # The inputs reach `validate_inputs` as sent: the sliders' own bounds checks would answer first, with
@@ -718,36 +771,43 @@ def require_code(model: str) -> None:
     )
 
 
-def load_pipeline(model: str | None, dtype: torch.dtype) -> DiffusionPipeline:
-    """The pipeline to serve, in `dtype`, on the CPU.
+def load_pipeline(model: str, dtype: torch.dtype) -> DiffusionPipeline:
+    """A pipeline to serve, in `dtype`, on the CPU.
 
-    With diffusers-lmlp installed, `LMLPPipeline.from_pretrained(model)` (which runs no code of the repo), or the
-    shipped shapes model when `model` is None. Without it, the model's own code: `require_code` checks that the repo
-    has it, then `DiffusionPipeline.from_pretrained(model, trust_remote_code=True)` runs it. `model` is the Space's
-    own `LMLP_MODEL`, which only the Space's owner sets: that is the one repo whose code the app agrees to run.
+    With diffusers-lmlp installed, `LMLPPipeline.from_pretrained(model)` (which runs no code of the repo); the names
+    of the shipped models (`SHIPPED`: emoji, shapes) load those. Without it, the model's own code: `require_code`
+    checks that the repo has it, then `DiffusionPipeline.from_pretrained(model, trust_remote_code=True)` runs it.
+    `model` is one of the Space's own `LMLP_MODEL`, which only the Space's owner sets: those are the repos whose code
+    the app agrees to run.
 
     Args:
-        model (`str`, *optional*): A Hub repo id or a local pipeline folder.
+        model (`str`): A Hub repo id or a local pipeline folder (or, with the package, "emoji" or "shapes").
         dtype (`torch.dtype`): The weights' dtype.
 
     Returns:
         `DiffusionPipeline`: An `LMLPPipeline`, the package's or the repo's.
     """
     if LMLPPipeline is not None:
-        return LMLPPipeline.from_pretrained(model, dtype=dtype) if model else pretrained_shapes_pipeline(dtype=dtype)
-    if not model:
-        raise CannotServe(
-            "LMLP_MODEL is not set. Without diffusers-lmlp installed, the app serves a model repo pushed with its code "
-            "(`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`): set LMLP_MODEL to that REPO (on a Space, "
-            "`python -m diffusers_lmlp.hub push-space` sets it). The shipped shapes model needs the package."
-        )
+        return LMLPPipeline.from_pretrained(SHIPPED.get(model, model), dtype=dtype)
     require_code(model)
     return DiffusionPipeline.from_pretrained(model, dtype=dtype, use_safetensors=True, trust_remote_code=True)
 
 
+def served_models(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The models `LMLP_MODEL` names (comma-separated), else the shipped ones; raise `CannotServe` without either."""
+    models = [model.strip() for model in environ.get("LMLP_MODEL", "").split(",") if model.strip()]
+    if models or SHIPPED:
+        return models or list(SHIPPED)
+    raise CannotServe(
+        "LMLP_MODEL is not set. Without diffusers-lmlp installed, the app serves model repos pushed with their code "
+        "(`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`): set LMLP_MODEL to those REPOs, comma-separated "
+        "(on a Space, `python -m diffusers_lmlp.hub push-space` sets it). The shipped models need the package."
+    )
+
+
 def main() -> None:
-    """Load the pipeline named by `LMLP_MODEL` (or the shipped shapes model) and serve it; exit with the reason when
-    a setting is bad or the model cannot be served."""
+    """Load the pipelines named by `LMLP_MODEL` (or the shipped emoji and shapes models) and serve them; exit with
+    the reason when a setting is bad or a model cannot be served."""
     try:
         queue_size, concurrency = queue_settings()
         num_threads, reason = choose_cpu_threads(concurrency)
@@ -761,15 +821,15 @@ def main() -> None:
             f"Serving on the CPU with {num_threads} thread(s) ({reason}; set {THREADS_VARIABLE} to change).",
             flush=True,
         )
-    model = os.environ.get("LMLP_MODEL") or None
     try:
-        pipe = load_pipeline(model, dtype)
+        pipes = {model: load_pipeline(model, dtype).to(device) for model in served_models()}
     except CannotServe as error:
         sys.exit(f"error: {error}")
-    pipe = pipe.to(device)
-    if device == "cpu":
-        print(serve_frozen(pipe) if freeze else f"Sampling eagerly ({FREEZE_VARIABLE}=0).", flush=True)
-    launch(build_demo(pipe, source=model, queue_size=queue_size, concurrency=concurrency))
+    for model, pipe in pipes.items():
+        if device == "cpu":
+            print(f"Serving {model}.", flush=True)
+            print(serve_frozen(pipe) if freeze else f"Sampling eagerly ({FREEZE_VARIABLE}=0).", flush=True)
+    launch(build_demo(pipes, queue_size=queue_size, concurrency=concurrency))
 
 
 if __name__ == "__main__":

@@ -61,19 +61,21 @@ def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
 
 
 def _tiny_vocab_and_merges(words: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A CLIP byte-level vocabulary (256 symbols, their `</w>` forms, one token per word) and whole-word merges."""
-    alphabet = list(_bytes_to_unicode().values())
+    """A CLIP byte-level vocabulary (256 symbols, their `</w>` forms, one token per word) and whole-word merges; a
+    word's merges join its UTF-8 bytes' symbols, as the tokenizer splits it."""
+    byte_symbols = _bytes_to_unicode()
+    alphabet = list(byte_symbols.values())
     tokens = alphabet + [symbol + "</w>" for symbol in alphabet]
-    merges: list[tuple[str, str]] = []
-    for word in words:
+    ranks: dict[tuple[str, str], int] = {}  # merge -> its rank, in the order of merges.txt
+    for word in ("".join(byte_symbols[byte] for byte in word.encode("utf-8")) for word in words):
         # Merge what the earlier merges leave of the word, left to right, until it is one token.
-        symbols = _apply_merges(list(word[:-1]) + [word[-1] + "</w>"], {pair: i for i, pair in enumerate(merges)})
+        symbols = _apply_merges(list(word[:-1]) + [word[-1] + "</w>"], ranks)
         while len(symbols) > 1:
-            merges.append((symbols[0], symbols[1]))
+            ranks.setdefault((symbols[0], symbols[1]), len(ranks))
             symbols = [symbols[0] + symbols[1]] + symbols[2:]
             tokens.append(symbols[0])
     tokens += ["<|startoftext|>", "<|endoftext|>"]
-    return {token: i for i, token in enumerate(dict.fromkeys(tokens))}, merges
+    return {token: i for i, token in enumerate(dict.fromkeys(tokens))}, list(ranks)
 
 
 def tiny_clip_tokenizer(

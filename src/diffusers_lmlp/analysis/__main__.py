@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from .. import commands
-from ..evaluation.__main__ import SHIPPED_SHAPES_PIPELINE
 
 
 # The console script setup.py installs for this command.
@@ -65,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for subcommand in (lateralization, routing):
         subcommand.add_argument(
-            "--pipeline", default=SHIPPED_SHAPES_PIPELINE,
-            help=f"a pipeline folder, a backbone folder (lateralization only; e.g. a converted reference checkpoint "
-            f"saved with save_pretrained), or a Hub id of either (default: {SHIPPED_SHAPES_PIPELINE!r}, the shapes "
-            "pipeline shipped in the package)",
+            "--pipeline", default="shapes",
+            help="a pipeline folder, a backbone folder (lateralization only; e.g. a converted reference checkpoint "
+            "saved with save_pretrained), a Hub id of either, or shapes or emoji, the pipelines shipped in the "
+            "package (default: shapes)",
         )  # fmt: skip
         subcommand.add_argument("--output_dir", type=Path, default=Path("analysis"), help="where the files go")
         subcommand.add_argument("--no_progress", action="store_true", help="no progress bar")

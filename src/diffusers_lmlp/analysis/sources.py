@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.__main__ import SHIPPED_SHAPES_PIPELINE, is_repo_id
+from ..evaluation.__main__ import is_repo_id
 from ..models.families import BlockFamily, family_of
-from ..shapes.pretrained import PIPELINE_PATH
+from ..worlds import WORLDS
 
 
 # The files of a backbone, at the top of a model repo or under transformer/ of a pipeline repo.
@@ -111,7 +111,7 @@ def find_backbone(name: str) -> BackboneSource:
     """Find the backbone `--pipeline` names and read its config (no weights are loaded).
 
     Args:
-        name (`str`): `"shapes"` (the pipeline shipped in the package), a pipeline folder (with model_index.json and
+        name (`str`): `"shapes"` or `"emoji"` (the pipelines shipped in the package), a pipeline folder (with model_index.json and
             transformer/), a backbone folder (with config.json and safetensors weights), or a Hub repo id of either.
 
     Raises:
@@ -119,8 +119,8 @@ def find_backbone(name: str) -> BackboneSource:
         `ValueError`: For a folder that holds neither a pipeline nor a backbone, or a config of no registered family.
     """
     from_hub = False
-    if name == SHIPPED_SHAPES_PIPELINE:
-        folder = PIPELINE_PATH
+    if name in WORLDS:
+        folder = WORLDS[name].pipeline_path
     elif os.path.isdir(name):
         folder = Path(name)
     elif os.path.exists(name):

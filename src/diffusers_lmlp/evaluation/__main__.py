@@ -1,8 +1,10 @@
 """`python -m diffusers_lmlp.evaluation` (or `diffusers-lmlp-evaluate`): sample a pipeline and report FID, CLIP score
-and, on the shapes world, the shapes scorer's accuracies.
+and, on an embedded world, its scorer's accuracies.
 
     # The shipped shapes pipeline, offline: shapes-FID against renders of the same captions, and the accuracies.
     python -m diffusers_lmlp.evaluation --pipeline shapes
+    # The shipped emoji pipeline: emoji-FID, CLIP score and retrieval by the emoji CLIP, and by pixels.
+    python -m diffusers_lmlp.evaluation --pipeline emoji
 
     # COCO FID-30k as U-ViT measures it, on 8 GPUs, against the published statistics.
     accelerate launch --multi_gpu --num_processes 8 -m diffusers_lmlp.evaluation --pipeline user/repo \\
@@ -28,12 +30,11 @@ import torch
 
 from .. import commands
 from ..threads import apply_threads, choose_threads
-from .captions import SHAPES_SOURCES
-from .extractors import INCEPTION, SHAPES
-from .reference import SHAPES_REFERENCE
+from ..worlds import WORLDS, load
+from .captions import WORLD_SOURCES
+from .extractors import EMOJI, INCEPTION, SHAPES
 
 
-SHIPPED_SHAPES_PIPELINE = "shapes"
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The console script setup.py installs for this command.
@@ -51,41 +52,41 @@ def build_parser() -> argparse.ArgumentParser:
     """The command's arguments."""
     parser = argparse.ArgumentParser(
         prog=program_name(),
-        description="Sample a pipeline on captions and report FID, CLIP score and (on the shapes world) the shapes "
+        description="Sample a pipeline on captions and report FID, CLIP score and (on an embedded world) its "
         "scorer's accuracies. Run it with `accelerate launch -m diffusers_lmlp.evaluation ...` to share the "
         "sampling between processes. An interrupted run keeps its finished batches: run the same command again to "
         "continue.",
     )
     parser.add_argument(
         "--pipeline", required=True,
-        help=f"a pipeline folder or Hub id; {SHIPPED_SHAPES_PIPELINE!r} is the shapes pipeline shipped in the package",
+        help="a pipeline folder or Hub id; 'shapes' and 'emoji' are the pipelines shipped in the package",
     )  # fmt: skip
     parser.add_argument(
         "--captions",
         help=f"a COCO-2014 folder (its annotations/captions_val2014.json, drawn as U-ViT's FID protocol), a captions "
-        f".json, a text file (one caption per line), or {', '.join(sorted(SHAPES_SOURCES))} "
-        f"(default: 'shapes' for --pipeline {SHIPPED_SHAPES_PIPELINE})",
+        f".json, a text file (one caption per line), or {', '.join(WORLD_SOURCES)} "
+        "(default: the world of --pipeline shapes or emoji)",
     )
     parser.add_argument(
         "--num_images", type=int,
-        help="images to sample (default: 30000 for COCO, 1000 for the shapes world, each line once for a text file)",
+        help="images to sample (default: 30000 for COCO, 1000 for a world, each line once for a text file)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seeds the caption draw and every image's noise")
     parser.add_argument(
         "--fid_reference",
         help="what FID compares with: an .npz of mu/sigma (e.g. fid_stats_mscoco256_val.npz), a folder of real "
-        f"images (statistics computed once and cached), {SHAPES_REFERENCE!r} (renders of the same captions; the "
-        "default for shapes captions), or 'none'",
+        "images (statistics computed once and cached), shapes or emoji (the world's real images of the same "
+        "captions; the default for its captions), or 'none'",
     )
     parser.add_argument(
-        "--fid_extractor", choices=(INCEPTION, SHAPES),
-        help="the FID feature network (default: shapes for the shapes reference, else inception, which needs "
+        "--fid_extractor", choices=(INCEPTION, SHAPES, EMOJI),
+        help="the FID feature network (default: the world's for a world's reference, else inception, which needs "
         "torch-fidelity)",
     )  # fmt: skip
     parser.add_argument(
         "--clip_model",
         help=f"CLIP model id or folder for the CLIP score, or 'none' (default: {DEFAULT_CLIP_MODEL}, the "
-        "papers' ViT-L/14; none for shapes captions)",
+        "papers' ViT-L/14; the emoji CLIP for emoji captions, none for shapes captions)",
     )
     parser.add_argument(
         "--num_inference_steps", type=int, default=50,
@@ -127,14 +128,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_pipeline(parser, args.pipeline)
     if args.captions is None:
-        if args.pipeline != SHIPPED_SHAPES_PIPELINE:
-            parser.error("--captions is required (a COCO folder, a captions .json, a text file, or shapes)")
-        args.captions = "shapes"
-    shapes = args.captions in SHAPES_SOURCES
+        if args.pipeline not in WORLDS:
+            parser.error("--captions is required (a COCO folder, a captions .json, a text file, shapes or emoji)")
+        args.captions = args.pipeline
+    world = WORLDS[args.captions.split(":")[0]] if args.captions in WORLD_SOURCES else None
     if args.fid_reference is None:
-        args.fid_reference = SHAPES_REFERENCE if shapes else "none"
+        args.fid_reference = world.name if world else "none"
     if args.clip_model is None:
-        args.clip_model = "none" if shapes else DEFAULT_CLIP_MODEL
+        clip_model = (str(load(world.clip_model)) if world.clip_model else "none") if world else DEFAULT_CLIP_MODEL
+        args.clip_model = clip_model
     for option in ("num_images", "batch_size", "num_inference_steps", "num_threads"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             parser.error(f"--{option} must be positive; got {getattr(args, option)}")
@@ -155,7 +157,7 @@ def is_repo_id(name: str) -> bool:
 
 def check_pipeline(parser: argparse.ArgumentParser, name: str) -> None:
     """Refuse a `--pipeline` that is a path to nothing (or to a file), rather than try it as a Hub repo id."""
-    if name == SHIPPED_SHAPES_PIPELINE or os.path.isdir(name):
+    if name in WORLDS or os.path.isdir(name):
         return
     if os.path.exists(name):
         parser.error(f"--pipeline {name}: not a folder; pass a pipeline folder (with model_index.json) or a Hub id")
@@ -164,20 +166,18 @@ def check_pipeline(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def load_pipeline(name: str, dtype: torch.dtype):
-    """The pipeline of `--pipeline`: the shipped shapes pipeline, a folder or a Hub id.
+    """The pipeline of `--pipeline`: a world's shipped pipeline (shapes, emoji), a folder or a Hub id.
 
     Raises:
         `OSError`: For a Hub id that is neither cached nor downloadable (the message says how to fetch it), or a
             folder that lacks a file.
     """
-    if name == SHIPPED_SHAPES_PIPELINE:
-        from ..shapes import pretrained_shapes_pipeline
-
-        return pretrained_shapes_pipeline(dtype=dtype)
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..pipelines import LMLPPipeline
 
+    if name in WORLDS:
+        return LMLPPipeline.from_pretrained(WORLDS[name].pipeline_path, dtype=dtype)
     try:
         return LMLPPipeline.from_pretrained(name, dtype=dtype)
     except (LocalEntryNotFoundError, FileNotFoundError) as error:
@@ -238,8 +238,9 @@ def summary_line(report: dict, output_dir: Path) -> str:
         parts.append(f"real-vs-real floor {report['fid_floor']:.2f}")
     if "clip_score" in report:
         parts.append(f"CLIP score {report['clip_score']:.2f} ({report['clip_model']})")
-    if "shapes" in report:
-        parts.append(", ".join(f"{key} {value:.1%}" for key, value in report["shapes"].items()))
+    for world in WORLDS:
+        if world in report:
+            parts.append(", ".join(f"{key} {value:.1%}" for key, value in report[world].items()))
     sampler = report["sampler"]
     return (
         f"{report['model']}: {report['num_images']} images, {sampler['num_inference_steps']} steps, guidance "

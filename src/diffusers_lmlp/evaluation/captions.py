@@ -1,5 +1,5 @@
-"""The captions an evaluation samples: COCO val2014's as the reference protocol draws them, a captions file, or the
-shapes world's."""
+"""The captions an evaluation samples: COCO val2014's as the reference protocol draws them, a captions file, or an
+embedded world's (shapes, emoji)."""
 
 import json
 from pathlib import Path
@@ -20,7 +20,18 @@ SHAPES_SOURCES = {
     "shapes:train:varied": "train_specs",
     "shapes:heldout:varied": "held_out_specs",
 }
-DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000}
+# The emoji world's sources → the split drawn from (all pictures when None): plain names ("surfer: dark skin tone"),
+# or with `:varied` a random phrasing of each picture.
+EMOJI_SOURCES = {
+    "emoji": None,
+    "emoji:train": "train",
+    "emoji:heldout": "heldout",
+    "emoji:varied": None,
+    "emoji:train:varied": "train",
+    "emoji:heldout:varied": "heldout",
+}
+WORLD_SOURCES = (*SHAPES_SOURCES, *EMOJI_SOURCES)
+DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000, "emoji": 1_000}
 
 
 def read_captions_file(path: str | Path, option: str = "--captions") -> list[str]:
@@ -80,52 +91,61 @@ def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) 
     return captions
 
 
-def shapes_captions(source: str, num_images: int, seed: int) -> list[str]:
-    """Shapes-world captions, each combination of the source drawn evenly (±1) in a seeded order.
+def world_captions(source: str, num_images: int, seed: int) -> list[str]:
+    """An embedded world's captions, each item of the source drawn evenly (±1) in a seeded order.
 
     Args:
-        source (`str`): `"shapes"` (all 324 combinations), `"shapes:train"` or `"shapes:heldout"`, canonical; with
-            `":varied"` appended, each caption in a random phrasing (after the same order, so caption i describes the
-            same combination either way).
+        source (`str`): `"shapes"` (all 324 combinations), `"shapes:train"` or `"shapes:heldout"`, canonical; or
+            `"emoji"` (all 3,786 pictures), `"emoji:train"` or `"emoji:heldout"`, by plain name. With `":varied"`
+            appended, each caption in a random phrasing (after the same order, so caption i describes the same item
+            either way).
         num_images (`int`): How many captions.
         seed (`int`): Seed of the order and the phrasing.
     """
-    from ..shapes import world
+    if source in SHAPES_SOURCES:
+        from ..shapes import world
 
-    specs = getattr(world, SHAPES_SOURCES[source])()
+        specs = getattr(world, SHAPES_SOURCES[source])()
+        canonical, varied = (lambda i: specs[i].caption), (lambda i: world.describe(specs[i], rng))
+    else:
+        from ..emoji.world import load_emoji, split_indices
+
+        emoji, split = load_emoji(), EMOJI_SOURCES[source]
+        specs = split_indices(split) if split else range(len(emoji))
+        canonical = lambda i: emoji[specs[i]].name  # noqa: E731
+        varied = lambda i: emoji[specs[i]].captions[rng.integers(len(emoji[specs[i]].captions))]  # noqa: E731
     rng = np.random.default_rng(seed)
     rounds = -(-num_images // len(specs))
     order = np.concatenate([rng.permutation(len(specs)) for _ in range(rounds)])[:num_images]
-    if source.endswith(":varied"):
-        return [world.describe(specs[i], rng) for i in order]
-    return [specs[i].caption for i in order]
+    return [(varied if source.endswith(":varied") else canonical)(i) for i in order]
 
 
 def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> list[str]:
     """The captions to sample for a source.
 
     Args:
-        source (`str`): `"shapes"`, `"shapes:train"` or `"shapes:heldout"` (with `":varied"` appended, in varied
-            phrasings); a COCO folder (holding `annotations/captions_val2014.json`) or a COCO captions `.json`; or a
-            text file, one caption per line.
-        num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (the papers' FID-30k), 1,000 for the
-            shapes world and every line once for a text file. A text file shorter than `num_images` is repeated.
-        seed (`int`, *optional*, defaults to 0): Seed of the COCO and shapes draws.
+        source (`str`): An embedded world's, `"shapes"`, `"shapes:train"`, `"shapes:heldout"`, `"emoji"`,
+            `"emoji:train"` or `"emoji:heldout"` (with `":varied"` appended, in varied phrasings); a COCO folder
+            (holding `annotations/captions_val2014.json`) or a COCO captions `.json`; or a text file, one caption per
+            line.
+        num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (the papers' FID-30k), 1,000 for a
+            world and every line once for a text file. A text file shorter than `num_images` is repeated.
+        seed (`int`, *optional*, defaults to 0): Seed of the COCO and world draws.
 
     Raises:
         `ValueError`: For a source that is none of these, or a non-positive `num_images`.
     """
     if num_images is not None and num_images < 1:
         raise ValueError(f"The number of images must be positive; got {num_images}")
-    if source in SHAPES_SOURCES:
-        return shapes_captions(source, num_images or DEFAULT_NUM_IMAGES["shapes"], seed)
+    if source in WORLD_SOURCES:
+        return world_captions(source, num_images or DEFAULT_NUM_IMAGES[source.split(":")[0]], seed)
     path = Path(source)
     if path.is_dir():
         if not (path / COCO_VAL_ANNOTATIONS).is_file():
             raise ValueError(
                 f"--captions {source} is a folder without {COCO_VAL_ANNOTATIONS}: pass the COCO-2014 folder (unpacked "
                 "annotations_trainval2014.zip), a captions .json, a text file or one of "
-                f"{sorted(SHAPES_SOURCES)}"
+                f"{sorted(WORLD_SOURCES)}"
             )
         path = path / COCO_VAL_ANNOTATIONS
     if path.suffix == ".json":
@@ -133,7 +153,7 @@ def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> 
     if not path.exists():
         raise ValueError(
             f"--captions {source}: no such file or folder; pass a COCO-2014 folder, a captions .json, a text file "
-            f"(one caption per line) or one of {sorted(SHAPES_SOURCES)}"
+            f"(one caption per line) or one of {sorted(WORLD_SOURCES)}"
         )
     lines = read_captions_file(path)
     num_images = num_images or len(lines)

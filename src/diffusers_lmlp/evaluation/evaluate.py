@@ -1,4 +1,5 @@
-"""Sample a pipeline on captions and score the images: FID, CLIP score and, on the shapes world, the shapes scorer.
+"""Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world (shapes, emoji),
+the world's scorer.
 
 Image i of an evaluation is sampled from caption i with its own generator, seeded by (seed, i), so an image does
 not depend on the batch it is in or on the process that samples it. Batch k (images k·B to k·B + B − 1) goes to
@@ -11,7 +12,7 @@ with the same settings samples only the batches it lacks and reports what an uni
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -22,18 +23,11 @@ from PIL import Image
 from ..image_grid import make_image_grid
 from ..image_tensors import images_to_tensor
 from ..training.progress import progress_bar
+from ..worlds import WORLDS, World, load, world_of
 from .clip_score import CLIPScorer
-from .extractors import (
-    INCEPTION,
-    SHAPES,
-    extractor_name,
-    feature_size,
-    image_features,
-    load_extractor,
-)
+from .extractors import INCEPTION, extractor_name, feature_size, image_features, load_extractor
 from .fid import FeatureMoments, FIDStatistics, frechet_distance
-from .intervals import bootstrap_intervals
-from .reference import SHAPES_REFERENCE, check_exists, reference_statistics
+from .reference import check_exists, reference_statistics
 from .resume import (
     BatchResult,
     EvaluationInterrupted,
@@ -46,12 +40,11 @@ from .resume import (
 
 
 GRID_SIZE = 16  # images in the report's grid: the first ones
-ATTRIBUTES = ("colour", "shape", "position", "size")
-# One row per image in the gathered scores: index, CLIP score, then the shapes scorer's attributes (NaN if unused or
-# unstated by the caption).
-COLUMNS = ("index", "clip_score", *ATTRIBUTES)
-# The FID features of a batch: the generated images', and with the shapes reference the renders of the same captions
-# and a second set of renders (for the real-vs-real floor).
+# One row per image in the gathered scores: index, CLIP score, then what the world's scorer says (`FLAGS`; none off
+# a world, NaN where the caption does not ask).
+COLUMNS = ("index", "clip_score")
+# The FID features of a batch: the generated images', and with a world's reference the real images of the same
+# captions and a second set of real images (for the real-vs-real floor).
 FEATURES = ("generated", "renders", "floor")
 
 
@@ -100,26 +93,6 @@ def image_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def is_shapes_world(captions: list[str]) -> bool:
-    """Whether every caption is a shapes-world caption (then the shapes scorer reads the images)."""
-    from ..shapes.scorer import parse_caption
-
-    try:
-        for caption in captions:
-            parse_caption(caption)
-    except ValueError:
-        return False
-    return True
-
-
-def shapes_flags(image: Image.Image, caption: str) -> list[float]:
-    """The shapes scorer's verdict per attribute, as 1.0 / 0.0, or NaN for one the caption leaves unstated."""
-    from ..shapes.scorer import score_image
-
-    verdict = score_image(image, caption)
-    return [float(verdict.get(key, float("nan"))) for key in ATTRIBUTES]
-
-
 @dataclass
 class Scoring:
     """What scores the images of an evaluation, fixed before the first batch.
@@ -127,13 +100,14 @@ class Scoring:
     Args:
         extractor (`torch.nn.Module`, *optional*): The FID feature network; no FID without it.
         reference (`FIDStatistics`, *optional*): What FID compares with; with an extractor but no reference, the
-            shapes world's renders of the same captions.
+            world's real images of the same captions.
         reference_name (`str`, *optional*): The reference, as the report names it.
         num_features (`int`): D, the feature size (0 without FID).
         scorer (`CLIPScorer`, *optional*): The CLIP score's model; no CLIP score without it.
-        shapes (`bool`): Whether the shapes scorer reads the images (every caption is a shapes-world caption).
+        world (`World`, *optional*): The embedded world whose captions these all are, if any.
+        world_scorer (*optional*): Its scorer, which reads the images (`worlds.World.scorer`).
         resolution (`int`): The side of the images.
-        seed (`int`): The evaluation's seed (of the shapes renders).
+        seed (`int`): The evaluation's seed (of the world's real images).
     """
 
     extractor: torch.nn.Module | None
@@ -141,9 +115,15 @@ class Scoring:
     reference_name: str | None
     num_features: int
     scorer: CLIPScorer | None
-    shapes: bool
+    world: World | None
+    world_scorer: object | None
     resolution: int
     seed: int
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns of a batch's rows: `COLUMNS`, then the world scorer's `FLAGS`."""
+        return COLUMNS + (tuple(self.world_scorer.FLAGS) if self.world_scorer is not None else ())
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -159,24 +139,23 @@ class Scoring:
             features["generated"] = image_features(self.extractor, images_to_tensor(images))  # (B, D)
             if self.reference is None:
                 for stream, name in enumerate(FEATURES[1:], start=1):
-                    renders = shapes_renders(prompts, batch, self.seed, stream, self.resolution)
+                    renders = self.world_scorer.renders(prompts, batch, self.seed, stream, self.resolution)
                     features[name] = image_features(self.extractor, images_to_tensor(renders))  # (B, D)
         clip = self.scorer.score(images, prompts) if self.scorer is not None else torch.full((len(batch),), np.nan)
-        unscored = [np.nan] * len(ATTRIBUTES)
-        rows = [
-            [index, float(clip[position]), *(shapes_flags(image, prompt) if self.shapes else unscored)]
-            for position, (index, image, prompt) in enumerate(zip(batch, images, prompts))
-        ]
+        flags = self.world_scorer.flags(images, prompts) if self.world_scorer is not None else [[]] * len(batch)
+        rows = [[index, float(clip[position]), *flags[position]] for position, index in enumerate(batch)]
         grid = [
             torch.from_numpy(np.array(image.convert("RGB")))
             for index, image in zip(batch, images)
             if index < GRID_SIZE
         ]
         grid = torch.stack(grid) if grid else torch.zeros(0, self.resolution, self.resolution, 3, dtype=torch.uint8)
-        return BatchResult(torch.tensor(rows, dtype=torch.float64), features, grid, 0.0)  # (B, C), (n, H, W, 3)
+        rows = torch.tensor(rows, dtype=torch.float64).view(len(batch), len(self.columns))  # (B, C)
+        return BatchResult(rows, features, grid, 0.0)  # grid: (n, H, W, 3)
 
     def report(self, tally: "Tally", processes: Processes, captions: list[str]) -> dict:
-        """The metrics over the batches of every process: FID, CLIP score and the shapes scorer's accuracies."""
+        """The metrics over the batches of every process: FID, CLIP score and the world scorer's accuracies (under
+        the world's name, with their 95% intervals under `<name>_intervals`)."""
         report = {}
         if self.extractor is not None:
             report.update(fid_results(self, tally.moments, processes))
@@ -187,17 +166,15 @@ class Scoring:
             report.update(
                 clip_score=float(values.mean()), clip_score_std=float(values.std()), clip_model=self.scorer.name
             )
-        if self.shapes:
-            from ..shapes.scorer import accuracies
-
-            flags = scores[:, COLUMNS.index(ATTRIBUTES[0]) :].tolist()  # (N, 4)
-            report["shapes"] = accuracies(
-                [{key: bool(flag) for key, flag in zip(ATTRIBUTES, row) if not np.isnan(flag)} for row in flags]
+        if self.world_scorer is not None:
+            names, flags = self.world_scorer.FLAGS, scores[:, len(COLUMNS) :].numpy()  # (N, F)
+            report[self.world.name] = self.world_scorer.accuracies(
+                [{key: bool(flag) for key, flag in zip(names, row) if not np.isnan(flag)} for row in flags]
             )
             # 95% intervals, resampling captions with all their images (several seeds of one caption are not
             # independent)
             scored = [captions[int(index)] for index in scores[:, 0]]
-            report["shapes_intervals"] = bootstrap_intervals(np.array(flags), scored, seed=self.seed)
+            report[f"{self.world.name}_intervals"] = self.world_scorer.intervals(flags, scored, self.seed)
         return report
 
 
@@ -209,6 +186,7 @@ class Tally:
     """
 
     def __init__(self, scoring: Scoring):
+        self.num_columns = len(scoring.columns)
         self.moments = {name: FeatureMoments(scoring.num_features) for name in scoring.feature_names}
         self.rows, self.grid = [], []  # (B, C) and (n, H, W, 3) per batch
         self.resumed_seconds = 0.0  # the time the batches taken from a `resume_dir` took when they were sampled
@@ -226,7 +204,7 @@ class Tally:
 
     def scores(self) -> torch.Tensor:
         """(N, C): every image's row (see `COLUMNS`)."""
-        return torch.cat(self.rows) if self.rows else torch.zeros(0, len(COLUMNS), dtype=torch.float64)
+        return torch.cat(self.rows) if self.rows else torch.zeros(0, self.num_columns, dtype=torch.float64)
 
 
 @torch.no_grad()
@@ -254,17 +232,17 @@ def evaluate(
         captions (`list[str]`): Image i is sampled from caption i (see `draw_captions`).
         fid_reference (`str`, `Path` or `FIDStatistics`, *optional*): What FID compares with: an `.npz` of `mu` and
             `sigma` (e.g. U-ViT's `fid_stats_mscoco256_val.npz`), a folder of real images (its statistics are
-            computed once, with the protocol's centre crop and resize to the generated size, and cached), or
-            `"shapes"`: renders of the same captions by the shapes world. No FID without it.
+            computed once, with the protocol's centre crop and resize to the generated size, and cached), or a
+            world's name, `"shapes"` or `"emoji"`: its real images of the same captions. No FID without it.
         fid_extractor (`str` or `torch.nn.Module`, *optional*): The feature network: `"inception"` (the papers'),
-            `"shapes"`, or a module mapping (B, 3, H, W) images in [0, 1] to (B, D). Defaults to `"shapes"` for the
-            shapes reference and `"inception"` otherwise.
+            `"shapes"`, `"emoji"`, or a module mapping (B, 3, H, W) images in [0, 1] to (B, D). Defaults to the
+            world's for a world's reference and `"inception"` otherwise.
         clip_model (`str` or `CLIPScorer`, *optional*): A CLIP model id or folder (e.g.
             `"openai/clip-vit-large-patch14"`) or a loaded scorer; no CLIP score without it.
         num_inference_steps (`int`, *optional*, defaults to 50): Sampling steps.
         guidance_scale (`float`, *optional*, defaults to 2.0): Classifier-free guidance (the papers' s = 1).
         batch_size (`int`, *optional*, defaults to 50): Images per pipeline call (the reference's 50).
-        seed (`int`, *optional*, defaults to 0): Seeds every image's noise, and the shapes reference's renders.
+        seed (`int`, *optional*, defaults to 0): Seeds every image's noise, and a world reference's real images.
         image_dir (`str` or `Path`, *optional*): Save the images there as `<index>.png` (with a `metadata.jsonl` of
             the captions, a 🤗 imagefolder).
         processes (`Processes`, *optional*): This process's share of a multi-process evaluation; one process when
@@ -414,21 +392,22 @@ def prepare_scoring(
 ) -> Scoring:
     """Load what scores the images (see `evaluate` for the arguments), checking them before any sampling."""
     resolution = pipeline.native_size
-    shapes = is_shapes_world(captions)
+    world = world_of(captions)
     extractor = reference = reference_name = None
     num_features = 0
     if fid_reference is not None:
-        shapes_reference = isinstance(fid_reference, str) and fid_reference == SHAPES_REFERENCE
-        if shapes_reference and not shapes:
+        world_reference = isinstance(fid_reference, str) and fid_reference in WORLDS
+        if world_reference and (world is None or world.name != fid_reference):
+            example = WORLDS[fid_reference].example_captions[0]
             raise ValueError(
-                "The 'shapes' FID reference renders the captions with the shapes world, but some captions are not "
-                "shapes-world captions (e.g. 'a {size} {colour} {shape} at the {position}')"
+                f"The {fid_reference!r} FID reference takes real images of the captions from the {fid_reference} "
+                f"world, but some captions are not {fid_reference}-world captions (e.g. {example!r})"
             )
-        if not shapes_reference:
+        if not world_reference:
             check_exists(fid_reference)
-        extractor = load_extractor(fid_extractor or (SHAPES if shapes_reference else INCEPTION))
+        extractor = load_extractor(fid_extractor or (fid_reference if world_reference else INCEPTION))
         extractor = extractor.to(processes.device)
-        if not shapes_reference:
+        if not world_reference:
             reference = reference_statistics(
                 fid_reference, extractor, resolution, processes=processes, cache_dir=cache_dir, progress=progress
             )
@@ -439,7 +418,8 @@ def prepare_scoring(
     scorer = (
         CLIPScorer.from_pretrained(clip_model, device=processes.device) if isinstance(clip_model, str) else clip_model
     )
-    return Scoring(extractor, reference, reference_name, num_features, scorer, shapes, resolution, seed)
+    world_scorer = load(world.scorer)() if world is not None else None
+    return Scoring(extractor, reference, reference_name, num_features, scorer, world, world_scorer, resolution, seed)
 
 
 def evaluation_settings(pipeline, captions: list[str], scoring: Scoring, sampler: dict) -> dict:
@@ -494,33 +474,18 @@ def interrupted(store: ProgressStore, scoring: Scoring, captions, processes, hea
     return EvaluationInterrupted(store.folder, done, len(captions), report)
 
 
-def shapes_renders(prompts: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
-    """Real shapes-world images of the captions, each with its own jitter, seeded by (seed, stream, index); a caption
-    that leaves the size unstated gets a size drawn first from the same generator."""
-    from ..shapes.scorer import parse_caption
-    from ..shapes.world import SIZES, render
-
-    images = []
-    for prompt, index in zip(prompts, batch):
-        spec, rng = parse_caption(prompt), np.random.default_rng([seed, stream, index])
-        if spec.size is None:
-            spec = replace(spec, size=SIZES[rng.integers(len(SIZES))])
-        images.append(render(spec, resolution, rng))
-    return images
-
-
 def fid_results(scoring: Scoring, moments: dict[str, FeatureMoments], processes: Processes) -> dict:
-    """FID of the generated features against the reference (and, for the shapes reference, the floor: a second set
-    of real renders against the first), over the features of every process."""
+    """FID of the generated features against the reference (and, for a world's reference, the floor: a second set
+    of real images against the first), over the features of every process."""
     name = extractor_name(scoring.extractor)
     if processes.count > 1:
         for feature_moments in moments.values():
             feature_moments.reduce(processes.device)
     samples = moments["generated"].statistics(name)
-    if scoring.reference is None:  # the shapes world's renders of the same captions
+    if scoring.reference is None:  # the world's real images of the same captions
         reference = moments["renders"].statistics(name)
         results = {"fid_floor": frechet_distance(moments["floor"].statistics(name), reference)}
-        source = f"{SHAPES_REFERENCE} (renders of the same captions, {reference.num_images} images)"
+        source = f"{scoring.world.name} (real images of the same captions, {reference.num_images} images)"
     else:
         reference, results, source = scoring.reference, {}, scoring.reference_name
     return {

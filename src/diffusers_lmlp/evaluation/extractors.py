@@ -1,4 +1,4 @@
-"""Feature networks for FID: the standard Inception network, the shapes world's network, or any module.
+"""Feature networks for FID: the standard Inception network, the shapes and emoji worlds' networks, or any module.
 
 A feature network maps a (B, 3, H, W) float batch of RGB images in [0, 1] to (B, D) features. It should have an
 int `num_features` (D) and a `name` for reports; a module without them is run once on a dummy batch to find D, and
@@ -11,6 +11,7 @@ from torch import nn
 
 INCEPTION = "inception"
 SHAPES = "shapes"
+EMOJI = "emoji"
 INCEPTION_INSTALL = (
     "FID with the standard Inception network needs torch-fidelity (`pip install torch-fidelity`; it brings "
     "torchvision, so install the torchvision build that matches your torch). Without it no FID comparable with the "
@@ -71,9 +72,13 @@ def load_extractor(extractor: str | nn.Module) -> nn.Module:
         from .shapes_features import pretrained_shapes_features
 
         return pretrained_shapes_features()
+    if extractor == EMOJI:
+        from ..emoji.scorer import emoji_features
+
+        return emoji_features()
     raise ValueError(
-        f"Unknown FID feature network {extractor!r}: use {INCEPTION!r} (the papers' FID), {SHAPES!r} (the shapes "
-        "world's offline network) or pass a torch.nn.Module"
+        f"Unknown FID feature network {extractor!r}: use {INCEPTION!r} (the papers' FID), {SHAPES!r} or {EMOJI!r} "
+        "(the embedded worlds' offline networks) or pass a torch.nn.Module"
     )
 
 

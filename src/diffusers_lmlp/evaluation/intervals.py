@@ -1,4 +1,4 @@
-"""Confidence intervals of the shapes scorer's accuracies, by a bootstrap over captions.
+"""Confidence intervals of a world scorer's accuracies, by a bootstrap over captions.
 
 Images sampled from the same caption (several seeds each) are not independent: a model that cannot draw one
 held-out combination fails on all its seeds. So the bootstrap resamples captions, each with all its images, and
@@ -33,6 +33,7 @@ def bootstrap_intervals(
     confidence: float = 0.95,
     num_resamples: int = 2000,
     seed: int = 0,
+    columns: dict[str, np.ndarray] | None = None,
 ) -> dict[str, list[float]]:
     """Percentile intervals of each accuracy, resampling captions with all their images.
 
@@ -42,6 +43,8 @@ def bootstrap_intervals(
         confidence (`float`, *optional*, defaults to 0.95): Coverage of each interval.
         num_resamples (`int`, *optional*, defaults to 2000): Bootstrap resamples.
         seed (`int`, *optional*, defaults to 0): Seed of the resampling.
+        columns (`dict[str, np.ndarray]`, *optional*): The (N,) columns of 1.0 / 0.0 / NaN to resample, by name;
+            `correctness_columns(flags)` when not given.
 
     Returns:
         `dict[str, list[float]]`: `[low, high]` per accuracy, keyed as `correctness_columns`; an attribute that no
@@ -57,7 +60,7 @@ def bootstrap_intervals(
     weights = rng.multinomial(len(groups), np.full(len(groups), 1 / len(groups)), size=num_resamples)
     tail = (1 - confidence) / 2 * 100
     intervals = {}
-    for name, column in correctness_columns(flags).items():
+    for name, column in (correctness_columns(flags) if columns is None else columns).items():
         stated = ~np.isnan(column)
         if not stated.any():
             continue

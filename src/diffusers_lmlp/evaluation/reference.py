@@ -14,7 +14,6 @@ from .extractors import extractor_name, feature_size, image_features
 from .fid import FeatureMoments, FIDStatistics
 
 
-SHAPES_REFERENCE = "shapes"  # renders of the evaluated captions by the shapes world
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 
 
@@ -73,7 +72,7 @@ def check_exists(reference) -> None:
     if not isinstance(reference, FIDStatistics) and not Path(reference).exists():
         raise ValueError(
             f"FID reference {reference}: no such file or folder; pass an .npz of mu/sigma (such as U-ViT's "
-            f"fid_stats_mscoco256_val.npz), a folder of real images, or {SHAPES_REFERENCE!r} on the shapes world"
+            f"fid_stats_mscoco256_val.npz), a folder of real images, or a world's name (shapes, emoji) on its captions"
         )
 
 

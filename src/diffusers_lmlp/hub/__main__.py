@@ -82,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"{SPACE_TOTAL_LIMIT[0] // 10**6} MB in all is refused.",
     )
     space.add_argument("space_id", help="the Space repo, owner/name")
-    space.add_argument("--model", required=True, help="the model repo the Space serves (pushed with --with-code)")
+    space.add_argument(
+        "--model", required=True, nargs="+",
+        help="the model repos the Space serves (pushed with --with-code), the first opening",
+    )  # fmt: skip
     space.add_argument("--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: %(default)s)")
     space.add_argument("--commit-message", default="Upload the diffusers-lmlp demo")
 
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.dry_run:
                 staged = stage_space(args.model, args.space_dir, args.output_dir)
                 report_dry_run(staged, f"the Space {args.space_id}")
-                print(f"A push also sets the Space variable {MODEL_VARIABLE}={args.model}.")
+                print(f"A push also sets the Space variable {MODEL_VARIABLE}={','.join(args.model)}.")
                 return
             commit = push_space(
                 args.space_id,

@@ -27,6 +27,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..models.families import family_of
 from ..pipelines.vocabulary import describe_vocabulary, known_words, unknown_words
+from ..worlds import WORLDS
 
 
 DEFAULT_LICENSE = "apache-2.0"
@@ -233,7 +234,7 @@ def describe_pipeline(
     if base_model:
         lines.append(f"- Fine-tuned from [{base_model}](https://huggingface.co/{base_model})")
     if "learning_rate" in args:
-        data = data_source(args, "the procedural shapes world")
+        data = data_source(args, WORLDS[args.get("world") or "shapes"].description)
         schedule = f" ({args['lr_scheduler']} schedule)" if "lr_scheduler" in args else ""
         decay = f", weight decay {args['adam_weight_decay']}" if "adam_weight_decay" in args else ""
         snr = f", Min-SNR γ {args['snr_gamma']}" if args.get("snr_gamma") else ""
@@ -248,14 +249,18 @@ def describe_pipeline(
             f"- Training: {summary['steps']} steps on {summary.get('num_processes', 1)} process(es)"
             + (f", {summary['train_seconds']} s" if "train_seconds" in summary else "")
         )
+    world = summary.get("world", "shapes")
+    digits = WORLDS[world].fid_digits
     for split, scores in summary.get("scores", {}).items():
         shown = ", ".join(f"{k} {v:.0%}" for k, v in scores.items())
-        lines.append(f"- Shapes scorer on {split} captions: {shown}")
-    for split, fid in summary.get("shapes_fid", {}).items():
+        lines.append(f"- {world.capitalize()} scorer on {split} captions: {shown}")
+    for split, fid in summary.get(f"{world}_fid", {}).items():
         lines.append(
-            f"- Shapes-FID on {split} captions: {fid['fid']:.2f} over {fid['num_images']} images (real renders "
-            f"against real renders: {fid['fid_floor']:.2f})"
+            f"- {world.capitalize()}-FID on {split} captions: {fid['fid']:.{digits}f} over {fid['num_images']} images "
+            f"(real images against real images: {fid['fid_floor']:.{digits}f})"
         )
+    for split, score in summary.get("clip_score", {}).items():
+        lines.append(f"- CLIP score on {split} captions: {score:.1f} (the world's CLIP, 100 · cosine)")
     if "evaluation_sampler" in summary:
         settings = ", ".join(f"`{key}={value}`" for key, value in summary["evaluation_sampler"].items())
         lines.append(f"- Scores measured (`diffusers_lmlp.evaluation`) with the sampler settings {settings}")

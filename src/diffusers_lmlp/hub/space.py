@@ -17,6 +17,7 @@ refuses a model repo without that code. The model the Space serves travels two w
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -73,12 +74,15 @@ def _left_out(path: str) -> str | None:
 
 
 def stage_space(
-    model_id: str, space_dir: str | os.PathLike | None = None, output_dir: str | os.PathLike | None = None
+    model_id: str | Sequence[str],
+    space_dir: str | os.PathLike | None = None,
+    output_dir: str | os.PathLike | None = None,
 ) -> StagedUpload:
     """Build the exact folder that `push_space` uploads: the demo with its front matter's `models:` set.
 
     Args:
-        model_id (`str`): The model repo the Space serves, `"owner/name"`.
+        model_id (`str` or `Sequence[str]`): The model repo the Space serves, `"owner/name"`, or several (the first
+            opens).
         space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package
             (`DEFAULT_SPACE_DIR`).
         output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
@@ -92,7 +96,9 @@ def stage_space(
         `ValueError`: When the demo folder holds more than `SPACE_TOTAL_LIMIT` bytes to upload, or its app.py or
             README.md is refused.
     """
-    check_repo_id(model_id, "model repo id", namespace=True)
+    model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
+    for model in model_ids:
+        check_repo_id(model, "model repo id", namespace=True)
     space_dir = Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR
     missing = [name for name in ("app.py", "README.md") if not (space_dir / name).is_file()]
     if missing:
@@ -110,14 +116,14 @@ def stage_space(
 
         # Read from the staged copy, which passed the checks (not a link, no secret).
         card = SpaceCard.load(target / "README.md")
-        card.data.models = [model_id]
+        card.data.models = model_ids
         card.save(target / "README.md")
     return StagedUpload(target, list_files(target), left_out, refused)
 
 
 def push_space(
     space_id: str,
-    model_id: str,
+    model_id: str | Sequence[str],
     space_dir: str | os.PathLike | None = None,
     token: str | None = None,
     private: bool | None = None,
@@ -125,13 +131,13 @@ def push_space(
 ) -> CommitInfo:
     """Publish the demo as a Gradio Space serving `model_id`: create it, set `LMLP_MODEL`, then one commit.
 
-    The model repo must exist already, with its code: publish it first with `push_pipeline(..., with_code=True)`
+    Each model repo must exist already, with its code: publish it first with `push_pipeline(..., with_code=True)`
     (`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`). The Space runs that code
-    (`trust_remote_code=True`, for the model `LMLP_MODEL` names only).
+    (`trust_remote_code=True`, for the models `LMLP_MODEL` names only).
 
     Args:
         space_id (`str`): The Space repo, `"owner/name"`.
-        model_id (`str`): The model repo it serves, `"owner/name"`.
+        model_id (`str` or `Sequence[str]`): The model repo it serves, `"owner/name"`, or several (the first opens).
         space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package.
         token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
         private (`bool`, *optional*): Create the Space private (an existing Space keeps its visibility).
@@ -141,26 +147,34 @@ def push_space(
         `CommitInfo`: The commit.
     """
     check_repo_id(space_id, "Space id", namespace=True)
-    check_repo_id(model_id, "model repo id", namespace=True)
+    model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
+    for model_id in model_ids:
+        check_repo_id(model_id, "model repo id", namespace=True)
     api = HfApi(token=require_token(token))
     with tempfile.TemporaryDirectory(prefix="lmlp-space-") as tmp:
-        staged = stage_space(model_id, space_dir, Path(tmp) / "upload")
+        staged = stage_space(model_ids, space_dir, Path(tmp) / "upload")
         log_upload_report(staged, Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR)
-        try:
-            model = api.model_info(model_id)
-        except RepositoryNotFoundError:
-            raise ValueError(
-                f"The model repo {model_id} does not exist, or this token cannot see it; publish the model first, "
-                f"with its code: {WITH_CODE.format(repo=model_id)}."
-            ) from None
-        code = f"{file_stem(defining_module_of('LMLPPipeline'))}.py"
-        if code not in {sibling.rfilename for sibling in model.siblings or []}:
-            raise ValueError(
-                f"The model repo {model_id} has no {code}: the Space runs without diffusers-lmlp and loads the model "
-                f"from its code. Push the model with its code first: {WITH_CODE.format(repo=model_id)}."
-            )
-        if model.private:
-            logger.warning(f"{model_id} is private: the Space can load it only with an HF_TOKEN secret that reads it.")
+        for model_id in model_ids:
+            require_model_code(api, model_id)
         api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
-        api.add_space_variable(space_id, MODEL_VARIABLE, model_id)
+        api.add_space_variable(space_id, MODEL_VARIABLE, ",".join(model_ids))
         return commit_staged(api, space_id, staged.folder, commit_message, repo_type="space")
+
+
+def require_model_code(api: HfApi, model_id: str) -> None:
+    """Refuse a model repo that does not exist or lacks the code the Space loads it with; warn when it is private."""
+    try:
+        model = api.model_info(model_id)
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"The model repo {model_id} does not exist, or this token cannot see it; publish the model first, "
+            f"with its code: {WITH_CODE.format(repo=model_id)}."
+        ) from None
+    code = f"{file_stem(defining_module_of('LMLPPipeline'))}.py"
+    if code not in {sibling.rfilename for sibling in model.siblings or []}:
+        raise ValueError(
+            f"The model repo {model_id} has no {code}: the Space runs without diffusers-lmlp and loads the model "
+            f"from its code. Push the model with its code first: {WITH_CODE.format(repo=model_id)}."
+        )
+    if model.private:
+        logger.warning(f"{model_id} is private: the Space can load it only with an HF_TOKEN secret that reads it.")

@@ -14,6 +14,12 @@ SHAPES_SMALL = dict(
     sample_size=8, patch_size=2, in_channels=8, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
 )
 
+# The skeleton of the emoji world's model (`emoji-S`; diffusers_lmlp.emoji): 8×8×8 latents of 32 px pictures in 2×2
+# patches (16 image tokens), 25 tokens of the emoji CLIP's 128-wide text tower, D = 192, 12 + 1 blocks.
+EMOJI_SMALL = dict(
+    sample_size=8, patch_size=2, in_channels=8, hidden_size=192, num_layers=12, text_embed_dim=128, text_seq_len=25
+)
+
 # L-MLP Table 1 (§5.2): the design ablation, on the COCO skeleton (32×32×4 latents, patch 2, D = 512, 77 text
 # tokens, L = 334). The paper trains each group at a matched size "by adjusting model hyperparameters" and says
 # (§4.1) it sizes an L-MLP by the MLP scale of FNN_Z; so within a group only the depth-12 (13-block) skeleton and
@@ -70,7 +76,7 @@ _DEPTH_16 = dict(num_layers=16)
 
 # By family name (`diffusers_lmlp.models.FAMILIES`): configuration name -> `__init__` overrides of that family's model.
 NAMED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    "lmlp": TABLE_1 | {"shapes-S": SHAPES_SMALL},  # and the shapes world's small model
+    "lmlp": TABLE_1 | {"shapes-S": SHAPES_SMALL, "emoji-S": EMOJI_SMALL},  # and the embedded worlds' models
     # Table 2 of the MoE-MLP paper: F2's skeleton with E experts and H heads per block.
     "moe_mlp": {
         "2E1H": {"num_experts": 2, "num_heads": 1},

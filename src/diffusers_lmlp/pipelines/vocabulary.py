@@ -28,6 +28,10 @@ from transformers import PreTrainedTokenizerBase
 _KNOWN_WORDS = weakref.WeakKeyDictionary()
 
 
+# A closed vocabulary of more words is described by this many of them (the emoji world's has thousands).
+MAX_LISTED_WORDS = 40
+
+
 def _is_word(text: str) -> bool:
     """Whether a piece of text counts as a word: it holds a letter or a digit (punctuation does not)."""
     return any(character.isalnum() for character in text)
@@ -79,11 +83,15 @@ def describe_vocabulary(tokenizer: PreTrainedTokenizerBase) -> str | None:
         tokenizer (`PreTrainedTokenizerBase`): The tokenizer.
 
     Returns:
-        `str` or `None`: "`N` words: a, b, ..., and any single letter or digit".
+        `str` or `None`: "`N` words: a, b, ..., and any single letter or digit"; for more than `MAX_LISTED_WORDS` words,
+        "`N` words, such as ..." with `MAX_LISTED_WORDS` of them spread over the alphabet.
     """
     words = known_words(tokenizer)
     if words is None:
         return None
+    if len(words) > MAX_LISTED_WORDS:
+        sample = words[:: len(words) // MAX_LISTED_WORDS][:MAX_LISTED_WORDS]
+        return f"{len(words):,} words, such as {', '.join(sample)}, and any single letter or digit"
     return f"{len(words)} words: {', '.join(words)}, and any single letter or digit"
 
 

@@ -157,3 +157,46 @@ def accuracies(results: list[dict[str, bool]]) -> dict[str, float]:
     scores["colour+position"] = float(np.mean([r["colour"] and r["position"] for r in results]))
     scores["all"] = float(np.mean([all(r.values()) for r in results]))
     return scores
+
+
+def is_shapes_caption(caption: str) -> bool:
+    """Whether `parse_caption` reads the caption (then the scorer can score it)."""
+    try:
+        parse_caption(caption)
+    except ValueError:
+        return False
+    return True
+
+
+class ShapesScorer:
+    """The shapes scorer as the evaluation reads a world's: per-image flags, FID's renders, accuracies, intervals."""
+
+    FLAGS = ATTRIBUTES
+
+    def flags(self, images: list[Image.Image], captions: list[str]) -> list[list[float]]:
+        """Per image, each attribute of `FLAGS` right (1.0) or wrong (0.0), NaN where the caption leaves it out."""
+        verdicts = [score_image(image, caption) for image, caption in zip(images, captions)]
+        return [[float(verdict.get(key, float("nan"))) for key in ATTRIBUTES] for verdict in verdicts]
+
+    def renders(self, captions: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
+        """Real shapes-world images of the captions, each with its own jitter, seeded by (seed, stream, index); a
+        caption that leaves the size unstated gets a size drawn first from the same generator."""
+        from dataclasses import replace
+
+        from .world import render
+
+        images = []
+        for caption, index in zip(captions, batch):
+            spec, rng = parse_caption(caption), np.random.default_rng([seed, stream, index])
+            if spec.size is None:
+                spec = replace(spec, size=SIZES[rng.integers(len(SIZES))])
+            images.append(render(spec, resolution, rng))
+        return images
+
+    accuracies = staticmethod(accuracies)
+
+    @staticmethod
+    def intervals(flags: np.ndarray, captions: list[str], seed: int) -> dict[str, list[float]]:
+        from ..evaluation.intervals import bootstrap_intervals
+
+        return bootstrap_intervals(flags, captions, seed=seed)

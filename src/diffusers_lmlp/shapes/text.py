@@ -1,6 +1,6 @@
 """The shapes world's offline text side and components: a CLIP tokenizer over its words, and the small pretrained
 CLIP text encoder and VAE that ship in `assets/pipeline/` (trained by `scripts/train_shapes_text_encoder.py` and
-`scripts/train_shapes_vae.py`)."""
+`scripts/train_vae.py`)."""
 
 from pathlib import Path
 

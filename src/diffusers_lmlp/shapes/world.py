@@ -181,6 +181,12 @@ def train_specs() -> list[ShapeSpec]:
     return [spec for spec in all_specs() if spec not in held_out]
 
 
+def validation_prompts() -> list[str]:
+    """The validation grid's captions: 6 training combinations spread over `train_specs()`, then 2 held-out ones."""
+    train = train_specs()
+    return [spec.caption for spec in train[:: len(train) // 6][:6]] + [spec.caption for spec in held_out_specs()[:2]]
+
+
 def cell_centre(position: str, image_size: int = IMAGE_SIZE) -> tuple[float, float]:
     """The centre (x, y), in pixels, of a position's grid cell."""
     row, column = divmod(POSITIONS.index(position), 3)

@@ -122,8 +122,8 @@ def check_training_values(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.shapes_num_images is not None:
         if args.shapes_num_images < 1:
             parser.error(f"--shapes_num_images must be >= 1, got {args.shapes_num_images}")
-        if not args.shapes_world:
-            parser.error("--shapes_num_images sizes the shapes world, which your data replaces: leave it out")
+        if args.world != "shapes":
+            parser.error("--shapes_num_images sizes the shapes world, which this run does not train on: leave it out")
     if not 0.0 <= args.caption_dropout < 1.0:
         parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
     if not 0 <= args.seed < 2**32:
@@ -140,7 +140,7 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error(
             f"--validation_fid_images must be >= 0 (0: no FID during training), got {args.validation_fid_images}"
         )
-    if args.validation_fid_images and not args.shapes_world:
+    if args.validation_fid_images and not args.world:
         missing = [
             f"--{name}" for name in ("validation_fid_captions", "validation_fid_reference") if not getattr(args, name)
         ]
@@ -162,9 +162,7 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
             args.validation_prompts = read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
         except ValueError as error:
             parser.error(str(error))
-    if "validation_steps" in given and not (
-        args.validation_prompts or args.shapes_world or args.validation_fid_images
-    ):
+    if "validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images):
         parser.error(
             f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
             "--validation_prompts (or --validation_prompts_file), or --validation_fid_images, or drop "
@@ -422,9 +420,9 @@ def check_component_sources(args: argparse.Namespace) -> None:
         for name in ("transformer", "vae", "text_encoder"):
             require_files(option, base, name, ("config.json",), f"the {name}")
         require_files(option, base, "tokenizer", TOKENIZER_FILES, "the tokenizer")
-    # The papers' components when training on data without a base pipeline; a base pipeline's or the shapes world's
-    # own otherwise, unless --pretrained_vae / --pretrained_text_encoder replace them.
-    defaults = not args.pretrained_model_name_or_path and not args.shapes_world
+    # The papers' components when training on data without a base pipeline; a base pipeline's or the world's own
+    # otherwise, unless --pretrained_vae / --pretrained_text_encoder replace them.
+    defaults = not args.pretrained_model_name_or_path and not args.world
     text = args.pretrained_text_encoder or (COCO_TEXT_ENCODER_REPO if defaults else None)
     vae = args.pretrained_vae or (COCO_VAE_REPO if defaults else None)
     args.text_encoder_source = resolve_text_encoder(text, args.text_encoder_subfolder) if text else None

@@ -118,6 +118,34 @@ PRESETS = {
         validation_steps=5000,
         output_dir="lmlp-coco-f2",
     ),
+    # The emoji world: a UL-MLP drawing the 3,786 Noto emoji from their names, with the world's VAE and CLIP text tower,
+    # scored by the emoji CLIP's retrieval and by pixels (docs/emoji.md).
+    "emoji": dict(
+        model_config="emoji-S",
+        model_overrides=["pooled_text_projection=true"],
+        mixed_precision="auto",
+        torch_compile="auto",
+        resolution=32,
+        train_batch_size=128,
+        max_train_steps=4000,
+        learning_rate=2e-3,
+        lr_scheduler="cosine",
+        snr_gamma=1.0,
+        adam_beta2=0.99,
+        adam_weight_decay=0.05,
+        lr_warmup_steps=200,
+        use_ema=True,
+        ema_decay=0.999,
+        cache_features=True,
+        cache_text_dtype="float16",
+        checkpointing_steps=1000,
+        checkpoints_total_limit=2,
+        validation_steps=500,
+        logging_steps=10,
+        validation_inference_steps=50,
+        validation_guidance_scale=2.0,
+        output_dir="lmlp-emoji",
+    ),
     # LoRA: teach the shapes model that ships in the package the 32 colour × shape × position combinations held out
     # of its training (a new attribute set), a few minutes on 2 CPUs; the final evaluation scores it before and after.
     "shapes-lora": dict(
@@ -141,8 +169,8 @@ PRESETS = {
         output_dir="lmlp-shapes-lora",
     ),
 }
-# The presets that train on the procedural shapes world (when no data is given) and score the result on it.
-SHAPES_WORLD_PRESETS = ("shapes", "shapes-lora")
+# The presets that train on an embedded world (when no data is given) and score the result on it: preset → world.
+WORLD_PRESETS = {"shapes": "shapes", "shapes-lora": "shapes", "emoji": "emoji"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -462,7 +490,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
     args.preset = preset
-    args.shapes_world = preset in SHAPES_WORLD_PRESETS and not uses_data
+    args.world = None if uses_data else WORLD_PRESETS.get(preset)
     args.model_config_from_preset = bool(preset) and "model_config" not in given
     args.mixed_precision_from_preset = bool(preset) and "mixed_precision" not in given
     preset_overrides = PRESETS[preset].get("model_overrides", []) if preset else []

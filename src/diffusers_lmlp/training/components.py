@@ -18,6 +18,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 from diffusers_lmlp import FAMILIES, LMLPPipeline, symmetry_breaking_penalty
 from diffusers_lmlp.models import family_of
 from diffusers_lmlp.training.sources import load_text_encoder, load_vae
+from diffusers_lmlp.worlds import WORLDS, load
 
 
 def routes(model_class: type) -> bool:
@@ -71,17 +72,16 @@ def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
 def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
     """The frozen tokenizer, text encoder and VAE.
 
-    A base pipeline's own, else the shapes world's (the embedded default), else the papers' SD VAE and CLIP L/14;
+    A base pipeline's own, else the embedded world's (shapes, the default, or emoji), else the papers' SD VAE and
+    CLIP L/14;
     `--pretrained_vae` / `--pretrained_text_encoder` replace either. Where each loads from was resolved at start-up
     (`args.text_encoder_source`, `args.vae_source`; see `diffusers_lmlp.training.sources`).
     """
     if args.pretrained_model_name_or_path:
         pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
         tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
-    elif args.shapes_world:
-        from diffusers_lmlp.shapes.text import shapes_components
-
-        tokenizer, text_encoder, vae = shapes_components()
+    elif args.world:
+        tokenizer, text_encoder, vae = load(WORLDS[args.world].components)()
     text = args.text_encoder_source
     if text is not None:
         with loading_from("the text encoder", text.source, "--pretrained_text_encoder"):

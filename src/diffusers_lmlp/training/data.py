@@ -43,6 +43,7 @@ def load_training_data(
     streaming: bool,
     seed: int,
     cache_dir: str,
+    world: str | None = "shapes",
     shapes_split: str = "train",
     shapes_num_images: int | None = None,
 ):
@@ -63,6 +64,8 @@ def load_training_data(
         streaming (`bool`): Stream `dataset_name` instead of downloading it whole.
         seed (`int`): Seed of the procedural shapes world, used when no data is given.
         cache_dir (`str`): Where `datasets` caches what it prepares.
+        world (`str`, *optional*, defaults to `"shapes"`): The embedded world trained on when no data is given
+            (`"shapes"` or `"emoji"`, whose training split is every picture but `diffusers_lmlp.emoji.HELD_OUT`).
         shapes_split (`str`, *optional*, defaults to `"train"`): The shapes world's split used when no data is given:
             `"train"` or `"heldout"` (the combinations held out of the shipped model's training).
         shapes_num_images (`int`, *optional*): How many images of the shapes world to render (`make_dataset`'s
@@ -89,10 +92,14 @@ def load_training_data(
         dataset = train_split(dataset, f"--dataset_name {dataset_name}")
     elif train_data_dir:
         dataset = load_data_dir(Path(train_data_dir), data_layout, image_column, caption_column, cache_dir)
-    else:
+    elif world == "shapes":
         from diffusers_lmlp.shapes.world import make_dataset
 
         dataset = make_dataset(shapes_split, num_images=shapes_num_images, seed=seed)
+    else:
+        from diffusers_lmlp.emoji.world import make_dataset
+
+        dataset = make_dataset("train")
     columns = dataset.column_names or list(dataset.features or [])
     for flag, column in (("--image_column", image_column), ("--caption_column", caption_column)):
         if column not in columns:

@@ -24,13 +24,13 @@ from diffusers_lmlp.training.compilation import plain_backbone
 from diffusers_lmlp.training.lora import recorded_base_model, save_adapter
 from diffusers_lmlp.training.report import format_run_summary
 from diffusers_lmlp.training.validation import (
-    FINAL_EVALUATION_SEEDS,
     build_pipeline,
     default_validation_prompts,
     final_evaluation,
     generate,
     score_summary,
 )
+from diffusers_lmlp.worlds import WORLDS
 
 
 logger = get_logger(__name__)
@@ -100,7 +100,7 @@ def end_run(
 
 
 def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:
-    """Save the pipeline (EMA weights unless EMA is off) with a model card; score it on the shapes world."""
+    """Save the pipeline (EMA weights unless EMA is off) with a model card; score it on its world."""
     unwrapped = plain_backbone(accelerator, model)
     if ema is not None:
         ema.copy_to(unwrapped.parameters())
@@ -125,15 +125,16 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         images = generate(pipe, prompts, args, seed=args.seed)
         grid_path = output_dir / "samples.png"
         make_image_grid(images, captions=prompts).save(grid_path)
-    if args.shapes_world:
+    if args.world:
         reports = final_evaluation(pipe, args)
-        summary.update(score_summary(reports))
+        summary["world"] = args.world
+        summary.update(score_summary(reports, args.world))
         if args.lora_rank:  # the base model, by the same evaluation: what the adapter changed
             unwrapped.disable_adapters()
             before = final_evaluation(pipe, args)
             unwrapped.enable_adapters()
-            summary.update(score_summary(before, suffix="_before"))
-        summary["images_per_caption"] = FINAL_EVALUATION_SEEDS
+            summary.update(score_summary(before, args.world, suffix="_before"))
+        summary["images_per_caption"] = WORLDS[args.world].final_seeds
         summary["evaluation_sampler"] = reports["train"]["sampler"]
         # The whole reports go to the logs folder (the scores are in the summary, which the run prints at the end).
         reports_path = output_dir / args.logging_dir / "evaluation.json"

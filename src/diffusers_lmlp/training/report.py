@@ -30,6 +30,7 @@ The score table is a list of rows (`score_rows`), one column per split: a new nu
 import json
 from pathlib import Path
 
+from ..worlds import WORLDS
 from .lora import load_base_code
 
 
@@ -62,16 +63,18 @@ def percent(value: float | None, interval: list[float] | None = None) -> str:
 
 def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
     """The score table's rows, each a name and one cell per split (the columns, in `summary["scores"]`'s order): the
-    number of images, each accuracy of the shapes scorer (with its interval from `"score_intervals"` when the summary
-    has them), then shapes-FID with its real-vs-real floor. A new number per split is one more row here.
+    number of images, each accuracy of the world's scorer (with its interval from `"score_intervals"` when the
+    summary has them), then the world's FID with its real-vs-real floor and the CLIP score where measured. A new
+    number per split is one more row here.
 
     Args:
-        summary (`dict`): The run's `training_summary.json` content, with `"scores"`; optionally `"score_intervals"`
-            (split → metric → `[low, high]`), `"shapes_fid"` (split → `fid`, `fid_floor`, `num_images`) and
-            `"images_per_caption"` (split → count).
+        summary (`dict`): The run's `training_summary.json` content, with `"scores"`; optionally `"world"` (shapes
+            when not given), `"score_intervals"` (split → metric → `[low, high]`), `"<world>_fid"` (split → `fid`,
+            `fid_floor`, `num_images`), `"clip_score"` (split → score) and `"images_per_caption"` (split → count).
     """
+    world = summary.get("world", "shapes")
     scores, intervals = summary["scores"], summary.get("score_intervals", {})
-    fid, per_caption = summary.get("shapes_fid"), summary.get("images_per_caption", {})
+    fid, per_caption = summary.get(f"{world}_fid"), summary.get("images_per_caption", {})
     splits = list(scores)
     rows = []
     if fid:
@@ -81,9 +84,11 @@ def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
         cells = [percent(scores[split].get(metric), intervals.get(split, {}).get(metric)) for split in splits]
         rows.append((metric, cells))
     if fid:
-        rows.append(
-            ("shapes-FID", [f"{fid[split]['fid']:.2f} (floor {fid[split]['fid_floor']:.2f})" for split in splits])
-        )
+        digits = WORLDS[world].fid_digits
+        cells = [f"{fid[split]['fid']:.{digits}f} (floor {fid[split]['fid_floor']:.{digits}f})" for split in splits]
+        rows.append((f"{world}-FID", cells))
+    if "clip_score" in summary:
+        rows.append(("CLIP score", [f"{summary['clip_score'][split]:.1f}" for split in splits]))
     return [("", splits), *rows]
 
 
@@ -96,7 +101,7 @@ def with_base_columns(summary: dict) -> dict:
             (`"score_intervals"`, `"score_intervals_before"`) and shapes-FID (`"shapes_fid"`, `"shapes_fid_before"`).
     """
     merged = dict(summary)
-    for key in ("scores", "score_intervals", "shapes_fid"):
+    for key in ("scores", "score_intervals", f"{summary.get('world', 'shapes')}_fid", "clip_score"):
         if key in summary:
             merged[key] = {}
             for split in summary["scores"]:

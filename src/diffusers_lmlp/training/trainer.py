@@ -251,6 +251,7 @@ def load_data(args: argparse.Namespace, accelerator: Accelerator, frozen: tuple,
                 streaming=args.streaming,
                 seed=args.seed,
                 cache_dir=str(cache_dir / "datasets"),
+                world=args.world,
                 shapes_split=args.shapes_split,
                 shapes_num_images=args.shapes_num_images,
             )

@@ -1,6 +1,5 @@
-"""Sampling and scoring the model being trained: the validation grid (and FID, and on the shapes world the scores of
-the learning curves) every `--validation_steps`, and the final evaluation of the finished pipeline on the shapes
-world.
+"""Sampling and scoring the model being trained: the validation grid (and FID, and on an embedded world the scores of
+the learning curves) every `--validation_steps`, and the final evaluation of the finished pipeline on its world.
 
 The samples use the plain backbone (`training.compilation.plain_backbone`) with the EMA weights swapped in, and the
 package's default scheduler: what `LMLPPipeline` gives a user.
@@ -20,16 +19,12 @@ from diffusers_lmlp import LMLPPipeline, default_scheduler
 from diffusers_lmlp.evaluation import draw_captions, evaluate
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training.compilation import plain_backbone
+from diffusers_lmlp.worlds import WORLDS, load
 
 
 logger = get_logger(__name__)
 
-# Images per caption (each from its own noise seed) in the final shapes evaluation: the intervals resample captions,
-# so more seeds of the 32 held-out combinations narrow them.
-FINAL_EVALUATION_SEEDS = {"train": 3, "held-out": 4}
-# The shapes world's splits the scorer reads, and the captions of each (`draw_captions` sources).
-SCORED_SPLITS = {"train": "shapes:train", "held-out": "shapes:heldout"}
-# Where each validation of a shapes-world run appends its scores, inside the logging folder: the learning curves.
+# Where each validation of a world's run appends its scores, inside the logging folder: the learning curves.
 SCORES_FILE = "scores.jsonl"
 
 
@@ -52,20 +47,16 @@ def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
 
 
 def default_validation_prompts(args) -> list[str]:
-    """The validation grid's prompts: `--validation_prompts` (or the file's), else on the shapes world 6 training
-    captions and 2 held-out combinations, else none (no validation during training, no sample grid at the end).
+    """The validation grid's prompts: `--validation_prompts` (or the file's), else on an embedded world 6 training
+    captions and 2 held-out ones, else none (no validation during training, no sample grid at the end).
 
     Args:
         args (`argparse.Namespace`): The parsed arguments.
     """
     if args.validation_prompts:
         return args.validation_prompts
-    if args.shapes_world:
-        from diffusers_lmlp.shapes.world import held_out_specs, train_specs
-
-        return [s.caption for s in train_specs()[:: max(1, len(train_specs()) // 6)][:6]] + [
-            s.caption for s in held_out_specs()[:2]
-        ]
+    if args.world:
+        return load(WORLDS[args.world].validation_prompts)()
     return []
 
 
@@ -78,7 +69,9 @@ def validation_inputs(args) -> tuple[list[str], list[str]]:
     """
     prompts = default_validation_prompts(args)
     fid_captions = (
-        draw_captions(args.validation_fid_captions or "shapes:train", args.validation_fid_images, args.seed)
+        draw_captions(
+            args.validation_fid_captions or WORLDS[args.world].splits["train"], args.validation_fid_images, args.seed
+        )
         if args.validation_fid_images
         else []
     )
@@ -120,8 +113,8 @@ def validate(
 ):
     """Sample the prompts (EMA weights if any) and save `validation/step-<step>.png`, a grid captioned with them;
     log the samples to tensorboard (one tiled image, tag "validation") and wandb (one image per prompt, captioned).
-    With `--validation_fid_images`, also sample the FID captions and log their FID ("fid"). On the shapes world, also
-    score one image of every held-out combination and of as many training captions (`log_scores`).
+    With `--validation_fid_images`, also sample the FID captions and log their FID ("fid"). On an embedded world,
+    also score one image of as many held-out and training captions as its `validation_captions` (`log_scores`).
 
     Args:
         accelerator (`Accelerator`): The run's accelerator; its trackers receive the images.
@@ -139,14 +132,14 @@ def validate(
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
     with ema_weights(unwrapped, ema):
-        if args.shapes_world:
+        if args.world:
             log_scores(accelerator, pipe, args, output_dir, step, seconds)
         images = generate(pipe, prompts, args, seed=args.seed) if prompts else []
         if fid_captions:
             report, _ = evaluate(
                 pipe,
                 fid_captions,
-                fid_reference=args.validation_fid_reference or "shapes",
+                fid_reference=args.validation_fid_reference or args.world,
                 num_inference_steps=args.validation_inference_steps,
                 guidance_scale=args.validation_guidance_scale,
                 seed=args.seed,
@@ -191,56 +184,65 @@ def keep_scores_until(path: Path, step: int) -> None:
 
 
 def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: int, seconds: float) -> None:
-    """Score the shapes model being trained: one image of each held-out combination and of as many training
-    captions, at the validation sampler settings; log the accuracies to the trackers (`scores/<split>/<attribute>`)
-    and append them, with the step and the minutes since the run started, to `<logging_dir>/scores.jsonl`, the
-    learning curves that `benchmarks/learning_curves.py` plots.
+    """Score the model being trained on its world: one image of `validation_captions` captions of each split, at
+    the validation sampler settings; log the accuracies to the trackers (`scores/<split>/<name>`) and append them,
+    with the step and the minutes since the run started, to `<logging_dir>/scores.jsonl`, the learning curves that
+    `benchmarks/learning_curves.py` plots.
 
     Args:
         accelerator (`Accelerator`): The run's accelerator (its trackers).
         pipe (`LMLPPipeline`): The pipeline of the model's current (EMA) weights.
-        args (`argparse.Namespace`): The parsed arguments (the seed, the validation sampler settings).
+        args (`argparse.Namespace`): The parsed arguments (the world, the seed, the validation sampler settings).
         output_dir (`Path`): The `--output_dir`.
         step (`int`): The optimizer step.
         seconds (`float`): The time since the run started.
     """
+    world = WORLDS[args.world]
     reports = evaluate_splits(
         pipe,
         args,
-        dict.fromkeys(SCORED_SPLITS, 1),
+        dict.fromkeys(world.splits, 1),
         args.validation_inference_steps,
+        num_captions=world.validation_captions,
         guidance_scale=args.validation_guidance_scale,
         progress=False,
     )
     record = {"step": step, "minutes": round(seconds / 60, 3)}
     for split, report in reports.items():
-        record[split] = report["shapes"]
-        accelerator.log({f"scores/{split}/{name}": value for name, value in report["shapes"].items()}, step=step)
+        record[split] = report[world.name]
+        accelerator.log({f"scores/{split}/{name}": value for name, value in report[world.name].items()}, step=step)
     path = output_dir / args.logging_dir / SCORES_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    held_out, train = record["held-out"], record["train"]
     logger.info(
-        f"step {step}: held-out shape {held_out['shape']:.0%}, all {held_out['all']:.0%}; train all {train['all']:.0%}"
+        f"step {step}: "
+        + "; ".join(f"{split} " + ", ".join(f"{k} {v:.0%}" for k, v in record[split].items()) for split in reports)
     )
 
 
 def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
-    """Evaluate the finished pipeline on the shapes world at the pipeline's default sampler settings (what a user
-    gets from `pipe(caption)`; `--final_evaluation_inference_steps` changes the steps, for smoke runs): the shapes
-    scorer's accuracies with 95% intervals over captions, and shapes-FID against renders of the same captions with its
-    real-vs-real floor, each caption sampled `FINAL_EVALUATION_SEEDS` times.
+    """Evaluate the finished pipeline on its world at the pipeline's default sampler settings (what a user gets from
+    `pipe(caption)`; `--final_evaluation_inference_steps` changes the steps, for smoke runs): the world scorer's
+    accuracies with 95% intervals over captions, the world's FID against its real images of the same captions with
+    its real-vs-real floor, and the CLIP score where the world has a CLIP, each caption sampled `final_seeds` times.
 
     Args:
         pipe (`LMLPPipeline`): The trained pipeline.
-        args (`argparse.Namespace`): The parsed arguments (the seed, the sampler steps).
+        args (`argparse.Namespace`): The parsed arguments (the world, the seed, the sampler steps).
 
     Returns:
         `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
     """
+    world = WORLDS[args.world]
     return evaluate_splits(
-        pipe, args, FINAL_EVALUATION_SEEDS, args.final_evaluation_inference_steps, fid_reference="shapes"
+        pipe,
+        args,
+        world.final_seeds,
+        args.final_evaluation_inference_steps,
+        num_captions=world.num_captions,
+        fid_reference=world.name,
+        clip_model=load(world.clip_model) if world.clip_model else None,
     )
 
 
@@ -249,56 +251,68 @@ def evaluate_splits(
     args,
     seeds: dict[str, int],
     num_inference_steps: int,
+    num_captions: int,
     guidance_scale: float | None = None,
     fid_reference: str | None = None,
+    clip_model=None,
     progress: bool = True,
 ) -> dict[str, dict]:
-    """Sample and score the shapes model on each of `SCORED_SPLITS`: as many captions as there are held-out
-    combinations (all of them, for the held-out split), each `seeds[split]` times.
+    """Sample and score the model on each split of its world: `num_captions` captions drawn evenly from the split,
+    each `seeds[split]` times.
 
     Args:
         pipe (`LMLPPipeline`): The pipeline.
-        args (`argparse.Namespace`): The parsed arguments (the seed).
+        args (`argparse.Namespace`): The parsed arguments (the world, the seed).
         seeds (`dict[str, int]`): Images per caption, by split.
         num_inference_steps (`int`): Sampler steps.
+        num_captions (`int`): Captions per split.
         guidance_scale (`float`, *optional*): The guidance; the pipeline's default when not given.
-        fid_reference (`str`, *optional*): `"shapes"` for shapes-FID against renders of the captions; none without.
+        fid_reference (`str`, *optional*): The world's name for its FID against its real images; none without.
+        clip_model (*optional*): A CLIP model folder (or `CLIPScorer`) for the CLIP score; none without.
         progress (`bool`, *optional*, defaults to `True`): Show the sampling's progress.
 
     Returns:
         `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
     """
-    from diffusers_lmlp.shapes.world import held_out_specs
-
     sampler = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
+    if isinstance(clip_model, (str, Path)):
+        from diffusers_lmlp.evaluation import CLIPScorer
+
+        clip_model = CLIPScorer.from_pretrained(clip_model)
     return {
         split: evaluate(
             pipe,
-            draw_captions(source, len(held_out_specs()), args.seed) * seeds[split],
+            draw_captions(source, num_captions, args.seed) * seeds[split],
             fid_reference=fid_reference,
+            clip_model=clip_model,
             num_inference_steps=num_inference_steps,
             batch_size=64,
             seed=args.seed,
             progress=progress,
             **sampler,
         )[0]
-        for split, source in SCORED_SPLITS.items()
+        for split, source in WORLDS[args.world].splits.items()
     }
 
 
-def score_summary(reports: dict[str, dict], suffix: str = "") -> dict[str, dict]:
-    """The summary's entries for one final evaluation: the scorer's accuracies, their intervals and shapes-FID, each
-    by split, under keys ending with `suffix` (`"_before"` for the base model of a LoRA run).
+def score_summary(reports: dict[str, dict], world: str, suffix: str = "") -> dict[str, dict]:
+    """The summary's entries for one final evaluation: the world scorer's accuracies, their intervals, the world's FID
+    (and the CLIP score where measured), each by split, under keys ending with `suffix` (`"_before"` for the base
+    model of a LoRA run).
 
     Args:
         reports (`dict[str, dict]`): `final_evaluation`'s reports, by split.
+        world (`str`): The world's name: the reports' key of its scores (and of its FID, `<world>_fid`).
         suffix (`str`, *optional*, defaults to `""`): Appended to each key.
     """
-    return {
-        f"scores{suffix}": {split: report["shapes"] for split, report in reports.items()},
-        f"score_intervals{suffix}": {split: report["shapes_intervals"] for split, report in reports.items()},
-        f"shapes_fid{suffix}": {
+    summary = {
+        f"scores{suffix}": {split: report[world] for split, report in reports.items()},
+        f"score_intervals{suffix}": {split: report[f"{world}_intervals"] for split, report in reports.items()},
+        f"{world}_fid{suffix}": {
             split: {key: report[key] for key in ("fid", "fid_floor", "num_images")}
             for split, report in reports.items()
         },
     }
+    if all("clip_score" in report for report in reports.values()):
+        summary[f"clip_score{suffix}"] = {split: report["clip_score"] for split, report in reports.items()}
+    return summary

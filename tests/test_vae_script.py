@@ -1,4 +1,4 @@
-"""scripts/train_shapes_vae.py: both stages as docs/training.md runs them, on a tiny VAE. The decoder stage must
+"""scripts/train_vae.py: both stages as docs/training.md runs them, on a tiny VAE. The decoder stage must
 train every decoder layer and nothing else: a changed encoder or latent scale would leave the shipped backbone
 generating latents its VAE no longer reads."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from documents import block
+from documents import block, blocks, section
 from safetensors.torch import load_file
 
 
@@ -20,7 +20,7 @@ TINY = ["--steps", "2", "--batch-size", "4", "--num-images", "8", "--block-out-c
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_shapes_vae", ROOT / "scripts" / "train_shapes_vae.py")
+    spec = importlib.util.spec_from_file_location("train_vae", ROOT / "scripts" / "train_vae.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,7 +38,7 @@ def test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents(scri
     monkeypatch.chdir(tmp_path)
     for command in (first, second):
         argv = shlex.split(command)
-        assert argv[:2] == ["python", "scripts/train_shapes_vae.py"]
+        assert argv[:2] == ["python", "scripts/train_vae.py"]
         script.main([*argv[2:], *TINY])
     assert "--decoder-from shapes-vae" in second and "--output-dir shapes-vae-decoder" in second
     (before, before_config), (after, after_config) = (
@@ -105,8 +105,8 @@ def test_non_finite_weights_after_training_are_never_saved(script, tmp_path, mon
     # A last update that overflowed leaves every loss finite and a weight NaN: the script must still refuse to save.
     trained = script.train
 
-    def train_then_overflow(vae, pixels, args):
-        seconds = trained(vae, pixels, args)
+    def train_then_overflow(vae, pixels, background, args):
+        seconds = trained(vae, pixels, background, args)
         with torch.no_grad():
             vae.decoder.conv_out.weight[0, 0, 0, 0] = float("nan")
         return seconds
@@ -119,3 +119,20 @@ def test_non_finite_weights_after_training_are_never_saved(script, tmp_path, mon
     ):
         script.main([*TINY, "--output-dir", str(tmp_path / "vae")])
     assert not (tmp_path / "vae").exists()
+
+
+@pytest.mark.slow
+def test_the_documented_emoji_vae_command_trains_on_the_training_pictures(script, tmp_path, capsys, monkeypatch):
+    # docs/emoji.md's command, run as written with tiny sizes added (argparse's last value wins).
+    [block] = blocks(section("docs/emoji.md", "The components, trained on the world"), "bash")
+    argv = shlex.split(block.strip().splitlines()[1])
+    assert argv[:4] == ["python", "scripts/train_vae.py", "--world", "emoji"]
+    monkeypatch.chdir(tmp_path)
+    script.main([*argv[2:], "--steps", "2", "--batch-size", "4", "--block-out-channels", "8", "8", "8"])
+    report = json.loads(capsys.readouterr().out.split("reconstructions: ")[1])
+    assert set(report) == {
+        f"{split} {score}" for split in ("train", "heldout") for score in ("clip top-1", "pixel top-1", "psnr")
+    }
+    assert all(0 <= report[key] <= 1 for key in report if "top-1" in key)
+    _, config = saved(tmp_path / "emoji-vae")
+    assert config["latent_channels"] == 8 and config["sample_size"] == 32

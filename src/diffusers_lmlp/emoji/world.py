@@ -1,0 +1,118 @@
+"""The emoji world: the 3,786 Noto Color Emoji pictures (1,911 emoji and their skin-tone variants) at 32×32 on white,
+each with its Unicode name and the phrasings people write ("a red apple", "red apple emoji", "a red apple, fruit").
+
+`scripts/build_emoji_world.py` builds `assets/world/` from the npm packages `emoji-datasource-google` and
+`cldr-annotations-full` (their versions and sha256 are in `world.json`). An emoji's plain name is the lowercased
+Unicode name ("extraterrestrial alien"); a tone variant's adds the CLDR tone words ("surfer: dark skin tone"). A tenth
+of the single-tone variants (`HELD_OUT`, one tone of every second emoji that has them) never appear in training, while
+every tone and every emoji keep pictures there: the held-out captions test composing an emoji with a tone.
+"""
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+WORLD_PATH = Path(__file__).resolve().parent / "assets" / "world"
+IMAGE_SIZE = 32
+SPLITS = ("train", "heldout")
+# The validation grid's captions: 6 training pictures, then 2 held-out tone variants.
+VALIDATION_PROMPTS = (
+    "red apple",
+    "grinning face",
+    "rocket",
+    "japan flag",
+    "sunflower",
+    "thumbs up sign: dark skin tone",
+    "waving hand sign: light skin tone",
+    "victory hand: medium skin tone",
+)
+
+
+@dataclass(frozen=True)
+class Emoji:
+    """One picture of the world, as `world.json` records it.
+
+    Args:
+        unified (`str`): Its code points as `emoji.json` writes them ("1F3C4-1F3FF").
+        base (`str`): The `unified` of the emoji it is a tone variant of (its own for a default picture).
+        name (`str`): The plain name: the caption the world's scores ask for ("surfer: dark skin tone").
+        captions (`tuple[str, ...]`): Its phrasings, the plain name first.
+        category (`str`), subcategory (`str`): Its Unicode group and subgroup.
+        tones (`tuple[str, ...]`): Its distinct skin-tone modifiers ("1F3FF"), none for a default picture.
+        held_out (`bool`): Whether it is one of `HELD_OUT`.
+    """
+
+    unified: str
+    base: str
+    name: str
+    captions: tuple[str, ...]
+    category: str
+    subcategory: str
+    tones: tuple[str, ...]
+    held_out: bool
+
+
+@functools.cache
+def load_emoji(world_path: Path = WORLD_PATH) -> tuple[Emoji, ...]:
+    """Every picture's record, in the sheet's order (`emoji.json`'s sort order, each emoji before its variants)."""
+    world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
+    return tuple(Emoji(**{**r, "captions": tuple(r["captions"]), "tones": tuple(r["tones"])}) for r in world["emoji"])
+
+
+@functools.cache
+def load_images(world_path: Path = WORLD_PATH) -> np.ndarray:
+    """Every picture, in the order of `load_emoji`: (N, S, S, 3) uint8, cut from the world's PNG sheet."""
+    world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
+    size, columns, count = world["size"], world["columns"], len(world["emoji"])
+    with Image.open(Path(world_path) / world["sheet"]) as sheet:
+        pixels = np.asarray(sheet.convert("RGB"))  # (rows · S, columns · S, 3)
+    tiles = pixels.reshape(pixels.shape[0] // size, size, columns, size, 3).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(tiles.reshape(-1, size, size, 3)[:count])
+
+
+HELD_OUT: tuple[str, ...] = tuple(e.unified for e in load_emoji() if e.held_out)
+
+
+def split_indices(split: str) -> list[int]:
+    """The positions in `load_emoji()` of a split's pictures: `"train"` (all but `HELD_OUT`) or `"heldout"`."""
+    if split not in SPLITS:
+        raise ValueError(f"Unknown split {split!r} of the emoji world; choose one of {list(SPLITS)}.")
+    return [i for i, e in enumerate(load_emoji()) if e.held_out == (split == "heldout")]
+
+
+def tone_group(index: int) -> list[int]:
+    """The positions of the single-tone variants of picture `index`'s emoji, one per tone in order (none for an emoji
+    without tones): the candidates its tone is told among."""
+    emoji = load_emoji()
+    return [i for i, e in enumerate(emoji) if e.base == emoji[index].base and len(e.tones) == 1]
+
+
+def validation_prompts() -> list[str]:
+    return list(VALIDATION_PROMPTS)
+
+
+def make_dataset(split: str = "train"):
+    """The split as a captioned image dataset: one row per picture, with every phrasing of it.
+
+    Args:
+        split (`str`, *optional*, defaults to `"train"`): `"train"` or `"heldout"`.
+
+    Returns:
+        `datasets.Dataset`: Columns `image` (RGB PIL images) and `text` (the list of its captions; the trainer picks
+        one per step).
+    """
+    from datasets import Dataset, Features, Sequence, Value
+    from datasets import Image as ImageFeature
+
+    emoji, images = load_emoji(), load_images()
+    rows = split_indices(split)
+    features = Features({"image": ImageFeature(), "text": Sequence(Value("string"))})
+    return Dataset.from_dict(
+        {"image": [Image.fromarray(images[i]) for i in rows], "text": [list(emoji[i].captions) for i in rows]},
+        features=features,
+    )

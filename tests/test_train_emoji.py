@@ -1,0 +1,59 @@
+"""`--preset emoji`: the trainer on the emoji world (a tiny slice of it and a tiny backbone here), with the world's
+components, its validation scores and its final scores; and the shipped emoji pipeline."""
+
+import json
+from pathlib import Path
+
+import pytest
+from test_train_text_to_image import load_script
+
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.emoji import pretrained_emoji_pipeline
+from diffusers_lmlp.emoji.scorer import FLAGS
+from diffusers_lmlp.emoji.world import VALIDATION_PROMPTS
+
+
+TINY = [
+    "--max_train_steps", "2", "--max_train_samples", "64", "--model_overrides", "hidden_size=32", "num_layers=2",
+    "--validation_steps", "2", "--checkpointing_steps", "2", "--validation_inference_steps", "2",
+    "--final_evaluation_inference_steps", "2", "--torch_compile", "no", "--report_to", "none",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_emoji_preset_trains_on_the_world_and_ends_with_its_scores(tmp_path, capsys):
+    out = tmp_path / "lmlp-emoji"
+    load_script().main(["--preset", "emoji", *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
+    summary = json.loads((out / "training_summary.json").read_text(encoding="utf-8"))
+    assert summary["world"] == "emoji" and summary["sample_prompts"] == list(VALIDATION_PROMPTS)
+    assert list(summary["scores"]) == ["train", "held-out"] and set(summary["scores"]["held-out"]) == set(FLAGS)
+    # Every held-out tone variant twice, as many training names twice; emoji-FID with its floor, and the CLIP score.
+    assert {split: fid["num_images"] for split, fid in summary["emoji_fid"].items()} == {"train": 324, "held-out": 324}
+    assert all(fid["fid_floor"] > 0 for fid in summary["emoji_fid"].values()) and set(summary["clip_score"]) == {
+        "train",
+        "held-out",
+    }
+    [record] = [json.loads(line) for line in (out / "logs" / "scores.jsonl").read_text().splitlines()]
+    assert record["step"] == 2 and set(record["held-out"]) == set(FLAGS)
+    printed = capsys.readouterr().out
+    assert "emoji-FID" in printed and "CLIP score" in printed and "pixel top-5" in printed
+    assert "the emoji world" in (out / "README.md").read_text(encoding="utf-8")
+    pipe = LMLPPipeline.from_pretrained(out)
+    assert pipe.tokenizer.model_max_length == pipe.transformer.config.text_seq_len == 25
+    assert pipe.transformer.config.text_embed_dim == pipe.text_encoder.config.hidden_size
+
+
+def test_the_emoji_preset_lends_its_skeleton_to_any_family():
+    args = load_script().parse_args(["--preset", "emoji", "--model_type", "uvit"])
+    assert args.world == "emoji" and args.model_type == "uvit"
+    assert args.model_skeleton["text_seq_len"] == 25 and args.model_skeleton["in_channels"] == 8
+
+
+@pytest.mark.slow
+def test_the_shipped_emoji_pipeline_loads_offline_and_draws_32_pixel_emoji():
+    pipe = pretrained_emoji_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    image = pipe("red apple", num_inference_steps=4).images[0]
+    assert image.size == (32, 32)
+    summary = json.loads((Path(pipe.name_or_path) / "training_summary.json").read_text(encoding="utf-8"))
+    assert summary["world"] == "emoji"
