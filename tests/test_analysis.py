@@ -422,7 +422,7 @@ def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
     """docs/analysis.md's commands (the README's former ones among them), with tiny stand-ins for the pipelines a user trains, and a
     full-size (L = 334) backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""
     documented = commands(DOCS)  # "In short" (the README's former section) included
-    assert len(documented) == 8 and commands(README_SECTION) == documented[:2]
+    assert len(documented) == 9 and commands(README_SECTION) == documented[:2]
     monkeypatch.chdir(tmp_path)
     build_tiny_pipeline("moe_mlp").save_pretrained("lmlp-shapes-moe")
     build_tiny_pipeline("uvit").save_pretrained("uvit-shapes")
@@ -434,6 +434,7 @@ def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
         options = [*argv[3:], "--num_inference_steps", "2"] if argv[3] == "routing" else argv[3:]
         printed[command] = run(*options)
     assert json.loads(Path("analysis-f2-deep/lateralization.json").read_text())["regions"]["seq_len"] == 334
+    assert json.loads(Path("analysis-emoji/lateralization.json").read_text())["regions"]["seq_len"] == 42
     assert json.loads(Path("analysis-moe/routing.json").read_text())["kind"] == "expert usage"
     assert json.loads(Path("analysis-uvit/routing.json").read_text())["kind"] == "attention"
     # The table docs/analysis.md shows is what the command prints for the shipped model's nine layers.

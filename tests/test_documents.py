@@ -19,6 +19,8 @@ import pytest
 import torch
 from documents import COMMAND_LANGUAGES, PAGES, ROOT, blocks, headings, prose, section, text
 
+from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.emoji.scorer import PIPELINE_PATH as EMOJI_PIPELINE_PATH
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
 
@@ -33,19 +35,22 @@ COVERAGE = {
     ("README.md", 1, 'pip install -e ".[test]" && python -m pytest -q'): [
         "tests/test_readme.py::test_readme_commands_pin_torch_first",  # .ci/run runs it
     ],
-    ("README.md", 2, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
+    ("README.md", 2, "--preset emoji"): [
+        "tests/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
+    ],
+    ("README.md", 3, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
         "tests/test_evaluation_readme.py::test_readme_has_the_evaluation_commands",  # it is docs/evaluation.md's
         "tests/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
     ],
-    ("README.md", 3, "python -m diffusers_lmlp.hub push-space <user>/lmlp-demo --model <user>/lmlp-shapes"): [
+    ("README.md", 4, "--model <user>/lmlp-emoji <user>/lmlp-shapes"): [
         "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",  # each push is a dry run without the dry
     ],
-    ("README.md", 4, "python benchmarks/roofline.py"): [
+    ("README.md", 5, "python benchmarks/roofline.py"): [
         "tests/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
         "tests/test_roofline.py::test_the_documented_command_writes_its_tables",
         "tests/test_roofline.py::test_the_pages_print_the_scripts_estimate",
     ],
-    ("README.md", 5, "ruff check . && ruff format --check ."): [
+    ("README.md", 6, "ruff check . && ruff format --check ."): [
         "tests/test_readme.py::test_development_command_lints_clean",
     ],
     ("docs/hub.md", 0, "--dry-run --output-dir lmlp-shapes-upload"): [
@@ -80,6 +85,9 @@ COVERAGE = {
     ],
     ("docs/emoji.md", 2, "--pipeline emoji --captions emoji:heldout"): [
         "tests/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline",
+    ],
+    ("docs/emoji.md", 3, "--preset emoji"): [
+        "tests/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
     ],
     ("docs/coco.md", 0, "hf download openai/clip-vit-large-patch14"): [
         "tests/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads",
@@ -281,6 +289,23 @@ def test_the_shapes_quality_table_is_the_shipped_training_summary():
     assert re.search(rf"of which {minutes} min\s+{seconds} s of training", training)
     steps = f"{summary['steps']:,}"
     assert f"{steps} steps of batch 64" in training and f"for {steps} steps" in prose("README.md")
+
+
+def test_the_emoji_quality_table_is_the_shipped_training_summary():
+    summary = json.loads((EMOJI_PIPELINE_PATH / "training_summary.json").read_text(encoding="utf-8"))
+    scores, fid = summary["scores"], summary["emoji_fid"]
+    for page, title in [("README.md", "Draw real pictures: the emoji world"), ("docs/emoji.md", "The preset")]:
+        for split, label in [("train", "162 training"), ("held-out", "the 162 held-out tone variants")]:
+            [row] = re.findall(rf"^\| {label} \| (.*) \|$", section(page, title), flags=re.MULTILINE)
+            expected = [
+                f"{percent(scores[split][name])}% / {percent(scores[split]['pixel ' + name])}%"
+                for name in ("top-5", "top-1", "tone")
+            ] + [f"{fid[split]['fid']:.3f} ({fid[split]['fid_floor']:.3f})"]
+            assert [cell.strip() for cell in row.split("|")] == expected, (page, split)
+        assert summary["images_per_caption"] == {"train": 2, "held-out": 2} and "two seeds per name" in prose(page)
+    params = sum(p.numel() for p in LMLPPipeline.from_pretrained(EMOJI_PIPELINE_PATH).transformer.parameters())
+    assert f"(`emoji-S`, {params / 1e6:.1f} M parameters)" in prose("README.md")
+    assert f"{summary['steps']:,} steps" in prose("docs/emoji.md")
 
 
 def test_the_shapes_models_size_is_the_shipped_ones():

@@ -157,7 +157,7 @@ def test_a_tone_group_is_the_emojis_five_single_tone_variants_in_order():
     index = split_indices("heldout")[0]
     group = tone_group(index)
     assert index in group and [load_emoji()[i].tones for i in group] == [(tone,) for tone in TONES]
-    assert tone_group(0) == []  # grinning face: no tones
+    assert tone_group(0) == ()  # grinning face: no tones
 
 
 def test_the_validation_prompts_are_six_training_names_then_two_held_out():

@@ -20,10 +20,11 @@ import pytest
 import torch
 from documents import PAGES, blocks
 from PIL import Image
-from space_server import load_app, one_cpu_thread, serve, shapes_lora, shapes_pipeline
+from space_server import emoji_pipeline, load_app, one_cpu_thread, serve, shapes_lora, shapes_pipeline
 
 from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.worlds import WORLDS
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,8 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace, lora = {}, shapes_lora(tmp_path / "lora")
     with_code = stage_pipeline(PIPELINE_PATH, "alice/lmlp-shapes", tmp_path / "with-code", with_code=True).folder
-    with one_cpu_thread(), serve(load_app().build_demo(shapes_pipeline(), queue_size=8)) as url:
+    served = {"emoji": emoji_pipeline(), "shapes": shapes_pipeline()}  # as `python app.py` serves them
+    with one_cpu_thread(), serve(load_app().build_demo(served, queue_size=8)) as url:
         for index, block in enumerate(PYTHON_BLOCKS):
             code = localise(block, stand_ins(url, lora, with_code))
             exec(compile(code, f"python block {index} of {' + '.join(PAGES)}", "exec"), namespace)
@@ -105,9 +107,10 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_hub_dry_run_commands_run_as_written(tmp_path):
-    """docs/hub.md's dry runs, with the shipped pipeline as the trained `lmlp-shapes/` folder; every push the README
-    and docs/hub.md show is one of them without `--dry-run --output-dir ...`."""
+    """docs/hub.md's dry runs, with the shipped pipelines as the trained `lmlp-shapes/` and `lmlp-emoji/` folders;
+    every push the README and docs/hub.md show is one of them without `--dry-run --output-dir ...`."""
     shutil.copytree(PIPELINE_PATH, tmp_path / "lmlp-shapes")
+    shutil.copytree(WORLDS["emoji"].pipeline_path, tmp_path / "lmlp-emoji")
     hub_lines = [
         line.split("#", 1)[0].strip()
         for block in BASH_BLOCKS
@@ -115,7 +118,7 @@ def test_hub_dry_run_commands_run_as_written(tmp_path):
         if line.startswith("python -m diffusers_lmlp.hub")
     ]
     commands = [line for line in hub_lines if "--dry-run" in line]
-    assert len(commands) == 3, commands
+    assert len(commands) == 4, commands
     pushes = {re.sub(r" --dry-run --output-dir \S+$", "", command) for command in commands}
     assert set(hub_lines) - set(commands) == pushes, hub_lines
     for command in commands:
@@ -124,6 +127,7 @@ def test_hub_dry_run_commands_run_as_written(tmp_path):
         assert result.returncode == 0, f"{command}\n{result.stderr}"
     assert (tmp_path / "lmlp-shapes-upload" / "model_index.json").is_file()
     assert (tmp_path / "lmlp-shapes-code-upload" / "pipeline_lmlp.py").is_file()
+    assert (tmp_path / "lmlp-emoji-code-upload" / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
     assert (tmp_path / "lmlp-demo-upload" / "app.py").is_file()
 
 

@@ -2,9 +2,11 @@
 components, its validation scores and its final scores; and the shipped emoji pipeline."""
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
+from documents import blocks, text
 from test_train_text_to_image import load_script
 
 from diffusers_lmlp import LMLPPipeline
@@ -21,9 +23,24 @@ TINY = [
 
 
 @pytest.mark.slow
-def test_the_emoji_preset_trains_on_the_world_and_ends_with_its_scores(tmp_path, capsys):
+def test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores(tmp_path, capsys):
+    # The README's command, in this process (the script's main) with a tiny slice, backbone and sampler added.
+    [command] = {
+        block.strip()
+        for page in ("README.md", "docs/emoji.md")
+        for block in blocks(text(page), "bash")
+        if "--preset emoji" in block
+    }
+    argv = shlex.split(command)
+    assert argv[:5] == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "examples/accelerate.yaml",
+        "examples/train_text_to_image.py",
+    ]
     out = tmp_path / "lmlp-emoji"
-    load_script().main(["--preset", "emoji", *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
+    load_script().main([*argv[5:], *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
     summary = json.loads((out / "training_summary.json").read_text(encoding="utf-8"))
     assert summary["world"] == "emoji" and summary["sample_prompts"] == list(VALIDATION_PROMPTS)
     assert list(summary["scores"]) == ["train", "held-out"] and set(summary["scores"]["held-out"]) == set(FLAGS)
@@ -57,3 +74,14 @@ def test_the_shipped_emoji_pipeline_loads_offline_and_draws_32_pixel_emoji():
     assert image.size == (32, 32)
     summary = json.loads((Path(pipe.name_or_path) / "training_summary.json").read_text(encoding="utf-8"))
     assert summary["world"] == "emoji"
+
+
+def test_the_evaluation_and_analysis_commands_take_the_emoji_pipeline():
+    from diffusers_lmlp.analysis.sources import find_backbone
+    from diffusers_lmlp.emoji.scorer import CLIP_PATH, PIPELINE_PATH
+    from diffusers_lmlp.evaluation.__main__ import parse_args
+
+    args = parse_args(["--pipeline", "emoji"])
+    assert (args.captions, args.fid_reference, args.clip_model) == ("emoji", "emoji", str(CLIP_PATH))
+    source = find_backbone("emoji")
+    assert source.folder == PIPELINE_PATH and source.family.name == "lmlp"

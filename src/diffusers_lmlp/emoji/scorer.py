@@ -157,7 +157,7 @@ class EmojiScorer:
                 targets = caption_targets()[caption]
                 bases = set(self.bases[list(targets)])
                 hits = [self.bases[i] in bases for i in top[b]]
-                group = tone_group(targets[0]) if len(load_emoji()[targets[0]].tones) == 1 else []
+                group = list(tone_group(targets[0])) if len(load_emoji()[targets[0]].tones) == 1 else []
                 tone = float(group[int(similarity[b, group].argmax())] == targets[0]) if group else float("nan")
                 columns.append([float(hits[0]), float(any(hits)), tone])
             rows.append(columns)

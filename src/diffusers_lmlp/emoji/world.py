@@ -85,11 +85,12 @@ def split_indices(split: str) -> list[int]:
     return [i for i, e in enumerate(load_emoji()) if e.held_out == (split == "heldout")]
 
 
-def tone_group(index: int) -> list[int]:
+@functools.cache
+def tone_group(index: int) -> tuple[int, ...]:
     """The positions of the single-tone variants of picture `index`'s emoji, one per tone in order (none for an emoji
     without tones): the candidates its tone is told among."""
     emoji = load_emoji()
-    return [i for i, e in enumerate(emoji) if e.base == emoji[index].base and len(e.tones) == 1]
+    return tuple(i for i, e in enumerate(emoji) if e.base == emoji[index].base and len(e.tones) == 1)
 
 
 def validation_prompts() -> list[str]:
