@@ -1,8 +1,8 @@
 """What a visitor of the Space waits for on a CPU: one request, sampled eagerly against with the transformer frozen.
 
-The script serves the model as `spaces/lmlp-demo/app.py` does (the shapes model that ships in the package, or
-`--model`, a local pipeline folder) and times the app's own generate function on one request, by default the app's
-defaults (4 images, 50 steps, guidance 2.0). One pipeline samples with the transformer as it is (`LMLP_FREEZE=0`),
+The script serves a model as `spaces/lmlp-demo/app.py` does (`--model`: the shipped shapes model by default, the
+shipped emoji model, or a local pipeline folder) and times the app's own generate function on one request, by default
+the app's defaults (4 images, 50 steps, guidance 2.0). One pipeline samples with the transformer as it is (`LMLP_FREEZE=0`),
 the other frozen by the app's `serve_frozen` (the default on a CPU), timed in turn over `--rounds`, in float32 and,
 where the CPU runs it natively, in bf16 (the app serves in bf16 where it measures bf16 faster). It prints the
 median seconds of a request, the frozen one's speed-up, the compilation at start-up, and the largest difference
@@ -39,7 +39,9 @@ def load_app():
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="a local pipeline folder (default: the shipped shapes model, as the app)")
+    parser.add_argument(
+        "--model", default="shapes", help="a local pipeline folder, or a shipped model: shapes (default) or emoji"
+    )
     parser.add_argument(
         "--precisions", nargs="+", choices=sorted(PRECISIONS), help="default: fp32, and bf16 where it is native"
     )
@@ -78,7 +80,7 @@ def measure(app, args: argparse.Namespace, precision: str) -> dict:
         raise SystemExit(f"{precision}: the app could not freeze the transformer here: {line}")
     generators = {"eager": app.make_generate_fn(eager), "frozen": app.make_generate_fn(frozen)}
     # (prompt, negative prompt, seed, randomize seed, steps, guidance, images), as the UI and the API send them
-    prompt = app.SHAPES_EXAMPLES[0] if args.model is None else app.GENERIC_EXAMPLES[0]
+    prompt = {"shapes": app.SHAPES_EXAMPLES, "emoji": app.EMOJI_EXAMPLES}.get(args.model, app.GENERIC_EXAMPLES)[0]
     request = (prompt, "", 0, False, args.num_inference_steps, args.guidance_scale, args.num_images)
     images = {name: generate(*request)[0] for name, generate in generators.items()}  # also the warm-up
     difference = max(
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     app = load_app()
     rows = [measure(app, args, precision) for precision in args.precisions]
-    model = args.model or "the shipped shapes model"
+    model = f"the shipped {args.model} model" if args.model in app.SHIPPED else args.model
     print(
         f"The Space's request ({args.num_images} image(s), {args.num_inference_steps} steps, guidance "
         f"{args.guidance_scale:g}) on {model}, median of {args.rounds}; torch {torch.__version__}, "

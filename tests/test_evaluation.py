@@ -485,7 +485,7 @@ def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_
     first = [Image.open(tmp_path / "straight" / f"{i:06d}.png") for i in range(8)]
     assert partial["shapes"] == accuracies([score_image(image, caption) for image, caption in zip(first, captions)])
     assert partial["clip_score"] == pytest.approx(float(tiny_clip.score(first, captions[:8]).mean()), rel=1e-5)
-    assert partial["fid_reference"] == "shapes (renders of the same captions, 8 images)"
+    assert partial["fid_reference"] == "shapes (real images of the same captions, 8 images)"
     assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == [
         "batch-000000.safetensors", "batch-000001.safetensors", "settings.json",
     ]  # fmt: skip

@@ -223,13 +223,15 @@ def test_from_pipe_passes_on_no_freezing_that_is_off_or_of_another_transformer(m
     assert not pipe.inductor_freezing_enabled
 
 
-def test_the_ninth_frozen_pipeline_of_a_class_still_samples_frozen(make_pipe, generate):
-    # Dynamo keeps at most `recompile_limit` (8) graphs for the forward that every model of the class shares, then
-    # runs it eagerly; without a reset at each freeze, the ninth pipeline frozen here would silently sample eagerly.
+def test_a_pipeline_frozen_past_the_recompile_limit_still_samples_frozen(make_pipe, generate):
+    # Dynamo keeps at most `recompile_limit` (8 by default) graphs for the forward that every model of the class
+    # shares, then runs it eagerly; without a reset at each freeze, the ninth pipeline frozen would silently sample
+    # eagerly. The limit is lowered to 2 here, so that the third pipeline is the one past it.
     assert torch._dynamo.config.recompile_limit == 8
-    for index in range(9):
-        pipe = make_pipe(seed=index)
-        pipe.enable_inductor_freezing()
-        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        generate(pipe)
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs, f"pipeline {index + 1} ran eagerly"
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for index in range(3):
+            pipe = make_pipe(seed=index)
+            pipe.enable_inductor_freezing()
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            generate(pipe)
+            assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs, f"pipeline {index + 1} ran eagerly"

@@ -268,8 +268,9 @@ def test_shapes_num_images_sizes_the_shapes_world_only(tmp_path, capsys):
         script, [*out, "--shapes_num_images", "0"], capsys
     )
     with_data = [*out, "--train_data_dir", str(tmp_path), "--shapes_num_images", "100"]
-    assert "--shapes_num_images sizes the shapes world, which your data replaces" in parser_error(
-        script, with_data, capsys
+    assert (
+        "--shapes_num_images sizes the shapes world, which this run does not train on: leave it out"
+        in parser_error(script, with_data, capsys)
     )
     assert script.parse_args([*out, "--shapes_num_images", "100"]).shapes_num_images == 100
     common = dict(
