@@ -23,6 +23,7 @@ from PIL import Image
 from space_server import emoji_pipeline, load_app, one_cpu_thread, serve, shapes_lora, shapes_pipeline
 
 from diffusers_lmlp.hub import stage_pipeline
+from diffusers_lmlp.hub.__main__ import main as hub_main
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.worlds import WORLDS
 
@@ -106,7 +107,7 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_hub_dry_run_commands_run_as_written(tmp_path):
+def test_hub_dry_run_commands_run_as_written(tmp_path, monkeypatch):
     """docs/hub.md's dry runs, with the shipped pipelines as the trained `lmlp-shapes/` and `lmlp-emoji/` folders;
     every push the README and docs/hub.md show is one of them without `--dry-run --output-dir ...`."""
     shutil.copytree(PIPELINE_PATH, tmp_path / "lmlp-shapes")
@@ -121,10 +122,11 @@ def test_hub_dry_run_commands_run_as_written(tmp_path):
     assert len(commands) == 4, commands
     pushes = {re.sub(r" --dry-run --output-dir \S+$", "", command) for command in commands}
     assert set(hub_lines) - set(commands) == pushes, hub_lines
-    for command in commands:
+    monkeypatch.chdir(tmp_path)
+    for command in commands:  # in this process: `python -m diffusers_lmlp.hub` runs this main
         argv = shlex.split(command.replace("<user>", "alice"))
-        result = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, capture_output=True, text=True)
-        assert result.returncode == 0, f"{command}\n{result.stderr}"
+        assert argv[:3] == ["python", "-m", "diffusers_lmlp.hub"]
+        hub_main(argv[3:])
     assert (tmp_path / "lmlp-shapes-upload" / "model_index.json").is_file()
     assert (tmp_path / "lmlp-shapes-code-upload" / "pipeline_lmlp.py").is_file()
     assert (tmp_path / "lmlp-emoji-code-upload" / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
