@@ -51,7 +51,7 @@ def test_moe_block_with_one_expert_and_one_head_equals_lmlp_block():
         with collect_router_probs(moe) as probs_moe:
             out_moe = moe(x, skip)
     assert len(probs_moe) == 1 and torch.equal(probs_moe[0], torch.ones(3, 1, 1))
-    torch.testing.assert_close(out_moe, out_lmlp, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_moe, out_lmlp, rtol=0, atol=0)
 
 
 def test_moe_model_with_one_expert_and_one_head_equals_lmlp_model():
@@ -61,7 +61,7 @@ def test_moe_model_with_one_expert_and_one_head_equals_lmlp_model():
     moe.load_state_dict(lmlp_to_moe_state_dict(lmlp.state_dict()), strict=False)
     x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([10, 900])
     with torch.no_grad():
-        torch.testing.assert_close(moe(x, ctx, t).sample, lmlp(x, ctx, t).sample, rtol=0, atol=1e-6)
+        torch.testing.assert_close(moe(x, ctx, t).sample, lmlp(x, ctx, t).sample, rtol=0, atol=0)
 
 
 def naive_moe_linear_attention(mixer, x_tok):

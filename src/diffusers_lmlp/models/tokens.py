@@ -82,7 +82,7 @@ class TokenEmbedder(nn.Module):
             timestep (`torch.Tensor`): (B,) network timesteps, already in the reference's 1..1000 convention.
 
         Returns:
-            `torch.Tensor`: (B, L, D) tokens, in the patch embedding's dtype.
+            `torch.Tensor`: (B, L, D) tokens, in the widest of the weights' and the layers' output dtypes.
         """
         latents = latents.to(input_dtype(self.patch_embed))
         text_states = text_states.to(input_dtype(self.text_adapter))
@@ -93,10 +93,12 @@ class TokenEmbedder(nn.Module):
             patches = patches + pooled.unsqueeze(1)  # (B, N, D)
         # The reference time token is the bare sinusoid, cos half first, with no MLP.
         time = get_timestep_embedding(timestep, self.hidden_size, flip_sin_to_cos=True, downscale_freq_shift=0)
-        time = time.to(patches.dtype).unsqueeze(1)  # (B, 1, D)
-        text = self.text_adapter(text_states).to(patches.dtype)  # (B, T, D)
+        time = time.to(self.pos_embed.dtype).unsqueeze(1)  # (B, 1, D)
+        text = self.text_adapter(text_states)  # (B, T, D)
+        # torch.cat promotes to the widest dtype, as in the reference: under bf16 autocast the bf16 patches and text
+        # join the float32 time token, so the residual stream is float32; with bf16 weights it is all bf16.
         tokens = torch.cat([time, text, patches], dim=1)  # (B, L, D)
-        return tokens + self.pos_embed.to(tokens.dtype)
+        return tokens + self.pos_embed
 
 
 class OutputHead(nn.Module):

@@ -139,15 +139,14 @@ class LMLPBlock(nn.Module):
             left = F.gelu(left)
         if self.lateral_activation == "both":
             right = F.gelu(right)
-        # `right` first: the left hemisphere's output is a transposed view, and an element-wise op takes the layout of
-        # its first operand, so Z comes out contiguous and the merge Linear reads it without a copy. The sums and
-        # products are the same numbers either way round (tests/test_table1.py checks the layout).
+        # `left` first, as the reference: Z then takes the left hemisphere's transposed layout, and the merge GEMM
+        # reads that layout, so its sums round exactly as the reference's do (tests/test_reference_conversion.py).
         if self.merging == "add":
-            z = right + left
+            z = left + right
         elif self.merging == "prod":
-            z = right * left
+            z = left * right
         else:  # "glu"
-            z = torch.sigmoid(right) * left
+            z = left * torch.sigmoid(right)
         return z if self.merge is None else self.merge(z)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
