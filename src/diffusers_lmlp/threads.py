@@ -131,8 +131,7 @@ def busy_cores_of_others(samples: int = 10, interval: float = 0.02, proc: Path =
     """How many cores other processes keep busy right now: the kernel's count of running tasks (`/proc/loadavg`'s
     fourth field) less this process's own running threads, averaged over `samples` reads `interval` seconds apart.
 
-    Not the load average: as the README's main command starts the trainer, right after its `pip install`, that read
-    0.7 on an idle 2-core machine (2026-11-29), and the trainer told every new user to train on one thread.
+    Not the load average: right after a `pip install` it still counts the install's work on an idle machine.
 
     Args:
         samples (`int`, *optional*, defaults to 10): Reads to average.

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .. import commands
+from ..sampling import GUIDANCE_SCALE
 
 
 # The console script setup.py installs for this command.
@@ -83,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     routing.add_argument("--captions", nargs="+", required=True, help="the captions to sample")
     routing.add_argument("--num_inference_steps", type=positive_int, default=20, help="sampler steps per caption")
-    routing.add_argument("--guidance_scale", type=float, default=2.0, help="diffusers' g; the papers' s = g - 1")
+    routing.add_argument(
+        "--guidance_scale", type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"
+    )
     routing.add_argument("--seed", type=int, default=0, help="caption i starts from the noise of seed SEED + i")
     routing.add_argument("--batch_size", type=positive_int, default=8, help="captions per pipeline call")
     return parser

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .. import commands
+from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..threads import apply_threads, choose_threads
 from ..worlds import WORLDS, load
 from .captions import WORLD_SOURCES
@@ -89,10 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         "papers' ViT-L/14; the emoji CLIP for emoji captions, none for shapes captions)",
     )
     parser.add_argument(
-        "--num_inference_steps", type=int, default=50,
+        "--num_inference_steps", type=int, default=NUM_INFERENCE_STEPS,
         help="sampler steps per image (default: 50, the pipeline's default)",
     )  # fmt: skip
-    parser.add_argument("--guidance_scale", type=float, default=2.0, help="diffusers' g; the papers' s = g - 1")
+    parser.add_argument(
+        "--guidance_scale", type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"
+    )
     parser.add_argument("--batch_size", type=int, default=50, help="images per pipeline call (per process)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the pipeline's dtype")
     parser.add_argument(

@@ -1,6 +1,6 @@
 """Token I/O shared by every backbone of the family: latent, timestep and text in; ε prediction out.
 
-The layout is the reference UL-MLP / U-ViT one (shared/reference/reference-implementations.md §A.1):
+The layout is the reference UL-MLP / U-ViT one (zizhao-hu/L-MLP `libs/f2.py`, baofff/U-ViT `libs/uvit_t2i.py`):
 
     tokens = [time (1) | text (T) | image patches (N)] + learned positional embedding, L = 1 + T + N
 

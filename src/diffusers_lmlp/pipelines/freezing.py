@@ -62,8 +62,8 @@ def weights_fingerprint(module: nn.Module) -> tuple:
 def check_freezable(transformer: nn.Module) -> None:
     """Raise a `ValueError` for a transformer that freezing would make slower: one with layers that torch's dynamic
     quantization replaced. dynamo cannot trace them (their packed weights are TorchScript objects), so the graph
-    breaks at each one and little is left to freeze; F2-deep's int8 forward took 989 ms frozen against 871 ms eager
-    (a family-26 AMD EPYC, 2026-11-29; docs/pipeline.md, "Quantizing").
+    breaks at each one and little is left to freeze, and the frozen int8 forward ran slower than the eager one
+    (docs/pipeline.md, "Quantizing").
 
     Args:
         transformer (`nn.Module`): The transformer to freeze.

@@ -1,7 +1,7 @@
 """`LMLPPipeline`: text-to-image sampling with an L-MLP or MoE-MLP backbone, the SD VAE, CLIP and DPM-Solver++.
 
-The sampling setup is the papers' (the U-ViT MS-COCO recipe that both L-MLP and MoE-MLP use;
-shared/reference/reference-implementations.md §B.2–B.6):
+The sampling setup is the papers' (the U-ViT MS-COCO recipe that both L-MLP and MoE-MLP use, baofff/U-ViT's
+`configs/mscoco_uvit_small.py` and `sample_t2i_discrete.py`):
 
 | reference                                       | here                                                          |
 |-------------------------------------------------|---------------------------------------------------------------|
@@ -39,6 +39,7 @@ from ..exports import public
 from ..models.casting import no_empty_fp32_warning
 from ..models.quantized import check_float32_beside_quantized_layers
 from ..models.saving import check_storable, local_paths_left_out
+from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from .checks import (
     _check_components,
     _check_guidance,
@@ -530,10 +531,10 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         negative_prompt: str | list[str] | None = None,
         height: int | None = None,
         width: int | None = None,
-        num_inference_steps: int = 50,
+        num_inference_steps: int = NUM_INFERENCE_STEPS,
         timesteps: list[int] | None = None,
         sigmas: list[float] | None = None,
-        guidance_scale: float = 2.0,
+        guidance_scale: float = GUIDANCE_SCALE,
         num_images_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,

@@ -1,9 +1,8 @@
 """Which AdamW kernel a run uses: torch's fused one on the CPU and CUDA, one kernel over every parameter per step.
 
-On the CPU, torch's default AdamW loops over the parameters in Python, about ten small ops per tensor: 8.3 ms per
-step for the shapes model's 137 weight tensors, against 1.6 ms fused, beside a 133 ms training step (2 AVX2 EPYC
-cores, 2026-11-28; `python benchmarks/training_step.py`, its second table). The fused kernel computes the same
-update to float rounding (`tests/test_train_optimizer.py` checks it against AdamW written out).
+On the CPU, torch's default AdamW loops over the parameters in Python, about ten small ops per tensor, several
+milliseconds a step for the shapes model (docs/training.md). The fused kernel computes the same update to float
+rounding (`tests/test_train_optimizer.py` checks it against AdamW written out).
 
 The kernel is a property of the run's device, not of its checkpoints: `torch.optim.Optimizer.load_state_dict` takes
 the implementation flags (`fused`, `foreach`) from the saved state, so `follow_device` sets them again after a

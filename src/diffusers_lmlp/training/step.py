@@ -265,9 +265,7 @@ def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
     they move to the model's device first, once (`ema.to` moves them all, so the first one tells).
 
     The trainer lists the parameters once per run: they are the same tensors at every step (loads copy into them, and
-    the optimizer holds them too), and listing them walks the prepared model's modules. For the shapes model compiled,
-    listing them at every step made the update 0.71–0.79 ms a step, against 0.42–0.49 ms listed once (the EMA row of
-    `python benchmarks/trainer_overhead.py --torch_compile yes`, three runs each, 2-core AMD EPYC, 2026-11-29).
+    the optimizer holds them too), and listing them walks the prepared model's modules.
 
     Args:
         ema (`EMAModel`): The EMA weights.

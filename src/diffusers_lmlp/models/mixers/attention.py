@@ -1,7 +1,7 @@
 """U-ViT (Bao et al. 2023), the attention baseline of the L-MLP and MoE-MLP papers, as the reference builds it.
 
-The reference is `libs/uvit_t2i.py` of baofff/U-ViT (shared/reference/reference-implementations.md §B.1): the
-token I/O and U-shaped skeleton every backbone here shares (§A.1), with pre-norm transformer blocks:
+The reference is `libs/uvit_t2i.py` of baofff/U-ViT: the token I/O and U-shaped skeleton every backbone here
+shares, with pre-norm transformer blocks:
 
     x = skip_linear(cat([x, skip], -1))          (out blocks only: the long skip, concatenated and projected)
     x = x + attn(norm1(x))                       multi-head self-attention over all L tokens

@@ -23,8 +23,9 @@ change one piece each (see `LMLPTransformer2DModel` for the named rows):
 
 Every layer is an `nn.Linear` or `nn.LayerNorm` called as a module (the token-axis ones on the permuted (B, D, L)
 tensor, as in the reference), so forward hooks, PEFT adapters, quantizers and FLOP counters see all of them.
-See shared/reference/reference-implementations.md §A.2 and §A.7 for where this differs from a textbook
-pre-norm reading of the paper.
+The reference code (zizhao-hu/L-MLP `libs/f2.py`) is followed where it differs from a textbook pre-norm reading of
+the paper: the merge's residual lands on the normalised input, the D-axis LayerNorm is reused before the joint MLP,
+and the L-axis LayerNorm reads the raw tokens.
 """
 
 from collections.abc import Callable

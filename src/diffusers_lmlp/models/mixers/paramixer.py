@@ -19,8 +19,7 @@ and g^c. The three families differ only in the MLP (eqs. 28–29, 38):
 `num_iterations` repeats a block with the same weights (the reference `n_iter`, the paper's iterative mixing layers,
 Table 2); the long skip is added once, before the first iteration.
 
-Where this differs from the reference classification code (Toshihiro-Ota/paramixer, see
-shared/reference/reference-implementations.md §C):
+Where this differs from the reference classification code (Toshihiro-Ota/paramixer):
 
 - The blocks live in the U-shaped diffusion skeleton of this package ([time | text | patches] tokens with a learned
   positional embedding, in/mid/out blocks with additive long skips, the UL-MLP output head), not in the
