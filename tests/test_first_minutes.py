@@ -14,9 +14,10 @@ from processes import run_bounded
 from tqdm.std import tqdm as plain_tqdm
 
 from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp import progress as progress_module
+from diffusers_lmlp.progress import LineProgress, progress_bar
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
-from diffusers_lmlp.training import LineProgress, format_run_summary, progress_bar
-from diffusers_lmlp.training import progress as progress_module
+from diffusers_lmlp.training import format_run_summary
 from diffusers_lmlp.training.report import format_duration
 
 

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -135,21 +134,6 @@ def test_the_package_exports_every_family_and_lists_its_names():
     assert set(diffusers_lmlp.__all__) <= set(dir(diffusers_lmlp))
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
         diffusers_lmlp.NoSuchName  # noqa: B018
-
-
-def test_the_trainers_former_names_work_with_a_deprecation_warning():
-    import diffusers_lmlp.train as train
-    from diffusers_lmlp.training import arguments, batches
-
-    with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.train\.BatchReader.*diffusers_lmlp\.training\.batches"):
-        assert train.BatchReader is batches.BatchReader
-    with pytest.warns(FutureWarning, match=r"diffusers_lmlp\.training\.arguments"):
-        assert train.PRESETS is arguments.PRESETS
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert train.parse_args is arguments.parse_args  # the diffusers example's names stay, without a warning
-    with pytest.raises(AttributeError):
-        train.no_such_name  # noqa: B018
 
 
 def test_the_module_form_of_each_command_names_itself_and_a_script_keeps_its_own_name():

@@ -102,16 +102,13 @@ def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
     # The console script's usage names it (argparse's `prog`; `python -m diffusers_lmlp.hub` names the module form).
     hub = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-hub"), "--help")
     assert hub.returncode == 0 and hub.stdout.startswith("usage: diffusers-lmlp-hub [-h]"), hub.stderr[-2000:]
-    # The README's module forms: `python -m diffusers_lmlp.train`, and the demo's former one, deprecated, stopped by a
-    # bad setting before it loads a model or serves anything.
+    # The README's module form `python -m diffusers_lmlp.train`, and the installed demo's app, stopped by a bad
+    # setting before it loads a model or serves anything.
     python = str(wheel_venv / "bin" / "python")
     module = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.train", "--help")
     assert module.returncode == 0 and "--preset" in module.stdout, module.stderr[-2000:]
-    app = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.space.app", LMLP_QUEUE_SIZE="0")
+    app = run_installed(wheel_venv, python, str(installed_space(wheel_venv) / "app.py"), LMLP_QUEUE_SIZE="0")
     assert app.returncode == 1 and "error: LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
-    assert "FutureWarning: `python -m diffusers_lmlp.space.app` is deprecated and will be removed" in app.stderr
-    # It ran the installed demo, not this checkout's, and names it.
-    assert f"run its app with `python {installed_space(wheel_venv) / 'app.py'}`" in app.stderr
 
 
 def installed_space(venv: Path) -> Path:

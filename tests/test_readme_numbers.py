@@ -1,6 +1,6 @@
 """What the README and docs/ state about the code, read from their pages and compared with the code that it
 describes: the prompts it samples the shipped shapes model with, the progress lines, the upload limits, the Space's
-folder and settings, the install extra, the metadata example, deprecation dates and the options it names. A change on
+folder and settings, the install extra, the metadata example, and the options it names. A change on
 either side fails here, so that neither can drift from the other. (The vocabulary size and the LoRA share are checked in
 tests/test_readme_facts.py.)"""
 
@@ -17,8 +17,8 @@ from test_readme import PYTHON_BLOCKS, stand_ins
 from diffusers_lmlp import unknown_words
 from diffusers_lmlp.hub.space import SPACE_FILE_LIMIT, SPACE_NAME, SPACE_TOTAL_LIMIT
 from diffusers_lmlp.hub.upload import IMAGE_LIMIT, TEXT_LIMIT
+from diffusers_lmlp.progress import LINE_EVERY_FRACTION, LINE_EVERY_SECONDS
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-from diffusers_lmlp.training.progress import LINE_EVERY_FRACTION, LINE_EVERY_SECONDS
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,18 +174,6 @@ def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_pat
     )  # fmt: skip
     assert list(dataset["text"]) == re.findall(r'"text": "([^"]+)"', example)
     assert len(dataset) == 2 and all(image.size == (8, 8) for image in dataset["image"])
-
-
-def test_the_deprecations_the_readme_dates_end_when_the_code_says():
-    from diffusers_lmlp.space.app import REMOVED_IN
-    from diffusers_lmlp.tiny import RENAMED_BACKBONES, RENAMED_BACKBONES_REMOVED_IN
-
-    former_command = r"`python -m diffusers_lmlp.space.app`, the former command, still runs it with a deprecation"
-    [space] = stated(former_command + r" warning until ([\d.]+)\.", page_text("docs/hub.md"))
-    former_name = r'The former name `"(\w+)"` still builds a `"(\w+)"` pipeline, with a `FutureWarning`,'
-    old, new, tiny = stated(former_name + r" until diffusers-lmlp ([\d.]+)\.", page_text("docs/pipeline.md"))
-    assert space == REMOVED_IN
-    assert RENAMED_BACKBONES == {old: new} and tiny == RENAMED_BACKBONES_REMOVED_IN
 
 
 def test_the_evaluation_progress_files_the_readme_names_are_the_commands():

@@ -409,16 +409,3 @@ def test_with_code_entries_are_mapped_by_one_function_that_only_looks_at_the_loa
     monkeypatch.delitem(sys.modules, "diffusers_lmlp")
     assert model_index.package_model_index(with_code) == with_code
     assert "diffusers_lmlp" not in sys.modules
-
-
-def test_the_names_that_moved_out_of_remote_code_warn_at_their_old_path():
-    from diffusers_lmlp.hub import package_source, remote_code
-    from diffusers_lmlp.pipelines import model_index
-
-    for name, new in [("defining_module", package_source), ("PackageImport", package_source)]:
-        with pytest.warns(FutureWarning, match=rf"`diffusers_lmlp\.hub\.remote_code\.{name}` is deprecated"):
-            assert getattr(remote_code, name) is getattr(new, name)
-    with pytest.warns(FutureWarning, match="Import it from `diffusers_lmlp.pipelines.model_index`"):
-        assert remote_code.LOADABLE_LIBRARIES is model_index.LOADABLE_LIBRARIES
-    with pytest.raises(AttributeError):
-        remote_code.no_such_name

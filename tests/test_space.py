@@ -8,7 +8,6 @@ import contextlib
 import io
 import os
 import re
-import runpy
 from pathlib import Path
 
 import gradio as gr
@@ -344,17 +343,6 @@ def test_the_app_never_claims_a_frozen_graph_that_requests_do_not_share(monkeypa
     )
     with one_cpu_thread():
         assert image_std(app.make_generate_fn(pipe)(*VALID.values())[0][0]) > 8
-
-
-def test_the_old_module_form_still_runs_the_app_with_a_deprecation_warning(fresh_process):
-    fresh_process.setenv("LMLP_QUEUE_SIZE", "0")  # stops the app before it loads a model
-    message = (
-        r"`python -m diffusers_lmlp.space.app` is deprecated and will be removed in diffusers-lmlp 0\.2\.0\. The "
-        r"Space moved to spaces/lmlp-demo/: run its app with `python .*spaces/lmlp-demo/app\.py`"
-    )
-    with pytest.warns(FutureWarning, match=message), pytest.raises(SystemExit) as exit_info:
-        runpy.run_module("diffusers_lmlp.space.app", run_name="__main__")
-    assert exit_info.value.code == "error: LMLP_QUEUE_SIZE must be a whole number of at least 1, got '0'."
 
 
 def test_model_panel_describes_the_shipped_model(shapes_pipe):

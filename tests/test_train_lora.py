@@ -19,9 +19,10 @@ from test_train_text_to_image import ENV, load_script, make_workspace, train_her
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.hub import push_lora, stage_lora
 from diffusers_lmlp.hub.__main__ import main as hub_main
+from diffusers_lmlp.hub.lora_card import SHIPPED_SHAPES_MODEL, names_in_block
 from diffusers_lmlp.models import FAMILIES
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from diffusers_lmlp.training.lora import SHIPPED_SHAPES_MODEL, add_lora, lora_config, names_in_block
+from diffusers_lmlp.training.lora import add_lora, lora_config
 
 
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]

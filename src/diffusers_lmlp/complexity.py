@@ -22,7 +22,6 @@ import torch
 from diffusers.configuration_utils import ConfigMixin
 from torch.utils.flop_counter import FlopCounterMode
 
-from .deprecation import deprecate
 from .models.families import FAMILIES, BlockFamily, family_of
 from .models.mixers.cost import BlockCost, linear_cost
 
@@ -94,10 +93,8 @@ def _token_io_cost(config: Mapping) -> BlockCost:
 
 
 def analytic_complexity(
-    model: Mapping | ConfigMixin | torch.nn.Module | None = None,
+    model: Mapping | ConfigMixin | torch.nn.Module,
     family: str | None = None,
-    *,
-    config: Mapping | ConfigMixin | None = None,
 ) -> Complexity:
     """Parameters and per-sample forward MACs of any registered backbone, from its config.
 
@@ -109,8 +106,6 @@ def analytic_complexity(
         model (`Mapping` or `ConfigMixin`): A backbone, or its config. A config names its family by `_class_name`
             (saved configs do) or by `family`.
         family (`str`, *optional*): The family's registry name (e.g. "lmlp", "uvit"), for a bare config mapping.
-        config (`Mapping` or `ConfigMixin`, *optional*): The former name of `model`: deprecated, removed in
-            diffusers-lmlp 0.2.0.
 
     Returns:
         [`Complexity`]: exact parameter count and forward MACs per sample.
@@ -121,13 +116,6 @@ def analytic_complexity(
         analytic_complexity({"hidden_size": 256}, family="uvit")
         ```
     """
-    if config is not None:
-        if model is not None:
-            raise TypeError("analytic_complexity() got both model and config: pass the backbone or its config once")
-        deprecate("analytic_complexity(config=...)", "0.2.0", "Pass the backbone or its config as `model`.")
-        model = config
-    if model is None:
-        raise TypeError("analytic_complexity() needs a backbone or its config (model=...)")
     block_family: BlockFamily = FAMILIES[family] if family is not None else family_of(model)
     config = model.config if isinstance(model, ConfigMixin) else model
     config = block_family.full_config(config)

@@ -14,15 +14,9 @@ import torch
 from diffusers import AutoencoderKL
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-from .deprecation import deprecate
 from .models import FAMILIES
 from .pipelines import LMLPPipeline, default_scheduler
 
-
-# Backbone names that `build_tiny_pipeline` took before the block-family registry: old name -> registry name. They
-# keep working, with a FutureWarning, until the version below (tests/test_deprecations.py fails once it is reached).
-RENAMED_BACKBONES = {"moe": "moe_mlp"}
-RENAMED_BACKBONES_REMOVED_IN = "0.2.0"
 
 # Words that get whole-word BPE merges; any other word still tokenizes, byte by byte.
 TINY_VOCAB_WORDS = (
@@ -156,8 +150,7 @@ def build_tiny_pipeline(
 
     Args:
         backbone (`str`, *optional*, defaults to `"lmlp"`): A block family of the registry
-            (`diffusers_lmlp.FAMILIES`: "lmlp", "moe_mlp", "uvit", ...), built with its `tiny_overrides`. The old
-            name "moe" still works, with a FutureWarning, until diffusers-lmlp 0.2.0.
+            (`diffusers_lmlp.FAMILIES`: "lmlp", "moe_mlp", "uvit", ...), built with its `tiny_overrides`.
         seed (`int`, *optional*, defaults to 0): Seed of every random initialisation; equal seeds give equal
             weights.
         text_seq_len (`int`, *optional*, defaults to 16): Tokens per prompt, shared by tokenizer and backbone.
@@ -167,14 +160,6 @@ def build_tiny_pipeline(
     Returns:
         `LMLPPipeline`: The pipeline, on the CPU in float32, with its models in eval mode.
     """
-    if backbone in RENAMED_BACKBONES:
-        deprecate(
-            f"build_tiny_pipeline(backbone={backbone!r})",
-            RENAMED_BACKBONES_REMOVED_IN,
-            f"The family is now called {RENAMED_BACKBONES[backbone]!r}, its name in the registry "
-            f"diffusers_lmlp.FAMILIES. Pass backbone={RENAMED_BACKBONES[backbone]!r}.",
-        )
-        backbone = RENAMED_BACKBONES[backbone]
     if backbone not in FAMILIES:
         raise ValueError(f"Unknown backbone {backbone!r}; choose a block family among {sorted(FAMILIES)}.")
     family = FAMILIES[backbone]

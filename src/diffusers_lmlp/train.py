@@ -11,25 +11,6 @@ whose parts (components, batches, the step, checkpoints, validation, the end of 
 import os
 
 from diffusers_lmlp.training.arguments import build_parser, parse_args  # noqa: F401  (the diffusers example's names)
-from diffusers_lmlp.training.moved import moved_names
-
-
-# The trainer's functions lived in this module until the trainer moved into `diffusers_lmlp.training`; their old
-# path keeps working, with a warning, until `training.moved.REMOVED_IN`. The rooms that define names come before the
-# trainer, which imports some of them.
-MOVED_TO = tuple(
-    f"diffusers_lmlp.training.{room}"
-    for room in (
-        "arguments",
-        "argument_checks",
-        "components",
-        "batches",
-        "validation",
-        "divergence",
-        "finishing",
-        "trainer",
-    )
-)
 
 
 def main(argv: list[str] | None = None, exit_when_done: bool = False) -> None:
@@ -53,10 +34,6 @@ def cli() -> None:
     tearing down its objects and interpreter, which can hang after a complete run (pytorch/pytorch#190489).
     """
     main(exit_when_done=int(os.environ.get("WORLD_SIZE", "1")) > 1)
-
-
-# The trainer's names at their former path, with a deprecation warning.
-__getattr__ = moved_names(__name__, MOVED_TO)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..models.families import family_of
-from ..training.progress import progress_bar
+from ..progress import progress_bar
 from .figures import grid_figure, heat_map
 from .kinds import check_lateralization, first_stage
 from .layers import block_name, layer_block, num_blocks

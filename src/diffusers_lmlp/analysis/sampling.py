@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..training.progress import progress_bar
+from ..progress import progress_bar
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,10 @@
-"""The captions an evaluation samples: COCO val2014's as the reference protocol draws them, a captions file, or an
-embedded world's (shapes, emoji)."""
+"""Captions: what one is, whatever the data source (`captions_of`), and the ones an evaluation samples: COCO
+val2014's as the reference protocol draws them, a captions file, or an embedded world's (shapes, emoji)."""
 
 import json
 from pathlib import Path
 
 import numpy as np
-
-from ..training.data import coco_captions
 
 
 COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
@@ -32,6 +30,47 @@ EMOJI_SOURCES = {
 }
 WORLD_SOURCES = (*SHAPES_SOURCES, *EMOJI_SOURCES)
 DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000, "emoji": 1_000}
+
+
+def captions_of(value) -> list[str]:
+    """The captions of one sample: a non-empty string, or a non-empty list of them.
+
+    Args:
+        value: The sample's caption column.
+
+    Raises:
+        `ValueError`: For anything else (None, a number, "", a list with a blank entry).
+    """
+    captions = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
+    if not captions or not all(isinstance(c, str) and c.strip() for c in captions):
+        raise ValueError(f"a caption must be a non-empty string or a non-empty list of them, got {value!r}")
+    return captions
+
+
+def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
+    """The captions of each image id, in the order of the annotations file.
+
+    Args:
+        coco (`dict`): The parsed captions file.
+        annotations_file (`Path`): Its path, for the messages.
+
+    Raises:
+        `ValueError`: For a caption of an image the file does not list, or an empty caption.
+    """
+    known = {image["id"] for image in coco["images"]}
+    captions: dict[int, list[str]] = {}
+    for annotation in coco["annotations"]:
+        image_id, caption = annotation["image_id"], annotation["caption"]
+        if image_id not in known:
+            raise ValueError(
+                f"{annotations_file}: annotation {annotation['id']} captions image {image_id}, not listed"
+            )
+        try:
+            captions_of(caption)
+        except ValueError as error:
+            raise ValueError(f"{annotations_file}: annotation {annotation['id']}: {error}") from None
+        captions.setdefault(image_id, []).append(caption)
+    return captions
 
 
 def read_captions_file(path: str | Path, option: str = "--captions") -> list[str]:

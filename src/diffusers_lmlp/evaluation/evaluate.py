@@ -22,7 +22,8 @@ from PIL import Image
 
 from ..image_grid import make_image_grid
 from ..image_tensors import images_to_tensor
-from ..training.progress import progress_bar
+from ..progress import progress_bar
+from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..worlds import WORLDS, World, load, world_of
 from .clip_score import CLIPScorer
 from .extractors import INCEPTION, extractor_name, feature_size, image_features, load_extractor
@@ -215,8 +216,8 @@ def evaluate(
     fid_reference: str | Path | FIDStatistics | None = None,
     fid_extractor: str | torch.nn.Module | None = None,
     clip_model: str | CLIPScorer | None = None,
-    num_inference_steps: int = 50,
-    guidance_scale: float = 2.0,
+    num_inference_steps: int = NUM_INFERENCE_STEPS,
+    guidance_scale: float = GUIDANCE_SCALE,
     batch_size: int = 50,
     seed: int = 0,
     image_dir: str | Path | None = None,

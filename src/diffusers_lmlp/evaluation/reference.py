@@ -7,9 +7,8 @@ from pathlib import Path
 from huggingface_hub import constants
 from PIL import Image, UnidentifiedImageError
 
-from ..image_tensors import images_to_tensor
-from ..training.data import center_crop_resize
-from ..training.progress import progress_bar
+from ..image_tensors import center_crop_resize, images_to_tensor
+from ..progress import progress_bar
 from .extractors import extractor_name, feature_size, image_features
 from .fid import FeatureMoments, FIDStatistics
 

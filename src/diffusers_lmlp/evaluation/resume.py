@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from ..training.durable import fsync_tree
+from ..durable import fsync_tree
 
 
 logger = logging.getLogger(__name__)

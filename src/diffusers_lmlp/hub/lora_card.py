@@ -7,21 +7,83 @@ The trainer writes it next to `pytorch_lora_weights.safetensors` when it trains 
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from huggingface_hub import ModelCard
 
 from ..models.families import family_of
-from ..training.lora import (
-    ADAPTER_NAME,
-    SHIPPED_SHAPES_MODEL,
-    adapted_modules,
-    is_shipped_shapes_model,
-    load_base_code,
-    names_in_block,
-)
+from ..shapes.pretrained import PIPELINE_PATH as SHAPES_PIPELINE_PATH
 from .card import GENERIC_PROMPT, SAMPLER_CALL_ARGUMENTS, data_source, hub_id_or_none, update_card
+
+
+if TYPE_CHECKING:
+    import torch
+
+
+# The adapter's name inside the model while training (PEFT's default); files carry no adapter name.
+ADAPTER_NAME = "default"
+# The path of a block in the backbone (`UShapedMixerModel.stack`), before a module's name inside the block.
+BLOCK_PREFIX = re.compile(r"^stack\.(?:(?:in|out)_blocks\.\d+|mid_block)\.")
+# How a run's `training_summary.json` names the shapes model shipped in the package as its base: by the function that
+# loads it, not by its path in this installation (`/home/<user>/.venv/...`), which the summary would carry to the Hub.
+SHIPPED_SHAPES_MODEL = "diffusers_lmlp.shapes.pretrained_shapes_pipeline()"
+
+
+def adapted_modules(model: "torch.nn.Module") -> list[str]:
+    """The names of the modules an adapter adapts, as the model without adapters names them (PEFT's wrappers put
+    `base_layer` into the paths below them).
+
+    Args:
+        model (`torch.nn.Module`): The backbone with an adapter.
+    """
+    names = (name.split(".lora_")[0] for name, _ in model.named_parameters() if ".lora_" in name)
+    return list(dict.fromkeys(".".join(part for part in name.split(".") if part != "base_layer") for name in names))
+
+
+def names_in_block(names: list[str]) -> list[str]:
+    """The names of modules inside the U-shaped stack's blocks, without the block's own path
+    (`stack.in_blocks.0.joint_mlp.fc1` -> `joint_mlp.fc1`), once each, in order; other modules are left out.
+
+    Args:
+        names (`list[str]`): Module names of a backbone.
+    """
+    inside = (BLOCK_PREFIX.sub("", name) for name in names if BLOCK_PREFIX.match(name))
+    return list(dict.fromkeys(inside))
+
+
+def is_shipped_shapes_model(base_model: str) -> bool:
+    """Whether `base_model` (a run's `--pretrained_model_name_or_path`, or a summary's `base_model`) is the shapes
+    model shipped in the package: its folder, or `SHIPPED_SHAPES_MODEL`.
+
+    Args:
+        base_model (`str`): A folder, a Hub repo id or `SHIPPED_SHAPES_MODEL`.
+    """
+    return base_model == SHIPPED_SHAPES_MODEL or Path(base_model).resolve() == SHAPES_PIPELINE_PATH.resolve()
+
+
+def recorded_base_model(base_model: str) -> str:
+    """How a LoRA run's summary records its base pipeline: `SHIPPED_SHAPES_MODEL` for the shipped shapes model, any
+    other folder or repo id as given (the end-of-run summary's load line reads it on this machine).
+
+    Args:
+        base_model (`str`): The run's `--pretrained_model_name_or_path`.
+    """
+    return SHIPPED_SHAPES_MODEL if is_shipped_shapes_model(base_model) else base_model
+
+
+def load_base_code(base_model: str) -> str:
+    """The Python lines that load the base pipeline as `pipe`: the shipped shapes model by its function, others by
+    folder or repo id.
+
+    Args:
+        base_model (`str`): A run's `--pretrained_model_name_or_path` (or the Hub repo it was pushed to).
+    """
+    if is_shipped_shapes_model(base_model):
+        return "from diffusers_lmlp.shapes import pretrained_shapes_pipeline\npipe = pretrained_shapes_pipeline()"
+    return f"from diffusers_lmlp import LMLPPipeline\npipe = LMLPPipeline.from_pretrained({json.dumps(base_model)})"
 
 
 def public_base_model(base_model: str) -> str:

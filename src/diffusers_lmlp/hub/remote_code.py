@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..deprecation import deprecate
 from ..pipelines.model_index import package_model_index
 from .package_source import (
     PACKAGE,
@@ -463,22 +462,3 @@ def name_package_classes(folder: str | Path) -> None:
     model_index = json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8"))
     if package_model_index(model_index) != model_index:
         write_model_index(folder, package_model_index(model_index))
-
-
-# Names that lived in this module until the reading of the package's source moved to `.package_source` and the
-# with-code mapping of `model_index.json` to `diffusers_lmlp.pipelines.model_index`; their old path keeps working,
-# with a warning, until this version.
-MOVED_REMOVED_IN = "0.2.0"
-MOVED = {
-    "PackageImport": f"{PACKAGE}.hub.package_source",
-    "defining_module": f"{PACKAGE}.hub.package_source",
-    "LOADABLE_LIBRARIES": f"{PACKAGE}.pipelines.model_index",
-}
-
-
-def __getattr__(name: str):
-    """The moved names at their former path, with a deprecation warning."""
-    if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    deprecate(f"`{__name__}.{name}`", MOVED_REMOVED_IN, f"Import it from `{MOVED[name]}`.", stacklevel=3)
-    return getattr(importlib.import_module(MOVED[name]), name)

@@ -13,8 +13,7 @@
 - `validation`: the samples and scores during training, and the final evaluation on the shapes world.
 - `finishing`: the end of a run: the saved pipeline or adapter, its card and summary, the push, leaving together.
 - `lora`, `precision`, `compilation`, `sources`: LoRA adapters, mixed precision, `torch.compile`, where the frozen
-  components load from; `durable` writes, `progress` bars that behave in log files, the end-of-run `report`.
-- `moved`: the former paths of names that moved, with a deprecation warning.
+  components load from; the end-of-run `report`.
 
 Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
 """
@@ -34,27 +33,22 @@ _EXPORTS = {
     "saved_train_seconds": ".checkpoints",
     "warn_about_later_checkpoints": ".checkpoints",
     "DATA_LAYOUTS": ".data",
-    "captions_of": ".captions",
+    "captions_of": "..evaluation.captions",
     "load_coco2014": ".data",
     "load_training_data": ".data",
     "preprocess_image": ".data",
-    "fsync_tree": ".durable",
     "TEXT_DTYPES": ".features",
     "FeatureStore": ".features",
     "encode_text": ".feature_extraction",
     "extract_features": ".feature_extraction",
     "feature_store_key": ".features",
     "open_feature_store": ".feature_extraction",
-    "LineProgress": ".progress",
-    "is_terminal": ".progress",
-    "progress_bar": ".progress",
     "format_run_summary": ".report",
 }
 __all__ = [
     "CHECKPOINT_PATTERN",
     "DATA_LAYOUTS",
     "FeatureStore",
-    "LineProgress",
     "TEXT_DTYPES",
     "captions_of",
     "checkpoint_step",
@@ -63,14 +57,11 @@ __all__ = [
     "extract_features",
     "feature_store_key",
     "format_run_summary",
-    "fsync_tree",
-    "is_terminal",
     "list_checkpoints",
     "load_coco2014",
     "load_training_data",
     "open_feature_store",
     "preprocess_image",
-    "progress_bar",
     "register_checkpoint_hooks",
     "save_checkpoint",
     "saved_train_seconds",
@@ -79,7 +70,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from .captions import captions_of  # noqa: F401
+    from ..evaluation.captions import captions_of  # noqa: F401
     from .checkpoints import (
         CHECKPOINT_PATTERN,
         checkpoint_step,
@@ -91,8 +82,6 @@ if TYPE_CHECKING:
         warn_about_later_checkpoints,
     )  # noqa: F401
     from .data import DATA_LAYOUTS, load_coco2014, load_training_data, preprocess_image  # noqa: F401
-    from .durable import fsync_tree  # noqa: F401
     from .feature_extraction import encode_text, extract_features, open_feature_store  # noqa: F401
     from .features import TEXT_DTYPES, FeatureStore, feature_store_key  # noqa: F401
-    from .progress import LineProgress, is_terminal, progress_bar  # noqa: F401
     from .report import format_run_summary  # noqa: F401

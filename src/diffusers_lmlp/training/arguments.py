@@ -9,17 +9,13 @@ import argparse
 
 from ..commands import program_name
 from ..models.families import FAMILIES, named_configs
+from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..shapes.pretrained import PIPELINE_PATH as SHAPES_PIPELINE_PATH
 from . import argument_checks
 from .data import DATA_LAYOUTS
 from .diffusers_options import diffusers_only_options
 from .features import TEXT_DTYPES
-from .moved import moved_names
 from .sources import COCO_TEXT_ENCODER_REPO, COCO_VAE_REPO
-
-
-# The names that lived in this module until the checks moved to a module of their own.
-__getattr__ = moved_names(__name__, ("diffusers_lmlp.training.argument_checks",))
 
 
 # The console script setup.py installs for this command.
@@ -94,8 +90,8 @@ PRESETS = {
         # A tracker's log costs 1.5% of a 29 ms step (tensorboard flushes its file at each): 1,040 points still.
         logging_steps=10,
         # The pipeline's defaults (the papers' 50 steps and s = 1), with which the final scores are measured too.
-        validation_inference_steps=50,
-        validation_guidance_scale=2.0,
+        validation_inference_steps=NUM_INFERENCE_STEPS,
+        validation_guidance_scale=GUIDANCE_SCALE,
         output_dir="lmlp-shapes",
     ),
     # The L-MLP paper's MS-COCO run (reference configs/lmlp_f2.py + the U-ViT COCO recipe): F2-deep, SD VAE, CLIP L/14,
@@ -142,8 +138,8 @@ PRESETS = {
         checkpoints_total_limit=2,
         validation_steps=500,
         logging_steps=10,
-        validation_inference_steps=50,
-        validation_guidance_scale=2.0,
+        validation_inference_steps=NUM_INFERENCE_STEPS,
+        validation_guidance_scale=GUIDANCE_SCALE,
         output_dir="lmlp-emoji",
     ),
     # LoRA: teach the shapes model that ships in the package the 32 colour × shape × position combinations held out
@@ -164,8 +160,8 @@ PRESETS = {
         checkpoints_total_limit=1,
         validation_steps=200,
         logging_steps=10,
-        validation_inference_steps=50,
-        validation_guidance_scale=2.0,
+        validation_inference_steps=NUM_INFERENCE_STEPS,
+        validation_guidance_scale=GUIDANCE_SCALE,
         output_dir="lmlp-shapes-lora",
     ),
 }
@@ -426,13 +422,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--validation_inference_steps", type=int, default=25, help="sampler steps of the validation images"
     )
     out.add_argument(
-        "--validation_guidance_scale", type=float, default=2.0,
+        "--validation_guidance_scale", type=float, default=GUIDANCE_SCALE,
         help="guidance scale of the validation images (diffusers' g; the papers' s = g - 1)",
     )  # fmt: skip
     out.add_argument(
         "--final_evaluation_inference_steps",
         type=int,
-        default=50,
+        default=NUM_INFERENCE_STEPS,
         help="sampler steps of the shapes world's final evaluation (default: the pipeline's 50; fewer for smoke runs)",
     )
     out.add_argument(

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from accelerate.logging import get_logger
 
-from diffusers_lmlp.training.captions import captions_of
+from diffusers_lmlp.evaluation.captions import captions_of
 from diffusers_lmlp.training.data import preprocess_image
 from diffusers_lmlp.training.feature_extraction import encode_text, open_feature_store
 from diffusers_lmlp.training.features import FeatureStore, feature_store_key

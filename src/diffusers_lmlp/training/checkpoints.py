@@ -20,6 +20,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast
 from diffusers.training_utils import EMAModel
 
+from ..durable import fsync_tree
 from .checkpoint_folders import (  # noqa: F401  (their former home)
     CHECKPOINT_PATTERN,
     LOCK_FILE,
@@ -29,7 +30,6 @@ from .checkpoint_folders import (  # noqa: F401  (their former home)
     list_checkpoints,
 )
 from .compilation import plain_backbone
-from .durable import fsync_tree
 from .lora import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
 from .lora import load_adapter, save_adapter
 

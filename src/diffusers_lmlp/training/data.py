@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .captions import captions_of
+from ..evaluation.captions import coco_captions
+from ..image_tensors import center_crop_resize
 from .imagefolder import check_imagefolder_metadata, load_imagefolder, metadata_file_names
-from .moved import moved_names
 
 
 logger = logging.getLogger(__name__)
@@ -26,9 +26,6 @@ DATA_LAYOUTS = ("auto", "imagefolder", "coco2014")
 # The COCO-2014 splits, as the official archives unpack: `<root>/<split>/*.jpg`,
 # `<root>/annotations/captions_<split>.json`.
 COCO_SPLITS = ("train2014", "val2014")
-
-# The imagefolder's loader and the checks of its metadata moved to `imagefolder`.
-__getattr__ = moved_names(__name__, ("diffusers_lmlp.training.imagefolder",))
 
 
 def load_training_data(
@@ -270,45 +267,6 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
         "image_id": [image["id"] for image in images],
     }
     return datasets.Dataset.from_dict(rows).cast_column(image_column, datasets.Image())
-
-
-def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
-    """The captions of each image id, in the order of the annotations file.
-
-    Args:
-        coco (`dict`): The parsed captions file.
-        annotations_file (`Path`): Its path, for the messages.
-
-    Raises:
-        `ValueError`: For a caption of an image the file does not list, or an empty caption.
-    """
-    known = {image["id"] for image in coco["images"]}
-    captions: dict[int, list[str]] = {}
-    for annotation in coco["annotations"]:
-        image_id, caption = annotation["image_id"], annotation["caption"]
-        if image_id not in known:
-            raise ValueError(
-                f"{annotations_file}: annotation {annotation['id']} captions image {image_id}, not listed"
-            )
-        try:
-            captions_of(caption)
-        except ValueError as error:
-            raise ValueError(f"{annotations_file}: annotation {annotation['id']}: {error}") from None
-        captions.setdefault(image_id, []).append(caption)
-    return captions
-
-
-def center_crop_resize(image: Image.Image, resolution: int) -> Image.Image:
-    """Centre-crop to a square on the short side and resize to `resolution` with Lanczos, as U-ViT prepares COCO.
-
-    Args:
-        image (`Image.Image`): Any PIL image (converted to RGB).
-        resolution (`int`): The side of the output.
-    """
-    image = image.convert("RGB")
-    side = min(image.size)
-    left, top = (image.width - side) // 2, (image.height - side) // 2
-    return image.crop((left, top, left + side, top + side)).resize((resolution, resolution), Image.Resampling.LANCZOS)
 
 
 def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.Tensor:

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .captions import captions_of
+from ..durable import fsync_tree
+from ..evaluation.captions import captions_of
+from ..progress import progress_bar
 from .data import preprocess_image
-from .durable import fsync_tree
 from .features import (
     FORMAT,
     MANIFEST,
@@ -42,7 +43,6 @@ from .features import (
     shard_files,
     shard_name,
 )
-from .progress import progress_bar
 
 
 logger = logging.getLogger(__name__)

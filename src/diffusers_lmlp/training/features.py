@@ -35,9 +35,7 @@ Why sharded safetensors files read with positional reads:
   file descriptors and parsed headers: its memory does not grow with the dataset.
 - **Except a small store, held in memory.** A store whose shards total at most `HELD_STORE_BYTES` (256 MiB) is read
   whole by each reading process at its first batch, and a batch is then two NumPy gathers, not two positional reads
-  and a few microseconds of Python per sample. For the shapes preset's store (53 MB), the trainer's time between two
-  steps fell from 1.17–1.28 ms to 0.92–0.98 ms, of a 33 ms step (`python benchmarks/trainer_overhead.py
-  --torch_compile yes`, three runs each way, 2 cores of a family-26 AMD EPYC, 2026-11-29). Above the limit, the
+  and a few microseconds of Python per sample (docs/benchmarks.md). Above the limit, the
   memory of a reading process stays bounded as described above; below it, each reading process (a `DataLoader`
   worker, or the training process) holds at most the limit more.
 - **safetensors, never pickle.** Each shard is a valid safetensors file (`safetensors.torch.load_file` reads it); it
@@ -76,11 +74,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .moved import moved_names
-
-
-# The names that lived in this module until the extraction moved to a module of its own.
-__getattr__ = moved_names(__name__, ("diffusers_lmlp.training.feature_extraction",))
 
 # `--cache_text_dtype`: how the text states are stored (the moments are always float32).
 TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}

@@ -18,10 +18,10 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 
 from diffusers_lmlp.hub import write_model_card
-from diffusers_lmlp.hub.lora_card import write_lora_card
+from diffusers_lmlp.hub.lora_card import recorded_base_model, write_lora_card
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training.compilation import plain_backbone
-from diffusers_lmlp.training.lora import recorded_base_model, save_adapter
+from diffusers_lmlp.training.lora import save_adapter
 from diffusers_lmlp.training.report import format_run_summary
 from diffusers_lmlp.training.validation import (
     build_pipeline,

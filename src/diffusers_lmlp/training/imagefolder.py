@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .captions import captions_of
+from ..evaluation.captions import captions_of
 
 
 # What pandas, which `datasets` reads a metadata.csv with, takes for a missing value: such a caption becomes None.

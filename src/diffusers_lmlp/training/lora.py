@@ -7,25 +7,16 @@ format (`pytorch_lora_weights.safetensors`, keys `transformer.<module>.lora_A.we
 metadata), so `LMLPPipeline.load_lora_weights` reads what training writes, checkpoints included.
 """
 
-import json
-import re
 from pathlib import Path
 
 import torch
 
+from ..hub.lora_card import ADAPTER_NAME, adapted_modules, names_in_block
 from ..models.families import family_of
-from ..shapes.pretrained import PIPELINE_PATH as SHAPES_PIPELINE_PATH
 
 
-# The adapter's name inside the model while training (PEFT's default); files carry no adapter name.
-ADAPTER_NAME = "default"
-# The path of a block in the backbone (`UShapedMixerModel.stack`), before a module's name inside the block.
-BLOCK_PREFIX = re.compile(r"^stack\.(?:(?:in|out)_blocks\.\d+|mid_block)\.")
 # Where a checkpoint keeps the adapter (instead of the whole backbone's `transformer/`).
 CHECKPOINT_FOLDER = "transformer_lora"
-# How a run's `training_summary.json` names the shapes model shipped in the package as its base: by the function that
-# loads it, not by its path in this installation (`/home/<user>/.venv/...`), which the summary would carry to the Hub.
-SHIPPED_SHAPES_MODEL = "diffusers_lmlp.shapes.pretrained_shapes_pipeline()"
 
 
 def require_peft():
@@ -103,60 +94,6 @@ def add_lora(model: torch.nn.Module, config) -> list[str]:
     except ValueError as error:  # PEFT: none of the targets matched
         raise SystemExit(f"error: --lora_target_modules: {error}") from None
     return adapted_modules(model)
-
-
-def adapted_modules(model: torch.nn.Module) -> list[str]:
-    """The names of the modules an adapter adapts, as the model without adapters names them (PEFT's wrappers put
-    `base_layer` into the paths below them).
-
-    Args:
-        model (`torch.nn.Module`): The backbone with an adapter.
-    """
-    names = (name.split(".lora_")[0] for name, _ in model.named_parameters() if ".lora_" in name)
-    return list(dict.fromkeys(".".join(part for part in name.split(".") if part != "base_layer") for name in names))
-
-
-def names_in_block(names: list[str]) -> list[str]:
-    """The names of modules inside the U-shaped stack's blocks, without the block's own path
-    (`stack.in_blocks.0.joint_mlp.fc1` -> `joint_mlp.fc1`), once each, in order; other modules are left out.
-
-    Args:
-        names (`list[str]`): Module names of a backbone.
-    """
-    inside = (BLOCK_PREFIX.sub("", name) for name in names if BLOCK_PREFIX.match(name))
-    return list(dict.fromkeys(inside))
-
-
-def is_shipped_shapes_model(base_model: str) -> bool:
-    """Whether `base_model` (a run's `--pretrained_model_name_or_path`, or a summary's `base_model`) is the shapes
-    model shipped in the package: its folder, or `SHIPPED_SHAPES_MODEL`.
-
-    Args:
-        base_model (`str`): A folder, a Hub repo id or `SHIPPED_SHAPES_MODEL`.
-    """
-    return base_model == SHIPPED_SHAPES_MODEL or Path(base_model).resolve() == SHAPES_PIPELINE_PATH.resolve()
-
-
-def recorded_base_model(base_model: str) -> str:
-    """How a LoRA run's summary records its base pipeline: `SHIPPED_SHAPES_MODEL` for the shipped shapes model, any
-    other folder or repo id as given (the end-of-run summary's load line reads it on this machine).
-
-    Args:
-        base_model (`str`): The run's `--pretrained_model_name_or_path`.
-    """
-    return SHIPPED_SHAPES_MODEL if is_shipped_shapes_model(base_model) else base_model
-
-
-def load_base_code(base_model: str) -> str:
-    """The Python lines that load the base pipeline as `pipe`: the shipped shapes model by its function, others by
-    folder or repo id.
-
-    Args:
-        base_model (`str`): A run's `--pretrained_model_name_or_path` (or the Hub repo it was pushed to).
-    """
-    if is_shipped_shapes_model(base_model):
-        return "from diffusers_lmlp.shapes import pretrained_shapes_pipeline\npipe = pretrained_shapes_pipeline()"
-    return f"from diffusers_lmlp import LMLPPipeline\npipe = LMLPPipeline.from_pretrained({json.dumps(base_model)})"
 
 
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -30,8 +30,8 @@ The score table is a list of rows (`score_rows`), one column per split: a new nu
 import json
 from pathlib import Path
 
+from ..hub.lora_card import load_base_code
 from ..worlds import WORLDS
-from .lora import load_base_code
 
 
 def format_duration(seconds: float) -> str:

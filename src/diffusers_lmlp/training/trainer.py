@@ -33,6 +33,7 @@ from transformers.utils import logging as transformers_logging
 
 from diffusers_lmlp import default_scheduler
 from diffusers_lmlp.allocator import keep_freed_memory
+from diffusers_lmlp.progress import is_terminal, progress_bar
 from diffusers_lmlp.threads import apply_threads, choose_threads
 from diffusers_lmlp.training import batches, components, divergence, finishing, validation
 from diffusers_lmlp.training.checkpoints import (
@@ -49,27 +50,13 @@ from diffusers_lmlp.training.data import load_training_data
 from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.features import FeatureStore
 from diffusers_lmlp.training.lora import add_lora, lora_config
-from diffusers_lmlp.training.moved import moved_names
 from diffusers_lmlp.training.optimizer import follow_device, fused_adamw
 from diffusers_lmlp.training.precision import choose_precision, effective_precision
-from diffusers_lmlp.training.progress import is_terminal, progress_bar
 from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, training_step
 from diffusers_lmlp.training.tracker_logs import TrackerLogs
 
 
 logger = get_logger(__name__)
-
-# The names that lived in this module until the trainer moved into rooms of one concept each.
-__getattr__ = moved_names(
-    __name__,
-    (
-        "diffusers_lmlp.training.components",
-        "diffusers_lmlp.training.batches",
-        "diffusers_lmlp.training.validation",
-        "diffusers_lmlp.training.divergence",
-        "diffusers_lmlp.training.finishing",
-    ),
-)
 
 
 @dataclasses.dataclass
