@@ -8,8 +8,7 @@ are against eager float32 in the same run.
 
 A second table times the optimizer and the EMA alone, on the model's weights with random gradients: torch's default
 AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.optimizer`), and
-diffusers' EMA (its per-tensor loop and its two-pass `foreach` update) against the trainer's one-pass lerp
-(`diffusers_lmlp.training.ema.EMAWeights`).
+diffusers' EMA, its per-tensor loop against its `foreach` update (the trainer's).
 
     python benchmarks/training_step.py                         # the shipped UL-MLP, batch 64
     python benchmarks/training_step.py --family moe_mlp --config shapes-moe-S
@@ -30,7 +29,6 @@ from diffusers.training_utils import EMAModel
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.training.arguments import parse_args as training_args
 from diffusers_lmlp.training.components import build_model
-from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.optimizer import fused_adamw
 
 
@@ -118,7 +116,7 @@ def time_update(update, steps: int) -> float:
 
 def time_updates(args: argparse.Namespace) -> dict[str, float]:
     """Median seconds per step of AdamW (torch's default and fused) and of the EMA (diffusers' per-tensor loop and
-    foreach update, and the trainer's `EMAWeights`)."""
+    foreach update, the trainer's)."""
     torch.manual_seed(0)
     model = shapes_model(args)
     for parameter in model.parameters():
@@ -129,8 +127,7 @@ def time_updates(args: argparse.Namespace) -> dict[str, float]:
         times[label] = time_update(optimizer.step, args.steps)
     emas = {
         "EMA, diffusers' per-tensor loop": EMAModel(model.parameters(), decay=0.999, foreach=False),
-        "EMA, diffusers' foreach": EMAModel(model.parameters(), decay=0.999, foreach=True),
-        "EMA, one-pass lerp (the trainer's)": EMAWeights(model.parameters(), decay=0.999, foreach=True),
+        "EMA, diffusers' foreach (the trainer's)": EMAModel(model.parameters(), decay=0.999, foreach=True),
     }
     for label, ema in emas.items():
         times[label] = time_update(lambda: ema.step(model.parameters()), args.steps)

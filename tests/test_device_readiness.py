@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from diffusers import DDPMScheduler
 from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel
 from test_models import MODELS, TINY, make_model
 from test_pipeline import LATENT_SHAPE, NATIVE, TEXT_SHAPE
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -33,7 +34,6 @@ import diffusers_lmlp.pipelines.pipeline_lmlp as pipeline_lmlp
 import diffusers_lmlp.training.step as training_step_module
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.pipelines import default_scheduler
-from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, training_step
 
 
@@ -161,7 +161,7 @@ def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, max_grad_n
     with FakeTensorMode():
         noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
         # As in the trainer, the EMA is made while the model is on the CPU, before the model moves to the device.
-        ema = EMAWeights([torch.nn.Parameter(torch.empty(p.shape)) for p in model.parameters()], foreach=True)
+        ema = EMAModel([torch.nn.Parameter(torch.empty(p.shape)) for p in model.parameters()], foreach=True)
         model, optimizer, lr_scheduler = prepared(accelerator, to_fake(model, DEVICE))
         latents = torch.randn(BATCH, *LATENT, device=DEVICE)
         text_states = torch.randn(BATCH, *TEXT, device=DEVICE)
@@ -249,7 +249,7 @@ def test_a_pipeline_call_keeps_every_tensor_on_the_model_device(
 def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad, max_grad_norm):
     accelerator = Accelerator(cpu=True)
     model = make_model("moe_mlp").train()
-    ema = EMAWeights(model.parameters(), foreach=True)
+    ema = EMAModel(model.parameters(), foreach=True)
     model, optimizer, lr_scheduler = prepared(accelerator, model)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     latents = torch.randn(BATCH, *LATENT, generator=torch.Generator().manual_seed(0))
@@ -278,7 +278,7 @@ def train_one_step(kind: str, mixed_precision: str) -> tuple[torch.Tensor, dict,
     model = make_model(kind).train()
     names = {p: name for name, p in model.named_parameters()}
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    ema = EMAWeights(model.parameters(), foreach=True)
+    ema = EMAModel(model.parameters(), foreach=True)
     model, optimizer, lr_scheduler = prepared(accelerator, model)
     gradients = {}
 

@@ -1,6 +1,6 @@
-"""The trainer's AdamW (torch's fused kernel on the CPU and CUDA) and EMA (`EMAWeights`: one in-place lerp per
-weight): what `prepare_optimization` builds, checked step by step against the AdamW and EMA updates written out in plain
-torch, and the EMA against diffusers' `EMAModel`, whose update, schedule and saved folder it keeps."""
+"""The trainer's AdamW (torch's fused kernel on the CPU and CUDA) and EMA (diffusers' `EMAModel`, its multi-tensor
+update): what `prepare_optimization` builds, checked step by step against the AdamW and EMA updates written out in plain
+torch."""
 
 import copy
 
@@ -12,10 +12,8 @@ from test_train_text_to_image import make_workspace, train_here
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
-from diffusers_lmlp.training import ema as ema_module
 from diffusers_lmlp.training import trainer
 from diffusers_lmlp.training.arguments import parse_args
-from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.lora import add_lora, lora_config
 from diffusers_lmlp.training.optimizer import follow_device, fused_adamw
 from diffusers_lmlp.training.step import update_ema
@@ -60,7 +58,7 @@ def test_the_trainers_fused_adamw_and_foreach_ema_take_the_written_out_updates_o
         model, "--lr_scheduler", "constant", "--lr_warmup_steps", "0"
     )
     [group] = optimizer.param_groups
-    assert group["fused"] is True and isinstance(ema, EMAWeights) and ema.foreach is True
+    assert group["fused"] is True and isinstance(ema, EMAModel) and ema.foreach is True
     params = [p for p in model.parameters() if p.requires_grad]
     assert len(group["params"]) == len(params)  # every trainable weight, none left out
     expected = [p.detach().clone() for p in params]
@@ -145,67 +143,6 @@ def test_a_resumed_run_uses_its_own_devices_kernel_and_continues_exactly(saved_b
     )
     for name, value in resumed.items():
         torch.testing.assert_close(value, uninterrupted[name], rtol=1e-5, atol=1e-7, msg=name)
-
-
-def stepped_emas(decay: float = 0.9, steps: int = 5) -> tuple[torch.nn.Module, EMAWeights, EMAModel]:
-    """The trainer's EMA and diffusers' own, made from the same weights (one frozen, as LoRA freezes the backbone's)
-    and stepped alike while the weights move."""
-    model = tiny_model()
-    frozen = next(model.parameters())
-    frozen.requires_grad_(False)
-    ours = EMAWeights(model.parameters(), decay=decay, foreach=True)
-    theirs = EMAModel(model.parameters(), decay=decay, foreach=True)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for _ in range(steps):
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=generator))
-            ours.step(model.parameters())
-            theirs.step(model.parameters())
-    return model, ours, theirs
-
-
-def test_the_trainers_ema_takes_diffusers_update_over_its_decay_schedule_and_copies_frozen_weights():
-    model, ours, theirs = stepped_emas()
-    assert ours.optimization_step == theirs.optimization_step == 5
-    assert ours.cur_decay_value == theirs.cur_decay_value  # the warm-up schedule (1 + s) / (10 + s), capped
-    assert ours.cur_decay_value < 0.9
-    for (name, p), mine, reference in zip(model.named_parameters(), ours.shadow_params, theirs.shadow_params):
-        torch.testing.assert_close(mine, reference, rtol=1e-6, atol=1e-6, msg=name)
-        if not p.requires_grad:
-            assert torch.equal(mine, p), name  # a frozen weight is copied, not averaged
-        else:
-            assert not torch.equal(mine, p), name  # averaged: no weight is left out, none just copied
-
-
-def test_the_ema_refuses_parameters_other_than_those_it_was_made_with():
-    model = tiny_model()
-    ema = EMAWeights(model.parameters(), foreach=True)
-    with pytest.raises(ValueError):
-        ema.step(list(model.parameters())[:-1])  # a weight left out would silently stop being averaged
-
-
-def test_under_deepspeed_zero3_and_per_tensor_the_update_is_diffusers_own(monkeypatch):
-    """ZeRO-3 shards the weights: diffusers' `step` gathers them first, so it runs as it is."""
-    calls = []
-    monkeypatch.setattr(EMAModel, "step", lambda self, parameters: calls.append(type(self)))
-    model = tiny_model()
-    EMAWeights(model.parameters(), foreach=False).step(model.parameters())
-    monkeypatch.setattr(ema_module, "is_deepspeed_zero3_enabled", lambda: True)
-    EMAWeights(model.parameters(), foreach=True).step(model.parameters())
-    assert calls == [EMAWeights, EMAWeights]
-
-
-def test_the_ema_saves_and_loads_as_diffusers_ema_does(tmp_path):
-    model, ours, _ = stepped_emas()
-    ours.model_cls, ours.model_config = type(model), model.config
-    ours.save_pretrained(tmp_path / "transformer_ema")
-    for cls in (EMAWeights, EMAModel):
-        loaded = cls.from_pretrained(tmp_path / "transformer_ema", type(model), foreach=True)
-        assert type(loaded) is cls
-        assert loaded.optimization_step == ours.optimization_step and loaded.decay == ours.decay
-        for mine, back in zip(ours.shadow_params, loaded.shadow_params):
-            assert torch.equal(mine, back)
 
 
 @pytest.mark.slow

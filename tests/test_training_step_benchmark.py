@@ -18,8 +18,7 @@ def test_the_command_times_a_step_and_the_optimizer_and_ema_alone(benchmark, cap
         "AdamW, torch's default",
         "AdamW, fused (the trainer's)",
         "EMA, diffusers' per-tensor loop",
-        "EMA, diffusers' foreach",
-        "EMA, one-pass lerp (the trainer's)",
+        "EMA, diffusers' foreach (the trainer's)",
     ]
     assert all(float(line.split(" | ")[1].rstrip(" |")) > 0 for line in updates)
     assert "(139 weight tensors)" in out  # the preset's shapes-S's tensors, every one updated by each

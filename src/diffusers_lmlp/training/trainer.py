@@ -47,7 +47,6 @@ from diffusers_lmlp.training.checkpoints import (
 )
 from diffusers_lmlp.training.compilation import choose_compilation, plain_backbone
 from diffusers_lmlp.training.data import load_training_data
-from diffusers_lmlp.training.ema import EMAWeights
 from diffusers_lmlp.training.features import FeatureStore
 from diffusers_lmlp.training.lora import add_lora, lora_config
 from diffusers_lmlp.training.optimizer import follow_device, fused_adamw
@@ -265,7 +264,7 @@ def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, mod
         model (`torch.nn.Module`): The backbone.
 
     Returns:
-        `tuple`: The prepared backbone, the `EMAWeights` or None, the optimizer and the schedule.
+        `tuple`: The prepared backbone, the `EMAModel` or None, the optimizer and the schedule.
     """
     model_class = type(model)
     if args.gradient_checkpointing:
@@ -274,7 +273,7 @@ def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, mod
     ema = None
     if args.use_ema:
         # foreach: one multi-tensor update of every weight per step, not a Python loop of three ops per tensor.
-        ema = EMAWeights(
+        ema = EMAModel(
             model.parameters(), decay=args.ema_decay, model_cls=model_class, model_config=model.config, foreach=True
         )
     optimizer = torch.optim.AdamW(
