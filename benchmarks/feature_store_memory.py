@@ -7,8 +7,7 @@ Sections (all by default; pick with --sections):
   --steps steps in a subprocess, twice: the first run extracts the store, the second finds it (`datasets` prepares
   the imagefolder beforehand, outside the runs). The table gives the extraction time, the peak RSS of each run's
   process (VmHWM at its exit) and the store's bytes per image. The goal: the peak RSS of training does not grow
-  with N once the store is over `diffusers_lmlp.training.features.HELD_STORE_BYTES` (256 MiB; a smaller store is
-  held in memory: 51 MB at N = 1,000). `--script` runs another version of the script for comparison (e.g. the
+  with N. `--script` runs another version of the script for comparison (e.g. the
   in-RAM cache of an older commit: `git show <commit>:examples/train_text_to_image.py > old.py`).
 - coco: the store's bytes per image for the COCO recipe, from the formula (no run): moments 2·C·h·w float32 + 8 B of
   caption offsets per image, T·D per caption in float32 (4 B) or float16 (2 B).

@@ -154,10 +154,8 @@ def test_shards_are_safetensors_files_of_each_images_moments_and_caption_states(
     torch.testing.assert_close(got_states, states[rows], rtol=0, atol=1e-5)
 
 
-def test_a_batch_of_a_store_over_the_held_size_reads_only_its_own_rows(straight, monkeypatch):
-    monkeypatch.setattr(features, "HELD_STORE_BYTES", FeatureStore(straight).nbytes() // 2)  # this store is larger
+def test_a_batch_reads_only_its_own_rows(straight, monkeypatch):
     store = FeatureStore(straight)
-    assert store.held is None
     read = []
     preadv = os.preadv
 
@@ -182,58 +180,6 @@ def test_a_batch_of_a_store_over_the_held_size_reads_only_its_own_rows(straight,
 def per_image_reads(moments: torch.Tensor, states: torch.Tensor) -> list[int]:
     """The bytes of the two reads of one image: its moments, then one of its text states."""
     return [moments[0].numel() * 4, states[0].numel() * 4]
-
-
-def positional_reads(store: FeatureStore) -> FeatureStore:
-    """`store` as a store over the held size reads it: row by row from its files."""
-    store.__dict__["held"] = None  # what `held` is when the shards total more than HELD_STORE_BYTES
-    return store
-
-
-@pytest.mark.parametrize("text_dtype", ["float32", "float16"])
-def test_a_small_store_held_in_memory_reads_the_same_rows_as_the_files_and_no_file_after(
-    tmp_path, straight, dataset, pipe, text_dtype, monkeypatch
-):
-    path = straight if text_dtype == "float32" else tmp_path / "store"
-    if text_dtype == "float16":
-        extract(path, dataset, pipe, text_dtype=text_dtype)
-    held, from_files = FeatureStore(path), positional_reads(FeatureStore(path))
-    assert held.nbytes() <= features.HELD_STORE_BYTES
-    # Every image of the 3 shards, in a shuffled order with repeats; picks at and next to each caption's boundary
-    # (image i has 1 + i % 3 captions), where ⌊pick · count⌋ must round as the file reads round it.
-    indices = [9, 0, 4, 4, 7, 1, 8, 2, 5, 3, 6, 9, 2, 5, 8, 0]
-    for picks in ([0.0, 0.5, 0.999, 1 / 3, 2 / 3, 0.3333333, 0.6666666, 0.5 - 1e-7], [0.25] * 8, [0.9999999] * 8):
-        picks = torch.tensor(picks * 2, dtype=torch.float32)
-        moments, states = held.read(indices, picks)
-        expected_moments, expected_states = from_files.read(indices, picks)
-        assert states.dtype == expected_states.dtype == held.text_dtype
-        assert moments.shape == (16, *held.moments_shape) and states.shape == (16, *held.text_states_shape)
-        assert torch.equal(moments, expected_moments) and torch.equal(states, expected_states)
-    assert held.held is not None and not held._open  # read whole once, its shards closed after
-
-    def no_file_read(*args):
-        raise AssertionError("a held store read a file")
-
-    monkeypatch.setattr(os, "preadv", no_file_read)
-    monkeypatch.setattr(os, "open", no_file_read)
-    moments, _ = held.read([2, 7], torch.tensor([0.1, 0.9]))
-    assert torch.equal(moments, expected_moments[[7, 4]])  # images 2 and 7 in `indices`
-    with pytest.raises(IndexError, match="image 10 of a feature store of 10"):
-        held.read([1, 10], torch.tensor([0.1, 0.9]))
-
-
-def test_a_held_store_is_not_sent_to_a_worker_process_which_holds_its_own(straight):
-    store = FeatureStore(straight)
-    store.read([0], torch.tensor([0.5]))
-    assert store.held is not None
-    sent = pickle.dumps(store)
-    assert len(sent) < store.held.moments.nbytes  # the parsed manifest, not the arrays
-    received = pickle.loads(sent)
-    assert "held" not in received.__dict__ and not received._open
-    for mine, theirs in zip(
-        received.read([3, 8], torch.tensor([0.2, 0.7])), store.read([3, 8], torch.tensor([0.2, 0.7]))
-    ):
-        assert torch.equal(mine, theirs)
 
 
 @pytest.mark.slow
@@ -648,23 +594,6 @@ def test_float16_storage_trains_like_float32(workspace):
     moved = sum(float((runs["float32"][k] - initial[k]).norm() ** 2) for k in initial) ** 0.5
     apart = sum(float((runs["float16"][k] - runs["float32"][k]).norm() ** 2) for k in initial) ** 0.5
     assert 0 < apart < 0.01 * moved  # float16 text states: a trace of the change 5 steps of training make
-
-
-@pytest.mark.slow
-def test_a_run_on_a_held_store_trains_the_weights_of_a_run_that_reads_the_files(workspace, monkeypatch):
-    steps = ["--max_train_steps", "3", "--cache_features"]
-    log = train_here(workspace, "held", *steps).stderr
-    held_line = "the feature store is 0.1 MB: each process that reads it holds it in memory from its first batch"
-    assert f"{held_line} (at most 256 MiB)" in log
-    monkeypatch.setattr(features, "HELD_STORE_BYTES", 0)  # every store is read from its files
-    log = train_here(workspace, "from-files", *steps).stderr
-    assert (
-        "the feature store is 0.1 MB: read a batch at a time (it is over 0 MiB, the most a reading process holds)"
-        in log
-    )
-    held, from_files = weights(workspace / "held"), weights(workspace / "from-files")
-    assert held.keys() == from_files.keys()
-    assert all(torch.equal(held[key], from_files[key]) for key in held)
 
 
 @pytest.mark.slow

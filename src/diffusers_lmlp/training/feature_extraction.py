@@ -527,7 +527,6 @@ def open_feature_store(
             f"checked the checksums of {len(mine)} of the {len(store.shards)} shards ({size / 1e9:.2f} GB) in "
             f"{time.perf_counter() - start:.1f} s"
         )
-        logger.info(f"the feature store is {store.reading()}")
     wait_for_everyone()  # every shard was checked, by one process or another
     return store
 

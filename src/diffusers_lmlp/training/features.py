@@ -33,11 +33,6 @@ Why sharded safetensors files read with positional reads:
   (the safetensors header gives their byte offsets) into the batch's own tensor; the file pages stay in the kernel's
   page cache, which is not the process's memory and is dropped under pressure. A reading process holds a few open
   file descriptors and parsed headers: its memory does not grow with the dataset.
-- **Except a small store, held in memory.** A store whose shards total at most `HELD_STORE_BYTES` (256 MiB) is read
-  whole by each reading process at its first batch, and a batch is then two NumPy gathers, not two positional reads
-  and a few microseconds of Python per sample (docs/benchmarks.md). Above the limit, the
-  memory of a reading process stays bounded as described above; below it, each reading process (a `DataLoader`
-  worker, or the training process) holds at most the limit more.
 - **safetensors, never pickle.** Each shard is a valid safetensors file (`safetensors.torch.load_file` reads it); it
   is written batch by batch at the header's offsets, so extraction holds one batch in memory, not one shard
   (1,024 COCO images have 5,000+ fp32 text states: 1.2 GB).
@@ -59,7 +54,6 @@ Disk per image: 4·2C·h·w + 8 bytes, plus 4·T·D (float32) or 2·T·D (float1
 32,768 + 8 + 5 × 118,272 = 624,136 B ≈ 0.60 MiB in float16 (51.7 GB).
 """
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -90,8 +84,6 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "
 NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "I64": np.dtype("<i8")}
 # At most this many shard files are open at once in one process.
 MAX_OPEN_SHARDS = 64
-# A store whose shard files total at most this many bytes is held in memory by each process that reads it.
-HELD_STORE_BYTES = 256 << 20
 
 
 def shard_name(index: int) -> str:
@@ -314,8 +306,7 @@ class ShardReader:
 
 
 class FeatureStore:
-    """A complete store, read lazily: `read` fetches the rows of one batch, and nothing else is held (but a small store,
-    read whole at its first batch: `held`).
+    """A complete store, read lazily: `read` fetches the rows of one batch, and nothing else is held.
 
     Opening it checks the structure of every shard against the manifest (cheap: each shard's size, header and caption
     offsets), and with `verify` the checksums of all of them (each shard read whole); `open_feature_store` shares the
@@ -491,47 +482,8 @@ class FeatureStore:
         return self.num_images
 
     def __getstate__(self) -> dict:
-        # A process that receives the store opens its own files, and holds its own copy of a small store.
-        return {**{k: v for k, v in self.__dict__.items() if k != "held"}, "_open": OrderedDict()}
-
-    def shards_bytes(self) -> int:
-        """The size of the store's shard files, in bytes, as the manifest records them."""
-        return sum(record["bytes"] for record in self.records)
-
-    @property
-    def small(self) -> bool:
-        """Whether the store's shards total at most `HELD_STORE_BYTES`, so that each reading process holds it."""
-        return self.shards_bytes() <= HELD_STORE_BYTES
-
-    def reading(self) -> str:
-        """How the training processes read the store, for the log: held whole in memory, or a batch at a time."""
-        size, limit = self.shards_bytes() / 1e6, HELD_STORE_BYTES >> 20  # MB, MiB
-        if self.small:
-            return f"{size:,.1f} MB: each process that reads it holds it in memory from its first batch (at most {limit} MiB)"
-        return f"{size:,.1f} MB: read a batch at a time (it is over {limit} MiB, the most a reading process holds)"
-
-    @functools.cached_property
-    def held(self) -> "HeldFeatures | None":
-        """The whole store in memory, read at first use, when its shards total at most `HELD_STORE_BYTES`; else
-        None, and every batch is read from the files. Its shards are closed once read."""
-        if not self.small:
-            return None
-        text_dtype = NUMPY_DTYPES[SAFETENSORS_DTYPES[self.text_dtype]]
-        moments = np.empty((self.num_images, *self.moments_shape), NUMPY_DTYPES["F32"])  # (N, 2C, h, w)
-        states = np.empty((self.num_captions, *self.text_states_shape), text_dtype)  # (M, T, D)
-        offsets = np.empty(self.num_images + 1, NUMPY_DTYPES["I64"])  # (N + 1,) over the whole store
-        image = caption = 0
-        for index, record in enumerate(self.records):
-            reader = self.shard(index)
-            images, captions = record["num_images"], record["num_captions"]
-            reader.read_into("moments", 0, moments[image : image + images])
-            reader.read_into("text_states", 0, states[caption : caption + captions])
-            offsets[image : image + images] = reader.caption_offsets[:-1] + caption
-            image, caption = image + images, caption + captions
-        offsets[-1] = caption
-        while self._open:
-            self._open.popitem()[1].close()
-        return HeldFeatures(moments, offsets, states)
+        # A process that receives the store opens its own files.
+        return {**self.__dict__, "_open": OrderedDict()}
 
     def nbytes(self) -> int:
         """The size of the store's files on disk, in bytes."""
@@ -574,8 +526,6 @@ class FeatureStore:
         for index in indices:
             if not 0 <= index < self.num_images:
                 raise IndexError(f"image {index} of a feature store of {self.num_images}")
-        if self.held is not None:
-            return self.held.read(indices, picks)
         moments = np.empty((len(indices), *self.moments_shape), NUMPY_DTYPES["F32"])  # (b, 2C, h, w)
         states = np.empty((len(indices), *self.text_states_shape), NUMPY_DTYPES[SAFETENSORS_DTYPES[self.text_dtype]])
         for k, (index, pick) in enumerate(zip(indices, picks.tolist())):
@@ -585,32 +535,3 @@ class FeatureStore:
             reader.read_into("moments", row, moments[k])
             reader.read_into("text_states", begin + int(pick * (end - begin)), states[k])
         return torch.from_numpy(moments), torch.from_numpy(states)
-
-
-@dataclasses.dataclass(frozen=True)
-class HeldFeatures:
-    """A whole feature store in memory (`FeatureStore.held`).
-
-    Args:
-        moments (`np.ndarray`): (N, 2C, h, w) float32, every image's moments.
-        caption_offsets (`np.ndarray`): (N + 1,) int64: image i's captions are rows
-            `caption_offsets[i] : caption_offsets[i + 1]` of `text_states`.
-        text_states (`np.ndarray`): (M, T, D) every caption's text states, in the store's text dtype.
-    """
-
-    moments: np.ndarray
-    caption_offsets: np.ndarray
-    text_states: np.ndarray
-
-    def read(self, indices: list[int], picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`FeatureStore.read` of valid `indices`, from memory: the same rows, picked by the same arithmetic.
-
-        Args:
-            indices (`list[int]`): Images.
-            picks (`torch.Tensor`): (b,) in [0, 1), one per image.
-        """
-        images = np.asarray(indices, dtype=np.int64)  # (b,)
-        begin, end = self.caption_offsets[images], self.caption_offsets[images + 1]  # (b,) each
-        # As the file reads pick: ⌊pick · count⌋ of the float32 pick in float64, truncated.
-        rows = begin + (picks.double().numpy() * (end - begin)).astype(np.int64)  # (b,)
-        return torch.from_numpy(self.moments[images]), torch.from_numpy(self.text_states[rows])
