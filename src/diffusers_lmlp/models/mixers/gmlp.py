@@ -1,6 +1,6 @@
 """gMLP (Liu et al. 2021, "Pay Attention to MLPs") as a block of the U-shaped stack: L-MLP Table 1's baseline A3.
 
-The gMLP block with its spatial gating unit (SGU), as the paper's pseudo-code (its Figure 1) writes it,
+The gMLP block with its spatial gating unit (SGU), as labml.ai's annotated implementation of the paper writes it,
 on (B, L, D) tokens:
 
     x = x + skip                                   (out blocks only: additive long skip, as the UL-MLP's)
