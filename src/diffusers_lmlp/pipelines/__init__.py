@@ -1,4 +1,4 @@
-"""None
+"""The text-to-image pipeline, its LoRA loading, the schedulers it samples with and its vocabulary checks.
 
 Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
 """
