@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from diffusers_lmlp.complexity import analytic_complexity
+from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.models.backbone import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, BlockFamily, named_configs
 from diffusers_lmlp.training.arguments import PRESETS
@@ -80,7 +80,7 @@ class Entry:
         family (`BlockFamily`): Its block family.
         config (`dict`): Every `__init__` argument of the family's model class, width matched.
         params (`int`, *optional*): Exact parameter count of the model `config` builds.
-        macs (`int`, *optional*): Forward multiply-adds per sample (`analytic_complexity`).
+        macs (`int`, *optional*): Forward multiply-adds per sample (`complexity`).
         error (`str`, *optional*): Why the entry could not be planned, measured or trained.
         result (`dict`): What its training run reported (see `read_result`).
     """
@@ -137,7 +137,7 @@ def shapes_config(name: str) -> tuple[BlockFamily, dict[str, Any]]:
 def reference_params() -> int:
     """Parameters of the reference model (`REFERENCE`, 860,386)."""
     family, overrides = named_configs()[REFERENCE]
-    return analytic_complexity(overrides, family=family.name).params
+    return complexity(overrides, family=family.name).params
 
 
 def build_on_meta(family: BlockFamily, config: Mapping) -> torch.nn.Module:
@@ -161,21 +161,35 @@ def match_width(family: BlockFamily, config: Mapping, target: int) -> tuple[dict
     Raises:
         `ValueError`: When the model accepts none of `WIDTHS`, with the model's reason for the closest one.
     """
-    counts = {}
-    for width in WIDTHS:
-        try:
-            counts[width] = analytic_complexity({**config, "hidden_size": width}, family=family.name).params
-        except ValueError:  # a width the block cannot have (gMLP's gate splits an even d_ffn)
-            continue
-    refusal = None
-    for width in sorted(counts, key=lambda w: (abs(counts[w] - target), w)):
-        matched = {**config, "hidden_size": width}
-        try:
-            model = build_on_meta(family, matched)
-        except ValueError as error:
-            refusal = refusal or error
-            continue
-        return matched, sum(p.numel() for p in model.parameters())
+    counts: dict[int, int | ValueError] = {}
+
+    def accepted_from(width: int, step: int) -> int | None:
+        """The first width from `width` on (up for step 1, down for -1) that the model accepts."""
+        for candidate in range(width, WIDTHS.stop if step > 0 else WIDTHS.start - 1, step):
+            if candidate not in counts:
+                try:
+                    model = build_on_meta(family, {**config, "hidden_size": candidate})
+                    counts[candidate] = sum(p.numel() for p in model.parameters())
+                except ValueError as error:  # a width the block cannot have (U-ViT's heads, gMLP's even d_ffn)
+                    counts[candidate] = error
+            if not isinstance(counts[candidate], ValueError):
+                return candidate
+        return None
+
+    # The parameter count grows with the width: bisect for the first accepted width that reaches the target.
+    low, high = WIDTHS.start, WIDTHS.stop - 1
+    while low < high:
+        width = accepted_from((low + high) // 2, 1)
+        if width is None or counts[width] >= target:
+            high = (low + high) // 2
+        else:
+            low = width + 1
+    above, below = accepted_from(low, 1), accepted_from(low - 1, -1)
+    candidates = [width for width in (above, below) if width is not None]
+    if candidates:
+        width = min(candidates, key=lambda w: (abs(counts[w] - target), w))
+        return {**config, "hidden_size": width}, counts[width]
+    refusal = next((error for error in counts.values() if isinstance(error, ValueError)), None)
     raise ValueError(f"no width in {WIDTHS.start}..{WIDTHS.stop - 1} builds a {family.label} here: {refusal}")
 
 
@@ -191,7 +205,7 @@ def plan_entry(name: str, target: int) -> Entry:
     try:
         config, params = match_width(family, config, target)
         entry.config, entry.params = config, params
-        entry.macs = analytic_complexity(config, family=family.name).macs
+        entry.macs = complexity(config, family=family.name).macs
     except Exception as error:  # a family that cannot be sized is a row of the table, not the end of the ablation
         entry.error = f"{type(error).__name__}: {error}"
     return entry

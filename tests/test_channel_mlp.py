@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
-from diffusers_lmlp.complexity import analytic_complexity, measured_macs
+from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.models.mixers.channel_mlp import CHANNEL_MLPS, IMLP, AGeLU, JointMLP
 
 
@@ -145,24 +145,21 @@ def test_two_agelus_start_identical_and_get_different_gradients():
 
 
 @pytest.mark.parametrize(("hidden_size", "mlp_ratio", "num_extra", "grid_size"), [(32, 4.0, 6, 4), (48, 2.5, 78, 3)])
-def test_imlp_cost_counts_parameters_and_flop_counter_macs(hidden_size, mlp_ratio, num_extra, grid_size):
+def test_imlp_macs_are_its_closed_form(hidden_size, mlp_ratio, num_extra, grid_size):
     imlp = IMLP(hidden_size, mlp_ratio, num_extra_tokens=num_extra, grid_size=grid_size)
     seq_len = num_extra + grid_size**2
-    cost = IMLP.cost(hidden_size, mlp_ratio, seq_len)
     inner = int(hidden_size * mlp_ratio)
-    assert cost.params == sum(p.numel() for p in imlp.parameters())
-    assert cost.macs == seq_len * (hidden_size * inner // 2 + 9 * inner + inner * hidden_size)
+    # fc1 to C'/2, the 3×3 depthwise convolution on every token, fc2 (AGeLUs, norm and GELU are element-wise)
+    macs = seq_len * (hidden_size * inner // 2 + 9 * inner + inner * hidden_size)
     with FlopCounterMode(display=False) as counter:
         imlp(torch.randn(2, seq_len, hidden_size))
-    assert counter.get_total_flops() == 2 * 2 * cost.macs
+    assert counter.get_total_flops() == 2 * 2 * macs
 
 
 def test_imlp_with_odd_hidden_width_raises_a_clear_error():
     message = r"int\(34 × 1.5\) = 51 between two AGeLUs of C'/2 channels \(eq. 5\), so C' must be even"
     with pytest.raises(ValueError, match=message):
         IMLP(34, 1.5, num_extra_tokens=6, grid_size=4)
-    with pytest.raises(ValueError, match=message):
-        IMLP.cost(34, 1.5, seq_len=22)
     with pytest.raises(ValueError, match=message):
         LMLPTransformer2DModel(**{**TINY, "hidden_size": 34, "mlp_ratio": 1.5, "channel_mlp": "imlp"})
 
@@ -193,19 +190,20 @@ def test_models_build_every_joint_mlp_as_an_imlp_with_their_layout(kind):
     assert out.shape == (2, 4, 8, 8) and torch.isfinite(out).all()
 
 
-def test_model_size_and_macs_are_the_imlp_costs(kind):
+def test_model_size_and_macs_follow_the_imlp(kind):
     model = make_model(kind)
     imlps = [m for m in model.modules() if isinstance(m, IMLP)]
     assert len(imlps) == 3
-    imlp_params = sum(p.numel() for m in imlps for p in m.parameters())
-    assert imlp_params == 3 * IMLP.cost(32, 4.0, seq_len=22).params
-    # the same model with the transformer MLP differs by exactly the two channel MLPs' costs, block by block
     plain = MODELS[kind](channel_mlp="mlp")
-    difference = IMLP.cost(32, 4.0, seq_len=22).params - JointMLP.cost(32, 4.0, seq_len=22).params
-    assert model.num_parameters() - plain.num_parameters() == 3 * difference
-    complexity = analytic_complexity(model)
-    assert complexity.params == model.num_parameters()
-    assert complexity.macs == measured_macs(model)
+    joint_mlps = [m for m in plain.modules() if isinstance(m, JointMLP)]
+    # the same model with the transformer MLP differs by exactly the two channel MLPs, block by block
+    difference = sum(p.numel() for m in imlps for p in m.parameters()) - sum(
+        p.numel() for m in joint_mlps for p in m.parameters()
+    )
+    assert model.num_parameters() - plain.num_parameters() == difference
+    # 128-wide IMLP: fc1 to 64, the depthwise 3×3 on 128 channels, fc2; the JointMLP: 32 → 128 → 32
+    imlp_macs, joint_macs = 22 * (32 * 64 + 9 * 128 + 128 * 32), 22 * 2 * 32 * 128
+    assert complexity(model).macs - complexity(plain).macs == 3 * (imlp_macs - joint_macs)
 
 
 def _loss_and_grads(model, inputs):

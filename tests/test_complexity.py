@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel, MoEMLPModel
-from diffusers_lmlp.complexity import analytic_complexity, lmlp_block_macs, measured_macs, transformer_block_macs
+from diffusers_lmlp.complexity import complexity, lmlp_block_macs, transformer_block_macs
 from diffusers_lmlp.models import named_configs
 
 
@@ -58,57 +58,41 @@ def test_transformer_block_formula_matches_lmlp_table3():
 
 
 @pytest.mark.parametrize("name", NAMED)
-def test_analytic_params_equal_named_model_parameters(name):
+def test_named_models_are_counted_exactly(name):
     model = build_named(name)
     expected_params, expected_macs = NAMED[name][1:]
-    complexity = analytic_complexity(model)
-    assert complexity.params == expected_params == num_parameters(model)
-    assert complexity.macs == expected_macs
-    assert (complexity.seq_len, complexity.num_blocks) == (334, 17)
+    counted = complexity(model)
+    assert counted.params == expected_params == num_parameters(model)
+    assert counted.macs == expected_macs
+    assert 15.8e9 <= counted.macs <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
+    assert (counted.seq_len, counted.num_blocks) == (334, 17)
+
+
+def test_f2_deep_block_is_lmlp_table3_block():
+    assert complexity(build_named("F2-deep")).block_macs == lmlp_block_macs(334, 512, 4)
 
 
 @pytest.mark.parametrize("case", TINY_CASES)
-def test_analytic_counts_equal_tiny_model(case):
+def test_tiny_models_are_counted_from_the_model_or_its_config(case):
     model_cls, overrides, expected_params, expected_macs = TINY_CASES[case]
-    torch.manual_seed(0)
     model = model_cls(**TINY, **overrides)
-    complexity = analytic_complexity(model)  # the model itself, a config with its family, or a saved config
-    assert complexity == analytic_complexity(model.config, family=FAMILIES_BY_CLASS[model_cls])
-    assert complexity == analytic_complexity({**model.config, "_class_name": model_cls.__name__})
-    assert complexity.params == expected_params == num_parameters(model)
-    assert complexity.macs == expected_macs
-    # A real forward with batch 3: the counter sees only matmuls and convolutions, exactly what the formulas count.
-    assert measured_macs(model, batch_size=3) == expected_macs
-
-
-def test_measured_f2_deep_macs_match_analytic():
-    model = build_named("F2-deep")
-    measured = measured_macs(model)
-    assert 15.8e9 <= measured <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
-    assert measured == pytest.approx(analytic_complexity(model).macs, rel=0.02)
-
-
-def test_unmodified_torch_flop_counter_counts_every_f2_deep_layer():
-    """torch's own counter, with no custom mapping, sees every matmul: the blocks call all their layers as modules."""
-    model = build_named("F2-deep")
-    with torch.device("meta"), torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(1, 4, 32, 32), torch.zeros(1, 77, 768), torch.zeros(1, dtype=torch.long))
-    macs = counter.get_total_flops() / 2
-    assert macs == pytest.approx(15.89e9, rel=0.01)
-    assert macs == analytic_complexity(model).macs
-
-
-def test_measured_moe_4e2h_macs_match_analytic():
-    model = build_named("4E2H")
-    assert measured_macs(model) == pytest.approx(analytic_complexity(model).macs, rel=0.02)
+    counted = complexity(model)
+    assert counted == complexity(model.config, family=FAMILIES_BY_CLASS[model_cls])
+    assert counted == complexity({**model.config, "_class_name": model_cls.__name__})
+    assert counted.params == expected_params == num_parameters(model)
+    assert counted.macs == expected_macs
+    # A real forward on CPU tensors with batch 3 counts the same per sample as the meta count.
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(3, 4, 8, 8), torch.zeros(3, 5, 16), torch.zeros(3, dtype=torch.long))
+    assert counter.get_total_flops() == 2 * 3 * expected_macs
 
 
 def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
     seq_len = 334
     with torch.device("meta"):
         moe = MoEMLPModel(num_experts=1, num_heads=1)
-    lmlp = analytic_complexity(build_named("F2-deep"))
-    moe_complexity = analytic_complexity(moe)
+    lmlp = complexity(build_named("F2-deep"))
+    moe_complexity = complexity(moe)
     extra = moe_complexity.block_macs - lmlp.block_macs
     assert lmlp.block_macs == lmlp_block_macs(seq_len, 512, 4)
     assert extra == seq_len**2 + 2 * seq_len == 112_224  # g·W (L²), g·b (L) and the L→1 gate (L)
@@ -120,30 +104,28 @@ def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(named_configs()))
 def test_every_named_config_is_counted_exactly(name):
-    """Every family's blocks report their own cost: analytic = the real parameters = torch's FLOP counter."""
+    """Every named config builds and is counted: its parameters are the real model's."""
     family, _ = named_configs()[name]
     with torch.device("meta"):
         model = family.model_class.from_named_config(name)
-    complexity = analytic_complexity(model)
-    assert complexity.params == num_parameters(model)
-    assert complexity.macs == measured_macs(model)
+    assert complexity(model).params == num_parameters(model)
 
 
-@pytest.mark.parametrize("pooled_text_projection", [False, True])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_every_family_is_counted_exactly_on_a_tiny_model(name, pooled_text_projection):
-    # On the meta device: torch 2.13's counter has no formula for the CPU flash-attention kernel that SDPA picks on
-    # CPU tensors (it counts 0 there), while on meta SDPA runs its math path, two counted bmms, as the CUDA kernels'
-    # formulas count it.
+def test_every_family_is_counted_exactly_on_a_tiny_model(name):
     family = FAMILIES[name]
-    with torch.device("meta"):
-        model = family.model_class(**TINY, **family.tiny_overrides, pooled_text_projection=pooled_text_projection)
-    complexity = analytic_complexity(model)
-    assert complexity.params == num_parameters(model)
-    assert complexity.macs == measured_macs(model, batch_size=2)
+    counted = {}
+    for pooled in (False, True):
+        with torch.device("meta"):
+            model = family.model_class(**TINY, **family.tiny_overrides, pooled_text_projection=pooled)
+        counted[pooled] = complexity(model)
+        assert counted[pooled].params == num_parameters(model)
+    # The pooled projection is one 16 → 32 Linear on one state per caption.
+    assert counted[True].macs - counted[False].macs == 16 * 32
+    assert counted[True].params - counted[False].params == 16 * 32 + 32
 
 
 def test_a_bare_config_needs_its_family():
     with pytest.raises(ValueError, match="is not a backbone of a registered block family"):
-        analytic_complexity({"hidden_size": 32})
-    assert analytic_complexity({}, family="lmlp").params == 47_139_122  # the defaults fill a partial config
+        complexity({"hidden_size": 32})
+    assert complexity({}, family="lmlp").params == 47_139_122  # the defaults fill a partial config

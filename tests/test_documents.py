@@ -387,11 +387,11 @@ def test_the_coco_feature_store_sizes_are_the_benchmarks_formula(monkeypatch, ca
 
 def test_the_flops_the_speed_pages_compare_are_the_codes():
     from diffusers_lmlp import from_named_config
-    from diffusers_lmlp.complexity import analytic_complexity
+    from diffusers_lmlp.complexity import complexity
 
     with torch.device("meta"):
         models = {name: from_named_config(name) for name in ("F2-deep", "U-ViT-S/2", "F2")}
-        macs = {name: analytic_complexity(model).macs for name, model in models.items()}
+        macs = {name: complexity(model).macs for name, model in models.items()}
     # One image forward: 2 FLOPs a multiply-add.
     flops = f"{2 * macs['F2-deep'] / 1e9:.1f} and {2 * macs['U-ViT-S/2'] / 1e9:.1f} GFLOP per image forward"
     for page in ("docs/benchmarks.md", "docs/speed-gpu.md"):
@@ -511,7 +511,7 @@ def test_the_full_size_noise_band_is_the_codes():
 
 def test_the_named_configurations_sizes_and_costs_are_the_codes():
     from diffusers_lmlp import from_named_config
-    from diffusers_lmlp.complexity import analytic_complexity
+    from diffusers_lmlp.complexity import complexity
 
     table = section("docs/backbones.md", "Block families and the papers' named configurations")
     rows = re.findall(r"^\| ([^|]+) \| [^|]+ \| ([\d, /]+(?: each)?) \| ([\d. /]+) G \|$", table, flags=re.MULTILINE)
@@ -523,7 +523,7 @@ def test_the_named_configurations_sizes_and_costs_are_the_codes():
         macs = macs.split(" / ")
         for index, name in enumerate(names):
             with torch.device("meta"):
-                cost = analytic_complexity(from_named_config(name))
+                cost = complexity(from_named_config(name))
             assert f"{cost.params:,}" == params[index if len(params) > 1 else 0], name
             assert f"{cost.macs / 1e9:.2f}" == macs[index if len(macs) > 1 else 0], name
             checked.add(name)
@@ -531,7 +531,7 @@ def test_the_named_configurations_sizes_and_costs_are_the_codes():
     # The README's parameter count of the default model.
     [stated] = re.findall(r"\*\*F2-deep\*\*: ([\d,]+) parameters", text("README.md"))
     with torch.device("meta"):
-        assert stated == f"{analytic_complexity(from_named_config('F2-deep')).params:,}"
+        assert stated == f"{complexity(from_named_config('F2-deep')).params:,}"
         # What docs/backbones.md's example prints.
-        uvit, a2 = (analytic_complexity(from_named_config(name)).params for name in ("U-ViT-S/2", "A2"))
+        uvit, a2 = (complexity(from_named_config(name)).params for name in ("U-ViT-S/2", "A2"))
     assert f"# {uvit:,} / {a2:,}" in text("docs/backbones.md")

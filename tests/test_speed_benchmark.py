@@ -35,12 +35,12 @@ def test_largest_batch_finds_the_boundary(speed, answer):
 
 
 def test_flops_are_counted_with_attention(speed):
-    """On meta, U-ViT's two attention matmuls are counted: forward = 2 × the analytic MACs, training = 3 × forward."""
-    from diffusers_lmlp.complexity import analytic_complexity
+    """On meta, U-ViT's two attention matmuls are counted: forward = 2 × the counted MACs, training = 3 × forward."""
+    from diffusers_lmlp.complexity import complexity
 
     model = speed.build("U-ViT-S/2", num_layers=2, device="meta")
     forward = speed.meta_pass("U-ViT-S/2", 2, 1, train=False)[0]
-    assert forward == 2 * analytic_complexity(model).macs
+    assert forward == 2 * complexity(model).macs
     training = speed.meta_pass("U-ViT-S/2", 2, 1, train=True)[0]
     assert 2.9 * forward < training <= 3 * forward  # no gradient for the input latents' patch-embedding input
 

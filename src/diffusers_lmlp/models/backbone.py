@@ -30,7 +30,6 @@ from .loading import (
     warn_non_strict,
 )
 from .mixers.channel_mlp import channel_mlp_factory
-from .mixers.cost import BlockCost
 from .saving import check_storable, local_paths_left_out
 from .tokens import OutputHead, TokenEmbedder
 
@@ -278,17 +277,6 @@ class UShapedMixerModel(ModelMixin):
             config (`Mapping`): A full config of this class.
         """
         return config.get("long_skips", True)
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and forward MACs per sample of one block of a model with this config (each family's own).
-
-        Args:
-            config (`Mapping`): A full config of this class (every `__init__` argument).
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip (U-ViT's out blocks add a Linear for it).
-        """
-        raise NotImplementedError(f"{cls.__name__} must define block_cost(config, seq_len, skip).")
 
     @classmethod
     def from_named_config(cls, name: str, **overrides):

@@ -1,14 +1,14 @@
 """The registry of block families: the one place that knows each family's name, class, label and named configs.
 
 The training script's `--model_type`, `build_tiny_pipeline`, the complexity accounting, the benchmarks, the model card
-and the Space all read `FAMILIES`; none of them tests a config key to guess a family. A family's per-block cost is
-its model class's `block_cost`, and its named configurations are `catalog.NAMED_CONFIGS[family.name]`.
+and the Space all read `FAMILIES`; none of them tests a config key to guess a family. A family's named configurations
+are `catalog.NAMED_CONFIGS[family.name]`; its costs are counted by `diffusers_lmlp.complexity`.
 
 The registry itself imports no model: a family names its class, which is imported the first time `model_class` is
 read, so that command lines list families and configurations without loading diffusers.
 
 Adding a family: one file in `models/mixers/` with the block and its thin public model (a `UShapedMixerModel`
-subclass with `block_cost`, and `named_configs` from its `NAMED_CONFIGS` entry), plus one `BlockFamily` entry below.
+subclass with `named_configs` from its `NAMED_CONFIGS` entry), plus one `BlockFamily` entry below.
 """
 
 import functools

@@ -9,8 +9,6 @@ from diffusers.loaders import PeftAdapterMixin
 from ..exports import public
 from .backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
 from .catalog import NAMED_CONFIGS, TABLE_1  # noqa: F401  (TABLE_1: its former home)
-from .mixers.channel_mlp import CHANNEL_MLPS
-from .mixers.cost import BlockCost
 from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
 from .reference_keys import rename_reference_keys
 
@@ -147,24 +145,6 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             config (`Mapping`): A full config of this class.
         """
         return config["long_skip"] is not None
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and MACs per sample of one block (`LMLPBlock.cost`); a long skip adds neither.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip.
-        """
-        return LMLPBlock.cost(
-            config["hidden_size"],
-            seq_len,
-            config["mlp_ratio"],
-            lateral_mlp_ratio=config["lateral_mlp_ratio"],
-            merge_proj=config["merge_proj"],
-            channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
-        )
 
 
 # Reference key (zizhao-hu/L-MLP `libs/f2.py`, §A.4) -> ours. Applied to the whole key, first match wins.

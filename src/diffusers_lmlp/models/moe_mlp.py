@@ -1,6 +1,5 @@
 """`MoEMLPModel`: the full-MLP backbone of "Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"."""
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -11,10 +10,7 @@ from diffusers.utils import BaseOutput
 from ..exports import public
 from .backbone import UShapedMixerModel
 from .catalog import NAMED_CONFIGS
-from .mixers.channel_mlp import CHANNEL_MLPS
-from .mixers.cost import BlockCost
-from .mixers.lmlp import LMLPBlock
-from .mixers.moe import MoELinearAttention, MoEMLPBlock
+from .mixers.moe import MoEMLPBlock
 from .mixers.routing import collect_router_probs
 
 
@@ -96,21 +92,6 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             lambda seq_len, skip: MoEMLPBlock(
                 hidden_size, seq_len, mlp_ratio, norm_eps, num_experts, num_heads, channel_mlp=self.channel_mlp_class()
             )
-        )
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and MACs per sample of one block: the L-MLP block's with `MoELinearAttention` as token mixer.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip (an add: no cost).
-        """
-        hidden_size = config["hidden_size"]
-        left = MoELinearAttention.cost(seq_len, hidden_size, config["num_experts"], config["num_heads"])
-        return LMLPBlock.cost(
-            hidden_size, seq_len, config["mlp_ratio"], channel_mlp=CHANNEL_MLPS[config["channel_mlp"]], left=left
         )
 
     def forward(

@@ -24,7 +24,7 @@ formula, so a CPU count of a U-ViT leaves out QKᵀ and softmax(QKᵀ)·V (2·L�
 """
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +36,7 @@ from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int
 from ..catalog import NAMED_CONFIGS
 from ..reference_keys import rename_reference_keys
-from .channel_mlp import CHANNEL_MLPS, JointMLP
-from .cost import ZERO, BlockCost, layer_norm_cost, linear_cost
+from .channel_mlp import JointMLP
 
 
 class UViTAttention(nn.Module):
@@ -60,19 +59,6 @@ class UViTAttention(nn.Module):
         self.num_heads = num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=qkv_bias)
         self.proj = nn.Linear(hidden_size, hidden_size)
-
-    @staticmethod
-    def cost(hidden_size: int, seq_len: int, qkv_bias: bool = False) -> BlockCost:
-        """Parameters and MACs per sample: the projections 4·L·D², QKᵀ and softmax(QKᵀ)·V L²·D each.
-
-        Args:
-            hidden_size (`int`): Token width D.
-            seq_len (`int`): Tokens L.
-            qkv_bias (`bool`, *optional*, defaults to `False`): Whether `qkv` has a bias.
-        """
-        d, length = hidden_size, seq_len
-        projections = linear_cost(d, 3 * d, rows=length, bias=qkv_bias) + linear_cost(d, d, rows=length)
-        return projections + BlockCost(0, 2 * length**2 * d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attend.
@@ -120,33 +106,6 @@ class UViTBlock(nn.Module):
         self.attn = UViTAttention(hidden_size, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(hidden_size, eps=norm_eps)
         self.mlp = channel_mlp(hidden_size, mlp_ratio)
-
-    @staticmethod
-    def cost(
-        hidden_size: int,
-        seq_len: int,
-        mlp_ratio: float,
-        qkv_bias: bool = False,
-        skip: bool = False,
-        channel_mlp: type[nn.Module] = JointMLP,
-    ) -> BlockCost:
-        """Parameters and MACs per sample of a block built with these arguments.
-
-        An in or mid block costs (4 + 2s)·L·D² + 2·L²·D MACs (L-MLP Table 3's transformer block; 1.165 G at
-        L = 334, D = 512, s = 4); an out block adds `skip_linear`, 2·D² + D parameters and 2·L·D² MACs.
-
-        Args:
-            hidden_size (`int`): Token width D.
-            seq_len (`int`): Tokens L.
-            mlp_ratio (`float`): Channel-MLP ratio s.
-            qkv_bias (`bool`, *optional*, defaults to `False`): Whether `qkv` has a bias.
-            skip (`bool`, *optional*, defaults to `False`): Whether the block has `skip_linear`.
-            channel_mlp (`type`, *optional*): The channel MLP's class (its static `cost`).
-        """
-        d = hidden_size
-        cost = layer_norm_cost(d) + layer_norm_cost(d) + UViTAttention.cost(d, seq_len, qkv_bias)
-        cost += channel_mlp.cost(d, mlp_ratio, seq_len=seq_len)
-        return cost + (linear_cost(2 * d, d, rows=seq_len) if skip else ZERO)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         """Run the block.
@@ -253,24 +212,6 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
                 skip=skip,
                 channel_mlp=self.channel_mlp_class(),
             )
-        )
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and MACs per sample of one block (`UViTBlock.cost`); out blocks add `skip_linear`.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip.
-        """
-        return UViTBlock.cost(
-            config["hidden_size"],
-            seq_len,
-            config["mlp_ratio"],
-            qkv_bias=config["qkv_bias"],
-            skip=skip,
-            channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
         )
 
 

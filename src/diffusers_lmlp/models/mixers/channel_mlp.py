@@ -1,7 +1,6 @@
 """Channel MLPs: the per-token MLP of a block, swappable in any family (timm style: one constructor signature).
 
-Every class here is built as `make(hidden_size, mlp_ratio)` and reports its size and MACs with the static method
-`cost(hidden_size, mlp_ratio, seq_len) -> BlockCost`; a class that needs the token layout (the image grid
+Every class here is built as `make(hidden_size, mlp_ratio)`; a class that needs the token layout (the image grid
 behind the time and text tokens) sets `needs_token_layout = True` and takes the layout as the keyword arguments
 `num_extra_tokens` and `grid_size`, which `channel_mlp_factory` binds from the model's config. A model names its channel MLP by the config value `channel_mlp`, a key of `CHANNEL_MLPS`.
 """
@@ -12,8 +11,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .cost import BlockCost, layer_norm_cost, linear_cost
 
 
 class JointMLP(nn.Module):
@@ -40,18 +37,6 @@ class JointMLP(nn.Module):
             `torch.Tensor`: (B, L, D) `fc2(gelu(fc1(x)))`.
         """
         return self.fc2(F.gelu(self.fc1(x)))  # (B, L, s·D) inside
-
-    @staticmethod
-    def cost(hidden_size: int, mlp_ratio: float, seq_len: int) -> BlockCost:
-        """Parameters and MACs per sample: 2·s·D² weights, applied to L tokens (2·s·L·D²).
-
-        Args:
-            hidden_size (`int`): Token width D.
-            mlp_ratio (`float`): Hidden width as a multiple of D.
-            seq_len (`int`): Tokens L it is applied to.
-        """
-        inner = int(hidden_size * mlp_ratio)
-        return linear_cost(hidden_size, inner, seq_len) + linear_cost(inner, hidden_size, seq_len)
 
 
 # The IMLP's depthwise kernel: n = 3, the paper's default (§5.1; Table 5 ablates 1, 3, 5, 7).
@@ -179,30 +164,6 @@ class IMLP(nn.Module):
         image = self.dw_conv(image).flatten(2).transpose(1, 2)  # (B, g², C')
         t = F.gelu(self.norm(torch.cat([extra, image], dim=1)))  # (B, L, C')
         return self.fc2(t)  # (B, L, D)
-
-    @staticmethod
-    def cost(hidden_size: int, mlp_ratio: float, seq_len: int) -> BlockCost:
-        """Parameters and MACs per sample: D·C'/2 + 9·C' + C'·D MACs per token.
-
-        The depthwise convolution costs 9·C' MACs for every token, image or not (see the class docstring), so the
-        cost needs no token layout. AGeLUs, norm and GELU are element-wise (not counted).
-
-        Args:
-            hidden_size (`int`): Token width D.
-            mlp_ratio (`float`): Hidden width C' as a multiple of D.
-            seq_len (`int`): Tokens L it is applied to.
-        """
-        inner = _imlp_hidden_width(hidden_size, mlp_ratio)
-        taps = DW_KERNEL_SIZE**2
-        agelus = BlockCost(2 * 4 * (inner // 2), 0)  # α, β, γ, θ per channel of each half
-        dw_conv = BlockCost(inner * taps + inner, seq_len * inner * taps)
-        return (
-            linear_cost(hidden_size, inner // 2, seq_len)
-            + agelus
-            + dw_conv
-            + layer_norm_cost(inner)
-            + linear_cost(inner, hidden_size, seq_len)
-        )
 
 
 # config value -> class

@@ -15,8 +15,6 @@ initialises W near zero and b to ones, so that at first the gate f_{W,b}(Z_2) 鈮
 `SpatialGatingUnit.init_weights` does this after the backbone's generic Linear init (W uniform in 卤0.01, as 002).
 """
 
-from collections.abc import Mapping
-
 import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -26,7 +24,6 @@ from torch import nn
 from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel
 from ..catalog import NAMED_CONFIGS
-from .cost import BlockCost, layer_norm_cost, linear_cost
 
 
 # The spatial weights start uniform in 卤SPATIAL_INIT_RANGE (002: "small values"), its bias at 1.
@@ -106,24 +103,6 @@ class GMLPBlock(nn.Module):
             )
         return d_ffn
 
-    @classmethod
-    def cost(cls, hidden_size: int, seq_len: int, mlp_ratio: float) -> BlockCost:
-        """Parameters and MACs per sample of a block built with these arguments.
-
-        The channel projections cost L路D路d_ffn and L路(d_ffn / 2)路D MACs, the spatial projection L虏 per channel of
-        Z_2, (d_ffn / 2)路L虏 in all; the LayerNorms add parameters only.
-
-        Args:
-            hidden_size (`int`): Token width D.
-            seq_len (`int`): Tokens L.
-            mlp_ratio (`float`): d_ffn as a multiple of D.
-        """
-        d, length = hidden_size, seq_len
-        half = cls.ffn_width(d, mlp_ratio) // 2
-        channel_proj = linear_cost(d, 2 * half, rows=length) + linear_cost(half, d, rows=length)
-        sgu = layer_norm_cost(half) + linear_cost(length, length, rows=half)
-        return layer_norm_cost(d) + channel_proj + sgu
-
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         """Run the block.
 
@@ -199,14 +178,3 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     ):
         super().__init__()
         self._build(lambda seq_len, skip: GMLPBlock(hidden_size, seq_len, mlp_ratio, norm_eps))
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and MACs per sample of one block (`GMLPBlock.cost`); a long skip adds neither.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip.
-        """
-        return GMLPBlock.cost(config["hidden_size"], seq_len, config["mlp_ratio"])

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .channel_mlp import JointMLP
-from .cost import ZERO, BlockCost, layer_norm_cost, linear_cost
 
 
 MERGINGS = ("add", "prod", "glu")
@@ -98,41 +97,6 @@ class LMLPBlock(nn.Module):
         )
         self.merge = nn.Linear(hidden_size, hidden_size) if merge_proj else None  # reference `proj`
         self.joint_mlp = None if mlp_ratio is None else channel_mlp(hidden_size, mlp_ratio)  # reference `mlp`
-
-    @staticmethod
-    def cost(
-        hidden_size: int,
-        seq_len: int,
-        mlp_ratio: float | None,
-        lateral_mlp_ratio: float | None = None,
-        merge_proj: bool = True,
-        channel_mlp: type[nn.Module] = JointMLP,
-        left: BlockCost | None = None,
-    ) -> BlockCost:
-        """Parameters and MACs per sample of a block built with these arguments.
-
-        The reference block costs (2 + 2s)·L·D² + L²·D MACs (L-MLP Table 3; 0.933 G at L = 334, D = 512, s = 4):
-        `right` and `merge` are D×D Linears over L tokens, the joint MLP D → s·D → D, and `left` one L×L matrix
-        applied to D channels. Merging by product or GLU and the lateral GELUs are element-wise (not counted).
-
-        Args:
-            hidden_size (`int`): Token width D.
-            seq_len (`int`): Tokens L.
-            mlp_ratio (`float` or `None`): Joint-MLP ratio s; `None`: no second stage.
-            lateral_mlp_ratio (`float`, *optional*): The hemispheres' MLP ratio; `None`: Linears.
-            merge_proj (`bool`, *optional*, defaults to `True`): Whether the merge Linear exists.
-            channel_mlp (`type`, *optional*): The joint MLP's class (its static `cost`).
-            left (`BlockCost`, *optional*): The cost of a replacement token mixer (the MoE-MLP's).
-        """
-        d, length = hidden_size, seq_len
-        if lateral_mlp_ratio is None:
-            default_left, right = linear_cost(length, length, rows=d), linear_cost(d, d, rows=length)
-        else:
-            default_left = JointMLP.cost(length, lateral_mlp_ratio, seq_len=d)
-            right = JointMLP.cost(d, lateral_mlp_ratio, seq_len=length)
-        cost = layer_norm_cost(d) + layer_norm_cost(length) + (default_left if left is None else left) + right
-        cost += linear_cost(d, d, rows=length) if merge_proj else ZERO
-        return cost + (ZERO if mlp_ratio is None else channel_mlp.cost(d, mlp_ratio, seq_len=length))
 
     def _merge(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
         """Z from the two (B, L, D) hemispheres."""

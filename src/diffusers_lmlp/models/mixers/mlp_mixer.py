@@ -13,7 +13,7 @@ the transformer MLP with D_C = `mlp_ratio × D` by default. Unlike the L-MLP blo
 each reads its own re-normalised input, and there is no merge projection.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -23,8 +23,7 @@ from torch import nn
 from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
 from ..catalog import NAMED_CONFIGS
-from .channel_mlp import CHANNEL_MLPS, JointMLP
-from .cost import BlockCost, layer_norm_cost
+from .channel_mlp import JointMLP
 
 
 class MLPMixerBlock(nn.Module):
@@ -59,30 +58,6 @@ class MLPMixerBlock(nn.Module):
         self.token_mlp = JointMLP(seq_len, token_mlp_ratio)  # L -> D_S -> L, over the token axis
         self.norm2 = nn.LayerNorm(hidden_size, eps=norm_eps)
         self.channel_mlp = channel_mlp(hidden_size, mlp_ratio)  # D -> D_C -> D, per token
-
-    @staticmethod
-    def cost(
-        hidden_size: int,
-        seq_len: int,
-        token_mlp_ratio: float,
-        mlp_ratio: float,
-        channel_mlp: type[nn.Module] = JointMLP,
-    ) -> BlockCost:
-        """Parameters and MACs per sample of a block built with these arguments.
-
-        The token MLP costs 2·D_S·L·D MACs (its two Linears applied to the D channels), the transformer channel
-        MLP 2·D_C·L·D; the two LayerNorms add parameters only.
-
-        Args:
-            hidden_size (`int`): Token width D.
-            seq_len (`int`): Tokens L.
-            token_mlp_ratio (`float`): D_S as a multiple of L.
-            mlp_ratio (`float`): D_C as a multiple of D.
-            channel_mlp (`type`, *optional*): The channel MLP's class (its static `cost`).
-        """
-        token_mlp = JointMLP.cost(seq_len, token_mlp_ratio, seq_len=hidden_size)
-        norms = layer_norm_cost(hidden_size) + layer_norm_cost(hidden_size)
-        return norms + token_mlp + channel_mlp.cost(hidden_size, mlp_ratio, seq_len)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         """Run the block.
@@ -173,21 +148,4 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
             lambda seq_len, skip: MLPMixerBlock(
                 hidden_size, seq_len, token_mlp_ratio, mlp_ratio, norm_eps, channel_mlp=self.channel_mlp_class()
             )
-        )
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and MACs per sample of one block (`MLPMixerBlock.cost`); a long skip adds neither.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip.
-        """
-        return MLPMixerBlock.cost(
-            config["hidden_size"],
-            seq_len,
-            config["token_mlp_ratio"],
-            config["mlp_ratio"],
-            channel_mlp=CHANNEL_MLPS[config["channel_mlp"]],
         )

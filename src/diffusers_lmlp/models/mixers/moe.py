@@ -42,7 +42,6 @@ import torch
 from torch import nn
 
 from .channel_mlp import JointMLP
-from .cost import BlockCost, linear_cost
 from .lmlp import LMLPBlock
 from .routing import Router
 
@@ -77,27 +76,6 @@ class MoELinearAttention(nn.Module):
         """Draw every expert from the reference Linear init (truncated normal, std 0.02; bias 0), independently."""
         nn.init.trunc_normal_(self.expert_weight, std=0.02)
         nn.init.zeros_(self.expert_bias)
-
-    @staticmethod
-    def cost(seq_len: int, hidden_size: int, num_experts: int, num_heads: int) -> BlockCost:
-        """Parameters and MACs per sample.
-
-        Forming each head's matrix Σ_e g_e·W_e and bias Σ_e g_e·b_e costs H·E·(L² + L), the H gates (L → E, on the
-        head's channel mean) H·L·E, and applying the mixed matrices L²·(D/H) per head, L²·D in all (as the single
-        L-MLP matrix). The paper (§3.4) puts the extra cost at H·E·L·D (2·H·E·L·D in its Table 1), but the mixture
-        is over L×L matrices, so forming it costs H·E·L²; we count what this module computes.
-
-        Args:
-            seq_len (`int`): Tokens L.
-            hidden_size (`int`): Token width D.
-            num_experts (`int`): Experts E per head.
-            num_heads (`int`): Heads H.
-        """
-        heads_experts, length = num_heads * num_experts, seq_len
-        experts = BlockCost(heads_experts * (length**2 + length), heads_experts * (length**2 + length))
-        gates = linear_cost(length, num_experts, rows=1)
-        gates = BlockCost(num_heads * gates.params, num_heads * gates.macs)
-        return experts + gates + BlockCost(0, length**2 * hidden_size)
 
     def forward(self, x_tok: torch.Tensor) -> torch.Tensor:
         """Mix tokens with the routed expert matrices.

@@ -38,8 +38,6 @@ uses see W + ΔW and the MLP stays symmetric. peft 0.21 cannot inject such an ad
 (`load_lora_adapter` raises); add it from its config and load its weights with `peft.set_peft_model_state_dict`.
 """
 
-from collections.abc import Mapping
-
 import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -49,7 +47,6 @@ from torch import nn
 from ...exports import public
 from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int, _is_positive_real
 from ..catalog import NAMED_CONFIGS
-from .cost import BlockCost, layer_norm_cost, linear_cost
 
 
 class VanillaMLP(nn.Module):
@@ -75,19 +72,6 @@ class VanillaMLP(nn.Module):
             `torch.Tensor`: (..., in_features).
         """
         return self.fc2(F.gelu(self.fc1(x)))  # (..., hidden_features) inside
-
-    @staticmethod
-    def cost(in_features: int, hidden_features: int, rows: int) -> BlockCost:
-        """Parameters and MACs per sample: two bias-free Linears over `rows` vectors.
-
-        Args:
-            in_features (`int`): Input and output width.
-            hidden_features (`int`): Hidden width.
-            rows (`int`): Vectors per sample the MLP is applied to (D for the token MLP, L for the channel MLP).
-        """
-        return linear_cost(in_features, hidden_features, rows, bias=False) + linear_cost(
-            hidden_features, in_features, rows, bias=False
-        )
 
 
 class SymmetricMLP(nn.Module):
@@ -121,17 +105,6 @@ class SymmetricMLP(nn.Module):
         hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
         return torch.matmul(hidden, self.weight)  # (..., in_features)
 
-    @staticmethod
-    def cost(in_features: int, hidden_features: int, rows: int) -> BlockCost:
-        """Parameters and MACs per sample: one (hidden, in) weight, applied twice to `rows` vectors.
-
-        Args:
-            in_features (`int`): Input and output width.
-            hidden_features (`int`): Hidden width.
-            rows (`int`): Vectors per sample the MLP is applied to.
-        """
-        return BlockCost(in_features * hidden_features, 2 * rows * in_features * hidden_features)
-
 
 class AsymmetricMLP(SymmetricMLP):
     """AsymMixer's MLP: y = GELU(x Wᵀ) W + fc2(GELU(x Wᵀ)), i.e. W₂ = W₁ᵀ + W̃₂ (eq. 38, the reference `aMlp`).
@@ -159,18 +132,6 @@ class AsymmetricMLP(SymmetricMLP):
         """
         hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
         return torch.matmul(hidden, self.weight) + self.fc2(hidden)  # (..., in_features)
-
-    @staticmethod
-    def cost(in_features: int, hidden_features: int, rows: int) -> BlockCost:
-        """Parameters and MACs per sample: the tied weight applied twice plus the symmetry-breaking Linear.
-
-        Args:
-            in_features (`int`): Input and output width.
-            hidden_features (`int`): Hidden width.
-            rows (`int`): Vectors per sample the MLP is applied to.
-        """
-        tied = SymmetricMLP.cost(in_features, hidden_features, rows)
-        return tied + linear_cost(hidden_features, in_features, rows, bias=False)
 
 
 class ParaMixerBlock(nn.Module):
@@ -202,35 +163,6 @@ class ParaMixerBlock(nn.Module):
         self.norm = nn.LayerNorm((seq_len, hidden_size), eps=norm_eps)  # the symmetric LayerNorm, over (L, D)
         self.token_mlp = mlp_class(seq_len, token_hidden)  # reference `mlp_tokens`: W₂ g(W₁ ·)
         self.channel_mlp = mlp_class(hidden_size, channel_hidden)  # reference `mlp_channels`: g(· W₃) W₄
-
-    @staticmethod
-    def cost(
-        hidden_size: int,
-        seq_len: int,
-        token_hidden: int,
-        channel_hidden: int,
-        mlp_class: type[nn.Module],
-        num_iterations: int = 1,
-    ) -> BlockCost:
-        """Parameters and MACs per sample of a block built with these arguments.
-
-        The symmetric LayerNorm holds 2·L·D parameters; the token MLP is applied to D vectors of length L, the
-        channel MLP to L vectors of length D, `num_iterations` times. A ParaMixer block costs
-        2·D·t·L + 2·L·c·D MACs per iteration (t, c the hidden widths), a SymMixer block the same with half the
-        MLP parameters, an AsymMixer block 3·D·t·L + 3·L·c·D.
-
-        Args:
-            hidden_size (`int`): Token width D.
-            seq_len (`int`): Tokens L.
-            token_hidden (`int`): Token-MLP hidden width.
-            channel_hidden (`int`): Channel-MLP hidden width.
-            mlp_class (`type[nn.Module]`): The MLP class (its static `cost`).
-            num_iterations (`int`, *optional*, defaults to 1): Iterations of the update.
-        """
-        mlps = mlp_class.cost(seq_len, token_hidden, rows=hidden_size) + mlp_class.cost(
-            hidden_size, channel_hidden, rows=seq_len
-        )
-        return layer_norm_cost(seq_len, hidden_size) + BlockCost(mlps.params, num_iterations * mlps.macs)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         """Run the block.
@@ -335,25 +267,6 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
                 f"{config.token_mlp_ratio}) = 0 hidden units; use token_mlp_ratio >= 1 / hidden_size (the paper "
                 "uses 0.5)."
             )
-
-    @classmethod
-    def block_cost(cls, config: Mapping, seq_len: int, skip: bool) -> BlockCost:
-        """Parameters and MACs per sample of one block (`ParaMixerBlock.cost`); a long skip adds neither.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-            seq_len (`int`): Tokens L.
-            skip (`bool`): Whether the block receives a long skip (an add: no cost).
-        """
-        hidden_size = config["hidden_size"]
-        return ParaMixerBlock.cost(
-            hidden_size,
-            seq_len,
-            int(hidden_size * config["token_mlp_ratio"]),
-            int(hidden_size * config["mlp_ratio"]),
-            cls.mlp_class,
-            config["num_iterations"],
-        )
 
 
 @public
