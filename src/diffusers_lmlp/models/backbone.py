@@ -12,23 +12,15 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any
 
 import torch
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
-from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from .casting import no_empty_fp32_warning
 from .catalog import SHAPES_SMALL  # noqa: F401  (its former home)
-from .loading import (
-    checkpoint_keys,
-    checkpoint_location,
-    initialise_unloaded,
-    refusal,
-    saved_class_name,
-    warn_non_strict,
-)
+from .loading import StrictLoadingMixin
 from .mixers.channel_mlp import channel_mlp_factory
 from .saving import check_storable, local_paths_left_out
 from .tokens import OutputHead, TokenEmbedder
@@ -125,7 +117,7 @@ class UShapedStack(nn.Module):
         return x
 
 
-class UShapedMixerModel(ModelMixin):
+class UShapedMixerModel(StrictLoadingMixin):
     """Shared body of the public backbones. Subclasses register their config and call `_build(make_block)`."""
 
     _supports_gradient_checkpointing = True
@@ -134,63 +126,6 @@ class UShapedMixerModel(ModelMixin):
     named_configs: dict[str, dict] = {}
     # field -> (test, requirement) for the config fields this class checks before building anything.
     config_requirements: dict[str, tuple[Callable[[Any], bool], str]] = CONFIG_REQUIREMENTS
-
-    @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, *, strict: bool = True, **kwargs
-    ) -> Self | tuple[Self, dict[str, list]]:
-        """`ModelMixin.from_pretrained`, reading safetensors weights only and refusing a checkpoint that does not fill
-        every weight.
-
-        Every loader (this one, `LMLPPipeline.from_pretrained`, `DiffusionPipeline.from_pretrained`) comes through
-        here, so a folder with only pickled weights (`.bin`) fails instead of being unpickled, and a checkpoint whose
-        keys differ from the model's (a weight it lacks, a tensor the model has no place for) fails instead of
-        loading with weights that hold no values: a folder loaded as another family's class, or a damaged file. The
-        error names the keys and the class in the folder's `config.json`. diffusers would only warn
-        (`models/loading.py` says how the keys are found).
-
-        Args:
-            pretrained_model_name_or_path (`str` or `os.PathLike`): A Hub repo id or a local folder.
-            strict (`bool`, *optional*, defaults to `True`): Refuse a checkpoint whose keys are not exactly the
-                model's. With `False` it loads, and a warning names the keys: the weights it lacks are initialised
-                as in a new, untrained model, its other tensors are dropped. diffusers' pipeline loaders do not pass
-                this argument on: to load a pipeline so, load its transformer with `strict=False` and pass it
-                (`LMLPPipeline.from_pretrained(folder, transformer=transformer)`).
-            **kwargs: Everything `ModelMixin.from_pretrained` takes (`subfolder`, `dtype`, `variant`,
-                `low_cpu_mem_usage`, `device_map`, `output_loading_info`, ...); `use_safetensors` may only be `True`,
-                and FlashPack files (`use_flashpack`) are not read. Weights that `ignore_mismatched_sizes=True`
-                re-creates are initialised as in a new model.
-
-        Returns:
-            The model, or with `output_loading_info=True` the model and diffusers' report (`missing_keys`,
-            `unexpected_keys`, `mismatched_keys`, `error_msgs`).
-
-        Raises:
-            `ValueError`: `use_safetensors=False`, `use_flashpack=True`, or (with `strict=True`) a checkpoint whose
-                keys differ from the model's.
-        """
-        if kwargs.get("use_safetensors") is False:
-            raise ValueError(
-                f"{cls.__name__} loads safetensors weights only, so that loading never unpickles; got "
-                "use_safetensors=False. Convert trusted pickled weights once by loading them with torch.load(..., "
-                "weights_only=True), load_state_dict, and save_pretrained (safetensors is the default)."
-            )
-        if kwargs.get("use_flashpack"):
-            raise ValueError(
-                f"{cls.__name__} loads safetensors weights only, whose keys it checks against the model's; got "
-                "use_flashpack=True. Load the folder's diffusion_pytorch_model.safetensors (leave use_flashpack unset)."
-            )
-        kwargs["use_safetensors"] = True
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
-        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-        if missing or unexpected:
-            location = checkpoint_location(pretrained_model_name_or_path, kwargs.get("subfolder"))
-            if strict:
-                saved_class = saved_class_name(cls, pretrained_model_name_or_path, kwargs)
-                raise ValueError(refusal(cls.__name__, saved_class, location, missing, unexpected))
-            warn_non_strict(cls.__name__, location, missing, unexpected)
-        return (model, info) if output_loading_info else model
 
     def save_pretrained(
         self,
@@ -235,37 +170,6 @@ class UShapedMixerModel(ModelMixin):
         """
         with no_empty_fp32_warning():
             return super().to(*args, **kwargs)
-
-    @classmethod
-    def _load_pretrained_model(
-        cls, model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
-    ):
-        """diffusers' loading of the checkpoint's tensors into `model`, called by `ModelMixin.from_pretrained`, with
-        two changes, so that its report of missing keys is true and no weight is left without values (a private
-        method of diffusers 0.42, overridden; tests/test_strict_loading.py covers every path that reaches it).
-
-        - A sharded checkpoint's keys are read from its shards' headers (no tensor is read for that): diffusers
-          takes them from the index's `weight_map`, which may list a tensor that no shard holds.
-        - The weights no tensor filled (missing, or re-created by `ignore_mismatched_sizes=True`) are initialised
-          as in a new model, before diffusers moves the model to its `device_map` (meta weights would fail there).
-          `from_pretrained` then refuses the model, or warns, from the same report.
-
-        Returns:
-            `tuple`: What diffusers returns, `(model, missing_keys, unexpected_keys, mismatched_keys, offload_index,
-            error_msgs)`.
-        """
-        quantized = kwargs.get("hf_quantizer") is not None
-        # diffusers 0.40 (not 0.42.1) also loads shards from a DDUF archive (`dduf_entries`): entries, not files.
-        if state_dict is None and not quantized and not kwargs.get("dduf_entries"):
-            loaded_keys = checkpoint_keys(resolved_model_file)
-        result = super()._load_pretrained_model(
-            model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
-        )
-        _, missing_keys, _, mismatched_keys, *_ = result
-        unloaded = missing_keys + [key for key, *_ in mismatched_keys]
-        if unloaded and not quantized:
-            initialise_unloaded(model, unloaded)
-        return result
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:

@@ -1,4 +1,4 @@
-"""A backbone loads every weight from its checkpoint, or says which it could not.
+"""A backbone loads every weight from its checkpoint, or says which it could not (`StrictLoadingMixin`).
 
 diffusers' `ModelMixin.from_pretrained` loads a checkpoint whose keys differ from the model's with a warning only:
 the weights the file lacks hold no values (it builds the model without initialising it: on the meta device with
@@ -6,16 +6,23 @@ the weights the file lacks hold no values (it builds the model without initialis
 for are dropped. The usual cause is a wrong class (an L-MLP folder loaded as `MoEMLPModel`) or a damaged checkpoint.
 The backbones' `from_pretrained` refuses both unless called with `strict=False`, reading the keys from diffusers' own
 report (`output_loading_info`), which it computes on every path (`low_cpu_mem_usage` on or off, `device_map`,
-sharded checkpoints) from the checkpoint's keys and the model's `state_dict()`. Two gaps are closed in the backbone's
-`_load_pretrained_model`: for a sharded checkpoint diffusers takes the keys from the index file, which may list a
-tensor no shard holds, so they are read from the shards' headers instead; and the weights no tensor filled get a new
-model's values before diffusers places the model on a `device_map`, where meta weights fail.
+sharded checkpoints) from the checkpoint's keys and the model's `state_dict()`. Two gaps cannot be closed by a check after
+the public call, so `StrictLoadingMixin` overrides diffusers' private `_load_pretrained_model`, the one override of a
+private method in this package:
+- for a sharded checkpoint diffusers takes the keys from the index file, which may list a tensor no shard holds, and
+  then reports nothing missing; the keys are read from the shards' headers instead;
+- with a `device_map`, diffusers moves the model before `from_pretrained` returns, and fails on a weight no tensor
+  filled ("Cannot copy out of meta tensor"); those weights get a new model's values first.
+tests/test_strict_loading.py checks both gaps on diffusers alone, and the signature overridden: when diffusers closes
+them or changes the method, those tests fail, and the override can go.
 """
 
 import inspect
 import os
+from typing import Self
 
 import torch
+from diffusers import ModelMixin
 from diffusers.utils import logging
 from safetensors import safe_open
 from torch import nn
@@ -159,3 +166,84 @@ def initialise_unloaded(model: nn.Module, keys: list[str]) -> None:
         for key in keys
     }
     model.load_state_dict(values, strict=False, assign=True)
+
+
+class StrictLoadingMixin(ModelMixin):
+    """`ModelMixin` whose `from_pretrained` reads safetensors only and refuses a checkpoint that does not fill every
+    weight (the module docstring says why the private loader is overridden too)."""
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *, strict: bool = True, **kwargs
+    ) -> Self | tuple[Self, dict[str, list]]:
+        """`ModelMixin.from_pretrained`, reading safetensors weights only and refusing a checkpoint that does not fill
+        every weight.
+
+        Every loader (this one, `LMLPPipeline.from_pretrained`, `DiffusionPipeline.from_pretrained`) comes through
+        here, so a folder with only pickled weights (`.bin`) fails instead of being unpickled, and a checkpoint whose
+        keys differ from the model's (a weight it lacks, a tensor the model has no place for) fails instead of
+        loading with weights that hold no values: a folder loaded as another family's class, or a damaged file. The
+        error names the keys and the class in the folder's `config.json`. diffusers would only warn.
+
+        Args:
+            pretrained_model_name_or_path (`str` or `os.PathLike`): A Hub repo id or a local folder.
+            strict (`bool`, *optional*, defaults to `True`): Refuse a checkpoint whose keys are not exactly the
+                model's. With `False` it loads, and a warning names the keys: the weights it lacks are initialised
+                as in a new, untrained model, its other tensors are dropped. diffusers' pipeline loaders do not pass
+                this argument on: to load a pipeline so, load its transformer with `strict=False` and pass it
+                (`LMLPPipeline.from_pretrained(folder, transformer=transformer)`).
+            **kwargs: Everything `ModelMixin.from_pretrained` takes (`subfolder`, `dtype`, `variant`,
+                `low_cpu_mem_usage`, `device_map`, `output_loading_info`, ...); `use_safetensors` may only be `True`,
+                and FlashPack files (`use_flashpack`) are not read. Weights that `ignore_mismatched_sizes=True`
+                re-creates are initialised as in a new model.
+
+        Returns:
+            The model, or with `output_loading_info=True` the model and diffusers' report (`missing_keys`,
+            `unexpected_keys`, `mismatched_keys`, `error_msgs`).
+
+        Raises:
+            `ValueError`: `use_safetensors=False`, `use_flashpack=True`, or (with `strict=True`) a checkpoint whose
+                keys differ from the model's.
+        """
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError(
+                f"{cls.__name__} loads safetensors weights only, so that loading never unpickles; got "
+                "use_safetensors=False. Convert trusted pickled weights once by loading them with torch.load(..., "
+                "weights_only=True), load_state_dict, and save_pretrained (safetensors is the default)."
+            )
+        if kwargs.get("use_flashpack"):
+            raise ValueError(
+                f"{cls.__name__} loads safetensors weights only, whose keys it checks against the model's; got "
+                "use_flashpack=True. Load the folder's diffusion_pytorch_model.safetensors (leave use_flashpack unset)."
+            )
+        kwargs["use_safetensors"] = True
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
+        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        if missing or unexpected:
+            location = checkpoint_location(pretrained_model_name_or_path, kwargs.get("subfolder"))
+            if strict:
+                saved_class = saved_class_name(cls, pretrained_model_name_or_path, kwargs)
+                raise ValueError(refusal(cls.__name__, saved_class, location, missing, unexpected))
+            warn_non_strict(cls.__name__, location, missing, unexpected)
+        return (model, info) if output_loading_info else model
+
+    @classmethod
+    def _load_pretrained_model(
+        cls, model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
+    ):
+        """diffusers' loader with the two gaps of the module docstring closed: a sharded checkpoint's keys come from
+        its shards' headers, and the weights no tensor filled (missing, or re-created by `ignore_mismatched_sizes`)
+        get a new model's values before a `device_map` moves them. Returns what diffusers returns."""
+        quantized = kwargs.get("hf_quantizer") is not None
+        # diffusers 0.40 (not 0.42.1) also loads shards from a DDUF archive (`dduf_entries`): entries, not files.
+        if state_dict is None and not quantized and not kwargs.get("dduf_entries"):
+            loaded_keys = checkpoint_keys(resolved_model_file)
+        result = super()._load_pretrained_model(
+            model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
+        )
+        _, missing_keys, _, mismatched_keys, *_ = result
+        unloaded = missing_keys + [key for key, *_ in mismatched_keys]
+        if unloaded and not quantized:
+            initialise_unloaded(model, unloaded)
+        return result
