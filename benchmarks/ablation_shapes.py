@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from diffusers_lmlp.complexity import complexity
-from diffusers_lmlp.models.backbone import SHAPES_SMALL
+from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, BlockFamily, named_configs
 from diffusers_lmlp.training.arguments import PRESETS
 

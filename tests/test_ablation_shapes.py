@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from diffusers_lmlp.models.backbone import SHAPES_SMALL
+from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, named_configs
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_train_text_to_image import load_script, make_workspace
 
-from diffusers_lmlp.models.backbone import SHAPES_SMALL
+from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.training import components
 
 

@@ -19,7 +19,6 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from torch import nn
 
 from .casting import no_empty_fp32_warning
-from .catalog import SHAPES_SMALL  # noqa: F401  (its former home)
 from .loading import StrictLoadingMixin
 from .mixers.channel_mlp import channel_mlp_factory
 from .saving import check_storable, local_paths_left_out
