@@ -137,7 +137,7 @@ def shapes_config(name: str) -> tuple[BlockFamily, dict[str, Any]]:
 def reference_params() -> int:
     """Parameters of the reference model (`REFERENCE`, 860,386)."""
     family, overrides = named_configs()[REFERENCE]
-    return complexity(overrides, family=family.name).params
+    return sum(p.numel() for p in build_on_meta(family, family.full_config(overrides)).parameters())
 
 
 def build_on_meta(family: BlockFamily, config: Mapping) -> torch.nn.Module:

@@ -6,9 +6,9 @@ the weights the file lacks hold no values (it builds the model without initialis
 for are dropped. The usual cause is a wrong class (an L-MLP folder loaded as `MoEMLPModel`) or a damaged checkpoint.
 The backbones' `from_pretrained` refuses both unless called with `strict=False`, reading the keys from diffusers' own
 report (`output_loading_info`), which it computes on every path (`low_cpu_mem_usage` on or off, `device_map`,
-sharded checkpoints) from the checkpoint's keys and the model's `state_dict()`. Two gaps cannot be closed by a check after
-the public call, so `StrictLoadingMixin` overrides diffusers' private `_load_pretrained_model`, the one override of a
-private method in this package:
+sharded checkpoints) from the checkpoint's keys and the model's `state_dict()`. Two gaps cannot be closed by a check
+after the public call, so `StrictLoadingMixin` overrides diffusers' private `_load_pretrained_model`, the one override
+of a private method in this package:
 - for a sharded checkpoint diffusers takes the keys from the index file, which may list a tensor no shard holds, and
   then reports nothing missing; the keys are read from the shards' headers instead;
 - with a `device_map`, diffusers moves the model before `from_pretrained` returns, and fails on a weight no tensor
