@@ -19,7 +19,7 @@ from PIL import Image
 import diffusers_lmlp
 from diffusers_lmlp import LMLPPipeline, threads
 from diffusers_lmlp.allocator import MALLOC_VARIABLES
-from diffusers_lmlp.evaluation.__main__ import build_parser, configure_threads, main, parse_args
+from diffusers_lmlp.evaluation.__main__ import build_parser, main, parse_args
 from diffusers_lmlp.evaluation.resume import ProgressStore
 from tests.processes import run_bounded
 from tests.space_server import free_port
@@ -203,27 +203,29 @@ def torch_threads():
 
 
 @pytest.mark.parametrize(
-    ("num_threads", "omp_num_threads", "num_processes", "device", "expected"),
+    ("num_threads", "omp_num_threads", "accelerate", "one_cpu_process", "expected"),
     [
-        (None, None, 1, "cpu", 3),  # every core (3 here)
-        (None, "1", 1, "cpu", 1),  # the user's OMP_NUM_THREADS
-        (2, "1", 1, "cpu", 2),  # --num_threads wins
-        (None, None, 2, "cpu", None),  # several processes keep their launcher's setting
-        (2, None, 2, "cpu", 2),  # unless told
-        (None, None, 1, "cuda", None),  # a GPU run keeps it too
+        (None, None, False, True, 3),  # every core (3 here)
+        (None, "1", False, True, 1),  # the user's OMP_NUM_THREADS
+        (None, "1", True, True, 3),  # accelerate launch's own OMP_NUM_THREADS=1 is not the user's
+        (2, "1", False, True, 2),  # --num_threads wins
+        (None, None, False, False, None),  # several processes, or a GPU, keep their launcher's setting
+        (2, None, False, False, 2),  # unless told
     ],
 )
 def test_one_cpu_process_runs_on_every_core_unless_the_user_set_a_count(
-    num_threads, omp_num_threads, num_processes, device, expected, monkeypatch, torch_threads
+    num_threads, omp_num_threads, accelerate, one_cpu_process, expected, monkeypatch, torch_threads
 ):
     monkeypatch.setattr(threads, "available_cores", lambda: 3)
-    for name in ("OMP_NUM_THREADS", "ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_MIXED_PRECISION"):
+    for name in ("OMP_NUM_THREADS", "ACCELERATE_DYNAMO_BACKEND"):
         monkeypatch.delenv(name, raising=False)
     if omp_num_threads is not None:
         monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)
-    torch.set_num_threads(os.cpu_count())  # torch's own default: not a count the user set
-    configure_threads(num_threads, num_processes, torch.device(device))
-    assert torch.get_num_threads() == (os.cpu_count() if expected is None else expected)
+    if accelerate:
+        monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    torch.set_num_threads(4)
+    threads.set_threads(num_threads, "evaluation", one_cpu_process)
+    assert torch.get_num_threads() == (4 if expected is None else expected)
 
 
 # ------------------------------------------------------------------------------------------------------- resuming

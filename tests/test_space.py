@@ -18,7 +18,7 @@ from diffusers import DiffusionPipeline
 from PIL import Image
 from space_server import emoji_pipeline, image_std, load_app, one_cpu_thread, serve, shapes_pipeline
 
-from diffusers_lmlp import FAMILIES, threads
+from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.hub import stage_pipeline
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.pipelines import freezing
@@ -193,26 +193,22 @@ def fresh_process(monkeypatch):
     torch.set_num_threads(num_threads)
 
 
-@pytest.mark.parametrize("with_package", [True, False])
 @pytest.mark.parametrize(
     "environ, concurrency, expected",
     [
         ({"LMLP_NUM_THREADS": "3", "OMP_NUM_THREADS": "1"}, 4, (3, "LMLP_NUM_THREADS")),
-        ({"OMP_NUM_THREADS": "2"}, 1, (2, "OMP_NUM_THREADS=2, set by you")),
+        ({"OMP_NUM_THREADS": "2"}, 1, (2, "OMP_NUM_THREADS")),
         ({}, 1, (8, "every core")),
         ({}, 3, (2, "2 of 8 cores")),  # requests that run side by side share the cores
         ({}, 16, (1, "1 of 8 cores")),
     ],
 )
-def test_cpu_threads_follow_the_package_s_rule_with_or_without_it(
-    fresh_process, with_package, environ, concurrency, expected
+def test_cpu_threads_are_given_else_the_user_s_else_a_share_of_the_cores(
+    fresh_process, environ, concurrency, expected
 ):
     for name, value in environ.items():
         fresh_process.setenv(name, value)
-    if not with_package:  # the app as the Space runs it: the same rule, written out in the app
-        fresh_process.setattr(app, "threads", None)
     assert app.choose_cpu_threads(concurrency) == expected
-    assert app.THREADS_VARIABLE == threads.THREADS_VARIABLE
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])

@@ -100,10 +100,18 @@ def test_validation_steps_on_data_without_prompts_is_refused(script, workspace, 
     script.parse_args(tiny_args(workspace, Path("x"), "--validation_steps", "2", "--validation_prompts", "a dog"))
 
 
-def test_a_run_without_validation_prompts_says_so(script, workspace, tmp_path, caplog):
+def test_a_run_without_validation_prompts_says_so(script, workspace, tmp_path, caplog, monkeypatch):
+    # As `accelerate launch` starts its one process: its OMP_NUM_THREADS=1 is not the user's, so the run takes every
+    # core (1 here, so as not to slow the suite's other worker).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+    monkeypatch.setattr("diffusers_lmlp.threads.available_cores", lambda: 1)
+    num_threads = torch.get_num_threads()
     with caplog.at_level(logging.INFO):
         script.main(tiny_args(workspace, tmp_path / "out"))
+    torch.set_num_threads(num_threads)
     assert "no validation during training and no sample grid at the end" in caplog.text
+    assert "training on the CPU: 1 thread(s) (every core; --num_threads N to change)" in caplog.text
 
 
 @pytest.mark.parametrize("earlier", ["finished", "checkpoints"])
@@ -149,29 +157,6 @@ def test_an_explicit_fp16_on_a_cpu_is_refused(script):
     args = types.SimpleNamespace(mixed_precision=None, mixed_precision_from_preset=False, preset=None)
     with pytest.raises(SystemExit, match="fp16 mixed precision needs a GPU"):
         trainer.effective_precision(accelerator, args)
-
-
-@pytest.mark.parametrize(
-    "num_processes, device, num_threads, expected",
-    [(1, "cpu", None, "every core"), (1, "cpu", 1, 1), (2, "cpu", None, "unchanged"), (1, "cuda", None, "unchanged")],
-)
-def test_threads_of_a_run(script, monkeypatch, num_processes, device, num_threads, expected):
-    # As `accelerate launch` starts a process: OMP_NUM_THREADS=1, set by accelerate, not by the user.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
-    monkeypatch.setattr("diffusers_lmlp.threads.launcher_environment", lambda: {})
-    accelerator = types.SimpleNamespace(num_processes=num_processes, device=torch.device(device))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        trainer.use_threads(accelerator, num_threads)
-        from diffusers_lmlp.threads import available_cores
-
-        wanted = {"every core": available_cores(), "unchanged": 1}.get(expected, expected)
-        assert torch.get_num_threads() == wanted
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_num_threads_below_one_is_refused(script, capsys):

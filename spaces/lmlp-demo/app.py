@@ -34,8 +34,8 @@ Environment variables:
 | `LMLP_FREEZE` | 1 | on the CPU, 1 samples with the transformer frozen by inductor (`serve_frozen`), 0 eagerly |
 
 Each must be a whole number of at least 1 (`LMLP_FREEZE`: 0 or 1); the app stops at start-up with a message naming a
-bad one. The threads follow the rule of `diffusers_lmlp.threads` (`choose_cpu_threads`): requests that run side by
-side share the cores, and more threads than cores slow every one of them down.
+bad one. Requests that run side by side share the cores (`choose_cpu_threads`): more threads than cores slow every
+one of them down.
 
 The UI and the named API endpoint `/generate` run the same function. Every input is checked on the server by
 `validate_inputs` (API calls do not pass through the browser's sliders), and a bad value raises `gr.Error` with a
@@ -76,7 +76,7 @@ from PIL import Image
 
 PACKAGE = "diffusers_lmlp"
 try:
-    from diffusers_lmlp import LMLPPipeline, threads
+    from diffusers_lmlp import LMLPPipeline
     from diffusers_lmlp.models import family_of
     from diffusers_lmlp.worlds import WORLDS
 
@@ -85,12 +85,10 @@ try:
 except ModuleNotFoundError as missing:
     if missing.name != PACKAGE:  # installed but broken: say so, do not fall back to the repo's code
         raise
-    # The Space: the served model repos bring their own code (`load_pipeline`), and the thread rule is written out
-    # here (`choose_cpu_threads`).
-    LMLPPipeline = family_of = threads = None
+    # The Space: the served model repos bring their own code (`load_pipeline`).
+    LMLPPipeline = family_of = None
     SHIPPED = {}
 
-# The package's `diffusers_lmlp.threads.THREADS_VARIABLE`, spelled out for a Space without the package.
 THREADS_VARIABLE = "LMLP_NUM_THREADS"
 # 1: sample on the CPU with the transformer frozen by inductor (`serve_frozen`); 0: eagerly.
 FREEZE_VARIABLE = "LMLP_FREEZE"
@@ -694,36 +692,18 @@ def queue_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
 
 
 def choose_cpu_threads(concurrency: int) -> tuple[int, str]:
-    """How many CPU threads torch serves with, and why, by the rule of `diffusers_lmlp.threads`:
-
-    1. `LMLP_NUM_THREADS`, the count given to the Space;
-    2. else the count the user set for the process, `OMP_NUM_THREADS`;
-    3. else the cores this process may run on, split between the `concurrency` requests that run at once (at
-       least 1 each).
-
-    With the package installed, `diffusers_lmlp.threads.choose_threads` applies it (rule 2 also takes a count that
-    `torch.set_num_threads` set earlier in the process). Without it (on a Space), the lines below do: no launcher
-    starts a Space, so `OMP_NUM_THREADS` there is always the user's.
-
-    Args:
-        concurrency (`int`): Requests that run at the same time (`LMLP_CONCURRENCY`).
-
-    Returns:
-        `tuple`: (the count, where it came from, for the log).
+    """How many CPU threads torch serves with, and why: `LMLP_NUM_THREADS`, else the `OMP_NUM_THREADS` you set, else
+    the cores this process may run on, split between the `concurrency` requests that run at once (at least 1 each).
 
     Raises:
         `ValueError`: For an `LMLP_NUM_THREADS` that is not a whole number of at least 1.
     """
     given = whole_number_setting(os.environ, THREADS_VARIABLE, None)
-    if threads is not None:
-        default = max(1, threads.available_cores() // concurrency)
-        choice = threads.choose_threads(given, default=default, option=THREADS_VARIABLE)
-        return choice.num_threads, choice.reason
     if given is not None:
         return given, THREADS_VARIABLE
     user = os.environ.get("OMP_NUM_THREADS", "").strip()
     if user.isdigit() and int(user) >= 1:
-        return int(user), f"OMP_NUM_THREADS={int(user)}, set by you"
+        return int(user), "OMP_NUM_THREADS"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     count = max(1, cores // concurrency)
     return count, "every core" if count == cores else f"{count} of {cores} cores"

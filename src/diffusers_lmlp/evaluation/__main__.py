@@ -30,7 +30,7 @@ import torch
 
 from .. import commands
 from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
-from ..threads import apply_threads, choose_threads
+from ..threads import set_threads
 from ..worlds import WORLDS, load
 from .captions import WORLD_SOURCES
 from .extractors import EMOJI, INCEPTION, SHAPES
@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--num_threads", type=int,
-        help="torch's CPU threads (default on one CPU process: OMP_NUM_THREADS or torch.set_num_threads if you set "
-        "them, else every core; several processes keep what their launcher set)",
+        help="torch's CPU threads (default on one CPU process: the OMP_NUM_THREADS you set, else every core; "
+        "several processes keep what their launcher set)",
     )  # fmt: skip
     parser.add_argument(
         "--keep_progress", action="store_true",
@@ -187,21 +187,6 @@ def load_pipeline(name: str, dtype: torch.dtype):
         raise OSError(f"--pipeline {name}: {error}") from None
 
 
-def configure_threads(num_threads: int | None, num_processes: int, device: torch.device) -> None:
-    """Set torch's CPU threads by `threads.choose_threads`: on one CPU process, `--num_threads`, else what the user
-    set (OMP_NUM_THREADS, torch.set_num_threads), else every core. Several processes, or a GPU, keep what their
-    launcher set unless `--num_threads` is given.
-
-    Args:
-        num_threads (`int`, *optional*): `--num_threads`.
-        num_processes (`int`): The processes of the run.
-        device (`torch.device`): This process's device.
-    """
-    if num_threads is None and (num_processes > 1 or device.type != "cpu"):
-        return
-    apply_threads(choose_threads(num_threads), "evaluation")
-
-
 class StopSignals:
     """Within it, the first Ctrl-C (SIGINT) or SIGTERM (a killed job, a preempted node) raises `KeyboardInterrupt`,
     and later ones are ignored while the finished batches are kept and the partial report written: `accelerate
@@ -275,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     progress_dir = args.output_dir / PROGRESS_FOLDER
     with StopSignals() as signals:
         try:
-            configure_threads(args.num_threads, state.num_processes, state.device)
+            set_threads(args.num_threads, "evaluation", state.num_processes == 1 and state.device.type == "cpu")
             keep_freed_memory(state.device)  # sampling on the CPU, like training, page-faults every pass otherwise
             captions = draw_captions(args.captions, args.num_images, args.seed)
             pipeline = load_pipeline(args.pipeline, DTYPES[args.dtype]).to(state.device)

@@ -364,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ema_decay", type=float, default=0.9999, help="the EMA's decay per step")
     train.add_argument(
         "--num_threads", type=int,
-        help="CPU threads of a one-process CPU run (default: the OMP_NUM_THREADS you set, else every core; "
-        "accelerate launch's own OMP_NUM_THREADS=1 is not taken for yours). On busy cores, fewer threads run faster",
+        help="CPU threads of a one-process CPU run (default: the OMP_NUM_THREADS you set outside accelerate launch, "
+        "else every core). On busy cores, fewer threads run faster",
     )  # fmt: skip
     train.add_argument(
         "--mixed_precision", choices=["no", "fp16", "bf16", "auto"],

@@ -34,7 +34,7 @@ from transformers.utils import logging as transformers_logging
 from diffusers_lmlp import default_scheduler
 from diffusers_lmlp.allocator import keep_freed_memory
 from diffusers_lmlp.progress import is_terminal, progress_bar
-from diffusers_lmlp.threads import apply_threads, choose_threads
+from diffusers_lmlp.threads import set_threads
 from diffusers_lmlp.training import batches, components, divergence, finishing, validation
 from diffusers_lmlp.training.checkpoints import (
     checkpoint_step,
@@ -96,25 +96,6 @@ def allow_tf32() -> None:
     logger.info("TF32 allowed for float32 matmuls and convolutions (Ampere and newer GPUs)")
 
 
-def use_threads(accelerator: Accelerator, num_threads: int | None) -> None:
-    """Set this process's CPU threads by the package's rule (`diffusers_lmlp.threads`): `--num_threads`, else the
-    `OMP_NUM_THREADS` you set, else every core for a one-process CPU run.
-
-    `accelerate launch` sets `OMP_NUM_THREADS=1` for each process it starts unless you set it (right for several
-    processes per machine, and on a GPU), which would leave a one-process CPU run on one core; on 2 idle cores the
-    embedded default trains 1.3× faster with both. Several processes, or a GPU, keep their setting unless
-    `--num_threads` is given.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        num_threads (`int`, *optional*): `--num_threads`.
-    """
-    one_cpu_process = accelerator.num_processes == 1 and accelerator.device.type == "cpu"
-    if num_threads is None and not one_cpu_process:
-        return
-    apply_threads(choose_threads(num_threads), "training")
-
-
 def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
     """Set up accelerate, then train into `--output_dir` (which no other run may use meanwhile).
 
@@ -146,7 +127,7 @@ def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
     )
     if args.allow_tf32:
         allow_tf32()
-    use_threads(accelerator, args.num_threads)
+    set_threads(args.num_threads, "training", accelerator.num_processes == 1 and accelerator.device.type == "cpu")
     keep_freed_memory(accelerator.device)
     with exclusive_output_dir(accelerator, output_dir):
         run_training(args, accelerator, output_dir, exit_when_done)
