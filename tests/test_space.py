@@ -130,30 +130,17 @@ def test_validate_inputs_flags_prompts_with_some_unknown_words(shapes_pipe):
     assert error.value.message.endswith(f"at most 10; shorten it so that nothing is cut off. {flag}")
 
 
-@pytest.mark.parametrize("bf16_seconds, expected", [(0.001, True), (0.0079, True), (0.0081, False), (0.5, False)])
-def test_cpu_prefers_bf16_only_when_it_is_clearly_faster(bf16_seconds, expected):
-    def timer(dtype):
-        return bf16_seconds if dtype == torch.bfloat16 else 0.01
+def test_the_app_reads_native_bf16_as_the_trainer_does():
+    from diffusers_lmlp.cpu import this_cpu
 
-    assert app.cpu_prefers_bf16(timer=timer) is expected  # bf16 must beat 0.8 × the fp32 time
+    assert app.cpu_has_native_bf16() is (this_cpu().native_bf16 is not None)
 
 
-def test_cpu_prefers_bf16_measures_fp32_on_cpus_without_native_bf16():
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
-    flags = set(cpuinfo.read_text().split())
-    if flags & {"avx512_bf16", "amx_bf16"}:
-        pytest.skip("this CPU has native bf16, where either choice can be right")
-    assert app.time_matmul(torch.float32) > 0
-    assert app.cpu_prefers_bf16() is False  # emulated bf16 is 10 to several hundred times slower
-
-
-def test_pick_device_and_dtype_on_cpu_follows_the_measurement(monkeypatch):
+def test_pick_device_and_dtype_on_cpu_takes_bf16_only_where_it_is_native(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(app, "cpu_prefers_bf16", lambda: False)
+    monkeypatch.setattr(app, "cpu_has_native_bf16", lambda: False)
     assert app.pick_device_and_dtype() == ("cpu", torch.float32)
-    monkeypatch.setattr(app, "cpu_prefers_bf16", lambda: True)
+    monkeypatch.setattr(app, "cpu_has_native_bf16", lambda: True)
     assert app.pick_device_and_dtype() == ("cpu", torch.bfloat16)
 
 

@@ -28,7 +28,6 @@ from diffusers_lmlp.hub.remote_code import bundle_source, defining_module_of, fa
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
-from diffusers_lmlp.threads import THREADS_VARIABLE
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
@@ -79,7 +78,7 @@ def space(tmp_path_factory) -> SimpleNamespace:
 def served(space) -> SimpleNamespace:
     """`python app.py` in the staged Space folder, without the package, serving `owner/lmlp-shapes` on one CPU
     thread (`LMLP_NUM_THREADS=1`); its URL, a client and its log."""
-    env = {**space.env, "LMLP_MODEL": WITH_CODE, THREADS_VARIABLE: "1"}
+    env = {**space.env, "LMLP_MODEL": WITH_CODE, "LMLP_NUM_THREADS": "1"}
     log = space.root / "server.log"
     with app_process(space.folder, env, log, timeout=TIMEOUT_S) as url:
         yield SimpleNamespace(url=url, client=Client(url, verbose=False), log=log)
