@@ -1,7 +1,6 @@
 """diffusers-lmlp: attention-free MLP diffusion backbones (L-MLP, MoE-MLP) for Hugging Face diffusers.
 
-The public names import lazily (`exports.lazy_exports`): `import diffusers_lmlp` costs about what `import torch`
-does, and diffusers, transformers and accelerate load when a model, the pipeline or a command's work needs them.
+Public names import lazily (`exports.lazy_exports`): diffusers, transformers and accelerate load only when needed.
 """
 
 from typing import TYPE_CHECKING
@@ -26,19 +25,16 @@ _EXPORTS = {
     "convert_uvit_reference_state_dict": ".models.mixers.attention",
     "load_balancing_loss": ".models.mixers.moe",
     "symmetry_breaking_penalty": ".models.mixers.paramixer",
-    # Every registered family's model is public here, whatever file defines it: diffusers resolves model_index.json's
-    # ["diffusers_lmlp", "<Class>"] as an attribute of this package.
+    # Every family's model is public here: diffusers resolves model_index.json's ["diffusers_lmlp", "<Class>"] here.
     **{family.class_name: f".models.{family.module}" for family in FAMILIES.values()},
 }
 __all__ = sorted(_EXPORTS)
-# diffusers picks a component's loading method by looking up these base classes by name on the component's library
-# (this package): they resolve to diffusers' own, without being public names of ours.
+# diffusers looks these base classes up by name on a component's library (this package) to pick its loading method.
 _EXPORTS.update(dict.fromkeys(("ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"), "diffusers"))
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-# `DiffusionPipeline.from_pretrained` resolves a folder's `_class_name` as an attribute of the diffusers package: this
-# makes `LMLPPipeline` one, as soon as diffusers is imported (now, or whenever it is).
+# `DiffusionPipeline.from_pretrained` resolves `_class_name` on the diffusers package: make `LMLPPipeline` found there.
 register_with_diffusers()
 
 if TYPE_CHECKING:

@@ -1,15 +1,11 @@
-"""Parameters and forward MACs of every block family, as torch's own `FlopCounterMode` counts them.
+"""Parameters and forward MACs of every block family, as torch's `FlopCounterMode` counts them.
 
-A MAC is one multiply-add of a matrix product or convolution (FLOPs / 2). The counter leaves out bias adds,
-LayerNorms, activations, softmax and element-wise products, as the papers' tables do ("lower-order terms ... are
-omitted"). Every count runs on the meta device: no memory, no time, and SDPA takes its math path there, so attention's
-QKᵀ and softmax(QKᵀ)·V count L²·D each, as the counter's CUDA formulas count them (on CPU tensors torch 2.13 counts
-the CPU flash kernel as 0).
+A MAC is one multiply-add of a matrix product or convolution (FLOPs / 2); as in the papers' tables, bias adds, norms,
+activations, softmax and element-wise products are left out. Counts run on the meta device, where SDPA takes its math
+path (on CPU tensors torch counts its flash kernel as 0). The papers' per-block formulas (L-MLP Table 3):
 
-The papers' per-block formulas, which the tests check against the counter:
-
-    L-MLP block        (2 + 2s)·L·D² + L²·D                                    L-MLP Table 3
-    transformer block  (4 + 2s)·L·D² + 2·L²·D                                  L-MLP Table 3 (U-ViT's in/mid blocks)
+    L-MLP block        (2 + 2s)·L·D² + L²·D
+    transformer block  (4 + 2s)·L·D² + 2·L²·D       (U-ViT's in/mid blocks)
 """
 
 from collections.abc import Mapping
@@ -24,15 +20,8 @@ from .models.families import FAMILIES, family_of
 
 @dataclass(frozen=True)
 class Complexity:
-    """Size and per-sample forward cost of a backbone.
-
-    Args:
-        params (`int`): Exact number of parameters, biases, norms and positional embedding included.
-        macs (`int`): Forward multiply-adds per sample, blocks and token I/O together.
-        block_macs (`int`): Forward multiply-adds per sample of one block without a long skip (the mid block).
-        num_blocks (`int`): Number of blocks (num_layers + 1).
-        seq_len (`int`): Tokens per block, L = 1 + text_seq_len + (sample_size / patch_size)².
-    """
+    """Size and per-sample forward MACs of a backbone; `block_macs` are the mid block's (one block without a long
+    skip), `seq_len` is L = 1 + text_seq_len + (sample_size / patch_size)²."""
 
     params: int
     macs: int
@@ -42,34 +31,24 @@ class Complexity:
 
 
 def lmlp_block_macs(seq_len: int, hidden_size: int, mlp_ratio: float) -> int:
-    """MACs of one L-MLP block per sample: (2 + 2s)·L·D² + L²·D (L-MLP Table 3; 0.933 G at L=334, D=512, s=4)."""
+    """MACs of one L-MLP block per sample: (2 + 2s)·L·D² + L²·D (L-MLP Table 3)."""
     inner = int(hidden_size * mlp_ratio)
     return 2 * seq_len * hidden_size**2 + 2 * seq_len * hidden_size * inner + seq_len**2 * hidden_size
 
 
 def transformer_block_macs(seq_len: int, hidden_size: int, mlp_ratio: float) -> int:
-    """MACs of one transformer (U-ViT) block per sample: (4 + 2s)·L·D² + 2·L²·D (L-MLP Table 3; 1.165 G).
+    """MACs of one transformer (U-ViT) block per sample: (4 + 2s)·L·D² + 2·L²·D (L-MLP Table 3).
 
-    The MoE-MLP paper's Table 1 writes (3 + 2s)·L·D² for the same block while giving it (4 + 2s)·D² parameters in
-    the same row, which four D×D projections cannot do; we follow L-MLP Table 3.
+    MoE-MLP's Table 1 writes (3 + 2s)·L·D², at odds with its own (4 + 2s)·D² parameters; we follow L-MLP.
     """
     inner = int(hidden_size * mlp_ratio)
     return 4 * seq_len * hidden_size**2 + 2 * seq_len * hidden_size * inner + 2 * seq_len**2 * hidden_size
 
 
 def complexity(model: Mapping | ConfigMixin | torch.nn.Module, family: str | None = None) -> Complexity:
-    """Parameters and per-sample forward MACs of any registered backbone: one counted forward on the meta device.
+    """Parameters and per-sample forward MACs of a backbone or its config: one counted forward on the meta device.
 
-    Args:
-        model (`torch.nn.Module`, `ConfigMixin` or `Mapping`): A backbone, or its config. A config names its family
-            by `_class_name` (saved configs do) or by `family`; missing fields take the class's defaults.
-        family (`str`, *optional*): The family's registry name (e.g. "lmlp", "uvit"), for a bare config mapping.
-
-    Example:
-        ```py
-        complexity(LMLPTransformer2DModel())  # F2-deep: 47,139,122 params, 15,890,778,112 MACs
-        complexity({"hidden_size": 256}, family="uvit")
-        ```
+    A config names its family by `_class_name` or by `family` ("uvit"); missing fields take the class's defaults.
     """
     block_family = FAMILIES[family] if family is not None else family_of(model)
     config = model.config if isinstance(model, ConfigMixin) else model

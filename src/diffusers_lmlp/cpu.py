@@ -1,10 +1,7 @@
-"""What the CPU can do, read once from the operating system: its model name and the instruction sets that decide
-whether bf16 is fast.
+"""What the CPU can do, read once from the operating system: its model name and whether bf16 is fast.
 
-bf16 matmuls are native on x86 CPUs with `avx512_bf16` (AMD Zen 4 and later, Intel Cooper Lake) or AMX (`amx_bf16`,
-Intel Sapphire Rapids and later), where bf16 autocast trains the shapes model about 1.4× faster than float32. Elsewhere
-(AVX2 only, AVX-512 without bf16) torch emulates them, 8 to 80 times slower: there float32 is right. Only Linux says
-which flags the CPU has (`/proc/cpuinfo`); on other systems no CPU is taken for native bf16.
+bf16 matmuls are native on x86 CPUs with `avx512_bf16` or AMX (`amx_bf16`); elsewhere torch emulates them, far slower
+than float32. Only Linux lists the flags (`/proc/cpuinfo`); on other systems no CPU is taken for native bf16.
 """
 
 import functools
@@ -13,7 +10,7 @@ import platform
 from dataclasses import dataclass
 
 
-# The flags that name a CPU's native bf16 matmuls, and what the log calls them.
+# Flag -> what the log calls the CPU's native bf16 matmuls.
 NATIVE_BF16_FLAGS = {"amx_bf16": "AMX", "avx512_bf16": "avx512_bf16"}
 # The flags worth naming beside a benchmark table.
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
@@ -21,16 +18,8 @@ VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 @dataclass(frozen=True)
 class CPU:
-    """This machine's CPU.
-
-    Args:
-        model (`str`): Its model name ("AMD EPYC 9B14"), or the architecture when the system does not say.
-        flags (`frozenset[str]`): Its feature flags, as `/proc/cpuinfo` lists them (empty elsewhere).
-        cores (`int`): The cores this process may run on.
-        generation (`str`, *optional*): Its family and model numbers ("family 26, model 2"), which tell apart CPUs
-            that a cloud machine names alike ("AMD EPYC" for Zen 4 and Zen 5 alike); empty where the system does not
-            say.
-    """
+    """This machine's CPU: model name, `/proc/cpuinfo` flags, the cores this process may use, and `generation`
+    ("family 26, model 2"), which tells apart CPUs a cloud machine names alike; flags and generation may be empty."""
 
     model: str
     flags: frozenset[str]

@@ -1,12 +1,8 @@
 """The package's public names: exported lazily, and recorded under the package's own name.
 
-`import diffusers_lmlp` (and every command's `--help`) must not pay for diffusers, transformers and accelerate: a
-package `__init__` lists its public names with the module that defines each, and `lazy_exports` imports that module
-the first time the name is read (PEP 562), as diffusers' and transformers' own `__init__`s do.
-
-`public` pins a class's `__module__` to `diffusers_lmlp`: `save_pretrained` writes a component's module into
-`model_index.json`, and diffusers resolves ["diffusers_lmlp", "<Class>"] as an attribute of this package, so the
-entry stays valid however the modules are arranged.
+`lazy_exports` imports a name's module when it is first read (PEP 562), so `import diffusers_lmlp` and every `--help`
+skip diffusers, transformers and accelerate. `public` pins a class's `__module__` to `diffusers_lmlp`, so the
+["diffusers_lmlp", "<Class>"] entry that `save_pretrained` writes to `model_index.json` survives any module move.
 """
 
 import importlib
@@ -22,30 +18,17 @@ T = TypeVar("T", bound=type)
 
 
 def public(cls: T) -> T:
-    """Record `cls` as `diffusers_lmlp.<name>` (class decorator); the package exports it under that name.
-
-    Args:
-        cls (`type`): A public class of the package.
-    """
+    """Record `cls` as `diffusers_lmlp.<name>` (class decorator); the package exports it under that name."""
     cls.__module__ = PACKAGE
     return cls
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """A package's module-level `__getattr__` and `__dir__` that import each public name on first use.
-
-    A public name that is also a submodule's name cannot be lazy (importing the submodule sets the package's
-    attribute to the module): import it in the package's `__init__` instead.
-
-    Args:
-        package (`str`): The package's `__name__`.
-        exports (`Mapping[str, str]`): Public name -> the module that defines it, relative to `package`
-            (".pipelines") or absolute ("diffusers").
-    """
+    """A package's module-level `__getattr__` and `__dir__` that import each name of `exports` (name -> module,
+    relative or absolute) on first use. A name that is also a submodule's cannot be lazy: import it eagerly."""
 
     submodules = {module.name for module in pkgutil.iter_modules(sys.modules[package].__path__)}
     if submodules & set(exports):
-        # Importing a submodule sets the package's attribute of its name to the module, over a lazy name.
         raise RuntimeError(
             f"{package}: import {sorted(submodules & set(exports))} eagerly; each names a submodule too"
         )

@@ -12,19 +12,8 @@ def make_image_grid(
     cell: int = 128,
     gap: int = 6,
 ) -> Image.Image:
-    """Tile images in a grid, each scaled to `cell` pixels (nearest neighbour, so small images stay crisp).
-
-    Args:
-        images (`list[PIL.Image.Image]`): The images.
-        captions (`list[str]`, *optional*): One caption per image, drawn under it (wrapped to the cell width).
-        columns (`int`, *optional*): Images per row; defaults to a near-square grid.
-        cell (`int`, *optional*, defaults to 128): Side of each image in the grid, in pixels.
-        gap (`int`, *optional*, defaults to 6): White pixels between neighbouring cells, so that images with the
-            same background read as separate images.
-
-    Returns:
-        `PIL.Image.Image`: The grid.
-    """
+    """Tile images in a near-square grid (or `columns` wide), each scaled to `cell` pixels (nearest neighbour, so
+    small images stay crisp) with its caption wrapped beneath; `gap` white pixels keep like backgrounds apart."""
     if not images:
         raise ValueError("make_image_grid needs at least one image.")
     if captions is not None and len(captions) != len(images):

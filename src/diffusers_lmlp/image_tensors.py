@@ -6,14 +6,7 @@ from PIL import Image
 
 
 def images_to_tensor(images: list[Image.Image]) -> torch.Tensor:
-    """RGB images of one size → a (B, 3, H, W) float32 batch in [0, 1].
-
-    Args:
-        images (`list[PIL.Image.Image]`): The images; any mode, converted to RGB.
-
-    Raises:
-        `ValueError`: When the images differ in size.
-    """
+    """Images of one size (any mode) → an RGB (B, 3, H, W) float32 batch in [0, 1]."""
     sizes = {image.size for image in images}
     if len(sizes) != 1:
         raise ValueError(f"The images of one batch must have one size; got {sorted(sizes)}")
@@ -22,12 +15,7 @@ def images_to_tensor(images: list[Image.Image]) -> torch.Tensor:
 
 
 def center_crop_resize(image: Image.Image, resolution: int) -> Image.Image:
-    """Centre-crop to a square on the short side and resize to `resolution` with Lanczos, as U-ViT prepares COCO.
-
-    Args:
-        image (`Image.Image`): Any PIL image (converted to RGB).
-        resolution (`int`): The side of the output.
-    """
+    """Centre-crop to a square on the short side and resize to `resolution` with Lanczos, as U-ViT prepares COCO."""
     image = image.convert("RGB")
     side = min(image.size)
     left, top = (image.width - side) // 2, (image.height - side) // 2

@@ -1,10 +1,7 @@
 """Progress bars that read well in a terminal and in a log file.
 
-In a terminal, `progress_bar` gives the usual tqdm bar, redrawn in place. When its stream is not a terminal
-(`> train.log 2>&1`, a job scheduler's log, CI), a tqdm bar would still redraw itself with a carriage return up to ten
-times a second: thousands of updates on one "line" of the file. There it gives a `LineProgress` instead, which writes
-plain lines, each ending in a newline: one at every `LINE_EVERY_FRACTION` of the total, at least one every
-`LINE_EVERY_SECONDS`, and the last count when it closes::
+In a terminal `progress_bar` gives tqdm's bar, redrawn in place. In a log file a tqdm bar would pile thousands of
+carriage-return updates onto one line, so there it gives a `LineProgress`, which writes plain lines::
 
     steps:  50% 1300/2600, 04:12 elapsed, ETA 04:12, 5.15it/s, loss=0.0412, lr=1.00e-03
 """
@@ -19,30 +16,15 @@ from tqdm.autonotebook import tqdm as console_or_notebook_tqdm  # imported by tq
 from tqdm.std import tqdm as plain_tqdm
 
 
-# A line at every 5% of the total (20 lines for a whole run), and at least one a minute when that is slower.
+# A line at every 5% of the total, and at least one a minute.
 LINE_EVERY_FRACTION = 0.05
 LINE_EVERY_SECONDS = 60.0
 
 
 class LineProgress:
-    """A progress bar for log files: a plain line at every `every_fraction` of `total`, at least one every
-    `every_seconds` (checked at each update), and one when it closes if the count moved since the last line.
-
-    It has the part of tqdm's interface that the training code uses: `update`, `set_postfix`, `close`, and use
-    as a context manager. Speed and ETA are the average since the bar was made (the steps before `initial`, done by an
-    earlier run, do not count).
-
-    Args:
-        total (`int`): The count at which the work is done.
-        desc (`str`, *optional*, defaults to `""`): The line's prefix.
-        initial (`int`, *optional*, defaults to 0): The count to start from (a resumed run's step).
-        unit (`str`, *optional*, defaults to `"it"`): What is counted, for the speed.
-        file (`TextIO`, *optional*): Where the lines go; defaults to `sys.stderr`, as tqdm's.
-        every_fraction (`float`, *optional*, defaults to `LINE_EVERY_FRACTION`): A line each time the count passes
-            a multiple of this fraction of `total`.
-        every_seconds (`float`, *optional*, defaults to `LINE_EVERY_SECONDS`): A line when this long has passed since
-            the last one.
-    """
+    """A progress bar for log files, with the part of tqdm's interface the training code uses: a plain line at every
+    `every_fraction` of `total`, at least one every `every_seconds`, and one on close if the count moved. Speed and
+    ETA average over this bar's own steps (not those before `initial`, a resumed run's)."""
 
     def __init__(
         self,
@@ -75,12 +57,7 @@ class LineProgress:
             self.write_line(now)
 
     def set_postfix(self, refresh: bool = True, **values) -> None:
-        """Show `values` (as `name=value`) at the end of the next lines; `refresh` is tqdm's and writes nothing here.
-
-        Args:
-            refresh (`bool`, *optional*, defaults to `True`): Ignored (a line is written by `update` when due).
-            **values: The values to show, in order.
-        """
+        """Show `values` (as `name=value`) at the end of the next lines; `refresh` is tqdm's, ignored here."""
         self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
 
     def close(self) -> None:
@@ -89,8 +66,7 @@ class LineProgress:
             self.write_line(time.monotonic())
 
     def write_line(self, now: float) -> None:
-        """Write the current state as one line (the percentage, the count, the time spent and left, the average speed,
-        then the postfix) and note when and at which count."""
+        """Write the current state as one line (percentage, count, time spent and left, speed, postfix)."""
         elapsed = now - self.start
         rate = (self.n - self.initial) / elapsed if elapsed > 0 and self.n > self.initial else None
         if rate is None:
@@ -115,8 +91,7 @@ class LineProgress:
 
 
 def is_terminal(stream: TextIO) -> bool:
-    """Whether `stream` is a terminal (where a bar redrawn in place is right), or a Jupyter notebook, where `tqdm.auto`
-    draws a widget (nothing is written to a log there either)."""
+    """Whether `stream` is a terminal (where a bar redrawn in place is right), or we run in Jupyter (tqdm's widget)."""
     if console_or_notebook_tqdm is not plain_tqdm:
         return True
     isatty = getattr(stream, "isatty", None)
@@ -128,17 +103,7 @@ def progress_bar(
 ) -> tqdm | LineProgress:
     """A progress bar for `total` steps: tqdm's in a terminal, a `LineProgress` (plain lines) anywhere else.
 
-    Args:
-        total (`int`): The count at which the work is done.
-        desc (`str`): The bar's name ("steps").
-        initial (`int`, *optional*, defaults to 0): The count to start from (a resumed run's step).
-        unit (`str`, *optional*, defaults to `"it"`): What is counted.
-        disable (`bool`, *optional*, defaults to `False`): Show nothing (the processes other than the first).
-        file (`TextIO`, *optional*): The stream; defaults to `sys.stderr`, as tqdm's.
-
-    Returns:
-        `tqdm` or `LineProgress`: Either has `update`, `set_postfix` and `close`. Call `set_postfix(...,
-        refresh=False)` before `update` so that the line written at a step shows that step's values.
+    Call `set_postfix(..., refresh=False)` before `update`, so that the line a step writes shows that step's values.
     """
     stream = file or sys.stderr
     if disable or is_terminal(stream):

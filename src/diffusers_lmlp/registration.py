@@ -1,15 +1,9 @@
-"""How `DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` find `LMLPPipeline`: diffusers resolves a
-folder's `_class_name` as an attribute of the `diffusers` package, and its auto pipelines look the class up in their
-task mappings.
+"""How `DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` find `LMLPPipeline`.
 
-Importing `diffusers_lmlp` gives the diffusers package a module `__getattr__` (PEP 562) that imports the pipeline
-when `diffusers.LMLPPipeline` is first read (and then sets it as an attribute), and passes every other name on to
-diffusers' own lazy lookup. It is added at
-once when diffusers is already imported, else right after diffusers' `__init__` has run (a one-shot import hook), so
-that `import diffusers_lmlp` alone loads no diffusers, and importing diffusers imports nothing of ours. Likewise, once
-diffusers' `auto_pipeline` module is imported (now, or when it is), `LMLPPipeline` is entered in its text-to-image
-mapping, so that `AutoPipelineForText2Image.from_pretrained(folder)` and `.from_pipe(pipe)` give an `LMLPPipeline`
-(the other auto pipelines, image-to-image and inpainting, still say that there is none for it).
+diffusers resolves a folder's `_class_name` as an attribute of the `diffusers` package, and its auto pipelines look
+classes up in task mappings. So diffusers gets a module `__getattr__` (PEP 562) that imports our pipeline on first
+read, and the text-to-image mapping gets an entry. Both happen once diffusers (or its `auto_pipeline`) is imported,
+by a one-shot import hook if need be, so that neither package's import loads the other.
 """
 
 import importlib
@@ -28,14 +22,8 @@ AUTO_PIPELINE_MODULE = "diffusers.pipelines.auto_pipeline"
 
 
 def find_pipeline(name: str) -> type:
-    """The diffusers package's module `__getattr__`: our pipelines by name, imported on first use.
-
-    Args:
-        name (`str`): The attribute read from `diffusers`.
-
-    Raises:
-        `AttributeError`: For any other name, so that diffusers' own lazy lookup handles it.
-    """
+    """The diffusers package's module `__getattr__`: our pipelines by name, imported on first use; any other name
+    raises `AttributeError`, so that diffusers' own lazy lookup handles it."""
     if name not in PIPELINES:
         raise AttributeError(name)
     pipeline_class = getattr(importlib.import_module(PIPELINES[name]), name)
@@ -44,32 +32,18 @@ def find_pipeline(name: str) -> type:
 
 
 def add_lookup(diffusers: ModuleType) -> None:
-    """Give the diffusers package `find_pipeline` as its module `__getattr__` (unless it has one of its own).
-
-    Args:
-        diffusers (`ModuleType`): The imported diffusers package.
-    """
+    """Give the diffusers package `find_pipeline` as its module `__getattr__` (unless it has one of its own)."""
     diffusers.__dict__.setdefault("__getattr__", find_pipeline)
 
 
 def add_auto_pipelines(auto_pipeline: ModuleType) -> None:
-    """Enter `TEXT2IMAGE_PIPELINES` in diffusers' `AUTO_TEXT2IMAGE_PIPELINES_MAPPING` (a key diffusers uses itself
-    is left to diffusers).
-
-    Args:
-        auto_pipeline (`ModuleType`): The imported `diffusers.pipelines.auto_pipeline`.
-    """
+    """Enter `TEXT2IMAGE_PIPELINES` in diffusers' `AUTO_TEXT2IMAGE_PIPELINES_MAPPING`, leaving diffusers' own keys."""
     for key, name in TEXT2IMAGE_PIPELINES.items():
         auto_pipeline.AUTO_TEXT2IMAGE_PIPELINES_MAPPING.setdefault(key, find_pipeline(name))
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """A one-shot import hook: when module `name` is first imported, run `callback(module)` right after its code.
-
-    Args:
-        name (`str`): The module's full name.
-        callback (`Callable[[ModuleType], None]`): What to run with the imported module.
-    """
+    """A one-shot import hook: when module `name` is first imported, run `callback(module)` right after its code."""
 
     def __init__(self, name: str, callback: Callable[[ModuleType], None]):
         self.name, self.callback = name, callback
@@ -85,12 +59,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
 
 class CallbackLoader(importlib.abc.Loader):
-    """A module's own loader, followed by `callback(module)`; anything else is the wrapped loader's.
-
-    Args:
-        loader (`importlib.abc.Loader`): The module's loader.
-        callback (`Callable[[ModuleType], None]`): What to run once the module's code has run.
-    """
+    """A module's own loader, followed by `callback(module)`; anything else is the wrapped loader's."""
 
     def __init__(self, loader: importlib.abc.Loader, callback: Callable[[ModuleType], None]):
         self.loader, self.callback = loader, callback

@@ -1,8 +1,7 @@
 """How many CPU threads the trainer and the evaluation run torch with.
 
-`--num_threads N` wins; else the `OMP_NUM_THREADS` you set; else every core this process may run on. `accelerate
-launch` sets `OMP_NUM_THREADS` in every process it starts (1 unless told otherwise), which is right for several
-processes or a GPU, so those keep it; a one-process CPU run under it takes every core unless `--num_threads` is given.
+`--num_threads N` wins; else the `OMP_NUM_THREADS` you set; else every core this process may run on. The
+`OMP_NUM_THREADS` that `accelerate launch` sets (1 by default) is kept for several processes or a GPU only.
 """
 
 import logging
@@ -20,13 +19,9 @@ def available_cores() -> int:
 
 
 def set_threads(num_threads: int | None, what: str, one_cpu_process: bool = True) -> None:
-    """Run torch with `--num_threads`, else the user's `OMP_NUM_THREADS`, else every core, and log which.
+    """Run torch with `num_threads`, else the user's `OMP_NUM_THREADS`, else every core, and log which (as `what`).
 
-    Args:
-        num_threads (`int`, *optional*): `--num_threads`; wins over everything else.
-        what (`str`): The command, for the log ("training", "evaluation").
-        one_cpu_process (`bool`, *optional*, defaults to `True`): Whether this is the run's only process and runs on
-            the CPU; otherwise the launcher's setting stays unless `num_threads` is given.
+    Unless `one_cpu_process` (the run's only process, on the CPU), only `num_threads` changes the launcher's setting.
     """
     omp = os.environ.get("OMP_NUM_THREADS", "")
     launched = "ACCELERATE_DYNAMO_BACKEND" in os.environ  # set by `accelerate launch` in every process it starts

@@ -1,9 +1,7 @@
 """Tiny, randomly initialised `LMLPPipeline` components, built fully offline (no Hub access, no downloads).
 
-For tests, examples and the Space: `build_tiny_pipeline()` returns a complete pipeline (CLIP tokenizer written from
-vocab/merges files, CLIP text encoder, AutoencoderKL, an L-MLP or MoE-MLP backbone, the reference scheduler) that
-is deterministic for a seed and runs a few sampling steps in milliseconds on a CPU. Its images are noise: the
-weights are random.
+For tests, examples and the Space: `build_tiny_pipeline()` is a complete pipeline, deterministic for a seed, that
+samples quickly on a CPU. Its images are noise: the weights are random.
 """
 
 import json
@@ -27,10 +25,8 @@ TINY_VOCAB_WORDS = (
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode map, the base alphabet of CLIP's byte-level BPE.
-
-    Re-implemented because transformers 5 no longer exports it.
-    """
+    """GPT-2's reversible byte -> printable unicode map, the base alphabet of CLIP's byte-level BPE (re-implemented
+    because transformers 5 no longer exports it)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))
     codes = printable[:]
@@ -77,22 +73,10 @@ def tiny_clip_tokenizer(
     save_directory: str | os.PathLike | None = None,
     words: tuple[str, ...] = TINY_VOCAB_WORDS,
 ) -> CLIPTokenizer:
-    """Write a tiny CLIP BPE vocabulary (`vocab.json`, `merges.txt`) and load a `CLIPTokenizer` from it.
+    """Write a tiny CLIP BPE vocabulary to `save_directory` (default: a temporary one) and load a `CLIPTokenizer`.
 
-    The vocabulary is CLIP's byte-level alphabet plus whole-word merges for `words`; unknown words fall back to
-    single bytes, never to an unknown token. Special tokens follow SD 1.x: bos `<|startoftext|>`, eos = pad = unk
-    `<|endoftext|>`.
-
-    Args:
-        model_max_length (`int`, *optional*, defaults to 16): Tokens per prompt, bos and eos included (77 for
-            CLIP ViT-L/14). Must equal the backbone's `text_seq_len`.
-        save_directory (`str` or `os.PathLike`, *optional*): Where to write the vocabulary files; a temporary
-            directory, removed after loading, when not given.
-        words (`tuple[str, ...]`, *optional*, defaults to `TINY_VOCAB_WORDS`): Lower-case words that become one
-            token each.
-
-    Returns:
-        `CLIPTokenizer`: The tokenizer, with `model_max_length` set.
+    CLIP's byte-level alphabet (any word tokenizes) plus one token per word of `words`, SD 1.x special tokens;
+    `model_max_length` must equal the backbone's `text_seq_len`.
     """
     if save_directory is None:
         with tempfile.TemporaryDirectory() as temporary_directory:
@@ -110,15 +94,8 @@ def tiny_clip_tokenizer(
 def tiny_clip_text_encoder(
     tokenizer: CLIPTokenizer, hidden_size: int = 32, intermediate_size: int = 37
 ) -> CLIPTextModel:
-    """A randomly initialised 2-layer, 4-head CLIP text encoder that reads `tokenizer`'s ids and length.
-
-    Seed the global RNG first (or wrap the call in `torch.random.fork_rng`) for reproducible weights.
-
-    Args:
-        tokenizer (`CLIPTokenizer`): Gives the vocabulary size, the special ids and `model_max_length` positions.
-        hidden_size (`int`, *optional*, defaults to 32): Width of the states.
-        intermediate_size (`int`, *optional*, defaults to 37): Width of the MLPs.
-    """
+    """A randomly initialised 2-layer, 4-head CLIP text encoder that reads `tokenizer`'s ids and length; seed the
+    global RNG first for reproducible weights."""
     config = CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -141,24 +118,8 @@ def build_tiny_pipeline(
     sample_size: int = 8,
     hidden_size: int = 32,
 ) -> LMLPPipeline:
-    """Build a complete, tiny, randomly initialised `LMLPPipeline`, fully offline.
-
-    Components: the tiny CLIP tokenizer (`tiny_clip_tokenizer`), a 2-layer CLIP text encoder of width 32, a 2-level
-    AutoencoderKL (VAE scale factor 2, 4 latent channels, the COCO latent scale 0.23010), a 2-layer backbone with
-    patch 2, and `default_scheduler()`. With the defaults the images are 16×16 and L = 1 + 16 + 16 = 33.
-    The global RNG state is left untouched.
-
-    Args:
-        backbone (`str`, *optional*, defaults to `"lmlp"`): A block family of the registry
-            (`diffusers_lmlp.FAMILIES`: "lmlp", "moe_mlp", "uvit", ...), built with its `tiny_overrides`.
-        seed (`int`, *optional*, defaults to 0): Seed of every random initialisation; equal seeds give equal
-            weights.
-        text_seq_len (`int`, *optional*, defaults to 16): Tokens per prompt, shared by tokenizer and backbone.
-        sample_size (`int`, *optional*, defaults to 8): Side of the latent; images are twice as large.
-        hidden_size (`int`, *optional*, defaults to 32): Token width of the backbone.
-
-    Returns:
-        `LMLPPipeline`: The pipeline, on the CPU in float32, with its models in eval mode.
+    """A complete, tiny, randomly initialised `LMLPPipeline` in eval mode, whose 2-layer backbone is of the family
+    `backbone` (a key of `FAMILIES`). Equal seeds give equal weights; the global RNG state is left untouched.
     """
     if backbone not in FAMILIES:
         raise ValueError(f"Unknown backbone {backbone!r}; choose a block family among {sorted(FAMILIES)}.")

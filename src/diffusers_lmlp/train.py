@@ -2,10 +2,8 @@
 
     accelerate launch -m diffusers_lmlp.train [options]   # or diffusers-lmlp-train, or examples/train_text_to_image.py
 
-`--help` describes the trainer (`training.arguments.DESCRIPTION`). The options are parsed by `training.arguments`
-and checked by `training.argument_checks` before anything heavy is imported; the run itself is `training.trainer`,
-whose parts (components, batches, the step, checkpoints, validation, the end of the run) have modules of their own in
-`diffusers_lmlp.training`.
+The options are parsed (`training.arguments`) and checked (`training.argument_checks`) before any heavy import; the
+run itself is `training.trainer`.
 """
 
 import os
@@ -14,12 +12,11 @@ from diffusers_lmlp.training.arguments import build_parser, parse_args  # noqa: 
 
 
 def main(argv: list[str] | None = None, exit_when_done: bool = False) -> None:
-    """Parse the options (a wrong one exits (2) before any heavy import), then train.
+    """Parse the options (a wrong one exits before any heavy import), then train.
 
     Args:
         argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
-        exit_when_done (`bool`, *optional*, defaults to `False`): End the process as soon as the run is saved and
-            every process has finished (see `diffusers_lmlp.training.trainer.train`).
+        exit_when_done (`bool`, *optional*, defaults to `False`): End the process once the run is saved everywhere.
     """
     args = parse_args(argv)
     from diffusers_lmlp.training.trainer import train
@@ -28,11 +25,8 @@ def main(argv: list[str] | None = None, exit_when_done: bool = False) -> None:
 
 
 def cli() -> None:
-    """The command line: `python -m diffusers_lmlp.train`, `diffusers-lmlp-train`, examples/train_text_to_image.py.
-
-    Each process of a multi-process run ends as soon as the run is saved and the processes have left together, without
-    tearing down its objects and interpreter, which can hang after a complete run (pytorch/pytorch#190489).
-    """
+    """The command line. A multi-process run's processes end right after saving, skipping the interpreter's teardown,
+    which can hang after a complete run (pytorch/pytorch#190489)."""
     main(exit_when_done=int(os.environ.get("WORLD_SIZE", "1")) > 1)
 
 

@@ -1,8 +1,6 @@
-"""The embedded worlds, in one place: what the trainer, the evaluation and the Space ask of the shapes world and of
-the emoji world (their data, frozen components, shipped pipeline, scored captions and scorer).
+"""The embedded worlds (shapes, emoji) in one place: what the trainer, the evaluation and the Space ask of each.
 
-Each world's code stays in its package (`diffusers_lmlp.shapes`, `diffusers_lmlp.emoji`), named here as
-"module:attribute" and imported on first use.
+Each world's code stays in its package, named here as "module:attribute" and imported on first use.
 """
 
 import functools
@@ -19,41 +17,23 @@ def load(name: str):
 
 @dataclass(frozen=True)
 class World:
-    """One embedded world.
+    """One embedded world; `pipeline`, `components`, `scorer`, `is_caption`, `validation_prompts` and `clip_model`
+    are "module:attribute" names (`load`)."""
 
-    Args:
-        name (`str`): Its name: the `--preset`, `--pipeline`, FID reference and caption source that stand for it.
-        description (`str`): What a model card says the model was trained on.
-        pipeline (`str`): The folder of its shipped pipeline.
-        components (`str`): The function that loads the frozen `(tokenizer, text_encoder, vae)` it trains on.
-        scorer (`str`): The function that loads its scorer (`flags`, `renders`, `accuracies`, `intervals` and
-            `FLAGS`, the names of what it says of an image).
-        is_caption (`str`): The function that tells whether a caption is one of the world's.
-        validation_prompts (`str`): The function that gives the validation grid's captions: 6 training captions,
-            then 2 held-out ones.
-        splits (`dict[str, str]`): The splits its scores read → their caption sources (`draw_captions`).
-        num_captions (`int`): Captions per split in a run's final evaluation (drawn evenly from the split).
-        validation_captions (`int`): Captions per split, one image each, in the scores of a run's validations.
-        final_seeds (`dict[str, int]`): Images per caption, by split, in a run's final evaluation.
-        example_captions (`tuple[str, ...]`): Captions a demo offers.
-        clip_model (`str`, *optional*): The CLIP model whose score its evaluation reports.
-        fid_digits (`int`, *optional*, defaults to 2): The decimals its FID is shown with.
-    """
-
-    name: str
-    description: str
-    pipeline: str
-    components: str
+    name: str  # the --preset, --pipeline, FID reference and caption source that stand for it
+    description: str  # what a model card says the model was trained on
+    pipeline: str  # the folder of its shipped pipeline
+    components: str  # loads the frozen (tokenizer, text_encoder, vae) it trains on
     scorer: str
     is_caption: str
-    validation_prompts: str
-    splits: dict[str, str]
-    num_captions: int
-    validation_captions: int
-    final_seeds: dict[str, int]
-    example_captions: tuple[str, ...]
-    clip_model: str | None = None
-    fid_digits: int = 2
+    validation_prompts: str  # the validation grid's captions: 6 training ones, then 2 held-out ones
+    splits: dict[str, str]  # split its scores read -> its caption source (`draw_captions`)
+    num_captions: int  # captions per split in a run's final evaluation
+    validation_captions: int  # captions per split, one image each, in a validation's scores
+    final_seeds: dict[str, int]  # images per caption, by split, in a run's final evaluation
+    example_captions: tuple[str, ...]  # what a demo offers
+    clip_model: str | None = None  # the CLIP model whose score its evaluation reports
+    fid_digits: int = 2  # the decimals its FID is shown with
 
     @property
     def pipeline_path(self) -> Path:

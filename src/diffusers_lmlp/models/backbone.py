@@ -1,11 +1,9 @@
-"""The U-shaped skeleton shared by every backbone of the family (U-ViT, UL-MLP, MoE-MLP and the other mixers).
+"""The U-shaped skeleton shared by every backbone (U-ViT, UL-MLP, MoE-MLP and the other mixers).
 
     in blocks ──► mid block ──► out blocks      out block i receives the output of in block n-1-i (LIFO)
 
-`UShapedStack` holds the blocks and routes the long skips; how a block merges its skip (an add, U-ViT's concat +
-Linear) is the block's business. `UShapedMixerModel` wraps token I/O around the stack, validates the inputs, has the
-diffusers `forward` every family shares and applies the reference initialisation, after which each mixer module
-may initialise itself (`init_weights`). The public models only choose the block; this module knows no mixer by name.
+`UShapedStack` routes the long skips (each block merges its own); `UShapedMixerModel` adds token I/O, input checks,
+the shared diffusers `forward` and the reference initialisation. The public models only choose the block.
 """
 
 import math
@@ -37,8 +35,7 @@ def _is_positive_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-# The config fields every backbone shares: field -> (test, what the field must be). A model class may extend or
-# relax them (`UShapedMixerModel.config_requirements`); a mixer checks its own arguments (the MoE-MLP's num_experts).
+# The config fields every backbone shares: field -> (test, what it must be); a model class may extend or relax them.
 CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sample_size": (_is_positive_int, "a positive integer (the side of the square latent)"),
     "patch_size": (_is_positive_int, "a positive integer (the side of a square patch)"),
@@ -57,13 +54,7 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def _check_timestep_values(timestep: torch.Tensor) -> None:
-    """Raise a `ValueError` naming the timesteps outside [0, `NUM_TRAIN_TIMESTEPS`) (NaN included).
-
-    This reads the values back from the timesteps' device: no wait on the CPU, one synchronisation on a GPU.
-
-    Args:
-        timestep (`torch.Tensor`): Scalar or (B,) timesteps, on any device but the meta device.
-    """
+    """Raise a `ValueError` naming the timesteps outside [0, `NUM_TRAIN_TIMESTEPS`) (NaN included); one GPU sync."""
     in_range = (timestep >= 0) & (timestep < NUM_TRAIN_TIMESTEPS)  # False for NaN
     if not in_range.all():
         raise ValueError(
@@ -74,15 +65,8 @@ def _check_timestep_values(timestep: torch.Tensor) -> None:
 
 
 class UShapedStack(nn.Module):
-    """num_layers // 2 in-blocks, one mid-block and num_layers // 2 out-blocks, with optional long skips.
-
-    Args:
-        num_layers (`int`): The reference "depth" (even): 16 gives 8 + 1 + 8 = 17 blocks.
-        make_block (`Callable[[bool], nn.Module]`): Builds one block given whether it receives a long skip, with the
-            contract `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
-        long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i. Without
-            them the stack is a plain sequence of blocks (the L-MLP Table 1 rows before F1).
-    """
+    """num_layers // 2 in-blocks, one mid-block and num_layers // 2 out-blocks, built by `make_block(receives_skip)`;
+    with `long_skips` out block i gets the output of in block n-1-i, else the stack is a plain sequence."""
 
     def __init__(self, num_layers: int, make_block: Callable[[bool], nn.Module], long_skips: bool = True):
         super().__init__()
@@ -98,14 +82,7 @@ class UShapedStack(nn.Module):
         return block(x, skip)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run every block.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) tokens.
-
-        Returns:
-            `torch.Tensor`: (B, L, D) tokens.
-        """
+        """Run every block on (B, L, D) tokens."""
         skips = []
         for block in self.in_blocks:
             x = self._run(block, x, None)
@@ -121,7 +98,7 @@ class UShapedMixerModel(StrictLoadingMixin):
 
     _supports_gradient_checkpointing = True
     _skip_layerwise_casting_patterns = ["pos_embed", "norm"]
-    # The papers' named configurations of this class: name -> `__init__` overrides of the defaults.
+    # The papers' named configurations of this class: name -> `__init__` overrides.
     named_configs: dict[str, dict] = {}
     # field -> (test, requirement) for the config fields this class checks before building anything.
     config_requirements: dict[str, tuple[Callable[[Any], bool], str]] = CONFIG_REQUIREMENTS
@@ -134,21 +111,18 @@ class UShapedMixerModel(StrictLoadingMixin):
         max_shard_size: int | str = "10GB",
         **kwargs,
     ) -> None:
-        """`ModelMixin.save_pretrained` (and so `push_to_hub`), without the local folder the model was loaded from:
-        diffusers writes its absolute path into `config.json` (`_name_or_path`); a Hub repo id stays
-        (`models/saving.py`). A pipeline's `save_pretrained` passes on the arguments it finds in this signature.
+        """`ModelMixin.save_pretrained` without a local `_name_or_path` in `config.json` (`models/saving.py`). The
+        arguments are explicit because a pipeline's `save_pretrained` passes on only those in this signature.
 
         Args:
             save_directory (`str` or `os.PathLike`): The folder; made if missing.
-            safe_serialization (`bool`, *optional*, defaults to `True`): Write safetensors (the loader reads nothing
-                else).
+            safe_serialization (`bool`, *optional*, defaults to `True`): Write safetensors (all the loader reads).
             variant (`str`, *optional*): Write `diffusion_pytorch_model.<variant>.safetensors`.
             max_shard_size (`int` or `str`, *optional*, defaults to `"10GB"`): The largest weights file.
             **kwargs: The rest of what `ModelMixin.save_pretrained` takes (`is_main_process`, `push_to_hub`, ...).
 
         Raises:
-            `ValueError`: Before anything is written, for a model that safetensors cannot store (torch's quantized
-                layers: `check_storable`).
+            `ValueError`: Before anything is written, for torch's quantized layers, which safetensors cannot store.
         """
         check_storable(self)
         with local_paths_left_out(self):
@@ -161,20 +135,17 @@ class UShapedMixerModel(StrictLoadingMixin):
             )
 
     def to(self, *args, **kwargs):
-        """`ModelMixin.to` (a device, a dtype or both), without diffusers 0.42's warning that the model has modules to
-        keep in float32 when it names none (`models/casting.py`).
+        """`ModelMixin.to` without diffusers' empty "kept in float32" warning (`models/casting.py`).
 
         Args:
-            *args, **kwargs: What `nn.Module.to` takes.
+            *args, **kwargs: What `nn.Module.to` takes (a device, a dtype or both).
         """
         with no_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:
-        """Whether out blocks receive long skips in a model with this config: the config's `long_skips` in a class
-        that has that argument (MLP-Mixer, gMLP), else always, unless a class says otherwise (the UL-MLP's
-        `long_skip`).
+        """Whether out blocks receive long skips: the config's `long_skips` where the class has it, else always.
 
         Args:
             config (`Mapping`): A full config of this class.
@@ -196,12 +167,8 @@ class UShapedMixerModel(StrictLoadingMixin):
         return cls(**{**cls.named_configs[name], **overrides})
 
     def _build(self, make_block: Callable[[int, bool], nn.Module]) -> None:
-        """Build token I/O and the stack from `self.config`, then initialise every weight.
-
-        Args:
-            make_block (`Callable[[int, bool], nn.Module]`): Builds one block given the sequence length L and whether
-                the block receives a long skip (`long_skips(config)` decides for the out blocks).
-        """
+        """Build token I/O and the stack from `self.config`, with `make_block(seq_len, receives_skip)`, then
+        initialise every weight."""
         self._check_config()
         config = self.config
         self.embed = TokenEmbedder(
@@ -227,7 +194,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         self.initialize_weights()
 
     def _check_config(self) -> None:
-        """Raise a `ValueError` naming the first config field that cannot build the model, before any layer is built."""
+        """Raise a `ValueError` naming the first config field that cannot build the model, before any layer exists."""
         config = self.config
         name = type(self).__name__
         for field, (is_valid, requirement) in self.config_requirements.items():
@@ -254,11 +221,8 @@ class UShapedMixerModel(StrictLoadingMixin):
         return self.embed.seq_len
 
     def channel_mlp_class(self) -> Callable[[int, float], nn.Module]:
-        """The channel MLP class that `config.channel_mlp` names, with this model's token layout bound.
-
-        Every channel MLP is built as `make(hidden_size, mlp_ratio)`, the signature of the default `JointMLP`, so a
-        block takes any of them (see `diffusers_lmlp.models.mixers.channel_mlp`).
-        """
+        """The channel MLP that `config.channel_mlp` names, as a `make(hidden_size, mlp_ratio)` with the token layout
+        bound, so that a block takes any of them."""
         config = self.config
         return channel_mlp_factory(
             config.channel_mlp,
@@ -267,13 +231,10 @@ class UShapedMixerModel(StrictLoadingMixin):
         )
 
     def initialize_weights(self) -> None:
-        """The reference initialisation (reference-implementations.md §A.3), then each mixer module's own.
+        """The reference initialisation, then each submodule's own `init_weights()` (timm's convention).
 
-        Every `nn.Linear` (including the token-mixing matrices and the MoE gates): truncated normal with std 0.02,
-        bias 0. LayerNorms: weight 1, bias 0. Positional embedding: truncated normal, std 0.02. The two token-I/O
-        convolutions keep PyTorch's default init, as in the reference. Then every submodule that defines
-        `init_weights()` (timm's convention) initialises what it owns beyond that (e.g. the MoE experts, the tied
-        SymMixer weights).
+        Every `nn.Linear` and the positional embedding: truncated normal, std 0.02, bias 0; LayerNorms: 1 and 0; the
+        token-I/O convolutions keep PyTorch's default init, as in the reference.
         """
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -294,11 +255,8 @@ class UShapedMixerModel(StrictLoadingMixin):
     ) -> torch.Tensor:
         """Validate the inputs and return the timesteps as a float (B,) tensor on the device of `hidden_states`.
 
-        Timesteps must be real numbers in [0, `NUM_TRAIN_TIMESTEPS`); floats are fine (some diffusers schedulers
-        pass them). Their values are checked where they are given, before they move: numbers and CPU tensors (what
-        the training step and the pipeline pass) without waiting for the GPU, tensors on a GPU with one
-        synchronisation. On the meta device and under `torch.compile` the values are not checked.
-        """
+        Timestep values are checked where they were given (numbers and CPU tensors without a GPU wait), except on the
+        meta device and under `torch.compile`."""
         config = self.config
         name = type(self).__name__
         side = config.sample_size
@@ -341,8 +299,7 @@ class UShapedMixerModel(StrictLoadingMixin):
                 f"timestep must hold real numbers (diffusers scheduler timesteps in [0, {NUM_TRAIN_TIMESTEPS})), got "
                 f"dtype {timestep.dtype}."
             )
-        # Values cannot be read on the meta device (shape-only runs, e.g. FLOP counting), and reading them under
-        # torch.compile would split the graph.
+        # Values cannot be read on the meta device (FLOP counting), and reading them would split a compiled graph.
         if timestep.device.type != "meta" and not torch.compiler.is_compiling():
             _check_timestep_values(timestep)
         timestep = timestep.to(hidden_states.device)
@@ -366,17 +323,14 @@ class UShapedMixerModel(StrictLoadingMixin):
 
         Args:
             hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
-            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (CLIP's
-                last hidden state; the states of "" for the unconditional branch).
-            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps t in
-                [0, 999]. The network embeds t + 1, the reference's timestep n (its ᾱ_n is diffusers'
-                `alphas_cumprod[t]`), so converted reference weights run unchanged under diffusers schedulers.
-            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput` rather than a
-                tuple.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (those of
+                "" for the unconditional branch).
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers timesteps t in [0, 999]; the
+                network embeds the reference's t + 1, so converted reference weights run unchanged.
+            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput`, not a tuple.
 
         Returns:
-            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample` is the ε prediction
-            (B, out_channels, sample_size, sample_size).
+            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample`, the (B, out_channels, H, W) ε.
         """
         sample = self._predict(hidden_states, encoder_hidden_states, timestep)
         if not return_dict:
@@ -386,13 +340,9 @@ class UShapedMixerModel(StrictLoadingMixin):
     def _predict(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int
     ) -> torch.Tensor:
-        """Validate, embed, run the stack and the head.
-
-        Returns:
-            `torch.Tensor`: the prediction (B, out_channels, H, W).
-        """
+        """Validate, embed, run the stack and the head: the (B, out_channels, H, W) prediction."""
         timestep = self._check_inputs(hidden_states, encoder_hidden_states, timestep)
-        # The reference network's timestep n runs over 1..1000 and is diffusers' scheduler index t (0..999) plus 1.
+        # The reference's timestep n = t + 1 (1..1000).
         tokens = self.embed(hidden_states, encoder_hidden_states, timestep + 1)  # (B, L, D)
         tokens = self.stack(tokens)  # (B, L, D)
         return self.head(tokens)

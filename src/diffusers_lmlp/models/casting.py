@@ -1,9 +1,7 @@
 """Casting a model to a dtype without diffusers 0.42's vacuous warning.
 
-`ModelMixin.to(dtype)` warns "There are modules in <Model> that should be kept in float32: []. Casting directly with
-`to()` can lead to inconsistent results ..." for every cast to a dtype, because its list of modules to keep in float32
-defaults to `[]`, never to `None`: the warning names no module, and nothing is inconsistent. Stable Diffusion's own
-pipelines print it too. A model that does keep modules in float32 names them, and its warning still passes.
+`ModelMixin.to(dtype)` warns "There are modules in <Model> that should be kept in float32: []" on every cast, since
+its list defaults to `[]`: it names no module, and nothing is inconsistent. A warning that names modules still passes.
 """
 
 # `std_logging`: `hub push --with-code` puts the package's modules in one namespace, where `logging` is diffusers'.

@@ -1,14 +1,8 @@
 """The registry of block families: the one place that knows each family's name, class, label and named configs.
 
-The training script's `--model_type`, `build_tiny_pipeline`, the complexity accounting, the benchmarks, the model card
-and the Space all read `FAMILIES`; none of them tests a config key to guess a family. A family's named configurations
-are `catalog.NAMED_CONFIGS[family.name]`; its costs are counted by `diffusers_lmlp.complexity`.
-
-The registry itself imports no model: a family names its class, which is imported the first time `model_class` is
-read, so that command lines list families and configurations without loading diffusers.
-
-Adding a family: one file in `models/mixers/` with the block and its thin public model (a `UShapedMixerModel`
-subclass with `named_configs` from its `NAMED_CONFIGS` entry), plus one `BlockFamily` entry below.
+Whatever needs a family (`--model_type`, `build_tiny_pipeline`, complexity, cards, the Space) reads `FAMILIES`. It
+imports no model (`model_class` imports on first read), so command lines list families without loading diffusers.
+Adding a family: a file in `models/mixers/` with the block and its `UShapedMixerModel` subclass, and an entry below.
 """
 
 import functools
@@ -35,20 +29,17 @@ class BlockFamily:
 
     Args:
         name (`str`): The family's key, as `--model_type` and `build_tiny_pipeline(backbone=...)` take it.
-        class_name (`str`): The public diffusers model's class name, as `diffusers_lmlp` exports it and
-            `model_index.json` and config.json's `_class_name` record it.
+        class_name (`str`): The public model's class name, as exported and recorded in `_class_name`.
         module (`str`): The module of `diffusers_lmlp.models` that defines the class (e.g. "mixers.gmlp").
         label (`str`): What cards, the Space and tables call it (e.g. "UL-MLP").
         paper (`str`): The paper that defines the block, as a Markdown link.
         tag (`str`): The Hub tag of its checkpoints.
-        tiny_overrides (`dict`): Config values a tiny model of this family needs beyond the shared tiny skeleton
-            (hidden size 32, 2 layers); the test suite and `build_tiny_pipeline` use them.
-        details (`Callable[[Mapping], str]`): The family-specific part of a config in words (", 2 experts × 2
-            heads"), for cards and the Space.
-        lora_target_modules (`tuple[str, ...]`): LoRA's default targets: every `nn.Linear` of the block (so the token
-            mixer's too), by name inside the block, as regular expressions (`lora_target_regex` joins them).
-        lora_target_parameters (`tuple[str, ...]`): 2-D weights that the block uses without an `nn.Linear` (the
-            SymMixer/AsymMixer tied weights), adapted through PEFT's `target_parameters`.
+        tiny_overrides (`dict`, *optional*, defaults to `{}`): Config values a tiny model of this family needs.
+        details (`Callable[[Mapping], str]`, *optional*): The family-specific part of a config in words, for cards.
+        lora_target_modules (`tuple[str, ...]`, *optional*, defaults to `()`): LoRA's default targets, regular
+            expressions of every `nn.Linear` name inside the block.
+        lora_target_parameters (`tuple[str, ...]`, *optional*, defaults to `()`): 2-D weights used without an
+            `nn.Linear` (the tied SymMixer/AsymMixer weights), for PEFT's `target_parameters`.
     """
 
     name: str
@@ -74,8 +65,7 @@ class BlockFamily:
 
     @property
     def lora_target_regex(self) -> str | None:
-        """PEFT's `target_modules` for the default targets: one regular expression that a module's full name
-        (`stack.in_blocks.0.left`) matches; None for a family whose blocks have no `nn.Linear` to adapt."""
+        """PEFT's `target_modules` for the default targets as one regular expression on full module names, or None."""
         if not self.lora_target_modules:
             return None
         return rf".*\.(?:{'|'.join(self.lora_target_modules)})"
@@ -196,7 +186,7 @@ def family_of(model: Any) -> BlockFamily:
     """The family of a model, a model class, a class name, or a saved config (which records `_class_name`).
 
     Args:
-        model: A backbone instance or class, its class name, or a config mapping with `_class_name`.
+        model (`Any`): A backbone instance or class, its class name, or a config mapping with `_class_name`.
     """
     if isinstance(model, Mapping):
         name = model.get("_class_name")

@@ -17,30 +17,9 @@ from .reference_keys import rename_reference_keys
 class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped L-MLP ("UL-MLP") text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
 
-    The defaults build the paper's final model, Table 1's **F2-deep** (the reference `configs/lmlp_f2.py`):
-    32×32×4 latents, patch 2, D = 512, 8 + 1 + 8 L-MLP blocks, MLP ratio 4, 77 CLIP ViT-L/14 tokens;
-    47,139,122 parameters. The sequence length L = 1 + text_seq_len + (sample_size / patch_size)² (334 for F2-deep)
-    is derived from the config. The other rows of the paper's design ablation (Table 1) are named configurations,
-    built by `from_named_config` (the comment above `catalog.TABLE_1` says how each row is read and sized):
-
-    | name | first stage (FNN_L, FNN_R) | merging | second stage | long skips | depth | params |
-    |---|---|---|---|---|---|---|
-    | A1, B1, B2 | MLPs, hidden 2× | Add / Prod / GLU, + Proj | none | none | 12 | 23,484,738 |
-    | B3 | MLPs, hidden 2.35× | Add, no Proj | none | none | 12 | 23,464,237 |
-    | A1-45M | MLPs, hidden 4.15× | Add + Proj | none | none | 12 | 44,386,684 |
-    | C1 | MLPs, hidden 1× | Add + Proj | MLP, s = 4.49 | none | 12 | 44,385,046 |
-    | D1, D2 | Linears | Prod / Add, + Proj | MLP, s = 5.2 | none | 12 | 44,366,248 |
-    | E1, E2 | Linears, GELU on the left / both | Prod / Add, + Proj | MLP, s = 5.2 | none | 12 | 44,366,248 |
-    | F1 | Linears | Add + Proj | MLP, s = 5.2 | into the first stage | 12 | 44,366,248 |
-    | F2 | Linears | Add + Proj | MLP, s = 5.2 | second stage (reference) | 12 | 44,366,248 |
-    | F2-deep | Linears | Add + Proj | MLP, s = 4 | second stage (reference) | 16 | 47,139,122 |
-
-    Table 1's A2 (MLP-Mixer) and A3 (gMLP) are other block families: `MLPMixerTransformer2DModel` and
-    `GMLPTransformer2DModel`.
-
-    Every layer is called as a module, so PEFT adapters work as on diffusers' own transformers: each block's
-    `nn.Linear` layers are `left` (the L×L token mixer, over the token axis), `right`, `merge`, `joint_mlp.fc1` and
-    `joint_mlp.fc2`, e.g. `model.add_adapter(LoraConfig(r=8, target_modules=["left", "right", "merge"]))`.
+    The defaults build the paper's final model, Table 1's **F2-deep** (the reference `configs/lmlp_f2.py`); Table 1's
+    other rows are named configurations (`from_named_config`, `catalog.TABLE_1`). PEFT can target each block's
+    `left` (the L×L token mixer), `right`, `merge`, `joint_mlp.fc1` and `joint_mlp.fc2`.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
@@ -48,29 +27,23 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         in_channels (`int`, *optional*, defaults to 4): Latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 16): The reference "depth" (even): num_layers // 2 in-blocks,
-            one mid-block and num_layers // 2 out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP (second stage, FNN_Z) hidden width as a
-            multiple of D (the paper's s); `None`: no second stage (Table 1 A1, B1–B3).
+        num_layers (`int`, *optional*, defaults to 16): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
+        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP (FNN_Z) width as a multiple of D (the paper's
+            s); `None`: no second stage (Table 1 A1, B1–B3).
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
-        lateral_mlp_ratio (`float`, *optional*): Make the first stage's FNN_L and FNN_R one-hidden-layer MLPs with
-            this hidden width as a multiple of L and D (Table 1 A1, B1–B3, C1); `None`: single Linears.
-        lateral_activation (`str`, *optional*, defaults to `"none"`): `"left"`: a GELU after the left Linear only
-            (E1); `"both"`: after both (E2). Only with Linear branches.
-        merging (`str`, *optional*, defaults to `"add"`): How the two hemispheres meet: `"add"`, `"prod"`
-            (element-wise product) or `"glu"` (the left gated by the sigmoid of the right).
+        lateral_mlp_ratio (`float`, *optional*): Make FNN_L and FNN_R one-hidden-layer MLPs of this width ratio
+            (Table 1 A1, B1–B3, C1); `None`: single Linears.
+        lateral_activation (`str`, *optional*, defaults to `"none"`): GELU after the `"left"` Linear (E1) or `"both"`.
+        merging (`str`, *optional*, defaults to `"add"`): How the hemispheres meet: `"add"`, `"prod"` or `"glu"`.
         merge_proj (`bool`, *optional*, defaults to `True`): Apply the merge Linear(D, D) (`False`: Table 1 B3).
-        long_skip (`str`, *optional*, defaults to `"second_stage"`): Where an out block adds its long skip:
-            `"second_stage"` (the reference: into the residual stream at the block's input), `"first_stage"` (into
-            the two hemispheres only), or `None` (no long skips).
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP, a key of
-            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
+        long_skip (`str`, *optional*, defaults to `"second_stage"`): Where out blocks add their long skip: the
+            residual stream (`"second_stage"`, the reference), the hemispheres only (`"first_stage"`), or `None`.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP: a key of `channel_mlp.CHANNEL_MLPS`.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["LMLPBlock"]
@@ -147,7 +120,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         return config["long_skip"] is not None
 
 
-# Reference key (zizhao-hu/L-MLP `libs/f2.py`, §A.4) -> ours. Applied to the whole key, first match wins.
+# Reference key (zizhao-hu/L-MLP `libs/f2.py`) -> ours. Applied to the whole key, first match wins.
 _REFERENCE_KEY_RULES = [
     (r"^pos_embed$", "embed.pos_embed"),
     (r"^patch_embed\.proj\.", "embed.patch_embed."),
@@ -172,25 +145,18 @@ def convert_lmlp_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> di
     | `pos_embed` | `embed.pos_embed` |
     | `patch_embed.proj.*` | `embed.patch_embed.*` |
     | `context_embed.*` | `embed.text_adapter.*` |
-    | `{in_blocks.i, mid_block, out_blocks.i}.norm1.*` | `stack.<same>.channel_norm.*` |
-    | `….norm2.*` / `….l.*` / `….r.*` / `….proj.*` / `….mlp.fc{1,2}.*` | `….token_norm.*` / `….left.*` / `….right.*` / `….merge.*` / `….joint_mlp.fc{1,2}.*` |
+    | `<block>.norm1.*` / `.norm2.*` / `.l.*` | `stack.<block>.channel_norm.*` / `.token_norm.*` / `.left.*` |
+    | `<block>.r.*` / `.proj.*` / `.mlp.*` | `stack.<block>.right.*` / `.merge.*` / `.joint_mlp.*` |
     | `norm.*` / `decoder_pred.*` / `final_layer.*` | `head.norm.*` / `head.proj.*` / `head.conv.*` |
 
-    Tensors are not copied or reshaped. A leading `module.` (a DDP-wrapped save) is stripped.
+    `<block>` is `in_blocks.i`, `mid_block` or `out_blocks.i`. Tensors are not copied or reshaped; a leading DDP
+    `module.` is stripped.
 
     Args:
-        state_dict (`dict[str, torch.Tensor]`): The reference state dict (e.g. the `nnet_ema.pth` of a training
-            run, loaded with `torch.load(path, weights_only=True)` or from a safetensors conversion).
+        state_dict (`dict[str, torch.Tensor]`): The reference state dict (e.g. a run's `nnet_ema.pth`).
 
     Returns:
         `dict[str, torch.Tensor]`: A state dict for `LMLPTransformer2DModel.load_state_dict`.
-
-    Example:
-        ```py
-        model = LMLPTransformer2DModel()  # F2-deep, the reference configs/lmlp_f2.py
-        model.load_state_dict(convert_lmlp_reference_state_dict(reference_state_dict))
-        model.save_pretrained("ul-mlp-f2-deep")  # safetensors from here on
-        ```
     """
     return rename_reference_keys(state_dict, _REFERENCE_KEY_RULES, _unexpected_key_error)
 

@@ -1,20 +1,11 @@
 """A backbone loads every weight from its checkpoint, or says which it could not (`StrictLoadingMixin`).
 
-diffusers' `ModelMixin.from_pretrained` loads a checkpoint whose keys differ from the model's with a warning only:
-the weights the file lacks hold no values (it builds the model without initialising it: on the meta device with
-`low_cpu_mem_usage=True`, its default, and as uninitialised memory without), and the tensors the model has no place
-for are dropped. The usual cause is a wrong class (an L-MLP folder loaded as `MoEMLPModel`) or a damaged checkpoint.
-The backbones' `from_pretrained` refuses both unless called with `strict=False`, reading the keys from diffusers' own
-report (`output_loading_info`), which it computes on every path (`low_cpu_mem_usage` on or off, `device_map`,
-sharded checkpoints) from the checkpoint's keys and the model's `state_dict()`. Two gaps cannot be closed by a check
-after the public call, so `StrictLoadingMixin` overrides diffusers' private `_load_pretrained_model`, the one override
-of a private method in this package:
-- for a sharded checkpoint diffusers takes the keys from the index file, which may list a tensor no shard holds, and
-  then reports nothing missing; the keys are read from the shards' headers instead;
-- with a `device_map`, diffusers moves the model before `from_pretrained` returns, and fails on a weight no tensor
-  filled ("Cannot copy out of meta tensor"); those weights get a new model's values first.
-tests/test_strict_loading.py checks both gaps on diffusers alone, and the signature overridden: when diffusers closes
-them or changes the method, those tests fail, and the override can go.
+diffusers' `from_pretrained` only warns when a checkpoint's keys differ from the model's, leaving the missing weights
+without values (a wrong class or a damaged file); ours refuses unless `strict=False`, from diffusers' own key report.
+Two gaps cannot be closed after the public call, so we override diffusers' private `_load_pretrained_model`, the
+package's only such override: a sharded checkpoint's keys come from its index, which may list a tensor no shard holds
+(we read the shards' headers), and with a `device_map` diffusers fails on weights no tensor filled (we fill them
+first). tests/test_strict_loading.py checks both gaps and the signature on diffusers: once it fails, drop the override.
 """
 
 import inspect
@@ -51,24 +42,14 @@ def checkpoint_location(pretrained_model_name_or_path: str | os.PathLike, subfol
 def saved_class_name(
     model_class: type[nn.Module], pretrained_model_name_or_path: str | os.PathLike, kwargs: dict
 ) -> str | None:
-    """The class that a checkpoint's `config.json` names (`_class_name`), read where `from_pretrained` read it.
-
-    Args:
-        model_class (`type[nn.Module]`): The class it was loaded as (a diffusers `ModelMixin`).
-        pretrained_model_name_or_path (`str` or `os.PathLike`): As given to `from_pretrained`.
-        kwargs (`dict`): The other arguments of `from_pretrained`; those that locate the file are used.
-    """
+    """The class that a checkpoint's `config.json` names (`_class_name`), read where `from_pretrained` (given
+    `kwargs`) read it."""
     location = {key: kwargs[key] for key in CONFIG_LOCATION_ARGUMENTS if key in kwargs}
     return model_class.load_config(pretrained_model_name_or_path, **location).get("_class_name")
 
 
 def key_mismatch(missing: list[str], unexpected: list[str]) -> str:
-    """The keys a checkpoint and a model do not share, in words: how many of each, and the first few by name.
-
-    Args:
-        missing (`list[str]`): Keys of the model's `state_dict()` that the checkpoint lacks.
-        unexpected (`list[str]`): Keys of the checkpoint that the model does not have.
-    """
+    """The keys a checkpoint and a model do not share, in words: how many of each, and the first few by name."""
     parts = []
     if missing:
         weights = "1 weight of the model is" if len(missing) == 1 else f"{len(missing)} weights of the model are"
@@ -86,15 +67,7 @@ def key_mismatch(missing: list[str], unexpected: list[str]) -> str:
 def refusal(
     model_class: str, saved_class: str | None, location: str, missing: list[str], unexpected: list[str]
 ) -> str:
-    """The error of a strict load whose checkpoint does not match the model: what differs, why, and what to do.
-
-    Args:
-        model_class (`str`): The class the checkpoint was loaded as.
-        saved_class (`str`, *optional*): The class its `config.json` names (`_class_name`), if any.
-        location (`str`): Where the checkpoint was read from.
-        missing (`list[str]`): Keys of the model that the checkpoint lacks.
-        unexpected (`list[str]`): Keys of the checkpoint that the model does not have.
-    """
+    """The error of a strict load whose checkpoint does not match the model: what differs, why, and what to do."""
     if saved_class is not None and saved_class != model_class:
         cause = (
             f"Its config.json names the class {saved_class}, not {model_class}: load it with the class in "
@@ -116,14 +89,7 @@ def refusal(
 
 
 def warn_non_strict(model_class: str, location: str, missing: list[str], unexpected: list[str]) -> None:
-    """Log what a load with `strict=False` initialised and dropped.
-
-    Args:
-        model_class (`str`): The class the checkpoint was loaded as.
-        location (`str`): Where the checkpoint was read from.
-        missing (`list[str]`): Keys of the model that the checkpoint lacks: initialised as in a new model.
-        unexpected (`list[str]`): Keys of the checkpoint that the model does not have: dropped.
-    """
+    """Log what a load with `strict=False` initialised (`missing`) and dropped (`unexpected`)."""
     logger.warning(
         f"Loaded the {model_class} at {location} with strict=False, although the checkpoint does not match it: "
         f"{key_mismatch(missing, unexpected)}. The missing weights are initialised as in a new, untrained model, the "
@@ -132,11 +98,7 @@ def warn_non_strict(model_class: str, location: str, missing: list[str], unexpec
 
 
 def checkpoint_keys(files: list[str]) -> list[str]:
-    """The tensor names in safetensors files, read from their headers (no tensor is read).
-
-    Args:
-        files (`list[str]`): The shards of a checkpoint.
-    """
+    """The tensor names in a checkpoint's safetensors shards, read from their headers (no tensor is read)."""
     keys = []
     for file in files:
         with safe_open(file, framework="pt") as shard:
@@ -145,17 +107,8 @@ def checkpoint_keys(files: list[str]) -> list[str]:
 
 
 def initialise_unloaded(model: nn.Module, keys: list[str]) -> None:
-    """Give the weights that no checkpoint tensor filled the values of a newly built model of the same config.
-
-    diffusers builds a model it loads without initialising it (`no_init_weights`, and the meta device with
-    `low_cpu_mem_usage`), so a weight the checkpoint does not fill holds no values until it is set here.
-
-    Args:
-        model (`nn.Module`): The loaded model, a diffusers `ModelMixin` whose `__init__` arguments are its config
-            fields.
-        keys (`list[str]`): Keys of its `state_dict()`: the missing weights, and those diffusers re-creates for
-            `ignore_mismatched_sizes=True`.
-    """
+    """Give the weights `keys`, which no checkpoint tensor filled, the values of a new model of the same config
+    (diffusers builds a model it loads without initialising it)."""
     arguments = inspect.signature(type(model).__init__).parameters
     fresh = type(model)(**{key: value for key, value in model.config.items() if key in arguments}).state_dict()
     current = model.state_dict()
@@ -176,34 +129,23 @@ class StrictLoadingMixin(ModelMixin):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *, strict: bool = True, **kwargs
     ) -> Self | tuple[Self, dict[str, list]]:
-        """`ModelMixin.from_pretrained`, reading safetensors weights only and refusing a checkpoint that does not fill
-        every weight.
-
-        Every loader (this one, `LMLPPipeline.from_pretrained`, `DiffusionPipeline.from_pretrained`) comes through
-        here, so a folder with only pickled weights (`.bin`) fails instead of being unpickled, and a checkpoint whose
-        keys differ from the model's (a weight it lacks, a tensor the model has no place for) fails instead of
-        loading with weights that hold no values: a folder loaded as another family's class, or a damaged file. The
-        error names the keys and the class in the folder's `config.json`. diffusers would only warn.
+        """`ModelMixin.from_pretrained`, reading safetensors only and refusing a checkpoint that does not fill every
+        weight. Every loader, pipelines' included, comes through here: pickled weights are never unpickled, and
+        mismatched keys (another family's folder, a damaged file) fail with their names, where diffusers only warns.
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): A Hub repo id or a local folder.
             strict (`bool`, *optional*, defaults to `True`): Refuse a checkpoint whose keys are not exactly the
-                model's. With `False` it loads, and a warning names the keys: the weights it lacks are initialised
-                as in a new, untrained model, its other tensors are dropped. diffusers' pipeline loaders do not pass
-                this argument on: to load a pipeline so, load its transformer with `strict=False` and pass it
-                (`LMLPPipeline.from_pretrained(folder, transformer=transformer)`).
-            **kwargs: Everything `ModelMixin.from_pretrained` takes (`subfolder`, `dtype`, `variant`,
-                `low_cpu_mem_usage`, `device_map`, `output_loading_info`, ...); `use_safetensors` may only be `True`,
-                and FlashPack files (`use_flashpack`) are not read. Weights that `ignore_mismatched_sizes=True`
-                re-creates are initialised as in a new model.
+                model's; with `False`, warn, give missing weights a new model's values and drop the other tensors.
+                Pipeline loaders do not pass it on: load the transformer so and pass it to the pipeline.
+            **kwargs: What `ModelMixin.from_pretrained` takes; `use_safetensors` may only be `True`, and
+                `use_flashpack` is refused.
 
         Returns:
-            The model, or with `output_loading_info=True` the model and diffusers' report (`missing_keys`,
-            `unexpected_keys`, `mismatched_keys`, `error_msgs`).
+            The model, or with `output_loading_info=True` the model and diffusers' loading report.
 
         Raises:
-            `ValueError`: `use_safetensors=False`, `use_flashpack=True`, or (with `strict=True`) a checkpoint whose
-                keys differ from the model's.
+            `ValueError`: For `use_safetensors=False`, `use_flashpack=True`, or (if `strict`) mismatched keys.
         """
         if kwargs.get("use_safetensors") is False:
             raise ValueError(
@@ -232,9 +174,8 @@ class StrictLoadingMixin(ModelMixin):
     def _load_pretrained_model(
         cls, model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
     ):
-        """diffusers' loader with the two gaps of the module docstring closed: a sharded checkpoint's keys come from
-        its shards' headers, and the weights no tensor filled (missing, or re-created by `ignore_mismatched_sizes`)
-        get a new model's values before a `device_map` moves them. Returns what diffusers returns."""
+        """diffusers' loader with the module docstring's two gaps closed: a sharded checkpoint's keys come from its
+        shards' headers, and weights no tensor filled get a new model's values before a `device_map` moves them."""
         quantized = kwargs.get("hf_quantizer") is not None
         # diffusers 0.40 (not 0.42.1) also loads shards from a DDUF archive (`dduf_entries`): entries, not files.
         if state_dict is None and not quantized and not kwargs.get("dduf_entries"):

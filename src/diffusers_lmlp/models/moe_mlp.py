@@ -20,8 +20,8 @@ class MoEMLPModelOutput(BaseOutput):
 
     Args:
         sample (`torch.Tensor`): (B, out_channels, H, W) ε prediction.
-        router_probs (`torch.Tensor`, *optional*): (num_blocks, B, H, E) gate probabilities of every block, only
-            when the forward was called with `output_router_probs=True` (feed it to `load_balancing_loss`).
+        router_probs (`torch.Tensor`, *optional*): (num_blocks, B, H, E) gate probabilities, with
+            `output_router_probs=True` (for `load_balancing_loss`).
     """
 
     sample: torch.Tensor
@@ -32,15 +32,9 @@ class MoEMLPModelOutput(BaseOutput):
 class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped MoE-MLP backbone: L-MLP blocks whose token mixing is multi-head MoE-linear attention.
 
-    Same skeleton, token layout and initialisation as `LMLPTransformer2DModel`; see
-    `diffusers_lmlp.models.mixers.moe` for the block and how we read the paper's Algorithm 1. With
-    `num_experts=1, num_heads=1` it computes exactly the UL-MLP. The paper's models are the named configurations
-    "2E1H", "4E1H" and "4E2H" (`MoEMLPModel.from_named_config`); the defaults are 4E1H.
-
-    PEFT adapters (`model.add_adapter(LoraConfig(...))`) can target each block's `nn.Linear` layers: `right`,
-    `merge`, `joint_mlp.fc1`, `joint_mlp.fc2` and the per-head gates `left.gates.<h>`. The expert matrices are mixed
-    per sample rather than applied as Linear layers, so LoRA cannot target them; train them with
-    `modules_to_save=["left"]` instead.
+    The `LMLPTransformer2DModel` skeleton with `mixers.moe` blocks; with one expert and one head it is the UL-MLP.
+    The paper's models are the named configurations "2E1H", "4E1H" (the defaults) and "4E2H". LoRA can target
+    `left.gates.<h>`, `right`, `merge` and `joint_mlp.fc1/fc2`; the experts only whole (`modules_to_save=["left"]`).
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
@@ -48,8 +42,7 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         in_channels (`int`, *optional*, defaults to 4): Latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 16): Even depth: num_layers // 2 in-, 1 mid-, num_layers // 2
-            out-blocks.
+        num_layers (`int`, *optional*, defaults to 16): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
         mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP hidden width as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
@@ -57,11 +50,9 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         num_experts (`int`, *optional*, defaults to 4): Experts E (L×L token-mixing matrices) per head.
         num_heads (`int`, *optional*, defaults to 1): Channel heads H, each with its own experts and gate.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP, a key of
-            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP: a key of `channel_mlp.CHANNEL_MLPS`.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["MoEMLPBlock"]
@@ -107,10 +98,9 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         Args:
             hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
             encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states.
-            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers scheduler timesteps in [0, 999]
-                (embedded as t + 1, the reference convention; see `LMLPTransformer2DModel.forward`).
-            output_router_probs (`bool`, *optional*, defaults to `False`): Also return the gate probabilities of
-                every block, for `load_balancing_loss`.
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers timesteps in [0, 999].
+            output_router_probs (`bool`, *optional*, defaults to `False`): Also return every block's gate
+                probabilities, for `load_balancing_loss`.
             return_dict (`bool`, *optional*, defaults to `True`): Return a `MoEMLPModelOutput` rather than a tuple.
 
         Returns:

@@ -1,10 +1,8 @@
 """A backbone under torch's dynamic int8 quantization (`torch.ao.quantization.quantize_dynamic`): the layers it
 replaced, and what they need.
 
-`quantize_dynamic` replaces each nn.Linear with a layer of `torch.ao.nn.quantized.dynamic` that keeps its weight in
-int8, packed outside any parameter, and quantizes a float32 input on every call. The rest of the model keeps its
-float weights, so they must stay float32 too: after `.to(torch.bfloat16)` the first quantized layer fails inside
-torch with "expected scalar type Float but found BFloat16". PEFT cannot adapt such a layer either.
+Those layers quantize a float32 input on every call, so the rest of the model must stay float32: after
+`.to(torch.bfloat16)` the first one fails inside torch. PEFT cannot adapt them either.
 """
 
 import torch
@@ -23,21 +21,13 @@ def is_dynamically_quantized(module: nn.Module) -> bool:
 
 
 def dynamically_quantized_layers(model: nn.Module) -> list[str]:
-    """The names of the layers of `model` that torch's dynamic quantization replaced, in the model's order.
-
-    Args:
-        model (`nn.Module`): The backbone.
-    """
+    """The names of the layers of `model` that torch's dynamic quantization replaced, in the model's order."""
     return [name for name, module in model.named_modules() if is_dynamically_quantized(module)]
 
 
 def check_float32_beside_quantized_layers(model: nn.Module) -> None:
     """Raise a `ValueError` when `model` holds dynamically quantized layers and float weights in another dtype than
-    float32: they would hand the quantized layers inputs they cannot take.
-
-    Args:
-        model (`nn.Module`): The backbone (diffusers' `ModelMixin`, whose `dtype` is its float weights').
-    """
+    float32 (`model.dtype`): they would hand the quantized layers inputs they cannot take."""
     if model.dtype == torch.float32:
         return
     layers = dynamically_quantized_layers(model)

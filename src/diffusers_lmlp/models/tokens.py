@@ -1,10 +1,8 @@
-"""Token I/O shared by every backbone of the family: latent, timestep and text in; ε prediction out.
+"""Token I/O shared by every backbone: latent, timestep and text in (`TokenEmbedder`), ε prediction out (`OutputHead`).
 
-The layout is the reference UL-MLP / U-ViT one (zizhao-hu/L-MLP `libs/f2.py`, baofff/U-ViT `libs/uvit_t2i.py`):
+The layout is the reference UL-MLP / U-ViT one (zizhao-hu/L-MLP, baofff/U-ViT):
 
     tokens = [time (1) | text (T) | image patches (N)] + learned positional embedding, L = 1 + T + N
-
-`TokenEmbedder` builds that sequence, `OutputHead` turns the processed sequence back into a latent.
 """
 
 import torch
@@ -14,35 +12,18 @@ from torch import nn
 
 
 def input_dtype(layer: nn.Module) -> torch.dtype:
-    """The dtype `layer` computes in, which its input is cast to: diffusers' `get_parameter_dtype` (the compute dtype
-    under layerwise casting, else the first floating-point weight), or float32 for a layer that holds no tensor of its
-    own. torch's dynamically quantized `Linear` (`torch.ao.quantization.quantize_dynamic`) is one: it keeps its int8
-    weight packed, outside any parameter or buffer, and reads float32; diffusers 0.42's `get_parameter_dtype` raises
-    an `UnboundLocalError` on such a layer.
-
-    Args:
-        layer (`nn.Module`): The layer that reads the input.
-    """
+    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, or float32 for a layer with no tensor of its
+    own (torch's dynamically quantized `Linear`, on which diffusers' function raises)."""
     if next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
         return torch.float32
     return get_parameter_dtype(layer)
 
 
 class TokenEmbedder(nn.Module):
-    """Patchify the latent, embed the timestep and adapt the text states into one token sequence.
+    """Patchify the latent, embed the timestep and adapt the text states into one (B, L, D) token sequence.
 
-    Args:
-        sample_size (`int`): Side of the square latent.
-        patch_size (`int`): Side of a square patch; `sample_size` must be a multiple of it.
-        in_channels (`int`): Latent channels C.
-        hidden_size (`int`): Token width D.
-        text_embed_dim (`int`): Width of the text encoder states (768 for CLIP ViT-L/14).
-        text_seq_len (`int`): Number of text tokens T (77 for CLIP).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add `pooled_text_proj` of the text states'
-            last position to every image token. A causal text encoder (CLIP) computes that state from the whole
-            caption, and the shapes world's encoder is trained to read every attribute from it; the blocks then
-            find the caption in each image token's own channels instead of only by mixing the text tokens in.
-    """
+    `pooled_text_projection` adds a projection of the text's last state (a causal encoder's whole-caption summary) to
+    every image token, so blocks find the caption in each token's own channels."""
 
     def __init__(
         self,
@@ -69,21 +50,9 @@ class TokenEmbedder(nn.Module):
         return self.num_extra_tokens + self.num_patches
 
     def forward(self, latents: torch.Tensor, text_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-        """Build the token sequence.
+        """(B, C, H, W) latents, (B, T, E) text states and (B,) network timesteps (1..1000) → (B, L, D) tokens.
 
-        Each input is cast to the compute dtype of the layer that reads it (`input_dtype`), as diffusers' own
-        transformers do (e.g. MiniMax-H3's `proj_in(hidden_states.to(get_parameter_dtype(self.proj_in)))`), so
-        float64 or bfloat16 inputs work with a float32 model; under layerwise casting that is the compute dtype, and
-        autocast still picks the dtype of the convolution and matmul.
-
-        Args:
-            latents (`torch.Tensor`): (B, C, H, W) noisy latents, any float dtype.
-            text_states (`torch.Tensor`): (B, T, text_embed_dim) text encoder states, any float dtype.
-            timestep (`torch.Tensor`): (B,) network timesteps, already in the reference's 1..1000 convention.
-
-        Returns:
-            `torch.Tensor`: (B, L, D) tokens, in the widest of the weights' and the layers' output dtypes.
-        """
+        Each input is cast to the dtype of the layer that reads it (`input_dtype`), as diffusers' transformers do."""
         latents = latents.to(input_dtype(self.patch_embed))
         text_states = text_states.to(input_dtype(self.text_adapter))
         patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
@@ -95,24 +64,14 @@ class TokenEmbedder(nn.Module):
         time = get_timestep_embedding(timestep, self.hidden_size, flip_sin_to_cos=True, downscale_freq_shift=0)
         time = time.to(self.pos_embed.dtype).unsqueeze(1)  # (B, 1, D)
         text = self.text_adapter(text_states)  # (B, T, D)
-        # torch.cat promotes to the widest dtype, as in the reference: under bf16 autocast the bf16 patches and text
-        # join the float32 time token, so the residual stream is float32; with bf16 weights it is all bf16.
+        # torch.cat promotes to the widest dtype, as in the reference: under bf16 autocast the stream is float32.
         tokens = torch.cat([time, text, patches], dim=1)  # (B, L, D)
         return tokens + self.pos_embed
 
 
 class OutputHead(nn.Module):
-    """Final LayerNorm, Linear to patch pixels, drop the time and text tokens, unpatchify, 3×3 conv.
-
-    Args:
-        sample_size (`int`): Side of the square latent.
-        patch_size (`int`): Side of a square patch.
-        hidden_size (`int`): Token width D.
-        out_channels (`int`): Channels of the prediction.
-        num_extra_tokens (`int`): Tokens before the image patches (1 time + T text) that are dropped.
-        conv_out (`bool`): Whether the reference's final 3×3 convolution is applied.
-        norm_eps (`float`): LayerNorm epsilon.
-    """
+    """Final LayerNorm, Linear to patch pixels, drop the `num_extra_tokens` time and text tokens, unpatchify, and
+    with `conv_out` the reference's 3×3 conv."""
 
     def __init__(
         self,
@@ -134,14 +93,7 @@ class OutputHead(nn.Module):
         self.conv = nn.Conv2d(out_channels, out_channels, 3, padding=1) if conv_out else nn.Identity()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Turn the processed sequence into the prediction.
-
-        Args:
-            tokens (`torch.Tensor`): (B, L, D) output of the last block.
-
-        Returns:
-            `torch.Tensor`: (B, out_channels, H, W) prediction.
-        """
+        """(B, L, D) output of the last block → (B, out_channels, H, W) prediction."""
         batch_size = tokens.shape[0]
         g, p, c = self.grid_size, self.patch_size, self.out_channels
         pixels = self.proj(self.norm(tokens))  # (B, L, p·p·C)

@@ -1,26 +1,9 @@
 """U-ViT (Bao et al. 2023), the attention baseline of the L-MLP and MoE-MLP papers, as the reference builds it.
 
-The reference is `libs/uvit_t2i.py` of baofff/U-ViT: the token I/O and U-shaped skeleton every backbone here
-shares, with pre-norm transformer blocks:
-
-    x = skip_linear(cat([x, skip], -1))          (out blocks only: the long skip, concatenated and projected)
-    x = x + attn(norm1(x))                       multi-head self-attention over all L tokens
-    x = x + mlp(norm2(x))                        the channel MLP, Linear → GELU → Linear
-
-`attn` projects the tokens with one bias-free `qkv` Linear(D, 3D) whose outputs are ordered [q | k | v], each
-head-major (the reference's `(K H Dh)` split), runs `F.scaled_dot_product_attention` with the default scale
-(D/H)^-0.5, and projects back with `proj` Linear(D, D). Module names are the reference's (`norm1`, `attn.qkv`,
-`attn.proj`, `norm2`, `mlp.fc1`, `mlp.fc2`, `skip_linear`), so a converted checkpoint is a copy under new prefixes
-(`convert_uvit_reference_state_dict`).
-
-Precision: the reference casts q, k and v to float32 before its SDPA call, a no-op for a float32 model that matters
-only under its mixed-precision training. We run SDPA in the dtype of q, k and v, the model's compute dtype (bfloat16
-under bf16 weights), as diffusers' attention processors do.
-
-Counting MACs: torch's `FlopCounterMode` counts SDPA through the kernels it has formulas for: the CUDA flash,
-memory-efficient and cuDNN kernels, and the math path (two batched matmuls, L²·D MACs each) that the meta device
-runs. On the CPU, torch 2.13 dispatches SDPA to `aten._scaled_dot_product_flash_attention_for_cpu`, which has no
-formula, so a CPU count of a U-ViT leaves out QKᵀ and softmax(QKᵀ)·V (2·L²·D per block); count on the meta device.
+Pre-norm transformer blocks in the shared token I/O and U-shaped skeleton; out blocks concatenate their long skip and
+project it (`skip_linear`). Module names and layouts are the reference's (baofff/U-ViT `libs/uvit_t2i.py`), so
+converting a checkpoint only renames it. SDPA runs in the model's compute dtype, as diffusers' processors do. Count
+MACs on the meta device: torch has no formula for the CPU flash kernel.
 """
 
 import re
@@ -40,13 +23,7 @@ from .channel_mlp import JointMLP
 
 
 class UViTAttention(nn.Module):
-    """Multi-head self-attention over all L tokens, the reference's `Attention` (no dropout).
-
-    Args:
-        hidden_size (`int`): Token width D; must be divisible by `num_heads`.
-        num_heads (`int`): Attention heads H, each of width D/H.
-        qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
-    """
+    """Multi-head self-attention over all L tokens, the reference's `Attention` (no dropout); H must divide D."""
 
     def __init__(self, hidden_size: int, num_heads: int, qkv_bias: bool = False):
         super().__init__()
@@ -61,14 +38,7 @@ class UViTAttention(nn.Module):
         self.proj = nn.Linear(hidden_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Attend.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) normalised tokens.
-
-        Returns:
-            `torch.Tensor`: (B, L, D) `proj` of the heads' attention outputs.
-        """
+        """(B, L, D) normalised tokens → `proj` of the heads' attention outputs."""
         batch_size, seq_len, hidden_size = x.shape
         qkv = self.qkv(x).reshape(batch_size, seq_len, 3, self.num_heads, -1)  # (B, L, 3, H, D/H)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, L, D/H)
@@ -78,17 +48,8 @@ class UViTAttention(nn.Module):
 
 
 class UViTBlock(nn.Module):
-    """One U-ViT block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
-
-    Args:
-        hidden_size (`int`): Token width D.
-        num_heads (`int`): Attention heads H.
-        mlp_ratio (`float`): Channel-MLP hidden width as a multiple of D.
-        norm_eps (`float`): LayerNorm epsilon.
-        qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
-        skip (`bool`, *optional*, defaults to `False`): An out block: merge the long skip with `skip_linear`.
-        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The channel MLP's class (`JointMLP`).
-    """
+    """One U-ViT block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`; an out block (`skip=True`) merges
+    the long skip with `skip_linear`."""
 
     def __init__(
         self,
@@ -108,15 +69,7 @@ class UViTBlock(nn.Module):
         self.mlp = channel_mlp(hidden_size, mlp_ratio)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) tokens.
-            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in block; out blocks only.
-
-        Returns:
-            `torch.Tensor`: the new tokens (B, L, D).
-        """
+        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if (skip is None) != (self.skip_linear is None):
             raise ValueError(
                 "A U-ViT out block (built with skip=True, it has skip_linear) takes the long skip of its in block, "
@@ -133,22 +86,9 @@ class UViTBlock(nn.Module):
 class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-ViT text-to-image backbone ([U-ViT](https://arxiv.org/abs/2209.12152), Bao et al. 2023).
 
-    The attention baseline of both MLP papers, exactly the reference `libs/uvit_t2i.py`: the same token I/O, long
-    skips and initialisation as `LMLPTransformer2DModel`, with transformer blocks whose out blocks merge their long
-    skip by concatenation and a Linear(2D, D). The defaults build **U-ViT-S/2** for MS-COCO
-    (`configs/mscoco_uvit_small.py`): 32×32×4 latents, patch 2, D = 512, 6 + 1 + 6 blocks, 8 heads, MLP ratio 4, no
-    qkv bias, 77 CLIP ViT-L/14 tokens. Named configurations (`from_named_config`):
-
-    | name | depth | blocks | params | COCO FID (U-ViT paper; L-MLP Table 2) |
-    |---|---|---|---|---|
-    | U-ViT-S/2 | 12 | 6 + 1 + 6 | 44,692,644 | 5.95 |
-    | U-ViT-S/2-deep | 16 | 8 + 1 + 8 | 58,345,636 | 5.48 |
-
-    Attention runs through `F.scaled_dot_product_attention` in the model's compute dtype (see
-    `diffusers_lmlp.models.mixers.attention`). Load the published weights with `convert_uvit_reference_state_dict`.
-    Every layer is called as a module, so PEFT adapters can target each block's `attn.qkv`, `attn.proj`, `mlp.fc1`,
-    `mlp.fc2` and the out blocks' `skip_linear`, e.g.
-    `model.add_adapter(LoraConfig(r=8, target_modules=["attn.qkv", "attn.proj"]))`.
+    The attention baseline of both MLP papers, exactly the reference `libs/uvit_t2i.py`. The defaults build
+    **U-ViT-S/2** for MS-COCO; "U-ViT-S/2-deep" (depth 16) is a named configuration. Load the published weights with
+    `convert_uvit_reference_state_dict`. LoRA can target `attn.qkv`, `attn.proj`, `mlp.fc1/fc2` and `skip_linear`.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
@@ -156,8 +96,7 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         in_channels (`int`, *optional*, defaults to 4): Latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): The reference "depth" (even): num_layers // 2 in blocks,
-            one mid block and num_layers // 2 out blocks.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
         mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
@@ -165,11 +104,9 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         num_attention_heads (`int`, *optional*, defaults to 8): Attention heads H; must divide `hidden_size`.
         qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of
-            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of `channel_mlp.CHANNEL_MLPS`.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["UViTBlock"]
@@ -179,7 +116,7 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         "num_attention_heads": (_is_positive_int, "a positive integer (the attention heads; it must divide D)"),
         "qkv_bias": (lambda v: isinstance(v, bool), "True or False"),
     }
-    # The U-ViT paper's MS-COCO models (L-MLP Table 2 lists both, 45M and 58M): depth 12 and the "Deep" depth 16.
+    # The U-ViT paper's MS-COCO models: depth 12 and the "Deep" depth 16.
     named_configs = NAMED_CONFIGS["uvit"]
 
     @register_to_config
@@ -217,7 +154,7 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
 
 _BLOCK = r"in_blocks\.\d+|mid_block|out_blocks\.\d+"
 _BLOCK_LAYER = r"norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2"
-# Reference key (baofff/U-ViT `libs/uvit_t2i.py`, §A.4 and §B.1) -> ours. Applied to the whole key, first match wins.
+# Reference key (baofff/U-ViT `libs/uvit_t2i.py`) -> ours. Applied to the whole key, first match wins.
 _REFERENCE_KEY_RULES = [
     (r"^pos_embed$", "embed.pos_embed"),
     (r"^patch_embed\.proj\.(weight|bias)$", r"embed.patch_embed.\1"),
@@ -264,31 +201,25 @@ def convert_uvit_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> di
     | `pos_embed` | `embed.pos_embed` |
     | `patch_embed.proj.*` | `embed.patch_embed.*` |
     | `context_embed.*` | `embed.text_adapter.*` |
-    | `{in_blocks.i, mid_block, out_blocks.i}.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}.*` | `stack.<same>` |
+    | `<block>.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}.*` | `stack.<same>` |
     | `out_blocks.i.skip_linear.*` | `stack.out_blocks.i.skip_linear.*` |
     | `norm.*` / `decoder_pred.*` / `final_layer.*` | `head.norm.*` / `head.proj.*` / `head.conv.*` |
 
-    Tensors are not copied or reshaped: the block layers have the reference's names and layouts (`attn.qkv`'s
-    outputs ordered [q | k | v], each head-major). A leading `module.` (a DDP-wrapped save) is stripped. Any other
-    key raises a `ValueError` that names what the checkpoint most likely is (an L-MLP one, another U-ViT).
+    `<block>` is `in_blocks.i`, `mid_block` or `out_blocks.i`. Tensors are not copied or reshaped; a leading DDP
+    `module.` is stripped. Any other key raises a `ValueError` naming what the checkpoint most likely is.
 
     Args:
-        state_dict (`dict[str, torch.Tensor]`): The reference state dict, e.g. the published `mscoco_uvit_small.pth`
-            (U-ViT-S/2) or `mscoco_uvit_small_deep.pth` (U-ViT-S/2-deep).
+        state_dict (`dict[str, torch.Tensor]`): The reference state dict, e.g. the published `mscoco_uvit_small.pth`.
 
     Returns:
         `dict[str, torch.Tensor]`: A state dict for `UViTTransformer2DModel.load_state_dict`.
 
     Example:
-        The published checkpoints are pickled: this package never unpickles, so load a file you trust yourself, with
-        `weights_only=True`, then save it as safetensors once.
+        The published checkpoints are pickled and this package never unpickles: load a file you trust yourself.
 
         ```py
-        import torch
-        from diffusers_lmlp import UViTTransformer2DModel, convert_uvit_reference_state_dict
-
         reference = torch.load("mscoco_uvit_small.pth", map_location="cpu", weights_only=True)
-        model = UViTTransformer2DModel.from_named_config("U-ViT-S/2")  # "U-ViT-S/2-deep" for the deep checkpoint
+        model = UViTTransformer2DModel.from_named_config("U-ViT-S/2")
         model.load_state_dict(convert_uvit_reference_state_dict(reference))
         model.save_pretrained("uvit-s2-mscoco")  # safetensors from here on
         ```

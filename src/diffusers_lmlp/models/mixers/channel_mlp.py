@@ -1,8 +1,8 @@
 """Channel MLPs: the per-token MLP of a block, swappable in any family (timm style: one constructor signature).
 
-Every class here is built as `make(hidden_size, mlp_ratio)`; a class that needs the token layout (the image grid
-behind the time and text tokens) sets `needs_token_layout = True` and takes the layout as the keyword arguments
-`num_extra_tokens` and `grid_size`, which `channel_mlp_factory` binds from the model's config. A model names its channel MLP by the config value `channel_mlp`, a key of `CHANNEL_MLPS`.
+Each class is built as `make(hidden_size, mlp_ratio)`; one that needs the token layout sets `needs_token_layout` and
+also takes `num_extra_tokens` and `grid_size`, which `channel_mlp_factory` binds. A model's `channel_mlp` config names
+a key of `CHANNEL_MLPS`.
 """
 
 import functools
@@ -14,12 +14,8 @@ from torch import nn
 
 
 class JointMLP(nn.Module):
-    """The transformer channel MLP (the L-MLP's FNN_C, U-ViT's `mlp`): Linear → GELU (exact) → Linear.
-
-    Args:
-        hidden_size (`int`): Token width D.
-        mlp_ratio (`float`): Hidden width as a multiple of D (the papers' s).
-    """
+    """The transformer channel MLP (the L-MLP's FNN_C, U-ViT's `mlp`): Linear → GELU (exact) → Linear, hidden width
+    int(D · mlp_ratio)."""
 
     def __init__(self, hidden_size: int, mlp_ratio: float):
         super().__init__()
@@ -28,32 +24,19 @@ class JointMLP(nn.Module):
         self.fc2 = nn.Linear(inner, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along channels.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) normalised input.
-
-        Returns:
-            `torch.Tensor`: (B, L, D) `fc2(gelu(fc1(x)))`.
-        """
+        """`fc2(gelu(fc1(x)))` of a (B, L, D) normalised input."""
         return self.fc2(F.gelu(self.fc1(x)))  # (B, L, s·D) inside
 
 
-# The IMLP's depthwise kernel: n = 3, the paper's default (§5.1; Table 5 ablates 1, 3, 5, 7).
+# The IMLP's depthwise kernel size n, the paper's default (§5.1).
 DW_KERNEL_SIZE = 3
 
 
 class AGeLU(nn.Module):
-    """The arbitrary GELU of eq. 4, `AGeLU(x) = β · GELU(α · x + γ) + θ`, with per-channel learnable α, β, γ, θ.
+    """The arbitrary GELU of eq. 4, `β · GELU(α · x + γ) + θ`, with learnable α, β, γ, θ per channel (eq. 6).
 
-    The paper gives no initialisation; `init_weights` starts it as the exact GELU (α = β = 1, γ = θ = 0). The
-    IMLP's two copies (AGeLU and AGeLU' of eq. 5) therefore start identical and only differ after training: their
-    gradients differ from the first step, because the two halves of the concatenation meet different depthwise
-    kernels and different columns of the second Linear.
-
-    Args:
-        num_features (`int`): Channels C'/2 of the last axis, each with its own α, β, γ, θ (eq. 6).
-    """
+    It starts as the exact GELU (the paper gives no init); the IMLP's two copies still diverge from the first step,
+    since their outputs meet different depthwise kernels and columns of fc2."""
 
     def __init__(self, num_features: int):
         super().__init__()
@@ -71,14 +54,7 @@ class AGeLU(nn.Module):
         nn.init.zeros_(self.theta)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply AGeLU channel-wise.
-
-        Args:
-            x (`torch.Tensor`): (..., num_features) input.
-
-        Returns:
-            `torch.Tensor`: (..., num_features) `β · GELU(α · x + γ) + θ`.
-        """
+        """Apply AGeLU channel-wise over the last axis."""
         return self.beta * F.gelu(self.alpha * x + self.gamma) + self.theta
 
 
@@ -102,28 +78,9 @@ class IMLP(nn.Module):
         t = GELU(norm(dw_conv(t)))                  spatial-wise enhancement: the DW block (§4.3)
         y = fc2(t)                                  W^e: C' -> D
 
-    with C' = int(D · mlp_ratio), so the first Linear has half the outputs of the transformer MLP's. The DW block is
-    a 3×3 depthwise convolution (with bias) over the image tokens, the last grid_size² tokens read row-major as a
-    (B, C', g, g) image, followed by a norm and the exact GELU, without a residual (the paper draws none).
-
-    Our readings where a diffusion backbone differs from the paper's classifiers:
-
-    - Time and text tokens. The 1 + T tokens before the image have no place on the grid. Each goes through the
-      same DW block as a 1×1 image: the zero-padded 3×3 kernel sees its centre tap only, so the convolution is a
-      per-channel scale and bias there. Every token then reaches fc2 through the same conv → norm → GELU path, so
-      fc2's shared weights read one kind of input (skipping the DW block would feed it raw AGeLU outputs for some
-      tokens and normalised GELU outputs for others). The flop counter counts 9·C' MACs for each of these tokens
-      too, as for a border pixel of the grid, so the MACs are 9·C' per token whatever the layout.
-    - Norm. The paper's DW block uses BatchNorm, which in training mode couples the samples of a batch and keeps
-      running statistics that gradient checkpointing would update twice per step. We use a LayerNorm over the C'
-      channels of each token instead: per sample and per token, identical in training and evaluation, the
-      transformer's own norm, and one rule for grid and non-grid tokens alike.
-
-    Args:
-        hidden_size (`int`): Token width D (the paper's C).
-        mlp_ratio (`float`): Hidden width C' as a multiple of D; int(D · mlp_ratio) must be even.
-        num_extra_tokens (`int`): Time and text tokens before the image tokens (1 + text_seq_len).
-        grid_size (`int`): Side g of the square grid of image tokens (sample_size / patch_size).
+    with C' = int(D · mlp_ratio), even, and no residual (the paper draws none). The depthwise conv reads the image
+    tokens as a (B, C', g, g) grid, and each time or text token as a 1×1 image, so fc2 reads one kind of input. The
+    norm is a per-token LayerNorm, not the paper's BatchNorm, which couples samples (and checkpointing updates twice).
     """
 
     needs_token_layout = True
@@ -140,14 +97,7 @@ class IMLP(nn.Module):
         self.fc2 = nn.Linear(inner, hidden_size)  # W^e
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the IMLP to every token.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) normalised tokens, [time | text | image], L = num_extra_tokens + g².
-
-        Returns:
-            `torch.Tensor`: (B, L, D).
-        """
+        """Apply the IMLP to (B, L, D) normalised tokens [time | text | image], L = num_extra_tokens + g²."""
         batch_size, seq_len, _ = x.shape
         g, num_extra = self.grid_size, self.num_extra_tokens
         if seq_len != num_extra + g * g:
@@ -171,13 +121,8 @@ CHANNEL_MLPS: dict[str, type[nn.Module]] = {"mlp": JointMLP, "imlp": IMLP}
 
 
 def channel_mlp_factory(name: str, num_extra_tokens: int, grid_size: int) -> Callable[[int, float], nn.Module]:
-    """The channel MLP class called `name`, as a `make(hidden_size, mlp_ratio)` factory.
-
-    Args:
-        name (`str`): A key of `CHANNEL_MLPS` (the model config's `channel_mlp`).
-        num_extra_tokens (`int`): Time and text tokens before the image tokens (1 + text_seq_len).
-        grid_size (`int`): Side of the square grid of image tokens (sample_size / patch_size).
-    """
+    """The channel MLP class called `name`, as a `make(hidden_size, mlp_ratio)` factory with the token layout
+    (`num_extra_tokens` time and text tokens, a `grid_size`² image grid) bound where the class needs it."""
     if name not in CHANNEL_MLPS:
         raise ValueError(f"channel_mlp={name!r} is not a channel MLP; choose one of {sorted(CHANNEL_MLPS)}.")
     if getattr(CHANNEL_MLPS[name], "needs_token_layout", False):

@@ -1,7 +1,6 @@
 """gMLP (Liu et al. 2021, "Pay Attention to MLPs") as a block of the U-shaped stack: L-MLP Table 1's baseline A3.
 
-The gMLP block with its spatial gating unit (SGU), as labml.ai's annotated implementation of the paper writes it,
-on (B, L, D) tokens:
+The gMLP block with its spatial gating unit (SGU), after labml.ai's annotated implementation, on (B, L, D) tokens:
 
     x = x + skip                                   (out blocks only: additive long skip, as the UL-MLP's)
     shortcut = x
@@ -10,9 +9,8 @@ on (B, L, D) tokens:
     v = spatial_proj(LN(v)ᵀ)ᵀ                      f_{W,b}(Z_2) = W Z_2 + b: an L×L Linear over the token axis
     x = shortcut + channel_proj2(u ⊙ v)            Y = (Z_1 ⊙ f_{W,b}(Z_2)) V: d_ffn / 2 → D
 
-gMLP has no separate channel MLP: the two channel projections around the gating unit are its MLP. The paper
-initialises W near zero and b to ones, so that at first the gate f_{W,b}(Z_2) ≈ 1 and the unit passes Z_1 through;
-`SpatialGatingUnit.init_weights` does this after the backbone's generic Linear init (W uniform in ±0.01, as 002).
+The two channel projections are gMLP's MLP. As in the paper, W starts near zero and b at ones, so the gate starts
+≈ 1 and passes Z_1 through (`SpatialGatingUnit.init_weights`, after the backbone's generic init).
 """
 
 import torch
@@ -26,18 +24,12 @@ from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel
 from ..catalog import NAMED_CONFIGS
 
 
-# The spatial weights start uniform in ±SPATIAL_INIT_RANGE (002: "small values"), its bias at 1.
+# The spatial weights start uniform in ±SPATIAL_INIT_RANGE (the paper's "small values"), its bias at 1.
 SPATIAL_INIT_RANGE = 0.01
 
 
 class SpatialGatingUnit(nn.Module):
-    """s(Z) = Z_1 ⊙ f_{W,b}(LN(Z_2)), with f_{W,b} a Linear over the token axis.
-
-    Args:
-        d_ffn (`int`): Width of Z (even); the output has d_ffn / 2 channels.
-        seq_len (`int`): Number of tokens L.
-        norm_eps (`float`): LayerNorm epsilon.
-    """
+    """s(Z) = Z_1 ⊙ f_{W,b}(LN(Z_2)), with f_{W,b} a Linear over the token axis: d_ffn → d_ffn / 2 channels."""
 
     def __init__(self, d_ffn: int, seq_len: int, norm_eps: float):
         super().__init__()
@@ -45,33 +37,19 @@ class SpatialGatingUnit(nn.Module):
         self.spatial_proj = nn.Linear(seq_len, seq_len)  # f_{W,b}: one bias per output token
 
     def init_weights(self) -> None:
-        """W near zero (U(±0.01), as 002) and b = 1, so that the unit starts close to passing Z_1 through."""
+        """W near zero (U(±0.01)) and b = 1, so that the unit starts close to passing Z_1 through."""
         nn.init.uniform_(self.spatial_proj.weight, -SPATIAL_INIT_RANGE, SPATIAL_INIT_RANGE)
         nn.init.ones_(self.spatial_proj.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """Gate one half of Z by the spatially projected other half.
-
-        Args:
-            z (`torch.Tensor`): (B, L, d_ffn) Z.
-
-        Returns:
-            `torch.Tensor`: (B, L, d_ffn / 2) Z_1 ⊙ f_{W,b}(LN(Z_2)).
-        """
+        """Gate one half of a (B, L, d_ffn) Z by the spatially projected other half."""
         u, v = z.chunk(2, dim=-1)  # (B, L, d_ffn / 2) each
         v = self.spatial_proj(self.norm(v).transpose(1, 2)).transpose(1, 2)  # (B, d_ffn / 2, L) inside
         return u * v
 
 
 class GMLPBlock(nn.Module):
-    """One gMLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
-
-    Args:
-        hidden_size (`int`): Token width D (gMLP's d_model).
-        seq_len (`int`): Number of tokens L (gMLP's n).
-        mlp_ratio (`float`): d_ffn as a multiple of D; `int(hidden_size * mlp_ratio)` must be even.
-        norm_eps (`float`): LayerNorm epsilon.
-    """
+    """One gMLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`, d_ffn = int(D · mlp_ratio) even."""
 
     def __init__(self, hidden_size: int, seq_len: int, mlp_ratio: float, norm_eps: float):
         super().__init__()
@@ -83,15 +61,7 @@ class GMLPBlock(nn.Module):
 
     @staticmethod
     def ffn_width(hidden_size: int, mlp_ratio: float) -> int:
-        """d_ffn = int(hidden_size × mlp_ratio), which the gating unit splits into two equal halves.
-
-        Args:
-            hidden_size (`int`): Token width D.
-            mlp_ratio (`float`): d_ffn as a multiple of D.
-
-        Raises:
-            `ValueError`: if d_ffn is odd.
-        """
+        """d_ffn = int(hidden_size × mlp_ratio), which the gating unit splits in halves (a `ValueError` if odd)."""
         d_ffn = int(hidden_size * mlp_ratio)
         if d_ffn % 2:
             # A ratio half a unit inside the next (even) width, so that int() cannot round it back down.
@@ -104,15 +74,7 @@ class GMLPBlock(nn.Module):
         return d_ffn
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) tokens.
-            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
-
-        Returns:
-            `torch.Tensor`: the new tokens (B, L, D).
-        """
+        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if skip is not None:
             x = x + skip
         z = F.gelu(self.channel_proj1(self.norm(x)))  # (B, L, d_ffn)
@@ -124,14 +86,9 @@ class GMLPBlock(nn.Module):
 class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """gMLP blocks ([gMLP](https://arxiv.org/abs/2105.08050)) in the U-shaped text-to-image backbone.
 
-    Same token layout, skeleton and initialisation as `LMLPTransformer2DModel`, plus the spatial gating unit's own
-    init (see `diffusers_lmlp.models.mixers.gmlp`). The defaults build a COCO-size model: 32×32×4 latents, patch 2,
-    D = 512, 6 + 1 + 6 blocks with long skips, d_ffn = 6·D (the gMLP paper's ratio); 32,808,078 parameters. L-MLP
-    Table 1's baseline A3 is the named configuration "A3" (no long skips, d_ffn = 2140, 23,478,758 parameters;
-    `GMLPTransformer2DModel.from_named_config("A3")`).
-
-    PEFT adapters can target each block's `nn.Linear` layers: `channel_proj1`, `sgu.spatial_proj` (over the token
-    axis) and `channel_proj2`.
+    The `LMLPTransformer2DModel` skeleton with gMLP blocks; the defaults are COCO-size with the gMLP paper's d_ffn =
+    6·D, and L-MLP Table 1's A3 is the named configuration "A3". LoRA can target `channel_proj1`, `sgu.spatial_proj`
+    and `channel_proj2`.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
@@ -139,19 +96,15 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         in_channels (`int`, *optional*, defaults to 4): Latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-blocks, one mid-block and
-            num_layers // 2 out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 6.0): gMLP's d_ffn as a multiple of D; d_ffn =
-            int(hidden_size × mlp_ratio) must be even.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
+        mlp_ratio (`float`, *optional*, defaults to 6.0): gMLP's d_ffn as a multiple of D; d_ffn must be even.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
-        long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i, added
-            at its input; `False`: a plain stack (Table 1 A3).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
+        long_skips (`bool`, *optional*, defaults to `True`): Add in block n-1-i's output to out block i's input.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["GMLPBlock"]

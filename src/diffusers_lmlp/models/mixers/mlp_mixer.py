@@ -1,16 +1,7 @@
 """MLP-Mixer (Tolstikhin et al. 2021) as a block of the U-shaped stack: L-MLP Table 1's baseline A2 (§5.2).
 
-The original Mixer block (its §2, eq. 1), on (B, L, D) tokens:
-
-    x = x + skip                                   (out blocks only: additive long skip, as the UL-MLP's)
-    x = x + token_mlp(LN_D(x)ᵀ)ᵀ                   token mixing: L → D_S → L on the transposed (B, D, L) tensor
-    x = x + channel_mlp(LN_D(x))                   channel mixing: D → D_C → D per token
-
-Both LayerNorms are the ordinary per-token LayerNorm(D), each with its own parameters; this is not paramixer's
-"vanilla" mixer, whose two LayerNorms normalise over the whole (L, D) slab (reference-implementations.md §C.1). The
-token MLP's hidden width D_S is `token_mlp_ratio × L`; the channel MLP is the model's swappable one (`channel_mlp`),
-the transformer MLP with D_C = `mlp_ratio × D` by default. Unlike the L-MLP block the two mixings are serial and
-each reads its own re-normalised input, and there is no merge projection.
+The original Mixer block (its §2, eq. 1): a token MLP (L → D_S → L) over the transposed tokens, then a channel MLP
+(D → D_C → D), each after its own per-token LayerNorm(D) and with a residual; out blocks first add their long skip.
 """
 
 from collections.abc import Callable
@@ -27,17 +18,8 @@ from .channel_mlp import JointMLP
 
 
 class MLPMixerBlock(nn.Module):
-    """One MLP-Mixer block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
-
-    Args:
-        hidden_size (`int`): Token width D (the Mixer paper's C).
-        seq_len (`int`): Number of tokens L (the Mixer paper's S).
-        token_mlp_ratio (`float`): Token MLP hidden width D_S as a multiple of L.
-        mlp_ratio (`float`): Channel MLP hidden width D_C as a multiple of D.
-        norm_eps (`float`): LayerNorm epsilon.
-        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The channel MLP's class, built as
-            `channel_mlp(hidden_size, mlp_ratio)` (`JointMLP`: Linear → GELU → Linear).
-    """
+    """One MLP-Mixer block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`, with D_S = L · token_mlp_ratio
+    and the channel MLP `channel_mlp(hidden_size, mlp_ratio)`."""
 
     def __init__(
         self,
@@ -60,15 +42,7 @@ class MLPMixerBlock(nn.Module):
         self.channel_mlp = channel_mlp(hidden_size, mlp_ratio)  # D -> D_C -> D, per token
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) tokens.
-            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
-
-        Returns:
-            `torch.Tensor`: the new tokens (B, L, D).
-        """
+        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if skip is not None:
             x = x + skip
         x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)  # (B, D, L) inside
@@ -79,14 +53,9 @@ class MLPMixerBlock(nn.Module):
 class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """MLP-Mixer blocks ([MLP-Mixer](https://arxiv.org/abs/2105.01601)) in the U-shaped text-to-image backbone.
 
-    Same token layout, skeleton and initialisation as `LMLPTransformer2DModel`; each block is the original Mixer
-    block (see `diffusers_lmlp.models.mixers.mlp_mixer`). The defaults build a COCO-size model: 32×32×4 latents,
-    patch 2, D = 512, 6 + 1 + 6 blocks with long skips, D_S = 2·L, D_C = 4·D (the Mixer paper's channel ratio);
-    33,719,638 parameters. L-MLP Table 1's baseline A2 is the named configuration "A2" (no long skips, D_C = 2.5·D,
-    23,486,038 parameters; `MLPMixerTransformer2DModel.from_named_config("A2")`).
-
-    PEFT adapters can target each block's `nn.Linear` layers: `token_mlp.fc1`, `token_mlp.fc2` (over the token axis)
-    and `channel_mlp.fc1`, `channel_mlp.fc2`.
+    The `LMLPTransformer2DModel` skeleton with Mixer blocks; the defaults are COCO-size with the Mixer paper's
+    D_C = 4·D, and L-MLP Table 1's A2 is the named configuration "A2". LoRA can target `token_mlp.fc1/fc2` and
+    `channel_mlp.fc1/fc2`.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
@@ -94,22 +63,17 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
         in_channels (`int`, *optional*, defaults to 4): Latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-blocks, one mid-block and
-            num_layers // 2 out-blocks.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
         mlp_ratio (`float`, *optional*, defaults to 4.0): Channel MLP hidden width D_C as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
         norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
-        token_mlp_ratio (`float`, *optional*, defaults to 2.0): Token MLP hidden width D_S as a multiple of the
-            sequence length L.
-        long_skips (`bool`, *optional*, defaults to `True`): Give out block i the output of in block n-1-i, added
-            at its input; `False`: a plain stack (Table 1 A2).
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of
-            `diffusers_lmlp.models.mixers.channel_mlp.CHANNEL_MLPS` (`"mlp"`: the transformer MLP).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
+        token_mlp_ratio (`float`, *optional*, defaults to 2.0): Token MLP hidden width D_S as a multiple of L.
+        long_skips (`bool`, *optional*, defaults to `True`): Add in block n-1-i's output to out block i's input.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of `channel_mlp.CHANNEL_MLPS`.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["MLPMixerBlock"]

@@ -1,39 +1,16 @@
 """Multi-head MoE-linear attention ("Many Can Beat One", §3.2, eqs. 4–7, §3.4 eq. 10, Algorithm 1).
 
-The MoE-MLP block is the L-MLP block with its single token-mixing matrix (FNN_L) replaced by a per-sample
-mixture of E learned L×L matrices, one set per channel head:
+The MoE-MLP block is the L-MLP block with FNN_L replaced by a per-sample mixture of E learned L×L matrices per head:
 
     g[b, h]   = softmax_e( W_σ[h] · mean_{d ∈ head h} x_tok[b, :, d] + b_σ[h] )       (B, H, E)
     W[b, h]   = Σ_e g[b, h, e] · W_e[h]                                               (B, H, L, L)
     left[b, :, head h] = W[b, h] @ x_tok[b, :, head h] + Σ_e g[b, h, e] · b_e[h]        (B, L, D)
 
-How we read the paper where its pseudo-code slips (Algorithm 1):
-
-- The channel branch is written `nn.Linear(L, E)`; eqs. 3 and 6 make it FC_C, a D×D linear. It is the L-MLP's
-  `right` Linear(D, D) here.
-- `norm2(x)` is applied to `x`, not to the permuted `xperm`; the text (and the L-MLP block it extends) normalises
-  the permuted input over L. We apply the token LayerNorm to the un-normalised input, as the L-MLP does.
-- The gate `l_gate(xperm).view(B, H, D, E).mean(2)` only works if D there means the head width D/H. §3.4 says the
-  gating layers have weights of size L × H × E and that heads do not share experts. So each head h has its own
-  L→E gate; its logits are those of the head's channels averaged. A linear map commutes with the mean, so we
-  average the head's channels first (D/H times cheaper) and then apply the gate.
-- The experts have no bias in the pseudo-code. We give each expert the bias of an `nn.Linear(L, L)`, mixed by the
-  same gate weights, so that with E = 1 and H = 1 the block is exactly the L-MLP block (bias included).
-
-Cost: forming W[b, h] costs H·E·L² multiply-adds per sample and applying it L²·D, instead of the E·L²·D of
-applying every expert. There are no Python loops over experts; the only loop runs over the H gates.
-
-What is a module: each head's gate is an `nn.Linear(L, E)` followed by the `Router` softmax, both called as modules
-(the model collects the router probabilities with hooks on `Router`, so the block returns only its tokens), so hooks, quantizers and PEFT LoRA
-adapters (target `left.gates.<h>`) see it. The expert matrices are parameters of `MoELinearAttention`: they are
-mixed per sample (Σ_e g_e·W_e, then one bmm), which is not a Linear layer, so LoRA cannot target them; fine-tune
-them whole with PEFT's `modules_to_save=["left"]`, or adapt the block's Linear layers around them.
-
-Expert initialisation: the pseudo-code zero-initialises every expert. That makes them identical and the token
-mixing a zero map at the start, so the gate gets no gradient (∂left/∂g_e = W_e x = 0) and the experts receive
-gradients that differ only by the near-uniform gate weights: they stay almost identical. We instead draw each
-expert independently from the reference's Linear init (truncated normal, std 0.02), so experts differ and the
-router learns from the first step; with E = 1 the distribution equals the L-MLP's.
+Where Algorithm 1 slips we read: the channel branch as FC_C, a D×D Linear (eqs. 3, 6); the token LayerNorm on the
+un-normalised input, as in the L-MLP; one L→E gate per head on the head's mean channel (§3.4: heads share no experts;
+the mean commutes with the gate and is D/H times cheaper); and a bias per expert, so E = H = 1 is the L-MLP block.
+The pseudo-code zero-initialises the experts, which leaves the gate without gradient and the experts identical; we
+draw each from the reference Linear init instead, so the router learns from the first step.
 """
 
 from collections.abc import Callable
@@ -47,14 +24,7 @@ from .routing import Router
 
 
 class MoELinearAttention(nn.Module):
-    """Token mixing by a per-sample, per-head mixture of expert L×L matrices.
-
-    Args:
-        seq_len (`int`): Number of tokens L.
-        hidden_size (`int`): Token width D; must be divisible by `num_heads`.
-        num_experts (`int`): Experts E per head.
-        num_heads (`int`): Channel heads H; each head has its own experts and gate.
-    """
+    """Token mixing by a per-sample mixture of E expert L×L matrices, for each of H channel heads (H divides D)."""
 
     def __init__(self, seq_len: int, hidden_size: int, num_experts: int, num_heads: int):
         super().__init__()
@@ -78,17 +48,10 @@ class MoELinearAttention(nn.Module):
         nn.init.zeros_(self.expert_bias)
 
     def forward(self, x_tok: torch.Tensor) -> torch.Tensor:
-        """Mix tokens with the routed expert matrices.
-
-        Args:
-            x_tok (`torch.Tensor`): (B, D, L) token-normalised input, tokens on the last axis (the paper's z').
-
-        Returns:
-            `torch.Tensor`: the mixed tokens (B, D, L).
-        """
+        """Mix the (B, D, L) token-normalised input (the paper's z') with the routed expert matrices."""
         batch_size, hidden_size, seq_len = x_tok.shape
         num_heads = self.num_heads
-        # Each head's channels are one (D/H, L) slab of z'; the token LayerNorm leaves z' contiguous, so this is a view.
+        # Each head's channels are one (D/H, L) slab of the contiguous z', so this is a view.
         x_perm = x_tok.reshape(batch_size * num_heads, hidden_size // num_heads, seq_len)  # (B·H, D/H, L)
 
         head_mean = x_perm.mean(1).view(batch_size, num_heads, seq_len)  # (B, H, L)
@@ -115,7 +78,7 @@ class MoEMLPBlock(LMLPBlock):
         norm_eps (`float`): LayerNorm epsilon.
         num_experts (`int`): Experts E per head.
         num_heads (`int`): Channel heads H.
-        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*): The joint MLP's class (`JointMLP`).
+        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*, defaults to `JointMLP`): The joint MLP.
     """
 
     def __init__(
@@ -141,21 +104,17 @@ class MoEMLPBlock(LMLPBlock):
 def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha: float = 1e-10) -> torch.Tensor:
     """The optional load-balancing loss of the MoE-MLP paper (§4.2, Table 4), off unless a training loop adds it.
 
-    For every router (block × head), u_e is the mean gate probability of expert e over the batch, and
+    With u_e the batch-mean gate probability of expert e, averaged over routers (block × head):
 
         L_balance = (σ_u / (μ_u + α))² − Σ_e (1/E) · log(u_e + α)
 
-    (squared coefficient of variation plus the cross-entropy towards uniform usage). The result is averaged over
-    routers and multiplied by `weight`. The paper trains its main models without it and uses weight 0.01 when on.
-
     Args:
-        router_probs (`torch.Tensor`): (num_blocks, B, H, E) gate probabilities, as returned by
-            `MoEMLPModel(..., output_router_probs=True).router_probs`.
-        weight (`float`, *optional*, defaults to 0.01): Loss weight (Shazeer et al. 2017, as in the paper).
+        router_probs (`torch.Tensor`): (num_blocks, B, H, E) gate probabilities, a `MoEMLPModelOutput.router_probs`.
+        weight (`float`, *optional*, defaults to 0.01): Loss weight (the paper's, after Shazeer et al. 2017).
         alpha (`float`, *optional*, defaults to 1e-10): Small constant for numerical stability.
 
     Returns:
-        `torch.Tensor`: Scalar loss, ready to add to the diffusion loss.
+        `torch.Tensor`: `weight` × the scalar loss, ready to add to the diffusion loss.
 
     Example:
         ```py

@@ -1,5 +1,5 @@
-"""ParaMixer, SymMixer and AsymMixer ("Hierarchical Associative Memory, Parallelized MLP-Mixer, and Symmetry
-Breaking", Karakida, Ota & Taki 2024, §5.1 eq. 32, §6.3 eqs. 38–39, Algorithm 1) as U-shaped diffusion backbones.
+"""ParaMixer, SymMixer and AsymMixer (Karakida, Ota & Taki 2024, "Hierarchical Associative Memory, Parallelized
+MLP-Mixer, and Symmetry Breaking", eqs. 32, 38–39) as U-shaped diffusion backbones.
 
 One parallelized mixing layer (eq. 32, the reference `pMixerBlock`) reads one symmetric LayerNorm:
 
@@ -7,35 +7,11 @@ One parallelized mixing layer (eq. 32, the reference `pMixerBlock`) reads one sy
     x̂ = LN_{L,D}(x)                                       statistics over tokens and channels jointly, affine (L, D)
     x = x + token_mlp(x̂ᵀ)ᵀ + channel_mlp(x̂)               parallel: both branches read the same x̂
 
-The token MLP maps L → int(token_mlp_ratio·D) → L (0.5·D in the paper: a multiple of D, not of L), the channel MLP
-D → int(mlp_ratio·D) → D. Both are bias-free (the Hopfield correspondence, §5.2 "Ablation study"), with GELU as g^s
-and g^c. The three families differ only in the MLP (eqs. 28–29, 38):
-
-- ParaMixer, `VanillaMLP`: W₂ g(W₁ x) with independent W₁, W₂ (the reference `vMlp`);
-- SymMixer, `SymmetricMLP`: W₂ = W₁ᵀ, one weight W, y = g(x Wᵀ) W (the reference `sMlp`);
-- AsymMixer, `AsymmetricMLP`: W₂ = W₁ᵀ + W̃₂, y = g(x Wᵀ) W + W̃₂ g(x Wᵀ), W̃₂ a full Linear (the reference
-  `aMlp`); `symmetry_breaking_penalty` is the paper's Σ‖W̃‖²_F (eq. 39) that keeps W̃ a perturbation.
-
-`num_iterations` repeats a block with the same weights (the reference `n_iter`, the paper's iterative mixing layers,
-Table 2); the long skip is added once, before the first iteration.
-
-Where this differs from the reference classification code (Toshihiro-Ota/paramixer):
-
-- The blocks live in the U-shaped diffusion skeleton of this package ([time | text | patches] tokens with a learned
-  positional embedding, in/mid/out blocks with additive long skips, the UL-MLP output head), not in the
-  classification network (conv stem without positional embedding, final LayerNorm, mean pooling, linear head).
-- Initialisation is the package's reference one (L-MLP §A.3): every Linear weight, and each tied weight W, truncated
-  normal with std 0.02; the symmetric LayerNorm weight 1, bias 0. paramixer draws Linear weights Xavier-uniform.
-- No DropPath or dropout (the paper's classification recipe uses stochastic depth 0.1).
-- The tied weight is a parameter of the MLP itself (`weight`, shape (hidden, in)), used by two matmuls; paramixer
-  stores it in a Linear named `fc2` (SymMixer) or `fc1` (AsymMixer) and calls `F.linear` on that Linear's weight.
-  Here the symmetry-breaking Linear is `fc2` in the AsymMixer, as in paramixer, and the penalty finds it by type.
-
-PEFT LoRA can target the Linear layers: `fc1` and `fc2` of the ParaMixer's MLPs and the AsymMixer's `fc2`
-(`token_mlp.fc2`, `channel_mlp.fc2`). The tied weights W are not Linear layers; target them as parameters,
-`LoraConfig(target_parameters=["token_mlp.weight", "channel_mlp.weight"])`, and PEFT adapts W itself, so both of its
-uses see W + ΔW and the MLP stays symmetric. peft 0.21 cannot inject such an adapter from a saved file
-(`load_lora_adapter` raises); add it from its config and load its weights with `peft.set_peft_model_state_dict`.
+The MLPs are bias-free with GELU; the families differ only in them (`VanillaMLP`, `SymmetricMLP`, `AsymmetricMLP`).
+Unlike the reference classifier (Toshihiro-Ota/paramixer) the init is the package's and there is no dropout. LoRA
+adapts the tied W as parameters (`LoraConfig(target_parameters=["token_mlp.weight", "channel_mlp.weight"])`), keeping
+the MLP symmetric; peft 0.21 cannot load such an adapter from a file: add it from its config, then load its weights
+with `peft.set_peft_model_state_dict`.
 """
 
 import torch
@@ -50,12 +26,7 @@ from ..catalog import NAMED_CONFIGS
 
 
 class VanillaMLP(nn.Module):
-    """ParaMixer's MLP: fc2(GELU(fc1(x))) with independent, bias-free weights (the reference `vMlp`).
-
-    Args:
-        in_features (`int`): Input and output width (L for the token MLP, D for the channel MLP).
-        hidden_features (`int`): Hidden width.
-    """
+    """ParaMixer's MLP: fc2(GELU(fc1(x))) with independent, bias-free weights (the reference `vMlp`)."""
 
     def __init__(self, in_features: int, hidden_features: int):
         super().__init__()
@@ -63,27 +34,13 @@ class VanillaMLP(nn.Module):
         self.fc2 = nn.Linear(hidden_features, in_features, bias=False)  # W₂ (or W₄)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along the last axis.
-
-        Args:
-            x (`torch.Tensor`): (..., in_features) normalised input.
-
-        Returns:
-            `torch.Tensor`: (..., in_features).
-        """
+        """Apply the MLP along the last axis of a (..., in_features) normalised input."""
         return self.fc2(F.gelu(self.fc1(x)))  # (..., hidden_features) inside
 
 
 class SymmetricMLP(nn.Module):
-    """SymMixer's MLP: y = GELU(x Wᵀ) W, the second layer the transpose of the first (W₂ = W₁ᵀ, eqs. 28–29).
-
-    The tied weight W is a parameter of this module (shape (hidden, in), a Linear's layout) used by two matmuls, so
-    both count as MACs and both give W a gradient.
-
-    Args:
-        in_features (`int`): Input and output width (L for the token MLP, D for the channel MLP).
-        hidden_features (`int`): Hidden width.
-    """
+    """SymMixer's MLP: y = GELU(x Wᵀ) W, the second layer the transpose of the first (W₂ = W₁ᵀ, eqs. 28–29); the one
+    parameter W, in a Linear's (hidden, in) layout, is used by two matmuls, so both count and both give it gradient."""
 
     def __init__(self, in_features: int, hidden_features: int):
         super().__init__()
@@ -94,59 +51,28 @@ class SymmetricMLP(nn.Module):
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along the last axis.
-
-        Args:
-            x (`torch.Tensor`): (..., in_features) normalised input.
-
-        Returns:
-            `torch.Tensor`: (..., in_features).
-        """
+        """Apply the MLP along the last axis of a (..., in_features) normalised input."""
         hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
         return torch.matmul(hidden, self.weight)  # (..., in_features)
 
 
 class AsymmetricMLP(SymmetricMLP):
-    """AsymMixer's MLP: y = GELU(x Wᵀ) W + fc2(GELU(x Wᵀ)), i.e. W₂ = W₁ᵀ + W̃₂ (eq. 38, the reference `aMlp`).
-
-    `fc2` is the symmetry-breaking term W̃₂, a full bias-free Linear; `symmetry_breaking_penalty` penalises its
-    squared Frobenius norm.
-
-    Args:
-        in_features (`int`): Input and output width (L for the token MLP, D for the channel MLP).
-        hidden_features (`int`): Hidden width.
-    """
+    """AsymMixer's MLP: y = GELU(x Wᵀ) W + fc2(GELU(x Wᵀ)), i.e. W₂ = W₁ᵀ + W̃₂ (eq. 38, the reference `aMlp`); `fc2`
+    is the symmetry-breaking term that `symmetry_breaking_penalty` penalises."""
 
     def __init__(self, in_features: int, hidden_features: int):
         super().__init__(in_features, hidden_features)
         self.fc2 = nn.Linear(hidden_features, in_features, bias=False)  # W̃₂ (or W̃₄)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along the last axis.
-
-        Args:
-            x (`torch.Tensor`): (..., in_features) normalised input.
-
-        Returns:
-            `torch.Tensor`: (..., in_features).
-        """
+        """Apply the MLP along the last axis of a (..., in_features) normalised input."""
         hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
         return torch.matmul(hidden, self.weight) + self.fc2(hidden)  # (..., in_features)
 
 
 class ParaMixerBlock(nn.Module):
-    """One parallelized mixing layer (eq. 32), `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`.
-
-    Args:
-        hidden_size (`int`): Token width D.
-        seq_len (`int`): Number of tokens L.
-        token_hidden (`int`): Hidden width of the token MLP (L → token_hidden → L).
-        channel_hidden (`int`): Hidden width of the channel MLP (D → channel_hidden → D).
-        mlp_class (`type[nn.Module]`): `VanillaMLP` (ParaMixer), `SymmetricMLP` (SymMixer) or `AsymmetricMLP`
-            (AsymMixer), built as `mlp_class(in_features, hidden_features)`.
-        norm_eps (`float`): Epsilon of the symmetric LayerNorm.
-        num_iterations (`int`, *optional*, defaults to 1): Apply the update this many times with the same weights.
-    """
+    """One parallelized mixing layer (eq. 32), `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`, with MLPs of
+    `mlp_class`; `num_iterations` repeats the update with the same weights (the paper's iterative mixing layers)."""
 
     def __init__(
         self,
@@ -165,15 +91,7 @@ class ParaMixerBlock(nn.Module):
         self.channel_mlp = mlp_class(hidden_size, channel_hidden)  # reference `mlp_channels`: g(· W₃) W₄
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) tokens.
-            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
-
-        Returns:
-            `torch.Tensor`: the new tokens (B, L, D).
-        """
+        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if skip is not None:
             x = x + skip
         for _ in range(self.num_iterations):
@@ -185,10 +103,7 @@ class ParaMixerBlock(nn.Module):
 
 class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """Shared body of `ParaMixerTransformer2DModel`, `SymMixerTransformer2DModel` and `AsymMixerTransformer2DModel`:
-    the U-shaped skeleton with parallelized mixing layers (`ParaMixerBlock`) whose MLPs are `mlp_class`.
-
-    Each subclass only sets `mlp_class` and its named configurations, so a saved config names its family by its
-    class. Out blocks add their long skip at the block input, as the UL-MLP does.
+    the U-shaped skeleton with `ParaMixerBlock`s; each subclass only sets `mlp_class` and its named configurations.
 
     Parameters:
         sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
@@ -196,21 +111,16 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         in_channels (`int`, *optional*, defaults to 4): Latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
         hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-blocks, one mid-block and
-            num_layers // 2 out-blocks.
+        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
         mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
         text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
         text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
         conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-6): Epsilon of every LayerNorm (the symmetric ones and the
-            output head's); 1e-6 as in paramixer.
-        token_mlp_ratio (`float`, *optional*, defaults to 0.5): Token-MLP hidden width as a multiple of D (not of
-            L), as in paramixer.
-        num_iterations (`int`, *optional*, defaults to 1): Apply each block this many times with the same weights
-            (the paper's iterative mixing layers, Table 2).
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Also add a Linear projection of the text
-            encoder's last-position state (which a causal encoder computes from the whole caption) to every image
-            token, beside the text tokens the blocks mix (`TokenEmbedder`). Not in the papers.
+        norm_eps (`float`, *optional*, defaults to 1e-6): Epsilon of every LayerNorm, as in paramixer.
+        token_mlp_ratio (`float`, *optional*, defaults to 0.5): Token-MLP width as a multiple of D (not of L).
+        num_iterations (`int`, *optional*, defaults to 1): Apply each block this many times with the same weights.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["ParaMixerBlock"]
@@ -273,9 +183,8 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
 class ParaMixerTransformer2DModel(ParallelMixerModel):
     """ParaMixer: parallelized mixing layers with independent token- and channel-MLP weights (eq. 32), U-shaped.
 
-    See `ParallelMixerModel` for the parameters and `diffusers_lmlp.models.mixers.paramixer` for the block. The
-    named configuration "ParaMixer-S" is the COCO skeleton at depth 16 with the paper's widths, 44,955,812
-    parameters. LoRA can target `token_mlp.fc1`, `token_mlp.fc2`, `channel_mlp.fc1` and `channel_mlp.fc2`.
+    Parameters as `ParallelMixerModel`. "ParaMixer-S" is the COCO skeleton at depth 16 with the paper's widths. LoRA
+    can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`.
     """
 
     mlp_class = VanillaMLP
@@ -286,10 +195,8 @@ class ParaMixerTransformer2DModel(ParallelMixerModel):
 class SymMixerTransformer2DModel(ParallelMixerModel):
     """SymMixer: parallelized mixing layers whose MLPs have symmetric weights W₂ = W₁ᵀ (eqs. 28–29), U-shaped.
 
-    See `ParallelMixerModel` for the parameters and `diffusers_lmlp.models.mixers.paramixer` for the block. The
-    named configuration "SymMixer-S" is the COCO skeleton at depth 16 with doubled widths (token_mlp_ratio=1,
-    mlp_ratio=8, the paper's "Sym (dw)"), 44,955,812 parameters. The tied weights are not Linear layers, so LoRA
-    cannot target them.
+    Parameters as `ParallelMixerModel`. "SymMixer-S" is the COCO skeleton at depth 16 with doubled widths (the
+    paper's "Sym (dw)"). LoRA adapts the tied weights as parameters (see the module docstring).
     """
 
     mlp_class = SymmetricMLP
@@ -300,10 +207,8 @@ class SymMixerTransformer2DModel(ParallelMixerModel):
 class AsymMixerTransformer2DModel(ParallelMixerModel):
     """AsymMixer: SymMixer plus a learned symmetry-breaking term, W₂ = W₁ᵀ + W̃₂ (eq. 38), U-shaped.
 
-    Train it with the paper's loss (eq. 39) by adding `λ · symmetry_breaking_penalty(model)` to the diffusion loss
-    (the paper sweeps λ from 1, which boils it down to a SymMixer, to 0, which trains W̃ freely). See
-    `ParallelMixerModel` for the parameters. The named configuration "AsymMixer-S" is the COCO skeleton at depth 16
-    with the paper's widths, 44,955,812 parameters. LoRA can target `token_mlp.fc2` and `channel_mlp.fc2` (W̃).
+    Parameters as `ParallelMixerModel`; train it with the paper's loss (eq. 39): the diffusion loss plus
+    `λ · symmetry_breaking_penalty(model)`. "AsymMixer-S" is the COCO skeleton at depth 16 with the paper's widths.
     """
 
     mlp_class = AsymmetricMLP
@@ -313,9 +218,8 @@ class AsymMixerTransformer2DModel(ParallelMixerModel):
 def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:
     """Σ ‖W̃‖²_F over every AsymMixer MLP of a model: the paper's symmetry-breaking penalty (eq. 39) without λ.
 
-    W̃ is the `fc2` weight of every `AsymmetricMLP` (the token and the channel MLP of every block), as the
-    reference's `reg_weight2`. The modules are found by type, so a model wrapped by `torch.compile`, accelerate or
-    PEFT works. With a LoRA adapter on `fc2` the penalty reads the base weight only, not the adapter's update.
+    W̃ is every `AsymmetricMLP`'s `fc2` weight (the reference's `reg_weight2`), found by type so that wrapped models
+    work; with LoRA on `fc2` only the base weight counts.
 
     Args:
         model (`nn.Module`): A model holding `AsymmetricMLP`s, e.g. an `AsymMixerTransformer2DModel`.
@@ -325,8 +229,7 @@ def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:
 
     Example:
         ```py
-        loss = F.mse_loss(model(latents, text_states, t).sample, noise)
-        loss = loss + 1e-4 * symmetry_breaking_penalty(model)  # λ = 1e-4, one of the paper's sweep (Fig. 8)
+        loss = F.mse_loss(model(latents, text_states, t).sample, noise) + 1e-4 * symmetry_breaking_penalty(model)
         ```
     """
     weights = [module.fc2.weight for module in model.modules() if isinstance(module, AsymmetricMLP)]
