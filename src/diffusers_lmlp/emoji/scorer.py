@@ -1,9 +1,8 @@
 """The emoji world's trained components and its scorer.
 
-`EmojiScorer` reads a picture as the world's scores do: which real emoji it is nearest to, of all 3,786, by the image
-tower of the emoji CLIP (`scripts/train_emoji_clip.py`) and, independently of any model, by its pixels; and, for a
-caption that asks for one skin tone, whether that tone's variant is the nearest of the emoji's tone variants. Its
-image tower is also the emoji-FID's feature network (`EmojiFeatures`).
+`EmojiScorer` reads a picture as the world's scores do: which of the real emoji it is nearest to, by the emoji CLIP's
+image tower (`scripts/train_emoji_clip.py`) and, independently of any model, by its pixels; and, for a caption that
+asks for one skin tone, whether that tone's variant is the nearest of the emoji's. The tower is also emoji-FID's.
 """
 
 import functools
@@ -71,12 +70,7 @@ def is_emoji_caption(caption: str) -> bool:
 
 class EmojiFeatures(nn.Module):
     """The emoji CLIP's image tower as a feature network: (B, 3, H, W) images in [0, 1] → (B, D) unit embeddings,
-    resized to the tower's 32×32 first.
-
-    Args:
-        model (`transformers.CLIPModel`): The emoji CLIP.
-        mean, std (`list[float]`): Its image processor's normalisation.
-    """
+    resized to the tower's 32×32 first; `mean` and `std` are its image processor's normalisation."""
 
     name = "emoji-clip"
 
@@ -125,19 +119,31 @@ class EmojiScorer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path = CLIP_PATH, device: str | torch.device = "cpu") -> "EmojiScorer":
-        """The scorer of a saved emoji CLIP folder (safetensors only), the shipped one by default."""
+        """The scorer of a saved emoji CLIP folder (safetensors only), the shipped one by default.
+
+        Args:
+            path (`str` or `Path`, *optional*, defaults to `CLIP_PATH`): The folder.
+            device (`str` or `torch.device`, *optional*, defaults to `"cpu"`): Where CLIP runs.
+        """
         from ..evaluation.clip_score import CLIPScorer
 
         return cls(CLIPScorer.from_pretrained(path, device=device))
 
     @torch.no_grad()
     def embed(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(N, 3, H, W) images in [0, 1] → (N, D) unit image embeddings, on the CPU."""
+        """(N, 3, H, W) images in [0, 1] → (N, D) unit image embeddings, on the CPU.
+
+        Args:
+            pixels (`torch.Tensor`): The images.
+        """
         return torch.cat([self.features(batch.to(self.clip.device)).cpu() for batch in pixels.split(512)])
 
     def similarities(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """How near (B, 3, 32, 32) images in [0, 1] are to every real picture: the CLIP cosine and the negative pixel
-        distance, (B, N) each."""
+        """How near images are to every real picture: the CLIP cosine and the negative pixel distance, (B, N) each.
+
+        Args:
+            pixels (`torch.Tensor`): (B, 3, 32, 32) images in [0, 1].
+        """
         by_clip = self.embed(pixels) @ self.real.T  # (B, N)
         by_pixels = -torch.cdist(pixels.flatten(1).float(), self.pixels)  # (B, N)
         return by_clip, by_pixels
@@ -145,7 +151,12 @@ class EmojiScorer:
     def flags(self, images: list[Image.Image], captions: list[str]) -> list[list[float]]:
         """Per image, 1.0 or 0.0 for each of `FLAGS`: the asked emoji (any tone) is the nearest real one, or among the
         5 nearest; the asked tone is the nearest of its emoji's tone variants (NaN unless the caption asks for one
-        tone) — by CLIP, then by pixels."""
+        tone) — by CLIP, then by pixels.
+
+        Args:
+            images (`list[PIL.Image.Image]`): The generated images.
+            captions (`list[str]`): Their captions, phrasings of the world.
+        """
         pixels = images_to_tensor(images)  # (B, 3, H, W)
         if pixels.shape[-1] != 32:
             pixels = F.interpolate(pixels, size=(32, 32), mode="bilinear", antialias=True)
@@ -164,8 +175,15 @@ class EmojiScorer:
         return [clip + pixel for clip, pixel in zip(*rows)]
 
     def renders(self, captions: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
-        """Real pictures for emoji-FID, at `resolution`: of each caption (stream 1), or, for the floor (stream 2), a
-        picture drawn from the caption's split by (seed, stream, index)."""
+        """Real pictures for emoji-FID: of each caption (stream 1), or, for the floor (stream 2), a picture drawn from
+        the caption's split.
+
+        Args:
+            captions (`list[str]`): The captions.
+            batch (`range`): Their indices in the evaluation.
+            seed (`int`), stream (`int`): With the index, seed the stream-2 draws.
+            resolution (`int`): Side of the pictures.
+        """
         images, emoji = load_images(), load_emoji()
         pictures = []
         for caption, index in zip(captions, batch):
@@ -178,14 +196,24 @@ class EmojiScorer:
 
     @staticmethod
     def accuracies(flags: list[dict[str, bool]]) -> dict[str, float]:
-        """The share of images for which each flag holds, over those it applies to."""
+        """The share of images for which each flag holds, over those it applies to.
+
+        Args:
+            flags (`list[dict[str, bool]]`): Per image, its flags.
+        """
         return {
             name: float(np.mean(values)) for name in FLAGS if (values := [row[name] for row in flags if name in row])
         }
 
     @staticmethod
     def intervals(flags: np.ndarray, captions: list[str], seed: int) -> dict[str, list[float]]:
-        """95% intervals of each accuracy, resampling captions with all their images."""
+        """95% intervals of each accuracy, resampling captions with all their images.
+
+        Args:
+            flags (`np.ndarray`): (images, len(FLAGS)) flags, as `flags` returns them.
+            captions (`list[str]`): The images' captions.
+            seed (`int`): Seed of the resampling.
+        """
         from ..evaluation.intervals import bootstrap_intervals
 
         return bootstrap_intervals(flags, captions, seed=seed, columns=dict(zip(FLAGS, flags.T)))

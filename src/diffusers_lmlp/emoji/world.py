@@ -1,11 +1,9 @@
-"""The emoji world: the 3,786 Noto Color Emoji pictures (1,911 emoji and their skin-tone variants) at 32×32 on white,
-each with its Unicode name and the phrasings people write ("a red apple", "red apple emoji", "a red apple, fruit").
+"""The emoji world: the 3,786 Noto Color Emoji pictures (emoji and their skin-tone variants) at 32×32 on white, each
+with its Unicode name and the phrasings people write ("a red apple", "red apple emoji", "a red apple, fruit").
 
 `scripts/build_emoji_world.py` builds `assets/world/` from the npm packages `emoji-datasource-google` and
-`cldr-annotations-full` (their versions and sha256 are in `world.json`). An emoji's plain name is the lowercased
-Unicode name ("extraterrestrial alien"); a tone variant's adds the CLDR tone words ("surfer: dark skin tone"). A tenth
-of the single-tone variants (`HELD_OUT`, one tone of every second emoji that has them) never appear in training, while
-every tone and every emoji keep pictures there: the held-out captions test composing an emoji with a tone.
+`cldr-annotations-full`. A tenth of the single-tone variants (`HELD_OUT`) never appear in training, while every tone
+and every emoji keep pictures there: the held-out captions test composing an emoji with a tone.
 """
 
 import functools
@@ -59,14 +57,22 @@ class Emoji:
 
 @functools.cache
 def load_emoji(world_path: Path = WORLD_PATH) -> tuple[Emoji, ...]:
-    """Every picture's record, in the sheet's order (`emoji.json`'s sort order, each emoji before its variants)."""
+    """Every picture's record, in the sheet's order (`emoji.json`'s sort order, each emoji before its variants).
+
+    Args:
+        world_path (`Path`, *optional*, defaults to `WORLD_PATH`): The folder holding `world.json`.
+    """
     world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
     return tuple(Emoji(**{**r, "captions": tuple(r["captions"]), "tones": tuple(r["tones"])}) for r in world["emoji"])
 
 
 @functools.cache
 def load_images(world_path: Path = WORLD_PATH) -> np.ndarray:
-    """Every picture, in the order of `load_emoji`: (N, S, S, 3) uint8, cut from the world's PNG sheet."""
+    """Every picture, in the order of `load_emoji`: (N, S, S, 3) uint8, cut from the world's PNG sheet.
+
+    Args:
+        world_path (`Path`, *optional*, defaults to `WORLD_PATH`): The folder holding `world.json` and the sheet.
+    """
     world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
     size, columns, count = world["size"], world["columns"], len(world["emoji"])
     with Image.open(Path(world_path) / world["sheet"]) as sheet:
@@ -79,7 +85,11 @@ HELD_OUT: tuple[str, ...] = tuple(e.unified for e in load_emoji() if e.held_out)
 
 
 def split_indices(split: str) -> list[int]:
-    """The positions in `load_emoji()` of a split's pictures: `"train"` (all but `HELD_OUT`) or `"heldout"`."""
+    """The positions in `load_emoji()` of a split's pictures.
+
+    Args:
+        split (`str`): `"train"` (all but `HELD_OUT`) or `"heldout"`.
+    """
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r} of the emoji world; choose one of {list(SPLITS)}.")
     return [i for i, e in enumerate(load_emoji()) if e.held_out == (split == "heldout")]
@@ -87,8 +97,12 @@ def split_indices(split: str) -> list[int]:
 
 @functools.cache
 def tone_group(index: int) -> tuple[int, ...]:
-    """The positions of the single-tone variants of picture `index`'s emoji, one per tone in order (none for an emoji
-    without tones): the candidates its tone is told among."""
+    """The positions of the single-tone variants of a picture's emoji, one per tone in order (none for an emoji
+    without tones): the candidates its tone is told among.
+
+    Args:
+        index (`int`): The picture's position in `load_emoji()`.
+    """
     emoji = load_emoji()
     return tuple(i for i, e in enumerate(emoji) if e.base == emoji[index].base and len(e.tones) == 1)
 

@@ -1,6 +1,6 @@
 """What `LMLPPipeline` refuses, with a message that says what to change: components that do not fit the backbone,
-arguments of `__call__` (checked by `check_inputs` before any model runs, in the order of these functions; a custom
-schedule is judged once it is set, `_set_schedule`) and non-finite results.
+`__call__`'s arguments (checked by `check_inputs` before any model runs; a custom schedule once it is set) and
+non-finite results.
 """
 
 import inspect
@@ -44,16 +44,8 @@ def _check_components(transformer, text_encoder, tokenizer, vae) -> None:
 
 
 def _check_prompts(prompt: str | list[str] | None, prompt_embeds: torch.Tensor | None, can_encode: bool) -> int:
-    """Refuse a prompt that is not exactly one of text and text states, or text without a way to encode it.
-
-    Args:
-        prompt (`str` or `list[str]`, *optional*): `__call__`'s `prompt`.
-        prompt_embeds (`torch.Tensor`, *optional*): `__call__`'s `prompt_embeds`.
-        can_encode (`bool`): Whether the pipeline has a tokenizer and a text encoder.
-
-    Returns:
-        `int`: The number of prompts B.
-    """
+    """Refuse a prompt that is not exactly one of text and text states, or text without a way to encode it (no
+    tokenizer or text encoder: not `can_encode`); return the number of prompts B."""
     if (prompt is None) == (prompt_embeds is None):
         raise ValueError(
             "Pass exactly one of `prompt` (text) and `prompt_embeds` (precomputed text states), got "
@@ -78,12 +70,8 @@ def _check_text_states(
     negative_prompt: str | list[str] | None,
     negative_prompt_embeds: torch.Tensor | None,
 ) -> None:
-    """Refuse text states of the wrong shape, and negative prompts that do not match the prompts.
-
-    Args:
-        batch_size (`int`): The number of prompts B.
-        expected_embeds (`tuple[int, int]`): (text_seq_len, text_embed_dim) of the backbone.
-    """
+    """Refuse text states of the wrong shape (`expected_embeds` is (text_seq_len, text_embed_dim)), and negative
+    prompts that do not match the B prompts."""
     for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
         if embeds is not None and embeds.shape != (batch_size, *expected_embeds):
             raise ValueError(
@@ -102,8 +90,7 @@ def _check_text_states(
 
 
 def _check_guidance(guidance_scale: Any, negative_prompt_embeds: torch.Tensor | None, has_text_encoder: bool) -> None:
-    """Refuse a guidance scale that is not a finite number, or guidance without a way to get the unconditional
-    context."""
+    """Refuse a guidance scale that is not a finite number, or guidance without the unconditional context."""
     if isinstance(guidance_scale, bool) or not (
         isinstance(guidance_scale, numbers.Real) and math.isfinite(guidance_scale)
     ):
@@ -121,12 +108,7 @@ def _check_guidance(guidance_scale: Any, negative_prompt_embeds: torch.Tensor | 
 def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Raise a `ValueError` unless `schedule` is a non-empty, strictly decreasing list of acceptable numbers.
 
-    Args:
-        name (`str`): The `__call__` argument, `"timesteps"` or `"sigmas"`.
-        schedule (`Any`): What the caller passed: a list, tuple, NumPy array or tensor.
-        valid (`str`): What `is_valid` accepts, in words, e.g. "integers in [0, 1000)".
-        is_valid (`Callable[[torch.Tensor], torch.Tensor]`): Maps the (S,) float64 values to an (S,) bool mask of
-            the acceptable ones (NaN must map to `False`).
+    `is_valid` maps the (S,) float64 values to an (S,) bool mask (NaN must map to False); `valid` says it in words.
     """
     try:
         values = torch.as_tensor(schedule, dtype=torch.float64, device="cpu")  # (S,)
@@ -186,13 +168,10 @@ def _set_schedule(
     sigmas: list[float] | None,
     device: torch.device,
 ) -> int:
-    """Set the scheduler's schedule and refuse one with no denoising step.
+    """Set the scheduler's schedule, refusing one with no denoising step; return the number of steps.
 
-    Runs before the text encoder: a schedule that `check_inputs` cannot judge alone (a scheduler reads the last of
-    its `sigmas` as the end point, so one sigma is zero steps) fails before any compute.
-
-    Returns:
-        `int`: The number of denoising steps.
+    Runs before the text encoder, so that a schedule `check_inputs` cannot judge alone (one sigma is zero steps, as
+    the last sigma is the end point) fails before any compute.
     """
     if timesteps is not None or sigmas is not None:
         name, schedule = ("timesteps", timesteps) if timesteps is not None else ("sigmas", sigmas)
@@ -216,12 +195,7 @@ def _check_images(
     latents_shape: Callable[[int], tuple[int, ...]],
 ) -> None:
     """Refuse a number of images per prompt that is not a positive integer, and generators or initial latents that
-    do not match the number of images.
-
-    Args:
-        batch_size (`int`): The number of prompts B.
-        latents_shape (`Callable[[int], tuple[int, ...]]`): The shape of the initial latents of a number of images.
-    """
+    do not match the number of images (`latents_shape` maps it to the latents' shape)."""
     if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
         raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
     num_images = batch_size * num_images_per_prompt
@@ -238,12 +212,8 @@ def _check_images(
 
 
 def _raise_if_not_finite(images: torch.Tensor, message: str) -> None:
-    """Raise a `FloatingPointError` naming the images of the batch that hold NaN or inf.
-
-    Args:
-        images (`torch.Tensor`): (B, ...) latents or decoded images.
-        message (`str`): The error, with `{bad}` (indices of the bad images) and `{total}` (B) to fill in.
-    """
+    """Raise a `FloatingPointError` naming the images of the (B, ...) batch that hold NaN or inf; `message` has
+    `{bad}` and `{total}` to fill in."""
     finite = torch.isfinite(images).flatten(1).all(1)  # (B,)
     if not finite.all():
         raise FloatingPointError(message.format(bad=(~finite).nonzero().flatten().tolist(), total=len(finite)))

@@ -1,22 +1,10 @@
 """Inductor's freezing for sampling: the transformer compiled with its weights as constants of the graph.
 
-Freezing lets inductor pre-pack every Linear's weight for oneDNN and fuse its bias and a following GELU into the
-GEMM (`mkldnn._linear_pointwise` on a CPU), which a plain `torch.compile` cannot do while the weights are inputs of
-the graph: plain compiling copies each bias into the GEMM's output first and runs every GELU as a kernel of its own.
-The batch is left dynamic, so one graph serves every batch size; on a CPU that also sends float32 Linears to oneDNN
-rather than MKL's packed GEMM. On 2 cores of a family-26 AMD EPYC (`avx512_bf16`), F2-deep's sampling forward ran
-1.28× (bf16) and 2.07× (float32) as fast as under `torch.compile`, U-ViT-S/2's 1.08× and 1.98× (docs/benchmarks.md).
-
-A frozen graph no longer reads the weights, so it would go on computing with the old ones after anything changes
-them in place: a LoRA fused into them, `load_state_dict`, an edit through `.data` (which does not even bump a
-tensor's version). Compiling the same module again does not help by itself either: torch reuses the first frozen
-graph for an equal backend. So `FrozenTransformer` fingerprints the weights before every pipeline call and freezes
-again, with a backend of its own, whenever they changed (`tests/test_inductor_freezing.py`). Every freeze, the first
-one too, resets torch.compile's caches (`torch._dynamo.reset()`): each freeze adds its graphs to the same cached frame
-(the forward of the model's class), and after 8 of them dynamo would stop compiling and run the transformer eagerly,
-however many other pipelines had frozen a model of that class before. Freezing is for sampling many times with the
-same weights; a workload that swaps weights on every call is better served by `torch.compile` or
-`compile_repeated_blocks()`, which read the weights on every call.
+Freezing lets inductor pre-pack each Linear's weight and fuse its bias and GELU into the GEMM, which plain
+`torch.compile` cannot do while the weights are graph inputs (docs/benchmarks.md). A frozen graph no longer reads the
+weights, and torch reuses it for an equal backend, so `FrozenTransformer` fingerprints the weights before every call
+and freezes again, with a new backend, when they changed. Each freeze resets dynamo's caches: freezes pile up on the
+class's cached forward, and past the recompile limit dynamo would silently run the transformer eagerly.
 """
 
 from collections.abc import Callable
@@ -36,18 +24,8 @@ logger = logging.get_logger(__name__)
 
 def weights_fingerprint(module: nn.Module) -> tuple:
     """What a frozen graph depends on: every parameter's and buffer's name, storage, version, dtype, shape and sum,
-    and every module's forward hooks.
-
-    The sums catch changes that leave a tensor's storage and version as they were (`weight.data += delta`, as PEFT
-    merges an adapter); the names catch layers added or removed (an adapter injected). One float64 sum per tensor
-    reads the weights once, a few milliseconds for F2-deep's 45M parameters: once per pipeline call.
-
-    Args:
-        module (`nn.Module`): The transformer.
-
-    Returns:
-        `tuple`: equal for two calls exactly when nothing a frozen graph baked in has changed.
-    """
+    and every module's forward hooks. The sums catch in-place edits that keep storage and version (PEFT merging
+    through `.data`); the names catch layers added or removed (an adapter injected)."""
     tensors = list(module.named_parameters()) + list(module.named_buffers())
     layout = tuple((name, t.data_ptr(), t._version, t.dtype, t.device, tuple(t.shape)) for name, t in tensors)
     # A hook present at freezing time is traced into the graph; one added or removed later must be too.
@@ -60,14 +38,8 @@ def weights_fingerprint(module: nn.Module) -> tuple:
 
 
 def check_freezable(transformer: nn.Module) -> None:
-    """Raise a `ValueError` for a transformer that freezing would make slower: one with layers that torch's dynamic
-    quantization replaced. dynamo cannot trace them (their packed weights are TorchScript objects), so the graph
-    breaks at each one and little is left to freeze, and the frozen int8 forward ran slower than the eager one
-    (docs/pipeline.md, "Quantizing").
-
-    Args:
-        transformer (`nn.Module`): The transformer to freeze.
-    """
+    """Raise a `ValueError` for a transformer with layers that torch's dynamic quantization replaced: dynamo cannot
+    trace them, so the graph breaks at each one and the frozen forward runs slower than the eager one."""
     layers = dynamically_quantized_layers(transformer)
     if layers:
         raise ValueError(
@@ -80,9 +52,8 @@ def check_freezable(transformer: nn.Module) -> None:
 class FrozenTransformer:
     """A pipeline's transformer compiled by inductor with freezing, frozen again whenever its weights change.
 
-    Frozen graphs apply where gradients are off, as in a pipeline call; elsewhere inductor compiles as usual, with
-    the weights as inputs. Every layer is still called as a module while the graph is traced, so forward hooks and
-    adapters present at freezing time are in it.
+    Frozen graphs apply where gradients are off, as in a pipeline call; hooks and adapters present at freezing time
+    are traced into them.
     """
 
     def __init__(self):
@@ -93,14 +64,7 @@ class FrozenTransformer:
 
     def for_sampling(self, transformer: nn.Module) -> Callable:
         """The callable to run `transformer` with in one pipeline call: its frozen graph, frozen again first if the
-        transformer or its weights changed since the last call.
-
-        Args:
-            transformer (`nn.Module`): The pipeline's current transformer.
-
-        Raises:
-            `ValueError`: For a transformer with dynamically quantized layers (`check_freezable`).
-        """
+        transformer or its weights changed (`check_freezable` raises for dynamically quantized layers)."""
         fingerprint = weights_fingerprint(transformer)
         if transformer is not self._transformer or fingerprint != self._fingerprint:
             # Quantizing changes the fingerprint (its layers replace the Linears' weights), so this is checked here.
@@ -110,11 +74,8 @@ class FrozenTransformer:
                     "The transformer or its weights changed since it was frozen: freezing it again (this resets "
                     "torch.compile's compiled graphs, torch._dynamo.reset())."
                 )
-            # Each freeze adds its graphs to the frame torch.compile caches them on, the forward that every model of
-            # the class shares, and after `recompile_limit` (8) of them dynamo stops compiling and runs the
-            # transformer eagerly: silently, for a pipeline that is meant to sample frozen. Dropping the compiled
-            # graphs at every freeze keeps each new one frozen and fast; any other compiled model compiles again on
-            # its next call.
+            # Freezes pile up on the frame torch.compile caches them on (the class's shared forward), and past
+            # `recompile_limit` (8) dynamo silently runs eagerly: resetting keeps each new graph frozen.
             torch._dynamo.reset()
 
             # A new backend for each freeze: dynamo reuses a compiled graph for an equal backend, and an older frozen
@@ -129,9 +90,8 @@ class FrozenTransformer:
         return self._call
 
     def _call(self, *args, **kwargs):
-        # The batch is dynamic: one graph serves every batch size, and on a CPU a dynamic batch makes inductor run
-        # float32 Linears through oneDNN, where a static one gets MKL's packed GEMM, which ran at half oneDNN's rate on
-        # an AMD EPYC (docs/benchmarks.md).
+        # A dynamic batch: one graph serves every batch size, and on a CPU inductor then runs float32 Linears through
+        # oneDNN rather than MKL's slower packed GEMM (docs/benchmarks.md).
         for value in (*args, *kwargs.values()):
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 torch._dynamo.maybe_mark_dynamic(value, 0)

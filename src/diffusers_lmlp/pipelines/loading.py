@@ -1,9 +1,8 @@
 """What `LMLPPipeline.from_pretrained` checks and fetches before diffusers loads the components.
 
-A Hub repo id becomes a local snapshot of safetensors weights, configs and tokenizer files (`_hub_snapshot`); a
-folder that would unpickle, lacks a component's folder or names the backbone's `strict` is refused with a message
-that says what to change; a folder pushed with `--with-code` is loaded through a view whose `model_index.json` names
-the package's classes (`_folder_view`).
+A Hub repo id becomes a local snapshot of safetensors weights, configs and tokenizer files; a folder that would
+unpickle, lacks a component's folder or names `strict` is refused with a message that says what to change; a
+`--with-code` folder loads through a view whose `model_index.json` names the package's classes.
 """
 
 import json
@@ -27,8 +26,7 @@ from huggingface_hub.utils import validate_repo_id
 from ..folders import PICKLE_SUFFIXES, TOKENIZER_FILES
 
 
-# What `from_pretrained` fetches for a Hub repo id: configs, tokenizer files and safetensors weights, nothing that
-# would be unpickled.
+# What `from_pretrained` fetches from a Hub repo: configs, tokenizer files and safetensors, nothing to unpickle.
 HUB_ALLOW_PATTERNS = ["*.json", "*.txt", "*.safetensors"]
 
 
@@ -73,16 +71,8 @@ def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
 
 
 def _require_component_folders(folder: str, model_index: dict[str, Any], passed: set[str]) -> None:
-    """Raise if a component named in `model_index.json` (and not passed in) has no folder, or a tokenizer no files.
-
-    Without this, transformers builds an empty two-token tokenizer from a folder that lacks the tokenizer's files,
-    and a missing tokenizer folder surfaces as a `model_max_length=1e30` mismatch.
-
-    Args:
-        folder (`str`): The pipeline folder (or its Hub snapshot).
-        model_index (`dict`): Its `model_index.json`.
-        passed (`set[str]`): Components given to `from_pretrained` as objects, which are not loaded from disk.
-    """
+    """Raise if a component named in `model_index.json` (and not `passed` in) has no folder, or a tokenizer no files:
+    transformers would build an empty tokenizer, or fail later with a `model_max_length=1e30` mismatch."""
     for component, entry in sorted(model_index.items()):
         if not isinstance(entry, list) or entry[0] is None or component in passed:
             continue
@@ -111,23 +101,14 @@ def _is_repo_id(name: str) -> bool:
 
 
 def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
-    """The local snapshot of the Hub repo `source` (configs, tokenizer files and safetensors weights), fetched or
-    read from the huggingface_hub cache; the Hub arguments are taken out of `kwargs`.
-
-    `source` is not a folder here. A name that can only be a path, and a missing repo, raise a `FileNotFoundError`;
-    a repo that is neither cached nor reachable (`HF_HUB_OFFLINE`, `local_files_only=True`, no network) a
-    `LocalEntryNotFoundError`, each one error that says both what was looked for and how to get it.
-
-    Args:
-        source (`str` or `os.PathLike`): What was passed to `from_pretrained`.
-        kwargs (`dict`): The other arguments of `from_pretrained`.
-    """
+    """The local snapshot of the Hub repo `source` (configs, tokenizer files, safetensors), fetched or read from the
+    cache; takes the Hub arguments out of `kwargs`. Raises `FileNotFoundError` for a path or a missing repo, and
+    `LocalEntryNotFoundError` for a repo neither cached nor reachable, each saying what to do."""
     name = os.fspath(source)
     if os.path.exists(name):
         raise NotADirectoryError(f"{name} is a file; pass the pipeline's folder (the one with model_index.json).")
     folder = os.path.abspath(name)
-    # Not a repo id: a path object, or a name that starts with ".", "~" or "/", has more than one "/", or holds
-    # characters the Hub does not allow in repo ids (validate_repo_id's rules).
+    # A path object, or a name the Hub refuses as a repo id (leading ".", "~" or "/", two "/", other characters).
     if isinstance(source, os.PathLike) or not _is_repo_id(name):
         tilde = " (a ~ is not expanded: pass os.path.expanduser(path))" if name.startswith("~") else ""
         raise FileNotFoundError(
@@ -177,13 +158,8 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
 
 @contextmanager
 def _folder_view(folder: str, model_index: dict[str, Any]) -> Iterator[str]:
-    """A temporary folder that links every file of `folder` but `model_index.json`, and holds `model_index` as that
-    file: diffusers loads a with-code folder from it with the package's classes (see `package_model_index`).
-
-    Args:
-        folder (`str`): The pipeline folder (or its Hub snapshot).
-        model_index (`dict`): The `model_index.json` the view holds.
-    """
+    """A temporary folder linking every file of `folder` but `model_index.json`, which it holds as `model_index`:
+    diffusers loads a with-code folder from it with the package's classes (see `package_model_index`)."""
     with tempfile.TemporaryDirectory(prefix="lmlp-pipeline-") as view:
         for name in os.listdir(folder):
             if name != "model_index.json":

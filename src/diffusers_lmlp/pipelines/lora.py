@@ -1,30 +1,9 @@
 """`LMLPLoraLoaderMixin`: LoRA files for `LMLPPipeline`, the way diffusers handles its transformer-only pipelines.
 
-The file is diffusers' LoRA format (`SanaLoraLoaderMixin`, `PixArt`-style loaders), so diffusers reads ours and we
-read its files. `pytorch_lora_weights.safetensors` has one key per peft LoRA matrix, prefixed with the component,
-e.g. `transformer.stack.mid_block.right.lora_A.weight` (r, in) and `...lora_B.weight` (out, r). Its header's
-`lora_adapter_metadata` entry is the adapter's `LoraConfig.to_dict()` as JSON, with every field prefixed
-`transformer.` as well. Loading rebuilds the adapter from that config, so rank, alpha and targets come back exactly.
-
-Save and load follow diffusers, except where that would be silent or unsafe:
-
-- Safetensors only. A pickle (`.bin`, `.pt`, ...) and `use_safetensors=False` are refused before anything is read;
-  diffusers falls back to `torch.load` when `use_safetensors` is unset.
-- Strict. Every key must be a LoRA A or B matrix of a layer that the transformer has, with a shape that fits the
-  layer, and once loaded the adapted layers must be exactly the file's. diffusers logs a warning and skips what it
-  cannot place. A file with no transformer tensor (none at all, or only another component's) is refused rather than
-  loaded as an adapter that changes nothing, and adapter metadata that is not a JSON object is named as such.
-- Tied weights. SymMixer and AsymMixer adapt the tied MLP weights as parameters
-  (`LoraConfig(target_parameters=...)`, see `models/mixers/paramixer.py`). peft 0.21 refuses to inject such an
-  adapter from a state dict, which is what diffusers' `load_lora_adapter` does. These adapters are injected from
-  their config (the file's metadata) and then filled with `peft.set_peft_model_state_dict`.
-- `save_function` takes the arguments of `safetensors.torch.save_file` (tensors, filename, metadata), so the config
-  is always written; `is_main_process=False` writes nothing.
-
-`set_adapters`, `fuse_lora`, `unfuse_lora`, `disable_lora`, `enable_lora`, `delete_adapters`, `get_active_adapters`,
-`get_list_adapters` and `unload_lora_weights` are `LoraBaseMixin`'s, acting on the transformer through the model's
-`PeftAdapterMixin`. diffusers keeps a table of per-class adapter-weight expansions (`_SET_ADAPTER_SCALE_FN_MAPPING`)
-that maps a class it does not list, such as ours, to "use the weights as given", so nothing needs patching.
+Files are diffusers' format (`transformer.`-prefixed peft keys, the adapter's `LoraConfig` as JSON in the header),
+so loading rebuilds rank, alpha and targets exactly. Unlike diffusers, loading reads safetensors only, refuses any
+key it cannot place (diffusers warns and skips it), and injects adapters on the tied SymMixer/AsymMixer weights
+(`target_parameters`) from their config, since peft 0.21 refuses those from a state dict.
 """
 
 import json
@@ -52,13 +31,7 @@ LORA_KEY_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 def _check_component_keys(state_dict: dict[str, torch.Tensor], prefix: str, source: str) -> None:
     """Raise unless `state_dict` holds tensors, each keyed `<prefix>.<peft key>`: an empty one would load as an
-    adapter that changes nothing, and a key for another component would be skipped.
-
-    Args:
-        state_dict (`dict[str, torch.Tensor]`): The LoRA's tensors.
-        prefix (`str`): The component the pipeline loads LoRA weights into (`"transformer"`).
-        source (`str`): Where the tensors come from, for the error: the file, or "The state dict".
-    """
+    adapter that changes nothing, and another component's key would be skipped (`source` names them in the error)."""
     if not state_dict:
         raise ValueError(
             f"{source} holds no tensors, so it would load as an adapter that changes nothing. Save the LoRA with "
@@ -98,13 +71,8 @@ def _base_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -> tuple[int, int]:
-    """The (out, in) shape of the weight that a LoRA on `module` (called `name`) adapts.
-
-    Args:
-        module (`nn.Module`): The layer, as the model without adapters has it.
-        name (`str`): Its name in that model.
-        target_parameters (`list[str]`): The adapter config's `target_parameters`, "<module suffix>.<parameter>".
-    """
+    """The (out, in) shape of the weight that a LoRA on `module` (called `name`) adapts: an nn.Linear's, or a
+    parameter named in `target_parameters` ("<module suffix>.<parameter>")."""
     if isinstance(module, nn.Linear):
         return module.out_features, module.in_features
     for target in target_parameters:
@@ -129,16 +97,8 @@ def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -
 def _check_lora_state_dict(
     state_dict: dict[str, torch.Tensor], transformer: nn.Module, target_parameters: list[str]
 ) -> set[str]:
-    """Raise unless every key is a LoRA matrix of a layer of `transformer`, with a shape that fits the layer.
-
-    Args:
-        state_dict (`dict[str, torch.Tensor]`): peft keys, `<layer>.lora_A.weight` and `<layer>.lora_B.weight`.
-        transformer (`nn.Module`): The model the LoRA is for.
-        target_parameters (`list[str]`): The adapter config's `target_parameters`.
-
-    Returns:
-        `set[str]`: The adapted layers, named as peft names them once the adapter is loaded.
-    """
+    """Raise unless every key is a LoRA matrix of a layer of `transformer` with a shape that fits the layer; return
+    the adapted layers, named as peft names them once the adapter is loaded."""
     not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
     if not_lora:
         raise ValueError(
@@ -211,11 +171,8 @@ def _inject_tied_adapter(
     adapter_name: str,
     low_cpu_mem_usage: bool,
 ) -> None:
-    """Add an adapter with `target_parameters` from its config, then fill it from `state_dict`.
-
-    peft 0.21's `inject_adapter_in_model` refuses a state dict when the config has `target_parameters`, so this is
-    `PeftAdapterMixin.load_lora_adapter` with the adapter placed by its config instead.
-    """
+    """`PeftAdapterMixin.load_lora_adapter` for a config with `target_parameters`: placed by its config, then filled
+    from `state_dict`, since peft 0.21's `inject_adapter_in_model` refuses a state dict for such a config."""
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
 
     config = LoraConfig(**metadata)
@@ -225,12 +182,8 @@ def _inject_tied_adapter(
 
 
 def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None) -> None:
-    """Raise if the update ΔW that fusing would add to a layer of `model` holds NaN or inf.
-
-    Args:
-        model (`nn.Module`): A model with LoRA layers.
-        adapter_names (`list[str]`, *optional*): The adapters to check; each layer's active ones when not given.
-    """
+    """Raise if the update ΔW that fusing would add to a layer of `model` holds NaN or inf (for `adapter_names`, or
+    each layer's active adapters)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, module in model.named_modules():
@@ -247,9 +200,8 @@ def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None
 class LMLPLoraLoaderMixin(LoraBaseMixin):
     """Load, save, fuse and switch LoRA adapters of an [`LMLPPipeline`]'s transformer, as diffusers' pipelines do.
 
-    Every registered backbone (`diffusers_lmlp.FAMILIES`) can be adapted: the nn.Linear layers of its blocks, and the
-    tied SymMixer/AsymMixer weights as `target_parameters`. Files are diffusers' `pytorch_lora_weights.safetensors`
-    with `transformer.`-prefixed keys and the adapter config in the header; see this module's docstring.
+    Every registered backbone can be adapted: its blocks' nn.Linear layers, and the tied SymMixer/AsymMixer weights as
+    `target_parameters`. `set_adapters`, `fuse_lora`, `unload_lora_weights` and the rest are `LoraBaseMixin`'s.
     """
 
     _lora_loadable_modules = ["transformer"]
@@ -262,23 +214,20 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
         """Read a LoRA state dict (and its adapter metadata) from a file, a folder, a Hub repo or a dict.
 
         Args:
-            pretrained_model_name_or_path_or_dict (`str`, `os.PathLike` or `dict`): A `.safetensors` file, a
-                folder, a Hub repo id ("user/repo", read from the huggingface_hub cache when offline), or a state
-                dict, returned as it is.
-            weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file in the folder
-                or repo; must be a safetensors file.
+            pretrained_model_name_or_path_or_dict (`str`, `os.PathLike` or `dict`): A `.safetensors` file, a folder, a
+                Hub repo id, or a state dict (returned as it is).
+            weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The safetensors file.
             subfolder (`str`, *optional*): The file's folder inside the folder or repo.
             cache_dir (`str` or `os.PathLike`, *optional*): The huggingface_hub cache to use.
             force_download (`bool`, *optional*, defaults to `False`): Download again even when cached.
             local_files_only (`bool`, *optional*, defaults to `False`): Never go online.
             token (`str` or `bool`, *optional*): The Hub token.
             revision (`str`, *optional*): The repo's branch, tag or commit.
-            use_safetensors (`bool`, *optional*): Only `None` or `True`: LoRA weights are read from safetensors only.
+            use_safetensors (`bool`, *optional*): Only `None` or `True`.
             return_lora_metadata (`bool`, *optional*, defaults to `False`): Also return the adapter metadata.
 
         Returns:
-            `dict[str, torch.Tensor]`, or with `return_lora_metadata=True` a tuple of it and the metadata (the
-            `transformer.`-prefixed `LoraConfig` fields; None for a dict, or a file saved without them).
+            The state dict, or with `return_lora_metadata=True` it and the metadata (prefixed `LoraConfig` or None).
         """
         return_lora_metadata = kwargs.pop("return_lora_metadata", False)
         if kwargs.pop("use_safetensors", None) not in (None, True):
@@ -307,16 +256,12 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
         """Load a LoRA into `self.transformer` as a new adapter, and make it the active one.
 
         Args:
-            pretrained_model_name_or_path_or_dict (`str`, `os.PathLike` or `dict`): See `lora_state_dict`; keys are
-                `transformer.<peft key>`.
+            pretrained_model_name_or_path_or_dict (`str`, `os.PathLike` or `dict`): See `lora_state_dict`.
             adapter_name (`str`, *optional*): The adapter's name, for `set_adapters`; `"default_<n>"` when not given.
             hotswap (`bool`, *optional*, defaults to `False`): Replace the weights of the loaded adapter
-                `adapter_name` in place (no recompilation of a compiled transformer), as diffusers does. Not for
-                adapters on tied weights.
-            low_cpu_mem_usage (`bool`, *optional*, defaults to `False`): Create the adapter's layers empty before
-                filling them.
-            **kwargs: The file options of `lora_state_dict` (`weight_name`, `subfolder`, `revision`, `cache_dir`,
-                ...).
+                `adapter_name` in place (no recompilation), as diffusers does; not for adapters on tied weights.
+            low_cpu_mem_usage (`bool`, *optional*, defaults to `False`): Create the adapter's layers empty first.
+            **kwargs: The file options of `lora_state_dict` (`weight_name`, `subfolder`, `revision`, ...).
         """
         low_cpu_mem_usage = kwargs.pop("low_cpu_mem_usage", False)
         state_dict, metadata = self.lora_state_dict(
@@ -346,17 +291,14 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
         """Load `transformer.`-prefixed LoRA weights into `transformer`, checking that every key finds its layer.
 
         Args:
-            state_dict (`dict[str, torch.Tensor]`): `transformer.<layer>.lora_A.weight` (r, in) and
-                `transformer.<layer>.lora_B.weight` (out, r) for each adapted layer.
+            state_dict (`dict[str, torch.Tensor]`): `transformer.<layer>.lora_A.weight` and `.lora_B.weight` tensors.
             transformer (`nn.Module`): A model of the registry (any `PeftAdapterMixin` model).
             adapter_name (`str`, *optional*): See `load_lora_weights`.
-            _pipeline (`DiffusionPipeline`, *optional*): The pipeline, whose CPU offloading diffusers pauses while
-                loading adapters on nn.Linear layers.
+            _pipeline (`DiffusionPipeline`, *optional*): The pipeline, whose CPU offloading diffusers pauses.
             low_cpu_mem_usage (`bool`, *optional*, defaults to `False`): See `load_lora_weights`.
             hotswap (`bool`, *optional*, defaults to `False`): See `load_lora_weights`.
-            metadata (`dict`, *optional*): The `transformer.`-prefixed `LoraConfig` fields. Without them (a state
-                dict from memory), every layer's rank is read from its matrices and alpha equals the rank (scale 1),
-                as in diffusers; adapters on tied weights need them.
+            metadata (`dict`, *optional*): The `transformer.`-prefixed `LoraConfig` fields; without them the rank is
+                read from the matrices and alpha equals it, as in diffusers. Adapters on tied weights need them.
         """
         prefix = cls.transformer_name
         _check_component_keys(state_dict, prefix, "The state dict")
@@ -426,18 +368,14 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
 
         Args:
             save_directory (`str` or `os.PathLike`): The folder to write to (created if needed).
-            transformer_lora_layers (`dict[str, torch.Tensor]` or `nn.Module`): The LoRA weights,
-                `peft.get_peft_model_state_dict(transformer)`.
-            is_main_process (`bool`, *optional*, defaults to `True`): Only the main process of a distributed run
-                writes; the others check the arguments and return.
-            weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file name; must
-                end with `.safetensors`.
+            transformer_lora_layers (`dict[str, torch.Tensor]` or `nn.Module`): `get_peft_model_state_dict`'s output.
+            is_main_process (`bool`, *optional*, defaults to `True`): Only the main process writes.
+            weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): A `.safetensors` name.
             save_function (`Callable`, *optional*, defaults to `safetensors.torch.save_file`): Called as
-                `save_function(tensors, filename, metadata=header)`, like `safetensors.torch.save_file`.
-            safe_serialization (`bool`, *optional*, defaults to `True`): Only `True`: LoRA files are safetensors.
-            transformer_lora_adapter_metadata (`dict`, *optional*): The adapter config, `lora_config.to_dict()`, so
-                that loading rebuilds it exactly. Without it, loading takes alpha = rank (scale 1), and an adapter on
-                tied weights (`target_parameters`) cannot be loaded.
+                `save_function(tensors, filename, metadata=header)`.
+            safe_serialization (`bool`, *optional*, defaults to `True`): Only `True`.
+            transformer_lora_adapter_metadata (`dict`, *optional*): `lora_config.to_dict()`, so that loading rebuilds
+                the adapter exactly; without it alpha = rank, and an adapter on tied weights cannot be loaded.
         """
         if not safe_serialization:
             raise ValueError("LoRA weights are saved as safetensors only (safe_serialization=True), never pickled.")
@@ -480,15 +418,13 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
     ) -> None:
         """Merge the active adapters (or `adapter_names`) into the transformer's weights: W ← W + lora_scale·ΔW.
 
-        As in diffusers, the fused adapters keep the scale `lora_scale` after `unfuse_lora`; `set_adapters` sets it
-        again.
+        As in diffusers, the fused adapters keep the scale `lora_scale` after `unfuse_lora`.
 
         Args:
             components (`list[str]`, *optional*, defaults to `["transformer"]`): The components to fuse.
             lora_scale (`float`, *optional*, defaults to 1.0): Multiplies each adapter's scale before merging.
-            safe_fusing (`bool`, *optional*, defaults to `False`): Fuse nothing, and raise, if an update ΔW holds NaN
-                or inf. (peft checks layer by layer while merging, so on its own it leaves the layers before the
-                broken one fused.)
+            safe_fusing (`bool`, *optional*, defaults to `False`): Fuse nothing, and raise, if an update holds NaN or
+                inf (peft alone would leave the layers before the broken one fused).
             adapter_names (`list[str]`, *optional*): The adapters to merge; the active ones when not given.
         """
         if safe_fusing:

@@ -11,7 +11,7 @@ from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY, LORA_WEIGHT_N
 from huggingface_hub import hf_hub_download
 
 
-# What JSON calls the values that `json.loads` returns, but an object.
+# What JSON calls the types `json.loads` returns, but objects (for the error about a header that is not an object).
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -35,16 +35,8 @@ def lora_file(
     token: str | bool | None = None,
     revision: str | None = None,
 ) -> str:
-    """The local path of a LoRA file: `source` itself, `weight_name` in the folder `source`, or in the Hub repo
-    `source` (downloaded into, or read offline from, the huggingface_hub cache).
-
-    Args:
-        source (`str` or `os.PathLike`): A `.safetensors` file, a folder, or a Hub repo id ("user/repo").
-        weight_name (`str`, *optional*, defaults to `"pytorch_lora_weights.safetensors"`): The file in the folder
-            or repo.
-        subfolder (`str`, *optional*): The file's folder inside the folder or repo.
-        cache_dir, force_download, local_files_only, token, revision: As `huggingface_hub.hf_hub_download`.
-    """
+    """The local path of a LoRA file: `source` itself, `weight_name` (under `subfolder`) in the folder `source`, or in
+    the Hub repo `source`, through the huggingface_hub cache (the other arguments are `hf_hub_download`'s)."""
     source = os.fspath(source)
     if os.path.isfile(source):
         if weight_name is not None or subfolder is not None:
@@ -101,12 +93,8 @@ def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
 
 
 def adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None:
-    """The adapter config in a LoRA file's header (a JSON object), or None when the header has none.
-
-    Args:
-        path (`str`): The file, for the error.
-        header (`dict[str, str]`): Its safetensors metadata.
-    """
+    """The adapter config in a LoRA file's header (a JSON object), or None when the header has none; `path` is for
+    the error."""
     if LORA_ADAPTER_METADATA_KEY not in header:
         return None
     raw = header[LORA_ADAPTER_METADATA_KEY]

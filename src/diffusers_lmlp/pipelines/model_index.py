@@ -1,12 +1,7 @@
 """`model_index.json` of a folder pushed with `--with-code`, read as naming the package's classes.
 
-Such a folder names each code file's class as `[file stem, Class]` (`"_class_name": ["pipeline_lmlp",
-"LMLPPipeline"]`); diffusers would run the file. Where the package exports `Class`, the entry is this package's class
-instead: `["diffusers_lmlp", Class]`, and `_class_name` the bare class name. `LMLPPipeline.from_pretrained` loads a
-with-code folder this way, and `hub.remote_code` (the push) uses the same mapping.
-
-This module is part of the remote code too (the pipeline's file inlines it), where it runs as a module of
-`diffusers_modules` and the package may be missing: so the package's name is written out, never taken from
+Such a folder names each class as `[file stem, Class]`, which diffusers would run. This module is inlined into the
+remote code too, where the package may be missing: so the package's name is written out, never taken from
 `__name__`, and the package is looked up among the loaded modules, never imported.
 """
 
@@ -20,18 +15,9 @@ LOADABLE_LIBRARIES = ("diffusers", "transformers")
 
 
 def package_model_index(model_index: dict[str, Any]) -> dict[str, Any]:
-    """`model_index.json` in the package's own form: entries of a with-code folder (`[file stem, Class]`) naming a
-    class the package exports become `["diffusers_lmlp", Class]`, and `_class_name` the bare class name.
-
-    A class counts as exported when the loaded package has it as an attribute (`getattr`, so that names the package
-    exports lazily count too); without the package loaded, no entry changes.
-
-    Args:
-        model_index (`dict[str, Any]`): The folder's `model_index.json`.
-
-    Returns:
-        `dict[str, Any]`: A new dict; equal to `model_index` for a folder without code.
-    """
+    """`model_index` in the package's form: with-code entries naming a class the loaded package has (lazily exported
+    ones too) become `["diffusers_lmlp", Class]`, and `_class_name` the bare name; a new dict, unchanged without the
+    package loaded or for a folder without code."""
     package = sys.modules.get(PACKAGE)
 
     def ours(entry: Any) -> bool:

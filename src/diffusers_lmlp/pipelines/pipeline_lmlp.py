@@ -1,19 +1,9 @@
 """`LMLPPipeline`: text-to-image sampling with an L-MLP or MoE-MLP backbone, the SD VAE, CLIP and DPM-Solver++.
 
-The sampling setup is the papers' (the U-ViT MS-COCO recipe that both L-MLP and MoE-MLP use, baofff/U-ViT's
-`configs/mscoco_uvit_small.py` and `sample_t2i_discrete.py`):
-
-| reference                                       | here                                                          |
-|-------------------------------------------------|---------------------------------------------------------------|
-| SD betas, √-linear 0.00085 → 0.012, 1000 steps  | `default_scheduler()`: `beta_schedule="scaled_linear"`        |
-| DPM-Solver with `predict_x0=True`, 50 steps     | `algorithm_type="dpmsolver++"`, `num_inference_steps=50`      |
-| network timestep n ∈ 1..1000                    | the backbone embeds the scheduler's t (0..999) as t + 1       |
-| ε = ε_c + s·(ε_c − ε_u), null context CLIP("")  | `guidance_scale` g = s + 1; `negative_prompt` defaults to ""  |
-| CLIP ViT-L/14 last hidden state, 77 tokens      | `text_encoder(input_ids)[0]`, tokenised to `text_seq_len`     |
-| latents × 0.23010 (COCO)                        | `vae.config.scaling_factor` (and `shift_factor`)              |
-
-Its checks live in `checks.py` (components, `__call__`'s arguments), `schedulers.py` (which schedulers can sample
-it) and `loading.py` (`from_pretrained`); how it reads a folder pushed with `--with-code` in `model_index.py`.
+Sampling follows the papers' U-ViT MS-COCO recipe: SD `scaled_linear` betas over 1000 steps, DPM-Solver++ (the
+reference's `predict_x0=True`) in 50 steps, CLIP ViT-L/14 last hidden states, and the papers' guidance s as
+`guidance_scale` g = s + 1 with "" as the null context; the backbone embeds the scheduler's t (0..999) as t + 1.
+Its checks live in `checks.py`, `schedulers.py` and `loading.py`.
 """
 
 import inspect
@@ -88,25 +78,15 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     """Text-to-image generation with an attention-free MLP backbone, [L-MLP](https://arxiv.org/abs/2405.16098)
     or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
 
-    The backbone mixes a fixed number of tokens L = 1 + text_seq_len + (sample_size / patch_size)², so a pipeline
-    generates at one size only: `transformer.config.sample_size * vae_scale_factor` (256×256 for the papers' F2).
+    The backbone mixes a fixed number of tokens, so it generates at one size only (`native_size`). Guidance follows
+    diffusers, ε = ε_u + g·(ε_c − ε_u): the papers' s is g − 1, and their COCO s = 1 the default g = 2.
 
-    Guidance: `guidance_scale` g follows diffusers, ε = ε_u + g·(ε_c − ε_u). The papers (and the U-ViT code) write
-    ε = ε_c + s·(ε_c − ε_u), so g = s + 1: the reference COCO setting s = 1 is `guidance_scale=2.0`, the default.
-
-    Parameters:
-        vae ([`AutoencoderKL`]): Encodes images to latents and decodes them back. Its `config.scaling_factor` (and
-            `shift_factor`, when set) must be the one the backbone was trained with: the papers' COCO models use
-            0.23010, not Stable Diffusion's 0.18215.
-        text_encoder ([`~transformers.CLIPTextModel`]): Frozen CLIP text encoder (`openai/clip-vit-large-patch14`
-            in the papers); its last hidden state conditions the backbone.
-        tokenizer ([`~transformers.CLIPTokenizer`]): CLIP tokenizer whose `model_max_length` is the backbone's
-            `text_seq_len`.
-        transformer ([`UShapedMixerModel`]): The ε-prediction backbone, a model of any registered block family
-            (`LMLPTransformer2DModel`, `MoEMLPModel`, `UViTTransformer2DModel`, ...; see `diffusers_lmlp.FAMILIES`).
-        scheduler ([`~schedulers.SchedulerMixin`]): A DDPM-family diffusers scheduler on the training schedule,
-            reading ε and not clipping the latents (`check_scheduler` refuses others when the pipeline is called);
-            `default_scheduler()` is the papers' DPM-Solver++ setup.
+    Args:
+        vae ([`AutoencoderKL`]): The VAE, with the backbone's training `scaling_factor` (0.23010 for the papers' COCO).
+        text_encoder ([`~transformers.CLIPTextModel`]): Frozen CLIP text encoder (its last hidden state).
+        tokenizer ([`~transformers.CLIPTokenizer`]): CLIP tokenizer; `model_max_length` must be `text_seq_len`.
+        transformer ([`ModelMixin`]): The ε-prediction backbone, of any registered family (`diffusers_lmlp.FAMILIES`).
+        scheduler ([`~schedulers.SchedulerMixin`]): A DDPM-family ε scheduler on the training schedule.
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vae"
@@ -117,8 +97,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         vae: AutoencoderKL,
         text_encoder: CLIPTextModel,
         tokenizer: CLIPTokenizer,
-        # Typed as its diffusers base: a pipeline pushed with --with-code ships its backbone in another file than
-        # this one, and diffusers checks the component against this annotation.
+        # Annotated as the base class: diffusers checks components against it, and --with-code ships other classes.
         transformer: ModelMixin,
         scheduler: SchedulerMixin,
     ):
@@ -138,54 +117,27 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> Self:
-        """Load a saved pipeline from a local directory or a Hub repo id, like `DiffusionPipeline.from_pretrained`.
+        """Load a pipeline from a folder or a Hub repo id, like `DiffusionPipeline.from_pretrained`, never unpickling.
 
-        Weights are read from safetensors files only; nothing is ever unpickled. A Hub repo id is first fetched with
-        `huggingface_hub.snapshot_download` (configs, tokenizer files and `*.safetensors` only), honouring
-        `cache_dir`, `revision`, `token`, `force_download`, `local_files_only` and `HF_HUB_OFFLINE`, and then the
-        local snapshot is loaded.
-
-        Why: for a repo id, diffusers 0.42's `DiffusionPipeline.download` refuses any component whose library in
-        `model_index.json` is not diffusers, transformers or a `<component>/<library>.py` file in the repo, which
-        rules out `["diffusers_lmlp", "LMLPTransformer2DModel"]`. Local folders skip that check, and the classes
-        resolve because this module has imported `diffusers_lmlp`.
-
-        The backbone refuses a checkpoint that does not fill every one of its weights (a missing tensor, a folder
-        of another family's class): see `UShapedMixerModel.from_pretrained`, whose `strict=False` loads it anyway.
-        diffusers passes no `strict` to a component, so load such a transformer on its own and pass it
-        (`transformer=...`).
-
-        A folder or repo pushed with `--with-code` (`diffusers_lmlp.hub.remote_code`) loads with this package's
-        classes, and none of the code files it ships runs: its `model_index.json` names them (`"_class_name":
-        ["pipeline_lmlp", "LMLPPipeline"]`), and each such entry of a class this package exports is read as this
-        package's.
+        A repo id is fetched first with `snapshot_download`, since diffusers' own download refuses components of other
+        libraries than diffusers and transformers; a `--with-code` folder loads with this package's classes.
 
         Args:
-            pretrained_model_name_or_path (`str` or `os.PathLike`): A local directory written by `save_pretrained`, or
-                a Hub repo id such as `"user/repo"`.
-            **kwargs: Everything `DiffusionPipeline.from_pretrained` accepts, such as `dtype` (or the deprecated
-                `torch_dtype`), `variant`, `device_map` or a component to use instead of the saved one
-                (`transformer=...`). `use_safetensors` may only be `True`.
-
-        Returns:
-            `LMLPPipeline`: The loaded pipeline.
+            pretrained_model_name_or_path (`str` or `os.PathLike`): A `save_pretrained` folder or a Hub repo id.
+            **kwargs: What `DiffusionPipeline.from_pretrained` takes (`dtype`, `variant`, `device_map`, components
+                such as `transformer=...`, the Hub options); `use_safetensors` may only be `True`.
 
         Raises:
-            `FileNotFoundError`: `pretrained_model_name_or_path` is neither a folder nor a Hub repo id (a path that
-                does not exist), or names a repo the Hub does not have (`NotADirectoryError`: it is a file).
-            `huggingface_hub.errors.LocalEntryNotFoundError`: A repo id that is not in the huggingface_hub cache
-                while the Hub cannot be reached (`HF_HUB_OFFLINE`, `local_files_only=True`, no network).
-            `ValueError`: Pickled weights only, `use_safetensors=False`, `strict`, a component folder that is missing
-                or a backbone checkpoint that does not match its class.
+            `FileNotFoundError` or `LocalEntryNotFoundError`: No such folder, and no such repo or no way to reach it.
+            `ValueError`: Pickled weights only, `use_safetensors=False`, `strict`, or a missing component folder.
         """
         _refuse_unpickling(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
         folder = path if os.path.isdir(path) else _hub_snapshot(pretrained_model_name_or_path, kwargs)
         saved_index = cls.load_config(folder)
 
-        # With-code entries: [file stem, class] where this package exports the class. diffusers would run the file
-        # (with trust_remote_code=True); they become [package, class] instead, in a view of the folder that links
-        # every file but model_index.json.
+        # With-code entries ([file stem, class]) become [package, class], read through a view of the folder, so that
+        # diffusers runs none of the shipped files.
         model_index = package_model_index(saved_index)
         with_code = model_index != saved_index
         _refuse_strict(kwargs, model_index, path)
@@ -203,29 +155,15 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
 
     @classmethod
     def from_pipe(cls, pipeline: DiffusionPipeline, **kwargs) -> DiffusionPipeline:
-        """A new pipeline of this class that shares `pipeline`'s components, as diffusers' `from_pipe` makes it, with
-        the components passed in `kwargs` in their place.
+        """A new pipeline sharing `pipeline`'s components but those in `kwargs`, like diffusers' `from_pipe`.
 
-        Three things differ from diffusers 0.42's own:
-
-        - **The transformer is shared**, whatever its family. diffusers switches a model over only when its class is
-          the exact class that `__init__` annotates, and the backbone is annotated as `ModelMixin` (any family, and
-          the classes a `--with-code` repo ships); diffusers would leave it out, then refuse the missing component.
-        - **The dtype stays `pipeline`'s** unless `dtype` (or `torch_dtype`) is given. diffusers 0.42 casts the new
-          pipeline, and so the components it shares with `pipeline`, to float32 by default, a regression
-          (huggingface/diffusers#12754).
-        - **The frozen graph is shared.** When `pipeline` samples with the transformer frozen
-          (`enable_inductor_freezing`), the new pipeline samples with the same graph, compiled once, where freezing
-          afresh would compile again. Both check the weights before every call, so a change made through either
-          (a LoRA loaded, `load_state_dict`) freezes the shared graph again.
+        Unlike diffusers 0.42's: the transformer is shared whatever its family (diffusers shares only the exact class
+        annotated, here `ModelMixin`); the dtype stays `pipeline`'s unless given (diffusers casts to float32,
+        huggingface/diffusers#12754); and a frozen graph (`enable_inductor_freezing`) is shared, not compiled again.
 
         Args:
             pipeline (`DiffusionPipeline`): The pipeline whose components the new one shares.
-            **kwargs: What diffusers' `from_pipe` takes: components to use instead of `pipeline`'s (a scheduler of
-                its own, say), config values, `dtype`.
-
-        Returns:
-            `LMLPPipeline`: The new pipeline.
+            **kwargs: Components to use instead of `pipeline`'s, config values, `dtype`.
         """
         transformer = getattr(pipeline, "transformer", None)
         if isinstance(transformer, ModelMixin):
@@ -240,31 +178,24 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         return new
 
     def to(self, *args, **kwargs) -> Self:
-        """`DiffusionPipeline.to` (a device, a dtype or both), without diffusers 0.42's warning, once per model, that
-        the model has modules to keep in float32 when it names none (`models/casting.py`).
+        """`DiffusionPipeline.to` without diffusers 0.42's warning about float32 modules a model does not name.
 
         Args:
-            *args, **kwargs: What `DiffusionPipeline.to` takes.
+            *args, **kwargs: What `DiffusionPipeline.to` takes (a device, a dtype or both).
         """
         with no_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
-        """Save the pipeline to a folder (and push it with `push_to_hub=True`), as `DiffusionPipeline.save_pretrained`
-        does, but without the local folders its components were loaded from: diffusers writes each one's absolute
-        path, the username in it, into its config (`_name_or_path`). A Hub repo id stays (`models/saving.py`).
-
-        A `Path` may be given with `push_to_hub=True` too: diffusers 0.42 splits `save_directory` as a string for the
-        default `repo_id`, even when `repo_id` is given.
+        """`DiffusionPipeline.save_pretrained` without the local folders the components were loaded from (diffusers
+        writes them, username included, into `_name_or_path`); a `Path` works with `push_to_hub=True` too.
 
         Args:
             save_directory (`str` or `os.PathLike`): The folder; made if missing.
-            **kwargs: What `DiffusionPipeline.save_pretrained` takes (`safe_serialization`, `variant`,
-                `max_shard_size`, `push_to_hub`, `repo_id`, ...).
+            **kwargs: What `DiffusionPipeline.save_pretrained` takes (`safe_serialization`, `push_to_hub`, ...).
 
         Raises:
-            `ValueError`: Before anything is written, when a component holds what safetensors cannot store (torch's
-                quantized layers: `check_storable`).
+            `ValueError`: Before writing, for a component safetensors cannot store (torch's quantized layers).
         """
         for component in self.components.values():
             if isinstance(component, torch.nn.Module):
@@ -294,19 +225,9 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         return self.transformer.config.sample_size * self.vae_scale_factor
 
     def enable_inductor_freezing(self) -> None:
-        """Sample with the transformer compiled by inductor with freezing: its weights become constants of the graph,
-        so each Linear's weight is pre-packed and its bias and GELU are fused into the GEMM. The fastest way to sample
-        on a CPU (F2-deep's forward ran 1.28× as fast as under `torch.compile` in bf16, 2.07× in float32, on an
-        `avx512_bf16` EPYC); the first call compiles (16–32 s for the papers' models on 2 cores), and the frozen graph
-        holds its own packed copy of the weights. One graph serves every batch size, and every pipeline made from this
-        one with `from_pipe`.
-
-        Before every call the pipeline checks the transformer's weights, and freezes them again, compiling anew, if
-        anything changed them (a LoRA loaded, fused or rescaled, `load_state_dict`, `.to(...)`): a frozen graph never
-        samples with stale weights. `pipe.transformer` itself is left as it is, uncompiled, so hooks, adapters and
-        `save_pretrained` work on it as before. Not for a transformer compiled already (`torch.compile`), offloaded
-        with `enable_model_cpu_offload` (its weights move on every call, so it would compile on every call), or
-        quantized with torch's `quantize_dynamic` (its int8 layers break the graph: it samples faster eagerly).
+        """Sample with the transformer compiled by inductor with freezing (weights as graph constants), the fastest
+        way on a CPU. The first call compiles; a change to the weights freezes again, so no call uses stale ones, and
+        `pipe.transformer` stays uncompiled. Not for a compiled, offloaded or `quantize_dynamic` transformer.
         """
         transformer = getattr(self, "transformer", None)
         if transformer is None:
@@ -350,8 +271,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         """Decode in one piece again."""
         self.vae.disable_tiling()
 
-    # The vocabulary of the tokenizer, as methods: a pipeline loaded from a repo's remote code (`push --with-code`)
-    # carries them without diffusers-lmlp installed (the Space's app uses them). See `pipelines/vocabulary.py`.
+    # As methods, so that a pipeline loaded from remote code (`push --with-code`) has them without the package.
     def describe_vocabulary(self) -> str | None:
         """The words of the tokenizer's closed vocabulary as one line of text, or None for an open one (CLIP's)."""
         return describe_vocabulary(self.tokenizer)
@@ -386,18 +306,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 )
 
     def _encode_text(self, texts: list[str], device: torch.device, name: str = "prompt") -> torch.Tensor:
-        """CLIP's last hidden state of each text, tokenised to `model_max_length` with padding and truncation.
-
-        Warns (once per distinct text) about words outside a closed vocabulary and about truncated texts.
-
-        Args:
-            texts (`list[str]`): The texts.
-            device (`torch.device`): Device of the returned states.
-            name (`str`, *optional*, defaults to `"prompt"`): What the texts are, for the warnings.
-
-        Returns:
-            `torch.Tensor`: (len(texts), model_max_length, hidden_size) text states.
-        """
+        """CLIP's last hidden states (B, model_max_length, hidden_size) of `texts`, padded and truncated; warns once
+        per distinct text about unknown words and truncation (`name` says what the texts are)."""
         self._warn_unknown_words(texts, name)
         max_length = self.tokenizer.model_max_length
         for text, ids in zip(texts, self.tokenizer(texts, verbose=False).input_ids):
@@ -429,14 +339,12 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             device (`torch.device`): Device of the returned states.
             num_images_per_prompt (`int`, *optional*, defaults to 1): Repeats of each prompt's states.
             do_classifier_free_guidance (`bool`, *optional*, defaults to `True`): Also return the unconditional states.
-            negative_prompt (`str` or `list[str]`, *optional*): The unconditional prompts; `""` (the reference's null
-                context) when not given.
+            negative_prompt (`str` or `list[str]`, *optional*): The unconditional prompts; `""` when not given.
             prompt_embeds (`torch.Tensor`, *optional*): (B, T, D) precomputed text states.
             negative_prompt_embeds (`torch.Tensor`, *optional*): (B, T, D) precomputed unconditional states.
 
         Returns:
-            `tuple`: `prompt_embeds` (B·num_images_per_prompt, T, D) and `negative_prompt_embeds` of the same shape,
-            or `None` without guidance.
+            `tuple`: `prompt_embeds` and `negative_prompt_embeds` (None without guidance), (B·n, T, D) each.
         """
         if prompt_embeds is None:
             prompt_embeds = self._encode_text([prompt] if isinstance(prompt, str) else prompt, device)  # (B, T, D)
@@ -470,6 +378,9 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         callback_on_step_end_tensor_inputs: list[str],
     ) -> int:
         """Validate every argument of `__call__` before any compute.
+
+        Args:
+            prompt ... callback_on_step_end_tensor_inputs: `__call__`'s arguments, with `height` and `width` resolved.
 
         Returns:
             `int`: The number of prompts B.
@@ -513,7 +424,13 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         generator: torch.Generator | list[torch.Generator] | None,
         latents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Draw the initial noise (or take the given `latents`) and scale it by the scheduler's initial sigma.
+        """Draw the initial noise (or take `latents`) and scale it by the scheduler's initial sigma.
+
+        Args:
+            num_images (`int`): The batch size.
+            dtype (`torch.dtype`), device (`torch.device`): The latents' dtype and device.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the noise.
+            latents (`torch.Tensor`, *optional*, defaults to `None`): Initial noise to use instead.
 
         Returns:
             `torch.Tensor`: (num_images, in_channels, sample_size, sample_size) initial latents.
@@ -551,53 +468,34 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         """Generate images from text.
 
         Args:
-            prompt (`str` or `list[str]`, *optional*): The prompt(s); or pass `prompt_embeds`. A warning names the
-                words of a prompt outside a closed vocabulary, such as the shapes world's (`known_words`).
-            negative_prompt (`str` or `list[str]`, *optional*): What to guide away from; defaults to `""`, the
-                reference's unconditional context. Ignored when `guidance_scale <= 1`.
+            prompt (`str` or `list[str]`, *optional*): The prompt(s), or pass `prompt_embeds`.
+            negative_prompt (`str` or `list[str]`, *optional*): What to guide away from; defaults to `""`.
             height (`int`, *optional*): Image height; defaults to, and must equal, `native_size`.
             width (`int`, *optional*): Image width; defaults to, and must equal, `native_size`.
-            num_inference_steps (`int`, *optional*, defaults to 50): Denoising steps (50 in both papers), from 1 to
-                the scheduler's `num_train_timesteps - 1` (999).
-            timesteps (`list[int]`, *optional*): Custom timesteps, for schedulers whose `set_timesteps` accepts them;
-                overrides `num_inference_steps`. Non-empty, strictly decreasing integers in
-                [0, `num_train_timesteps`).
-            sigmas (`list[float]`, *optional*): Custom sigmas, for schedulers whose `set_timesteps` accepts them;
-                overrides `num_inference_steps`. Non-empty, strictly decreasing, finite and >= 0.
-            guidance_scale (`float`, *optional*, defaults to 2.0): Classifier-free guidance in diffusers' convention,
-                ε = ε_u + g·(ε_c − ε_u). The papers' scale s is g − 1 (their COCO setting s = 1 is g = 2). Must be
-                finite. Any `guidance_scale <= 1` means no guidance, as in every diffusers pipeline: the
-                unconditional pass is skipped entirely and ε = ε_c, exactly as with g = 1 (so 0.5 does not weaken
-                the prompt, and 0 does not sample unconditionally).
+            num_inference_steps (`int`, *optional*, defaults to 50): Denoising steps, 1 to `num_train_timesteps - 1`.
+            timesteps (`list[int]`, *optional*): Custom strictly decreasing timesteps, for schedulers that take them.
+            sigmas (`list[float]`, *optional*): Custom strictly decreasing sigmas >= 0, for schedulers that take them.
+            guidance_scale (`float`, *optional*, defaults to 2.0): g in ε = ε_u + g·(ε_c − ε_u), the papers' s + 1;
+                any g <= 1 means no guidance (ε = ε_c), as in every diffusers pipeline.
             num_images_per_prompt (`int`, *optional*, defaults to 1): Images per prompt.
-            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the initial noise; a list
-                needs one generator per image.
-            latents (`torch.Tensor`, *optional*): (B·num_images_per_prompt, C, sample_size, sample_size) initial
-                noise, e.g. to reuse one noise for several prompts.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the noise; a list, per image.
+            latents (`torch.Tensor`, *optional*): Initial noise (B·num_images_per_prompt, C, sample_size, sample_size).
             prompt_embeds (`torch.Tensor`, *optional*): (B, text_seq_len, text_embed_dim) precomputed text states.
-            negative_prompt_embeds (`torch.Tensor`, *optional*): (B, text_seq_len, text_embed_dim) precomputed
-                unconditional states.
-            output_type (`str`, *optional*, defaults to `"pil"`): `"pil"` (list of `PIL.Image`), `"np"` (B, H, W, 3)
-                array in [0, 1], `"pt"` (B, 3, H, W) tensor in [0, 1], or `"latent"` (the undecoded, scaled
-                latents).
-            return_dict (`bool`, *optional*, defaults to `True`): Return an `ImagePipelineOutput` rather than a
-                tuple.
+            negative_prompt_embeds (`torch.Tensor`, *optional*): Precomputed unconditional states, of the same shape.
+            output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"`.
+            return_dict (`bool`, *optional*, defaults to `True`): Return an `ImagePipelineOutput`, not a tuple.
             callback_on_step_end (`Callable`, `PipelineCallback` or `MultiPipelineCallbacks`, *optional*): Called
-                after every step as `callback_on_step_end(pipe, step, timestep, callback_kwargs)`; the tensors it
-                returns in a dict replace the pipeline's.
-            callback_on_step_end_tensor_inputs (`list[str]`, *optional*, defaults to `["latents"]`): Which of
-                `latents`, `prompt_embeds` and `negative_prompt_embeds` go into `callback_kwargs`.
+                after each step as `(pipe, step, timestep, callback_kwargs)`; the tensors it returns replace ours.
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*, defaults to `["latents"]`): What it gets.
 
         Examples:
 
         Returns:
-            [`~pipelines.ImagePipelineOutput`] or `tuple`: The images, as `ImagePipelineOutput(images=...)` or
-            `(images,)`.
+            [`~pipelines.ImagePipelineOutput`] or `tuple`: The images.
 
         Raises:
-            `ValueError`: An argument is invalid; raised by `check_inputs` before any model runs.
-            `FloatingPointError`: The sampled latents or the decoded images hold NaN or inf (for example a float16
-                overflow); a NaN image is never returned.
+            `ValueError`: An invalid argument, before any model runs (`check_inputs`).
+            `FloatingPointError`: NaN or inf in the sampled latents or decoded images (e.g. a float16 overflow).
         """
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs

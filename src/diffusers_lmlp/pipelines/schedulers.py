@@ -1,23 +1,10 @@
-"""The noise schedule every backbone of this package is trained on, and the diffusers schedulers that can sample it.
+"""The noise schedule every backbone here is trained on, and the diffusers schedulers that can sample it.
 
-Every model here, trained by this package's trainer or converted from the papers' code, predicts the noise ε of
-Stable Diffusion's 1000-step DDPM schedule (`scaled_linear` betas, 0.00085 → 0.012). A diffusers scheduler samples
-it correctly when it:
-
-- runs on that schedule: a discrete-time DDPM-family scheduler (DDIM, DDPM, PNDM, Euler, Heun, KDPM2, DPM-Solver,
-  DEIS, UniPC, LCM, TCD, ...) whose config gives the training schedule's betas. Flow-matching, EDM and
-  variance-exploding schedulers sample on schedules of their own, even where diffusers lists them as compatible;
-- reads the network's output as ε (`prediction_type="epsilon"`);
-- leaves the predicted clean latents as they are (`clip_sample` and `thresholding` are for pixel-space models, whose
-  samples lie in [-1, 1]) and keeps to DDPM sigmas (`use_flow_sigmas` is for flow-matching models). Latents go
-  beyond ±1 (13% of the shipped shapes model's final latents, up to 10.7): with DDIM's and DDPM's default,
-  `clip_sample=True`, the shipped model drew 0 and 1 of 128 held-out captions right, against 128 and 127 with
-  `clip_sample=False`; DPM-Solver++ with `use_flow_sigmas=True` drew 3 of 16 training captions right, against 16
-  (docs/pipeline.md, "Schedulers").
-
-`default_scheduler()` writes `clip_sample=False` into its config, as Stable Diffusion's scheduler configs do, so
-`DDIMScheduler.from_config(pipe.scheduler.config)` and `DDIMScheduler.from_pretrained(folder, subfolder="scheduler")`
-inherit it. `check_scheduler` refuses, before any model runs, a scheduler that would silently draw wrong images.
+Every model predicts the ε of Stable Diffusion's 1000-step `scaled_linear` DDPM schedule, so a scheduler samples it
+right only if it is a discrete-time DDPM-family one on those betas, reads ε, and neither clips nor thresholds the
+predicted latents (they go well beyond ±1) nor uses flow sigmas (docs/pipeline.md, "Schedulers"). `check_scheduler`
+refuses others before any model runs; `default_scheduler()` turns those settings off in its config, for schedulers
+built from it to inherit.
 """
 
 import inspect
@@ -36,9 +23,8 @@ TRAINING_SCHEDULE = {
     "beta_schedule": "scaled_linear",
 }
 
-# Scheduler settings for other kinds of models, each of which makes a scheduler sample this family wrongly. The
-# default scheduler's config sets each one off, so that every scheduler built from it inherits that (DDIM's and
-# DDPM's own default is clip_sample=True), as Stable Diffusion's scheduler configs do.
+# Settings for other kinds of models, each of which makes a scheduler sample ours wrongly; the default config turns
+# each off, for schedulers built from it to inherit (DDIM's and DDPM's own default is clip_sample=True).
 OTHER_MODELS_SETTINGS = {
     "clip_sample": "it clips the predicted clean sample to [-1, 1], for pixel-space models; latents go well beyond",
     "thresholding": "it thresholds the predicted clean sample, for pixel-space models; latents go well beyond [-1, 1]",
@@ -47,17 +33,13 @@ OTHER_MODELS_SETTINGS = {
 
 
 def default_scheduler() -> DPMSolverMultistepScheduler:
-    """The papers' sampler: DPM-Solver++ on the Stable Diffusion noise schedule.
+    """The papers' sampler: DPM-Solver++ on the Stable Diffusion noise schedule, predicting ε.
 
-    `beta_schedule="scaled_linear"` from 0.00085 to 0.012 over 1000 training steps (the reference's
-    "stable-diffusion" betas) with `algorithm_type="dpmsolver++"` (the reference's `predict_x0=True`) and
-    ε-prediction. The reference runs a single-step order-3 solver on its own time grid; diffusers' multistep solver
-    (order 2, recommended for guided sampling) is close but not bit-exact. Its config also turns off every setting of
-    `OTHER_MODELS_SETTINGS` (`clip_sample=False` among them), which the schedulers built from it inherit.
+    The reference runs a single-step order-3 solver on its own time grid; diffusers' multistep order-2 solver is close
+    but not bit-exact. Its config turns off every setting of `OTHER_MODELS_SETTINGS` (`clip_sample=False` among them).
 
     Returns:
-        `DPMSolverMultistepScheduler`: A fresh scheduler; swap it with another DDPM-family diffusers scheduler built
-        with `Scheduler.from_config(pipe.scheduler.config)` (`check_scheduler` says which work).
+        `DPMSolverMultistepScheduler`: A fresh scheduler, whose config other schedulers can be built from.
     """
     scheduler = DPMSolverMultistepScheduler(
         **TRAINING_SCHEDULE, algorithm_type="dpmsolver++", prediction_type="epsilon"
@@ -67,18 +49,8 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
 
 
 def schedule_differences(config) -> dict[str, object]:
-    """The settings of a scheduler's config that give it another noise schedule than the training one.
-
-    Read from the config, as every DDPM-family scheduler computes its betas from it, and not from the scheduler's
-    tensors: those may live on the GPU, and the check must not wait for it.
-
-    Args:
-        config (`FrozenDict`): The scheduler's config.
-
-    Returns:
-        `dict[str, object]`: Each differing setting and its value (`trained_betas` as a count); empty when it is
-        the training schedule.
-    """
+    """The settings of a scheduler's config that give it another noise schedule than the training one, and their
+    values (`trained_betas` as a count). Read from the config, not from tensors that may live on the GPU."""
     different = {}
     if config.get("num_train_timesteps") != TRAINING_SCHEDULE["num_train_timesteps"]:
         different["num_train_timesteps"] = config.get("num_train_timesteps")
@@ -103,15 +75,8 @@ def schedule_differences(config) -> dict[str, object]:
 
 
 def check_scheduler(scheduler) -> None:
-    """Refuse a scheduler that would sample an ε-prediction model of the training schedule wrongly, silently.
-
-    Args:
-        scheduler (`SchedulerMixin`): The pipeline's scheduler.
-
-    Raises:
-        `ValueError`: When it samples on another schedule (flow matching, EDM, other betas), reads the output as
-            something other than ε, or clips or thresholds the predicted latents; the message says what to pass.
-    """
+    """Raise a `ValueError` for a scheduler that would silently sample an ε-prediction model of the training schedule
+    wrongly: another schedule (flow matching, EDM, other betas), another prediction type, or clipped latents."""
     name = type(scheduler).__name__
     takes = inspect.signature(type(scheduler).__init__).parameters  # settings of other classes may ride in a config
     rebuild = f"`pipe.scheduler = {name}.from_config(diffusers_lmlp.default_scheduler().config)`"

@@ -1,19 +1,10 @@
 """Which words a pipeline's tokenizer knows: closed (whole-word) vocabularies, and the words of a prompt outside them.
 
-CLIP's byte-level BPE (`openai/clip-vit-large-patch14`, 48,894 merges) has an open vocabulary: its merges build
-subword pieces, so any word becomes tokens the text encoder learned ("tokenization" is "token" + "ization</w>").
-The shapes world's tokenizer (`tiny_clip_tokenizer`) has a closed one: its merges build whole words only, and any
-other word is spelled byte by byte into tokens the model never saw in training, which steer the image like noise.
-
-Closed or open is read from the tokenizer itself. In a BPE with an end-of-word suffix (`</w>`), a merged token
-without the suffix is a piece of a longer word. A whole-word vocabulary makes such pieces only on the way to one of
-its words, so each piece begins one of its whole-word tokens ("sm", "sma" and "smal" begin "small</w>"). A subword
-vocabulary also has pieces made for the middle of words, which begin none: CLIP ViT-L/14 has 1,873 of them among
-its 14,667 pieces ("staur", "nific"). A word is known when the tokenizer makes it one token; words of one letter or
-digit are single byte symbols, so every byte-level tokenizer knows them.
-
-Words are what the tokenizer's own normalizer and pre-tokenizer make of a text (CLIP lower-cases, and splits off
-punctuation, contractions and digits), so "Red," is the word "red"; pieces without a letter or digit are not words.
+CLIP's byte-level BPE is open (its merges build subword pieces, so any word becomes learned tokens); the shapes
+world's is closed, and spells other words byte by byte into tokens never seen in training. Closed is read from the
+merges: with an end-of-word suffix (`</w>`), a whole-word vocabulary makes pieces only on the way to its words, so
+each piece begins one of its whole-word tokens, while a subword one also has mid-word pieces ("staur") that begin
+none. Words are what the tokenizer's normalizer and pre-tokenizer make of a text, punctuation left out.
 """
 
 import bisect
@@ -58,18 +49,15 @@ def _closed_words(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...] | None:
 
 
 def known_words(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...] | None:
-    """The words of a closed vocabulary, or None for an open one (such as CLIP's).
-
-    Decided once per tokenizer object, then cached: a fraction of a second for CLIP's 49,408 tokens.
+    """The words of a closed vocabulary, or None for an open one (such as CLIP's); computed once per tokenizer.
 
     Args:
-        tokenizer (`PreTrainedTokenizerBase`): A tokenizer backed by the `tokenizers` library, such as the
-            pipeline's `CLIPTokenizer`; one without a byte-level BPE with an end-of-word suffix counts as open.
+        tokenizer (`PreTrainedTokenizerBase`): A `tokenizers`-backed tokenizer, such as the pipeline's; one that is not
+            a byte-level BPE with an end-of-word suffix counts as open.
 
     Returns:
-        `tuple[str, ...]` or `None`: The words the tokenizer makes one token each, sorted, as text ("small"),
-        without the one-letter words and digits that every byte-level tokenizer knows; None when the vocabulary is
-        open.
+        `tuple[str, ...]` or `None`: The words it makes one token each ("small"), sorted, without the single letters
+        and digits every byte-level tokenizer knows.
     """
     if tokenizer not in _KNOWN_WORDS:
         _KNOWN_WORDS[tokenizer] = _closed_words(tokenizer)
@@ -77,15 +65,8 @@ def known_words(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...] | None:
 
 
 def describe_vocabulary(tokenizer: PreTrainedTokenizerBase) -> str | None:
-    """The known words of a closed vocabulary as one line of text, or None for an open one.
-
-    Args:
-        tokenizer (`PreTrainedTokenizerBase`): The tokenizer.
-
-    Returns:
-        `str` or `None`: "`N` words: a, b, ..., and any single letter or digit"; for more than `MAX_LISTED_WORDS` words,
-        "`N` words, such as ..." with `MAX_LISTED_WORDS` of them spread over the alphabet.
-    """
+    """The known words of a closed vocabulary as one line of text (`MAX_LISTED_WORDS` of them, spread over the
+    alphabet, when there are more), or None for an open one."""
     words = known_words(tokenizer)
     if words is None:
         return None
@@ -104,29 +85,18 @@ def _words_and_pieces(tokenizer: PreTrainedTokenizerBase, text: str) -> list[tup
 
 
 def prompt_words(tokenizer: PreTrainedTokenizerBase, text: str) -> list[str]:
-    """The words of `text` as the tokenizer sees them, in order: normalised (lower-cased, for CLIP) and split by its
-    pre-tokenizer, punctuation left out ("Red, circle!" gives ["red", "circle"]).
-
-    Args:
-        tokenizer (`PreTrainedTokenizerBase`): A tokenizer backed by the `tokenizers` library, with a
-            pre-tokenizer.
-        text (`str`): The prompt.
-
-    Returns:
-        `list[str]`: Every word, repeats included.
-    """
+    """The words of `text` as the tokenizer's normalizer and pre-tokenizer make them, punctuation left out, repeats
+    included ("Red, circle!" gives ["red", "circle"] for CLIP)."""
     return [word for word, _ in _words_and_pieces(tokenizer, text)]
 
 
 def unknown_words(tokenizer: PreTrainedTokenizerBase, text: str) -> list[str]:
-    """The words of `text` outside the tokenizer's closed vocabulary: none for an open vocabulary.
+    """The words of `text` outside the tokenizer's closed vocabulary, each once, in the order they first appear (as
+    `prompt_words` writes them); none for an open vocabulary.
 
     Args:
         tokenizer (`PreTrainedTokenizerBase`): The tokenizer.
         text (`str`): The prompt.
-
-    Returns:
-        `list[str]`: Each unknown word once, in the order it first appears, as `prompt_words` writes it.
     """
     if known_words(tokenizer) is None:
         return []

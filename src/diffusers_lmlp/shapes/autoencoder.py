@@ -1,8 +1,6 @@
 """How well an autoencoder keeps the shapes world: the scorer's accuracies on its reconstructions of ground-truth
-renders, and the reconstruction PSNR over all pixels and over the shape's own pixels.
-
-The background fills most of a shapes-world image, so the overall PSNR of a VAE that rounds squares and shrinks
-triangles can still look high; the foreground PSNR and the scorer's shape accuracy show what it loses.
+renders, and the reconstruction PSNR over all pixels and over the shape's own pixels (the background fills most of
+an image, so the overall PSNR hides rounded squares and shrunken triangles).
 """
 
 import numpy as np
@@ -55,33 +53,16 @@ def psnr(reconstruction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor 
 
 
 def held_out_renders(num_per_spec: int = 25, seed: int = 0) -> tuple[list[Image.Image], list[str]]:
-    """Jittered ground-truth renders of every held-out combination, with their full captions.
-
-    Args:
-        num_per_spec (`int`, *optional*, defaults to 25): Renders per held-out combination.
-        seed (`int`, *optional*, defaults to 0): Seed of the jitter.
-
-    Returns:
-        `tuple`: `(images, captions)`, `num_per_spec · len(held_out_specs())` of each.
-    """
+    """`num_per_spec` jittered ground-truth renders of every held-out combination, seeded, with their full captions:
+    `(images, captions)`."""
     rng = np.random.default_rng([seed, 7])
     specs: list[ShapeSpec] = [spec for spec in held_out_specs() for _ in range(num_per_spec)]
     return [render(spec, rng=rng) for spec in specs], [spec.caption for spec in specs]
 
 
 def reconstruction_report(vae: AutoencoderKL, images: list[Image.Image], captions: list[str]) -> dict[str, float]:
-    """Score an autoencoder's reconstructions of ground-truth renders.
-
-    Args:
-        vae (`AutoencoderKL`): The autoencoder (any device and dtype; its posterior mode is decoded).
-        images (`list[PIL.Image.Image]`): Ground-truth renders of the world (e.g. from `held_out_renders`).
-        captions (`list[str]`): Their captions.
-
-    Returns:
-        `dict[str, float]`: The scorer's accuracies on the reconstructions ("colour", "shape", "position", "size",
-        "colour+position", "all") and on the originals ("ground truth all"), the PSNR in dB over all pixels ("psnr")
-        and over the foreground ("foreground psnr").
-    """
+    """Score an autoencoder's reconstructions (of its posterior mode) of ground-truth renders: the scorer's accuracies
+    on them and "ground truth all" on the originals, "psnr" over all pixels and "foreground psnr", in dB."""
     target = to_pixels(images)  # (N, 3, H, W)
     reconstruction = reconstruct(vae, target)
     report = score_images(VaeImageProcessor().postprocess(reconstruction, output_type="pil"), captions)

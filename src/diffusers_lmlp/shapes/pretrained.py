@@ -12,10 +12,8 @@ PIPELINE_PATH = Path(__file__).resolve().parent / "assets" / "pipeline"
 
 
 def pretrained_shapes_pipeline(**kwargs) -> "LMLPPipeline":
-    """Load the `shapes-S` UL-MLP pipeline trained by `accelerate launch examples/train_text_to_image.py`.
-
-    It generates 32×32 images of the shapes world from captions such as "a large blue square at the center"; its
-    model card (`assets/pipeline/README.md`) has the training run and the scorer's figures.
+    """Load the shipped `shapes-S` UL-MLP pipeline (trained by `examples/train_text_to_image.py`), offline: 32×32
+    shapes-world images from captions such as "a large blue square at the center" (`assets/pipeline/README.md`).
 
     Args:
         **kwargs: Passed to `LMLPPipeline.from_pretrained` (e.g. `dtype`).

@@ -1,10 +1,8 @@
 """Does an image show what its caption says? A deterministic reader of shapes-world images.
 
-The background is estimated from the image border; each pixel's coverage α is its projection onto the direction
-from the background to the nearest palette colour. The colour is that palette colour; the shape is the template
-(rendered by the world itself at the measured centre and size) closest to the α map; the position is the grid
-cell of the shape's centre; the size compares the shape's radius with the midpoint of the world's two sizes. A
-caption is scored on what it states: one that leaves the size unstated is neither right nor wrong about it.
+A pixel's coverage α is its projection onto the direction from the background (the border) to the nearest palette
+colour; the shape is the world's own template closest to the α map, the position the grid cell of its centre, and
+the size its radius against the midpoint of the world's two sizes. A caption is scored on what it states only.
 """
 
 import re
@@ -44,14 +42,16 @@ MIN_AREA = 2.0  # total coverage (pixels) below which the image shows no shape
 
 
 def parse_caption(text: str) -> ShapeSpec:
-    """Read a world caption in any of its phrasings, e.g. "a small red circle at the top left", "red circle, upper
-    left" or "middle: a big blue square", whatever its case and spacing.
+    """Read a world caption in any phrasing, case and spacing ("red circle, upper left", "middle: a big blue square").
+
+    Args:
+        text (`str`): The caption.
 
     Returns:
         `ShapeSpec`: What the caption states; `size` is `None` when it leaves the size unstated.
 
     Raises:
-        ValueError: for text that is not a caption of the world, naming the expected forms.
+        `ValueError`: For text that is not a caption of the world, naming the expected forms.
     """
     # "Red circle ,top  left" → "red circle, top left"
     normal = " ".join(re.sub(r"\s*([,:])", r"\1 ", text.lower()).split())
@@ -146,12 +146,8 @@ def score_images(images, captions: list[str]) -> dict[str, float]:
 
 
 def accuracies(results: list[dict[str, bool]]) -> dict[str, float]:
-    """Accuracy of each attribute over the `score_image` results that state it (no key for an attribute none
-    states), plus "colour+position" (both right) and "all" (every stated attribute right), over all results.
-
-    Args:
-        results (`list[dict[str, bool]]`): One `score_image` result per image.
-    """
+    """Accuracy of each attribute over the `score_image` results that state it, plus "colour+position" (both right)
+    and "all" (every stated attribute right) over all results."""
     stated = [key for key in ATTRIBUTES if any(key in r for r in results)]
     scores = {key: float(np.mean([r[key] for r in results if key in r])) for key in stated}
     scores["colour+position"] = float(np.mean([r["colour"] and r["position"] for r in results]))

@@ -35,8 +35,8 @@ def shapes_tokenizer(save_directory: str | None = None) -> CLIPTokenizer:
 
 
 def shapes_text_encoder(tokenizer: CLIPTokenizer, seed: int = 0) -> CLIPTextModel:
-    """The architecture of the shapes world's text encoder (width 64, 2 layers), randomly initialised from `seed` and
-    frozen; `scripts/train_shapes_text_encoder.py` pretrains it. The global random state is left untouched.
+    """The shapes world's text encoder architecture (width 64, 2 layers), frozen and randomly initialised from `seed`
+    without touching the global random state; `scripts/train_shapes_text_encoder.py` pretrains it.
 
     Args:
         tokenizer (`CLIPTokenizer`): The tokenizer it reads (`shapes_tokenizer()`).
@@ -49,15 +49,13 @@ def shapes_text_encoder(tokenizer: CLIPTokenizer, seed: int = 0) -> CLIPTextMode
 
 
 def shapes_components() -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen components of the embedded default: the tokenizer, and the pretrained text encoder and VAE that ship
-    in the package.
+    """The frozen components of the embedded default: the tokenizer, and the shipped pretrained text encoder and VAE.
 
     Returns:
         `tuple`: `(tokenizer, text_encoder, vae)`.
 
     Raises:
-        `ValueError`: When the shipped text encoder does not read this tokenizer's ids (a world word was added
-            without retraining it with `scripts/train_shapes_text_encoder.py`).
+        `ValueError`: When the shipped text encoder does not read this tokenizer's ids (a world word added since).
     """
     tokenizer = shapes_tokenizer()
     text_encoder = CLIPTextModel.from_pretrained(TEXT_ENCODER_PATH, use_safetensors=True)

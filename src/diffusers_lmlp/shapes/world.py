@@ -1,19 +1,9 @@
 """The shapes world: seeded, captioned images of one coloured shape on a grey background.
 
-Every image shows one shape, described by a `ShapeSpec` (size × colour × shape × position on a 3×3 grid). Its
-canonical caption is "a {size} {colour} {shape} at the {position}", e.g. "a small red circle at the top left"; a
-dataset also phrases it in the other `TEMPLATES`, with or without "a", often without its size and with synonyms
-("red circle, top left", "upper left: a big red circle", ...), so that a model reads the words rather than their
-places (`describe`, `phrasings`). A fixed tenth of the 162 colour × shape × position combinations, at both sizes
-(`held_out_specs()`), never appears in training, with or without its size, to test composition.
-
-The geometry, in pixels of an `image_size`-sided image whose pixel (i, j) covers [j, j+1) × [i, i+1):
-
-- the shape's bounding box is centred in its grid cell (a third of the image per side), with a side of
-  `2 · SIZE_RADII[size] · image_size / 3` (about 6 px small and 9 px large at 32 px);
-- circle: the disc inscribed in the box; square: the box; triangle: apex at the top middle, base along the bottom;
-- colours are flat `COLOURS`, anti-aliased into the flat `BACKGROUND` by 4×4 supersampling;
-- with a random generator, the centre moves by up to `JITTER_SHIFT` of a cell and the size by up to `JITTER_SCALE`.
+Each image shows one `ShapeSpec` (size × colour × shape × position on a 3×3 grid), captioned "a {size} {colour}
+{shape} at the {position}" or, in a dataset, in the other `TEMPLATES` with optional article and size and with
+synonyms, so that a model reads the words rather than their places. A tenth of the colour × shape × position
+combinations, at both sizes (`held_out_specs()`), never appears in training, to test composition.
 """
 
 import json
@@ -48,8 +38,8 @@ SIZE_RADII = {"small": 0.28, "large": 0.42}
 JITTER_SHIFT = 0.08  # largest shift of the centre per axis, as a fraction of a cell's side
 JITTER_SCALE = 0.1  # largest relative change of the radius
 SUPERSAMPLING = 4  # sub-pixel samples per axis for anti-aliasing
-# The phrasings of a caption, the canonical one first. {object} is "[a] [{size}] {colour} {shape}": the article
-# and the size are optional. At most 8 words and punctuation marks ("a small red circle in the top left").
+# A caption's phrasings, the canonical one first; {object} is "[a] [{size}] {colour} {shape}", article and size
+# optional. At most 8 words and punctuation marks ("a small red circle in the top left").
 TEMPLATES = (
     "{object} at the {position}",
     "{object} in the {position}",
@@ -105,30 +95,24 @@ class ShapeSpec:
 
     @property
     def caption(self) -> str:
-        """The canonical caption, e.g. "a small red circle at the top left" ("a red circle at the top left" without
-        size)."""
+        """The canonical caption, e.g. "a small red circle at the top left" (without the size word when sizeless)."""
         return phrase(TEMPLATES[0], True, self.size, self.colour, self.shape, self.position)
 
 
 def phrase(template: str, article: bool, size: str | None, colour: str, shape: str, position: str) -> str:
-    """Fill one of `TEMPLATES` with the words of a caption.
-
-    Args:
-        template (`str`): One of `TEMPLATES`.
-        article (`bool`): Whether the object starts with "a".
-        size (`str` or `None`): A word of `SIZE_WORDS`, or `None` to leave the size unstated.
-        colour (`str`): One of `COLOURS`.
-        shape (`str`): One of `SHAPES`.
-        position (`str`): Words of `POSITION_WORDS`, e.g. "upper left".
-    """
+    """Fill one of `TEMPLATES` with a caption's words: `size` a word of `SIZE_WORDS` or None (unstated), `position`
+    words of `POSITION_WORDS` ("upper left")."""
     words = [word for word in ("a" if article else None, size, colour, shape) if word is not None]
     return template.format(object=" ".join(words), position=position)
 
 
 def phrasings(spec: ShapeSpec) -> list[str]:
     """Every caption that states what `spec` states, the canonical one first: each template, with and without the
-    article, with each word of its size (none for a sizeless spec) and of its position. E.g. 48 for a large shape at
-    the center, 8 for a sizeless one at the top."""
+    article, with each word of its size (none for a sizeless spec) and of its position.
+
+    Args:
+        spec (`ShapeSpec`): What the captions state.
+    """
     sizes = (None,) if spec.size is None else SIZE_WORDS[spec.size]
     return [
         phrase(template, article, size, spec.colour, spec.shape, position)
@@ -140,9 +124,8 @@ def phrasings(spec: ShapeSpec) -> list[str]:
 
 
 def describe(spec: ShapeSpec, rng: np.random.Generator) -> str:
-    """A random caption of `spec`: canonical with probability `CANONICAL_SHARE`; otherwise a uniformly drawn
-    template, with the article with probability `ARTICLE_SHARE`, without the size with probability `SIZELESS_SHARE`
-    and with uniformly drawn words for its size and position.
+    """A random caption of `spec`: canonical with probability `CANONICAL_SHARE`, else a uniformly drawn template and
+    words, with the article with probability `ARTICLE_SHARE` and without the size with probability `SIZELESS_SHARE`.
 
     Args:
         spec (`ShapeSpec`): What the caption describes; a sizeless spec gets sizeless captions.
@@ -165,12 +148,8 @@ def all_specs() -> list[ShapeSpec]:
 
 def held_out_specs() -> list[ShapeSpec]:
     """The combinations never seen in training, in the order of `all_specs()`: both sizes of every
-    `HELD_OUT_STRIDE`-th colour × shape × position combination (16 of 162, so 32 of 324 specs).
-
-    A caption that leaves the size unstated names only colour, shape and position, so whole triples are held out.
-    The stride spreads them over every colour, shape and position, while each value still occurs in many training
-    combinations.
-    """
+    `HELD_OUT_STRIDE`-th colour × shape × position triple (32 of 324 specs). Whole triples, since a sizeless caption
+    names only the triple; the stride spreads them over every colour, shape and position."""
     triples = list(product(COLOURS, SHAPES, POSITIONS))[HELD_OUT_STRIDE // 2 :: HELD_OUT_STRIDE]
     return [spec for spec in all_specs() if (spec.colour, spec.shape, spec.position) in triples]
 
@@ -195,17 +174,8 @@ def cell_centre(position: str, image_size: int = IMAGE_SIZE) -> tuple[float, flo
 
 
 def shape_coverage(shape: str, centre: tuple[float, float], radius: float, image_size: int = IMAGE_SIZE) -> np.ndarray:
-    """The fraction of each pixel that a shape covers (its anti-aliased alpha mask).
-
-    Args:
-        shape (`str`): One of `SHAPES`.
-        centre (`tuple[float, float]`): Centre (x, y) of the shape's bounding box, in pixels.
-        radius (`float`): Half the side of the bounding box, in pixels.
-        image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side of the image.
-
-    Returns:
-        `np.ndarray`: Coverage in [0, 1], float32 of shape (image_size, image_size), rows first.
-    """
+    """The fraction of each pixel that a shape covers (its anti-aliased alpha mask), float32 (image_size, image_size),
+    rows first; `centre` (x, y) and `radius` (half the bounding box's side) are in pixels."""
     # Sub-pixel sample centres, relative to the shape's centre.
     samples = (np.arange(image_size * SUPERSAMPLING) + 0.5) / SUPERSAMPLING  # (S·k,)
     x = samples[None, :] - centre[0]  # (1, S·k)
@@ -228,8 +198,8 @@ def render(spec: ShapeSpec, image_size: int = IMAGE_SIZE, rng: np.random.Generat
     Args:
         spec (`ShapeSpec`): What to draw.
         image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side of the square image, in pixels.
-        rng (`np.random.Generator`, *optional*): Jitters the centre (up to `JITTER_SHIFT` of a cell per axis) and
-            the size (up to `JITTER_SCALE`); without it the shape sits exactly in the middle of its cell.
+        rng (`np.random.Generator`, *optional*): Jitters the centre and size (`JITTER_SHIFT`, `JITTER_SCALE`);
+            without it the shape sits exactly in the middle of its cell.
 
     Returns:
         `PIL.Image.Image`: An RGB image.
@@ -254,19 +224,17 @@ def make_dataset(
 ) -> Dataset:
     """A captioned image dataset of the world, identical for equal arguments.
 
-    The split's combinations are drawn evenly (each appears `num_images / len(specs)` times, ±1) in a seeded random
-    order, and each image gets its own jitter. Each caption is drawn by `describe` from a second seeded stream (so
-    the images do not depend on the phrasing): over a third are canonical, a quarter leave the size unstated.
+    Each combination of the split appears equally often (±1), in a seeded order, with its own jitter per image; the
+    captions come from `describe` on a second seeded stream, so that the images do not depend on the phrasing.
 
     Args:
-        split (`str`, *optional*, defaults to `"train"`): `"train"` (`train_specs()`) or `"heldout"`
-            (`held_out_specs()`).
+        split (`str`, *optional*, defaults to `"train"`): `"train"` (`train_specs()`) or `"heldout"`.
         num_images (`int`, *optional*): Number of rows; 8000 for `"train"` and 800 for `"heldout"` when not given.
         seed (`int`, *optional*, defaults to 0): Seed of the order, the jitter and the phrasing.
         image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side of the images, in pixels.
 
     Returns:
-        `datasets.Dataset`: Columns `image` (`datasets.Image`, decoded to RGB PIL images) and `text` (the caption).
+        `datasets.Dataset`: Columns `image` (RGB PIL images) and `text` (the caption).
     """
     splits = {"train": train_specs, "heldout": held_out_specs}
     if split not in splits:
@@ -286,9 +254,8 @@ def make_dataset(
 
 
 def write_imagefolder(dataset: Dataset, directory: str | os.PathLike) -> str | os.PathLike:
-    """Write a dataset with `image` and `text` columns as a 🤗 imagefolder: PNG files and `metadata.jsonl`.
-
-    Load it back with `datasets.load_dataset("imagefolder", data_dir=directory, split="train")`.
+    """Write a dataset with `image` and `text` columns as a 🤗 imagefolder (PNG files and `metadata.jsonl`), which
+    `datasets.load_dataset("imagefolder", data_dir=directory)` loads back.
 
     Args:
         dataset (`datasets.Dataset`): E.g. from `make_dataset`.
