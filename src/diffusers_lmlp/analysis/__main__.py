@@ -1,13 +1,9 @@
 """`python -m diffusers_lmlp.analysis` (or `diffusers-lmlp-analysis`): look inside a model.
 
-    # The L-MLP paper's Fig. 6 for the shipped shapes model, with the numbers behind its claims
-    python -m diffusers_lmlp.analysis lateralization
-
-    # An MoE-MLP's expert usage across sampling (or a U-ViT's attention maps of the Fig. 6 layers)
+    python -m diffusers_lmlp.analysis lateralization  # Fig. 6 of the shipped shapes model, with its measures
     python -m diffusers_lmlp.analysis routing --pipeline lmlp-coco-moe --captions "a red bus" "two dogs on a beach"
 
-Argument parsing needs only the standard library and this package's light modules: torch, diffusers and the models
-are imported in `main`.
+Parsing needs only light modules: torch, diffusers and the models are imported in `main`.
 """
 
 import argparse
@@ -93,11 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
-    """Load the model, run the subcommand, and return its table and the files it wrote.
-
-    Raises:
-        `ValueError` or `OSError`: For an input that cannot be analysed; the message says what to change.
-    """
+    """Load the model, run the subcommand, and return its table and the files it wrote."""
     import torch
 
     from . import lateralization, routing

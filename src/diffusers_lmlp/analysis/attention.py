@@ -1,10 +1,8 @@
-"""U-ViT's attention maps, the comparison the L-MLP paper makes for its Fig. 6: softmax(q·kᵀ / √(D/H)) of a block,
-averaged over heads, forward passes (captions, guidance branches) and sampler timesteps.
+"""U-ViT's attention maps, the L-MLP paper's comparison for Fig. 6: softmax(q·kᵀ / √(D/H)) averaged over heads and
+forward passes, rows = outputs as in a token-mixing weight.
 
-A forward hook on each chosen block's `UViTAttention` takes the normalised tokens it was called with and runs the
-module's own `qkv` projection on them (called as a module, so adapters and hooks on it apply), splitting q and k as
-the module does: [q | k | v], each head-major. The map is the probability that output token i (row) reads input token
-j (column), the same orientation as a token-mixing weight; `UViTAttention.forward` itself is not touched.
+A forward hook on each `UViTAttention` reruns the module's own `qkv` on its input (as a module, so adapters and hooks
+apply) and splits q and k as it does; `UViTAttention.forward` itself is not touched.
 """
 
 import contextlib
@@ -18,15 +16,7 @@ from ..models.mixers.attention import UViTAttention
 
 
 def attention_probabilities(attention: UViTAttention, tokens: torch.Tensor) -> torch.Tensor:
-    """The attention probabilities a `UViTAttention` computes on `tokens`.
-
-    Args:
-        attention (`UViTAttention`): The module.
-        tokens (`torch.Tensor`): (B, L, D) its input (the block's normalised tokens).
-
-    Returns:
-        `torch.Tensor`: (B, H, L, L) float32 probabilities; each row sums to 1.
-    """
+    """The (B, H, L, L) float32 attention probabilities a `UViTAttention` computes on its (B, L, D) input `tokens`."""
     batch_size, seq_len, _ = tokens.shape
     qkv = attention.qkv(tokens).reshape(batch_size, seq_len, 3, attention.num_heads, -1)  # (B, L, 3, H, D/H)
     query, key, _ = qkv.float().permute(2, 0, 3, 1, 4).unbind(0)  # 2 × (B, H, L, D/H)
@@ -35,11 +25,7 @@ def attention_probabilities(attention: UViTAttention, tokens: torch.Tensor) -> t
 
 
 class AttentionAverage:
-    """Running means of attention maps, one per observed block.
-
-    Args:
-        num_blocks (`int`): The observed blocks.
-    """
+    """Running means of attention maps, one per observed block."""
 
     def __init__(self, num_blocks: int):
         self.sums: list[torch.Tensor | float] = [0.0] * num_blocks
@@ -62,14 +48,8 @@ def _record(average: AttentionAverage, index: int, module: UViTAttention, args: 
 
 @contextlib.contextmanager
 def record_attention(blocks: list[nn.Module]) -> Iterator[AttentionAverage]:
-    """Average the attention maps of `blocks` over heads and over every forward pass while the context is open.
-
-    Args:
-        blocks (`list[nn.Module]`): U-ViT blocks, each with one `UViTAttention`.
-
-    Yields:
-        `AttentionAverage`: Filled as the passes run; the hooks are removed when the context closes.
-    """
+    """Yield an `AttentionAverage` of the maps of `blocks` (each with one `UViTAttention`) over heads and every
+    forward pass while the context is open."""
     average = AttentionAverage(len(blocks))
     handles = []
     for index, block in enumerate(blocks):

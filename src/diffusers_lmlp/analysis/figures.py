@@ -1,8 +1,7 @@
-"""Drawing for the analysis commands, with Pillow only: heat maps in viridis (the colour map of the reference figure
-script, `nnet_vis.py`), with red lines at the token-region boundaries, laid out in a labelled grid with a colour bar.
+"""Drawing for the analysis commands, with Pillow only: viridis heat maps (as the reference figure script) with red
+lines at the token-region boundaries, in a labelled grid with a colour bar.
 
-A heat map keeps one cell per matrix entry (rows = outputs from the top, columns = inputs from the left), enlarged
-by a whole factor with no smoothing, so that single entries (a diagonal, a boundary) stay visible.
+Each matrix entry is enlarged by a whole factor without smoothing, so single entries (a diagonal) stay visible.
 """
 
 import math
@@ -38,14 +37,7 @@ def drawable(text: str) -> str:
 
 
 def colour(values: np.ndarray) -> np.ndarray:
-    """Viridis colours of values in [0, 1] (values outside are clipped).
-
-    Args:
-        values (`np.ndarray`): (...) values.
-
-    Returns:
-        `np.ndarray`: (..., 3) uint8 RGB.
-    """
+    """(..., 3) uint8 viridis colours of values in [0, 1] (others are clipped)."""
     position = np.clip(values, 0.0, 1.0) * (len(VIRIDIS) - 1)
     low = np.minimum(np.floor(position).astype(int), len(VIRIDIS) - 2)
     fraction = (position - low)[..., None]
@@ -53,15 +45,8 @@ def colour(values: np.ndarray) -> np.ndarray:
 
 
 def heat_map(values: np.ndarray, boundaries: tuple[int, ...] = (), cell: tuple[int, int] | None = None) -> Image.Image:
-    """A matrix of values in [0, 1] as an image.
-
-    Args:
-        values (`np.ndarray`): (rows, columns) values in [0, 1].
-        boundaries (`tuple[int, ...]`, *optional*): Indices where a region begins: a red line is drawn before that
-            row and that column (the token regions of a square token-mixing map).
-        cell (`tuple[int, int]`, *optional*): (height, width) of one entry in pixels; by default square, the smallest
-            whole factor that makes the map `PANEL_PIXELS` wide, or 1 for larger maps.
-    """
+    """A (rows, columns) matrix in [0, 1] as an image, with a red line before each of `boundaries`' rows and
+    columns; `cell` is an entry's (height, width), by default the square that makes the map `PANEL_PIXELS` wide."""
     if cell is None:
         side = math.ceil(PANEL_PIXELS / max(values.shape))
         cell = (side, side)
@@ -83,16 +68,7 @@ def grid_figure(
     row_titles: list[str],
     panels: list[list[Image.Image]],
 ) -> Image.Image:
-    """Heat maps in a grid, each row and column labelled, under a title and notes, with a colour bar from 0 (dark) to 1
-    (yellow) on the right.
-
-    Args:
-        title (`str`): The first line.
-        notes (`list[str]`): Lines under the title (what the axes, colours and lines mean).
-        column_titles (`list[str]`): One title above each column.
-        row_titles (`list[str]`): One title left of each row.
-        panels (`list[list[PIL.Image.Image]]`): panels[row][column], each centred in its cell.
-    """
+    """`panels[row][column]` in a labelled grid under a title and notes, with a 0-to-1 colour bar on the right."""
     title, notes = drawable(title), [drawable(note) for note in notes]
     column_titles, row_titles = [drawable(t) for t in column_titles], [drawable(t) for t in row_titles]
     text = font()

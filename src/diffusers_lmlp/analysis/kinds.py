@@ -1,14 +1,9 @@
-"""What each subcommand reads in a backbone, found from the modules it is built of, and the error that names the
-subcommand that fits a model it cannot read.
+"""What each subcommand reads in a backbone, and the error naming the subcommand that fits one it cannot read.
 
-- `lateralization` reads the first stage of the L-MLP block (`LMLPBlock`): a left hemisphere that is one L × L token
-  mixing `nn.Linear` (the UL-MLP's FNN_L) or a `MoELinearAttention` (the MoE-MLP's E expert L × L matrices per head),
-  and a right hemisphere that is one D × D `nn.Linear` (FNN_R).
-- `routing` reads the `Router` modules of an MoE-MLP and the `UViTAttention` modules of a U-ViT.
-
-Each family's mixer module defines these classes, so the test is by the class of a block's parts, never by a family
-or config name; `family_of` only names the model in messages. A UL-MLP built with MLP hemispheres (Table 1 A1–C1)
-has no single L × L Linear, and gMLP, MLP-Mixer and the ParaMixers have no hemispheres: neither subcommand reads them.
+`lateralization` reads an `LMLPBlock`'s first stage (an L × L `nn.Linear` FNN_L or a `MoELinearAttention` beside a
+D × D FNN_R); `routing` reads MoE-MLP `Router`s and U-ViT `UViTAttention`s. The test is by the class of a block's
+parts, never by family or config name. MLP-hemisphere UL-MLPs (Table 1 A1–C1), gMLP, MLP-Mixer and the ParaMixers
+fit neither.
 """
 
 import torch
@@ -23,16 +18,8 @@ from .layers import layer_block, num_blocks
 
 
 def first_stage(block: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The first-stage weights of an L-MLP block, as the paper's Fig. 6 draws them (rows = outputs).
-
-    Args:
-        block (`nn.Module`): One block of a backbone's stack.
-
-    Returns:
-        `tuple` or `None`: (left, right): left is the (L, L) token-mixing weight of a UL-MLP block, or the
-        (H, E, L, L) expert weights of an MoE-MLP block; right is the (D, D) channel-mixing weight. `None` for a block
-        without these.
-    """
+    """A block's first-stage weights as Fig. 6 draws them (rows = outputs): left (L, L), or (H, E, L, L) experts
+    for an MoE-MLP, and right (D, D); None for a block without them."""
     if not isinstance(block, LMLPBlock) or not isinstance(block.right, nn.Linear):
         return None
     if isinstance(block.left, MoELinearAttention):
@@ -68,11 +55,7 @@ def _name(model: nn.Module) -> str:
 
 
 def check_lateralization(model: nn.Module) -> None:
-    """Raise a `ValueError` that names the subcommand that fits, unless `lateralization` can read the model.
-
-    Args:
-        model (`nn.Module`): A backbone of the package.
-    """
+    """Raise a `ValueError` that names the subcommand that fits, unless `lateralization` can read the model."""
     if lateralizes(model):
         return
     fits = (
@@ -87,11 +70,7 @@ def check_lateralization(model: nn.Module) -> None:
 
 
 def check_routing(model: nn.Module) -> None:
-    """Raise a `ValueError` that names the subcommand that fits, unless `routing` can read the model.
-
-    Args:
-        model (`nn.Module`): A backbone of the package.
-    """
+    """Raise a `ValueError` that names the subcommand that fits, unless `routing` can read the model."""
     if routes(model) or attends(model):
         return
     fits = (

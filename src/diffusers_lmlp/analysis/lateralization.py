@@ -1,21 +1,9 @@
 """`lateralization`: the L-MLP paper's Fig. 6 for any UL-MLP or MoE-MLP, with the measures that check its claims.
 
-Fig. 6 draws the first-stage linear weights of layers 1, 5, 9, 13 and 17: the left hemisphere (FNN_L, token
-mixing, L × L) in one row and the right hemisphere (FNN_R, channel mixing, D × D) in the other, each matrix normalised
-to [0, 1], with red lines between the token regions. Here the layers are any (`layers.default_layers` adapts the
-paper's to the depth), the region lines come from the config (`TokenRegions`), and each matrix is measured
-(`metrics`). An MoE-MLP's left hemisphere is E expert matrices per head, which the router mixes per sample: each
-expert of each head is drawn and measured on its own, beside the block's one right hemisphere.
-
-The command writes into its output folder:
-
-- `lateralization.png`: the figure, a column per layer, a row per left-hemisphere matrix and one for the right;
-- `lateralization.safetensors`: the raw weights, `layer_<k>.left` ((L, L), or (H, E, L, L) for an MoE-MLP) and
-  `layer_<k>.right` ((D, D));
-- `lateralization.json`: the model, the token regions, `"layers"`, one entry per layer with `"layer"`, `"block"`,
-  `"left"` (`diagonal`, `locality`, `periodicity`, `mean_abs`; for an MoE-MLP a list of these, one per head and
-  expert, each with its `"head"` and `"expert"`) and `"right"` (`diagonal`, `mean_abs`), and `"noise"`: where the
-  measures of structureless matrices of the same sizes fall (`metrics.noise_band`).
+Fig. 6 draws the first-stage weights of chosen layers, left hemisphere (FNN_L, token mixing, L × L) above right
+(FNN_R, channel mixing, D × D), each normalised to [0, 1] with red lines between the token regions. Here any layers
+can be drawn and each matrix is also measured (`metrics`); an MoE-MLP's experts are drawn and measured one by one,
+since the router mixes them per sample.
 """
 
 import functools
@@ -52,14 +40,8 @@ FILES = (FIGURE, REPORT, WEIGHTS)
 
 @dataclass(frozen=True)
 class FirstStage:
-    """The first-stage weights of one layer (rows = outputs, columns = inputs).
-
-    Args:
-        layer (`int`): The layer number, as the reference figure script counts.
-        block (`str`): Its module in the stack (`in_blocks.4`, `mid_block`, ...).
-        left (`torch.Tensor`): (L, L) token-mixing weight, or (H, E, L, L) for the experts of an MoE-MLP.
-        right (`torch.Tensor`): (D, D) channel-mixing weight.
-    """
+    """The first-stage weights of one layer, rows = outputs: left (L, L), or (H, E, L, L) for MoE-MLP experts, and
+    right (D, D)."""
 
     layer: int
     block: str
@@ -67,8 +49,8 @@ class FirstStage:
     right: torch.Tensor
 
     def left_matrices(self) -> list[tuple[dict[str, int], torch.Tensor]]:
-        """Each L × L matrix of the left hemisphere with what names it: `{}` for a UL-MLP, `{"head": h, "expert": e}`
-        for each expert of an MoE-MLP."""
+        """Each L × L left-hemisphere matrix with its names: `{}` for a UL-MLP, `{"head": h, "expert": e}` for an
+        MoE-MLP."""
         if self.left.ndim == 2:
             return [({}, self.left)]
         heads, experts = self.left.shape[:2]
@@ -76,15 +58,7 @@ class FirstStage:
 
 
 def read_first_stages(model: nn.Module, layers: list[int]) -> list[FirstStage]:
-    """The first-stage weights of `layers`, copied to the CPU.
-
-    Args:
-        model (`nn.Module`): A UL-MLP or MoE-MLP backbone.
-        layers (`list[int]`): Layer numbers, checked by `layers.check_layers`.
-
-    Raises:
-        `ValueError`: For a model without L-MLP first stages; the message names the subcommand that fits it.
-    """
+    """The first-stage weights of `layers`, copied to the CPU; `ValueError` for a model without them."""
     check_lateralization(model)
     blocks = num_blocks(model.config["num_layers"])
     stages = []
@@ -95,12 +69,7 @@ def read_first_stages(model: nn.Module, layers: list[int]) -> list[FirstStage]:
 
 
 def measure(stage: FirstStage, regions: TokenRegions) -> dict:
-    """The report entry of one layer: its measures (see `metrics`).
-
-    Args:
-        stage (`FirstStage`): The layer's weights.
-        regions (`TokenRegions`): The model's token layout.
-    """
+    """The report entry of one layer: its measures (see `metrics`)."""
     left = [
         {**names, **token_mixing_measures(matrix, regions), "mean_abs": mean_abs(matrix)}
         for names, matrix in stage.left_matrices()
@@ -140,13 +109,7 @@ def table(report: dict) -> str:
 
 
 def figure(stages: list[FirstStage], regions: TokenRegions, title: str) -> Image.Image:
-    """The Fig. 6 grid: a column per layer, a row per left-hemisphere matrix, then the right hemisphere.
-
-    Args:
-        stages (`list[FirstStage]`): The layers' weights.
-        regions (`TokenRegions`): The token layout (the red lines).
-        title (`str`): The figure's first line.
-    """
+    """The Fig. 6 grid: a column per layer, a row per left-hemisphere matrix, then the right hemisphere."""
     rows = [[] for _ in range(len(stages[0].left_matrices()) + 1)]
     for stage in stages:
         for row, (_, matrix) in zip(rows, stage.left_matrices()):
@@ -171,21 +134,8 @@ def figure(stages: list[FirstStage], regions: TokenRegions, title: str) -> Image
 def run_lateralization(
     model: nn.Module, layers: list[int], output_dir: Path, source: str, progress: bool = True
 ) -> dict:
-    """Measure and draw the first stage of `layers`, and write the command's three files into `output_dir`.
-
-    Args:
-        model (`nn.Module`): A UL-MLP or MoE-MLP backbone.
-        layers (`list[int]`): Layer numbers, checked by `layers.check_layers`.
-        output_dir (`Path`): Where the files go (created if needed).
-        source (`str`): What `--pipeline` named, for the report and the figure.
-        progress (`bool`, *optional*, defaults to `True`): Show a progress bar over the layers.
-
-    Returns:
-        `dict`: The report written to `lateralization.json`.
-
-    Raises:
-        `ValueError`: For a model without L-MLP first stages; the message names the subcommand that fits it.
-    """
+    """Measure and draw the first stage of `layers`, write `FILES` into `output_dir` and return the report;
+    `source` is what `--pipeline` named."""
     stages = read_first_stages(model, layers)
     regions = TokenRegions.from_config(model.config)
     family = family_of(model)

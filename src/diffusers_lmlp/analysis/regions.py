@@ -1,13 +1,8 @@
-"""The token regions of a backbone's sequence, read from its config: [time (1) | text (T) | image patches (N)].
+"""The token regions of a backbone's sequence, from its config: [time (1) | text (T) | image patches (N = g²)].
 
-Every backbone of this package orders its L = 1 + T + N tokens so (`models/tokens.py`), with the image patches
-row-major over a g × g grid (g = sample_size / patch_size, N = g²). An L × L token-mixing matrix therefore splits into
-regions by these boundaries, and the image part has a grid position per token. The L-MLP paper names the regions
-of its Fig. 6 "X-to-Y" with the x-axis the input and the y-axis the output: "text-to-image" is the block whose rows
-(outputs) are image tokens and whose columns (inputs) are text tokens.
-
-The reference figure script draws its one divider at index 77, one token early: the time token is index 0 and the
-text tokens are 1–77, so the image starts at 78. Here the boundaries come from the config: 1 and 1 + T.
+Every backbone orders its tokens so (`models/tokens.py`), patches row-major on the g × g grid. Fig. 6's "X-to-Y"
+regions have inputs X as columns and outputs Y as rows. The reference figure script draws its divider one token early
+(at 77, though the image starts at 78); here the boundaries come from the config: 1 and 1 + T.
 """
 
 from collections.abc import Mapping
@@ -16,23 +11,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TokenRegions:
-    """Where the time, text and image tokens lie in a sequence of `seq_len` tokens.
-
-    Args:
-        text_seq_len (`int`): Text tokens T.
-        grid_size (`int`): Side g of the square grid of image patches (N = g² image tokens).
-    """
+    """Where the time, text (`text_seq_len`) and image tokens (a `grid_size` × `grid_size` grid) lie."""
 
     text_seq_len: int
     grid_size: int
 
     @classmethod
     def from_config(cls, config: Mapping) -> "TokenRegions":
-        """The regions of a backbone with this config (`model.config`, or a config.json's contents).
-
-        Args:
-            config (`Mapping`): Has `sample_size`, `patch_size` and `text_seq_len`.
-        """
+        """The regions of a backbone with this config (`model.config` or a config.json's contents)."""
         return cls(text_seq_len=config["text_seq_len"], grid_size=config["sample_size"] // config["patch_size"])
 
     @property
@@ -66,11 +52,7 @@ class TokenRegions:
         return (self.text.start, self.image.start)
 
     def patch_position(self, patch: int) -> tuple[int, int]:
-        """The (row, column) in the patch grid of the `patch`-th image token (counted from 0 within the image).
-
-        Args:
-            patch (`int`): 0 … N − 1.
-        """
+        """The (row, column) in the patch grid of image token `patch` (0 … N − 1, counted within the image)."""
         return divmod(patch, self.grid_size)
 
     def describe(self) -> str:

@@ -1,18 +1,8 @@
-"""`routing`: what decides the token mixing of a model whose mixing depends on its input, watched while it samples
-captions (`sampling`).
+"""`routing`: what decides the token mixing of an input-dependent model, watched while it samples captions.
 
-- **MoE-MLP**: each block's `Router` turns the gate logits of its H heads into probabilities over E experts, (B, H, E)
-  per pass, recorded by `collect_router_probs` on each chosen block. `usage[s, k, h, e]` is the mean probability of
-  expert e of head h of layer k at sampler step s, over the captions and guidance branches: the figure draws it per
-  layer and head as experts × steps. The report gives, per layer and head over every pass and step, the statistics
-  of `metrics.balance_statistics` (usage, top-1 share, cv, entropy), and the MoE-MLP paper's load-balancing loss
-  (`load_balancing_loss`, weight 1) of all of them.
-- **U-ViT**: the attention maps of the chosen layers (`attention`), averaged over heads, passes and steps: the maps
-  the L-MLP paper compares its Fig. 6 with, drawn as `lateralization` draws a left hemisphere and measured the same
-  way (`metrics.token_mixing_measures`).
-
-The command writes `routing.png`, `routing.json` and `routing.safetensors` (MoE-MLP: `usage` (S, layers, H, E) and
-`timesteps` (S,); U-ViT: `layer_<k>.attention`, the (L, L) mean attention probabilities).
+For an MoE-MLP, the routers' expert probabilities per layer, head and sampler step, with their balance statistics and
+the MoE-MLP paper's load-balancing loss. For a U-ViT, the mean attention maps of the chosen layers (what the L-MLP
+paper compares Fig. 6 with), drawn and measured as `lateralization` does a left hemisphere.
 """
 
 import contextlib
@@ -48,19 +38,8 @@ USAGE_ROW_PIXELS, USAGE_PANEL_WIDTH = 16, 200
 def record_expert_usage(
     pipeline, layers: list[int], captions: list[str], settings: SamplerSettings, progress: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The gate probabilities of the routers of `layers` while the pipeline samples `captions`.
-
-    Args:
-        pipeline (`LMLPPipeline`): A pipeline whose transformer is an MoE-MLP.
-        layers (`list[int]`): Layer numbers.
-        captions (`list[str]`): The captions.
-        settings (`SamplerSettings`): How they are sampled.
-        progress (`bool`, *optional*, defaults to `True`): Show a progress bar over the sampler steps.
-
-    Returns:
-        `tuple`: `usage` (S, layers, H, E), the mean gate probabilities per step; `passes` (layers, P, H, E), every
-        pass's probabilities (P = passes per step × S); the S timesteps.
-    """
+    """The gate probabilities of the routers of `layers` while an MoE-MLP pipeline samples `captions`: the
+    (S, layers, H, E) mean per step, every pass's (layers, P, H, E), and the S timesteps."""
     model = pipeline.transformer
     steps: list[list[list[torch.Tensor]]] = [[[] for _ in layers] for _ in range(settings.num_inference_steps)]
     with contextlib.ExitStack() as stack:
@@ -79,13 +58,7 @@ def record_expert_usage(
 
 
 def usage_report(layers: list[int], blocks: int, passes: torch.Tensor) -> dict:
-    """The load-balance part of the report: per layer and head, then the balance loss of all routers.
-
-    Args:
-        layers (`list[int]`): Layer numbers.
-        blocks (`int`): The blocks of the model.
-        passes (`torch.Tensor`): (layers, P, H, E) gate probabilities of every pass.
-    """
+    """The load-balance part of the report from (layers, P, H, E) `passes`: per layer and head, then the loss."""
     entries = [
         {
             "layer": layer,
@@ -98,12 +71,7 @@ def usage_report(layers: list[int], blocks: int, passes: torch.Tensor) -> dict:
 
 
 def usage_figure(usage: torch.Tensor, report: dict) -> Image.Image:
-    """Expert usage across sampling: a row per layer, a column per head, each panel experts × sampler steps.
-
-    Args:
-        usage (`torch.Tensor`): (S, layers, H, E) mean gate probabilities.
-        report (`dict`): The report (its model, layers, captions, sampler and timesteps).
-    """
+    """The (S, layers, H, E) `usage` across sampling: a row per layer, a column per head, panels experts × steps."""
     num_steps, _, num_heads, num_experts = usage.shape
     cell = (USAGE_ROW_PIXELS, max(1, USAGE_PANEL_WIDTH // num_steps))
     panels = [
@@ -127,13 +95,7 @@ def usage_figure(usage: torch.Tensor, report: dict) -> Image.Image:
 
 
 def attention_figure(maps: list[torch.Tensor], report: dict, regions: TokenRegions) -> Image.Image:
-    """The mean attention maps, one column per layer, drawn as `lateralization` draws a left hemisphere.
-
-    Args:
-        maps (`list[torch.Tensor]`): One (L, L) map per layer.
-        report (`dict`): The report (its model and layers).
-        regions (`TokenRegions`): The token layout (the red lines).
-    """
+    """The (L, L) mean attention `maps`, a column per layer, drawn as `lateralization` draws a left hemisphere."""
     notes = [
         regions.describe(),
         "Rows are outputs (queries), columns inputs (keys); each map is the mean over heads, captions and sampler",
@@ -151,11 +113,7 @@ def attention_figure(maps: list[torch.Tensor], report: dict, regions: TokenRegio
 def expert_usage(
     pipeline, layers: list[int], captions: list[str], settings: SamplerSettings, report: dict, progress: bool
 ) -> tuple[Image.Image, dict[str, torch.Tensor]]:
-    """Record an MoE-MLP's routers; add the timesteps and the load-balance statistics to `report`.
-
-    Returns:
-        `tuple`: The figure and the tensors to save (`usage`, `timesteps`).
-    """
+    """Record an MoE-MLP's routers and add timesteps and balance statistics to `report`; returns figure and tensors."""
     usage, passes, timesteps = record_expert_usage(pipeline, layers, captions, settings, progress)
     blocks = num_blocks(pipeline.transformer.config["num_layers"])
     report.update(kind="expert usage", timesteps=timesteps, **usage_report(layers, blocks, passes))
@@ -165,11 +123,8 @@ def expert_usage(
 def attention_maps(
     pipeline, layers: list[int], captions: list[str], settings: SamplerSettings, report: dict, progress: bool
 ) -> tuple[Image.Image, dict[str, torch.Tensor]]:
-    """Record a U-ViT's attention maps; add the timesteps, the regions, the measures and their noise bands to `report`.
-
-    Returns:
-        `tuple`: The figure and the tensors to save (`layer_<k>.attention`).
-    """
+    """Record a U-ViT's attention maps and add timesteps, regions, measures and noise bands to `report`; returns the
+    figure and tensors."""
     model = pipeline.transformer
     with record_attention([layer_block(model, layer) for layer in layers]) as average:
         timesteps = sample_trajectories(pipeline, captions, settings, progress=progress)
@@ -200,24 +155,8 @@ def run_routing(
     source: str,
     progress: bool = True,
 ) -> dict:
-    """Sample `captions`, record the routers (MoE-MLP) or the attention (U-ViT) of `layers`, and write the command's
-    three files into `output_dir`.
-
-    Args:
-        pipeline (`LMLPPipeline`): The pipeline, on its device.
-        layers (`list[int]`): Layer numbers, checked by `layers.check_layers`.
-        captions (`list[str]`): The captions.
-        settings (`SamplerSettings`): How they are sampled.
-        output_dir (`Path`): Where the files go (created if needed).
-        source (`str`): What `--pipeline` named, for the report and the figure.
-        progress (`bool`, *optional*, defaults to `True`): Show a progress bar over the sampler steps.
-
-    Returns:
-        `dict`: The report written to `routing.json`.
-
-    Raises:
-        `ValueError`: For a model with neither routers nor attention; the message names the subcommand that fits it.
-    """
+    """Sample `captions`, record the routers (MoE-MLP) or attention (U-ViT) of `layers`, write `FILES` into
+    `output_dir` and return the report; `source` is what `--pipeline` named."""
     model = pipeline.transformer
     check_routing(model)
     family = family_of(model)

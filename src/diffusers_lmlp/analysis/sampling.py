@@ -1,10 +1,8 @@
 """The inputs `routing` observes a backbone on: its own sampling trajectories.
 
-Gates and attention depend on the tokens, so the backbone is watched where it works: the pipeline samples each
-caption from seeded noise with its own scheduler and classifier-free guidance, and hooks on the backbone's modules
-(`routing`, `attention`) record what every forward pass computes: the conditional one and, with guidance, the
-unconditional one. Nothing in the model's forward is replaced. Caption i starts from the noise of seed `seed + i`,
-so a caption's trajectory does not depend on the batch it is sampled in.
+Gates and attention depend on the tokens, so the pipeline samples the captions as usual (scheduler, guidance) while
+hooks record every forward pass; the model's forward is not replaced. Caption i starts from the noise of seed
+`seed + i`, so its trajectory does not depend on its batch.
 """
 
 from collections.abc import Callable
@@ -17,14 +15,7 @@ from ..progress import progress_bar
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    """How the captions are sampled.
-
-    Args:
-        num_inference_steps (`int`): Sampler steps per caption.
-        guidance_scale (`float`): diffusers' guidance scale g (above 1: an unconditional pass at every step too).
-        seed (`int`): Caption i starts from the noise of seed `seed + i`.
-        batch_size (`int`): Captions per pipeline call.
-    """
+    """How the captions are sampled; caption i starts from the noise of seed `seed + i`."""
 
     num_inference_steps: int
     guidance_scale: float
@@ -39,19 +30,8 @@ def sample_trajectories(
     on_step: Callable[[int, int], None] | None = None,
     progress: bool = True,
 ) -> list[int]:
-    """Sample every caption (the images are not decoded), calling `on_step` after each sampler step.
-
-    Args:
-        pipeline (`LMLPPipeline`): The pipeline, on its device.
-        captions (`list[str]`): The captions.
-        settings (`SamplerSettings`): Steps, guidance, seed and batch size.
-        on_step (`Callable[[int, int], None]`, *optional*): Called as `on_step(step, timestep)` once the backbone's
-            passes of that step (of the current batch) have run.
-        progress (`bool`, *optional*, defaults to `True`): Show a progress bar over the steps of every batch.
-
-    Returns:
-        `list[int]`: The scheduler's timesteps, in sampling order.
-    """
+    """Sample every caption without decoding, calling `on_step(step, timestep)` after each step's backbone passes;
+    returns the scheduler's timesteps in sampling order."""
     batch_size, num_inference_steps = settings.batch_size, settings.num_inference_steps
     batches = [captions[start : start + batch_size] for start in range(0, len(captions), batch_size)]
     timesteps: list[int] = []

@@ -1,10 +1,8 @@
-"""What `--pipeline` names, found and loaded: the shipped shapes pipeline, a pipeline folder, a backbone folder (such
-as a converted reference checkpoint saved with `save_pretrained`) or a Hub repo id of either.
+"""What `--pipeline` names, found and loaded: a shipped pipeline, a pipeline or backbone folder, or a Hub repo id.
 
-The backbone's config is read first, so that `--layers` is checked before any weight is loaded. Weights load through
-the backbone's own `from_pretrained`: safetensors only, never unpickled, every weight filled. A Hub repo is fetched
-into the huggingface_hub cache: the backbone's files first, and the other components only for `routing`, which
-samples captions with the whole pipeline (`LMLPPipeline.from_pretrained`).
+The config is read first, so `--layers` is checked before any weight loads; weights load through the backbone's own
+`from_pretrained` (safetensors only, never unpickled). From the Hub the backbone's files are fetched first, the
+other components only for `routing`, which samples with the whole pipeline.
 """
 
 import json
@@ -29,16 +27,8 @@ HUB_ALLOW_PATTERNS = ["model_index.json", *BACKBONE_FILES, *(f"transformer/{name
 
 @dataclass(frozen=True)
 class BackboneSource:
-    """Where a backbone's files are, and its config.
-
-    Args:
-        name (`str`): What `--pipeline` said.
-        folder (`Path`): The local folder (a Hub repo's snapshot in the cache).
-        subfolder (`str`, *optional*): `"transformer"` in a pipeline folder; `None` in a backbone folder.
-        config (`dict`): The backbone's config.json.
-        family (`BlockFamily`): Its block family, from config.json's `_class_name`.
-        from_hub (`bool`): Whether `name` is a Hub repo id (the folder then holds the backbone's files only).
-    """
+    """Where the backbone `name` names lies (`folder`, with `subfolder` "transformer" in a pipeline), its config and
+    family; `from_hub` when `folder` is a Hub snapshot holding only the backbone's files."""
 
     name: str
     folder: Path
@@ -57,15 +47,8 @@ class BackboneSource:
         return self.family.model_class.from_pretrained(self.folder, subfolder=self.subfolder).eval()
 
     def load_pipeline(self, transformer):
-        """The whole pipeline, around the backbone already loaded (`routing` samples captions with it).
-
-        Args:
-            transformer (`UShapedMixerModel`): This source's backbone (`load_backbone`).
-
-        Raises:
-            `ValueError`: For a backbone folder, which has no text encoder to encode captions with.
-            `OSError`: For a Hub repo whose other components cannot be fetched.
-        """
+        """The whole pipeline around the already loaded `transformer`; `ValueError` for a backbone folder, which has
+        no text encoder."""
         if not self.is_pipeline:
             raise ValueError(
                 f"routing samples captions, so it needs a whole pipeline (model_index.json with its text encoder, "
@@ -83,11 +66,7 @@ class BackboneSource:
 
 
 def _hub_snapshot(name: str) -> Path:
-    """The cached snapshot of the backbone files of the Hub repo `name`, fetched if the Hub can be reached.
-
-    Raises:
-        `OSError`: For a repo that does not exist, or is neither cached nor reachable.
-    """
+    """The cached snapshot of the Hub repo `name`'s backbone files, fetched if reachable (else `OSError`)."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -108,16 +87,8 @@ def _hub_snapshot(name: str) -> Path:
 
 
 def find_backbone(name: str) -> BackboneSource:
-    """Find the backbone `--pipeline` names and read its config (no weights are loaded).
-
-    Args:
-        name (`str`): `"shapes"` or `"emoji"` (the pipelines shipped in the package), a pipeline folder (with model_index.json and
-            transformer/), a backbone folder (with config.json and safetensors weights), or a Hub repo id of either.
-
-    Raises:
-        `OSError`: For a path to nothing or to a file, or a Hub repo that cannot be fetched.
-        `ValueError`: For a folder that holds neither a pipeline nor a backbone, or a config of no registered family.
-    """
+    """Find the backbone `--pipeline` names and read its config, loading no weights; `OSError` or `ValueError`
+    (with what to change) when it names no backbone."""
     from_hub = False
     if name in WORLDS:
         folder = WORLDS[name].pipeline_path

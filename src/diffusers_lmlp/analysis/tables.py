@@ -7,12 +7,7 @@ def number(value: float | None, digits: int = 3) -> str:
 
 
 def format_table(rows: list[tuple[str, ...]], text_columns: int) -> str:
-    """Rows of cells as aligned columns: the first `text_columns` left-aligned, the numbers after them right-aligned.
-
-    Args:
-        rows (`list[tuple[str, ...]]`): The header, then one row per line; every row has the same cells.
-        text_columns (`int`): How many leading columns hold text.
-    """
+    """Rows of cells (header first) as aligned columns: the first `text_columns` left-aligned, the rest right."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(
@@ -24,11 +19,7 @@ def format_table(rows: list[tuple[str, ...]], text_columns: int) -> str:
 
 
 def noise_line(noise: dict) -> str:
-    """A report's noise bands (`metrics.noise_band`) in one line, to read its measures against.
-
-    Args:
-        noise (`dict`): `{"draws": n, <what>: {measure: [low, high], ...}, ...}`, e.g. "left" and "right".
-    """
+    """A report's noise bands (`{"draws": n, <what>: {measure: [low, high]}}`, `metrics.noise_band`) in one line."""
     parts = [
         f"{what}: " + ", ".join(f"{name} {number(low)} to {number(high)}" for name, (low, high) in bands.items())
         for what, bands in noise.items()

@@ -1,15 +1,14 @@
-"""Evaluation the way the papers measure: FID against reference statistics (the standard Inception network, the
-shapes world's feature network, or any module), CLIP score, and the shapes scorer's accuracies; from Python with
-`evaluate`, or from the command line with `python -m diffusers_lmlp.evaluation`.
+"""Evaluation as the papers measure it: FID (Inception, a world's feature network or any module), CLIP score and the
+world scorers' accuracies; `evaluate` from Python, `python -m diffusers_lmlp.evaluation` from the shell.
 
-Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
+Names import lazily (`exports.lazy_exports`).
 """
 
 from typing import TYPE_CHECKING
 
 from ..exports import lazy_exports
 
-# `evaluate` is also the name of its module: imported here, the function (not the module) is the package's attribute.
+# Imported eagerly so that the package attribute `evaluate` is the function, not its same-named module.
 from .evaluate import Processes, evaluate
 
 

@@ -1,21 +1,9 @@
 """`python -m diffusers_lmlp.evaluation` (or `diffusers-lmlp-evaluate`): sample a pipeline and report FID, CLIP score
-and, on an embedded world, its scorer's accuracies.
+and an embedded world's accuracies, e.g. `--pipeline shapes` offline, or COCO FID-30k with `accelerate launch
+--multi_gpu -m diffusers_lmlp.evaluation --pipeline user/repo --captions COCO_DIR --fid_reference STATS.npz`.
 
-    # The shipped shapes pipeline, offline: shapes-FID against renders of the same captions, and the accuracies.
-    python -m diffusers_lmlp.evaluation --pipeline shapes
-    # The shipped emoji pipeline: emoji-FID, CLIP score and retrieval by the emoji CLIP, and by pixels.
-    python -m diffusers_lmlp.evaluation --pipeline emoji
-
-    # COCO FID-30k as U-ViT measures it, on 8 GPUs, against the published statistics.
-    accelerate launch --multi_gpu --num_processes 8 -m diffusers_lmlp.evaluation --pipeline user/repo \\
-        --captions /data/coco --fid_reference fid_stats_mscoco256_val.npz
-
-An interrupted evaluation (Ctrl-C, SIGTERM from a scheduler) keeps its finished batches in OUTPUT_DIR/progress and
-writes OUTPUT_DIR/report.partial.json; the same command run again continues from there and reports what an
-uninterrupted run reports.
-
-Argument parsing needs only the standard library, torch and this package's light modules: the heavy libraries
-(diffusers, transformers, accelerate) are imported in `main`.
+An interrupted run keeps its finished batches and a partial report; the same command continues it. Parsing needs
+only light modules: diffusers, transformers and accelerate are imported in `main`.
 """
 
 import argparse
@@ -147,8 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def is_repo_id(name: str) -> bool:
-    """Whether `name` has the form of a Hub repo id (`name` or `owner/name`, by huggingface_hub's rules: no leading
-    `.`, `~` or `/`, at most one `/`)."""
+    """Whether `name` has the form of a Hub repo id, by huggingface_hub's rules."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -169,12 +156,7 @@ def check_pipeline(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def load_pipeline(name: str, dtype: torch.dtype):
-    """The pipeline of `--pipeline`: a world's shipped pipeline (shapes, emoji), a folder or a Hub id.
-
-    Raises:
-        `OSError`: For a Hub id that is neither cached nor downloadable (the message says how to fetch it), or a
-            folder that lacks a file.
-    """
+    """The pipeline of `--pipeline`: a world's shipped one, a folder or a Hub id (`OSError` if it cannot be had)."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..pipelines import LMLPPipeline
@@ -188,10 +170,8 @@ def load_pipeline(name: str, dtype: torch.dtype):
 
 
 class StopSignals:
-    """Within it, the first Ctrl-C (SIGINT) or SIGTERM (a killed job, a preempted node) raises `KeyboardInterrupt`,
-    and later ones are ignored while the finished batches are kept and the partial report written: `accelerate
-    launch` sends each process the signal it got once more, and schedulers repeat SIGTERM. Handlers are installed
-    only in the main thread (Python delivers signals there)."""
+    """Within it, the first SIGINT or SIGTERM raises `KeyboardInterrupt` and later ones are ignored while progress
+    is saved: `accelerate launch` forwards each signal again and schedulers repeat SIGTERM. Main thread only."""
 
     def __init__(self):
         self.received, self.previous = None, {}

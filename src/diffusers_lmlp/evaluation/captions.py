@@ -1,5 +1,5 @@
-"""Captions: what one is, whatever the data source (`captions_of`), and the ones an evaluation samples: COCO
-val2014's as the reference protocol draws them, a captions file, or an embedded world's (shapes, emoji)."""
+"""Captions: what one is in any data source (`captions_of`), and those an evaluation samples: COCO val2014's as the
+reference protocol draws them, a captions file's, or an embedded world's (shapes, emoji)."""
 
 import json
 from pathlib import Path
@@ -8,8 +8,7 @@ import numpy as np
 
 
 COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
-# A source name → the shapes-world combinations it draws from. A `:varied` source phrases each caption at random
-# (`world.describe`), the others canonically ("a {size} {colour} {shape} at the {position}").
+# Source → the shapes-world combinations it draws; `:varied` phrases each caption at random, the others canonically.
 SHAPES_SOURCES = {
     "shapes": "all_specs",
     "shapes:train": "train_specs",
@@ -18,8 +17,7 @@ SHAPES_SOURCES = {
     "shapes:train:varied": "train_specs",
     "shapes:heldout:varied": "held_out_specs",
 }
-# The emoji world's sources → the split drawn from (all pictures when None): plain names ("surfer: dark skin tone"),
-# or with `:varied` a random phrasing of each picture.
+# Source → the emoji split it draws (None: all); plain names, or with `:varied` a random phrasing of each.
 EMOJI_SOURCES = {
     "emoji": None,
     "emoji:train": "train",
@@ -33,14 +31,7 @@ DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000, "emoji": 1_000}
 
 
 def captions_of(value) -> list[str]:
-    """The captions of one sample: a non-empty string, or a non-empty list of them.
-
-    Args:
-        value: The sample's caption column.
-
-    Raises:
-        `ValueError`: For anything else (None, a number, "", a list with a blank entry).
-    """
+    """The captions of one sample's caption column: a non-empty string or list of them, else `ValueError`."""
     captions = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else []
     if not captions or not all(isinstance(c, str) and c.strip() for c in captions):
         raise ValueError(f"a caption must be a non-empty string or a non-empty list of them, got {value!r}")
@@ -48,15 +39,8 @@ def captions_of(value) -> list[str]:
 
 
 def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
-    """The captions of each image id, in the order of the annotations file.
-
-    Args:
-        coco (`dict`): The parsed captions file.
-        annotations_file (`Path`): Its path, for the messages.
-
-    Raises:
-        `ValueError`: For a caption of an image the file does not list, or an empty caption.
-    """
+    """The captions of each image id of a parsed COCO captions file, in file order; `annotations_file` is for the
+    messages."""
     known = {image["id"] for image in coco["images"]}
     captions: dict[int, list[str]] = {}
     for annotation in coco["annotations"]:
@@ -74,14 +58,11 @@ def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
 
 
 def read_captions_file(path: str | Path, option: str = "--captions") -> list[str]:
-    """The captions of a text file: one per line, stripped; blank lines and `#` lines are skipped.
+    """The captions of a text file, one per line, stripped; blank and `#` lines are skipped.
 
     Args:
-        path (`str` or `Path`): The UTF-8 text file.
+        path (`str` or `Path`): The UTF-8 text file; `ValueError` if it is unreadable or holds no caption.
         option (`str`, *optional*, defaults to `"--captions"`): The option that named it, for the messages.
-
-    Raises:
-        `ValueError`: For a file that is missing, a folder, unreadable, not UTF-8, or without any caption.
     """
     option = f"{option} {path}"
     try:
@@ -104,14 +85,8 @@ def read_captions_file(path: str | Path, option: str = "--captions") -> list[str
 
 
 def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) -> list[str]:
-    """COCO captions drawn as U-ViT's FID protocol draws them: the images in seeded shuffled passes (a new
-    permutation each pass, as a shuffled data loader over the 40,504 val2014 images), one random caption per draw.
-
-    Args:
-        annotations_file (`str` or `Path`): `captions_val2014.json` (from `annotations_trainval2014.zip`).
-        num_images (`int`): How many captions.
-        seed (`int`): Seed of the draw.
-    """
+    """COCO captions drawn as U-ViT's FID protocol does: seeded shuffled passes over the images (a new permutation
+    each pass, like a shuffled data loader), one random caption of each image drawn."""
     annotations_file = Path(annotations_file)
     try:
         coco = json.loads(annotations_file.read_text(encoding="utf-8"))
@@ -131,16 +106,8 @@ def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) 
 
 
 def world_captions(source: str, num_images: int, seed: int) -> list[str]:
-    """An embedded world's captions, each item of the source drawn evenly (±1) in a seeded order.
-
-    Args:
-        source (`str`): `"shapes"` (all 324 combinations), `"shapes:train"` or `"shapes:heldout"`, canonical; or
-            `"emoji"` (all 3,786 pictures), `"emoji:train"` or `"emoji:heldout"`, by plain name. With `":varied"`
-            appended, each caption in a random phrasing (after the same order, so caption i describes the same item
-            either way).
-        num_images (`int`): How many captions.
-        seed (`int`): Seed of the order and the phrasing.
-    """
+    """An embedded world's captions (`source` in `WORLD_SOURCES`), each item drawn evenly (±1) in a seeded order;
+    a `:varied` source phrases them at random after the same order, so caption i describes the same item either way."""
     if source in SHAPES_SOURCES:
         from ..shapes import world
 
@@ -160,19 +127,14 @@ def world_captions(source: str, num_images: int, seed: int) -> list[str]:
 
 
 def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> list[str]:
-    """The captions to sample for a source.
+    """The captions to sample for a source (`ValueError` for an unknown one).
 
     Args:
-        source (`str`): An embedded world's, `"shapes"`, `"shapes:train"`, `"shapes:heldout"`, `"emoji"`,
-            `"emoji:train"` or `"emoji:heldout"` (with `":varied"` appended, in varied phrasings); a COCO folder
-            (holding `annotations/captions_val2014.json`) or a COCO captions `.json`; or a text file, one caption per
-            line.
-        num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (the papers' FID-30k), 1,000 for a
-            world and every line once for a text file. A text file shorter than `num_images` is repeated.
+        source (`str`): A world source (`"shapes"`, `"emoji:heldout"`, `"shapes:train:varied"`, ...; see
+            `WORLD_SOURCES`), a COCO-2014 folder or captions `.json`, or a text file of one caption per line.
+        num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (FID-30k), 1,000 for a world and each
+            line once for a text file (which repeats when shorter).
         seed (`int`, *optional*, defaults to 0): Seed of the COCO and world draws.
-
-    Raises:
-        `ValueError`: For a source that is none of these, or a non-positive `num_images`.
     """
     if num_images is not None and num_images < 1:
         raise ValueError(f"The number of images must be positive; got {num_images}")

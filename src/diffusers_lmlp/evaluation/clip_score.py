@@ -1,20 +1,10 @@
-"""CLIP score, as text-to-image papers report it: how well each image matches its caption, by a CLIP model.
+"""CLIP score as text-to-image papers report it: `100 · max(cos(E_image, E_caption), 0)` per pair, averaged, by
+default with OpenAI's ViT-L/14; torchmetrics' `CLIPScore` (Hessel et al.'s CLIP-S with weight 100).
 
-For an image I and its caption C, with E_I and E_C the projected CLIP embeddings of the two towers,
-
-    CLIPScore(I, C) = 100 · max(cos(E_I, E_C), 0),
-
-which is torchmetrics' `CLIPScore` (and Hessel et al.'s CLIP-S with weight 100 instead of 2.5). The papers report
-the mean over a set of generated images (e.g. 30k COCO captions) with OpenAI's ViT-L/14,
-`openai/clip-vit-large-patch14`, the default here. Two details of torchmetrics 1.9 that this module documents:
-
-- torchmetrics clamps the *mean* at 0, not each pair: `max(mean(100 · cos), 0)`. Both agree whenever no pair has a
-  negative cosine (the usual case for real CLIP models on real captions); `score(..., clamp=False)` gives the raw
-  `100 · cos`, from which torchmetrics' number follows exactly.
-- Captions longer than the text tower's 77 positions: torchmetrics slices the token ids after tokenizing, which drops
-  the end-of-text token that CLIP pools from, so it pools another token; here the tokenizer truncates
-  (`truncation=True`), keeping the end-of-text token last, as OpenAI's `clip.tokenize(..., truncate=True)` does.
-  Both agree on captions that fit.
+Two differences from torchmetrics: it clamps the mean rather than each pair (`score(..., clamp=False)` gives the raw
+scores its number follows from), and it slices overlong token ids, dropping the end-of-text token CLIP pools from,
+where here the tokenizer truncates and keeps it (as OpenAI's `clip.tokenize(..., truncate=True)`). Both agree on
+captions that fit and non-negative cosines.
 """
 
 import os
@@ -71,13 +61,10 @@ def _load_error(name: str, error: Exception) -> OSError:
 class CLIPScorer:
     """Scores image-caption pairs with a CLIP model: `100 · max(cos(E_image, E_caption), 0)` per pair.
 
-    Build one with `CLIPScorer.from_pretrained(...)`, or from a loaded model and processor.
-
     Args:
         model (`transformers.CLIPModel`): The CLIP model; put into eval mode.
-        processor (`transformers.CLIPProcessor`): Its processor: the tokenizer and the image processor (resize to
-            the shortest side, centre crop, normalise).
-        name (`str`, *optional*): What to call the model in reports; defaults to `model.name_or_path`.
+        processor (`transformers.CLIPProcessor`): Its tokenizer and image processor.
+        name (`str`, *optional*): The model's name in reports; defaults to `model.name_or_path`.
     """
 
     def __init__(self, model: "CLIPModel", processor: "CLIPProcessor", name: str | None = None):
@@ -94,22 +81,16 @@ class CLIPScorer:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> "CLIPScorer":
-        """Load a CLIP model and its processor from the Hub, the Hugging Face cache or a local folder.
+        """Load a CLIP model and its processor from the Hub, the cache or a local folder.
 
-        Only safetensors weights are read (`use_safetensors=True`); a model with pickled weights only is refused,
-        never unpickled. With `HF_HUB_OFFLINE=1`, a Hub id loads from a pre-filled cache.
+        Only safetensors weights are read: pickled weights are refused (`OSError`, which also says how to get a
+        missing model), never unpickled.
 
         Args:
             name_or_path (`str` or `os.PathLike`, *optional*, defaults to `"openai/clip-vit-large-patch14"`): A Hub
-                id or a local folder. ViT-L/14 is the model text-to-image papers report CLIP score with.
-            device (`str` or `torch.device`, *optional*): Where to run the model; CUDA when available, else CPU.
+                id or a local folder; also the scorer's `name`.
+            device (`str` or `torch.device`, *optional*): Where to run; CUDA when available, else CPU.
             dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): The model's dtype.
-
-        Returns:
-            `CLIPScorer`: The scorer, with `name` set to `name_or_path` as given.
-
-        Raises:
-            `OSError`: The model cannot be found (the message says how to get it), or it has no safetensors weights.
         """
         name = os.fspath(name_or_path)
         if os.path.isdir(name):
@@ -165,14 +146,14 @@ class CLIPScorer:
 
     @torch.no_grad()
     def embed(self, images: list[Image.Image], captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The projected CLIP embeddings of one batch of images and captions, not normalised.
+        """The projected, unnormalised CLIP embeddings of one batch.
 
         Args:
             images (`list[PIL.Image.Image]`): B images of any size.
-            captions (`list[str]`): B captions; longer ones are truncated to `max_length` tokens.
+            captions (`list[str]`): B captions, truncated to `max_length` tokens.
 
         Returns:
-            `tuple[torch.Tensor, torch.Tensor]`: Image and caption embeddings, each (B, D), on the model's device.
+            `tuple[torch.Tensor, torch.Tensor]`: (B, D) image and caption embeddings, on the model's device.
         """
         pixel_values = self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
         text = self.processor.tokenizer(
@@ -194,25 +175,17 @@ class CLIPScorer:
         batch_size: int = 64,
         clamp: bool = True,
     ) -> torch.Tensor:
-        """CLIP score of each image with its caption: `100 · max(cos(E_image, E_caption), 0)`.
-
-        The mean of the result is the CLIP score papers report (torchmetrics' `CLIPScore`).
+        """CLIP score of each image with its caption; their mean is the CLIP score papers report.
 
         Args:
-            images (`list[PIL.Image.Image]` or `torch.Tensor`): N images of any size (the processor resizes and
-                crops them), or a (N, 3, H, W) float tensor in [0, 1], rounded to 8 bits first as a saved image is.
-            captions (`list[str]`): N non-empty captions, one per image. Captions longer than the text tower's
-                `max_length` tokens (77 for CLIP) are truncated, keeping the end-of-text token.
+            images (`list[PIL.Image.Image]` or `torch.Tensor`): N images of any size, or a (N, 3, H, W) float tensor
+                in [0, 1] (rounded to 8 bits first, as a saved image is).
+            captions (`list[str]`): N non-empty captions, one per image.
             batch_size (`int`, *optional*, defaults to 64): Pairs per forward pass.
-            clamp (`bool`, *optional*, defaults to `True`): Clamp each score at 0. With `False`, the raw
-                `100 · cos`, whose clamped mean `max(mean, 0)` is what torchmetrics 1.9 computes.
+            clamp (`bool`, *optional*, defaults to `True`): Clamp each score at 0; `False` gives the raw `100 · cos`.
 
         Returns:
-            `torch.Tensor`: (N,) float64 scores on the CPU, in [0, 100] when clamped.
-
-        Raises:
-            `ValueError`: No images, different numbers of images and captions, an empty or non-string caption, or
-                images that are neither PIL images nor a (N, 3, H, W) float tensor in [0, 1].
+            `torch.Tensor`: (N,) float64 scores on the CPU.
         """
         images = self._as_pil(images)
         captions = list(captions)

@@ -1,13 +1,8 @@
-"""Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world (shapes, emoji),
-the world's scorer.
+"""Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world, its scorer.
 
-Image i of an evaluation is sampled from caption i with its own generator, seeded by (seed, i), so an image does
-not depend on the batch it is in or on the process that samples it. Batch k (images k·B to k·B + B − 1) goes to
-process k mod P; the feature sums are added up across processes and the per-image scores gathered, so P processes
-give the result of one, for the same seed.
-
-With `resume_dir`, each finished batch is kept on disk (see `resume`), so that an interrupted evaluation run again
-with the same settings samples only the batches it lacks and reports what an uninterrupted run reports.
+Image i is sampled from caption i with a generator seeded by (seed, i), and batch k goes to process k mod P, so P
+processes report what one does for the same seed. With `resume_dir` finished batches are kept on disk (`resume`):
+an interrupted run, run again, samples only the batches it lacks and reports what an uninterrupted run would.
 """
 
 import json
@@ -41,11 +36,9 @@ from .resume import (
 
 
 GRID_SIZE = 16  # images in the report's grid: the first ones
-# One row per image in the gathered scores: index, CLIP score, then what the world's scorer says (`FLAGS`; none off
-# a world, NaN where the caption does not ask).
+# A score row's first columns; the world scorer's `FLAGS` follow (NaN where the caption does not ask).
 COLUMNS = ("index", "clip_score")
-# The FID features of a batch: the generated images', and with a world's reference the real images of the same
-# captions and a second set of real images (for the real-vs-real floor).
+# A batch's FID features; with a world's reference also real images of its captions and a second set (the floor).
 FEATURES = ("generated", "renders", "floor")
 
 
@@ -65,16 +58,29 @@ class Processes:
 
     @classmethod
     def from_state(cls, state) -> "Processes":
-        """From an `accelerate.PartialState` (or `Accelerator`)."""
+        """From an `accelerate.PartialState` (or `Accelerator`).
+
+        Args:
+            state (`accelerate.PartialState`): The process state.
+        """
         return cls(state.process_index, state.num_processes, state.device)
 
     def batches(self, num_items: int, batch_size: int) -> list[range]:
-        """This process's batches: every `count`-th of the `batch_size` slices of `range(num_items)`."""
+        """This process's batches: every `count`-th of the `batch_size` slices of `range(num_items)`.
+
+        Args:
+            num_items (`int`): The items to share.
+            batch_size (`int`): Items per batch.
+        """
         starts = range(self.index * batch_size, num_items, self.count * batch_size)
         return [range(start, min(start + batch_size, num_items)) for start in starts]
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
-        """Every process's rows (N_p, C), concatenated; padding rows (first column −1) are dropped."""
+        """Every process's rows, concatenated; padding rows (first column −1) are dropped.
+
+        Args:
+            rows (`torch.Tensor`): (N_p, C) this process's rows.
+        """
         if self.count == 1:
             return rows
         from accelerate.utils import gather, pad_across_processes
@@ -96,20 +102,8 @@ def image_seed(seed: int, index: int) -> int:
 
 @dataclass
 class Scoring:
-    """What scores the images of an evaluation, fixed before the first batch.
-
-    Args:
-        extractor (`torch.nn.Module`, *optional*): The FID feature network; no FID without it.
-        reference (`FIDStatistics`, *optional*): What FID compares with; with an extractor but no reference, the
-            world's real images of the same captions.
-        reference_name (`str`, *optional*): The reference, as the report names it.
-        num_features (`int`): D, the feature size (0 without FID).
-        scorer (`CLIPScorer`, *optional*): The CLIP score's model; no CLIP score without it.
-        world (`World`, *optional*): The embedded world whose captions these all are, if any.
-        world_scorer (*optional*): Its scorer, which reads the images (`worlds.World.scorer`).
-        resolution (`int`): The side of the images.
-        seed (`int`): The evaluation's seed (of the world's real images).
-    """
+    """What scores an evaluation's images, fixed before the first batch; a None part is not scored. With an
+    extractor but no reference, FID compares with the world's real images of the same captions."""
 
     extractor: torch.nn.Module | None
     reference: FIDStatistics | None
@@ -123,7 +117,7 @@ class Scoring:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """The columns of a batch's rows: `COLUMNS`, then the world scorer's `FLAGS`."""
+        """A batch's row columns: `COLUMNS`, then the world scorer's `FLAGS`."""
         return COLUMNS + (tuple(self.world_scorer.FLAGS) if self.world_scorer is not None else ())
 
     @property
@@ -155,8 +149,8 @@ class Scoring:
         return BatchResult(rows, features, grid, 0.0)  # grid: (n, H, W, 3)
 
     def report(self, tally: "Tally", processes: Processes, captions: list[str]) -> dict:
-        """The metrics over the batches of every process: FID, CLIP score and the world scorer's accuracies (under
-        the world's name, with their 95% intervals under `<name>_intervals`)."""
+        """FID, CLIP score and the world scorer's accuracies (95% intervals under `<world>_intervals`) over every
+        process's batches."""
         report = {}
         if self.extractor is not None:
             report.update(fid_results(self, tally.moments, processes))
@@ -172,28 +166,23 @@ class Scoring:
             report[self.world.name] = self.world_scorer.accuracies(
                 [{key: bool(flag) for key, flag in zip(names, row) if not np.isnan(flag)} for row in flags]
             )
-            # 95% intervals, resampling captions with all their images (several seeds of one caption are not
-            # independent)
+            # Resample captions with all their images: several seeds of one caption are not independent.
             scored = [captions[int(index)] for index in scores[:, 0]]
             report[f"{self.world.name}_intervals"] = self.world_scorer.intervals(flags, scored, self.seed)
         return report
 
 
 class Tally:
-    """The results of the batches seen so far: FID feature moments, per-image score rows and the grid's images.
-
-    Args:
-        scoring (`Scoring`): What the batches were scored with.
-    """
+    """The results of the batches so far: FID feature moments, per-image score rows and the grid's images."""
 
     def __init__(self, scoring: Scoring):
         self.num_columns = len(scoring.columns)
         self.moments = {name: FeatureMoments(scoring.num_features) for name in scoring.feature_names}
         self.rows, self.grid = [], []  # (B, C) and (n, H, W, 3) per batch
-        self.resumed_seconds = 0.0  # the time the batches taken from a `resume_dir` took when they were sampled
+        self.resumed_seconds = 0.0  # the sampling time of the batches taken from a `resume_dir`
 
     def add(self, result: BatchResult) -> None:
-        """Count one batch in (the moments add up in the order of the batches)."""
+        """Count one batch in."""
         for name, moments in self.moments.items():
             moments.update(result.features[name])
         self.rows.append(result.rows)
@@ -228,41 +217,31 @@ def evaluate(
 ) -> tuple[dict, Image.Image]:
     """Sample one image per caption and score them.
 
+    Bad arguments raise `ValueError` before any sampling; Ctrl-C with a `resume_dir` raises `EvaluationInterrupted`,
+    which keeps the finished batches and carries the partial report.
+
     Args:
         pipeline (`LMLPPipeline`): The pipeline, on its device.
         captions (`list[str]`): Image i is sampled from caption i (see `draw_captions`).
-        fid_reference (`str`, `Path` or `FIDStatistics`, *optional*): What FID compares with: an `.npz` of `mu` and
-            `sigma` (e.g. U-ViT's `fid_stats_mscoco256_val.npz`), a folder of real images (its statistics are
-            computed once, with the protocol's centre crop and resize to the generated size, and cached), or a
-            world's name, `"shapes"` or `"emoji"`: its real images of the same captions. No FID without it.
-        fid_extractor (`str` or `torch.nn.Module`, *optional*): The feature network: `"inception"` (the papers'),
-            `"shapes"`, `"emoji"`, or a module mapping (B, 3, H, W) images in [0, 1] to (B, D). Defaults to the
-            world's for a world's reference and `"inception"` otherwise.
-        clip_model (`str` or `CLIPScorer`, *optional*): A CLIP model id or folder (e.g.
-            `"openai/clip-vit-large-patch14"`) or a loaded scorer; no CLIP score without it.
+        fid_reference (`str`, `Path` or `FIDStatistics`, *optional*): An `.npz` of `mu` and `sigma`, a folder of real
+            images (statistics computed once and cached), or `"shapes"`/`"emoji"` (the world's real images of the
+            same captions). No FID without it.
+        fid_extractor (`str` or `torch.nn.Module`, *optional*): `"inception"`, `"shapes"`, `"emoji"` or a module;
+            defaults to the world's for a world's reference, else `"inception"`.
+        clip_model (`str` or `CLIPScorer`, *optional*): A CLIP model id or folder, or a scorer; no CLIP score without.
         num_inference_steps (`int`, *optional*, defaults to 50): Sampling steps.
         guidance_scale (`float`, *optional*, defaults to 2.0): Classifier-free guidance (the papers' s = 1).
-        batch_size (`int`, *optional*, defaults to 50): Images per pipeline call (the reference's 50).
-        seed (`int`, *optional*, defaults to 0): Seeds every image's noise, and a world reference's real images.
-        image_dir (`str` or `Path`, *optional*): Save the images there as `<index>.png` (with a `metadata.jsonl` of
-            the captions, a 🤗 imagefolder).
-        processes (`Processes`, *optional*): This process's share of a multi-process evaluation; one process when
-            not given.
-        cache_dir (`str` or `Path`, *optional*): Where the statistics of reference folders are cached.
+        batch_size (`int`, *optional*, defaults to 50): Images per pipeline call.
+        seed (`int`, *optional*, defaults to 0): Seeds every image's noise and a world reference's real images.
+        image_dir (`str` or `Path`, *optional*): Save the images there as a 🤗 imagefolder (PNGs, `metadata.jsonl`).
+        processes (`Processes`, *optional*): This process's share; one process when not given.
+        cache_dir (`str` or `Path`, *optional*): Where reference folders' statistics are cached.
         progress (`bool`, *optional*, defaults to `True`): Show a progress bar (on the first process).
-        resume_dir (`str` or `Path`, *optional*): Keep each finished batch's results in this folder, and take the
-            batches already there (from an interrupted run of the same settings) instead of sampling them again; the
-            report is the same as an uninterrupted run's. A folder holding another evaluation's progress is refused.
-            The caller deletes it when done (`resume.remove_progress`).
+        resume_dir (`str` or `Path`, *optional*): Keep finished batches here and reuse those of an interrupted run
+            of the same settings (other settings are refused); the caller deletes it (`resume.remove_progress`).
 
     Returns:
         `tuple[dict, PIL.Image.Image]`: The report (the same on every process) and a grid of the first images.
-
-    Raises:
-        `ValueError`: For bad arguments, reference statistics of another feature network, or a `resume_dir` of other
-            settings, before any sampling.
-        `EvaluationInterrupted`: On Ctrl-C (`KeyboardInterrupt`) while sampling with a `resume_dir`: the finished
-            batches are kept there, and it carries the partial report (on the first process).
     """
     processes = processes or Processes()
     if not captions:
@@ -318,8 +297,7 @@ def open_store(
     processes: Processes,
     image_dir: Path | None,
 ) -> ProgressStore | None:
-    """The opened store of finished batches in `resume_dir` (see `resume`), or None without one; a `resume_dir` of
-    other settings (`evaluation_settings`) is refused."""
+    """The opened store of finished batches in `resume_dir`, or None without one; other settings are refused."""
     if resume_dir is None:
         return None
     settings = evaluation_settings(pipeline, captions, scoring, header["sampler"])
@@ -339,19 +317,8 @@ def sample_batches(
     progress: bool,
     started: float,
 ) -> Tally:
-    """Sample and score this process's batches, taking those that `store` already holds instead of sampling them.
-
-    Args:
-        header (`dict`): The report's header (`report_header`): its sampler settings are read, and an interrupted
-            evaluation's partial report starts with it.
-        started (`float`): When the evaluation started (`time.perf_counter()`), for a partial report's time.
-
-    Returns:
-        `Tally`: The results of the batches.
-
-    Raises:
-        `EvaluationInterrupted`: On Ctrl-C (`KeyboardInterrupt`) with a `store` (see `interrupted`).
-    """
+    """Sample and score this process's batches, taking those `store` holds; Ctrl-C with a store raises
+    `EvaluationInterrupted`. `header` gives the sampler settings, `started` the start time for a partial report."""
     sampler = header["sampler"]
     batch_size = sampler["batch_size"]
     tally = Tally(scoring)
@@ -424,7 +391,7 @@ def prepare_scoring(
 
 
 def evaluation_settings(pipeline, captions: list[str], scoring: Scoring, sampler: dict) -> dict:
-    """What the kept batches depend on (see `resume.SETTING_NAMES`): a `resume_dir` of other settings is refused."""
+    """What the kept batches depend on (`resume.SETTING_NAMES`); a `resume_dir` of other settings is refused."""
     scorer_model = getattr(scoring.scorer, "model", None)
     return {
         "captions": captions_digest(captions),
@@ -458,8 +425,8 @@ def sample_batch(
 
 
 def interrupted(store: ProgressStore, scoring: Scoring, captions, processes, header, seconds) -> EvaluationInterrupted:
-    """The exception for an evaluation stopped while sampling: on the first process, with the report over every
-    batch on disk (the batches of all processes), marked partial."""
+    """The exception for an evaluation stopped while sampling; on the first process it carries a partial report
+    over every batch on disk."""
     report = None
     if processes.index == 0:
         tally = Tally(scoring)
@@ -476,8 +443,8 @@ def interrupted(store: ProgressStore, scoring: Scoring, captions, processes, hea
 
 
 def fid_results(scoring: Scoring, moments: dict[str, FeatureMoments], processes: Processes) -> dict:
-    """FID of the generated features against the reference (and, for a world's reference, the floor: a second set
-    of real images against the first), over the features of every process."""
+    """FID of every process's generated features against the reference; with a world's reference also the floor
+    (a second set of real images against the first)."""
     name = extractor_name(scoring.extractor)
     if processes.count > 1:
         for feature_moments in moments.values():

@@ -1,8 +1,7 @@
 """Feature networks for FID: the standard Inception network, the shapes and emoji worlds' networks, or any module.
 
-A feature network maps a (B, 3, H, W) float batch of RGB images in [0, 1] to (B, D) features. It should have an
-int `num_features` (D) and a `name` for reports; a module without them is run once on a dummy batch to find D, and
-is named by its class.
+A feature network maps (B, 3, H, W) RGB images in [0, 1] to (B, D) features. An int `num_features` and a `name` are
+optional: without them D is found from one dummy batch and the class names it.
 """
 
 import torch
@@ -21,12 +20,11 @@ INCEPTION_INSTALL = (
 
 
 class InceptionFeatures(nn.Module):
-    """The FID Inception network (TF's pt_inception-2015-12-05 weights), 2048-d pool features, as torch-fidelity
-    runs it: uint8 input, TensorFlow-1-compatible bilinear resize to 299 × 299, as in the papers' FID.
+    """The papers' FID Inception network (2048-d pool features) as torch-fidelity runs it: uint8 input and a
+    TensorFlow-1-compatible resize to 299 × 299.
 
     Args:
-        weights_path (`str`, *optional*): A local copy of `pt_inception-2015-12-05-6726825d.pth` for machines
-            without internet; torch-fidelity downloads it on first use otherwise.
+        weights_path (`str`, *optional*): A local copy of the weights; torch-fidelity downloads them otherwise.
     """
 
     num_features = 2048
@@ -49,20 +47,21 @@ class InceptionFeatures(nn.Module):
         self.network.eval()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) images in [0, 1] → (B, 2048) features."""
+        """The (B, 2048) pool features of a batch.
+
+        Args:
+            images (`torch.Tensor`): (B, 3, H, W) images in [0, 1].
+        """
         pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8)  # exact for images that were uint8
         (features,) = self.network(pixels)
         return features
 
 
 def load_extractor(extractor: str | nn.Module) -> nn.Module:
-    """The feature network for a name (`"inception"`, `"shapes"`) or a module passed as is.
+    """The feature network for a name, or a module passed as is (in eval mode).
 
     Args:
-        extractor (`str` or `nn.Module`): The name or the module.
-
-    Raises:
-        `ValueError`: For an unknown name. `ImportError`: For `"inception"` without torch-fidelity.
+        extractor (`str` or `nn.Module`): `"inception"` (needs torch-fidelity), `"shapes"`, `"emoji"`, or a module.
     """
     if isinstance(extractor, nn.Module):
         return extractor.eval()
@@ -96,15 +95,7 @@ def feature_size(extractor: nn.Module, resolution: int) -> int:
 
 @torch.no_grad()
 def image_features(extractor: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """Run the feature network on a batch, on its device.
-
-    Args:
-        extractor (`nn.Module`): The feature network.
-        images (`torch.Tensor`): (B, 3, H, W) in [0, 1].
-
-    Returns:
-        `torch.Tensor`: (B, D) float32 features on the CPU.
-    """
+    """(B, D) float32 CPU features of (B, 3, H, W) images in [0, 1], run on the network's device."""
     parameter = next(extractor.parameters(), None)
     device = parameter.device if parameter is not None else images.device
     features = extractor(images.to(device))

@@ -1,7 +1,7 @@
-"""The Fréchet distance between Gaussian fits of image features (FID), and the statistics it compares.
+"""FID: the Fréchet distance between Gaussian fits of image features, and the statistics it compares.
 
-Statistics are stored as pytorch-fid and U-ViT store them: an `.npz` holding `mu` (D,) and `sigma` (D, D), so that
-the published `fid_stats_mscoco256_val.npz` loads as is, and the files written here load in pytorch-fid.
+Statistics are stored as pytorch-fid and U-ViT store them (an `.npz` of `mu` and `sigma`), so published statistics
+load as is and the files written here load in pytorch-fid.
 """
 
 import os
@@ -29,10 +29,10 @@ class FIDStatistics:
     extractor: str | None = None
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write an `.npz` with `mu` and `sigma` (plus `num_images` and `extractor` when known), atomically.
+        """Write an `.npz` of `mu` and `sigma` (and `num_images`, `extractor` when known), atomically.
 
         Args:
-            path (`str` or `os.PathLike`): The file to write; its folder is created.
+            path (`str` or `os.PathLike`): The file; its folder is created.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,14 +46,10 @@ class FIDStatistics:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "FIDStatistics":
-        """Read an `.npz` of `mu` and `sigma` (pytorch-fid's and U-ViT's format); never unpickles.
+        """Read an `.npz` of `mu` and `sigma`, never unpickling; `ValueError` for a missing or malformed file.
 
         Args:
             path (`str` or `os.PathLike`): The file.
-
-        Raises:
-            `ValueError`: For a file that is missing, not an `.npz` of numbers, or lacks a (D,) `mu` and a (D, D)
-                finite `sigma`.
         """
         try:
             with np.load(path, allow_pickle=False) as data:
@@ -81,7 +77,7 @@ class FIDStatistics:
 
 
 class FeatureMoments:
-    """Running float64 sums of features, from which the mean and covariance follow; they add up across processes.
+    """Running float64 sums of features, giving their mean and covariance; they add up across processes.
 
     Args:
         num_features (`int`): D, the feature size.
@@ -93,7 +89,11 @@ class FeatureMoments:
         self.outer = torch.zeros(num_features, num_features, dtype=torch.float64)  # (D, D)
 
     def update(self, features: torch.Tensor) -> None:
-        """Add a batch of (B, D) features."""
+        """Add a batch of features.
+
+        Args:
+            features (`torch.Tensor`): (B, D) features.
+        """
         if features.ndim != 2 or features.shape[1] != self.total.numel():
             raise ValueError(
                 f"The feature network returned {tuple(features.shape)}; expected (batch, {self.total.numel()})"
@@ -106,7 +106,7 @@ class FeatureMoments:
         self.outer += features.T @ features
 
     def reduce(self, device: torch.device) -> None:
-        """Sum the moments of every process (in place), when several run.
+        """Sum the moments of every process in place, when several run.
 
         Args:
             device (`torch.device`): Where the process group communicates (the GPU for NCCL, the CPU for gloo).
@@ -137,16 +137,12 @@ class FeatureMoments:
 def frechet_distance(first: FIDStatistics, second: FIDStatistics) -> float:
     """‖μ₁ − μ₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₁ Σ₂)^½), the FID of two Gaussian fits.
 
-    The trace of the matrix square root is Σ √λ over the eigenvalues λ of Σ₁^½ Σ₂ Σ₁^½ (symmetric, positive
-    semi-definite, with the eigenvalues of Σ₁ Σ₂), which stays exact for the singular covariances of fewer images than
-    features, where pytorch-fid's `sqrtm` needs an offset.
+    The trace term is Σ √λ over the eigenvalues of the symmetric Σ₁^½ Σ₂ Σ₁^½, exact even for singular covariances
+    (fewer images than features), where pytorch-fid's `sqrtm` needs an offset.
 
     Args:
         first (`FIDStatistics`): E.g. of the generated images.
-        second (`FIDStatistics`): E.g. the reference statistics of real images.
-
-    Raises:
-        `ValueError`: When the two have different feature sizes.
+        second (`FIDStatistics`): E.g. of real images; must have the same feature size.
     """
     if first.mu.shape != second.mu.shape:
         raise ValueError(

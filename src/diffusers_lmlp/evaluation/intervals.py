@@ -1,24 +1,15 @@
 """Confidence intervals of a world scorer's accuracies, by a bootstrap over captions.
 
-Images sampled from the same caption (several seeds each) are not independent: a model that cannot draw one
-held-out combination fails on all its seeds. So the bootstrap resamples captions, each with all its images, and
-reads the percentile interval of every accuracy from the resampled means.
+Images of one caption (several seeds) are not independent: a model that cannot draw a held-out combination fails on
+all its seeds. So the bootstrap resamples captions, each with all its images.
 """
 
 import numpy as np
 
 
 def correctness_columns(flags: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-image correctness of each attribute and of their combinations, NaN where the caption leaves it unstated.
-
-    Args:
-        flags (`np.ndarray`): (N, 4) verdicts of "colour", "shape", "position", "size" as 1.0 / 0.0, NaN for an
-            attribute the caption does not state.
-
-    Returns:
-        `dict[str, np.ndarray]`: (N,) columns "colour", "shape", "position", "size", "colour+position" (both right)
-        and "all" (every stated attribute right).
-    """
+    """(N,) correctness columns per attribute, "colour+position" and "all" (every stated attribute right), from
+    (N, 4) colour/shape/position/size verdicts of 1.0 / 0.0, NaN where the caption does not state one."""
     colour, shape, position, size = flags.T
     stated = ~np.isnan(flags)
     columns = {"colour": colour, "shape": shape, "position": position, "size": size}
@@ -35,21 +26,8 @@ def bootstrap_intervals(
     seed: int = 0,
     columns: dict[str, np.ndarray] | None = None,
 ) -> dict[str, list[float]]:
-    """Percentile intervals of each accuracy, resampling captions with all their images.
-
-    Args:
-        flags (`np.ndarray`): (N, 4) per-image verdicts (see `correctness_columns`).
-        captions (`list[str]`): The caption of each image; images of equal captions are resampled together.
-        confidence (`float`, *optional*, defaults to 0.95): Coverage of each interval.
-        num_resamples (`int`, *optional*, defaults to 2000): Bootstrap resamples.
-        seed (`int`, *optional*, defaults to 0): Seed of the resampling.
-        columns (`dict[str, np.ndarray]`, *optional*): The (N,) columns of 1.0 / 0.0 / NaN to resample, by name;
-            `correctness_columns(flags)` when not given.
-
-    Returns:
-        `dict[str, list[float]]`: `[low, high]` per accuracy, keyed as `correctness_columns`; an attribute that no
-        caption states is left out.
-    """
+    """`[low, high]` percentile interval of each accuracy column (`correctness_columns(flags)` unless `columns` is
+    given), resampling captions with all their images; a column no caption states is left out."""
     if len(captions) != len(flags):
         raise ValueError(f"Pass one caption per row of flags (got {len(flags)} rows and {len(captions)} captions).")
     if not 0 < confidence < 1:

@@ -24,19 +24,16 @@ def default_cache_dir() -> Path:
 def reference_statistics(
     reference, extractor, resolution: int, *, processes, cache_dir=None, batch_size: int = 50, progress: bool = True
 ) -> FIDStatistics:
-    """The statistics FID compares with, checked against the feature network.
+    """The statistics FID compares with, checked against the feature network (`ValueError` on a mismatch).
 
     Args:
         reference (`str`, `Path` or `FIDStatistics`): An `.npz` of `mu` and `sigma`, or a folder of real images.
         extractor (`torch.nn.Module`): The feature network.
-        resolution (`int`): The generated images' side: a folder's images are centre-cropped and resized to it.
+        resolution (`int`): The generated images' side; a folder's images are centre-cropped and resized to it.
         processes (`Processes`): This process's share of the work.
         cache_dir (`str` or `Path`, *optional*): Where a folder's statistics are cached; `default_cache_dir()`.
         batch_size (`int`, *optional*, defaults to 50): Images per feature batch.
         progress (`bool`, *optional*, defaults to `True`): Show a progress bar while a folder is read.
-
-    Raises:
-        `ValueError`: For a missing path, a folder without images, or statistics of another network.
     """
     name = extractor_name(extractor)
     if isinstance(reference, FIDStatistics):
@@ -63,11 +60,7 @@ def reference_statistics(
 
 
 def check_exists(reference) -> None:
-    """Fail early, before any model loads, for a reference path that does not exist.
-
-    Args:
-        reference: What `reference_statistics` takes.
-    """
+    """Fail early, before any model loads, for a reference path that does not exist."""
     if not isinstance(reference, FIDStatistics) and not Path(reference).exists():
         raise ValueError(
             f"FID reference {reference}: no such file or folder; pass an .npz of mu/sigma (such as U-ViT's "
@@ -78,8 +71,8 @@ def check_exists(reference) -> None:
 def folder_statistics(
     folder: Path, extractor, resolution, processes, cache_dir, batch_size, progress
 ) -> FIDStatistics:
-    """The statistics of every image under a folder (recursively, sorted), centre-cropped and resized to
-    `resolution`; cached under a key of the network, the resolution and every file's path, size and mtime."""
+    """The statistics of every image under `folder`, centre-cropped and resized to `resolution`; cached under a key
+    of the network, the resolution and every file's path, size and mtime."""
     files = sorted(path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
     if len(files) < 2:
         raise ValueError(

@@ -1,12 +1,9 @@
-"""Resumable evaluations: each finished batch's results are kept on disk, so that an evaluation stopped by Ctrl-C, a
-killed job or a preempted node continues where it stopped and ends with the report of an uninterrupted run.
+"""Resumable evaluations: each finished batch is kept on disk, so a stopped evaluation continues where it stopped and
+ends with the report of an uninterrupted run.
 
-A progress folder holds `settings.json`, what the results depend on (the captions, the sampler, the bytes and configs
-of every network), and one `batch-<k>.safetensors` per finished batch k (images k·B to k·B + B − 1): its score rows,
-its FID features and its images among the report grid's. An evaluation with other settings is refused there, never
-mixed in. Every file is written under a temporary name, flushed to disk and renamed, so a file under its final name
-is complete: a kill while writing leaves only a temporary file, which is ignored and removed. A batch does not depend
-on the process that sampled it, so a run on another number of processes resumes it too.
+A progress folder holds `settings.json` (what the results depend on; other settings are refused, never mixed in) and
+one `batch-<k>.safetensors` per finished batch. Every file is written under a temporary name, flushed and renamed,
+so a file under its final name is complete. Batches do not depend on the process count, which may change on resume.
 """
 
 import hashlib
@@ -31,7 +28,7 @@ BATCH_GLOB = "batch-*.safetensors"
 TEMPORARY_GLOB = ".*.tmp"
 # Bumped when the files change meaning: progress of another format is refused like other settings.
 FORMAT = 1
-# What each setting is, for the message that refuses a progress folder of other settings.
+# Each setting in words, for the message that refuses a progress folder of other settings.
 SETTING_NAMES = {
     "format": "the progress format of this diffusers-lmlp version",
     "captions": "the captions",
@@ -49,22 +46,14 @@ SETTING_NAMES = {
     "clip_weights": "the CLIP model's weights",
 }
 DIGESTS = {"captions", "pipeline", "fid_extractor_weights", "clip_weights"}  # hashes, not shown in that message
-# Config entries that record where and with what a component was saved, not what it computes (besides `_*` ones).
+# Config entries (besides `_*` ones) that record how a component was saved, not what it computes.
 BOOKKEEPING = {"transformers_version"}
 
 
 @dataclass
 class BatchResult:
-    """What one batch of an evaluation contributes to its report, as kept on disk.
-
-    Args:
-        rows (`torch.Tensor`): (B, C) float64 per-image scores: the image index, then the CLIP score and the shapes
-            scorer's verdicts (NaN where unused).
-        features (`dict[str, torch.Tensor]`): (B, D) FID features by name: the generated images', and for the shapes
-            reference the renders' and the floor's.
-        grid (`torch.Tensor`): (n, H, W, 3) uint8: the batch's images that the report grid shows (often none).
-        seconds (`float`): How long the batch took to sample and score.
-    """
+    """What one batch contributes to the report, as kept on disk: (B, C) float64 score rows (index first), (B, D)
+    FID features by name, the (n, H, W, 3) uint8 images the report grid shows, and the seconds it took."""
 
     rows: torch.Tensor
     features: dict[str, torch.Tensor]
@@ -73,15 +62,8 @@ class BatchResult:
 
 
 class EvaluationInterrupted(KeyboardInterrupt):
-    """An evaluation stopped (Ctrl-C, SIGTERM) whose finished batches are kept in its progress folder.
-
-    Args:
-        folder (`Path`): The progress folder: the same evaluation, run again, continues from it.
-        num_images_done (`int`): The images of the batches on disk.
-        num_images (`int`): The images of the whole evaluation.
-        report (`dict`, *optional*): The partial report over the images done (marked `"partial": true`), on the first
-            process; None on the others.
-    """
+    """An evaluation stopped (Ctrl-C, SIGTERM) whose finished batches are kept in `folder`; `report` is the partial
+    report on the first process, None on the others."""
 
     def __init__(self, folder: Path, num_images_done: int, num_images: int, report: dict | None):
         super().__init__(f"evaluation interrupted after {num_images_done} of {num_images} images; kept in {folder}")
@@ -89,13 +71,8 @@ class EvaluationInterrupted(KeyboardInterrupt):
 
 
 def write_durably(path: Path, write: Callable) -> None:
-    """Write a file under a temporary name, flush it to disk and rename it into place (atomic and durable, except
-    for the folder entry: `fsync_tree(path.parent, recursive=False)` once a batch of files is written).
-
-    Args:
-        path (`Path`): The file.
-        write (`Callable`): Writes the content to the binary file object it is given.
-    """
+    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it: atomic and durable except
+    for the folder entry (`fsync_tree(path.parent, recursive=False)` after a batch of files)."""
     temporary = path.with_name(f".{path.name}.tmp")
     with open(temporary, "wb") as f:
         write(f)
@@ -127,9 +104,8 @@ def weights_digest(module: torch.nn.Module | None) -> str | None:
 
 
 def pipeline_digest(pipeline) -> str:
-    """The SHA-256 of a pipeline's components: their classes, configs (without bookkeeping such as `_name_or_path`
-    or library versions), tokenizer vocabularies and weights. The same model loaded from another path gives the same
-    digest."""
+    """The SHA-256 of a pipeline's component classes, configs (without bookkeeping), vocabularies and weights: the
+    same model loaded from another path gives the same digest."""
     digest = hashlib.sha256()
     for name, component in sorted(pipeline.components.items()):
         digest.update(f"{name}={type(component).__qualname__}\n".encode())
@@ -151,16 +127,8 @@ def captions_digest(captions: list[str]) -> str:
 
 
 class ProgressStore:
-    """The progress folder of one evaluation: its settings and a file per finished batch.
-
-    Args:
-        folder (`str` or `Path`): The folder; created on `open`.
-        settings (`dict`): What the results depend on (JSON values; see `SETTING_NAMES`), `num_images` and
-            `batch_size` among them.
-        processes (`Processes`): This process's share of the evaluation (the first process writes the settings).
-        image_dir (`Path`, *optional*): Where the evaluation saves its images: a batch counts as done only when its
-            images are there too.
-    """
+    """The progress folder of one evaluation: its `settings` (JSON, `SETTING_NAMES`) and a file per finished batch.
+    With `image_dir`, a batch counts as done only when its images are there too."""
 
     def __init__(self, folder: str | Path, settings: dict, processes, image_dir: Path | None = None):
         self.folder, self.settings, self.processes = Path(folder), {"format": FORMAT, **settings}, processes
@@ -168,12 +136,8 @@ class ProgressStore:
         self.key = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()
 
     def open(self) -> None:
-        """Check that the folder holds progress of these settings (or none), record the settings, and remove the
-        temporary files of a run killed while writing. Every process calls it; they all agree.
-
-        Raises:
-            `ValueError`: When the folder holds the progress of an evaluation with other settings.
-        """
+        """Check that the folder holds progress of these settings or none (else `ValueError`), record them, and
+        remove a killed run's temporary files. Every process calls it."""
         path = self.folder / SETTINGS_FILE
         recorded = self.recorded_settings(path)
         if recorded is not None and recorded != self.settings:
@@ -232,8 +196,7 @@ class ProgressStore:
         return sorted(numbers)
 
     def read(self, number: int) -> BatchResult | None:
-        """Batch `number`'s results from disk, or None when its file is missing, does not read, or holds another
-        evaluation's batch."""
+        """Batch `number`'s results from disk, or None when missing, unreadable or of other settings."""
         path = self.batch_path(number)
         try:
             with safe_open(path, "pt") as f:
@@ -251,14 +214,8 @@ class ProgressStore:
         return BatchResult(tensors["rows"], features, tensors["grid"], float(metadata["seconds"]))
 
     def load(self, number: int, batch: range, image_paths: list[Path]) -> BatchResult | None:
-        """Batch `number`'s results from disk, or None when it has to be sampled: not done, its images missing, or a
-        file that does not read back as this batch of these settings.
-
-        Args:
-            number (`int`): The batch.
-            batch (`range`): Its image indices.
-            image_paths (`list[Path]`): Where its images must be (empty when images are not saved).
-        """
+        """Batch `number`'s results, or None when it must be sampled: not done, its `image_paths` missing, or not
+        readable as this `batch` of these settings."""
         if not self.batch_path(number).is_file():
             return None
         if not all(image.is_file() for image in image_paths):
@@ -294,12 +251,8 @@ class ProgressStore:
 
 
 def remove_progress(folder: str | Path) -> None:
-    """Delete a progress folder: the batches first, the settings last, so that a kill half-way leaves a folder that
-    still resumes. A folder that holds other files is kept, with a warning.
-
-    Args:
-        folder (`str` or `Path`): The folder (`ProgressStore.folder`).
-    """
+    """Delete a progress folder, settings last so that a kill half-way leaves one that still resumes; a folder with
+    other files is kept, with a warning."""
     folder = Path(folder)
     for pattern in (BATCH_GLOB, TEMPORARY_GLOB, SETTINGS_FILE):
         for path in folder.glob(pattern):

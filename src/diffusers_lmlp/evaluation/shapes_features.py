@@ -1,15 +1,8 @@
-"""A small feature network for the shapes world: the role Inception plays in FID, for 32×32 shapes-world images.
+"""The shapes world's FID feature network: the role Inception plays for photos, which it has never seen.
 
-FID compares the statistics of a network's pooled activations over two image sets; on real photos that network is
-Inception-v3 (2048-d pool features). Inception has never seen the shapes world, so "shapes-FID" uses this CNN
-instead, trained by `scripts/train_shapes_features.py` to read every attribute of a render (size, colour, shape,
-position): its pooled features then measure what the world's images are made of.
-
-Architecture (about 114k parameters, 0.46 MB of fp32 weights): the image, normalised, plus two coordinate channels
-(so that the position survives the global pooling) → four 3×3 conv stages of 32, 48, 64 and 96 channels (the last
-three with stride 2: 32×32 → 16×16 → 8×8 → 4×4, so that the last stage sees a whole large shape) → a 1×1 conv to
-`num_features` channels → global average pool → features. Every conv is followed by GroupNorm and ReLU. Four linear
-heads read the features into per-attribute logits.
+A small CNN, trained by `scripts/train_shapes_features.py` to read every attribute of a render (size, colour, shape,
+position), so its pooled features measure what the world's images are made of. Two coordinate channels let the
+position survive the global pooling; strided stages let the last one see a whole large shape.
 """
 
 from pathlib import Path
@@ -47,8 +40,8 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
     """A CNN whose pooled activations are the shapes world's FID features, with heads that read each attribute.
 
     Args:
-        channels (`tuple[int, ...]`, *optional*, defaults to `(32, 48, 64, 96)`): Channels of the 3×3 conv stages; every
-            stage after the first halves the resolution.
+        channels (`tuple[int, ...]`, *optional*, defaults to `(32, 48, 64, 96)`): The 3×3 conv stages' channels;
+            each after the first halves the resolution.
         num_features (`int`, *optional*, defaults to 128): Size of the feature vector (the 1×1 conv's channels).
         norm_num_groups (`int`, *optional*, defaults to 8): Groups of every GroupNorm.
         image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side the network reads; other inputs are resized.
@@ -84,7 +77,11 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
         return self.config.num_features
 
     def check_images(self, images: torch.Tensor) -> None:
-        """Raise a `ValueError` unless `images` is a float (B, 3, H, W) tensor."""
+        """Raise a `ValueError` unless `images` is a float (B, 3, H, W) tensor.
+
+        Args:
+            images (`torch.Tensor`): The input to check.
+        """
         if not isinstance(images, torch.Tensor) or not images.is_floating_point():
             raise ValueError(
                 f"{self.name} expects a float tensor of shape (B, 3, H, W) with values in [0, 1], got "
@@ -97,11 +94,10 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
             )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The pooled features that FID is computed on.
+        """The pooled features FID is computed on.
 
         Args:
-            images (`torch.Tensor`): (B, 3, H, W) in [0, 1]; resized (bilinear, antialiased) when not
-                `image_size` square.
+            images (`torch.Tensor`): (B, 3, H, W) in [0, 1]; resized (bilinear) unless `image_size` square.
 
         Returns:
             `torch.Tensor`: (B, num_features), non-negative.
@@ -117,21 +113,20 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
         return hidden.mean(dim=(2, 3))  # (B, num_features)
 
     def classify(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Logits of each attribute.
+        """The logits of each attribute.
 
         Args:
             images (`torch.Tensor`): As for `forward`.
 
         Returns:
-            `dict[str, torch.Tensor]`: "size" (B, 2), "colour" (B, 6), "shape" (B, 3) and "position" (B, 9) logits,
-            in the order of `ATTRIBUTES`.
+            `dict[str, torch.Tensor]`: (B, num_values) logits per attribute, in the order of `ATTRIBUTES`.
         """
         features = self(images)  # (B, num_features)
         return {name: head(features) for name, head in self.heads.items()}
 
 
 def pretrained_shapes_features(**kwargs) -> ShapesFeatureNetwork:
-    """Load the trained feature network that ships in the package (`shapes/assets/features`), in eval mode.
+    """The trained feature network shipped in the package (`shapes/assets/features`), in eval mode.
 
     Args:
         **kwargs: Passed to `ShapesFeatureNetwork.from_pretrained` (e.g. `torch_dtype`).
