@@ -1,21 +1,8 @@
-"""Training as library code, one concept per module. The trainer's command is `diffusers_lmlp.train`; its rooms:
+"""Training as library code, one concept per module; the command is `diffusers_lmlp.train`.
 
-- `arguments`: the option table and the presets; `argument_checks`: the start-up checks of a command.
-- `trainer`: the run, from the accelerator's set-up to the finished pipeline, and its loop of steps.
-- `components`: the backbone and the frozen tokenizer, text encoder and VAE, and their compatibility checks.
-- `data`: reading the training data (COCO-2014, the Hub, the shapes world; `imagefolder`: an imagefolder and the
-  checks of its metadata; `captions`: what a caption is).
-- `features`: the on-disk feature store's format and its reading; `feature_extraction`: extracting and writing one.
-- `batches`: each step's batch, read ahead by `DataLoader` workers from the feature store or the images.
-- `step`: one optimizer step (the loss, accumulation, clipping, the EMA update).
-- `checkpoints` (and `checkpoint_folders`): where a checkpoint is written, kept and resumed from.
-- `divergence`: what a run does when its loss, gradients or weights stop being finite.
-- `validation`: the samples and scores during training, and the final evaluation on the shapes world.
-- `finishing`: the end of a run: the saved pipeline or adapter, its card and summary, the push, leaving together.
-- `lora`, `precision`, `compilation`, `sources`: LoRA adapters, mixed precision, `torch.compile`, where the frozen
-  components load from; the end-of-run `report`.
-
-Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
+`trainer` runs it (options: `arguments`, `argument_checks`); `components`, `data`, `features` and `batches` make the
+model and its batches; `step` is one optimizer step; `checkpoints`, `divergence`, `validation`, `finishing` and
+`report` save, guard, score and end the run. Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
 """
 
 from typing import TYPE_CHECKING

@@ -1,9 +1,7 @@
-"""Checking the trainer's arguments: each check refuses a wrong command at start-up, with a message that says what
-to change, rather than after minutes of set-up; a few settle what the options leave open (the backbone's family and
-configuration, where the frozen components load from). `training.arguments` holds the options and the presets.
-
-This module imports no heavy library (diffusers, transformers, accelerate). A check that needs a model class's
-signature (`--model_config` values, `--model_overrides`) imports that class only then.
+"""The start-up checks of the trainer's arguments (`training.arguments`): each refuses a wrong command with a message
+that says what to change, before minutes of set-up; a few settle what the options leave open (the backbone's family
+and configuration, where the frozen components load from). No heavy library is imported: a check that needs a model
+class's signature imports that class only then.
 """
 
 import argparse
@@ -36,22 +34,13 @@ SKELETON_FIELDS = (
 
 
 def model_class_of(model_type: str) -> type:
-    """The backbone class of a `--model_type` (imported on first use).
-
-    Args:
-        model_type (`str`): A family name of `diffusers_lmlp.models.FAMILIES`.
-    """
+    """The backbone class of a `--model_type` family name (imported on first use)."""
     return FAMILIES[model_type].model_class
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str] = frozenset()) -> None:
-    """Fail at start-up, with a message that says what to change, rather than after minutes of set-up.
-
-    Args:
-        parser (`argparse.ArgumentParser`): The parser, whose `error` prints the message and exits (2).
-        args (`argparse.Namespace`): The parsed arguments.
-        given (`set[str]`, *optional*): The options given on the command line (`given_options`).
-    """
+    """Fail at start-up, through `parser.error` (exit 2), with a message that says what to change, rather than after
+    minutes of set-up; `given` holds the options given on the command line (`given_options`)."""
     if args.dataset_name and args.train_data_dir:
         parser.error("pass either --dataset_name or --train_data_dir, not both")
     validate_lora_args(parser, args)
@@ -172,7 +161,7 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
 
 def check_push_to_hub(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """`--push_to_hub`: checked now (repo id, network, token), not after hours of training."""
-    if args.push_to_hub:  # checked now, not after hours of training
+    if args.push_to_hub:
         from huggingface_hub import constants
 
         from diffusers_lmlp.hub.upload import check_repo_id, require_token
@@ -222,11 +211,7 @@ def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def earlier_run(output_dir: Path) -> str | None:
-    """What of an earlier run `output_dir` holds (a finished run, checkpoints), in words; None if nothing.
-
-    Args:
-        output_dir (`Path`): The `--output_dir`.
-    """
+    """What of an earlier run `output_dir` holds (a finished run, checkpoints), in words; None if nothing."""
     if (output_dir / "training_summary.json").is_file():
         return "a finished run (training_summary.json)"
     checkpoints = list_checkpoints(output_dir) if output_dir.is_dir() else []
@@ -266,12 +251,9 @@ def validate_lora_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def resolve_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Settle --model_type and --model_config for a new model.
-
-    The family is --model_type, else the named configuration's, else lmlp. A preset's named configuration of
-    another family lends that family its skeleton (`SKELETON_FIELDS`: the shapes world's latent and text shapes and
-    size), which explicit --model_overrides still replace.
-    """
+    """Settle --model_type and --model_config for a new model: the family is --model_type, else the named
+    configuration's, else lmlp. A preset's named configuration of another family lends it its skeleton
+    (`SKELETON_FIELDS`), which explicit --model_overrides still replace."""
     named = named_configs()
     config = args.model_config
     args.model_config_values = None
@@ -302,16 +284,8 @@ def resolve_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def parse_overrides(pairs: list[str], model_class: type) -> dict:
-    """`KEY=VALUE` pairs as config values (JSON, else a string), checked against the model class's config signature.
-
-    Args:
-        pairs (`list[str]`): The `--model_overrides` arguments, e.g. `["num_layers=12", "mlp_ratio=2.5"]`.
-        model_class (`type`): The backbone class whose `__init__` arguments are the accepted keys.
-
-    Raises:
-        `ValueError`: For a pair without `=`, an unknown key or a value of the wrong type; the message lists the
-            accepted keys.
-    """
+    """`--model_overrides` `KEY=VALUE` pairs as config values (JSON, else a string), checked against `model_class`'s
+    `__init__`; the `ValueError` for a wrong pair lists the accepted keys."""
     overrides = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -333,18 +307,9 @@ def accepted_keys(model_class: type) -> str:
 
 
 def check_config_values(values: dict, model_class: type, source: str, shown: dict | None = None) -> None:
-    """Refuse config values that `model_class` does not take: unknown keys, and values of another type than the
-    argument's annotation.
-
-    Args:
-        values (`dict`): Config values (keys starting with `_`, such as a saved config's `_class_name`, are skipped).
-        model_class (`type`): The backbone class whose `__init__` arguments are the accepted keys.
-        source (`str`): Where the values come from, for the message (`"--model_config my.json"`).
-        shown (`dict`, *optional*): How to show each value in the message (as the user wrote it); default: repr.
-
-    Raises:
-        `ValueError`: Naming the key and listing the accepted ones, or naming the types the key takes.
-    """
+    """Refuse config values that `model_class` does not take (unknown keys, values not of the argument's annotated
+    type), naming `source`; `shown` says how to show each value (as the user wrote it). Keys starting with `_` are
+    skipped."""
     parameters = inspect.signature(model_class.__init__, eval_str=True).parameters
     for key, value in values.items():
         if key.startswith("_"):
@@ -359,15 +324,8 @@ def check_config_values(values: dict, model_class: type, source: str, shown: dic
 
 
 def read_model_config_file(path: Path) -> tuple[dict, str | None]:
-    """The config values of a `--model_config` JSON file, and the family its `_class_name` names, if any (a saved
-    backbone's `config.json` records it).
-
-    Args:
-        path (`Path`): The JSON file.
-
-    Raises:
-        `ValueError`: For a missing file, invalid JSON, or JSON that is not an object.
-    """
+    """The config values of a `--model_config` JSON file, and the family its `_class_name` names if any (a saved
+    backbone's `config.json` records it); `ValueError` for a missing file, invalid JSON or not an object."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -389,12 +347,7 @@ def read_model_config_file(path: Path) -> tuple[dict, str | None]:
 
 
 def value_fits(value, kinds: tuple[type, ...]) -> bool:
-    """Whether a JSON value is of one of the annotated types (a bool is not an int; an int is a valid float).
-
-    Args:
-        value: The decoded value.
-        kinds (`tuple[type, ...]`): The types of the annotation (`inspect.Parameter.empty` when unannotated).
-    """
+    """Whether a decoded JSON value is of one of the annotated types `kinds` (a bool is no int; an int is a float)."""
     if inspect.Parameter.empty in kinds:
         return True
     if isinstance(value, bool):
@@ -403,15 +356,9 @@ def value_fits(value, kinds: tuple[type, ...]) -> bool:
 
 
 def check_component_sources(args: argparse.Namespace) -> None:
-    """Name a missing local folder or file of a base pipeline or frozen component, before any loading.
-
-    Loaders turn these into confusing errors: transformers builds an empty tokenizer from a folder without tokenizer
-    files (then `model_max_length=1e30` does not match the model), and a missing folder reads as a failed download.
-    A source that is not a local folder must be a valid Hub id; the loader fetches it.
-
-    Raises:
-        `ValueError`: Naming the option, the folder and what it lacks.
-    """
+    """Name a missing local folder or file of a base pipeline or frozen component before loading turns it into a
+    confusing error (an empty tokenizer, a failed download); then set `args.text_encoder_source` and
+    `args.vae_source`."""
     option = "--pretrained_model_name_or_path"
     if args.pretrained_model_name_or_path and is_local(args.pretrained_model_name_or_path, option):
         base = Path(args.pretrained_model_name_or_path)
@@ -430,15 +377,7 @@ def check_component_sources(args: argparse.Namespace) -> None:
 
 
 def is_local(source: str, option: str) -> bool:
-    """Whether a component source is a local folder; if not, it must be a Hub repo id.
-
-    Args:
-        source (`str`): The folder or Hub id given.
-        option (`str`): The option that gave it, for the message.
-
-    Raises:
-        `ValueError`: When it is neither a folder nor a valid Hub id (a path that does not exist).
-    """
+    """Whether a component source is a local folder; if not, it must be a valid Hub repo id (else `ValueError`)."""
     if Path(source).is_dir():
         return True
     try:
@@ -449,18 +388,8 @@ def is_local(source: str, option: str) -> bool:
 
 
 def require_files(option: str, source: Path, subfolder: str, files: tuple[str, ...], what: str) -> None:
-    """Require the folder `source/subfolder`, holding at least one of `files`.
-
-    Args:
-        option (`str`): The option that gave `source`, for the message.
-        source (`Path`): The local folder given.
-        subfolder (`str`): Where in it the component lives ("" for the folder itself).
-        files (`tuple[str, ...]`): The component's files; one of them is enough.
-        what (`str`): The component, for the message ("the tokenizer").
-
-    Raises:
-        `ValueError`: Naming the missing folder, or the folder and the files it lacks.
-    """
+    """Require the folder `source/subfolder` holding at least one of `files`; otherwise a `ValueError` naming
+    `option` and `what` (e.g. "the tokenizer")."""
     folder = source / subfolder
     if not folder.is_dir():
         raise ValueError(f"{option} {source} has no {subfolder}/ folder: {what} is missing")

@@ -1,8 +1,6 @@
 """The trainer's arguments: the option table and the presets. `parse_args` reads them, then
 `training.argument_checks` refuses a wrong command at start-up with a message that says what to change.
-
-This module imports no heavy library (diffusers, transformers, accelerate): `--help` and every argument error
-return about as fast as `import torch`.
+No heavy library (diffusers, transformers, accelerate) is imported here, so `--help` and argument errors are fast.
 """
 
 import argparse
@@ -53,28 +51,23 @@ LR_SCHEDULERS = (
 )
 # `--preset NAME` sets these defaults; explicit arguments still win.
 PRESETS = {
-    # The embedded default: the procedural shapes world with the package's offline components, ≤ 10 min on 2 CPU cores
-    # with native bf16 (7 min 47 s on a family-26 avx512_bf16 EPYC); in float32, where bf16 is emulated, about twice
-    # the 13 min 56 s that 5,200 steps took on an AVX2-only EPYC.
+    # The embedded default: the procedural shapes world with the package's offline components, sized for a CPU.
     "shapes": dict(
         model_config="shapes-S",
-        # Besides the papers' token mixing of the text tokens, a projection of the text encoder's last-position state
-        # added to every image token: held-out shape 91% against 59% at step 2,600 (docs/shapes-runs.md). Explicit
-        # --model_overrides are added to it (pooled_text_projection=false turns it off).
+        # A projection of the text encoder's last-position state added to every image token (docs/shapes-runs.md);
+        # explicit --model_overrides are added to it (pooled_text_projection=false turns it off).
         model_overrides=["pooled_text_projection=true"],
-        # bf16 autocast where the CPU (or GPU) runs it natively: about 1.4× faster steps on avx512_bf16; else float32.
+        # bf16 autocast where the CPU (or GPU) runs it natively, else float32.
         mixed_precision="auto",
-        # torch.compile where it works, for runs long enough to repay it: 9.5 → 15 steps/s here after ~20 s.
+        # torch.compile where it works, for runs long enough to repay it.
         torch_compile="auto",
         resolution=32,
         train_batch_size=64,
-        # Twice 5,200: the second scorer then reads 96.9-99.0% of training captions' shapes right (89.6-95.8% at
-        # 5,200), the small squares' corners drawn sharper (docs/shapes-runs.md#twice-the-steps).
+        # Twice 5,200 steps: more shapes drawn right, their corners sharper (docs/shapes-runs.md#twice-the-steps).
         max_train_steps=10400,
         learning_rate=3e-3,
         # Cosine decay to 0 and a little weight decay; Min-SNR weighting moves the loss towards the noisy timesteps,
-        # where the shape is decided: held-out shape 99% at γ = 1, 94% at 2, 92% at 5, 77–80% without it
-        # (docs/shapes-runs.md).
+        # where the shape is decided (docs/shapes-runs.md).
         lr_scheduler="cosine",
         snr_gamma=1.0,
         adam_beta2=0.99,
@@ -87,14 +80,14 @@ PRESETS = {
         checkpointing_steps=1300,
         checkpoints_total_limit=2,
         validation_steps=1300,
-        # A tracker's log costs 1.5% of a 29 ms step (tensorboard flushes its file at each): 1,040 points still.
+        # tensorboard flushes its file at each log, which costs much next to a short step.
         logging_steps=10,
         # The pipeline's defaults (the papers' 50 steps and s = 1), with which the final scores are measured too.
         validation_inference_steps=NUM_INFERENCE_STEPS,
         validation_guidance_scale=GUIDANCE_SCALE,
         output_dir="lmlp-shapes",
     ),
-    # The L-MLP paper's MS-COCO run (reference configs/lmlp_f2.py + the U-ViT COCO recipe): F2-deep, SD VAE, CLIP L/14,
+    # The L-MLP paper's MS-COCO run (its F2 configuration and the U-ViT COCO recipe): F2-deep, SD VAE, CLIP L/14,
     # batch 256 (32 per GPU on 8 GPUs; on one GPU add --gradient_accumulation_steps 8), 1M steps.
     "coco-f2": dict(
         model_config="F2-deep",
@@ -114,7 +107,7 @@ PRESETS = {
         validation_steps=5000,
         output_dir="lmlp-coco-f2",
     ),
-    # The emoji world: a UL-MLP drawing the 3,786 Noto emoji from their names, with the world's VAE and CLIP text tower,
+    # The emoji world: a UL-MLP drawing the Noto emoji from their names, with the world's VAE and CLIP text tower,
     # scored by the emoji CLIP's retrieval and by pixels (docs/emoji.md).
     "emoji": dict(
         model_config="emoji-S",
@@ -143,7 +136,7 @@ PRESETS = {
         output_dir="lmlp-emoji",
     ),
     # LoRA: teach the shapes model that ships in the package the 32 colour × shape × position combinations held out
-    # of its training (a new attribute set), a few minutes on 2 CPUs; the final evaluation scores it before and after.
+    # of its training (a new attribute set); the final evaluation scores it before and after.
     "shapes-lora": dict(
         pretrained_model_name_or_path=str(SHAPES_PIPELINE_PATH),
         shapes_split="heldout",
@@ -473,6 +466,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Args:
         argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
+
+    Returns:
+        `argparse.Namespace`: The checked arguments, with `preset` and `world` settled.
     """
     parser = build_parser()
     # Presets change defaults only: read the preset first, then parse everything with its defaults in place.
@@ -500,14 +496,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def given_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
     """The destinations of the options given on the command line (abbreviated or not), as opposed to defaults.
-
-    argparse fills in a default only where the namespace lacks the attribute, so a namespace holding a marker for
-    every option keeps the marker for each option not given.
-
-    Args:
-        parser (`argparse.ArgumentParser`): The parser.
-        argv (`list[str]`, *optional*): The arguments (`sys.argv[1:]` when None).
-    """
+    argparse fills in a default only where the namespace lacks the attribute, so a marker set for every option stays
+    for each one not given."""
     unset = object()
     namespace = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS})
     parsed, _ = parser.parse_known_args(argv, namespace)

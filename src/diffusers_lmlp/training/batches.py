@@ -30,17 +30,8 @@ def step_generator(seed: int, *keys: int) -> torch.Generator:
 
 
 def build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator, cache_dir: Path) -> FeatureStore:
-    """The feature store of this data and these components, extracted first by every process (each its shards).
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments (columns, resolution, `--cache_text_dtype`, workers).
-        dataset (`datasets.Dataset`): The training data.
-        tokenizer (`CLIPTokenizer`): The tokenizer.
-        text_encoder (`CLIPTextModel`): The text encoder.
-        vae (`AutoencoderKL`): The VAE.
-        accelerator (`Accelerator`): The run's accelerator (rank, number of processes, barrier).
-        cache_dir (`Path`): The store is `<cache_dir>/features/<key>`.
-    """
+    """The feature store `<cache_dir>/features/<key>` of this data and these components, extracted first if needed
+    (each process its shards)."""
     columns = dict(image_column=args.image_column, caption_column=args.caption_column, resolution=args.resolution)
     components = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae)
     text_dtype = args.cache_text_dtype or "float32"
@@ -62,22 +53,11 @@ def build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator
 
 
 class BatchReader:
-    """The CPU half of making a batch, which runs in `DataLoader` worker processes: the caption pick, caption dropout
-    and flip draws, then the samples, read from the feature store (latents re-sampled from the stored moments at
-    every use, as the reference does) or decoded and cropped.
+    """The CPU half of making a batch, run in `DataLoader` workers: the random draws, then the samples from the
+    feature store (latents re-sampled from the stored moments, as the reference does) or decoded images.
 
-    A map-style dataset is read as an endless stream of per-epoch permutations (sample k of step s is a pure
-    function of the seed and s), so resuming needs no data state. A streaming dataset is read in order from this
-    process's shard, shuffled per epoch with a seeded buffer, skipping what the steps before `step` used; the stream
-    is opened by the process that reads it.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments (seed, columns, resolution, flips, batch sizes, streaming).
-        dataset (`datasets.Dataset` or `datasets.IterableDataset`): The training data.
-        store (`FeatureStore`, *optional*): The feature store of `dataset`, read instead of its images.
-        process_index (`int`): This process's rank.
-        num_processes (`int`): The number of training processes.
-        step (`int`): The first step read.
+    A map-style dataset is an endless stream of seeded per-epoch permutations, so resuming needs no data state; a
+    streaming one is read in order from this process's shard, skipping what the steps before `step` used.
     """
 
     def __init__(self, args, dataset, store: FeatureStore | None, process_index: int, num_processes: int, step: int):
@@ -91,7 +71,7 @@ class BatchReader:
         epoch, offset = divmod(position, len(self.dataset))
         if self._permutation[0] != epoch:
             generator = step_generator(self.args.seed, "epoch", epoch)
-            # As a NumPy array: indexing it is ~10× cheaper than indexing a tensor, at the same 8 bytes a sample.
+            # As a NumPy array: much cheaper to index than a tensor.
             self._permutation = (epoch, torch.randperm(len(self.dataset), generator=generator).numpy())
         return int(self._permutation[1][offset])
 
@@ -105,8 +85,7 @@ class BatchReader:
     def _epochs(self) -> Iterator[dict]:
         """This process's shard of the stream, shuffled, epoch after epoch, one record at a time.
 
-        Read with `iter(batch_size=1)`: iterating the dataset itself in a `DataLoader` worker would let `datasets`
-        split it between the workers, in another order than in the main process.
+        Read with `iter(batch_size=1)`: iterating the dataset in a worker lets `datasets` split it between workers.
         """
         from datasets.distributed import split_dataset_by_node
 
@@ -123,16 +102,8 @@ class BatchReader:
 
     @torch.no_grad()
     def load(self, positions: list[int], generator: torch.Generator) -> dict:
-        """The CPU half of the batch of the samples at `positions` of the sample stream.
-
-        Args:
-            positions (`list[int]`): The positions.
-            generator (`torch.Generator`): The step's generator; `BatchSource.finish` continues where this leaves it.
-
-        Returns:
-            `dict`: `drop` (b,) (caption dropout), and `latents` (b, C, h, w) unscaled and `states` (b, T, D) from the
-            store, or `pixels` (b, 3, H, W) and `texts` (b captions) to encode.
-        """
+        """The CPU half of the batch at `positions` of the sample stream: `drop` (b,) and either `latents`/`states`
+        from the store or `pixels`/`texts` to encode; `BatchSource.finish` continues with `generator`."""
         args = self.args
         choice = torch.rand(len(positions), generator=generator)  # caption pick
         drop = torch.rand(len(positions), generator=generator) < args.caption_dropout
@@ -161,13 +132,7 @@ class BatchReader:
 class StepBatches(torch.utils.data.IterableDataset):
     """This process's `BatchReader.load` of steps `first` … `last - 1`, each with its step generator's state after it.
 
-    Worker w of W makes steps first + w, first + w + W, …, and a `DataLoader` returns its workers' items in turn,
-    so the steps come back in order. A stream, read in order, is read by one worker.
-
-    Args:
-        reader (`BatchReader`): Makes each step's batch.
-        first (`int`): The first step.
-        last (`int`): The step after the last.
+    Worker w of W makes steps first + w, first + w + W, …; a `DataLoader` returns its workers' items in turn, in order.
     """
 
     def __init__(self, reader: BatchReader, first: int, last: int):
@@ -185,23 +150,11 @@ class StepBatches(torch.utils.data.IterableDataset):
 
 
 class BatchSource:
-    """Produces the clean latents and conditioning of the samples at given positions of the sample stream.
+    """The clean latents and conditioning of the samples at given positions of the sample stream.
 
-    A `BatchReader` makes the CPU half (in `--dataloader_num_workers` worker processes, ahead of the training step
-    that needs it); this process runs the encoders when there is no feature store, applies caption dropout and scales
-    the latents. Every random draw comes from the step's generator, in one order whichever process makes it, so the
-    batches, their noise and timesteps are the same with any number of workers, and a resumed run continues exactly.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        dataset (`datasets.Dataset` or `datasets.IterableDataset`): The training data.
-        store (`FeatureStore`, *optional*): Its feature store.
-        tokenizer (`CLIPTokenizer`): The tokenizer.
-        text_encoder (`CLIPTextModel`): The text encoder (for "" and, without a store, every caption).
-        vae (`AutoencoderKL`): The VAE (its config's scale and shift; without a store, it encodes every image).
-        step (`int`): The first step.
-        process_index (`int`, *optional*, defaults to 0): This process's rank.
-        num_processes (`int`, *optional*, defaults to 1): The number of training processes.
+    A `BatchReader` makes the CPU half in worker processes, ahead of the step; this process runs the encoders when
+    there is no feature store, applies caption dropout and scales the latents. Every draw comes from the step's
+    generator, so the batches are the same with any number of workers and a resumed run continues exactly.
     """
 
     def __init__(self, args, dataset, store, tokenizer, text_encoder, vae, step, process_index=0, num_processes=1):
@@ -210,22 +163,12 @@ class BatchSource:
         self.empty_states = encode_text(tokenizer, text_encoder, [""])  # (1, T, D)
 
     def batch(self, positions: list[int], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied.
-
-        Args:
-            positions (`list[int]`): Positions in the sample stream.
-            generator (`torch.Generator`): The step's generator.
-        """
+        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied."""
         return self.finish(self.reader.load(positions, generator), generator)
 
     @torch.no_grad()
     def finish(self, loaded: dict, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latents (b, C, h, w) scaled by the latent scale, and text states (b, T, D), caption dropout applied.
-
-        Args:
-            loaded (`dict`): What `BatchReader.load` made.
-            generator (`torch.Generator`): The step's generator, where `load` left it.
-        """
+        """`batch` from what `BatchReader.load` made, with the generator where `load` left it."""
         if "pixels" in loaded:
             states = encode_text(self.tokenizer, self.text_encoder, loaded["texts"])  # (b, T, D)
             dist = self.vae.encode(loaded["pixels"].to(self.vae.device, self.vae.dtype)).latent_dist
@@ -242,16 +185,8 @@ class BatchSource:
         return latents * config.scaling_factor, states
 
     def steps(self, first: int, last: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Generator]]:
-        """The batches of steps `first` … `last - 1`, read by `--dataloader_num_workers` worker processes.
-
-        Args:
-            first (`int`): The first step.
-            last (`int`): The step after the last.
-
-        Yields:
-            `tuple`: Latents (b, C, h, w), text states (b, T, D) and the step's generator, where the batch left it
-            (the step's noise and timesteps come next).
-        """
+        """The latents, text states and generator (where the batch left it) of steps `first` … `last - 1`, read by
+        `--dataloader_num_workers` worker processes."""
         workers = self.args.dataloader_num_workers
         if self.args.streaming and workers > 1:
             logger.info(f"--dataloader_num_workers {workers}: a stream is read in order, by one worker process")

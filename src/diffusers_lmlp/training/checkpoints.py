@@ -1,9 +1,8 @@
 """Checkpoints of a training run: written so that a complete one exists at every instant, pruned, resumed, and held
 by one run at a time.
 
-Each `checkpoint-N` folder holds accelerate's state (optimizer, LR scheduler, RNG) next to diffusers model folders
-(safetensors, never pickled modules): `transformer/` and, with EMA, `transformer_ema/`; with LoRA, the adapter alone in
-`transformer_lora/`.
+Each `checkpoint-N` holds accelerate's state next to diffusers model folders (safetensors, never pickles):
+`transformer/` and, with EMA, `transformer_ema/`; with LoRA only the adapter, in `transformer_lora/`.
 """
 
 import contextlib
@@ -41,10 +40,8 @@ logger = get_logger(__name__)
 def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
     """Hold `output_dir` for this run: a second run on it is refused at start-up, by every one of its processes.
 
-    The main process takes an exclusive `flock` on `output_dir/.train.lock` and keeps it for the whole run. The OS
-    drops it when the process ends, however it ends, so a killed run never leaves the folder locked. Holding it, the
-    main process cleans up the checkpoint operations that killed runs left half-done. The other processes learn the
-    outcome from it (a broadcast flag), so that they stop too rather than wait for it.
+    The main process holds an exclusive `flock` on `output_dir/.train.lock`, which the OS drops however the process
+    ends, and cleans up what killed runs left half-done; the other processes learn the outcome by broadcast.
 
     Args:
         accelerator (`Accelerator`): The run's accelerator.
@@ -78,11 +75,7 @@ def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
 
 
 def clean_up_interrupted_checkpoints(output_dir: Path) -> None:
-    """Finish or undo what killed runs left of checkpoint operations (the names are listed at `CHECKPOINT_PATTERN`).
-
-    Args:
-        output_dir (`Path`): The `--output_dir`, held by this run.
-    """
+    """Finish or undo what killed runs left of checkpoint operations (the names are listed at `CHECKPOINT_PATTERN`)."""
     for path in sorted(output_dir.glob(".checkpoint-*")):
         match = UNDER_WAY_PATTERN.match(path.name)
         if not match or not path.is_dir():
@@ -117,15 +110,17 @@ def save_checkpoint(
 ) -> Path:
     """Write `checkpoint-{step}` so that a complete checkpoint exists at every instant, then prune old ones.
 
-    The state is written to `.checkpoint-{step}.tmp`, flushed to disk and renamed into place (replacing an existing
-    `checkpoint-{step}` of an abandoned run); only then are checkpoints over `limit` removed.
+    The state is written to `.checkpoint-{step}.tmp`, flushed and renamed into place; only then are old ones removed.
 
     Args:
         accelerator (`Accelerator`): The run's accelerator.
         output_dir (`Path`): The `--output_dir`.
         step (`int`): The optimizer steps done.
         limit (`int`, *optional*): `--checkpoints_total_limit`.
-        train_seconds (`float`): Training time up to now, over every segment of the run (stored in `STATE_FILE`).
+        train_seconds (`float`): Training time up to now, over every segment of the run.
+
+    Returns:
+        `Path`: The checkpoint folder.
 
     Raises:
         `SystemExit`: When the disk is full; the partial write is removed and the earlier checkpoints stay.
@@ -159,47 +154,31 @@ def save_checkpoint(
 
 
 def disk_full(error: Exception, folder: Path) -> bool:
-    """Whether a failed write ran out of space: the error says so, or the device is full (torch.save reports a full
-    disk as an `unexpected pos` RuntimeError).
-
-    Args:
-        error (`Exception`): What the write raised.
-        folder (`Path`): Where it wrote.
-    """
+    """Whether a failed write to `folder` ran out of space: the error says so, or the device is full (torch.save
+    reports a full disk as an `unexpected pos` RuntimeError)."""
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     return shutil.disk_usage(folder).free < 2**20
 
 
 def prune_checkpoints(output_dir: Path, step: int, limit: int | None) -> None:
-    """Keep the `limit` newest checkpoints of this run; checkpoints past `step` (an abandoned run's) go first.
-
-    Args:
-        output_dir (`Path`): The `--output_dir`.
-        step (`int`): The step of the checkpoint just saved.
-        limit (`int`, *optional*): `--checkpoints_total_limit`; None keeps all.
-    """
+    """Keep the `limit` newest checkpoints (None: all); those past `step`, an abandoned run's, go first."""
     if limit is None:
         return
-    # Oldest first, an abandoned run's checkpoints counting as older than any of this run's.
     ordered = sorted(list_checkpoints(output_dir), key=lambda p: (checkpoint_step(p) <= step, checkpoint_step(p)))
     for path in ordered[: max(0, len(ordered) - limit)]:
         remove_checkpoint(path)
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint; it is renamed first, so that a kill half-way never leaves a partial `checkpoint-N`.
-
-    Args:
-        path (`Path`): The checkpoint folder.
-    """
+    """Delete a checkpoint; it is renamed first, so that a kill half-way never leaves a partial `checkpoint-N`."""
     doomed = path.with_name(f".{path.name}.deleting")
     os.replace(path, doomed)
     shutil.rmtree(doomed)
 
 
 def saved_train_seconds(checkpoint: Path) -> float:
-    """The training time up to a checkpoint, over all of its run's segments (0 for checkpoints that predate it).
+    """The training time up to a checkpoint, over all of its run's segments (0 for checkpoints without it).
 
     Args:
         checkpoint (`Path`): The checkpoint folder.
@@ -212,9 +191,8 @@ def saved_train_seconds(checkpoint: Path) -> float:
 
 
 def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None, lora: bool = False) -> None:
-    """Checkpoints hold diffusers model folders (safetensors), not pickled modules: the backbone in `transformer/`
-    (its EMA in `transformer_ema/`), or with LoRA only the adapter, in diffusers' LoRA format in `transformer_lora/`
-    (the frozen base comes from the base pipeline again on resume).
+    """Make checkpoints hold diffusers model folders, not pickles: `transformer/` (and `transformer_ema/`), or with
+    LoRA only the adapter in `transformer_lora/` (the base comes from the base pipeline again on resume).
 
     Args:
         accelerator (`Accelerator`): The run's accelerator.

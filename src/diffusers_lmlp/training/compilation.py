@@ -1,10 +1,8 @@
 """Whether a training run compiles its backbone: `--torch_compile auto` (the shapes preset's) compiles it with
 inductor where that works and the run is long enough to repay the compilation, and the log says which and why.
 
-Compiling traces the backbone's modules into fused kernels; it does not replace them (hooks and PEFT adapters still
-act, `tests/test_compile.py`). On 2 AMD EPYC cores with bf16 autocast the shapes model trains about 1.6× faster
-compiled (9.5 → 15 steps/s, docs/shapes-runs.md); the first compilation costs about 20 s, which pays off after
-about 550 steps. Validation samples with the plain backbone, so its sampler's batch sizes trigger no recompilation.
+Compiling does not replace the modules (hooks and PEFT adapters still act). Validation samples with the plain
+backbone, so its sampler's batch sizes trigger no recompilation.
 """
 
 import os
@@ -15,23 +13,13 @@ import torch
 from .precision import launch_device
 
 
-# Below this many steps `auto` does not compile: ~20 s of compilation against ~0.04 s saved per step on the shapes
-# model (break-even near 550 steps), with a margin for larger first compilations on slower machines.
+# Below this many steps `auto` does not compile: the first compilation would not pay off (with a margin).
 AUTO_MIN_STEPS = 1000
 
 
 def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str | None, str]:
-    """The `dynamo_backend` to build the `Accelerator` with, and why, for the log.
-
-    Args:
-        requested (`str`, *optional*): `--torch_compile` ("yes", "no", "auto"), or None for accelerate's configuration
-            (`accelerate launch --dynamo_backend ...`).
-        max_train_steps (`int`): The run's optimizer steps, which `auto` weighs against the compilation's cost.
-
-    Returns:
-        `tuple[str | None, str]`: The backend ("inductor", "no", or None to keep accelerate's), and the reason as
-        " (…)" to append to the log line, or "".
-    """
+    """The `dynamo_backend` for the `Accelerator` ("inductor", "no", or None to keep accelerate's) for
+    `--torch_compile` `requested`, and the reason as " (…)" to append to the log line, or ""."""
     if requested is None:
         return None, ""
     if requested != "auto":
@@ -48,14 +36,8 @@ def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str
 
 
 def try_compilation(device: str) -> tuple[float, str]:
-    """Compile and run a tiny function with inductor: on a CPU that needs a working C++ compiler, on a GPU Triton.
-
-    Args:
-        device (`str`): The device to compile for.
-
-    Returns:
-        `tuple[float, str]`: The seconds it took, and "" or the problem (the error's type and first line).
-    """
+    """Compile and run a tiny function with inductor (a CPU needs a C++ compiler, a GPU Triton): the seconds it took,
+    and "" or the problem."""
     start = time.perf_counter()
     try:
         trial = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2.0 + 1.0, backend="inductor", fullgraph=True)
@@ -71,12 +53,7 @@ def try_compilation(device: str) -> tuple[float, str]:
 def plain_backbone(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """The backbone without accelerate's wrappers or torch.compile's, for saving, sampling and checks.
 
-    accelerate's `unwrap_model` keeps a whole-model compile's `OptimizedModule` (and older accelerate versions have
-    no option to drop it); a regional compile compiles the blocks in place, with no wrapper to remove.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        model (`torch.nn.Module`): The prepared backbone.
+    accelerate's `unwrap_model` keeps a whole-model compile's `OptimizedModule` (older versions cannot drop it).
     """
     unwrapped = accelerator.unwrap_model(model)
     return getattr(unwrapped, "_orig_mod", unwrapped)

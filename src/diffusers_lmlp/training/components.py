@@ -1,8 +1,5 @@
 """The backbone and its frozen components: building or loading the model, loading the tokenizer, text encoder and
 VAE, and refusing, before any data is read, components and a resolution that do not fit the backbone.
-
-`load_components` reads where each component comes from as resolved at start-up (`training.sources`); the trainer
-(`training.trainer`) calls these first.
 """
 
 import argparse
@@ -27,6 +24,7 @@ def routes(model_class: type) -> bool:
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The backbone: a base pipeline's (keeping its family) or a new one; refuses options the backbone cannot take."""
     if args.pretrained_model_name_or_path:
         config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
         saved = family_of(config["transformer"][1]).name
@@ -70,12 +68,8 @@ def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
 
 
 def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen tokenizer, text encoder and VAE.
-
-    A base pipeline's own, else the embedded world's (shapes, the default, or emoji), else the papers' SD VAE and
-    CLIP L/14;
-    `--pretrained_vae` / `--pretrained_text_encoder` replace either. Where each loads from was resolved at start-up
-    (`args.text_encoder_source`, `args.vae_source`; see `diffusers_lmlp.training.sources`).
+    """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's, else the papers';
+    `--pretrained_vae` / `--pretrained_text_encoder` replace either (sources resolved at start-up: `training.sources`).
     """
     if args.pretrained_model_name_or_path:
         pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
@@ -96,14 +90,8 @@ def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextMo
 
 @contextlib.contextmanager
 def loading_from(what: str, source: str, option: str):
-    """Turn a loader's `OSError` (a Hub id that cannot be fetched, a folder with broken files) or `ValueError` (a
-    checkpoint that is not the component's) into one message that says what to do.
-
-    Args:
-        what (`str`): The component, for the message.
-        source (`str`): The Hub id or folder it is loaded from.
-        option (`str`): The option that sets it.
-    """
+    """Turn a loader's `OSError` or `ValueError` for component `what` from `source` into one message that says what
+    to do (`option` sets the source)."""
     try:
         yield
     except ValueError as error:  # what the component's checkpoint holds is wrong (sources.load_text_encoder)
@@ -124,21 +112,8 @@ def loading_from(what: str, source: str, option: str):
 def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
     """Refuse components and a resolution that do not fit the backbone, before any data is touched.
 
-    The model mixes a fixed number of tokens, so the VAE must turn `resolution` px images into latents of exactly
-    the model's `sample_size`. That size is measured from the VAE's layers, not only computed from its config: the
-    pipeline sizes images by the config's factor, so a VAE whose layers downsample otherwise is refused too.
-
-    Args:
-        model: The backbone.
-        tokenizer: The CLIP tokenizer.
-        text_encoder: The CLIP text model.
-        vae (`AutoencoderKL`): The VAE.
-        resolution (`int`): `--resolution`, in pixels.
-        fine_tuning (`bool`, *optional*, defaults to `False`): Whether the model is a saved one, whose `sample_size`
-            is kept (so the message does not offer `--model_overrides`).
-
-    Raises:
-        `SystemExit`: With a message that says what to pass instead.
+    The model mixes a fixed number of tokens, so the VAE must turn `resolution` px images into latents of exactly its
+    `sample_size`, measured from the VAE's layers as well as computed from its config (which the pipeline sizes by).
     """
     config = model.config
     factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
@@ -170,16 +145,8 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
 
 
 def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
-    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device: shapes
-    only, no memory for a copy of the weights and no arithmetic, even for SD's VAE at 512 px.
-
-    Args:
-        vae (`AutoencoderKL`): The VAE.
-        resolution (`int`): The image side, in pixels.
-
-    Raises:
-        `SystemExit`: When the encoder cannot take images of that size.
-    """
+    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device (shapes only:
+    no memory, no arithmetic); exits when the encoder cannot take that size."""
     encoder = vae.encoder
     tensors = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
     meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors.items()}

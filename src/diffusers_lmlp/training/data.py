@@ -1,8 +1,7 @@
-"""The training images and captions: the official COCO-2014 layout, an imagefolder with metadata (`imagefolder`), a
-`datasets` dataset from the Hub or a folder, or one written by `save_to_disk`, all read as rows of `{image column: PIL
-image, caption column: a caption or a list of captions}`.
+"""The training images and captions: COCO-2014, an imagefolder, a `datasets` dataset (Hub, folder or `save_to_disk`),
+all read as rows of `{image column: PIL image, caption column: a caption or a list of captions}`.
 
-Every loader here checks the layout before anything is encoded, and names the file or folder that is wrong.
+Every loader checks the layout before anything is encoded, and names the file or folder that is wrong.
 """
 
 import json
@@ -20,11 +19,9 @@ from .imagefolder import check_imagefolder_metadata, load_imagefolder, metadata_
 
 logger = logging.getLogger(__name__)
 
-# `--data_layout` values: how `--train_data_dir` is laid out ("auto": the COCO-2014 layout when the folder has it,
-# else an imagefolder).
+# `--data_layout` values ("auto": COCO-2014 when the folder has its layout, else an imagefolder).
 DATA_LAYOUTS = ("auto", "imagefolder", "coco2014")
-# The COCO-2014 splits, as the official archives unpack: `<root>/<split>/*.jpg`,
-# `<root>/annotations/captions_<split>.json`.
+# As the official archives unpack: `<root>/<split>/*.jpg`, `<root>/annotations/captions_<split>.json`.
 COCO_SPLITS = ("train2014", "val2014")
 
 
@@ -47,30 +44,22 @@ def load_training_data(
     """The training split: a map-style `datasets.Dataset` (an `IterableDataset` with `streaming`).
 
     Args:
-        dataset_name (`str`, *optional*): A `datasets` Hub id, a local dataset folder, or a folder written by
-            `save_to_disk` (a `Dataset`, or a `DatasetDict` with a `train` split).
+        dataset_name (`str`, *optional*): A Hub id, a local dataset folder, or a folder written by `save_to_disk`.
         dataset_config_name (`str`, *optional*): Its configuration.
         train_data_dir (`str`, *optional*): A local folder laid out as `data_layout` says.
-        data_layout (`str`, *optional*, defaults to `"auto"`): `"imagefolder"` (images with `metadata.jsonl`,
-            `metadata.csv` or `metadata.parquet`; see `load_imagefolder`), `"coco2014"` (the official COCO-2014
-            layout, whose `train2014` split is read), or `"auto"`: COCO-2014 for a folder with
-            `annotations/captions_train2014.json` and `train2014/`, an imagefolder otherwise (`detect_layout`).
-        image_column (`str`): The column of the images (`"image"` for a COCO folder).
-        caption_column (`str`): The column of the captions (`"text"` for a COCO folder, a list per image).
+        data_layout (`str`, *optional*, defaults to `"auto"`): `"imagefolder"`, `"coco2014"` or `"auto"`.
+        image_column (`str`): The column of the images.
+        caption_column (`str`): The column of the captions (a caption or a list per image).
         max_train_samples (`int`, *optional*): Keep only the first this many samples.
         streaming (`bool`): Stream `dataset_name` instead of downloading it whole.
         seed (`int`): Seed of the procedural shapes world, used when no data is given.
         cache_dir (`str`): Where `datasets` caches what it prepares.
-        world (`str`, *optional*, defaults to `"shapes"`): The embedded world trained on when no data is given
-            (`"shapes"` or `"emoji"`, whose training split is every picture but `diffusers_lmlp.emoji.HELD_OUT`).
-        shapes_split (`str`, *optional*, defaults to `"train"`): The shapes world's split used when no data is given:
-            `"train"` or `"heldout"` (the combinations held out of the shipped model's training).
-        shapes_num_images (`int`, *optional*): How many images of the shapes world to render (`make_dataset`'s
-            default when not given).
+        world (`str`, *optional*, defaults to `"shapes"`): The embedded world trained on when no data is given.
+        shapes_split (`str`, *optional*, defaults to `"train"`): The shapes world's split: `"train"` or `"heldout"`.
+        shapes_num_images (`int`, *optional*): How many shapes images to render (`make_dataset`'s default if unset).
 
     Raises:
-        `ValueError`: For a bad layout, a metadata row without a usable caption or image, or a column the dataset
-            lacks, naming it.
+        `ValueError`: For a bad layout, an unusable metadata row, or a missing column, naming it.
     """
     import datasets
 
@@ -111,29 +100,15 @@ def load_training_data(
 
 
 def is_saved_dataset(folder: Path) -> bool:
-    """Whether `folder` was written by `datasets`' `save_to_disk`: a `Dataset` (`state.json` and `dataset_info.json`
-    beside its Arrow files) or a `DatasetDict` (`dataset_dict.json` and a folder per split). `load_dataset` refuses
-    such a folder ("use `load_from_disk` instead").
-
-    Args:
-        folder (`Path`): The `--dataset_name`.
-    """
+    """Whether `folder` was written by `save_to_disk` (a `Dataset` or `DatasetDict`), which `load_dataset` refuses."""
     return (folder / "dataset_dict.json").is_file() or all(
         (folder / name).is_file() for name in ("state.json", "dataset_info.json")
     )
 
 
 def load_saved_dataset(folder: Path, dataset_config_name: str | None, streaming: bool):
-    """The training split of a folder written by `save_to_disk`, read with `load_from_disk` (memory-mapped Arrow).
-
-    Args:
-        folder (`Path`): The folder.
-        dataset_config_name (`str`, *optional*): Must be unset: a saved dataset has no configurations.
-        streaming (`bool`): Read it in order as an `IterableDataset`, as a streamed Hub dataset is read.
-
-    Raises:
-        `ValueError`: For `--dataset_config_name`, or a `DatasetDict` without a `train` split.
-    """
+    """The training split of a folder written by `save_to_disk` (memory-mapped; an `IterableDataset` with
+    `streaming`); a saved dataset has no configurations, so `dataset_config_name` must be unset."""
     import datasets
 
     if dataset_config_name is not None:
@@ -146,15 +121,8 @@ def load_saved_dataset(folder: Path, dataset_config_name: str | None, streaming:
 
 
 def train_split(dataset, source: str):
-    """The `train` split of a `DatasetDict` (or `IterableDatasetDict`); a single dataset as it is.
-
-    Args:
-        dataset: What `load_dataset` or `load_from_disk` returned.
-        source (`str`): Where it came from, for the error.
-
-    Raises:
-        `ValueError`: For a dict without a `train` split, naming the splits it has.
-    """
+    """The `train` split of a `DatasetDict` (or `IterableDatasetDict`); a single dataset as it is. `source` names
+    where it came from, for the error."""
     import datasets
 
     if not isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
@@ -168,18 +136,7 @@ def train_split(dataset, source: str):
 
 
 def load_data_dir(folder: Path, data_layout: str, image_column: str, caption_column: str, cache_dir: str | None):
-    """The training split of a local folder: COCO-2014's `train2014` or an imagefolder's training split.
-
-    Args:
-        folder (`Path`): The `--train_data_dir`.
-        data_layout (`str`): A `DATA_LAYOUTS` value; `"auto"` is resolved by `detect_layout`.
-        image_column (`str`): The image column of a COCO folder.
-        caption_column (`str`): The caption column.
-        cache_dir (`str`, *optional*): Where `datasets` caches the imagefolder it prepares.
-
-    Raises:
-        `ValueError`: When `folder` is not a folder, or as `load_coco2014` and `load_imagefolder` do.
-    """
+    """The training split of `--train_data_dir`: COCO-2014's `train2014` or an imagefolder's training split."""
     if not folder.is_dir():
         raise ValueError(f"--train_data_dir {folder} is not a folder")
     if data_layout == "auto":
@@ -190,13 +147,9 @@ def load_data_dir(folder: Path, data_layout: str, image_column: str, caption_col
 
 
 def detect_layout(folder: Path) -> str:
-    """`"coco2014"` for a folder laid out as the official COCO-2014 archives unpack, `"imagefolder"` otherwise.
+    """`"coco2014"` for a folder laid out as the COCO-2014 archives unpack, `"imagefolder"` otherwise.
 
-    A folder with `annotations/captions_train2014.json` and `train2014/` is COCO-2014; so is one with only one of them
-    and no imagefolder metadata at its top (a COCO folder partly unpacked: `load_coco2014` names what is missing).
-
-    Args:
-        folder (`Path`): The `--train_data_dir`.
+    A partly unpacked COCO folder without imagefolder metadata counts as COCO: `load_coco2014` names what is missing.
     """
     annotations = (folder / "annotations" / "captions_train2014.json").is_file()
     images = (folder / "train2014").is_dir()
@@ -210,25 +163,19 @@ def detect_layout(folder: Path) -> str:
 def load_coco2014(root: Path, split: str = "train2014", image_column: str = "image", caption_column: str = "text"):
     """One split of COCO-2014 as the official archives unpack it, one row per image with all of its captions.
 
-    `root/annotations/captions_<split>.json` (from `annotations_trainval2014.zip`) lists the images and their
-    captions (5 to 7 each); `root/<split>/` (from `<split>.zip`) holds the JPEGs. Rows are in image-id order and
-    each image's captions in the order of the annotations file, as pycocotools (and so U-ViT's extraction) reads
-    them. Training picks one of them at random at every use of the image.
+    Rows are in image-id order and captions in the annotations file's order, as pycocotools (and U-ViT) reads them.
 
     Args:
-        root (`Path`): The COCO folder, holding `annotations/` and `<split>/`.
+        root (`Path`): The COCO folder, holding `annotations/captions_<split>.json` and `<split>/`.
         split (`str`, *optional*, defaults to `"train2014"`): `"train2014"` or `"val2014"`.
         image_column (`str`, *optional*, defaults to `"image"`): The name of the image column.
         caption_column (`str`, *optional*, defaults to `"text"`): The name of the caption-list column.
 
     Returns:
-        `datasets.Dataset`: Columns `image_column` (decoded lazily from the JPEG paths), `caption_column` (a list of
-        strings) and `image_id`.
+        `datasets.Dataset`: Columns `image_column` (decoded lazily), `caption_column` (a list) and `image_id`.
 
     Raises:
-        `ValueError`: When the annotations file or the image folder is missing, the JSON lacks COCO's `images` /
-            `annotations`, an image has no caption (or an empty one), a caption names an unknown image, or a listed
-            image file is missing; the message names the path.
+        `ValueError`: When a file, an image or a caption is missing or malformed, naming the path.
     """
     import datasets
 

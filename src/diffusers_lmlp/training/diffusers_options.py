@@ -1,6 +1,5 @@
-"""The options of diffusers' `examples/text_to_image/train_text_to_image.py` that this script does not take, and what
-to do instead: a diffusers user's usual command stops with the way to say it here, rather than with argparse's bare
-"unrecognized arguments". The options both scripts take keep diffusers' names.
+"""The options of diffusers' `train_text_to_image.py` that this script does not take, and what to do instead, so a
+diffusers user's usual command stops with the way to say it here rather than argparse's bare "unrecognized arguments".
 
 This module imports nothing heavy: `diffusers_lmlp.train --help` reads it.
 """
@@ -34,15 +33,8 @@ DIFFUSERS_ONLY_OPTIONS = {
 
 
 def diffusers_only_options(unknown: list[str]) -> list[str]:
-    """The lines that explain each of diffusers' options among the arguments argparse did not recognise.
-
-    Args:
-        unknown (`list[str]`): The arguments argparse left over (`parse_known_args`), such as `["--center_crop",
-            "--num_train_epochs", "3"]` or `["--num_train_epochs=3"]`.
-
-    Returns:
-        `list[str]`: One line per such option, in the order given; empty when there is none.
-    """
+    """One line per diffusers option among the arguments argparse left over (`unknown`, as `parse_known_args` gives
+    them), in the order given."""
     lines = []
     for argument in unknown:
         option = argument.split("=", 1)[0]

@@ -1,6 +1,5 @@
 """What a diverging run does: a step whose loss or gradient norm is NaN or inf stops the run before its update is
-applied (`training.step` raises `NonFiniteLossError`), and weights that are not finite are never saved; either way
-the message says where the good work is and what to try.
+applied, and weights that are not finite are never saved; the message says where the good work is and what to try.
 """
 
 import argparse
@@ -11,15 +10,7 @@ from diffusers_lmlp.training.step import NonFiniteLossError, non_finite_paramete
 
 
 def diverged_message(error: NonFiniteLossError, args: argparse.Namespace, output_dir: Path, store) -> str:
-    """What to say when the loss or the gradient norm of a step is NaN or inf: where the good work is, and what to
-    try.
-
-    Args:
-        error (`NonFiniteLossError`): The failed step.
-        args (`argparse.Namespace`): The parsed arguments.
-        output_dir (`Path`): The `--output_dir`.
-        store (`FeatureStore`, *optional*): The feature store the run reads, if any.
-    """
+    """What to say when a step's loss or gradient norm is NaN or inf; `store` is the run's feature store, if any."""
     checkpoints = list_checkpoints(output_dir)
     kept = (
         f"the last checkpoint, {checkpoints[-1]}, is intact: resume from it with --resume_from_checkpoint latest"
@@ -43,17 +34,8 @@ def diverged_message(error: NonFiniteLossError, args: argparse.Namespace, output
 
 
 def require_finite_weights(model, ema, step: int, output_dir: Path, learning_rate: float) -> None:
-    """Stop before a checkpoint or the pipeline is written with NaN or inf weights.
-
-    Every process checks its own copy (they are equal), so all of them stop together.
-
-    Args:
-        model: The backbone, unwrapped.
-        ema (`EMAModel`, *optional*): The EMA weights.
-        step (`int`): The step about to be saved.
-        output_dir (`Path`): The `--output_dir`.
-        learning_rate (`float`): The `--learning_rate`, for the advice.
-    """
+    """Stop before a checkpoint or the pipeline is written with NaN or inf weights (the model's or the EMA's).
+    Every process checks its own, equal copy, so all of them stop together."""
     bad = non_finite_parameters(model, ema=ema)
     if bad:
         checkpoints = list_checkpoints(output_dir)

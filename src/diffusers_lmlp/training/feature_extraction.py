@@ -1,15 +1,9 @@
-"""Extracting a feature store (`training.features`, which describes its format): the VAE moments of every training
-image and the CLIP text states of every caption, encoded once, written shard by shard, and checked when a run opens
-the store (`open_feature_store`).
+"""Extracting a feature store (its format is `training.features`): the VAE moments of every training image and the
+CLIP text states of every caption, encoded once and written shard by shard; `open_feature_store` opens one for a run.
 
-Extraction is parallel and resumable: with P processes, process p writes shards p, p + P, …; each shard is written
-to `<shard>.tmp`, its checksums file written, the shard fsynced and renamed, so a shard under its final name next to
-its checksums is complete, and a killed extraction writes only the shards it had not finished. The store folder must
-be on a file system that every process sees. No value that is not finite (a NaN or inf, as from a VAE overflowing in
-float16) is stored: the extraction stops, naming the image.
-
-Each shard is written in place, batch by batch, at the offsets its header gives (`ShardWriter`), so the extraction
-holds one batch in memory, not one shard, and each part of the file is hashed as it is written.
+Extraction is parallel and resumable: process p of P writes shards p, p + P, …, each to `<shard>.tmp`, then its
+checksums, then fsynced and renamed, so a shard under its final name is complete. No NaN or inf is ever stored. The
+store folder must be on a file system that every process sees.
 """
 
 import hashlib
@@ -49,12 +43,7 @@ logger = logging.getLogger(__name__)
 
 
 def write_json(path: Path, value) -> None:
-    """Write `value` as JSON to `path` durably: to a temporary name, fsynced, renamed, the folder fsynced.
-
-    Args:
-        path (`Path`): The file.
-        value: What JSON encodes.
-    """
+    """Write `value` as JSON to `path` durably: to a temporary name, fsynced, renamed, the folder fsynced."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=1)
@@ -83,18 +72,9 @@ def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
 
 
 class ShardWriter:
-    """Writes one safetensors file in place, batch by batch, at the offsets its header gives, and its checksums.
-
-    The header is written first, from the shapes alone; `write` then puts rows of a tensor at their place, so the
-    file never has to be held in memory. The rows of each tensor come in order, and each part of the file (the header,
-    then each tensor) is hashed as it is written, so no second pass over the file is needed. `commit` writes the
-    checksums file, fsyncs the shard and renames it from `<path>.tmp` to `path`.
-
-    Args:
-        path (`Path`): The final name of the file.
-        tensors (`dict[str, tuple[torch.dtype, tuple[int, ...]]]`): Name → (dtype, shape) of every tensor, in the
-            order their bytes follow each other.
-    """
+    """Writes one safetensors file in place at its header's offsets, batch by batch, hashing each part as written,
+    so the extraction holds one batch in memory, not one shard. `tensors`: name → (dtype, shape), in file order.
+    `commit` writes the checksums file, fsyncs the shard and renames it from `<path>.tmp` to `path`."""
 
     def __init__(self, path: Path, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
         self.path, self.tmp = path, path.with_name(path.name + ".tmp")
@@ -120,17 +100,8 @@ class ShardWriter:
         os.ftruncate(self.fd, self.size)
 
     def write(self, name: str, row: int, values: torch.Tensor) -> None:
-        """Write `values` as rows `row`, `row + 1`, … of tensor `name`; `row` is the first row not yet written.
-
-        Args:
-            name (`str`): The tensor.
-            row (`int`): The first row written.
-            values (`torch.Tensor`): (k, *shape[1:]), converted to the tensor's dtype.
-
-        Raises:
-            `ValueError`: For rows of another size than the header's, or rows out of order (they could not be hashed
-                as they are written).
-        """
+        """Write `values` (k, *shape[1:]) as rows `row`, `row + 1`, … of tensor `name`; rows come in order, from 0, so
+        that they can be hashed as they are written."""
         begin, row_bytes, dtype = self.offsets[name]
         data = np.ascontiguousarray(values.detach().cpu().numpy(), dtype=dtype)
         if data.nbytes != len(values) * row_bytes:
@@ -144,12 +115,8 @@ class ShardWriter:
         self.written[name] += len(data)
 
     def commit(self) -> None:
-        """Make the file durable under its final name, after its checksums file (`checksums_path`: `bytes`, its size,
-        and `sha256`, the hex digest of each part in file order): fsync, rename, fsync the folder.
-
-        Raises:
-            `ValueError`: When a tensor has rows that were never written (they would read as zeros).
-        """
+        """Make the file durable under its final name once every row is written, after its checksums file (`bytes`, and
+        the `sha256` of each part in file order): fsync, rename, fsync the folder."""
         for name, rows in self.rows.items():
             if self.written[name] != rows:
                 raise ValueError(f"{self.tmp}: {name} has {self.written[name]} of its {rows} rows written")
@@ -162,18 +129,8 @@ class ShardWriter:
 
 
 class ShardBatches(torch.utils.data.Dataset):
-    """The image batches of the shards to write: item k is `(shard, first row in the shard, pixels, captions)`.
-
-    A map-style dataset, so a `DataLoader`'s workers decode and crop the images while the encoders run.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data.
-        spans (`list[tuple[int, int, int]]`): `(shard, start, stop)` per batch: dataset rows `start:stop`.
-        shard_size (`int`): Images per shard.
-        image_column (`str`): The image column.
-        caption_column (`str`): The caption column.
-        resolution (`int`): The side of the encoded images.
-    """
+    """The image batches to encode: item k is `(shard, first row in the shard, pixels, captions)` of `spans[k]`,
+    `(shard, start, stop)`. Map-style, so `DataLoader` workers decode and crop the images while the encoders run."""
 
     def __init__(self, dataset, spans, shard_size: int, image_column: str, caption_column: str, resolution: int):
         self.dataset, self.spans, self.shard_size = dataset, spans, shard_size
@@ -208,18 +165,16 @@ def extract_features(
     num_processes: int = 1,
     wait_for_everyone: Callable[[], None] = lambda: None,
 ) -> None:
-    """Write the store at `path`: this process's missing shards, then (on the main process) the manifest.
+    """Write the store at `path`: this process's missing shards, then (on process 0) the manifest.
 
-    Every process of the run calls this together: process p writes shards p, p + P, …, skipping those already
-    complete (a killed extraction resumes), all wait, process 0 writes the manifest, all wait again. Process 0 shows a
-    progress bar with an ETA.
+    Every process of the run calls this together: process p writes those of shards p, p + P, … that are not complete (a
+    killed extraction resumes), and all wait before and after process 0 writes the manifest.
 
     Args:
         path (`Path`): The store folder (created if missing).
-        dataset (`datasets.Dataset`): Map-style training data, rows of `{image_column: PIL image, caption_column: a
-            caption or a list of them}`.
-        image_column (`str`): The image column.
-        caption_column (`str`): The caption column.
+        dataset (`datasets.Dataset`): Map-style training data.
+        image_column (`str`): The image column (PIL images).
+        caption_column (`str`): The caption column (a caption or a list of them per row).
         resolution (`int`): The side the images are centre-cropped and resized to.
         tokenizer (`CLIPTokenizer`): The tokenizer.
         text_encoder (`CLIPTextModel`): The text encoder.
@@ -230,10 +185,10 @@ def extract_features(
         num_workers (`int`, *optional*, defaults to 0): `DataLoader` worker processes that decode the images.
         process_index (`int`, *optional*, defaults to 0): This process's rank.
         num_processes (`int`, *optional*, defaults to 1): The number of processes calling this together.
-        wait_for_everyone (`Callable`, *optional*): A barrier across those processes.
+        wait_for_everyone (`Callable`, *optional*, defaults to a no-op): A barrier across those processes.
 
     Raises:
-        `ValueError`: For an empty dataset, an unknown `text_dtype`, or a row without a usable caption.
+        `ValueError`: For an empty dataset, an unknown `text_dtype`, a row without a usable caption, or a NaN or inf.
     """
     if text_dtype not in TEXT_DTYPES:
         raise ValueError(f"unknown text dtype {text_dtype!r}; choose one of {sorted(TEXT_DTYPES)}")
@@ -288,20 +243,7 @@ def write_shards(
     show_progress: bool,
 ) -> None:
     """Encode the images and captions of `shards` and write each shard with its checksums (`ShardWriter`), while
-    `DataLoader` workers decode and crop the next images.
-
-    Args:
-        path (`Path`): The store folder.
-        dataset (`datasets.Dataset`): The training data.
-        shards (`list[int]`): The shards to write.
-        description (`str`): The progress bar's label.
-        image_column, caption_column, resolution, tokenizer, text_encoder, vae, text_dtype, shard_size, batch_size,
-            num_workers: As `extract_features` takes them.
-        show_progress (`bool`): Show a progress bar with an ETA.
-
-    Raises:
-        `ValueError`: For a row without a usable caption, or a feature that is not finite (`refuse_non_finite`).
-    """
+    `DataLoader` workers decode and crop the next images; the other arguments are `extract_features`'."""
     spans = [
         (s, start, min(start + batch_size, (s + 1) * shard_size, len(dataset)))
         for s in shards
@@ -340,20 +282,8 @@ def write_shards(
 def refuse_non_finite(
     dataset, image_column: str, first: int, moments: torch.Tensor, states: torch.Tensor, captions: list[list[str]]
 ) -> None:
-    """Refuse a batch with a feature that is not finite, naming the image: a NaN or inf must never be stored.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data, for the image's file.
-        image_column (`str`): The image column.
-        first (`int`): The dataset index of the batch's first image.
-        moments (`torch.Tensor`): The batch's moments (b, 2C, h, w).
-        states (`torch.Tensor`): Its text states (m, T, D), in the dtype they are stored in.
-        captions (`list[list[str]]`): The captions of each image, in the order of `states`.
-
-    Raises:
-        `ValueError`: Naming the first image (its index and file) whose moments, or the text states of one of whose
-            captions, are NaN or infinite.
-    """
+    """Refuse a batch with a moment or text state that is not finite, naming the first such image (dataset index
+    `first` + its place in the batch): a NaN or inf must never be stored."""
     bad_moments = ~torch.isfinite(moments).flatten(1).all(1)  # (b,)
     if bad_moments.any():
         index = first + int(bad_moments.nonzero()[0])
@@ -374,13 +304,7 @@ def refuse_non_finite(
 
 
 def image_file(dataset, image_column: str, index: int) -> str:
-    """` (<path>)` of the image file of row `index`, or "" when the row's image is not read from a file.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data.
-        image_column (`str`): The image column.
-        index (`int`): The row.
-    """
+    """` (<path>)` of the image file of row `index`, or "" when the row's image is not read from a file."""
     import datasets
 
     if not isinstance((dataset.features or {}).get(image_column), datasets.Image):
@@ -391,14 +315,7 @@ def image_file(dataset, image_column: str, index: int) -> str:
 
 
 def caption_counts(dataset, caption_column: str, shard: int, shard_size: int) -> list[int]:
-    """The number of captions of each image of a shard, read from the caption column alone.
-
-    Args:
-        dataset (`datasets.Dataset`): The training data.
-        caption_column (`str`): The caption column.
-        shard (`int`): The shard.
-        shard_size (`int`): Images per shard.
-    """
+    """The number of captions of each image of `shard`, read from the caption column alone."""
     rows = dataset.select_columns([caption_column])[shard * shard_size : (shard + 1) * shard_size]
     return [len(captions_of(value)) for value in rows[caption_column]]
 
@@ -406,18 +323,8 @@ def caption_counts(dataset, caption_column: str, shard: int, shard_size: int) ->
 def open_shard(
     path: Path, counts: list[int], moments: torch.Tensor, states: torch.Tensor, text_dtype: str
 ) -> tuple[ShardWriter, torch.Tensor]:
-    """Start writing a shard: its header and its caption offsets.
-
-    Args:
-        path (`Path`): The shard's file.
-        counts (`list[int]`): The number of captions of each of its images.
-        moments (`torch.Tensor`): A batch of moments (b, 2C, h, w), for the shape.
-        states (`torch.Tensor`): A batch of text states (m, T, D), for the shape.
-        text_dtype (`str`): A `TEXT_DTYPES` name.
-
-    Returns:
-        `tuple[ShardWriter, torch.Tensor]`: The writer and the caption offsets (n + 1,).
-    """
+    """Start writing a shard: its header, from the shapes of a first batch, and its caption offsets; return the writer
+    and the caption offsets (n + 1,)."""
     caption_offsets = torch.tensor([0, *counts]).cumsum(0)  # (n + 1,)
     writer = ShardWriter(
         path,
@@ -432,18 +339,8 @@ def open_shard(
 
 
 def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: str) -> None:
-    """Check that every shard and its checksums are there and write `manifest.json` (durably, as `write_json`).
-
-    Args:
-        path (`Path`): The store folder.
-        num_images (`int`): The number of images.
-        shard_size (`int`): Images per shard.
-        text_dtype (`str`): A `TEXT_DTYPES` name.
-
-    Raises:
-        `FileNotFoundError`: When a shard or its checksums file is missing, as when the processes of a run on several
-            machines do not share the file system the store is on.
-    """
+    """Write `manifest.json` durably, after checking that every shard and its checksums are there (they are missing
+    when the processes of a run on several machines do not share the store's file system)."""
     shards, headers = [], []
     for s in range(-(-num_images // shard_size)):
         file = path / shard_name(s)
@@ -486,23 +383,24 @@ def open_feature_store(
     wait_for_everyone: Callable[[], None] = lambda: None,
     **extraction,
 ) -> "FeatureStore":
-    """The store at `path`, extracted first (by all the processes, each its shards) unless it is complete, and checked.
+    """The store at `path`, extracted first (each process its shards) unless it is complete, then checked.
 
-    Every process of the run calls this together. Each checks the structure of every shard, and the checksums of its
-    share of them (shards p, p + P, …, hashed in parallel threads); then all wait for each other, so that no process
-    reads a shard before it was checked.
+    Every process of the run calls this together: each checks the structure of every shard and the checksums of its
+    share (shards p, p + P, …), then all wait, so that no process reads a shard before it was checked.
 
     Args:
         path (`Path`): The store folder, `<cache_dir>/features/<feature_store_key(...)>`.
         dataset (`datasets.Dataset`): The training data.
         process_index (`int`, *optional*, defaults to 0): This process's rank.
         num_processes (`int`, *optional*, defaults to 1): The number of processes.
-        wait_for_everyone (`Callable`, *optional*): A barrier across them.
+        wait_for_everyone (`Callable`, *optional*, defaults to a no-op): A barrier across them.
         **extraction: The keyword arguments of `extract_features` (columns, resolution, components, dtype, …).
 
+    Returns:
+        `FeatureStore`: The checked store.
+
     Raises:
-        `ValueError`: For a shard that is damaged or was changed since its extraction, naming it and the fix.
-        `FileNotFoundError`: For a shard missing from a complete store, or files other processes cannot see.
+        `ValueError` or `FileNotFoundError`: For a damaged, changed or missing shard, naming it and the fix.
     """
     complete = (path / MANIFEST).is_file()
     wait_for_everyone()  # every process has looked before one of them can write the manifest
@@ -532,11 +430,8 @@ def open_feature_store(
 
 
 def log_stores_of_other_formats(features: Path) -> None:
-    """Warn about the stores next to a new one that this version does not read (an older format), with their size.
-
-    Args:
-        features (`Path`): The folder of the stores, `<cache_dir>/features`.
-    """
+    """Warn about the stores in `features` (`<cache_dir>/features`) of another format, which this version does not
+    read, with the space deleting them frees."""
     for manifest in sorted(features.glob(f"*/{MANIFEST}")):
         try:
             found = json.loads(manifest.read_text(encoding="utf-8")).get("format")

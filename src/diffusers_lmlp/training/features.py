@@ -1,57 +1,12 @@
 """The feature store: the VAE moments of every training image and the CLIP text states of every caption, extracted
-once, on disk, and read lazily, a few rows at a time, by every training process.
+once (U-ViT's extraction), kept on disk and read lazily; its format, key and reading (`training.feature_extraction`
+writes one). `<cache_dir>/features/<key>/` holds `shard-NNNNN.safetensors` files (`moments` (n, 2C, h, w) float32
+mean ‖ logvar, `caption_offsets` (n + 1,) int64, `text_states` (m, T, D)), each with a `.sha256.json` of its size
+and checksums, and `manifest.json`, written last: the store is complete when it is there.
 
-This is U-ViT's extraction (`scripts/extract_mscoco_feature.py`: moments mean ‖ logvar of the centre-cropped,
-Lanczos-resized image; the text encoder's last hidden state of each caption) with a different way of storing it.
-This module holds the store's format, its key and its reading; `training.feature_extraction` extracts and writes a
-store, and opens one for a run (`open_feature_store`).
-
-Layout of a store (`<cache_dir>/features/<key>/`, the key from `feature_store_key`)::
-
-    shard-00000.safetensors   images 0 … 1023:
-                                moments          (n, 2C, h, w)  float32   mean ‖ logvar, re-sampled at every use
-                                caption_offsets  (n + 1,)       int64     image i's captions are rows
-                                                                          caption_offsets[i] : caption_offsets[i + 1]
-                                text_states      (m, T, D)      float32 or float16 (`text_dtype`)
-    shard-00000.sha256.json   its size and the SHA-256 of each of its parts (header, moments, caption_offsets,
-                              text_states), computed by the process that wrote it as it wrote them
-    shard-00001.safetensors   images 1024 … 2047, …
-    manifest.json             written last, by the main process: its presence means the store is complete; it
-                              holds every shard's size and checksums
-
-Why sharded safetensors files read with positional reads:
-
-- **Not U-ViT's per-sample `.npy` files.** COCO-2014 train is 82,783 images and 414,113 captions: half a million
-  small files, slow to create, copy and list on network file systems, and one `open` per sample read. A shard of
-  1,024 images is one file, and a read is one `os.preadv` into the batch's buffer, with no per-read `open`.
-- **Not Arrow through `datasets.map`.** A killed `map` starts over, where a killed extraction here keeps its complete
-  shards; `map` with several processes writes one file per process, not per rank of a training run; and `datasets`
-  reads Arrow through a memory map (below).
-- **Positional reads, not a memory map.** The pages of a memory map that a process touches count in its resident
-  memory (RSS), so a memory-mapped store makes a long run's RSS grow towards the size of the store (98 GB of fp32
-  text states for COCO-2014), and schedulers and OOM killers read RSS. `os.preadv` copies just the rows a batch needs
-  (the safetensors header gives their byte offsets) into the batch's own tensor; the file pages stay in the kernel's
-  page cache, which is not the process's memory and is dropped under pressure. A reading process holds a few open
-  file descriptors and parsed headers: its memory does not grow with the dataset.
-- **safetensors, never pickle.** Each shard is a valid safetensors file (`safetensors.torch.load_file` reads it); it
-  is written batch by batch at the header's offsets, so extraction holds one batch in memory, not one shard
-  (1,024 COCO images have 5,000+ fp32 text states: 1.2 GB).
-
-Integrity, checked when a store opens (`open_feature_store`), before anything is read. Always, in every process: the
-structure of each shard (its size, its header against the manifest, its caption offsets rising from 0 to its number of
-text rows). Once per run: the checksums, each shard hashed by one process (p, p + P, … as in the extraction) in
-parallel threads, then all wait. Hashing reads a shard whole: a COCO shard of fp32 text states (1.16 GiB) takes 0.85 s
-of SHA-256 on one core (measured on a 2-core AMD EPYC VM, from the page cache), COCO's 81 shards about 70 s on one
-core, 35 s on two, 9 s on 8 processes of one thread each (fewer when disks and CPUs allow more threads). Checking each
-shard at its first read instead would not spare that at the start: a batch of 32 random images touches a third of the
-81 shards, and ten batches all but one or two of them; and it would be done by every reading process (each `DataLoader`
-worker of each rank), not once. A mismatch stops the run naming the shard; deleting that shard and the manifest makes
-the next run extract that shard alone.
-
-Disk per image: 4·2C·h·w + 8 bytes, plus 4·T·D (float32) or 2·T·D (float16) per caption. The COCO recipe (SD VAE at
-256 px: 2·4·32·32 moments; CLIP L/14: 77 × 768 states; 5 captions per image, 414,113 / 82,783 = 5.0 on average):
-32,768 + 8 + 5 × 236,544 = 1,215,496 B ≈ 1.16 MiB per image in float32 (100.7 GB for train2014), and
-32,768 + 8 + 5 × 118,272 = 624,136 B ≈ 0.60 MiB in float16 (51.7 GB).
+Shards, not U-ViT's per-sample `.npy` files, keep the number of files small. Rows are read with `os.preadv` into the
+batch's tensor, not through a memory map, whose touched pages would grow a long run's resident memory; safetensors,
+never pickle. Every shard's structure is checked whenever a store opens, the checksums once per run.
 """
 
 import functools
@@ -74,8 +29,7 @@ TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # Images per shard: large enough that COCO-2014 train is 81 files, small enough that a killed extraction loses little.
 SHARD_SIZE = 1024
 MANIFEST = "manifest.json"
-# Part of every key: a store of another layout is never read as this one. v2 records the shards' checksums: a v1
-# store, which has none to check, gets another key and is extracted anew.
+# Part of every key, so a store of another layout is never read as this one (v2 added the shards' checksums).
 FORMAT = "diffusers-lmlp feature store v2"
 # Bytes read at a time when a shard is hashed.
 HASH_CHUNK = 8 << 20
@@ -87,29 +41,17 @@ MAX_OPEN_SHARDS = 64
 
 
 def shard_name(index: int) -> str:
-    """The file name of shard `index`.
-
-    Args:
-        index (`int`): The shard's position; it holds images `index · shard_size` onwards.
-    """
+    """The file name of shard `index`, which holds images `index · shard_size` onwards."""
     return f"shard-{index:05d}.safetensors"
 
 
 def checksums_path(shard: Path) -> Path:
-    """The file of a shard's size and checksums, written by the process that wrote the shard.
-
-    Args:
-        shard (`Path`): The shard's file.
-    """
+    """The file of a shard's size and checksums, written by the process that wrote the shard."""
     return shard.with_suffix(".sha256.json")
 
 
 def shard_files(shard: Path) -> tuple[Path, Path]:
-    """A shard's files: the shard and its checksums; a shard is complete when both are there.
-
-    Args:
-        shard (`Path`): The shard's file.
-    """
+    """A shard's files: the shard and its checksums; a shard is complete when both are there."""
     return shard, checksums_path(shard)
 
 
@@ -123,11 +65,10 @@ def feature_store_key(
 ) -> str:
     """The name of the store of these data, columns, resolution, components and storage dtype.
 
-    Equal inputs give equal keys, so every run and every process of a run finds the same store; any change (another
-    dataset or subset, another resolution, other weights) gives another store.
+    Equal inputs give equal keys, so every run and process finds the same store; any change gives another store.
 
     Args:
-        dataset (`datasets.Dataset`): The training data; its `_fingerprint` (or, lacking one, its length) is used.
+        dataset (`datasets.Dataset`): The training data; its `_fingerprint` (else its length) is used.
         image_column (`str`): The image column.
         caption_column (`str`): The caption column.
         resolution (`int`): The side of the encoded images.
@@ -135,6 +76,9 @@ def feature_store_key(
         text_encoder (`CLIPTextModel`): Its config and weights are part of the key.
         vae (`AutoencoderKL`): Its config and weights are part of the key.
         text_dtype (`str`): A `TEXT_DTYPES` name.
+
+    Returns:
+        `str`: 20 hex digits.
     """
     parts = [
         FORMAT,
@@ -153,24 +97,13 @@ def feature_store_key(
 
 
 def json_digest(value) -> str:
-    """SHA-256 of a JSON-able value, with keys sorted.
-
-    Args:
-        value: The value; what JSON cannot encode is encoded as its `str`.
-    """
+    """SHA-256 of a JSON-able value, keys sorted; what JSON cannot encode is encoded as its `str`."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def read_header(fd: int, path: Path) -> tuple[dict, int]:
-    """The header of a safetensors file and the offset its data start at.
-
-    Args:
-        fd (`int`): The open file.
-        path (`Path`): Its path, for the messages.
-
-    Raises:
-        `ValueError`: When the file is not a safetensors file.
-    """
+    """The header of a safetensors file open as `fd`, and the offset its data start at; `ValueError` when it is not
+    one (`path` is for the message)."""
     raw = os.pread(fd, 8, 0)
     size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
     if not 0 < size < 2**27:
@@ -183,15 +116,8 @@ def read_header(fd: int, path: Path) -> tuple[dict, int]:
 
 
 def read_manifest(path: Path) -> dict:
-    """The manifest of a complete store of this `FORMAT`.
-
-    Args:
-        path (`Path`): The `manifest.json`.
-
-    Raises:
-        `FileNotFoundError`: When it is missing (an incomplete store).
-        `ValueError`: When it is not JSON, is of another format, or lacks a field.
-    """
+    """The manifest of a complete store of this `FORMAT`: `FileNotFoundError` when it is missing (an incomplete
+    store), `ValueError` when it is not JSON, of another format or lacks a field."""
     if not path.is_file():
         raise FileNotFoundError(
             f"{path.parent} is not a complete feature store: {MANIFEST} is missing. It is written last, once every "
@@ -214,19 +140,8 @@ def read_manifest(path: Path) -> dict:
 
 
 def shard_digests(path: Path) -> dict[str, str]:
-    """The SHA-256 of each part of a shard file: its header (the 8-byte length, the JSON), then each tensor's bytes.
-
-    The file is read once, in order, `HASH_CHUNK` bytes at a time (the process's memory does not grow with it).
-
-    Args:
-        path (`Path`): The shard's file.
-
-    Returns:
-        `dict[str, str]`: Part → hex digest, as `ShardWriter.commit` records them.
-
-    Raises:
-        `ValueError`: When the file is not a safetensors file, or shorter than its header says.
-    """
+    """The SHA-256 of each part of a shard file (its header, then each tensor's bytes), as `ShardWriter.commit`
+    records them; the file is read once, in order, `HASH_CHUNK` bytes at a time."""
     with open(path, "rb", buffering=0) as f:
         header, data_start = read_header(f.fileno(), path)
         parts = [("header", 0, data_start)] + sorted(
@@ -249,11 +164,7 @@ def shard_digests(path: Path) -> dict[str, str]:
 
 
 class ShardReader:
-    """Positional reads of whole rows of the tensors of one safetensors file, into caller-owned arrays.
-
-    Args:
-        path (`Path`): The file.
-    """
+    """Positional reads of whole rows of the tensors of one safetensors file, into caller-owned arrays."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -276,16 +187,8 @@ class ShardReader:
         }
 
     def read_into(self, name: str, row: int, out: np.ndarray) -> np.ndarray:
-        """Read rows `row`, `row + 1`, … of tensor `name` into `out`, which must be C-contiguous.
-
-        Args:
-            name (`str`): The tensor.
-            row (`int`): The first row.
-            out (`np.ndarray`): As many rows as it holds are read; its dtype must be the file's.
-
-        Raises:
-            `OSError`: When the file is shorter than its header says.
-        """
+        """Read rows `row`, `row + 1`, … of tensor `name` into the C-contiguous `out`, as many as it holds, in the
+        file's dtype."""
         offset, row_bytes, num_rows = self.tensors[name]
         if not 0 <= row <= num_rows - out.nbytes // row_bytes:
             raise IndexError(f"{self.path}: rows {row}+ of {name!r}, which has {num_rows}")
@@ -295,9 +198,8 @@ class ShardReader:
 
     @functools.cached_property
     def caption_offsets(self) -> np.ndarray:
-        """(n + 1,) int64: image i's captions are rows `caption_offsets[i] : caption_offsets[i + 1]` of the text
-        states. Read whole at first use (8 bytes per image) and kept while the shard is open, so that a sample's read
-        is two reads, not three."""
+        """(n + 1,) int64: image i's captions are text rows `caption_offsets[i] : caption_offsets[i + 1]`. Read once
+        and kept while the shard is open, so that a sample's read is two reads, not three."""
         rows = self.tensors["caption_offsets"][2]
         return self.read_into("caption_offsets", 0, np.empty(rows, NUMPY_DTYPES["I64"]))
 
@@ -308,22 +210,16 @@ class ShardReader:
 class FeatureStore:
     """A complete store, read lazily: `read` fetches the rows of one batch, and nothing else is held.
 
-    Opening it checks the structure of every shard against the manifest (cheap: each shard's size, header and caption
-    offsets), and with `verify` the checksums of all of them (each shard read whole); `open_feature_store` shares the
-    checksums out among the processes of a run instead.
-
-    Picklable (a `DataLoader` worker may receive it): open files are not carried over, each process opens its own, and
-    nothing is checked again.
+    Opening it checks every shard's structure against the manifest (size, header, caption offsets) and, with `verify`,
+    its checksums. Picklable for `DataLoader` workers: each process opens its own files and checks nothing again.
 
     Args:
         path (`Path`): The store folder.
         verify (`bool`, *optional*, defaults to `True`): Check every shard's checksums too (`verify`).
 
     Raises:
-        `FileNotFoundError`: When the manifest is missing (an incomplete store, or a folder other processes of the run
-            wrote on a file system this one does not see), or a shard is.
-        `ValueError`: When the folder holds another kind of store, or a shard is damaged or was changed since its
-            extraction: the message names the file and what to delete so that the next run extracts it again.
+        `FileNotFoundError`: When the manifest or a shard is missing (an incomplete store, or another file system's).
+        `ValueError`: For another kind of store, or a damaged or changed shard; the message says what to delete.
     """
 
     def __init__(self, path: Path, *, verify: bool = True):
@@ -349,27 +245,15 @@ class FeatureStore:
             self.verify()
 
     def fix(self, file: Path) -> str:
-        """What to do about a damaged shard.
-
-        Args:
-            file (`Path`): The shard's file.
-        """
+        """What to do about the damaged shard `file`: the next run extracts it again, and only it."""
         return (
             f"Delete {file} and {self.manifest_path}: the next run extracts that shard again, and only that one (the "
             "extraction resumes, keeping the other shards)"
         )
 
     def check_structure(self, index: int) -> None:
-        """Check a shard's size, header and caption offsets against the manifest, reading only those.
-
-        Args:
-            index (`int`): The shard.
-
-        Raises:
-            `FileNotFoundError`: When the shard's file is missing.
-            `ValueError`: When it does not have the manifest's size, tensors and byte offsets, or its caption offsets
-                do not rise from 0 to its number of text rows.
-        """
+        """Check shard `index`'s size, header and caption offsets against the manifest, reading only those
+        (`FileNotFoundError` or `ValueError`, naming the fix)."""
         file, record = self.path / self.shards[index], self.records[index]
         if not file.is_file():
             raise FileNotFoundError(
@@ -394,12 +278,7 @@ class FeatureStore:
             raise ValueError(f"{file} {problem}. {self.fix(file)}")
 
     def structure_problem(self, index: int, reader: "ShardReader") -> str | None:
-        """What is wrong with a shard's header or caption offsets, or None.
-
-        Args:
-            index (`int`): The shard.
-            reader (`ShardReader`): Its open file.
-        """
+        """What is wrong with a shard's header or caption offsets (`reader`: its open shard), or None."""
         images = min(self.shard_size, self.num_images - index * self.shard_size)
         captions = self.records[index]["num_captions"]
         expected = {
@@ -433,11 +312,10 @@ class FeatureStore:
 
         Args:
             shards (`Iterable[int]`, *optional*): The shards; all of them by default.
-            num_threads (`int`, *optional*): How many shards are hashed at once (hashing and reading release the
-                GIL); by default, one per CPU this process may use.
+            num_threads (`int`, *optional*): Shards hashed at once (hashing releases the GIL); default: one per CPU.
 
         Raises:
-            `ValueError`: For a shard a part of which does not match its checksum, naming the shard and the fix.
+            `ValueError`: For a shard that does not match its checksums, naming it and the fix.
         """
         shards = list(range(len(self.shards)) if shards is None else shards)
         if not shards:
@@ -453,14 +331,7 @@ class FeatureStore:
                 raise
 
     def verify_shard(self, index: int) -> None:
-        """Check one shard against its checksums.
-
-        Args:
-            index (`int`): The shard.
-
-        Raises:
-            `ValueError`: Naming the shard, its part that does not match, and the fix.
-        """
+        """Check shard `index` against its checksums (`ValueError` naming the part that differs, and the fix)."""
         file = self.path / self.shards[index]
         digests = shard_digests(file)
         for part, expected in self.records[index]["sha256"].items():
@@ -511,9 +382,7 @@ class FeatureStore:
         return self._open[index]
 
     def read(self, indices: list[int], picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The moments of images `indices` and the text states of one caption of each.
-
-        Image i's caption is its caption number ⌊pick · (number of its captions)⌋.
+        """The moments of images `indices` and the text states of one caption of each, its ⌊pick · (its captions)⌋-th.
 
         Args:
             indices (`list[int]`): Images.

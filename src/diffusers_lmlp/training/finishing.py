@@ -1,8 +1,7 @@
-"""The end of a run: once the last step is taken, every process checks that the ranks agree, the main process saves
-the pipeline (or the LoRA adapter) with its model card, summary, samples and final scores and pushes it with
-`--push_to_hub`, and the processes leave together.
+"""The end of a run: the processes check that the ranks agree, the main process saves the pipeline (or the LoRA
+adapter) with its card, summary, samples and final scores and pushes it with `--push_to_hub`, and all leave together.
 
-`public_args` is what of the arguments leaves the process (trackers, the card, the summary): never the secrets.
+`public_args` is what of the arguments leaves the process: never the secrets.
 """
 
 import argparse
@@ -35,18 +34,14 @@ from diffusers_lmlp.worlds import WORLDS
 
 logger = get_logger(__name__)
 
-# A finished multi-process run's teardown that takes longer has hung: its Python stacks are dumped and it exits (1).
+# A finished multi-process run's teardown that takes longer has hung: its stacks are dumped and it exits (1).
 TEARDOWN_TIMEOUT_SECONDS = 120
 # Arguments that never leave this process: kept out of trackers, logs, the model card and training_summary.json.
 SECRET_ARGUMENTS = frozenset({"hub_token"})
 
 
 def public_args(args: argparse.Namespace) -> dict:
-    """The arguments without the secrets (`SECRET_ARGUMENTS`): all that trackers, the card and the summary see.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-    """
+    """The arguments without the secrets (`SECRET_ARGUMENTS`): all that trackers, the card and the summary see."""
     return {name: value for name, value in vars(args).items() if name not in SECRET_ARGUMENTS}
 
 
@@ -72,25 +67,14 @@ def end_run(
 ) -> None:
     """After the last step: check that the ranks agree, `finish` on the main process, then leave together.
 
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        model: The prepared backbone.
-        ema (`EMAModel`, *optional*): The EMA weights.
-        tokenizer, text_encoder, vae: The frozen components.
-        args (`argparse.Namespace`): The parsed arguments.
-        output_dir (`Path`): The `--output_dir`.
-        train_seconds (`float`): The training time, over every segment of a resumed run.
-        exit_when_done (`bool`, *optional*, defaults to `False`): End the process here, once the process group is
-            destroyed (`leave_finished_process`): before the caller's frames free the model, optimizer and data
-            iterators, whose C++ destructors can hang after a multi-process run (pytorch/pytorch#190489). The main
-            process's `--output_dir` lock goes with the process.
+    `exit_when_done` ends the process here (`leave_finished_process`), before the caller's frames free objects whose
+    C++ destructors can hang after a multi-process run (pytorch/pytorch#190489).
     """
     accelerator.wait_for_everyone()
     in_sync = ranks_in_sync(accelerator, model)
     if accelerator.is_main_process:
         finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, in_sync)
-    # Every process leaves together: a rank that tears down its process group while the main process still saves
-    # leaves the main process waiting for it at exit (seen with gloo).
+    # A rank that tears down its process group while the main process still saves leaves it waiting at exit.
     accelerator.wait_for_everyone()
     if accelerator.num_processes > 1:  # everything is saved: a teardown that hangs must not hold the job forever
         faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT_SECONDS, exit=True)
@@ -136,7 +120,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
             summary.update(score_summary(before, args.world, suffix="_before"))
         summary["images_per_caption"] = WORLDS[args.world].final_seeds
         summary["evaluation_sampler"] = reports["train"]["sampler"]
-        # The whole reports go to the logs folder (the scores are in the summary, which the run prints at the end).
+        # The whole reports go to the logs folder; the scores are in the summary.
         reports_path = output_dir / args.logging_dir / "evaluation.json"
         reports_path.parent.mkdir(parents=True, exist_ok=True)
         whole = {"adapted": reports, "base": before} if args.lora_rank else reports
@@ -152,8 +136,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
 
     hub_url = None
     if args.push_to_hub:
-        # The same upload as `python -m diffusers_lmlp.hub push`: safetensors, configs, tokenizer, images and the
-        # card (its usage block names the repo), never checkpoints, logs or pickles; one commit.
+        # The same upload as `python -m diffusers_lmlp.hub push`: never checkpoints, logs or pickles; one commit.
         from diffusers_lmlp.hub import push_lora, push_pipeline
 
         push = push_lora if args.lora_rank else push_pipeline
@@ -162,7 +145,6 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         )
         logger.info(f"pushed to the Hub: {commit.commit_url}")
         hub_url = commit.commit_url
-    # The last words of the run, for a person: where everything is, the scores and how to load the pipeline.
     logging_dir, validation_dir = output_dir / args.logging_dir, output_dir / "validation"
     text = format_run_summary(
         summary,
@@ -178,11 +160,8 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
 def leave_finished_process() -> None:
     """End a process of a finished multi-process run without the interpreter's finalization.
 
-    By then everything is saved and closed and the process group is destroyed. The exit handlers still run
-    (`atexit`: logging, file locks, multiprocessing children); what is skipped is freeing the run's objects and the
-    teardown of modules and C++ statics, where torch's autograd and gloo threads can race the GIL's destruction and
-    hang a process forever after a complete run (pytorch/pytorch#190489; seen here as 2-process CPU runs that never
-    exited after saving everything, once at interpreter exit and once as the trainer's frames were freed).
+    The `atexit` handlers still run; what is skipped is the teardown of objects, modules and C++ statics, where torch's
+    autograd and gloo threads can race the GIL's destruction and hang the process (pytorch/pytorch#190489).
     """
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -1,8 +1,7 @@
 """An imagefolder: images with `metadata.jsonl`, `metadata.csv` or `metadata.parquet` files that give each its
-caption, split into folders as `datasets` splits them, never by file name.
-
-Its metadata are checked before anything is encoded: every row needs a usable caption and an image inside the folder,
-and the errors name the file, the row and the fix.
+caption, split into folders as `datasets` splits them, never by file name. Its metadata are checked before anything
+is encoded: every row needs a usable caption and an image inside the folder, and the errors name the file, the row
+and the fix.
 """
 
 import csv
@@ -23,27 +22,9 @@ CSV_MISSING_VALUES = frozenset(
 
 
 def load_imagefolder(folder: Path, caption_column: str = "text", cache_dir: str | None = None):
-    """The training split of an imagefolder: the images its metadata files list, whatever their names are.
-
-    `datasets.load_dataset("imagefolder", data_dir=...)` also takes splits from file names: it puts
-    `COCO_train2014_….jpg` (any name with `train`, `test`, `val`, `dev` … between separators) in a split of that name,
-    the metadata file in none, and drops the captions. Here only folders split (`imagefolder_split`), and the training
-    files are given to `datasets` explicitly (`data_files`), so names never split. The metadata are checked first
-    (`check_imagefolder_metadata`).
-
-    Args:
-        folder (`Path`): The imagefolder: images (in subfolders too) with `metadata.jsonl`, `metadata.csv` or
-            `metadata.parquet` files whose `file_name` is the image's path relative to the metadata file.
-        caption_column (`str`, *optional*, defaults to `"text"`): The caption column of the metadata.
-        cache_dir (`str`, *optional*): Where `datasets` caches what it prepares.
-
-    Returns:
-        `datasets.Dataset`: A row per image of the metadata: `image` and the metadata's other columns.
-
-    Raises:
-        `ValueError`: For a folder without metadata (naming the fix), split folders whose training one has none, or
-            metadata `check_imagefolder_metadata` refuses.
-    """
+    """The training split of an imagefolder: the images its metadata files list, after `check_imagefolder_metadata`.
+    `datasets` alone would also split by file name (`COCO_train2014_….jpg` into a "train" split, without captions), so
+    only folders split here (`imagefolder_split`) and the training files are passed as `data_files`."""
     import datasets
 
     patterns, metadata = imagefolder_split(folder, caption_column)
@@ -54,22 +35,9 @@ def load_imagefolder(folder: Path, caption_column: str = "text", cache_dir: str 
 
 
 def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], list[Path]]:
-    """The `data_files` patterns of an imagefolder's training split, and its metadata files.
-
-    Split folders are named as `datasets` names them (`train/`, `training-1/`, `coco_val/`, …: a split word between
-    separators). When the training ones hold metadata, they are the split (`datasets`' layout: `train/` and `test/`,
-    each with its metadata); otherwise the whole folder is, and its metadata list the images wherever they are (a
-    `metadata.jsonl` at the top naming `train2014/….jpg` and `val2014/….jpg`). The folder is walked once: `datasets`'
-    search of all its split patterns in a folder of 100,000 images took minutes here.
-
-    Args:
-        folder (`Path`): The imagefolder.
-        caption_column (`str`): The caption column, for the example of a metadata row.
-
-    Raises:
-        `ValueError`: When the training split has no metadata file: none at all (how to write one), or only other
-            splits' folders have one.
-    """
+    """The `data_files` patterns of an imagefolder's training split, and its metadata files: the training split
+    folders (`train/`, `train2014/`, … as `datasets` names them) when they hold metadata, else the whole folder. The
+    folder is walked once, as `datasets`' search of every split pattern is slow in a large folder."""
     names, split_folders, metadata, unread = metadata_file_names(), {}, {}, set()
     for root, subfolders, files in os.walk(folder):
         subfolders[:] = sorted(name for name in subfolders if not name.startswith((".", "__")))  # as datasets skips
@@ -100,11 +68,7 @@ def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], lis
 
 def split_of(name: str) -> str | None:
     """The split a folder of this name holds for `datasets` (`"train"` for `train/`, `train2014/`, `coco_train/`, …),
-    or None.
-
-    Args:
-        name (`str`): The folder's name.
-    """
+    or None."""
     from datasets.data_files import NON_WORDS_CHARS, SPLIT_KEYWORDS
 
     for split, keywords in SPLIT_KEYWORDS.items():
@@ -121,13 +85,8 @@ def metadata_file_names() -> list[str]:
 
 
 def no_metadata_message(folder: Path, unread: set[str], caption_column: str) -> str:
-    """Why an imagefolder without metadata cannot be trained on, and how to give its images captions.
-
-    Args:
-        folder (`Path`): The imagefolder.
-        unread (`set[str]`): The names of its files that look like metadata but that `datasets` does not read.
-        caption_column (`str`): The caption column.
-    """
+    """Why an imagefolder without metadata cannot be trained on, and how to give its images captions (`unread`: its
+    files that look like metadata but that `datasets` does not read)."""
     import datasets
 
     found = f" ({', '.join(sorted(unread))} is not one that datasets {datasets.__version__} reads)" if unread else ""
@@ -141,19 +100,9 @@ def no_metadata_message(folder: Path, unread: set[str], caption_column: str) -> 
 
 
 def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> None:
-    """Refuse imagefolder metadata with a row that lacks a usable caption or its image, before anything is encoded.
-
-    `datasets` fills a missing caption with None (a crash much later), an empty caption would silently train as the
-    unconditional "", and a missing image fails mid-extraction. Only the metadata are read, and the images' existence
-    checked (none is decoded): 100,000 rows take a fraction of a second.
-
-    Args:
-        metadata (`list[Path]`): The metadata files (`metadata.jsonl`, `metadata.csv` or `metadata.parquet`).
-        caption_column (`str`): The `--caption_column`.
-
-    Raises:
-        `ValueError`: For metadata files of several formats, or as `check_metadata_file` does.
-    """
+    """Refuse imagefolder metadata with a row that lacks a usable caption or its image, before anything is encoded:
+    `datasets` would fill a missing caption with None (a crash much later) and train an empty one as "". Only the
+    metadata are read, and the images' existence checked."""
     formats = sorted({path.suffix for path in metadata})
     if len(formats) > 1:
         first, other = (next(path for path in metadata if path.suffix == suffix) for suffix in formats[:2])
@@ -167,20 +116,9 @@ def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> Non
 
 
 def check_metadata_file(metadata: Path, caption_column: str, first_caption: dict[str, str] | None = None) -> None:
-    """Refuse a metadata file with no rows, without the caption column, or with a row `row_problem` finds wrong, or
-    whose caption is a list where an earlier row's is a string (or the other way round): `datasets` needs one type per
-    column, and fails deep inside Arrow otherwise.
-
-    Args:
-        metadata (`Path`): A `metadata.jsonl`, `metadata.csv` or `metadata.parquet` file.
-        caption_column (`str`): The `--caption_column`.
-        first_caption (`dict[str, str]`, *optional*): Where the dataset's first caption is and what it is (`"where"`,
-            `"kind"`), shared between its metadata files; filled by the first row of the first file.
-
-    Raises:
-        `ValueError`: Naming the file, and the first bad row (its line, or its index in a parquet file) with its
-            `file_name` and what is wrong; or, when no row has the caption column, the columns that might be it.
-    """
+    """Refuse a metadata file with no rows, without the caption column, with a row `row_problem` finds wrong, or
+    with captions of both kinds (lists and strings), on which `datasets` fails deep inside Arrow. `first_caption` holds
+    the dataset's first caption (`"where"`, `"kind"`), shared between its metadata files."""
     first_values, first_problem, problems, listings = {}, None, 0, {}
     first_caption = {} if first_caption is None else first_caption
     folder, is_csv = str(metadata.parent), metadata.suffix == ".csv"
@@ -207,15 +145,8 @@ def check_metadata_file(metadata: Path, caption_column: str, first_caption: dict
 def row_problem(
     row: dict, caption_column: str, folder: str, is_csv: bool, listings: dict[str, set[str]]
 ) -> str | None:
-    """What is wrong with a metadata row (its caption, its `file_name`, its image), or None.
-
-    Args:
-        row (`dict`): The row.
-        caption_column (`str`): The caption column.
-        folder (`str`): The metadata file's folder, which `file_name` is relative to.
-        is_csv (`bool`): Whether the metadata file is a `metadata.csv`.
-        listings (`dict[str, set[str]]`): The files of each folder listed so far (see `is_file`), filled as needed.
-    """
+    """What is wrong with a metadata row (its caption, its `file_name`, its image), or None; `file_name` is relative
+    to `folder`, the metadata file's, and `listings` caches folder listings (`is_file`)."""
     if caption_column not in row:
         return f"it has no {caption_column!r} field"
     value = row[caption_column]
@@ -240,13 +171,8 @@ def row_problem(
 
 
 def caption_kind_problem(value: str | list[str], where: str, first_caption: dict[str, str]) -> str | None:
-    """Whether a (valid) caption is a string where the dataset's first is a list, or the other way round.
-
-    Args:
-        value (`str` or `list[str]`): The row's caption.
-        where (`str`): The file and row, recorded if it is the dataset's first caption.
-        first_caption (`dict[str, str]`): The first caption's `"where"` and `"kind"`; filled here if empty.
-    """
+    """Whether a (valid) caption is a string where the dataset's first is a list, or the other way round; an empty
+    `first_caption` is filled with this one's `"where"` and `"kind"`."""
     kind = "a list of captions" if isinstance(value, list | tuple) else "a string"
     if not first_caption:
         first_caption.update(where=where, kind=kind)
@@ -260,13 +186,8 @@ def caption_kind_problem(value: str | list[str], where: str, first_caption: dict
 
 
 def is_file(path: str, listings: dict[str, set[str]]) -> bool:
-    """Whether `path` is a file, from one listing of its folder: a folder of 100,000 images is listed in a few
-    milliseconds, where as many `stat` calls take a good part of a second.
-
-    Args:
-        path (`str`): The path.
-        listings (`dict[str, set[str]]`): The names of the files of each folder listed so far; `path`'s is added.
-    """
+    """Whether `path` is a file, from one listing of its folder cached in `listings`: much faster than a `stat` per
+    image in a large folder."""
     folder, name = os.path.split(path)
     if folder not in listings:
         try:
@@ -278,13 +199,8 @@ def is_file(path: str, listings: dict[str, set[str]]) -> bool:
 
 
 def missing_caption_column_message(metadata: Path, caption_column: str, first_values: dict) -> str:
-    """The caption column is in no row of `metadata`: which column to pass instead.
-
-    Args:
-        metadata (`Path`): The metadata file.
-        caption_column (`str`): The `--caption_column`.
-        first_values (`dict`): Each column of the file and its first value.
-    """
+    """The caption column is in no row of `metadata`: which column to pass instead (`first_values`: each column's
+    first value)."""
     candidates = []
     for column, value in first_values.items():
         try:
@@ -306,15 +222,8 @@ def missing_caption_column_message(metadata: Path, caption_column: str, first_va
 
 
 def metadata_rows(metadata: Path) -> Iterator[tuple[str, dict]]:
-    """Yield `(where, row)` for each row of an imagefolder's metadata file: where is `"line <n>"` in a
-    `metadata.jsonl` or `metadata.csv`, `"row <i>"` (from 0) in a `metadata.parquet`.
-
-    Args:
-        metadata (`Path`): The metadata file.
-
-    Raises:
-        `ValueError`: For a JSON Lines row that is not a JSON object, or a file that is not parquet.
-    """
+    """Yield `(where, row)` for each row of an imagefolder metadata file: `"line <n>"` in a `.jsonl` or `.csv`,
+    `"row <i>"` (from 0) in a `.parquet`; `ValueError` for a row that is not a JSON object or an unreadable parquet."""
     if metadata.suffix == ".parquet":
         import pyarrow
         import pyarrow.parquet

@@ -1,10 +1,8 @@
 """LoRA fine-tuning of a backbone through PEFT, as diffusers' LoRA training examples do it.
 
-The base weights are frozen and a LoRA adapter is injected into the layers `lora_config` names: by default every
-`nn.Linear` of every block, token mixers included (the family's `lora_target_modules` in the registry), plus the
-weights a block uses without a Linear (`lora_target_parameters`). The adapter's weights travel in diffusers' LoRA
-format (`pytorch_lora_weights.safetensors`, keys `transformer.<module>.lora_A.weight`, the `LoraConfig` in the file's
-metadata), so `LMLPPipeline.load_lora_weights` reads what training writes, checkpoints included.
+The base weights are frozen and an adapter is injected into the layers `lora_config` names (by default every
+`nn.Linear` of every block, token mixers included). The adapter is saved in diffusers' LoRA format, so
+`LMLPPipeline.load_lora_weights` reads what training writes, checkpoints included.
 """
 
 from pathlib import Path
@@ -33,21 +31,8 @@ def require_peft():
 def lora_config(
     model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
 ):
-    """The adapter's `LoraConfig`.
-
-    Args:
-        model (`torch.nn.Module`): The backbone; its family gives the default targets.
-        rank (`int`): The LoRA rank r.
-        alpha (`float`, *optional*): LoRA's alpha (the update is scaled by alpha / r); defaults to the rank, as in
-            diffusers' LoRA examples.
-        dropout (`float`): Dropout on the adapter's input.
-        target_modules (`list[str]`, *optional*): Module names (or name suffixes: `left`, `joint_mlp.fc1`) to adapt
-            instead of the family's default, which is every `nn.Linear` of every block.
-
-    Raises:
-        `SystemExit`: For a family whose blocks have nothing for `target_modules` to name (the SymMixer's tied
-            weights are not Linear layers).
-    """
+    """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
+    (names or suffixes) to the family's targets; exits when there is nothing to adapt."""
     peft = require_peft()
     family = family_of(model)
     if target_modules:
@@ -67,19 +52,8 @@ def lora_config(
 
 
 def add_lora(model: torch.nn.Module, config) -> list[str]:
-    """Freeze the backbone and inject the adapter; check that every named target matched a layer.
-
-    Args:
-        model (`torch.nn.Module`): The backbone (a `PeftAdapterMixin` model).
-        config (`peft.LoraConfig`): From `lora_config`.
-
-    Returns:
-        `list[str]`: The names of the adapted modules.
-
-    Raises:
-        `SystemExit`: When a name of `--lora_target_modules` matches no layer (PEFT itself refuses only when none
-            does), naming the layers there are.
-    """
+    """Freeze the backbone, inject the adapter and return the adapted modules' names; exits when any named target
+    matches no layer (PEFT itself refuses only when none does)."""
     model.requires_grad_(False)
     linear_names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     if isinstance(config.target_modules, set | list | tuple):
@@ -97,23 +71,14 @@ def add_lora(model: torch.nn.Module, config) -> list[str]:
 
 
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's weights, keyed as diffusers' LoRA files key them (without the `transformer.` prefix).
-
-    Args:
-        model (`torch.nn.Module`): The backbone with the adapter (unwrapped).
-    """
+    """The adapter's weights, keyed as diffusers' LoRA files key them (without the `transformer.` prefix)."""
     from peft.utils import get_peft_model_state_dict
 
     return get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
 
 
 def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
-    """Write the adapter as `folder/pytorch_lora_weights.safetensors`, in diffusers' LoRA format.
-
-    Args:
-        model (`torch.nn.Module`): The backbone with the adapter (unwrapped).
-        folder (`Path`): Where to write it.
-    """
+    """Write the (unwrapped) model's adapter to `folder/pytorch_lora_weights.safetensors`, in diffusers' format."""
     from ..pipelines import LMLPPipeline
 
     LMLPPipeline.save_lora_weights(
@@ -125,16 +90,7 @@ def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
 
 
 def load_adapter(model: torch.nn.Module, folder: Path) -> None:
-    """Load a checkpoint's adapter weights into the backbone's adapter, which must have exactly the same layers.
-
-    Args:
-        model (`torch.nn.Module`): The backbone with the adapter (unwrapped).
-        folder (`Path`): A folder written by `save_adapter`.
-
-    Raises:
-        `SystemExit`: When the saved adapter's layers or shapes differ from the backbone's adapter (another
-            `--lora_rank` or `--lora_target_modules` than the run that saved it).
-    """
+    """Load a `save_adapter` folder into the backbone's adapter; exits when their layers or shapes differ."""
     from peft.utils import set_peft_model_state_dict
 
     from ..pipelines import LMLPPipeline

@@ -1,9 +1,7 @@
 """The precision a training run computes in: `--mixed_precision auto` (the shapes preset's) picks bf16 autocast where
 the hardware runs bf16 natively and float32 elsewhere, and the log says which and why.
 
-On a CPU, native bf16 means `avx512_bf16` or AMX (`diffusers_lmlp.cpu`): there bf16 autocast trains the shapes model
-about 1.4× faster than float32 (`benchmarks/training_step.py`); elsewhere torch emulates bf16, 8 to 80 times slower.
-On a GPU, `auto` is bf16 where the GPU supports it (Ampere and newer), else float32.
+On a CPU, native bf16 means `avx512_bf16` or AMX (`diffusers_lmlp.cpu`); elsewhere torch emulates bf16, much slower.
 """
 
 import argparse
@@ -16,16 +14,8 @@ from ..cpu import this_cpu
 
 
 def choose_precision(requested: str | None) -> tuple[str | None, str]:
-    """The `mixed_precision` to build the `Accelerator` with, and why, for the log.
-
-    Args:
-        requested (`str`, *optional*): `--mixed_precision` ("no", "fp16", "bf16", "auto"), or None for accelerate's
-            configuration.
-
-    Returns:
-        `tuple[str | None, str]`: The value ("no", "fp16", "bf16", or None to keep accelerate's), and the reason as
-        " (…)" to append to the log line, or "".
-    """
+    """The `mixed_precision` for the `Accelerator` (None keeps accelerate's) for `--mixed_precision` `requested`, and
+    the reason as " (…)" to append to the log line, or ""."""
     if requested != "auto":
         return requested, ""
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` or its config
@@ -42,25 +32,16 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
 
 
 def launch_device() -> str:
-    """The device type the run's `Accelerator` will train on, before it is built: "cuda" where a GPU is visible and
-    `accelerate launch --cpu` (or its config's `use_cpu`) was not asked for, else "cpu"."""
+    """The device type the run's `Accelerator` will train on, before it is built: "cuda" or "cpu"."""
     use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
 
 
 def effective_precision(accelerator: Accelerator, args: argparse.Namespace) -> str:
-    """The precision the run trains in, in words for the log; refuses an explicit fp16 on a CPU.
+    """The precision the run trains in, in words for the log.
 
-    accelerate accepts fp16 on a CPU and then trains in float32 without autocast while it reports fp16. A preset's
-    fp16 (a GPU setting, as coco-f2's) is taken as float32 there and said so; an fp16 the user asked for (the option, or
-    `accelerate launch --mixed_precision fp16`) is refused.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        args (`argparse.Namespace`): The parsed arguments.
-
-    Raises:
-        `SystemExit`: For fp16 asked for explicitly on a CPU.
+    accelerate accepts fp16 on a CPU, then trains in float32 while reporting fp16: a preset's fp16 is taken as float32
+    and said so, an fp16 the user asked for is refused.
     """
     precision = accelerator.mixed_precision
     if precision != "fp16" or accelerator.device.type != "cpu":

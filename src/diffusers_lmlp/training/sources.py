@@ -1,21 +1,10 @@
-"""Where the trainer's frozen components come from: `--pretrained_vae` and `--pretrained_text_encoder` take what
-diffusers' training examples take, and the layout of each source is detected.
+"""Where the trainer's frozen components come from: `--pretrained_vae` and `--pretrained_text_encoder` take a local
+folder or Hub id, as diffusers' training examples do, holding a standalone model (`config.json` at its root) or a
+full pipeline (`vae/`, `text_encoder/`, `tokenizer/`); the layout is detected, from the HF cache when it can be.
 
-A source is a local folder or a Hub repo id, in one of two layouts:
-
-- a **standalone model**: the component's `config.json` (and weights) at its root, as `stabilityai/sd-vae-ft-mse`
-  for a VAE, or `openai/clip-vit-large-patch14` for CLIP (model and tokenizer files side by side);
-- a **full pipeline**: `model_index.json` with `vae/`, `text_encoder/` and `tokenizer/` folders, as
-  `CompVis/stable-diffusion-v1-4` or a folder written by `LMLPPipeline.save_pretrained`.
-
-`--vae_subfolder` and `--text_encoder_subfolder` only override the detection. A Hub id's layout is read from the HF
-cache when the files are there (so it works with `HF_HUB_OFFLINE=1`), else with one request per file looked up.
-
-`load_vae` and `load_text_encoder` then fetch exactly the files the trainer reads (configs, tokenizer files and
-safetensors weights) into the HF cache with huggingface_hub, one by one, or find them there offline, and load the
-components from that local snapshot: nothing else is downloaded, and diffusers' and transformers' own Hub lookups (and their warnings)
-are not involved. A text encoder is loaded strictly: a tensor of the text model missing from the checkpoint (which
-would be left random) or one it does not know is refused; a full CLIP checkpoint's vision tower is expected.
+The loaders fetch exactly the files the trainer reads with huggingface_hub (or find them offline) and load from that
+snapshot, without diffusers' and transformers' own Hub lookups. A text encoder loads strictly: a missing or unknown
+text-model tensor is refused; a full CLIP checkpoint's vision tower is expected.
 """
 
 import contextlib
@@ -50,8 +39,7 @@ VAE_FOLDER, TEXT_ENCODER_FOLDER, TOKENIZER_FOLDER = "vae", "text_encoder", "toke
 VAE_WEIGHTS, TEXT_ENCODER_WEIGHTS = "diffusion_pytorch_model", "model"
 # The CLIP tokenizer's files: a fast tokenizer's `tokenizer.json`, or a slow one's vocabulary and merges, and settings.
 TOKENIZER_FILE_NAMES = (*TOKENIZER_FILES, "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
-# The tensors of a full CLIP checkpoint (`openai/clip-vit-large-patch14`'s model.safetensors) that its text model
-# does not use: the vision tower, the two projections and the logit scale.
+# The tensors of a full CLIP checkpoint that its text model does not use: the vision tower, projections, logit scale.
 CLIP_OTHER_TENSORS = ("vision_model.", "visual_projection.", "text_projection.", "logit_scale")
 
 
@@ -62,12 +50,7 @@ def in_folder(folder: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class VaeSource:
-    """Where the VAE loads from.
-
-    Args:
-        source (`str`): A local folder or a Hub repo id.
-        subfolder (`str`): Its folder inside `source` (`""`: the root).
-    """
+    """Where the VAE loads from: `source` (a local folder or Hub repo id) and its `subfolder` (`""`: the root)."""
 
     source: str
     subfolder: str
@@ -75,13 +58,8 @@ class VaeSource:
 
 @dataclass(frozen=True)
 class TextEncoderSource:
-    """Where the tokenizer and the text encoder load from.
-
-    Args:
-        source (`str`): A local folder or a Hub repo id.
-        subfolder (`str`): The text model's folder inside `source` (`""`: the root).
-        tokenizer_subfolder (`str`): The tokenizer's folder inside `source` (`""`: the root).
-    """
+    """Where the tokenizer and the text encoder load from: `source` (a local folder or Hub repo id) and the text
+    model's and the tokenizer's folders in it (`""`: the root)."""
 
     source: str
     subfolder: str
@@ -89,16 +67,8 @@ class TextEncoderSource:
 
 
 class Location:
-    """Reads the files of a local folder or a Hub repo id, to tell its layout.
-
-    Args:
-        source (`str`): The folder or repo id given.
-        option (`str`): The option that gave it, for the messages.
-        revision (`str`, *optional*): The Hub revision.
-
-    Raises:
-        `ValueError`: When `source` is neither an existing folder nor a valid Hub repo id.
-    """
+    """Reads the files of a local folder or Hub repo id `source` to tell its layout; `ValueError` when it is neither
+    (`option` names it in the messages)."""
 
     def __init__(self, source: str, option: str, revision: str | None = None):
         self.source, self.option, self.revision = source, option, revision
@@ -172,17 +142,8 @@ def is_vae_config(config: dict | None) -> bool:
 def resolve_vae(
     source: str, subfolder: str | None, option: str = "--pretrained_vae", revision: str | None = None
 ) -> VaeSource:
-    """Where the VAE of `source` is: its root (a standalone VAE) or its `vae/` folder (a full pipeline).
-
-    Args:
-        source (`str`): A local folder or a Hub repo id.
-        subfolder (`str`, *optional*): `--vae_subfolder`: used as given; None to detect.
-        option (`str`, *optional*, defaults to `"--pretrained_vae"`): The option, for the messages.
-        revision (`str`, *optional*): The Hub revision.
-
-    Raises:
-        `ValueError`: Naming the source and what it lacks.
-    """
+    """Where the VAE of `source` is: its root (a standalone VAE) or its `vae/` folder (a full pipeline). A `subfolder`
+    (`--vae_subfolder`) is used as given, None detects; a `ValueError` names what the source lacks."""
     location = Location(source, option, revision)
     if subfolder is not None:
         config = f"{subfolder}/config.json" if subfolder else "config.json"
@@ -208,19 +169,9 @@ def resolve_vae(
 def resolve_text_encoder(
     source: str, subfolder: str | None, option: str = "--pretrained_text_encoder", revision: str | None = None
 ) -> TextEncoderSource:
-    """Where the text encoder and the tokenizer of `source` are: side by side at its root (a CLIP repo, as
-    `openai/clip-vit-large-patch14`), or in `text_encoder/` and `tokenizer/` (a full pipeline).
-
-    Args:
-        source (`str`): A local folder or a Hub repo id.
-        subfolder (`str`, *optional*): `--text_encoder_subfolder`: used as given; None to detect. Given, the
-            tokenizer is read from `tokenizer/` if the source has one, else from the text model's folder.
-        option (`str`, *optional*, defaults to `"--pretrained_text_encoder"`): The option, for the messages.
-        revision (`str`, *optional*): The Hub revision.
-
-    Raises:
-        `ValueError`: Naming the source and what it lacks.
-    """
+    """Where the text encoder and tokenizer of `source` are: side by side at its root (a CLIP repo) or in
+    `text_encoder/` and `tokenizer/` (a full pipeline). A given `subfolder` is used as is, the tokenizer then read from
+    `tokenizer/` if there is one, else beside the model; a `ValueError` names what the source lacks."""
     location = Location(source, option, revision)
     if subfolder is None:
         nested, root = location.has(f"{TEXT_ENCODER_FOLDER}/config.json"), location.has("config.json")
@@ -266,21 +217,9 @@ def tokenizer_files(location: Location, folder: str) -> bool | None:
 def local_folder(
     source: str, folder: str, weights: str, optional: tuple[str, ...] = (), revision: str | None = None
 ) -> str:
-    """A local folder that holds `source`'s model in `folder`: `source` itself, or the HF cache's snapshot of a Hub
-    repo, where huggingface_hub first downloads the files that are read, if they are not there yet: the config, the
-    safetensors weights (one file, or the shards its index lists) and the `optional` files that the repo has.
-
-    Args:
-        source (`str`): A local folder or a Hub repo id.
-        folder (`str`): The model's folder inside `source` (`""`: the root).
-        weights (`str`): The weights' file name without `.safetensors` (`VAE_WEIGHTS`, `TEXT_ENCODER_WEIGHTS`).
-        optional (`tuple[str, ...]`, *optional*): Other files, each fetched if the repo (or offline, the cache) has
-            it, as paths in `source`.
-        revision (`str`, *optional*): The Hub revision.
-
-    Raises:
-        `OSError`: huggingface_hub's, when a file that is read is neither cached nor reachable.
-    """
+    """A local folder holding `source`'s model in `folder`: `source` itself, or the HF cache snapshot of a Hub repo,
+    into which its config, its safetensors weights (`weights`: the name without `.safetensors`, or its index's shards)
+    and those of the `optional` files it has are downloaded first."""
     if Path(source).is_dir():
         return source
     from huggingface_hub import hf_hub_download
@@ -306,12 +245,7 @@ def local_folder(
 
 
 def load_vae(source: VaeSource, revision: str | None = None):
-    """The VAE of `source`, its weights from safetensors only.
-
-    Args:
-        source (`VaeSource`): Where it is (`resolve_vae`).
-        revision (`str`, *optional*): The Hub revision.
-    """
+    """The VAE of `source` (`resolve_vae`), its weights from safetensors only."""
     from diffusers import AutoencoderKL
 
     folder = local_folder(source.source, source.subfolder, VAE_WEIGHTS, revision=revision)
@@ -321,20 +255,9 @@ def load_vae(source: VaeSource, revision: str | None = None):
 def load_text_encoder(
     source: TextEncoderSource, option: str = "--pretrained_text_encoder", revision: str | None = None
 ):
-    """The CLIP tokenizer and text model of `source`; the text model loaded strictly, its weights from safetensors.
-
-    Args:
-        source (`TextEncoderSource`): Where they are (`resolve_text_encoder`).
-        option (`str`, *optional*, defaults to `"--pretrained_text_encoder"`): The option, for the messages.
-        revision (`str`, *optional*): The Hub revision.
-
-    Returns:
-        `tuple[CLIPTokenizer, CLIPTextModel]`
-
-    Raises:
-        `ValueError`: When the checkpoint lacks some of the text model's tensors, or holds tensors that are neither
-            the text model's nor a full CLIP checkpoint's other tower, naming them.
-    """
+    """The CLIP tokenizer and text model of `source` (`resolve_text_encoder`), the model loaded strictly from
+    safetensors: `ValueError` for text-model tensors missing from the checkpoint, or tensors neither it nor a full CLIP
+    checkpoint's other tower has."""
     from transformers import CLIPTextModel, CLIPTokenizer
 
     tokenizer_files = tuple(in_folder(source.tokenizer_subfolder, name) for name in TOKENIZER_FILE_NAMES)
@@ -368,9 +291,8 @@ def named(keys: list[str], shown: int = 3) -> str:
 
 @contextlib.contextmanager
 def without_load_report() -> Iterator[None]:
-    """Leave out transformers' "LOAD REPORT" warning while a model loads: its caller reads the loading information
-    (`output_loading_info=True`) and says itself what is wrong, so that a full CLIP checkpoint's unused vision tower
-    is not reported as a problem on every run. Other warnings of the loading still show."""
+    """Leave out transformers' "LOAD REPORT" warning while a model loads: the caller reads the loading information
+    itself, so a full CLIP checkpoint's unused vision tower is not reported on every run."""
 
     def not_a_load_report(record: logging.LogRecord) -> bool:
         return " LOAD REPORT" not in str(record.msg)

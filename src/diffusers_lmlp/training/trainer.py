@@ -1,17 +1,8 @@
 """The trainer: the run, from the accelerator's set-up to the finished pipeline, and its loop of optimizer steps.
-Its arguments are `training.arguments` (whose `DESCRIPTION` says what the trainer does); the command is
-`diffusers_lmlp.train`.
-
-`run_training` sets the run up in the order its parts depend on each other, each part in a room of its own: the
-backbone and the frozen components (`training.components`), the data and its feature store (`training.data`,
-`training.batches`), the optimizer, the checkpoint to resume from (`training.checkpoints`), then `take_steps`, the
-loop: one optimizer step (`training.step`), a checkpoint every `--checkpointing_steps`, a validation every
-`--validation_steps` (`training.validation`); what a diverging run does is `training.divergence`, and the end of
-the run, with the saved pipeline, `training.finishing`.
-
-Every random choice (data order, caption pick, caption dropout, noise, timesteps) is a function of (seed, step,
-sample position), so a resumed run continues exactly as the uninterrupted one, and N accumulation steps of b
-samples see the same samples and noise as one step of N·b.
+`run_training` sets the parts up in the order they depend on each other (the components, the data and feature store,
+the optimizer, the checkpoint to resume from), then `take_steps` loops: a step, checkpoints, validations. Each part
+is a module of `training`. Every random choice is a function of (seed, step, sample position), so a resumed run
+continues exactly as the uninterrupted one.
 """
 
 import argparse
@@ -60,20 +51,8 @@ logger = get_logger(__name__)
 
 @dataclasses.dataclass
 class Run:
-    """What the steps of a run share, set up by `run_training`.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        accelerator (`Accelerator`): The run's accelerator.
-        output_dir (`Path`): The `--output_dir`, held by this run.
-        model (`torch.nn.Module`): The prepared backbone (wrapped, perhaps compiled).
-        ema (`EMAModel`, *optional*): The EMA weights.
-        optimizer (`torch.optim.Optimizer`): The prepared AdamW.
-        lr_scheduler: The prepared learning-rate schedule.
-        noise_scheduler (`DDPMScheduler`): The training noise schedule.
-        frozen (`tuple`): The frozen tokenizer, text encoder and VAE.
-        store (`FeatureStore`, *optional*): The feature store the batches are read from.
-    """
+    """What the steps of a run share, set up by `run_training`: `model` is the prepared (wrapped, perhaps compiled)
+    backbone, `frozen` the tokenizer, text encoder and VAE, `store` the feature store or None."""
 
     args: argparse.Namespace
     accelerator: Accelerator
@@ -88,23 +67,17 @@ class Run:
 
 
 def allow_tf32() -> None:
-    """Let float32 matmuls and cuDNN convolutions run on TF32 tensor cores (NVIDIA Ampere and newer), as diffusers'
-    `--allow_tf32` does: several times faster, with a 10-bit mantissa. The matmul switch is the one that
-    `torch.set_float32_matmul_precision("high")` sets. CPUs have no TF32: there it changes nothing."""
+    """Let float32 matmuls and cuDNN convolutions use TF32 (NVIDIA Ampere and newer), as diffusers' `--allow_tf32`
+    does: faster, with a 10-bit mantissa; no effect on CPU."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     logger.info("TF32 allowed for float32 matmuls and convolutions (Ampere and newer GPUs)")
 
 
 def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
-    """Set up accelerate, then train into `--output_dir` (which no other run may use meanwhile).
-
-    Args:
-        args (`argparse.Namespace`): The checked arguments (`training.arguments.parse_args`).
-        exit_when_done (`bool`, *optional*, defaults to `False`): End the process once the run is saved and every
-            process has finished (`finishing.leave_finished_process`), before the run's objects are torn down. The
-            command does this for each process of a multi-process run; a caller that goes on after `train` must not.
-    """
+    """Set up accelerate, then train into `--output_dir`, which no other run may use meanwhile. With `exit_when_done`,
+    end the process once the run is saved and every process has finished, before its objects are torn down (the
+    command does so in multi-process runs; a caller that goes on after `train` must not)."""
     output_dir = Path(args.output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     mixed_precision, why = choose_precision(args.mixed_precision)
@@ -134,14 +107,7 @@ def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
 
 
 def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir: Path, exit_when_done: bool) -> None:
-    """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub).
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        accelerator (`Accelerator`): The run's accelerator.
-        output_dir (`Path`): The `--output_dir`, held by this run.
-        exit_when_done (`bool`): End the process at the end of `finishing.end_run` (see `train`).
-    """
+    """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub)."""
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
     model, frozen = prepare_model(args, accelerator)
     cache_dir = Path(args.cache_dir) if args.cache_dir else output_dir.parent / ".lmlp-cache"
@@ -164,16 +130,8 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
 
 
 def prepare_model(args: argparse.Namespace, accelerator: Accelerator) -> tuple[torch.nn.Module, tuple]:
-    """The backbone (with its LoRA adapter under `--lora_rank`) and the frozen components on the run's device, checked
-    against each other.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        accelerator (`Accelerator`): The run's accelerator.
-
-    Returns:
-        `tuple`: The backbone, and the frozen (tokenizer, text encoder, VAE).
-    """
+    """The backbone (with its LoRA adapter under `--lora_rank`) and the frozen (tokenizer, text encoder, VAE) on the
+    run's device, checked against each other."""
     model = components.build_model(args)
     tokenizer, text_encoder, vae = components.load_components(args)
     fine_tuning = bool(args.pretrained_model_name_or_path)
@@ -193,18 +151,8 @@ def prepare_model(args: argparse.Namespace, accelerator: Accelerator) -> tuple[t
 
 
 def load_data(args: argparse.Namespace, accelerator: Accelerator, frozen: tuple, cache_dir: Path) -> tuple:
-    """The training data (read or downloaded by the main process first), and its feature store with
-    `--cache_features`.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        accelerator (`Accelerator`): The run's accelerator.
-        frozen (`tuple`): The frozen tokenizer, text encoder and VAE, which the feature store is extracted with.
-        cache_dir (`Path`): Where datasets and feature stores are kept.
-
-    Returns:
-        `tuple`: The dataset, and its `FeatureStore` or None.
-    """
+    """The training data (read or downloaded by the main process first), and its `FeatureStore` with
+    `--cache_features`, else None."""
     with accelerator.main_process_first():
         try:
             dataset = load_training_data(
@@ -236,17 +184,8 @@ def load_data(args: argparse.Namespace, accelerator: Accelerator, frozen: tuple,
 
 
 def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, model: torch.nn.Module) -> tuple:
-    """The backbone in training mode with its EMA copy, AdamW and the learning-rate schedule, prepared by accelerate,
-    whose checkpoints then save and load the EMA and the LoRA adapter too.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        accelerator (`Accelerator`): The run's accelerator.
-        model (`torch.nn.Module`): The backbone.
-
-    Returns:
-        `tuple`: The prepared backbone, the `EMAModel` or None, the optimizer and the schedule.
-    """
+    """The backbone in training mode, its `EMAModel` (or None), AdamW and the learning-rate schedule, prepared by
+    accelerate, whose checkpoints then save and load the EMA and the LoRA adapter too."""
     model_class = type(model)
     if args.gradient_checkpointing:
         model.enable_gradient_checkpointing()
@@ -279,19 +218,8 @@ def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, mod
 def resume(
     args: argparse.Namespace, accelerator: Accelerator, optimizer: torch.optim.Optimizer, output_dir: Path
 ) -> tuple[int, float]:
-    """Load `--resume_from_checkpoint` into the prepared objects, if given and found, and keep the scores up to its
-    step.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-        accelerator (`Accelerator`): The run's accelerator, with its checkpoint hooks registered.
-        optimizer (`torch.optim.Optimizer`): The prepared AdamW, whose kernel follows this run's device after the
-            load (`optimizer.follow_device`).
-        output_dir (`Path`): The `--output_dir`.
-
-    Returns:
-        `tuple[int, float]`: The step the run starts from, and the training seconds before it.
-    """
+    """Load `--resume_from_checkpoint` (if given and found) into the prepared objects and keep the scores up to its
+    step; return the step the run starts from and the training seconds before it."""
     global_step, seconds_before = 0, 0.0
     if args.resume_from_checkpoint:
         checkpoints = list_checkpoints(output_dir)
@@ -314,19 +242,9 @@ def resume(
 
 
 def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_before: float) -> float:
-    """The loop: the optimizer steps after `global_step` up to `--max_train_steps`, each logged, with a checkpoint
-    every `--checkpointing_steps` (and at the last step) and a validation every `--validation_steps`.
-
-    Args:
-        run (`Run`): The run.
-        step_batches (`Generator`): `BatchSource.steps` from `global_step`: each step's latents, text states and
-            generator.
-        global_step (`int`): The step the run starts from.
-        seconds_before (`float`): The training seconds before it (a resumed run's earlier segments).
-
-    Returns:
-        `float`: The training seconds, over every segment of a resumed run.
-    """
+    """The loop: the optimizer steps after `global_step` up to `--max_train_steps`, with a checkpoint every
+    `--checkpointing_steps` (and at the last step) and a validation every `--validation_steps`. Returns the training
+    seconds, over every segment of a resumed run."""
     args, accelerator = run.args, run.accelerator
     loss_options = LossOptions(
         snr_gamma=args.snr_gamma,
@@ -349,8 +267,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
 
     try:
         while global_step < args.max_train_steps:
-            # The samples of one optimizer step, for this process; the step draws their noise before the micro-batches
-            # split them.
+            # One optimizer step's samples for this process; their noise is drawn before micro-batches split them.
             latents, text_states, generator = next(step_batches)  # read ahead by the data loader's workers
             latents, text_states = latents.to(accelerator.device), text_states.to(accelerator.device)
             try:
@@ -382,13 +299,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
 
 
 def checkpoint(run: Run, step: int, seconds: Callable[[], float]) -> None:
-    """Write the checkpoint of `step` (the main process does), once every process has found its weights finite.
-
-    Args:
-        run (`Run`): The run.
-        step (`int`): The step just taken.
-        seconds (`Callable[[], float]`): The training seconds so far, over every segment of a resumed run.
-    """
+    """Write the checkpoint of `step` (on the main process) once every process has found its weights finite."""
     args, accelerator = run.args, run.accelerator
     divergence.require_finite_weights(
         plain_backbone(accelerator, run.model), run.ema, step, run.output_dir, args.learning_rate

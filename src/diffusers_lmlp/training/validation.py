@@ -1,8 +1,7 @@
-"""Sampling and scoring the model being trained: the validation grid (and FID, and on an embedded world the scores of
-the learning curves) every `--validation_steps`, and the final evaluation of the finished pipeline on its world.
+"""Sampling and scoring during training: the validation grid, FID and world scores every `--validation_steps`, and
+the final evaluation of the finished pipeline on its world.
 
-The samples use the plain backbone (`training.compilation.plain_backbone`) with the EMA weights swapped in, and the
-package's default scheduler: what `LMLPPipeline` gives a user.
+Samples use the plain backbone with the EMA weights swapped in and the default scheduler: what a user gets.
 """
 
 import contextlib
@@ -24,7 +23,7 @@ from diffusers_lmlp.worlds import WORLDS, load
 
 logger = get_logger(__name__)
 
-# Where each validation of a world's run appends its scores, inside the logging folder: the learning curves.
+# Appended to by each validation of a world's run, in the logging folder: the learning curves.
 SCORES_FILE = "scores.jsonl"
 
 
@@ -47,12 +46,8 @@ def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
 
 
 def default_validation_prompts(args) -> list[str]:
-    """The validation grid's prompts: `--validation_prompts` (or the file's), else on an embedded world 6 training
-    captions and 2 held-out ones, else none (no validation during training, no sample grid at the end).
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-    """
+    """The validation grid's prompts: `--validation_prompts`, else an embedded world's validation prompts, else none
+    (no validation during training, no sample grid at the end)."""
     if args.validation_prompts:
         return args.validation_prompts
     if args.world:
@@ -61,12 +56,8 @@ def default_validation_prompts(args) -> list[str]:
 
 
 def validation_inputs(args) -> tuple[list[str], list[str]]:
-    """What each validation samples: the grid's prompts (`default_validation_prompts`) and the captions FID samples
-    (`--validation_fid_images` of `--validation_fid_captions`); a run with neither is told so.
-
-    Args:
-        args (`argparse.Namespace`): The parsed arguments.
-    """
+    """The grid's prompts and the captions FID samples (`--validation_fid_images` of them); a run with neither is told
+    so."""
     prompts = default_validation_prompts(args)
     fid_captions = (
         draw_captions(
@@ -111,23 +102,9 @@ def validate(
     step: int,
     seconds: float,
 ):
-    """Sample the prompts (EMA weights if any) and save `validation/step-<step>.png`, a grid captioned with them;
-    log the samples to tensorboard (one tiled image, tag "validation") and wandb (one image per prompt, captioned).
-    With `--validation_fid_images`, also sample the FID captions and log their FID ("fid"). On an embedded world,
-    also score one image of as many held-out and training captions as its `validation_captions` (`log_scores`).
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator; its trackers receive the images.
-        model: The prepared backbone.
-        ema (`EMAModel`, *optional*): The EMA weights, swapped in for sampling.
-        tokenizer, text_encoder, vae: The frozen components.
-        prompts (`list[str]`): The validation prompts (none: no grid).
-        fid_captions (`list[str]`): The captions FID samples (none: no FID).
-        args (`argparse.Namespace`): The parsed arguments (seed, sampling steps, guidance scale, FID reference).
-        output_dir (`Path`): The `--output_dir`.
-        step (`int`): The optimizer step, the images' step in the trackers.
-        seconds (`float`): The time since the run started (over every segment of a resumed run).
-    """
+    """Sample the prompts (EMA weights if any), save `validation/step-<step>.png` and log it to tensorboard and wandb;
+    also log the FID of `fid_captions` and, on an embedded world, its scores (`log_scores`). `seconds` is the time
+    since the run started, over every segment of a resumed run."""
     unwrapped = plain_backbone(accelerator, model)  # sampled uncompiled: no recompilation for the sampler's batches
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
@@ -169,13 +146,8 @@ def validate(
 
 
 def keep_scores_until(path: Path, step: int) -> None:
-    """Keep the scores that a run starting at `step` continues: none for a new run (an overwritten run's are removed),
-    those up to `step` for a resumed one (the later ones were scored by weights that the resumed run trains again).
-
-    Args:
-        path (`Path`): The run's `scores.jsonl`.
-        step (`int`): The step the run starts from.
-    """
+    """Keep the scores in `path` that a run starting at `step` continues: none for a new run, those up to `step` for a
+    resumed one (later ones scored weights that the resumed run trains again)."""
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -184,19 +156,8 @@ def keep_scores_until(path: Path, step: int) -> None:
 
 
 def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: int, seconds: float) -> None:
-    """Score the model being trained on its world: one image of `validation_captions` captions of each split, at
-    the validation sampler settings; log the accuracies to the trackers (`scores/<split>/<name>`) and append them,
-    with the step and the minutes since the run started, to `<logging_dir>/scores.jsonl`, the learning curves that
-    `benchmarks/learning_curves.py` plots.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator (its trackers).
-        pipe (`LMLPPipeline`): The pipeline of the model's current (EMA) weights.
-        args (`argparse.Namespace`): The parsed arguments (the world, the seed, the validation sampler settings).
-        output_dir (`Path`): The `--output_dir`.
-        step (`int`): The optimizer step.
-        seconds (`float`): The time since the run started.
-    """
+    """Score the model on each split of its world at the validation sampler settings; log the accuracies to the
+    trackers and append them, with the step and minutes, to `<logging_dir>/scores.jsonl` (the learning curves)."""
     world = WORLDS[args.world]
     reports = evaluate_splits(
         pipe,
@@ -222,18 +183,9 @@ def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: in
 
 
 def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
-    """Evaluate the finished pipeline on its world at the pipeline's default sampler settings (what a user gets from
-    `pipe(caption)`; `--final_evaluation_inference_steps` changes the steps, for smoke runs): the world scorer's
-    accuracies with 95% intervals over captions, the world's FID against its real images of the same captions with
-    its real-vs-real floor, and the CLIP score where the world has a CLIP, each caption sampled `final_seeds` times.
-
-    Args:
-        pipe (`LMLPPipeline`): The trained pipeline.
-        args (`argparse.Namespace`): The parsed arguments (the world, the seed, the sampler steps).
-
-    Returns:
-        `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
-    """
+    """Evaluate the finished pipeline on its world at its default sampler settings (what `pipe(caption)` gives): the
+    scorer's accuracies with intervals, the world's FID with its floor, and the CLIP score where the world has one.
+    Returns the report of each split."""
     world = WORLDS[args.world]
     return evaluate_splits(
         pipe,
@@ -257,23 +209,8 @@ def evaluate_splits(
     clip_model=None,
     progress: bool = True,
 ) -> dict[str, dict]:
-    """Sample and score the model on each split of its world: `num_captions` captions drawn evenly from the split,
-    each `seeds[split]` times.
-
-    Args:
-        pipe (`LMLPPipeline`): The pipeline.
-        args (`argparse.Namespace`): The parsed arguments (the world, the seed).
-        seeds (`dict[str, int]`): Images per caption, by split.
-        num_inference_steps (`int`): Sampler steps.
-        num_captions (`int`): Captions per split.
-        guidance_scale (`float`, *optional*): The guidance; the pipeline's default when not given.
-        fid_reference (`str`, *optional*): The world's name for its FID against its real images; none without.
-        clip_model (*optional*): A CLIP model folder (or `CLIPScorer`) for the CLIP score; none without.
-        progress (`bool`, *optional*, defaults to `True`): Show the sampling's progress.
-
-    Returns:
-        `dict[str, dict]`: The evaluation report of each split ("train", "held-out").
-    """
+    """The evaluation report of each split of the world: `num_captions` captions drawn evenly from it, each sampled
+    `seeds[split]` times; `clip_model` may be a folder or a `CLIPScorer`."""
     sampler = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
     if isinstance(clip_model, (str, Path)):
         from diffusers_lmlp.evaluation import CLIPScorer
@@ -296,15 +233,8 @@ def evaluate_splits(
 
 
 def score_summary(reports: dict[str, dict], world: str, suffix: str = "") -> dict[str, dict]:
-    """The summary's entries for one final evaluation: the world scorer's accuracies, their intervals, the world's FID
-    (and the CLIP score where measured), each by split, under keys ending with `suffix` (`"_before"` for the base
-    model of a LoRA run).
-
-    Args:
-        reports (`dict[str, dict]`): `final_evaluation`'s reports, by split.
-        world (`str`): The world's name: the reports' key of its scores (and of its FID, `<world>_fid`).
-        suffix (`str`, *optional*, defaults to `""`): Appended to each key.
-    """
+    """The summary's entries for one final evaluation (accuracies, intervals, FID, CLIP score, by split), under keys
+    ending with `suffix` (`"_before"` for a LoRA run's base model)."""
     summary = {
         f"scores{suffix}": {split: report[world] for split, report in reports.items()},
         f"score_intervals{suffix}": {split: report[f"{world}_intervals"] for split, report in reports.items()},
