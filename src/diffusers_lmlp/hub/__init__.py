@@ -1,17 +1,9 @@
 """Publishing to the Hugging Face Hub: model cards, a saved pipeline or a LoRA adapter as a model repo, the demo as a
-Space.
+Space. Command line: `python -m diffusers_lmlp.hub push FOLDER owner/name [--with-code] [--dry-run]` and
+`push-space owner/space --model owner/name` (also `diffusers-lmlp-hub`).
 
-From the command line (`python -m diffusers_lmlp.hub --help`, or `diffusers-lmlp-hub`):
-
-    python -m diffusers_lmlp.hub push lmlp-shapes owner/lmlp-shapes [--dry-run]
-    python -m diffusers_lmlp.hub push lmlp-shapes owner/lmlp-shapes --with-code  # loads without the package
-    python -m diffusers_lmlp.hub push lmlp-shapes-lora owner/lmlp-shapes-lora  # a LoRA adapter folder
-    python -m diffusers_lmlp.hub push-space owner/lmlp-demo --model owner/lmlp-shapes [--dry-run]
-
-No upload follows a symbolic or hard link, or takes a file named like a credential or holding a token; see
-`diffusers_lmlp.hub.upload`.
-
-Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
+No upload follows a link or takes a credential-like file or one holding a token (`diffusers_lmlp.hub.upload`).
+Names import lazily.
 """
 
 from typing import TYPE_CHECKING

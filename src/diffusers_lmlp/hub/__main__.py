@@ -14,11 +14,7 @@ CONSOLE_SCRIPT = "diffusers-lmlp-hub"
 
 
 def program_name(argv0: str | None = None) -> str:
-    """How the user ran this command, for its usage lines (`commands.program_name`).
-
-    Args:
-        argv0 (`str`, *optional*): The path the process was started with; `sys.argv[0]` by default.
-    """
+    """How the user ran this command (`argv0`, default `sys.argv[0]`), for its usage lines."""
     return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.hub", argv0)
 
 
@@ -98,12 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def push_lora_command(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """`push` of a LoRA adapter folder: the dry run (returns None) or the commit.
-
-    Args:
-        parser (`argparse.ArgumentParser`): For the errors of options that apply to pipelines only.
-        args (`argparse.Namespace`): The parsed `push` arguments.
-    """
+    """`push` of a LoRA adapter folder: the dry run (returns None) or the commit; pipeline-only options are errors."""
     from .lora_upload import push_lora, stage_lora
 
     pipeline_only = {
@@ -146,7 +137,7 @@ def report_dry_run(staged: StagedUpload, repo: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command; the pipeline and LoRA publishers (which import diffusers) load after the arguments parse.
+    """Run the command; the publishers, which import diffusers, load only after the arguments parse.
 
     Args:
         argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.

@@ -1,19 +1,9 @@
 """Model cards for saved pipelines: Hub metadata, what the model is, and how to load it.
 
-A card is YAML metadata plus a markdown body. We own a few metadata keys and two marked blocks of the body; the rest
-is the user's and is kept as it is when a card is updated:
-
-- metadata: `library_name` and `pipeline_tag` are set, our tags are added to the existing ones, and `license`,
-  `datasets` and `base_model` are set when given (the license defaults to apache-2.0 when the card has none);
-- the `description` block (architecture, parameter count, a closed vocabulary's words, training recipe, scores and
-  the sampler settings they were measured with, sample grid) is written at training time, when the training
-  arguments are known (and on a push of a folder that has no card yet);
-- the `usage` block (how to load the model from its repo id and sample a caption of its sample grid with the
-  settings of its scores) is written again on every push, when the repo id is known; a push with the code
-  (`--with-code`) shows diffusers' `trust_remote_code=True` loading instead and names the files it executes.
-
-Each block sits between `<!-- begin diffusers-lmlp:<name> ... -->` and `<!-- end diffusers-lmlp:<name> -->`
-markers. A block found in the card is replaced in place; a missing one is appended at the end of the body.
+We own a few metadata keys (`library_name`, `pipeline_tag`, our tags; `license`, `datasets`, `base_model` when given)
+and two marked blocks of the body: `description`, written at training time, and `usage`, written again on every push
+(when the repo id is known). The rest of a card is the user's and is kept. A block found between its
+`<!-- begin/end diffusers-lmlp:<name> -->` markers is replaced in place; a missing one is appended.
 """
 
 import json
@@ -62,10 +52,8 @@ def without_block(text: str, name: str) -> str:
 
 
 def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
-    """`value` if it names a Hub repo (a valid repo id that is not a local path), else None.
-
-    Training arguments such as `pretrained_model_name_or_path` may be local folders, which are no use in metadata.
-    """
+    """`value` if it names a Hub repo (a valid repo id that is not a local path), else None: training arguments may
+    name local folders, which are no use in metadata."""
     if value is None or os.path.exists(value):
         return None
     try:
@@ -76,14 +64,8 @@ def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
 
 
 def data_source(args: Mapping, default: str) -> str:
-    """What a card says the model was trained on: a Hub dataset by its repo id, a local folder by its own name only
-    (its path on this machine, `/home/<user>/...`, means nothing to the card's readers and names the user), else
-    `default`.
-
-    Args:
-        args (`Mapping`): The training arguments (`dataset_name`, `train_data_dir`).
-        default (`str`): What the model was trained on without either (the procedural shapes world).
-    """
+    """What a card says the model was trained on (`args`' `dataset_name` or `train_data_dir`): a Hub dataset by its
+    repo id, a local folder by its name only (its path would name the user), else `default`."""
     source = args.get("dataset_name") or args.get("train_data_dir")
     if not source:
         return default
@@ -97,18 +79,14 @@ def write_model_card(
     summary: Mapping | None = None,
     sample_grid: str | os.PathLike | None = None,
 ) -> ModelCard:
-    """Write or update `README.md` (metadata, description and usage) in a saved `LMLPPipeline` folder.
-
-    Both generated blocks are written again; what the user wrote outside them in an existing card is kept.
+    """Write or update `README.md` (metadata, description and usage) in a saved `LMLPPipeline` folder; what the user
+    wrote outside the generated blocks is kept.
 
     Args:
         folder (`str` or `os.PathLike`): The folder `pipe.save_pretrained` wrote.
         pipe (`LMLPPipeline`): The saved pipeline (its backbone config goes into the card).
-        args (`Mapping`, *optional*): The training arguments (recipe, `dataset_name`, `pretrained_model_name_or_path`
-            as the base model, `hub_model_id` for the usage snippet).
-        summary (`Mapping`, *optional*): Training results (`steps`, `train_seconds`, `num_processes`, `scores`,
-            `shapes_fid`, `evaluation_sampler`), and `sample_prompts`, the sample grid's captions: the usage snippet
-            samples the first with the `evaluation_sampler` settings.
+        args (`Mapping`, *optional*): The training arguments (recipe, `dataset_name`, base model, `hub_model_id`).
+        summary (`Mapping`, *optional*): Training results (scores, `evaluation_sampler`, `sample_prompts`, ...).
         sample_grid (`str` or `os.PathLike`, *optional*): A sample grid inside `folder` to show.
 
     Returns:
@@ -145,21 +123,8 @@ def update_card(
     datasets: list[str] | None = None,
     base_model: str | None = None,
 ) -> ModelCard:
-    """Merge our metadata and generated blocks into a card's text, keeping everything else in it.
-
-    Args:
-        existing (`str`, *optional*): The current card (`README.md` text), or None to start a new one.
-        tags (`Sequence[str]`): Tags beyond `BASE_TAGS`: the backbone's family tag (`l-mlp`, `moe-mlp`, ...), and
-            `lora` for an adapter.
-        blocks (`Mapping[str, str]`): Generated blocks by name (`"description"`, `"usage"`), in the order in which
-            missing ones are appended.
-        license (`str`, *optional*): The license; by default the card's own, or apache-2.0 if it has none.
-        datasets (`list[str]`, *optional*): Hub datasets the model was trained on.
-        base_model (`str`, *optional*): The Hub model this one was fine-tuned from.
-
-    Returns:
-        `ModelCard`: The updated card (not saved).
-    """
+    """Merge our metadata, `tags` beyond `BASE_TAGS` and generated `blocks` (by name, missing ones appended in order)
+    into the `existing` card's text (None: a new card), keeping everything else; the card is not saved."""
     card = ModelCard(existing) if existing else None
     data = card.data if card is not None else ModelCardData()
     data.library_name = "diffusers"
@@ -191,20 +156,8 @@ def describe_pipeline(
     sample_grid: str | os.PathLike | None = None,
     base_model: str | None = None,
 ) -> str:
-    """The `description` block: the backbone, its size, its vocabulary when closed, how it was trained and how well
-    it does, with the sampler settings of the scores.
-
-    Args:
-        pipe (`LMLPPipeline`): The pipeline to describe.
-        title (`str`): The card's heading (the folder or repo name).
-        args (`Mapping`, *optional*): Training arguments; with a `learning_rate` they give the full recipe.
-        summary (`Mapping`, *optional*): Training results (`training_summary.json`).
-        sample_grid (`str` or `os.PathLike`, *optional*): A sample grid next to the card to show.
-        base_model (`str`, *optional*): The Hub model this one was fine-tuned from.
-
-    Returns:
-        `str`: Markdown.
-    """
+    """The `description` block (Markdown): the backbone, its size, its vocabulary when closed, how it was trained
+    (the full recipe when `args` has a `learning_rate`) and how well it does, with the scores' sampler settings."""
     args, summary = args or {}, summary or {}
     backbone = pipe.transformer
     config = backbone.config
@@ -270,15 +223,8 @@ def describe_pipeline(
 
 
 def example_prompt(summary: Mapping, tokenizer=None) -> str:
-    """The prompt the usage snippet samples: the first sample-grid caption the training recorded, else a generic
-    prompt, unless the pipeline's closed vocabulary lacks its words; then a caption of the shapes world, whose
-    vocabulary the package's closed-vocabulary models have.
-
-    Args:
-        summary (`Mapping`): Training results; its `sample_prompts` are the sample grid's captions.
-        tokenizer (`PreTrainedTokenizerBase`, *optional*): The pipeline's tokenizer, whose vocabulary the prompt must
-            keep to.
-    """
+    """The usage snippet's prompt: the first sample-grid caption, else `GENERIC_PROMPT`, unless the tokenizer's closed
+    vocabulary lacks its words; then a caption of the shapes world, whose vocabulary such models have."""
     candidates = [*summary.get("sample_prompts", []), GENERIC_PROMPT]
     if tokenizer is None or known_words(tokenizer) is None:
         return candidates[0]
@@ -295,23 +241,9 @@ def usage_section(
     code_files: Sequence[str] | None = None,
     tokenizer=None,
 ) -> str:
-    """The `usage` block: how to load the pipeline from `repo_id` and sample it.
-
-    Args:
-        repo_id (`str`): The Hub repo id (or local folder) to load from.
-        sample_grid (`str`, *optional*): A sample grid to show first, for cards that do not show one yet.
-        summary (`Mapping`, *optional*): Training results (`training_summary.json`). The snippet samples the first
-            of its `sample_prompts` (else `GENERIC_PROMPT`) with the `num_inference_steps` and `guidance_scale` of
-            its `evaluation_sampler`, the settings the scores were measured with (else the pipeline's defaults).
-        code_files (`Sequence[str]`, *optional*): The code files the repo ships (`push --with-code`): the snippet
-            loads it with `DiffusionPipeline.from_pretrained(..., trust_remote_code=True)`, and the text names the
-            files that this runs. Without them, the snippet needs the `diffusers-lmlp` package.
-        tokenizer (`PreTrainedTokenizerBase`, *optional*): The pipeline's tokenizer: with a closed vocabulary, the
-            snippet's prompt keeps to it (`example_prompt`).
-
-    Returns:
-        `str`: Markdown.
-    """
+    """The `usage` block (Markdown): load from `repo_id` and sample `example_prompt` with the scores' sampler settings;
+    with `code_files` (`push --with-code`) through `trust_remote_code=True`, naming the files it runs, else with the
+    package. `sample_grid` is shown first, for cards that do not show one yet."""
     summary = summary or {}
     prompt = example_prompt(summary, tokenizer)
     sampler = summary.get("evaluation_sampler", {})

@@ -1,8 +1,6 @@
 """The model card of a LoRA adapter folder: Hub metadata, what the adapter adapts, how well it does against its base,
-and how to load it.
-
-The trainer writes it next to `pytorch_lora_weights.safetensors` when it trains with `--lora_rank`; a push updates its
-`usage` block with the repo id. The blocks and metadata are merged as `diffusers_lmlp.hub.card` merges a pipeline's.
+and how to load it. The trainer writes it with `--lora_rank`; a push updates its `usage` block with the repo id,
+merging as `diffusers_lmlp.hub.card` does.
 """
 
 import json
@@ -33,54 +31,32 @@ SHIPPED_SHAPES_MODEL = "diffusers_lmlp.shapes.pretrained_shapes_pipeline()"
 
 
 def adapted_modules(model: "torch.nn.Module") -> list[str]:
-    """The names of the modules an adapter adapts, as the model without adapters names them (PEFT's wrappers put
-    `base_layer` into the paths below them).
-
-    Args:
-        model (`torch.nn.Module`): The backbone with an adapter.
-    """
+    """The modules an adapter adapts in `model`, named as without adapters (PEFT's wrappers add `base_layer`)."""
     names = (name.split(".lora_")[0] for name, _ in model.named_parameters() if ".lora_" in name)
     return list(dict.fromkeys(".".join(part for part in name.split(".") if part != "base_layer") for name in names))
 
 
 def names_in_block(names: list[str]) -> list[str]:
     """The names of modules inside the U-shaped stack's blocks, without the block's own path
-    (`stack.in_blocks.0.joint_mlp.fc1` -> `joint_mlp.fc1`), once each, in order; other modules are left out.
-
-    Args:
-        names (`list[str]`): Module names of a backbone.
-    """
+    (`stack.in_blocks.0.joint_mlp.fc1` -> `joint_mlp.fc1`), once each, in order; other modules are left out."""
     inside = (BLOCK_PREFIX.sub("", name) for name in names if BLOCK_PREFIX.match(name))
     return list(dict.fromkeys(inside))
 
 
 def is_shipped_shapes_model(base_model: str) -> bool:
-    """Whether `base_model` (a run's `--pretrained_model_name_or_path`, or a summary's `base_model`) is the shapes
-    model shipped in the package: its folder, or `SHIPPED_SHAPES_MODEL`.
-
-    Args:
-        base_model (`str`): A folder, a Hub repo id or `SHIPPED_SHAPES_MODEL`.
-    """
+    """Whether `base_model` (a folder, repo id or `SHIPPED_SHAPES_MODEL`) is the shapes model the package ships."""
     return base_model == SHIPPED_SHAPES_MODEL or Path(base_model).resolve() == SHAPES_PIPELINE_PATH.resolve()
 
 
 def recorded_base_model(base_model: str) -> str:
     """How a LoRA run's summary records its base pipeline: `SHIPPED_SHAPES_MODEL` for the shipped shapes model, any
-    other folder or repo id as given (the end-of-run summary's load line reads it on this machine).
-
-    Args:
-        base_model (`str`): The run's `--pretrained_model_name_or_path`.
-    """
+    other folder or repo id as given (the end-of-run load line reads it on this machine)."""
     return SHIPPED_SHAPES_MODEL if is_shipped_shapes_model(base_model) else base_model
 
 
 def load_base_code(base_model: str) -> str:
     """The Python lines that load the base pipeline as `pipe`: the shipped shapes model by its function, others by
-    folder or repo id.
-
-    Args:
-        base_model (`str`): A run's `--pretrained_model_name_or_path` (or the Hub repo it was pushed to).
-    """
+    folder or repo id."""
     if is_shipped_shapes_model(base_model):
         return "from diffusers_lmlp.shapes import pretrained_shapes_pipeline\npipe = pretrained_shapes_pipeline()"
     return f"from diffusers_lmlp import LMLPPipeline\npipe = LMLPPipeline.from_pretrained({json.dumps(base_model)})"
@@ -88,23 +64,15 @@ def load_base_code(base_model: str) -> str:
 
 def public_base_model(base_model: str) -> str:
     """How a card, and the summary a push uploads, name a LoRA run's base pipeline: a Hub repo id as is, the shipped
-    shapes model as `SHIPPED_SHAPES_MODEL`, any other local folder by its own name only (its path on this machine means
-    nothing to the card's readers and names the user).
-
-    Args:
-        base_model (`str`): The summary's `base_model`, or a run's `--pretrained_model_name_or_path`.
-    """
+    shapes model as `SHIPPED_SHAPES_MODEL`, another local folder by its name only (its path would name the user)."""
     if is_shipped_shapes_model(base_model):
         return SHIPPED_SHAPES_MODEL
     return hub_id_or_none(base_model) or Path(base_model).name
 
 
 def score_table(summary: Mapping) -> list[str]:
-    """The shapes scorer's accuracies of the base model and of the adapted one, per split, as a Markdown table.
-
-    Args:
-        summary (`Mapping`): The run's summary, with `scores` and `scores_before` (split → metric → accuracy).
-    """
+    """The shapes scorer's accuracies of the base model and of the adapted one, per split, as a Markdown table
+    (from the summary's `scores` and `scores_before`: split → metric → accuracy)."""
     after, before = summary["scores"], summary["scores_before"]
     splits = list(after)
     metrics = list(dict.fromkeys(metric for split in splits for metric in after[split]))
@@ -119,14 +87,8 @@ def score_table(summary: Mapping) -> list[str]:
 
 
 def lora_usage_section(repo_id: str, base_model: str, summary: Mapping | None = None) -> str:
-    """The `usage` block of a LoRA card: load the base pipeline, then the adapter from `repo_id`, and sample.
-
-    Args:
-        repo_id (`str`): The Hub repo id (or local folder) of the adapter.
-        base_model (`str`): The base pipeline: a Hub repo id or a folder (the shipped shapes model by its function).
-        summary (`Mapping`, *optional*): The run's summary: the snippet samples the first of its `sample_prompts` with
-            its `evaluation_sampler`'s settings.
-    """
+    """The `usage` block of a LoRA card: load the base pipeline, then the adapter from `repo_id`, and sample the first
+    of the summary's `sample_prompts` with its `evaluation_sampler` settings."""
     summary = summary or {}
     prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
     sampler = summary.get("evaluation_sampler", {})
@@ -154,19 +116,8 @@ def write_lora_card(
     summary: Mapping,
     sample_grid: str | os.PathLike | None = None,
 ) -> ModelCard:
-    """Write or update `README.md` (metadata, description and usage) in a LoRA adapter folder.
-
-    Args:
-        folder (`str` or `os.PathLike`): The folder holding `pytorch_lora_weights.safetensors`.
-        model: The backbone with the trained adapter (its family and the adapter's config go into the card).
-        args (`Mapping`): The training arguments (without secrets): the LoRA options, the recipe, `hub_model_id`.
-        summary (`Mapping`): The run's summary: `steps`, `train_seconds`, `num_processes`, `base_model`, and on the
-            shapes world `scores`/`scores_before` and `evaluation_sampler`; `sample_prompts`, the grid's captions.
-        sample_grid (`str` or `os.PathLike`, *optional*): A sample grid inside `folder` to show.
-
-    Returns:
-        `ModelCard`: The card, also saved as `<folder>/README.md`.
-    """
+    """Write or update `README.md` (metadata, description and usage) in a LoRA adapter folder and return the card;
+    `model` is the backbone with the trained adapter, `args` the training arguments (without secrets)."""
     folder = Path(folder)
     family = family_of(model)
     config = model.peft_config[ADAPTER_NAME]

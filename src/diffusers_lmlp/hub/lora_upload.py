@@ -1,8 +1,7 @@
 """Publish a LoRA adapter folder (what the trainer writes with `--lora_rank`) as a Hub model repo.
 
-The upload follows the pipeline push's rules (`diffusers_lmlp.hub.model`: safetensors, configs and images only, no
-links, no credentials, no pickles, no code, no checkpoints or logs), and its card is the folder's own with the `usage`
-block naming the repo (`diffusers_lmlp.hub.lora_card`).
+The upload follows the pipeline push's rules (`diffusers_lmlp.hub.model`); its card is the folder's own with the
+`usage` block naming the repo (`diffusers_lmlp.hub.lora_card`).
 """
 
 import json
@@ -41,24 +40,19 @@ def stage_lora(
     license: str | None = None,
     base_model: str | None = None,
 ) -> StagedUpload:
-    """Build the exact folder that `push_lora` uploads, card included; the source folder is not changed.
-
-    The LoRA file is read from the staged copy, which is what is uploaded (safetensors only; every key a
-    `transformer.` LoRA matrix), so a folder that `LMLPPipeline.load_lora_weights` could not load is refused.
+    """Build the exact folder that `push_lora` uploads, card included; the source folder is not changed. A staged
+    LoRA file whose keys are not all `transformer.` LoRA matrices is refused.
 
     Args:
-        folder (`str` or `os.PathLike`): The adapter folder (`pytorch_lora_weights.safetensors`, and from the trainer
-            `README.md`, `training_summary.json`, `samples.png`).
+        folder (`str` or `os.PathLike`): The adapter folder (`pytorch_lora_weights.safetensors`, card, summary, ...).
         repo_id (`str`): The model repo it is for (the card's usage snippet loads it).
-        output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
-            temporary folder.
+        output_dir (`str` or `os.PathLike`, *optional*): A new or empty folder to stage in; default: a temporary one.
         license (`str`, *optional*): The card's license (default: the card's own, else apache-2.0).
-        base_model (`str`, *optional*): The Hub repo of the base pipeline, for the card's metadata, its usage snippet
-            and the staged `training_summary.json`; by default the summary's `base_model` (a local folder there is
-            named by its own name only, not its path on this machine, and left out of the metadata).
+        base_model (`str`, *optional*): The base pipeline's Hub repo; defaults to the summary's `base_model` (a local
+            folder is named by its name only and left out of the metadata).
 
     Returns:
-        `StagedUpload`: The staging folder, its files, and what of the source folder was left out or refused.
+        `StagedUpload`: The staging folder, its files, and what of the source was left out or refused.
     """
     folder = Path(folder)
     if not is_lora_folder(folder):
@@ -120,7 +114,7 @@ def push_lora(
         repo_id (`str`): The model repo, `"owner/name"` or `"name"` (then the token's user owns it).
         token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
         private (`bool`, *optional*): Create the repo private (an existing repo keeps its visibility).
-        commit_message (`str`, *optional*): The commit's title.
+        commit_message (`str`, *optional*, defaults to `"Upload LoRA adapter"`): The commit's title.
         revision (`str`, *optional*): An existing branch to commit to (default `main`).
         create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
         license (`str`, *optional*): See `stage_lora`.

@@ -33,9 +33,8 @@ from .upload import (
 
 logger = logging.getLogger(__name__)
 
-# Uploaded: weights (safetensors only), configs, tokenizer files, images, and the card. Never: pickles (*.bin, *.pt,
-# *.pth, *.ckpt, *.pkl), code (*.py: the only code a push uploads is what `--with-code` generates from the installed
-# package, see `.remote_code`), training state, logs, or anything else; never links or credentials (see `.upload`).
+# Uploaded: safetensors weights, configs, tokenizer files, images and the card. Never pickles, code (only what
+# `--with-code` generates, `.remote_code`), training state or logs; never links or credentials (`.upload`).
 UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
 SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
 SAMPLE_GRID = "samples.png"
@@ -47,12 +46,8 @@ TOKENIZER_PROBE = "a red circle on a blue square, photographed at dusk"
 
 
 def check_pipeline_folder(folder: str | os.PathLike) -> Path:
-    """Raise, saying what is wrong, unless `folder` is a pipeline saved by `LMLPPipeline.save_pretrained` whose
-    `model_index.json` names its components by plain names (`check_component_names`).
-
-    Returns:
-        `Path`: The folder.
-    """
+    """`folder` as a `Path`; raise, saying what is wrong, unless it is a saved `LMLPPipeline` whose
+    `model_index.json` names its components by plain names (`check_component_names`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder; pass the folder that LMLPPipeline.save_pretrained wrote.")
@@ -109,23 +104,9 @@ def same_tokenizer(a, b) -> bool:
 
 
 def load_staged(staged: Path, refused: dict[str, str], pipe: LMLPPipeline) -> LMLPPipeline:
-    """The staged pipeline, loaded from the staged copy (what is uploaded); raise if it does not load, or, when files
-    were refused, if it does not tokenize as `pipe` does.
-
-    A refused file may be one the pipeline needs (a tokenizer or weights file that is a link, say); the repo would
-    then hold a pipeline that does not load, or worse, one that loads wrong: transformers builds an empty tokenizer
-    from a tokenizer folder without its tokenizer.json. Loading the staged folder and comparing its tokenizer is the
-    check (the other components fail to load without their files). Without refused files, a staged copy that does
-    not load means that the source folder changed while it was copied.
-
-    Args:
-        staged (`Path`): The staging folder.
-        refused (`dict[str, str]`): The refused files and folders, with their reasons (`StagedUpload.refused`).
-        pipe (`LMLPPipeline`): The pipeline loaded from the source folder before it was staged.
-
-    Returns:
-        `LMLPPipeline`: The staged pipeline, its progress bar off: the model card and the sample grid describe it.
-    """
+    """The pipeline loaded from the staged copy, its progress bar off. Raise if it does not load or, when files were
+    `refused`, if it tokenizes unlike the source's `pipe`: a refused file may be one it needs, and transformers builds
+    an empty tokenizer from a folder without its tokenizer.json."""
     try:
         uploaded = LMLPPipeline.from_pretrained(staged)
         problem = (
@@ -163,37 +144,25 @@ def stage_pipeline(
 ) -> StagedUpload:
     """Build the exact folder that `push_pipeline` uploads, card included; the source folder is not changed.
 
-    The pipeline is loaded first (`LMLPPipeline.from_pretrained`, safetensors only), so a folder that would not
-    load from the Hub, or whose scheduler would draw wrong images (`check_scheduler`), is refused before anything is
-    written. Links, hard links, credential-like names, files that hold secrets and files over `TEXT_LIMIT` /
-    `IMAGE_LIMIT` are refused (see `diffusers_lmlp.hub.upload`). Then only
-    the staged copy is read: it must load (`load_staged`), and the sample grid, the card and the generated code come
-    from it, so that what is described is what is uploaded. The card (`README.md`) is the folder's own, updated (see
-    `diffusers_lmlp.hub.card`: metadata and the usage block are ours, the rest is kept), or a new one described from
-    the pipeline and `training_summary.json` when the folder has none.
-
-    The folder's own `.py` files are never uploaded. With `with_code`, the code of the pipeline and its backbone is
-    generated from the installed package into the staged folder and `model_index.json` points at it, so that
-    `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` loads the repo without the package (see
-    `diffusers_lmlp.hub.remote_code`); without it, the staged `model_index.json` names the package's classes.
+    The pipeline must load and pass `check_scheduler` first; then only the staged copy (with the refusals of
+    `diffusers_lmlp.hub.upload`) is read, so the card, sample grid and code describe what is uploaded. An existing
+    card keeps its text; its metadata and usage block are updated.
 
     Args:
         folder (`str` or `os.PathLike`): The saved pipeline.
         repo_id (`str`): The model repo it is for (the card's usage snippet loads it).
-        output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
-            temporary folder.
+        output_dir (`str` or `os.PathLike`, *optional*): A new or empty folder to stage in; default: a temporary one.
         license (`str`, *optional*): The card's license (default: the card's own, else apache-2.0).
         base_model (`str`, *optional*): The Hub model it was fine-tuned from.
         datasets (`Sequence[str]`, *optional*): Hub datasets it was trained on.
-        sample_prompts (`Sequence[str]`, *optional*): Generate a captioned sample grid (`samples.png`) from these
-            prompts, replacing the folder's own.
+        sample_prompts (`Sequence[str]`, *optional*): Prompts for a captioned `samples.png`, replacing the folder's.
         sample_steps (`int`, *optional*, defaults to 25): Sampling steps for the grid.
         seed (`int`, *optional*, defaults to 0): Seed of the grid's noise.
-        with_code (`bool`, *optional*, defaults to `False`): Add the generated code (the card then shows how to load
-            the repo with `trust_remote_code=True`, and says that this runs the repo's code).
+        with_code (`bool`, *optional*, defaults to `False`): Add code generated from the installed package, so that
+            `trust_remote_code=True` loads the repo without it (`diffusers_lmlp.hub.remote_code`).
 
     Returns:
-        `StagedUpload`: The staging folder, its files, and what of the source folder was left out or refused.
+        `StagedUpload`: The staging folder, its files, and what of the source was left out or refused.
     """
     folder = check_pipeline_folder(folder)
     check_card_repo_ids(repo_id, base_model, datasets)
@@ -202,8 +171,7 @@ def stage_pipeline(
 
     with staging(output_dir, "lmlp-upload-", source=folder) as target:
         left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
-        # From here on, only the staged copy is read: it is what the checks, the grid and the card see, and what is
-        # uploaded.
+        # From here on only the staged copy is read: what is checked and described is what is uploaded.
         leave_out_local_paths(target)
         pipe = load_staged(target, refused, source_pipe)
         if sample_prompts:
@@ -218,15 +186,9 @@ def stage_pipeline(
 
 
 def leave_out_local_paths(folder: Path) -> None:
-    """Take the paths of the machine that saved a staged pipeline out of its configs: the `_name_or_path` that
-    diffusers writes for each component it loaded from a folder or the Hub cache (`/home/<user>/...`), in a folder
-    that `LMLPPipeline.save_pretrained` did not write (diffusers' own `save_pretrained` of the components, an older
-    diffusers-lmlp), and the `name_or_path` of a tokenizer saved by transformers before 4.27. A Hub repo id there
-    stays; no loader reads either key (`diffusers_lmlp.models.saving`).
-
-    Args:
-        folder (`Path`): The staging folder.
-    """
+    """Take this machine's paths out of a staged pipeline's configs: diffusers' `_name_or_path` (in folders that
+    `LMLPPipeline.save_pretrained` did not write) and old transformers tokenizers' `name_or_path`. A Hub repo id
+    stays; no loader reads either key."""
     configs = [
         folder / "model_index.json",
         *sorted(folder.glob("*/config.json")),
@@ -267,16 +229,8 @@ def write_card(
     base_model: str | None,
     datasets: Sequence[str] | None,
 ) -> None:
-    """Write the staged folder's card (`README.md`): the folder's own, its metadata and usage block updated, or a
-    new one described from the pipeline and `TRAINING_SUMMARY` when it has none (see `stage_pipeline`).
-
-    Args:
-        target (`Path`): The staging folder, with the sample grid and code files already in it.
-        pipe (`LMLPPipeline`): The staged pipeline.
-        repo_id (`str`): The model repo (the usage snippet loads it).
-        code_files (`list[str]`, *optional*): The generated code files, for a push with the code.
-        license, base_model, datasets: See `stage_pipeline`.
-    """
+    """Write the staged folder's `README.md`: its own card with the metadata and usage block updated, or a new one
+    described from `pipe` and `TRAINING_SUMMARY`; `code_files` are the generated files of a push with the code."""
     card_path = target / "README.md"
     existing = card_path.read_text(encoding="utf-8") if card_path.is_file() else None
     grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
@@ -324,13 +278,12 @@ def push_pipeline(
         repo_id (`str`): The model repo, `"owner/name"` or `"name"` (then the token's user owns it).
         token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
         private (`bool`, *optional*): Create the repo private (an existing repo keeps its visibility).
-        commit_message (`str`, *optional*): The commit's title.
+        commit_message (`str`, *optional*, defaults to `"Upload LMLPPipeline"`): The commit's title.
         revision (`str`, *optional*): An existing branch to commit to (default `main`).
         create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
-        with_code (`bool`, *optional*, defaults to `False`): Upload the code generated from the installed package
-            too, for `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` (see `stage_pipeline`).
-        **card_options: `license`, `base_model`, `datasets`, `sample_prompts`, `sample_steps`, `seed` (see
-            `stage_pipeline`).
+        with_code (`bool`, *optional*, defaults to `False`): Also upload generated code (see `stage_pipeline`).
+        **card_options: `license`, `base_model`, `datasets`, `sample_prompts`, `sample_steps`, `seed`, as for
+            `stage_pipeline`.
 
     Returns:
         `CommitInfo`: The commit (`commit_url`, and `pr_url` with `create_pr`).

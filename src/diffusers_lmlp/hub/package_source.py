@@ -1,8 +1,8 @@
-"""The package's own source, read for `push --with-code` (`hub.remote_code`): its modules parsed, each import of the
-package resolved to the module that defines the name, and the modules a shipped module needs, in import order.
+"""The package's own source, read for `push --with-code` (`hub.remote_code`): its modules parsed, each package import
+resolved to the module that defines the name, and the modules a shipped module needs, in import order.
 
-Only imports of names are followed (`from .module import Name`, `from diffusers_lmlp.x import Name`); an import of a
-package module itself, or a star import, is refused, since remote code could not inline it.
+Only imports of names are followed; an import of a package module itself, or a star import, is refused, since remote
+code could not inline it.
 """
 
 import ast
@@ -20,14 +20,8 @@ PACKAGE_ONLY_MODULES = (f"{PACKAGE}.exports",)
 
 @dataclass(frozen=True)
 class SourceModule:
-    """One module of the package, parsed.
-
-    Args:
-        name (`str`): Its dotted name (`"diffusers_lmlp.models.backbone"`).
-        path (`str`): Its file, relative to the folder that holds the package (`"diffusers_lmlp/models/backbone.py"`).
-        source (`str`): Its text.
-        tree (`ast.Module`): Its syntax tree.
-    """
+    """One module of the package, parsed: its dotted `name`, its `path` relative to the folder that holds the package
+    (`"diffusers_lmlp/models/backbone.py"`), its `source` text and its syntax `tree`."""
 
     name: str
     path: str
@@ -42,15 +36,8 @@ class SourceModule:
 
 @dataclass(frozen=True)
 class PackageImport:
-    """An import statement of a module that imports from the package, with what each name it binds resolves to.
-
-    Args:
-        node (`ast.ImportFrom`): The statement.
-        top_level (`bool`): Whether it runs when the module is imported (a statement of the module's body), rather
-            than when a function runs or a branch is taken.
-        bindings (`dict[str, tuple[str, str]]`): Each name it binds -> (the module that defines the object, the
-            object's name there).
-    """
+    """An import from the package: its `node`, whether it is `top_level` (runs when the module is imported), and
+    `bindings`: each name it binds -> (the module that defines the object, its name there)."""
 
     node: ast.ImportFrom
     top_level: bool
@@ -58,11 +45,7 @@ class PackageImport:
 
 
 def load_module(name: str) -> SourceModule:
-    """Read and parse a module of the package by its dotted name.
-
-    Args:
-        name (`str`): The module, e.g. `"diffusers_lmlp.models.backbone"`.
-    """
+    """Read and parse a module of the package by its dotted name."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         raise ModuleNotFoundError(f"{name} has no Python source file to generate remote code from.")
@@ -97,15 +80,8 @@ def _package_module(module: SourceModule, node: ast.ImportFrom) -> str | None:
 
 
 def defining_module(module_name: str, name: str, chain: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Where the object that `from <module_name> import <name>` imports is defined, following re-exports.
-
-    Args:
-        module_name (`str`): The package module imported from (`"diffusers_lmlp.models"`).
-        name (`str`): The name imported.
-
-    Returns:
-        `tuple[str, str]`: The module that defines the object and its name there.
-    """
+    """Where the object that `from <module_name> import <name>` imports is defined, following re-exports: (module,
+    name there); `chain` holds the re-exports followed so far, to catch cycles."""
     where = f"{module_name}.{name}"
     if where in chain:
         raise ImportError(f"Circular re-export: {' -> '.join((*chain, where))}.")
@@ -147,11 +123,7 @@ def package_imports(module: SourceModule) -> list[PackageImport]:
 
 
 def bundle_order(entry: str) -> list[SourceModule]:
-    """`entry` and every package module it needs, each after the modules its top-level imports need.
-
-    Args:
-        entry (`str`): The module to ship (`"diffusers_lmlp.models.lmlp_transformer_2d"`).
-    """
+    """`entry` and every package module it needs, each after the modules its top-level imports need."""
     order: list[SourceModule] = []
     done: set[str] = set()
     active: list[str] = []  # the modules being visited, outermost first

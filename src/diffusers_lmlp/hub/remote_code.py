@@ -1,32 +1,14 @@
 """`push --with-code`: ship the pipeline's code in the repo, so that diffusers loads it without diffusers-lmlp.
 
-With the code in the repo, `DiffusionPipeline.from_pretrained("owner/name", trust_remote_code=True)` works with
-only diffusers, transformers and torch installed. diffusers finds the code through `model_index.json`:
-`"_class_name": ["pipeline_lmlp", "LMLPPipeline"]` runs `pipeline_lmlp.py` at the repo root, and
-`"transformer": ["lmlp_transformer_2d", "LMLPTransformer2DModel"]` runs `transformer/lmlp_transformer_2d.py`. Without
-`trust_remote_code=True` diffusers refuses to run either and raises before it imports anything.
+`model_index.json` then names files that `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs,
+generated from the installed package (`bundle_source`): a class's module and every package module it imports, in
+import order, package imports taken out; a backbone's file also carries its family's entry (`family_part`). With the
+package installed, `LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`) and runs no file.
 
-The code is generated at push time from the installed package's own source (`bundle_source`), never kept as a copy:
-each shipped file is one class's defining module plus every module of the package it imports, directly or through
-others, in import order. Imports of the package are taken out (a name imported under another name becomes an
-assignment), the other imports are gathered at the top, each module's docstring becomes the comment that opens its
-part, and a header records the package version and the source files. The same package source gives the same bytes.
-A backbone's file also carries its family's entry in the block-family registry (`family_part`): the class gets the
-registry's `family_label` and `family_details`, which the Space's app reads where the package is not installed.
-
-Why one self-contained file per component and not the package's modules side by side with relative imports:
-diffusers 0.42 does not fetch or copy them reliably. For a component folder that holds weights (`transformer/`),
-`DiffusionPipeline.download` fetches only the one file named in `model_index.json`, so `transformer/backbone.py`
-would never reach the user. And every load ends on the downloaded folder, where `get_cached_module_file` copies a
-file and only the files it imports itself (one level): `backbone.py` importing `tokens.py` fails with
-`ModuleNotFoundError`. Each file also lands in one flat module folder shared by every repo loaded with remote code
-(`diffusers_modules/local/`), which is why the file names carry "lmlp" (`file_stem`). The price of one file per
-component is that the pipeline's file and the transformer's hold their own copy of the shared backbone code.
-
-A with-code repo still loads with the package installed: `LMLPPipeline.from_pretrained` maps the entries back to
-the package and never runs the files. Both it and the push use one mapping, `package_model_index`
-(`diffusers_lmlp.pipelines.model_index`, which the pipeline's file inlines). Reading the package's modules and their
-imports is `.package_source`.
+Why one self-contained file per component: for a component folder, diffusers 0.42 fetches only the one file that
+`model_index.json` names, and `get_cached_module_file` copies only the files that file imports itself (one level),
+so a package split into modules would fail with `ModuleNotFoundError`. All remote code also lands in one flat module
+folder shared by every repo, hence the "lmlp" in the file names (`file_stem`).
 """
 
 import ast
@@ -57,9 +39,8 @@ from .package_source import (
 
 MODEL_INDEX = "model_index.json"
 LINE_LENGTH = 119
-# A line that diffusers' import scan (`check_imports`, `get_relative_imports`: a regular expression over every line,
-# strings included) reads as an import, and the module it names. diffusers imports that module (or copies the file
-# of a relative one), so no line of a shipped file may name the package or a relative module this way.
+# A line that diffusers' import scan (a regex over every line, strings included) reads as an import, and its module:
+# diffusers would import it (or copy a relative one's file), so no shipped line may name the package this way.
 _SCANNED_IMPORT = re.compile(r"^(\s*)(?:import\s+(\S+)\s*$|from\s+(\S+)\s+import)")
 
 
@@ -84,9 +65,8 @@ def _external_imports(module: SourceModule) -> list[ast.Import | ast.ImportFrom]
 
 
 def _module_body(module: SourceModule) -> str:
-    """The module's text without its docstring, its top-level imports from other libraries, its imports from the
-    package and the decorators of `PACKAGE_ONLY_MODULES`; an import that binds a name other than the defined one
-    becomes an assignment (`Alias = Name`)."""
+    """The module's text without its docstring, its top-level external imports, its package imports and the
+    decorators of `PACKAGE_ONLY_MODULES`; a package import under another name becomes `Alias = Name`."""
     edits: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, replacement lines)
     body = module.tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -125,8 +105,7 @@ def _binding(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> tuple[str, 
 
 def _check_one_namespace(modules: list[SourceModule]) -> None:
     """Raise if two of the modules bind one top-level name to different things: in one file they would clash."""
-    # name -> (what it binds: "module.name" of the object or module, the definition's syntax tree when the module
-    # defines the name itself (two equal definitions do not clash), and the path of the module that binds it)
+    # name -> ("module.name" it binds, its definition's dump if defined here (equal ones do not clash), module path)
     seen: dict[str, tuple[str, str | None, str]] = {}
     for module in modules:
         bound = {name: (f"{module.name}.{name}", ast.dump(node)) for name, node in top_level_names(module).items()}
@@ -182,11 +161,8 @@ def _as_comment(text: str) -> list[str]:
 
 
 def _rewrite_scanned_imports(text: str) -> str:
-    """Prefix `>>> ` to the lines inside strings that diffusers' import scan would take for an import of the package
-    or of a relative module (a docstring's code example): diffusers would import the package, or look for a file.
-
-    Only lines inside string literals can match once the package's imports are gone; the check makes sure.
-    """
+    """Prefix `>>> ` to lines inside strings (docstring examples) that diffusers' import scan would take for an import
+    of the package or a relative module; raise for such a line outside a string."""
     lines = text.splitlines()
     inside_strings = set()
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -205,12 +181,7 @@ def _rewrite_scanned_imports(text: str) -> str:
 
 
 def check_self_contained(text: str, filename: str = "<remote code>") -> None:
-    """Raise unless `text` compiles and imports nothing relative and nothing from the package, at any depth.
-
-    Args:
-        text (`str`): The text of a generated file.
-        filename (`str`, *optional*): Its name, for the message.
-    """
+    """Raise unless the generated `text` compiles and imports nothing relative or from the package, at any depth."""
     for node in ast.walk(ast.parse(text, filename=filename)):
         modules = []
         if isinstance(node, ast.Import):
@@ -229,19 +200,9 @@ def _names_used(node: ast.AST) -> set[str]:
 
 
 def family_part(class_name: str) -> tuple[SourceModule, list[str]] | None:
-    """What the file of a backbone carries of the block-family registry (`models/families.py`): its family's label
-    and `details` function, so that code without the package (the Space's app) can describe the backbone as the
-    registry does.
-
-    Args:
-        class_name (`str`): The class the file ships.
-
-    Returns:
-        `tuple[SourceModule, list[str]]` or `None`: The registry's definitions that `details` needs (it, and the
-        registry's own functions and constants it uses, with the imports they use), as a module of their own, and
-        the lines that set the family's label and that function on the class (`family_label`, `family_details`).
-        None for a class that is no family's model (the pipeline).
-    """
+    """A backbone file's part of the block-family registry, so code without the package (the Space's app) can describe
+    it: the definitions its family's `details` needs, as a module, and the lines that set `family_label` and
+    `family_details` on the class. None for a class of no family (the pipeline)."""
     from ..models.families import FAMILIES
 
     family = next((family for family in FAMILIES.values() if family.model_class.__name__ == class_name), None)
@@ -290,17 +251,8 @@ def family_part(class_name: str) -> tuple[SourceModule, list[str]] | None:
 
 
 def bundle_source(entry: str, class_name: str) -> str:
-    """One self-contained Python file: the module `entry`, defining `class_name`, with everything it needs from the
-    package (see the module docstring for how it is built and why), and for a backbone its family's entry in the
-    registry (`family_part`).
-
-    Args:
-        entry (`str`): The module that defines the class (`"diffusers_lmlp.models.lmlp_transformer_2d"`).
-        class_name (`str`): The class diffusers loads from the file.
-
-    Returns:
-        `str`: The file's text; the same package source gives the same text.
-    """
+    """One self-contained file: the module `entry` defining `class_name`, everything it needs from the package, and
+    for a backbone its family's entry (`family_part`). The same package source gives the same text."""
     modules = bundle_order(entry)
     family = family_part(class_name)
     shipped = [*modules, family[0]] if family else modules  # the family part: a few definitions of the registry
@@ -346,12 +298,8 @@ def file_stem(entry: str) -> str:
 
 
 def defining_module_of(class_name: str) -> str:
-    """The package module that defines a class the package exports (`"MoEMLPModel"` -> `"...models.moe_mlp"`).
-
-    The package sets some of its exports at run time and pins every model's `__module__` to itself (see
-    `diffusers_lmlp/__init__.py`), so the module is found among the loaded ones: the one whose source defines the
-    class that the package exports under that name.
-    """
+    """The package module that defines an exported class (`"MoEMLPModel"` -> `"...models.moe_mlp"`): the package pins
+    its models' `__module__` to itself, so the loaded modules are searched for the one whose source defines it."""
     cls = getattr(importlib.import_module(PACKAGE), class_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"{PACKAGE} exports no class {class_name!r} to generate remote code for.")
@@ -371,18 +319,9 @@ def pipeline_components(class_name: str) -> list[str]:
 
 
 def check_component_names(model_index: dict[str, Any], where: str | Path = MODEL_INDEX) -> None:
-    """Raise, naming the key, unless every key of a `model_index.json` is a plain name and every entry that names the
-    package's classes is a component of the pipeline.
-
-    A component's code goes to the folder named by its key (`transformer/lmlp_transformer_2d.py`), and diffusers
-    loads a component from that folder: a key that is a path (`"/abs/dir"`, `"../x"`, `"a/b"`) would make the upload
-    write outside its folder. And a package entry under a key the pipeline does not take gets no code, so the repo
-    would still need the package to load.
-
-    Args:
-        model_index (`dict[str, Any]`): The folder's `model_index.json` (package or with-code form).
-        where (`str` or `Path`, *optional*): The file, for the message.
-    """
+    """Raise, naming the key, unless every key of a `model_index.json` is a plain name (code goes to the folder a key
+    names, so a path would write outside the upload) and every package entry is a component of the pipeline (another
+    would get no code, and the repo would still need the package)."""
     for key in model_index:
         if not key.isidentifier():
             raise ValueError(
@@ -400,16 +339,8 @@ def check_component_names(model_index: dict[str, Any], where: str | Path = MODEL
 
 
 def remote_code_files(model_index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The code files of a pipeline folder and its `model_index.json` pointing at them: one for the pipeline, and
-    one for each component the pipeline takes whose entry names a class of the package.
-
-    Args:
-        model_index (`dict[str, Any]`): The folder's `model_index.json` (package or with-code form); its keys must
-            pass `check_component_names`.
-
-    Returns:
-        `tuple[dict[str, str], dict[str, Any]]`: The files (path in the folder -> text) and the new index.
-    """
+    """The code files of a pipeline folder (path -> text) and its `model_index.json` pointing at them: one for the
+    pipeline and one per component whose entry names a class of the package."""
     check_component_names(model_index)
     index = package_model_index(model_index)
     files = {}
@@ -433,15 +364,8 @@ def write_model_index(folder: Path, model_index: dict[str, Any]) -> None:
 
 
 def add_remote_code(folder: str | Path) -> list[str]:
-    """Write the code of a staged pipeline folder into it and point its `model_index.json` at the code.
-
-    Args:
-        folder (`str` or `Path`): A pipeline folder whose model_index.json names the package's classes; it must not
-            hold files at the generated paths (the staging leaves out every `.py` of the source).
-
-    Returns:
-        `list[str]`: The files written, as POSIX paths relative to `folder`, sorted.
-    """
+    """Write the generated code into a staged pipeline folder (which holds no `.py` file) and point its
+    `model_index.json` at it; return the files written, sorted."""
     folder = Path(folder)
     files, index = remote_code_files(json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8")))
     for path, text in files.items():
@@ -452,12 +376,8 @@ def add_remote_code(folder: str | Path) -> list[str]:
 
 
 def name_package_classes(folder: str | Path) -> None:
-    """Point a staged folder's `model_index.json` at the package's classes if it points at code files: an upload
-    without the code leaves out a source folder's `.py` files (one staged with the code before, say).
-
-    Args:
-        folder (`str` or `Path`): The staged pipeline folder.
-    """
+    """Point a staged folder's `model_index.json` at the package's classes if it points at code files, which an
+    upload without the code leaves out (a source staged with the code before, say)."""
     folder = Path(folder)
     model_index = json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8"))
     if package_model_index(model_index) != model_index:

@@ -1,17 +1,9 @@
 """Publish the Gradio demo as a Hub Space that serves a model repo pushed with its code.
 
-The demo is the repository's `spaces/lmlp-demo/` folder (app.py, README.md, requirements.txt), a folder that can be
-uploaded to a Space as it is. setup.py ships that one folder in the wheel too, as the package data
-`diffusers_lmlp/space/lmlp_demo/`, so `push-space` works from an installed wheel as from a checkout
-(`DEFAULT_SPACE_DIR` is whichever of the two this package has). The Space repo gets that folder as it is and nothing
-of the package: diffusers-lmlp is not on PyPI, so the Space installs only its requirements.txt and app.py loads the
-model with `DiffusionPipeline.from_pretrained(LMLP_MODEL, trust_remote_code=True)`, which runs the code that
-`python -m diffusers_lmlp.hub push FOLDER REPO --with-code` put in the model repo (see `remote_code`). `push_space`
-refuses a model repo without that code. The model the Space serves travels two ways:
-
-- the Space variable `LMLP_MODEL` (read by app.py), set on every push with `HfApi.add_space_variable`; it can be
-  changed later in the Space's settings without a commit;
-- `models: [<model repo id>]` in the README front matter, which links the Space and the model on the Hub.
+The demo is the repository's `spaces/lmlp-demo/`, shipped in the wheel as `diffusers_lmlp/space/lmlp_demo/`
+(`DEFAULT_SPACE_DIR`). The Space gets that folder and nothing of the package (diffusers-lmlp is not on PyPI): its
+app loads the model with `trust_remote_code=True`, so `push_space` refuses a model repo pushed without `--with-code`.
+The model is named by the Space variable `LMLP_MODEL` (changeable without a commit) and the README's `models:`.
 """
 
 import logging
@@ -42,8 +34,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_VARIABLE = "LMLP_MODEL"
 SPACE_NAME = "lmlp-demo"
-# A Space serves a model repo and holds only its app: a file this large is weights or data, which belong in a model or
-# dataset repo (the Hub itself stores files over 10 MB with LFS). The demo's three files come to under 40 kB.
+# A Space holds only its app: a file this large is weights or data, which belong in a model or dataset repo.
 SPACE_FILE_LIMIT: SizeLimit = (10_000_000, "for a file of a Space (weights and data belong in model or dataset repos)")
 SPACE_TOTAL_LIMIT: SizeLimit = (50_000_000, "for a Space (weights and data belong in model or dataset repos)")
 
@@ -57,8 +48,8 @@ def find_space_dir() -> Path:
 
 
 DEFAULT_SPACE_DIR = find_space_dir()
-# Never uploaded from the demo folder: caches, local run outputs, and a `diffusers_lmlp` folder (a Space vendoring
-# the package, as this command's earlier versions made: the Space now runs on the model repo's code).
+# Never uploaded from the demo folder: caches, local run outputs, and a vendored `diffusers_lmlp` folder (the Space
+# runs on the model repo's code).
 SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE)
 WITH_CODE = "python -m diffusers_lmlp.hub push FOLDER {repo} --with-code"
 
@@ -78,23 +69,16 @@ def stage_space(
     space_dir: str | os.PathLike | None = None,
     output_dir: str | os.PathLike | None = None,
 ) -> StagedUpload:
-    """Build the exact folder that `push_space` uploads: the demo with its front matter's `models:` set.
+    """Build the exact folder that `push_space` uploads: the demo with its front matter's `models:` set. Raises
+    `ValueError` when the demo holds more than `SPACE_TOTAL_LIMIT` bytes, or its app.py or README.md is refused.
 
     Args:
-        model_id (`str` or `Sequence[str]`): The model repo the Space serves, `"owner/name"`, or several (the first
-            opens).
-        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package
-            (`DEFAULT_SPACE_DIR`).
-        output_dir (`str` or `os.PathLike`, *optional*): Where to stage: a new or empty folder. Defaults to a new
-            temporary folder.
+        model_id (`str` or `Sequence[str]`): The model repo the Space serves, `"owner/name"`, or several (first opens).
+        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to `DEFAULT_SPACE_DIR`.
+        output_dir (`str` or `os.PathLike`, *optional*): A new or empty folder to stage in; default: a temporary one.
 
     Returns:
-        `StagedUpload`: The staging folder, its files, and what of the demo folder was left out or refused (links,
-            credential-like names, secrets, files over `SPACE_FILE_LIMIT`: see `diffusers_lmlp.hub.upload`).
-
-    Raises:
-        `ValueError`: When the demo folder holds more than `SPACE_TOTAL_LIMIT` bytes to upload, or its app.py or
-            README.md is refused.
+        `StagedUpload`: The staging folder, its files, and what of the demo was left out or refused.
     """
     model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
     for model in model_ids:
@@ -129,11 +113,8 @@ def push_space(
     private: bool | None = None,
     commit_message: str = "Upload the diffusers-lmlp demo",
 ) -> CommitInfo:
-    """Publish the demo as a Gradio Space serving `model_id`: create it, set `LMLP_MODEL`, then one commit.
-
-    Each model repo must exist already, with its code: publish it first with `push_pipeline(..., with_code=True)`
-    (`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`). The Space runs that code
-    (`trust_remote_code=True`, for the models `LMLP_MODEL` names only).
+    """Publish the demo as a Gradio Space serving `model_id`: create it, set `LMLP_MODEL`, then one commit. Each model
+    repo must exist with its code (`push_pipeline(..., with_code=True)`), which the Space runs.
 
     Args:
         space_id (`str`): The Space repo, `"owner/name"`.
@@ -141,7 +122,7 @@ def push_space(
         space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package.
         token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
         private (`bool`, *optional*): Create the Space private (an existing Space keeps its visibility).
-        commit_message (`str`, *optional*): The commit's title.
+        commit_message (`str`, *optional*, defaults to `"Upload the diffusers-lmlp demo"`): The commit's title.
 
     Returns:
         `CommitInfo`: The commit.

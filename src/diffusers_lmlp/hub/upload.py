@@ -1,29 +1,17 @@
 """The steps every upload shares: checking repo ids and the token, staging files, and the one commit.
 
-Each kind of upload has its own rules for what belongs in it (a model repo takes weights, configs, tokenizer files
-and images; a Space takes the demo folder). On top of them, one rule for every upload keeps things on the machine
-that must never leave it. `copy_tree` refuses, whatever the upload's own rules say:
+Whatever an upload's own rules take, staging (`copy_tree`) guarantees:
 
-- symbolic links, to files or folders, wherever they point (inside the folder or outside it): no link is ever
-  followed, so nothing outside the folder can be uploaded through one (to upload a linked file, replace the link
-  with a copy, `cp -L`);
-- hard links (a file with more than one name): the other name may be anywhere on the disk, so a hard link is a way
-  to upload a file from outside the folder just as a symbolic link is;
-- anything that is not a regular file: FIFOs, sockets, devices;
-- files and folders whose names look like credentials (`looks_like_credential`);
-- files over the upload's size limit, when it has one (a model repo limits every file but the weights);
-- files whose bytes hold a secret (`find_secret`: Hugging Face, AWS, GitHub, OpenAI, Anthropic, Google and Slack
-  tokens, private keys), whatever their name. Every byte that would be uploaded is read, except the tensors of a
-  safetensors file: its header is read, since its `__metadata__` is free text (training tools store their
-  arguments there), but the tensor bytes are numbers, and reading gigabytes of them would only find chance matches.
-  The report names the kind of secret and where it is, never the secret.
+- no symbolic link is followed or uploaded, wherever it points;
+- no hard link is uploaded (its other name may be anywhere on the disk);
+- no non-regular file (FIFO, socket, device) is uploaded;
+- no file or folder with a credential-like name (`looks_like_credential`) is uploaded;
+- no file over the upload's size limit, when it has one, is uploaded;
+- secrets are scanned for in the staged copy (`find_secret`), and a file that holds one is refused;
+- each file is copied once, and every later step (scan, checks, card, commit) reads that copy; a file that changes
+  while being copied is refused.
 
-Each file is copied once, and everything after the copy reads the copy: the secret scan, the checks of each kind of
-upload (the staged pipeline must load), the model card, and the commit. A file that changes in the source folder
-after it was copied is uploaded as it was when copied, or, if it changed while it was being copied, not at all.
-
-The dry run and the push stage through the same code, so they refuse the same files; both report them
-(`upload_report`).
+The dry run and the push stage through the same code, so they refuse the same files (`upload_report`).
 """
 
 import logging
@@ -43,12 +31,10 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 logger = logging.getLogger(__name__)
 
-# A name looks like a credential when one of its words (split at anything but letters and digits, and at
-# camelCase humps; case-insensitive) is one of CREDENTIAL_WORDS or ends with one of CREDENTIAL_ENDINGS (names written
-# as one word: "mytoken", "HFTOKEN", "dbpassword"), two adjacent words are one of CREDENTIAL_WORD_PAIRS, or it ends
-# with one of CREDENTIAL_SUFFIXES. A word must end with "token": "tokens" and "tokenizer" do not, so tokenizer.json,
-# tokenizer_config.json, special_tokens_map.json and added_tokens.json are uploaded. Words that are credentials only
-# as a whole ("env", "cookie") are not endings: "venv" and "fortunecookie" are not credentials.
+# A name looks like a credential when a word of it (split at non-alphanumerics and camelCase) is in CREDENTIAL_WORDS
+# or ends with a CREDENTIAL_ENDINGS entry ("mytoken"), two adjacent words are a CREDENTIAL_WORD_PAIRS, or it ends with
+# a CREDENTIAL_SUFFIXES. "tokens"/"tokenizer" do not end with "token", so tokenizer files upload; "env" and "cookie"
+# count only as whole words ("venv" is no credential).
 CREDENTIAL_ENDINGS = (
     "token",
     "secret",
@@ -90,14 +76,11 @@ CREDENTIAL_WORD_PAIRS = frozenset(
     }
 )
 CREDENTIAL_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk", ".kdbx")
-# Words of a name: runs of capitals not followed by a lower-case letter ("HF" in "HFToken"), a capitalised or
-# lower-case word with its trailing digits ("ed25519"), or digits.
+# Words of a name: capital runs ("HF" in "HFToken"), words with their trailing digits ("ed25519"), or digits.
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+[0-9]*|[0-9]+")
-# Secrets recognised in a file's bytes: each pattern is a format with a fixed prefix and a long random part, so that
-# text that is not a secret (a tokenizer's vocabulary, a config, a model card) does not match. A prefix must not
-# continue a longer word (the lookbehind after it checks the byte before it; written after the prefix, so that the
-# search jumps from one occurrence of the prefix to the next: 25 times faster). The key is how the report names the
-# secret; the secret itself is never shown.
+# Secrets in a file's bytes: formats with a fixed prefix and a long random part, so vocabularies and configs do not
+# match. The lookbehind after the prefix keeps it from continuing a longer word (placed after it, the search jumps from
+# prefix to prefix). Keys name the secret in the report; the secret is never shown.
 SECRET_PATTERNS: dict[str, re.Pattern[bytes]] = {
     "a Hugging Face token (hf_...)": re.compile(rb"hf_(?<![A-Za-z0-9]hf_)[A-Za-z0-9]{30,}"),
     "a Hugging Face organization token (api_org_...)": re.compile(
@@ -116,12 +99,9 @@ SECRET_PATTERNS: dict[str, re.Pattern[bytes]] = {
     "a private key (-----BEGIN ... PRIVATE KEY-----)": re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY"),
 }
 
-# A size limit: (the most bytes a file, or all files together, may have; what it is for, e.g. "for .json, .txt and
-# .md files").
+# A size limit: (the most bytes a file, or all files together, may have; what it is for, for the message).
 SizeLimit = tuple[int, str]
-# Size limits (bytes) for everything but the weights, which have none. Real files are far below them: CLIP's
-# tokenizer.json as transformers 5 saves it is 3,642,074 bytes (its vocab.json 1,059,961, merges.txt 524,619); a 4×4
-# grid of 512×512 samples is at most 12.6 MB as PNG (the size of the raw RGB).
+# Size limits for everything but the weights (which have none), far above real tokenizer files and sample grids.
 TEXT_LIMIT: SizeLimit = (16_000_000, "for .json, .txt and .md files")
 IMAGE_LIMIT: SizeLimit = (32_000_000, "for images")
 NEWLINE = b"\n"
@@ -129,17 +109,9 @@ NEWLINE = b"\n"
 
 @dataclass
 class StagedUpload:
-    """A folder holding exactly what would be uploaded, and what of the source was not copied into it, and why.
-
-    Args:
-        folder (`Path`): The staging folder.
-        files (`list[str]`): Every file in it, as POSIX paths relative to it (= paths in the repo), sorted.
-        left_out (`dict[str, str]`): Files and folders (with a trailing `/`) of the source that are not part of this
-            kind of upload (training state, logs, pickles, caches), each with the reason; sorted by path.
-        refused (`dict[str, str]`): Files and folders (with a trailing `/`) of the source that this kind of upload
-            would take but that are never uploaded (links, credentials, oversize files: see the module docstring),
-            each with the reason; sorted by path.
-    """
+    """A staging `folder` holding exactly what would be uploaded (`files`: sorted repo paths), and the source paths
+    `left_out` (not part of this kind of upload) and `refused` (never uploaded: links, credentials, ...), each with
+    its reason, sorted; folders end with `/`."""
 
     folder: Path
     files: list[str]
@@ -148,13 +120,8 @@ class StagedUpload:
 
 
 def check_repo_id(repo_id: str, what: str = "repo id", namespace: bool = False) -> None:
-    """Raise a `ValueError` that names `what` if `repo_id` is not a valid Hub repo id.
-
-    Args:
-        repo_id (`str`): The id to check, `"name"` or `"owner/name"`.
-        what (`str`, *optional*): What the id is for, for the message (`"model repo id"`).
-        namespace (`bool`, *optional*, defaults to `False`): Require the `"owner/name"` form.
-    """
+    """Raise a `ValueError` naming `what` if `repo_id` is not a valid Hub repo id (or, with `namespace`, lacks its
+    owner)."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
@@ -164,12 +131,7 @@ def check_repo_id(repo_id: str, what: str = "repo id", namespace: bool = False) 
 
 
 def require_token(token: str | None, option: str = "--token (token=...)") -> str:
-    """The token to upload with: `token`, else the one huggingface_hub finds (`HF_TOKEN`, `hf auth login`).
-
-    Args:
-        token (`str`, *optional*): The token given by the caller.
-        option (`str`, *optional*): How the caller passes a token, for the message.
-    """
+    """The token to upload with: `token`, else the one huggingface_hub finds; raise, naming `option`, if none."""
     token = token or get_token()
     if not token:
         raise ValueError(
@@ -185,17 +147,8 @@ def with_namespace(api: HfApi, repo_id: str) -> str:
 
 
 def staging_folder(output_dir: str | os.PathLike | None, prefix: str, source: Path) -> Path:
-    """An empty folder to stage an upload in.
-
-    Args:
-        output_dir (`str` or `os.PathLike`, *optional*): The folder to use: created if missing, else it must be
-            empty; it must not be inside `source`. Defaults to a new temporary folder.
-        prefix (`str`): Name prefix of the temporary folder.
-        source (`Path`): The folder whose files are staged.
-
-    Returns:
-        `Path`: The empty folder.
-    """
+    """An empty folder to stage `source` in: `output_dir` (created if missing, else it must be empty; not inside
+    `source`), or a new temporary folder named with `prefix`."""
     if output_dir is None:
         return Path(tempfile.mkdtemp(prefix=prefix))
     output_dir = Path(output_dir)
@@ -213,16 +166,7 @@ def staging_folder(output_dir: str | os.PathLike | None, prefix: str, source: Pa
 @contextmanager
 def staging(output_dir: str | os.PathLike | None, prefix: str, source: Path) -> Iterator[Path]:
     """`staging_folder`, emptied again when staging fails: a failed dry run leaves no half-written folder behind
-    (which would also stop the next run, since the output folder must be empty).
-
-    Args:
-        output_dir (`str` or `os.PathLike`, *optional*): See `staging_folder`.
-        prefix (`str`): See `staging_folder`.
-        source (`Path`): See `staging_folder`.
-
-    Yields:
-        `Path`: The empty staging folder, to fill.
-    """
+    (which would also stop the next run, since the output folder must be empty)."""
     existed = output_dir is not None and Path(output_dir).is_dir()
     target = staging_folder(output_dir, prefix, source)
     try:
@@ -240,11 +184,8 @@ def staging(output_dir: str | os.PathLike | None, prefix: str, source: Path) -> 
 
 
 def looks_like_credential(name: str) -> bool:
-    """Whether a file or folder name looks like it holds a credential (the rule is above `CREDENTIAL_WORDS`).
-
-    Args:
-        name (`str`): The name, without its folder (`"hf_token.txt"`, `".env"`, `"id_rsa"`).
-    """
+    """Whether a file or folder name (`"hf_token.txt"`, `".env"`, `"id_rsa"`) looks like a credential (the rule is
+    above `CREDENTIAL_ENDINGS`)."""
     words = [word.lower() for word in _WORD.findall(name)]
     return (
         any(word in CREDENTIAL_WORDS or word.endswith(CREDENTIAL_ENDINGS) for word in words)
@@ -254,11 +195,7 @@ def looks_like_credential(name: str) -> bool:
 
 
 def refused_folder(path: Path) -> str | None:
-    """Why a folder of an upload's source is never uploaded (a link, a credential-like name), or None.
-
-    Args:
-        path (`Path`): The folder, inside the source folder; a link is not followed.
-    """
+    """Why a folder of an upload's source is never uploaded (a link, not followed; a credential-like name), or None."""
     if path.is_symlink():
         return f"a symbolic link to a folder, {os.readlink(path)}; links are never followed"
     if looks_like_credential(path.name):
@@ -267,14 +204,8 @@ def refused_folder(path: Path) -> str | None:
 
 
 def refused_file(info: os.stat_result, path: Path, limit: SizeLimit | None) -> str | None:
-    """Why a file of an upload's source is never uploaded (a link, not a regular file, a credential-like name, over
-    the size limit), or None.
-
-    Args:
-        info (`os.stat_result`): The file's `os.lstat` (a link is not followed).
-        path (`Path`): The file.
-        limit (`SizeLimit`, *optional*): The upload's size limit for this file, if it has one.
-    """
+    """Why a file of an upload's source is never uploaded (a link, not a regular file, a hard link, a credential-like
+    name, over `limit`), or None; `info` is its `os.lstat`."""
     if stat.S_ISLNK(info.st_mode):
         return f"a symbolic link to {os.readlink(path)}; links are never followed"
     if not stat.S_ISREG(info.st_mode):
@@ -292,21 +223,9 @@ def refused_file(info: os.stat_result, path: Path, limit: SizeLimit | None) -> s
 
 
 def copy_regular_file(source: Path, target: Path, expected: os.stat_result) -> None:
-    """Copy `source` to a new file `target` without following a link, and only if it is still the file checked.
-
-    Opening with `O_NOFOLLOW` and comparing the opened file with the one checked (`expected`) closes the window in
-    which the checked file could be swapped for a link (or given a second name); comparing again once it is copied
-    (size and modification time) refuses a file that was written to while it was copied, whose copy could mix old
-    and new bytes. The copy is what every later step reads.
-
-    Raises:
-        `OSError`: When the file changed between its check and the end of its copy.
-
-    Args:
-        source (`Path`): The file to copy.
-        target (`Path`): Where to copy it; must not exist.
-        expected (`os.stat_result`): `os.lstat(source)` as checked before.
-    """
+    """Copy `source` to the new file `target` without following a link, only if it is still the file checked
+    (`expected`, its `os.lstat`): `O_NOFOLLOW` and the comparisons before and after the copy raise `OSError` for a file
+    swapped for a link, given a second name or written to meanwhile."""
     fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with open(fd, "rb") as src:
         opened = os.fstat(src.fileno())
@@ -320,23 +239,13 @@ def copy_regular_file(source: Path, target: Path, expected: os.stat_result) -> N
 
 
 def _identity(info: os.stat_result) -> tuple[int, ...]:
-    """What must not change between a file's checks and the end of its copy: the file (device, inode), its number
-    of names, its size and its modification time."""
+    """What must not change between a file's checks and the end of its copy: device, inode, names, size, mtime."""
     return info.st_dev, info.st_ino, info.st_nlink, info.st_size, info.st_mtime_ns
 
 
 def find_secret(path: Path) -> str | None:
-    """What secret a file holds, and where (`SECRET_PATTERNS`), or None; the secret itself is never part of the answer.
-
-    Every byte of the file is read, but of a `.safetensors` file only its header (tensor names, shapes and the
-    `__metadata__` text; see the module docstring).
-
-    Args:
-        path (`Path`): The file (the staged copy).
-
-    Returns:
-        `str` or `None`: E.g. "holds a Hugging Face token (hf_...) on line 3".
-    """
+    """What secret a file holds and where (`SECRET_PATTERNS`), or None; the secret itself is never shown. Of a
+    `.safetensors` file only the header is read: its `__metadata__` is free text, its tensors only numbers."""
     with open(path, "rb") as f:
         if path.name.endswith(".safetensors"):
             length = int.from_bytes(f.read(8), "little")
@@ -370,30 +279,9 @@ def copy_tree(
     size_limit: Callable[[str], SizeLimit | None] | None = None,
     total_limit: SizeLimit | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Copy the files of `source` that belong in an upload into `target`; return what was left out and refused.
-
-    A file or folder that the upload's rules leave out is not looked at further; every other one is checked by the
-    rule every upload shares (the module docstring: links, hard links, non-regular files, credential-like names,
-    size), and once copied, its copy is scanned for secrets (`find_secret`; a copy that holds one is deleted).
-
-    Args:
-        source (`Path`): The folder to copy from.
-        target (`Path`): The folder to copy into (created as needed).
-        leave_out_dir (`Callable[[str], str | None]`): Called with a folder's POSIX path relative to `source`; returns
-            why the whole folder is not part of the upload, or None.
-        leave_out_file (`Callable[[str], str | None]`): The same for a file.
-        size_limit (`Callable[[str], SizeLimit | None]`, *optional*): Called with a file's relative path; returns
-            its size limit, or None for none. Defaults to no limits.
-        total_limit (`SizeLimit`, *optional*): The most bytes all the copied files may have together. Defaults to
-            no limit.
-
-    Returns:
-        `tuple[dict[str, str], dict[str, str]]`: The files and folders (with a trailing `/`) left out by the upload's
-        rules, and those refused by the shared rule, relative to `source`, each with its reason, sorted by path.
-
-    Raises:
-        `ValueError`: When the files come to more than `total_limit`, as soon as one does (nothing more is copied).
-    """
+    """Copy what the upload's rules keep (`leave_out_dir`/`leave_out_file` give relative paths a reason to skip)
+    from `source` into `target`, under the shared refusals and the secret scan; return the left-out and refused paths
+    with reasons. Raise `ValueError` as soon as the copied files pass `total_limit`."""
     left_out, refused = {}, {}
     total = 0
     for root, dirs, files in os.walk(source):  # os.walk lists a link to a folder in `dirs` but never enters it
@@ -432,14 +320,7 @@ def copy_tree(
 
 
 def upload_report(staged: StagedUpload) -> str:
-    """What of the source is not uploaded and why, one line each: the refused files first, then those left out.
-
-    Args:
-        staged (`StagedUpload`): The staged upload.
-
-    Returns:
-        `str`: The report, or `""` when everything was uploaded.
-    """
+    """What of the source is not uploaded and why, one line each, refused files first; `""` when nothing."""
     lines = []
     if staged.refused:
         lines.append("Refused, never uploaded:")
@@ -451,12 +332,7 @@ def upload_report(staged: StagedUpload) -> str:
 
 
 def log_upload_report(staged: StagedUpload, source: Path) -> None:
-    """Log `upload_report`: a warning when files were refused, else at info level.
-
-    Args:
-        staged (`StagedUpload`): The staged upload.
-        source (`Path`): The folder it was staged from, for the message.
-    """
+    """Log `upload_report` for `source`: a warning when files were refused, else at info level."""
     report = upload_report(staged)
     if report:
         logger.log(logging.WARNING if staged.refused else logging.INFO, f"Not uploaded from {source}:\n{report}")
@@ -476,20 +352,8 @@ def commit_staged(
     revision: str | None = None,
     create_pr: bool = False,
 ) -> CommitInfo:
-    """Upload every file of a staging folder in one commit (`HfApi.create_commit`).
-
-    Args:
-        api (`HfApi`): The client, with its token.
-        repo_id (`str`): The repo, which must exist.
-        folder (`Path`): The staging folder; its layout is the layout in the repo.
-        commit_message (`str`): The commit's title.
-        repo_type (`str`, *optional*): `None` for a model, `"space"` for a Space.
-        revision (`str`, *optional*): An existing branch to commit to (default `main`).
-        create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
-
-    Returns:
-        `CommitInfo`: The commit (`commit_url`, and `pr_url` with `create_pr`).
-    """
+    """Upload every file of a staging folder to an existing repo in one commit (`HfApi.create_commit`); `repo_type`
+    is None for a model, `"space"` for a Space."""
     operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=folder / path) for path in list_files(folder)]
     return api.create_commit(
         repo_id,
@@ -511,22 +375,8 @@ def publish_model_repo(
     revision: str | None = None,
     create_pr: bool = False,
 ) -> CommitInfo:
-    """Publish a folder as a model repo: stage it in a temporary folder, log what was left out, `create_repo` (exist
-    ok), then one commit of the staged files.
-
-    Args:
-        source (`str` or `os.PathLike`): The folder published, for the log.
-        repo_id (`str`): The model repo, `"owner/name"` or `"name"` (then the token's user owns it).
-        stage (`Callable[[str, Path], StagedUpload]`): Stages the upload for the full repo id into the given folder.
-        token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
-        private (`bool`, *optional*): Create the repo private (an existing repo keeps its visibility).
-        commit_message (`str`, *optional*): The commit's title.
-        revision (`str`, *optional*): An existing branch to commit to (default `main`).
-        create_pr (`bool`, *optional*, defaults to `False`): Open a pull request instead of committing directly.
-
-    Returns:
-        `CommitInfo`: The commit (`commit_url`, and `pr_url` with `create_pr`).
-    """
+    """Publish a model repo: `stage(full repo id, folder)` into a temporary folder, log what was not uploaded,
+    `create_repo` (exist ok), then one commit of the staged files. A bare `repo_id` goes to the token's user."""
     api = HfApi(token=require_token(token))
     repo_id = with_namespace(api, repo_id)
     with tempfile.TemporaryDirectory(prefix="lmlp-upload-") as tmp:

@@ -1,2 +1,1 @@
-"""Where the wheel keeps the demo Space: setup.py ships the repository's `spaces/lmlp-demo/` folder as
-`diffusers_lmlp/space/lmlp_demo/` (`diffusers_lmlp.hub.space.DEFAULT_SPACE_DIR`)."""
+"""The wheel's copy of the demo Space, `spaces/lmlp-demo/` as `lmlp_demo/` (`hub.space.DEFAULT_SPACE_DIR`)."""
