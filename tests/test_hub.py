@@ -18,6 +18,7 @@ import torch
 from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelInfo, RepoUrl, SpaceCard
 from huggingface_hub.errors import RepositoryNotFoundError
 from PIL import Image
+from PIL.PngImagePlugin import PngInfo
 from test_pipeline_loading import fill_hub_cache
 from test_vocabulary import subword_tokenizer
 
@@ -29,7 +30,7 @@ from diffusers_lmlp.hub.card import GENERIC_PROMPT, block_markers
 from diffusers_lmlp.hub.model import TEXT_LIMIT
 from diffusers_lmlp.hub.remote_code import remote_code_files
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT
-from diffusers_lmlp.hub.upload import find_secret, looks_like_credential
+from diffusers_lmlp.hub.upload import check_final_form, find_secret, looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_text_encoder, tiny_clip_tokenizer
@@ -436,14 +437,78 @@ def test_a_secret_in_a_weights_file_s_metadata_stops_the_upload_without_showing_
         main(["push", str(saved), "alice/tiny-lmlp", "--dry-run", "--output-dir", str(tmp_path / "upload")])
     message = str(exit_info.value.code)
     assert message.startswith(
-        "error: Without the files refused for upload (transformer/diffusion_pytorch_model.safetensors: holds a "
+        "error: The pipeline cannot be published: transformer/diffusion_pytorch_model.safetensors: holds a "
         "Hugging Face token (hf_...) in its header: remove it from the file"
     )
-    assert "the uploaded pipeline would not work: loading it fails with" in message and secret not in message
+    assert secret not in message
     assert not (tmp_path / "upload").exists()  # the failed dry run leaves no folder behind
     with pytest.raises(ValueError, match="in its header") as error:
         push_pipeline(saved, "alice/tiny-lmlp", token=HUB_TOKEN)
     assert secret not in str(error.value) and hub_calls == []
+
+
+def png_with_text(path: Path, text: str, chunk: str) -> None:
+    """A PNG whose text chunk `chunk` ("tEXt", "zTXt" or "iTXt", compressed but for tEXt) holds `text`."""
+    info = PngInfo()
+    if chunk == "iTXt":
+        info.add_itxt("Comment", text, zip=True)
+    else:
+        info.add_text("Comment", text, zip=chunk == "zTXt")
+    Image.new("RGB", (4, 4)).save(path, pnginfo=info)
+    assert chunk.encode() in path.read_bytes() and (chunk == "tEXt" or text.encode() not in path.read_bytes())
+
+
+ENCODED_FORMS = {
+    "zTXt": ("samples.png", lambda path, secret: png_with_text(path, secret, "zTXt"), "in its image text chunks"),
+    "iTXt": ("samples.png", lambda path, secret: png_with_text(path, secret, "iTXt"), "in its image text chunks"),
+    "UTF-16": ("notes.txt", lambda path, secret: path.write_text(f"HF_TOKEN={secret}\n", encoding="utf-16"),
+               "in its UTF-16 or UTF-32 text"),
+    "JSON escape": ("extra.json", lambda path, secret: path.write_text(json.dumps({"t": secret}).replace("_", "\\u005f")),
+                    "in its text, once its escapes are decoded"),
+    "fake safetensors": ("extra.safetensors", lambda path, secret: path.write_text(secret),
+                         "is not a safetensors file"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", list(ENCODED_FORMS))
+def test_a_secret_in_an_encoded_form_is_found_without_showing_it(form, tmp_path):
+    name, write, where = ENCODED_FORMS[form]
+    secret = fake_secrets()["a Hugging Face token (hf_...)"]
+    write(tmp_path / name, secret)
+    assert secret.encode() not in (tmp_path / name).read_bytes() or form == "fake safetensors"
+    reason = find_secret(tmp_path / name)
+    assert reason is not None and where in reason and secret not in reason
+
+
+@pytest.mark.slow
+def test_a_token_in_a_sample_grid_s_compressed_text_or_a_file_name_is_never_uploaded_or_printed(
+    saved, hub_calls, tmp_path, capsys, caplog
+):
+    secret = fake_secrets()["a Hugging Face token (hf_...)"]
+    png_with_text(saved / "samples.png", f"trained with --hub_token {secret}", "zTXt")
+    (saved / f"notes-{secret}.txt").write_text("harmless")
+    main(["push", str(saved), "alice/tiny-lmlp", "--token", HUB_TOKEN])
+    printed = capsys.readouterr().out + capsys.readouterr().err + caplog.text
+    assert "samples.png: holds a Hugging Face token (hf_...) in its image text chunks" in printed
+    assert "notes-<secret>.txt: its name holds a secret (not shown here): rename it" in printed
+    uploaded = hub_calls[-1][1]["files"]
+    assert "samples.png" not in uploaded and not [path for path in uploaded if "notes" in path]
+    assert secret not in printed and not [data for data in uploaded.values() if secret.encode() in data]
+
+
+def test_a_token_in_a_component_config_stops_the_push_before_diffusers_reads_it(saved, tmp_path, capsys, caplog):
+    secret = fake_secrets()["a Hugging Face token (hf_...)"]
+    config = json.loads((saved / "transformer" / "config.json").read_text())
+    (saved / "transformer" / "config.json").write_text(json.dumps({**config, "hub_token": secret}))
+    with pytest.raises(ValueError, match="The pipeline cannot be published: transformer/config.json: holds a Hugging"):
+        stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload")
+    assert secret not in capsys.readouterr().err + caplog.text  # diffusers' "unexpected config attributes" warning
+
+
+def test_the_finished_staging_folder_is_scanned_once_more(tmp_path):
+    (tmp_path / "README.md").write_text(f"trained with {fake_secrets()['a GitHub token (ghp_...)']}\n")
+    with pytest.raises(ValueError, match=r"staged upload README.md: holds a GitHub token \(ghp_...\) on line 1"):
+        check_final_form(tmp_path)
 
 
 def sample_grid_of(pipe: LMLPPipeline, prompts: list[str], steps: int) -> np.ndarray:

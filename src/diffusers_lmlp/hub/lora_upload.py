@@ -16,6 +16,7 @@ from .lora_card import lora_usage_section, public_base_model
 from .model import SAMPLE_GRID, TRAINING_SUMMARY, left_out_file, left_out_folder, size_limit
 from .upload import (
     StagedUpload,
+    check_final_form,
     check_repo_id,
     copy_tree,
     list_files,
@@ -93,6 +94,7 @@ def stage_lora(
             existing, ["lora"], {"usage": usage}, license=license, base_model=hub_id_or_none(base_model)
         )
         card.save(card_path)
+        check_final_form(target)
     return StagedUpload(target, list_files(target), left_out, refused)
 
 

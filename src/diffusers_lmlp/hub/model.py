@@ -23,6 +23,7 @@ from .upload import (
     TEXT_LIMIT,
     SizeLimit,
     StagedUpload,
+    check_final_form,
     check_repo_id,
     copy_tree,
     list_files,
@@ -166,11 +167,11 @@ def stage_pipeline(
     """
     folder = check_pipeline_folder(folder)
     check_card_repo_ids(repo_id, base_model, datasets)
-    source_pipe = LMLPPipeline.from_pretrained(folder)
-    check_scheduler(source_pipe.scheduler)  # a repo whose scheduler would draw wrong images is not published
-
     with staging(output_dir, "lmlp-upload-", source=folder) as target:
         left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+        refuse_secrets_loading_reads(folder, refused)
+        source_pipe = LMLPPipeline.from_pretrained(folder)
+        check_scheduler(source_pipe.scheduler)  # a repo whose scheduler would draw wrong images is not published
         # From here on only the staged copy is read: what is checked and described is what is uploaded.
         leave_out_local_paths(target)
         pipe = load_staged(target, refused, source_pipe)
@@ -182,7 +183,18 @@ def stage_pipeline(
             code_files = None
             name_package_classes(target)
         write_card(target, pipe, repo_id, code_files, license=license, base_model=base_model, datasets=datasets)
+        check_final_form(target)
     return StagedUpload(target, list_files(target), left_out, refused)
+
+
+def refuse_secrets_loading_reads(folder: Path, refused: dict[str, str]) -> None:
+    """Raise if a file that loading the pipeline reads (`model_index.json`, its components' folders) holds a secret:
+    the pipeline would not load without it, and diffusers prints the config values it does not expect."""
+    components = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    read = [path for path in refused if path == "model_index.json" or path.split("/")[0] in components]
+    if secrets := {path: refused[path] for path in read if refused[path].startswith("holds ")}:
+        listed = "; ".join(f"{path}: {reason}" for path, reason in secrets.items())
+        raise ValueError(f"The pipeline cannot be published: {listed}.")
 
 
 def leave_out_local_paths(folder: Path) -> None:

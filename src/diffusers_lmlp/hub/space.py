@@ -20,6 +20,7 @@ from .remote_code import PACKAGE, defining_module_of, file_stem
 from .upload import (
     SizeLimit,
     StagedUpload,
+    check_final_form,
     check_repo_id,
     commit_staged,
     copy_tree,
@@ -102,6 +103,7 @@ def stage_space(
         card = SpaceCard.load(target / "README.md")
         card.data.models = model_ids
         card.save(target / "README.md")
+        check_final_form(target)
     return StagedUpload(target, list_files(target), left_out, refused)
 
 

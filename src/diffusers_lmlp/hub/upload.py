@@ -7,13 +7,16 @@ Whatever an upload's own rules take, staging (`copy_tree`) guarantees:
 - no non-regular file (FIFO, socket, device) is uploaded;
 - no file or folder with a credential-like name (`looks_like_credential`) is uploaded;
 - no file over the upload's size limit, when it has one, is uploaded;
-- secrets are scanned for in the staged copy (`find_secret`), and a file that holds one is refused;
+- secrets are scanned for in every form a reader gets out of the staged copy (`readable_forms`: UTF-16 text, decoded
+  escapes, image text chunks, a safetensors header), and in names; a file that holds one, or cannot be read as its
+  type, is refused, and the finished staging folder is scanned once more (`check_final_form`);
 - each file is copied once, and every later step (scan, checks, card, commit) reads that copy; a file that changes
   while being copied is refused.
 
 The dry run and the push stage through the same code, so they refuse the same files (`upload_report`).
 """
 
+import json
 import logging
 import os
 import re
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, get_token
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+from PIL import Image
 
 
 logger = logging.getLogger(__name__)
@@ -105,6 +109,7 @@ SizeLimit = tuple[int, str]
 TEXT_LIMIT: SizeLimit = (16_000_000, "for .json, .txt and .md files")
 IMAGE_LIMIT: SizeLimit = (32_000_000, "for images")
 NEWLINE = b"\n"
+NAMED_AFTER_A_SECRET = "its name holds a secret (not shown here): rename it"
 
 
 @dataclass
@@ -243,19 +248,75 @@ def _identity(info: os.stat_result) -> tuple[int, ...]:
     return info.st_dev, info.st_ino, info.st_nlink, info.st_size, info.st_mtime_ns
 
 
-def find_secret(path: Path) -> str | None:
-    """What secret a file holds and where (`SECRET_PATTERNS`), or None; the secret itself is never shown. Of a
-    `.safetensors` file only the header is read: its `__metadata__` is free text, its tensors only numbers."""
-    with open(path, "rb") as f:
-        if path.name.endswith(".safetensors"):
-            length = int.from_bytes(f.read(8), "little")
-            data, where = f.read(min(length, path.stat().st_size)), "in its header"
-        else:
-            data, where = f.read(), None
+# Escapes that a reader decodes into the character: JSON's and Python's \u005f and \x5f, and URLs' %5F.
+_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})|\\x([0-9a-fA-F]{2})|%([0-9a-fA-F]{2})")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def _unescaped(data: bytes) -> bytes:
+    return _ESCAPE.sub(lambda m: chr(int(next(g for g in m.groups() if g), 16)).encode("utf-8", "replace"), data)
+
+
+def readable_forms(path: Path) -> list[tuple[bytes, str | None]]:
+    """The texts a reader can get out of a file, each with where it is (None: the file's own bytes): the bytes (of a
+    safetensors file, its JSON header), with NULs dropped (UTF-16 and UTF-32 text), with escapes decoded, and an
+    image's text chunks (PNG tEXt, zTXt, iTXt; JPEG comments and EXIF). Raise `ValueError` for a `.safetensors` or
+    image file that cannot be read as one, whose bytes might hide anything."""
+    data = path.read_bytes()
+    forms: list[tuple[bytes, str | None]] = []
+    if path.name.endswith(".safetensors"):
+        length = int.from_bytes(data[:8], "little")
+        try:
+            if not 8 + length <= len(data) or not isinstance(json.loads(data[8 : 8 + length]), dict):
+                raise ValueError
+        except ValueError:
+            raise ValueError("is not a safetensors file (its header is not an 8-byte length and a JSON object)")
+        data, where = data[8 : 8 + length], "in its header"
+    elif path.name.lower().endswith(IMAGE_SUFFIXES):
+        try:
+            with Image.open(path) as image:
+                image.load()  # PNG text chunks after the pixels are read with them
+                chunks = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in image.info.values()]
+        except Exception:  # PIL raises many kinds for a damaged or disguised file, and for decompression bombs
+            raise ValueError("cannot be read as the image its name says") from None
+        forms.append((b"\n".join(chunks), "in its image text chunks"))
+        where = None
+    else:
+        where = None
+    forms.insert(0, (data, where))
+    if b"\0" in data:
+        forms.append((data.replace(b"\0", b""), "in its UTF-16 or UTF-32 text"))
+    forms += [(_unescaped(text), f"{place or 'in its text'}, once its escapes are decoded") for text, place in list(forms)
+              if _ESCAPE.search(text)]  # fmt: skip
+    return forms
+
+
+def secret_in(data: bytes) -> tuple[str, re.Match] | None:
+    """The first secret in `data`: its kind (`SECRET_PATTERNS`) and where it matched."""
     for kind, pattern in SECRET_PATTERNS.items():
-        match = pattern.search(data)
-        if match is None:
+        if match := pattern.search(data):
+            return kind, match
+    return None
+
+
+def redact(text: str) -> str:
+    """`text` with every secret in it replaced by `<secret>`: for names that are printed."""
+    for pattern in SECRET_PATTERNS.values():
+        text = pattern.sub(b"<secret>", text.encode("utf-8", "surrogateescape")).decode("utf-8", "surrogateescape")
+    return text
+
+
+def find_secret(path: Path) -> str | None:
+    """What secret a file holds and where, in any form a reader gets out of it (`readable_forms`), or why it cannot
+    be read as its type; None when neither. The secret itself is never shown."""
+    try:
+        forms = readable_forms(path)
+    except ValueError as error:
+        return str(error)
+    for data, where in forms:
+        if (found := secret_in(data)) is None:
             continue
+        kind, match = found
         if where is None:
             where = f"at byte {match.start():,}"
             try:
@@ -269,6 +330,15 @@ def find_secret(path: Path) -> str | None:
             "not shown here"
         )
     return None
+
+
+def check_final_form(folder: Path) -> None:
+    """Raise `ValueError` if a file of a finished staging folder holds a secret or cannot be read as its type: the
+    scan of what is uploaded, after every rewrite (configs, card, code) has made its final form."""
+    found = {path: reason for path in list_files(folder) if (reason := find_secret(folder / path))}
+    if found:
+        listed = "; ".join(f"{redact(path)}: {reason}" for path, reason in found.items())
+        raise ValueError(f"Nothing was uploaded: the staged upload {listed}.")
 
 
 def copy_tree(
@@ -289,7 +359,9 @@ def copy_tree(
         kept = []
         for name in sorted(dirs):
             path = (relative / name).as_posix()
-            if reason := leave_out_dir(path):
+            if secret_in(_unescaped(name.encode("utf-8", "surrogateescape"))):
+                refused[f"{redact(path)}/"] = NAMED_AFTER_A_SECRET
+            elif reason := leave_out_dir(path):
                 left_out[f"{path}/"] = reason
             elif reason := refused_folder(Path(root) / name):
                 refused[f"{path}/"] = reason
@@ -298,6 +370,9 @@ def copy_tree(
         dirs[:] = kept
         for name in sorted(files):
             path = (relative / name).as_posix()
+            if secret_in(_unescaped(name.encode("utf-8", "surrogateescape"))):
+                refused[redact(path)] = NAMED_AFTER_A_SECRET
+                continue
             if reason := leave_out_file(path):
                 left_out[path] = reason
                 continue
@@ -328,14 +403,16 @@ def upload_report(staged: StagedUpload) -> str:
     if staged.left_out:
         lines.append("Left out, not part of the upload:")
         lines += [f"  {path}: {reason}" for path, reason in staged.left_out.items()]
-    return "\n".join(lines)
+    return redact("\n".join(lines))
 
 
 def log_upload_report(staged: StagedUpload, source: Path) -> None:
     """Log `upload_report` for `source`: a warning when files were refused, else at info level."""
     report = upload_report(staged)
     if report:
-        logger.log(logging.WARNING if staged.refused else logging.INFO, f"Not uploaded from {source}:\n{report}")
+        logger.log(
+            logging.WARNING if staged.refused else logging.INFO, redact(f"Not uploaded from {source}:\n{report}")
+        )
 
 
 def list_files(folder: Path) -> list[str]:
