@@ -50,6 +50,8 @@ PIPELINE_CASES = {
     "timesteps repeated": ({"timesteps": [999, 500, 500, 10]}, r"`timesteps` must be strictly decreasing"),
     "timesteps increasing": ({"timesteps": [10, 500, 999]}, r"`timesteps` must be strictly decreasing"),
     "timesteps not a list": ({"timesteps": 500}, r"`timesteps` must be a list of numbers, got 500"),
+    "height zero": ({"height": 0}, r"got height=0, width=16"),
+    "width zero": ({"width": 0}, r"got height=16, width=0"),
 }
 
 
@@ -59,6 +61,14 @@ def test_bad_pipeline_arguments_raise_before_any_compute(pipe, case):
     calls = record_calls(pipe.text_encoder, pipe.transformer, pipe.vae)
     with pytest.raises(ValueError, match=message):
         pipe("a red circle", **{"num_inference_steps": 2, "output_type": "pt", **kwargs})
+    assert calls == []
+
+
+@pytest.mark.parametrize("generator", ["seed", 0, [torch.Generator(), "seed"]])
+def test_a_generator_that_is_not_one_is_refused_before_any_compute(pipe, generator):
+    calls = record_calls(pipe.text_encoder, pipe.transformer, pipe.vae)
+    with pytest.raises(TypeError, match=r"`generator` must be a torch.Generator, a list of them"):
+        pipe("a red circle", num_inference_steps=2, output_type="pt", generator=generator)
     assert calls == []
 
 

@@ -250,6 +250,19 @@ def test_weight_name_and_subfolder_choose_the_file_and_misplaced_options_are_ref
         make_pipe().load_lora_weights(tmp_path / "repo" / "loras" / "style.safetensors", adapter_nam="typo")
 
 
+@pytest.mark.parametrize("weight_name", ["../default/pytorch_lora_weights.safetensors", "/abs/x.safetensors"])
+def test_a_weight_name_that_leads_out_of_the_folder_is_refused_for_loading_and_saving(
+    make_pipe, tmp_path, weight_name
+):
+    write_lora(make_pipe, tmp_path / "default")
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ValueError, match="leads out of the folder"):
+        LMLPPipeline.lora_state_dict(tmp_path / "other", weight_name=weight_name)
+    with pytest.raises(ValueError, match="leads out of the folder"):
+        LMLPPipeline.save_lora_weights(tmp_path / "other", {"transformer.x.lora_A.weight": torch.ones(1)},
+                                       weight_name=weight_name)  # fmt: skip
+
+
 @pytest.mark.parametrize("family", LINEAR_AND_TIED)
 def test_low_cpu_mem_usage_loads_the_same_adapter(make_pipe, generate, tmp_path, family):
     write_lora(make_pipe, tmp_path, family)

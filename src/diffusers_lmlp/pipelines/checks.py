@@ -199,6 +199,12 @@ def _check_images(
     if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
         raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
     num_images = batch_size * num_images_per_prompt
+    generators = generator if isinstance(generator, list) else [] if generator is None else [generator]
+    if not all(isinstance(g, torch.Generator) for g in generators):
+        raise TypeError(
+            f"`generator` must be a torch.Generator, a list of them (one per image), or None, got {generator!r}; "
+            "for a seed, pass torch.Generator().manual_seed(seed)."
+        )
     if isinstance(generator, list) and len(generator) != num_images:
         raise ValueError(
             f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "

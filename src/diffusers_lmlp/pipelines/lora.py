@@ -20,7 +20,7 @@ from torch import nn
 
 from ..models.loading import listed
 from ..models.quantized import is_dynamically_quantized
-from .lora_files import lora_file, read_lora_file, refuse_pickle
+from .lora_files import check_weight_name, lora_file, read_lora_file
 
 
 logger = logging.get_logger(__name__)
@@ -384,7 +384,7 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
                 "Pass the LoRA weights to save: transformer_lora_layers=get_peft_model_state_dict(transformer)."
             )
         weight_name = LORA_WEIGHT_NAME_SAFE if weight_name is None else weight_name
-        refuse_pickle(weight_name)
+        check_weight_name(weight_name)
         state_dict = cls.pack_weights(transformer_lora_layers, cls.transformer_name)
         not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
         if not_lora:

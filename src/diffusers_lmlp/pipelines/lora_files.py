@@ -25,6 +25,16 @@ def refuse_pickle(name: str) -> None:
         )
 
 
+def check_weight_name(weight_name: str) -> None:
+    """Raise unless `weight_name` is a safetensors file's path inside the folder it is read from or written to."""
+    refuse_pickle(weight_name)
+    if os.path.isabs(weight_name) or ".." in weight_name.replace("\\", "/").split("/"):
+        raise ValueError(
+            f"weight_name={weight_name!r} leads out of the folder; pass the name of a file inside it (or its "
+            "subfolder=...)."
+        )
+
+
 def lora_file(
     source: str | os.PathLike,
     weight_name: str | None = None,
@@ -44,7 +54,7 @@ def lora_file(
         refuse_pickle(source)
         return source
     weight_name = LORA_WEIGHT_NAME_SAFE if weight_name is None else weight_name
-    refuse_pickle(weight_name)
+    check_weight_name(weight_name)
     if not os.path.isdir(source):
         return hf_hub_download(
             source,

@@ -499,8 +499,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         """
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
-        height = height or self.native_size
-        width = width or self.native_size
+        height = self.native_size if height is None else height
+        width = self.native_size if width is None else width
         batch_size = self.check_inputs(
             prompt,
             height,
