@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageFilter
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.durable import hold_lock
 from diffusers_lmlp.evaluation import (
     FeatureMoments,
     FIDStatistics,
@@ -25,7 +28,7 @@ from diffusers_lmlp.evaluation import (
 from diffusers_lmlp.evaluation.clip_score import CLIPScorer
 from diffusers_lmlp.evaluation.evaluate import image_seed
 from diffusers_lmlp.evaluation.extractors import image_features
-from diffusers_lmlp.evaluation.resume import EvaluationInterrupted
+from diffusers_lmlp.evaluation.resume import EvaluationInterrupted, remove_progress
 from diffusers_lmlp.image_tensors import images_to_tensor
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import ShapesScorer, accuracies, parse_caption, read_image, score_image
@@ -197,6 +200,8 @@ def test_statistics_are_never_unpickled(tmp_path):
         (dict(mu=np.zeros(3)), r"lacks \['sigma'\]"),
         (dict(mu=np.zeros(3), sigma=np.eye(2)), r"`mu` must be \(D,\) and `sigma` \(D, D\)"),
         (dict(mu=np.array([0.0, np.nan]), sigma=np.eye(2)), "NaN or inf"),
+        (dict(mu=np.zeros(2), sigma=-np.eye(2)), r"`sigma` is not a covariance \(symmetric and positive semi"),
+        (dict(mu=np.zeros(2), sigma=np.array([[1.0, 0.5], [0.0, 1.0]])), "`sigma` is not a covariance"),
     ],
 )
 def test_bad_statistics_files_are_named(tmp_path, arrays, message):
@@ -487,7 +492,7 @@ def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_
     assert partial["clip_score"] == pytest.approx(float(tiny_clip.score(first, captions[:8]).mean()), rel=1e-5)
     assert partial["fid_reference"] == "shapes (real images of the same captions, 8 images)"
     assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == [
-        "batch-000000.safetensors", "batch-000001.safetensors", "settings.json",
+        ".evaluation.lock", "batch-000000.safetensors", "batch-000001.safetensors", "settings.json",
     ]  # fmt: skip
     assert sorted(path.name for path in (tmp_path / "images").iterdir()) == [f"{i:06d}.png" for i in range(8)]
 
@@ -525,6 +530,48 @@ def test_a_batch_file_cut_short_by_a_kill_is_sampled_again(pipe, pipeline_calls,
     assert without_seconds(resumed) == without_seconds(straight)
     assert "batch-000001.safetensors does not read" in caplog.text
     assert not list(progress.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["a flipped bit", "scores edited by hand"])
+def test_a_damaged_or_edited_batch_file_is_sampled_again(pipe, pipeline_calls, tmp_path, caplog, damage):
+    captions = draw_captions("shapes", 10, seed=0)
+    straight, _ = evaluate(pipe, captions, **RESUMED)
+    progress = tmp_path / "progress"
+    interrupt_after_two_batches(pipe, captions, pipeline_calls, resume_dir=progress, **RESUMED)
+    path = progress / "batch-000001.safetensors"
+    if damage == "a flipped bit":
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 1  # in the tensors' bytes
+        path.write_bytes(bytes(data))
+    else:  # a valid file with its metadata kept
+        with safe_open(path, "pt") as f:
+            metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+        tensors["rows"][:, 1:] = 1.0
+        save_file(tensors, path, metadata)
+
+    resumed, _ = evaluate(pipe, captions, resume_dir=progress, **RESUMED)
+    assert pipeline_calls == [4, 2]  # batch 0 is taken from disk, batches 1 and 2 are sampled
+    assert without_seconds(resumed) == without_seconds(straight)
+    assert "batch-000001.safetensors does not match its checksum (damaged or edited)" in caplog.text
+
+
+def test_progress_whose_settings_are_not_an_object_is_refused_naming_the_file(pipe, tmp_path):
+    (tmp_path / "progress").mkdir()
+    (tmp_path / "progress" / "settings.json").write_text(json.dumps({"settings": [1]}))
+    with pytest.raises(ValueError, match=r"settings.json is not the settings file .*its settings are a list"):
+        evaluate(pipe, draw_captions("shapes", 10, seed=0), resume_dir=tmp_path / "progress", **RESUMED)
+
+
+def test_a_second_evaluation_on_one_progress_folder_is_refused(pipe, pipeline_calls, tmp_path):
+    (tmp_path / "progress").mkdir()
+    held = hold_lock(tmp_path / "progress" / ".evaluation.lock")  # as a running evaluation holds it
+    with pytest.raises(ValueError, match="Another evaluation is using .*progress"):
+        evaluate(pipe, draw_captions("shapes", 10, seed=0), resume_dir=tmp_path / "progress", **RESUMED)
+    assert not pipeline_calls
+    held.close()
+    evaluate(pipe, draw_captions("shapes", 10, seed=0), resume_dir=tmp_path / "progress", **RESUMED)
+    remove_progress(tmp_path / "progress")
+    assert not (tmp_path / "progress").exists()  # the lock goes with the progress
 
 
 @pytest.fixture(scope="module")

@@ -303,6 +303,7 @@ def test_keep_progress_keeps_the_batches_of_a_finished_run(tmp_path, torch_threa
     main([*SMALL, "--output_dir", str(tmp_path), "--keep_progress"])
     kept = sorted(path.name for path in (tmp_path / "progress").iterdir())
     assert kept == [
+        ".evaluation.lock",
         "batch-000000.safetensors",
         "batch-000001.safetensors",
         "batch-000002.safetensors",

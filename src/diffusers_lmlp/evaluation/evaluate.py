@@ -259,7 +259,11 @@ def evaluate(
     if image_dir is not None:
         image_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(resume_dir, pipeline, captions, scoring, header, processes, image_dir)
-    tally = sample_batches(pipeline, captions, scoring, processes, store, image_dir, header, progress, started)
+    try:
+        tally = sample_batches(pipeline, captions, scoring, processes, store, image_dir, header, progress, started)
+    finally:
+        if store is not None:
+            store.close()  # another evaluation may take the folder now
     report = {**header, **scoring.report(tally, processes, captions)}
     report["seconds"] = round(time.perf_counter() - started + tally.resumed_seconds, 1)
     grid = gathered_grid(processes, tally, scoring.resolution, captions)

@@ -71,6 +71,11 @@ class FIDStatistics:
             )
         if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
             raise ValueError(f"FID reference statistics {path} holds NaN or inf")
+        eigenvalues = np.linalg.eigvalsh((sigma + sigma.T) / 2)
+        if not np.allclose(sigma, sigma.T) or eigenvalues.min() < -1e-6 * max(1.0, np.abs(eigenvalues).max()):
+            raise ValueError(
+                f"FID reference statistics {path}: `sigma` is not a covariance (symmetric and positive semi-definite)"
+            )
         num_images = int(arrays["num_images"]) if "num_images" in arrays else None
         extractor = str(arrays["extractor"]) if "extractor" in arrays else None
         return cls(mu, sigma, num_images, extractor)

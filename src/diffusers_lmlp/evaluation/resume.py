@@ -18,16 +18,17 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from ..durable import fsync_tree
+from ..durable import fsync_tree, hold_lock
 
 
 logger = logging.getLogger(__name__)
 
 SETTINGS_FILE = "settings.json"
+LOCK_FILE = ".evaluation.lock"
 BATCH_GLOB = "batch-*.safetensors"
 TEMPORARY_GLOB = ".*.tmp"
 # Bumped when the files change meaning: progress of another format is refused like other settings.
-FORMAT = 1
+FORMAT = 2
 # Each setting in words, for the message that refuses a progress folder of other settings.
 SETTING_NAMES = {
     "format": "the progress format of this diffusers-lmlp version",
@@ -94,6 +95,13 @@ def update_with_tensors(digest, tensors: dict[str, torch.Tensor]) -> None:
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
+def tensors_digest(tensors: dict[str, torch.Tensor], seconds: str | None) -> str:
+    """The SHA-256 of a batch file's tensors and time, kept in its metadata: a flipped bit or an edit shows."""
+    digest = hashlib.sha256(f"{seconds}\n".encode())
+    update_with_tensors(digest, dict(sorted(tensors.items())))
+    return digest.hexdigest()
+
+
 def weights_digest(module: torch.nn.Module | None) -> str | None:
     """The SHA-256 of a module's state dict (names, shapes, dtypes and bytes), or None without a module."""
     if module is None:
@@ -134,6 +142,7 @@ class ProgressStore:
         self.folder, self.settings, self.processes = Path(folder), {"format": FORMAT, **settings}, processes
         self.image_dir = Path(image_dir) if image_dir is not None else None
         self.key = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()
+        self.lock = None
 
     def open(self) -> None:
         """Check that the folder holds progress of these settings or none (else `ValueError`), record them, and
@@ -154,6 +163,14 @@ class ProgressStore:
             )
         if self.processes.index == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
+            self.lock = hold_lock(self.folder / LOCK_FILE)  # released by the OS however this process ends
+        busy = self.processes.gather(torch.tensor([[0.0, float(self.processes.index == 0 and self.lock is None)]]))
+        if busy[:, 1].any():
+            raise ValueError(
+                f"Another evaluation is using {self.folder} (it holds {self.folder / LOCK_FILE}): wait for it to "
+                "finish, stop it, or pass another output folder."
+            )
+        if self.processes.index == 0:
             for folder in (self.folder, self.image_dir):
                 for leftover in folder.glob(TEMPORARY_GLOB) if folder is not None and folder.is_dir() else ():
                     leftover.unlink(missing_ok=True)  # written by a run killed before the rename
@@ -166,10 +183,19 @@ class ProgressStore:
                 )
         self.processes.wait()
 
+    def close(self) -> None:
+        """Let another evaluation take the folder (the OS also does when the process ends)."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
     def recorded_settings(self, path: Path) -> dict | None:
         """The settings in `settings.json`, or None without one."""
         try:
-            return json.loads(path.read_text(encoding="utf-8"))["settings"]
+            settings = json.loads(path.read_text(encoding="utf-8"))["settings"]
+            if not isinstance(settings, dict):
+                raise TypeError(f"its settings are a {type(settings).__name__}, not an object")
+            return settings
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as error:
@@ -210,6 +236,9 @@ class ProgressStore:
         if metadata.get("settings") != self.key:
             logger.warning(f"{path} holds a batch of other settings; it is sampled again.")
             return None
+        if metadata.get("sha256") != tensors_digest(tensors, metadata.get("seconds")):
+            logger.warning(f"{path} does not match its checksum (damaged or edited); its batch is sampled again.")
+            return None
         features = {name.removeprefix("features."): value for name, value in tensors.items() if "." in name}
         return BatchResult(tensors["rows"], features, tensors["grid"], float(metadata["seconds"]))
 
@@ -239,6 +268,7 @@ class ProgressStore:
             **{f"features.{name}": value for name, value in result.features.items()},
         }
         metadata = {"settings": self.key, "seconds": repr(result.seconds)}
+        metadata["sha256"] = tensors_digest(tensors, metadata["seconds"])
         write_durably(self.batch_path(number), lambda f: f.write(safetensors_bytes(tensors, metadata)))
         fsync_tree(self.folder, recursive=False)
 
@@ -254,7 +284,7 @@ def remove_progress(folder: str | Path) -> None:
     """Delete a progress folder, settings last so that a kill half-way leaves one that still resumes; a folder with
     other files is kept, with a warning."""
     folder = Path(folder)
-    for pattern in (BATCH_GLOB, TEMPORARY_GLOB, SETTINGS_FILE):
+    for pattern in (BATCH_GLOB, TEMPORARY_GLOB, SETTINGS_FILE, LOCK_FILE):
         for path in folder.glob(pattern):
             path.unlink(missing_ok=True)
     try:
