@@ -208,6 +208,7 @@ def torch_threads():
         (None, None, False, True, 3),  # every core (3 here)
         (None, "1", False, True, 1),  # the user's OMP_NUM_THREADS
         (None, "1", True, True, 3),  # accelerate launch's own OMP_NUM_THREADS=1 is not the user's
+        (None, "2", "2", True, 2),  # but one the user gave the launcher is
         (2, "1", False, True, 2),  # --num_threads wins
         (None, None, False, False, None),  # several processes, or a GPU, keep their launcher's setting
         (2, None, False, False, 2),  # unless told
@@ -223,6 +224,8 @@ def test_one_cpu_process_runs_on_every_core_unless_the_user_set_a_count(
         monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)
     if accelerate:
         monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
+        launcher = {"OMP_NUM_THREADS": accelerate} if isinstance(accelerate, str) else {}
+        monkeypatch.setattr(threads, "launcher_environment", lambda: launcher)
     torch.set_num_threads(4)
     threads.set_threads(num_threads, "evaluation", one_cpu_process)
     assert torch.get_num_threads() == (4 if expected is None else expected)

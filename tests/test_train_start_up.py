@@ -106,6 +106,7 @@ def test_a_run_without_validation_prompts_says_so(script, workspace, tmp_path, c
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
     monkeypatch.setattr("diffusers_lmlp.threads.available_cores", lambda: 1)
+    monkeypatch.setattr("diffusers_lmlp.threads.launcher_environment", lambda: {})
     num_threads = torch.get_num_threads()
     with caplog.at_level(logging.INFO):
         script.main(tiny_args(workspace, tmp_path / "out"))

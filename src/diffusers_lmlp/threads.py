@@ -1,7 +1,8 @@
 """How many CPU threads the trainer and the evaluation run torch with.
 
-`--num_threads N` wins; else the `OMP_NUM_THREADS` you set; else every core this process may run on. The
-`OMP_NUM_THREADS` that `accelerate launch` sets (1 by default) is kept for several processes or a GPU only.
+`--num_threads N` wins; else the `OMP_NUM_THREADS` you set; else every core this process may run on. `accelerate
+launch` sets `OMP_NUM_THREADS` in every process it starts (1 unless you set it): several processes or a GPU keep it,
+and a one-process CPU run counts it as yours only when the launcher's own environment has it (Linux shows it).
 """
 
 import logging
@@ -18,6 +19,16 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def launcher_environment() -> dict[str, str]:
+    """The environment the parent process (the launcher) was started with; empty where the system does not show it."""
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(entry.decode(errors="replace").split("=", 1) for entry in entries if b"=" in entry)
+
+
 def set_threads(num_threads: int | None, what: str, one_cpu_process: bool = True) -> None:
     """Run torch with `num_threads`, else the user's `OMP_NUM_THREADS`, else every core, and log which (as `what`).
 
@@ -29,7 +40,7 @@ def set_threads(num_threads: int | None, what: str, one_cpu_process: bool = True
         reason = "--num_threads"
     elif not one_cpu_process:
         return
-    elif omp.isdigit() and int(omp) >= 1 and not launched:
+    elif omp.isdigit() and int(omp) >= 1 and (not launched or launcher_environment().get("OMP_NUM_THREADS") == omp):
         num_threads, reason = int(omp), "OMP_NUM_THREADS"
     else:
         num_threads, reason = available_cores(), "every core"
