@@ -48,8 +48,7 @@ def remove_tensor(folder: Path, key: str) -> None:
 
 
 def add_tensor(folder: Path, key: str, tensor: torch.Tensor) -> None:
-    file = folder / "diffusion_pytorch_model.safetensors"
-    save_file({**load_file(file), key: tensor}, file, metadata={"format": "pt"})
+    add_tensor_to(folder / "diffusion_pytorch_model.safetensors", key, tensor)
 
 
 def named(keys: set[str]) -> str:
@@ -174,6 +173,21 @@ def test_diffusers_alone_fails_on_a_missing_tensor_with_a_device_map(tmp_path):
     remove_tensor(tmp_path, NORM_WEIGHT)
     with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
         DiffusersLoading.from_pretrained(tmp_path, device_map="cpu")
+
+
+@pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}, {"device_map": "cpu"}])
+def test_a_tensor_in_a_shard_the_index_does_not_assign_it_to_is_refused(tmp_path, load):
+    make_model("lmlp").save_pretrained(tmp_path, max_shard_size="20KB")
+    index = json.loads((tmp_path / "diffusion_pytorch_model.safetensors.index.json").read_text())["weight_map"]
+    home = index[NORM_WEIGHT]
+    other = next(shard for shard in sorted(set(index.values())) if shard != home)
+    add_tensor_to(tmp_path / other, NORM_WEIGHT, torch.full_like(load_file(tmp_path / home)[NORM_WEIGHT], 7.0))
+    with pytest.raises(ValueError, match=rf"The tensor {re.escape(NORM_WEIGHT)} is in two shards of one checkpoint"):
+        LMLPTransformer2DModel.from_pretrained(tmp_path, **load)
+
+
+def add_tensor_to(file: Path, key: str, tensor: torch.Tensor) -> None:
+    save_file({**load_file(file), key: tensor}, file, metadata={"format": "pt"})
 
 
 def test_diffusers_alone_reports_nothing_missing_for_a_tensor_only_the_shard_index_lists(tmp_path):

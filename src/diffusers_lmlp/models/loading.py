@@ -98,12 +98,19 @@ def warn_non_strict(model_class: str, location: str, missing: list[str], unexpec
 
 
 def checkpoint_keys(files: list[str]) -> list[str]:
-    """The tensor names in a checkpoint's safetensors shards, read from their headers (no tensor is read)."""
-    keys = []
+    """The tensor names in a checkpoint's safetensors shards, read from their headers (no tensor is read); a tensor
+    in two shards is refused, since the later one would silently override the other."""
+    shard_of = {}
     for file in files:
         with safe_open(file, framework="pt") as shard:
-            keys.extend(shard.keys())
-    return keys
+            for key in shard.keys():
+                if key in shard_of:
+                    raise ValueError(
+                        f"The tensor {key} is in two shards of one checkpoint, {os.path.basename(shard_of[key])} and "
+                        f"{os.path.basename(file)}: the checkpoint is damaged; save it again with save_pretrained."
+                    )
+                shard_of[key] = file
+    return list(shard_of)
 
 
 def initialise_unloaded(model: nn.Module, keys: list[str]) -> None:
