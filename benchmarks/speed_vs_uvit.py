@@ -53,7 +53,7 @@ from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.models import family_of, from_named_config, named_configs
 from diffusers_lmlp.models.backbone import UShapedMixerModel
 from diffusers_lmlp.pipelines.freezing import FrozenTransformer
-from diffusers_lmlp.training.optimizer import fused_adamw
+from diffusers_lmlp.training.step import fused_adamw
 
 
 BASELINE = "U-ViT-S/2"

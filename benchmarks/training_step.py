@@ -7,7 +7,7 @@ median of `--steps` steps after `--warmup` (compilation happens in the warm-up, 
 are against eager float32 in the same run.
 
 A second table times the optimizer and the EMA alone, on the model's weights with random gradients: torch's default
-AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.optimizer`), and
+AdamW against the fused one the trainer uses on the CPU and CUDA (`diffusers_lmlp.training.step`), and
 diffusers' EMA, its per-tensor loop against its `foreach` update (the trainer's).
 
     python benchmarks/training_step.py                         # the shipped UL-MLP, batch 64
@@ -29,7 +29,7 @@ from diffusers.training_utils import EMAModel
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.training.arguments import parse_args as training_args
 from diffusers_lmlp.training.components import build_model
-from diffusers_lmlp.training.optimizer import fused_adamw
+from diffusers_lmlp.training.step import fused_adamw
 
 
 MODES = ("fp32", "bf16", "compile-fp32", "compile-bf16")
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def bare_step(model: torch.nn.Module, batch_size: int, mode: str) -> Callable[[], None]:
     """One bare training step of `model` in one mode: forward, MSE, backward and an AdamW step with the trainer's
-    kernel (`diffusers_lmlp.training.optimizer.fused_adamw`: fused on the CPU and CUDA) on a fixed random batch, on the
+    kernel (`diffusers_lmlp.training.step.fused_adamw`: fused on the CPU and CUDA) on a fixed random batch, on the
     model's device.
 
     Args:

@@ -73,7 +73,7 @@ def emoji_pipeline():
 def shapes_lora(folder: Path, std: float = 0.02) -> Path:
     """A LoRA of the shipped shapes model in the trainer's format, written to `folder` (random B of this `std`, so that
     it changes the model)."""
-    from diffusers_lmlp.training.lora import add_lora, lora_config, save_adapter
+    from diffusers_lmlp.training.components import add_lora, lora_config, save_adapter
 
     model = shapes_pipeline().transformer
     add_lora(model, lora_config(model, rank=4, alpha=None, dropout=0.0, target_modules=None))

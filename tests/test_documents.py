@@ -347,7 +347,7 @@ def test_the_shipped_vaes_size_is_its_weights_file():
 
 def test_the_lora_size_of_f2_deep_is_the_trainers():
     from diffusers_lmlp import from_named_config
-    from diffusers_lmlp.training.lora import add_lora, lora_config
+    from diffusers_lmlp.training.components import add_lora, lora_config
 
     with torch.device("meta"):
         model = from_named_config("F2-deep")

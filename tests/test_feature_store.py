@@ -27,17 +27,15 @@ from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
 from diffusers_lmlp.training import (
     FeatureStore,
-    batches,
     encode_text,
     extract_features,
-    feature_extraction,
     feature_store_key,
     features,
     open_feature_store,
     preprocess_image,
 )
-from diffusers_lmlp.training.feature_extraction import ShardWriter, write_manifest
-from diffusers_lmlp.training.features import FORMAT, checksums_path, shard_name
+from diffusers_lmlp.training.data import BatchReader
+from diffusers_lmlp.training.features import FORMAT, ShardWriter, checksums_path, shard_name, write_manifest
 
 
 def write_store(
@@ -467,13 +465,13 @@ def test_a_nan_moment_is_refused_at_extraction_naming_the_image_file(tmp_path, i
 
 
 def test_text_states_beyond_float16_are_refused_at_extraction_naming_the_caption(tmp_path, dataset, pipe, monkeypatch):
-    encode_text = feature_extraction.encode_text
+    encode_text = features.encode_text
 
     def huge_for_one_caption(tokenizer, text_encoder, texts):
         states = encode_text(tokenizer, text_encoder, texts)  # (m, T, D)
         return torch.stack([s * 1e6 if t == "caption 1 of image 7" else s for s, t in zip(states, texts)])
 
-    monkeypatch.setattr(feature_extraction, "encode_text", huge_for_one_caption)
+    monkeypatch.setattr(features, "encode_text", huge_for_one_caption)
     extract(tmp_path / "fp32", dataset, pipe)  # in float32 they fit
     with pytest.raises(ValueError, match=re.escape("image 7: the text states of its caption 'caption 1 of image 7' "
                                                    "are not finite (NaN or inf) (or beyond float16's range")):  # fmt: skip
@@ -516,14 +514,14 @@ def test_a_resumed_run_with_two_workers_equals_an_uninterrupted_run_without(work
     resumed = workspace / f"{name}-resumed"
     shutil.copytree(workspace / f"{name}-straight" / "checkpoint-2", resumed / "checkpoint-2")
     pids = workspace / f"{name}-pids"
-    load = batches.BatchReader.load
+    load = BatchReader.load
 
     def recording_load(self, positions, generator):
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\n")
         return load(self, positions, generator)
 
-    monkeypatch.setattr(batches.BatchReader, "load", recording_load)
+    monkeypatch.setattr(BatchReader, "load", recording_load)
     train_here(workspace, resumed, *steps, "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest")
     readers = pids.read_text().split()
     assert len(readers) == 2 and len(set(readers)) == 2 and str(os.getpid()) not in readers  # steps 3, 4: 2 workers
@@ -555,14 +553,14 @@ def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, monkeypat
     run("stream-straight")
     shutil.copytree(workspace / "stream-straight" / "checkpoint-3", workspace / "stream-resumed" / "checkpoint-3")
     pids = workspace / "stream-pids"
-    next_records = batches.BatchReader._next_records
+    next_records = BatchReader._next_records
 
     def recording_next_records(self, count):
         with open(pids, "a") as f:
             f.write(f"{os.getpid()}\n")
         return next_records(self, count)
 
-    monkeypatch.setattr(batches.BatchReader, "_next_records", recording_next_records)
+    monkeypatch.setattr(BatchReader, "_next_records", recording_next_records)
     run("stream-resumed", "--dataloader_num_workers", "2", "--resume_from_checkpoint", "latest")
     readers = set(pids.read_text().split())
     assert len(readers) == 1 and str(os.getpid()) not in readers  # one worker reads the stream, in order
@@ -580,7 +578,7 @@ def test_an_empty_stream_is_an_error_not_an_endless_wait():
     )
     args = SimpleNamespace(seed=0, train_batch_size=2, gradient_accumulation_steps=1, streaming=True)
     with pytest.raises(ValueError, match="the stream of process 0 is empty"):
-        batches.BatchReader(args, empty, None, 0, 1, 0)._next_records(2)
+        BatchReader(args, empty, None, 0, 1, 0)._next_records(2)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from diffusers_lmlp import progress as progress_module
 from diffusers_lmlp.progress import LineProgress, progress_bar
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.training import format_run_summary
-from diffusers_lmlp.training.report import format_duration
+from diffusers_lmlp.training.finishing import format_duration
 
 
 ROOT = Path(__file__).resolve().parents[1]

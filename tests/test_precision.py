@@ -1,5 +1,5 @@
 """`--mixed_precision auto`, the shapes preset's: bf16 autocast where the CPU (or GPU) runs bf16 natively, float32
-elsewhere, a precision set by `accelerate launch` kept, and the log saying which and why (`training.precision`,
+elsewhere, a precision set by `accelerate launch` kept, and the log saying which and why (`training.step`,
 `diffusers_lmlp.cpu`)."""
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import torch
 from test_train_text_to_image import load_script
 
 from diffusers_lmlp import cpu
-from diffusers_lmlp.training.precision import choose_precision
+from diffusers_lmlp.training.step import choose_precision
 
 
 EPYC = cpu.CPU("AMD EPYC 9B14", frozenset({"avx2", "avx512f", "avx512_bf16"}), 2)
@@ -28,7 +28,7 @@ def on_cpu(monkeypatch):
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
 
     def use(machine: cpu.CPU) -> None:
-        monkeypatch.setattr("diffusers_lmlp.training.precision.this_cpu", lambda: machine)
+        monkeypatch.setattr("diffusers_lmlp.training.step.this_cpu", lambda: machine)
 
     return use
 

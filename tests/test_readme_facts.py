@@ -7,7 +7,7 @@ from documents import text
 
 from diffusers_lmlp import known_words, unknown_words
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-from diffusers_lmlp.training.lora import add_lora, lora_config
+from diffusers_lmlp.training.components import add_lora, lora_config
 
 
 README = text("README.md")

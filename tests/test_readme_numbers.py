@@ -199,8 +199,8 @@ def test_every_option_the_readme_names_for_training_and_evaluation_exists(page, 
     from accelerate.commands.launch import launch_command_parser
 
     from diffusers_lmlp.evaluation.__main__ import build_parser as evaluation_parser
+    from diffusers_lmlp.training.arguments import DIFFUSERS_ONLY_OPTIONS
     from diffusers_lmlp.training.arguments import build_parser as training_parser
-    from diffusers_lmlp.training.diffusers_options import DIFFUSERS_ONLY_OPTIONS
 
     parsers = (training_parser(), evaluation_parser(), launch_command_parser())
     options = {option for parser in parsers for action in parser._actions for option in action.option_strings}

@@ -24,7 +24,8 @@ from test_train_text_to_image import ENV, SCRIPT, free_port, load_script, weight
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from diffusers_lmlp.training import batches, load_coco2014
+from diffusers_lmlp.training import load_coco2014
+from diffusers_lmlp.training.data import BatchSource, step_generator
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,10 +284,10 @@ def test_each_use_of_an_image_picks_one_of_its_captions_from_the_step_generator(
     args = SimpleNamespace(
         seed=0, caption_dropout=0.0, streaming=False, train_batch_size=8, gradient_accumulation_steps=1
     )
-    source = batches.BatchSource(args, dataset, store, pipe.tokenizer, pipe.text_encoder, pipe.vae, 0)
+    source = BatchSource(args, dataset, store, pipe.tokenizer, pipe.text_encoder, pipe.vae, 0)
 
     def picked(step: int) -> list[int]:
-        _, text_states = source.batch(list(range(8 * step, 8 * step + 8)), batches.step_generator(0, "step", step, 0))
+        _, text_states = source.batch(list(range(8 * step, 8 * step + 8)), step_generator(0, "step", step, 0))
         return [int(row) for row in text_states[:, 0, 0]]
 
     used: dict[int, set[int]] = {}

@@ -14,7 +14,7 @@ from test_train_text_to_image import ENV, make_workspace, train, train_here
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
-from diffusers_lmlp.training.compilation import AUTO_MIN_STEPS, choose_compilation
+from diffusers_lmlp.training.step import AUTO_MIN_STEPS, choose_compilation
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_auto_trains_uncompiled_where_compilation_fails(tmp_path):
     """No working C++ compiler (a fresh inductor cache, so nothing is reused): auto says why and does not compile."""
     env = {**ENV, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     env.pop("ACCELERATE_DYNAMO_BACKEND", None)
-    code = "from diffusers_lmlp.training.compilation import choose_compilation; print(repr(choose_compilation('auto', 5200)))"  # noqa: E501
+    code = "from diffusers_lmlp.training.step import choose_compilation; print(repr(choose_compilation('auto', 5200)))"  # noqa: E501
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     backend, why = eval(result.stdout.strip().splitlines()[-1])  # a tuple of two strings, printed by repr

@@ -23,7 +23,7 @@ from test_train_text_to_image import load_script
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp.training import components
-from diffusers_lmlp.training.sources import (
+from diffusers_lmlp.training.arguments import (
     TOKENIZER_FILE_NAMES,
     TextEncoderSource,
     VaeSource,

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from test_train_text_to_image import load_script, make_workspace, train_args
 
-from diffusers_lmlp.training import divergence
 from diffusers_lmlp.training import step as step_module
+from diffusers_lmlp.training.checkpoints import require_finite_weights
 from diffusers_lmlp.training.step import NonFiniteLossError, check_finite, non_finite_parameters
 
 
@@ -98,6 +98,6 @@ def test_weights_are_checked_before_a_checkpoint_is_written(script, tmp_path):
     assert non_finite_parameters(model) == ["bias"]
     (tmp_path / "checkpoint-2").mkdir()
     with pytest.raises(SystemExit) as stopped:
-        divergence.require_finite_weights(model, None, 3, tmp_path, 1e-3)
+        require_finite_weights(model, None, 3, tmp_path, 1e-3)
     assert "after step 3, 1 weight tensor(s) hold NaN or inf (bias), so nothing was saved" in stopped.value.code
     assert f"the last checkpoint, {tmp_path / 'checkpoint-2'}, is intact" in stopped.value.code

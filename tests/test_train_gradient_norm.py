@@ -12,7 +12,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
-from diffusers_lmlp.training.lora import add_lora, lora_config
+from diffusers_lmlp.training.components import add_lora, lora_config
 from diffusers_lmlp.training.step import ACCELERATE_HELD_GRADIENTS, gradient_norm
 
 

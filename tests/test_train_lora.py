@@ -22,7 +22,7 @@ from diffusers_lmlp.hub.__main__ import main as hub_main
 from diffusers_lmlp.hub.lora_card import SHIPPED_SHAPES_MODEL, names_in_block
 from diffusers_lmlp.models import FAMILIES
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from diffusers_lmlp.training.lora import add_lora, lora_config
+from diffusers_lmlp.training.components import add_lora, lora_config
 
 
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]

@@ -14,9 +14,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from diffusers_lmlp.models import LMLPTransformer2DModel
 from diffusers_lmlp.training import trainer
 from diffusers_lmlp.training.arguments import parse_args
-from diffusers_lmlp.training.lora import add_lora, lora_config
-from diffusers_lmlp.training.optimizer import follow_device, fused_adamw
-from diffusers_lmlp.training.step import update_ema
+from diffusers_lmlp.training.components import add_lora, lora_config
+from diffusers_lmlp.training.step import follow_device, fused_adamw, update_ema
 
 
 def tiny_model() -> LMLPTransformer2DModel:

@@ -21,8 +21,7 @@ from test_train_text_to_image import ENV, SCRIPT, load_script, weights
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training import components, trainer, validation
-from diffusers_lmlp.training.arguments import build_parser
-from diffusers_lmlp.training.diffusers_options import DIFFUSERS_ONLY_OPTIONS
+from diffusers_lmlp.training.arguments import DIFFUSERS_ONLY_OPTIONS, build_parser
 
 
 PROMPTS_FILE = (

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 import diffusers_lmlp.train
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from diffusers_lmlp.training.imagefolder import load_imagefolder
+from diffusers_lmlp.training.data import load_imagefolder
 
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_text_to_image.py"

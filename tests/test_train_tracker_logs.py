@@ -11,7 +11,7 @@ from test_train_text_to_image import load_script, make_workspace, train_args
 
 from diffusers_lmlp.training import trainer
 from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
-from diffusers_lmlp.training.tracker_logs import TrackerLogs
+from diffusers_lmlp.training.trainer import TrackerLogs
 
 
 class RecordingAccelerator:

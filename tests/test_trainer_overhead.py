@@ -13,7 +13,7 @@ from benchmark_scripts import documented_commands, load_benchmark
 from documents import ROOT
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
-from diffusers_lmlp.training.precision import choose_precision
+from diffusers_lmlp.training.step import choose_precision
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from coco_fixture import write_coco2014
 from PIL import Image
 
 from diffusers_lmlp.training import load_coco2014, load_training_data
-from diffusers_lmlp.training.imagefolder import check_imagefolder_metadata
+from diffusers_lmlp.training.data import check_imagefolder_metadata
 
 
 FORMATS = ("jsonl", "csv", "parquet")

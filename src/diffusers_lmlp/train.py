@@ -2,8 +2,8 @@
 
     accelerate launch -m diffusers_lmlp.train [options]   # or diffusers-lmlp-train, or examples/train_text_to_image.py
 
-The options are parsed (`training.arguments`) and checked (`training.argument_checks`) before any heavy import; the
-run itself is `training.trainer`.
+The options are parsed and checked (`training.arguments`) before any heavy import; the run itself is
+`training.trainer`.
 """
 
 import os

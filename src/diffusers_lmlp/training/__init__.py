@@ -1,8 +1,8 @@
-"""Training as library code, one concept per module; the command is `diffusers_lmlp.train`.
+"""Training as library code; the command is `diffusers_lmlp.train`.
 
-`trainer` runs it (options: `arguments`, `argument_checks`); `components`, `data`, `features` and `batches` make the
-model and its batches; `step` is one optimizer step; `checkpoints`, `divergence`, `validation`, `finishing` and
-`report` save, guard, score and end the run. Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
+`trainer` runs it (its options and their checks: `arguments`); `components`, `data` and `features` make the model and
+its batches; `step` is one optimizer step; `checkpoints`, `validation` and `finishing` save, guard, score and end the
+run. Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
 """
 
 from typing import TYPE_CHECKING
@@ -26,11 +26,11 @@ _EXPORTS = {
     "preprocess_image": ".data",
     "TEXT_DTYPES": ".features",
     "FeatureStore": ".features",
-    "encode_text": ".feature_extraction",
-    "extract_features": ".feature_extraction",
+    "encode_text": ".features",
+    "extract_features": ".features",
     "feature_store_key": ".features",
-    "open_feature_store": ".feature_extraction",
-    "format_run_summary": ".report",
+    "open_feature_store": ".features",
+    "format_run_summary": ".finishing",
 }
 __all__ = [
     "CHECKPOINT_PATTERN",
@@ -69,6 +69,12 @@ if TYPE_CHECKING:
         warn_about_later_checkpoints,
     )  # noqa: F401
     from .data import DATA_LAYOUTS, load_coco2014, load_training_data, preprocess_image  # noqa: F401
-    from .feature_extraction import encode_text, extract_features, open_feature_store  # noqa: F401
-    from .features import TEXT_DTYPES, FeatureStore, feature_store_key  # noqa: F401
-    from .report import format_run_summary  # noqa: F401
+    from .features import (  # noqa: F401
+        TEXT_DTYPES,
+        FeatureStore,
+        encode_text,
+        extract_features,
+        feature_store_key,
+        open_feature_store,
+    )
+    from .finishing import format_run_summary  # noqa: F401

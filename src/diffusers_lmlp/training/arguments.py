@@ -1,19 +1,766 @@
-"""The trainer's arguments: the option table and the presets. `parse_args` reads them, then
-`training.argument_checks` refuses a wrong command at start-up with a message that says what to change.
-No heavy library (diffusers, transformers, accelerate) is imported here, so `--help` and argument errors are fast.
+"""The trainer's command line: the option table and presets (`build_parser`, `parse_args`), the start-up checks that
+refuse a wrong command with a message that says what to change, diffusers' options this script does not take, and
+what the checks read: how checkpoint folders are named and where the frozen VAE and text encoder come from (a local
+folder or Hub id, standalone or a pipeline's). No heavy library (diffusers, transformers, accelerate) is imported
+here, so `--help` and argument errors are fast; the loaders import theirs when they run.
 """
 
 import argparse
+import contextlib
+import inspect
+import json
+import logging
+import math
+import re
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..commands import program_name
-from ..models.families import FAMILIES, named_configs
+from ..evaluation.captions import draw_captions, read_captions_file
+from ..folders import TOKENIZER_FILES
+from ..models.families import FAMILIES, family_of, named_configs
 from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..shapes.pretrained import PIPELINE_PATH as SHAPES_PIPELINE_PATH
-from . import argument_checks
 from .data import DATA_LAYOUTS
-from .diffusers_options import diffusers_only_options
 from .features import TEXT_DTYPES
-from .sources import COCO_TEXT_ENCODER_REPO, COCO_VAE_REPO
+
+
+# A checkpoint is only ever complete under this name. A killed run may leave an operation under way, which the next
+# one cleans up: `.checkpoint-N.tmp` (being written) and `.checkpoint-N.deleting` are removed; `.checkpoint-N.old`
+# (set aside while checkpoint-N is replaced) is removed, or renamed back when checkpoint-N is missing.
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+UNDER_WAY_PATTERN = re.compile(r"^\.checkpoint-(\d+)\.(tmp|old|deleting)$")
+# The run's own state inside a checkpoint: {"step": ..., "train_seconds": ...}.
+STATE_FILE = "training_state.json"
+# Held (flock) by the main process of the run that uses the output folder.
+LOCK_FILE = ".train.lock"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a `checkpoint-N` folder.
+
+    Args:
+        path (`Path`): The checkpoint folder.
+    """
+    return int(CHECKPOINT_PATTERN.match(path.name).group(1))
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """The complete checkpoints, oldest first (an interrupted write, `.checkpoint-N.tmp`, never appears here).
+
+    Args:
+        output_dir (`Path`): The `--output_dir`.
+    """
+    found = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=checkpoint_step)
+
+
+# The files the trainer reads of the papers' components (docs/coco.md's `hf download` lines name exactly these).
+COCO_VAE_REPO = "CompVis/stable-diffusion-v1-4"
+COCO_VAE_FILES = ("vae/config.json", "vae/diffusion_pytorch_model.safetensors")
+COCO_TEXT_ENCODER_REPO = "openai/clip-vit-large-patch14"
+COCO_TEXT_ENCODER_FILES = (
+    "config.json",
+    "model.safetensors",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "preprocessor_config.json",  # read by the CLIP score of the evaluation, not by training
+)
+# A component's folder inside a full pipeline.
+VAE_FOLDER, TEXT_ENCODER_FOLDER, TOKENIZER_FOLDER = "vae", "text_encoder", "tokenizer"
+# The weights file of each component, as diffusers and transformers name it (`<name>.safetensors`, or shards listed in
+# `<name>.safetensors.index.json`).
+VAE_WEIGHTS, TEXT_ENCODER_WEIGHTS = "diffusion_pytorch_model", "model"
+# The CLIP tokenizer's files: a fast tokenizer's `tokenizer.json`, or a slow one's vocabulary and merges, and settings.
+TOKENIZER_FILE_NAMES = (*TOKENIZER_FILES, "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+# The tensors of a full CLIP checkpoint that its text model does not use: the vision tower, projections, logit scale.
+CLIP_OTHER_TENSORS = ("vision_model.", "visual_projection.", "text_projection.", "logit_scale")
+
+
+def in_folder(folder: str, name: str) -> str:
+    """The POSIX path of the file `name` in `folder` of a source (`""`: its root)."""
+    return f"{folder}/{name}" if folder else name
+
+
+@dataclass(frozen=True)
+class VaeSource:
+    """Where the VAE loads from: `source` (a local folder or Hub repo id) and its `subfolder` (`""`: the root)."""
+
+    source: str
+    subfolder: str
+
+
+@dataclass(frozen=True)
+class TextEncoderSource:
+    """Where the tokenizer and the text encoder load from: `source` (a local folder or Hub repo id) and the text
+    model's and the tokenizer's folders in it (`""`: the root)."""
+
+    source: str
+    subfolder: str
+    tokenizer_subfolder: str
+
+
+class Location:
+    """Reads the files of a local folder or Hub repo id `source` to tell its layout; `ValueError` when it is neither
+    (`option` names it in the messages)."""
+
+    def __init__(self, source: str, option: str, revision: str | None = None):
+        self.source, self.option, self.revision = source, option, revision
+        self.local = Path(source).is_dir()
+        if not self.local:
+            try:
+                validate_repo_id(source)
+            except HFValidationError:
+                raise ValueError(f"{option} {source}: no such folder") from None
+
+    def has(self, path: str) -> bool | None:
+        """Whether the source has the file `path` (POSIX, relative); None when a Hub repo cannot be asked (offline,
+        and the cache does not know)."""
+        if self.local:
+            return (Path(self.source) / path).is_file()
+        from huggingface_hub import constants, file_exists, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(self.source, path, revision=self.revision)
+        if isinstance(cached, str):
+            return True
+        if cached is not None:  # the cache recorded that the repo has no such file
+            return False
+        if constants.HF_HUB_OFFLINE:
+            return None
+        try:
+            return file_exists(self.source, path, revision=self.revision)
+        except Exception:  # no connection, a private repo without a token, ...: loading will say what is wrong
+            return None
+
+    def config(self, path: str) -> dict | None:
+        """The JSON file `path` of a local source, or of a Hub source's cache; None if not at hand."""
+        if self.local:
+            file = Path(self.source) / path
+        else:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(self.source, path, revision=self.revision)
+            file = Path(cached) if isinstance(cached, str) else None
+        if file is None or not file.is_file():
+            return None
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return config if isinstance(config, dict) else None
+
+    def unreachable(self, what: str, files: list[str]) -> ValueError:
+        """The error for a Hub source whose files are neither in the cache nor reachable."""
+        from huggingface_hub import constants
+
+        why = (
+            "HF_HUB_OFFLINE=1 keeps it from downloading"
+            if constants.HF_HUB_OFFLINE
+            else "the Hub could not be reached, or the repo is private (log in with `hf auth login`)"
+        )
+        return ValueError(
+            f"{self.option} {self.source}: {what} ({' or '.join(files)}) is not in the Hugging Face cache, and {why}. "
+            f"Fetch the files once, e.g. `hf download {self.source} {files[0]}` and the weights beside it (docs/coco.md "
+            f"lists the exact files), or pass a local folder with {self.option}."
+        )
+
+
+def is_vae_config(config: dict | None) -> bool:
+    """Whether a `config.json` is a diffusers autoencoder's (its `_class_name`, or a VAE's fields)."""
+    if not config:
+        return False
+    name = config.get("_class_name")
+    return name.startswith("Autoencoder") if isinstance(name, str) else "latent_channels" in config
+
+
+def resolve_vae(
+    source: str, subfolder: str | None, option: str = "--pretrained_vae", revision: str | None = None
+) -> VaeSource:
+    """Where the VAE of `source` is: its root (a standalone VAE) or its `vae/` folder (a full pipeline). A `subfolder`
+    (`--vae_subfolder`) is used as given, None detects; a `ValueError` names what the source lacks."""
+    location = Location(source, option, revision)
+    if subfolder is not None:
+        config = f"{subfolder}/config.json" if subfolder else "config.json"
+        if location.local and not location.has(config):
+            raise ValueError(
+                f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json ({Path(source) / config} is "
+                "missing); leave --vae_subfolder out to detect the layout"
+            )
+        return VaeSource(source, subfolder)
+    root, nested = location.has("config.json"), location.has(f"{VAE_FOLDER}/config.json")
+    if root and (is_vae_config(location.config("config.json")) or not nested):
+        return VaeSource(source, "")
+    if nested:
+        return VaeSource(source, VAE_FOLDER)
+    if root is None or nested is None:
+        raise location.unreachable("the VAE", ["config.json", f"{VAE_FOLDER}/config.json"])
+    raise ValueError(
+        f"{option} {source} holds no VAE: it has neither a config.json (a standalone VAE, as "
+        f"stabilityai/sd-vae-ft-mse) nor {VAE_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+    )
+
+
+def resolve_text_encoder(
+    source: str, subfolder: str | None, option: str = "--pretrained_text_encoder", revision: str | None = None
+) -> TextEncoderSource:
+    """Where the text encoder and tokenizer of `source` are: side by side at its root (a CLIP repo) or in
+    `text_encoder/` and `tokenizer/` (a full pipeline). A given `subfolder` is used as is, the tokenizer then read from
+    `tokenizer/` if there is one, else beside the model; a `ValueError` names what the source lacks."""
+    location = Location(source, option, revision)
+    if subfolder is None:
+        nested, root = location.has(f"{TEXT_ENCODER_FOLDER}/config.json"), location.has("config.json")
+        if nested:
+            subfolder = TEXT_ENCODER_FOLDER
+        elif root:
+            subfolder = ""
+        elif nested is None or root is None:
+            raise location.unreachable("the text encoder", ["config.json", f"{TEXT_ENCODER_FOLDER}/config.json"])
+        else:
+            raise ValueError(
+                f"{option} {source} holds no text encoder: it has neither a config.json (a CLIP repo, as "
+                f"{COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+            )
+    else:
+        config = f"{subfolder}/config.json" if subfolder else "config.json"
+        found = location.has(config)
+        if found is None:
+            raise location.unreachable("the text encoder", [config])
+        if not found:
+            if location.local and subfolder and not (Path(source) / subfolder).is_dir():
+                raise ValueError(f"{option} {source} has no {subfolder}/ folder: the text model is missing")
+            raise ValueError(f"{option} {source}: the text model's {config} is missing")
+    # A pipeline keeps its tokenizer in tokenizer/, a CLIP repo beside the model.
+    candidates = [TOKENIZER_FOLDER, subfolder] if subfolder else [""]
+    holds = [tokenizer_files(location, folder) for folder in candidates]
+    if True in holds:
+        return TextEncoderSource(source, subfolder, candidates[holds.index(True)])
+    if None in holds:
+        raise location.unreachable("the tokenizer", [in_folder(candidates[0], TOKENIZER_FILES[1])])
+    if subfolder and location.local and not (Path(source) / TOKENIZER_FOLDER).is_dir():
+        raise ValueError(f"{option} {source} has no {TOKENIZER_FOLDER}/ folder: the tokenizer is missing")
+    folder = Path(source) / candidates[0] if location.local else f"{source}/{candidates[0]}"
+    raise ValueError(f"{option} {source}: the tokenizer folder {folder} has no {' or '.join(TOKENIZER_FILES)}")
+
+
+def tokenizer_files(location: Location, folder: str) -> bool | None:
+    """Whether `folder` of the source holds tokenizer files; None when a Hub repo cannot be asked."""
+    found = [location.has(in_folder(folder, name)) for name in TOKENIZER_FILES]
+    return True if True in found else None if None in found else False
+
+
+def local_folder(
+    source: str, folder: str, weights: str, optional: tuple[str, ...] = (), revision: str | None = None
+) -> str:
+    """A local folder holding `source`'s model in `folder`: `source` itself, or the HF cache snapshot of a Hub repo,
+    into which its config, its safetensors weights (`weights`: the name without `.safetensors`, or its index's shards)
+    and those of the `optional` files it has are downloaded first."""
+    if Path(source).is_dir():
+        return source
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def fetch(name: str) -> Path:
+        return Path(hf_hub_download(source, name, revision=revision))
+
+    config = in_folder(folder, "config.json")
+    snapshot = fetch(config).parents[config.count("/")]
+    try:
+        fetch(in_folder(folder, f"{weights}.safetensors"))
+    except EntryNotFoundError:  # sharded weights
+        index = fetch(in_folder(folder, f"{weights}.safetensors.index.json"))
+        for shard in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())):
+            fetch(in_folder(folder, shard))
+    for name in optional:
+        try:
+            fetch(name)
+        except EntryNotFoundError:
+            pass
+    return str(snapshot)
+
+
+def load_vae(source: VaeSource, revision: str | None = None):
+    """The VAE of `source` (`resolve_vae`), its weights from safetensors only."""
+    from diffusers import AutoencoderKL
+
+    folder = local_folder(source.source, source.subfolder, VAE_WEIGHTS, revision=revision)
+    return AutoencoderKL.from_pretrained(folder, subfolder=source.subfolder or None, use_safetensors=True)
+
+
+def load_text_encoder(
+    source: TextEncoderSource, option: str = "--pretrained_text_encoder", revision: str | None = None
+):
+    """The CLIP tokenizer and text model of `source` (`resolve_text_encoder`), the model loaded strictly from
+    safetensors: `ValueError` for text-model tensors missing from the checkpoint, or tensors neither it nor a full CLIP
+    checkpoint's other tower has."""
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    tokenizer_files = tuple(in_folder(source.tokenizer_subfolder, name) for name in TOKENIZER_FILE_NAMES)
+    folder = local_folder(source.source, source.subfolder, TEXT_ENCODER_WEIGHTS, tokenizer_files, revision)
+    tokenizer = CLIPTokenizer.from_pretrained(folder, subfolder=source.tokenizer_subfolder)
+    with without_load_report():
+        text_encoder, info = CLIPTextModel.from_pretrained(
+            folder, subfolder=source.subfolder, use_safetensors=True, output_loading_info=True
+        )
+    missing = sorted(info["missing_keys"])
+    unknown = sorted(key for key in info["unexpected_keys"] if not key.startswith(CLIP_OTHER_TENSORS))
+    where = f"{option} {source.source}" + (f" ({source.subfolder}/)" if source.subfolder else "")
+    if missing:
+        raise ValueError(
+            f"{where}: the checkpoint lacks {len(missing)} of the CLIP text model's tensors ({named(missing)}), "
+            "which would be left random. Pass a CLIP text model or a full CLIP checkpoint."
+        )
+    if unknown:
+        raise ValueError(
+            f"{where}: the checkpoint holds {len(unknown)} tensors that are not a CLIP text model's ({named(unknown)}): "
+            "it is not the text encoder its config.json describes."
+        )
+    return tokenizer, text_encoder
+
+
+def named(keys: list[str], shown: int = 3) -> str:
+    """The first `shown` of `keys`, and how many more there are."""
+    more = f", and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+@contextlib.contextmanager
+def without_load_report() -> Iterator[None]:
+    """Leave out transformers' "LOAD REPORT" warning while a model loads: the caller reads the loading information
+    itself, so a full CLIP checkpoint's unused vision tower is not reported on every run."""
+
+    def not_a_load_report(record: logging.LogRecord) -> bool:
+        return " LOAD REPORT" not in str(record.msg)
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addFilter(not_a_load_report)
+    try:
+        yield
+    finally:
+        logger.removeFilter(not_a_load_report)
+
+
+# Option → what to do instead.
+DIFFUSERS_ONLY_OPTIONS = {
+    "--num_train_epochs": (
+        "this script counts optimizer steps: give --max_train_steps (one epoch is ⌈images / (--train_batch_size × "
+        "--gradient_accumulation_steps × processes)⌉ steps)"
+    ),
+    "--center_crop": (
+        "images are always center-cropped to a square and resized to --resolution, as U-ViT prepares COCO; drop it"
+    ),
+    "--image_interpolation_mode": "images are always resized with Lanczos, diffusers' default; drop it",
+    "--scale_lr": "multiply --learning_rate by the total batch (batch × accumulation × processes) yourself",
+    "--prediction_type": "the backbones predict the noise ε, as both papers train them; drop it",
+    "--input_perturbation": "it is not implemented here; drop it",
+    "--dream_training": "DREAM is not implemented here; drop it",
+    "--dream_detail_preservation": "DREAM is not implemented here; drop it",
+    "--use_8bit_adam": "the trainer steps torch's AdamW (fused on the CPU and CUDA); drop it",
+    "--validation_epochs": "give --validation_steps (optimizer steps between validations)",
+    "--enable_xformers_memory_efficient_attention": (
+        "the MLP backbones have no attention, and U-ViT runs torch's scaled_dot_product_attention, which picks a "
+        "fused kernel itself; drop it"
+    ),
+    "--non_ema_revision": "a fine-tune starts from the weights at --pretrained_model_name_or_path and --revision; drop it",
+    "--offload_ema": "the EMA weights stay on the model's device; drop it",
+    "--foreach_ema": "the EMA always updates in one multi-tensor pass; drop it",
+    "--local_rank": "`accelerate launch` gives each process its rank; drop it",
+}
+
+
+def diffusers_only_options(unknown: list[str]) -> list[str]:
+    """One line per diffusers option among the arguments argparse left over (`unknown`, as `parse_known_args` gives
+    them), in the order given."""
+    lines = []
+    for argument in unknown:
+        option = argument.split("=", 1)[0]
+        if option in DIFFUSERS_ONLY_OPTIONS:
+            lines.append(
+                f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}"
+            )
+    return lines
+
+
+# The config fields that fit a backbone to its frozen components and data (latent and text shapes) and set its size:
+# a preset's named configuration lends them to a --model_type of another family.
+SKELETON_FIELDS = (
+    "sample_size",
+    "patch_size",
+    "in_channels",
+    "hidden_size",
+    "num_layers",
+    "text_embed_dim",
+    "text_seq_len",
+)
+
+
+def model_class_of(model_type: str) -> type:
+    """The backbone class of a `--model_type` family name (imported on first use)."""
+    return FAMILIES[model_type].model_class
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str] = frozenset()) -> None:
+    """Fail at start-up, through `parser.error` (exit 2), with a message that says what to change, rather than after
+    minutes of set-up; `given` holds the options given on the command line (`given_options`)."""
+    if args.dataset_name and args.train_data_dir:
+        parser.error("pass either --dataset_name or --train_data_dir, not both")
+    validate_lora_args(parser, args)
+    check_data_args(parser, args)
+    check_training_values(parser, args)
+    check_validation_args(parser, args, given)
+    try:
+        check_component_sources(args)
+    except ValueError as error:
+        parser.error(str(error))
+    check_push_to_hub(parser, args)
+    if args.num_threads is not None and args.num_threads < 1:
+        parser.error(f"--num_threads must be >= 1, got {args.num_threads}")
+    check_output_dir(parser, args)
+    check_model_args(parser, args)
+
+
+def check_data_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Where the data comes from, and how it is read and cached."""
+    if args.preset == "coco-f2" and not (args.dataset_name or args.train_data_dir):
+        parser.error(
+            "--preset coco-f2 needs the COCO images: pass --train_data_dir with the COCO-2014 folder (annotations/ "
+            "and train2014/), or --train_data_dir with an imagefolder, or --dataset_name"
+        )
+    if args.data_layout == "coco2014" and not (args.train_data_dir or args.dataset_name):
+        parser.error("--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder there")
+    if args.streaming and not args.dataset_name:
+        parser.error("--streaming applies to --dataset_name")
+    if args.streaming and args.cache_features:
+        parser.error("--cache_features needs a map-style dataset: drop --streaming or --cache_features")
+    if args.random_flip and args.cache_features:
+        parser.error("--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)")
+    if args.cache_text_dtype and not args.cache_features:
+        parser.error("--cache_text_dtype is how --cache_features stores text states: add --cache_features or drop it")
+
+
+def check_training_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The numbers of the run (each in its range) and the checkpoint to resume from."""
+    for name in ("load_balance_weight", "symmetry_breaking_weight"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            parser.error(f"--{name} must be a finite number >= 0 (0: off), got {getattr(args, name)}")
+    if args.dataloader_num_workers < 0:
+        parser.error(
+            f"--dataloader_num_workers must be >= 0 (0 reads the data in the training process), got "
+            f"{args.dataloader_num_workers}"
+        )
+    if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
+        if not Path(args.resume_from_checkpoint).is_dir():
+            parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: no such checkpoint folder")
+        if not CHECKPOINT_PATTERN.match(Path(args.resume_from_checkpoint).name):
+            parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: not a checkpoint-<step> folder")
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "logging_steps",
+        "final_evaluation_inference_steps",
+    ):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
+        parser.error(
+            f"--checkpoints_total_limit must be >= 1 (or left out to keep all), got {args.checkpoints_total_limit}"
+        )
+    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
+        parser.error(f"--learning_rate must be a positive number, got {args.learning_rate}")
+    if args.shapes_num_images is not None:
+        if args.shapes_num_images < 1:
+            parser.error(f"--shapes_num_images must be >= 1, got {args.shapes_num_images}")
+        if args.world != "shapes":
+            parser.error("--shapes_num_images sizes the shapes world, which this run does not train on: leave it out")
+    if not 0.0 <= args.caption_dropout < 1.0:
+        parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
+    if not 0 <= args.seed < 2**32:
+        # numpy's seeds, which accelerate's set_seed sets too, are 32-bit; -1 is not "random" here.
+        parser.error(
+            f"--seed must be in [0, 2**32 - 1], got {args.seed}: every draw of a run comes from it, so that the run "
+            "can be reproduced and resumed; pick any number in that range"
+        )
+
+
+def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> None:
+    """What the validations sample: FID's captions and reference, the prompts file, and that there is something."""
+    if args.validation_fid_images < 0:
+        parser.error(
+            f"--validation_fid_images must be >= 0 (0: no FID during training), got {args.validation_fid_images}"
+        )
+    if args.validation_fid_images and not args.world:
+        missing = [
+            f"--{name}" for name in ("validation_fid_captions", "validation_fid_reference") if not getattr(args, name)
+        ]
+        if missing:
+            parser.error(
+                f"--validation_fid_images on your data needs {' and '.join(missing)}: the captions to sample (e.g. the "
+                "COCO-2014 folder, whose val2014 captions are drawn) and the real images' statistics (e.g. "
+                "fid_stats_mscoco256_val.npz)"
+            )
+    if args.validation_fid_captions:
+        try:
+            draw_captions(args.validation_fid_captions, 1)
+        except ValueError as error:
+            parser.error(str(error).replace("--captions", "--validation_fid_captions"))
+    if args.validation_fid_reference and not Path(args.validation_fid_reference).exists():
+        parser.error(f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder")
+    if args.validation_prompts_file:
+        try:
+            args.validation_prompts = read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
+        except ValueError as error:
+            parser.error(str(error))
+    if "validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images):
+        parser.error(
+            f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
+            "--validation_prompts (or --validation_prompts_file), or --validation_fid_images, or drop "
+            "--validation_steps"
+        )
+
+
+def check_push_to_hub(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--push_to_hub`: checked now (repo id, network, token), not after hours of training."""
+    if args.push_to_hub:
+        from huggingface_hub import constants
+
+        from diffusers_lmlp.hub.upload import check_repo_id, require_token
+
+        try:
+            check_repo_id(args.hub_model_id or Path(args.output_dir).name, "--hub_model_id")
+        except ValueError as error:
+            parser.error(str(error))
+        if constants.HF_HUB_OFFLINE:
+            parser.error(
+                "--push_to_hub uploads at the end of training, but HF_HUB_OFFLINE=1 forbids any request to the Hub: "
+                "unset HF_HUB_OFFLINE, or drop --push_to_hub and upload the finished folder later with "
+                f"`python -m diffusers_lmlp.hub push {args.output_dir} <user>/<name>`"
+            )
+        try:
+            require_token(args.hub_token, option="--hub_token")
+        except ValueError as error:
+            parser.error(str(error))
+
+
+def check_output_dir(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--output_dir`: a run never trains over an earlier one unless told which way to go."""
+    if args.overwrite_output_dir and args.resume_from_checkpoint:
+        parser.error("--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run: pass one of them")
+    if not (args.overwrite_output_dir or args.resume_from_checkpoint):
+        held = earlier_run(Path(args.output_dir))
+        if held:
+            parser.error(
+                f"--output_dir {args.output_dir} already holds {held}. Pass --resume_from_checkpoint latest to continue "
+                "that run, --overwrite_output_dir to train anew over it, or another --output_dir"
+            )
+
+
+def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle the backbone's family and configuration, and check `--model_overrides` against it."""
+    if args.model_overrides and args.pretrained_model_name_or_path:
+        parser.error(
+            "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose "
+            "configuration is kept: drop one of them"
+        )
+    if not args.pretrained_model_name_or_path:  # a base pipeline's backbone is resolved when it is read
+        resolve_model_type(parser, args)
+    try:
+        args.model_overrides = parse_overrides(args.model_overrides, model_class_of(args.model_type or "lmlp"))
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def earlier_run(output_dir: Path) -> str | None:
+    """What of an earlier run `output_dir` holds (a finished run, checkpoints), in words; None if nothing."""
+    if (output_dir / "training_summary.json").is_file():
+        return "a finished run (training_summary.json)"
+    checkpoints = list_checkpoints(output_dir) if output_dir.is_dir() else []
+    if checkpoints:
+        return f"the checkpoints of an earlier run (the last: {checkpoints[-1].name})"
+    return None
+
+
+def validate_lora_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The LoRA options: they need --lora_rank and a base pipeline, and refuse what LoRA training cannot do."""
+    if args.lora_rank is None:
+        given = [f"--{n}" for n in ("lora_alpha", "lora_target_modules") if getattr(args, n) is not None]
+        given += ["--lora_dropout"] if args.lora_dropout else []
+        if given:
+            parser.error(f"{', '.join(given)} configure the LoRA adapter of --lora_rank: add --lora_rank")
+        return
+    if args.lora_rank < 1:
+        parser.error(f"--lora_rank must be >= 1, got {args.lora_rank}")
+    if args.lora_alpha is not None and not (math.isfinite(args.lora_alpha) and args.lora_alpha > 0):
+        parser.error(f"--lora_alpha must be a positive number, got {args.lora_alpha}")
+    if not 0.0 <= args.lora_dropout < 1.0:
+        parser.error(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
+    for name, why in (
+        (
+            "use_ema",
+            "the adapter is trained without an EMA copy (--preset shapes turns EMA on, --preset shapes-lora not)",
+        ),
+        ("symmetry_breaking_weight", "its penalty reads the frozen base weights, which LoRA does not change"),
+    ):
+        if getattr(args, name):
+            parser.error(f"--{name} does not go with --lora_rank: {why}")
+    if not args.pretrained_model_name_or_path:
+        parser.error(
+            "--lora_rank fine-tunes a trained pipeline: pass --pretrained_model_name_or_path (or --preset shapes-lora, "
+            "which fine-tunes the shapes model that ships in the package)"
+        )
+
+
+def resolve_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle --model_type and --model_config for a new model: the family is --model_type, else the named
+    configuration's, else lmlp. A preset's named configuration of another family lends it its skeleton
+    (`SKELETON_FIELDS`), which explicit --model_overrides still replace."""
+    named = named_configs()
+    config = args.model_config
+    args.model_config_values = None
+    if config is not None and config.endswith(".json"):
+        try:
+            args.model_config_values, config_family = read_model_config_file(Path(config))
+        except ValueError as error:
+            parser.error(str(error))
+        if config_family is not None and args.model_type not in (None, config_family):
+            parser.error(f"--model_config {config} is a --model_type {config_family} config (its _class_name)")
+        args.model_type = args.model_type or config_family or "lmlp"
+        try:
+            check_config_values(args.model_config_values, model_class_of(args.model_type), f"--model_config {config}")
+        except ValueError as error:
+            parser.error(str(error))
+        args.model_skeleton = {}
+        return
+    if config is not None and config not in named:
+        parser.error(f"unknown --model_config {config!r}; choose one of {sorted(named)} or a .json file")
+    config_family = named[config][0].name if config in named else None
+    args.model_type = args.model_type or config_family or "lmlp"
+    args.model_skeleton = {}
+    if config_family not in (None, args.model_type):
+        if not args.model_config_from_preset:
+            parser.error(f"--model_config {config} is a --model_type {config_family} configuration")
+        args.model_skeleton = {k: v for k, v in named[config][1].items() if k in SKELETON_FIELDS}
+        args.model_config = None
+
+
+def parse_overrides(pairs: list[str], model_class: type) -> dict:
+    """`--model_overrides` `KEY=VALUE` pairs as config values (JSON, else a string), checked against `model_class`'s
+    `__init__`; the `ValueError` for a wrong pair lists the accepted keys."""
+    overrides = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--model_overrides takes KEY=VALUE pairs, got {pair!r}; {accepted_keys(model_class)}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        check_config_values({key: value}, model_class, f"--model_overrides {pair}", shown={key: text})
+        overrides[key] = value
+    return overrides
+
+
+def accepted_keys(model_class: type) -> str:
+    """The config keys of a backbone class (its `__init__` arguments), in words, for messages."""
+    keys = sorted(name for name in inspect.signature(model_class.__init__).parameters if name != "self")
+    return f"the accepted keys of {model_class.__name__} are {', '.join(keys)}"
+
+
+def check_config_values(values: dict, model_class: type, source: str, shown: dict | None = None) -> None:
+    """Refuse config values that `model_class` does not take (unknown keys, values not of the argument's annotated
+    type), naming `source`; `shown` says how to show each value (as the user wrote it). Keys starting with `_` are
+    skipped."""
+    parameters = inspect.signature(model_class.__init__, eval_str=True).parameters
+    for key, value in values.items():
+        if key.startswith("_"):
+            continue
+        if key not in parameters or key == "self":
+            raise ValueError(f"{source}: unknown config key {key!r}; {accepted_keys(model_class)}")
+        kinds = typing.get_args(parameters[key].annotation) or (parameters[key].annotation,)  # int | None → both
+        if not value_fits(value, kinds):
+            names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+            written = (shown or {}).get(key, json.dumps(value))
+            raise ValueError(f"{source}: {key} takes {names}, got {written!r}")
+
+
+def read_model_config_file(path: Path) -> tuple[dict, str | None]:
+    """The config values of a `--model_config` JSON file, and the family its `_class_name` names if any (a saved
+    backbone's `config.json` records it); `ValueError` for a missing file, invalid JSON or not an object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"--model_config {path}: cannot read it ({error.strerror or error})") from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--model_config {path} is not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"--model_config {path} must hold a JSON object of config values, got {type(values).__name__}"
+        )
+    class_name = values.get("_class_name")
+    try:
+        family = family_of(class_name).name if isinstance(class_name, str) else None
+    except ValueError as error:
+        raise ValueError(f"--model_config {path}: {error}") from None
+    return {k: v for k, v in values.items() if not k.startswith("_")}, family
+
+
+def value_fits(value, kinds: tuple[type, ...]) -> bool:
+    """Whether a decoded JSON value is of one of the annotated types `kinds` (a bool is no int; an int is a float)."""
+    if inspect.Parameter.empty in kinds:
+        return True
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds) or (isinstance(value, int) and float in kinds)
+
+
+def check_component_sources(args: argparse.Namespace) -> None:
+    """Name a missing local folder or file of a base pipeline or frozen component before loading turns it into a
+    confusing error (an empty tokenizer, a failed download); then set `args.text_encoder_source` and
+    `args.vae_source`."""
+    option = "--pretrained_model_name_or_path"
+    if args.pretrained_model_name_or_path and is_local(args.pretrained_model_name_or_path, option):
+        base = Path(args.pretrained_model_name_or_path)
+        if not (base / "model_index.json").is_file():
+            raise ValueError(f"{option} {base} is not a saved pipeline: it has no model_index.json")
+        for name in ("transformer", "vae", "text_encoder"):
+            require_files(option, base, name, ("config.json",), f"the {name}")
+        require_files(option, base, "tokenizer", TOKENIZER_FILES, "the tokenizer")
+    # The papers' components when training on data without a base pipeline; a base pipeline's or the world's own
+    # otherwise, unless --pretrained_vae / --pretrained_text_encoder replace them.
+    defaults = not args.pretrained_model_name_or_path and not args.world
+    text = args.pretrained_text_encoder or (COCO_TEXT_ENCODER_REPO if defaults else None)
+    vae = args.pretrained_vae or (COCO_VAE_REPO if defaults else None)
+    args.text_encoder_source = resolve_text_encoder(text, args.text_encoder_subfolder) if text else None
+    args.vae_source = resolve_vae(vae, args.vae_subfolder) if vae else None
+
+
+def is_local(source: str, option: str) -> bool:
+    """Whether a component source is a local folder; if not, it must be a valid Hub repo id (else `ValueError`)."""
+    if Path(source).is_dir():
+        return True
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise ValueError(f"{option} {source}: no such folder") from None
+    return False
+
+
+def require_files(option: str, source: Path, subfolder: str, files: tuple[str, ...], what: str) -> None:
+    """Require the folder `source/subfolder` holding at least one of `files`; otherwise a `ValueError` naming
+    `option` and `what` (e.g. "the tokenizer")."""
+    folder = source / subfolder
+    if not folder.is_dir():
+        raise ValueError(f"{option} {source} has no {subfolder}/ folder: {what} is missing")
+    if not any((folder / name).is_file() for name in files):
+        raise ValueError(f"{option} {source}: {what} folder {folder} has no {' or '.join(files)}")
 
 
 # The console script setup.py installs for this command.
@@ -357,7 +1104,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ema_decay", type=float, default=0.9999, help="the EMA's decay per step")
     train.add_argument(
         "--num_threads", type=int,
-        help="CPU threads of a one-process CPU run (default: the OMP_NUM_THREADS you set outside accelerate launch, "
+        help="CPU threads of a one-process CPU run (default: the OMP_NUM_THREADS you set, "
         "else every core). On busy cores, fewer threads run faster",
     )  # fmt: skip
     train.add_argument(
@@ -490,7 +1237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model_overrides = [*preset_overrides, *args.model_overrides]
     elif args.pretrained_model_name_or_path:  # a saved model keeps its own configuration
         args.model_overrides = []
-    argument_checks.validate_args(parser, args, given)
+    validate_args(parser, args, given)
     return args
 
 

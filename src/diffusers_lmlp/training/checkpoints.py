@@ -1,10 +1,10 @@
 """Checkpoints of a training run: written so that a complete one exists at every instant, pruned, resumed, and held
-by one run at a time.
-
-Each `checkpoint-N` holds accelerate's state next to diffusers model folders (safetensors, never pickles):
-`transformer/` and, with EMA, `transformer_ema/`; with LoRA only the adapter, in `transformer_lora/`.
+by one run at a time; each `checkpoint-N` holds accelerate's state next to diffusers model folders (`transformer/`,
+with EMA `transformer_ema/`; with LoRA only the adapter, in `transformer_lora/`). And what a diverging run does: a
+non-finite loss or gradient norm stops it before the update is applied, and non-finite weights are never saved.
 """
 
+import argparse
 import contextlib
 import errno
 import fcntl
@@ -20,7 +20,7 @@ from accelerate.utils import broadcast
 from diffusers.training_utils import EMAModel
 
 from ..durable import fsync_tree
-from .checkpoint_folders import (  # noqa: F401  (their former home)
+from .arguments import (  # noqa: F401  (their former home)
     CHECKPOINT_PATTERN,
     LOCK_FILE,
     STATE_FILE,
@@ -28,9 +28,9 @@ from .checkpoint_folders import (  # noqa: F401  (their former home)
     checkpoint_step,
     list_checkpoints,
 )
-from .compilation import plain_backbone
-from .lora import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
-from .lora import load_adapter, save_adapter
+from .components import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
+from .components import load_adapter, save_adapter
+from .step import NonFiniteLossError, non_finite_parameters, plain_backbone
 
 
 logger = get_logger(__name__)
@@ -239,3 +239,41 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
+
+
+def diverged_message(error: NonFiniteLossError, args: argparse.Namespace, output_dir: Path, store) -> str:
+    """What to say when a step's loss or gradient norm is NaN or inf; `store` is the run's feature store, if any."""
+    checkpoints = list_checkpoints(output_dir)
+    kept = (
+        f"the last checkpoint, {checkpoints[-1]}, is intact: resume from it with --resume_from_checkpoint latest"
+        if checkpoints
+        else "no checkpoint had been written yet"
+    )
+    tries = [f"a lower --learning_rate (now {args.learning_rate:g})"]
+    if args.max_grad_norm is None:
+        tries.append("gradient clipping, --max_grad_norm 1.0")
+    if args.mixed_precision == "fp16":
+        tries.append("--mixed_precision bf16 or no (fp16 overflows)")
+    if store is not None:
+        tries.append(
+            f"if the loss is not finite from the first steps, the cached features may be corrupted: delete {store.path} "
+            "and run again to extract them anew"
+        )
+    return (
+        f"error: {error}. Training stopped before this step's update was applied, and nothing of it was written; "
+        f"{kept}. Try {'; '.join(tries)}."
+    )
+
+
+def require_finite_weights(model, ema, step: int, output_dir: Path, learning_rate: float) -> None:
+    """Stop before a checkpoint or the pipeline is written with NaN or inf weights (the model's or the EMA's).
+    Every process checks its own, equal copy, so all of them stop together."""
+    bad = non_finite_parameters(model, ema=ema)
+    if bad:
+        checkpoints = list_checkpoints(output_dir)
+        kept = f"the last checkpoint, {checkpoints[-1]}, is intact" if checkpoints else "no checkpoint was written"
+        raise SystemExit(
+            f"error: after step {step}, {len(bad)} weight tensor(s) hold NaN or inf ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}), so nothing was saved; {kept}. Try a lower --learning_rate (now "
+            f"{learning_rate:g}) or --max_grad_norm 1.0."
+        )

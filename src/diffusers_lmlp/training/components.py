@@ -1,5 +1,7 @@
 """The backbone and its frozen components: building or loading the model, loading the tokenizer, text encoder and
-VAE, and refusing, before any data is read, components and a resolution that do not fit the backbone.
+VAE, and refusing, before any data is read, components and a resolution that do not fit the backbone. And LoRA
+fine-tuning through PEFT, as diffusers' LoRA examples do it: the base weights frozen, an adapter in the layers
+`lora_config` names, saved in diffusers' LoRA format, so `LMLPPipeline.load_lora_weights` reads what training writes.
 """
 
 import argparse
@@ -13,8 +15,9 @@ from diffusers import AutoencoderKL
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, symmetry_breaking_penalty
+from diffusers_lmlp.hub.lora_card import ADAPTER_NAME, adapted_modules, names_in_block
 from diffusers_lmlp.models import family_of
-from diffusers_lmlp.training.sources import load_text_encoder, load_vae
+from diffusers_lmlp.training.arguments import load_text_encoder, load_vae
 from diffusers_lmlp.worlds import WORLDS, load
 
 
@@ -69,7 +72,7 @@ def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
 
 def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
     """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's, else the papers';
-    `--pretrained_vae` / `--pretrained_text_encoder` replace either (sources resolved at start-up: `training.sources`).
+    `--pretrained_vae` / `--pretrained_text_encoder` replace either (resolved at start-up: `training.arguments`).
     """
     if args.pretrained_model_name_or_path:
         pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
@@ -94,7 +97,7 @@ def loading_from(what: str, source: str, option: str):
     to do (`option` sets the source)."""
     try:
         yield
-    except ValueError as error:  # what the component's checkpoint holds is wrong (sources.load_text_encoder)
+    except ValueError as error:  # what the component's checkpoint holds is wrong (arguments.load_text_encoder)
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -157,3 +160,99 @@ def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
     except RuntimeError as error:
         raise SystemExit(f"error: the VAE cannot encode {resolution}×{resolution} px images: {error}") from None
     return tuple(moments.shape[-2:])
+
+
+# Where a checkpoint keeps the adapter (instead of the whole backbone's `transformer/`).
+CHECKPOINT_FOLDER = "transformer_lora"
+
+
+def require_peft():
+    """Import peft, or say how to install it."""
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit(
+            'error: --lora_rank trains LoRA adapters with peft, which is not installed: pip install "diffusers-lmlp[train]"'
+        ) from None
+    return peft
+
+
+def lora_config(
+    model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
+):
+    """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
+    (names or suffixes) to the family's targets; exits when there is nothing to adapt."""
+    peft = require_peft()
+    family = family_of(model)
+    if target_modules:
+        targets, parameters = list(target_modules), []
+    else:
+        targets, parameters = family.lora_target_regex, list(family.lora_target_parameters)
+    if not targets and not parameters:
+        raise SystemExit(f"error: --lora_target_modules: {family.label} blocks have no nn.Linear layer to adapt")
+    return peft.LoraConfig(
+        r=rank,
+        lora_alpha=rank if alpha is None else alpha,
+        lora_dropout=dropout,
+        init_lora_weights="gaussian",
+        target_modules=targets or [],  # [] with parameters only: None would make PEFT look up a model type
+        target_parameters=parameters or None,
+    )
+
+
+def add_lora(model: torch.nn.Module, config) -> list[str]:
+    """Freeze the backbone, inject the adapter and return the adapted modules' names; exits when any named target
+    matches no layer (PEFT itself refuses only when none does)."""
+    model.requires_grad_(False)
+    linear_names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if isinstance(config.target_modules, set | list | tuple):
+        for target in sorted(config.target_modules):
+            if not any(name == target or name.endswith(f".{target}") for name in linear_names):
+                raise SystemExit(
+                    f"error: --lora_target_modules {target}: no nn.Linear layer of the backbone is named so; its "
+                    f"blocks' layers are {', '.join(names_in_block(linear_names))}"
+                )
+    try:
+        model.add_adapter(config, adapter_name=ADAPTER_NAME)
+    except ValueError as error:  # PEFT: none of the targets matched
+        raise SystemExit(f"error: --lora_target_modules: {error}") from None
+    return adapted_modules(model)
+
+
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's weights, keyed as diffusers' LoRA files key them (without the `transformer.` prefix)."""
+    from peft.utils import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
+
+
+def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
+    """Write the (unwrapped) model's adapter to `folder/pytorch_lora_weights.safetensors`, in diffusers' format."""
+    from ..pipelines import LMLPPipeline
+
+    LMLPPipeline.save_lora_weights(
+        folder,
+        transformer_lora_layers=adapter_state_dict(model),
+        transformer_lora_adapter_metadata=model.peft_config[ADAPTER_NAME].to_dict(),
+    )
+    return Path(folder) / "pytorch_lora_weights.safetensors"
+
+
+def load_adapter(model: torch.nn.Module, folder: Path) -> None:
+    """Load a `save_adapter` folder into the backbone's adapter; exits when their layers or shapes differ."""
+    from peft.utils import set_peft_model_state_dict
+
+    from ..pipelines import LMLPPipeline
+
+    saved = LMLPPipeline.lora_state_dict(str(folder))
+    saved = {key.removeprefix("transformer."): value for key, value in saved.items()}
+    expected = adapter_state_dict(model)
+    mismatched = sorted(set(saved) ^ set(expected)) or sorted(
+        k for k in expected if saved[k].shape != expected[k].shape
+    )
+    if mismatched:
+        raise SystemExit(
+            f"error: the LoRA adapter in {folder} does not fit this run's adapter (e.g. {mismatched[0]}): resume with "
+            "the --lora_rank and --lora_target_modules of the run that saved it"
+        )
+    set_peft_model_state_dict(model, saved, adapter_name=ADAPTER_NAME)

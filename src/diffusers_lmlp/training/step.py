@@ -1,20 +1,24 @@
-"""One optimizer step of ε-prediction training, as the papers train (`train_t2i_discrete`): noise, MSE, backward,
-clipping, the optimizer and LR steps, then the EMA update.
-
-The loss and gradient norm are checked before the gradients are applied, so a diverging run stops with
-`NonFiniteLossError` while the weights and checkpoints are still good. Noise and timesteps are drawn on the CPU (exact
-resumes on any device); apart from `check_finite`, nothing is read back from the device.
+"""One optimizer step of ε-prediction training, as the papers train: noise, MSE, backward, clipping, the optimizer and
+LR steps, then the EMA update; the loss and gradient norm are checked before the update (`NonFiniteLossError`). And
+how a run computes it: its precision (`--mixed_precision auto`: bf16 where the hardware runs it natively), whether it
+compiles the backbone (`--torch_compile auto`: inductor where that works and repays) and its AdamW kernel (fused on
+the CPU and CUDA). Noise and timesteps are drawn on the CPU: exact resumes on any device.
 """
 
+import argparse
 import math
+import os
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from diffusers import DDPMScheduler
 from diffusers.training_utils import EMAModel, compute_snr
 
+from ..cpu import this_cpu
 from ..models import load_balancing_loss, symmetry_breaking_penalty
 
 
@@ -198,3 +202,114 @@ def non_finite_parameters(*modules: torch.nn.Module, ema: EMAModel | None = None
     if ema is not None:
         bad += [f"ema.{i}" for i, p in enumerate(ema.shadow_params) if not torch.isfinite(p).all()]
     return bad
+
+
+def choose_precision(requested: str | None) -> tuple[str | None, str]:
+    """The `mixed_precision` for the `Accelerator` (None keeps accelerate's) for `--mixed_precision` `requested`, and
+    the reason as " (…)" to append to the log line, or ""."""
+    if requested != "auto":
+        return requested, ""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` or its config
+    if launched not in (None, "no"):
+        return None, f" (auto: the launch's {launched} is kept)"
+    if launch_device() == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f" (auto: {torch.cuda.get_device_name()} runs bf16 natively)"
+        return "no", f" (auto: {torch.cuda.get_device_name()} has no native bf16)"
+    cpu = this_cpu()
+    if cpu.native_bf16:
+        return "bf16", f" (auto: the CPU has native bf16, {cpu.native_bf16}: {cpu.describe()})"
+    return "no", f" (auto: float32, the CPU has no native bf16 (avx512_bf16 or AMX): {cpu.describe()})"
+
+
+def launch_device() -> str:
+    """The device type the run's `Accelerator` will train on, before it is built: "cuda" or "cpu"."""
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+
+
+def effective_precision(accelerator: Accelerator, args: argparse.Namespace) -> str:
+    """The precision the run trains in, in words for the log.
+
+    accelerate accepts fp16 on a CPU, then trains in float32 while reporting fp16: a preset's fp16 is taken as float32
+    and said so, an fp16 the user asked for is refused.
+    """
+    precision = accelerator.mixed_precision
+    if precision != "fp16" or accelerator.device.type != "cpu":
+        return precision
+    if args.mixed_precision == "fp16" and args.mixed_precision_from_preset:
+        return (
+            f"float32: the {args.preset} preset's fp16 needs a GPU (--mixed_precision bf16 runs bf16 autocast on a CPU "
+            "with native bf16: avx512_bf16 or AMX)"
+        )
+    raise SystemExit(
+        "error: fp16 mixed precision needs a GPU, and this run is on the CPU, where accelerate would train in float32 "
+        "while reporting fp16. Pass --mixed_precision no, or bf16 on a CPU with native bf16 (avx512_bf16 or AMX)."
+    )
+
+
+# Below this many steps `auto` does not compile: the first compilation would not pay off (with a margin).
+AUTO_MIN_STEPS = 1000
+
+
+def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str | None, str]:
+    """The `dynamo_backend` for the `Accelerator` ("inductor", "no", or None to keep accelerate's) for
+    `--torch_compile` `requested`, and the reason as " (…)" to append to the log line, or ""."""
+    if requested is None:
+        return None, ""
+    if requested != "auto":
+        return ("inductor" if requested == "yes" else "no"), ""
+    launched = os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower()  # `accelerate launch --dynamo_backend`
+    if launched != "no":
+        return None, f" (auto: the launch's {launched} is kept)"
+    if max_train_steps < AUTO_MIN_STEPS:
+        return "no", f" (auto: {max_train_steps} steps do not repay a compilation; --torch_compile yes compiles)"
+    seconds, problem = try_compilation(launch_device())
+    if problem:
+        return "no", f" (auto: torch.compile does not work here, {problem}; training uncompiled)"
+    return "inductor", f" (auto: inductor works here, a trial compilation took {seconds:.1f} s)"
+
+
+def try_compilation(device: str) -> tuple[float, str]:
+    """Compile and run a tiny function with inductor (a CPU needs a C++ compiler, a GPU Triton): the seconds it took,
+    and "" or the problem."""
+    start = time.perf_counter()
+    try:
+        trial = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2.0 + 1.0, backend="inductor", fullgraph=True)
+        trial(torch.linspace(-1.0, 1.0, 16, device=device))
+    except Exception as error:  # any failure (no compiler, no Triton, an old Python) means: do not compile
+        first_line = (str(error).strip().splitlines() or [""])[0][:200]
+        return time.perf_counter() - start, f"{type(error).__name__}: {first_line}"
+    finally:
+        torch._dynamo.reset()  # the trial's cache entries are of no use to the run
+    return time.perf_counter() - start, ""
+
+
+def plain_backbone(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """The backbone without accelerate's wrappers or torch.compile's, for saving, sampling and checks.
+
+    accelerate's `unwrap_model` keeps a whole-model compile's `OptimizedModule` (older versions cannot drop it).
+    """
+    unwrapped = accelerator.unwrap_model(model)
+    return getattr(unwrapped, "_orig_mod", unwrapped)
+
+
+# Devices where the fused kernel is used; elsewhere torch chooses its own implementation.
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
+def fused_adamw(device: torch.device) -> bool | None:
+    """The `fused` argument of `torch.optim.AdamW` for a run on `device`: True on the CPU and CUDA, else None."""
+    return True if device.type in FUSED_ADAMW_DEVICES else None
+
+
+def follow_device(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """After `load_state_dict`: use the kernel `fused_adamw` chooses for `device`, whatever the checkpoint's was.
+    The step counts move where that kernel reads them (the fused one on the parameter's device, else the CPU)."""
+    fused = fused_adamw(device)
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = fused, None
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            if "step" in state and not group["capturable"]:
+                state["step"] = state["step"].to(device=param.device if fused else "cpu", dtype=torch.float32)

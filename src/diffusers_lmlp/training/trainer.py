@@ -1,8 +1,8 @@
 """The trainer: the run, from the accelerator's set-up to the finished pipeline, and its loop of optimizer steps.
 `run_training` sets the parts up in the order they depend on each other (the components, the data and feature store,
-the optimizer, the checkpoint to resume from), then `take_steps` loops: a step, checkpoints, validations. Each part
-is a module of `training`. Every random choice is a function of (seed, step, sample position), so a resumed run
-continues exactly as the uninterrupted one.
+the optimizer, the checkpoint to resume from), then `take_steps` loops: a step, checkpoints, validations, and every
+`--logging_steps` the mean loss, gradient norm and learning rate to the trackers (`TrackerLogs`). Every random choice
+is a function of (seed, step, sample position), so a resumed run continues exactly as the uninterrupted one.
 """
 
 import argparse
@@ -26,24 +26,32 @@ from diffusers_lmlp import default_scheduler
 from diffusers_lmlp.allocator import keep_freed_memory
 from diffusers_lmlp.progress import is_terminal, progress_bar
 from diffusers_lmlp.threads import set_threads
-from diffusers_lmlp.training import batches, components, divergence, finishing, validation
+from diffusers_lmlp.training import components, data, finishing, validation
 from diffusers_lmlp.training.checkpoints import (
     checkpoint_step,
+    diverged_message,
     exclusive_output_dir,
     list_checkpoints,
     register_checkpoint_hooks,
+    require_finite_weights,
     save_checkpoint,
     saved_train_seconds,
     warn_about_later_checkpoints,
 )
-from diffusers_lmlp.training.compilation import choose_compilation, plain_backbone
+from diffusers_lmlp.training.components import add_lora, lora_config
 from diffusers_lmlp.training.data import load_training_data
 from diffusers_lmlp.training.features import FeatureStore
-from diffusers_lmlp.training.lora import add_lora, lora_config
-from diffusers_lmlp.training.optimizer import follow_device, fused_adamw
-from diffusers_lmlp.training.precision import choose_precision, effective_precision
-from diffusers_lmlp.training.step import LossOptions, NonFiniteLossError, training_step
-from diffusers_lmlp.training.tracker_logs import TrackerLogs
+from diffusers_lmlp.training.step import (
+    LossOptions,
+    NonFiniteLossError,
+    choose_compilation,
+    choose_precision,
+    effective_precision,
+    follow_device,
+    fused_adamw,
+    plain_backbone,
+    training_step,
+)
 
 
 logger = get_logger(__name__)
@@ -116,7 +124,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
     global_step, seconds_before = resume(args, accelerator, optimizer, output_dir)
 
-    source = batches.BatchSource(
+    source = data.BatchSource(
         args, dataset, store, *frozen, global_step,
         process_index=accelerator.process_index, num_processes=accelerator.num_processes,
     )  # fmt: skip
@@ -175,7 +183,7 @@ def load_data(args: argparse.Namespace, accelerator: Accelerator, frozen: tuple,
     if not args.cache_features:
         return dataset, None
     start = time.perf_counter()
-    store = batches.build_feature_store(args, dataset, *frozen, accelerator, cache_dir)
+    store = data.build_feature_store(args, dataset, *frozen, accelerator, cache_dir)
     logger.info(
         f"feature cache {store.path.name}: {len(store)} images ready in {time.perf_counter() - start:.1f} s "
         f"({store.nbytes() / len(store):,.0f} bytes per image, text states in {args.cache_text_dtype or 'float32'})"
@@ -277,7 +285,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
                     ema=run.ema, parameters=parameters,
                 )  # fmt: skip
             except NonFiniteLossError as error:
-                raise SystemExit(divergence.diverged_message(error, args, run.output_dir, run.store)) from None
+                raise SystemExit(diverged_message(error, args, run.output_dir, run.store)) from None
             global_step += 1
             loss, lr = result.loss.item(), run.lr_scheduler.get_last_lr()[0]
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
@@ -301,10 +309,39 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
 def checkpoint(run: Run, step: int, seconds: Callable[[], float]) -> None:
     """Write the checkpoint of `step` (on the main process) once every process has found its weights finite."""
     args, accelerator = run.args, run.accelerator
-    divergence.require_finite_weights(
-        plain_backbone(accelerator, run.model), run.ema, step, run.output_dir, args.learning_rate
-    )
+    require_finite_weights(plain_backbone(accelerator, run.model), run.ema, step, run.output_dir, args.learning_rate)
     if accelerator.is_main_process:
         saved = save_checkpoint(accelerator, run.output_dir, step, args.checkpoints_total_limit, seconds())
         logger.info(f"saved {saved}")
     accelerator.wait_for_everyone()
+
+
+class TrackerLogs:
+    """The step values a run gathers for its trackers, sent every `every` (`--logging_steps`) steps."""
+
+    def __init__(self, accelerator, every: int):
+        self.accelerator, self.every = accelerator, every
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.step = self.lr = None
+
+    def add(self, step: int, loss: float, grad_norm: float, lr: float) -> None:
+        """Gather the values of `step` (1-based); at the end of a window, send them."""
+        self.losses.append(loss)
+        self.grad_norms.append(grad_norm)
+        self.step, self.lr = step, lr
+        if step % self.every == 0:
+            self.send()
+
+    def send(self) -> None:
+        """Send what has been gathered since the last log, at the last step gathered (nothing when nothing is)."""
+        if not self.losses:
+            return
+        logs = {
+            "loss": sum(self.losses) / len(self.losses),
+            "lr": self.lr,
+            "grad_norm": sum(self.grad_norms) / len(self.grad_norms),
+        }
+        self.losses.clear()
+        self.grad_norms.clear()
+        self.accelerator.log(logs, step=self.step)

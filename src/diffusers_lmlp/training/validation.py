@@ -17,7 +17,7 @@ from PIL import Image
 from diffusers_lmlp import LMLPPipeline, default_scheduler
 from diffusers_lmlp.evaluation import draw_captions, evaluate
 from diffusers_lmlp.image_grid import make_image_grid
-from diffusers_lmlp.training.compilation import plain_backbone
+from diffusers_lmlp.training.step import plain_backbone
 from diffusers_lmlp.worlds import WORLDS, load
 
 
