@@ -34,6 +34,7 @@ if [ "$step" != deps ]; then
     . "$venv/bin/activate"
     pip install -c "$venv/lowest.txt" -e ".[train]" "${testing[@]}"
     pip list | grep -iE "^(torch|diffusers|transformers|accelerate|safetensors|huggingface.hub|datasets|peft) "
-    python -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_pipeline.py tests/test_pipeline_loading.py \
-        tests/test_bad_inputs.py tests/test_peft.py tests/test_lora_loading.py tests/test_train_lora.py
+    python -m pytest -q -p no:cacheprovider tests/models/test_models.py tests/pipelines/test_pipeline.py \
+        tests/pipelines/test_pipeline_loading.py tests/pipelines/test_bad_inputs.py tests/models/test_peft.py \
+        tests/pipelines/test_lora_loading.py tests/training/test_train_lora.py
 fi

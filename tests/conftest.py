@@ -32,7 +32,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.e
 
 
 def pytest_configure(config):
-    config.thread_share = THREAD_SHARE  # read by tests/test_readme.py
+    config.thread_share = THREAD_SHARE  # read by tests/project/test_readme.py
 
 
 @pytest.fixture(autouse=True)

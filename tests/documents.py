@@ -11,8 +11,9 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every page, in the order their Python examples run one after another in one namespace (tests/test_readme.py): the
-# README's examples first, and each page's after the ones it builds on (docs/backbones.md's use the README's model).
+# Every page, in the order their Python examples run one after another in one namespace
+# (tests/project/test_readme.py): the README's examples first, and each page's after the ones it builds on
+# (docs/backbones.md's use the README's model).
 PAGES = (
     "README.md",
     "docs/pipeline.md",
@@ -32,7 +33,7 @@ PAGES = (
     "docs/ablation.md",
     "docs/shapes-runs.md",
 )
-# The languages of the command blocks: each one must be run by a test (tests/test_documents.py).
+# The languages of the command blocks: each one must be run by a test (tests/project/test_documents.py).
 COMMAND_LANGUAGES = ("bash", "sh", "console")
 
 

@@ -5,7 +5,8 @@ without values (a wrong class or a damaged file); ours refuses unless `strict=Fa
 Two gaps cannot be closed after the public call, so we override diffusers' private `_load_pretrained_model`, the
 package's only such override: a sharded checkpoint's keys come from its index, which may list a tensor no shard holds
 (we read the shards' headers), and with a `device_map` diffusers fails on weights no tensor filled (we fill them
-first). tests/test_strict_loading.py checks both gaps and the signature on diffusers: once it fails, drop the override.
+first). tests/models/test_strict_loading.py checks both gaps and the signature on diffusers: once it fails, drop the
+override.
 """
 
 import inspect

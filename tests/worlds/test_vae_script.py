@@ -13,7 +13,7 @@ from documents import block, blocks, section
 from safetensors.torch import load_file
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A VAE of the script's layout, as small as its GroupNorms allow, trained for two steps on eight renders.
 TINY = ["--steps", "2", "--batch-size", "4", "--num-images", "8", "--block-out-channels", "8", "8", "8"]
 

@@ -21,7 +21,7 @@ from diffusers_lmlp.training import format_run_summary
 from diffusers_lmlp.training.finishing import format_duration
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAIN_COMMAND = (
     (ROOT / "README.md").read_text(encoding="utf-8").split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1]
 )

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from coco_fixture import CLIP_REPO, write_coco2014, write_hub_cache
 from documents import blocks
+from processes import run_bounded, warnings_in
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_train_text_to_image import ENV, free_port, train
 
@@ -21,11 +22,11 @@ from diffusers_lmlp.evaluation import FIDStatistics
 from diffusers_lmlp.evaluation.__main__ import parse_args
 from diffusers_lmlp.evaluation.captions import draw_captions
 from diffusers_lmlp.tiny import build_tiny_pipeline
-from tests.processes import run_bounded, warnings_in
 
 
-ROOT = Path(__file__).resolve().parents[1]
-STAND_INS = Path(__file__).resolve().parent / "stand_ins"  # torch_fidelity's interface, with a fixed random network
+ROOT = Path(__file__).resolve().parents[2]
+# torch_fidelity's interface, with a fixed random network
+STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
 # docs/evaluation.md's commands (the README's former "Evaluate" section); the README's own one is among them.
 BASH_BLOCKS = blocks("docs/evaluation.md", "bash")
 COMMANDS = [line for block in BASH_BLOCKS for line in block.splitlines() if "-m diffusers_lmlp.evaluation" in line]

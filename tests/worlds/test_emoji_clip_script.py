@@ -14,7 +14,7 @@ from diffusers_lmlp.emoji import EmojiScorer, load_emoji
 from diffusers_lmlp.emoji.scorer import TEXT_SEQ_LEN
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--steps", "2", "--batch-size", "8", "--width", "16", "--layers", "1"]
 
 

@@ -29,120 +29,120 @@ from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 # until it is entered here.
 COVERAGE = {
     ("README.md", 0, 'pip install -e ".[train]" && accelerate launch'): [
-        "tests/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
-        "tests/test_readme.py::test_readme_commands_pin_torch_first",  # and .ci/run installs with it
+        "tests/training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
+        "tests/project/test_readme.py::test_readme_commands_pin_torch_first",  # and .ci/run installs with it
     ],
     ("README.md", 1, 'pip install -e ".[test]" && python -m pytest -q'): [
-        "tests/test_readme.py::test_readme_commands_pin_torch_first",  # .ci/run runs it
+        "tests/project/test_readme.py::test_readme_commands_pin_torch_first",  # .ci/run runs it
     ],
     ("README.md", 2, "--preset emoji"): [
-        "tests/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
+        "tests/training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
     ],
     ("README.md", 3, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
-        "tests/test_evaluation_readme.py::test_readme_has_the_evaluation_commands",  # it is docs/evaluation.md's
-        "tests/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
+        "tests/evaluation/test_evaluation_readme.py::test_readme_has_the_evaluation_commands",  # it is docs/evaluation.md's
+        "tests/evaluation/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
     ],
     ("README.md", 4, "--model <user>/lmlp-emoji <user>/lmlp-shapes"): [
-        "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",  # each push is a dry run without the dry
+        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",  # each push is a dry run without the dry
     ],
     ("README.md", 5, "python benchmarks/roofline.py"): [
-        "tests/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
-        "tests/test_roofline.py::test_the_documented_command_writes_its_tables",
-        "tests/test_roofline.py::test_the_pages_print_the_scripts_estimate",
+        "tests/benchmarks/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/benchmarks/test_roofline.py::test_the_documented_command_writes_its_tables",
+        "tests/benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate",
     ],
     ("README.md", 6, "ruff check . && ruff format --check ."): [
-        "tests/test_readme.py::test_development_command_lints_clean",
+        "tests/project/test_readme.py::test_development_command_lints_clean",
     ],
     ("docs/hub.md", 0, "--dry-run --output-dir lmlp-shapes-upload"): [
-        "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",
+        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",
     ],
     ("docs/hub.md", 1, "--with-code --dry-run --output-dir lmlp-shapes-code-upload"): [
-        "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",
+        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",
     ],
     ("docs/hub.md", 2, "--dry-run --output-dir lmlp-demo-upload"): [
-        "tests/test_readme.py::test_hub_dry_run_commands_run_as_written",
+        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",
     ],
     ("docs/hub.md", 3, "LMLP_QUEUE_SIZE=8 LMLP_CONCURRENCY=2 python app.py"): [
-        "tests/test_readme_numbers.py::test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings",
-        "tests/test_space.py::test_the_app_serves_on_the_threads_it_chose_and_says_why",
+        "tests/project/test_readme_numbers.py::test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings",
+        "tests/space/test_space.py::test_the_app_serves_on_the_threads_it_chose_and_says_why",
     ],
     ("docs/hub.md", 4, "python benchmarks/space_sampling.py --num_images 1 --rounds 9"): [
-        "tests/test_space_sampling_benchmark.py::test_the_documented_commands_parse",
-        "tests/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen",
+        "tests/benchmarks/test_space_sampling_benchmark.py::test_the_documented_commands_parse",
+        "tests/benchmarks/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen",
     ],
     ("docs/training.md", 0, "--decoder-from shapes-vae --latent-noise 0.4"): [
-        "tests/test_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents",
+        "tests/worlds/test_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents",
     ],
     ("docs/training.md", 1, "--preset shapes-lora"): [
-        "tests/test_train_lora.py::test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after",
+        "tests/training/test_train_lora.py::test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after",
     ],
     ("docs/emoji.md", 0, "python scripts/build_emoji_world.py --size 64"): [
-        "tests/test_emoji_world.py::test_the_documented_build_commands_run_on_the_npm_layout",
+        "tests/worlds/test_emoji_world.py::test_the_documented_build_commands_run_on_the_npm_layout",
     ],
     ("docs/emoji.md", 1, "python scripts/train_emoji_clip.py"): [
-        "tests/test_emoji_clip_script.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side",
-        "tests/test_vae_script.py::test_the_documented_emoji_vae_command_trains_on_the_training_pictures",
+        "tests/worlds/test_emoji_clip_script.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side",
+        "tests/worlds/test_vae_script.py::test_the_documented_emoji_vae_command_trains_on_the_training_pictures",
     ],
     ("docs/emoji.md", 2, "--pipeline emoji --captions emoji:heldout"): [
-        "tests/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline",
+        "tests/worlds/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline",
     ],
     ("docs/emoji.md", 3, "--preset emoji"): [
-        "tests/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
+        "tests/training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
     ],
     ("docs/coco.md", 0, "hf download openai/clip-vit-large-patch14"): [
-        "tests/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads",
+        "tests/training/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads",
     ],
     ("docs/coco.md", 1, "--num_machines 2 --machine_rank $MACHINE_RANK"): [
-        "tests/test_train_coco.py::test_readme_has_the_coco_commands",
-        "tests/test_train_coco.py::test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples",
-        "tests/test_train_coco.py::test_two_cpu_processes_train_together",
-        "tests/test_train_coco.py::test_two_machines_command_trains_as_one_run",
+        "tests/training/test_train_coco.py::test_readme_has_the_coco_commands",
+        "tests/training/test_train_coco.py::test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples",
+        "tests/training/test_train_coco.py::test_two_cpu_processes_train_together",
+        "tests/training/test_train_coco.py::test_two_machines_command_trains_as_one_run",
     ],
     ("docs/evaluation.md", 0, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
-        "tests/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
+        "tests/evaluation/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
     ],
     ("docs/evaluation.md", 1, "python benchmarks/scorer_agreement.py"): [
-        "tests/test_scorer_agreement.py::test_the_documented_command_samples_scores_and_writes_its_results",
+        "tests/benchmarks/test_scorer_agreement.py::test_the_documented_command_samples_scores_and_writes_its_results",
     ],
     ("docs/evaluation.md", 2, "--fid_reference coco2014/val2014"): [
-        "tests/test_evaluation_readme.py::test_coco_fid_and_clip_score_against_the_published_statistics",
-        "tests/test_evaluation_readme.py::test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics",
+        "tests/evaluation/test_evaluation_readme.py::test_coco_fid_and_clip_score_against_the_published_statistics",
+        "tests/evaluation/test_evaluation_readme.py::test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics",
     ],
     ("docs/analysis.md", 0, "python -m diffusers_lmlp.analysis lateralization"): [
-        "tests/test_analysis.py::test_the_readme_command_draws_the_shipped_model_as_docs_show_it",
-        "tests/test_analysis.py::test_every_documented_command_runs_as_written",
+        "tests/evaluation/test_analysis.py::test_the_readme_command_draws_the_shipped_model_as_docs_show_it",
+        "tests/evaluation/test_analysis.py::test_every_documented_command_runs_as_written",
     ],
     ("docs/analysis.md", 1, "--pipeline uvit-shapes"): [
-        "tests/test_analysis.py::test_every_documented_command_runs_as_written",
+        "tests/evaluation/test_analysis.py::test_every_documented_command_runs_as_written",
     ],
     ("docs/benchmarks.md", 0, "python benchmarks/speed_vs_uvit.py --precisions fp32"): [
-        "tests/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
-        "tests/test_speed_benchmark.py::test_the_documented_command_runs",
+        "tests/benchmarks/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
+        "tests/benchmarks/test_speed_benchmark.py::test_the_documented_command_runs",
     ],
     ("docs/benchmarks.md", 1, "python benchmarks/profile_passes.py --models U-ViT-S/2 F2-deep --mode eager"): [
-        "tests/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
-        "tests/test_profile_passes.py::test_the_documented_command_profiles_each_pass_and_counts_every_gemm",
+        "tests/benchmarks/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/benchmarks/test_profile_passes.py::test_the_documented_command_profiles_each_pass_and_counts_every_gemm",
     ],
     ("docs/benchmarks.md", 2, "python benchmarks/trainer_overhead.py --torch_compile yes"): [
-        "tests/test_trainer_overhead.py::test_the_documented_command_times_the_trainer_beside_a_bare_step",
+        "tests/benchmarks/test_trainer_overhead.py::test_the_documented_command_times_the_trainer_beside_a_bare_step",
     ],
     ("docs/speed-gpu.md", 0, "examples/train_text_to_image.py"): [
-        "tests/test_documents.py::test_the_gpu_page_ran_the_readme_main_command",
-        "tests/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
+        "tests/project/test_documents.py::test_the_gpu_page_ran_the_readme_main_command",
+        "tests/training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
     ],
     ("docs/speed-gpu.md", 1, "python benchmarks/speed_vs_uvit.py --device cuda"): [
-        "tests/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
+        "tests/benchmarks/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
     ],
     ("docs/speed-gpu.md", 2, "python benchmarks/roofline.py"): [
-        "tests/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
-        "tests/test_roofline.py::test_the_pages_print_the_scripts_estimate",
+        "tests/benchmarks/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate",
     ],
     ("docs/speed-gpu.md", 3, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
-        "tests/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
+        "tests/benchmarks/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
     ],
     ("docs/ablation.md", 0, "python benchmarks/ablation_shapes.py --output_dir ablation-shapes"): [
-        "tests/test_documents.py::test_the_ablation_command_is_the_scripts_own",
-        "tests/test_ablation_shapes.py::test_two_entries_train_score_and_resume_end_to_end",
+        "tests/project/test_documents.py::test_the_ablation_command_is_the_scripts_own",
+        "tests/benchmarks/test_ablation_shapes.py::test_two_entries_train_score_and_resume_end_to_end",
     ],
 }
 
@@ -237,7 +237,7 @@ def test_the_readme_is_a_five_minute_read_with_a_table_of_contents():
 
 
 def test_the_gpu_page_ran_the_readme_main_command():
-    # docs/speed-gpu.md ran the README's main job, which tests/test_first_minutes.py runs as written.
+    # docs/speed-gpu.md ran the README's main job, which tests/training/test_first_minutes.py runs as written.
     main = text("README.md").split("<!-- main-command -->", 1)[1]
     [install_and_run] = blocks(main, "bash")[:1]
     [on_the_gpu] = blocks(section("docs/speed-gpu.md", "The README's main command, on the GPU"), "bash")
@@ -253,7 +253,8 @@ def benchmark(name: str):
 
 
 def test_the_ablation_command_is_the_scripts_own():
-    # Its options and values are the script's; tests/test_ablation_shapes.py runs the script end to end, shortened.
+    # Its options and values are the script's; tests/benchmarks/test_ablation_shapes.py runs the script end to end,
+    # shortened.
     ablation = benchmark("ablation_shapes")
     [command] = [line for line in blocks("docs/ablation.md", "bash")[0].splitlines() if line.startswith("python")]
     argv = shlex.split(command.split("  #", 1)[0])
@@ -403,8 +404,8 @@ def test_the_flops_the_speed_pages_compare_are_the_codes():
 
 
 def printed_measures() -> tuple[dict, dict, dict, dict]:
-    """docs/analysis.md's table of the shipped model's measures (which tests/test_analysis.py checks the command
-    prints): per layer, the left and the right hemisphere's measures, then the two noise bands."""
+    """docs/analysis.md's table of the shipped model's measures (which tests/evaluation/test_analysis.py checks the
+    command prints): per layer, the left and the right hemisphere's measures, then the two noise bands."""
     [table] = blocks("docs/analysis.md", "text")
     left, right = {}, {}
     pattern = r"^(\d+)\s+\S+\s+(left|right)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$"

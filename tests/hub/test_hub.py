@@ -815,7 +815,7 @@ def test_package_demo_stages_its_three_files_and_no_package_source(tmp_path):
     for name in ("app.py", "requirements.txt"):
         assert (staged.folder / name).read_bytes() == (DEFAULT_SPACE_DIR / name).read_bytes()
     # In a checkout, the demo is the repository's Space folder; it stays far below the Space's size limits.
-    assert DEFAULT_SPACE_DIR == Path(__file__).resolve().parents[1] / "spaces" / "lmlp-demo"
+    assert DEFAULT_SPACE_DIR == Path(__file__).resolve().parents[2] / "spaces" / "lmlp-demo"
     sizes = [(staged.folder / name).stat().st_size for name in staged.files]
     assert max(sizes) < SPACE_FILE_LIMIT[0] / 100 and sum(sizes) < SPACE_TOTAL_LIMIT[0] / 1000
     card = SpaceCard.load(staged.folder / "README.md")

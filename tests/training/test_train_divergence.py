@@ -1,7 +1,8 @@
 """A diverging run never destroys good work: a NaN or inf loss or gradient norm stops the trainer at that step, before
 anything of it is applied or written, with a message that says what to try; the good checkpoints stay, rotation
 included. The trainer runs in this process (`main(argv)`), on the tiny workspace of test_train_text_to_image.
-(Corrupted cached features are refused earlier, by the feature store's checksums: tests/test_feature_store.py.)"""
+(Corrupted cached features are refused earlier, by the feature store's checksums:
+tests/training/test_feature_store.py.)"""
 
 import math
 from pathlib import Path

@@ -43,7 +43,7 @@ from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = documents.text("docs/analysis.md")
 # The README's former "Look inside a model" section, now docs/analysis.md's "In short".
 README_SECTION = documents.section("docs/analysis.md", "In short")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
     not Path("/usr/bin/chromium").exists(), reason=".ci/run installs chromium with apt-get where it is missing"
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from coco_fixture import write_clip_repo, write_coco2014
 from PIL import Image, ImageFilter
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -33,7 +34,6 @@ from diffusers_lmlp.image_tensors import images_to_tensor
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import ShapesScorer, accuracies, parse_caption, read_image, score_image
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
-from tests.coco_fixture import write_clip_repo, write_coco2014
 
 
 class TinyFeatures(torch.nn.Module):

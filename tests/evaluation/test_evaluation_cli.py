@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from processes import run_bounded
+from space_server import free_port
 
 import diffusers_lmlp
 from diffusers_lmlp import LMLPPipeline, threads
 from diffusers_lmlp.allocator import MALLOC_VARIABLES
 from diffusers_lmlp.evaluation.__main__ import build_parser, main, parse_args
 from diffusers_lmlp.evaluation.resume import ProgressStore
-from tests.processes import run_bounded
-from tests.space_server import free_port
 
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -425,7 +425,7 @@ def test_with_the_package_the_app_loads_a_with_code_folder_and_runs_none_of_its_
 
 
 def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
-    tree = ast.parse((Path(__file__).resolve().parents[1] / "setup.py").read_text(encoding="utf-8"))
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "setup.py").read_text(encoding="utf-8"))
     (install_requires,) = [
         ast.literal_eval(node.value)
         for node in tree.body

@@ -28,7 +28,7 @@ from diffusers_lmlp.training import load_coco2014
 from diffusers_lmlp.training.data import BatchSource, step_generator
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASH_BLOCKS = blocks("docs/coco.md", "bash")
 COCO_COMMANDS = [
     line.split("#", 1)[0].strip()

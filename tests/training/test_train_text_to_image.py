@@ -28,7 +28,7 @@ from diffusers_lmlp.tiny import build_tiny_pipeline
 from diffusers_lmlp.training.data import load_imagefolder
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_text_to_image.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_text_to_image.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 

@@ -13,7 +13,7 @@ from space_server import app_process, image_std, model_panel
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPACE_FOLDER = ROOT / "spaces" / "lmlp-demo"
 
 

@@ -15,7 +15,7 @@ from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, named_configs
 
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ablation_shapes.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ablation_shapes.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 # Every entry's parameter count lies within this fraction of shapes-S's 860,386. Most land within 1%; U-ViT's width
 # must be a multiple of its 8 heads (D = 88: +7.1%) and gMLP's A3 needs an even int(D × 4.18) (D = 123: +3.8%).

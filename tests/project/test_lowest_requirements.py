@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("lowest_requirements", ROOT / "scripts" / "lowest_requirements.py")
 lowest = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lowest)

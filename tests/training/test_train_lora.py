@@ -27,7 +27,7 @@ from diffusers_lmlp.training.components import add_lora, lora_config
 
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]
 LORA_FILE = "pytorch_lora_weights.safetensors"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = page_text("docs/training.md")  # the README's former "Fine-tune with LoRA" section is docs/training.md's
 
 

@@ -14,7 +14,7 @@ from diffusers_lmlp.emoji import HELD_OUT, load_emoji, load_images, make_dataset
 from diffusers_lmlp.emoji.world import VALIDATION_PROMPTS, WORLD_PATH
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TONES = ("1F3FB", "1F3FC", "1F3FD", "1F3FE", "1F3FF")
 TONE_WORDS = (
     "light skin tone",

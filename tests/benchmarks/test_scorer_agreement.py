@@ -19,7 +19,7 @@ from PIL import Image
 from diffusers_lmlp.shapes.world import BACKGROUND, ShapeSpec, all_specs, render
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "scorer_agreement.py"
 spec = importlib.util.spec_from_file_location("scorer_agreement", SCRIPT)
 agreement = importlib.util.module_from_spec(spec)

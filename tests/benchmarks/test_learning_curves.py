@@ -1,6 +1,6 @@
 """The learning curves of shapes-world runs: what each validation appends to `logs/scores.jsonl`, what a new or
 resumed run keeps of it, and how `benchmarks/learning_curves.py` reads a run (the plot itself is drawn in
-tests/test_first_minutes.py from a real run)."""
+tests/training/test_first_minutes.py from a real run)."""
 
 import importlib.util
 import json
@@ -11,7 +11,7 @@ import pytest
 from diffusers_lmlp.training.validation import keep_scores_until
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_curves():

@@ -2,7 +2,7 @@
 describes: the prompts it samples the shipped shapes model with, the progress lines, the upload limits, the Space's
 folder and settings, the install extra, the metadata example, and the options it names. A change on
 either side fails here, so that neither can drift from the other. (The vocabulary size and the LoRA share are checked in
-tests/test_readme_facts.py.)"""
+tests/project/test_readme_facts.py.)"""
 
 import ast
 import re
@@ -21,7 +21,7 @@ from diffusers_lmlp.progress import LINE_EVERY_FRACTION, LINE_EVERY_SECONDS
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = page_text("README.md")
 SPACE_DIR = ROOT / "spaces" / SPACE_NAME
 
@@ -75,7 +75,7 @@ def sampled_prompts(block: str) -> list[str]:
 
 
 def test_every_prompt_the_readme_samples_the_shapes_model_with_is_in_its_vocabulary():
-    # The blocks that tests/test_readme.py runs against the shipped shapes model: those with a placeholder it
+    # The blocks that tests/project/test_readme.py runs against the shipped shapes model: those with a placeholder it
     # replaces (the model repo, the repo pushed with code, the LoRA, the served Space), or that load it themselves.
     placeholders = stand_ins("http://127.0.0.1:7860/", Path("lora"), Path("with-code"))
     blocks = [

@@ -28,7 +28,7 @@ from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.worlds import WORLDS
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 TEXT = README.read_text(encoding="utf-8")
 PYTHON_BLOCKS = [code for page in PAGES for code in blocks(page, "python")]
@@ -54,7 +54,7 @@ def localise(block: str, replacements: dict[str, str]) -> str:
         block = block.replace(placeholder, local)
     live = [line.split("#", 1)[0] for line in block.splitlines()]
     leftover = [line for line in live if "<user>" in line]
-    assert not leftover, f"README example needs a local stand-in in tests/test_readme.py for: {leftover}"
+    assert not leftover, f"README example needs a local stand-in in tests/project/test_readme.py for: {leftover}"
     return block
 
 
