@@ -1,7 +1,10 @@
-"""Durable writes and folder locks: what is renamed into place was flushed to disk first, so a crash never publishes
-lost data; a folder one process works in is locked against a second."""
+"""Durable writes, checksums and folder locks: what is renamed into place was flushed to disk first, so a crash never
+publishes lost data; a folder's checksums show any byte changed since it was written; a folder one process works in
+is locked against a second."""
 
 import fcntl
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -26,3 +29,39 @@ def hold_lock(path: Path):
         lock.close()
         return None
     return lock
+
+
+CHECKSUMS_FILE = "checksums.json"
+
+
+def write_checksums(folder: Path) -> None:
+    """Record the SHA-256 of every file under `folder` in its `checksums.json`."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != CHECKSUMS_FILE)
+    sums = {}
+    for path in files:
+        with open(path, "rb") as f:
+            sums[path.relative_to(folder).as_posix()] = hashlib.file_digest(f, "sha256").hexdigest()
+    (folder / CHECKSUMS_FILE).write_text(json.dumps({"sha256": sums}, indent=1), encoding="utf-8")
+
+
+def checksum_problem(folder: Path) -> str | None:
+    """What differs between `folder` and its `checksums.json` (a file changed, missing or added, or no usable
+    checksums), or None when every file is as it was written."""
+    try:
+        sums = json.loads((folder / CHECKSUMS_FILE).read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(sums, dict) or not sums or not all(isinstance(v, str) for v in sums.values()):
+            raise ValueError
+    except FileNotFoundError:
+        return f"it has no {CHECKSUMS_FILE}"
+    except (ValueError, KeyError, TypeError):
+        return f"its {CHECKSUMS_FILE} is not a list of checksums"
+    found = {path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file()} - {CHECKSUMS_FILE}
+    if missing := sorted(sums.keys() - found):
+        return f"{missing[0]} is missing"
+    if added := sorted(found - sums.keys()):
+        return f"{added[0]} was added after it was written"
+    for name in sorted(sums):
+        with open(folder / name, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != sums[name]:
+                return f"{name} differs from its checksum (damaged or edited)"
+    return None

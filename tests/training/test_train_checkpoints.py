@@ -23,6 +23,8 @@ from test_train_text_to_image import (
     weights,
 )
 
+from diffusers_lmlp.durable import checksum_problem, write_checksums
+
 
 STEPS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--use_ema", "--cache_features"]
 
@@ -164,6 +166,98 @@ def test_a_full_disk_names_the_folder_and_keeps_the_previous_checkpoint(workspac
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-6"]
 
 
+def zero_sector(path: Path, at: float = 0.6) -> None:
+    """Zero 4 KiB at `at` of the file, as a failing disk sector would."""
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * at)
+    data[start : start + 4096] = bytes(len(data[start : start + 4096]))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_latest_passes_over_a_damaged_checkpoint_and_resumes_exactly_from_the_one_before(workspace, straight):
+    out = workspace / "damaged"
+    shutil.copytree(straight, out)
+    shutil.rmtree(out / "checkpoint-6")
+    zero_sector(out / "checkpoint-4" / "transformer" / "diffusion_pytorch_model.safetensors")
+    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
+    assert (
+        "checkpoint-4 is damaged (transformer/diffusion_pytorch_model.safetensors differs from its checksum (damaged "
+        "or edited)): --resume_from_checkpoint latest takes an earlier one"
+    ) in result.stderr
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in result.stderr
+    assert_same_weights(weights(out), weights(straight))
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        ("delete optimizer.bin", "optimizer.bin is missing"),
+        (
+            "flip a bit of transformer_ema/diffusion_pytorch_model.safetensors",
+            "transformer_ema/diffusion_pytorch_model",
+        ),
+        ("cut training_state.json short", "training_state.json differs from its checksum"),
+        ("delete checksums.json", "it has no checksums.json"),
+    ],
+)
+def test_a_damaged_checkpoint_named_explicitly_stops_the_run_naming_the_file(workspace, straight, damage, problem):
+    out = workspace / f"explicit-{damage.split()[0]}-{len(damage)}"
+    shutil.copytree(straight / "checkpoint-4", out / "checkpoint-4")
+    checkpoint = out / "checkpoint-4"
+    if damage.startswith("delete"):
+        (checkpoint / damage.split()[1]).unlink()
+    elif damage.startswith("flip"):
+        path = checkpoint / "transformer_ema" / "diffusion_pytorch_model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 1
+        path.write_bytes(bytes(data))
+    else:
+        (checkpoint / "training_state.json").write_text("{")
+    with pytest.raises(SystemExit, match=f"the checkpoint {checkpoint} is damaged: {problem}"):
+        train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(checkpoint))
+
+
+def test_latest_with_no_intact_checkpoint_stops_the_run(workspace, straight):
+    out = workspace / "all-damaged"
+    shutil.copytree(straight / "checkpoint-2", out / "checkpoint-2")
+    (out / "checkpoint-2" / "optimizer.bin").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"no checkpoint in .* is intact \(checkpoint-2 are damaged"):
+        train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
+
+
+def test_checksums_show_a_changed_missing_or_added_file(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "weights.bin").write_bytes(b"0123")
+    write_checksums(tmp_path)
+    assert checksum_problem(tmp_path) is None
+    (tmp_path / "a" / "weights.bin").write_bytes(b"0124")
+    assert checksum_problem(tmp_path) == "a/weights.bin differs from its checksum (damaged or edited)"
+    (tmp_path / "extra.txt").write_text("x")
+    assert checksum_problem(tmp_path) == "extra.txt was added after it was written"
+    for text in (
+        "{}",
+        '{"sha256": {}}',
+        '{"sha256": [1]}',
+        '{"sha256": null}',
+        "[",
+        '{"sha256": {"a/weights.bin": 1}}',
+    ):
+        (tmp_path / "checksums.json").write_text(text)
+        assert checksum_problem(tmp_path) == "its checksums.json is not a list of checksums", text
+
+
+@pytest.mark.slow
+def test_a_resume_trains_at_the_learning_rate_given_now(workspace, straight):
+    out = workspace / "new-lr"
+    shutil.copytree(straight / "checkpoint-4", out / "checkpoint-4")
+    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest", "--learning_rate", "3e-05")
+    assert "resuming at --learning_rate 3e-05; the checkpoint's run trained at 0.001" in result.stderr
+    assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
+    now, before = weights(out / "checkpoint-6"), weights(straight / "checkpoint-6")
+    assert any(not torch.equal(now[key], before[key]) for key in before)
+
+
 @pytest.fixture
 def busy(workspace):
     """An output folder that another run holds (its lock taken by this process, as the other run's would be)."""
@@ -208,6 +302,7 @@ def test_training_time_adds_up_across_resumes(workspace, straight):
     assert 0 < state["train_seconds"] <= first  # the time up to step 4, inside the checkpoint
     # Pretend the first segment took 1000 s; the summary of the resumed run must include it.
     (out / "checkpoint-4" / "training_state.json").write_text(json.dumps({**state, "train_seconds": 1000.0}))
+    write_checksums(out / "checkpoint-4")  # as the run that took 1000 s would have written them
 
     start = time.monotonic()
     train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-4"))

@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 from test_train_text_to_image import load_script, make_workspace, train_args
 
+from diffusers_lmlp.durable import write_checksums
 from diffusers_lmlp.training import step as step_module
 from diffusers_lmlp.training.checkpoints import require_finite_weights
-from diffusers_lmlp.training.step import NonFiniteLossError, check_finite, non_finite_parameters
+from diffusers_lmlp.training.step import DivergenceError, check_finite, divergence_history, non_finite_parameters
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +65,12 @@ def test_a_nan_loss_mid_run_stops_before_anything_is_written_and_keeps_the_last_
     message = stop_message(script, [*argv, "--checkpoints_total_limit", "1", "--use_ema"])
 
     assert message.startswith("error: the loss is nan at step 5 (gradient norm nan)")
-    assert f"the last checkpoint, {out / 'checkpoint-4'}, is intact" in message
-    assert "--resume_from_checkpoint latest" in message and "a lower --learning_rate (now 0.001)" in message
-    assert "--max_grad_norm 1.0" in message
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]  # rotation kept the good one
+    good = out / "checkpoint-2"  # checkpoint-4's weights are the ones step 5 diverged from
+    assert f"the newest checkpoint that later steps confirmed is {good}: resume from it with " in message
+    assert f"--resume_from_checkpoint {good} (checkpoint-4, saved just before this step, may hold" in message
+    assert "a lower --learning_rate (now 0.001)" in message and "--max_grad_norm 1.0" in message
+    # The newest checkpoint stays out of the rotation until the steps after it prove healthy.
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert all_finite(out / "checkpoint-4")
     assert not (out / "model_index.json").exists() and not (out / "training_summary.json").exists()
     assert len(calls) == 5  # stopped at the first NaN, not trained on
@@ -87,8 +90,36 @@ def test_a_learning_rate_that_diverges_stops_the_run_without_writing_nan(script,
 def test_check_finite_refuses_nan_and_inf_and_names_the_step():
     check_finite(torch.tensor(0.5), torch.tensor(1.0), step=3)
     for loss, norm in ((math.nan, 1.0), (math.inf, 1.0), (0.5, math.nan), (0.5, math.inf)):
-        with pytest.raises(NonFiniteLossError, match=r"at step 7 \(gradient norm"):
+        with pytest.raises(DivergenceError, match=r"at step 7 \(gradient norm"):
             check_finite(torch.tensor(loss), torch.tensor(norm), step=7)
+
+
+def test_a_finite_explosion_against_the_steps_before_is_divergence():
+    history = divergence_history()
+    for step in (1, 2, 3):
+        check_finite(torch.tensor(0.5), torch.tensor(2.0), step, history)
+    check_finite(torch.tensor(4000.0), torch.tensor(2.0), 4, history)  # 8000× the median: within the bound
+    with pytest.raises(
+        DivergenceError, match=r"loss is 8000.0 at step 5 .*over 10000× the median of the last 4 steps"
+    ):
+        check_finite(torch.tensor(8000.0), torch.tensor(2.0), 5, history)
+    with pytest.raises(DivergenceError, match=r"gradient norm 30000.0\), over 10000× the median"):
+        check_finite(torch.tensor(0.5), torch.tensor(30000.0), 5, history)
+    check_finite(torch.tensor(8000.0), torch.tensor(30000.0), 1)  # without a history only NaN and inf stop
+
+
+@pytest.mark.slow
+def test_a_learning_rate_far_too_high_stops_at_its_explosion_and_names_no_diverged_checkpoint(
+    script, workspace, tmp_path
+):
+    out = tmp_path / "out"
+    argv = [*train_args(workspace, out), "--learning_rate", "1e2", "--lr_scheduler", "constant"]
+    message = stop_message(script, [*argv, "--max_train_steps", "8", "--checkpointing_steps", "1",
+                                    "--checkpoints_total_limit", "1"])  # fmt: skip
+    step = int(message.split(" at step ")[1].split()[0])
+    assert step <= 3 and ("over 10000× the median" in message or "is nan" in message or "is inf" in message), message
+    named = [p for p in out.glob("checkpoint-*") if f"{p} " in message or f"{p}:" in message]
+    assert all(int(p.name.split("-")[1]) < step - 1 for p in named), message
 
 
 def test_weights_are_checked_before_a_checkpoint_is_written(script, tmp_path):
@@ -98,7 +129,9 @@ def test_weights_are_checked_before_a_checkpoint_is_written(script, tmp_path):
         model.bias[0] = math.inf
     assert non_finite_parameters(model) == ["bias"]
     (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "optimizer.bin").write_bytes(b"state")
+    write_checksums(tmp_path / "checkpoint-2")
     with pytest.raises(SystemExit) as stopped:
         require_finite_weights(model, None, 3, tmp_path, 1e-3)
     assert "after step 3, 1 weight tensor(s) hold NaN or inf (bias), so nothing was saved" in stopped.value.code
-    assert f"the last checkpoint, {tmp_path / 'checkpoint-2'}, is intact" in stopped.value.code
+    assert f"the newest intact checkpoint is {tmp_path / 'checkpoint-2'}" in stopped.value.code

@@ -786,7 +786,8 @@ sample position), so a resumed run continues exactly as the uninterrupted one, a
 samples see the same samples and noise as one step of N·b.
 """
 
-# `--lr_scheduler`: diffusers' `get_scheduler` names (tests/test_train_options.py checks them against diffusers').
+# `--lr_scheduler`: diffusers' `get_scheduler` names (tests/training/test_train_options.py checks them against
+# diffusers').
 LR_SCHEDULERS = (
     "linear",
     "cosine",
@@ -1192,7 +1193,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     out.add_argument(
         "--checkpoints_total_limit", type=int,
-        help="keep the newest N checkpoints (the oldest is removed once the new one is complete: N + 1 for a moment)",
+        help="keep the newest N checkpoints, and one more until the steps after the newest prove healthy",
     )  # fmt: skip
     out.add_argument(
         "--resume_from_checkpoint",

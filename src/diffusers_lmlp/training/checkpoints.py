@@ -19,7 +19,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast
 from diffusers.training_utils import EMAModel
 
-from ..durable import fsync_tree
+from ..durable import checksum_problem, fsync_tree, write_checksums
 from .arguments import (  # noqa: F401  (their former home)
     CHECKPOINT_PATTERN,
     LOCK_FILE,
@@ -30,7 +30,7 @@ from .arguments import (  # noqa: F401  (their former home)
 )
 from .components import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
 from .components import load_adapter, save_adapter
-from .step import NonFiniteLossError, non_finite_parameters, plain_backbone
+from .step import DivergenceError, non_finite_parameters, plain_backbone
 
 
 logger = get_logger(__name__)
@@ -106,9 +106,17 @@ def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
 
 
 def save_checkpoint(
-    accelerator: Accelerator, output_dir: Path, step: int, limit: int | None, train_seconds: float
+    accelerator: Accelerator,
+    output_dir: Path,
+    step: int,
+    limit: int | None,
+    train_seconds: float,
+    final_step: bool = True,
 ) -> Path:
-    """Write `checkpoint-{step}` so that a complete checkpoint exists at every instant, then prune old ones.
+    """Write `checkpoint-{step}` so that a complete checkpoint exists at every instant, then prune old ones. Unless it
+    is the run's last (`final_step`), the new one does not count toward `limit` until the steps after it prove
+    healthy (the next checkpoint is reached without divergence): a run that diverges right after it keeps the one
+    before.
 
     The state is written to `.checkpoint-{step}.tmp`, flushed and renamed into place; only then are old ones removed.
 
@@ -118,6 +126,7 @@ def save_checkpoint(
         step (`int`): The optimizer steps done.
         limit (`int`, *optional*): `--checkpoints_total_limit`.
         train_seconds (`float`): Training time up to now, over every segment of the run.
+        final_step (`bool`, *optional*, defaults to `True`): Whether no step follows this checkpoint.
 
     Returns:
         `Path`: The checkpoint folder.
@@ -130,6 +139,7 @@ def save_checkpoint(
         accelerator.save_state(str(tmp))
         with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:
             json.dump({"step": step, "train_seconds": train_seconds}, f)
+        write_checksums(tmp)  # verified on resume (`checkpoint_to_resume`)
         fsync_tree(tmp)
     except Exception as error:
         full = disk_full(error, output_dir)
@@ -149,8 +159,38 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_tree(output_dir, recursive=False)
     shutil.rmtree(aside, ignore_errors=True)
-    prune_checkpoints(output_dir, step, limit)
+    prune_checkpoints(output_dir, step, limit if limit is None or final_step else limit + 1)
     return final
+
+
+def checkpoint_to_resume(output_dir: Path, resume_from_checkpoint: str) -> Path | None:
+    """The checkpoint `--resume_from_checkpoint` names, verified against its checksums: `latest` is the newest that
+    verifies (saying which it passed over), None when there is none yet; a damaged one named explicitly stops the run."""
+    if resume_from_checkpoint != "latest":
+        path = Path(resume_from_checkpoint)
+        if problem := checksum_problem(path):
+            raise SystemExit(
+                f"error: the checkpoint {path} is damaged: {problem}. Resume from another one (or "
+                "--resume_from_checkpoint latest, which takes the newest that is intact)."
+            )
+        return path
+    checkpoints = list_checkpoints(output_dir)
+    for path in reversed(checkpoints):
+        if (problem := checksum_problem(path)) is None:
+            return path
+        logger.warning(f"{path.name} is damaged ({problem}): --resume_from_checkpoint latest takes an earlier one")
+    if checkpoints:
+        raise SystemExit(
+            f"error: no checkpoint in {output_dir} is intact ({', '.join(p.name for p in checkpoints)} are damaged; "
+            "the warnings above say how): start again with --overwrite_output_dir."
+        )
+    return None
+
+
+def intact_checkpoint(output_dir: Path, before: int | None = None) -> Path | None:
+    """The newest checkpoint (of a step below `before`, if given) whose files match their checksums."""
+    candidates = [p for p in list_checkpoints(output_dir) if before is None or checkpoint_step(p) < before]
+    return next((path for path in reversed(candidates) if checksum_problem(path) is None), None)
 
 
 def disk_full(error: Exception, folder: Path) -> bool:
@@ -241,14 +281,19 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def diverged_message(error: NonFiniteLossError, args: argparse.Namespace, output_dir: Path, store) -> str:
+def diverged_message(error: DivergenceError, args: argparse.Namespace, output_dir: Path, store) -> str:
     """What to say when a step's loss or gradient norm is NaN or inf; `store` is the run's feature store, if any."""
-    checkpoints = list_checkpoints(output_dir)
+    # The weights of a checkpoint at the step before are the ones that diverged: only older ones are confirmed.
+    confirmed = intact_checkpoint(output_dir, before=error.step - 1)
+    suspect = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) >= error.step - 1]
     kept = (
-        f"the last checkpoint, {checkpoints[-1]}, is intact: resume from it with --resume_from_checkpoint latest"
-        if checkpoints
-        else "no checkpoint had been written yet"
+        f"the newest checkpoint that later steps confirmed is {confirmed}: resume from it with "
+        f"--resume_from_checkpoint {confirmed}"
+        if confirmed
+        else "no checkpoint that later steps confirmed had been written yet"
     )
+    if suspect:
+        kept += f" ({', '.join(suspect)}, saved just before this step, may hold the diverged weights)"
     tries = [f"a lower --learning_rate (now {args.learning_rate:g})"]
     if args.max_grad_norm is None:
         tries.append("gradient clipping, --max_grad_norm 1.0")
@@ -270,8 +315,8 @@ def require_finite_weights(model, ema, step: int, output_dir: Path, learning_rat
     Every process checks its own, equal copy, so all of them stop together."""
     bad = non_finite_parameters(model, ema=ema)
     if bad:
-        checkpoints = list_checkpoints(output_dir)
-        kept = f"the last checkpoint, {checkpoints[-1]}, is intact" if checkpoints else "no checkpoint was written"
+        intact = intact_checkpoint(output_dir)
+        kept = f"the newest intact checkpoint is {intact}" if intact else "no intact checkpoint was written"
         raise SystemExit(
             f"error: after step {step}, {len(bad)} weight tensor(s) hold NaN or inf ({', '.join(bad[:3])}"
             f"{', ...' if len(bad) > 3 else ''}), so nothing was saved; {kept}. Try a lower --learning_rate (now "

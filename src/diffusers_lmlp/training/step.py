@@ -1,13 +1,15 @@
 """One optimizer step of ε-prediction training, as the papers train: noise, MSE, backward, clipping, the optimizer and
-LR steps, then the EMA update; the loss and gradient norm are checked before the update (`NonFiniteLossError`). And
+LR steps, then the EMA update; the loss and gradient norm are checked before the update (`DivergenceError`). And
 how a run computes it: its precision (`--mixed_precision auto`: bf16 where the hardware runs it natively), whether it
 compiles the backbone (`--torch_compile auto`: inductor where that works and repays) and its AdamW kernel (fused on
 the CPU and CUDA). Noise and timesteps are drawn on the CPU: exact resumes on any device.
 """
 
 import argparse
+import collections
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -51,12 +53,23 @@ class StepResult:
     grad_norm: torch.Tensor
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss or the gradient norm of `step` (1-based) is NaN or inf: the step was not applied."""
+class DivergenceError(FloatingPointError):
+    """The loss or the gradient norm of `step` (1-based) is NaN, inf, or exploded (`why`): the step was not applied."""
 
-    def __init__(self, step: int, loss: float, grad_norm: float):
+    def __init__(self, step: int, loss: float, grad_norm: float, why: str = ""):
         self.step, self.loss, self.grad_norm = step, loss, grad_norm
-        super().__init__(f"the loss is {loss} at step {step} (gradient norm {grad_norm})")
+        super().__init__(f"the loss is {loss} at step {step} (gradient norm {grad_norm}){why}")
+
+
+# A step whose loss or gradient norm is over EXPLOSION_FACTOR times the median of the last healthy steps (at least
+# EXPLOSION_MIN_STEPS of them, at most EXPLOSION_WINDOW) has diverged, finite or not: ε-prediction losses stay O(1),
+# and a learning rate far too high multiplies them by 1e15 within a step or two.
+EXPLOSION_FACTOR, EXPLOSION_WINDOW, EXPLOSION_MIN_STEPS = 1e4, 100, 1
+
+
+def divergence_history() -> collections.deque:
+    """The recent steps' (loss, gradient norm) that `check_finite` compares each step with."""
+    return collections.deque(maxlen=EXPLOSION_WINDOW)
 
 
 def draw_noise(
@@ -112,11 +125,13 @@ def training_step(
     step: int,
     ema: EMAModel | None = None,
     parameters: list[torch.nn.Parameter] | None = None,
+    history: collections.deque | None = None,
 ) -> StepResult:
     """One optimizer step over a process's samples, in micro-batches of `micro_batch_size` (gradient accumulation).
 
-    Raises `NonFiniteLossError`, on every process at the same step, before a non-finite step's gradients are applied.
-    `parameters` (the model's, listed once by the caller) saves walking the modules at every step.
+    Raises `DivergenceError`, on every process at the same step, before a non-finite step's gradients are applied.
+    `parameters` (the model's, listed once by the caller) saves walking the modules at every step; `history`
+    (`divergence_history`) also stops a step that exploded against the steps before it.
     """
     noise, timesteps = draw_noise(latents, generator, noise_scheduler.config.num_train_timesteps, options.noise_offset)
     noisy = noise_scheduler.add_noise(latents, noise, timesteps.to(latents.device))  # (B, C, h, w)
@@ -135,8 +150,8 @@ def training_step(
                 grad_norm = gradient_norm(accelerator, model, optimizer, options.max_grad_norm)
                 loss = accelerator.gather(step_loss[None]).mean()  # (): the same on every process
                 try:
-                    check_finite(loss, grad_norm, step)
-                except NonFiniteLossError:
+                    check_finite(loss, grad_norm, step, history)
+                except DivergenceError:
                     optimizer.zero_grad(set_to_none=True)  # the gradients are never applied
                     raise
             optimizer.step()
@@ -188,12 +203,26 @@ def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
     ema.step(parameters)
 
 
-def check_finite(loss: torch.Tensor, grad_norm: torch.Tensor | float, step: int) -> None:
-    """Raise `NonFiniteLossError` unless the step's loss and gradient norm are finite: the step's one device read.
-    Both are the same on every process, so every process stops at the same step."""
+def check_finite(
+    loss: torch.Tensor, grad_norm: torch.Tensor | float, step: int, history: collections.deque | None = None
+) -> None:
+    """Raise `DivergenceError` unless the step's loss and gradient norm are finite and, with a `history` of recent
+    steps, not exploded against it; the step's one device read. Both are the same on every process, so every
+    process stops at the same step."""
     grad_norm = torch.as_tensor(grad_norm).to(loss.device)
-    if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
-        raise NonFiniteLossError(step, float(loss), float(grad_norm))
+    values = torch.stack([loss.detach().float().reshape(()), grad_norm.float().reshape(())]).tolist()
+    if not all(math.isfinite(value) for value in values):
+        raise DivergenceError(step, *values)
+    if history is None:
+        return
+    if len(history) >= EXPLOSION_MIN_STEPS:
+        medians = [statistics.median(past[i] for past in history) for i in range(2)]
+        if any(value > EXPLOSION_FACTOR * median for value, median in zip(values, medians)):
+            raise DivergenceError(
+                step, *values, f", over {EXPLOSION_FACTOR:g}× the median of the last {len(history)} steps "
+                f"(loss {medians[0]:.3g}, gradient norm {medians[1]:.3g})"
+            )  # fmt: skip
+    history.append(values)
 
 
 def non_finite_parameters(*modules: torch.nn.Module, ema: EMAModel | None = None) -> list[str]:

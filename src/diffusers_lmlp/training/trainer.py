@@ -29,9 +29,9 @@ from diffusers_lmlp.threads import set_threads
 from diffusers_lmlp.training import components, data, finishing, validation
 from diffusers_lmlp.training.checkpoints import (
     checkpoint_step,
+    checkpoint_to_resume,
     diverged_message,
     exclusive_output_dir,
-    list_checkpoints,
     register_checkpoint_hooks,
     require_finite_weights,
     save_checkpoint,
@@ -42,10 +42,11 @@ from diffusers_lmlp.training.components import add_lora, lora_config
 from diffusers_lmlp.training.data import load_training_data
 from diffusers_lmlp.training.features import FeatureStore
 from diffusers_lmlp.training.step import (
+    DivergenceError,
     LossOptions,
-    NonFiniteLossError,
     choose_compilation,
     choose_precision,
+    divergence_history,
     effective_precision,
     follow_device,
     fused_adamw,
@@ -122,7 +123,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     dataset, store = load_data(args, accelerator, frozen, cache_dir)
     model, ema, optimizer, lr_scheduler = prepare_optimization(args, accelerator, model)
     noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
-    global_step, seconds_before = resume(args, accelerator, optimizer, output_dir)
+    global_step, seconds_before = resume(args, accelerator, optimizer, lr_scheduler, output_dir)
 
     source = data.BatchSource(
         args, dataset, store, *frozen, global_step,
@@ -224,29 +225,42 @@ def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, mod
 
 
 def resume(
-    args: argparse.Namespace, accelerator: Accelerator, optimizer: torch.optim.Optimizer, output_dir: Path
+    args: argparse.Namespace,
+    accelerator: Accelerator,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler,
+    output_dir: Path,
 ) -> tuple[int, float]:
     """Load `--resume_from_checkpoint` (if given and found) into the prepared objects and keep the scores up to its
     step; return the step the run starts from and the training seconds before it."""
     global_step, seconds_before = 0, 0.0
     if args.resume_from_checkpoint:
-        checkpoints = list_checkpoints(output_dir)
-        path = (
-            Path(args.resume_from_checkpoint)
-            if args.resume_from_checkpoint != "latest"
-            else (checkpoints[-1] if checkpoints else None)
-        )
+        path = checkpoint_to_resume(output_dir, args.resume_from_checkpoint)
         if path is None:
             logger.info("--resume_from_checkpoint latest: no checkpoint yet, starting from scratch")
         else:
             accelerator.load_state(str(path))
             follow_device(optimizer, accelerator.device)
+            apply_learning_rate(optimizer, lr_scheduler, args.learning_rate)
             global_step, seconds_before = checkpoint_step(path), saved_train_seconds(path)
             logger.info(f"resumed from {path} at step {global_step}")
     warn_about_later_checkpoints(output_dir, global_step)
     if accelerator.is_main_process:
         validation.keep_scores_until(output_dir / args.logging_dir / validation.SCORES_FILE, global_step)
     return global_step, seconds_before
+
+
+def apply_learning_rate(optimizer: torch.optim.Optimizer, lr_scheduler, learning_rate: float) -> None:
+    """After a checkpoint is loaded: train at `--learning_rate`, not the learning rate the checkpoint's schedule was
+    built with (the schedule's shape and warm-up come from the command line already)."""
+    schedule = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate's wrapper holds torch's LambdaLR
+    saved = schedule.base_lrs[0]
+    if saved == learning_rate:
+        return
+    schedule.base_lrs = [learning_rate] * len(schedule.base_lrs)
+    for group, lr_lambda in zip(optimizer.param_groups, schedule.lr_lambdas):  # diffusers' schedules are LambdaLR
+        group["lr"], group["initial_lr"] = learning_rate * lr_lambda(schedule.last_epoch), learning_rate
+    logger.warning(f"resuming at --learning_rate {learning_rate:g}; the checkpoint's run trained at {saved:g}")
 
 
 def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_before: float) -> float:
@@ -268,6 +282,7 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
     prompts, fid_captions = validation.validation_inputs(args)
     tracker_logs = TrackerLogs(accelerator, args.logging_steps)
     parameters = list(run.model.parameters())  # the EMA's, listed once: the same tensors at every step
+    history = divergence_history()
     start_time = time.perf_counter()
 
     def seconds() -> float:
@@ -282,9 +297,9 @@ def take_steps(run: Run, step_batches: Generator, global_step: int, seconds_befo
                 result = training_step(
                     accelerator, run.model, run.optimizer, run.lr_scheduler, run.noise_scheduler, latents, text_states,
                     generator, micro_batch_size=args.train_batch_size, options=loss_options, step=global_step + 1,
-                    ema=run.ema, parameters=parameters,
+                    ema=run.ema, parameters=parameters, history=history,
                 )  # fmt: skip
-            except NonFiniteLossError as error:
+            except DivergenceError as error:
                 raise SystemExit(diverged_message(error, args, run.output_dir, run.store)) from None
             global_step += 1
             loss, lr = result.loss.item(), run.lr_scheduler.get_last_lr()[0]
@@ -311,7 +326,8 @@ def checkpoint(run: Run, step: int, seconds: Callable[[], float]) -> None:
     args, accelerator = run.args, run.accelerator
     require_finite_weights(plain_backbone(accelerator, run.model), run.ema, step, run.output_dir, args.learning_rate)
     if accelerator.is_main_process:
-        saved = save_checkpoint(accelerator, run.output_dir, step, args.checkpoints_total_limit, seconds())
+        last = step == args.max_train_steps
+        saved = save_checkpoint(accelerator, run.output_dir, step, args.checkpoints_total_limit, seconds(), last)
         logger.info(f"saved {saved}")
     accelerator.wait_for_everyone()
 
