@@ -23,6 +23,7 @@ from test_train_text_to_image import (
     weights,
 )
 
+from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.durable import checksum_problem, write_checksums
 
 
@@ -256,6 +257,21 @@ def test_a_resume_trains_at_the_learning_rate_given_now(workspace, straight):
     assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
     now, before = weights(out / "checkpoint-6"), weights(straight / "checkpoint-6")
     assert any(not torch.equal(now[key], before[key]) for key in before)
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_during_the_final_save_stops_with_the_disk_full_message(workspace, monkeypatch):
+    out = workspace / "file-size-limit"
+
+    def too_large(self, *args, **kwargs):  # what a write past `ulimit -f` raises (Python ignores SIGXFSZ)
+        raise OSError(errno.EFBIG, "File too large", str(out / "transformer" / "diffusion_pytorch_model.safetensors"))
+
+    monkeypatch.setattr(LMLPPipeline, "save_pretrained", too_large)
+    with pytest.raises(SystemExit) as error:
+        train_here(workspace, out, *STEPS[2:], "--max_train_steps", "2")
+    message = str(error.value)
+    assert "no space left on the device (or a file-size limit, `ulimit -f`) while saving the pipeline" in message
+    assert "The pipeline is saved in part, and the earlier checkpoints are intact: checkpoint-2" in message
 
 
 @pytest.fixture

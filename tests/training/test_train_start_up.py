@@ -91,6 +91,14 @@ def test_push_to_hub_without_a_token_is_refused_at_start_up(script, monkeypatch,
     assert "No Hugging Face token" in parser_error(script, ["--output_dir", "x", "--push_to_hub"], capsys)
 
 
+@pytest.mark.parametrize("token, problem", [("   ", "is blank"), ("hf_abc\n", "has spaces or a line break around it")])
+def test_a_blank_or_padded_hub_token_is_refused_at_start_up(script, monkeypatch, capsys, token, problem):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    message = parser_error(script, ["--output_dir", "x", "--push_to_hub", "--hub_token", token], capsys)
+    assert f"The token given with --hub_token {problem}: pass the token itself" in message
+    assert "hf_abc" not in message
+
+
 def test_validation_steps_on_data_without_prompts_is_refused(script, workspace, capsys):
     message = parser_error(script, tiny_args(workspace, Path("x"), "--validation_steps", "2"), capsys)
     assert "--validation_steps 2 samples validation prompts, and your data has none: pass --validation_prompts" in (

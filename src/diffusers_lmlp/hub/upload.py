@@ -136,7 +136,11 @@ def check_repo_id(repo_id: str, what: str = "repo id", namespace: bool = False) 
 
 
 def require_token(token: str | None, option: str = "--token (token=...)") -> str:
-    """The token to upload with: `token`, else the one huggingface_hub finds; raise, naming `option`, if none."""
+    """The token to upload with: `token`, else the one huggingface_hub finds; raise, naming `option`, if none, or if
+    the given one is blank or has spaces around it (which the Hub would reject only at the upload)."""
+    if token is not None and (not token.strip() or token != token.strip()):
+        problem = "is blank" if not token.strip() else "has spaces or a line break around it"
+        raise ValueError(f"The token given with {option} {problem}: pass the token itself (hf_...).")
     token = token or get_token()
     if not token:
         raise ValueError(

@@ -142,17 +142,11 @@ def save_checkpoint(
         write_checksums(tmp)  # verified on resume (`checkpoint_to_resume`)
         fsync_tree(tmp)
     except Exception as error:
-        full = disk_full(error, output_dir)
+        stop = disk_full_exit(error, output_dir, f"checkpoint-{step}")
         shutil.rmtree(tmp, ignore_errors=True)
-        if not full:
+        if stop is None:
             raise
-        earlier = [p.name for p in list_checkpoints(output_dir)]
-        kept = f"the earlier checkpoints are intact: {', '.join(earlier)}" if earlier else "there is no earlier one"
-        raise SystemExit(
-            f"error: no space left on the device while saving checkpoint-{step} in --output_dir {output_dir} "
-            f"({error}). The partial checkpoint was removed, and {kept}. Free some space there (or write to another "
-            "disk), then resume with --resume_from_checkpoint latest."
-        ) from None
+        raise stop from None
     aside = output_dir / f".checkpoint-{step}.old"
     if final.exists():  # from an abandoned run (see `warn_about_later_checkpoints`)
         os.replace(final, aside)
@@ -194,11 +188,29 @@ def intact_checkpoint(output_dir: Path, before: int | None = None) -> Path | Non
 
 
 def disk_full(error: Exception, folder: Path) -> bool:
-    """Whether a failed write to `folder` ran out of space: the error says so, or the device is full (torch.save
-    reports a full disk as an `unexpected pos` RuntimeError)."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    """Whether a failed write to `folder` ran out of space or hit a file-size limit (`ulimit -f`): the error says so,
+    or the device is full (torch.save reports a full disk as an `unexpected pos` RuntimeError)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return True
     return shutil.disk_usage(folder).free < 2**20
+
+
+def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit | None:
+    """The error that stops a run whose save of `what` failed for lack of space (`disk_full`), or None."""
+    if not disk_full(error, output_dir):
+        return None
+    earlier = [p.name for p in list_checkpoints(output_dir)]
+    kept = f"the earlier checkpoints are intact: {', '.join(earlier)}" if earlier else "there is no earlier one"
+    done = (
+        "The partial checkpoint was removed"
+        if what.startswith("checkpoint")
+        else f"{what.capitalize()} is saved in part"
+    )
+    return SystemExit(
+        f"error: no space left on the device (or a file-size limit, `ulimit -f`) while saving {what} in "
+        f"--output_dir {output_dir} ({error}). {done}, and {kept}. Free some space there (or write to another disk), "
+        "then resume with --resume_from_checkpoint latest."
+    )
 
 
 def prune_checkpoints(output_dir: Path, step: int, limit: int | None) -> None:

@@ -19,6 +19,7 @@ from accelerate.logging import get_logger
 from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.hub.lora_card import load_base_code, recorded_base_model, write_lora_card
 from diffusers_lmlp.image_grid import make_image_grid
+from diffusers_lmlp.training.checkpoints import disk_full_exit
 from diffusers_lmlp.training.components import save_adapter
 from diffusers_lmlp.training.step import plain_backbone
 from diffusers_lmlp.training.validation import (
@@ -89,10 +90,15 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         ema.copy_to(unwrapped.parameters())
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
-    if args.lora_rank:
-        save_adapter(unwrapped, output_dir)
-    else:
-        pipe.save_pretrained(output_dir)
+    try:
+        if args.lora_rank:
+            save_adapter(unwrapped, output_dir)
+        else:
+            pipe.save_pretrained(output_dir)
+    except Exception as error:
+        if (stop := disk_full_exit(error, output_dir, "the pipeline")) is None:
+            raise
+        raise stop from None
 
     summary = {
         **({"base_model": recorded_base_model(args.pretrained_model_name_or_path)} if args.lora_rank else {}),
