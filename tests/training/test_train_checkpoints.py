@@ -274,6 +274,37 @@ def test_a_file_size_limit_during_the_final_save_stops_with_the_disk_full_messag
     assert "The pipeline is saved in part, and the earlier checkpoints are intact: checkpoint-2" in message
 
 
+@pytest.mark.slow
+def test_a_continued_run_killed_before_its_card_leaves_no_summary_or_card_of_the_earlier_weights(
+    workspace, straight, monkeypatch
+):
+    out = workspace / "continued"
+    shutil.copytree(straight, out)
+    assert "diffusers-lmlp:description" in (out / "README.md").read_text()
+
+    def killed(*args, **kwargs):  # as a SIGKILL after the new weights are saved, before the card is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("diffusers_lmlp.training.finishing.write_model_card", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_here(workspace, out.name, *STEPS[2:], "--max_train_steps", "8", "--resume_from_checkpoint", "latest")
+    assert not (out / "training_summary.json").exists()  # not a finished run: nothing describes 6 steps any more
+    assert "diffusers-lmlp:description" not in (out / "README.md").read_text()
+    assert any(not torch.equal(a, b) for a, b in zip(weights(out).values(), weights(straight).values()))
+
+
+@pytest.mark.slow
+def test_overwriting_a_run_removes_its_checkpoints_so_that_none_is_resumed_later(workspace, straight):
+    out = workspace / "overwritten"
+    shutil.copytree(straight, out)
+    result = train_here(workspace, out.name, *STEPS[2:], "--max_train_steps", "2", "--overwrite_output_dir")
+    assert (
+        "--overwrite_output_dir: removed the earlier run's checkpoint-2, checkpoint-4, checkpoint-6" in result.stderr
+    )
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 2
+
+
 @pytest.fixture
 def busy(workspace):
     """An output folder that another run holds (its lock taken by this process, as the other run's would be)."""

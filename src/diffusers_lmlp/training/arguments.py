@@ -1133,8 +1133,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument(
         "--overwrite_output_dir", action="store_true",
-        help="train from step 0 into an --output_dir that already holds a run (its checkpoints are replaced as the "
-        "new run reaches their steps); without it such a folder is refused, unless --resume_from_checkpoint",
+        help="train from step 0 into an --output_dir that already holds a run (its checkpoints and summary are "
+        "removed at start-up); without it such a folder is refused, unless --resume_from_checkpoint",
     )  # fmt: skip
     out.add_argument("--logging_dir", default="logs", help="the trackers' folder, inside --output_dir")
     out.add_argument(

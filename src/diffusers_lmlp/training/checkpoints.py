@@ -89,6 +89,17 @@ def clean_up_interrupted_checkpoints(output_dir: Path) -> None:
             logger.warning(f"removed {path.name}, left by an interrupted run")
 
 
+def remove_earlier_run(output_dir: Path) -> None:
+    """`--overwrite_output_dir`: remove the earlier run's checkpoints and summary at start-up, so that no later resume
+    continues the abandoned run and nothing of it passes for this run's."""
+    earlier = list_checkpoints(output_dir)
+    for path in earlier:
+        remove_checkpoint(path)
+    (output_dir / "training_summary.json").unlink(missing_ok=True)
+    if earlier:
+        logger.warning(f"--overwrite_output_dir: removed the earlier run's {', '.join(p.name for p in earlier)}")
+
+
 def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
     """Name the checkpoints past the step this run starts from: they belong to an abandoned run.
 

@@ -16,7 +16,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
+from diffusers_lmlp.evaluation.resume import write_json_durably
 from diffusers_lmlp.hub import write_model_card
+from diffusers_lmlp.hub.card import without_block
 from diffusers_lmlp.hub.lora_card import load_base_code, recorded_base_model, write_lora_card
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training.checkpoints import disk_full_exit
@@ -32,6 +34,7 @@ from diffusers_lmlp.training.validation import (
 from diffusers_lmlp.worlds import WORLDS
 
 
+SUMMARY_FILE = "training_summary.json"  # written last: a folder with it holds a finished run
 logger = get_logger(__name__)
 
 # A finished multi-process run's teardown that takes longer has hung: its stacks are dumped and it exits (1).
@@ -90,6 +93,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         ema.copy_to(unwrapped.parameters())
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
+    forget_earlier_results(output_dir)
     try:
         if args.lora_rank:
             save_adapter(unwrapped, output_dir)
@@ -130,14 +134,13 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         reports_path.parent.mkdir(parents=True, exist_ok=True)
         whole = {"adapted": reports, "base": before} if args.lora_rank else reports
         reports_path.write_text(json.dumps(whole, indent=1), encoding="utf-8")
-    with open(output_dir / "training_summary.json", "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
     if args.lora_rank:
         write_lora_card(output_dir, unwrapped, args=public_args(args), summary=summary, sample_grid=grid_path)
-        logger.info(f"saved the LoRA adapter to {output_dir}")
     else:
         write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)
-        logger.info(f"saved the pipeline to {output_dir}")
+    # Last: the summary marks the folder finished, with weights, card and scores of this run.
+    write_json_durably(output_dir / SUMMARY_FILE, summary)
+    logger.info(f"saved the {'LoRA adapter' if args.lora_rank else 'pipeline'} to {output_dir}")
 
     hub_url = None
     if args.push_to_hub:
@@ -160,6 +163,16 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         hub_url=hub_url,
     )
     print(f"\n{text}", flush=True)
+
+
+def forget_earlier_results(output_dir: Path) -> None:
+    """Before new weights are saved: remove the summary, which marks a finished run, and the card's generated
+    description of an earlier run (what the user wrote stays), so that a kill before this run's are written leaves
+    nothing that describes other weights."""
+    (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    card = output_dir / "README.md"
+    if card.is_file():
+        card.write_text(without_block(card.read_text(encoding="utf-8"), "description"), encoding="utf-8")
 
 
 def leave_finished_process() -> None:

@@ -33,6 +33,7 @@ from diffusers_lmlp.training.checkpoints import (
     diverged_message,
     exclusive_output_dir,
     register_checkpoint_hooks,
+    remove_earlier_run,
     require_finite_weights,
     save_checkpoint,
     saved_train_seconds,
@@ -117,6 +118,9 @@ def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
 
 def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir: Path, exit_when_done: bool) -> None:
     """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub)."""
+    if args.overwrite_output_dir and accelerator.is_main_process:
+        remove_earlier_run(output_dir)
+    accelerator.wait_for_everyone()
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
     model, frozen = prepare_model(args, accelerator)
     cache_dir = Path(args.cache_dir) if args.cache_dir else output_dir.parent / ".lmlp-cache"
