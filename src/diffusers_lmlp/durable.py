@@ -19,12 +19,12 @@ def fsync_tree(folder: Path, recursive: bool = True) -> None:
             os.close(descriptor)
 
 
-def hold_lock(path: Path):
+def hold_lock(path: Path, wait: bool = False):
     """An exclusive `flock` on `path` (created if need be), held while the returned file stays open and dropped by the
-    OS however the process ends; None when another process holds it."""
+    OS however the process ends; None when another process holds it, unless `wait`, which waits for it."""
     lock = open(path, "a")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         lock.close()
         return None

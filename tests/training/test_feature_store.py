@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ from safetensors.torch import load_file
 from test_train_text_to_image import ENV, load_script, make_workspace, train_here, weights
 
 from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp.durable import hold_lock
 from diffusers_lmlp.tiny import build_tiny_pipeline
 from diffusers_lmlp.training import (
     FeatureStore,
@@ -290,6 +292,24 @@ def test_a_store_without_its_manifest_is_refused_with_the_fix(tmp_path, straight
         write_manifest(tmp_path / "store", num_images=10, shard_size=4, text_dtype="float32")
 
 
+def test_a_second_run_on_one_cache_waits_for_the_first_to_build_the_store(tmp_path, dataset, pipe, caplog):
+    components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
+    arguments = dict(image_column="image", caption_column="text", resolution=16, shard_size=4, **components)
+    tmp_path.joinpath("features").mkdir()
+    building = hold_lock(tmp_path / "features" / ".store.lock")  # as another run that builds this store holds it
+    opened = []
+    with caplog.at_level("INFO"):
+        thread = threading.Thread(target=lambda: opened.append(open_feature_store(tmp_path / "features" / "store",
+                                                                                  dataset, **arguments)))  # fmt: skip
+        thread.start()
+        thread.join(timeout=2)
+        assert thread.is_alive() and not (tmp_path / "features" / "store").exists()  # it waits, and writes nothing
+        building.close()
+        thread.join(timeout=120)
+    assert not thread.is_alive() and len(opened[0]) == 10
+    assert f"waiting for another run that builds the feature cache {tmp_path / 'features' / 'store'}" in caplog.text
+
+
 def test_open_extracts_once_then_reads(tmp_path, dataset, pipe, caplog):
     components = dict(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae)
     arguments = dict(image_column="image", caption_column="text", resolution=16, shard_size=4, **components)
@@ -396,11 +416,12 @@ def test_checksums_are_checked_once_per_run_shared_among_its_processes(tmp_path,
     for rank in (0, 1):
         stores.append(open_feature_store(store_path, dataset, process_index=rank, num_processes=2,
                                          wait_for_everyone=lambda: events.append("wait"), **arguments))  # fmt: skip
-    # Rank 0 hashes shards 0 and 2, rank 1 shard 1, each before the barrier that precedes any read.
-    assert events[:4] == ["wait", shard_name(0), shard_name(2), "wait"] or events[:4] == [
-        "wait", shard_name(2), shard_name(0), "wait"
+    # Rank 0 hashes shards 0 and 2, rank 1 shard 1, each before the barrier that precedes any read (the first barrier
+    # follows rank 0's taking the store's lock).
+    assert events[:5] == ["wait", "wait", shard_name(0), shard_name(2), "wait"] or events[:5] == [
+        "wait", "wait", shard_name(2), shard_name(0), "wait"
     ]  # fmt: skip
-    assert events[4:] == ["wait", shard_name(1), "wait"]
+    assert events[5:] == ["wait", "wait", shard_name(1), "wait"]
     del events[:]
     for store in [*stores, *(pickle.loads(pickle.dumps(store)) for store in stores)]:  # as DataLoader workers get it
         store.read(list(range(10)), torch.rand(10))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..durable import fsync_tree
+from ..durable import fsync_tree, hold_lock
 from ..evaluation.captions import captions_of
 from ..progress import progress_bar
 
@@ -773,6 +773,23 @@ def open_feature_store(
     Raises:
         `ValueError` or `FileNotFoundError`: For a damaged, changed or missing shard, naming it and the fix.
     """
+    lock = None
+    if process_index == 0:  # another run that builds this store (one --cache_dir, two runs) finishes it first
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = path.parent / f".{path.name}.lock"
+        if (lock := hold_lock(lock_path)) is None:
+            logger.info(f"waiting for another run that builds the feature cache {path}")
+            lock = hold_lock(lock_path, wait=True)
+    try:
+        wait_for_everyone()
+        return checked_store(path, dataset, process_index, num_processes, wait_for_everyone, extraction)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def checked_store(path: Path, dataset, process_index: int, num_processes: int, wait_for_everyone, extraction: dict):
+    """`open_feature_store`'s work, once this run holds the store's lock."""
     complete = (path / MANIFEST).is_file()
     wait_for_everyone()  # every process has looked before one of them can write the manifest
     if not complete:
