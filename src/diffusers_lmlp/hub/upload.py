@@ -266,17 +266,21 @@ def readable_forms(path: Path) -> list[tuple[bytes, str | None]]:
     safetensors file, its JSON header), with NULs dropped (UTF-16 and UTF-32 text), with escapes decoded, and an
     image's text chunks (PNG tEXt, zTXt, iTXt; JPEG comments and EXIF). Raise `ValueError` for a `.safetensors` or
     image file that cannot be read as one, whose bytes might hide anything."""
-    data = path.read_bytes()
     forms: list[tuple[bytes, str | None]] = []
-    if path.name.endswith(".safetensors"):
-        length = int.from_bytes(data[:8], "little")
+    if path.name.endswith(".safetensors"):  # the header only: the tensors are numbers, and may be gigabytes
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            data = f.read(length) if length <= path.stat().st_size - 8 else b""
         try:
-            if not 8 + length <= len(data) or not isinstance(json.loads(data[8 : 8 + length]), dict):
+            if len(data) != length or not isinstance(json.loads(data), dict):
                 raise ValueError
         except ValueError:
-            raise ValueError("is not a safetensors file (its header is not an 8-byte length and a JSON object)")
-        data, where = data[8 : 8 + length], "in its header"
+            raise ValueError(
+                "is not a safetensors file (its header is not an 8-byte length and a JSON object)"
+            ) from None
+        where = "in its header"
     elif path.name.lower().endswith(IMAGE_SUFFIXES):
+        data = path.read_bytes()
         try:
             with Image.open(path) as image:
                 image.load()  # PNG text chunks after the pixels are read with them
@@ -286,7 +290,7 @@ def readable_forms(path: Path) -> list[tuple[bytes, str | None]]:
         forms.append((b"\n".join(chunks), "in its image text chunks"))
         where = None
     else:
-        where = None
+        data, where = path.read_bytes(), None
     forms.insert(0, (data, where))
     if b"\0" in data:
         forms.append((data.replace(b"\0", b""), "in its UTF-16 or UTF-32 text"))
