@@ -38,6 +38,7 @@ UNDER_WAY_PATTERN = re.compile(r"^\.checkpoint-(\d+)\.(tmp|old|deleting)$")
 STATE_FILE = "training_state.json"
 # Held (flock) by the main process of the run that uses the output folder.
 LOCK_FILE = ".train.lock"
+SUMMARY_FILE = "training_summary.json"  # written last: a folder with it holds a finished run
 
 
 def checkpoint_step(path: Path) -> int:
@@ -578,7 +579,7 @@ def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def earlier_run(output_dir: Path) -> str | None:
     """What of an earlier run `output_dir` holds (a finished run, checkpoints), in words; None if nothing."""
-    if (output_dir / "training_summary.json").is_file():
+    if (output_dir / SUMMARY_FILE).is_file():
         return "a finished run (training_summary.json)"
     checkpoints = list_checkpoints(output_dir) if output_dir.is_dir() else []
     if checkpoints:

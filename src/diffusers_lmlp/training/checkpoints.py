@@ -7,7 +7,6 @@ non-finite loss or gradient norm stops it before the update is applied, and non-
 import argparse
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -19,11 +18,12 @@ from accelerate.logging import get_logger
 from accelerate.utils import broadcast
 from diffusers.training_utils import EMAModel
 
-from ..durable import checksum_problem, fsync_tree, write_checksums
+from ..durable import checksum_problem, fsync_tree, hold_lock, write_checksums
 from .arguments import (  # noqa: F401  (their former home)
     CHECKPOINT_PATTERN,
     LOCK_FILE,
     STATE_FILE,
+    SUMMARY_FILE,
     UNDER_WAY_PATTERN,
     checkpoint_step,
     list_checkpoints,
@@ -53,13 +53,7 @@ def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
     lock = None
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(output_dir / LOCK_FILE, "a")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            lock = None
-        else:
+        if (lock := hold_lock(output_dir / LOCK_FILE)) is not None:
             clean_up_interrupted_checkpoints(output_dir)
     refused = torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)
     if broadcast(refused).item():
@@ -95,7 +89,7 @@ def remove_earlier_run(output_dir: Path) -> None:
     earlier = list_checkpoints(output_dir)
     for path in earlier:
         remove_checkpoint(path)
-    (output_dir / "training_summary.json").unlink(missing_ok=True)
+    (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
     if earlier:
         logger.warning(f"--overwrite_output_dir: removed the earlier run's {', '.join(p.name for p in earlier)}")
 

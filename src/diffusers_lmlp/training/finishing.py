@@ -21,6 +21,7 @@ from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.hub.card import without_block
 from diffusers_lmlp.hub.lora_card import load_base_code, recorded_base_model, write_lora_card
 from diffusers_lmlp.image_grid import make_image_grid
+from diffusers_lmlp.training.arguments import SUMMARY_FILE
 from diffusers_lmlp.training.checkpoints import disk_full_exit
 from diffusers_lmlp.training.components import save_adapter
 from diffusers_lmlp.training.step import plain_backbone
@@ -34,7 +35,6 @@ from diffusers_lmlp.training.validation import (
 from diffusers_lmlp.worlds import WORLDS
 
 
-SUMMARY_FILE = "training_summary.json"  # written last: a folder with it holds a finished run
 logger = get_logger(__name__)
 
 # A finished multi-process run's teardown that takes longer has hung: its stacks are dumped and it exits (1).
@@ -305,7 +305,7 @@ def format_run_summary(
     if logging_dir is not None:
         tensorboard = any(logging_dir.rglob("events.out.tfevents.*"))
         places.append(("logs", f"{logging_dir}" + (f" (tensorboard --logdir {logging_dir})" if tensorboard else "")))
-    places.append(("summary", str(Path(output_dir) / "training_summary.json")))
+    places.append(("summary", str(Path(output_dir) / SUMMARY_FILE)))
     if hub_url is not None:
         places.append(("hub", hub_url))
     width = max(len(name) for name, _ in places)
