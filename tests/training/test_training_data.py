@@ -347,3 +347,44 @@ def test_split_folders_whose_training_one_has_no_metadata_are_refused(tmp_path):
         f"splits have, e.g. {tmp_path / 'data' / 'test' / 'metadata.jsonl'}): put the training images and their "
         f"metadata in {tmp_path / 'data' / 'train'}"
     )
+
+
+# ------------------------------------------------------------------------- bad data is found at start-up (issue 54)
+
+
+def test_a_saved_dataset_with_a_missing_caption_deep_inside_is_refused_at_start_up(tmp_path):
+    rows = {"image": [Image.new("RGB", (8, 8), (i, 0, 0)) for i in range(96)], "text": [f"c {i}" for i in range(96)]}
+    rows["text"][77] = None
+    datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image()).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(
+        ValueError, match=r"^row 77 of the training data: a caption must be .* got None; fix or remove"
+    ):
+        load(None, tmp_path, dataset_name=str(tmp_path / "saved"))
+
+
+@pytest.mark.parametrize("content", [b"", b"not an image"], ids=["empty", "garbage"])
+def test_an_image_that_cannot_be_opened_is_refused_at_start_up_naming_it(tmp_path, content):
+    write_imagefolder(tmp_path / "data", {f"{i}.png": f"caption {i}" for i in range(4)})
+    (tmp_path / "data" / "2.png").write_bytes(content)
+    with pytest.raises(ValueError, match=r"^row \d of the training data: its image \S+2\.png cannot be read"):
+        load(tmp_path / "data", tmp_path)
+
+
+def test_a_metadata_csv_of_numeric_captions_is_refused_as_numbers(tmp_path):
+    write_images(tmp_path / "data", ["0.png", "1.png"])
+    write_metadata(tmp_path / "data", [{"file_name": "0.png", "text": 1}, {"file_name": "1.png", "text": 2}], "csv")
+    with pytest.raises(ValueError, match=r"^--caption_column 'text' holds .*int64.*, not text"):
+        load(tmp_path / "data", tmp_path)
+
+
+@pytest.mark.parametrize("kind, field", [("images", "file_name"), ("images", "id"), ("annotations", "caption")])
+def test_a_coco_entry_without_a_field_is_refused_naming_the_entry(tmp_path, kind, field):
+    coco = write_coco2014(tmp_path / "coco2014", num_train=3, num_val=1)
+    annotations = coco / "annotations" / "captions_train2014.json"
+    content = json.loads(annotations.read_text())
+    del content[kind][1][field]
+    annotations.write_text(json.dumps(content))
+    with pytest.raises(
+        ValueError, match=rf"captions_train2014\.json: {kind}\[1\] is .*: each entry needs .*'{field}'"
+    ):
+        load(coco, tmp_path)

@@ -38,9 +38,19 @@ def captions_of(value) -> list[str]:
     return captions
 
 
+# What each entry of a COCO captions file needs, as the official files have it.
+COCO_FIELDS = {"images": {"id": int, "file_name": str}, "annotations": {"id": int, "image_id": int, "caption": str}}
+
+
 def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
     """The captions of each image id of a parsed COCO captions file, in file order; `annotations_file` is for the
     messages."""
+    for kind, fields in COCO_FIELDS.items():
+        entries = coco[kind] if isinstance(coco[kind], list) else [coco[kind]]
+        for n, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not all(isinstance(entry.get(k), t) for k, t in fields.items()):
+                need = ", ".join(f"{k!r} ({t.__name__})" for k, t in fields.items())
+                raise ValueError(f"{annotations_file}: {kind}[{n}] is {entry!r:.120}: each entry needs {need}")
     known = {image["id"] for image in coco["images"]}
     captions: dict[int, list[str]] = {}
     for annotation in coco["annotations"]:

@@ -7,6 +7,7 @@ store (`build_feature_store`) or the images. Every random choice is a function o
 
 import csv
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -103,7 +104,47 @@ def load_training_data(
             if streaming
             else dataset.select(range(min(max_train_samples, len(dataset))))
         )
+    check_rows(dataset, image_column, caption_column)
     return dataset
+
+
+def check_rows(dataset, image_column: str, caption_column: str) -> None:
+    """Refuse at start-up what a run would otherwise die on mid-way: a caption column that holds no text, a row
+    whose caption is missing or empty, an image that cannot be opened (0 bytes, not an image). Images are opened,
+    not decoded. A stream is checked by its columns' types alone."""
+    import datasets
+
+    features = dataset.features or {}
+    image_feature, caption_feature = features.get(image_column), features.get(caption_column)
+    if image_feature is not None and not isinstance(image_feature, datasets.Image):
+        raise ValueError(f"--image_column {image_column!r} holds {image_feature}, not images: name the image column")
+    inner = caption_feature[0] if isinstance(caption_feature, list) else getattr(caption_feature, "feature", None)
+    text = inner if inner is not None else caption_feature
+    if caption_feature is not None and getattr(text, "dtype", None) not in ("string", "large_string"):
+        raise ValueError(
+            f"--caption_column {caption_column!r} holds {caption_feature}, not text (a metadata.csv column of numbers "
+            "is read as numbers): name the caption column, or write the captions to metadata.jsonl as strings"
+        )
+    if isinstance(dataset, datasets.IterableDataset):
+        return
+    for row, value in enumerate(dataset.select_columns([caption_column])[caption_column]):
+        try:
+            captions_of(value)
+        except ValueError as error:
+            raise ValueError(f"row {row} of the training data: {error}; fix or remove the row") from None
+    if image_feature is None:
+        return
+    images = dataset.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
+    for start in range(0, len(images), 256):
+        for row, value in enumerate(images[start : start + 256][image_column], start):
+            try:
+                with Image.open(io.BytesIO(value["bytes"]) if value["bytes"] else value["path"]):
+                    pass
+            except (OSError, ValueError) as error:  # UnidentifiedImageError is an OSError
+                name = f" {value['path']}" if value.get("path") else ""
+                raise ValueError(
+                    f"row {row} of the training data: its image{name} cannot be read ({error}); replace or remove it"
+                ) from None
 
 
 def is_saved_dataset(folder: Path) -> bool:
