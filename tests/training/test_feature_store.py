@@ -378,6 +378,55 @@ def test_a_truncated_shard_is_refused_naming_its_size(tmp_path, straight):
         FeatureStore(store)
 
 
+def edit_shard_1(manifest: dict, **fields) -> dict:
+    manifest["shards"][1].update(fields)
+    return manifest
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda m: edit_shard_1(m, sha256={}), "shard 1: its 'sha256' is {}, not the checksums of the parts"),
+        (
+            lambda m: edit_shard_1(m, sha256={k: v for k, v in m["shards"][1]["sha256"].items() if k != "moments"}),
+            "shard 1: its 'sha256' is {'header'",
+        ),
+        (lambda m: edit_shard_1(m, sha256=[]), "shard 1: its 'sha256' is [], not"),
+        (lambda m: edit_shard_1(m, sha256=None), "shard 1: its 'sha256' is None, not"),
+        (lambda m: edit_shard_1(m, sha256=dict.fromkeys(m["shards"][1]["sha256"], "0")), "not a SHA-256 hex digest"),
+        (lambda m: {**m, "text_dtype": "int8"}, "'text_dtype' missing or of the wrong type"),
+        (lambda m: {**m, "shard_size": 0}, "'shard_size' missing or of the wrong type"),
+        (lambda m: {**m, "num_images": "10"}, "'num_images' missing or of the wrong type"),
+    ],
+    ids=["empty", "no-moments", "list", "null", "not-hex", "int8", "shard-size-0", "string-count"],
+)
+def test_a_manifest_whose_checksums_or_fields_are_wrong_is_refused_with_a_flipped_byte_or_not(
+    tmp_path, straight, edit, problem
+):
+    # What used to train with exit code 0 (an empty or partial `sha256` checks nothing) or end in a traceback.
+    store = copy_store(straight, tmp_path)
+    byte = file_parts(store / shard_name(1))["moments"][100]
+    overwrite(store / shard_name(1), "moments", 100, bytes([byte ^ 0x01]))
+    manifest = store / "manifest.json"
+    manifest.write_text(json.dumps(edit(json.loads(manifest.read_text()))))
+    with pytest.raises(ValueError) as error:
+        FeatureStore(store)
+    assert str(error.value).startswith(f"{manifest} is not a valid '{FORMAT}' manifest (")
+    assert problem in str(error.value)
+
+
+def test_a_shards_checksums_file_that_checks_nothing_is_refused_when_the_manifest_is_rewritten(tmp_path, straight):
+    store = copy_store(straight, tmp_path)
+    (store / "manifest.json").unlink()
+    sidecar = store / checksums_name(shard_name(2))
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "sha256": {}}))
+    with pytest.raises(
+        ValueError, match=re.escape(f"{sidecar} is not a shard's checksums file (its 'sha256' is {{}}")
+    ):
+        write_manifest(store, num_images=10, shard_size=4, text_dtype="float32")
+    assert not (store / "manifest.json").exists()
+
+
 def test_a_store_of_the_previous_format_is_not_read_and_its_size_is_reported(
     tmp_path, straight, dataset, pipe, caplog
 ):

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import struct
 import time
 from collections import OrderedDict
@@ -33,6 +34,8 @@ SHARD_SIZE = 1024
 MANIFEST = "manifest.json"
 # Part of every key, so a store of another layout is never read as this one (v2 added the shards' checksums).
 FORMAT = "diffusers-lmlp feature store v2"
+# The parts of a shard that its checksums cover, each hashed on its own (`shard_digests`).
+CHECKSUM_PARTS = ("header", "moments", "caption_offsets", "text_states")
 # Bytes read at a time when a shard is hashed.
 HASH_CHUNK = 8 << 20
 # safetensors dtype names, and the little-endian numpy dtypes their bytes are.
@@ -132,13 +135,52 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(f"{path} is not valid JSON: {again}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT!r} manifest: delete {path.parent} to extract it again")
-    fields = ("num_images", "num_captions", "shard_size", "text_dtype", "moments_shape", "text_states_shape")
-    shard_fields = ("file", "num_images", "num_captions", "bytes", "sha256")
-    if not all(field in manifest for field in (*fields, "shards")) or not all(
-        isinstance(shard, dict) and all(field in shard for field in shard_fields) for shard in manifest["shards"]
-    ):
-        raise ValueError(f"{path} lacks fields of a {FORMAT!r} manifest: {again}")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise ValueError(f"{path} is not a valid {FORMAT!r} manifest ({problem}): {again}")
     return manifest
+
+
+def is_count(value, least: int = 1) -> bool:
+    return type(value) is int and value >= least
+
+
+def checksums_problem(record) -> str | None:
+    """What is wrong with a shard's `{"bytes", "sha256"}` record, or None: the checksums must cover every part."""
+    if not isinstance(record, dict) or not is_count(record.get("bytes")):
+        return "its 'bytes' is not a positive integer"
+    sha256 = record.get("sha256")
+    if not isinstance(sha256, dict) or sorted(sha256) != sorted(CHECKSUM_PARTS):
+        return f"its 'sha256' is {sha256!r:.80}, not the checksums of the parts {list(CHECKSUM_PARTS)}"
+    if not all(isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest) for digest in sha256.values()):
+        return "its 'sha256' holds a value that is not a SHA-256 hex digest"
+    return None
+
+
+def manifest_problem(manifest: dict) -> str | None:
+    """What is wrong with the fields of a manifest of this `FORMAT`, or None: every count a positive integer, a known
+    text dtype, shapes of positive sizes, and one record of checksums per shard (`checksums_problem`)."""
+    shape_ok = lambda value: isinstance(value, list) and all(is_count(n) for n in value)  # noqa: E731
+    checks = {
+        "num_images": is_count(manifest.get("num_images")),
+        "num_captions": is_count(manifest.get("num_captions")),
+        "shard_size": is_count(manifest.get("shard_size")),
+        "text_dtype": manifest.get("text_dtype") in TEXT_DTYPES,
+        "moments_shape": shape_ok(manifest.get("moments_shape")),
+        "text_states_shape": shape_ok(manifest.get("text_states_shape")),
+        "shards": isinstance(manifest.get("shards"), list),
+    }
+    wrong = [field for field, ok in checks.items() if not ok]
+    if wrong:
+        return f"{', '.join(map(repr, wrong))} missing or of the wrong type"
+    for index, shard in enumerate(manifest["shards"]):
+        if not isinstance(shard, dict) or shard.get("file") != shard_name(index):
+            return f"shard {index} is not named {shard_name(index)!r}"
+        if not (is_count(shard.get("num_images")) and is_count(shard.get("num_captions"))):
+            return f"shard {index}'s 'num_images' or 'num_captions' is not a positive integer"
+        if problem := checksums_problem(shard):
+            return f"shard {index}: {problem}"
+    return None
 
 
 def shard_digests(path: Path) -> dict[str, str]:
@@ -724,12 +766,21 @@ def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: 
         with open(file, "rb") as f:
             header, _ = read_header(f.fileno(), file)
         headers.append(header)
+        try:
+            record = json.loads(checksums_path(file).read_text(encoding="utf-8"))
+        except ValueError:
+            record = None
+        if problem := checksums_problem(record):
+            raise ValueError(
+                f"{checksums_path(file)} is not a shard's checksums file ({problem}): delete it and {file}, and the "
+                "next run extracts that shard again"
+            )
         shards.append(
             {
                 "file": file.name,
                 "num_images": header["moments"]["shape"][0],
                 "num_captions": header["text_states"]["shape"][0],
-                **json.loads(checksums_path(file).read_text(encoding="utf-8")),
+                **record,
             }
         )
     manifest = {
