@@ -329,17 +329,16 @@ def test_fuse_merges_the_adapter_and_unfuse_restores_the_weights(make_pipe, gene
 
 @pytest.mark.parametrize("family", LINEAR_AND_TIED)
 def test_safe_fusing_refuses_an_adapter_with_nan_and_leaves_the_weights(make_pipe, tmp_path, family):
-    adapted = write_lora(make_pipe, tmp_path, family)
-    layers = get_peft_model_state_dict(adapted.transformer)
-    broken = next(key for key in layers if key.startswith("stack.mid_block.") and key.endswith("lora_B.weight"))
-    layers[broken][0, 0] = float("nan")
-    config = adapted.transformer.peft_config["default"].to_dict()
-    LMLPPipeline.save_lora_weights(tmp_path, transformer_lora_layers=layers, transformer_lora_adapter_metadata=config)
+    write_lora(make_pipe, tmp_path, family)
     pipe = make_pipe(family)
     pipe.load_lora_weights(tmp_path, adapter_name="broken")
+    parameters = dict(pipe.transformer.named_parameters())
+    broken = next(name for name in parameters if name.startswith("stack.mid_block.") and ".lora_B.broken" in name)
+    with torch.no_grad():  # a file with NaN is refused when loaded: the adapter goes bad in memory
+        parameters[broken][0, 0] = float("nan")
     own = {k: v.clone() for k, v in pipe.transformer.state_dict().items() if "lora_" not in k}
     with pytest.raises(
-        ValueError, match=rf"'broken' holds NaN or inf in its update of {broken.rsplit('.lora_', 1)[0]}"
+        ValueError, match=rf"'broken' holds NaN or inf in its update of {broken.rsplit('.lora_B.', 1)[0]}"
     ):
         pipe.fuse_lora(safe_fusing=True)
     assert pipe.fused_loras == set()
@@ -684,3 +683,52 @@ def test_a_missing_lora_subfolder_is_named_without_listing_other_folders(make_pi
         with pytest.raises(ValueError, match=f"leads out of {re.escape(str(tmp_path / 'repo'))}") as refused:
             LMLPPipeline.lora_state_dict(tmp_path / "repo", subfolder=outside)
         assert "notes.txt" not in str(refused.value)
+
+
+def unknown_half(tensors: dict, config: dict) -> tuple[dict, dict]:
+    layers = sorted({key.rsplit(".lora_", 1)[0] for key in tensors})
+    renamed = {layer: f"transformer.nowhere_{k}" for k, layer in enumerate(layers[: len(layers) // 2])}
+    return {renamed.get(key.rsplit(".lora_", 1)[0], key.rsplit(".lora_", 1)[0]) + ".lora_" + key.rsplit(".lora_", 1)[1]:
+            value for key, value in tensors.items()}, config  # fmt: skip
+
+
+def nan_lora_b(tensors: dict, config: dict) -> tuple[dict, dict]:
+    key = next(key for key in sorted(tensors) if key.endswith("lora_B.weight"))
+    tensors[key][0, 0] = float("nan")
+    return tensors, config
+
+
+@pytest.mark.parametrize("loader", ["pipe.load_lora_weights", "pipe.transformer.load_lora_adapter"])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (unknown_half, r"LoRA keys for layers the LMLPTransformer2DModel does not have: nowhere_0"),
+        (lambda tensors, config: ({}, config), r"holds no tensors, so it would load as an adapter that changes"),
+        (nan_lora_b, r"holds NaN or inf in stack\..*lora_B\.weight: the LoRA is broken"),
+        (lambda t, c: (t, {**c, "transformer.lora_alpha": float("nan")}), r"lora_alpha=nan, which must be a posit"),
+        (lambda t, c: (t, {**c, "transformer.r": "4"}), r"r='4', which must be a positive integer"),
+        (lambda t, c: (t, {**c, "transformer.lora_alpha": "x"}), r"lora_alpha='x', which must be a positive finite"),
+        (lambda t, c: (t, {**c, "transformer.target_modules": 5}), r"target_modules=5, which must be a string or"),
+    ],
+    ids=["half-unknown", "empty", "nan-lora_B", "nan-alpha", "string-r", "string-alpha", "number-targets"],
+)
+def test_a_lora_that_would_load_silently_or_fail_inside_peft_is_refused_by_either_loader(
+    make_pipe, generate, tmp_path, loader, edit, message
+):
+    # diffusers' own load_lora_adapter loaded the first four silently, and raised TypeError from peft on the rest.
+    write_lora(make_pipe, tmp_path)
+    path = tmp_path / WEIGHT_NAME
+    with safetensors.safe_open(path, "pt") as file:
+        tensors, config = (
+            {key: file.get_tensor(key) for key in file.keys()},
+            json.loads(file.metadata()["lora_adapter_metadata"]),
+        )
+    tensors, config = edit(tensors, config)
+    save_file(tensors, path, metadata={"format": "pt", "lora_adapter_metadata": json.dumps(config)})
+    pipe = make_pipe()
+    base = generate(pipe)
+    load = pipe.load_lora_weights if loader == "pipe.load_lora_weights" else pipe.transformer.load_lora_adapter
+    with pytest.raises(ValueError, match=message):
+        load(tmp_path)
+    assert not getattr(pipe.transformer, "peft_config", None)
+    torch.testing.assert_close(generate(pipe), base, rtol=0, atol=0)

@@ -134,6 +134,17 @@ class UShapedMixerModel(StrictLoadingMixin):
                 **kwargs,
             )
 
+    def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", hotswap=False, **kwargs):
+        """`PeftAdapterMixin.load_lora_adapter`, with the checks of `LMLPPipeline.load_lora_weights`: a safetensors
+        file inside its folder, every key placed in a layer of fitting shape, finite weights and a well-typed config
+        (diffusers alone skips unknown keys and loads an empty file as an adapter that changes nothing). The
+        arguments are diffusers'."""
+        from ..pipelines.lora import load_checked_adapter
+
+        load_checked_adapter(
+            self, pretrained_model_name_or_path_or_dict, prefix, hotswap, kwargs, super().load_lora_adapter
+        )
+
     def to(self, *args, **kwargs):
         """`ModelMixin.to` without diffusers' empty "kept in float32" warning (`models/casting.py`).
 

@@ -7,6 +7,7 @@ key it cannot place (diffusers warns and skips it), and injects adapters on the 
 """
 
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -197,6 +198,118 @@ def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None
                 )
 
 
+def load_checked_adapter(
+    transformer: nn.Module, source, prefix: str | None, hotswap: bool, kwargs: dict, load: Callable
+) -> None:
+    """`PeftAdapterMixin.load_lora_adapter` (`load`, with `source`, `prefix`, `hotswap` and its `kwargs`), refusing
+    what it would load silently or fail on inside peft: an empty file, keys it cannot place, NaN or inf weights, a
+    config of the wrong types; a safetensors file only, inside its folder. A half-loaded adapter is removed."""
+    adapter_name, metadata = kwargs.pop("adapter_name", None), kwargs.pop("metadata", None)
+    low_cpu_mem_usage, _pipeline = kwargs.pop("low_cpu_mem_usage", False), kwargs.pop("_pipeline", None)
+    if kwargs.pop("network_alphas", None) is not None:
+        raise ValueError("network_alphas (kohya-style alphas) are not supported: pass the LoraConfig as metadata.")
+    if kwargs.pop("use_safetensors", None) not in (None, True):
+        raise ValueError("LoRA weights are loaded from safetensors files only, so that loading never unpickles.")
+    if isinstance(source, dict):
+        if kwargs:
+            raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
+        state_dict, where = source, "The state dict"
+    else:
+        where = lora_file(source, **kwargs)
+        state_dict, saved = read_lora_file(where)
+        metadata = saved if metadata is None else metadata
+    if prefix is not None:
+        _check_component_keys(state_dict, prefix, where)
+        state_dict = {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}
+        if metadata is not None:
+            metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
+    elif not state_dict:
+        _check_component_keys(state_dict, "transformer", where)
+    _check_lora_config(metadata, where)
+    non_finite = sorted(key for key, value in state_dict.items() if not torch.isfinite(value).all())
+    if non_finite:
+        raise ValueError(f"{where} holds NaN or inf in {listed(non_finite)}: the LoRA is broken; load a sound copy.")
+    target_parameters = list((metadata or {}).get("target_parameters") or [])
+    layers = _check_lora_state_dict(state_dict, transformer, target_parameters)
+    if target_parameters and hotswap:
+        raise ValueError(
+            "hotswap is not supported for an adapter on tied weights (target_parameters); load it under a new "
+            "adapter_name, or delete_adapters the old one first."
+        )
+    if adapter_name is None:
+        adapter_name = get_adapter_name(transformer)
+    loaded = list(getattr(transformer, "peft_config", {}))
+    if hotswap and adapter_name not in loaded:
+        raise ValueError(
+            f"hotswap replaces a loaded adapter: adapter_name must be one of {loaded}, not {adapter_name!r}."
+        )
+    if not hotswap and adapter_name in loaded:
+        raise ValueError(
+            f"Adapter name {adapter_name!r} is already in use; choose another adapter_name, or pass hotswap=True "
+            "to replace its weights."
+        )
+    logger.info(f"Loading LoRA {adapter_name}.")
+    try:
+        if target_parameters:
+            _inject_tied_adapter(transformer, state_dict, metadata, adapter_name, low_cpu_mem_usage)
+        else:
+            load(
+                state_dict,
+                prefix=None,
+                adapter_name=adapter_name,
+                metadata=metadata,
+                _pipeline=_pipeline,
+                low_cpu_mem_usage=low_cpu_mem_usage,
+                hotswap=hotswap,
+            )
+        _check_adapted(transformer, adapter_name, layers)
+    except RuntimeError as error:
+        if not hotswap:
+            _discard_adapter(transformer, adapter_name)
+        if "size mismatch" not in str(error):
+            raise
+        raise ValueError(
+            f"The LoRA's matrices do not have the rank that its config gives (r, rank_pattern in the file's "
+            f"metadata): {error}. Save the LoRA with the LoraConfig it was trained with."
+        ) from error
+    except Exception:
+        if not hotswap:
+            _discard_adapter(transformer, adapter_name)
+        raise
+
+
+# The types of the `LoraConfig` fields a LoRA file's metadata may set, checked before peft sees them.
+_LORA_CONFIG_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "r": (lambda v: type(v) is int and v > 0, "a positive integer"),
+    "lora_alpha": (lambda v: _is_finite_number(v) and v > 0, "a positive finite number"),
+    "lora_dropout": (lambda v: _is_finite_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "target_modules": (lambda v: v is None or isinstance(v, str) or _is_strings(v), "a string or a list of them"),
+    "target_parameters": (lambda v: v is None or _is_strings(v), "a list of strings"),
+    "rank_pattern": (lambda v: isinstance(v, dict) and all(type(r) is int and r > 0 for r in v.values()),
+                     "an object of positive integers"),
+    "alpha_pattern": (lambda v: isinstance(v, dict) and all(_is_finite_number(a) and a > 0 for a in v.values()),
+                      "an object of positive finite numbers"),
+}  # fmt: skip
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(item, str) for item in value)
+
+
+def _check_lora_config(metadata: dict[str, Any] | None, where: str) -> None:
+    """Raise, naming the field, for a `LoraConfig` field of the wrong type or value in a LoRA's metadata."""
+    for field, (ok, requirement) in _LORA_CONFIG_FIELDS.items():
+        if metadata and field in metadata and not ok(metadata[field]):
+            raise ValueError(
+                f"{where}: the LoRA's config has {field}={metadata[field]!r}, which must be {requirement}. Save the "
+                "LoRA with the LoraConfig it was trained with (lora_config.to_dict() as metadata)."
+            )
+
+
 class LMLPLoraLoaderMixin(LoraBaseMixin):
     """Load, save, fuse and switch LoRA adapters of an [`LMLPPipeline`]'s transformer, as diffusers' pipelines do.
 
@@ -300,58 +413,15 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
             metadata (`dict`, *optional*): The `transformer.`-prefixed `LoraConfig` fields; without them the rank is
                 read from the matrices and alpha equals it, as in diffusers. Adapters on tied weights need them.
         """
-        prefix = cls.transformer_name
-        _check_component_keys(state_dict, prefix, "The state dict")
-        state_dict = {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}
-        if metadata is not None:
-            metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
-        target_parameters = list((metadata or {}).get("target_parameters") or [])
-        layers = _check_lora_state_dict(state_dict, transformer, target_parameters)
-        if target_parameters and hotswap:
-            raise ValueError(
-                "hotswap is not supported for an adapter on tied weights (target_parameters); load it under a new "
-                "adapter_name, or delete_adapters the old one first."
-            )
-        if adapter_name is None:
-            adapter_name = get_adapter_name(transformer)
-        loaded = list(getattr(transformer, "peft_config", {}))
-        if hotswap and adapter_name not in loaded:
-            raise ValueError(
-                f"hotswap replaces a loaded adapter: adapter_name must be one of {loaded}, not {adapter_name!r}."
-            )
-        if not hotswap and adapter_name in loaded:
-            raise ValueError(
-                f"Adapter name {adapter_name!r} is already in use; choose another adapter_name, or pass hotswap=True "
-                "to replace its weights."
-            )
-        logger.info(f"Loading {prefix} LoRA {adapter_name}.")
-        try:
-            if target_parameters:
-                _inject_tied_adapter(transformer, state_dict, metadata, adapter_name, low_cpu_mem_usage)
-            else:
-                transformer.load_lora_adapter(
-                    state_dict,
-                    prefix=None,
-                    adapter_name=adapter_name,
-                    metadata=metadata,
-                    _pipeline=_pipeline,
-                    low_cpu_mem_usage=low_cpu_mem_usage,
-                    hotswap=hotswap,
-                )
-            _check_adapted(transformer, adapter_name, layers)
-        except RuntimeError as error:
-            if not hotswap:
-                _discard_adapter(transformer, adapter_name)
-            if "size mismatch" not in str(error):
-                raise
-            raise ValueError(
-                f"The LoRA's matrices do not have the rank that its config gives (r, rank_pattern in the file's "
-                f"metadata): {error}. Save the LoRA with the LoraConfig it was trained with."
-            ) from error
-        except Exception:
-            if not hotswap:
-                _discard_adapter(transformer, adapter_name)
-            raise
+        transformer.load_lora_adapter(
+            state_dict,
+            prefix=cls.transformer_name,
+            adapter_name=adapter_name,
+            metadata=metadata,
+            _pipeline=_pipeline,
+            low_cpu_mem_usage=low_cpu_mem_usage,
+            hotswap=hotswap,
+        )
 
     @classmethod
     def save_lora_weights(
