@@ -39,6 +39,10 @@ PIPELINE_CASES = {
         {"num_images_per_prompt": 1.5},
         r"`num_images_per_prompt` must be an integer.*got 1.5",
     ),
+    "images per prompt beyond one batch": (
+        {"num_images_per_prompt": 10**7},
+        r"1 prompts × num_images_per_prompt=10000000 is 10,000,000 images, more than the 4096 one call makes",
+    ),
     "guidance NaN": ({"guidance_scale": NAN}, r"`guidance_scale` must be a finite number.*got nan"),
     "guidance inf": ({"guidance_scale": INF}, r"`guidance_scale` must be a finite number.*got inf"),
     "guidance -inf": ({"guidance_scale": -INF}, r"`guidance_scale` must be a finite number.*got -inf"),

@@ -12,6 +12,10 @@ from typing import Any
 import torch
 
 
+# The most images one call makes: they are denoised as one batch, all in memory at once.
+MAX_IMAGES_PER_CALL = 4096
+
+
 def _is_integer(value: Any) -> bool:
     """True for Python and NumPy integers; False for bools, floats and everything else."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -199,6 +203,12 @@ def _check_images(
     if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
         raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
     num_images = batch_size * num_images_per_prompt
+    if num_images > MAX_IMAGES_PER_CALL:
+        raise ValueError(
+            f"{batch_size} prompts × num_images_per_prompt={num_images_per_prompt} is {num_images:,} images, more than "
+            f"the {MAX_IMAGES_PER_CALL} one call makes (they are denoised as one batch, all in memory): make them in "
+            "several calls, each with its own generator."
+        )
     generators = generator if isinstance(generator, list) else [] if generator is None else [generator]
     if not all(isinstance(g, torch.Generator) for g in generators):
         raise TypeError(
