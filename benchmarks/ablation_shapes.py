@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
+from diffusers_lmlp.analysis.figures import bar_chart
 from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, BlockFamily, named_configs
@@ -427,52 +428,17 @@ def format_table(entries: list[Entry], target: int, steps: int | None, batch_siz
 
 
 def draw_plot(entries: list[Entry], title: str) -> Image.Image:
-    """Horizontal bars per entry: held-out colour+position and shape accuracy (0–100%), and held-out shapes-FID
-    (lower is better), each labelled with its value.
-
-    Args:
-        entries (`list[Entry]`): The entries, in order.
-        title (`str`): The line above the bars.
-    """
-    font = ImageFont.load_default(size=12)  # at the default size 10 the spaces all but vanish
-    name_width, accuracy_width, fid_width, bar, row_gap, top = 120, 360, 240, 14, 10, 56
-    colours = {"colour+position": (31, 119, 180), "shape": (255, 127, 14), "shapes-FID": (120, 120, 120)}
-    row_height = 2 * bar + row_gap
-    width = name_width + accuracy_width + 70 + fid_width + 50
-    image = Image.new("RGB", (width, top + row_height * len(entries) + 24), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((8, 6), title, fill="black", font=font)
-    x = 8
-    for key, colour in colours.items():
-        text = f"held-out {key}" + (" (lower is better)" if key == "shapes-FID" else "")
-        draw.rectangle((x, 28, x + 10, 38), fill=colour)
-        draw.text((x + 14, 26), text, fill="black", font=font)
-        x += 38 + round(font.getlength(text))
-    accuracy_x, fid_x = name_width, name_width + accuracy_width + 70
-    bottom = top + row_height * len(entries)
-    for tick in range(0, 101, 25):
-        tick_x = accuracy_x + accuracy_width * tick // 100
-        draw.line((tick_x, top - 4, tick_x, bottom), fill=(225, 225, 225))
-        draw.text((tick_x - 8, bottom + 4), f"{tick}%", fill="black", font=font)
-    fids = [e.result["shapes_fid"] for e in entries if e.result]
-    fid_scale = fid_width / max(fids) if fids and max(fids) > 0 else 0.0
-    draw.text((fid_x, bottom + 4), "shapes-FID", fill="black", font=font)
-    for row, entry in enumerate(entries):
-        y = top + row * row_height
-        draw.text((8, y + bar // 2), entry.name, fill="black", font=font)
-        if not entry.result:
-            draw.text((accuracy_x + 4, y + bar // 2), "failed" if entry.error else "not run", fill="red", font=font)
-            continue
-        for i, key in enumerate(("colour+position", "shape")):
-            value = entry.result["scores"][key]
-            end = accuracy_x + round(accuracy_width * value)
-            draw.rectangle((accuracy_x, y + i * bar, end, y + (i + 1) * bar - 2), fill=colours[key])
-            draw.text((end + 4, y + i * bar - 1), f"{100 * value:.0f}%", fill="black", font=font)
-        fid = entry.result["shapes_fid"]
-        end = fid_x + round(fid_scale * fid)
-        draw.rectangle((fid_x, y + bar // 2, end, y + bar // 2 + bar - 2), fill=colours["shapes-FID"])
-        draw.text((end + 4, y + bar // 2 - 1), f"{fid:.1f}", fill="black", font=font)
-    return image
+    """Horizontal bars per entry: held-out colour+position and shape accuracy (%), and held-out shapes-FID (lower is
+    better); an entry that failed or has not run has no bars."""
+    scores = {key: [100 * e.result["scores"][key] if e.result else None for e in entries]
+              for key in ("colour+position", "shape")}  # fmt: skip
+    fid = {"shapes-FID": [e.result["shapes_fid"] if e.result else None for e in entries]}
+    labels = [e.name if e.result else f"{e.name} ({'failed' if e.error else 'not run'})" for e in entries]
+    return bar_chart(
+        title,
+        labels,
+        [("held-out accuracy (%)", scores, ".0f"), ("held-out shapes-FID (lower is better)", fid, ".1f")],
+    )
 
 
 def draw_samples(entries: list[Entry], grids_dir: Path, columns: int = 5, scale: float = 0.5) -> Image.Image | None:

@@ -44,11 +44,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp.allocator import reuse_freed_memory
+from diffusers_lmlp.analysis.figures import bar_chart
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.models import family_of, from_named_config, named_configs
 from diffusers_lmlp.models.backbone import UShapedMixerModel
@@ -739,41 +740,14 @@ def markdown(header: Iterable[str], lines: Iterable[str]) -> str:
 
 def draw_plot(rows: list[Row], title: str) -> Image.Image:
     """Horizontal bars per model: sampling and training speed over U-ViT-S/2 (best modes), a line at 1×."""
-    font = ImageFont.load_default(size=12)
     best = best_rows(rows)
     keys = list(dict.fromkeys((row.model, row.batch_size, row.precision) for row in rows))
-    colours = {"sampling": (31, 119, 180), "training": (255, 127, 14)}
-    name_width, plot_width, bar, gap, top = 190, 420, 12, 10, 56
-    ratios = {
-        (key, pass_): speedup(best[(*key, pass_)], rows) for key in keys for pass_ in PASSES if (*key, pass_) in best
+    series = {
+        pass_: [speedup(best[(*key, pass_)], rows) if (*key, pass_) in best else None for key in keys]
+        for pass_ in PASSES
     }
-    scale = plot_width / max([1.5, *(r for r in ratios.values() if r)])
-    image = Image.new("RGB", (max(name_width + plot_width + 60, 600), top + len(keys) * (2 * bar + gap) + 24), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((8, 6), title, fill="black", font=font)
-    x = 8
-    for pass_, colour in colours.items():
-        text = f"{pass_}: images/s over U-ViT-S/2's (best modes)"
-        draw.rectangle((x, 28, x + 10, 38), fill=colour)
-        draw.text((x + 14, 26), text, fill="black", font=font)
-        x += 30 + round(font.getlength(text))
-    bottom = top + len(keys) * (2 * bar + gap)
-    for tick in (0.0, 0.5, 1.0, 1.5, 2.0):
-        if tick * scale <= plot_width:
-            tick_x = name_width + round(tick * scale)
-            draw.line((tick_x, top - 4, tick_x, bottom), fill=(0, 0, 0) if tick == 1.0 else (225, 225, 225))
-            draw.text((tick_x - 8, bottom + 4), f"{tick:.1f}x", fill="black", font=font)
-    for i, key in enumerate(keys):
-        y = top + i * (2 * bar + gap)
-        draw.text((8, y + bar // 2), f"{key[0]} ({key[2]}, B={key[1]})", fill="black", font=font)
-        for j, pass_ in enumerate(PASSES):
-            ratio = ratios.get((key, pass_))
-            if ratio is None:
-                continue
-            end = name_width + round(ratio * scale)
-            draw.rectangle((name_width, y + j * bar, end, y + (j + 1) * bar - 2), fill=colours[pass_])
-            draw.text((end + 4, y + j * bar - 1), f"{ratio:.2f}x", fill="black", font=font)  # PIL's font has no ×
-    return image
+    labels = [f"{model} ({precision}, B={batch_size})" for model, batch_size, precision in keys]
+    return bar_chart(title, labels, [("images/s over U-ViT-S/2's (best modes)", series, ".2f")], reference=1.0)
 
 
 def machine_line(device: str) -> str:

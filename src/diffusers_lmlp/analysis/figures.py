@@ -1,64 +1,18 @@
-"""Drawing for the analysis commands, with Pillow only: viridis heat maps (as the reference figure script) with red
-lines at the token-region boundaries, in a labelled grid with a colour bar.
-
-Each matrix entry is enlarged by a whole factor without smoothing, so single entries (a diagonal) stay visible.
+"""The figures, drawn with matplotlib (the `plots` extra): the analysis' viridis heat maps of matrices in [0, 1], as
+the reference figure script draws them, with red lines at the token-region boundaries, in a titled grid with one colour
+bar (entries drawn without smoothing, so a diagonal stays visible); and the benchmarks' bar charts.
 """
 
-import math
+import io
+import textwrap
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
 
-# matplotlib's viridis at 0, 0.1, …, 1; colours in between are interpolated linearly.
-VIRIDIS = np.array(
-    [
-        (68, 1, 84), (72, 36, 117), (65, 68, 135), (53, 95, 141), (42, 120, 142), (33, 145, 140),
-        (34, 168, 132), (68, 191, 112), (122, 209, 81), (189, 223, 38), (253, 231, 37),
-    ],
-    dtype=np.float64,
-)  # fmt: skip
-RED = (230, 25, 25)
-# A map smaller than this many pixels is enlarged by the smallest whole factor that reaches it.
-PANEL_PIXELS = 256
-FONT_SIZE = 13
-GAP = 10
-COLOUR_BAR_WIDTH, COLOUR_BAR_HEIGHT = 14, 100
-
-
-def font() -> ImageFont.ImageFont:
-    """The figures' font: Pillow's own, at `FONT_SIZE`."""
-    return ImageFont.load_default(size=FONT_SIZE)
-
-
-def drawable(text: str) -> str:
-    """`text` as the figures' font can draw it: Pillow's own font has no ×, so it becomes x."""
-    return text.replace("×", "x")
-
-
-def colour(values: np.ndarray) -> np.ndarray:
-    """(..., 3) uint8 viridis colours of values in [0, 1] (others are clipped)."""
-    position = np.clip(values, 0.0, 1.0) * (len(VIRIDIS) - 1)
-    low = np.minimum(np.floor(position).astype(int), len(VIRIDIS) - 2)
-    fraction = (position - low)[..., None]
-    return np.round(VIRIDIS[low] * (1 - fraction) + VIRIDIS[low + 1] * fraction).astype(np.uint8)
-
-
-def heat_map(values: np.ndarray, boundaries: tuple[int, ...] = (), cell: tuple[int, int] | None = None) -> Image.Image:
-    """A (rows, columns) matrix in [0, 1] as an image, with a red line before each of `boundaries`' rows and
-    columns; `cell` is an entry's (height, width), by default the square that makes the map `PANEL_PIXELS` wide."""
-    if cell is None:
-        side = math.ceil(PANEL_PIXELS / max(values.shape))
-        cell = (side, side)
-    pixels = np.repeat(np.repeat(colour(values), cell[0], axis=0), cell[1], axis=1)  # (rows·h, columns·w, 3)
-    image = Image.fromarray(pixels)
-    draw = ImageDraw.Draw(image)
-    width = max(1, min(cell) // 5)
-    for boundary in boundaries:
-        x, y = boundary * cell[1], boundary * cell[0]
-        draw.line([(x, 0), (x, image.height)], fill=RED, width=width)
-        draw.line([(0, y), (image.width, y)], fill=RED, width=width)
-    return image
+def heat_map(values: np.ndarray, boundaries: tuple[int, ...] = ()) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A panel: a (rows, columns) matrix in [0, 1], and the rows and columns before which a red line is drawn."""
+    return np.asarray(values), tuple(boundaries)
 
 
 def grid_figure(
@@ -66,38 +20,78 @@ def grid_figure(
     notes: list[str],
     column_titles: list[str],
     row_titles: list[str],
-    panels: list[list[Image.Image]],
+    panels: list[list[tuple[np.ndarray, tuple[int, ...]]]],
 ) -> Image.Image:
-    """`panels[row][column]` in a labelled grid under a title and notes, with a 0-to-1 colour bar on the right."""
-    title, notes = drawable(title), [drawable(note) for note in notes]
-    column_titles, row_titles = [drawable(t) for t in column_titles], [drawable(t) for t in row_titles]
-    text = font()
-    line = FONT_SIZE + 6
-    cell_width = max(panel.width for row in panels for panel in row)
-    cell_height = max(panel.height for row in panels for panel in row)
-    label_width = int(max(text.getlength(row_title) for row_title in row_titles)) + 2 * GAP
-    top = GAP + line * (2 + len(notes))  # the title, the notes, the column titles
-    bar_left = label_width + len(column_titles) * (cell_width + GAP)
-    notes_width = max(text.getlength(line_text) for line_text in [title, *notes])
-    width = int(max(bar_left + COLOUR_BAR_WIDTH + 4 + text.getlength("1") + GAP, notes_width + 2 * GAP))
-    height = top + len(row_titles) * (cell_height + GAP)
-    figure = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(figure)
-    for index, line_text in enumerate([title, *notes]):
-        draw.text((GAP, GAP + index * line), line_text, fill="black", font=text)
-    for column, column_title in enumerate(column_titles):
-        x = label_width + column * (cell_width + GAP) + (cell_width - text.getlength(column_title)) / 2
-        draw.text((x, top - line), column_title, fill="black", font=text)
+    """`panels[row][column]` (`heat_map`s) in a labelled grid under a title and notes, with a 0-to-1 colour bar."""
+    plt = pyplot()
+    heading = "\n".join([title, *(textwrap.fill(note, 110) for note in notes)])
+    rows, columns = len(panels), len(column_titles)
+    size = (2.6 * columns + 1.5, 2.6 * rows + 0.2 * heading.count("\n") + 0.6)
+    figure, axes = plt.subplots(rows, columns, figsize=size, squeeze=False, layout="constrained")
+    image = None
     for row, (row_title, row_panels) in enumerate(zip(row_titles, panels)):
-        y = top + row * (cell_height + GAP)
-        draw.text((GAP, y + (cell_height - FONT_SIZE) / 2), row_title, fill="black", font=text)
-        for column, panel in enumerate(row_panels):
-            x = label_width + column * (cell_width + GAP)
-            figure.paste(panel, (x + (cell_width - panel.width) // 2, y + (cell_height - panel.height) // 2))
-    # The colour bar spans the first panel, and at least COLOUR_BAR_HEIGHT pixels where the panels are that tall.
-    bar_height = min(height - top - GAP, max(cell_height, COLOUR_BAR_HEIGHT))
-    gradient = np.linspace(1.0, 0.0, bar_height)[:, None].repeat(COLOUR_BAR_WIDTH, axis=1)  # (bar_height, width)
-    figure.paste(Image.fromarray(colour(gradient)), (bar_left, top))
-    draw.text((bar_left + COLOUR_BAR_WIDTH + 4, top), "1", fill="black", font=text)
-    draw.text((bar_left + COLOUR_BAR_WIDTH + 4, top + bar_height - FONT_SIZE - 2), "0", fill="black", font=text)
-    return figure
+        for column, (values, boundaries) in enumerate(row_panels):
+            ax = axes[row][column]
+            image = ax.imshow(values, cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
+            for boundary in boundaries:
+                ax.axhline(boundary - 0.5, color="red", linewidth=0.8)
+                ax.axvline(boundary - 0.5, color="red", linewidth=0.8)
+            ax.tick_params(labelsize=7)
+            if row == 0:
+                ax.set_title(column_titles[column], fontsize=9)
+            if column == 0:
+                ax.set_ylabel(row_title, fontsize=8)
+    figure.suptitle(heading, fontsize=9, x=0.01, horizontalalignment="left")
+    figure.colorbar(image, ax=axes, fraction=0.02, pad=0.01)
+    return as_image(figure)
+
+
+def pyplot():
+    """`matplotlib.pyplot`, drawing to files (Agg), or `SystemExit` saying how to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("error: the figures need matplotlib: pip install 'diffusers-lmlp[plots]'") from None
+    return plt
+
+
+def as_image(figure) -> Image.Image:
+    """A matplotlib figure as an RGB image (the figure is closed)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    pyplot().close(figure)
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+
+
+def bar_chart(
+    title: str, labels: list[str], panels: list[tuple[str, dict[str, list[float | None]], str]], reference=None
+) -> Image.Image:
+    """Horizontal bars, a row per label: one panel per (x label, {series: a value per label, None for none}, value
+    format) side by side, each bar labelled with its value; `reference` draws a line at that x in the first panel."""
+    plt = pyplot()
+    height = 0.6 + 0.22 * len(labels) * max(len(series) for _, series, _ in panels)
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, height + 0.8), squeeze=False,
+                                sharey=True, layout="constrained")  # fmt: skip
+    positions, colours = np.arange(len(labels)), iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    for ax, (xlabel, series, value_format) in zip(axes[0], panels):
+        width = 0.8 / len(series)
+        for k, (name, values) in enumerate(series.items()):
+            offsets = positions - 0.4 + width * (k + 0.5)
+            drawn = [(y, v) for y, v in zip(offsets, values) if v is not None]
+            bars = ax.barh(
+                [y for y, _ in drawn], [v for _, v in drawn], height=width * 0.9, label=name, color=next(colours)
+            )
+            ax.bar_label(bars, [format(v, value_format) for _, v in drawn], fontsize=7, padding=2)
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.margins(x=0.15)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=7)
+    if reference is not None:
+        axes[0][0].axvline(reference, color="black", linewidth=0.8)
+    axes[0][0].set_yticks(positions, labels, fontsize=8)
+    axes[0][0].invert_yaxis()
+    figure.suptitle(title, fontsize=9, x=0.01, horizontalalignment="left")
+    return as_image(figure)

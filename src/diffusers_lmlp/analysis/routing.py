@@ -31,8 +31,6 @@ from .tables import format_table, noise_line, number
 FIGURE, DATA, REPORT = "routing.png", "routing.safetensors", "routing.json"
 # What the command writes into its output folder, as listed after its table.
 FILES = (FIGURE, REPORT, DATA)
-# Pixels per expert (rows) of a usage panel, and the width a panel's sampler steps are spread over.
-USAGE_ROW_PIXELS, USAGE_PANEL_WIDTH = 16, 200
 
 
 def record_expert_usage(
@@ -73,9 +71,8 @@ def usage_report(layers: list[int], blocks: int, passes: torch.Tensor) -> dict:
 def usage_figure(usage: torch.Tensor, report: dict) -> Image.Image:
     """The (S, layers, H, E) `usage` across sampling: a row per layer, a column per head, panels experts × steps."""
     num_steps, _, num_heads, num_experts = usage.shape
-    cell = (USAGE_ROW_PIXELS, max(1, USAGE_PANEL_WIDTH // num_steps))
     panels = [
-        [heat_map(usage[:, index, head, :].T.numpy(), cell=cell) for head in range(num_heads)]  # (E, S) each
+        [heat_map(usage[:, index, head, :].T.numpy()) for head in range(num_heads)]  # (E, S) each
         for index in range(usage.shape[1])
     ]
     timesteps = report["timesteps"]
