@@ -139,7 +139,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         file inside its folder, every key placed in a layer of fitting shape, finite weights and a well-typed config
         (diffusers alone skips unknown keys and loads an empty file as an adapter that changes nothing). The
         arguments are diffusers'."""
-        from ..pipelines.lora import load_checked_adapter
+        from .lora import load_checked_adapter
 
         load_checked_adapter(
             self, pretrained_model_name_or_path_or_dict, prefix, hotswap, kwargs, super().load_lora_adapter

@@ -1,0 +1,304 @@
+"""Loading a LoRA into a backbone, checked: the one path both diffusers' `transformer.load_lora_adapter` and
+`LMLPPipeline.load_lora_weights` take (`load_checked_adapter`). Unlike diffusers, it reads safetensors only, refuses
+any key it cannot place (diffusers warns and skips it), NaN weights and a mistyped `LoraConfig`, and injects adapters
+on the tied SymMixer/AsymMixer weights (`target_parameters`) from their config, since peft 0.21 refuses those from a
+state dict.
+"""
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from diffusers.utils import get_adapter_name, logging
+from torch import nn
+
+from .loading import listed
+from .lora_files import lora_file, read_lora_file
+from .quantized import is_dynamically_quantized
+
+
+logger = logging.get_logger(__name__)
+
+# The only keys of a LoRA file: peft's A (r, in) and B (out, r) matrices of each adapted layer.
+LORA_KEY_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+
+
+def _check_component_keys(state_dict: dict[str, torch.Tensor], prefix: str, source: str) -> None:
+    """Raise unless `state_dict` holds tensors, each keyed `<prefix>.<peft key>`: an empty one would load as an
+    adapter that changes nothing, and another component's key would be skipped (`source` names them in the error)."""
+    if not state_dict:
+        raise ValueError(
+            f"{source} holds no tensors, so it would load as an adapter that changes nothing. Save the LoRA with "
+            f"LMLPPipeline.save_lora_weights(folder, {prefix}_lora_layers=get_peft_model_state_dict({prefix}))."
+        )
+    foreign = sorted(key for key in state_dict if not key.startswith(f"{prefix}."))
+    if len(foreign) == len(state_dict):
+        found = (
+            f"holds no LoRA weights for the {prefix}: none of its {len(foreign)} keys has the `{prefix}.` prefix "
+            f"({listed(foreign)})"
+        )
+    elif foreign:
+        found = f"has LoRA keys without the `{prefix}.` prefix: {listed(foreign)}"
+    else:
+        return
+    raise ValueError(
+        f"{source} {found}. LMLPPipeline loads LoRA weights into its {prefix} only, from keys `{prefix}.<peft key>` "
+        f"as save_lora_weights writes them. A file written by `{prefix}.save_lora_adapter` has bare peft keys: save "
+        "its tensors and config again with LMLPPipeline.save_lora_weights."
+    )
+
+
+def _unwrapped_name(name: str) -> str:
+    """A module's name in the model without adapters: peft's wrappers insert `base_layer` into the path."""
+    return ".".join(part for part in name.split(".") if part != "base_layer")
+
+
+def _base_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's own modules by their name without adapters, whether or not adapters are loaded."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return {
+        _unwrapped_name(name): module
+        for name, module in model.named_modules()
+        if not isinstance(module, BaseTunerLayer) and not any(part.startswith("lora_") for part in name.split("."))
+    }
+
+
+def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -> tuple[int, int]:
+    """The (out, in) shape of the weight that a LoRA on `module` (called `name`) adapts: an nn.Linear's, or a
+    parameter named in `target_parameters` ("<module suffix>.<parameter>")."""
+    if isinstance(module, nn.Linear):
+        return module.out_features, module.in_features
+    for target in target_parameters:
+        suffix, parameter = target.rsplit(".", 1)
+        if (name == suffix or name.endswith(f".{suffix}")) and parameter in dict(
+            module.named_parameters(recurse=False)
+        ):
+            return tuple(getattr(module, parameter).shape)
+    if is_dynamically_quantized(module):
+        raise ValueError(
+            f"The LoRA adapts {name}, a Linear that torch's dynamic quantization (quantize_dynamic) replaced, which "
+            "PEFT cannot adapt. Load the LoRA into the float model, fuse it (pipe.fuse_lora(), then "
+            "pipe.unload_lora_weights()) and quantize after."
+        )
+    raise ValueError(
+        f"The LoRA adapts {name}, a {type(module).__name__}, not an nn.Linear. A weight used outside an nn.Linear "
+        "(the tied SymMixer/AsymMixer weights) is adapted as a parameter, and the file's metadata must say so: save "
+        "with transformer_lora_adapter_metadata=lora_config.to_dict() of a LoraConfig with target_parameters."
+    )
+
+
+def _check_lora_state_dict(
+    state_dict: dict[str, torch.Tensor], transformer: nn.Module, target_parameters: list[str]
+) -> set[str]:
+    """Raise unless every key is a LoRA matrix of a layer of `transformer` with a shape that fits the layer; return
+    the adapted layers, named as peft names them once the adapter is loaded."""
+    not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
+    if not_lora:
+        raise ValueError(
+            f"Keys that are not LoRA matrices: {listed(not_lora)}. A LoRA file holds `<layer>.lora_A.weight` and "
+            "`<layer>.lora_B.weight` only, as peft's get_peft_model_state_dict(transformer) returns them."
+        )
+    layers = sorted({key.rsplit(".lora_", 1)[0] for key in state_dict})
+    unpaired = [layer for layer in layers if not all(layer + suffix in state_dict for suffix in LORA_KEY_SUFFIXES)]
+    if unpaired:
+        raise ValueError(f"LoRA layers with lora_A or lora_B missing: {listed(unpaired)}. The file is incomplete.")
+    base = _base_modules(transformer)
+    name = type(transformer).__name__
+    unknown = [layer for layer in layers if _unwrapped_name(layer) not in base]
+    if unknown:
+        raise ValueError(
+            f"LoRA keys for layers the {name} does not have: {listed(unknown)}. The LoRA was trained for another "
+            "model; load it into the model it was trained for."
+        )
+    for layer in layers:
+        module_name = _unwrapped_name(layer)
+        out_features, in_features = _adapted_shape(base[module_name], module_name, target_parameters)
+        down, up = state_dict[f"{layer}.lora_A.weight"], state_dict[f"{layer}.lora_B.weight"]
+        rank = down.shape[0]
+        if down.shape != (rank, in_features) or up.shape != (out_features, rank):
+            raise ValueError(
+                f"The LoRA of {layer} has lora_A {tuple(down.shape)} and lora_B {tuple(up.shape)}, but the {name}'s "
+                f"layer maps {in_features} to {out_features} features, so they must be (r, {in_features}) and "
+                f"({out_features}, r) with one rank r. The LoRA was trained for a model of another config."
+            )
+    return set(layers)
+
+
+def _check_adapted(transformer: nn.Module, adapter_name: str, layers: set[str]) -> None:
+    """Raise unless the layers that `adapter_name` adapts in `transformer` are exactly `layers`."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    adapted = {
+        name
+        for name, module in transformer.named_modules()
+        if isinstance(module, BaseTunerLayer) and adapter_name in getattr(module, "lora_A", {})
+    }
+    if adapted != layers:
+        missing, extra = sorted(layers - adapted), sorted(adapted - layers)
+        if any(".base_layer." in layer for layer in missing) and len(getattr(transformer, "peft_config", {})) > 1:
+            reason = (
+                "peft 0.21 adds no further adapter to a layer inside another adapter's tied-weight wrapper (the "
+                "AsymMixer's fc2 under a target_parameters adapter): load one such adapter at a time, "
+                "unload_lora_weights() or delete_adapters(...) first."
+            )
+        else:
+            reason = "Save the LoRA with the LoraConfig it was trained with (lora_config.to_dict() as metadata)."
+        raise ValueError(
+            f"Adapter {adapter_name!r} does not adapt the layers the LoRA file has weights for: not adapted "
+            f"{listed(missing) or 'none'}; adapted without weights {listed(extra) or 'none'}. {reason}"
+        )
+
+
+def _discard_adapter(transformer: nn.Module, adapter_name: str) -> None:
+    """Remove a half-loaded adapter; with no adapter left, remove peft's layers too, restoring the plain model."""
+    if adapter_name in getattr(transformer, "peft_config", {}):
+        transformer.delete_adapters(adapter_name)
+    if not getattr(transformer, "peft_config", None):
+        transformer.unload_lora()
+
+
+def _inject_tied_adapter(
+    transformer: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    metadata: dict[str, Any],
+    adapter_name: str,
+    low_cpu_mem_usage: bool,
+) -> None:
+    """`PeftAdapterMixin.load_lora_adapter` for a config with `target_parameters`: placed by its config, then filled
+    from `state_dict`, since peft 0.21's `inject_adapter_in_model` refuses a state dict for such a config."""
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+
+    config = LoraConfig(**metadata)
+    inject_adapter_in_model(config, transformer, adapter_name=adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
+    transformer._hf_peft_config_loaded = True
+    set_peft_model_state_dict(transformer, state_dict, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
+
+
+def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None) -> None:
+    """Raise if the update ΔW that fusing would add to a layer of `model` holds NaN or inf (for `adapter_names`, or
+    each layer's active adapters)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        for adapter in adapter_names or module.active_adapters:
+            if adapter in module.lora_A and not torch.isfinite(module.get_delta_weight(adapter)).all():
+                raise ValueError(
+                    f"Adapter {adapter!r} holds NaN or inf in its update of {name}, so nothing was fused "
+                    "(safe_fusing=True). The adapter is broken: load a sound copy, or delete_adapters it."
+                )
+
+
+def load_checked_adapter(
+    transformer: nn.Module, source, prefix: str | None, hotswap: bool, kwargs: dict, load: Callable
+) -> None:
+    """`PeftAdapterMixin.load_lora_adapter` (`load`, with `source`, `prefix`, `hotswap` and its `kwargs`), refusing
+    what it would load silently or fail on inside peft: an empty file, keys it cannot place, NaN or inf weights, a
+    config of the wrong types; a safetensors file only, inside its folder. A half-loaded adapter is removed."""
+    adapter_name, metadata = kwargs.pop("adapter_name", None), kwargs.pop("metadata", None)
+    low_cpu_mem_usage, _pipeline = kwargs.pop("low_cpu_mem_usage", False), kwargs.pop("_pipeline", None)
+    if kwargs.pop("network_alphas", None) is not None:
+        raise ValueError("network_alphas (kohya-style alphas) are not supported: pass the LoraConfig as metadata.")
+    if kwargs.pop("use_safetensors", None) not in (None, True):
+        raise ValueError("LoRA weights are loaded from safetensors files only, so that loading never unpickles.")
+    if isinstance(source, dict):
+        if kwargs:
+            raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
+        state_dict, where = source, "The state dict"
+    else:
+        where = lora_file(source, **kwargs)
+        state_dict, saved = read_lora_file(where)
+        metadata = saved if metadata is None else metadata
+    if prefix is not None:
+        _check_component_keys(state_dict, prefix, where)
+        state_dict = {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}
+        if metadata is not None:
+            metadata = {k.removeprefix(f"{prefix}."): v for k, v in metadata.items() if k.startswith(f"{prefix}.")}
+    elif not state_dict:
+        _check_component_keys(state_dict, "transformer", where)
+    _check_lora_config(metadata, where)
+    non_finite = sorted(key for key, value in state_dict.items() if not torch.isfinite(value).all())
+    if non_finite:
+        raise ValueError(f"{where} holds NaN or inf in {listed(non_finite)}: the LoRA is broken; load a sound copy.")
+    target_parameters = list((metadata or {}).get("target_parameters") or [])
+    layers = _check_lora_state_dict(state_dict, transformer, target_parameters)
+    if target_parameters and hotswap:
+        raise ValueError(
+            "hotswap is not supported for an adapter on tied weights (target_parameters); load it under a new "
+            "adapter_name, or delete_adapters the old one first."
+        )
+    if adapter_name is None:
+        adapter_name = get_adapter_name(transformer)
+    loaded = list(getattr(transformer, "peft_config", {}))
+    if hotswap and adapter_name not in loaded:
+        raise ValueError(
+            f"hotswap replaces a loaded adapter: adapter_name must be one of {loaded}, not {adapter_name!r}."
+        )
+    if not hotswap and adapter_name in loaded:
+        raise ValueError(
+            f"Adapter name {adapter_name!r} is already in use; choose another adapter_name, or pass hotswap=True "
+            "to replace its weights."
+        )
+    logger.info(f"Loading LoRA {adapter_name}.")
+    try:
+        if target_parameters:
+            _inject_tied_adapter(transformer, state_dict, metadata, adapter_name, low_cpu_mem_usage)
+        else:
+            load(
+                state_dict,
+                prefix=None,
+                adapter_name=adapter_name,
+                metadata=metadata,
+                _pipeline=_pipeline,
+                low_cpu_mem_usage=low_cpu_mem_usage,
+                hotswap=hotswap,
+            )
+        _check_adapted(transformer, adapter_name, layers)
+    except RuntimeError as error:
+        if not hotswap:
+            _discard_adapter(transformer, adapter_name)
+        if "size mismatch" not in str(error):
+            raise
+        raise ValueError(
+            f"The LoRA's matrices do not have the rank that its config gives (r, rank_pattern in the file's "
+            f"metadata): {error}. Save the LoRA with the LoraConfig it was trained with."
+        ) from error
+    except Exception:
+        if not hotswap:
+            _discard_adapter(transformer, adapter_name)
+        raise
+
+
+# The types of the `LoraConfig` fields a LoRA file's metadata may set, checked before peft sees them.
+_LORA_CONFIG_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "r": (lambda v: type(v) is int and v > 0, "a positive integer"),
+    "lora_alpha": (lambda v: _is_finite_number(v) and v > 0, "a positive finite number"),
+    "lora_dropout": (lambda v: _is_finite_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "target_modules": (lambda v: v is None or isinstance(v, str) or _is_strings(v), "a string or a list of them"),
+    "target_parameters": (lambda v: v is None or _is_strings(v), "a list of strings"),
+    "rank_pattern": (lambda v: isinstance(v, dict) and all(type(r) is int and r > 0 for r in v.values()),
+                     "an object of positive integers"),
+    "alpha_pattern": (lambda v: isinstance(v, dict) and all(_is_finite_number(a) and a > 0 for a in v.values()),
+                      "an object of positive finite numbers"),
+}  # fmt: skip
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(item, str) for item in value)
+
+
+def _check_lora_config(metadata: dict[str, Any] | None, where: str) -> None:
+    """Raise, naming the field, for a `LoraConfig` field of the wrong type or value in a LoRA's metadata."""
+    for field, (ok, requirement) in _LORA_CONFIG_FIELDS.items():
+        if metadata and field in metadata and not ok(metadata[field]):
+            raise ValueError(
+                f"{where}: the LoRA's config has {field}={metadata[field]!r}, which must be {requirement}. Save the "
+                "LoRA with the LoraConfig it was trained with (lora_config.to_dict() as metadata)."
+            )
