@@ -263,11 +263,12 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
         "logs": f"{out / 'logs'} (tensorboard --logdir {out / 'logs'})",
         "summary": str(out / "training_summary.json"),
     }
-    scores = lines[lines.index("", start) + 1 : -3]  # then a blank line, "Load it in Python:" and the line itself
+    # Then the scores, a blank line, "Load it in Python:" and the line itself, last.
+    assert lines[-3:-1] == ["", "Load it in Python:"], text[-3000:]
+    scores = lines[lines.index("", start) + 1 : -3]
     assert scores[0].startswith("Scores") and " 10 DPMSolverMultistepScheduler steps" in scores[0]
     assert scores[1].split() == ["train", "held-out"]
-    assert {"colour", "shape", "position", "colour+position"} <= {row.split()[0] for row in scores[2:]}
-    assert lines[-3:-1] == ["", "Load it in Python:"]
+    assert {"colour", "shape", "position", "colour+position"} <= {row.split()[0] for row in scores[2:]}, text[-3000:]
     namespace = {}
     exec(lines[-1].strip(), namespace)
     assert namespace["pipe"].transformer.config.sample_size == 8

@@ -141,8 +141,8 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
-def is_count(value, least: int = 1) -> bool:
-    return type(value) is int and value >= least
+def is_count(value) -> bool:
+    return type(value) is int and value >= 1
 
 
 def checksums_problem(record) -> str | None:
