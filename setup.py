@@ -21,8 +21,8 @@ extras = {
     # 5 removed, and 0.18/0.19 allow one adapter with `target_parameters` per model (SymMixer's tied weights).
     "train": ["tensorboard", "tqdm", "peft>=0.20"],
     "space": ["gradio>=6"],
-    # matplotlib: the learning curves and the other charts in benchmarks/ (docs/*.png).
-    "plots": ["matplotlib"],
+    # matplotlib: the analysis figures and the benchmarks' charts (docs/*.png); 3.6 has the constrained layout they use.
+    "plots": ["matplotlib>=3.6"],
     # The Space tests serve the app and drive it with gradio_client and a headless chromium through playwright (the
     # browser itself comes from the system: `apt-get install chromium`).
     # wandb: the test that validation images reach wandb runs it offline (no account, nothing sent).
@@ -38,7 +38,7 @@ extras = {
         "gradio_client",
         "playwright",
         "torchmetrics",
-        "matplotlib",
+        "matplotlib>=3.6",
     ],
 }
 extras["all"] = sorted({req for reqs in extras.values() for req in reqs})
