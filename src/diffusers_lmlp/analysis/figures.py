@@ -23,11 +23,11 @@ def grid_figure(
     panels: list[list[tuple[np.ndarray, tuple[int, ...]]]],
 ) -> Image.Image:
     """`panels[row][column]` (`heat_map`s) in a labelled grid under a title and notes, with a 0-to-1 colour bar."""
-    plt = pyplot()
     heading = "\n".join([title, *(textwrap.fill(note, 110) for note in notes)])
     rows, columns = len(panels), len(column_titles)
     size = (2.6 * columns + 1.5, 2.6 * rows + 0.2 * heading.count("\n") + 0.6)
-    figure, axes = plt.subplots(rows, columns, figsize=size, squeeze=False, layout="constrained")
+    figure = new_figure(figsize=size, layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False)
     image = None
     for row, (row_title, row_panels) in enumerate(zip(row_titles, panels)):
         for column, (values, boundaries) in enumerate(row_panels):
@@ -46,23 +46,20 @@ def grid_figure(
     return as_image(figure)
 
 
-def pyplot():
-    """`matplotlib.pyplot`, drawing to files (Agg), or `SystemExit` saying how to install it."""
+def new_figure(**kwargs):
+    """A matplotlib `Figure` (`kwargs` are its), made without pyplot, so no backend or global state changes; or
+    `SystemExit` saying how to install matplotlib."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         raise SystemExit("error: the figures need matplotlib: pip install 'diffusers-lmlp[plots]'") from None
-    return plt
+    return Figure(**kwargs)
 
 
 def as_image(figure) -> Image.Image:
-    """A matplotlib figure as an RGB image (the figure is closed)."""
+    """A matplotlib figure as an RGB image."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
-    pyplot().close(figure)
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
@@ -71,11 +68,12 @@ def bar_chart(
 ) -> Image.Image:
     """Horizontal bars, a row per label: one panel per (x label, {series: a value per label, None for none}, value
     format) side by side, each bar labelled with its value; `reference` draws a line at that x in the first panel."""
-    plt = pyplot()
     height = 0.6 + 0.22 * len(labels) * max(len(series) for _, series, _ in panels)
-    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, height + 0.8), squeeze=False,
-                                sharey=True, layout="constrained")  # fmt: skip
-    positions, colours = np.arange(len(labels)), iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    figure = new_figure(figsize=(5 * len(panels) + 2, height + 0.8), layout="constrained")
+    import matplotlib  # after new_figure, which says how to install it
+
+    axes = figure.subplots(1, len(panels), squeeze=False, sharey=True)
+    positions, colours = np.arange(len(labels)), iter(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
     for ax, (xlabel, series, value_format) in zip(axes[0], panels):
         width = 0.8 / len(series)
         for k, (name, values) in enumerate(series.items()):
