@@ -14,7 +14,7 @@ from diffusers.utils import get_adapter_name, logging
 from torch import nn
 
 from .loading import listed
-from .lora_files import lora_file, read_lora_file
+from .lora_files import read_lora_source
 from .quantized import is_dynamically_quantized
 
 
@@ -202,16 +202,8 @@ def load_checked_adapter(
     low_cpu_mem_usage, _pipeline = kwargs.pop("low_cpu_mem_usage", False), kwargs.pop("_pipeline", None)
     if kwargs.pop("network_alphas", None) is not None:
         raise ValueError("network_alphas (kohya-style alphas) are not supported: pass the LoraConfig as metadata.")
-    if kwargs.pop("use_safetensors", None) not in (None, True):
-        raise ValueError("LoRA weights are loaded from safetensors files only, so that loading never unpickles.")
-    if isinstance(source, dict):
-        if kwargs:
-            raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
-        state_dict, where = source, "The state dict"
-    else:
-        where = lora_file(source, **kwargs)
-        state_dict, saved = read_lora_file(where)
-        metadata = saved if metadata is None else metadata
+    state_dict, saved, where = read_lora_source(source, kwargs)
+    metadata = saved if metadata is None else metadata
     if prefix is not None:
         _check_component_keys(state_dict, prefix, where)
         state_dict = {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items()}

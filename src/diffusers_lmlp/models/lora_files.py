@@ -121,3 +121,19 @@ def adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None
         f"(lora_config.to_dict(), as save_lora_weights writes it), but it is {found}. Save the LoRA again with "
         "LMLPPipeline.save_lora_weights(..., transformer_lora_adapter_metadata=lora_config.to_dict())."
     )
+
+
+def read_lora_source(source, kwargs: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, str]:
+    """The tensors, adapter metadata and name (for errors) of a LoRA given as a state dict or located by `source` and
+    the file options in `kwargs` (`lora_file`'s); safetensors only."""
+    if kwargs.pop("use_safetensors", None) not in (None, True):
+        raise ValueError(
+            "LoRA weights are loaded from safetensors files only, so that loading never unpickles; "
+            "use_safetensors=False is not supported. Convert a trusted pickled LoRA with safetensors.torch.save_file."
+        )
+    if isinstance(source, dict):
+        if kwargs:
+            raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
+        return source, None, "The state dict"
+    path = lora_file(source, **kwargs)
+    return (*read_lora_file(path), path)

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..models.loading import listed
 from ..models.lora import LORA_KEY_SUFFIXES, _check_component_keys, _refuse_non_finite_updates
-from ..models.lora_files import check_weight_name, lora_file, read_lora_file
+from ..models.lora_files import check_weight_name, read_lora_source
 
 
 logger = logging.get_logger(__name__)
@@ -58,20 +58,9 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
             The state dict, or with `return_lora_metadata=True` it and the metadata (prefixed `LoraConfig` or None).
         """
         return_lora_metadata = kwargs.pop("return_lora_metadata", False)
-        if kwargs.pop("use_safetensors", None) not in (None, True):
-            raise ValueError(
-                "LMLPPipeline loads LoRA weights from safetensors files only, so that loading never unpickles; "
-                "use_safetensors=False is not supported. Convert a trusted pickled LoRA with "
-                "safetensors.torch.save_file."
-            )
-        if isinstance(pretrained_model_name_or_path_or_dict, dict):
-            if kwargs:
-                raise ValueError(f"{sorted(kwargs)} locate a file; they do not apply to a state dict.")
-            state_dict, metadata = pretrained_model_name_or_path_or_dict, None
-        else:
-            path = lora_file(pretrained_model_name_or_path_or_dict, **kwargs)
-            state_dict, metadata = read_lora_file(path)
-            _check_component_keys(state_dict, cls.transformer_name, path)
+        state_dict, metadata, where = read_lora_source(pretrained_model_name_or_path_or_dict, kwargs)
+        if not isinstance(pretrained_model_name_or_path_or_dict, dict):
+            _check_component_keys(state_dict, cls.transformer_name, where)
         return (state_dict, metadata) if return_lora_metadata else state_dict
 
     def load_lora_weights(
