@@ -1,23 +1,15 @@
 """Gradio Space: text-to-image with an L-MLP or MoE-MLP pipeline (diffusers-lmlp).
 
-`python -m diffusers_lmlp.hub push-space` uploads this folder as it is. With diffusers-lmlp installed (`python app.py`)
-it serves `LMLP_MODEL` with `LMLPPipeline.from_pretrained`, running no code of the repos (default: the shipped emoji
-and shapes models). Without it (the Space), `LMLP_MODEL` must name repos pushed with `--with-code`, loaded with
-`trust_remote_code=True`: the Space's owner sets that variable, so only those repos' code runs. Every input is checked
-on the server (`validate_inputs`): API calls skip the browser's sliders.
-
-Settings (whole numbers of at least 1): `LMLP_MODEL` (comma-separated), `LMLP_QUEUE_SIZE` (32), `LMLP_CONCURRENCY`
-(1), `LMLP_NUM_THREADS` (the `OMP_NUM_THREADS` you set, else the cores ÷ concurrency), `LMLP_FREEZE` (1: sample with
-the transformer frozen by inductor on the CPU; 0: eagerly).
+With diffusers-lmlp installed (`python app.py`) it serves `LMLP_MODEL` with `LMLPPipeline.from_pretrained`, running
+no repo code (default: the shipped emoji and shapes models). Without it (the Space), `LMLP_MODEL` names repos pushed
+with `--with-code`, loaded with `trust_remote_code=True`: the Space's owner sets it, so only those repos' code runs.
+Every input is checked on the server, since API calls skip the sliders. The settings are in the README.
 """
 
 try:  # ZeroGPU wants `spaces` imported before torch initialises CUDA; elsewhere its decorator is the identity
     from spaces import GPU as gpu
 except ImportError:
-
-    def gpu(fn):
-        return fn
-
+    gpu = lambda fn: fn  # noqa: E731
 
 import copy
 import math
@@ -50,22 +42,22 @@ except ModuleNotFoundError as missing:
 
 THREADS_VARIABLE = "LMLP_NUM_THREADS"
 FREEZE_VARIABLE = "LMLP_FREEZE"
-UPDATE_CODE = "push the model with its code again, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`"
-MAX_SEED = 2**31 - 1  # np.iinfo(np.int32).max, the Space convention
-MAX_PROMPT_CHARS = 400
-MAX_STEPS = 100
-MAX_IMAGES = 4
-MAX_GUIDANCE = 10.0
-MAX_UNKNOWN_SHARE = 0.5  # a prompt with more of its words outside a closed vocabulary is refused; fewer, flagged
-DEFAULT_STEPS = 50  # both papers sample with 50 DPM-Solver++ steps
-DEFAULT_GUIDANCE = 2.0  # diffusers' g = s + 1 for the papers' s = 1
 DEFAULT_QUEUE_SIZE = 32
 DEFAULT_CONCURRENCY = 1
+WITH_CODE = "`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`"
+UPDATE_CODE = f"push the model with its code again, {WITH_CODE}"
+MAX_SEED = 2**31 - 1  # np.iinfo(np.int32).max, the Space convention
+MAX_PROMPT_CHARS, MAX_STEPS, MAX_IMAGES, MAX_GUIDANCE = 400, 100, 4, 10
+MAX_UNKNOWN_SHARE = 0.5  # a prompt with more of its words outside a closed vocabulary is refused; fewer, flagged
+DEFAULT_STEPS, DEFAULT_GUIDANCE = 50, 2.0  # both papers: 50 DPM-Solver++ steps, s = 1 (diffusers' g = s + 1)
 MAX_FILE_SIZE = "1kb"  # the app takes no files: gradio's upload route must not fill the disk
-SHAPES_EXAMPLES = ["a large red circle at the center", "a small blue square at the top left",
-                   "a large green triangle at the bottom right", "a small magenta circle at the right"]  # fmt: skip
-EMOJI_EXAMPLES = ["red apple", "grinning face", "rocket", "surfer: dark skin tone", "thumbs up sign: medium skin tone"]
-GENERIC_EXAMPLES = ["a red circle on a blue square", "a photograph of an astronaut riding a horse"]
+EXAMPLES = {
+    "emoji world": ["red apple", "grinning face", "rocket", "surfer: dark skin tone", "thumbs up sign: medium skin tone"],
+    "shapes world": ["a large red circle at the center", "a small blue square at the top left",
+                     "a large green triangle at the bottom right", "a small magenta circle at the right"],
+    "": ["a red circle on a blue square", "a photograph of an astronaut riding a horse"],
+}  # fmt: skip
+EMOJI_EXAMPLES = EXAMPLES["emoji world"]
 CSS = "#gallery img { image-rendering: pixelated; }"  # small images, scaled up by the browser without smoothing
 
 
@@ -89,13 +81,13 @@ def invalid_input(message: str) -> gr.Error:
 
 
 def _check_text(name: str, value, pipe, required: bool) -> tuple[str, str | None]:
-    """`value` stripped, within the character and token limits and not mostly unknown words; and a warning naming
-    the unknown words it has. The pipeline's own methods read a closed vocabulary, from the package or the repo."""
+    """`value` stripped, within the character and token limits and not mostly words a closed vocabulary lacks; and a
+    warning naming the unknown words it has."""
     if value is None and not required:
         return "", None
     if not isinstance(value, str):
         raise invalid_input(f"The {name} must be text, got {type(value).__name__}.")
-    text, warning = value.strip(), None
+    text, warning = value.strip(), ""
     if required and not text:
         raise invalid_input(f"The {name} is empty: describe the image you want (1 to {MAX_PROMPT_CHARS} characters).")
     if len(text) > MAX_PROMPT_CHARS:
@@ -103,29 +95,29 @@ def _check_text(name: str, value, pipe, required: bool) -> tuple[str, str | None
     if pipe is None or not text:
         return text, None
     if unknown := pipe.unknown_words(text):  # first: a closed vocabulary spells unknown words byte by byte
-        words = pipe.prompt_words(text)
-        num_unknown, named = sum(word in unknown for word in words), ", ".join(map(repr, unknown))
-        if num_unknown > MAX_UNKNOWN_SHARE * len(words):
+        words, named = pipe.prompt_words(text), ", ".join(map(repr, unknown))
+        if (count := sum(word in unknown for word in words)) > MAX_UNKNOWN_SHARE * len(words):
             raise invalid_input(
-                f"The {name} is mostly words this model does not know ({num_unknown} of its {len(words)} words: "
-                f"{named}), so it would generate noise. This model knows only {pipe.describe_vocabulary()}."
+                f"The {name} is mostly words this model does not know ({count} of its {len(words)} words: {named}), "
+                f"so it would generate noise. This model knows only {pipe.describe_vocabulary()}."
             )
         warning = f"The {name} has words this model does not know: {named}. They do not steer the images; the model "
         warning += "panel lists the words it knows."
-    num_tokens, limit = len(pipe.tokenizer(text, verbose=False).input_ids), pipe.tokenizer.model_max_length
-    if num_tokens > limit:
+    if (num_tokens := len(pipe.tokenizer(text, verbose=False).input_ids)) > (limit := pipe.tokenizer.model_max_length):
         raise invalid_input(
             f"The {name} is {num_tokens} tokens long (with the start and end tokens), but this model reads at most "
-            f"{limit}; shorten it so that nothing is cut off." + (f" {warning}" if warning else "")
+            f"{limit}; shorten it so that nothing is cut off. {warning}".strip()
         )
-    return text, warning
+    return text, warning or None
 
 
-def _check_int(name: str, value, low: int, high: int) -> int:
-    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if isinstance(value, bool) or not whole or not low <= value <= high:
-        raise invalid_input(f"The {name} must be a whole number from {low} to {high}, got {value!r}.")
-    return int(value)
+def _check_number(name: str, value, low: int, high: int, whole: bool = True) -> int | float:
+    real = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not real or (whole and value != int(value)) or not low <= value <= high:
+        raise invalid_input(
+            f"The {name} must be {'a whole' if whole else 'a'} number from {low} to {high}, got {value!r}."
+        )
+    return int(value) if whole else float(value)
 
 
 def validate_inputs(prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images,
@@ -134,41 +126,36 @@ def validate_inputs(prompt, negative_prompt, seed, randomize_seed, num_inference
     only the characters of the texts are checked, not their tokens and words."""
     prompt, prompt_warning = _check_text("prompt", prompt, pipe, required=True)
     negative_prompt, negative_warning = _check_text("negative prompt", negative_prompt, pipe, required=False)
-    seed = _check_int("seed", seed, 0, MAX_SEED)
+    seed = _check_number("seed", seed, 0, MAX_SEED)
     if not isinstance(randomize_seed, bool):
         raise invalid_input(f"'Randomize seed' must be true or false, got {randomize_seed!r}.")
-    num_inference_steps = _check_int("number of steps", num_inference_steps, 1, MAX_STEPS)
-    number = isinstance(guidance_scale, int | float) and not isinstance(guidance_scale, bool)
-    if not number or not math.isfinite(guidance_scale) or not 0 <= guidance_scale <= MAX_GUIDANCE:
-        raise invalid_input(f"The guidance scale must be a number from 0 to {MAX_GUIDANCE:g}, got {guidance_scale!r}.")
-    num_images = _check_int("number of images", num_images, 1, MAX_IMAGES)
+    steps = _check_number("number of steps", num_inference_steps, 1, MAX_STEPS)
+    guidance_scale = _check_number("guidance scale", guidance_scale, 0, MAX_GUIDANCE, whole=False)
+    num_images = _check_number("number of images", num_images, 1, MAX_IMAGES)
     warnings = tuple(message for message in (prompt_warning, negative_warning) if message)
-    return GenerationRequest(prompt, negative_prompt, seed, randomize_seed, num_inference_steps,
-                             float(guidance_scale), num_images, warnings)  # fmt: skip
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether the CPU runs bf16 matmuls natively (`avx512_bf16`, AMX); elsewhere torch emulates them, far slower."""
-    try:
-        flags = next(line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")).split()
-    except (OSError, StopIteration):  # not Linux
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return GenerationRequest(
+        prompt, negative_prompt, seed, randomize_seed, steps, guidance_scale, num_images, warnings
+    )
 
 
 def pick_device_and_dtype() -> tuple[str, torch.dtype]:
-    """bf16 where it is native (a GPU of compute capability 8.0 and up, or such a CPU), else fp32."""
+    """bf16 where it is native (a GPU of compute capability 8.0 and up, or a CPU with `avx512_bf16` or AMX), else
+    fp32: elsewhere torch emulates bf16 matmuls, far slower. Only Linux lists the CPU's flags."""
     if torch.cuda.is_available():
         return "cuda", torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float32
-    return "cpu", torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    try:
+        flags = next(line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    return "cpu", torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32
 
 
 def backbone_family(backbone):
     """(label, details) of the backbone's family: from the registry, else from the copy of its entry that
     `push --with-code` writes into the backbone's code."""
-    if family_of is not None:
-        return family_of(backbone).label, family_of(backbone).details
-    return type(backbone).family_label, type(backbone).family_details
+    if family_of is None:
+        return type(backbone).family_label, type(backbone).family_details
+    return family_of(backbone).label, family_of(backbone).details
 
 
 def describe_model(pipe: DiffusionPipeline, source: str) -> str:
@@ -178,7 +165,9 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
     except (OSError, EntryNotFoundError, HFValidationError):  # no card, no Hub, or not a repo id
         card = None
     lines = card.text.splitlines() if card else []
-    headings = [line[2:].strip() for line in lines if line.startswith("# ")]
+    title = next(
+        (line[2:].strip() for line in lines if line.startswith("# ")), os.path.basename(os.path.normpath(source))
+    )
     trained = [line.removeprefix("- Training:").strip() for line in lines if line.startswith("- Training:")]
     data = ", ".join(f"`{name}`" for name in card.data.datasets) if card and card.data.datasets else None
     data = data or (
@@ -190,7 +179,7 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
     vocabulary = pipe.describe_vocabulary()
     vocabulary = f"closed: use only its {vocabulary}" if vocabulary else "open: any word, in subword pieces"
     return "\n".join([
-        f"### Model: {headings[0] if headings else os.path.basename(os.path.normpath(source))}",
+        f"### Model: {title}",
         f"ships with diffusers-lmlp: `pretrained_{shipped[0]}_pipeline()`" if shipped else f"`{source}`", "",
         f"- **Backbone:** {label} (`{type(backbone).__name__}`), {sum(p.numel() for p in backbone.parameters()):,} "
         f"parameters; hidden size {config.hidden_size}, {config.num_layers} + 1 blocks, patch {config.patch_size}"
@@ -207,14 +196,13 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
 def serve_frozen(pipe: DiffusionPipeline) -> str:
     """Compile the transformer now with its weights frozen into the graph (`enable_inductor_freezing`), through a
     request's pipeline, for batches of 1 and 2; sample eagerly where inductor cannot. Returns the log line."""
-    started = time.perf_counter()
+    started, eagerly = time.perf_counter(), "Sampling eagerly: "
     if not hasattr(pipe, "enable_inductor_freezing"):
-        return f"Sampling eagerly: this pipeline's code cannot freeze the transformer ({UPDATE_CODE})."
+        return f"{eagerly}this pipeline's code cannot freeze the transformer ({UPDATE_CODE})."
     pipe.enable_inductor_freezing()
-    warm_up = request_pipeline(pipe)
-    if not getattr(warm_up, "inductor_freezing_enabled", False):
+    if not getattr(warm_up := request_pipeline(pipe), "inductor_freezing_enabled", False):
         pipe.disable_inductor_freezing()
-        return f"Sampling eagerly: this pipeline's code does not share its frozen graph with requests ({UPDATE_CODE})."
+        return f"{eagerly}this pipeline's code does not share its frozen graph with requests ({UPDATE_CODE})."
     try:
         for guidance_scale in (1.0, DEFAULT_GUIDANCE):  # batches of 1, then of 2: (uncond | cond)
             warm_up("", num_inference_steps=1, guidance_scale=guidance_scale, output_type="latent")
@@ -224,23 +212,16 @@ def serve_frozen(pipe: DiffusionPipeline) -> str:
             error = inner
         lines = str(error).strip().splitlines()
         cause = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-        return f"Sampling eagerly: inductor could not freeze the transformer here ({cause})."
-    return (
-        f"Sampling with the transformer frozen by inductor, compiled in {time.perf_counter() - started:.1f} s "
-        f"({FREEZE_VARIABLE}=0 samples eagerly)."
-    )
+        return f"{eagerly}inductor could not freeze the transformer here ({cause})."
+    seconds = time.perf_counter() - started
+    return f"Sampling with the transformer frozen by inductor, compiled in {seconds:.1f} s ({FREEZE_VARIABLE}=0 samples eagerly)."
 
 
 def request_pipeline(pipe: DiffusionPipeline) -> DiffusionPipeline:
     """`pipe`'s modules and frozen graph with a scheduler and a tokenizer of its own: a fast tokenizer sets its padding
     on every call, so one shared between requests can pad one request's batch by another's settings."""
-    call_pipe = type(pipe).from_pipe(
-        pipe,
-        transformer=pipe.transformer,
-        scheduler=copy.deepcopy(pipe.scheduler),
-        tokenizer=copy.deepcopy(pipe.tokenizer),
-        dtype=pipe.dtype,
-    )
+    own = dict(scheduler=copy.deepcopy(pipe.scheduler), tokenizer=copy.deepcopy(pipe.tokenizer))
+    call_pipe = type(pipe).from_pipe(pipe, transformer=pipe.transformer, dtype=pipe.dtype, **own)
     call_pipe.set_progress_bar_config(disable=True)
     return call_pipe
 
@@ -257,14 +238,11 @@ def make_generate_fn(pipe: DiffusionPipeline):
 
         progress((0, request.num_inference_steps), desc="Denoising", unit="steps")
         return request_pipeline(pipe)(
-            request.prompt,
-            negative_prompt=request.negative_prompt,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            num_images_per_prompt=request.num_images,
+            request.prompt, negative_prompt=request.negative_prompt, num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale, num_images_per_prompt=request.num_images,
             generator=torch.Generator("cpu").manual_seed(seed),  # the same noise for a seed on every device
             callback_on_step_end=report_step,
-        ).images
+        ).images  # fmt: skip
 
     def generate(prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images,
                  progress: gr.Progress = gr.Progress()):  # fmt: skip
@@ -280,7 +258,7 @@ def make_generate_fn(pipe: DiffusionPipeline):
 
 def examples_for(info: str) -> list[str]:
     """The prompt examples for a model, by the world its panel says it was trained on."""
-    return EMOJI_EXAMPLES if "emoji world" in info else SHAPES_EXAMPLES if "shapes world" in info else GENERIC_EXAMPLES
+    return next(examples for world, examples in EXAMPLES.items() if world in info)
 
 
 def build_demo(pipes, source: str | None = None, queue_size: int | None = None, concurrency: int = 1) -> gr.Blocks:
@@ -334,42 +312,37 @@ def build_demo(pipes, source: str | None = None, queue_size: int | None = None, 
         # preprocess=False: the inputs reach `validate_inputs` as sent, not the sliders' checks, which name no input
         gr.on([run.click, prompt.submit], generate, inputs=inputs, outputs=[gallery, seed], api_name="generate",
               preprocess=False)  # fmt: skip
-    demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
-    return demo
+    return demo.queue(max_size=queue_size, default_concurrency_limit=concurrency)
 
 
-def whole_number_setting(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
-    value = environ.get(name)
-    if value is not None and (not value.strip().isdigit() or int(value) < 1):
-        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
-    return default if value is None else int(value)
+def read_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int, int, str, bool]:
+    """(queue size, concurrency, CPU threads and why, freeze), from the environment; a bad value raises ValueError.
+    The threads: `LMLP_NUM_THREADS`, else the `OMP_NUM_THREADS` you set, else the cores split between the requests
+    that run at once, since more threads than cores slow every request down."""
 
+    def whole(name: str, default: int | None) -> int | None:
+        if (value := environ.get(name)) is not None and (not value.strip().isdigit() or int(value) < 1):
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
+        return default if value is None else int(value)
 
-def queue_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
-    """(requests that may wait, requests that run at once), from `LMLP_QUEUE_SIZE` and `LMLP_CONCURRENCY`."""
-    return whole_number_setting(environ, "LMLP_QUEUE_SIZE", DEFAULT_QUEUE_SIZE), whole_number_setting(
-        environ, "LMLP_CONCURRENCY", DEFAULT_CONCURRENCY
+    queue_size, concurrency, threads = (
+        whole("LMLP_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
+        whole("LMLP_CONCURRENCY", DEFAULT_CONCURRENCY),
+        whole(THREADS_VARIABLE, None),
     )
-
-
-def freeze_setting(environ: Mapping[str, str] = os.environ) -> bool:
-    value = environ.get(FREEZE_VARIABLE, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{FREEZE_VARIABLE} must be 1 (freeze the transformer) or 0 (sample eagerly), got {value!r}.")
-    return value == "1"
-
-
-def choose_cpu_threads(concurrency: int) -> tuple[int, str]:
-    """`LMLP_NUM_THREADS`, else the `OMP_NUM_THREADS` you set, else the cores split between the requests that run at
-    once: more threads than cores slow every request down. Returns (the count, why)."""
-    given = whole_number_setting(os.environ, THREADS_VARIABLE, None)
-    if given is not None:
-        return given, THREADS_VARIABLE
-    if (user := os.environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(user) >= 1:
-        return int(user), "OMP_NUM_THREADS"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    count = max(1, cores // concurrency)
-    return count, "every core" if count == cores else f"{count} of {cores} cores"
+    if threads is not None:
+        reason = THREADS_VARIABLE
+    elif (user := environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(user) >= 1:
+        threads, reason = int(user), "OMP_NUM_THREADS"
+    else:
+        threads = max(1, cores // concurrency)
+        reason = "every core" if threads == cores else f"{threads} of {cores} cores"
+    if (freeze := environ.get(FREEZE_VARIABLE, "1").strip()) not in ("0", "1"):
+        raise ValueError(
+            f"{FREEZE_VARIABLE} must be 1 (freeze the transformer) or 0 (sample eagerly), got {freeze!r}."
+        )
+    return queue_size, concurrency, threads, reason, freeze == "1"
 
 
 def launch(demo: gr.Blocks, **server_options):
@@ -387,42 +360,40 @@ def load_pipeline(model: str, dtype: torch.dtype) -> DiffusionPipeline:
         return LMLPPipeline.from_pretrained(SHIPPED.get(model, model), dtype=dtype)
     index = DiffusionPipeline.load_config(model)
     named = sorted(key for key, entry in index.items() if isinstance(entry, list) and entry[:1] == [PACKAGE])
-    named = named if isinstance(index.get("_class_name"), list) else ["_class_name", *named]
-    if named:
+    if named := (named if isinstance(index.get("_class_name"), list) else ["_class_name", *named]):
         raise CannotServe(
             f"{model} has no code to load it without diffusers-lmlp, which is not installed here (its model_index.json "
-            f"names the package: {', '.join(named)}). Push the model with its code: `python -m diffusers_lmlp.hub "
-            f"push FOLDER {'REPO' if os.path.isdir(model) else model} --with-code`, FOLDER being the saved pipeline."
+            f"names the package: {', '.join(named)}). Push the model with its code: "
+            f"{WITH_CODE.replace('REPO', 'REPO' if os.path.isdir(model) else model)}, FOLDER being the saved pipeline."
         )
     return DiffusionPipeline.from_pretrained(model, dtype=dtype, use_safetensors=True, trust_remote_code=True)
 
 
 def served_models(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The models `LMLP_MODEL` names, else the shipped ones."""
-    models = [model.strip() for model in environ.get("LMLP_MODEL", "").split(",") if model.strip()]
-    if models or SHIPPED:
-        return models or list(SHIPPED)
+    if models := [model.strip() for model in environ.get("LMLP_MODEL", "").split(",") if model.strip()] or list(
+        SHIPPED
+    ):
+        return models
     raise CannotServe(
-        "LMLP_MODEL is not set. Without diffusers-lmlp installed, the app serves model repos pushed with their code "
-        "(`python -m diffusers_lmlp.hub push FOLDER REPO --with-code`): set LMLP_MODEL to those REPOs, comma-separated "
-        "(on a Space, `python -m diffusers_lmlp.hub push-space` sets it). The shipped models need the package."
+        f"LMLP_MODEL is not set. Without diffusers-lmlp installed, the app serves model repos pushed with their code "
+        f"({WITH_CODE}): set LMLP_MODEL to those REPOs, comma-separated (on a Space, `python -m diffusers_lmlp.hub "
+        "push-space` sets it). The shipped models need the package."
     )
 
 
 def main() -> None:
     try:
-        queue_size, concurrency = queue_settings()
-        num_threads, reason = choose_cpu_threads(concurrency)
-        freeze = freeze_setting()
+        queue_size, concurrency, num_threads, reason, freeze = read_settings()
+        device, dtype = pick_device_and_dtype()
+        if device == "cpu":
+            torch.set_num_threads(num_threads)
+            print(
+                f"Serving on the CPU with {num_threads} thread(s) ({reason}; set {THREADS_VARIABLE} to change).",
+                flush=True,
+            )
     except ValueError as error:
         sys.exit(f"error: {error}")
-    device, dtype = pick_device_and_dtype()
-    if device == "cpu":
-        torch.set_num_threads(num_threads)
-        print(
-            f"Serving on the CPU with {num_threads} thread(s) ({reason}; set {THREADS_VARIABLE} to change).",
-            flush=True,
-        )
     try:
         pipes = {model: load_pipeline(model, dtype).to(device) for model in served_models()}
     except CannotServe as error:

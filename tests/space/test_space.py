@@ -130,18 +130,12 @@ def test_validate_inputs_flags_prompts_with_some_unknown_words(shapes_pipe):
     assert error.value.message.endswith(f"at most 10; shorten it so that nothing is cut off. {flag}")
 
 
-def test_the_app_reads_native_bf16_as_the_trainer_does():
+def test_the_app_takes_bf16_on_the_cpu_only_where_the_trainer_finds_it_native(monkeypatch):
     from diffusers_lmlp.cpu import this_cpu
 
-    assert app.cpu_has_native_bf16() is (this_cpu().native_bf16 is not None)
-
-
-def test_pick_device_and_dtype_on_cpu_takes_bf16_only_where_it_is_native(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(app, "cpu_has_native_bf16", lambda: False)
-    assert app.pick_device_and_dtype() == ("cpu", torch.float32)
-    monkeypatch.setattr(app, "cpu_has_native_bf16", lambda: True)
-    assert app.pick_device_and_dtype() == ("cpu", torch.bfloat16)
+    native = this_cpu().native_bf16 is not None
+    assert app.pick_device_and_dtype() == ("cpu", torch.bfloat16 if native else torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -149,14 +143,14 @@ def test_pick_device_and_dtype_on_cpu_takes_bf16_only_where_it_is_native(monkeyp
     [({}, (32, 1)), ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3"}, (2, 3))],
 )
 def test_queue_settings_read_the_environment(environ, expected):
-    assert app.queue_settings(environ) == expected
+    assert app.read_settings(environ)[:2] == expected
 
 
 @pytest.mark.parametrize("environ", [{"LMLP_QUEUE_SIZE": "0"}, {"LMLP_CONCURRENCY": "two"}, {"LMLP_QUEUE_SIZE": "-1"}])
 def test_queue_settings_refuse_bad_values(environ):
     ((name, value),) = environ.items()
     with pytest.raises(ValueError, match=rf"{name} must be a whole number of at least 1, got '{value}'"):
-        app.queue_settings(environ)
+        app.read_settings(environ)
 
 
 @pytest.fixture
@@ -195,7 +189,8 @@ def test_cpu_threads_are_given_else_the_user_s_else_a_share_of_the_cores(
 ):
     for name, value in environ.items():
         fresh_process.setenv(name, value)
-    assert app.choose_cpu_threads(concurrency) == expected
+    fresh_process.setenv("LMLP_CONCURRENCY", str(concurrency))
+    assert app.read_settings()[2:4] == expected
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
@@ -227,7 +222,7 @@ def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, caps
     "environ, expected", [({}, True), ({"LMLP_FREEZE": "1"}, True), ({"LMLP_FREEZE": " 0 "}, False)]
 )
 def test_freeze_setting_reads_the_environment(environ, expected):
-    assert app.freeze_setting(environ) is expected
+    assert app.read_settings(environ)[4] is expected
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "", "true"])
