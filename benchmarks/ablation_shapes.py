@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from diffusers_lmlp.analysis.figures import bar_chart
+from diffusers_lmlp.commands import number
 from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, BlockFamily, named_configs
@@ -544,20 +545,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )  # fmt: skip
     parser.add_argument("--output_dir", default="ablation-shapes", help="where the runs and results go (resumable)")
     parser.add_argument(
-        "--minutes_per_model", type=float, default=3.0,
+        "--minutes_per_model", type=number(float, above=0), default=3.0,
         help="training time budget per model: every entry trains the steps the slowest one trains in this time",
     )  # fmt: skip
-    parser.add_argument("--steps", type=int, help="train every entry this many steps instead of the budget's")
+    parser.add_argument(
+        "--steps", type=number(int, 1), help="train every entry this many steps instead of the budget's"
+    )
     args = parser.parse_args(argv)
     if args.models:
         try:
             check_entry_names(args.models)
         except ValueError as error:
             parser.error(str(error))
-    if not (math.isfinite(args.minutes_per_model) and args.minutes_per_model > 0):
-        parser.error(f"--minutes_per_model must be a positive number, got {args.minutes_per_model}")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
     for argument in extra:
         name = argument.split("=")[0]
         if name in RESERVED_TRAINING_ARGS:

@@ -50,6 +50,8 @@ from speed_vs_uvit import (
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from diffusers_lmlp.commands import number
+
 
 PASSES = ("sampling", "training")
 # kind -> pattern on the lower-cased kernel or operator name; the first kind that matches counts the kernel.
@@ -173,18 +175,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--mode", default="regional", choices=MODES, help="frozen (the pipeline's inductor freezing): sampling only"
     )
-    parser.add_argument("--batch_size", type=int, default=8, help="B: images per step (sampling runs 2·B)")
-    parser.add_argument("--steps", type=int, default=5, help="profiled steps, after two warm-up steps")
-    parser.add_argument("--top", type=int, default=8, help="most expensive kernels listed per pass")
+    parser.add_argument("--batch_size", type=number(int, 1), default=8, help="B: images per step (sampling runs 2·B)")
+    parser.add_argument("--steps", type=number(int, 1), default=5, help="profiled steps, after two warm-up steps")
+    parser.add_argument("--top", type=number(int, 1), default=8, help="most expensive kernels listed per pass")
     parser.add_argument("--num_layers", type=int, help="override every model's depth (a smoke run)")
     parser.add_argument("--output_dir", type=Path, default=Path("profile"))
     args = parser.parse_args(argv)
     refuse_unknown_configs(parser, args.models)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here; profile the CPU without it.")
-    for name in ("batch_size", "steps", "top"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.mode in SAMPLING_ONLY_MODES and "training" in args.passes:
         parser.error(f"--mode {args.mode} compiles for inference only: add --passes sampling.")
     return args

@@ -27,6 +27,7 @@ from speed_vs_uvit import BASELINE, build, inputs, native_bf16, sampling_step, t
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 
+from diffusers_lmlp.commands import number
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.evaluation.captions import draw_captions
 from diffusers_lmlp.models import named_configs
@@ -37,14 +38,13 @@ from diffusers_lmlp.shapes.scorer import score_images
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[BASELINE, "F2-deep"], help="named configs; U-ViT-S/2 is added")
-    parser.add_argument("--batch_size", type=int, default=8, help="images per CFG forward (2·B latents)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per model and precision")
-    parser.add_argument("--num_captions", type=int, default=32, help="held-out captions the shapes pipeline draws")
-    parser.add_argument("--num_inference_steps", type=int, default=50, help="the shapes pipeline's steps")
+    parser.add_argument("--batch_size", type=number(int, 1), default=8, help="images per CFG forward (2·B latents)")
+    parser.add_argument("--repeats", type=number(int, 1), default=5, help="timed rounds per model and precision")
+    parser.add_argument(
+        "--num_captions", type=number(int, 1), default=32, help="held-out captions the shapes pipeline draws"
+    )
+    parser.add_argument("--num_inference_steps", type=number(int, 1), default=50, help="the shapes pipeline's steps")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "repeats", "num_captions", "num_inference_steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     unknown = sorted(set(args.models) - set(named_configs()))
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose among {sorted(named_configs())}")

@@ -44,6 +44,8 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from diffusers_lmlp.commands import number
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -274,13 +276,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[BASELINE, "F2-deep", "4E2H"], help="named configs")
     parser.add_argument("--gpus", nargs="+", default=list(GPUS), choices=list(GPUS))
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[256], help="B: images per step")
+    parser.add_argument("--batch_sizes", type=number(int, 1), nargs="+", default=[256], help="B: images per step")
     parser.add_argument("--num_layers", type=int, help="override every model's depth (a smoke run)")
     parser.add_argument("--output_dir", type=Path, default=Path("roofline"))
     args = parser.parse_args(argv)
     refuse_unknown_configs(parser, args.models)
-    if min(args.batch_sizes) < 1:
-        parser.error(f"--batch_sizes must be at least 1, got {min(args.batch_sizes)}")
     args.models = [BASELINE] + [name for name in dict.fromkeys(args.models) if name != BASELINE]
     return args
 

@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from diffusers_lmlp.commands import number
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 
@@ -45,14 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--precisions", nargs="+", choices=sorted(PRECISIONS), help="default: fp32, and bf16 where it is native"
     )
-    parser.add_argument("--num_images", type=int, default=4, help="images per request (the app's default: 4)")
-    parser.add_argument("--num_inference_steps", type=int, default=50, help="steps (the app's default: 50)")
+    parser.add_argument(
+        "--num_images", type=number(int, 1), default=4, help="images per request (the app's default: 4)"
+    )
+    parser.add_argument("--num_inference_steps", type=number(int, 1), default=50, help="steps (the app's default: 50)")
     parser.add_argument("--guidance_scale", type=float, default=2.0, help="guidance (the app's default: 2.0)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed requests of each pipeline, in turn")
+    parser.add_argument("--rounds", type=number(int, 1), default=5, help="timed requests of each pipeline, in turn")
     args = parser.parse_args(argv)
-    for name in ("num_images", "num_inference_steps", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.precisions is None:
         args.precisions = ["fp32"] + (["bf16"] if this_cpu().native_bf16 else [])
     return args

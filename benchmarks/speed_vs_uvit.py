@@ -50,6 +50,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp.allocator import reuse_freed_memory
 from diffusers_lmlp.analysis.figures import bar_chart
+from diffusers_lmlp.commands import number
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.models import family_of, from_named_config, named_configs
 from diffusers_lmlp.models.backbone import UShapedMixerModel
@@ -80,12 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), help="default: fp32, and bf16 if native")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--batch_size", type=int, default=8, help="B: images per step (sampling runs 2·B)")
+    parser.add_argument("--batch_size", type=number(int, 1), default=8, help="B: images per step (sampling runs 2·B)")
     parser.add_argument("--gpu_batch_sizes", type=int, nargs="+", default=[32, 64, 128, 256])
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds; the best time of each variant counts")
+    parser.add_argument(
+        "--repeats", type=number(int, 1), default=3, help="timed rounds; the best time of each variant counts"
+    )
     parser.add_argument("--pipeline_models", nargs="*", default=["F2-deep", "4E2H", BASELINE])
-    parser.add_argument("--pipeline_batch_size", type=int, default=1)
-    parser.add_argument("--pipeline_steps", type=int, default=50)
+    parser.add_argument("--pipeline_batch_size", type=number(int, 1), default=1)
+    parser.add_argument("--pipeline_steps", type=number(int, 1), default=50)
     parser.add_argument("--memory_models", nargs="*", help="default: --models")
     parser.add_argument("--num_layers", type=int, help="override every model's depth (a smoke run)")
     parser.add_argument("--output_dir", type=Path, default=Path("speed"))
@@ -98,9 +101,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     refuse_unknown_configs(parser, args.models + args.pipeline_models + (args.memory_models or []))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU, and torch sees none here; run the CPU section without it.")
-    for name in ("batch_size", "repeats", "pipeline_batch_size", "pipeline_steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     # The baseline, then the reference, run first: every later model is timed beside their steps.
     first = [BASELINE] + [REFERENCE] * (REFERENCE in args.models)
     args.models = first + [name for name in dict.fromkeys(args.models) if name not in first]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from diffusers_lmlp.commands import number
 from diffusers_lmlp.cpu import this_cpu
 
 
@@ -48,10 +49,10 @@ def seconds(arguments: list[str], exit_code: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each case, interleaved (default: 5)")
+    parser.add_argument(
+        "--repeats", type=number(int, 1), default=5, help="runs of each case, interleaved (default: 5)"
+    )
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     times = {name: [] for name, _, _ in CASES}
     for _ in range(args.repeats):  # interleaved, so that a busy spell affects every case alike
         for name, arguments, exit_code in CASES:

@@ -36,6 +36,7 @@ from training_step import bare_step
 
 import diffusers_lmlp.training.step as step_module
 import diffusers_lmlp.training.trainer as trainer
+from diffusers_lmlp.commands import number
 from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.train import main as train_main
 
@@ -43,14 +44,13 @@ from diffusers_lmlp.train import main as train_main
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     """This script's options, and the rest: the trainer's own options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max_train_steps", type=int, default=800, help="the trainer's steps")
+    parser.add_argument("--max_train_steps", type=number(int, 1), default=800, help="the trainer's steps")
     parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out of the timing (compilation)")
-    parser.add_argument("--every", type=int, default=50, help="trainer steps between two bursts of bare steps")
-    parser.add_argument("--bare_steps", type=int, default=5, help="bare steps per burst")
+    parser.add_argument(
+        "--every", type=number(int, 1), default=50, help="trainer steps between two bursts of bare steps"
+    )
+    parser.add_argument("--bare_steps", type=number(int, 1), default=5, help="bare steps per burst")
     args, trainer_argv = parser.parse_known_args(argv)
-    for name in ("max_train_steps", "every", "bare_steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if not 0 <= args.skip < args.max_train_steps - args.every:
         parser.error(
             f"--skip {args.skip} leaves no timed window in --max_train_steps {args.max_train_steps} "

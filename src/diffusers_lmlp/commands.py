@@ -1,6 +1,10 @@
-"""What the package's commands share before any heavy import: how they name themselves in their usage lines."""
+"""What the package's commands share before any heavy import: how they name themselves in their usage lines, and
+the argparse type that checks a number's range."""
 
+import argparse
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,3 +22,25 @@ def program_name(console_script: str, module: str, argv0: str | None = None) -> 
     if path.name in ("", "-c", "-m") or package_main or module_file:
         return f"python -m {module}"
     return path.name
+
+
+def number(kind: type = int, low: float | None = None, *, above: float | None = None, below: float | None = None,
+           why: str = "") -> Callable[[str], int | float]:  # fmt: skip
+    """An argparse `type=`: a finite `kind` (int or float), at least `low`, more than `above`, less than `below`.
+    argparse names the option in its error, "argument --seed: must be >= 0 and < 4294967296, got -1"; `why` is added
+    to the range, to say what the bounds mean."""
+
+    def parse(text: str) -> int | float:
+        value = kind(text)  # a ValueError: argparse says "invalid int value: 'x'"
+        inside = (
+            (low is None or value >= low) and (above is None or value > above) and (below is None or value < below)
+        )
+        if not (math.isfinite(value) and inside):
+            bounds = {">=": low, ">": above, "<": below}
+            described = " and ".join(f"{sign} {bound}" for sign, bound in bounds.items() if bound is not None)
+            finite = "a finite number " if kind is float else ""
+            raise argparse.ArgumentTypeError(f"must be {finite}{described}{why}, got {value}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse

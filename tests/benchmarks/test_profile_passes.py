@@ -123,7 +123,7 @@ def test_bad_arguments_are_refused_with_the_fix(profiler, capsys):
     assert "unknown named configs ['F3']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         profiler.parse_args(["--steps", "0"])
-    assert "--steps must be at least 1" in capsys.readouterr().err
+    assert "argument --steps: must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         profiler.parse_args(["--mode", "frozen"])  # a training step cannot run with frozen weights
     assert "--mode frozen compiles for inference only: add --passes sampling" in capsys.readouterr().err

@@ -16,7 +16,7 @@ def benchmark():
 def test_a_count_below_one_is_refused_naming_the_option(benchmark, option, capsys):
     with pytest.raises(SystemExit):
         benchmark.parse_args([option, "0"])
-    assert f"{option} must be at least 1, got 0" in capsys.readouterr().err
+    assert f"argument {option}: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_the_baseline_is_always_measured_and_unknown_models_are_refused(benchmark, capsys):

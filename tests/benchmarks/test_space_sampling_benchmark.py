@@ -20,7 +20,7 @@ def test_the_documented_commands_parse(benchmark, capsys):
 def test_a_count_below_one_is_refused_naming_the_option(benchmark, option, capsys):
     with pytest.raises(SystemExit):
         benchmark.parse_args([option, "0"])
-    assert f"{option} must be at least 1, got 0" in capsys.readouterr().err
+    assert f"argument {option}: must be >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow

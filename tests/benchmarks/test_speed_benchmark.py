@@ -127,7 +127,7 @@ def test_bad_arguments_are_refused_with_the_fix(speed, capsys):
     assert "unknown named configs ['F3']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         speed.parse_args(["--batch_size", "0"])
-    assert "--batch_size must be at least 1" in capsys.readouterr().err
+    assert "argument --batch_size: must be >= 1" in capsys.readouterr().err
     args = speed.parse_args(["--models", "4E2H", "F2-deep", speed.BASELINE])
     assert args.models == [speed.BASELINE, "F2-deep", "4E2H"]  # the baseline, then the reference, first, once
 

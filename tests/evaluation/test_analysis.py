@@ -361,7 +361,7 @@ def test_a_hub_repo_id_is_read_from_the_huggingface_cache(tmp_path, monkeypatch)
     ("argv", "exit_code", "says"),
     [
         (["--help"], 0, "usage: python -m diffusers_lmlp.analysis [-h] {lateralization,routing}"),
-        (["lateralization", "--layers", "0"], 2, "--layers: must be at least 1, got 0"),
+        (["lateralization", "--layers", "0"], 2, "--layers: must be >= 1, got 0"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
 )
@@ -379,8 +379,8 @@ def test_help_and_argument_errors_load_no_heavy_library(argv, exit_code, says):
     [
         (["lateralization", "--help"], "--layers LAYERS [LAYERS ...]"),
         (["routing"], "the following arguments are required: --captions"),
-        (["routing", "--captions", "a", "--batch_size", "0"], "--batch_size: must be at least 1, got 0"),
-        (["routing", "--captions", "a", "--num_inference_steps", "two"], "not a whole number: 'two'"),
+        (["routing", "--captions", "a", "--batch_size", "0"], "--batch_size: must be >= 1, got 0"),
+        (["routing", "--captions", "a", "--num_inference_steps", "two"], "invalid int value: 'two'"),
         (["transplant"], "invalid choice: 'transplant'"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,

@@ -170,7 +170,7 @@ def test_fid_during_training_is_logged_at_every_validation(tmp_path):
     ("extra", "message"),
     [
         (["--validation_fid_images", "4"], "needs --validation_fid_captions and --validation_fid_reference"),
-        (["--validation_fid_images", "-1"], "--validation_fid_images must be >= 0"),
+        (["--validation_fid_images", "-1"], "argument --validation_fid_images: must be >= 0 (0: no FID"),
     ],
 )
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def test_importing_the_package_loads_no_heavy_library():
         (["diffusers_lmlp.train", "--help"], 0, "usage: python -m diffusers_lmlp.train"),
         (["diffusers_lmlp.train", "--no_such_option"], 2, "unrecognized arguments: --no_such_option"),
         (["diffusers_lmlp.train", "--model_type", "transformer"], 2, "invalid choice: 'transformer'"),
-        (["diffusers_lmlp.train", "--learning_rate", "-1"], 2, "--learning_rate must be a positive number"),
+        (["diffusers_lmlp.train", "--learning_rate", "-1"], 2, "--learning_rate: must be a finite number > 0"),
         (["diffusers_lmlp.train", "--model_config", "Z9"], 2, "unknown --model_config 'Z9'"),
         (["diffusers_lmlp.train", "--resume_from_checkpoint", "nowhere/checkpoint-3"], 2, "no such checkpoint folder"),
         (["diffusers_lmlp.evaluation", "--help"], 0, "usage: python -m diffusers_lmlp.evaluation"),

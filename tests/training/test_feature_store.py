@@ -680,7 +680,7 @@ def test_a_damaged_feature_store_stops_the_run_naming_the_shard(workspace, tmp_p
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--dataloader_num_workers", "-1"], "--dataloader_num_workers must be >= 0"),
+        (["--dataloader_num_workers", "-1"], "argument --dataloader_num_workers: must be >= 0 (0 reads"),
         (["--no-cache_features", "--cache_text_dtype", "float16"], "--cache_text_dtype is how --cache_features"),
     ],
 )

@@ -149,8 +149,11 @@ def test_named_targets_adapt_only_those_layers_and_unknown_names_are_refused():
     "argv, message",
     [
         (["--lora_alpha", "8"], "--lora_alpha configure the LoRA adapter of --lora_rank: add --lora_rank"),
-        (["--lora_rank", "0"], "--lora_rank must be >= 1, got 0"),
-        (["--lora_rank", "4", "--lora_dropout", "1"], "--lora_dropout must be in [0, 1), got 1.0"),
+        (["--lora_rank", "0"], "argument --lora_rank: must be >= 1, got 0"),
+        (
+            ["--lora_rank", "4", "--lora_dropout", "1"],
+            "argument --lora_dropout: must be a finite number >= 0 and < 1, got 1.0",
+        ),
         (["--lora_rank", "4", "--train_data_dir", "x"], "--lora_rank fine-tunes a trained pipeline"),
         (["--lora_rank", "4", "--use_ema"], "--use_ema does not go with --lora_rank"),
         (["--preset", "shapes", "--lora_rank", "4"], "--use_ema does not go with --lora_rank"),

@@ -169,6 +169,6 @@ def test_an_explicit_fp16_on_a_cpu_is_refused(script):
 
 
 def test_num_threads_below_one_is_refused(script, capsys):
-    assert "--num_threads must be >= 1, got 0" in parser_error(
+    assert "argument --num_threads: must be >= 1, got 0" in parser_error(
         script, ["--output_dir", "x", "--num_threads", "0"], capsys
     )

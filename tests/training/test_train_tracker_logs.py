@@ -57,7 +57,7 @@ def test_the_shapes_presets_log_every_10_steps_other_runs_every_step_and_the_opt
     assert build_parser().get_default("logging_steps") == 1 and "logging_steps" not in PRESETS["coco-f2"]
     with pytest.raises(SystemExit):
         parse_args(["--output_dir", "o", "--logging_steps", "0"])
-    assert "--logging_steps must be >= 1, got 0" in capsys.readouterr().err
+    assert "argument --logging_steps: must be >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .. import commands
+from ..commands import number
 from ..sampling import GUIDANCE_SCALE
 
 
@@ -21,17 +22,6 @@ CONSOLE_SCRIPT = "diffusers-lmlp-analysis"
 def program_name() -> str:
     """How the user ran this command, for its usage line (`commands.program_name`)."""
     return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.analysis")
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,22 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
         subcommand.add_argument("--output_dir", type=Path, default=Path("analysis"), help="where the files go")
         subcommand.add_argument("--no_progress", action="store_true", help="no progress bar")
     lateralization.add_argument(
-        "--layers", type=positive_int, nargs="+",
+        "--layers", type=number(int, 1), nargs="+",
         help="layer numbers as the reference figure script counts (in blocks, the mid block, out blocks, from 1; "
         "default: the paper's 1, 5, 9, 13, 17 adapted to the depth)",
     )  # fmt: skip
     routing.add_argument(
-        "--layers", type=positive_int, nargs="+",
+        "--layers", type=number(int, 1), nargs="+",
         help="layer numbers, counted as lateralization counts them (default: every layer of an MoE-MLP; for a "
         "U-ViT, lateralization's default layers)",
     )  # fmt: skip
     routing.add_argument("--captions", nargs="+", required=True, help="the captions to sample")
-    routing.add_argument("--num_inference_steps", type=positive_int, default=20, help="sampler steps per caption")
+    routing.add_argument("--num_inference_steps", type=number(int, 1), default=20, help="sampler steps per caption")
     routing.add_argument(
         "--guidance_scale", type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"
     )
     routing.add_argument("--seed", type=int, default=0, help="caption i starts from the noise of seed SEED + i")
-    routing.add_argument("--batch_size", type=positive_int, default=8, help="captions per pipeline call")
+    routing.add_argument("--batch_size", type=number(int, 1), default=8, help="captions per pipeline call")
     return parser
 
 

@@ -10,7 +10,6 @@ import contextlib
 import inspect
 import json
 import logging
-import math
 import re
 import typing
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from ..commands import program_name
+from ..commands import number, program_name
 from ..evaluation.captions import draw_captions, read_captions_file
 from ..folders import TOKENIZER_FILES
 from ..models.families import FAMILIES, family_of, named_configs
@@ -419,8 +418,6 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
     except ValueError as error:
         parser.error(str(error))
     check_push_to_hub(parser, args)
-    if args.num_threads is not None and args.num_threads < 1:
-        parser.error(f"--num_threads must be >= 1, got {args.num_threads}")
     check_output_dir(parser, args)
     check_model_args(parser, args)
 
@@ -445,57 +442,18 @@ def check_data_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def check_training_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The numbers of the run (each in its range) and the checkpoint to resume from."""
-    for name in ("load_balance_weight", "symmetry_breaking_weight"):
-        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
-            parser.error(f"--{name} must be a finite number >= 0 (0: off), got {getattr(args, name)}")
-    if args.dataloader_num_workers < 0:
-        parser.error(
-            f"--dataloader_num_workers must be >= 0 (0 reads the data in the training process), got "
-            f"{args.dataloader_num_workers}"
-        )
+    """The checkpoint to resume from, and the shapes world's size (the ranges are the options' argparse types)."""
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not Path(args.resume_from_checkpoint).is_dir():
             parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: no such checkpoint folder")
         if not CHECKPOINT_PATTERN.match(Path(args.resume_from_checkpoint).name):
             parser.error(f"--resume_from_checkpoint {args.resume_from_checkpoint}: not a checkpoint-<step> folder")
-    for name in (
-        "train_batch_size",
-        "max_train_steps",
-        "gradient_accumulation_steps",
-        "checkpointing_steps",
-        "logging_steps",
-        "final_evaluation_inference_steps",
-    ):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
-        parser.error(
-            f"--checkpoints_total_limit must be >= 1 (or left out to keep all), got {args.checkpoints_total_limit}"
-        )
-    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
-        parser.error(f"--learning_rate must be a positive number, got {args.learning_rate}")
-    if args.shapes_num_images is not None:
-        if args.shapes_num_images < 1:
-            parser.error(f"--shapes_num_images must be >= 1, got {args.shapes_num_images}")
-        if args.world != "shapes":
-            parser.error("--shapes_num_images sizes the shapes world, which this run does not train on: leave it out")
-    if not 0.0 <= args.caption_dropout < 1.0:
-        parser.error(f"--caption_dropout must be in [0, 1), got {args.caption_dropout}")
-    if not 0 <= args.seed < 2**32:
-        # numpy's seeds, which accelerate's set_seed sets too, are 32-bit; -1 is not "random" here.
-        parser.error(
-            f"--seed must be in [0, 2**32 - 1], got {args.seed}: every draw of a run comes from it, so that the run "
-            "can be reproduced and resumed; pick any number in that range"
-        )
+    if args.shapes_num_images is not None and args.world != "shapes":
+        parser.error("--shapes_num_images sizes the shapes world, which this run does not train on: leave it out")
 
 
 def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str]) -> None:
     """What the validations sample: FID's captions and reference, the prompts file, and that there is something."""
-    if args.validation_fid_images < 0:
-        parser.error(
-            f"--validation_fid_images must be >= 0 (0: no FID during training), got {args.validation_fid_images}"
-        )
     if args.validation_fid_images and not args.world:
         missing = [
             f"--{name}" for name in ("validation_fid_captions", "validation_fid_reference") if not getattr(args, name)
@@ -595,12 +553,6 @@ def validate_lora_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         if given:
             parser.error(f"{', '.join(given)} configure the LoRA adapter of --lora_rank: add --lora_rank")
         return
-    if args.lora_rank < 1:
-        parser.error(f"--lora_rank must be >= 1, got {args.lora_rank}")
-    if args.lora_alpha is not None and not (math.isfinite(args.lora_alpha) and args.lora_alpha > 0):
-        parser.error(f"--lora_alpha must be a positive number, got {args.lora_alpha}")
-    if not 0.0 <= args.lora_dropout < 1.0:
-        parser.error(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     for name, why in (
         (
             "use_ema",
@@ -958,14 +910,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     lora = parser.add_argument_group("LoRA (fine-tune adapters of --pretrained_model_name_or_path's backbone)")
     lora.add_argument(
-        "--lora_rank", type=int,
+        "--lora_rank", type=number(int, 1),
         help="train a LoRA adapter of this rank instead of the whole backbone; the output is "
         "pytorch_lora_weights.safetensors (LMLPPipeline.load_lora_weights) and a card",
     )  # fmt: skip
     lora.add_argument(
-        "--lora_alpha", type=float, help="LoRA alpha: the update is scaled by alpha / rank (default: rank)"
+        "--lora_alpha",
+        type=number(float, above=0),
+        help="LoRA alpha: the update is scaled by alpha / rank (default: rank)",
     )
-    lora.add_argument("--lora_dropout", type=float, default=0.0, help="dropout on the adapter's input")
+    lora.add_argument(
+        "--lora_dropout", type=number(float, 0, below=1), default=0.0, help="dropout on the adapter's input"
+    )
     lora.add_argument(
         "--lora_target_modules", nargs="+", metavar="NAME",
         help="the layers to adapt, by name or name suffix (e.g. left right merge); default: every nn.Linear of every "
@@ -1021,7 +977,7 @@ def build_parser() -> argparse.ArgumentParser:
         "out of the shipped model's training: the shapes-lora preset's new attribute set)",
     )  # fmt: skip
     data.add_argument(
-        "--shapes_num_images", type=int,
+        "--shapes_num_images", type=number(int, 1),
         help="without data, how many images of the shapes world to render and train on, each combination equally "
         "often and each image with its own jitter (default: 8000 of train, 800 of heldout)",
     )  # fmt: skip
@@ -1030,14 +986,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--caption_column", default="text",
         help="the column of the captions: a caption or a list of them per image (default: text)",
     )  # fmt: skip
-    data.add_argument("--max_train_samples", type=int, help="train on the first N samples only (for quick runs)")
     data.add_argument(
-        "--resolution", type=int, default=256,
+        "--max_train_samples", type=number(int, 1), help="train on the first N samples only (for quick runs)"
+    )
+    data.add_argument(
+        "--resolution", type=number(int, 1), default=256,
         help="the side of the square training images in pixels, after a centre crop: the backbone's sample_size × "
         "the VAE's factor (256 for the papers' models, 32 for the shapes world)",
     )  # fmt: skip
     data.add_argument("--random_flip", action="store_true", help="mirror each image left to right at random")
-    data.add_argument("--caption_dropout", type=float, default=0.1, help='probability of training on "" instead')
+    data.add_argument(
+        "--caption_dropout", type=number(float, 0, below=1), default=0.1, help='probability of training on "" instead'
+    )
     data.add_argument(
         "--cache_features", action=argparse.BooleanOptionalAction, default=False,
         help="encode VAE moments and text states once, into an on-disk feature store under --cache_dir, read lazily "
@@ -1054,7 +1014,7 @@ def build_parser() -> argparse.ArgumentParser:
         "machines, a folder that all of them see",
     )  # fmt: skip
     data.add_argument(
-        "--dataloader_num_workers", type=int, default=0,
+        "--dataloader_num_workers", type=number(int, 0, why=" (0 reads the data in the training process)"), default=0,
         help="worker processes that read the feature store (or decode and crop the images) ahead of the training "
         "steps, and decode the images of the feature extraction; 0 reads in the training process. The batches are "
         "the same with any number",
@@ -1062,14 +1022,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = parser.add_argument_group("optimisation")
     train.add_argument(
-        "--seed", type=int, default=0,
+        "--seed", type=number(int, 0, below=2**32, why=" (numpy's 32-bit seeds; every draw of the run comes from it)"), default=0,
         help="seeds the initial weights and every draw of the run (data order, noise, timesteps): a run is "
         "reproducible from it, and resumes exactly",
     )  # fmt: skip
-    train.add_argument("--train_batch_size", type=int, default=16, help="per device, per accumulation step")
-    train.add_argument("--max_train_steps", type=int, default=10_000, help="optimizer steps to train for")
+    train.add_argument("--train_batch_size", type=number(int, 1), default=16, help="per device, per accumulation step")
+    train.add_argument("--max_train_steps", type=number(int, 1), default=10_000, help="optimizer steps to train for")
     train.add_argument(
-        "--gradient_accumulation_steps", type=int, default=1,
+        "--gradient_accumulation_steps", type=number(int, 1), default=1,
         help="micro-batches per optimizer step: the batch per step is --train_batch_size × this × the processes",
     )  # fmt: skip
     train.add_argument(
@@ -1077,7 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute each block's activations in the backward pass: much less activation memory, for one more "
         "forward of each block per step",
     )  # fmt: skip
-    train.add_argument("--learning_rate", type=float, default=2e-4, help="AdamW's peak learning rate")
+    train.add_argument("--learning_rate", type=number(float, above=0), default=2e-4, help="AdamW's peak learning rate")
     train.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW's beta1")
     train.add_argument("--adam_beta2", type=float, default=0.9, help="AdamW's beta2 (the papers' recipe: 0.9)")
     train.add_argument("--adam_weight_decay", type=float, default=0.03, help="AdamW's decoupled weight decay")
@@ -1087,15 +1047,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr_scheduler", default="constant_with_warmup", choices=LR_SCHEDULERS,
         help="the learning-rate schedule after --lr_warmup_steps of linear warm-up (diffusers' get_scheduler)",
     )  # fmt: skip
-    train.add_argument("--lr_warmup_steps", type=int, default=5000, help="steps of linear warm-up from 0")
+    train.add_argument("--lr_warmup_steps", type=number(int, 0), default=5000, help="steps of linear warm-up from 0")
     train.add_argument("--snr_gamma", type=float, help="Min-SNR loss weighting (5.0 is the usual value)")
     train.add_argument(
         "--noise_offset", type=float, default=0.0, help="scale of a per-channel offset added to the noise (0: off)"
     )
-    train.add_argument("--load_balance_weight", type=float, default=0.0, help="MoE-MLP balancing loss (paper: 0.01)")
+    train.add_argument(
+        "--load_balance_weight", type=number(float, 0), default=0.0, help="MoE-MLP balancing loss (paper: 0.01)"
+    )
     train.add_argument(
         "--symmetry_breaking_weight",
-        type=float,
+        type=number(float, 0),
         default=0.0,
         help="AsymMixer's penalty λ·Σ‖W̃‖²_F (the ParaMixer paper sweeps 1e-6 to 1)",
     )
@@ -1105,7 +1067,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     train.add_argument("--ema_decay", type=float, default=0.9999, help="the EMA's decay per step")
     train.add_argument(
-        "--num_threads", type=int,
+        "--num_threads", type=number(int, 1),
         help="CPU threads of a one-process CPU run (default: the OMP_NUM_THREADS you set, "
         "else every core). On busy cores, fewer threads run faster",
     )  # fmt: skip
@@ -1139,7 +1101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     out.add_argument("--logging_dir", default="logs", help="the trackers' folder, inside --output_dir")
     out.add_argument(
-        "--logging_steps", type=int, default=1,
+        "--logging_steps", type=number(int, 1), default=1,
         help="send the trackers the mean loss and gradient norm of every this many steps, and the learning rate (the "
         "shapes presets: 10; the progress bar shows every step)",
     )  # fmt: skip
@@ -1161,7 +1123,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sample the validation prompts (and the FID of --validation_fid_images) every N steps",
     )  # fmt: skip
     out.add_argument(
-        "--validation_inference_steps", type=int, default=25, help="sampler steps of the validation images"
+        "--validation_inference_steps", type=number(int, 1), default=25, help="sampler steps of the validation images"
     )
     out.add_argument(
         "--validation_guidance_scale", type=float, default=GUIDANCE_SCALE,
@@ -1169,12 +1131,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     out.add_argument(
         "--final_evaluation_inference_steps",
-        type=int,
+        type=number(int, 1),
         default=NUM_INFERENCE_STEPS,
         help="sampler steps of the shapes world's final evaluation (default: the pipeline's 50; fewer for smoke runs)",
     )
     out.add_argument(
-        "--validation_fid_images", type=int, default=0,
+        "--validation_fid_images", type=number(int, 0, why=" (0: no FID during training)"), default=0,
         help="at every validation, sample this many images and log their FID (0: off); the shapes world uses the "
         "shapes feature network, other data the Inception network (needs torch-fidelity)",
     )  # fmt: skip
@@ -1189,11 +1151,11 @@ def build_parser() -> argparse.ArgumentParser:
         "images (default on the shapes world: renders of the same captions)",
     )  # fmt: skip
     out.add_argument(
-        "--checkpointing_steps", type=int, default=1000,
+        "--checkpointing_steps", type=number(int, 1), default=1000,
         help="write a checkpoint (weights, optimizer, EMA, data position) every N steps, and at the end",
     )  # fmt: skip
     out.add_argument(
-        "--checkpoints_total_limit", type=int,
+        "--checkpoints_total_limit", type=number(int, 1, why=" (or left out to keep all)"),
         help="keep the newest N checkpoints, and one more until the steps after the newest prove healthy",
     )  # fmt: skip
     out.add_argument(
