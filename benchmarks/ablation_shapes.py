@@ -215,7 +215,7 @@ def plan_entry(name: str, target: int) -> Entry:
 
 def preset_batch_size() -> int:
     """The shapes preset's batch, which every training run uses: read from the trainer itself."""
-    return PRESETS["shapes"]["train_batch_size"]
+    return PRESETS["shapes"].train_batch_size
 
 
 def measure_speed(entry: Entry, batch_size: int, device: torch.device) -> float:

@@ -23,12 +23,12 @@ def workspace(tmp_path_factory):
 
 
 def test_the_world_presets_compile_automatically_and_other_runs_keep_accelerates_choice():
-    assert PRESETS["shapes"]["torch_compile"] == PRESETS["emoji"]["torch_compile"] == "auto"
+    assert PRESETS["shapes"].torch_compile == PRESETS["emoji"].torch_compile == "auto"
     assert parse_args([]).torch_compile == "auto"
     assert parse_args(["--torch_compile", "no"]).torch_compile == "no"
     # Other runs (COCO, your own data, LoRA) keep accelerate's choice: accelerate launch --dynamo_backend decides.
     assert build_parser().parse_args([]).torch_compile is None
-    assert all("torch_compile" not in PRESETS[name] for name in PRESETS if name not in ("shapes", "emoji"))
+    assert all(PRESETS[name].torch_compile is None for name in PRESETS if name not in ("shapes", "emoji"))
 
 
 @pytest.mark.slow

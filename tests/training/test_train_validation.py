@@ -1,6 +1,7 @@
 """examples/train_text_to_image.py refuses bad arguments and bad data at start-up, before any feature extraction,
 with a message that names the problem. The script runs in this process here (its `parse_args` and `main`)."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -9,7 +10,8 @@ import pytest
 from test_train_text_to_image import load_script, make_workspace
 
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
-from diffusers_lmlp.training import components
+from diffusers_lmlp.training import TrainingConfig, components
+from diffusers_lmlp.training.arguments import PRESETS, build_parser
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,23 @@ def start_up_error(script, argv: list[str]) -> str:
         script.main(argv)
     assert isinstance(error.value.code, str), error.value.code
     return error.value.code
+
+
+def test_the_options_build_one_frozen_config_whose_defaults_and_presets_are_its_instances(script, tmp_path):
+    config = script.parse_args(["--output_dir", str(tmp_path / "run"), "--max_train_steps", "7"])
+    assert isinstance(config, TrainingConfig) and (config.preset, config.world) == ("shapes", "shapes")
+    assert config.max_train_steps == 7 and config.train_batch_size == PRESETS["shapes"].train_batch_size == 64
+    assert config.model_overrides == {"pooled_text_projection": True} and config.model_type == "lmlp"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seed = 1
+    assert dataclasses.replace(config, max_train_steps=100).max_train_steps == 100
+    # The command's defaults are the dataclass's, field by field; every option has its field.
+    parser, defaults = build_parser(), TrainingConfig()
+    options = {action.dest for action in parser._actions if action.dest != "help"}
+    assert options <= {field.name for field in dataclasses.fields(TrainingConfig)}
+    assert {name: parser.get_default(name) for name in options - {"model_overrides"}} == {
+        name: getattr(defaults, name) for name in options - {"model_overrides"}
+    }
 
 
 @pytest.mark.parametrize("value", ["0", "-1e-4", "nan", "inf"])

@@ -11,10 +11,11 @@ from ..exports import lazy_exports
 
 
 _EXPORTS = {
-    "CHECKPOINT_PATTERN": ".checkpoints",
-    "checkpoint_step": ".checkpoints",
+    "CHECKPOINT_PATTERN": ".arguments",
+    "TrainingConfig": ".arguments",
+    "checkpoint_step": ".arguments",
     "exclusive_output_dir": ".checkpoints",
-    "list_checkpoints": ".checkpoints",
+    "list_checkpoints": ".arguments",
     "register_checkpoint_hooks": ".checkpoints",
     "save_checkpoint": ".checkpoints",
     "saved_train_seconds": ".checkpoints",
@@ -37,6 +38,7 @@ __all__ = [
     "DATA_LAYOUTS",
     "FeatureStore",
     "TEXT_DTYPES",
+    "TrainingConfig",
     "captions_of",
     "checkpoint_step",
     "encode_text",
@@ -58,11 +60,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from ..evaluation.captions import captions_of  # noqa: F401
+    from .arguments import CHECKPOINT_PATTERN, TrainingConfig, checkpoint_step, list_checkpoints  # noqa: F401
     from .checkpoints import (
-        CHECKPOINT_PATTERN,
-        checkpoint_step,
         exclusive_output_dir,
-        list_checkpoints,
         register_checkpoint_hooks,
         save_checkpoint,
         saved_train_seconds,

@@ -13,7 +13,7 @@ import logging
 import re
 import typing
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -413,13 +413,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
     check_data_args(parser, args)
     check_training_values(parser, args)
     check_validation_args(parser, args, given)
-    try:
-        check_component_sources(args)
-    except ValueError as error:
-        parser.error(str(error))
     check_push_to_hub(parser, args)
     check_output_dir(parser, args)
-    check_model_args(parser, args)
+    if args.model_overrides and args.pretrained_model_name_or_path:
+        parser.error(
+            "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose "
+            "configuration is kept: drop one of them"
+        )
 
 
 def check_data_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -471,12 +471,8 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error(str(error).replace("--captions", "--validation_fid_captions"))
     if args.validation_fid_reference and not Path(args.validation_fid_reference).exists():
         parser.error(f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder")
-    if args.validation_prompts_file:
-        try:
-            args.validation_prompts = read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
-        except ValueError as error:
-            parser.error(str(error))
-    if "validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images):
+    prompts = args.validation_prompts or validation_prompts_of(parser, args)
+    if "validation_steps" in given and not (prompts or args.world or args.validation_fid_images):
         parser.error(
             f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
             "--validation_prompts (or --validation_prompts_file), or --validation_fid_images, or drop "
@@ -520,19 +516,17 @@ def check_output_dir(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             )
 
 
-def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Settle the backbone's family and configuration, and check `--model_overrides` against it."""
-    if args.model_overrides and args.pretrained_model_name_or_path:
-        parser.error(
-            "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose "
-            "configuration is kept: drop one of them"
-        )
-    if not args.pretrained_model_name_or_path:  # a base pipeline's backbone is resolved when it is read
-        resolve_model_type(parser, args)
+def settled_model(parser: argparse.ArgumentParser, args: argparse.Namespace, preset_overrides: dict) -> dict:
+    """The backbone's family and configuration, and `--model_overrides` as config values checked against it (after
+    the preset's, which it replaces key by key); a base pipeline's backbone is settled when it is read."""
+    model = {} if args.pretrained_model_name_or_path else settled_model_type(parser, args)
+    model_class = model_class_of(model.get("model_type", args.model_type) or "lmlp")
     try:
-        args.model_overrides = parse_overrides(args.model_overrides, model_class_of(args.model_type or "lmlp"))
+        check_config_values(preset_overrides, model_class, f"--preset {args.preset}'s model_overrides")
+        overrides = {**preset_overrides, **parse_overrides(args.model_overrides, model_class)}
     except ValueError as error:
         parser.error(str(error))
+    return {**model, "model_overrides": overrides}
 
 
 def earlier_run(output_dir: Path) -> str | None:
@@ -569,37 +563,34 @@ def validate_lora_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         )
 
 
-def resolve_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Settle --model_type and --model_config for a new model: the family is --model_type, else the named
-    configuration's, else lmlp. A preset's named configuration of another family lends it its skeleton
-    (`SKELETON_FIELDS`), which explicit --model_overrides still replace."""
-    named = named_configs()
-    config = args.model_config
-    args.model_config_values = None
+def settled_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """`model_type`, `model_config`, `model_config_values` and `model_skeleton` of a new model: the family is
+    --model_type, else the named configuration's, else lmlp. A preset's named configuration of another family lends
+    it its skeleton (`SKELETON_FIELDS`), which explicit --model_overrides still replace."""
+    named, config = named_configs(), args.model_config
     if config is not None and config.endswith(".json"):
         try:
-            args.model_config_values, config_family = read_model_config_file(Path(config))
+            values, config_family = read_model_config_file(Path(config))
         except ValueError as error:
             parser.error(str(error))
         if config_family is not None and args.model_type not in (None, config_family):
             parser.error(f"--model_config {config} is a --model_type {config_family} config (its _class_name)")
-        args.model_type = args.model_type or config_family or "lmlp"
+        model_type = args.model_type or config_family or "lmlp"
         try:
-            check_config_values(args.model_config_values, model_class_of(args.model_type), f"--model_config {config}")
+            check_config_values(values, model_class_of(model_type), f"--model_config {config}")
         except ValueError as error:
             parser.error(str(error))
-        args.model_skeleton = {}
-        return
+        return dict(model_type=model_type, model_config=config, model_config_values=values, model_skeleton={})
     if config is not None and config not in named:
         parser.error(f"unknown --model_config {config!r}; choose one of {sorted(named)} or a .json file")
     config_family = named[config][0].name if config in named else None
-    args.model_type = args.model_type or config_family or "lmlp"
-    args.model_skeleton = {}
-    if config_family not in (None, args.model_type):
+    model = dict(model_type=args.model_type or config_family or "lmlp", model_config=config, model_skeleton={})
+    if config_family not in (None, model["model_type"]):
         if not args.model_config_from_preset:
             parser.error(f"--model_config {config} is a --model_type {config_family} configuration")
-        args.model_skeleton = {k: v for k, v in named[config][1].items() if k in SKELETON_FIELDS}
-        args.model_config = None
+        skeleton = {k: v for k, v in named[config][1].items() if k in SKELETON_FIELDS}
+        model.update(model_config=None, model_skeleton=skeleton)
+    return model
 
 
 def parse_overrides(pairs: list[str], model_class: type) -> dict:
@@ -674,10 +665,9 @@ def value_fits(value, kinds: tuple[type, ...]) -> bool:
     return isinstance(value, kinds) or (isinstance(value, int) and float in kinds)
 
 
-def check_component_sources(args: argparse.Namespace) -> None:
-    """Name a missing local folder or file of a base pipeline or frozen component before loading turns it into a
-    confusing error (an empty tokenizer, a failed download); then set `args.text_encoder_source` and
-    `args.vae_source`."""
+def component_sources(args: argparse.Namespace) -> dict:
+    """`text_encoder_source` and `vae_source`; a missing local folder or file of a base pipeline or frozen component
+    is named now, before loading turns it into a confusing error (an empty tokenizer, a failed download)."""
     option = "--pretrained_model_name_or_path"
     if args.pretrained_model_name_or_path and is_local(args.pretrained_model_name_or_path, option):
         base = Path(args.pretrained_model_name_or_path)
@@ -691,8 +681,10 @@ def check_component_sources(args: argparse.Namespace) -> None:
     defaults = not args.pretrained_model_name_or_path and not args.world
     text = args.pretrained_text_encoder or (COCO_TEXT_ENCODER_REPO if defaults else None)
     vae = args.pretrained_vae or (COCO_VAE_REPO if defaults else None)
-    args.text_encoder_source = resolve_text_encoder(text, args.text_encoder_subfolder) if text else None
-    args.vae_source = resolve_vae(vae, args.vae_subfolder) if vae else None
+    return dict(
+        text_encoder_source=resolve_text_encoder(text, args.text_encoder_subfolder) if text else None,
+        vae_source=resolve_vae(vae, args.vae_subfolder) if vae else None,
+    )
 
 
 def is_local(source: str, option: str) -> bool:
@@ -750,14 +742,114 @@ LR_SCHEDULERS = (
     "constant_with_warmup",
     "piecewise_constant",
 )
-# `--preset NAME` sets these defaults; explicit arguments still win.
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The trainer's settings: the command's options, by their names (`build_parser`; its defaults are these), then
+    what `parse_args` settles from them. A preset is an instance: its values are the defaults that options replace."""
+
+    preset: str | None = None
+    # model
+    model_type: str | None = None
+    model_config: str | None = None
+    model_overrides: dict = field(default_factory=dict)  # config values, from KEY=VALUE pairs
+    pretrained_model_name_or_path: str | None = None
+    revision: str | None = None
+    variant: str | None = None
+    # LoRA
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | None = None
+    # frozen components
+    pretrained_vae: str | None = None
+    vae_subfolder: str | None = None
+    pretrained_text_encoder: str | None = None
+    text_encoder_subfolder: str | None = None
+    latent_scale: float | None = None
+    # data
+    dataset_name: str | None = None
+    dataset_config_name: str | None = None
+    streaming: bool = False
+    train_data_dir: str | None = None
+    data_layout: str = "auto"
+    shapes_split: str = "train"
+    shapes_num_images: int | None = None
+    image_column: str = "image"
+    caption_column: str = "text"
+    max_train_samples: int | None = None
+    resolution: int = 256
+    random_flip: bool = False
+    caption_dropout: float = 0.1
+    cache_features: bool = False
+    cache_text_dtype: str | None = None
+    cache_dir: str | None = None
+    dataloader_num_workers: int = 0
+    # optimisation (the papers' COCO recipe)
+    seed: int = 0
+    train_batch_size: int = 16
+    max_train_steps: int = 10_000
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    learning_rate: float = 2e-4
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.9
+    adam_weight_decay: float = 0.03
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float | None = None
+    lr_scheduler: str = "constant_with_warmup"
+    lr_warmup_steps: int = 5000
+    snr_gamma: float | None = None
+    noise_offset: float = 0.0
+    load_balance_weight: float = 0.0
+    symmetry_breaking_weight: float = 0.0
+    use_ema: bool = False
+    ema_decay: float = 0.9999
+    num_threads: int | None = None
+    mixed_precision: str | None = None
+    torch_compile: str | None = None
+    allow_tf32: bool = False
+    # output, logging, validation
+    output_dir: str = "lmlp-model"
+    overwrite_output_dir: bool = False
+    logging_dir: str = "logs"
+    logging_steps: int = 1
+    report_to: str = "tensorboard"
+    tracker_project_name: str = "lmlp-text-to-image"
+    validation_prompts: list[str] | None = None
+    validation_prompts_file: str | None = None
+    validation_steps: int = 1000
+    validation_inference_steps: int = 25
+    validation_guidance_scale: float = GUIDANCE_SCALE
+    final_evaluation_inference_steps: int = NUM_INFERENCE_STEPS
+    validation_fid_images: int = 0
+    validation_fid_captions: str | None = None
+    validation_fid_reference: str | None = None
+    checkpointing_steps: int = 1000
+    checkpoints_total_limit: int | None = None
+    resume_from_checkpoint: str | None = None
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    hub_token: str | None = None
+    # settled by `parse_args`
+    world: str | None = None  # the embedded world trained on and scored, without data
+    model_config_from_preset: bool = False
+    mixed_precision_from_preset: bool = False
+    model_config_values: dict | None = None  # a --model_config JSON file's values
+    model_skeleton: dict = field(default_factory=dict)  # a preset's named configuration of another family lends it
+    text_encoder_source: TextEncoderSource | None = None
+    vae_source: VaeSource | None = None
+
+
+# `--preset NAME`: these defaults; explicit arguments still win.
 PRESETS = {
     # The embedded default: the procedural shapes world with the package's offline components, sized for a CPU.
-    "shapes": dict(
+    "shapes": TrainingConfig(
         model_config="shapes-S",
         # A projection of the text encoder's last-position state added to every image token (docs/shapes-runs.md);
         # explicit --model_overrides are added to it (pooled_text_projection=false turns it off).
-        model_overrides=["pooled_text_projection=true"],
+        model_overrides={"pooled_text_projection": True},
         # bf16 autocast where the CPU (or GPU) runs it natively, else float32.
         mixed_precision="auto",
         # torch.compile where it works, for runs long enough to repay it.
@@ -790,7 +882,7 @@ PRESETS = {
     ),
     # The L-MLP paper's MS-COCO run (its F2 configuration and the U-ViT COCO recipe): F2-deep, SD VAE, CLIP L/14,
     # batch 256 (32 per GPU on 8 GPUs; on one GPU add --gradient_accumulation_steps 8), 1M steps.
-    "coco-f2": dict(
+    "coco-f2": TrainingConfig(
         model_config="F2-deep",
         pretrained_vae=COCO_VAE_REPO,  # the SD-v1 KL-f8 VAE, in the repo's vae/ folder
         pretrained_text_encoder=COCO_TEXT_ENCODER_REPO,
@@ -810,9 +902,9 @@ PRESETS = {
     ),
     # The emoji world: a UL-MLP drawing the Noto emoji from their names, with the world's VAE and CLIP text tower,
     # scored by the emoji CLIP's retrieval and by pixels (docs/emoji.md).
-    "emoji": dict(
+    "emoji": TrainingConfig(
         model_config="emoji-S",
-        model_overrides=["pooled_text_projection=true"],
+        model_overrides={"pooled_text_projection": True},
         mixed_precision="auto",
         torch_compile="auto",
         resolution=32,
@@ -838,7 +930,7 @@ PRESETS = {
     ),
     # LoRA: teach the shapes model that ships in the package the 32 colour × shape × position combinations held out
     # of its training (a new attribute set); the final evaluation scores it before and after.
-    "shapes-lora": dict(
+    "shapes-lora": TrainingConfig(
         pretrained_model_name_or_path=str(SHAPES_PIPELINE_PATH),
         shapes_split="heldout",
         lora_rank=8,
@@ -890,10 +982,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--model_overrides",
         nargs="*",
-        default=[],
         metavar="KEY=VALUE",
         help="config values of a new model, e.g. num_layers=12; added to the preset's (the shapes preset sets "
-        f"{' '.join(PRESETS['shapes']['model_overrides'])})",
+        f"{' '.join(f'{k}={json.dumps(v)}' for k, v in PRESETS['shapes'].model_overrides.items())})",
     )
     model.add_argument(
         "--pretrained_model_name_or_path",
@@ -919,9 +1010,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=number(float, above=0),
         help="LoRA alpha: the update is scaled by alpha / rank (default: rank)",
     )
-    lora.add_argument(
-        "--lora_dropout", type=number(float, 0, below=1), default=0.0, help="dropout on the adapter's input"
-    )
+    lora.add_argument("--lora_dropout", type=number(float, 0, below=1), help="dropout on the adapter's input")
     lora.add_argument(
         "--lora_target_modules", nargs="+", metavar="NAME",
         help="the layers to adapt, by name or name suffix (e.g. left right merge); default: every nn.Linear of every "
@@ -964,7 +1053,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local folder: an imagefolder with metadata.jsonl/.csv/.parquet, or the COCO-2014 folder (detected)",
     )
     data.add_argument(
-        "--data_layout", choices=DATA_LAYOUTS, default="auto",
+        "--data_layout", choices=DATA_LAYOUTS,
         help="how --train_data_dir is laid out: auto (COCO-2014 when the folder holds "
         "annotations/captions_train2014.json and train2014/, an imagefolder otherwise), imagefolder (images + "
         "metadata.jsonl, .csv or .parquet; file names never split the data), or coco2014 (the official COCO-2014 "
@@ -972,7 +1061,7 @@ def build_parser() -> argparse.ArgumentParser:
         "picked at random at each use)",
     )  # fmt: skip
     data.add_argument(
-        "--shapes_split", choices=("train", "heldout"), default="train",
+        "--shapes_split", choices=("train", "heldout"),
         help="without data, the shapes world's combinations to train on: train (292 of them), or heldout (the 32 held "
         "out of the shipped model's training: the shapes-lora preset's new attribute set)",
     )  # fmt: skip
@@ -981,25 +1070,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="without data, how many images of the shapes world to render and train on, each combination equally "
         "often and each image with its own jitter (default: 8000 of train, 800 of heldout)",
     )  # fmt: skip
-    data.add_argument("--image_column", default="image", help="the column of the images (default: image)")
+    data.add_argument("--image_column", help="the column of the images (default: image)")
     data.add_argument(
-        "--caption_column", default="text",
+        "--caption_column",
         help="the column of the captions: a caption or a list of them per image (default: text)",
     )  # fmt: skip
     data.add_argument(
         "--max_train_samples", type=number(int, 1), help="train on the first N samples only (for quick runs)"
     )
     data.add_argument(
-        "--resolution", type=number(int, 1), default=256,
+        "--resolution", type=number(int, 1),
         help="the side of the square training images in pixels, after a centre crop: the backbone's sample_size × "
         "the VAE's factor (256 for the papers' models, 32 for the shapes world)",
     )  # fmt: skip
     data.add_argument("--random_flip", action="store_true", help="mirror each image left to right at random")
     data.add_argument(
-        "--caption_dropout", type=number(float, 0, below=1), default=0.1, help='probability of training on "" instead'
+        "--caption_dropout", type=number(float, 0, below=1), help='probability of training on "" instead'
     )
     data.add_argument(
-        "--cache_features", action=argparse.BooleanOptionalAction, default=False,
+        "--cache_features", action=argparse.BooleanOptionalAction,
         help="encode VAE moments and text states once, into an on-disk feature store under --cache_dir, read lazily "
         "(the shapes and coco-f2 default; --no-cache_features encodes every step)",
     )  # fmt: skip
@@ -1014,7 +1103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "machines, a folder that all of them see",
     )  # fmt: skip
     data.add_argument(
-        "--dataloader_num_workers", type=number(int, 0, why=" (0 reads the data in the training process)"), default=0,
+        "--dataloader_num_workers", type=number(int, 0, why=" (0 reads the data in the training process)"),
         help="worker processes that read the feature store (or decode and crop the images) ahead of the training "
         "steps, and decode the images of the feature extraction; 0 reads in the training process. The batches are "
         "the same with any number",
@@ -1022,14 +1111,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = parser.add_argument_group("optimisation")
     train.add_argument(
-        "--seed", type=number(int, 0, below=2**32, why=" (numpy's 32-bit seeds; every draw of the run comes from it)"), default=0,
+        "--seed", type=number(int, 0, below=2**32, why=" (numpy's 32-bit seeds; every draw of the run comes from it)"),
         help="seeds the initial weights and every draw of the run (data order, noise, timesteps): a run is "
         "reproducible from it, and resumes exactly",
     )  # fmt: skip
-    train.add_argument("--train_batch_size", type=number(int, 1), default=16, help="per device, per accumulation step")
-    train.add_argument("--max_train_steps", type=number(int, 1), default=10_000, help="optimizer steps to train for")
+    train.add_argument("--train_batch_size", type=number(int, 1), help="per device, per accumulation step")
+    train.add_argument("--max_train_steps", type=number(int, 1), help="optimizer steps to train for")
     train.add_argument(
-        "--gradient_accumulation_steps", type=number(int, 1), default=1,
+        "--gradient_accumulation_steps", type=number(int, 1),
         help="micro-batches per optimizer step: the batch per step is --train_batch_size × this × the processes",
     )  # fmt: skip
     train.add_argument(
@@ -1037,35 +1126,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute each block's activations in the backward pass: much less activation memory, for one more "
         "forward of each block per step",
     )  # fmt: skip
-    train.add_argument("--learning_rate", type=number(float, above=0), default=2e-4, help="AdamW's peak learning rate")
-    train.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW's beta1")
-    train.add_argument("--adam_beta2", type=float, default=0.9, help="AdamW's beta2 (the papers' recipe: 0.9)")
-    train.add_argument("--adam_weight_decay", type=float, default=0.03, help="AdamW's decoupled weight decay")
-    train.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW's epsilon")
+    train.add_argument("--learning_rate", type=number(float, above=0), help="AdamW's peak learning rate")
+    train.add_argument("--adam_beta1", type=float, help="AdamW's beta1")
+    train.add_argument("--adam_beta2", type=float, help="AdamW's beta2 (the papers' recipe: 0.9)")
+    train.add_argument("--adam_weight_decay", type=float, help="AdamW's decoupled weight decay")
+    train.add_argument("--adam_epsilon", type=float, help="AdamW's epsilon")
     train.add_argument("--max_grad_norm", type=float, help="clip gradients to this norm (off by default)")
     train.add_argument(
-        "--lr_scheduler", default="constant_with_warmup", choices=LR_SCHEDULERS,
+        "--lr_scheduler", choices=LR_SCHEDULERS,
         help="the learning-rate schedule after --lr_warmup_steps of linear warm-up (diffusers' get_scheduler)",
     )  # fmt: skip
-    train.add_argument("--lr_warmup_steps", type=number(int, 0), default=5000, help="steps of linear warm-up from 0")
+    train.add_argument("--lr_warmup_steps", type=number(int, 0), help="steps of linear warm-up from 0")
     train.add_argument("--snr_gamma", type=float, help="Min-SNR loss weighting (5.0 is the usual value)")
-    train.add_argument(
-        "--noise_offset", type=float, default=0.0, help="scale of a per-channel offset added to the noise (0: off)"
-    )
-    train.add_argument(
-        "--load_balance_weight", type=number(float, 0), default=0.0, help="MoE-MLP balancing loss (paper: 0.01)"
-    )
+    train.add_argument("--noise_offset", type=float, help="scale of a per-channel offset added to the noise (0: off)")
+    train.add_argument("--load_balance_weight", type=number(float, 0), help="MoE-MLP balancing loss (paper: 0.01)")
     train.add_argument(
         "--symmetry_breaking_weight",
         type=number(float, 0),
-        default=0.0,
         help="AsymMixer's penalty λ·Σ‖W̃‖²_F (the ParaMixer paper sweeps 1e-6 to 1)",
     )
     train.add_argument(
-        "--use_ema", action=argparse.BooleanOptionalAction, default=False,
+        "--use_ema", action=argparse.BooleanOptionalAction,
         help="keep an exponential moving average of the weights, saved as the pipeline's weights",
     )  # fmt: skip
-    train.add_argument("--ema_decay", type=float, default=0.9999, help="the EMA's decay per step")
+    train.add_argument("--ema_decay", type=float, help="the EMA's decay per step")
     train.add_argument(
         "--num_threads", type=number(int, 1),
         help="CPU threads of a one-process CPU run (default: the OMP_NUM_THREADS you set, "
@@ -1091,24 +1175,20 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
 
     out = parser.add_argument_group("output, logging, validation")
-    out.add_argument(
-        "--output_dir", default="lmlp-model", help="where the pipeline, checkpoints, samples and logs are written"
-    )
+    out.add_argument("--output_dir", help="where the pipeline, checkpoints, samples and logs are written")
     out.add_argument(
         "--overwrite_output_dir", action="store_true",
         help="train from step 0 into an --output_dir that already holds a run (its checkpoints and summary are "
         "removed at start-up); without it such a folder is refused, unless --resume_from_checkpoint",
     )  # fmt: skip
-    out.add_argument("--logging_dir", default="logs", help="the trackers' folder, inside --output_dir")
+    out.add_argument("--logging_dir", help="the trackers' folder, inside --output_dir")
     out.add_argument(
-        "--logging_steps", type=number(int, 1), default=1,
+        "--logging_steps", type=number(int, 1),
         help="send the trackers the mean loss and gradient norm of every this many steps, and the learning rate (the "
         "shapes presets: 10; the progress bar shows every step)",
     )  # fmt: skip
-    out.add_argument("--report_to", default="tensorboard", help='"tensorboard", "wandb", "all" or "none"')
-    out.add_argument(
-        "--tracker_project_name", default="lmlp-text-to-image", help="the project name in tensorboard or wandb"
-    )
+    out.add_argument("--report_to", help='"tensorboard", "wandb", "all" or "none"')
+    out.add_argument("--tracker_project_name", help="the project name in tensorboard or wandb")
     prompts = out.add_mutually_exclusive_group()
     prompts.add_argument(
         "--validation_prompts", nargs="*",
@@ -1119,24 +1199,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="a UTF-8 text file of validation prompts, one per line; blank lines and lines starting with # are skipped",
     )  # fmt: skip
     out.add_argument(
-        "--validation_steps", type=int, default=1000,
+        "--validation_steps", type=int,
         help="sample the validation prompts (and the FID of --validation_fid_images) every N steps",
     )  # fmt: skip
     out.add_argument(
-        "--validation_inference_steps", type=number(int, 1), default=25, help="sampler steps of the validation images"
+        "--validation_inference_steps", type=number(int, 1), help="sampler steps of the validation images"
     )
     out.add_argument(
-        "--validation_guidance_scale", type=float, default=GUIDANCE_SCALE,
+        "--validation_guidance_scale", type=float,
         help="guidance scale of the validation images (diffusers' g; the papers' s = g - 1)",
     )  # fmt: skip
     out.add_argument(
         "--final_evaluation_inference_steps",
         type=number(int, 1),
-        default=NUM_INFERENCE_STEPS,
         help="sampler steps of the shapes world's final evaluation (default: the pipeline's 50; fewer for smoke runs)",
     )
     out.add_argument(
-        "--validation_fid_images", type=number(int, 0, why=" (0: no FID during training)"), default=0,
+        "--validation_fid_images", type=number(int, 0, why=" (0: no FID during training)"),
         help="at every validation, sample this many images and log their FID (0: off); the shapes world uses the "
         "shapes feature network, other data the Inception network (needs torch-fidelity)",
     )  # fmt: skip
@@ -1151,7 +1230,7 @@ def build_parser() -> argparse.ArgumentParser:
         "images (default on the shapes world: renders of the same captions)",
     )  # fmt: skip
     out.add_argument(
-        "--checkpointing_steps", type=number(int, 1), default=1000,
+        "--checkpointing_steps", type=number(int, 1),
         help="write a checkpoint (weights, optimizer, EMA, data position) every N steps, and at the end",
     )  # fmt: skip
     out.add_argument(
@@ -1168,18 +1247,23 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     out.add_argument("--hub_model_id", help="the Hub repo to push to (default: --output_dir's name, under your user)")
     out.add_argument("--hub_token", help="used for the upload only: never logged, tracked or written to the output")
-
+    parser.set_defaults(**option_defaults(parser, TrainingConfig()))
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def option_defaults(parser: argparse.ArgumentParser, config: TrainingConfig) -> dict:
+    """`config`'s values as the parser's defaults: --model_overrides' pairs come on top of the config's values."""
+    return {a.dest: getattr(config, a.dest) for a in parser._actions if a.dest != "help"} | {"model_overrides": []}
+
+
+def parse_args(argv: list[str] | None = None) -> TrainingConfig:
     """Parse and check the options; exit (2) with a message that says what to change when one is wrong.
 
     Args:
         argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
 
     Returns:
-        `argparse.Namespace`: The checked arguments, with `preset` and `world` settled.
+        `TrainingConfig`: The checked settings, with the preset, the world and the model settled.
     """
     parser = build_parser()
     # Presets change defaults only: read the preset first, then parse everything with its defaults in place.
@@ -1189,20 +1273,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if explanations := diffusers_only_options(unknown):  # diffusers' options, with what to do instead
         parser.error("\n".join(explanations))
     preset = known.preset or (None if uses_data else ("shapes-lora" if known.lora_rank else "shapes"))
-    if preset:
-        parser.set_defaults(**PRESETS[preset])
+    base = PRESETS[preset] if preset else TrainingConfig()
+    parser.set_defaults(**option_defaults(parser, base))
     args = parser.parse_args(argv)
-    args.preset = preset
-    args.world = None if uses_data else WORLD_PRESETS.get(preset)
+    args.preset, args.world = preset, None if uses_data else WORLD_PRESETS.get(preset)
     args.model_config_from_preset = bool(preset) and "model_config" not in given
     args.mixed_precision_from_preset = bool(preset) and "mixed_precision" not in given
-    preset_overrides = PRESETS[preset].get("model_overrides", []) if preset else []
-    if "model_overrides" in given:  # a preset's model options stay unless named again (the last value of a key wins)
-        args.model_overrides = [*preset_overrides, *args.model_overrides]
-    elif args.pretrained_model_name_or_path:  # a saved model keeps its own configuration
-        args.model_overrides = []
     validate_args(parser, args, given)
-    return args
+    # A preset's model options stay unless a saved model is fine-tuned (the last value of a key wins).
+    keep_preset = "model_overrides" in given or not args.pretrained_model_name_or_path
+    try:
+        sources = component_sources(args)
+    except ValueError as error:
+        parser.error(str(error))
+    return TrainingConfig(
+        **{
+            **vars(args),
+            **sources,
+            **settled_model(parser, args, base.model_overrides if keep_preset else {}),
+            "validation_prompts": args.validation_prompts or validation_prompts_of(parser, args),
+        }
+    )
+
+
+def validation_prompts_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str] | None:
+    """The prompts of --validation_prompts_file, if given."""
+    if not args.validation_prompts_file:
+        return None
+    try:
+        return read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def given_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:

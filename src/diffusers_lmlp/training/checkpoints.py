@@ -4,7 +4,6 @@ with EMA `transformer_ema/`; with LoRA only the adapter, in `transformer_lora/`)
 non-finite loss or gradient norm stops it before the update is applied, and non-finite weights are never saved.
 """
 
-import argparse
 import contextlib
 import errno
 import json
@@ -19,12 +18,12 @@ from accelerate.utils import broadcast
 from diffusers.training_utils import EMAModel
 
 from ..durable import checksum_problem, fsync_tree, hold_lock, write_checksums
-from .arguments import (  # noqa: F401  (their former home)
-    CHECKPOINT_PATTERN,
+from .arguments import (
     LOCK_FILE,
     STATE_FILE,
     SUMMARY_FILE,
     UNDER_WAY_PATTERN,
+    TrainingConfig,
     checkpoint_step,
     list_checkpoints,
 )
@@ -298,7 +297,7 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def diverged_message(error: DivergenceError, args: argparse.Namespace, output_dir: Path, store) -> str:
+def diverged_message(error: DivergenceError, args: TrainingConfig, output_dir: Path, store) -> str:
     """What to say when a step's loss or gradient norm is NaN or inf; `store` is the run's feature store, if any."""
     # The weights of a checkpoint at the step before are the ones that diverged: only older ones are confirmed.
     confirmed = intact_checkpoint(output_dir, before=error.step - 1)

@@ -4,7 +4,6 @@ fine-tuning through PEFT, as diffusers' LoRA examples do it: the base weights fr
 `lora_config` names, saved in diffusers' LoRA format, so `LMLPPipeline.load_lora_weights` reads what training writes.
 """
 
-import argparse
 import contextlib
 import functools
 import inspect
@@ -20,13 +19,15 @@ from diffusers_lmlp.models import family_of
 from diffusers_lmlp.training.arguments import load_text_encoder, load_vae
 from diffusers_lmlp.worlds import WORLDS, load
 
+from .arguments import TrainingConfig
+
 
 def routes(model_class: type) -> bool:
     """Whether the backbone can report router probabilities for the load-balancing loss."""
     return "output_router_probs" in inspect.signature(model_class.forward).parameters
 
 
-def build_model(args: argparse.Namespace) -> torch.nn.Module:
+def build_model(args: TrainingConfig) -> torch.nn.Module:
     """The backbone: a base pipeline's (keeping its family) or a new one; refuses options the backbone cannot take."""
     if args.pretrained_model_name_or_path:
         config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
@@ -36,7 +37,6 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
                 f"error: --model_type {args.model_type} conflicts with the base pipeline, whose backbone is "
                 f"{config['transformer'][1]} (--model_type {saved}); fine-tuning keeps the saved backbone."
             )
-        args.model_type = saved
         if args.load_balance_weight and not routes(FAMILIES[saved].model_class):
             raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
         model = FAMILIES[saved].model_class.from_pretrained(
@@ -52,7 +52,7 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     return model
 
 
-def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
+def build_new_model(args: TrainingConfig) -> torch.nn.Module:
     """A randomly initialised backbone of --model_type from --model_config and --model_overrides."""
     model_class = FAMILIES[args.model_type].model_class
     if args.load_balance_weight and not routes(model_class):
@@ -70,7 +70,7 @@ def build_new_model(args: argparse.Namespace) -> torch.nn.Module:
         raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
 
 
-def load_components(args: argparse.Namespace) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
+def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
     """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's, else the papers';
     `--pretrained_vae` / `--pretrained_text_encoder` replace either (resolved at start-up: `training.arguments`).
     """

@@ -4,7 +4,6 @@ and the few lines the training script prints at the end (`format_run_summary`): 
 how to load it. `public_args` is what of the arguments leaves the process: never the secrets.
 """
 
-import argparse
 import atexit
 import faulthandler
 import json
@@ -34,6 +33,8 @@ from diffusers_lmlp.training.validation import (
 )
 from diffusers_lmlp.worlds import WORLDS
 
+from .arguments import TrainingConfig
+
 
 logger = get_logger(__name__)
 
@@ -43,7 +44,7 @@ TEARDOWN_TIMEOUT_SECONDS = 120
 SECRET_ARGUMENTS = frozenset({"hub_token"})
 
 
-def public_args(args: argparse.Namespace) -> dict:
+def public_args(args: TrainingConfig) -> dict:
     """The arguments without the secrets (`SECRET_ARGUMENTS`): all that trackers, the card and the summary see."""
     return {name: value for name, value in vars(args).items() if name not in SECRET_ARGUMENTS}
 

@@ -5,7 +5,6 @@ compiles the backbone (`--torch_compile auto`: inductor where that works and rep
 the CPU and CUDA). Noise and timesteps are drawn on the CPU: exact resumes on any device.
 """
 
-import argparse
 import collections
 import math
 import os
@@ -22,6 +21,7 @@ from diffusers.training_utils import EMAModel, compute_snr
 
 from ..cpu import this_cpu
 from ..models import load_balancing_loss, symmetry_breaking_penalty
+from .arguments import TrainingConfig
 
 
 # Where accelerate holds the gradients or shards them across processes: only its `clip_grad_norm_` measures them.
@@ -257,7 +257,7 @@ def launch_device() -> str:
     return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
 
 
-def effective_precision(accelerator: Accelerator, args: argparse.Namespace) -> str:
+def effective_precision(accelerator: Accelerator, args: TrainingConfig) -> str:
     """The precision the run trains in, in words for the log.
 
     accelerate accepts fp16 on a CPU, then trains in float32 while reporting fp16: a preset's fp16 is taken as float32

@@ -5,7 +5,6 @@ the optimizer, the checkpoint to resume from), then `take_steps` loops: a step, 
 is a function of (seed, step, sample position), so a resumed run continues exactly as the uninterrupted one.
 """
 
-import argparse
 import dataclasses
 import logging
 import sys
@@ -27,6 +26,7 @@ from diffusers_lmlp.allocator import keep_freed_memory
 from diffusers_lmlp.progress import is_terminal, progress_bar
 from diffusers_lmlp.threads import set_threads
 from diffusers_lmlp.training import components, data, finishing, validation
+from diffusers_lmlp.training.arguments import TrainingConfig
 from diffusers_lmlp.training.checkpoints import (
     checkpoint_step,
     checkpoint_to_resume,
@@ -64,7 +64,7 @@ class Run:
     """What the steps of a run share, set up by `run_training`: `model` is the prepared (wrapped, perhaps compiled)
     backbone, `frozen` the tokenizer, text encoder and VAE, `store` the feature store or None."""
 
-    args: argparse.Namespace
+    args: TrainingConfig
     accelerator: Accelerator
     output_dir: Path
     model: torch.nn.Module
@@ -84,7 +84,7 @@ def allow_tf32() -> None:
     logger.info("TF32 allowed for float32 matmuls and convolutions (Ampere and newer GPUs)")
 
 
-def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
+def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
     """Set up accelerate, then train into `--output_dir`, which no other run may use meanwhile. With `exit_when_done`,
     end the process once the run is saved and every process has finished, before its objects are torn down (the
     command does so in multi-process runs; a caller that goes on after `train` must not)."""
@@ -116,7 +116,7 @@ def train(args: argparse.Namespace, exit_when_done: bool = False) -> None:
         run_training(args, accelerator, output_dir, exit_when_done)
 
 
-def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir: Path, exit_when_done: bool) -> None:
+def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Path, exit_when_done: bool) -> None:
     """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub)."""
     if args.overwrite_output_dir and accelerator.is_main_process:
         remove_earlier_run(output_dir)
@@ -142,7 +142,7 @@ def run_training(args: argparse.Namespace, accelerator: Accelerator, output_dir:
     finishing.end_run(accelerator, model, ema, *frozen, args, output_dir, train_seconds, exit_when_done)
 
 
-def prepare_model(args: argparse.Namespace, accelerator: Accelerator) -> tuple[torch.nn.Module, tuple]:
+def prepare_model(args: TrainingConfig, accelerator: Accelerator) -> tuple[torch.nn.Module, tuple]:
     """The backbone (with its LoRA adapter under `--lora_rank`) and the frozen (tokenizer, text encoder, VAE) on the
     run's device, checked against each other."""
     model = components.build_model(args)
@@ -163,7 +163,7 @@ def prepare_model(args: argparse.Namespace, accelerator: Accelerator) -> tuple[t
     return model, (tokenizer, text_encoder, vae)
 
 
-def load_data(args: argparse.Namespace, accelerator: Accelerator, frozen: tuple, cache_dir: Path) -> tuple:
+def load_data(args: TrainingConfig, accelerator: Accelerator, frozen: tuple, cache_dir: Path) -> tuple:
     """The training data (read or downloaded by the main process first), and its `FeatureStore` with
     `--cache_features`, else None."""
     with accelerator.main_process_first():
@@ -196,7 +196,7 @@ def load_data(args: argparse.Namespace, accelerator: Accelerator, frozen: tuple,
     return dataset, store
 
 
-def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, model: torch.nn.Module) -> tuple:
+def prepare_optimization(args: TrainingConfig, accelerator: Accelerator, model: torch.nn.Module) -> tuple:
     """The backbone in training mode, its `EMAModel` (or None), AdamW and the learning-rate schedule, prepared by
     accelerate, whose checkpoints then save and load the EMA and the LoRA adapter too."""
     model_class = type(model)
@@ -229,7 +229,7 @@ def prepare_optimization(args: argparse.Namespace, accelerator: Accelerator, mod
 
 
 def resume(
-    args: argparse.Namespace,
+    args: TrainingConfig,
     accelerator: Accelerator,
     optimizer: torch.optim.Optimizer,
     lr_scheduler,
