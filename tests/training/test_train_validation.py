@@ -66,6 +66,16 @@ def test_the_options_build_one_frozen_config_whose_defaults_and_presets_are_its_
     }
 
 
+@pytest.mark.parametrize(
+    "option, value, low",
+    [("--resolution", "0", 1), ("--max_train_samples", "0", 1), ("--lr_warmup_steps", "-1", 0),
+     ("--validation_inference_steps", "0", 1)],
+)  # fmt: skip
+def test_a_count_below_its_range_is_refused_naming_the_option(script, capsys, option, value, low):
+    message = parser_error(script, ["--output_dir", "x", option, value], capsys)
+    assert f"argument {option}: must be >= {low}, got {value}" in message
+
+
 @pytest.mark.parametrize("value", ["0", "-1e-4", "nan", "inf"])
 def test_a_learning_rate_that_is_not_positive_is_refused(script, capsys, value):
     message = parser_error(script, ["--output_dir", "x", f"--learning_rate={value}"], capsys)
