@@ -57,7 +57,6 @@ EXAMPLES = {
                      "a large green triangle at the bottom right", "a small magenta circle at the right"],
     "": ["a red circle on a blue square", "a photograph of an astronaut riding a horse"],
 }  # fmt: skip
-EMOJI_EXAMPLES = EXAMPLES["emoji world"]
 CSS = "#gallery img { image-rendering: pixelated; }"  # small images, scaled up by the browser without smoothing
 
 

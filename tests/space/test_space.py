@@ -468,4 +468,4 @@ def test_the_model_choice_opens_on_emoji_and_samples_the_chosen_model(shapes_pip
     for gallery, expected in ((default, expected_emoji), (shapes, expected_shapes)):
         image = np.asarray(Image.open(gallery[0]["image"]).convert("RGB"))
         assert np.array_equal(image, np.asarray(expected))
-    assert app.examples_for(app.describe_model(emoji_pipe, app.SHIPPED["emoji"])) == app.EMOJI_EXAMPLES
+    assert app.examples_for(app.describe_model(emoji_pipe, app.SHIPPED["emoji"])) == app.EXAMPLES["emoji world"]

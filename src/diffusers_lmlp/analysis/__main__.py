@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 from .. import commands
-from ..commands import number
 from ..sampling import GUIDANCE_SCALE
 
 
@@ -59,22 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
         subcommand.add_argument("--output_dir", type=Path, default=Path("analysis"), help="where the files go")
         subcommand.add_argument("--no_progress", action="store_true", help="no progress bar")
     lateralization.add_argument(
-        "--layers", type=number(int, 1), nargs="+",
+        "--layers", type=commands.number(int, 1), nargs="+",
         help="layer numbers as the reference figure script counts (in blocks, the mid block, out blocks, from 1; "
         "default: the paper's 1, 5, 9, 13, 17 adapted to the depth)",
     )  # fmt: skip
     routing.add_argument(
-        "--layers", type=number(int, 1), nargs="+",
+        "--layers", type=commands.number(int, 1), nargs="+",
         help="layer numbers, counted as lateralization counts them (default: every layer of an MoE-MLP; for a "
         "U-ViT, lateralization's default layers)",
     )  # fmt: skip
     routing.add_argument("--captions", nargs="+", required=True, help="the captions to sample")
-    routing.add_argument("--num_inference_steps", type=number(int, 1), default=20, help="sampler steps per caption")
+    routing.add_argument(
+        "--num_inference_steps", type=commands.number(int, 1), default=20, help="sampler steps per caption"
+    )
     routing.add_argument(
         "--guidance_scale", type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"
     )
     routing.add_argument("--seed", type=int, default=0, help="caption i starts from the noise of seed SEED + i")
-    routing.add_argument("--batch_size", type=number(int, 1), default=8, help="captions per pipeline call")
+    routing.add_argument("--batch_size", type=commands.number(int, 1), default=8, help="captions per pipeline call")
     return parser
 
 

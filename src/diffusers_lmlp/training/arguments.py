@@ -471,8 +471,7 @@ def check_validation_args(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error(str(error).replace("--captions", "--validation_fid_captions"))
     if args.validation_fid_reference and not Path(args.validation_fid_reference).exists():
         parser.error(f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder")
-    prompts = args.validation_prompts or validation_prompts_of(parser, args)
-    if "validation_steps" in given and not (prompts or args.world or args.validation_fid_images):
+    if "validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images):
         parser.error(
             f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
             "--validation_prompts (or --validation_prompts_file), or --validation_fid_images, or drop "
@@ -1279,6 +1278,11 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
     args.preset, args.world = preset, None if uses_data else WORLD_PRESETS.get(preset)
     args.model_config_from_preset = bool(preset) and "model_config" not in given
     args.mixed_precision_from_preset = bool(preset) and "mixed_precision" not in given
+    if args.validation_prompts_file:  # read once, checked and kept
+        try:
+            args.validation_prompts = read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
+        except ValueError as error:
+            parser.error(str(error))
     validate_args(parser, args, given)
     # A preset's model options stay unless a saved model is fine-tuned (the last value of a key wins).
     keep_preset = "model_overrides" in given or not args.pretrained_model_name_or_path
@@ -1291,19 +1295,8 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
             **vars(args),
             **sources,
             **settled_model(parser, args, base.model_overrides if keep_preset else {}),
-            "validation_prompts": args.validation_prompts or validation_prompts_of(parser, args),
         }
     )
-
-
-def validation_prompts_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str] | None:
-    """The prompts of --validation_prompts_file, if given."""
-    if not args.validation_prompts_file:
-        return None
-    try:
-        return read_captions_file(args.validation_prompts_file, "--validation_prompts_file")
-    except ValueError as error:
-        parser.error(str(error))
 
 
 def given_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:

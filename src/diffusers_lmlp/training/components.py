@@ -16,10 +16,8 @@ from transformers import CLIPTextModel, CLIPTokenizer
 from diffusers_lmlp import FAMILIES, LMLPPipeline, symmetry_breaking_penalty
 from diffusers_lmlp.hub.lora_card import ADAPTER_NAME, adapted_modules, names_in_block
 from diffusers_lmlp.models import family_of
-from diffusers_lmlp.training.arguments import load_text_encoder, load_vae
+from diffusers_lmlp.training.arguments import TrainingConfig, load_text_encoder, load_vae
 from diffusers_lmlp.worlds import WORLDS, load
-
-from .arguments import TrainingConfig
 
 
 def routes(model_class: type) -> bool:

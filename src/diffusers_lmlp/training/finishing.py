@@ -20,7 +20,7 @@ from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.hub.card import without_block
 from diffusers_lmlp.hub.lora_card import load_base_code, recorded_base_model, write_lora_card
 from diffusers_lmlp.image_grid import make_image_grid
-from diffusers_lmlp.training.arguments import SUMMARY_FILE
+from diffusers_lmlp.training.arguments import SUMMARY_FILE, TrainingConfig
 from diffusers_lmlp.training.checkpoints import disk_full_exit
 from diffusers_lmlp.training.components import save_adapter
 from diffusers_lmlp.training.step import plain_backbone
@@ -32,8 +32,6 @@ from diffusers_lmlp.training.validation import (
     score_summary,
 )
 from diffusers_lmlp.worlds import WORLDS
-
-from .arguments import TrainingConfig
 
 
 logger = get_logger(__name__)
