@@ -1,9 +1,6 @@
-"""glibc's allocator setting that lets CPU work run near the GEMM peak.
-
-glibc returns freed large buffers to the system, so every pass pays a page fault per 4 KiB of each new activation;
-keeping freed memory for reuse removes that cost (docs/benchmarks.md). It changes the whole process's allocator, so it
-is never done on import: the trainer and the evaluation command call `keep_freed_memory` on the CPU, other
-applications `reuse_freed_memory`. A glibc malloc setting of your own is always kept.
+"""glibc's allocator setting that lets CPU work run near the GEMM peak: glibc returns freed large buffers to the
+system, so every pass page-faults each new activation back in (docs/benchmarks.md). It changes the whole process's
+allocator, so it is never done on import; a glibc malloc setting of your own is always kept.
 """
 
 import ctypes
@@ -34,19 +31,13 @@ def reuse_freed_memory(keep_bytes: int = 1024**3) -> bool:
     return bool(mallopt(_M_TRIM_THRESHOLD, keep_bytes)) and bool(mallopt(_M_MMAP_THRESHOLD, _MAX_MMAP_THRESHOLD))
 
 
-def malloc_set_by_user() -> str | None:
-    """The variable through which you set glibc's malloc (a `MALLOC_VARIABLES` one or `GLIBC_TUNABLES`), or None."""
-    for name in MALLOC_VARIABLES:
-        if name in os.environ:
-            return name
-    return "GLIBC_TUNABLES" if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") else None
-
-
 def keep_freed_memory(device) -> None:
     """On a CPU `device`, `reuse_freed_memory` unless you set glibc's malloc yourself; the log says which."""
     if device.type != "cpu":
         return
-    setting = malloc_set_by_user()
+    setting = next((name for name in MALLOC_VARIABLES if name in os.environ), None)
+    if setting is None and "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        setting = "GLIBC_TUNABLES"
     if setting is not None:
         logger.info(f"CPU memory: glibc's malloc as your {setting} sets it")
     elif reuse_freed_memory():

@@ -1,7 +1,5 @@
-"""What the CPU can do, read once from the operating system: its model name and whether bf16 is fast.
-
-bf16 matmuls are native on x86 CPUs with `avx512_bf16` or AMX (`amx_bf16`); elsewhere torch emulates them, far slower
-than float32. Only Linux lists the flags (`/proc/cpuinfo`); on other systems no CPU is taken for native bf16.
+"""What the CPU can do, read once from the operating system: its model name and whether bf16 is fast (native with
+`avx512_bf16` or AMX; elsewhere torch emulates it, far slower than float32). Only Linux lists the flags.
 """
 
 import functools

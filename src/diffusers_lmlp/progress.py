@@ -1,9 +1,5 @@
-"""Progress bars that read well in a terminal and in a log file.
-
-In a terminal `progress_bar` gives tqdm's bar, redrawn in place. In a log file a tqdm bar would pile thousands of
-carriage-return updates onto one line, so there it gives a `LineProgress`, which writes plain lines::
-
-    steps:  50% 1300/2600, 04:12 elapsed, ETA 04:12, 5.15it/s, loss=0.0412, lr=1.00e-03
+"""Progress bars: tqdm's in a terminal; in a log file, where tqdm would pile carriage-return updates onto one line,
+a `LineProgress` of plain lines (`steps:  50% 1300/2600, 04:12 elapsed, ETA 04:12, 5.15it/s, loss=0.0412`).
 """
 
 import math
@@ -22,9 +18,9 @@ LINE_EVERY_SECONDS = 60.0
 
 
 class LineProgress:
-    """A progress bar for log files, with the part of tqdm's interface the training code uses: a plain line at every
-    `every_fraction` of `total`, at least one every `every_seconds`, and one on close if the count moved. Speed and
-    ETA average over this bar's own steps (not those before `initial`, a resumed run's)."""
+    """tqdm's interface as the project uses it, for log files: a line at every `every_fraction` of `total`, at least
+    one every `every_seconds`, and one on close if the count moved. Speed and ETA leave out the steps before
+    `initial` (a resumed run's)."""
 
     def __init__(
         self,
@@ -43,30 +39,22 @@ class LineProgress:
         self.every_seconds = every_seconds
         self.postfix = ""
         self.start = self.last_time = time.monotonic()
-        self.next_n = self.next_multiple(initial)
-
-    def next_multiple(self, n: int) -> int:
-        """The first multiple of the stride above `n`: where the next line is due."""
-        return (n // self.stride + 1) * self.stride
+        self.next_n = (initial // self.stride + 1) * self.stride  # where the next line is due
 
     def update(self, n: int = 1) -> None:
-        """Add `n` to the count; write a line if one is due."""
         self.n += n
         now = time.monotonic()
         if self.n >= self.next_n or now - self.last_time >= self.every_seconds:
             self.write_line(now)
 
-    def set_postfix(self, refresh: bool = True, **values) -> None:
-        """Show `values` (as `name=value`) at the end of the next lines; `refresh` is tqdm's, ignored here."""
+    def set_postfix(self, refresh: bool = True, **values) -> None:  # `refresh`: tqdm's, ignored here
         self.postfix = ", ".join(f"{name}={value}" for name, value in values.items())
 
     def close(self) -> None:
-        """Write the last count if it moved since the last line (a run that stopped early says where)."""
         if self.n != self.last_n:
             self.write_line(time.monotonic())
 
     def write_line(self, now: float) -> None:
-        """Write the current state as one line (percentage, count, time spent and left, speed, postfix)."""
         elapsed = now - self.start
         rate = (self.n - self.initial) / elapsed if elapsed > 0 and self.n > self.initial else None
         if rate is None:
@@ -81,7 +69,7 @@ class LineProgress:
         self.file.write(line + (f", {self.postfix}" if self.postfix else "") + "\n")
         self.file.flush()
         self.last_n, self.last_time = self.n, now
-        self.next_n = self.next_multiple(self.n)
+        self.next_n = (self.n // self.stride + 1) * self.stride
 
     def __enter__(self) -> "LineProgress":
         return self
@@ -101,10 +89,8 @@ def is_terminal(stream: TextIO) -> bool:
 def progress_bar(
     total: int, desc: str, *, initial: int = 0, unit: str = "it", disable: bool = False, file: TextIO | None = None
 ) -> tqdm | LineProgress:
-    """A progress bar for `total` steps: tqdm's in a terminal, a `LineProgress` (plain lines) anywhere else.
-
-    Call `set_postfix(..., refresh=False)` before `update`, so that the line a step writes shows that step's values.
-    """
+    """A progress bar for `total` steps: tqdm's in a terminal, a `LineProgress` anywhere else. Call
+    `set_postfix(..., refresh=False)` before `update`, so that the line a step writes shows that step's values."""
     stream = file or sys.stderr
     if disable or is_terminal(stream):
         return tqdm(total=total, desc=desc, initial=initial, unit=unit, disable=disable, file=file)

@@ -1,8 +1,6 @@
-"""How many CPU threads the trainer and the evaluation run torch with.
-
-`--num_threads N` wins; else the `OMP_NUM_THREADS` you set; else every core this process may run on. `accelerate
-launch` sets `OMP_NUM_THREADS` in every process it starts (1 unless you set it): several processes or a GPU keep it,
-and a one-process CPU run counts it as yours only when the launcher's own environment has it (Linux shows it).
+"""How many CPU threads the trainer and the evaluation run torch with: `--num_threads N`, else the `OMP_NUM_THREADS`
+you set, else every core this process may run on. `accelerate launch` sets `OMP_NUM_THREADS` (1 unless you set it)
+in every process: a one-process CPU run takes it as yours only when the launcher's own environment has it.
 """
 
 import logging
@@ -31,9 +29,7 @@ def launcher_environment() -> dict[str, str]:
 
 def set_threads(num_threads: int | None, what: str, one_cpu_process: bool = True) -> None:
     """Run torch with `num_threads`, else the user's `OMP_NUM_THREADS`, else every core, and log which (as `what`).
-
-    Unless `one_cpu_process` (the run's only process, on the CPU), only `num_threads` changes the launcher's setting.
-    """
+    Unless `one_cpu_process` (the run's only process, on the CPU), only `num_threads` changes the launcher's."""
     omp = os.environ.get("OMP_NUM_THREADS", "")
     launched = "ACCELERATE_DYNAMO_BACKEND" in os.environ  # set by `accelerate launch` in every process it starts
     if num_threads is not None:

@@ -55,33 +55,25 @@ def recorded(monkeypatch) -> list[str]:
     return calls
 
 
-def test_work_on_the_cpu_keeps_freed_memory_and_says_so(recorded, caplog):
-    with caplog.at_level(logging.INFO, logger="diffusers_lmlp.allocator"):
-        allocator.keep_freed_memory(torch.device("cpu"))
-    assert recorded == ["reuse"]
-    assert "glibc keeps up to 1 GiB of freed buffers for reuse" in caplog.text
-
-
 @pytest.mark.parametrize(
-    ("name", "value"),
+    "name, value, reused, logged",
     [
-        ("MALLOC_TRIM_THRESHOLD_", "0"),
-        ("MALLOC_MMAP_THRESHOLD_", "131072"),
-        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"),
+        (None, None, True, "glibc keeps up to 1 GiB of freed buffers for reuse"),
+        ("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F", True, "glibc keeps up to 1 GiB"),  # not malloc's
+        ("MALLOC_TRIM_THRESHOLD_", "0", False, "glibc's malloc as your MALLOC_TRIM_THRESHOLD_ sets it"),
+        ("MALLOC_MMAP_THRESHOLD_", "131072", False, "glibc's malloc as your MALLOC_MMAP_THRESHOLD_ sets it"),
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0", False, "glibc's malloc as your GLIBC_TUNABLES sets it"),
     ],
 )
-def test_a_malloc_setting_of_yours_is_kept(recorded, monkeypatch, caplog, name, value):
-    monkeypatch.setenv(name, value)
+def test_on_the_cpu_freed_memory_is_kept_unless_you_set_glibcs_malloc(
+    recorded, monkeypatch, caplog, name, value, reused, logged
+):
+    if name:
+        monkeypatch.setenv(name, value)
     with caplog.at_level(logging.INFO, logger="diffusers_lmlp.allocator"):
         allocator.keep_freed_memory(torch.device("cpu"))
-    assert recorded == [] and f"glibc's malloc as your {name} sets it" in caplog.text
-
-
-def test_other_tunables_and_other_devices(recorded, monkeypatch):
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F")  # not malloc's: the setting still applies
-    allocator.keep_freed_memory(torch.device("cpu"))
-    allocator.keep_freed_memory(torch.device("meta"))  # a GPU run, as far as this is concerned: nothing changes
-    assert recorded == ["reuse"]
+        allocator.keep_freed_memory(torch.device("meta"))  # a GPU run, as far as this is concerned: nothing changes
+    assert recorded == (["reuse"] if reused else []) and logged in caplog.text
 
 
 def test_without_glibc_the_log_says_the_allocator_is_unchanged(recorded, monkeypatch, caplog):

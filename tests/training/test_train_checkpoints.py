@@ -1,5 +1,5 @@
-"""Checkpoints of examples/train_text_to_image.py survive kills, full disks, resumes from older checkpoints and a
-second run on the same output folder. The helpers and the tiny workspace are those of test_train_text_to_image."""
+"""Checkpoints of examples/train_text_to_image.py survive kills, full disks, damage, resumes from older checkpoints and
+a second run on the same output folder, on the tiny workspace of test_train_text_to_image."""
 
 import errno
 import fcntl
@@ -91,31 +91,18 @@ def test_sigkill_while_writing_the_only_checkpoint_keeps_the_previous_one(worksp
 
 
 @pytest.mark.slow
-def test_resuming_from_an_older_checkpoint_overwrites_the_abandoned_later_ones(workspace, straight):
+def test_a_resume_from_an_older_checkpoint_overwrites_the_abandoned_later_ones_and_prunes_them_first(
+    workspace, straight
+):
     out = workspace / "older"
     shutil.copytree(straight, out)
     for stale in ("checkpoint-4", "checkpoint-6"):  # an abandoned future: other weights under the same names
         shutil.rmtree(out / stale)
         shutil.copytree(straight / "checkpoint-2", out / stale)
-
-    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-2"))
-    assert "later checkpoints checkpoint-4, checkpoint-6" in result.stderr and "will be overwritten" in result.stderr
-    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
-    for step in (4, 6):
-        assert_same_weights(weights(out / f"checkpoint-{step}"), weights(straight / f"checkpoint-{step}"))
-    assert_same_weights(weights(out), weights(straight))
-
-
-@pytest.mark.slow
-def test_pruning_after_a_resume_from_an_older_checkpoint_removes_the_abandoned_ones_first(workspace, straight):
-    out = workspace / "older-limit-2"
-    shutil.copytree(straight, out)
-    shutil.rmtree(out / "checkpoint-4")
-    shutil.rmtree(out / "checkpoint-6")
-    shutil.copytree(straight / "checkpoint-2", out / "checkpoint-6")  # abandoned
     steps = [*STEPS[2:], "--max_train_steps", "4", "--checkpoints_total_limit", "2"]
-
-    train_here(workspace, out.name, *steps, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    result = train_here(workspace, out.name, *steps, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert "later checkpoints checkpoint-4, checkpoint-6" in result.stderr and "will be overwritten" in result.stderr
+    # checkpoint-4 is overwritten; the abandoned checkpoint-6 is pruned before the older checkpoint-2.
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2", "checkpoint-4"]
     assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
 
@@ -190,31 +177,22 @@ def test_latest_passes_over_a_damaged_checkpoint_and_resumes_exactly_from_the_on
     assert_same_weights(weights(out), weights(straight))
 
 
-@pytest.mark.parametrize(
-    "damage, problem",
-    [
-        ("delete optimizer.bin", "optimizer.bin is missing"),
-        (
-            "flip a bit of transformer_ema/diffusion_pytorch_model.safetensors",
-            "transformer_ema/diffusion_pytorch_model",
-        ),
-        ("cut training_state.json short", "training_state.json differs from its checksum"),
-        ("delete checksums.json", "it has no checksums.json"),
-    ],
-)
-def test_a_damaged_checkpoint_named_explicitly_stops_the_run_naming_the_file(workspace, straight, damage, problem):
-    out = workspace / f"explicit-{damage.split()[0]}-{len(damage)}"
-    shutil.copytree(straight / "checkpoint-4", out / "checkpoint-4")
+DAMAGES = {
+    "optimizer.bin is missing": lambda checkpoint: (checkpoint / "optimizer.bin").unlink(),
+    "transformer_ema/diffusion_pytorch_model": lambda checkpoint: zero_sector(
+        checkpoint / "transformer_ema" / "diffusion_pytorch_model.safetensors"
+    ),
+    "training_state.json differs from its checksum": lambda c: (c / "training_state.json").write_text("{"),
+    "it has no checksums.json": lambda checkpoint: (checkpoint / "checksums.json").unlink(),
+}
+
+
+@pytest.mark.parametrize("problem", DAMAGES)
+def test_a_damaged_checkpoint_named_explicitly_stops_the_run_naming_the_file(workspace, straight, problem):
+    out = workspace / f"explicit-{list(DAMAGES).index(problem)}"
     checkpoint = out / "checkpoint-4"
-    if damage.startswith("delete"):
-        (checkpoint / damage.split()[1]).unlink()
-    elif damage.startswith("flip"):
-        path = checkpoint / "transformer_ema" / "diffusion_pytorch_model.safetensors"
-        data = bytearray(path.read_bytes())
-        data[-100] ^= 1
-        path.write_bytes(bytes(data))
-    else:
-        (checkpoint / "training_state.json").write_text("{")
+    shutil.copytree(straight / "checkpoint-4", checkpoint)
+    DAMAGES[problem](checkpoint)
     with pytest.raises(SystemExit, match=f"the checkpoint {checkpoint} is damaged: {problem}"):
         train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(checkpoint))
 

@@ -6,6 +6,7 @@ pre-filled HF cache, under every preset. The layout is detected; `--vae_subfolde
 The stand-ins are laid out file for file as the Hub repos are (tiny in width): the standalone VAE also carries the
 pickled `diffusion_pytorch_model.bin` the real repo has, here a file that fails if anything unpickles it."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -93,12 +94,9 @@ def source(repos, name: str, where: str) -> str:
 
 def preset_args(repos, preset: str, tmp_path: Path) -> list[str]:
     """A run of `preset` on data, as a user gives it; the LoRA preset fine-tunes a tiny COCO-sized pipeline."""
-    common = ["--output_dir", str(tmp_path / "out"), "--report_to", "none", "--max_train_steps", "1"]
-    if preset == "coco-f2":
-        return ["--preset", "coco-f2", "--train_data_dir", str(repos.coco), *TINY, *common]
-    if preset == "shapes":
-        return ["--preset", "shapes", "--data_layout", "coco2014", "--train_data_dir", str(repos.coco), *common]
-    return ["--preset", "shapes-lora", "--data_layout", "coco2014", "--train_data_dir", str(repos.coco), *common]
+    own = TINY if preset == "coco-f2" else ["--data_layout", "coco2014"]
+    return ["--preset", preset, "--train_data_dir", str(repos.coco), *own, "--output_dir", str(tmp_path / "out"),
+            "--report_to", "none", "--max_train_steps", "1"]  # fmt: skip
 
 
 VAE_LAYOUTS = {"standalone": VaeSource("{}", ""), "sd": VaeSource("{}", "vae")}
@@ -106,20 +104,15 @@ TEXT_LAYOUTS = {"clip": TextEncoderSource("{}", "", ""), "sd": TextEncoderSource
 
 
 @pytest.mark.parametrize("where", ["folder", "hub cache"])
-@pytest.mark.parametrize("vae", VAE_LAYOUTS)
-def test_a_vae_source_is_read_in_its_own_layout(repos, offline_cache, vae, where):
-    given = source(repos, vae, where)
-    assert resolve_vae(given, None) == VaeSource(given, VAE_LAYOUTS[vae].subfolder)
-
-
-@pytest.mark.parametrize("where", ["folder", "hub cache"])
-@pytest.mark.parametrize("text", TEXT_LAYOUTS)
-def test_a_text_encoder_source_is_read_in_its_own_layout(repos, offline_cache, text, where):
-    given = source(repos, text, where)
-    expected = TEXT_LAYOUTS[text]
-    assert resolve_text_encoder(given, None) == TextEncoderSource(
-        given, expected.subfolder, expected.tokenizer_subfolder
-    )
+@pytest.mark.parametrize(
+    "resolve, layouts, name",
+    [(resolve_vae, VAE_LAYOUTS, "standalone"), (resolve_vae, VAE_LAYOUTS, "sd"),
+     (resolve_text_encoder, TEXT_LAYOUTS, "clip"), (resolve_text_encoder, TEXT_LAYOUTS, "sd")],
+    ids=["vae-standalone", "vae-sd", "text-clip", "text-sd"],
+)  # fmt: skip
+def test_a_component_source_is_read_in_its_own_layout(repos, offline_cache, resolve, layouts, name, where):
+    given = source(repos, name, where)
+    assert resolve(given, None) == dataclasses.replace(layouts[name], source=given)
 
 
 @pytest.mark.slow
@@ -170,26 +163,24 @@ def test_the_preset_default_ids_resolve_from_the_cache(script, repos, offline_ca
     assert args.text_encoder_source == TextEncoderSource(CLIP_REPO, "", "")
 
 
-def test_a_folder_without_a_vae_is_named(script, repos, offline_cache, tmp_path, capsys):
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    argv = preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", str(empty)]
-    with pytest.raises(SystemExit):
-        script.parse_args(argv)
-    message = capsys.readouterr().err
-    assert f"--pretrained_vae {empty} holds no VAE: it has neither a config.json" in message
-    assert "vae/config.json" in message
-
-
-def test_a_repo_missing_from_the_offline_cache_is_named_with_what_to_do(
-    script, repos, offline_cache, tmp_path, capsys
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("empty", ["--pretrained_vae {} holds no VAE: it has neither a config.json", "vae/config.json"]),
+        ("someone/not-downloaded", ["--pretrained_vae {}: the VAE", "HF_HUB_OFFLINE=1 keeps it from downloading",
+                                    "hf download someone/not-downloaded"]),
+    ],
+)  # fmt: skip
+def test_a_vae_source_without_a_vae_is_named_with_what_to_do(
+    script, repos, offline_cache, tmp_path, capsys, given, expected
 ):
-    argv = preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", "someone/not-downloaded"]
+    if given == "empty":  # a folder without a VAE; else a repo missing from the offline cache
+        given = tmp_path / "empty"
+        given.mkdir()
     with pytest.raises(SystemExit):
-        script.parse_args(argv)
+        script.parse_args(preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_vae", str(given)])
     message = capsys.readouterr().err
-    assert "--pretrained_vae someone/not-downloaded: the VAE" in message
-    assert "HF_HUB_OFFLINE=1 keeps it from downloading" in message and "hf download someone/not-downloaded" in message
+    assert all(text.format(given) in message for text in expected), message
 
 
 @pytest.mark.slow
@@ -220,9 +211,15 @@ def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
 NOT_FOUND = SimpleNamespace(headers={}, request=None)
 
 
-def quiet(stderr: str) -> bool:
-    """Whether a load wrote nothing but progress bars to stderr."""
-    return not [line for line in stderr.replace("\r", "\n").splitlines() if line and "it/s]" not in line]
+def load_quietly(load, capfd):
+    """`load()`, asserting that it warned of nothing and wrote nothing but progress bars to stderr (no LOAD REPORT
+    for CLIP's unused vision tower, no "Could not reach the Hub", no diffusers or hub UserWarning)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load()
+    stderr = capfd.readouterr().err.replace("\r", "\n")
+    assert not [line for line in stderr.splitlines() if line and "it/s]" not in line] and caught == []
+    return loaded
 
 
 def copy_with_tensors(folder: Path, target: Path, change) -> Path:
@@ -234,12 +231,8 @@ def copy_with_tensors(folder: Path, target: Path, change) -> Path:
 
 @pytest.mark.parametrize("where", ["folder", "hub cache"])
 def test_every_text_tensor_of_a_full_clip_checkpoint_loads_without_warnings(repos, offline_cache, where, capfd):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tokenizer, text_encoder = load_text_encoder(resolve_text_encoder(source(repos, "clip", where), None))
-    # No LOAD REPORT for the unused vision tower, no "Could not reach the Hub", no diffusers/hub UserWarning (only
-    # transformers' "Loading weights" bar, which the trainer turns off).
-    assert quiet(capfd.readouterr().err) and [str(w.message) for w in caught] == []
+    given = resolve_text_encoder(source(repos, "clip", where), None)
+    tokenizer, text_encoder = load_quietly(lambda: load_text_encoder(given), capfd)
     saved = load_file(repos.clip / "model.safetensors")
     state = text_encoder.state_dict()
     # Checkpoint names are the CLIPModel's (`text_model.…`); transformers 5 may drop that prefix in the model.
@@ -252,27 +245,30 @@ def test_every_text_tensor_of_a_full_clip_checkpoint_loads_without_warnings(repo
 @pytest.mark.parametrize("where", ["folder", "hub cache"])
 @pytest.mark.parametrize("vae", VAE_LAYOUTS)
 def test_the_vae_loads_its_safetensors_without_warnings(repos, offline_cache, vae, where, capfd):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        loaded = load_vae(resolve_vae(source(repos, vae, where), None))
-    assert quiet(capfd.readouterr().err) and [str(w.message) for w in caught] == []
+    loaded = load_quietly(lambda: load_vae(resolve_vae(source(repos, vae, where), None)), capfd)
     folder = getattr(repos, vae) / VAE_LAYOUTS[vae].subfolder
     saved = load_file(folder / "diffusion_pytorch_model.safetensors")
     assert all(torch.equal(value, saved[key]) for key, value in loaded.state_dict().items())
 
 
-def test_a_hub_text_encoder_fetches_only_its_config_tokenizer_and_safetensors(repos, monkeypatch):
-    """Online, exactly the files the trainer reads are fetched: not the repo's .bin, .h5 or .msgpack weights, and not
-    a file the `hf download` line of docs/coco.md leaves out (tokenizer.json), which offline is simply not there."""
+def serve_from(folder: Path, monkeypatch) -> list[str]:
+    """Answer `hf_hub_download` from `folder`, as the Hub would (a 404 for a file it lacks); returns the requests."""
     fetched = []
 
     def hf_hub_download(repo_id, filename, revision=None):
         fetched.append(filename)
-        if not (repos.clip / filename).is_file():
+        if not (folder / filename).is_file():
             raise huggingface_hub.errors.RemoteEntryNotFoundError(f"404 {filename}", response=NOT_FOUND)
-        return str(repos.clip / filename)
+        return str(folder / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    return fetched
+
+
+def test_a_hub_text_encoder_fetches_only_its_config_tokenizer_and_safetensors(repos, monkeypatch):
+    """Online, exactly the files the trainer reads are fetched: not the repo's .bin, .h5 or .msgpack weights, and not
+    a file the `hf download` line of docs/coco.md leaves out (tokenizer.json), which offline is simply not there."""
+    fetched = serve_from(repos.clip, monkeypatch)
     load_text_encoder(TextEncoderSource(CLIP_REPO, "", ""))
     assert fetched == ["config.json", "model.safetensors", *TOKENIZER_FILE_NAMES]
 
@@ -293,15 +289,7 @@ def test_sharded_weights_are_fetched_with_their_index(repos, tmp_path, monkeypat
     (sharded / "diffusion_pytorch_model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )
-    fetched = []
-
-    def hf_hub_download(repo_id, filename, revision=None):
-        fetched.append(filename)
-        if not (sharded / filename).is_file():
-            raise huggingface_hub.errors.RemoteEntryNotFoundError(f"404 {filename}", response=NOT_FOUND)
-        return str(sharded / filename)
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    fetched = serve_from(sharded, monkeypatch)
     vae = load_vae(VaeSource(STANDALONE_VAE_REPO, ""))
     assert fetched == [
         "config.json",
@@ -312,10 +300,14 @@ def test_sharded_weights_are_fetched_with_their_index(repos, tmp_path, monkeypat
     assert all(torch.equal(value, tensors[key]) for key, value in vae.state_dict().items())
 
 
-def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_refused(repos, tmp_path):
-    lacking = copy_with_tensors(
-        repos.clip, tmp_path / "lacking", lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}
-    )
+@pytest.fixture
+def lacking(repos, tmp_path) -> Path:
+    """A CLIP checkpoint without its final layer norm's two tensors."""
+    change = lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}  # noqa: E731
+    return copy_with_tensors(repos.clip, tmp_path / "lacking", change)
+
+
+def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_refused(repos, lacking, tmp_path):
     with pytest.raises(ValueError) as error:
         load_text_encoder(resolve_text_encoder(str(lacking), None))
     # The names as transformers reports them (transformers 5 leaves out the checkpoint's "text_model." prefix).
@@ -328,10 +320,9 @@ def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_re
         load_text_encoder(resolve_text_encoder(str(other), None))
 
 
-def test_the_trainer_names_a_text_checkpoint_that_would_leave_tensors_random(script, repos, offline_cache, tmp_path):
-    lacking = copy_with_tensors(
-        repos.clip, tmp_path / "lacking", lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}
-    )
+def test_the_trainer_names_a_text_checkpoint_that_would_leave_tensors_random(
+    script, repos, offline_cache, lacking, tmp_path
+):
     args = script.parse_args(preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_text_encoder", str(lacking)])
     with pytest.raises(SystemExit, match=r"^error: --pretrained_text_encoder .*lacking: the checkpoint lacks 2 "):
         components.load_components(args)

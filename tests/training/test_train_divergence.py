@@ -1,8 +1,6 @@
-"""A diverging run never destroys good work: a NaN or inf loss or gradient norm stops the trainer at that step, before
-anything of it is applied or written, with a message that says what to try; the good checkpoints stay, rotation
-included. The trainer runs in this process (`main(argv)`), on the tiny workspace of test_train_text_to_image.
-(Corrupted cached features are refused earlier, by the feature store's checksums:
-tests/training/test_feature_store.py.)"""
+"""A diverging run never destroys good work: a NaN, inf or exploded loss or gradient norm stops the trainer at that
+step, before anything of it is applied or written, with a message that says what to try; the good checkpoints stay,
+rotation included. The trainer runs in this process (`main(argv)`), on the tiny workspace of test_train_text_to_image."""
 
 import math
 from pathlib import Path
@@ -87,14 +85,11 @@ def test_a_learning_rate_that_diverges_stops_the_run_without_writing_nan(script,
     assert not (out / "model_index.json").exists()
 
 
-def test_check_finite_refuses_nan_and_inf_and_names_the_step():
+def test_check_finite_refuses_nan_inf_and_a_finite_explosion_against_the_steps_before():
     check_finite(torch.tensor(0.5), torch.tensor(1.0), step=3)
     for loss, norm in ((math.nan, 1.0), (math.inf, 1.0), (0.5, math.nan), (0.5, math.inf)):
         with pytest.raises(DivergenceError, match=r"at step 7 \(gradient norm"):
             check_finite(torch.tensor(loss), torch.tensor(norm), step=7)
-
-
-def test_a_finite_explosion_against_the_steps_before_is_divergence():
     history = divergence_history()
     for step in (1, 2, 3):
         check_finite(torch.tensor(0.5), torch.tensor(2.0), step, history)

@@ -1,8 +1,7 @@
-"""The step's gradient norm (`diffusers_lmlp.training.step.gradient_norm`): without `--max_grad_norm` it is measured
-alone over the optimizer's weights, the same value accelerate's `clip_grad_norm_` returns over the model's (LoRA
-included), and the gradients are left bit for bit as they were;
-with it they are clipped by accelerate. Where accelerate holds or shards the gradients, accelerate measures them. A NaN
-gradient gives a NaN norm, never a finite one (the step's finite check stops the run on it)."""
+"""The step's gradient norm (`training.step.gradient_norm`): without `--max_grad_norm` it is measured alone over the
+optimizer's weights, the value accelerate's `clip_grad_norm_` returns (LoRA included), the gradients left bit for bit
+as they were; with it accelerate clips them, as it measures the gradients it holds or shards. A NaN gradient gives a
+NaN norm, never a finite one."""
 
 import math
 
@@ -10,17 +9,14 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+from test_train_optimizer import tiny_model
 
-from diffusers_lmlp.models import LMLPTransformer2DModel
 from diffusers_lmlp.training.components import add_lora, lora_config
 from diffusers_lmlp.training.step import ACCELERATE_HELD_GRADIENTS, gradient_norm
 
 
-def model_with_gradients(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = LMLPTransformer2DModel(
-        sample_size=4, patch_size=2, in_channels=4, hidden_size=16, num_layers=2, text_embed_dim=8, text_seq_len=3
-    )
+def model_with_gradients() -> torch.nn.Module:
+    model = tiny_model()
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     return model
@@ -58,10 +54,13 @@ def test_with_clipping_accelerate_clips_to_the_norm_and_the_norm_before_is_retur
     assert float(after) == pytest.approx(0.5, rel=1e-4)
 
 
-def test_a_nan_gradient_gives_a_nan_norm_and_is_never_hidden():
+def test_a_nan_gradient_gives_a_nan_norm_and_no_gradient_a_zero_norm():
     model = model_with_gradients()
     next(model.parameters()).grad[0] = float("nan")
     assert torch.isnan(gradient_norm(Accelerator(cpu=True), model, optimizer_of(model), max_grad_norm=None))
+    for p in model.parameters():
+        p.grad = None
+    assert float(gradient_norm(Accelerator(cpu=True), model, optimizer_of(model), max_grad_norm=None)) == 0.0
 
 
 class SpyAccelerator:
@@ -78,31 +77,22 @@ class SpyAccelerator:
         self.calls.append(("unscale_gradients",))
 
 
-@pytest.mark.parametrize("distributed_type", ACCELERATE_HELD_GRADIENTS)
-def test_where_accelerate_holds_or_shards_the_gradients_it_measures_them(distributed_type):
-    accelerator = SpyAccelerator(distributed_type)
-    model = model_with_gradients()
-    gradient_norm(accelerator, model, optimizer_of(model), max_grad_norm=None)
-    assert accelerator.calls == [("clip_grad_norm_", math.inf)]
-
-
 @pytest.mark.parametrize(
-    "distributed_type", [DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU]
+    "distributed_type",
+    [*ACCELERATE_HELD_GRADIENTS, DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU],
 )
-def test_plain_and_ddp_gradients_are_unscaled_then_measured_in_place(distributed_type):
+def test_accelerate_measures_the_gradients_it_holds_or_shards_and_plain_or_ddp_ones_are_measured_in_place(
+    distributed_type,
+):
     """DDP has all-reduced the gradients before the step measures them: every process holds the whole of them."""
     accelerator = SpyAccelerator(distributed_type)
     model = model_with_gradients()
     norm = gradient_norm(accelerator, model, optimizer_of(model), max_grad_norm=None)
-    assert accelerator.calls == [("unscale_gradients",)]  # fp16's loss scale is taken out first
-    assert torch.equal(norm, Accelerator(cpu=True).clip_grad_norm_(model.parameters(), math.inf))
-
-
-def test_a_model_without_gradients_has_norm_zero():
-    model = model_with_gradients()
-    for p in model.parameters():
-        p.grad = None
-    assert float(gradient_norm(Accelerator(cpu=True), model, optimizer_of(model), max_grad_norm=None)) == 0.0
+    if distributed_type in ACCELERATE_HELD_GRADIENTS:
+        assert accelerator.calls == [("clip_grad_norm_", math.inf)]
+    else:
+        assert accelerator.calls == [("unscale_gradients",)]  # fp16's loss scale is taken out first
+        assert torch.equal(norm, Accelerator(cpu=True).clip_grad_norm_(model.parameters(), math.inf))
 
 
 def test_with_lora_the_norm_is_the_adapters_as_accelerate_measures_it_over_the_whole_model():

@@ -1,6 +1,6 @@
-"""LoRA fine-tuning with the trainer (`--lora_rank`), run as users run it, on the tiny pipeline and imagefolder of
-test_train_text_to_image: the adapter file and card, every block layer adapted, the base untouched, exact resumes,
-the documented shapes-lora preset, and the refusals."""
+"""LoRA fine-tuning with the trainer (`--lora_rank`) on the tiny workspace of test_train_text_to_image: the adapter
+file and card, every block layer adapted, the base untouched, exact resumes, the shapes-lora preset, the push and the
+refusals."""
 
 import json
 import shlex
@@ -28,7 +28,7 @@ from diffusers_lmlp.training.components import add_lora, lora_config
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]
 LORA_FILE = "pytorch_lora_weights.safetensors"
 ROOT = Path(__file__).resolve().parents[2]
-README = page_text("docs/training.md")  # the README's former "Fine-tune with LoRA" section is docs/training.md's
+README = page_text("docs/training.md")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def block_linears(model: torch.nn.Module) -> set[str]:
 
 
 @pytest.mark.slow
-def test_the_output_is_a_diffusers_lora_file_and_a_card_not_a_pipeline(lora_run, workspace):
+def test_the_output_is_a_diffusers_lora_file_of_every_block_linear_and_a_card_not_a_pipeline(lora_run, workspace):
     assert sorted(p.name for p in lora_run.iterdir() if p.name != ".train.lock") == [
         "README.md", "checkpoint-2", "checkpoint-4", LORA_FILE, "training_summary.json",
     ]  # fmt: skip
@@ -62,10 +62,7 @@ def test_the_output_is_a_diffusers_lora_file_and_a_card_not_a_pipeline(lora_run,
     assert "`left`, `right`, `merge`, `joint_mlp.fc1`, `joint_mlp.fc2` in the blocks" in card
     summary = json.loads((lora_run / "training_summary.json").read_text())
     assert summary["base_model"] == str(workspace / "tiny") and summary["steps"] == 4
-
-
-@pytest.mark.slow
-def test_every_linear_of_every_block_is_adapted_and_nothing_else(lora_run, workspace):
+    # Every nn.Linear of every block is adapted, and nothing else.
     state = load_file(lora_run / LORA_FILE)
     adapted = {key.removeprefix("transformer.").rsplit(".lora_", 1)[0] for key in state}
     base = LMLPPipeline.from_pretrained(workspace / "tiny").transformer

@@ -25,9 +25,9 @@ def tiny_model() -> LMLPTransformer2DModel:
     )
 
 
-def prepared(model: torch.nn.Module, *options: str):
-    """`prepare_optimization` with the shapes preset's arguments (`options` after them), on a CPU accelerator."""
-    args = parse_args(["--output_dir", "unused", "--use_ema", *options])
+def prepared(model: torch.nn.Module):
+    """`prepare_optimization` with the shapes preset's arguments and a constant learning rate, on a CPU accelerator."""
+    args = parse_args(["--output_dir", "unused", "--use_ema", "--lr_scheduler", "constant", "--lr_warmup_steps", "0"])
     return trainer.prepare_optimization(args, Accelerator(cpu=True), model), args
 
 
@@ -53,9 +53,7 @@ def reference_adamw(params, grads, moments, step, lr, betas, eps, weight_decay):
 
 def test_the_trainers_fused_adamw_and_foreach_ema_take_the_written_out_updates_on_every_weight():
     model = tiny_model()
-    (model, ema, optimizer, lr_scheduler), args = prepared(
-        model, "--lr_scheduler", "constant", "--lr_warmup_steps", "0"
-    )
+    (model, ema, optimizer, lr_scheduler), args = prepared(model)
     [group] = optimizer.param_groups
     assert group["fused"] is True and isinstance(ema, EMAModel) and ema.foreach is True
     params = [p for p in model.parameters() if p.requires_grad]
@@ -86,7 +84,7 @@ def test_with_lora_the_fused_adamw_holds_the_adapter_alone_and_the_backbone_stay
     model = tiny_model()
     add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
     frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
-    (model, ema, optimizer, _), _ = prepared(model, "--lr_scheduler", "constant", "--lr_warmup_steps", "0")
+    (model, ema, optimizer, _), _ = prepared(model)
     adapter = [p for p in model.parameters() if p.requires_grad]
     [group] = optimizer.param_groups
     assert adapter and group["fused"] is True

@@ -1,6 +1,6 @@
-"""What the trackers get from a training run (`--logging_steps`): the mean loss and gradient norm of each window of
-steps at its last step, the learning rate of that step; the steps of an unfinished window at the run's last step and
-when a diverging loss stops the run early; never a NaN, and never a finished step left out."""
+"""What the trackers get from a training run (`--logging_steps`): the mean loss of each window of steps at its last
+step; the steps of an unfinished window at the run's last step and when a diverging loss stops the run early; never a
+NaN, and never a finished step left out."""
 
 import math
 
@@ -11,42 +11,6 @@ from test_train_text_to_image import load_script, make_workspace, train_args
 
 from diffusers_lmlp.training import trainer
 from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
-from diffusers_lmlp.training.trainer import TrackerLogs
-
-
-class RecordingAccelerator:
-    """Stands in for the accelerator: records each `log` call."""
-
-    def __init__(self):
-        self.logged: list[tuple[int, dict]] = []
-
-    def log(self, values: dict, step: int) -> None:
-        self.logged.append((step, dict(values)))
-
-
-def test_each_window_sends_its_means_at_its_last_step_and_the_rest_when_sent():
-    accelerator = RecordingAccelerator()
-    logs = TrackerLogs(accelerator, every=3)
-    for step in range(1, 8):
-        logs.add(step, loss=float(step), grad_norm=10.0 * step, lr=0.1 / step)
-    assert accelerator.logged == [
-        (3, {"loss": 2.0, "lr": 0.1 / 3, "grad_norm": 20.0}),
-        (6, {"loss": 5.0, "lr": 0.1 / 6, "grad_norm": 50.0}),
-    ]
-    logs.send()  # the run ends, or stops, after step 7
-    assert accelerator.logged[-1] == (7, {"loss": 7.0, "lr": 0.1 / 7, "grad_norm": 70.0})
-    logs.send()  # nothing gathered since: nothing sent twice
-    assert len(accelerator.logged) == 3
-
-
-def test_every_step_is_its_own_log_with_logging_steps_1():
-    accelerator = RecordingAccelerator()
-    logs = TrackerLogs(accelerator, every=1)
-    for step, loss in enumerate([0.5, 0.25, 0.125], start=1):
-        logs.add(step, loss=loss, grad_norm=1.0, lr=1e-4)
-    assert accelerator.logged == [
-        (s, {"loss": v, "lr": 1e-4, "grad_norm": 1.0}) for s, v in [(1, 0.5), (2, 0.25), (3, 0.125)]
-    ]
 
 
 def test_the_shapes_presets_log_every_10_steps_other_runs_every_step_and_the_option_is_checked(capsys):
@@ -65,48 +29,53 @@ def workspace(tmp_path_factory):
     return make_workspace(tmp_path_factory.mktemp("tracker-logs"))
 
 
-def step_losses(monkeypatch) -> list[float]:
-    """Each optimizer step's loss as the step returns it, recorded where the trainer calls the step."""
-    losses, take_step = [], trainer.training_step
+def step_values(monkeypatch) -> list[tuple[float, float]]:
+    """Each optimizer step's (loss, gradient norm) as the step returns them, recorded where the trainer calls it."""
+    values, take_step = [], trainer.training_step
 
     def recorded(*args, **kwargs):
         result = take_step(*args, **kwargs)
-        losses.append(result.loss.item())
+        values.append((result.loss.item(), result.grad_norm.item()))
         return result
 
     monkeypatch.setattr(trainer, "training_step", recorded)
-    return losses
+    return values
 
 
-def logged_losses(output_dir) -> list[tuple[int, float]]:
+def logged(output_dir, name: str = "loss") -> list[tuple[int, float]]:
     events = EventAccumulator(str(output_dir / "logs" / "lmlp-text-to-image")).Reload()
-    return [(event.step, event.value) for event in events.Scalars("loss")]
+    return [(event.step, event.value) for event in events.Scalars(name)]
 
 
 @pytest.mark.slow
-def test_tensorboard_gets_each_windows_mean_loss_and_the_last_partial_window(workspace, tmp_path, monkeypatch):
-    losses = step_losses(monkeypatch)
+def test_tensorboard_gets_each_windows_means_and_the_last_partial_window(workspace, tmp_path, monkeypatch):
+    values = step_values(monkeypatch)
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "7", "--checkpointing_steps", "7"]
-    load_script().main([*argv, "--report_to", "tensorboard", "--logging_steps", "3"])
-    assert len(losses) == 7
-    expected = [(3, sum(losses[:3]) / 3), (6, sum(losses[3:6]) / 3), (7, losses[6])]
-    logged = logged_losses(out)
-    assert [step for step, _ in logged] == [step for step, _ in expected]
-    for (_, value), (_, mean) in zip(logged, expected):
-        assert value == pytest.approx(mean, rel=1e-6)
+    load_script().main([*argv, "--report_to", "tensorboard", "--logging_steps", "3", "--lr_scheduler", "linear"])
+    assert len(values) == 7
+    for column, name in enumerate(("loss", "grad_norm")):
+        per_step = [step[column] for step in values]
+        expected = [(3, sum(per_step[:3]) / 3), (6, sum(per_step[3:6]) / 3), (7, per_step[6])]
+        assert [step for step, _ in logged(out, name)] == [step for step, _ in expected]
+        for (_, value), (_, mean) in zip(logged(out, name), expected):
+            assert value == pytest.approx(mean, rel=1e-6), name
+    # The learning rate of each window's last step (linear decay from 1e-3 over 7 steps).
+    assert [value for _, value in logged(out, "lr")] == pytest.approx(
+        [1e-3 * (7 - s) / 7 for s in (3, 6, 7)], abs=1e-9
+    )
 
 
 @pytest.mark.slow
 def test_a_diverging_run_logs_its_finished_steps_and_never_the_nan(workspace, tmp_path, monkeypatch):
-    losses = step_losses(monkeypatch)
+    values = step_values(monkeypatch)
     nan_loss_from_step(monkeypatch, 5)
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "8"]
     with pytest.raises(SystemExit, match="the loss is nan at step 5"):
         load_script().main([*argv, "--report_to", "tensorboard", "--logging_steps", "3"])
-    assert len(losses) == 4  # steps 1-4 finished; step 5 raised
-    logged = logged_losses(out)
-    assert [step for step, _ in logged] == [3, 4]  # step 4, of the unfinished window, sent when the run stopped
-    assert logged[1][1] == pytest.approx(losses[3], rel=1e-6)
-    assert all(math.isfinite(value) for _, value in logged)
+    assert len(values) == 4  # steps 1-4 finished; step 5 raised
+    losses = logged(out)
+    assert [step for step, _ in losses] == [3, 4]  # step 4, of the unfinished window, sent when the run stopped
+    assert losses[1][1] == pytest.approx(values[3][0], rel=1e-6)
+    assert all(math.isfinite(value) for _, value in losses)

@@ -1,8 +1,6 @@
-"""Training as library code; the command is `diffusers_lmlp.train`.
-
-`trainer` runs it (its options and their checks: `arguments`); `components`, `data` and `features` make the model and
-its batches; `step` is one optimizer step; `checkpoints`, `validation` and `finishing` save, guard, score and end the
-run. Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
+"""Training as library code; the command is `diffusers_lmlp.train`. `trainer` runs it (its options: `arguments`);
+`components`, `data` and `features` make the model and its batches; `step` is one optimizer step; `checkpoints`,
+`validation` and `finishing` save, guard, score and end the run. Its names import lazily.
 """
 
 from typing import TYPE_CHECKING
@@ -33,41 +31,19 @@ _EXPORTS = {
     "open_feature_store": ".features",
     "format_run_summary": ".finishing",
 }
-__all__ = [
-    "CHECKPOINT_PATTERN",
-    "DATA_LAYOUTS",
-    "FeatureStore",
-    "TEXT_DTYPES",
-    "TrainingConfig",
-    "captions_of",
-    "checkpoint_step",
-    "encode_text",
-    "exclusive_output_dir",
-    "extract_features",
-    "feature_store_key",
-    "format_run_summary",
-    "list_checkpoints",
-    "load_coco2014",
-    "load_training_data",
-    "open_feature_store",
-    "preprocess_image",
-    "register_checkpoint_hooks",
-    "save_checkpoint",
-    "saved_train_seconds",
-    "warn_about_later_checkpoints",
-]
+__all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from ..evaluation.captions import captions_of  # noqa: F401
     from .arguments import CHECKPOINT_PATTERN, TrainingConfig, checkpoint_step, list_checkpoints  # noqa: F401
-    from .checkpoints import (
+    from .checkpoints import (  # noqa: F401
         exclusive_output_dir,
         register_checkpoint_hooks,
         save_checkpoint,
         saved_train_seconds,
         warn_about_later_checkpoints,
-    )  # noqa: F401
+    )
     from .data import DATA_LAYOUTS, load_coco2014, load_training_data, preprocess_image  # noqa: F401
     from .features import (  # noqa: F401
         TEXT_DTYPES,

@@ -1,7 +1,6 @@
-"""Checkpoints of a training run: written so that a complete one exists at every instant, pruned, resumed, and held
-by one run at a time; each `checkpoint-N` holds accelerate's state next to diffusers model folders (`transformer/`,
-with EMA `transformer_ema/`; with LoRA only the adapter, in `transformer_lora/`). And what a diverging run does: a
-non-finite loss or gradient norm stops it before the update is applied, and non-finite weights are never saved.
+"""Checkpoints of a training run: written so that a complete one exists at every instant, pruned, verified on
+resume, and held by one run at a time; each `checkpoint-N` holds accelerate's state next to diffusers model folders
+(`transformer/`, `transformer_ema/`, or with LoRA `transformer_lora/`). And what a diverging run is told.
 """
 
 import contextlib
@@ -37,23 +36,26 @@ logger = get_logger(__name__)
 
 @contextlib.contextmanager
 def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
-    """Hold `output_dir` for this run: a second run on it is refused at start-up, by every one of its processes.
+    """Hold `output_dir` for this run: a second run on it is refused at start-up (`SystemExit`) by all its processes.
 
-    The main process holds an exclusive `flock` on `output_dir/.train.lock`, which the OS drops however the process
-    ends, and cleans up what killed runs left half-done; the other processes learn the outcome by broadcast.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        output_dir (`Path`): The `--output_dir`.
-
-    Raises:
-        `SystemExit`: When another run holds the folder.
+    The main process holds a `flock` on `output_dir/.train.lock`, which the OS drops however the process ends, and
+    cleans up what killed runs left half-done; the other processes learn the outcome by broadcast.
     """
     lock = None
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         if (lock := hold_lock(output_dir / LOCK_FILE)) is not None:
-            clean_up_interrupted_checkpoints(output_dir)
+            # Finish or undo what killed runs left of checkpoint operations (`.checkpoint-N.tmp`, `.old`, `.deleting`).
+            for path in sorted(output_dir.glob(".checkpoint-*")):
+                if not (match := UNDER_WAY_PATTERN.match(path.name)) or not path.is_dir():
+                    continue
+                final = output_dir / f"checkpoint-{match.group(1)}"
+                if match.group(2) == "old" and not final.exists():
+                    os.replace(path, final)
+                    logger.warning(f"restored {final.name} from {path.name}, set aside by an interrupted run")
+                else:
+                    shutil.rmtree(path)
+                    logger.warning(f"removed {path.name}, left by an interrupted run")
     refused = torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)
     if broadcast(refused).item():
         raise SystemExit(
@@ -65,21 +67,6 @@ def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
     finally:
         if lock is not None:
             lock.close()
-
-
-def clean_up_interrupted_checkpoints(output_dir: Path) -> None:
-    """Finish or undo what killed runs left of checkpoint operations (the names are listed at `CHECKPOINT_PATTERN`)."""
-    for path in sorted(output_dir.glob(".checkpoint-*")):
-        match = UNDER_WAY_PATTERN.match(path.name)
-        if not match or not path.is_dir():
-            continue
-        final = output_dir / f"checkpoint-{match.group(1)}"
-        if match.group(2) == "old" and not final.exists():
-            os.replace(path, final)
-            logger.warning(f"restored {final.name} from {path.name}, set aside by an interrupted run")
-        else:
-            shutil.rmtree(path)
-            logger.warning(f"removed {path.name}, left by an interrupted run")
 
 
 def remove_earlier_run(output_dir: Path) -> None:
@@ -94,12 +81,7 @@ def remove_earlier_run(output_dir: Path) -> None:
 
 
 def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
-    """Name the checkpoints past the step this run starts from: they belong to an abandoned run.
-
-    Args:
-        output_dir (`Path`): The `--output_dir`.
-        step (`int`): The step this run starts from.
-    """
+    """Name the checkpoints past the `step` this run starts from: they belong to an abandoned run."""
     later = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) > step]
     if later:
         logger.warning(
@@ -117,27 +99,10 @@ def save_checkpoint(
     train_seconds: float,
     final_step: bool = True,
 ) -> Path:
-    """Write `checkpoint-{step}` so that a complete checkpoint exists at every instant, then prune old ones. Unless it
-    is the run's last (`final_step`), the new one does not count toward `limit` until the steps after it prove
-    healthy (the next checkpoint is reached without divergence): a run that diverges right after it keeps the one
-    before.
-
-    The state is written to `.checkpoint-{step}.tmp`, flushed and renamed into place; only then are old ones removed.
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        output_dir (`Path`): The `--output_dir`.
-        step (`int`): The optimizer steps done.
-        limit (`int`, *optional*): `--checkpoints_total_limit`.
-        train_seconds (`float`): Training time up to now, over every segment of the run.
-        final_step (`bool`, *optional*, defaults to `True`): Whether no step follows this checkpoint.
-
-    Returns:
-        `Path`: The checkpoint folder.
-
-    Raises:
-        `SystemExit`: When the disk is full; the partial write is removed and the earlier checkpoints stay.
-    """
+    """Write `checkpoint-{step}` atomically (to `.checkpoint-{step}.tmp`, flushed, then renamed into place), then keep
+    the `limit` newest. Unless it is the run's last (`final_step`), the new one does not count toward `limit` until
+    the next checkpoint proves the steps after it healthy. A full disk stops the run (`SystemExit`), the partial
+    write removed and the earlier checkpoints kept. `train_seconds` is the training time over every segment."""
     final, tmp = output_dir / f"checkpoint-{step}", output_dir / f".checkpoint-{step}.tmp"
     try:
         accelerator.save_state(str(tmp))
@@ -157,7 +122,11 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_tree(output_dir, recursive=False)
     shutil.rmtree(aside, ignore_errors=True)
-    prune_checkpoints(output_dir, step, limit if limit is None or final_step else limit + 1)
+    if limit is not None:  # keep the newest; those past `step`, an abandoned run's, go first
+        limit += 0 if final_step else 1
+        ordered = sorted(list_checkpoints(output_dir), key=lambda p: (checkpoint_step(p) <= step, checkpoint_step(p)))
+        for path in ordered[: max(0, len(ordered) - limit)]:
+            remove_checkpoint(path)
     return final
 
 
@@ -191,17 +160,11 @@ def intact_checkpoint(output_dir: Path, before: int | None = None) -> Path | Non
     return next((path for path in reversed(candidates) if checksum_problem(path) is None), None)
 
 
-def disk_full(error: Exception, folder: Path) -> bool:
-    """Whether a failed write to `folder` ran out of space or hit a file-size limit (`ulimit -f`): the error says so,
-    or the device is full (torch.save reports a full disk as an `unexpected pos` RuntimeError)."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return True
-    return shutil.disk_usage(folder).free < 2**20
-
-
 def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit | None:
-    """The error that stops a run whose save of `what` failed for lack of space (`disk_full`), or None."""
-    if not disk_full(error, output_dir):
+    """The error that stops a run whose save of `what` ran out of space or hit a file-size limit (`ulimit -f`), or
+    None for another failure (torch.save reports a full disk as a RuntimeError: the free space tells)."""
+    space = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    if not space and shutil.disk_usage(output_dir).free >= 2**20:
         return None
     earlier = [p.name for p in list_checkpoints(output_dir)]
     kept = f"the earlier checkpoints are intact: {', '.join(earlier)}" if earlier else "there is no earlier one"
@@ -217,15 +180,6 @@ def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit 
     )
 
 
-def prune_checkpoints(output_dir: Path, step: int, limit: int | None) -> None:
-    """Keep the `limit` newest checkpoints (None: all); those past `step`, an abandoned run's, go first."""
-    if limit is None:
-        return
-    ordered = sorted(list_checkpoints(output_dir), key=lambda p: (checkpoint_step(p) <= step, checkpoint_step(p)))
-    for path in ordered[: max(0, len(ordered) - limit)]:
-        remove_checkpoint(path)
-
-
 def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint; it is renamed first, so that a kill half-way never leaves a partial `checkpoint-N`."""
     doomed = path.with_name(f".{path.name}.deleting")
@@ -234,11 +188,7 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def saved_train_seconds(checkpoint: Path) -> float:
-    """The training time up to a checkpoint, over all of its run's segments (0 for checkpoints without it).
-
-    Args:
-        checkpoint (`Path`): The checkpoint folder.
-    """
+    """The training time up to `checkpoint`, over all of its run's segments (0 for checkpoints without it)."""
     state = checkpoint / STATE_FILE
     if not state.is_file():
         logger.warning(f"{checkpoint} has no {STATE_FILE}: the summary counts the training time from here")
@@ -247,15 +197,8 @@ def saved_train_seconds(checkpoint: Path) -> float:
 
 
 def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None, lora: bool = False) -> None:
-    """Make checkpoints hold diffusers model folders, not pickles: `transformer/` (and `transformer_ema/`), or with
-    LoRA only the adapter in `transformer_lora/` (the base comes from the base pipeline again on resume).
-
-    Args:
-        accelerator (`Accelerator`): The run's accelerator.
-        model_class (`type`): The backbone's class.
-        ema (`EMAModel`, *optional*): The EMA weights, saved and restored with the model.
-        lora (`bool`, *optional*, defaults to `False`): Whether the run trains a LoRA adapter.
-    """
+    """Make checkpoints hold diffusers model folders of `model_class`, not pickles: `transformer/` (and the `ema`'s
+    `transformer_ema/`), or with `lora` only the adapter in `transformer_lora/` (the base pipeline gives the rest)."""
 
     def save_hook(models, weights, output_dir):
         if accelerator.is_main_process:
@@ -299,7 +242,7 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
 
 def diverged_message(error: DivergenceError, args: TrainingConfig, output_dir: Path, store) -> str:
     """What to say when a step's loss or gradient norm is NaN or inf; `store` is the run's feature store, if any."""
-    # The weights of a checkpoint at the step before are the ones that diverged: only older ones are confirmed.
+    # A checkpoint at the step before holds the weights that diverged: only older ones are confirmed.
     confirmed = intact_checkpoint(output_dir, before=error.step - 1)
     suspect = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) >= error.step - 1]
     kept = (
@@ -327,8 +270,7 @@ def diverged_message(error: DivergenceError, args: TrainingConfig, output_dir: P
 
 
 def require_finite_weights(model, ema, step: int, output_dir: Path, learning_rate: float) -> None:
-    """Stop before a checkpoint or the pipeline is written with NaN or inf weights (the model's or the EMA's).
-    Every process checks its own, equal copy, so all of them stop together."""
+    """Stop before a checkpoint or the pipeline is written with NaN or inf weights (the model's or the EMA's)."""
     bad = non_finite_parameters(model, ema=ema)
     if bad:
         intact = intact_checkpoint(output_dir)

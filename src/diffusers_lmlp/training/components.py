@@ -1,7 +1,6 @@
-"""The backbone and its frozen components: building or loading the model, loading the tokenizer, text encoder and
-VAE, and refusing, before any data is read, components and a resolution that do not fit the backbone. And LoRA
-fine-tuning through PEFT, as diffusers' LoRA examples do it: the base weights frozen, an adapter in the layers
-`lora_config` names, saved in diffusers' LoRA format, so `LMLPPipeline.load_lora_weights` reads what training writes.
+"""The backbone and its frozen components (tokenizer, text encoder, VAE), refused before any data is read when they
+or the resolution do not fit. And LoRA through PEFT, as diffusers' LoRA examples do it: the base frozen, an adapter
+in the layers `lora_config` names, saved in diffusers' LoRA format (`LMLPPipeline.load_lora_weights` reads it).
 """
 
 import contextlib
@@ -40,8 +39,21 @@ def build_model(args: TrainingConfig) -> torch.nn.Module:
         model = FAMILIES[saved].model_class.from_pretrained(
             args.pretrained_model_name_or_path, subfolder="transformer", revision=args.revision, variant=args.variant
         )
-    else:
-        model = build_new_model(args)
+    else:  # a new one of --model_type from --model_config and --model_overrides
+        model_class = FAMILIES[args.model_type].model_class
+        if args.load_balance_weight and not routes(model_class):
+            raise SystemExit("error: --load_balance_weight applies to a backbone with routers (--model_type moe_mlp)")
+        if args.model_config is None:
+            build = functools.partial(model_class, **{**args.model_skeleton, **args.model_overrides})
+        elif args.model_config_values is not None:  # a JSON file, read and checked at start-up
+            build = functools.partial(model_class, **{**args.model_config_values, **args.model_overrides})
+        else:
+            build = functools.partial(model_class.from_named_config, args.model_config, **args.model_overrides)
+        try:
+            model = build()
+        except ValueError as error:  # a value the model refuses (hidden_size=0)
+            source = f"--model_config {args.model_config}" if args.model_config else f"--model_type {args.model_type}"
+            raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
     if args.symmetry_breaking_weight:
         try:
             symmetry_breaking_penalty(model)  # refuses a backbone without symmetry-breaking weights
@@ -50,28 +62,9 @@ def build_model(args: TrainingConfig) -> torch.nn.Module:
     return model
 
 
-def build_new_model(args: TrainingConfig) -> torch.nn.Module:
-    """A randomly initialised backbone of --model_type from --model_config and --model_overrides."""
-    model_class = FAMILIES[args.model_type].model_class
-    if args.load_balance_weight and not routes(model_class):
-        raise SystemExit("error: --load_balance_weight applies to a backbone with routers (--model_type moe_mlp)")
-    if args.model_config is None:
-        build = functools.partial(model_class, **{**args.model_skeleton, **args.model_overrides})
-    elif args.model_config_values is not None:  # a JSON file, read and checked at start-up
-        build = functools.partial(model_class, **{**args.model_config_values, **args.model_overrides})
-    else:
-        build = functools.partial(model_class.from_named_config, args.model_config, **args.model_overrides)
-    try:
-        return build()
-    except ValueError as error:  # a value the model refuses (hidden_size=0)
-        source = f"--model_config {args.model_config}" if args.model_config else f"--model_type {args.model_type}"
-        raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
-
-
 def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's, else the papers';
-    `--pretrained_vae` / `--pretrained_text_encoder` replace either (resolved at start-up: `training.arguments`).
-    """
+    """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's; `--pretrained_vae`
+    and `--pretrained_text_encoder` (resolved at start-up) replace either."""
     if args.pretrained_model_name_or_path:
         pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
         tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
@@ -91,8 +84,8 @@ def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel,
 
 @contextlib.contextmanager
 def loading_from(what: str, source: str, option: str):
-    """Turn a loader's `OSError` or `ValueError` for component `what` from `source` into one message that says what
-    to do (`option` sets the source)."""
+    """Turn a loader's `OSError` or `ValueError` for component `what` from `source` (set by `option`) into a message
+    that says what to do."""
     try:
         yield
     except ValueError as error:  # what the component's checkpoint holds is wrong (arguments.load_text_encoder)
@@ -111,11 +104,9 @@ def loading_from(what: str, source: str, option: str):
 
 
 def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
-    """Refuse components and a resolution that do not fit the backbone, before any data is touched.
-
-    The model mixes a fixed number of tokens, so the VAE must turn `resolution` px images into latents of exactly its
-    `sample_size`, measured from the VAE's layers as well as computed from its config (which the pipeline sizes by).
-    """
+    """Refuse components and a resolution that do not fit the backbone. The model mixes a fixed number of tokens, so
+    the VAE must turn `resolution` px images into latents of exactly its `sample_size`, by its config (which the
+    pipeline sizes by) and by its layers."""
     config = model.config
     factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
     native = config.sample_size * factor
@@ -146,8 +137,8 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
 
 
 def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
-    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device (shapes only:
-    no memory, no arithmetic); exits when the encoder cannot take that size."""
+    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device (shapes only);
+    exits when the encoder cannot take that size."""
     encoder = vae.encoder
     tensors = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
     meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors.items()}
@@ -164,23 +155,17 @@ def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
 CHECKPOINT_FOLDER = "transformer_lora"
 
 
-def require_peft():
-    """Import peft, or say how to install it."""
+def lora_config(
+    model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
+):
+    """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
+    (names or suffixes) to the family's targets; exits when there is nothing to adapt or peft is missing."""
     try:
         import peft
     except ImportError:
         raise SystemExit(
             'error: --lora_rank trains LoRA adapters with peft, which is not installed: pip install "diffusers-lmlp[train]"'
         ) from None
-    return peft
-
-
-def lora_config(
-    model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
-):
-    """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
-    (names or suffixes) to the family's targets; exits when there is nothing to adapt."""
-    peft = require_peft()
     family = family_of(model)
     if target_modules:
         targets, parameters = list(target_modules), []

@@ -1,7 +1,6 @@
-"""The end of a run: the processes check that the ranks agree, the main process saves the pipeline (or the LoRA
-adapter) with its card, summary, samples and final scores and pushes it with `--push_to_hub`, and all leave together;
-and the few lines the training script prints at the end (`format_run_summary`): where everything is, the scores, and
-how to load it. `public_args` is what of the arguments leaves the process: never the secrets.
+"""The end of a run: the main process saves the pipeline (or the LoRA adapter) with its card, summary, samples and
+final scores and pushes it with `--push_to_hub`, and all processes leave together; then the lines the command prints
+(`format_run_summary`). `public_args` is what of the arguments leaves the process: never the secrets.
 """
 
 import atexit
@@ -27,7 +26,7 @@ from diffusers_lmlp.training.step import plain_backbone
 from diffusers_lmlp.training.validation import (
     build_pipeline,
     default_validation_prompts,
-    final_evaluation,
+    evaluate_splits,
     generate,
     score_summary,
 )
@@ -47,14 +46,6 @@ def public_args(args: TrainingConfig) -> dict:
     return {name: value for name, value in vars(args).items() if name not in SECRET_ARGUMENTS}
 
 
-def ranks_in_sync(accelerator: Accelerator, model) -> bool:
-    """Whether every process ended with the same weights (a wrong multi-process launch trains them separately)."""
-    flat = torch.cat([p.detach().float().flatten() for p in plain_backbone(accelerator, model).parameters()])
-    digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
-    gathered = accelerator.gather(digest[None]).view(-1, 2)
-    return bool((gathered == gathered[0]).all())
-
-
 def end_run(
     accelerator: Accelerator,
     model,
@@ -67,13 +58,14 @@ def end_run(
     train_seconds: float,
     exit_when_done: bool = False,
 ) -> None:
-    """After the last step: check that the ranks agree, `finish` on the main process, then leave together.
-
-    `exit_when_done` ends the process here (`leave_finished_process`), before the caller's frames free objects whose
-    C++ destructors can hang after a multi-process run (pytorch/pytorch#190489).
-    """
+    """After the last step: check that every process ended with the same weights (a wrong multi-process launch
+    trains them separately), `finish` on the main process, then leave together. `exit_when_done` ends the process
+    here (`leave_finished_process`), before the caller's frames free objects whose C++ destructors can hang."""
     accelerator.wait_for_everyone()
-    in_sync = ranks_in_sync(accelerator, model)
+    flat = torch.cat([p.detach().float().flatten() for p in plain_backbone(accelerator, model).parameters()])
+    digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
+    gathered = accelerator.gather(digest[None]).view(-1, 2)
+    in_sync = bool((gathered == gathered[0]).all())
     if accelerator.is_main_process:
         finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, in_sync)
     # A rank that tears down its process group while the main process still saves leaves it waiting at exit.
@@ -92,7 +84,12 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         ema.copy_to(unwrapped.parameters())
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
-    forget_earlier_results(output_dir)
+    # Before new weights are saved: nothing may describe an earlier run's weights should this one be killed now (the
+    # summary marks a finished run; the card's generated description goes, what the user wrote stays).
+    (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    card = output_dir / "README.md"
+    if card.is_file():
+        card.write_text(without_block(card.read_text(encoding="utf-8"), "description"), encoding="utf-8")
     try:
         if args.lora_rank:
             save_adapter(unwrapped, output_dir)
@@ -118,12 +115,12 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         grid_path = output_dir / "samples.png"
         make_image_grid(images, captions=prompts).save(grid_path)
     if args.world:
-        reports = final_evaluation(pipe, args)
+        reports = evaluate_splits(pipe, args, final=True)
         summary["world"] = args.world
         summary.update(score_summary(reports, args.world))
         if args.lora_rank:  # the base model, by the same evaluation: what the adapter changed
             unwrapped.disable_adapters()
-            before = final_evaluation(pipe, args)
+            before = evaluate_splits(pipe, args, final=True)
             unwrapped.enable_adapters()
             summary.update(score_summary(before, args.world, suffix="_before"))
         summary["images_per_caption"] = WORLDS[args.world].final_seeds
@@ -143,43 +140,22 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
 
     hub_url = None
     if args.push_to_hub:
-        # The same upload as `python -m diffusers_lmlp.hub push`: never checkpoints, logs or pickles; one commit.
+        # `python -m diffusers_lmlp.hub push`'s upload: never checkpoints, logs or pickles; one commit.
         from diffusers_lmlp.hub import push_lora, push_pipeline
 
-        push = push_lora if args.lora_rank else push_pipeline
-        commit = push(
+        hub_url = (push_lora if args.lora_rank else push_pipeline)(
             output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, commit_message="End of training"
-        )
-        logger.info(f"pushed to the Hub: {commit.commit_url}")
-        hub_url = commit.commit_url
-    logging_dir, validation_dir = output_dir / args.logging_dir, output_dir / "validation"
-    text = format_run_summary(
-        summary,
-        output_dir,
-        sample_grid=grid_path,
-        validation_dir=validation_dir if validation_dir.is_dir() else None,
-        logging_dir=logging_dir if logging_dir.is_dir() else None,
-        hub_url=hub_url,
-    )
+        ).commit_url
+        logger.info(f"pushed to the Hub: {hub_url}")
+    folders = {"validation_dir": output_dir / "validation", "logging_dir": output_dir / args.logging_dir}
+    folders = {name: folder for name, folder in folders.items() if folder.is_dir()}
+    text = format_run_summary(summary, output_dir, sample_grid=grid_path, hub_url=hub_url, **folders)
     print(f"\n{text}", flush=True)
 
 
-def forget_earlier_results(output_dir: Path) -> None:
-    """Before new weights are saved: remove the summary, which marks a finished run, and the card's generated
-    description of an earlier run (what the user wrote stays), so that a kill before this run's are written leaves
-    nothing that describes other weights."""
-    (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
-    card = output_dir / "README.md"
-    if card.is_file():
-        card.write_text(without_block(card.read_text(encoding="utf-8"), "description"), encoding="utf-8")
-
-
 def leave_finished_process() -> None:
-    """End a process of a finished multi-process run without the interpreter's finalization.
-
-    The `atexit` handlers still run; what is skipped is the teardown of objects, modules and C++ statics, where torch's
-    autograd and gloo threads can race the GIL's destruction and hang the process (pytorch/pytorch#190489).
-    """
+    """End a finished process without the interpreter's finalization (the `atexit` handlers still run), where
+    torch's autograd and gloo threads can race the GIL's destruction and hang the process."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -198,8 +174,7 @@ def format_duration(seconds: float) -> str:
 
 
 def percent(value: float | None, interval: list[float] | None = None) -> str:
-    """An accuracy in [0, 1] as a whole percentage, with its `[low, high]` interval if any: "42% (33-51%)"; "-" for
-    None."""
+    """An accuracy in [0, 1] with its `[low, high]` interval if any: "42% (33-51%)"; "-" for None."""
     if value is None:
         return "-"
     return f"{value:.0%}" + (f" ({interval[0] * 100:.0f}-{interval[1]:.0%})" if interval else "")
@@ -243,25 +218,6 @@ def with_base_columns(summary: dict) -> dict:
     return merged
 
 
-def format_table(rows: list[tuple[str, list[str]]], indent: str = "  ") -> list[str]:
-    """Rows (a name and as many cells each) as text lines: each column left-aligned, two spaces apart."""
-    table = [[name, *cells] for name, cells in rows]
-    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
-    return [indent + "  ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip() for row in table]
-
-
-def scores_heading(summary: dict) -> str:
-    """The line above the score table: how the images were sampled, and what the intervals are."""
-    how = []
-    if summary.get("score_intervals"):
-        how.append("95% intervals over captions")
-    if sampler := summary.get("evaluation_sampler"):
-        how.append(
-            f"{sampler['num_inference_steps']} {sampler['scheduler']} steps, guidance {sampler['guidance_scale']}"
-        )
-    return "Scores" + (f" ({'; '.join(how)})" if how else "") + ":"
-
-
 def format_run_summary(
     summary: dict,
     output_dir: Path,
@@ -271,19 +227,9 @@ def format_run_summary(
     logging_dir: Path | None = None,
     hub_url: str | None = None,
 ) -> str:
-    """The end-of-run summary: steps and time, where the outputs are, the scores when the run has them (a LoRA run's
-    next to its base model's), and the Python that loads the pipeline (or the base pipeline and the adapter).
-
-    Args:
-        summary (`dict`): The run's `training_summary.json` content (`"steps"`, `"train_seconds"`, scores...).
-        output_dir (`Path`): Where the pipeline was saved, as the user gave it (it also goes in the load line).
-        sample_grid (`Path`, *optional*): The final sample grid, if one was drawn.
-        validation_dir (`Path`, *optional*): The folder of validation grids, if any were drawn.
-        logging_dir (`Path`, *optional*): The logs folder, if it was written.
-        hub_url (`str`, *optional*): The Hub commit, if the pipeline was pushed.
-
-    Returns:
-        `str`: The summary, several lines, without a final newline.
+    """The end-of-run summary (no final newline): steps and time, where the outputs are (the `summary` of
+    `training_summary.json`, the pipeline's `output_dir`, the optional grid, validation and logs folders and Hub
+    commit), the scores when the run has them (a LoRA run's next to its base model's), and the Python that loads it.
     """
     processes = summary["num_processes"]
     lines = [
@@ -309,9 +255,17 @@ def format_run_summary(
         places.append(("hub", hub_url))
     width = max(len(name) for name, _ in places)
     lines += [f"  {name.ljust(width)}  {place}" for name, place in places]
-    if summary.get("scores"):
-        table = score_rows(with_base_columns(summary) if "scores_before" in summary else summary)
-        lines += ["", scores_heading(summary), *format_table(table)]
+    if summary.get("scores"):  # how the images were sampled, then the table, its columns left-aligned
+        how = ["95% intervals over captions"] if summary.get("score_intervals") else []
+        if sampler := summary.get("evaluation_sampler"):
+            how.append(
+                f"{sampler['num_inference_steps']} {sampler['scheduler']} steps, guidance {sampler['guidance_scale']}"
+            )
+        rows = score_rows(with_base_columns(summary) if "scores_before" in summary else summary)
+        rows = [[name, *cells] for name, cells in rows]
+        widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+        lines += ["", "Scores" + (f" ({'; '.join(how)})" if how else "") + ":"]
+        lines += ["  " + "  ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip() for row in rows]
     folder = json.dumps(str(output_dir), ensure_ascii=False)  # a Python string literal, quotes and escapes included
     lines += ["", "Load it in Python:"]
     if lora:

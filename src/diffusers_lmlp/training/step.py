@@ -1,8 +1,7 @@
-"""One optimizer step of ε-prediction training, as the papers train: noise, MSE, backward, clipping, the optimizer and
-LR steps, then the EMA update; the loss and gradient norm are checked before the update (`DivergenceError`). And
-how a run computes it: its precision (`--mixed_precision auto`: bf16 where the hardware runs it natively), whether it
-compiles the backbone (`--torch_compile auto`: inductor where that works and repays) and its AdamW kernel (fused on
-the CPU and CUDA). Noise and timesteps are drawn on the CPU: exact resumes on any device.
+"""One optimizer step of ε-prediction training: noise, MSE, backward, clipping, the optimizer and LR steps, then the
+EMA update; the loss and gradient norm are checked before the update (`DivergenceError`). And how a run computes it:
+its precision (`--mixed_precision auto`), whether it compiles (`--torch_compile auto`) and its AdamW kernel. Noise and
+timesteps are drawn on the CPU, so resumes are exact on any device.
 """
 
 import collections
@@ -31,12 +30,17 @@ ACCELERATE_HELD_GRADIENTS = (
     DistributedType.XLA,
     DistributedType.MEGATRON_LM,
 )
+# A step whose loss or gradient norm is over EXPLOSION_FACTOR times the median of the last (at most EXPLOSION_WINDOW)
+# healthy steps has diverged, finite or not: ε-prediction losses stay O(1).
+EXPLOSION_FACTOR, EXPLOSION_WINDOW = 1e4, 100
+# Below this many steps `--torch_compile auto` does not compile: the compilation would not pay off.
+AUTO_MIN_STEPS = 1000
 
 
 @dataclass(frozen=True)
 class LossOptions:
-    """What the training loss adds to the papers' plain ε-MSE (Min-SNR, noise offset, the MoE-MLP's load balancing,
-    the AsymMixer's penalty), and the clipping norm."""
+    """What the loss adds to the plain ε-MSE (Min-SNR, noise offset, MoE load balancing, the AsymMixer's penalty),
+    and the clipping norm."""
 
     snr_gamma: float | None = None
     noise_offset: float = 0.0
@@ -47,7 +51,7 @@ class LossOptions:
 
 @dataclass
 class StepResult:
-    """What one optimizer step measured: its loss over every process and its gradient norm before clipping (0-dim)."""
+    """One step's loss over every process and its gradient norm before clipping (0-dim)."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
@@ -59,12 +63,6 @@ class DivergenceError(FloatingPointError):
     def __init__(self, step: int, loss: float, grad_norm: float, why: str = ""):
         self.step, self.loss, self.grad_norm = step, loss, grad_norm
         super().__init__(f"the loss is {loss} at step {step} (gradient norm {grad_norm}){why}")
-
-
-# A step whose loss or gradient norm is over EXPLOSION_FACTOR times the median of the last healthy steps (at least
-# EXPLOSION_MIN_STEPS of them, at most EXPLOSION_WINDOW) has diverged, finite or not: ε-prediction losses stay O(1),
-# and a learning rate far too high multiplies them by 1e15 within a step or two.
-EXPLOSION_FACTOR, EXPLOSION_WINDOW, EXPLOSION_MIN_STEPS = 1e4, 100, 1
 
 
 def divergence_history() -> collections.deque:
@@ -83,15 +81,7 @@ def draw_noise(
     return noise, timesteps
 
 
-def diffusion_loss(
-    model: torch.nn.Module,
-    noisy: torch.Tensor,
-    text_states: torch.Tensor,
-    timesteps: torch.Tensor,
-    noise: torch.Tensor,
-    noise_scheduler: DDPMScheduler,
-    options: LossOptions,
-) -> torch.Tensor:
+def diffusion_loss(model, noisy, text_states, timesteps, noise, noise_scheduler, options: LossOptions) -> torch.Tensor:
     """The loss of one micro-batch (0-dim, float32): the ε-MSE (Min-SNR weighted with `snr_gamma`), plus the
     load-balancing loss and the AsymMixer's penalty when their weights are set."""
     # Timesteps stay on the CPU, where the model checks their range without waiting for the device.
@@ -167,37 +157,24 @@ def gradient_norm(
 ) -> torch.Tensor:
     """The 2-norm of the step's gradients before they are clipped to `max_grad_norm` (when it is set).
 
-    accelerate's `clip_grad_norm_` always rescales every gradient, so without clipping the norm is measured alone, as
-    torch measures it; where accelerate holds or shards the gradients (FSDP, DeepSpeed, DTensor...), its call does.
+    accelerate's `clip_grad_norm_` always rescales every gradient, so without clipping the norm is measured alone;
+    where accelerate holds or shards the gradients (FSDP, DeepSpeed, DTensor...), its call does.
     """
     gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if (
-        max_grad_norm is not None
-        or accelerator.distributed_type in ACCELERATE_HELD_GRADIENTS
-        or has_dtensors(gradients)
-        or not gradients
-    ):
+    held = max_grad_norm is not None or accelerator.distributed_type in ACCELERATE_HELD_GRADIENTS or not gradients
+    if not held and torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor  # tensor parallelism, FSDP2: the norm needs the mesh
+
+        held = any(isinstance(gradient, DTensor) for gradient in gradients)
+    if held:
         return accelerator.clip_grad_norm_(model.parameters(), math.inf if max_grad_norm is None else max_grad_norm)
     accelerator.unscale_gradients()
-    # torch's `get_total_norm` without its grouping by device and dtype (one device here; `stack` promotes dtypes).
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradients)))  # ()
 
 
-def has_dtensors(tensors: list[torch.Tensor]) -> bool:
-    """Whether any of `tensors` is a distributed tensor (tensor parallelism, FSDP2), whose norm needs its mesh."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(tensor, DTensor) for tensor in tensors)
-
-
 def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
-    """Update the EMA weights from the model's `parameters`, on the model's device.
-
-    The shadow weights start on the CPU (built before `accelerator.prepare`, or loaded from a checkpoint), so they move
-    to the model's device once, at the first step.
-    """
+    """Update the EMA weights from `parameters`; the shadow weights, made or loaded on the CPU, first move to the
+    model's device."""
     if parameters and ema.shadow_params[0].device != parameters[0].device:
         ema.to(device=parameters[0].device)
     ema.step(parameters)
@@ -206,16 +183,15 @@ def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
 def check_finite(
     loss: torch.Tensor, grad_norm: torch.Tensor | float, step: int, history: collections.deque | None = None
 ) -> None:
-    """Raise `DivergenceError` unless the step's loss and gradient norm are finite and, with a `history` of recent
-    steps, not exploded against it; the step's one device read. Both are the same on every process, so every
-    process stops at the same step."""
+    """Raise `DivergenceError` unless the step's loss and gradient norm are finite and not exploded against the
+    `history` of recent steps; the step's one device read. Both are the same on every process."""
     grad_norm = torch.as_tensor(grad_norm).to(loss.device)
     values = torch.stack([loss.detach().float().reshape(()), grad_norm.float().reshape(())]).tolist()
     if not all(math.isfinite(value) for value in values):
         raise DivergenceError(step, *values)
     if history is None:
         return
-    if len(history) >= EXPLOSION_MIN_STEPS:
+    if history:
         medians = [statistics.median(past[i] for past in history) for i in range(2)]
         if any(value > EXPLOSION_FACTOR * median for value, median in zip(values, medians)):
             raise DivergenceError(
@@ -233,9 +209,15 @@ def non_finite_parameters(*modules: torch.nn.Module, ema: EMAModel | None = None
     return bad
 
 
+def launch_device() -> str:
+    """The device type the run's `Accelerator` will train on, before it is built: "cuda" or "cpu"."""
+    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+
+
 def choose_precision(requested: str | None) -> tuple[str | None, str]:
-    """The `mixed_precision` for the `Accelerator` (None keeps accelerate's) for `--mixed_precision` `requested`, and
-    the reason as " (…)" to append to the log line, or ""."""
+    """The `Accelerator`'s `mixed_precision` for `--mixed_precision` `requested` (None keeps accelerate's; `auto`:
+    bf16 where the hardware runs it natively), and the reason as " (…)" for the log, or ""."""
     if requested != "auto":
         return requested, ""
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` or its config
@@ -251,18 +233,9 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
     return "no", f" (auto: float32, the CPU has no native bf16 (avx512_bf16 or AMX): {cpu.describe()})"
 
 
-def launch_device() -> str:
-    """The device type the run's `Accelerator` will train on, before it is built: "cuda" or "cpu"."""
-    use_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    return "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
-
-
 def effective_precision(accelerator: Accelerator, args: TrainingConfig) -> str:
-    """The precision the run trains in, in words for the log.
-
-    accelerate accepts fp16 on a CPU, then trains in float32 while reporting fp16: a preset's fp16 is taken as float32
-    and said so, an fp16 the user asked for is refused.
-    """
+    """The precision the run trains in, for the log. accelerate takes fp16 on a CPU and trains in float32 while
+    reporting fp16: a preset's fp16 is taken as float32 and said so, an fp16 the user asked for is refused."""
     precision = accelerator.mixed_precision
     if precision != "fp16" or accelerator.device.type != "cpu":
         return precision
@@ -277,13 +250,10 @@ def effective_precision(accelerator: Accelerator, args: TrainingConfig) -> str:
     )
 
 
-# Below this many steps `auto` does not compile: the first compilation would not pay off (with a margin).
-AUTO_MIN_STEPS = 1000
-
-
 def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str | None, str]:
-    """The `dynamo_backend` for the `Accelerator` ("inductor", "no", or None to keep accelerate's) for
-    `--torch_compile` `requested`, and the reason as " (…)" to append to the log line, or ""."""
+    """The `Accelerator`'s `dynamo_backend` ("inductor", "no", or None to keep accelerate's) for `--torch_compile`
+    `requested` (`auto`: inductor where a trial compilation works and the run is long enough), and the reason as
+    " (…)" for the log, or ""."""
     if requested is None:
         return None, ""
     if requested != "auto":
@@ -293,48 +263,33 @@ def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str
         return None, f" (auto: the launch's {launched} is kept)"
     if max_train_steps < AUTO_MIN_STEPS:
         return "no", f" (auto: {max_train_steps} steps do not repay a compilation; --torch_compile yes compiles)"
-    seconds, problem = try_compilation(launch_device())
-    if problem:
-        return "no", f" (auto: torch.compile does not work here, {problem}; training uncompiled)"
-    return "inductor", f" (auto: inductor works here, a trial compilation took {seconds:.1f} s)"
-
-
-def try_compilation(device: str) -> tuple[float, str]:
-    """Compile and run a tiny function with inductor (a CPU needs a C++ compiler, a GPU Triton): the seconds it took,
-    and "" or the problem."""
     start = time.perf_counter()
-    try:
-        trial = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2.0 + 1.0, backend="inductor", fullgraph=True)
-        trial(torch.linspace(-1.0, 1.0, 16, device=device))
+    try:  # a CPU needs a C++ compiler, a GPU Triton
+        trial = torch.compile(lambda x: F.gelu(x) * 2.0 + 1.0, backend="inductor", fullgraph=True)
+        trial(torch.linspace(-1.0, 1.0, 16, device=launch_device()))
     except Exception as error:  # any failure (no compiler, no Triton, an old Python) means: do not compile
-        first_line = (str(error).strip().splitlines() or [""])[0][:200]
-        return time.perf_counter() - start, f"{type(error).__name__}: {first_line}"
+        problem = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+        return "no", f" (auto: torch.compile does not work here, {problem}; training uncompiled)"
     finally:
         torch._dynamo.reset()  # the trial's cache entries are of no use to the run
-    return time.perf_counter() - start, ""
+    return "inductor", f" (auto: inductor works here, a trial compilation took {time.perf_counter() - start:.1f} s)"
 
 
 def plain_backbone(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """The backbone without accelerate's wrappers or torch.compile's, for saving, sampling and checks.
-
-    accelerate's `unwrap_model` keeps a whole-model compile's `OptimizedModule` (older versions cannot drop it).
-    """
+    """The backbone without accelerate's wrappers or torch.compile's (`unwrap_model` keeps a whole-model compile's
+    `OptimizedModule` in older accelerate versions), for saving, sampling and checks."""
     unwrapped = accelerator.unwrap_model(model)
     return getattr(unwrapped, "_orig_mod", unwrapped)
 
 
-# Devices where the fused kernel is used; elsewhere torch chooses its own implementation.
-FUSED_ADAMW_DEVICES = ("cpu", "cuda")
-
-
 def fused_adamw(device: torch.device) -> bool | None:
-    """The `fused` argument of `torch.optim.AdamW` for a run on `device`: True on the CPU and CUDA, else None."""
-    return True if device.type in FUSED_ADAMW_DEVICES else None
+    """The `fused` argument of `torch.optim.AdamW` on `device`: True on the CPU and CUDA, else None (torch's)."""
+    return True if device.type in ("cpu", "cuda") else None
 
 
 def follow_device(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """After `load_state_dict`: use the kernel `fused_adamw` chooses for `device`, whatever the checkpoint's was.
-    The step counts move where that kernel reads them (the fused one on the parameter's device, else the CPU)."""
+    """After `load_state_dict`: use the kernel `fused_adamw` chooses for `device`, whatever the checkpoint's was; the
+    step counts move where that kernel reads them (the fused one on the parameter's device, else the CPU)."""
     fused = fused_adamw(device)
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = fused, None

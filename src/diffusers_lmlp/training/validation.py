@@ -1,17 +1,14 @@
 """Sampling and scoring during training: the validation grid, FID and world scores every `--validation_steps`, and
-the final evaluation of the finished pipeline on its world.
-
-Samples use the plain backbone with the EMA weights swapped in and the default scheduler: what a user gets.
+the final evaluation of the finished pipeline on its world. Samples use the plain backbone with the EMA weights
+swapped in and the default scheduler: what a user gets.
 """
 
-import contextlib
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate.logging import get_logger
-from diffusers.training_utils import EMAModel
 from PIL import Image
 
 from diffusers_lmlp import LMLPPipeline, default_scheduler
@@ -56,8 +53,7 @@ def default_validation_prompts(args) -> list[str]:
 
 
 def validation_inputs(args) -> tuple[list[str], list[str]]:
-    """The grid's prompts and the captions FID samples (`--validation_fid_images` of them); a run with neither is told
-    so."""
+    """The grid's prompts and the captions FID samples (`--validation_fid_images` of them); says so when neither."""
     prompts = default_validation_prompts(args)
     fid_captions = (
         draw_captions(
@@ -72,20 +68,6 @@ def validation_inputs(args) -> tuple[list[str], list[str]]:
             "--validation_prompts or --validation_prompts_file to see samples every --validation_steps)"
         )
     return prompts, fid_captions
-
-
-@contextlib.contextmanager
-def ema_weights(model, ema: EMAModel | None):
-    """Temporarily swap the EMA weights into the model."""
-    if ema is None:
-        yield
-        return
-    ema.store(model.parameters())
-    ema.copy_to(model.parameters())
-    try:
-        yield
-    finally:
-        ema.restore(model.parameters())
 
 
 def validate(
@@ -103,12 +85,15 @@ def validate(
     seconds: float,
 ):
     """Sample the prompts (EMA weights if any), save `validation/step-<step>.png` and log it to tensorboard and wandb;
-    also log the FID of `fid_captions` and, on an embedded world, its scores (`log_scores`). `seconds` is the time
-    since the run started, over every segment of a resumed run."""
+    also log the FID of `fid_captions` and, on an embedded world, its scores (`log_scores`). `seconds` is the
+    training time over every segment of a resumed run."""
     unwrapped = plain_backbone(accelerator, model)  # sampled uncompiled: no recompilation for the sampler's batches
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
-    with ema_weights(unwrapped, ema):
+    if ema is not None:
+        ema.store(unwrapped.parameters())
+        ema.copy_to(unwrapped.parameters())
+    try:
         if args.world:
             log_scores(accelerator, pipe, args, output_dir, step, seconds)
         images = generate(pipe, prompts, args, seed=args.seed) if prompts else []
@@ -126,6 +111,9 @@ def validate(
             logger.info(
                 f"step {step}: FID {report['fid']:.3f} ({len(fid_captions)} images, {report['fid_extractor']})"
             )
+    finally:
+        if ema is not None:
+            ema.restore(unwrapped.parameters())
     unwrapped.train()
     if not prompts:
         return
@@ -147,7 +135,7 @@ def validate(
 
 def keep_scores_until(path: Path, step: int) -> None:
     """Keep the scores in `path` that a run starting at `step` continues: none for a new run, those up to `step` for a
-    resumed one (later ones scored weights that the resumed run trains again)."""
+    resumed one (later ones scored weights it trains again)."""
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -159,15 +147,7 @@ def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: in
     """Score the model on each split of its world at the validation sampler settings; log the accuracies to the
     trackers and append them, with the step and minutes, to `<logging_dir>/scores.jsonl` (the learning curves)."""
     world = WORLDS[args.world]
-    reports = evaluate_splits(
-        pipe,
-        args,
-        dict.fromkeys(world.splits, 1),
-        args.validation_inference_steps,
-        num_captions=world.validation_captions,
-        guidance_scale=args.validation_guidance_scale,
-        progress=False,
-    )
+    reports = evaluate_splits(pipe, args, final=False)
     record = {"step": step, "minutes": round(seconds / 60, 3)}
     for split, report in reports.items():
         record[split] = report[world.name]
@@ -176,65 +156,46 @@ def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: in
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    logger.info(
-        f"step {step}: "
-        + "; ".join(f"{split} " + ", ".join(f"{k} {v:.0%}" for k, v in record[split].items()) for split in reports)
-    )
+    scores = (f"{split} " + ", ".join(f"{k} {v:.0%}" for k, v in record[split].items()) for split in reports)
+    logger.info(f"step {step}: " + "; ".join(scores))
 
 
-def final_evaluation(pipe: LMLPPipeline, args) -> dict[str, dict]:
-    """Evaluate the finished pipeline on its world at its default sampler settings (what `pipe(caption)` gives): the
-    scorer's accuracies with intervals, the world's FID with its floor, and the CLIP score where the world has one.
-    Returns the report of each split."""
+def evaluate_splits(pipe: LMLPPipeline, args, final: bool) -> dict[str, dict]:
+    """The report of each split of the world: at the validation sampler settings, or (`final`) at the pipeline's
+    defaults (what `pipe(caption)` gives) with more captions, the world's FID with its floor and its CLIP score."""
     world = WORLDS[args.world]
-    return evaluate_splits(
-        pipe,
-        args,
-        world.final_seeds,
-        args.final_evaluation_inference_steps,
-        num_captions=world.num_captions,
-        fid_reference=world.name,
-        clip_model=load(world.clip_model) if world.clip_model else None,
-    )
+    if final:
+        seeds, num_captions = world.final_seeds, world.num_captions
+        clip_model = load(world.clip_model) if world.clip_model else None
+        if isinstance(clip_model, (str, Path)):  # loaded once for every split
+            from diffusers_lmlp.evaluation import CLIPScorer
 
-
-def evaluate_splits(
-    pipe: LMLPPipeline,
-    args,
-    seeds: dict[str, int],
-    num_inference_steps: int,
-    num_captions: int,
-    guidance_scale: float | None = None,
-    fid_reference: str | None = None,
-    clip_model=None,
-    progress: bool = True,
-) -> dict[str, dict]:
-    """The evaluation report of each split of the world: `num_captions` captions drawn evenly from it, each sampled
-    `seeds[split]` times; `clip_model` may be a folder or a `CLIPScorer`."""
-    sampler = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
-    if isinstance(clip_model, (str, Path)):
-        from diffusers_lmlp.evaluation import CLIPScorer
-
-        clip_model = CLIPScorer.from_pretrained(clip_model)
+            clip_model = CLIPScorer.from_pretrained(clip_model)
+        settings = dict(
+            num_inference_steps=args.final_evaluation_inference_steps, fid_reference=world.name, clip_model=clip_model
+        )
+    else:
+        seeds, num_captions = dict.fromkeys(world.splits, 1), world.validation_captions
+        settings = dict(
+            num_inference_steps=args.validation_inference_steps,
+            guidance_scale=args.validation_guidance_scale,
+            progress=False,
+        )
     return {
         split: evaluate(
             pipe,
             draw_captions(source, num_captions, args.seed) * seeds[split],
-            fid_reference=fid_reference,
-            clip_model=clip_model,
-            num_inference_steps=num_inference_steps,
             batch_size=64,
             seed=args.seed,
-            progress=progress,
-            **sampler,
+            **settings,
         )[0]
-        for split, source in WORLDS[args.world].splits.items()
+        for split, source in world.splits.items()
     }
 
 
 def score_summary(reports: dict[str, dict], world: str, suffix: str = "") -> dict[str, dict]:
-    """The summary's entries for one final evaluation (accuracies, intervals, FID, CLIP score, by split), under keys
-    ending with `suffix` (`"_before"` for a LoRA run's base model)."""
+    """The summary's entries of one final evaluation, by split, under keys ending with `suffix` (`"_before"`: the base
+    model of a LoRA run)."""
     summary = {
         f"scores{suffix}": {split: report[world] for split, report in reports.items()},
         f"score_intervals{suffix}": {split: report[f"{world}_intervals"] for split, report in reports.items()},
