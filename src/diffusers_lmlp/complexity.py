@@ -1,8 +1,8 @@
-"""Parameters and forward MACs of every block family, as torch's `FlopCounterMode` counts them.
+"""Parameters and forward MACs of every block family, as torch's `FlopCounterMode` counts them on the meta device
+(where SDPA takes its math path; torch counts the CPU flash kernel as 0).
 
 A MAC is one multiply-add of a matrix product or convolution (FLOPs / 2); as in the papers' tables, bias adds, norms,
-activations, softmax and element-wise products are left out. Counts run on the meta device, where SDPA takes its math
-path (on CPU tensors torch counts its flash kernel as 0). The papers' per-block formulas (L-MLP Table 3):
+activations, softmax and element-wise products are left out. The papers' per-block formulas (L-MLP Table 3):
 
     L-MLP block        (2 + 2s)·L·D² + L²·D
     transformer block  (4 + 2s)·L·D² + 2·L²·D       (U-ViT's in/mid blocks)
@@ -37,10 +37,8 @@ def lmlp_block_macs(seq_len: int, hidden_size: int, mlp_ratio: float) -> int:
 
 
 def transformer_block_macs(seq_len: int, hidden_size: int, mlp_ratio: float) -> int:
-    """MACs of one transformer (U-ViT) block per sample: (4 + 2s)·L·D² + 2·L²·D (L-MLP Table 3).
-
-    MoE-MLP's Table 1 writes (3 + 2s)·L·D², at odds with its own (4 + 2s)·D² parameters; we follow L-MLP.
-    """
+    """MACs of one transformer (U-ViT) block per sample: (4 + 2s)·L·D² + 2·L²·D (L-MLP Table 3; MoE-MLP's Table 1
+    writes (3 + 2s)·L·D², at odds with its own (4 + 2s)·D² parameters)."""
     inner = int(hidden_size * mlp_ratio)
     return 4 * seq_len * hidden_size**2 + 2 * seq_len * hidden_size * inner + 2 * seq_len**2 * hidden_size
 

@@ -1,9 +1,7 @@
-"""How `DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` find `LMLPPipeline`.
-
-diffusers resolves a folder's `_class_name` as an attribute of the `diffusers` package, and its auto pipelines look
-classes up in task mappings. So diffusers gets a module `__getattr__` (PEP 562) that imports our pipeline on first
-read, and the text-to-image mapping gets an entry. Both happen once diffusers (or its `auto_pipeline`) is imported,
-by a one-shot import hook if need be, so that neither package's import loads the other.
+"""How `DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` find `LMLPPipeline`: diffusers gets a
+module `__getattr__` (PEP 562) that imports our pipeline on first read, and its text-to-image mapping an entry, once
+diffusers (or its `auto_pipeline`) is imported, by a one-shot import hook if need be, so that neither package's
+import loads the other.
 """
 
 import importlib

@@ -1,8 +1,5 @@
-"""Tiny, randomly initialised `LMLPPipeline` components, built fully offline (no Hub access, no downloads).
-
-For tests, examples and the Space: `build_tiny_pipeline()` is a complete pipeline, deterministic for a seed, that
-samples quickly on a CPU. Its images are noise: the weights are random.
-"""
+"""Tiny, randomly initialised `LMLPPipeline` components, built offline: `build_tiny_pipeline()` is a complete
+pipeline, deterministic for a seed, that samples quickly on a CPU (for tests, examples and the Space)."""
 
 import json
 import os
@@ -51,8 +48,7 @@ def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
 
 
 def _tiny_vocab_and_merges(words: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A CLIP byte-level vocabulary (256 symbols, their `</w>` forms, one token per word) and whole-word merges; a
-    word's merges join its UTF-8 bytes' symbols, as the tokenizer splits it."""
+    """A CLIP byte-level vocabulary (256 symbols, their `</w>` forms, one token per word) and whole-word merges."""
     byte_symbols = _bytes_to_unicode()
     alphabet = list(byte_symbols.values())
     tokens = alphabet + [symbol + "</w>" for symbol in alphabet]
@@ -73,11 +69,9 @@ def tiny_clip_tokenizer(
     save_directory: str | os.PathLike | None = None,
     words: tuple[str, ...] = TINY_VOCAB_WORDS,
 ) -> CLIPTokenizer:
-    """Write a tiny CLIP BPE vocabulary to `save_directory` (default: a temporary one) and load a `CLIPTokenizer`.
-
-    CLIP's byte-level alphabet (any word tokenizes) plus one token per word of `words`, SD 1.x special tokens;
-    `model_max_length` must equal the backbone's `text_seq_len`.
-    """
+    """A `CLIPTokenizer` of CLIP's byte-level alphabet (any word tokenizes), one token per word of `words` and SD 1.x
+    special tokens, written to `save_directory` (default: a temporary one); `model_max_length` must equal the
+    backbone's `text_seq_len`."""
     if save_directory is None:
         with tempfile.TemporaryDirectory() as temporary_directory:
             return tiny_clip_tokenizer(model_max_length, temporary_directory, words)
@@ -118,9 +112,8 @@ def build_tiny_pipeline(
     sample_size: int = 8,
     hidden_size: int = 32,
 ) -> LMLPPipeline:
-    """A complete, tiny, randomly initialised `LMLPPipeline` in eval mode, whose 2-layer backbone is of the family
-    `backbone` (a key of `FAMILIES`). Equal seeds give equal weights; the global RNG state is left untouched.
-    """
+    """A complete, tiny, randomly initialised `LMLPPipeline` in eval mode with a 2-layer backbone of the family
+    `backbone`; equal seeds give equal weights, and the global RNG is left untouched."""
     if backbone not in FAMILIES:
         raise ValueError(f"Unknown backbone {backbone!r}; choose a block family among {sorted(FAMILIES)}.")
     family = FAMILIES[backbone]

@@ -1,12 +1,15 @@
-"""diffusers model conventions and input checking, for every registered block family, on tiny configs."""
+"""diffusers model conventions and input checking, for every registered block family (and the UL-MLP and MoE-MLP
+with the IMLP channel MLP), on tiny configs."""
 
 import inspect
+import json
 import os
 
 import pytest
 import torch
 
 from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp.models import family_of
 
 
 TINY = dict(
@@ -18,11 +21,14 @@ MODELS = {
     for name, family in FAMILIES.items()
 }
 MODELS["moe_mlp"] = lambda **kw: MoEMLPModel(**{**TINY, "num_experts": 3, "num_heads": 2, **kw})
+# "<family>+imlp": the family's model with the IMLP as every block's channel MLP.
+KINDS = [*MODELS, "lmlp+imlp", "moe_mlp+imlp"]
 
 
 def make_model(kind, seed=0, **kw):
     torch.manual_seed(seed)
-    return MODELS[kind](**kw).eval()
+    name, _, channel_mlp = kind.partition("+")
+    return MODELS[name](**kw, **({"channel_mlp": channel_mlp} if channel_mlp else {})).eval()
 
 
 def public_config(config):
@@ -38,7 +44,7 @@ def make_inputs(batch=2, seed=0, channels=4, side=8, text_len=5, text_dim=16):
     )
 
 
-@pytest.fixture(params=list(MODELS))
+@pytest.fixture(params=KINDS)
 def kind(request):
     return request.param
 
@@ -93,8 +99,10 @@ def test_determinism(kind):
     )
 
 
-def test_batch_consistency(kind):
-    model = make_model(kind)
+@pytest.mark.parametrize("train", [False, True])
+def test_batch_consistency(kind, train):
+    """Each sample's prediction is its own, in evaluation and in training mode (no norm couples samples)."""
+    model = make_model(kind).train(train)
     x, ctx, t = make_inputs(batch=3)
     with torch.no_grad():
         batched = model(x, ctx, t).sample
@@ -109,6 +117,8 @@ def test_save_load_round_trip_uses_safetensors(kind, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["config.json", "diffusion_pytorch_model.safetensors"]
     loaded = type(model).from_pretrained(tmp_path, use_safetensors=True)
     assert public_config(loaded.config) == public_config(model.config)
+    assert json.loads((tmp_path / "config.json").read_text())["_class_name"] == type(model).__name__
+    assert family_of(loaded) is FAMILIES[kind.partition("+")[0]]
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, ctx, t).sample, model(x, ctx, t).sample, rtol=0, atol=0)
     # Every weight has its tensor on diffusers' other paths too, so strict loading refuses none of them.
@@ -162,9 +172,9 @@ def test_layerwise_casting_stores_bf16_and_computes_fp32(kind):
         model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
         out = model(x, ctx, t).sample
     block = model.stack.mid_block
-    linears = [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+    layers = [m for m in block.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
     norms = [m for m in block.modules() if isinstance(m, torch.nn.LayerNorm)]
-    assert all(m.weight.dtype == torch.bfloat16 for m in linears)  # (SymMixer's tied weights are not Linears)
+    assert all(m.weight.dtype == torch.bfloat16 for m in layers)  # (SymMixer's tied weights are not Linears)
     assert norms and all(m.weight.dtype == torch.float32 for m in norms)  # "norm" is skipped
     assert model.embed.pos_embed.dtype == torch.float32
     assert out.dtype == torch.float32 and (out - ref).norm() / ref.norm() < 0.05
@@ -190,6 +200,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(kind):
     model = make_model(kind).train()
     inputs = make_inputs()
     loss, grads = _loss_and_grads(model, inputs)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     model.enable_gradient_checkpointing()
     assert model.is_gradient_checkpointing and model.stack.gradient_checkpointing
     assert {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)} == {
@@ -199,6 +210,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(kind):
     torch.testing.assert_close(ckpt_loss, loss)
     for name, grad in grads.items():
         torch.testing.assert_close(ckpt_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(model.state_dict(), state, rtol=0, atol=0)  # the recomputation moved no statistics
     model.disable_gradient_checkpointing()
     assert not model.stack.gradient_checkpointing
 
@@ -274,11 +286,8 @@ def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_toke
     torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
 
 
-def test_a_pooled_text_projection_that_is_not_a_bool_is_refused():
+def test_the_pooled_text_projection_is_a_bool_and_comes_last_so_positional_arguments_keep_their_meaning():
+    for family in FAMILIES.values():
+        assert list(inspect.signature(family.model_class.__init__).parameters)[-1] == "pooled_text_projection"
     with pytest.raises(ValueError, match="pooled_text_projection='yes' cannot build a LMLPTransformer2DModel"):
         LMLPTransformer2DModel(**TINY, pooled_text_projection="yes")
-
-
-def test_the_pooled_text_projection_comes_last_so_positional_arguments_keep_their_meaning(kind):
-    parameters = list(inspect.signature(type(make_model(kind)).__init__).parameters)
-    assert parameters[-1] == "pooled_text_projection"

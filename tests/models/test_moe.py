@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from plain_torch import randomize_
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, load_balancing_loss
 from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
@@ -15,14 +16,6 @@ from diffusers_lmlp.models.mixers.routing import collect_router_probs
 TINY = dict(
     sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
 )
-
-
-def randomize_(module, seed):
-    """Random values everywhere (biases and norms too), so that no term can hide behind a zero init."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(0.1 * torch.randn(p.shape, generator=gen) + (1.0 if p.ndim == 1 and p.numel() > 4 else 0.0))
 
 
 def lmlp_to_moe_state_dict(state_dict):
@@ -38,7 +31,7 @@ def lmlp_to_moe_state_dict(state_dict):
     return out
 
 
-def test_moe_block_with_one_expert_and_one_head_equals_lmlp_block():
+def test_moe_block_and_model_with_one_expert_and_one_head_equal_the_lmlp_ones():
     lmlp = LMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5)
     randomize_(lmlp, seed=0)
     moe = MoEMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5, num_experts=1, num_heads=1)
@@ -52,9 +45,7 @@ def test_moe_block_with_one_expert_and_one_head_equals_lmlp_block():
             out_moe = moe(x, skip)
     assert len(probs_moe) == 1 and torch.equal(probs_moe[0], torch.ones(3, 1, 1))
     torch.testing.assert_close(out_moe, out_lmlp, rtol=0, atol=0)
-
-
-def test_moe_model_with_one_expert_and_one_head_equals_lmlp_model():
+    # The same for whole models.
     lmlp = LMLPTransformer2DModel(**TINY).eval()
     randomize_(lmlp, seed=1)
     moe = MoEMLPModel(**TINY, num_experts=1, num_heads=1).eval()
@@ -99,18 +90,21 @@ def test_moe_linear_attention_matches_naive_per_expert_computation(experts, head
     assert not torch.allclose(probs[0], probs[1])  # routing is per sample
 
 
-def test_router_probs_output():
+def test_router_probs_output_and_the_balancing_loss_trains_the_gates():
     model = MoEMLPModel(**TINY, num_experts=3, num_heads=2).eval()
     x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([1, 2])
     with torch.no_grad():
-        out = model(x, ctx, t, output_router_probs=True)
         plain = model(x, ctx, t)
         sample, probs = model(x, ctx, t, output_router_probs=True, return_dict=False)
+    out = model(x, ctx, t, output_router_probs=True)
     assert plain.router_probs is None
     assert out.router_probs.shape == (3, 2, 2, 3)  # (num_blocks, B, H, E)
     torch.testing.assert_close(out.router_probs.sum(-1), torch.ones(3, 2, 2))
     torch.testing.assert_close(probs, out.router_probs, rtol=0, atol=0)
     torch.testing.assert_close(sample, plain.sample, rtol=0, atol=0)
+    (F.mse_loss(out.sample, x) + load_balancing_loss(out.router_probs)).backward()
+    gate = model.stack.mid_block.left.gates[1].weight
+    assert gate.grad is not None and gate.grad.abs().sum() > 0
 
 
 def test_load_balancing_loss_values():
@@ -122,17 +116,6 @@ def test_load_balancing_loss_values():
     expected = (u.std(correction=0) / u.mean()) ** 2 - torch.log(u).mean()
     assert load_balancing_loss(probs, weight=1.0).item() == pytest.approx(expected.item(), rel=1e-6)
     assert load_balancing_loss(probs, weight=1.0) > load_balancing_loss(torch.full((1, 2, 1, 3), 1 / 3), weight=1.0)
-    assert load_balancing_loss(torch.ones(3, 2, 1, 1)).item() == pytest.approx(
-        0.0, abs=1e-8
-    )  # E = 1: nothing to balance
+    assert load_balancing_loss(torch.ones(3, 2, 1, 1)).item() == pytest.approx(0.0, abs=1e-8)  # E = 1
     with pytest.raises(ValueError, match=r"router_probs must be \(num_blocks, B, H, E\), got shape \(2, 3\)"):
         load_balancing_loss(torch.ones(2, 3))
-
-
-def test_load_balancing_loss_trains_the_gates():
-    model = MoEMLPModel(**TINY, num_experts=3, num_heads=2)
-    x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([1, 2])
-    out = model(x, ctx, t, output_router_probs=True)
-    (F.mse_loss(out.sample, x) + load_balancing_loss(out.router_probs)).backward()
-    gate = model.stack.mid_block.left.gates[1].weight
-    assert gate.grad is not None and gate.grad.abs().sum() > 0

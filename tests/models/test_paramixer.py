@@ -1,7 +1,6 @@
 """ParaMixer, SymMixer and AsymMixer (Karakida, Ota & Taki 2024): blocks against a plain-torch re-statement, the
 symmetric LayerNorm, the tied weights, the symmetry-breaking penalty and the complexity accounting."""
 
-import json
 import math
 
 import pytest
@@ -15,7 +14,6 @@ from diffusers_lmlp import (
     symmetry_breaking_penalty,
 )
 from diffusers_lmlp.complexity import complexity
-from diffusers_lmlp.models import family_of
 from diffusers_lmlp.models.mixers.paramixer import AsymmetricMLP, ParaMixerBlock, SymmetricMLP, VanillaMLP
 
 
@@ -27,20 +25,6 @@ MODELS = {
 MLPS = {"vanilla": VanillaMLP, "symmetric": SymmetricMLP, "asymmetric": AsymmetricMLP}
 # L = 1 + 5 + (8 / 2)² = 22 tokens, D = 32, 3 blocks.
 TINY = {"sample_size": 8, "patch_size": 2, "hidden_size": 32, "num_layers": 2, "text_embed_dim": 16, "text_seq_len": 5}
-# Exact parameters and per-sample forward MACs of tiny models (default widths: token 16, channel 128).
-TINY_CASES = {
-    "paramixer": (ParaMixerTransformer2DModel, {}, 33_444, 639_488),
-    "paramixer_3_iterations": (ParaMixerTransformer2DModel, {"num_iterations": 3}, 33_444, 1_856_000),
-    "symmixer": (SymMixerTransformer2DModel, {}, 20_100, 639_488),
-    "symmixer_other_widths": (
-        SymMixerTransformer2DModel,
-        {"conv_out": False, "mlp_ratio": 2.5, "token_mlp_ratio": 0.75},
-        15_872,
-        461_312,
-    ),
-    "asymmixer": (AsymMixerTransformer2DModel, {}, 33_444, 943_616),
-    "asymmixer_2_iterations": (AsymMixerTransformer2DModel, {"num_iterations": 2}, 33_444, 1_856_000),
-}
 # The named configurations on the COCO skeleton (L = 334, depth 16, 17 blocks): parameters and MACs per sample.
 TABLE_1_F2_PARAMS = 44_366_248
 NAMED = {
@@ -141,32 +125,19 @@ def test_symmetric_layer_norm_normalises_tokens_and_channels_jointly():
     assert normed.var(dim=2, correction=0).std() > 0.1  # ... and their relative scales
 
 
-def test_symmetric_mlp_uses_the_transpose_of_its_weight_in_the_second_matmul():
+def test_symmetric_mlp_uses_its_weight_and_its_transpose_and_both_give_it_gradient():
     mlp = SymmetricMLP(5, 9)
     randomise(mlp)
     x = torch.randn(4, 5)
     weight = mlp.weight.detach().clone()
-    delta = 0.1 * torch.randn_like(weight)
-    with torch.no_grad():
-        mlp.weight.add_(delta)
-    perturbed = weight + delta
     out = mlp(x)
-    torch.testing.assert_close(out, gelu(x @ perturbed.t()) @ perturbed)
-    # Perturbing W changes both matmuls: neither use alone reproduces the output.
-    assert not torch.allclose(out, gelu(x @ perturbed.t()) @ weight, atol=1e-4)
-    assert not torch.allclose(out, gelu(x @ weight.t()) @ perturbed, atol=1e-4)
-
-
-def test_symmetric_mlp_gradient_flows_through_both_uses_of_the_weight():
-    mlp = SymmetricMLP(5, 9)
-    randomise(mlp)
-    x = torch.randn(4, 5)
-    mlp(x).square().sum().backward()
-    first = mlp.weight.detach().clone().requires_grad_()
-    second = mlp.weight.detach().clone().requires_grad_()
+    torch.testing.assert_close(out, gelu(x @ weight.t()) @ weight)
+    out.square().sum().backward()
+    first = weight.clone().requires_grad_()
+    second = weight.clone().requires_grad_()
     (gelu(x @ first.t()) @ second).square().sum().backward()
     assert first.grad.abs().sum() > 0 and second.grad.abs().sum() > 0
-    torch.testing.assert_close(mlp.weight.grad, first.grad + second.grad)
+    torch.testing.assert_close(mlp.weight.grad, first.grad + second.grad)  # both uses reach W
 
 
 def test_tied_weights_get_the_linear_init():
@@ -176,21 +147,16 @@ def test_tied_weights_get_the_linear_init():
     assert abs(weight.mean().item()) < 0.002 and abs(weight.std().item() - 0.02) < 0.002
 
 
-def test_penalty_is_the_sum_of_squared_frobenius_norms_of_the_symmetry_breaking_weights():
+def test_penalty_is_the_sum_of_squared_frobenius_norms_of_the_symmetry_breaking_weights_and_only_trains_them():
     torch.manual_seed(0)
     model = AsymMixerTransformer2DModel(**TINY)
     breaking = [m.fc2.weight for m in model.modules() if isinstance(m, AsymmetricMLP)]
     assert len(breaking) == 2 * 3  # token and channel MLP of each of the 3 blocks
     penalty = symmetry_breaking_penalty(model)
     assert penalty.shape == () and penalty.dtype == torch.float32
-    expected = sum(torch.linalg.matrix_norm(w, ord="fro") ** 2 for w in breaking)
-    torch.testing.assert_close(penalty, expected)
+    torch.testing.assert_close(penalty, sum(torch.linalg.matrix_norm(w, ord="fro") ** 2 for w in breaking))
     assert penalty > 0
-
-
-def test_penalty_gradient_is_twice_the_symmetry_breaking_weights_only():
-    model = AsymMixerTransformer2DModel(**TINY)
-    symmetry_breaking_penalty(model).backward()
+    penalty.backward()
     for name, parameter in model.named_parameters():
         if name.endswith("_mlp.fc2.weight"):
             torch.testing.assert_close(parameter.grad, 2 * parameter.detach())
@@ -209,10 +175,10 @@ def test_penalty_sees_through_compile_and_peft_wrappers():
     torch.testing.assert_close(symmetry_breaking_penalty(wrapped), expected)
 
 
-@pytest.mark.parametrize("family", ["paramixer", "symmixer"])
-def test_penalty_refuses_models_without_symmetry_breaking_weights(family):
-    with pytest.raises(ValueError, match="no symmetry-breaking weights.*AsymMixerTransformer2DModel"):
-        symmetry_breaking_penalty(MODELS[family](**TINY))
+def test_penalty_refuses_models_without_symmetry_breaking_weights():
+    for family in ("paramixer", "symmixer"):
+        with pytest.raises(ValueError, match="no symmetry-breaking weights.*AsymMixerTransformer2DModel"):
+            symmetry_breaking_penalty(MODELS[family](**TINY))
 
 
 @pytest.mark.parametrize("family", MODELS)
@@ -227,15 +193,6 @@ def test_every_parameter_gets_a_gradient(family, num_iterations):
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing
-
-
-@pytest.mark.parametrize("case", TINY_CASES)
-def test_tiny_models_are_counted_exactly(case):
-    model_cls, overrides, expected_params, expected_macs = TINY_CASES[case]
-    model = model_cls(**TINY, **overrides)
-    counted = complexity(model)
-    assert counted.params == expected_params == num_parameters(model)
-    assert counted.macs == expected_macs
 
 
 @pytest.mark.parametrize("name", NAMED)
@@ -261,16 +218,6 @@ def test_block_macs_follow_the_mlp_kind():
             "mlp_ratio": channel_hidden / hidden_size,
         }
         assert complexity({**config, "num_iterations": 2}, family=family).block_macs == 2 * matmuls * per_matmul
-
-
-@pytest.mark.parametrize("family", MODELS)
-def test_each_family_is_registered_under_its_own_class(family, tmp_path):
-    model = MODELS[family](**TINY)
-    assert family_of(model).name == family
-    model.save_pretrained(tmp_path)
-    reloaded = MODELS[family].from_pretrained(tmp_path)
-    assert type(reloaded) is MODELS[family]
-    assert json.loads((tmp_path / "config.json").read_text())["_class_name"] == MODELS[family].__name__
 
 
 @pytest.mark.parametrize(

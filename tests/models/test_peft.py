@@ -6,28 +6,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
+from plain_torch import randomize_
+from test_models import MODELS, make_inputs, make_model
 from torch import nn
 
-from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
 
 
-TINY = dict(
-    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
-)
-# Every registered block family, tiny (the MoE-MLP with 3 experts and 2 heads).
-MODELS = {
-    name: (lambda family=family: family.model_class(**TINY, **family.tiny_overrides))
-    for name, family in FAMILIES.items()
-}
-MODELS["moe_mlp"] = lambda: FAMILIES["moe_mlp"].model_class(**TINY, num_experts=3, num_heads=2)
-# The nn.Linear layers of one block, by name inside the block, as the papers name them: the L-MLP's FNN_L (`left`,
-# L×L over the token axis), FNN_R (`right`), the merge projection and the joint MLP; the MoE-MLP block has one L→E
-# gate per head instead of the single `left` matrix (its expert matrices are mixed per sample, so they are
-# parameters, not Linear layers).
+# The nn.Linear layers of one block as the papers name them; the MoE-MLP block has one L→E gate per head in place of
+# `left` (its expert matrices are mixed per sample: parameters, not Linear layers).
 PAPER_LINEARS = {
     "lmlp": {"left", "right", "merge", "joint_mlp.fc1", "joint_mlp.fc2"},
     "moe_mlp": {"left.gates.0", "left.gates.1", "right", "merge", "joint_mlp.fc1", "joint_mlp.fc2"},
+    "uvit": {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"},  # and each out block's skip_linear
 }
 
 
@@ -60,16 +51,6 @@ def kind(request):
     return request.param
 
 
-def make_model(kind: str) -> nn.Module:
-    torch.manual_seed(0)
-    return MODELS[kind]().eval()
-
-
-def make_inputs(batch: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1)
-    return torch.randn(batch, 4, 8, 8, generator=gen), torch.randn(batch, 5, 16, generator=gen), torch.tensor([3, 700])
-
-
 def lora_config(targets: list[str], parameters: list[str] = ()) -> LoraConfig:
     # init_lora_weights=False draws lora_B at random too, so a fresh adapter already changes the output.
     return LoraConfig(
@@ -77,23 +58,10 @@ def lora_config(targets: list[str], parameters: list[str] = ()) -> LoraConfig:
     )
 
 
-def randomize_(module: nn.Module, seed: int) -> None:
-    """Random values everywhere (biases and norms too), so that no term can hide behind a zero init."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(0.1 * torch.randn(p.shape, generator=gen) + (1.0 if p.ndim == 1 else 0.0))
-
-
 @pytest.mark.parametrize("kind", PAPER_LINEARS)
 def test_every_linear_of_a_block_is_an_nn_linear(kind):
     block = make_model(kind).stack.mid_block
     assert {name for name, module in block.named_modules() if isinstance(module, nn.Linear)} == PAPER_LINEARS[kind]
-
-
-def test_every_family_has_layers_for_adapters(kind):
-    modules, parameters = BLOCK_TARGETS[kind]
-    assert modules or parameters, f"{kind}'s blocks have nothing LoRA can adapt"
 
 
 @pytest.mark.parametrize("kind, layer", [(kind, layer) for kind in MODELS for layer in BLOCK_TARGETS[kind][0]])
@@ -115,6 +83,7 @@ def test_lora_on_every_linear_of_every_block_trains(kind):
     modules, parameters = BLOCK_TARGETS[kind]
     model.add_adapter(lora_config(modules, parameters))  # name suffixes: every block
     lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
+    assert lora, f"{kind}'s blocks have nothing LoRA can adapt"
     tied = sum(
         1 for block in (*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks) for _ in parameters
     )

@@ -1,19 +1,18 @@
-"""torch's dynamic int8 quantization (`torch.ao.quantization.quantize_dynamic`, the eager quantization of a model on a
-CPU) reaches every nn.Linear of every backbone, which then predicts what the float model predicts to within int8's
-error, and the shipped pipeline so quantized draws held-out captions right. What it cannot do is refused with the way
-to do it: saving (safetensors cannot store the packed weights; nothing is written), sampling with the other weights
-cast to bf16, and loading a LoRA into the quantized layers."""
+"""torch's dynamic int8 quantization (`quantize_dynamic`) reaches every nn.Linear of every backbone, which then predicts
+what the float model predicts to within int8's error. What it cannot do is refused with the way to do it: saving
+(nothing is written), sampling with the other weights cast to bf16, loading a LoRA, freezing."""
 
 import pytest
 import torch
 from diffusers.hooks import apply_layerwise_casting
 from space_server import shapes_lora, shapes_pipeline
+from test_models import make_inputs, make_model
 from torch import nn
 from torch.ao.quantization import quantize_dynamic
 
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.evaluation.captions import draw_captions
-from diffusers_lmlp.models.quantized import dynamically_quantized_layers
+from diffusers_lmlp.models.quantized import dynamically_quantized_layers, is_dynamically_quantized
 from diffusers_lmlp.models.tokens import input_dtype
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import score_images
@@ -25,26 +24,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning"),
 ]
 
-TINY = dict(
-    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
-)
-
-
-def tiny_model(kind: str) -> nn.Module:
-    family = FAMILIES[kind]
-    return family.model_class(**TINY, **family.tiny_overrides).eval()
-
-
-def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    latents = torch.randn(2, 4, 8, 8, generator=generator)  # (B, C, h, w)
-    text = torch.randn(2, 5, 16, generator=generator)  # (B, T, D_text)
-    return latents, text, torch.tensor([10, 500])
-
-
-def is_dynamic_quantized(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("torch.ao.nn.quantized.dynamic")
-
 
 def quantized(model: nn.Module) -> nn.Module:
     return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
@@ -52,20 +31,20 @@ def quantized(model: nn.Module) -> nn.Module:
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind):
-    torch.manual_seed(0)
-    model = tiny_model(kind)
+    model = make_model(kind)
     linears = sorted(name for name, module in model.named_modules() if isinstance(module, nn.Linear))
     int8 = quantized(model)
-    assert sorted(name for name, module in int8.named_modules() if is_dynamic_quantized(module)) == linears
+    assert sorted(name for name, module in int8.named_modules() if is_dynamically_quantized(module)) == linears
     assert not any(type(module) is nn.Linear for module in int8.modules())  # no layer skipped
     with torch.no_grad():
-        reference = model(*inputs()).sample
-        sample = int8(*inputs()).sample
+        reference = model(*make_inputs()).sample
+        sample = int8(*make_inputs()).sample
     error = ((sample - reference).norm() / reference.norm()).item()
-    # int8 rounding (measured: 0.7–1.2% on every family), not a weight left random or zero (about 100%).
+    # int8 rounding, not a weight left random or zero (about 100%).
     assert 0 < error < 0.05, error
 
 
+@pytest.mark.slow
 def test_the_shipped_pipeline_quantized_draws_held_out_captions():
     pipe = pretrained_shapes_pipeline()
     pipe.set_progress_bar_config(disable=True)
@@ -75,14 +54,10 @@ def test_the_shipped_pipeline_quantized_draws_held_out_captions():
     assert score_images(images, captions)["all"] >= 7 / 8
 
 
-def test_saving_a_quantized_model_writes_nothing(tmp_path):
-    int8 = quantized(tiny_model("lmlp"))
+def test_saving_a_quantized_model_or_pipeline_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"safetensors cannot store .*Save the model before quantizing it"):
-        int8.save_pretrained(tmp_path / "transformer")
+        quantized(make_model("lmlp")).save_pretrained(tmp_path / "transformer")
     assert not (tmp_path / "transformer").exists()
-
-
-def test_saving_a_pipeline_with_a_quantized_component_writes_nothing(tmp_path):
     pipe = pretrained_shapes_pipeline()
     pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
     with pytest.raises(ValueError, match=r"LMLPTransformer2DModel holds state that safetensors cannot store"):
@@ -103,7 +78,7 @@ def test_input_dtype_is_the_layers_compute_dtype():
     assert input_dtype(layer) == torch.bfloat16
     # A dynamically quantized Linear keeps no parameter or buffer, and reads float32.
     [int8] = quantize_dynamic(nn.Sequential(nn.Linear(4, 4).to(torch.float64)), {nn.Linear}, dtype=torch.qint8)
-    assert is_dynamic_quantized(int8) and next(int8.parameters(), None) is None
+    assert is_dynamically_quantized(int8) and next(int8.parameters(), None) is None
     assert input_dtype(int8) == torch.float32
 
 
@@ -118,6 +93,7 @@ def sample(pipe, steps: int = 10) -> torch.Tensor:
     return pipe("a red circle at the center", num_inference_steps=steps, generator=generator, output_type="pt").images
 
 
+@pytest.mark.slow
 def test_a_quantized_transformer_cast_to_bf16_is_refused_before_any_model_runs_and_the_fix_samples():
     pipe = quantized_shapes_pipeline()
     expected = sample(pipe)
@@ -134,6 +110,7 @@ def test_a_quantized_transformer_cast_to_bf16_is_refused_before_any_model_runs_a
     assert (images.float() - expected).abs().mean() < 0.01  # the text encoder and the VAE run in bf16 now
 
 
+@pytest.mark.slow
 def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effect(tmp_path):
     shapes_lora(tmp_path / "lora", std=0.05)  # a LoRA that changes the images well beyond int8's rounding
 
@@ -152,6 +129,7 @@ def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effe
     assert (fused_int8 - fused_float).abs().mean() < (fused_int8 - base_int8).abs().mean() / 4
 
 
+@pytest.mark.slow
 def test_freezing_refuses_a_quantized_transformer_before_compiling():
     # The int8 layers break dynamo's graph, and the frozen model samples slower than the eager one.
     pipe = quantized_shapes_pipeline()

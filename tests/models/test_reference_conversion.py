@@ -1,7 +1,7 @@
 """Fidelity to the reference UL-MLP (zizhao-hu/L-MLP `libs/f2.py`), checked against an independent re-statement.
 
-`reference_forward` below re-states the reference forward in plain torch functions on a state dict with the
-reference's keys (shared/reference/reference-implementations.md §A.1–A.4). It shares no code with the package.
+`reference_forward` re-states the reference forward in plain torch on a state dict with the reference's keys,
+sharing no code with the package.
 """
 
 import pytest
@@ -12,46 +12,59 @@ from plain_torch import reference_skeleton_forward
 from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict
 
 
-def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hidden, seed=0):
-    """Random tensors with the reference UL-MLP's keys and shapes (§A.4), biases and norms included."""
-    gen = torch.Generator().manual_seed(seed)
+def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, block_tensors, conv=True, unit_weights=False):
+    """Random tensors with a reference network's keys and shapes (§A.4, §B.1), biases and norms included; each
+    block's come from `block_tensors(prefix, rand, weight)`. `unit_weights` scales each weight by fan-in^-½, which
+    keeps a float32 comparison of deep attention well conditioned."""
+    gen = torch.Generator().manual_seed(0)
 
     def rand(*shape, scale=0.05, offset=0.0):
         return offset + scale * torch.randn(*shape, generator=gen)
+
+    def weight(out_features, in_features):
+        return rand(out_features, in_features, scale=in_features**-0.5 if unit_weights else 0.05)
 
     sd = {
         "pos_embed": rand(1, seq_len, dim),
         "patch_embed.proj.weight": rand(dim, channels, patch, patch),
         "patch_embed.proj.bias": rand(dim),
-        "context_embed.weight": rand(dim, text_dim),
+        "context_embed.weight": weight(dim, text_dim),
         "context_embed.bias": rand(dim),
         "norm.weight": rand(dim, offset=1.0),
         "norm.bias": rand(dim),
-        "decoder_pred.weight": rand(patch * patch * channels, dim),
+        "decoder_pred.weight": weight(patch * patch * channels, dim),
         "decoder_pred.bias": rand(patch * patch * channels),
-        "final_layer.weight": rand(channels, channels, 3, 3),
-        "final_layer.bias": rand(channels),
     }
+    if conv:
+        sd |= {"final_layer.weight": rand(channels, channels, 3, 3), "final_layer.bias": rand(channels)}
     prefixes = [f"in_blocks.{i}." for i in range(depth // 2)] + ["mid_block."]
-    prefixes += [f"out_blocks.{i}." for i in range(depth // 2)]
-    for p in prefixes:
-        sd |= {
+    for p in prefixes + [f"out_blocks.{i}." for i in range(depth // 2)]:
+        sd |= block_tensors(p, rand, weight)
+    return sd
+
+
+def lmlp_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hidden):
+    """The reference UL-MLP's tensors (libs/f2.py)."""
+
+    def block_tensors(p, rand, weight):
+        return {
             p + "norm1.weight": rand(dim, offset=1.0),
             p + "norm1.bias": rand(dim),
             p + "norm2.weight": rand(seq_len, offset=1.0),
             p + "norm2.bias": rand(seq_len),
-            p + "l.weight": rand(seq_len, seq_len),
+            p + "l.weight": weight(seq_len, seq_len),
             p + "l.bias": rand(seq_len),
-            p + "r.weight": rand(dim, dim),
+            p + "r.weight": weight(dim, dim),
             p + "r.bias": rand(dim),
-            p + "proj.weight": rand(dim, dim),
+            p + "proj.weight": weight(dim, dim),
             p + "proj.bias": rand(dim),
-            p + "mlp.fc1.weight": rand(mlp_hidden, dim),
+            p + "mlp.fc1.weight": weight(mlp_hidden, dim),
             p + "mlp.fc1.bias": rand(mlp_hidden),
-            p + "mlp.fc2.weight": rand(dim, mlp_hidden),
+            p + "mlp.fc2.weight": weight(dim, mlp_hidden),
             p + "mlp.fc2.bias": rand(dim),
         }
-    return sd
+
+    return reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, block_tensors)
 
 
 def reference_forward(sd, x, context, n, depth, patch):
@@ -93,7 +106,7 @@ TINY = dict(
 def test_converted_tiny_model_matches_reference_forward():
     model = LMLPTransformer2DModel(**TINY).eval()
     seq_len = 1 + 5 + 16
-    sd = reference_state_dict(depth=4, dim=32, seq_len=seq_len, patch=2, channels=4, text_dim=24, mlp_hidden=128)
+    sd = lmlp_state_dict(depth=4, dim=32, seq_len=seq_len, patch=2, channels=4, text_dim=24, mlp_hidden=128)
     model.load_state_dict(convert_lmlp_reference_state_dict(sd), strict=True)
 
     gen = torch.Generator().manual_seed(1)
@@ -110,7 +123,7 @@ def test_under_bf16_autocast_the_residual_stream_is_float32_as_in_the_reference(
     # The reference's torch.cat joins the bf16 patches and text with the float32 time token and adds the float32
     # pos_embed: the stream is float32, and every block's residual add stays so.
     model = LMLPTransformer2DModel(**TINY).eval()
-    sd = reference_state_dict(depth=4, dim=32, seq_len=22, patch=2, channels=4, text_dim=24, mlp_hidden=128)
+    sd = lmlp_state_dict(depth=4, dim=32, seq_len=22, patch=2, channels=4, text_dim=24, mlp_hidden=128)
     model.load_state_dict(convert_lmlp_reference_state_dict(sd), strict=True)
     streams = []
     for block in model.stack.in_blocks:
@@ -133,7 +146,7 @@ def test_under_bf16_autocast_the_residual_stream_is_float32_as_in_the_reference(
 @pytest.mark.slow
 def test_f2_reference_layout_loads_one_to_one_and_matches():
     model = LMLPTransformer2DModel().eval()  # F2
-    sd = reference_state_dict(depth=16, dim=512, seq_len=334, patch=2, channels=4, text_dim=768, mlp_hidden=2048)
+    sd = lmlp_state_dict(depth=16, dim=512, seq_len=334, patch=2, channels=4, text_dim=768, mlp_hidden=2048)
     assert len(sd) == 249  # §A.4: 249 tensors for depth 16
     assert sum(v.numel() for v in sd.values()) == 47_139_122
     converted = convert_lmlp_reference_state_dict(sd)

@@ -104,11 +104,8 @@ def test_push_to_hub_uploads_no_path_of_this_machine(pipe, tmp_path, monkeypatch
         (3, False),
     ],
 )
-def test_what_counts_as_a_path_of_this_machine(value, local):
+def test_what_counts_as_a_path_of_this_machine(value, local, tmp_path, monkeypatch):
     assert is_local_path(value) is local
-
-
-def test_a_relative_folder_that_exists_here_counts_as_local(tmp_path, monkeypatch):
-    (tmp_path / "lmlp-shapes").mkdir()
+    (tmp_path / "lmlp-shapes").mkdir()  # a relative folder that exists here counts as local
     monkeypatch.chdir(tmp_path)
     assert is_local_path("lmlp-shapes") and not is_local_path("lmlp-other")

@@ -1,9 +1,6 @@
-"""A backbone checkpoint fills every weight of the model or is refused, on every diffusers loading path.
-
-Refused: a missing tensor, a folder of another family's class, a tensor the model has no place for. `strict=False`
-loads them with a warning naming the keys, and the missing weights get a new model's initialisation. The expected
-keys are read here from the safetensors headers and a model built from the folder's config, not from diffusers.
-"""
+"""A backbone checkpoint fills every weight of the model or is refused (a missing tensor, another family's folder,
+a tensor the model has no place for), on every diffusers loading path; `strict=False` loads with a warning naming the
+keys and a new model's values for the missing weights."""
 
 import copy
 import inspect
@@ -22,11 +19,10 @@ from test_models import make_inputs, make_model
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, UViTTransformer2DModel
 
 
-# A LayerNorm weight: a new model initialises it to ones (the reference initialisation), so its value is known.
+# A LayerNorm weight: a new model initialises it to ones.
 NORM_WEIGHT = "stack.mid_block.token_norm.weight"
 EXTRA = "stack.mid_block.extra.weight"
-# Every way diffusers reads a checkpoint into the model: into meta weights (its default), into built ones, placed by
-# a device map, and from shards that an index file lists: (save_pretrained arguments, from_pretrained arguments).
+# Every way diffusers reads a checkpoint: (save_pretrained arguments, from_pretrained arguments).
 LOADING_PATHS = {
     "default": ({}, {}),
     "low_cpu_mem_usage=False": ({}, {"low_cpu_mem_usage": False}),
@@ -45,10 +41,6 @@ def remove_tensor(folder: Path, key: str) -> None:
             save_file(tensors, file, metadata={"format": "pt"})
             return
     raise AssertionError(f"no file in {folder} holds {key}")
-
-
-def add_tensor(folder: Path, key: str, tensor: torch.Tensor) -> None:
-    add_tensor_to(folder / "diffusion_pytorch_model.safetensors", key, tensor)
 
 
 def named(keys: set[str]) -> str:
@@ -106,7 +98,7 @@ def test_a_folder_loaded_as_another_familys_class_is_refused_naming_both_classes
 
 def test_a_tensor_the_model_does_not_have_is_refused(tmp_path):
     make_model("lmlp").save_pretrained(tmp_path)
-    add_tensor(tmp_path, EXTRA, torch.ones(4, 4))
+    add_tensor_to(tmp_path / "diffusion_pytorch_model.safetensors", EXTRA, torch.ones(4, 4))
     with pytest.raises(ValueError, match=re.escape(f"1 tensor in it is not a weight of the model ({EXTRA})")):
         LMLPTransformer2DModel.from_pretrained(tmp_path)
 
@@ -116,7 +108,7 @@ def test_strict_false_loads_with_a_warning_and_a_new_models_values_for_the_missi
     model = make_model("lmlp")
     model.save_pretrained(tmp_path)
     remove_tensor(tmp_path, NORM_WEIGHT)
-    add_tensor(tmp_path, EXTRA, torch.ones(4, 4))
+    add_tensor_to(tmp_path / "diffusion_pytorch_model.safetensors", EXTRA, torch.ones(4, 4))
 
     with caplog.at_level(logging.WARNING, logger="diffusers_lmlp"):
         loaded, info = LMLPTransformer2DModel.from_pretrained(tmp_path, strict=False, output_loading_info=True, **load)
@@ -166,8 +158,7 @@ class DiffusersLoading(LMLPTransformer2DModel):
     _load_pretrained_model = classmethod(ModelMixin._load_pretrained_model.__func__)
 
 
-# The canaries of the one override of a private diffusers method (models/loading.py): each asserts a gap that
-# diffusers has today. When one fails, diffusers has changed: the override's reason, or its signature, is gone.
+# Canaries of the override of diffusers' private loader (models/loading.py): when one fails, its reason is gone.
 def test_diffusers_alone_fails_on_a_missing_tensor_with_a_device_map(tmp_path):
     make_model("lmlp").save_pretrained(tmp_path)
     remove_tensor(tmp_path, NORM_WEIGHT)

@@ -106,10 +106,10 @@ ROWS = {  # name -> the block options its row describes
 }
 
 
-@pytest.mark.parametrize("name", ROWS)
-def test_each_rows_block_computes_what_the_row_describes(name):
+def row_block(name: str) -> LMLPBlock:
+    """A small block (D = 16, L = 12) with the options of Table 1's row `name`."""
     config = LMLPTransformer2DModel.named_configs[name]
-    block = LMLPBlock(
+    return LMLPBlock(
         hidden_size=16,
         seq_len=12,
         mlp_ratio=config.get("mlp_ratio", 4.0) and 2.0,
@@ -120,13 +120,18 @@ def test_each_rows_block_computes_what_the_row_describes(name):
         merge_proj=config.get("merge_proj", True),
         skip_stage=config.get("long_skip") or "second_stage",
     )
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_each_rows_block_computes_what_the_row_describes(name):
+    block = row_block(name)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in block.parameters():  # random everywhere, so no term hides behind an init value
             param.copy_(0.3 * torch.randn(param.shape, generator=gen) + (1.0 if param.ndim == 1 else 0.0))
     x, skip = torch.randn(2, 12, 16, generator=gen), torch.randn(2, 12, 16, generator=gen)
     params = dict(block.state_dict())
-    skip_stage = config.get("long_skip") or "second_stage"
+    skip_stage = block.skip_stage
     for s in (None, skip):
         expected = reference_block(params, x, s, skip_stage=skip_stage, **ROWS[name])
         torch.testing.assert_close(block(x, s), expected, rtol=1e-5, atol=1e-5)
@@ -173,19 +178,9 @@ def test_bad_table1_options_raise_clear_errors(overrides, message):
 
 @pytest.mark.parametrize("name", [name for name in ROWS if ROWS[name]["merge_proj"]])
 def test_the_merge_linear_reads_z_in_the_reference_layout(name):
-    """Z = merging(left, right) with `left` first, as the reference: Z takes the left hemisphere's transposed layout,
-    and the merge GEMM reads that layout, so that it rounds as the reference's does (`right + left` is the same sum
-    but a contiguous Z, and a GEMM that differs from the reference's in the last bits)."""
-    config = LMLPTransformer2DModel.named_configs[name]
-    block = LMLPBlock(
-        hidden_size=16,
-        seq_len=12,
-        mlp_ratio=config.get("mlp_ratio") and 2.0,
-        norm_eps=1e-5,
-        lateral_mlp_ratio=config.get("lateral_mlp_ratio") and 1.5,
-        lateral_activation=config.get("lateral_activation", "none"),
-        merging=config.get("merging", "add"),
-    )
+    """Z = merging(left, right) with `left` first, as the reference: Z keeps the left hemisphere's transposed layout,
+    so the merge GEMM rounds as the reference's does."""
+    block = row_block(name)
     seen = []
     block.merge.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
     block(torch.randn(2, 12, 16))

@@ -1,8 +1,8 @@
-"""U-ViT, the attention baseline: fidelity to the reference `libs/uvit_t2i.py`, sizes, cost, pipeline use and PEFT.
+"""U-ViT, the attention baseline: fidelity to the reference `libs/uvit_t2i.py`, sizes, cost and pipeline use (its
+LoRA targets are test_peft.py's).
 
-`reference_forward` below re-states the reference network in plain torch functions on a state dict with the
-reference's keys (shared/reference/reference-implementations.md §A.1, §A.4 and §B.1). It shares no code with the
-package: attention is an explicit softmax(QKᵀ/√d)·V per head, read off the [q | k | v], head-major qkv layout.
+`reference_forward` re-states the reference network in plain torch on a state dict with the reference's keys,
+sharing no code with the package: attention is an explicit softmax(QKᵀ/√d)·V per head of the [q | k | v] layout.
 """
 
 import json
@@ -13,9 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from diffusers import DiffusionPipeline
-from peft import LoraConfig
 from plain_torch import reference_skeleton_forward
-from torch import nn
+from test_reference_conversion import reference_state_dict
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import (
@@ -29,36 +28,11 @@ from diffusers_lmlp.models.families import FAMILIES, family_of
 from diffusers_lmlp.models.mixers.attention import UViTBlock
 
 
-def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hidden, qkv_bias=False, conv=True):
-    """Random tensors with the reference U-ViT's keys and shapes (§A.4, §B.1), biases and norms included."""
-    gen = torch.Generator().manual_seed(0)
+def uvit_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hidden, qkv_bias=False, conv=True):
+    """The reference U-ViT's tensors (libs/uvit_t2i.py): out blocks add `skip_linear`."""
 
-    def rand(*shape, scale=0.05, offset=0.0):
-        return offset + scale * torch.randn(*shape, generator=gen)
-
-    def weight(out_features, in_features):
-        # Unit-variance outputs for unit-variance inputs keep the float32 comparison well conditioned at full size.
-        return rand(out_features, in_features, scale=in_features**-0.5)
-
-    sd = {
-        "pos_embed": rand(1, seq_len, dim),
-        "patch_embed.proj.weight": rand(dim, channels, patch, patch),
-        "patch_embed.proj.bias": rand(dim),
-        "context_embed.weight": weight(dim, text_dim),
-        "context_embed.bias": rand(dim),
-        "norm.weight": rand(dim, offset=1.0),
-        "norm.bias": rand(dim),
-        "decoder_pred.weight": weight(patch * patch * channels, dim),
-        "decoder_pred.bias": rand(patch * patch * channels),
-    }
-    if conv:
-        sd |= {"final_layer.weight": rand(channels, channels, 3, 3), "final_layer.bias": rand(channels)}
-    blocks = [f"in_blocks.{i}." for i in range(depth // 2)] + ["mid_block."]
-    blocks += [f"out_blocks.{i}." for i in range(depth // 2)]
-    for p in blocks:
-        if p.startswith("out_blocks"):
-            sd |= {p + "skip_linear.weight": weight(dim, 2 * dim), p + "skip_linear.bias": rand(dim)}
-        sd |= {
+    def block_tensors(p, rand, weight):
+        sd = {
             p + "norm1.weight": rand(dim, offset=1.0),
             p + "norm1.bias": rand(dim),
             p + "attn.qkv.weight": weight(3 * dim, dim),
@@ -71,9 +45,13 @@ def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hid
             p + "mlp.fc2.weight": weight(dim, mlp_hidden),
             p + "mlp.fc2.bias": rand(dim),
         }
+        if p.startswith("out_blocks"):
+            sd |= {p + "skip_linear.weight": weight(dim, 2 * dim), p + "skip_linear.bias": rand(dim)}
         if qkv_bias:
             sd[p + "attn.qkv.bias"] = rand(3 * dim)
-    return sd
+        return sd
+
+    return reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, block_tensors, conv, unit_weights=True)
 
 
 def reference_attention(sd, p, h, num_heads):
@@ -128,7 +106,7 @@ def tiny_inputs(batch=3, text_dim=16):
     return latents, text, torch.tensor([0, 411, 999][:batch])  # diffusers timesteps; the network sees t + 1
 
 
-def num_parameters(model: nn.Module) -> int:
+def num_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
@@ -137,7 +115,7 @@ def test_converted_tiny_model_matches_reference_forward(case):
     depth, heads, qkv_bias, conv = REFERENCE_CASES[case]
     config = dict(TINY, num_layers=depth, text_embed_dim=24, num_attention_heads=heads, qkv_bias=qkv_bias)
     model = UViTTransformer2DModel(**config, conv_out=conv).eval()
-    sd = reference_state_dict(depth, 32, 22, 2, 4, text_dim=24, mlp_hidden=128, qkv_bias=qkv_bias, conv=conv)
+    sd = uvit_state_dict(depth, 32, 22, 2, 4, text_dim=24, mlp_hidden=128, qkv_bias=qkv_bias, conv=conv)
     model.load_state_dict(convert_uvit_reference_state_dict(sd), strict=True)
 
     x, context, t = tiny_inputs(text_dim=24)
@@ -150,7 +128,7 @@ def test_converted_tiny_model_matches_reference_forward(case):
 @pytest.mark.slow
 def test_uvit_s2_reference_layout_loads_one_to_one_and_matches():
     model = UViTTransformer2DModel().eval()  # U-ViT-S/2
-    sd = reference_state_dict(12, 512, 334, 2, 4, text_dim=768, mlp_hidden=2048)
+    sd = uvit_state_dict(12, 512, 334, 2, 4, text_dim=768, mlp_hidden=2048)
     # 11 top-level tensors, 11 per block in 13 blocks, skip_linear's 2 in 6 out blocks.
     assert len(sd) == 11 + 13 * 11 + 6 * 2
     assert sum(v.numel() for v in sd.values()) == 44_692_644
@@ -168,13 +146,16 @@ def test_uvit_s2_reference_layout_loads_one_to_one_and_matches():
 
 
 @pytest.mark.parametrize("name", NAMED)
-def test_named_config_parameter_counts(name):
-    depth, params, _ = NAMED[name]
+def test_named_config_sizes_and_macs(name):
+    depth, params, macs = NAMED[name]
     with torch.device("meta"):
         model = UViTTransformer2DModel.from_named_config(name)
+    counted = complexity(model)
     assert model.config.num_layers == depth
-    assert num_parameters(model) == params == complexity(model).params
+    assert num_parameters(model) == params == counted.params
     assert (len(model.stack.in_blocks), len(model.stack.out_blocks)) == (depth // 2, depth // 2)
+    assert counted.macs == macs
+    assert (counted.seq_len, counted.num_blocks) == (334, depth + 1)
 
 
 def test_registered_as_the_uvit_family():
@@ -182,14 +163,6 @@ def test_registered_as_the_uvit_family():
     assert family_of(UViTTransformer2DModel) is family
     assert (family.label, family.tag) == ("U-ViT", "u-vit")
     assert family.details(family.full_config({})) == ", 8 attention heads"
-
-
-def test_converter_strips_ddp_prefix():
-    sd = {"module.context_embed.weight": torch.zeros(2, 2), "module.out_blocks.1.skip_linear.bias": torch.zeros(2)}
-    assert set(convert_uvit_reference_state_dict(sd)) == {
-        "embed.text_adapter.weight",
-        "stack.out_blocks.1.skip_linear.bias",
-    }
 
 
 @pytest.mark.parametrize(
@@ -208,7 +181,12 @@ def test_converter_names_the_likely_cause_of_a_foreign_key(key, cause):
         convert_uvit_reference_state_dict({key: torch.zeros(1)})
 
 
-def test_converters_refuse_each_others_checkpoints():
+def test_converters_strip_ddp_prefix_and_refuse_each_others_checkpoints():
+    sd = {"module.context_embed.weight": torch.zeros(2, 2), "module.out_blocks.1.skip_linear.bias": torch.zeros(2)}
+    assert set(convert_uvit_reference_state_dict(sd)) == {
+        "embed.text_adapter.weight",
+        "stack.out_blocks.1.skip_linear.bias",
+    }
     lmlp_block = {"in_blocks.0.norm1.weight": torch.zeros(1), "in_blocks.0.l.weight": torch.zeros(1)}
     with pytest.raises(ValueError, match="L-MLP checkpoint"):
         convert_uvit_reference_state_dict(lmlp_block)
@@ -248,84 +226,29 @@ def test_in_block_costs_lmlp_table3_transformer_block_and_out_block_adds_skip_li
     assert num_parameters(blocks[True]) - num_parameters(blocks[False]) == 2 * 512 * 512 + 512
 
 
-@pytest.mark.parametrize("name", NAMED)
-def test_named_config_macs(name):
-    with torch.device("meta"):
-        model = UViTTransformer2DModel.from_named_config(name)
-    counted = complexity(model)
-    assert counted.macs == NAMED[name][2]
-    assert (counted.seq_len, counted.num_blocks) == (334, NAMED[name][0] + 1)
-
-
 def test_lmlp_table4_uvit_gmacs_leave_out_the_attention_matmuls():
-    # L-MLP Table 4 gives U-ViT-S/2 14.78 GMACs; the L-MLP repo measures with ptflops, whose module hooks cannot
-    # see the functional attention (§A.5). Our count without QKᵀ and softmax(QKᵀ)·V is within 0.3% of it (the rest
-    # is what ptflops counts beyond matmuls); with them it is 16.23 G, so the table leaves them out.
+    # L-MLP Table 4's 14.78 GMACs for U-ViT-S/2 come from ptflops, whose module hooks cannot see the functional
+    # attention: our count without QKᵀ and softmax(QKᵀ)·V is within 0.3% of it, and 16.23 G with them.
     counted = complexity({}, family="uvit")
     without_attention_matmuls = counted.macs - counted.num_blocks * 2 * 334**2 * 512
     assert without_attention_matmuls == pytest.approx(14.78e9, rel=3e-3)
     assert counted.macs == pytest.approx(16.23e9, rel=1e-3)
 
 
-@pytest.fixture
-def uvit_pipe(make_pipe):
-    """The tiny pipeline (16×16 images, 16 text tokens) with a tiny U-ViT as its backbone."""
-    return make_pipe("uvit")
-
-
 def test_uvit_generates_in_lmlp_pipeline_and_round_trips_through_diffusion_pipeline(
-    uvit_pipe, generate, tmp_path, monkeypatch
+    make_pipe, generate, tmp_path, monkeypatch
 ):
-    def refuse(*args, **kwargs):
-        raise AssertionError("loading unpickled a file with torch.load")
-
+    uvit_pipe = make_pipe("uvit")
     images = generate(uvit_pipe)
     assert images.shape == (1, 3, 16, 16) and torch.isfinite(images).all()
     uvit_pipe.save_pretrained(tmp_path)
     model_index = json.loads((tmp_path / "model_index.json").read_text())
     assert model_index["transformer"] == ["diffusers_lmlp", "UViTTransformer2DModel"]
 
-    monkeypatch.setattr(torch, "load", refuse)  # loading reads safetensors only
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("loading unpickled a file"))
     loaded = DiffusionPipeline.from_pretrained(tmp_path)  # offline: conftest sets HF_HUB_OFFLINE=1
     loaded.set_progress_bar_config(disable=True)
     assert type(loaded) is LMLPPipeline and type(loaded.transformer) is UViTTransformer2DModel
     saved_config = {k: v for k, v in loaded.transformer.config.items() if not k.startswith("_")}
     assert saved_config == {k: v for k, v in uvit_pipe.transformer.config.items() if not k.startswith("_")}
     torch.testing.assert_close(generate(loaded), images, rtol=0, atol=0)
-
-
-def lora_config(targets: list[str]) -> LoraConfig:
-    # init_lora_weights=False draws lora_B at random too, so a fresh adapter already changes the output.
-    return LoraConfig(r=2, lora_alpha=2, target_modules=targets, init_lora_weights=False)
-
-
-def test_every_linear_of_the_blocks_is_an_nn_linear():
-    model = UViTTransformer2DModel(**TINY)
-    linears = {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"}
-    for block, expected in ((model.stack.mid_block, linears), (model.stack.out_blocks[0], linears | {"skip_linear"})):
-        assert {name for name, module in block.named_modules() if isinstance(module, nn.Linear)} == expected
-
-
-@pytest.mark.parametrize("layer", ["mid_block.attn.qkv", "mid_block.attn.proj", "out_blocks.0.skip_linear"])
-def test_lora_on_attention_and_skip_linear_changes_the_output(layer):
-    torch.manual_seed(0)
-    model = UViTTransformer2DModel(**TINY).eval()
-    inputs = tiny_inputs(batch=2)
-    with torch.no_grad():
-        before = model(*inputs).sample
-        model.add_adapter(lora_config([f"stack.{layer}"]))
-        after = model(*inputs).sample
-    assert (after - before).abs().max() > 1e-4, f"a LoRA adapter on {layer} does not change the output"
-
-
-def test_lora_on_attention_trains_only_the_adapter():
-    torch.manual_seed(0)
-    model = UViTTransformer2DModel(**TINY).train()
-    model.add_adapter(lora_config(["attn.qkv", "attn.proj"]))  # name suffixes: every block
-    lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
-    assert len(lora) == 2 * 2 * 3  # lora_A and lora_B, per layer, in 3 blocks
-    assert not any(p.requires_grad for name, p in model.named_parameters() if name not in lora)
-
-    x, text, t = tiny_inputs(batch=2)
-    (model(x, text, t).sample - x).pow(2).mean().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora.values())

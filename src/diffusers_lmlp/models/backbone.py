@@ -1,14 +1,12 @@
-"""The U-shaped skeleton shared by every backbone (U-ViT, UL-MLP, MoE-MLP and the other mixers).
-
-    in blocks ──► mid block ──► out blocks      out block i receives the output of in block n-1-i (LIFO)
-
-`UShapedStack` routes the long skips (each block merges its own); `UShapedMixerModel` adds token I/O, input checks,
-the shared diffusers `forward` and the reference initialisation. The public models only choose the block.
+"""The U-shaped skeleton shared by every backbone: in blocks, a mid block, out blocks (out block i takes the output of
+in block n-1-i as its long skip). `UShapedMixerModel` adds token I/O, input checks, `forward` and the reference init;
+the public models only choose the block.
 """
 
 import math
 import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +21,7 @@ from .saving import check_storable, local_paths_left_out
 from .tokens import OutputHead, TokenEmbedder
 
 
-# The reference network's timestep n runs over 1..1000: diffusers' t in [0, 1000) of the SD noise schedule, plus 1.
+# The reference network's timestep runs over 1..1000: diffusers' t in [0, 1000) plus 1.
 NUM_TRAIN_TIMESTEPS = 1000
 
 
@@ -35,7 +33,11 @@ def _is_positive_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-# The config fields every backbone shares: field -> (test, what it must be); a model class may extend or relax them.
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+# The config fields every backbone checks: field -> (test, what it must be); a model class may extend or relax them.
 CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sample_size": (_is_positive_int, "a positive integer (the side of the square latent)"),
     "patch_size": (_is_positive_int, "a positive integer (the side of a square patch)"),
@@ -48,13 +50,39 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "text_embed_dim": (_is_positive_int, "a positive integer (the width of the text encoder states)"),
     "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
-    "pooled_text_projection": (lambda v: isinstance(v, bool), "True or False"),
+    "pooled_text_projection": (_is_bool, "True or False"),
     "norm_eps": (_is_positive_real, "a positive finite number (the LayerNorm epsilon)"),
 }
 
 
+def check_width(field: str, ratio: float, size: int, what: str) -> None:
+    """Raise a `ValueError` unless `ratio` × `size` gives the layer `what` at least one hidden unit."""
+    if int(size * ratio) < 1:
+        raise ValueError(
+            f"{field}={ratio} gives a {what} of int({size} × {ratio}) = 0 hidden units; use {field} >= 1 / {size}."
+        )
+
+
+def rename_reference_keys(
+    state_dict: dict[str, torch.Tensor], rules: list[tuple[str, str]], unexpected: Callable[[str], Exception]
+) -> dict[str, torch.Tensor]:
+    """Rename every key (less a DDP `module.` prefix) by the first (pattern, replacement) rule that matches it;
+    `unexpected(key)` is the error for a key no rule matches. Tensors are not copied."""
+    converted = {}
+    for key, tensor in state_dict.items():
+        key = key.removeprefix("module.")
+        for pattern, replacement in rules:
+            new_key, count = re.subn(pattern, replacement, key)
+            if count:
+                converted[new_key] = tensor
+                break
+        else:
+            raise unexpected(key)
+    return converted
+
+
 def _check_timestep_values(timestep: torch.Tensor) -> None:
-    """Raise a `ValueError` naming the timesteps outside [0, `NUM_TRAIN_TIMESTEPS`) (NaN included); one GPU sync."""
+    """Raise a `ValueError` naming the timesteps outside [0, `NUM_TRAIN_TIMESTEPS`), NaN included (one GPU sync)."""
     in_range = (timestep >= 0) & (timestep < NUM_TRAIN_TIMESTEPS)  # False for NaN
     if not in_range.all():
         raise ValueError(
@@ -65,8 +93,8 @@ def _check_timestep_values(timestep: torch.Tensor) -> None:
 
 
 class UShapedStack(nn.Module):
-    """num_layers // 2 in-blocks, one mid-block and num_layers // 2 out-blocks, built by `make_block(receives_skip)`;
-    with `long_skips` out block i gets the output of in block n-1-i, else the stack is a plain sequence."""
+    """num_layers // 2 in blocks, a mid block and num_layers // 2 out blocks from `make_block(receives_skip)`; without
+    `long_skips` a plain sequence."""
 
     def __init__(self, num_layers: int, make_block: Callable[[bool], nn.Module], long_skips: bool = True):
         super().__init__()
@@ -82,10 +110,9 @@ class UShapedStack(nn.Module):
         return block(x, skip)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Run every block on (B, L, D) tokens."""
         skips = []
         for block in self.in_blocks:
-            x = self._run(block, x, None)
+            x = self._run(block, x, None)  # (B, L, D)
             skips.append(x)
         x = self._run(self.mid_block, x, None)
         for block in self.out_blocks:
@@ -94,13 +121,30 @@ class UShapedStack(nn.Module):
 
 
 class UShapedMixerModel(StrictLoadingMixin):
-    """Shared body of the public backbones. Subclasses register their config and call `_build(make_block)`."""
+    """Shared body of the public backbones: subclasses register their config and call `_build(make_block)`.
+
+    Parameters every subclass takes:
+        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
+        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
+        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
+        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        num_layers (`int`): Even depth: num_layers // 2 in blocks, a mid block and num_layers // 2 out blocks.
+        mlp_ratio (`float`): Channel-MLP hidden width as a multiple of D.
+        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
+        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
+        conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
+        norm_eps (`float`): LayerNorm epsilon.
+        channel_mlp (`str`, *optional*, defaults to `"mlp"`): Where a class has it, a key of `channel_mlp.CHANNEL_MLPS`.
+        long_skips (`bool`, *optional*, defaults to `True`): Where a class has it, whether out blocks get long skips.
+        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
+            to every image token (`TokenEmbedder`); not in the papers.
+    """
 
     _supports_gradient_checkpointing = True
     _skip_layerwise_casting_patterns = ["pos_embed", "norm"]
     # The papers' named configurations of this class: name -> `__init__` overrides.
     named_configs: dict[str, dict] = {}
-    # field -> (test, requirement) for the config fields this class checks before building anything.
     config_requirements: dict[str, tuple[Callable[[Any], bool], str]] = CONFIG_REQUIREMENTS
 
     def save_pretrained(
@@ -111,19 +155,9 @@ class UShapedMixerModel(StrictLoadingMixin):
         max_shard_size: int | str = "10GB",
         **kwargs,
     ) -> None:
-        """`ModelMixin.save_pretrained` without a local `_name_or_path` in `config.json` (`models/saving.py`). The
-        arguments are explicit because a pipeline's `save_pretrained` passes on only those in this signature.
-
-        Args:
-            save_directory (`str` or `os.PathLike`): The folder; made if missing.
-            safe_serialization (`bool`, *optional*, defaults to `True`): Write safetensors (all the loader reads).
-            variant (`str`, *optional*): Write `diffusion_pytorch_model.<variant>.safetensors`.
-            max_shard_size (`int` or `str`, *optional*, defaults to `"10GB"`): The largest weights file.
-            **kwargs: The rest of what `ModelMixin.save_pretrained` takes (`is_main_process`, `push_to_hub`, ...).
-
-        Raises:
-            `ValueError`: Before anything is written, for torch's quantized layers, which safetensors cannot store.
-        """
+        """`ModelMixin.save_pretrained` without a local `_name_or_path` in `config.json`, refusing torch's quantized
+        layers before anything is written (`models/saving.py`). The arguments are explicit because a pipeline's
+        `save_pretrained` passes on only those in this signature."""
         check_storable(self)
         with local_paths_left_out(self):
             super().save_pretrained(
@@ -135,10 +169,8 @@ class UShapedMixerModel(StrictLoadingMixin):
             )
 
     def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", hotswap=False, **kwargs):
-        """`PeftAdapterMixin.load_lora_adapter`, with the checks of `LMLPPipeline.load_lora_weights`: a safetensors
-        file inside its folder, every key placed in a layer of fitting shape, finite weights and a well-typed config
-        (diffusers alone skips unknown keys and loads an empty file as an adapter that changes nothing). The
-        arguments are diffusers'."""
+        """`PeftAdapterMixin.load_lora_adapter` with the checks of `models/lora.py`: safetensors only, every key
+        placed in a layer of fitting shape, finite weights and a well-typed config."""
         from .lora import load_checked_adapter
 
         load_checked_adapter(
@@ -146,31 +178,19 @@ class UShapedMixerModel(StrictLoadingMixin):
         )
 
     def to(self, *args, **kwargs):
-        """`ModelMixin.to` without diffusers' empty "kept in float32" warning (`models/casting.py`).
-
-        Args:
-            *args, **kwargs: What `nn.Module.to` takes (a device, a dtype or both).
-        """
+        """`ModelMixin.to` without diffusers' empty "kept in float32" warning (`models/casting.py`)."""
         with no_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:
-        """Whether out blocks receive long skips: the config's `long_skips` where the class has it, else always.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-        """
+        """Whether out blocks receive long skips: the config's `long_skips` where the class has it, else always."""
         return config.get("long_skips", True)
 
     @classmethod
     def from_named_config(cls, name: str, **overrides):
-        """Build a randomly initialised model from one of the papers' named configurations.
-
-        Args:
-            name (`str`): A key of `cls.named_configs` (e.g. "F2", "2E1H", "4E1H", "4E2H").
-            **overrides: Config values that replace the named ones (e.g. `sample_size=64`).
-        """
+        """Build a randomly initialised model from one of `cls.named_configs` (e.g. "F2", "4E1H"), with `overrides`
+        replacing config values."""
         if name not in cls.named_configs:
             raise ValueError(
                 f"Unknown {cls.__name__} configuration {name!r}; choose one of {sorted(cls.named_configs)}."
@@ -178,8 +198,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         return cls(**{**cls.named_configs[name], **overrides})
 
     def _build(self, make_block: Callable[[int, bool], nn.Module]) -> None:
-        """Build token I/O and the stack from `self.config`, with `make_block(seq_len, receives_skip)`, then
-        initialise every weight."""
+        """Check the config, build token I/O and the stack with `make_block(seq_len, receives_skip)`, initialise."""
         self._check_config()
         config = self.config
         self.embed = TokenEmbedder(
@@ -207,10 +226,11 @@ class UShapedMixerModel(StrictLoadingMixin):
     def _check_config(self) -> None:
         """Raise a `ValueError` naming the first config field that cannot build the model, before any layer exists."""
         config = self.config
-        name = type(self).__name__
         for field, (is_valid, requirement) in self.config_requirements.items():
             if not is_valid(config[field]):
-                raise ValueError(f"{field}={config[field]!r} cannot build a {name}: {field} must be {requirement}.")
+                raise ValueError(
+                    f"{field}={config[field]!r} cannot build a {type(self).__name__}: {field} must be {requirement}."
+                )
         if config.sample_size % config.patch_size:
             raise ValueError(
                 f"sample_size ({config.sample_size}) must be a multiple of patch_size ({config.patch_size})."
@@ -220,11 +240,8 @@ class UShapedMixerModel(StrictLoadingMixin):
                 f"num_layers must be even and >= 0 (num_layers // 2 in-blocks, 1 mid-block, num_layers // 2 "
                 f"out-blocks), got {config.num_layers!r}."
             )
-        if config.mlp_ratio is not None and int(config.hidden_size * config.mlp_ratio) < 1:
-            raise ValueError(
-                f"mlp_ratio={config.mlp_ratio} gives a channel MLP of int({config.hidden_size} × {config.mlp_ratio}) "
-                "= 0 hidden units; use mlp_ratio >= 1 / hidden_size (the papers use 4)."
-            )
+        if config.mlp_ratio is not None:
+            check_width("mlp_ratio", config.mlp_ratio, config.hidden_size, "channel MLP")
 
     @property
     def seq_len(self) -> int:
@@ -232,8 +249,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         return self.embed.seq_len
 
     def channel_mlp_class(self) -> Callable[[int, float], nn.Module]:
-        """The channel MLP that `config.channel_mlp` names, as a `make(hidden_size, mlp_ratio)` with the token layout
-        bound, so that a block takes any of them."""
+        """The channel MLP `config.channel_mlp` names, as a `make(hidden_size, mlp_ratio)` with the token layout bound."""
         config = self.config
         return channel_mlp_factory(
             config.channel_mlp,
@@ -242,11 +258,8 @@ class UShapedMixerModel(StrictLoadingMixin):
         )
 
     def initialize_weights(self) -> None:
-        """The reference initialisation, then each submodule's own `init_weights()` (timm's convention).
-
-        Every `nn.Linear` and the positional embedding: truncated normal, std 0.02, bias 0; LayerNorms: 1 and 0; the
-        token-I/O convolutions keep PyTorch's default init, as in the reference.
-        """
+        """The reference init: every `nn.Linear` and the positional embedding truncated normal (std 0.02) with zero
+        bias, LayerNorms 1 and 0, convolutions PyTorch's default; then each submodule's own `init_weights()`."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
@@ -264,45 +277,36 @@ class UShapedMixerModel(StrictLoadingMixin):
     def _check_inputs(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int
     ) -> torch.Tensor:
-        """Validate the inputs and return the timesteps as a float (B,) tensor on the device of `hidden_states`.
-
-        Timestep values are checked where they were given (numbers and CPU tensors without a GPU wait), except on the
-        meta device and under `torch.compile`."""
-        config = self.config
-        name = type(self).__name__
-        side = config.sample_size
+        """Validate the inputs; return the timesteps as a float (B,) tensor on the device of `hidden_states`. Timestep
+        values are checked where they were given (no GPU wait for numbers), except on meta and under compile."""
+        config, name, side = self.config, type(self).__name__, self.config.sample_size
+        text_shape_value = (config.text_seq_len, config.text_embed_dim)
+        text_shape = f"(B, {config.text_seq_len}, {config.text_embed_dim})"
         if hidden_states.ndim != 4 or hidden_states.shape[1:] != (config.in_channels, side, side):
             raise ValueError(
                 f"{name} expects latents of shape (B, {config.in_channels}, {side}, {side}) (in_channels="
-                f"{config.in_channels}, sample_size={side}), got {tuple(hidden_states.shape)}. Token mixing works "
-                f"over a fixed number of tokens (L = {self.seq_len}), so other sizes need a model built with "
-                f"another sample_size; resize the images to the model's native resolution instead."
+                f"{config.in_channels}, sample_size={side}), got {tuple(hidden_states.shape)}: blocks mix a fixed "
+                f"L = {self.seq_len} tokens, so resize the images to the model's resolution."
             )
-        batch_size = hidden_states.shape[0]
         if encoder_hidden_states is None:
             raise ValueError(
-                f"{name} needs encoder_hidden_states (B, {config.text_seq_len}, {config.text_embed_dim}); for the "
-                'unconditional branch pass the text encoder\'s states of the empty prompt "".'
+                f"{name} needs encoder_hidden_states {text_shape}; for the unconditional branch pass the text "
+                'encoder\'s states of the empty prompt "".'
             )
         for argument, tensor in (("hidden_states", hidden_states), ("encoder_hidden_states", encoder_hidden_states)):
             if not tensor.is_floating_point():
-                raise ValueError(
-                    f"{argument} must be a floating-point tensor, got {tensor.dtype}. Pass latents and text encoder "
-                    "states as floats (any float dtype: they are cast to the model's)."
-                )
-        expected_text = (config.text_seq_len, config.text_embed_dim)
-        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[1:] != expected_text:
+                raise ValueError(f"{argument} must be a floating-point tensor, got {tensor.dtype}; pass floats.")
+        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[1:] != text_shape_value:
             raise ValueError(
-                f"{name} expects encoder_hidden_states of shape (B, {config.text_seq_len}, "
-                f"{config.text_embed_dim}) (text_seq_len={config.text_seq_len}, text_embed_dim="
-                f"{config.text_embed_dim}), got {tuple(encoder_hidden_states.shape)}. Tokenise with "
-                f'padding="max_length", max_length={config.text_seq_len}, truncation=True and use a text encoder '
-                f"of hidden size {config.text_embed_dim}."
+                f"{name} expects encoder_hidden_states of shape {text_shape}, got "
+                f'{tuple(encoder_hidden_states.shape)}. Tokenise with padding="max_length", '
+                f"max_length={config.text_seq_len} and a text encoder of hidden size {config.text_embed_dim}."
             )
+        batch_size = hidden_states.shape[0]
         if encoder_hidden_states.shape[0] != batch_size:
             raise ValueError(
                 f"Batch size mismatch: hidden_states has {batch_size} samples but encoder_hidden_states has "
-                f"{encoder_hidden_states.shape[0]}. Repeat the text states (or latents) so both have the same batch."
+                f"{encoder_hidden_states.shape[0]}; give both the same batch."
             )
         timestep = torch.as_tensor(timestep)  # where it was given
         if timestep.dtype == torch.bool or timestep.is_complex():
@@ -310,7 +314,6 @@ class UShapedMixerModel(StrictLoadingMixin):
                 f"timestep must hold real numbers (diffusers scheduler timesteps in [0, {NUM_TRAIN_TIMESTEPS})), got "
                 f"dtype {timestep.dtype}."
             )
-        # Values cannot be read on the meta device (FLOP counting), and reading them would split a compiled graph.
         if timestep.device.type != "meta" and not torch.compiler.is_compiling():
             _check_timestep_values(timestep)
         timestep = timestep.to(hidden_states.device)
@@ -334,14 +337,10 @@ class UShapedMixerModel(StrictLoadingMixin):
 
         Args:
             hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
-            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states (those of
-                "" for the unconditional branch).
-            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers timesteps t in [0, 999]; the
-                network embeds the reference's t + 1, so converted reference weights run unchanged.
+            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states.
+            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers timesteps in [0, 999]; the
+                network embeds the reference's t + 1.
             return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput`, not a tuple.
-
-        Returns:
-            [`~models.modeling_outputs.Transformer2DModelOutput`] or `tuple`: `sample`, the (B, out_channels, H, W) ε.
         """
         sample = self._predict(hidden_states, encoder_hidden_states, timestep)
         if not return_dict:
@@ -351,9 +350,7 @@ class UShapedMixerModel(StrictLoadingMixin):
     def _predict(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int
     ) -> torch.Tensor:
-        """Validate, embed, run the stack and the head: the (B, out_channels, H, W) prediction."""
         timestep = self._check_inputs(hidden_states, encoder_hidden_states, timestep)
-        # The reference's timestep n = t + 1 (1..1000).
         tokens = self.embed(hidden_states, encoder_hidden_states, timestep + 1)  # (B, L, D)
         tokens = self.stack(tokens)  # (B, L, D)
         return self.head(tokens)

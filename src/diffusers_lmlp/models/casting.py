@@ -1,7 +1,5 @@
-"""Casting a model to a dtype without diffusers 0.42's vacuous warning.
-
-`ModelMixin.to(dtype)` warns "There are modules in <Model> that should be kept in float32: []" on every cast, since
-its list defaults to `[]`: it names no module, and nothing is inconsistent. A warning that names modules still passes.
+"""Casting a model without diffusers' vacuous warning: `ModelMixin.to(dtype)` warns "There are modules in <Model>
+that should be kept in float32: []" on every cast. A warning that names modules still passes.
 """
 
 # `std_logging`: `hub push --with-code` puts the package's modules in one namespace, where `logging` is diffusers'.
@@ -10,7 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-# The logger `ModelMixin.to` warns on.
 MODELS_LOGGER = "diffusers.models.modeling_utils"
 
 
@@ -23,7 +20,7 @@ class EmptyFp32ModulesWarning(std_logging.Filter):
 
 @contextmanager
 def no_empty_fp32_warning() -> Iterator[None]:
-    """Within the block, `EmptyFp32ModulesWarning` filters the log of diffusers' models."""
+    """Within the block, `EmptyFp32ModulesWarning` filters `MODELS_LOGGER`."""
     models_logger = std_logging.getLogger(MODELS_LOGGER)
     empty_warning = EmptyFp32ModulesWarning()
     models_logger.addFilter(empty_warning)

@@ -1,23 +1,20 @@
-"""The named configurations of every block family: data only (no torch, no diffusers), so that command lines can list
-and check them without importing a model. Each model class takes its `NAMED_CONFIGS` entry as `named_configs`.
-"""
+"""The named configurations of every block family: data only, so command lines list them without importing a model."""
 
 from typing import Any
 
 
-# The shapes world's small models (`shapes-S`, `shapes-moe-S`): 8×8×8 latents in 2×2 patches, 10 text tokens, D = 96.
+# The shapes world's small models (`shapes-S`, `shapes-moe-S`).
 SHAPES_SMALL = dict(
     sample_size=8, patch_size=2, in_channels=8, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
 )
 
-# The emoji world's model (`emoji-S`): 8×8×8 latents in 2×2 patches, 25 tokens of the emoji CLIP, D = 192.
+# The emoji world's model (`emoji-S`), on the emoji CLIP's 25 tokens.
 EMOJI_SMALL = dict(
     sample_size=8, patch_size=2, in_channels=8, hidden_size=192, num_layers=12, text_embed_dim=128, text_seq_len=25
 )
 
-# L-MLP Table 1 (§5.2), the design ablation on the COCO skeleton (D = 512, L = 334), each group at a matched size: at
-# depth 12 only one width varies, the hemispheres' MLP width without a second stage, else the joint MLP's s (§4.1).
-# Readings where the paper is silent:
+# L-MLP Table 1 (§5.2), the design ablation on the COCO skeleton, each group at a matched size by one width: the
+# hemispheres' MLP width without a second stage, else the joint MLP's s (§4.1). Readings where the paper is silent:
 # - "1-layer MLP" hemispheres (A1, B1–B3, C1) are Linear → GELU → Linear; nothing before F1 has long skips (Table 1 f).
 # - F2-deep, the reference code, adds the skip to the residual stream ("Second Stage"); F1 to the hemispheres only.
 # - B2's GLU gates the left hemisphere by the sigmoid of the right; E1's product gates the right by GELU(left).
@@ -41,15 +38,14 @@ TABLE_1 = {
     "F2-deep": {},  # the defaults: the reference configs/lmlp_f2.py, depth 16, s = 4
 }
 
-# Table 1 (a) A2: MLP-Mixer on A1's skeleton, widths matched to A1 (the Mixer's channel ratio 4 alone outweighs an A1
-# block): the token MLP is A1's FNN_L (L → 2L → L), the channel MLP takes A1's FNN_R and merge budget, D_C = 2.5·D.
+# Table 1 (a) A2: MLP-Mixer on A1's skeleton, widths matched to A1: the token MLP is A1's FNN_L (L → 2L → L), the
+# channel MLP takes A1's FNN_R and merge budget, D_C = 2.5·D.
 TABLE_1_A2 = dict(num_layers=12, long_skips=False, token_mlp_ratio=2.0, mlp_ratio=2.5)
 
 # Table 1 (a) A3: gMLP on A1's skeleton; d_ffn, gMLP's only width, is sized to match A1's blocks (not the paper's 6·D).
 TABLE_1_A3 = dict(num_layers=12, long_skips=False, mlp_ratio=4.18)
 
-# The ParaMixer families on the COCO skeleton at the F2-deep depth 16; SymMixer, with half the MLP parameters, doubles
-# both widths, as the paper's parameter-matched "Sym (dw)" (Table 3b).
+# The ParaMixer families at the F2-deep depth 16; SymMixer doubles both widths, as the paper's "Sym (dw)" (Table 3b).
 _DEPTH_16 = dict(num_layers=16)
 
 # By family name (`diffusers_lmlp.models.FAMILIES`): configuration name -> `__init__` overrides of that family's model.

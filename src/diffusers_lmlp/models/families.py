@@ -1,8 +1,6 @@
-"""The registry of block families: the one place that knows each family's name, class, label and named configs.
-
-Whatever needs a family (`--model_type`, `build_tiny_pipeline`, complexity, cards, the Space) reads `FAMILIES`. It
-imports no model (`model_class` imports on first read), so command lines list families without loading diffusers.
-Adding a family: a file in `models/mixers/` with the block and its `UShapedMixerModel` subclass, and an entry below.
+"""The registry of block families: each family's name, class, label and named configs, read by `--model_type`,
+`build_tiny_pipeline`, complexity, cards and the Space. It imports no model (`model_class` imports on first read).
+A new family is a file in `models/mixers/` with its block and `UShapedMixerModel` subclass, and an entry below.
 """
 
 import functools
@@ -34,12 +32,11 @@ class BlockFamily:
         label (`str`): What cards, the Space and tables call it (e.g. "UL-MLP").
         paper (`str`): The paper that defines the block, as a Markdown link.
         tag (`str`): The Hub tag of its checkpoints.
-        tiny_overrides (`dict`, *optional*, defaults to `{}`): Config values a tiny model of this family needs.
-        details (`Callable[[Mapping], str]`, *optional*): The family-specific part of a config in words, for cards.
-        lora_target_modules (`tuple[str, ...]`, *optional*, defaults to `()`): LoRA's default targets, regular
-            expressions of every `nn.Linear` name inside the block.
-        lora_target_parameters (`tuple[str, ...]`, *optional*, defaults to `()`): 2-D weights used without an
-            `nn.Linear` (the tied SymMixer/AsymMixer weights), for PEFT's `target_parameters`.
+        tiny_overrides (`dict`): Config values a tiny model of this family needs.
+        details (`Callable[[Mapping], str]`): The family-specific part of a config in words, for cards.
+        lora_target_modules (`tuple[str, ...]`): LoRA's default targets, regexes of `nn.Linear` names in a block.
+        lora_target_parameters (`tuple[str, ...]`): 2-D weights used without an `nn.Linear` (the tied
+            SymMixer/AsymMixer weights), for PEFT's `target_parameters`.
     """
 
     name: str
@@ -55,7 +52,7 @@ class BlockFamily:
 
     @functools.cached_property
     def model_class(self) -> type["UShapedMixerModel"]:
-        """The public diffusers model (its module is imported on first use)."""
+        """The public diffusers model (imported on first use)."""
         return getattr(importlib.import_module(f"{__package__}.{self.module}"), self.class_name)
 
     @property
@@ -65,17 +62,13 @@ class BlockFamily:
 
     @property
     def lora_target_regex(self) -> str | None:
-        """PEFT's `target_modules` for the default targets as one regular expression on full module names, or None."""
+        """PEFT's `target_modules` for the default targets, one regex on full module names (None without targets)."""
         if not self.lora_target_modules:
             return None
         return rf".*\.(?:{'|'.join(self.lora_target_modules)})"
 
     def full_config(self, config: Mapping) -> dict[str, Any]:
-        """`config` completed with the class's defaults for every `__init__` argument it lacks.
-
-        Args:
-            config (`Mapping`): A (possibly partial) config of `model_class`.
-        """
+        """A (possibly partial) config of `model_class`, completed with the `__init__` defaults."""
         parameters = inspect.signature(self.model_class.__init__).parameters.values()
         defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
         return {**defaults, **{k: v for k, v in config.items() if not k.startswith("_")}}
@@ -119,7 +112,6 @@ FAMILIES: dict[str, BlockFamily] = {
             tag="moe-mlp",
             tiny_overrides={"num_experts": 2, "num_heads": 2},
             details=_moe_details,
-            # The expert matrices are mixed per sample, not Linear layers: LoRA adapts the H gates around them.
             lora_target_modules=(r"left\.gates\.\d+", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
         ),
         BlockFamily(
@@ -183,11 +175,7 @@ FAMILIES: dict[str, BlockFamily] = {
 
 
 def family_of(model: Any) -> BlockFamily:
-    """The family of a model, a model class, a class name, or a saved config (which records `_class_name`).
-
-    Args:
-        model (`Any`): A backbone instance or class, its class name, or a config mapping with `_class_name`.
-    """
+    """The family of a backbone instance or class, a class name, or a saved config (which records `_class_name`)."""
     if isinstance(model, Mapping):
         name = model.get("_class_name")
     elif isinstance(model, str):
@@ -216,12 +204,8 @@ def named_configs() -> dict[str, tuple[BlockFamily, dict[str, Any]]]:
 
 
 def from_named_config(name: str, **overrides: Any) -> "UShapedMixerModel":
-    """Build a randomly initialised backbone from any family's named configuration (e.g. "A2", "F2", "2E1H").
-
-    Args:
-        name (`str`): A named configuration of any family (`named_configs()`).
-        **overrides: Config values that replace the named ones (e.g. `sample_size=64`).
-    """
+    """Build a randomly initialised backbone from any family's named configuration (e.g. "A2", "F2", "2E1H"), with
+    `overrides` replacing config values (e.g. `sample_size=64`)."""
     named = named_configs()
     if name not in named:
         raise ValueError(f"Unknown named configuration {name!r}; choose one of {sorted(named)}.")

@@ -7,43 +7,26 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 
 from ..exports import public
-from .backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
-from .catalog import NAMED_CONFIGS, TABLE_1  # noqa: F401  (TABLE_1: its former home)
+from .backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool, _is_positive_real, rename_reference_keys
+from .catalog import NAMED_CONFIGS
 from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
-from .reference_keys import rename_reference_keys
 
 
 @public
 class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped L-MLP ("UL-MLP") text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
 
-    The defaults build the paper's final model, Table 1's **F2-deep** (the reference `configs/lmlp_f2.py`); Table 1's
-    other rows are named configurations (`from_named_config`, `catalog.TABLE_1`). PEFT can target each block's
-    `left` (the L×L token mixer), `right`, `merge`, `joint_mlp.fc1` and `joint_mlp.fc2`.
+    The defaults build the paper's final model, Table 1's F2-deep (the reference `configs/lmlp_f2.py`); the other
+    rows are named configurations. Parameters are `UShapedMixerModel`'s (num_layers=16, mlp_ratio=4.0 or `None` for
+    no second stage, norm_eps=1e-5), and:
 
-    Parameters:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 16): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP (FNN_Z) width as a multiple of D (the paper's
-            s); `None`: no second stage (Table 1 A1, B1–B3).
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
-        lateral_mlp_ratio (`float`, *optional*): Make FNN_L and FNN_R one-hidden-layer MLPs of this width ratio
-            (Table 1 A1, B1–B3, C1); `None`: single Linears.
+        lateral_mlp_ratio (`float`, *optional*): Make FNN_L and FNN_R one-hidden-layer MLPs of this width ratio;
+            `None`: single Linears.
         lateral_activation (`str`, *optional*, defaults to `"none"`): GELU after the `"left"` Linear (E1) or `"both"`.
         merging (`str`, *optional*, defaults to `"add"`): How the hemispheres meet: `"add"`, `"prod"` or `"glu"`.
         merge_proj (`bool`, *optional*, defaults to `True`): Apply the merge Linear(D, D) (`False`: Table 1 B3).
         long_skip (`str`, *optional*, defaults to `"second_stage"`): Where out blocks add their long skip: the
             residual stream (`"second_stage"`, the reference), the hemispheres only (`"first_stage"`), or `None`.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP: a key of `channel_mlp.CHANNEL_MLPS`.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["LMLPBlock"]
@@ -61,7 +44,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         ),
         "lateral_activation": (lambda v: v in LATERAL_ACTIVATIONS, f"one of {LATERAL_ACTIVATIONS}"),
         "merging": (lambda v: v in MERGINGS, f"one of {MERGINGS}"),
-        "merge_proj": (lambda v: isinstance(v, bool), "True or False"),
+        "merge_proj": (_is_bool, "True or False"),
         "long_skip": (lambda v: v is None or v in SKIP_STAGES, f"one of {SKIP_STAGES} or None"),
     }
     named_configs = NAMED_CONFIGS["lmlp"]
@@ -112,11 +95,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:
-        """Out blocks receive long skips unless `long_skip` is `None`.
-
-        Args:
-            config (`Mapping`): A full config of this class.
-        """
+        """Out blocks receive long skips unless `long_skip` is `None`."""
         return config["long_skip"] is not None
 
 
@@ -138,25 +117,11 @@ _REFERENCE_KEY_RULES = [
 
 
 def convert_lmlp_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename a state dict of the reference UL-MLP (`libs/f2.py` of zizhao-hu/L-MLP) to `LMLPTransformer2DModel`.
-
-    | reference key | ours |
-    |---|---|
-    | `pos_embed` | `embed.pos_embed` |
-    | `patch_embed.proj.*` | `embed.patch_embed.*` |
-    | `context_embed.*` | `embed.text_adapter.*` |
-    | `<block>.norm1.*` / `.norm2.*` / `.l.*` | `stack.<block>.channel_norm.*` / `.token_norm.*` / `.left.*` |
-    | `<block>.r.*` / `.proj.*` / `.mlp.*` | `stack.<block>.right.*` / `.merge.*` / `.joint_mlp.*` |
-    | `norm.*` / `decoder_pred.*` / `final_layer.*` | `head.norm.*` / `head.proj.*` / `head.conv.*` |
-
-    `<block>` is `in_blocks.i`, `mid_block` or `out_blocks.i`. Tensors are not copied or reshaped; a leading DDP
-    `module.` is stripped.
+    """Rename a state dict of the reference UL-MLP (`libs/f2.py` of zizhao-hu/L-MLP) to `LMLPTransformer2DModel`'s
+    keys (`_REFERENCE_KEY_RULES`); tensors are not copied, a DDP `module.` prefix is stripped.
 
     Args:
         state_dict (`dict[str, torch.Tensor]`): The reference state dict (e.g. a run's `nnet_ema.pth`).
-
-    Returns:
-        `dict[str, torch.Tensor]`: A state dict for `LMLPTransformer2DModel.load_state_dict`.
     """
     return rename_reference_keys(state_dict, _REFERENCE_KEY_RULES, _unexpected_key_error)
 

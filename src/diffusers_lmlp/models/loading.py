@@ -1,12 +1,10 @@
 """A backbone loads every weight from its checkpoint, or says which it could not (`StrictLoadingMixin`).
 
-diffusers' `from_pretrained` only warns when a checkpoint's keys differ from the model's, leaving the missing weights
-without values (a wrong class or a damaged file); ours refuses unless `strict=False`, from diffusers' own key report.
-Two gaps cannot be closed after the public call, so we override diffusers' private `_load_pretrained_model`, the
-package's only such override: a sharded checkpoint's keys come from its index, which may list a tensor no shard holds
-(we read the shards' headers), and with a `device_map` diffusers fails on weights no tensor filled (we fill them
-first). tests/models/test_strict_loading.py checks both gaps and the signature on diffusers: once it fails, drop the
-override.
+diffusers' `from_pretrained` only warns when a checkpoint's keys differ from the model's, leaving missing weights
+without values; ours refuses unless `strict=False`. Two gaps need diffusers' private `_load_pretrained_model`
+overridden (the package's only such override): a sharded checkpoint's keys come from its index, which may list a
+tensor no shard holds, and with a `device_map` diffusers fails on weights no tensor filled.
+tests/models/test_strict_loading.py checks both gaps on diffusers: once they close, drop the override.
 """
 
 import inspect
@@ -34,23 +32,8 @@ def listed(names: list[str]) -> str:
     return ", ".join(names[:MAX_LISTED]) + more
 
 
-def checkpoint_location(pretrained_model_name_or_path: str | os.PathLike, subfolder: str | None) -> str:
-    """Where a checkpoint was read from, for a message: the folder or repo id, and its subfolder."""
-    location = os.fspath(pretrained_model_name_or_path)
-    return os.path.join(location, subfolder) if subfolder else location
-
-
-def saved_class_name(
-    model_class: type[nn.Module], pretrained_model_name_or_path: str | os.PathLike, kwargs: dict
-) -> str | None:
-    """The class that a checkpoint's `config.json` names (`_class_name`), read where `from_pretrained` (given
-    `kwargs`) read it."""
-    location = {key: kwargs[key] for key in CONFIG_LOCATION_ARGUMENTS if key in kwargs}
-    return model_class.load_config(pretrained_model_name_or_path, **location).get("_class_name")
-
-
 def key_mismatch(missing: list[str], unexpected: list[str]) -> str:
-    """The keys a checkpoint and a model do not share, in words: how many of each, and the first few by name."""
+    """The keys a checkpoint and a model do not share, in words."""
     parts = []
     if missing:
         weights = "1 weight of the model is" if len(missing) == 1 else f"{len(missing)} weights of the model are"
@@ -68,7 +51,7 @@ def key_mismatch(missing: list[str], unexpected: list[str]) -> str:
 def refusal(
     model_class: str, saved_class: str | None, location: str, missing: list[str], unexpected: list[str]
 ) -> str:
-    """The error of a strict load whose checkpoint does not match the model: what differs, why, and what to do."""
+    """The error of a strict load whose checkpoint does not match the model."""
     if saved_class is not None and saved_class != model_class:
         cause = (
             f"Its config.json names the class {saved_class}, not {model_class}: load it with the class in "
@@ -89,18 +72,9 @@ def refusal(
     )
 
 
-def warn_non_strict(model_class: str, location: str, missing: list[str], unexpected: list[str]) -> None:
-    """Log what a load with `strict=False` initialised (`missing`) and dropped (`unexpected`)."""
-    logger.warning(
-        f"Loaded the {model_class} at {location} with strict=False, although the checkpoint does not match it: "
-        f"{key_mismatch(missing, unexpected)}. The missing weights are initialised as in a new, untrained model, the "
-        "other tensors dropped."
-    )
-
-
 def checkpoint_keys(files: list[str]) -> list[str]:
-    """The tensor names in a checkpoint's safetensors shards, read from their headers (no tensor is read); a tensor
-    in two shards is refused, since the later one would silently override the other."""
+    """The tensor names in a checkpoint's safetensors shards, from their headers; a tensor in two shards is refused,
+    since the later one would silently override the other."""
     shard_of = {}
     for file in files:
         with safe_open(file, framework="pt") as shard:
@@ -115,8 +89,8 @@ def checkpoint_keys(files: list[str]) -> list[str]:
 
 
 def initialise_unloaded(model: nn.Module, keys: list[str]) -> None:
-    """Give the weights `keys`, which no checkpoint tensor filled, the values of a new model of the same config
-    (diffusers builds a model it loads without initialising it)."""
+    """Give the weights `keys`, which no checkpoint tensor filled, a new model's values (diffusers builds a model it
+    loads without initialising it)."""
     arguments = inspect.signature(type(model).__init__).parameters
     fresh = type(model)(**{key: value for key, value in model.config.items() if key in arguments}).state_dict()
     current = model.state_dict()
@@ -131,29 +105,21 @@ def initialise_unloaded(model: nn.Module, keys: list[str]) -> None:
 
 class StrictLoadingMixin(ModelMixin):
     """`ModelMixin` whose `from_pretrained` reads safetensors only and refuses a checkpoint that does not fill every
-    weight (the module docstring says why the private loader is overridden too)."""
+    weight."""
 
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *, strict: bool = True, **kwargs
     ) -> Self | tuple[Self, dict[str, list]]:
-        """`ModelMixin.from_pretrained`, reading safetensors only and refusing a checkpoint that does not fill every
-        weight. Every loader, pipelines' included, comes through here: pickled weights are never unpickled, and
-        mismatched keys (another family's folder, a damaged file) fail with their names, where diffusers only warns.
+        """`ModelMixin.from_pretrained`, reading safetensors only (pickles are never unpickled) and refusing a
+        checkpoint that does not fill every weight, naming the keys. Every loader, pipelines' included, comes here.
 
         Args:
             pretrained_model_name_or_path (`str` or `os.PathLike`): A Hub repo id or a local folder.
             strict (`bool`, *optional*, defaults to `True`): Refuse a checkpoint whose keys are not exactly the
                 model's; with `False`, warn, give missing weights a new model's values and drop the other tensors.
-                Pipeline loaders do not pass it on: load the transformer so and pass it to the pipeline.
-            **kwargs: What `ModelMixin.from_pretrained` takes; `use_safetensors` may only be `True`, and
-                `use_flashpack` is refused.
-
-        Returns:
-            The model, or with `output_loading_info=True` the model and diffusers' loading report.
-
-        Raises:
-            `ValueError`: For `use_safetensors=False`, `use_flashpack=True`, or (if `strict`) mismatched keys.
+            **kwargs: What `ModelMixin.from_pretrained` takes; `use_safetensors` may only be `True`, `use_flashpack`
+                is refused.
         """
         if kwargs.get("use_safetensors") is False:
             raise ValueError(
@@ -171,19 +137,25 @@ class StrictLoadingMixin(ModelMixin):
         model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
         missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
         if missing or unexpected:
-            location = checkpoint_location(pretrained_model_name_or_path, kwargs.get("subfolder"))
+            location = os.fspath(pretrained_model_name_or_path)
+            if kwargs.get("subfolder"):
+                location = os.path.join(location, kwargs["subfolder"])
             if strict:
-                saved_class = saved_class_name(cls, pretrained_model_name_or_path, kwargs)
+                where = {key: kwargs[key] for key in CONFIG_LOCATION_ARGUMENTS if key in kwargs}
+                saved_class = cls.load_config(pretrained_model_name_or_path, **where).get("_class_name")
                 raise ValueError(refusal(cls.__name__, saved_class, location, missing, unexpected))
-            warn_non_strict(cls.__name__, location, missing, unexpected)
+            logger.warning(
+                f"Loaded the {cls.__name__} at {location} with strict=False, although the checkpoint does not match "
+                f"it: {key_mismatch(missing, unexpected)}. The missing weights are initialised as in a new, untrained "
+                "model, the other tensors dropped."
+            )
         return (model, info) if output_loading_info else model
 
     @classmethod
     def _load_pretrained_model(
         cls, model, state_dict, resolved_model_file, pretrained_model_name_or_path, loaded_keys, **kwargs
     ):
-        """diffusers' loader with the module docstring's two gaps closed: a sharded checkpoint's keys come from its
-        shards' headers, and weights no tensor filled get a new model's values before a `device_map` moves them."""
+        """diffusers' loader with the module docstring's two gaps closed."""
         quantized = kwargs.get("hf_quantizer") is not None
         # diffusers 0.40 (not 0.42.1) also loads shards from a DDUF archive (`dduf_entries`): entries, not files.
         if state_dict is None and not quantized and not kwargs.get("dduf_entries"):

@@ -1,8 +1,7 @@
-"""Loading a LoRA into a backbone, checked: the one path both diffusers' `transformer.load_lora_adapter` and
-`LMLPPipeline.load_lora_weights` take (`load_checked_adapter`). Unlike diffusers, it reads safetensors only, refuses
-any key it cannot place (diffusers warns and skips it), NaN weights and a mistyped `LoraConfig`, and injects adapters
-on the tied SymMixer/AsymMixer weights (`target_parameters`) from their config, since peft 0.21 refuses those from a
-state dict.
+"""Loading a LoRA into a backbone, checked (`load_checked_adapter`), for `transformer.load_lora_adapter` and
+`LMLPPipeline.load_lora_weights` alike. Unlike diffusers, it reads safetensors only, refuses any key it cannot place
+(diffusers skips it), NaN weights and a mistyped `LoraConfig`, and injects adapters on the tied SymMixer/AsymMixer
+weights (`target_parameters`) from their config, since peft 0.21 refuses those from a state dict.
 """
 
 import math
@@ -26,7 +25,7 @@ LORA_KEY_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 def _check_component_keys(state_dict: dict[str, torch.Tensor], prefix: str, source: str) -> None:
     """Raise unless `state_dict` holds tensors, each keyed `<prefix>.<peft key>`: an empty one would load as an
-    adapter that changes nothing, and another component's key would be skipped (`source` names them in the error)."""
+    adapter that changes nothing, and another component's key would be skipped."""
     if not state_dict:
         raise ValueError(
             f"{source} holds no tensors, so it would load as an adapter that changes nothing. Save the LoRA with "
@@ -55,7 +54,7 @@ def _unwrapped_name(name: str) -> str:
 
 
 def _base_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The model's own modules by their name without adapters, whether or not adapters are loaded."""
+    """The model's own modules by their name without adapters."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return {
@@ -66,8 +65,8 @@ def _base_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -> tuple[int, int]:
-    """The (out, in) shape of the weight that a LoRA on `module` (called `name`) adapts: an nn.Linear's, or a
-    parameter named in `target_parameters` ("<module suffix>.<parameter>")."""
+    """The (out, in) shape of the weight a LoRA on `module` adapts: an nn.Linear's, or a parameter named in
+    `target_parameters` ("<module suffix>.<parameter>")."""
     if isinstance(module, nn.Linear):
         return module.out_features, module.in_features
     for target in target_parameters:
@@ -92,8 +91,8 @@ def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -
 def _check_lora_state_dict(
     state_dict: dict[str, torch.Tensor], transformer: nn.Module, target_parameters: list[str]
 ) -> set[str]:
-    """Raise unless every key is a LoRA matrix of a layer of `transformer` with a shape that fits the layer; return
-    the adapted layers, named as peft names them once the adapter is loaded."""
+    """Raise unless every key is a LoRA matrix of a layer of `transformer` of fitting shape; return the adapted
+    layers as peft names them."""
     not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
     if not_lora:
         raise ValueError(
@@ -152,33 +151,15 @@ def _check_adapted(transformer: nn.Module, adapter_name: str, layers: set[str]) 
 
 
 def _discard_adapter(transformer: nn.Module, adapter_name: str) -> None:
-    """Remove a half-loaded adapter; with no adapter left, remove peft's layers too, restoring the plain model."""
+    """Remove a half-loaded adapter, and peft's layers when no adapter is left."""
     if adapter_name in getattr(transformer, "peft_config", {}):
         transformer.delete_adapters(adapter_name)
     if not getattr(transformer, "peft_config", None):
         transformer.unload_lora()
 
 
-def _inject_tied_adapter(
-    transformer: nn.Module,
-    state_dict: dict[str, torch.Tensor],
-    metadata: dict[str, Any],
-    adapter_name: str,
-    low_cpu_mem_usage: bool,
-) -> None:
-    """`PeftAdapterMixin.load_lora_adapter` for a config with `target_parameters`: placed by its config, then filled
-    from `state_dict`, since peft 0.21's `inject_adapter_in_model` refuses a state dict for such a config."""
-    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
-
-    config = LoraConfig(**metadata)
-    inject_adapter_in_model(config, transformer, adapter_name=adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
-    transformer._hf_peft_config_loaded = True
-    set_peft_model_state_dict(transformer, state_dict, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
-
-
 def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None) -> None:
-    """Raise if the update ΔW that fusing would add to a layer of `model` holds NaN or inf (for `adapter_names`, or
-    each layer's active adapters)."""
+    """Raise if the update ΔW that fusing `adapter_names` (default: the active ones) would add holds NaN or inf."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, module in model.named_modules():
@@ -195,9 +176,9 @@ def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None
 def load_checked_adapter(
     transformer: nn.Module, source, prefix: str | None, hotswap: bool, kwargs: dict, load: Callable
 ) -> None:
-    """`PeftAdapterMixin.load_lora_adapter` (`load`, with `source`, `prefix`, `hotswap` and its `kwargs`), refusing
-    what it would load silently or fail on inside peft: an empty file, keys it cannot place, NaN or inf weights, a
-    config of the wrong types; a safetensors file only, inside its folder. A half-loaded adapter is removed."""
+    """`PeftAdapterMixin.load_lora_adapter` (`load`, with its arguments), refusing what it would load silently or
+    fail on inside peft (an empty file, keys it cannot place, NaN or inf weights, a mistyped config); safetensors
+    only. A half-loaded adapter is removed."""
     adapter_name, metadata = kwargs.pop("adapter_name", None), kwargs.pop("metadata", None)
     low_cpu_mem_usage, _pipeline = kwargs.pop("low_cpu_mem_usage", False), kwargs.pop("_pipeline", None)
     if kwargs.pop("network_alphas", None) is not None:
@@ -236,8 +217,15 @@ def load_checked_adapter(
         )
     logger.info(f"Loading LoRA {adapter_name}.")
     try:
-        if target_parameters:
-            _inject_tied_adapter(transformer, state_dict, metadata, adapter_name, low_cpu_mem_usage)
+        if target_parameters:  # peft 0.21's inject_adapter_in_model refuses a state dict for such a config
+            from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+
+            config = LoraConfig(**metadata)
+            inject_adapter_in_model(
+                config, transformer, adapter_name=adapter_name, low_cpu_mem_usage=low_cpu_mem_usage
+            )
+            transformer._hf_peft_config_loaded = True
+            set_peft_model_state_dict(transformer, state_dict, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
         else:
             load(
                 state_dict,
@@ -264,7 +252,7 @@ def load_checked_adapter(
         raise
 
 
-# The types of the `LoraConfig` fields a LoRA file's metadata may set, checked before peft sees them.
+# The `LoraConfig` fields a LoRA file's metadata may set: field -> (test, requirement), checked before peft sees them.
 _LORA_CONFIG_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "r": (lambda v: type(v) is int and v > 0, "a positive integer"),
     "lora_alpha": (lambda v: _is_finite_number(v) and v > 0, "a positive finite number"),
@@ -287,7 +275,7 @@ def _is_strings(value: Any) -> bool:
 
 
 def _check_lora_config(metadata: dict[str, Any] | None, where: str) -> None:
-    """Raise, naming the field, for a `LoraConfig` field of the wrong type or value in a LoRA's metadata."""
+    """Raise, naming the field, for a `LoraConfig` field of the wrong type or value."""
     for field, (ok, requirement) in _LORA_CONFIG_FIELDS.items():
         if metadata and field in metadata and not ok(metadata[field]):
             raise ValueError(

@@ -1,5 +1,4 @@
-"""Where a LoRA file is, and reading it: a `.safetensors` file itself, one in a folder (never a path that leads out of
-it), or one in a Hub repo; never a pickle, and never a header whose adapter config is not a JSON object."""
+"""Finding and reading a LoRA file: a `.safetensors` file, one inside a folder or one in a Hub repo; never a pickle."""
 
 import json
 import os
@@ -11,7 +10,7 @@ from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY, LORA_WEIGHT_N
 from huggingface_hub import hf_hub_download
 
 
-# What JSON calls the types `json.loads` returns, but objects (for the error about a header that is not an object).
+# What JSON calls the types `json.loads` returns, but objects.
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -45,8 +44,8 @@ def lora_file(
     token: str | bool | None = None,
     revision: str | None = None,
 ) -> str:
-    """The local path of a LoRA file: `source` itself, `weight_name` (under `subfolder`) in the folder `source`, or in
-    the Hub repo `source`, through the huggingface_hub cache (the other arguments are `hf_hub_download`'s)."""
+    """The local path of a LoRA file: `source` itself, or `weight_name` (under `subfolder`) in the folder or Hub repo
+    `source` (the other arguments are `hf_hub_download`'s)."""
     source = os.fspath(source)
     if os.path.isfile(source):
         if weight_name is not None or subfolder is not None:
@@ -67,7 +66,7 @@ def lora_file(
             token=token,
         )
     folder = os.path.join(source, subfolder) if subfolder else source
-    if subfolder and not is_inside(folder, source):
+    if subfolder and os.path.commonpath([os.path.abspath(folder), os.path.abspath(source)]) != os.path.abspath(source):
         raise ValueError(
             f'subfolder={subfolder!r} leads out of {source}; pass a folder inside it, such as subfolder="loras".'
         )
@@ -82,14 +81,8 @@ def lora_file(
     return path
 
 
-def is_inside(path: str, folder: str) -> bool:
-    """Whether the path `path` names `folder` or a path under it (by its text: `..` and absolute paths lead out)."""
-    path, folder = os.path.abspath(path), os.path.abspath(folder)
-    return os.path.commonpath([path, folder]) == folder
-
-
 def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """The tensors of a safetensors LoRA file and its adapter metadata (None when the header has none)."""
+    """The tensors of a safetensors LoRA file and the adapter config in its header (None when it has none)."""
     try:
         with safetensors.safe_open(path, framework="pt") as file:
             header = file.metadata() or {}
@@ -99,14 +92,8 @@ def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
             f"{path} is not a valid safetensors file ({error}). Save LoRA weights with "
             "LMLPPipeline.save_lora_weights; a pickle renamed to .safetensors is refused, never unpickled."
         ) from error
-    return state_dict, adapter_metadata(path, header)
-
-
-def adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None:
-    """The adapter config in a LoRA file's header (a JSON object), or None when the header has none; `path` is for
-    the error."""
     if LORA_ADAPTER_METADATA_KEY not in header:
-        return None
+        return state_dict, None
     raw = header[LORA_ADAPTER_METADATA_KEY]
     try:
         metadata = json.loads(raw)
@@ -114,7 +101,7 @@ def adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None
         found = f"malformed JSON ({error})"
     else:
         if isinstance(metadata, dict):
-            return metadata
+            return state_dict, metadata
         found = f"a JSON {JSON_TYPES[type(metadata)]}, {raw[:80]}"
     raise ValueError(
         f"{path}: the header entry {LORA_ADAPTER_METADATA_KEY!r} must be the adapter's LoraConfig as a JSON object "
@@ -124,8 +111,8 @@ def adapter_metadata(path: str, header: dict[str, str]) -> dict[str, Any] | None
 
 
 def read_lora_source(source, kwargs: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, str]:
-    """The tensors, adapter metadata and name (for errors) of a LoRA given as a state dict or located by `source` and
-    the file options in `kwargs` (`lora_file`'s); safetensors only."""
+    """The tensors, adapter config and name (for errors) of a LoRA given as a state dict, or located by `source` and
+    `lora_file`'s options in `kwargs`."""
     if kwargs.pop("use_safetensors", None) not in (None, True):
         raise ValueError(
             "LoRA weights are loaded from safetensors files only, so that loading never unpickles; "

@@ -30,29 +30,15 @@ class MoEMLPModelOutput(BaseOutput):
 
 @public
 class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """The U-shaped MoE-MLP backbone: L-MLP blocks whose token mixing is multi-head MoE-linear attention.
+    """The U-shaped MoE-MLP backbone: the UL-MLP with `mixers.moe` blocks, whose token mixing is multi-head
+    MoE-linear attention; with one expert and one head it is the UL-MLP. The paper's models are the named
+    configurations "2E1H", "4E1H" (the defaults) and "4E2H". LoRA can target `left.gates.<h>`, `right`, `merge` and
+    `joint_mlp.fc1/fc2`; the experts only whole (`modules_to_save=["left"]`).
 
-    The `LMLPTransformer2DModel` skeleton with `mixers.moe` blocks; with one expert and one head it is the UL-MLP.
-    The paper's models are the named configurations "2E1H", "4E1H" (the defaults) and "4E2H". LoRA can target
-    `left.gates.<h>`, `right`, `merge` and `joint_mlp.fc1/fc2`; the experts only whole (`modules_to_save=["left"]`).
+    Parameters are `UShapedMixerModel`'s (num_layers=16, mlp_ratio=4.0, norm_eps=1e-5), and:
 
-    Parameters:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 16): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Joint-MLP hidden width as a multiple of D.
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
         num_experts (`int`, *optional*, defaults to 4): Experts E (L×L token-mixing matrices) per head.
         num_heads (`int`, *optional*, defaults to 1): Channel heads H, each with its own experts and gate.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The joint MLP: a key of `channel_mlp.CHANNEL_MLPS`.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["MoEMLPBlock"]
@@ -93,19 +79,8 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         output_router_probs: bool = False,
         return_dict: bool = True,
     ) -> MoEMLPModelOutput | tuple[torch.Tensor, ...]:
-        """Predict the noise ε of a noisy latent.
-
-        Args:
-            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
-            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states.
-            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers timesteps in [0, 999].
-            output_router_probs (`bool`, *optional*, defaults to `False`): Also return every block's gate
-                probabilities, for `load_balancing_loss`.
-            return_dict (`bool`, *optional*, defaults to `True`): Return a `MoEMLPModelOutput` rather than a tuple.
-
-        Returns:
-            [`MoEMLPModelOutput`] or `tuple`: `(sample,)`, or `(sample, router_probs)` with `output_router_probs`.
-        """
+        """`UShapedMixerModel.forward`; with `output_router_probs` the output also holds every block's gate
+        probabilities (`router_probs`, for `load_balancing_loss`)."""
         if output_router_probs:
             with collect_router_probs(self) as router_probs:
                 sample = self._predict(hidden_states, encoder_hidden_states, timestep)

@@ -1,9 +1,9 @@
-"""Saving a model or a pipeline without this machine's folders, and only what safetensors can store.
+"""Saving without this machine's folders, and only what safetensors can store.
 
-diffusers writes where a component was loaded from (`_name_or_path`) into every saved config: for a local folder or the
-Hub cache an absolute path, username included, that a push publishes. No loader reads it, so a local path is left out
-(as transformers does for tokenizers); a Hub repo id is kept. torch's quantized layers keep packed weights that
-safetensors cannot store, and diffusers fails on them only after writing `config.json`: `check_storable` comes first.
+diffusers writes where a component was loaded from (`_name_or_path`) into every saved config: for a local folder an
+absolute path, username included, that a push would publish. No loader reads it, so a local path is left out; a Hub
+repo id is kept. diffusers fails on torch's quantized layers only after writing `config.json`, so `check_storable`
+comes first.
 """
 
 import os
@@ -19,7 +19,7 @@ from .loading import listed
 
 def is_local_path(value: Any) -> bool:
     """Whether a config's `_name_or_path` names a place on this machine: an absolute path, or a relative one that
-    exists here. A Hub repo id is neither (a relative folder that happens to share its name counts as local)."""
+    exists here (even if it shares a Hub repo id's name)."""
     if not isinstance(value, str | os.PathLike):
         return False
     path = os.fspath(value)
@@ -28,8 +28,8 @@ def is_local_path(value: Any) -> bool:
 
 @contextmanager
 def local_paths_left_out(*objects: Any) -> Iterator[None]:
-    """Within the block, the diffusers configs of `objects` (compiled or not; others are passed over) lack a local
-    `_name_or_path`; every other key reads the same, so a pipeline sampling in another thread is unaffected."""
+    """Within the block, the diffusers configs of `objects` (compiled or not) lack a local `_name_or_path`; every
+    other key reads the same."""
     changed: list[tuple[Any, FrozenDict]] = []
     for obj in objects:
         obj = getattr(obj, "_orig_mod", obj)  # diffusers saves a compiled model's original module
@@ -45,8 +45,8 @@ def local_paths_left_out(*objects: Any) -> Iterator[None]:
 
 
 def check_storable(model: torch.nn.Module) -> None:
-    """Raise a `ValueError` before anything is written if `model`'s state dict holds what safetensors cannot store:
-    an object that is not a tensor, or a tensor of torch's quantized dtypes (`qint8`, ...)."""
+    """Raise a `ValueError` if `model`'s state dict holds what safetensors cannot store: a non-tensor, or a tensor of
+    torch's quantized dtypes."""
     keys = [
         key for key, value in model.state_dict().items() if not isinstance(value, torch.Tensor) or value.is_quantized
     ]

@@ -1,8 +1,5 @@
-"""Token I/O shared by every backbone: latent, timestep and text in (`TokenEmbedder`), ε prediction out (`OutputHead`).
-
-The layout is the reference UL-MLP / U-ViT one (zizhao-hu/L-MLP, baofff/U-ViT):
-
-    tokens = [time (1) | text (T) | image patches (N)] + learned positional embedding, L = 1 + T + N
+"""Token I/O shared by every backbone, in the reference UL-MLP / U-ViT layout: `TokenEmbedder` makes
+[time (1) | text (T) | image patches (N)] + a learned positional embedding, `OutputHead` the ε prediction.
 """
 
 import torch
@@ -12,18 +9,17 @@ from torch import nn
 
 
 def input_dtype(layer: nn.Module) -> torch.dtype:
-    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, or float32 for a layer with no tensor of its
-    own (torch's dynamically quantized `Linear`, on which diffusers' function raises)."""
+    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, or float32 for a layer with no tensor (torch's
+    dynamically quantized `Linear`)."""
     if next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
         return torch.float32
     return get_parameter_dtype(layer)
 
 
 class TokenEmbedder(nn.Module):
-    """Patchify the latent, embed the timestep and adapt the text states into one (B, L, D) token sequence.
-
-    `pooled_text_projection` adds a projection of the text's last state (a causal encoder's whole-caption summary) to
-    every image token, so blocks find the caption in each token's own channels."""
+    """Patchify the latent, embed the timestep and adapt the text states into one (B, L, D) token sequence;
+    `pooled_text_projection` adds a projection of the text's last state (a causal encoder's summary) to every image
+    token."""
 
     def __init__(
         self,
@@ -50,9 +46,8 @@ class TokenEmbedder(nn.Module):
         return self.num_extra_tokens + self.num_patches
 
     def forward(self, latents: torch.Tensor, text_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) latents, (B, T, E) text states and (B,) network timesteps (1..1000) → (B, L, D) tokens.
-
-        Each input is cast to the dtype of the layer that reads it (`input_dtype`), as diffusers' transformers do."""
+        """(B, C, H, W) latents, (B, T, E) text states and (B,) network timesteps (1..1000) → (B, L, D) tokens; each
+        input is cast to the dtype of the layer that reads it."""
         latents = latents.to(input_dtype(self.patch_embed))
         text_states = text_states.to(input_dtype(self.text_adapter))
         patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
@@ -70,8 +65,8 @@ class TokenEmbedder(nn.Module):
 
 
 class OutputHead(nn.Module):
-    """Final LayerNorm, Linear to patch pixels, drop the `num_extra_tokens` time and text tokens, unpatchify, and
-    with `conv_out` the reference's 3×3 conv."""
+    """Final LayerNorm, Linear to patch pixels, drop the time and text tokens, unpatchify, and with `conv_out` the
+    reference's 3×3 conv."""
 
     def __init__(
         self,
@@ -93,7 +88,6 @@ class OutputHead(nn.Module):
         self.conv = nn.Conv2d(out_channels, out_channels, 3, padding=1) if conv_out else nn.Identity()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, L, D) output of the last block → (B, out_channels, H, W) prediction."""
         batch_size = tokens.shape[0]
         g, p, c = self.grid_size, self.patch_size, self.out_channels
         pixels = self.proj(self.norm(tokens))  # (B, L, p·p·C)

@@ -16,9 +16,8 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool, _is_positive_int, rename_reference_keys
 from ..catalog import NAMED_CONFIGS
-from ..reference_keys import rename_reference_keys
 from .channel_mlp import JointMLP
 
 
@@ -84,29 +83,15 @@ class UViTBlock(nn.Module):
 
 @public
 class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """The U-ViT text-to-image backbone ([U-ViT](https://arxiv.org/abs/2209.12152), Bao et al. 2023).
-
-    The attention baseline of both MLP papers, exactly the reference `libs/uvit_t2i.py`. The defaults build
-    **U-ViT-S/2** for MS-COCO; "U-ViT-S/2-deep" (depth 16) is a named configuration. Load the published weights with
+    """The U-ViT text-to-image backbone ([U-ViT](https://arxiv.org/abs/2209.12152)), exactly the reference
+    `libs/uvit_t2i.py`: the attention baseline of both MLP papers. The defaults build U-ViT-S/2 for MS-COCO;
+    "U-ViT-S/2-deep" (depth 16) is a named configuration. Load the published weights with
     `convert_uvit_reference_state_dict`. LoRA can target `attn.qkv`, `attn.proj`, `mlp.fc1/fc2` and `skip_linear`.
 
-    Parameters:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
+    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-5) with `channel_mlp`, and:
+
         num_attention_heads (`int`, *optional*, defaults to 8): Attention heads H; must divide `hidden_size`.
         qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of `channel_mlp.CHANNEL_MLPS`.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["UViTBlock"]
@@ -114,9 +99,8 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     config_requirements = {
         **CONFIG_REQUIREMENTS,
         "num_attention_heads": (_is_positive_int, "a positive integer (the attention heads; it must divide D)"),
-        "qkv_bias": (lambda v: isinstance(v, bool), "True or False"),
+        "qkv_bias": (_is_bool, "True or False"),
     }
-    # The U-ViT paper's MS-COCO models: depth 12 and the "Deep" depth 16.
     named_configs = NAMED_CONFIGS["uvit"]
 
     @register_to_config
@@ -194,28 +178,11 @@ def _unexpected_key_error(key: str) -> ValueError:
 
 
 def convert_uvit_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename a state dict of the reference U-ViT (`libs/uvit_t2i.py` of baofff/U-ViT) to `UViTTransformer2DModel`.
+    """Rename a state dict of the reference U-ViT (`libs/uvit_t2i.py` of baofff/U-ViT) to `UViTTransformer2DModel`'s
+    keys (`_REFERENCE_KEY_RULES`); tensors are not copied, a DDP `module.` prefix is stripped, and any other key
+    raises a `ValueError` naming what the checkpoint most likely is.
 
-    | reference key | ours |
-    |---|---|
-    | `pos_embed` | `embed.pos_embed` |
-    | `patch_embed.proj.*` | `embed.patch_embed.*` |
-    | `context_embed.*` | `embed.text_adapter.*` |
-    | `<block>.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}.*` | `stack.<same>` |
-    | `out_blocks.i.skip_linear.*` | `stack.out_blocks.i.skip_linear.*` |
-    | `norm.*` / `decoder_pred.*` / `final_layer.*` | `head.norm.*` / `head.proj.*` / `head.conv.*` |
-
-    `<block>` is `in_blocks.i`, `mid_block` or `out_blocks.i`. Tensors are not copied or reshaped; a leading DDP
-    `module.` is stripped. Any other key raises a `ValueError` naming what the checkpoint most likely is.
-
-    Args:
-        state_dict (`dict[str, torch.Tensor]`): The reference state dict, e.g. the published `mscoco_uvit_small.pth`.
-
-    Returns:
-        `dict[str, torch.Tensor]`: A state dict for `UViTTransformer2DModel.load_state_dict`.
-
-    Example:
-        The published checkpoints are pickled and this package never unpickles: load a file you trust yourself.
+    Example (the published checkpoints are pickled, and this package never unpickles: load a file you trust):
 
         ```py
         reference = torch.load("mscoco_uvit_small.pth", map_location="cpu", weights_only=True)

@@ -1,6 +1,4 @@
-"""Channel MLPs: the per-token MLP of a block, swappable in any family (timm style: one constructor signature).
-
-Each class is built as `make(hidden_size, mlp_ratio)`; one that needs the token layout sets `needs_token_layout` and
+"""Channel MLPs, the per-token MLP of a block, built as `make(hidden_size, mlp_ratio)`; one with `needs_token_layout`
 also takes `num_extra_tokens` and `grid_size`, which `channel_mlp_factory` binds. A model's `channel_mlp` config names
 a key of `CHANNEL_MLPS`.
 """
@@ -24,7 +22,6 @@ class JointMLP(nn.Module):
         self.fc2 = nn.Linear(inner, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`fc2(gelu(fc1(x)))` of a (B, L, D) normalised input."""
         return self.fc2(F.gelu(self.fc1(x)))  # (B, L, s·D) inside
 
 
@@ -33,10 +30,8 @@ DW_KERNEL_SIZE = 3
 
 
 class AGeLU(nn.Module):
-    """The arbitrary GELU of eq. 4, `β · GELU(α · x + γ) + θ`, with learnable α, β, γ, θ per channel (eq. 6).
-
-    It starts as the exact GELU (the paper gives no init); the IMLP's two copies still diverge from the first step,
-    since their outputs meet different depthwise kernels and columns of fc2."""
+    """The arbitrary GELU of eq. 4, `β · GELU(α · x + γ) + θ`, with learnable α, β, γ, θ per channel (eq. 6); it
+    starts as the exact GELU (the paper gives no init)."""
 
     def __init__(self, num_features: int):
         super().__init__()
@@ -54,7 +49,6 @@ class AGeLU(nn.Module):
         nn.init.zeros_(self.theta)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply AGeLU channel-wise over the last axis."""
         return self.beta * F.gelu(self.alpha * x + self.gamma) + self.theta
 
 
@@ -78,9 +72,9 @@ class IMLP(nn.Module):
         t = GELU(norm(dw_conv(t)))                  spatial-wise enhancement: the DW block (§4.3)
         y = fc2(t)                                  W^e: C' -> D
 
-    with C' = int(D · mlp_ratio), even, and no residual (the paper draws none). The depthwise conv reads the image
-    tokens as a (B, C', g, g) grid, and each time or text token as a 1×1 image, so fc2 reads one kind of input. The
-    norm is a per-token LayerNorm, not the paper's BatchNorm, which couples samples (and checkpointing updates twice).
+    with C' = int(D · mlp_ratio), even, and no residual. The depthwise conv reads the image tokens as a (B, C', g, g)
+    grid and each time or text token as a 1×1 image. The norm is a per-token LayerNorm, not the paper's BatchNorm,
+    which couples samples.
     """
 
     needs_token_layout = True
@@ -121,8 +115,7 @@ CHANNEL_MLPS: dict[str, type[nn.Module]] = {"mlp": JointMLP, "imlp": IMLP}
 
 
 def channel_mlp_factory(name: str, num_extra_tokens: int, grid_size: int) -> Callable[[int, float], nn.Module]:
-    """The channel MLP class called `name`, as a `make(hidden_size, mlp_ratio)` factory with the token layout
-    (`num_extra_tokens` time and text tokens, a `grid_size`² image grid) bound where the class needs it."""
+    """The channel MLP class called `name`, as a `make(hidden_size, mlp_ratio)` with the token layout bound."""
     if name not in CHANNEL_MLPS:
         raise ValueError(f"channel_mlp={name!r} is not a channel MLP; choose one of {sorted(CHANNEL_MLPS)}.")
     if getattr(CHANNEL_MLPS[name], "needs_token_layout", False):

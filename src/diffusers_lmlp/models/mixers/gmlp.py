@@ -9,8 +9,7 @@ The gMLP block with its spatial gating unit (SGU), after labml.ai's annotated im
     v = spatial_proj(LN(v)ᵀ)ᵀ                      f_{W,b}(Z_2) = W Z_2 + b: an L×L Linear over the token axis
     x = shortcut + channel_proj2(u ⊙ v)            Y = (Z_1 ⊙ f_{W,b}(Z_2)) V: d_ffn / 2 → D
 
-The two channel projections are gMLP's MLP. As in the paper, W starts near zero and b at ones, so the gate starts
-≈ 1 and passes Z_1 through (`SpatialGatingUnit.init_weights`, after the backbone's generic init).
+As in the paper, W starts near zero and b at ones, so the gate starts ≈ 1 and passes Z_1 through.
 """
 
 import torch
@@ -20,11 +19,11 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool
 from ..catalog import NAMED_CONFIGS
 
 
-# The spatial weights start uniform in ±SPATIAL_INIT_RANGE (the paper's "small values"), its bias at 1.
+# The spatial weights start uniform in ±SPATIAL_INIT_RANGE (the paper's "small values").
 SPATIAL_INIT_RANGE = 0.01
 
 
@@ -64,7 +63,6 @@ class GMLPBlock(nn.Module):
         """d_ffn = int(hidden_size × mlp_ratio), which the gating unit splits in halves (a `ValueError` if odd)."""
         d_ffn = int(hidden_size * mlp_ratio)
         if d_ffn % 2:
-            # A ratio half a unit inside the next (even) width, so that int() cannot round it back down.
             even_ratio = (d_ffn + 1.5) / hidden_size
             raise ValueError(
                 f"mlp_ratio={mlp_ratio} gives gMLP a width d_ffn = int({hidden_size} × {mlp_ratio}) = {d_ffn}, which "
@@ -86,30 +84,14 @@ class GMLPBlock(nn.Module):
 class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """gMLP blocks ([gMLP](https://arxiv.org/abs/2105.08050)) in the U-shaped text-to-image backbone.
 
-    The `LMLPTransformer2DModel` skeleton with gMLP blocks; the defaults are COCO-size with the gMLP paper's d_ffn =
-    6·D, and L-MLP Table 1's A3 is the named configuration "A3". LoRA can target `channel_proj1`, `sgu.spatial_proj`
-    and `channel_proj2`.
-
-    Parameters:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 6.0): gMLP's d_ffn as a multiple of D; d_ffn must be even.
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
-        long_skips (`bool`, *optional*, defaults to `True`): Add in block n-1-i's output to out block i's input.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
+    The defaults are COCO-size with the gMLP paper's d_ffn = 6·D; L-MLP Table 1's A3 is the named configuration "A3".
+    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=6.0: d_ffn as a multiple of D, which must be
+    even; norm_eps=1e-5) with `long_skips`. LoRA can target `channel_proj1`, `sgu.spatial_proj` and `channel_proj2`.
     """
 
     _no_split_modules = ["GMLPBlock"]
     _repeated_blocks = ["GMLPBlock"]
-    config_requirements = {**CONFIG_REQUIREMENTS, "long_skips": (lambda v: isinstance(v, bool), "True or False")}
+    config_requirements = {**CONFIG_REQUIREMENTS, "long_skips": (_is_bool, "True or False")}
     named_configs = NAMED_CONFIGS["gmlp"]
 
     @register_to_config

@@ -7,9 +7,9 @@ design variants of the paper's Table 1 (§5.2). The reference block (Table 1's F
     x = x + merge(left(x_tok)ᵀ + right(x))         left: FNN_L over tokens, right: FNN_R over channels
     x = x + joint_mlp(LN_D(x))                     FNN_Z (the paper's FNN_C), with the same LN_D parameters
 
-The reference code (zizhao-hu/L-MLP) is followed where it differs from a textbook pre-norm reading of the paper: the
-merge's residual lands on the normalised input, LN_D is reused and LN_L reads the raw tokens. Each Table 1 variant
-changes one piece (`LMLPBlock`'s arguments). Every layer is a module call, so hooks, PEFT and FLOP counters see it.
+The reference code (zizhao-hu/L-MLP) is followed where it differs from a pre-norm reading of the paper: the merge's
+residual lands on the normalised input, LN_D is reused and LN_L reads the raw tokens. Each Table 1 variant changes
+one piece (`LMLPBlock`'s arguments).
 """
 
 from collections.abc import Callable
@@ -28,22 +28,8 @@ SKIP_STAGES = ("first_stage", "second_stage")
 
 class LMLPBlock(nn.Module):
     """One L-MLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`; the defaults are the reference block.
-
-    Args:
-        hidden_size (`int`): Token width D.
-        seq_len (`int`): Number of tokens L.
-        mlp_ratio (`float` or `None`): Joint-MLP (second stage) width as a multiple of D; `None`: no second stage.
-        norm_eps (`float`): LayerNorm epsilon.
-        lateral_mlp_ratio (`float`, *optional*): Make FNN_L and FNN_R Linear → GELU → Linear MLPs of this width
-            ratio; `None`: single Linears.
-        lateral_activation (`str`, *optional*, defaults to `"none"`): GELU after the `"left"` Linear (E1) or `"both"`.
-        merging (`str`, *optional*, defaults to `"add"`): How the branches meet: `"add"`, `"prod"` or `"glu"`.
-        merge_proj (`bool`, *optional*, defaults to `True`): Apply the Linear(D, D) after merging.
-        skip_stage (`str`, *optional*, defaults to `"second_stage"`): Where the long skip enters: the residual
-            stream (`"second_stage"`) or the hemispheres only (`"first_stage"`).
-        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*, defaults to `JointMLP`): The second stage.
-        left (`nn.Module`, *optional*): A (B, D, L) -> (B, D, L) token mixer in place of FNN_L (the MoE-MLP's).
-    """
+    The options are `LMLPTransformer2DModel`'s (`skip_stage` is its `long_skip`); `channel_mlp` builds the second
+    stage, and `left` is a (B, D, L) -> (B, D, L) token mixer in place of FNN_L (the MoE-MLP's)."""
 
     def __init__(
         self,
@@ -78,7 +64,6 @@ class LMLPBlock(nn.Module):
         self.joint_mlp = None if mlp_ratio is None else channel_mlp(hidden_size, mlp_ratio)  # reference `mlp`
 
     def _merge(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        """Z from the two (B, L, D) hemispheres."""
         if self.lateral_activation in ("left", "both"):
             left = F.gelu(left)
         if self.lateral_activation == "both":
@@ -93,12 +78,6 @@ class LMLPBlock(nn.Module):
         return z if self.merge is None else self.merge(z)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block; returns the new (B, L, D) tokens.
-
-        Args:
-            x (`torch.Tensor`): (B, L, D) tokens.
-            skip (`torch.Tensor`, *optional*): (B, L, D) output of the matching in-block (out blocks only).
-        """
         first_stage_skip = skip is not None and self.skip_stage == "first_stage"
         if skip is not None and not first_stage_skip:
             x = x + skip

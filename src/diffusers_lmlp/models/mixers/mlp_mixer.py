@@ -12,7 +12,7 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool, _is_positive_real, check_width
 from ..catalog import NAMED_CONFIGS
 from .channel_mlp import JointMLP
 
@@ -31,11 +31,7 @@ class MLPMixerBlock(nn.Module):
         channel_mlp: Callable[[int, float], nn.Module] = JointMLP,
     ):
         super().__init__()
-        if int(seq_len * token_mlp_ratio) < 1:
-            raise ValueError(
-                f"token_mlp_ratio={token_mlp_ratio} gives a token MLP of int({seq_len} × {token_mlp_ratio}) = 0 "
-                f"hidden units over L = {seq_len} tokens; use token_mlp_ratio >= 1 / {seq_len}."
-            )
+        check_width("token_mlp_ratio", token_mlp_ratio, seq_len, "token MLP")
         self.norm1 = nn.LayerNorm(hidden_size, eps=norm_eps)
         self.token_mlp = JointMLP(seq_len, token_mlp_ratio)  # L -> D_S -> L, over the token axis
         self.norm2 = nn.LayerNorm(hidden_size, eps=norm_eps)
@@ -53,38 +49,18 @@ class MLPMixerBlock(nn.Module):
 class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """MLP-Mixer blocks ([MLP-Mixer](https://arxiv.org/abs/2105.01601)) in the U-shaped text-to-image backbone.
 
-    The `LMLPTransformer2DModel` skeleton with Mixer blocks; the defaults are COCO-size with the Mixer paper's
-    D_C = 4·D, and L-MLP Table 1's A2 is the named configuration "A2". LoRA can target `token_mlp.fc1/fc2` and
-    `channel_mlp.fc1/fc2`.
-
-    Parameters:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Channel MLP hidden width D_C as a multiple of D.
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-5): LayerNorm epsilon.
-        token_mlp_ratio (`float`, *optional*, defaults to 2.0): Token MLP hidden width D_S as a multiple of L.
-        long_skips (`bool`, *optional*, defaults to `True`): Add in block n-1-i's output to out block i's input.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): The channel MLP, a key of `channel_mlp.CHANNEL_MLPS`.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
+    The defaults are COCO-size with the Mixer paper's D_C = 4·D; L-MLP Table 1's A2 is the named configuration "A2".
+    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-5) with `long_skips` and
+    `channel_mlp`, and `token_mlp_ratio` (`float`, defaults to 2.0): the token MLP's width D_S as a multiple of L.
+    LoRA can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`.
     """
 
     _no_split_modules = ["MLPMixerBlock"]
     _repeated_blocks = ["MLPMixerBlock"]
     config_requirements = {
         **CONFIG_REQUIREMENTS,
-        "token_mlp_ratio": (
-            _is_positive_real,
-            "a positive finite number (the token MLP's width as a multiple of the sequence length)",
-        ),
-        "long_skips": (lambda v: isinstance(v, bool), "True or False"),
+        "token_mlp_ratio": (_is_positive_real, "a positive finite number (the token MLP's width as a multiple of L)"),
+        "long_skips": (_is_bool, "True or False"),
     }
     named_configs = NAMED_CONFIGS["mlp_mixer"]
 

@@ -69,17 +69,8 @@ class MoELinearAttention(nn.Module):
 
 
 class MoEMLPBlock(LMLPBlock):
-    """The MoE-MLP block: the reference L-MLP block with `MoELinearAttention` as its token mixer (eqs. 6–7).
-
-    Args:
-        hidden_size (`int`): Token width D.
-        seq_len (`int`): Number of tokens L.
-        mlp_ratio (`float`): Joint-MLP hidden width as a multiple of D.
-        norm_eps (`float`): LayerNorm epsilon.
-        num_experts (`int`): Experts E per head.
-        num_heads (`int`): Channel heads H.
-        channel_mlp (`Callable[[int, float], nn.Module]`, *optional*, defaults to `JointMLP`): The joint MLP.
-    """
+    """The MoE-MLP block: the reference L-MLP block with `MoELinearAttention` (E experts, H heads) as its token mixer
+    (eqs. 6–7)."""
 
     def __init__(
         self,
@@ -102,9 +93,8 @@ class MoEMLPBlock(LMLPBlock):
 
 
 def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha: float = 1e-10) -> torch.Tensor:
-    """The optional load-balancing loss of the MoE-MLP paper (§4.2, Table 4), off unless a training loop adds it.
-
-    With u_e the batch-mean gate probability of expert e, averaged over routers (block × head):
+    """The optional load-balancing loss of the MoE-MLP paper (§4.2), `weight` × the scalar to add to the diffusion
+    loss. With u_e the batch-mean gate probability of expert e, averaged over routers (block × head):
 
         L_balance = (σ_u / (μ_u + α))² − Σ_e (1/E) · log(u_e + α)
 
@@ -112,9 +102,6 @@ def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha:
         router_probs (`torch.Tensor`): (num_blocks, B, H, E) gate probabilities, a `MoEMLPModelOutput.router_probs`.
         weight (`float`, *optional*, defaults to 0.01): Loss weight (the paper's, after Shazeer et al. 2017).
         alpha (`float`, *optional*, defaults to 1e-10): Small constant for numerical stability.
-
-    Returns:
-        `torch.Tensor`: `weight` × the scalar loss, ready to add to the diffusion loss.
 
     Example:
         ```py

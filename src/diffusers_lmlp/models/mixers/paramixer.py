@@ -21,7 +21,7 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int, _is_positive_real
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int, _is_positive_real, check_width
 from ..catalog import NAMED_CONFIGS
 
 
@@ -34,24 +34,22 @@ class VanillaMLP(nn.Module):
         self.fc2 = nn.Linear(hidden_features, in_features, bias=False)  # W₂ (or W₄)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along the last axis of a (..., in_features) normalised input."""
         return self.fc2(F.gelu(self.fc1(x)))  # (..., hidden_features) inside
 
 
 class SymmetricMLP(nn.Module):
-    """SymMixer's MLP: y = GELU(x Wᵀ) W, the second layer the transpose of the first (W₂ = W₁ᵀ, eqs. 28–29); the one
-    parameter W, in a Linear's (hidden, in) layout, is used by two matmuls, so both count and both give it gradient."""
+    """SymMixer's MLP: y = GELU(x Wᵀ) W, the second layer the transpose of the first (W₂ = W₁ᵀ, eqs. 28–29); W has a
+    Linear's (hidden, in) layout."""
 
     def __init__(self, in_features: int, hidden_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_features, in_features))  # W₁; W₂ = W₁ᵀ
 
     def init_weights(self) -> None:
-        """Initialise W as the package initialises a Linear weight: truncated normal, std 0.02."""
+        """The package's Linear init: truncated normal, std 0.02."""
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along the last axis of a (..., in_features) normalised input."""
         hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
         return torch.matmul(hidden, self.weight)  # (..., in_features)
 
@@ -65,7 +63,6 @@ class AsymmetricMLP(SymmetricMLP):
         self.fc2 = nn.Linear(hidden_features, in_features, bias=False)  # W̃₂ (or W̃₄)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP along the last axis of a (..., in_features) normalised input."""
         hidden = F.gelu(torch.matmul(x, self.weight.t()))  # (..., hidden_features)
         return torch.matmul(hidden, self.weight) + self.fc2(hidden)  # (..., in_features)
 
@@ -102,38 +99,21 @@ class ParaMixerBlock(nn.Module):
 
 
 class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """Shared body of `ParaMixerTransformer2DModel`, `SymMixerTransformer2DModel` and `AsymMixerTransformer2DModel`:
-    the U-shaped skeleton with `ParaMixerBlock`s; each subclass only sets `mlp_class` and its named configurations.
+    """Shared body of the ParaMixer, SymMixer and AsymMixer models: `ParaMixerBlock`s whose MLPs are `mlp_class`.
 
-    Parameters:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
-        num_layers (`int`, *optional*, defaults to 12): Even depth: num_layers // 2 in-, 1 mid- and as many out-blocks.
-        mlp_ratio (`float`, *optional*, defaults to 4.0): Channel-MLP hidden width as a multiple of D.
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the final 3×3 convolution.
-        norm_eps (`float`, *optional*, defaults to 1e-6): Epsilon of every LayerNorm, as in paramixer.
+    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-6 as in paramixer), and:
+
         token_mlp_ratio (`float`, *optional*, defaults to 0.5): Token-MLP width as a multiple of D (not of L).
         num_iterations (`int`, *optional*, defaults to 1): Apply each block this many times with the same weights.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
     """
 
     _no_split_modules = ["ParaMixerBlock"]
     _repeated_blocks = ["ParaMixerBlock"]
     config_requirements = {
         **CONFIG_REQUIREMENTS,
-        "token_mlp_ratio": (
-            _is_positive_real,
-            "a positive finite number (the token MLP's width as a multiple of hidden_size)",
-        ),
+        "token_mlp_ratio": (_is_positive_real, "a positive finite number (the token MLP's width as a multiple of D)"),
         "num_iterations": (_is_positive_int, "a positive integer (applications of each block's shared weights)"),
     }
-    # The MLP of both branches of every block: VanillaMLP, SymmetricMLP or AsymmetricMLP.
     mlp_class: type[nn.Module]
 
     @register_to_config
@@ -168,24 +148,14 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         )
 
     def _check_config(self) -> None:
-        """The shared checks, then that the token MLP has at least one hidden unit."""
         super()._check_config()
-        config = self.config
-        if int(config.hidden_size * config.token_mlp_ratio) < 1:
-            raise ValueError(
-                f"token_mlp_ratio={config.token_mlp_ratio} gives a token MLP of int({config.hidden_size} × "
-                f"{config.token_mlp_ratio}) = 0 hidden units; use token_mlp_ratio >= 1 / hidden_size (the paper "
-                "uses 0.5)."
-            )
+        check_width("token_mlp_ratio", self.config.token_mlp_ratio, self.config.hidden_size, "token MLP")
 
 
 @public
 class ParaMixerTransformer2DModel(ParallelMixerModel):
-    """ParaMixer: parallelized mixing layers with independent token- and channel-MLP weights (eq. 32), U-shaped.
-
-    Parameters as `ParallelMixerModel`. "ParaMixer-S" is the COCO skeleton at depth 16 with the paper's widths. LoRA
-    can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`.
-    """
+    """ParaMixer: parallelized mixing layers with independent token- and channel-MLP weights (eq. 32); parameters
+    as `ParallelMixerModel`. LoRA can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`."""
 
     mlp_class = VanillaMLP
     named_configs = NAMED_CONFIGS["paramixer"]
@@ -193,11 +163,8 @@ class ParaMixerTransformer2DModel(ParallelMixerModel):
 
 @public
 class SymMixerTransformer2DModel(ParallelMixerModel):
-    """SymMixer: parallelized mixing layers whose MLPs have symmetric weights W₂ = W₁ᵀ (eqs. 28–29), U-shaped.
-
-    Parameters as `ParallelMixerModel`. "SymMixer-S" is the COCO skeleton at depth 16 with doubled widths (the
-    paper's "Sym (dw)"). LoRA adapts the tied weights as parameters (see the module docstring).
-    """
+    """SymMixer: parallelized mixing layers whose MLPs have symmetric weights W₂ = W₁ᵀ (eqs. 28–29); parameters as
+    `ParallelMixerModel`. LoRA adapts the tied weights as parameters (see the module docstring)."""
 
     mlp_class = SymmetricMLP
     named_configs = NAMED_CONFIGS["symmixer"]
@@ -205,27 +172,16 @@ class SymMixerTransformer2DModel(ParallelMixerModel):
 
 @public
 class AsymMixerTransformer2DModel(ParallelMixerModel):
-    """AsymMixer: SymMixer plus a learned symmetry-breaking term, W₂ = W₁ᵀ + W̃₂ (eq. 38), U-shaped.
-
-    Parameters as `ParallelMixerModel`; train it with the paper's loss (eq. 39): the diffusion loss plus
-    `λ · symmetry_breaking_penalty(model)`. "AsymMixer-S" is the COCO skeleton at depth 16 with the paper's widths.
-    """
+    """AsymMixer: SymMixer plus a learned symmetry-breaking term, W₂ = W₁ᵀ + W̃₂ (eq. 38); parameters as
+    `ParallelMixerModel`. Train it with the diffusion loss plus `λ · symmetry_breaking_penalty(model)` (eq. 39)."""
 
     mlp_class = AsymmetricMLP
     named_configs = NAMED_CONFIGS["asymmixer"]
 
 
 def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:
-    """Σ ‖W̃‖²_F over every AsymMixer MLP of a model: the paper's symmetry-breaking penalty (eq. 39) without λ.
-
-    W̃ is every `AsymmetricMLP`'s `fc2` weight (the reference's `reg_weight2`), found by type so that wrapped models
-    work; with LoRA on `fc2` only the base weight counts.
-
-    Args:
-        model (`nn.Module`): A model holding `AsymmetricMLP`s, e.g. an `AsymMixerTransformer2DModel`.
-
-    Returns:
-        `torch.Tensor`: The float32 scalar Σ ‖W̃‖²_F, differentiable in every W̃.
+    """Σ ‖W̃‖²_F over every `AsymmetricMLP.fc2` of a model (found by type, so wrapped models work): the paper's
+    symmetry-breaking penalty (eq. 39) without λ, a float32 scalar. With LoRA on `fc2` only the base weight counts.
 
     Example:
         ```py

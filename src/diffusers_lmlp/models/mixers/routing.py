@@ -1,8 +1,5 @@
-"""Routers: the modules that turn gate logits into expert probabilities, and how a model collects their outputs.
-
-`collect_router_probs` records every `Router`'s output with forward hooks, so blocks keep the plain contract
-`block(x, skip) -> x` and the stack and the token I/O know nothing about routing.
-"""
+"""Routers turn gate logits into expert probabilities; `collect_router_probs` records them with forward hooks, so
+blocks keep the plain contract `block(x, skip) -> x`."""
 
 import contextlib
 from collections.abc import Iterator
@@ -15,7 +12,6 @@ class Router(nn.Module):
     """Softmax over the last axis: gate logits (..., E) to expert probabilities (..., E)."""
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        """(..., E) gate logits → (..., E) probabilities that sum to 1 over the experts."""
         return logits.softmax(-1)
 
 
