@@ -1,9 +1,10 @@
-"""`python -m diffusers_lmlp.analysis`: the measures on matrices of known structure, the two subcommands on tiny
-UL-MLP, MoE-MLP and U-ViT pipelines, a full-size (L = 334) converted reference checkpoint, a Hub id and the shipped
-shapes model, the errors that name the subcommand that fits, and every command of docs/analysis.md (the README's
-former section among them), run as written."""
+"""`python -m diffusers_lmlp.analysis`: the measures on matrices of known structure, both subcommands on tiny
+pipelines, a full-size (L = 334) converted reference checkpoint, a Hub id and the shipped shapes model, the errors
+that name the subcommand that fits, and every command of docs/analysis.md, run as written."""
 
+import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -25,7 +26,6 @@ from test_pipeline_loading import fill_hub_cache
 
 from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict
 from diffusers_lmlp.analysis.__main__ import main
-from diffusers_lmlp.analysis.attention import attention_probabilities
 from diffusers_lmlp.analysis.layers import block_name, default_layers
 from diffusers_lmlp.analysis.metrics import (
     balance_statistics,
@@ -38,6 +38,7 @@ from diffusers_lmlp.analysis.metrics import (
     token_mixing_measures,
 )
 from diffusers_lmlp.analysis.regions import TokenRegions
+from diffusers_lmlp.analysis.routing import attention_probabilities
 from diffusers_lmlp.models.mixers.attention import UViTAttention
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.tiny import build_tiny_pipeline
@@ -54,29 +55,17 @@ TINY = TokenRegions(text_seq_len=16, grid_size=4)
 
 def commands(text: str) -> list[str]:
     """The analysis command lines of the bash blocks of a Markdown text."""
-    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
-    return [
-        line for block in blocks for line in block.splitlines() if line.startswith("python -m diffusers_lmlp.analysis")
-    ]
+    lines = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)).splitlines()
+    return [line for line in lines if line.startswith("python -m diffusers_lmlp.analysis")]
 
 
-@pytest.fixture(autouse=True)
-def no_unpickling(monkeypatch):
-    """Every load here must read safetensors only: `torch.load` (pickle) fails the test."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("loading unpickled a file with torch.load")
-
-    monkeypatch.setattr(torch, "load", refuse)
+pytestmark = pytest.mark.usefixtures("no_unpickling")
 
 
 def run(*argv: str) -> str:
     """Run the command in this process and return what it printed; a refusal raises `SystemExit` with its message."""
-    from contextlib import redirect_stdout
-    from io import StringIO
-
-    printed = StringIO()
-    with redirect_stdout(printed):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
         main([*argv, "--no_progress"])
     return printed.getvalue()
 
@@ -110,7 +99,7 @@ def row_periodic(regions: TokenRegions, seed: int = 0) -> torch.Tensor:
 # The measures, on matrices of known structure.
 
 
-def test_a_gaussian_of_patch_distance_is_local_an_identity_is_diagonal_and_noise_is_neither():
+def test_the_measures_find_locality_a_diagonal_and_row_periodicity_and_nothing_in_noise_or_a_smooth_trend():
     regions = TokenRegions(text_seq_len=7, grid_size=8)
     assert locality(normalise(gaussian_of_patch_distance(regions)), regions) > 10
     generator = torch.Generator().manual_seed(0)
@@ -121,10 +110,6 @@ def test_a_gaussian_of_patch_distance_is_local_an_identity_is_diagonal_and_noise
         assert locality(noise, regions) == pytest.approx(1, abs=0.1)
         assert diagonal_ratio(noise) == pytest.approx(1, abs=0.15)
         assert periodicity(noise, regions) == pytest.approx(0, abs=0.05)
-
-
-def test_a_pattern_that_repeats_every_patch_row_is_periodic_and_a_smooth_trend_is_not():
-    regions = TokenRegions(text_seq_len=7, grid_size=8)
     assert periodicity(normalise(row_periodic(regions)), regions) > 0.9
     index = torch.arange(regions.seq_len, dtype=torch.float64)
     trend = index[:, None] + index[None, :]  # smooth: every shift correlates about as well
@@ -138,9 +123,7 @@ def test_the_grid_distance_and_the_measures_a_layout_cannot_define():
     assert token_mixing_measures(torch.randn(5, 5), one_patch)["locality"] is None
     assert token_mixing_measures(torch.randn(5, 5), one_patch)["periodicity"] is None
     assert token_mixing_measures(torch.ones(33, 33), TINY)["diagonal"] is None  # constant: normalised to zeros
-
-
-def test_the_noise_band_brackets_noise_and_is_the_same_every_time():
+    # The noise band brackets noise and is the same every time.
     measures = functools.partial(token_mixing_measures, regions=TINY)
     band = noise_band(measures, TINY.seq_len, draws=50)
     assert band == noise_band(measures, TINY.seq_len, draws=50)
@@ -221,11 +204,13 @@ def test_a_converted_reference_checkpoint_at_full_size_gives_the_reference_scrip
     assert torch.equal(weights["layer_17.left"], reference["out_blocks.7.l.weight"])  # and its "Layer 17"
 
 
-def test_an_moe_mlp_is_drawn_per_expert_and_head(tmp_path):
+def test_an_moe_mlp_backbone_folder_is_drawn_per_expert_and_head_and_routing_needs_its_whole_pipeline(tmp_path):
     pipe = build_tiny_pipeline("moe_mlp")  # 2 experts × 2 heads
     pipe.save_pretrained(tmp_path / "pipe")
+    backbone = str(tmp_path / "pipe" / "transformer")
+    assert "is a backbone folder" in refusal("routing", "--pipeline", backbone, "--captions", "a red circle")
 
-    printed = run("lateralization", "--pipeline", str(tmp_path / "pipe"), "--output_dir", str(tmp_path / "out"))
+    printed = run("lateralization", "--pipeline", backbone, "--output_dir", str(tmp_path / "out"))
 
     report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
     weights = load_file(tmp_path / "out" / "lateralization.safetensors")
@@ -262,14 +247,6 @@ def test_bad_layers_and_folders_are_refused_naming_the_fix(tmp_path):
     assert "config.json does not exist" in refusal("lateralization", "--pipeline", str(tmp_path))
     assert "is not a backbone's config" in refusal("lateralization", "--pipeline", str(tmp_path / "pipe" / "vae"))
     assert "Run `lateralization` on it instead" in refusal("routing", "--pipeline", pipe, "--captions", "a")
-
-
-def test_routing_needs_a_whole_pipeline(tmp_path):
-    build_tiny_pipeline("moe_mlp").save_pretrained(tmp_path / "pipe")
-    backbone = str(tmp_path / "pipe" / "transformer")
-    assert "is a backbone folder" in refusal("routing", "--pipeline", backbone, "--captions", "a red circle")
-    run("lateralization", "--pipeline", backbone, "--output_dir", str(tmp_path / "out"))  # which lateralization reads
-    assert (tmp_path / "out" / "lateralization.json").is_file()
 
 
 # routing, end to end.
@@ -419,8 +396,8 @@ def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
 
 @pytest.mark.slow
 def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
-    """docs/analysis.md's commands (the README's former ones among them), with tiny stand-ins for the pipelines a user trains, and a
-    full-size (L = 334) backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""
+    """docs/analysis.md's commands, with tiny stand-ins for the pipelines a user trains and a full-size (L = 334)
+    backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""
     documented = commands(DOCS)  # "In short" (the README's former section) included
     assert len(documented) == 9 and commands(README_SECTION) == documented[:2]
     monkeypatch.chdir(tmp_path)

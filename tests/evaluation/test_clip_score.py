@@ -1,9 +1,5 @@
-"""CLIP score (`diffusers_lmlp.evaluation.clip_score`), offline, on tiny CLIP models in the real repo layout.
-
-The default id `openai/clip-vit-large-patch14` resolves from a pre-filled HF cache; the numbers are checked against
-torchmetrics' functional `clip_score` and `CLIPScore`, and the ranking on a tiny CLIP trained for a few seconds to
-match shapes-world images with their captions.
-"""
+"""CLIP score offline on tiny CLIP models in the real repo layout: the default id from a pre-filled HF cache, the
+numbers against torchmetrics, and the ranking on a tiny CLIP trained briefly on shapes-world images."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +31,7 @@ CAPTIONS = ["a red circle", "a photo of a blue square", "the green triangle at t
 
 class TensorFeaturesCLIP(CLIPModel):
     """`CLIPModel` whose `get_*_features` return the projected tensor, as torchmetrics 1.9 expects (transformers 5
-    returns a `BaseModelOutputWithPooling`; environment-notes §7)."""
+    returns a `BaseModelOutputWithPooling`)."""
 
     def get_image_features(self, *args, **kwargs):
         return super().get_image_features(*args, **kwargs).pooler_output
@@ -45,12 +41,8 @@ class TensorFeaturesCLIP(CLIPModel):
 
 
 def write_tiny_clip(folder: Path, seed: int = 0) -> tuple[CLIPModel, CLIPProcessor]:
-    """Write a tiny CLIP in the layout of the `openai/clip-vit-large-patch14` repo and return it.
-
-    Files: `config.json`, `model.safetensors`, `preprocessor_config.json`, `vocab.json`, `merges.txt`,
-    `tokenizer.json`, `tokenizer_config.json`. Both towers are 32 wide with 2 layers, patch 8 on 32 px images, a
-    16-d projection, 77 text positions and a BPE vocabulary with whole-word tokens for `WORDS`.
-    """
+    """Write a tiny CLIP in the `openai/clip-vit-large-patch14` repo's layout and return it: 32-wide towers of 2
+    layers, patch 8 on 32 px images, a 16-d projection, 77 text positions and whole-word tokens for `WORDS`."""
     tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=folder, words=WORDS)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
@@ -86,27 +78,7 @@ def varied_images(count: int, seed: int = 0) -> list[Image.Image]:
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
 
 
-def as_uint8_tensor(image: Image.Image) -> torch.Tensor:
-    return torch.from_numpy(np.array(image)).permute(2, 0, 1)  # (3, H, W) uint8, torchmetrics' image input
-
-
-@pytest.fixture(autouse=True)
-def no_unpickling(monkeypatch):
-    """Every load here must read safetensors only: `torch.load` (pickle) fails the test."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("loading unpickled a file with torch.load")
-
-    monkeypatch.setattr(torch, "load", refuse)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run fastest on one CPU thread, and much faster than on two on a busy machine."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("no_unpickling", "one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +129,8 @@ def trained_scorer(tmp_path_factory) -> CLIPScorer:
         torch.manual_seed(0)
         for _ in range(100):
             batch = torch.randperm(len(specs), generator=generator)[:32]
-            loss = model(
-                input_ids=text["input_ids"][batch],
-                attention_mask=text["attention_mask"][batch],
-                pixel_values=pixel_values[batch],
-                return_loss=True,
-            ).loss
+            inputs = {key: value[batch] for key, value in text.items()}  # input_ids, attention_mask
+            loss = model(**inputs, pixel_values=pixel_values[batch], return_loss=True).loss
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -170,7 +138,7 @@ def trained_scorer(tmp_path_factory) -> CLIPScorer:
     return CLIPScorer.from_pretrained(folder)
 
 
-def test_the_default_id_loads_from_a_prefilled_hub_cache_offline(hub_cache, clip_folder):
+def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as_given(hub_cache, clip_folder):
     scorer = CLIPScorer.from_pretrained()
     assert scorer.name == CLIP_REPO == "openai/clip-vit-large-patch14"
     assert not scorer.model.training and scorer.model.dtype == torch.float32
@@ -180,9 +148,6 @@ def test_the_default_id_loads_from_a_prefilled_hub_cache_offline(hub_cache, clip
     scores = scorer.score(varied_images(3), CAPTIONS[:3])
     assert scores.shape == (3,) and scores.dtype == torch.float64 and scores.device.type == "cpu"
     assert ((scores >= 0) & (scores <= 100)).all()
-
-
-def test_a_local_folder_loads_and_is_named_as_given(clip_folder):
     for name_or_path in (clip_folder, str(clip_folder)):
         scorer = CLIPScorer.from_pretrained(name_or_path, dtype=torch.float64)
         assert scorer.name == str(clip_folder)
@@ -206,7 +171,9 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
         return reference.eval(), processor
 
     images = varied_images(len(CAPTIONS))
-    tensors = [as_uint8_tensor(image) for image in images]  # torchmetrics' input: (3, H, W) uint8
+    tensors = [
+        torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images
+    ]  # torchmetrics': (3, H, W) uint8
     scores = scorer.score(images, CAPTIONS, batch_size=4)  # (6,)
     raw = scorer.score(images, CAPTIONS, batch_size=4, clamp=False)  # (6,) 100 · cos
     assert (raw != 0).all()
@@ -225,15 +192,10 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
             assert value.item() == pytest.approx(scores.mean().item(), abs=1e-4)
 
 
-def test_batch_size_does_not_change_the_scores(scorer):
-    images = varied_images(5, seed=1)
-    captions = CAPTIONS[:5]
-    torch.testing.assert_close(
-        scorer.score(images, captions, batch_size=2), scorer.score(images, captions), atol=1e-5, rtol=0
-    )
-
-
-def test_a_float_tensor_scores_as_its_8_bit_images(scorer):
+def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_its_8_bit_images(scorer):
+    images, captions = varied_images(5, seed=1), CAPTIONS[:5]
+    batched = scorer.score(images, captions, batch_size=2)
+    torch.testing.assert_close(batched, scorer.score(images, captions), atol=1e-5, rtol=0)
     images = torch.rand(3, 3, 40, 52, generator=torch.Generator().manual_seed(0))  # (N, 3, H, W) in [0, 1]
     pixels = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
     as_pil = [Image.fromarray(array) for array in pixels]
@@ -290,39 +252,30 @@ def test_bad_inputs_raise_value_errors_that_say_what_to_pass(scorer, images, cap
         scorer.score(images, captions, **kwargs)
 
 
-def write_pickle_only_repo(folder: Path, clip_folder: Path) -> None:
-    """The CLIP repo with a (fake) `pytorch_model.bin` instead of `model.safetensors`."""
-    folder.mkdir(parents=True)
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (
+            "folder",
+            r"no safetensors weights .* pickled weights only \(pytorch_model.bin\), which CLIPScorer never loads",
+        ),
+        ("cache", r"'openai/clip-vit-large-patch14' is in the Hugging Face cache .* without `model.safetensors`"),
+        ("nowhere", r"'openai/clip-vit-large-patch14' is not in the Hugging Face cache .* HF_HUB_OFFLINE is set"),
+    ],
+)
+def test_pickled_weights_are_refused_unread_and_a_missing_model_says_how_to_get_it(
+    clip_folder, tmp_path, monkeypatch, where, message
+):
+    pickled = tmp_path / "pickled"  # the repo with a (fake) `pytorch_model.bin` instead of `model.safetensors`
+    pickled.mkdir()
     for path in clip_folder.iterdir():
         if path.name != "model.safetensors":
-            (folder / path.name).write_bytes(path.read_bytes())
-    (folder / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this fails loudly")
-
-
-def test_a_folder_with_pickled_weights_only_is_refused_unread(clip_folder, tmp_path):
-    write_pickle_only_repo(tmp_path / "pickled", clip_folder)
-    with pytest.raises(
-        OSError,
-        match=r"no safetensors weights .* pickled weights only \(pytorch_model.bin\), which CLIPScorer never loads",
-    ):
-        CLIPScorer.from_pretrained(tmp_path / "pickled")
-
-
-def test_a_cached_hub_repo_with_pickled_weights_only_is_refused_unread(clip_folder, tmp_path, monkeypatch):
-    write_pickle_only_repo(tmp_path / "pickled", clip_folder)
-    fill_hub_cache(tmp_path / "pickled", tmp_path / "hf" / "hub", CLIP_REPO)
+            (pickled / path.name).write_bytes(path.read_bytes())
+    (pickled / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this fails loudly")
+    if where == "cache":
+        fill_hub_cache(pickled, tmp_path / "hf" / "hub", CLIP_REPO)
     use_hub_cache(tmp_path / "hf" / "hub", monkeypatch)
-    with pytest.raises(
-        OSError, match=r"'openai/clip-vit-large-patch14' is in the Hugging Face cache .* without `model.safetensors`"
-    ):
-        CLIPScorer.from_pretrained()
-
-
-def test_a_model_missing_offline_is_named_with_how_to_get_it(tmp_path, monkeypatch):
-    use_hub_cache(tmp_path / "hf" / "hub", monkeypatch)
-    with pytest.raises(OSError) as error:
-        CLIPScorer.from_pretrained()
-    message = str(error.value)
-    assert "'openai/clip-vit-large-patch14' is not in the Hugging Face cache" in message
-    assert "HF_HUB_OFFLINE" in message and "`hf download openai/clip-vit-large-patch14 --include" in message
-    assert "pass a local folder" in message
+    with pytest.raises(OSError, match=message) as error:
+        CLIPScorer.from_pretrained(pickled if where == "folder" else CLIP_REPO)
+    if where != "folder":
+        assert f"`hf download {CLIP_REPO} --include" in str(error.value) and "pass a local folder" in str(error.value)

@@ -1,7 +1,6 @@
-"""The README's evaluation commands, run as written: the shapes one on the shipped pipeline, the COCO ones on the
-official COCO-2014 layout with a trained-pipeline folder, U-ViT's statistics file, CLIP ViT-L/14 under its real id in
-an HF cache, and torch-fidelity's Inception interface (a stand-in: the real package cannot be installed here), all
-offline. `--fid_images`-style FID during training is exercised the same way."""
+"""The documented evaluation commands, run as written and offline: the shapes one on the shipped pipeline, the COCO
+ones on the official COCO-2014 layout with U-ViT's statistics file, CLIP ViT-L/14 under its real id in an HF cache and
+a stand-in for torch-fidelity's Inception interface; and FID during training."""
 
 import json
 import os
@@ -27,24 +26,21 @@ from diffusers_lmlp.tiny import build_tiny_pipeline
 ROOT = Path(__file__).resolve().parents[2]
 # torch_fidelity's interface, with a fixed random network
 STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
-# docs/evaluation.md's commands (the README's former "Evaluate" section); the README's own one is among them.
-BASH_BLOCKS = blocks("docs/evaluation.md", "bash")
-COMMANDS = [line for block in BASH_BLOCKS for line in block.splitlines() if "-m diffusers_lmlp.evaluation" in line]
-README_COMMANDS = [
-    line
-    for block in blocks("README.md", "bash")
-    for line in block.splitlines()
-    if "-m diffusers_lmlp.evaluation" in line
-]
+
+
+def evaluation_commands(page: str) -> list[str]:
+    lines = "\n".join(blocks(page, "bash")).splitlines()
+    return [line for line in lines if "-m diffusers_lmlp.evaluation" in line]
+
+
+COMMANDS, README_COMMANDS = evaluation_commands("docs/evaluation.md"), evaluation_commands("README.md")
 # The README's 30k images and 50 steps, shortened: the options are the README's, these only come after them.
 SHORT = ["--num_images", "8", "--num_inference_steps", "2", "--batch_size", "2", "--no_progress"]
 
 
 def as_argv(command: str, num_processes: int = 2) -> list[str]:
-    """A README command as argv: `accelerate` and `python` are this Python, 8 GPUs are `num_processes` CPU ones.
-
-    A launch gets a free port of its own: the README's commands leave accelerate's default, 29500, which two of them
-    running at once on two pytest-xdist workers would both try to listen on."""
+    """A README command as argv: `accelerate` and `python` are this Python, 8 GPUs are `num_processes` CPU ones, and
+    a launch gets a free port of its own (two at once on pytest-xdist workers would both take the default)."""
     argv = shlex.split(command)
     if argv[:2] == ["accelerate", "launch"]:
         argv[argv.index("--num_processes") + 1] = str(num_processes)
@@ -134,17 +130,6 @@ def test_coco_fid_against_the_val_images_themselves_equals_the_published_statist
     published = getattr(coco, "published", None) or run_readme(coco, 1)
     assert report["fid"] == pytest.approx(published["fid"], rel=1e-6)
     assert report["clip_score"] == pytest.approx(published["clip_score"], rel=1e-9)
-
-
-@pytest.mark.slow
-def test_inception_fid_without_torch_fidelity_stops_and_says_what_to_install(coco):
-    env = {**coco.env, "PYTHONPATH": ENV.get("PYTHONPATH", "")}
-    command = shlex.split(COMMANDS[1])
-    options = command[command.index("diffusers_lmlp.evaluation") + 1 :]  # the README's options, on one process
-    argv = [sys.executable, "-m", "diffusers_lmlp.evaluation", *options, *SHORT]
-    result = run_bounded(argv, env=env, timeout=300, cwd=coco.root)
-    assert result.returncode != 0 and "pip install torch-fidelity" in result.stderr
-    assert "FID" not in result.stdout
 
 
 @pytest.mark.slow

@@ -35,22 +35,18 @@ def test_a_caption_failing_on_every_seed_widens_the_interval_over_independent_fa
     spread, clustered = np.ones((128, 4)), np.ones((128, 4))
     spread[np.arange(16) * 8, 1] = 0  # one seed of every other caption
     clustered[:16, 1] = 0  # every seed of the first 4 captions
-    width = {}
-    for name, flags in (("spread", spread), ("clustered", clustered)):
-        low, high = bootstrap_intervals(flags, captions)["shape"]
-        width[name] = high - low
-    assert width["clustered"] > 1.5 * width["spread"]
+    (low, high), (clustered_low, clustered_high) = (
+        bootstrap_intervals(f, captions)["shape"] for f in (spread, clustered)
+    )
+    assert clustered_high - clustered_low > 1.5 * (high - low)
 
 
-def test_all_right_gives_a_point_interval_and_unstated_sizes_are_left_out():
+def test_all_right_gives_a_point_interval_unstated_sizes_are_left_out_and_bad_arguments_are_named():
     flags = np.ones((12, 4))
     flags[:, 3] = NAN
     intervals = bootstrap_intervals(flags, [str(i % 3) for i in range(12)])
     assert "size" not in intervals
     assert intervals["all"] == [1.0, 1.0]
-
-
-def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="one caption per row"):
         bootstrap_intervals(np.ones((3, 4)), ["a", "b"])
     with pytest.raises(ValueError, match="strictly between 0 and 1"):

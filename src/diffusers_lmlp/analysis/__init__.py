@@ -1,7 +1,2 @@
 """Look inside a model: the L-MLP paper's Fig. 6 lateralization maps, MoE-MLP routing and U-ViT attention, with the
-numbers that check the papers' claims; `python -m diffusers_lmlp.analysis` (or `diffusers-lmlp-analysis`).
-
-The subcommands live in `lateralization` and `routing` (with `sampling` and `attention`); `metrics` holds the
-measures, `regions`, `layers` and `kinds` read a model's layout, `sources` finds `--pipeline`, and `figures` and
-`tables` draw and print.
-"""
+numbers that check the papers' claims; `python -m diffusers_lmlp.analysis` (or `diffusers-lmlp-analysis`)."""

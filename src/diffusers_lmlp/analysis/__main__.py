@@ -14,19 +14,13 @@ from .. import commands
 from ..sampling import GUIDANCE_SCALE
 
 
-# The console script setup.py installs for this command.
-CONSOLE_SCRIPT = "diffusers-lmlp-analysis"
-
-
-def program_name() -> str:
-    """How the user ran this command, for its usage line (`commands.program_name`)."""
-    return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.analysis")
+CONSOLE_SCRIPT = "diffusers-lmlp-analysis"  # setup.py's console script for this command
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's arguments: a subcommand, then its options."""
     parser = argparse.ArgumentParser(
-        prog=program_name(),
+        prog=commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.analysis"),
         description="Look inside a trained backbone: the L-MLP paper's Fig. 6 lateralization maps (UL-MLP, MoE-MLP), "
         "MoE-MLP expert usage across sampling, or U-ViT attention maps, each with the numbers that check the "
         "papers' claims.",
@@ -84,9 +78,7 @@ def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
     import torch
 
     from . import lateralization, routing
-    from .kinds import check_routing, routes
-    from .layers import check_layers, default_layers, num_blocks
-    from .sampling import SamplerSettings
+    from .layers import check_kind, check_layers, default_layers, num_blocks, routes
     from .sources import find_backbone
 
     source = find_backbone(args.pipeline)
@@ -99,21 +91,17 @@ def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
             model, layers or default_layers(blocks), args.output_dir, args.pipeline, progress
         )
         return lateralization.table(report), [args.output_dir / name for name in lateralization.FILES]
-    check_routing(model)
+    check_kind(model, "routing")
     if layers is None:
         layers = list(range(1, blocks + 1)) if routes(model) else default_layers(blocks)
     pipeline = source.load_pipeline(model).to("cuda" if torch.cuda.is_available() else "cpu")
-    settings = SamplerSettings(args.num_inference_steps, args.guidance_scale, args.seed, args.batch_size)
+    settings = routing.SamplerSettings(args.num_inference_steps, args.guidance_scale, args.seed, args.batch_size)
     report = routing.run_routing(pipeline, layers, args.captions, settings, args.output_dir, args.pipeline, progress)
     return routing.table(report), [args.output_dir / name for name in routing.FILES]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command.
-
-    Args:
-        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when not given.
-    """
+    """Run the command on `argv` (`sys.argv[1:]` by default)."""
     args = build_parser().parse_args(argv)
     try:
         printed, files = run(args)

@@ -1,6 +1,6 @@
-"""The figures, drawn with matplotlib (the `plots` extra): the analysis' viridis heat maps of matrices in [0, 1], as
-the reference figure script draws them, with red lines at the token-region boundaries, in a titled grid with one colour
-bar (entries drawn without smoothing, so a diagonal stays visible); and the benchmarks' bar charts.
+"""The figures, drawn with matplotlib (the `plots` extra): the analysis' viridis heat maps of matrices in [0, 1] with
+red lines at the token-region boundaries, in a titled grid with one colour bar; the benchmarks' bar charts; and the
+plain-text tables the analysis commands print.
 """
 
 import io
@@ -10,11 +10,6 @@ import numpy as np
 from PIL import Image
 
 
-def heat_map(values: np.ndarray, boundaries: tuple[int, ...] = ()) -> tuple[np.ndarray, tuple[int, ...]]:
-    """A panel: a (rows, columns) matrix in [0, 1], and the rows and columns before which a red line is drawn."""
-    return np.asarray(values), tuple(boundaries)
-
-
 def grid_figure(
     title: str,
     notes: list[str],
@@ -22,7 +17,8 @@ def grid_figure(
     row_titles: list[str],
     panels: list[list[tuple[np.ndarray, tuple[int, ...]]]],
 ) -> Image.Image:
-    """`panels[row][column]` (`heat_map`s) in a labelled grid under a title and notes, with a 0-to-1 colour bar."""
+    """`panels[row][column]` in a labelled grid under a title and notes, with a 0-to-1 colour bar. A panel is a
+    (rows, columns) matrix in [0, 1] and the rows and columns before which a red line is drawn."""
     heading = "\n".join([title, *(textwrap.fill(note, 110) for note in notes)])
     rows, columns = len(panels), len(column_titles)
     size = (2.6 * columns + 1.5, 2.6 * rows + 0.2 * heading.count("\n") + 0.6)
@@ -32,7 +28,9 @@ def grid_figure(
     for row, (row_title, row_panels) in enumerate(zip(row_titles, panels)):
         for column, (values, boundaries) in enumerate(row_panels):
             ax = axes[row][column]
-            image = ax.imshow(values, cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
+            image = ax.imshow(
+                np.asarray(values), cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="auto"
+            )
             for boundary in boundaries:
                 ax.axhline(boundary - 0.5, color="red", linewidth=0.8)
                 ax.axvline(boundary - 0.5, color="red", linewidth=0.8)
@@ -47,8 +45,8 @@ def grid_figure(
 
 
 def new_figure(**kwargs):
-    """A matplotlib `Figure` (`kwargs` are its), made without pyplot, so no backend or global state changes; or
-    `SystemExit` saying how to install matplotlib."""
+    """A matplotlib `Figure`, made without pyplot (no backend or global state changes); `SystemExit` saying how to
+    install matplotlib without it."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -93,3 +91,30 @@ def bar_chart(
     axes[0][0].invert_yaxis()
     figure.suptitle(title, fontsize=9, x=0.01, horizontalalignment="left")
     return as_image(figure)
+
+
+def number(value: float | None, digits: int = 3) -> str:
+    """A measure for a table: fixed-point, or "–" where it is not defined (`None`)."""
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(rows: list[tuple[str, ...]], text_columns: int) -> str:
+    """Rows of cells (header first) as aligned columns: the first `text_columns` left-aligned, the rest right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(width) if i < text_columns else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    )
+
+
+def noise_line(noise: dict) -> str:
+    """A report's noise bands (`{"draws": n, <what>: {measure: [low, high]}}`, `metrics.noise_band`) in one line."""
+    parts = [
+        f"{what}: " + ", ".join(f"{name} {number(low)} to {number(high)}" for name, (low, high) in bands.items())
+        for what, bands in noise.items()
+        if what != "draws"
+    ]
+    return f"i.i.d. Gaussian matrices of the same size, 95% of {noise['draws']} draws: " + "; ".join(parts)

@@ -1,8 +1,7 @@
-"""The numbers behind the L-MLP paper's Fig. 6 claims, and the MoE-MLP routers' load balance: torch only, no drawing.
+"""The numbers behind the L-MLP paper's Fig. 6 claims, and the MoE-MLP routers' load balance.
 
-Token-mixing measures read a matrix as the paper draws it (rows = outputs), min-max normalised (`normalise`): the
-diagonal ratio, locality and periodicity, each about 1 (periodicity 0) for noise; `noise_band` gives their range on
-structureless matrices. A measure that is undefined (a zero denominator, a grid under 2 × 2) is `None`.
+Token-mixing measures read a min-max normalised matrix as the paper draws it (rows = outputs): the diagonal ratio,
+locality and periodicity, each about 1 (periodicity 0) for noise (`noise_band`). An undefined one is `None`.
 """
 
 import functools
@@ -14,8 +13,7 @@ import torch
 from .regions import TokenRegions
 
 
-# The i.i.d. Gaussian matrices `noise_band` draws.
-NOISE_DRAWS = 200
+NOISE_DRAWS = 200  # the i.i.d. Gaussian matrices `noise_band` draws
 
 
 def normalise(matrix: torch.Tensor) -> torch.Tensor:
@@ -32,7 +30,7 @@ def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> float | None:
 
 
 def diagonal_ratio(normalised: torch.Tensor) -> float | None:
-    """The mean normalised value on the diagonal over the mean off it: above 1 when tokens keep more of themselves."""
+    """The mean on the diagonal over the mean off it: above 1 when tokens keep more of themselves."""
     on = torch.eye(normalised.shape[0], dtype=torch.bool)
     return _ratio(normalised[on].mean(), normalised[~on].mean())
 
@@ -45,8 +43,8 @@ def grid_distance(regions: TokenRegions) -> torch.Tensor:
 
 
 def locality(normalised: torch.Tensor, regions: TokenRegions) -> float | None:
-    """The mean normalised value between image patches at grid distance 1 over the mean at distance ≥ g: above 1
-    when neighbours interact more (the paper's "spatial property"), below 1 when they get lower weights."""
+    """The mean between image patches at grid distance 1 over the mean at distance ≥ g: above 1 when neighbours
+    interact more (the paper's "spatial property")."""
     if regions.grid_size < 2:
         return None
     image = slice(regions.image.start, regions.image.stop)
@@ -57,31 +55,22 @@ def locality(normalised: torch.Tensor, regions: TokenRegions) -> float | None:
 
 def lag_correlations(normalised: torch.Tensor, regions: TokenRegions, max_lag: int) -> list[float | None]:
     """ρ(1), …, ρ(max_lag): the Pearson correlation of the matrix with itself shifted by k along both image axes,
-    pooled (None where a side is constant). Both are row pairs of an (N, L) matrix k apart, so each lag comes from
-    the row sums and their Gram matrix."""
+    pooled over both (N, L) sides (None where a side is constant)."""
     image = slice(regions.image.start, regions.image.stop)
-    num_patches, seq_len = regions.num_patches, regions.seq_len
-    totals = torch.zeros(max_lag, 5, dtype=torch.float64)  # per lag: Σx, Σy, Σx², Σy², Σxy
-    for part in (normalised[image, :], normalised[:, image].T):  # 2 × (N, L)
-        sums, squares, gram = part.sum(1), part.square().sum(1), part @ part.T  # (N,), (N,), (N, N)
-        for lag in range(1, max_lag + 1):
-            first, second = slice(0, num_patches - lag), slice(lag, num_patches)
-            totals[lag - 1] += torch.stack(
-                [sums[first].sum(), sums[second].sum(), squares[first].sum(), squares[second].sum(),
-                 torch.diagonal(gram, lag).sum()]
-            )  # fmt: skip
+    sides = (normalised[image, :], normalised[:, image].T)  # 2 × (N, L): image rows, then image columns
     correlations = []
-    for lag, (sx, sy, sxx, syy, sxy) in enumerate(totals, start=1):
-        count = 2 * (num_patches - lag) * seq_len
-        covariance = sxy - sx * sy / count
-        variances = (sxx - sx * sx / count) * (syy - sy * sy / count)
-        correlations.append(None if variances <= 0 else float(covariance / variances.sqrt()))
+    for lag in range(1, max_lag + 1):
+        pairs = torch.stack(
+            [torch.cat([side[:-lag].flatten() for side in sides]), torch.cat([side[lag:].flatten() for side in sides])]
+        )
+        correlation = torch.corrcoef(pairs)[0, 1]
+        correlations.append(float(correlation) if torch.isfinite(correlation) else None)
     return correlations
 
 
 def periodicity(normalised: torch.Tensor, regions: TokenRegions) -> float | None:
     """ρ(g) − mean(ρ(1), …, ρ(g − 1)): how much more the matrix repeats one patch row away (the paper's "repeated
-    patterns") than at shorter shifts, which leaves out mere smoothness."""
+    patterns") than at shorter shifts (mere smoothness)."""
     g = regions.grid_size
     if g < 2:
         return None
@@ -92,8 +81,7 @@ def periodicity(normalised: torch.Tensor, regions: TokenRegions) -> float | None
 
 
 def token_mixing_measures(matrix: torch.Tensor, regions: TokenRegions) -> dict[str, float | None]:
-    """`diagonal`, `locality` and `periodicity` of a raw L × L token-mixing matrix (left hemisphere, expert or
-    attention map), normalised first."""
+    """`diagonal`, `locality` and `periodicity` of a raw L × L token-mixing matrix, normalised first."""
     normalised = normalise(matrix)
     return {
         "diagonal": diagonal_ratio(normalised),
@@ -112,20 +100,16 @@ def noise_band(measures: Callable[[torch.Tensor], dict], size: int, draws: int =
     matrices: a trained matrix's measure outside its band is structure, not chance."""
     generator = torch.Generator().manual_seed(0)
     values = [measures(torch.randn(size, size, generator=generator)) for _ in range(draws)]
-    bands = {}
-    for name in values[0]:
-        drawn = [value[name] for value in values]
-        if None in drawn:
-            bands[name] = [None, None]
-        else:
-            bands[name] = torch.quantile(
-                torch.tensor(drawn, dtype=torch.float64), torch.tensor([0.025, 0.975]).double()
-            ).tolist()
-    return bands
+    quantiles = torch.tensor([0.025, 0.975]).double()  # float32 values, as the documented bands were computed
+    drawn = {name: [value[name] for value in values] for name in values[0]}
+    return {
+        name: [None, None] if None in d else torch.quantile(torch.tensor(d, dtype=torch.float64), quantiles).tolist()
+        for name, d in drawn.items()
+    }
 
 
 def mean_abs(matrix: torch.Tensor) -> float:
-    """The mean |w| of raw weights: the scale that normalisation hides ("higher weights in the middle layers")."""
+    """The mean |w| of raw weights: the scale that normalisation hides."""
     return float(matrix.detach().double().abs().mean())
 
 

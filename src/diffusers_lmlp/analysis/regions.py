@@ -1,8 +1,7 @@
 """The token regions of a backbone's sequence, from its config: [time (1) | text (T) | image patches (N = g²)].
 
-Every backbone orders its tokens so (`models/tokens.py`), patches row-major on the g × g grid. Fig. 6's "X-to-Y"
-regions have inputs X as columns and outputs Y as rows. The reference figure script draws its divider one token early
-(at 77, though the image starts at 78); here the boundaries come from the config: 1 and 1 + T.
+Every backbone orders its tokens so (`models/tokens.py`), patches row-major on the g × g grid. The reference figure
+script draws its divider one token early (at 77, though the image starts at 78); here the boundaries are 1 and 1 + T.
 """
 
 from collections.abc import Mapping
@@ -23,51 +22,40 @@ class TokenRegions:
 
     @property
     def num_patches(self) -> int:
-        """N = g², the image tokens."""
         return self.grid_size**2
 
     @property
     def seq_len(self) -> int:
-        """L = 1 + T + N."""
         return 1 + self.text_seq_len + self.num_patches
 
     @property
-    def time(self) -> range:
-        """The time token's index: 0."""
-        return range(0, 1)
-
-    @property
     def text(self) -> range:
-        """The text tokens' indices: 1 … T."""
         return range(1, 1 + self.text_seq_len)
 
     @property
     def image(self) -> range:
-        """The image tokens' indices: 1 + T … L − 1, row-major over the patch grid."""
         return range(1 + self.text_seq_len, self.seq_len)
 
     @property
     def boundaries(self) -> tuple[int, int]:
-        """The token indices where the text and the image regions begin (the figure's red lines): 1 and 1 + T."""
+        """Where the text and the image regions begin (the figures' red lines)."""
         return (self.text.start, self.image.start)
 
     def patch_position(self, patch: int) -> tuple[int, int]:
-        """The (row, column) in the patch grid of image token `patch` (0 … N − 1, counted within the image)."""
+        """The (row, column) in the patch grid of image token `patch` (counted within the image)."""
         return divmod(patch, self.grid_size)
 
     def describe(self) -> str:
         """The layout in words: "L = 27: 1 time + 10 text + 16 image tokens (4 × 4 patches)"."""
         g = self.grid_size
-        return (
-            f"L = {self.seq_len}: 1 time + {self.text_seq_len} text + {self.num_patches} image tokens "
-            f"({g} × {g} patches)"
-        )
+        tokens = f"1 time + {self.text_seq_len} text + {self.num_patches} image tokens ({g} × {g} patches)"
+        return f"L = {self.seq_len}: {tokens}"
 
     def to_json(self) -> dict:
         """The layout for a report: L, each region as [start, stop) and the grid side."""
         return {
             "seq_len": self.seq_len,
-            "time": [self.time.start, self.time.stop],
+            "time": [0, 1],
             "text": [self.text.start, self.text.stop],
             "image": [self.image.start, self.image.stop],
             "patch_grid": self.grid_size,

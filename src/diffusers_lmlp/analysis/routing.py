@@ -2,40 +2,91 @@
 
 For an MoE-MLP, the routers' expert probabilities per layer, head and sampler step, with their balance statistics and
 the MoE-MLP paper's load-balancing loss. For a U-ViT, the mean attention maps of the chosen layers (what the L-MLP
-paper compares Fig. 6 with), drawn and measured as `lateralization` does a left hemisphere.
+paper compares Fig. 6 with), measured as `lateralization` measures a left hemisphere. The pipeline samples as usual
+while forward hooks record every pass; caption i starts from the noise of seed `seed + i`, whatever its batch.
 """
 
 import contextlib
 import functools
 import json
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from PIL import Image
 from safetensors.torch import save_file
 
 from ..models.families import family_of
+from ..models.mixers.attention import UViTAttention
 from ..models.mixers.moe import load_balancing_loss
 from ..models.mixers.routing import collect_router_probs
-from .attention import record_attention
-from .figures import grid_figure, heat_map
-from .kinds import check_routing, routes
-from .layers import block_name, layer_block, num_blocks
+from ..progress import progress_bar
+from .figures import format_table, grid_figure, noise_line, number
+from .layers import block_name, check_kind, layer_block, num_blocks, routes
 from .metrics import NOISE_DRAWS, balance_statistics, noise_band, normalise, token_mixing_measures
 from .regions import TokenRegions
-from .sampling import SamplerSettings, sample_trajectories
-from .tables import format_table, noise_line, number
 
 
 FIGURE, DATA, REPORT = "routing.png", "routing.safetensors", "routing.json"
-# What the command writes into its output folder, as listed after its table.
-FILES = (FIGURE, REPORT, DATA)
+FILES = (FIGURE, REPORT, DATA)  # listed after the table
 
 
-def record_expert_usage(
-    pipeline, layers: list[int], captions: list[str], settings: SamplerSettings, progress: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How the captions are sampled; caption i starts from the noise of seed `seed + i`."""
+
+    num_inference_steps: int
+    guidance_scale: float
+    seed: int
+    batch_size: int
+
+
+def sample_trajectories(
+    pipeline,
+    captions: list[str],
+    settings: SamplerSettings,
+    on_step: Callable[[int, int], None] | None = None,
+    progress: bool = True,
+) -> list[int]:
+    """Sample every caption without decoding, calling `on_step(step, timestep)` after each step's backbone passes;
+    returns the scheduler's timesteps in sampling order."""
+    batch_size, num_inference_steps = settings.batch_size, settings.num_inference_steps
+    timesteps: list[int] = []
+    pipeline.set_progress_bar_config(disable=True)
+    num_batches = -(-len(captions) // batch_size)
+    with progress_bar(num_batches * num_inference_steps, "sampling", unit="step", disable=not progress) as bar:
+
+        def after_step(pipe, step: int, timestep: torch.Tensor, tensors: dict) -> dict:
+            if on_step is not None:
+                on_step(step, int(timestep))
+            if len(timesteps) < num_inference_steps:
+                timesteps.append(int(timestep))
+            bar.update()
+            return {}
+
+        for first in range(0, len(captions), batch_size):
+            batch = captions[first : first + batch_size]
+            pipeline(
+                batch,
+                num_inference_steps=num_inference_steps,
+                guidance_scale=settings.guidance_scale,
+                generator=[torch.Generator().manual_seed(settings.seed + first + i) for i in range(len(batch))],
+                output_type="latent",
+                callback_on_step_end=after_step,
+            )
+    return timesteps
+
+
+def attention_probabilities(attention: UViTAttention, tokens: torch.Tensor) -> torch.Tensor:
+    """The (B, H, L, L) float32 attention probabilities a `UViTAttention` computes on its (B, L, D) input `tokens`,
+    from its own `qkv` module (so adapters and hooks apply)."""
+    batch_size, seq_len, _ = tokens.shape
+    qkv = attention.qkv(tokens).reshape(batch_size, seq_len, 3, attention.num_heads, -1)  # (B, L, 3, H, D/H)
+    query, key, _ = qkv.float().permute(2, 0, 3, 1, 4).unbind(0)  # 2 × (B, H, L, D/H)
+    return (query @ key.transpose(-2, -1) * query.shape[-1] ** -0.5).softmax(-1)  # SDPA's default scale
+
+
+def record_expert_usage(pipeline, layers, captions, settings, progress=True):
     """The gate probabilities of the routers of `layers` while an MoE-MLP pipeline samples `captions`: the
     (S, layers, H, E) mean per step, every pass's (layers, P, H, E), and the S timesteps."""
     model = pipeline.transformer
@@ -55,77 +106,61 @@ def record_expert_usage(
     return usage, passes, timesteps  # passes: (layers, P, H, E)
 
 
-def usage_report(layers: list[int], blocks: int, passes: torch.Tensor) -> dict:
-    """The load-balance part of the report from (layers, P, H, E) `passes`: per layer and head, then the loss."""
+def expert_usage(pipeline, layers, captions, settings, report: dict, progress: bool):
+    """Record an MoE-MLP's routers, add timesteps and balance statistics to `report`; the figure and tensors."""
+    usage, passes, timesteps = record_expert_usage(pipeline, layers, captions, settings, progress)
+    blocks = num_blocks(pipeline.transformer.config["num_layers"])
+    heads = range(passes.shape[2])
     entries = [
         {
             "layer": layer,
             "block": block_name(layer, blocks),
-            "heads": [{"head": head, **balance_statistics(passes[index, :, head])} for head in range(passes.shape[2])],
+            "heads": [{"head": head, **balance_statistics(passes[index, :, head])} for head in heads],
         }
         for index, layer in enumerate(layers)
     ]
-    return {"layers": entries, "balance_loss": float(load_balancing_loss(passes, weight=1.0))}
-
-
-def usage_figure(usage: torch.Tensor, report: dict) -> Image.Image:
-    """The (S, layers, H, E) `usage` across sampling: a row per layer, a column per head, panels experts × steps."""
-    num_steps, _, num_heads, num_experts = usage.shape
-    panels = [
-        [heat_map(usage[:, index, head, :].T.numpy()) for head in range(num_heads)]  # (E, S) each
-        for index in range(usage.shape[1])
-    ]
-    timesteps = report["timesteps"]
-    branches = " and both guidance branches" if report["sampler"]["guidance_scale"] > 1 else ""
-    notes = [
-        f"Each panel: the mean gate probability of experts e0-e{num_experts - 1} (rows, top down) at each sampler "
-        f"step (columns, t = {timesteps[0]} ... {timesteps[-1]}),",
-        f"over {len(report['captions'])} captions{branches}. Using the experts evenly is 1/E = {1 / num_experts:.2f}.",
-    ]
-    return grid_figure(
+    report.update(
+        kind="expert usage",
+        timesteps=timesteps,
+        layers=entries,
+        balance_loss=float(load_balancing_loss(passes, weight=1.0)),
+    )
+    num_experts = usage.shape[3]
+    branches = " and both guidance branches" if settings.guidance_scale > 1 else ""
+    figure = grid_figure(
         f"Expert usage while sampling: {report['model']}, --pipeline {report['pipeline']}",
-        notes,
-        [f"head {head}" for head in range(num_heads)],
-        [f"layer {entry['layer']} ({entry['block']})" for entry in report["layers"]],
-        panels,
+        [
+            f"Each panel: the mean gate probability of experts e0-e{num_experts - 1} (rows, top down) at each sampler "
+            f"step (columns, t = {timesteps[0]} ... {timesteps[-1]}),",
+            f"over {len(captions)} captions{branches}. Using the experts evenly is 1/E = {1 / num_experts:.2f}.",
+        ],
+        [f"head {head}" for head in heads],
+        [f"layer {entry['layer']} ({entry['block']})" for entry in entries],
+        [[(usage[:, index, head, :].T.numpy(), ()) for head in heads] for index in range(len(layers))],  # (E, S) each
     )
+    return figure, {"usage": usage.float(), "timesteps": torch.tensor(timesteps)}
 
 
-def attention_figure(maps: list[torch.Tensor], report: dict, regions: TokenRegions) -> Image.Image:
-    """The (L, L) mean attention `maps`, a column per layer, drawn as `lateralization` draws a left hemisphere."""
-    notes = [
-        regions.describe(),
-        "Rows are outputs (queries), columns inputs (keys); each map is the mean over heads, captions and sampler",
-        "steps, normalised to [0, 1] on its own. Red lines: where the text and the image tokens begin.",
-    ]
-    return grid_figure(
-        f"Attention maps: {report['model']}, --pipeline {report['pipeline']}",
-        notes,
-        [f"layer {entry['layer']} ({entry['block']})" for entry in report["layers"]],
-        [f"attention: tokens {regions.seq_len} × {regions.seq_len}"],
-        [[heat_map(normalise(attention).numpy(), regions.boundaries) for attention in maps]],
-    )
-
-
-def expert_usage(
-    pipeline, layers: list[int], captions: list[str], settings: SamplerSettings, report: dict, progress: bool
-) -> tuple[Image.Image, dict[str, torch.Tensor]]:
-    """Record an MoE-MLP's routers and add timesteps and balance statistics to `report`; returns figure and tensors."""
-    usage, passes, timesteps = record_expert_usage(pipeline, layers, captions, settings, progress)
-    blocks = num_blocks(pipeline.transformer.config["num_layers"])
-    report.update(kind="expert usage", timesteps=timesteps, **usage_report(layers, blocks, passes))
-    return usage_figure(usage, report), {"usage": usage.float(), "timesteps": torch.tensor(timesteps)}
-
-
-def attention_maps(
-    pipeline, layers: list[int], captions: list[str], settings: SamplerSettings, report: dict, progress: bool
-) -> tuple[Image.Image, dict[str, torch.Tensor]]:
-    """Record a U-ViT's attention maps and add timesteps, regions, measures and noise bands to `report`; returns the
-    figure and tensors."""
+def attention_maps(pipeline, layers, captions, settings, report: dict, progress: bool):
+    """Record a U-ViT's mean attention maps (over heads, captions and steps), add timesteps, regions, measures and
+    noise bands to `report`; the figure and tensors."""
     model = pipeline.transformer
-    with record_attention([layer_block(model, layer) for layer in layers]) as average:
+    sums, counts, handles = [0.0] * len(layers), [0] * len(layers), []
+
+    def record(index: int, module: UViTAttention, args: tuple, output: torch.Tensor) -> None:
+        maps = attention_probabilities(module, args[0]).mean(1)  # (B, L, L), over heads
+        sums[index] = sums[index] + maps.double().sum(0).cpu()
+        counts[index] += maps.shape[0]
+
+    for index, layer in enumerate(layers):
+        (attention,) = [m for m in layer_block(model, layer).modules() if isinstance(m, UViTAttention)]
+        handles.append(attention.register_forward_hook(functools.partial(record, index)))
+    try:
         timesteps = sample_trajectories(pipeline, captions, settings, progress=progress)
-    maps = average.means()  # one (L, L) map per layer
+    finally:
+        for handle in handles:
+            handle.remove()
+    maps = [total / count for total, count in zip(sums, counts)]  # one (L, L) map per layer
     regions = TokenRegions.from_config(model.config)
     blocks = num_blocks(model.config["num_layers"])
     measures = functools.partial(token_mixing_measures, regions=regions)
@@ -139,23 +174,25 @@ def attention_maps(
         ],
         noise={"draws": NOISE_DRAWS, "attention": noise_band(measures, regions.seq_len)},
     )
-    tensors = {f"layer_{layer}.attention": attention.float() for layer, attention in zip(layers, maps)}
-    return attention_figure(maps, report, regions), tensors
+    figure = grid_figure(
+        f"Attention maps: {report['model']}, --pipeline {report['pipeline']}",
+        [
+            regions.describe(),
+            "Rows are outputs (queries), columns inputs (keys); each map is the mean over heads, captions and sampler",
+            "steps, normalised to [0, 1] on its own. Red lines: where the text and the image tokens begin.",
+        ],
+        [f"layer {entry['layer']} ({entry['block']})" for entry in report["layers"]],
+        [f"attention: tokens {regions.seq_len} × {regions.seq_len}"],
+        [[(normalise(attention).numpy(), regions.boundaries) for attention in maps]],
+    )
+    return figure, {f"layer_{layer}.attention": attention.float() for layer, attention in zip(layers, maps)}
 
 
-def run_routing(
-    pipeline,
-    layers: list[int],
-    captions: list[str],
-    settings: SamplerSettings,
-    output_dir: Path,
-    source: str,
-    progress: bool = True,
-) -> dict:
+def run_routing(pipeline, layers, captions, settings: SamplerSettings, output_dir: Path, source: str, progress=True):
     """Sample `captions`, record the routers (MoE-MLP) or attention (U-ViT) of `layers`, write `FILES` into
     `output_dir` and return the report; `source` is what `--pipeline` named."""
     model = pipeline.transformer
-    check_routing(model)
+    check_kind(model, "routing")
     family = family_of(model)
     report = {
         "model": f"{family.label} ({family.class_name})",
@@ -178,19 +215,12 @@ def table(report: dict) -> str:
         rows = [("layer", "block", "head", "usage", "top-1 share", "cv", "entropy")]
         for entry in report["layers"]:
             for head in entry["heads"]:
-                rows.append(
-                    (
-                        str(entry["layer"]), entry["block"], str(head["head"]),
-                        " ".join(f"{value:.2f}" for value in head["usage"]),
-                        " ".join(f"{value:.2f}" for value in head["top1"]),
-                        number(head["cv"]), number(head["entropy"]),
-                    )
-                )  # fmt: skip
+                usage, top1 = (" ".join(f"{value:.2f}" for value in head[key]) for key in ("usage", "top1"))
+                cells = (str(entry["layer"]), entry["block"], str(head["head"]), usage, top1)
+                rows.append((*cells, number(head["cv"]), number(head["entropy"])))
         footer = f"\nload-balancing loss (MoE-MLP paper, weight 1): {report['balance_loss']:.4f}"
-    else:
-        rows = [("layer", "block", "diagonal", "locality", "periodicity")]
-        for entry in report["layers"]:
-            measures = entry["attention"]
-            rows.append((str(entry["layer"]), entry["block"], *(number(measures[key]) for key in rows[0][2:])))
-        footer = "\n" + noise_line(report["noise"])
-    return format_table(rows, text_columns=5 if report["kind"] == "expert usage" else 2) + footer
+        return format_table(rows, text_columns=5) + footer
+    rows = [("layer", "block", "diagonal", "locality", "periodicity")]
+    for entry in report["layers"]:
+        rows.append((str(entry["layer"]), entry["block"], *(number(entry["attention"][key]) for key in rows[0][2:])))
+    return format_table(rows, text_columns=2) + "\n" + noise_line(report["noise"])

@@ -1,8 +1,7 @@
 """What `--pipeline` names, found and loaded: a shipped pipeline, a pipeline or backbone folder, or a Hub repo id.
 
 The config is read first, so `--layers` is checked before any weight loads; weights load through the backbone's own
-`from_pretrained` (safetensors only, never unpickled). From the Hub the backbone's files are fetched first, the
-other components only for `routing`, which samples with the whole pipeline.
+`from_pretrained` (safetensors only). From the Hub only the backbone's files are fetched until `routing` needs more.
 """
 
 import json
@@ -11,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.__main__ import is_repo_id
+from ..evaluation.__main__ import pipeline_problem
 from ..models.families import BlockFamily, family_of
 from ..worlds import WORLDS
 
 
-# The files of a backbone, at the top of a model repo or under transformer/ of a pipeline repo.
+# A backbone's files, at the top of a model repo or under transformer/ of a pipeline repo.
 BACKBONE_FILES = [
     "config.json",
     "diffusion_pytorch_model*.safetensors",
@@ -37,11 +36,6 @@ class BackboneSource:
     family: BlockFamily
     from_hub: bool
 
-    @property
-    def is_pipeline(self) -> bool:
-        """Whether the folder is a whole pipeline (model_index.json, with a text encoder for `routing`)."""
-        return self.subfolder is not None
-
     def load_backbone(self):
         """The backbone, loaded with its class's strict, safetensors-only `from_pretrained`."""
         return self.family.model_class.from_pretrained(self.folder, subfolder=self.subfolder).eval()
@@ -49,7 +43,7 @@ class BackboneSource:
     def load_pipeline(self, transformer):
         """The whole pipeline around the already loaded `transformer`; `ValueError` for a backbone folder, which has
         no text encoder."""
-        if not self.is_pipeline:
+        if self.subfolder is None:
             raise ValueError(
                 f"routing samples captions, so it needs a whole pipeline (model_index.json with its text encoder, "
                 f"tokenizer, VAE and scheduler), and --pipeline {self.name} is a backbone folder. Pass the folder of "
@@ -94,10 +88,8 @@ def find_backbone(name: str) -> BackboneSource:
         folder = WORLDS[name].pipeline_path
     elif os.path.isdir(name):
         folder = Path(name)
-    elif os.path.exists(name):
-        raise OSError(f"--pipeline {name}: not a folder; pass a pipeline or backbone folder, or a Hub repo id")
-    elif not is_repo_id(name):
-        raise OSError(f"--pipeline {name}: no such folder (the current directory is {os.getcwd()})")
+    elif problem := pipeline_problem(name):
+        raise OSError(problem)
     else:
         folder, from_hub = _hub_snapshot(name), True
     subfolder = "transformer" if (folder / "model_index.json").is_file() else None

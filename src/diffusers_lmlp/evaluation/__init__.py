@@ -1,7 +1,6 @@
 """Evaluation as the papers measure it: FID (Inception, a world's feature network or any module), CLIP score and the
-world scorers' accuracies; `evaluate` from Python, `python -m diffusers_lmlp.evaluation` from the shell.
-
-Names import lazily (`exports.lazy_exports`).
+world scorers' accuracies; `evaluate` from Python, `python -m diffusers_lmlp.evaluation` from the shell. Names
+import lazily (`exports.lazy_exports`).
 """
 
 from typing import TYPE_CHECKING
@@ -9,7 +8,7 @@ from typing import TYPE_CHECKING
 from ..exports import lazy_exports
 
 # Imported eagerly so that the package attribute `evaluate` is the function, not its same-named module.
-from .evaluate import Processes, evaluate
+from .evaluate import Processes, evaluate  # noqa: F401
 
 
 _EXPORTS = {
@@ -25,21 +24,7 @@ _EXPORTS = {
     "ShapesFeatureNetwork": ".shapes_features",
     "pretrained_shapes_features": ".shapes_features",
 }
-__all__ = [
-    "CLIPScorer",
-    "FIDStatistics",
-    "FeatureMoments",
-    "InceptionFeatures",
-    "Processes",
-    "ShapesFeatureNetwork",
-    "draw_captions",
-    "evaluate",
-    "frechet_distance",
-    "load_extractor",
-    "pretrained_shapes_features",
-    "read_captions_file",
-    "reference_statistics",
-]
+__all__ = sorted([*_EXPORTS, "Processes", "evaluate"])
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:

@@ -1,9 +1,6 @@
 """`python -m diffusers_lmlp.evaluation` (or `diffusers-lmlp-evaluate`): sample a pipeline and report FID, CLIP score
-and an embedded world's accuracies, e.g. `--pipeline shapes` offline, or COCO FID-30k with `accelerate launch
---multi_gpu -m diffusers_lmlp.evaluation --pipeline user/repo --captions COCO_DIR --fid_reference STATS.npz`.
-
-An interrupted run keeps its finished batches and a partial report; the same command continues it. Parsing needs
-only light modules: diffusers, transformers and accelerate are imported in `main`.
+and an embedded world's accuracies. An interrupted run keeps its finished batches and a partial report; the same
+command continues it. Parsing imports only light modules (diffusers, transformers and accelerate load in `main`).
 """
 
 import argparse
@@ -26,95 +23,76 @@ from .extractors import EMOJI, INCEPTION, SHAPES
 
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# The console script setup.py installs for this command.
-CONSOLE_SCRIPT = "diffusers-lmlp-evaluate"
+CONSOLE_SCRIPT = "diffusers-lmlp-evaluate"  # setup.py's console script for this command
 PROGRESS_FOLDER = "progress"  # under --output_dir: the finished batches of an unfinished evaluation
 PARTIAL_REPORT = "report.partial.json"
-
-
-def program_name() -> str:
-    """How the user ran this command, for its usage line (`commands.program_name`)."""
-    return commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.evaluation")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's arguments."""
     parser = argparse.ArgumentParser(
-        prog=program_name(),
+        prog=commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.evaluation"),
         description="Sample a pipeline on captions and report FID, CLIP score and (on an embedded world) its "
         "scorer's accuracies. Run it with `accelerate launch -m diffusers_lmlp.evaluation ...` to share the "
         "sampling between processes. An interrupted run keeps its finished batches: run the same command again to "
         "continue.",
     )
-    parser.add_argument(
-        "--pipeline", required=True,
-        help="a pipeline folder or Hub id; 'shapes' and 'emoji' are the pipelines shipped in the package",
-    )  # fmt: skip
-    parser.add_argument(
-        "--captions",
-        help=f"a COCO-2014 folder (its annotations/captions_val2014.json, drawn as U-ViT's FID protocol), a captions "
-        f".json, a text file (one caption per line), or {', '.join(WORLD_SOURCES)} "
-        "(default: the world of --pipeline shapes or emoji)",
-    )
-    parser.add_argument(
-        "--num_images", type=int,
-        help="images to sample (default: 30000 for COCO, 1000 for a world, each line once for a text file)",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="seeds the caption draw and every image's noise")
-    parser.add_argument(
-        "--fid_reference",
-        help="what FID compares with: an .npz of mu/sigma (e.g. fid_stats_mscoco256_val.npz), a folder of real "
-        "images (statistics computed once and cached), shapes or emoji (the world's real images of the same "
-        "captions; the default for its captions), or 'none'",
-    )
-    parser.add_argument(
-        "--fid_extractor", choices=(INCEPTION, SHAPES, EMOJI),
-        help="the FID feature network (default: the world's for a world's reference, else inception, which needs "
-        "torch-fidelity)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--clip_model",
-        help=f"CLIP model id or folder for the CLIP score, or 'none' (default: {DEFAULT_CLIP_MODEL}, the "
-        "papers' ViT-L/14; the emoji CLIP for emoji captions, none for shapes captions)",
-    )
-    parser.add_argument(
-        "--num_inference_steps", type=int, default=NUM_INFERENCE_STEPS,
-        help="sampler steps per image (default: 50, the pipeline's default)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--guidance_scale", type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"
-    )
-    parser.add_argument("--batch_size", type=int, default=50, help="images per pipeline call (per process)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the pipeline's dtype")
-    parser.add_argument(
-        "--output_dir", type=Path, default=Path("evaluation"),
-        help="where report.json and grid.png go (and, while unfinished, progress/ and report.partial.json)",
-    )  # fmt: skip
-    parser.add_argument("--save_images", action="store_true", help="also save every image under OUTPUT_DIR/images")
-    parser.add_argument(
-        "--cache_dir", type=Path, help="cache of reference statistics (default: $HF_HOME/diffusers_lmlp)"
-    )
-    parser.add_argument(
-        "--num_threads", type=int,
-        help="torch's CPU threads (default on one CPU process: the OMP_NUM_THREADS you set, else every core; "
-        "several processes keep what their launcher set)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--keep_progress", action="store_true",
-        help="keep OUTPUT_DIR/progress (every batch's features and scores) after a finished run: the same command "
-        "then reports again without sampling, e.g. against another .npz or folder --fid_reference of the same "
-        "feature network",
-    )  # fmt: skip
-    parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+    options = {
+        "--pipeline": dict(required=True, help="a pipeline folder or Hub id, or shapes or emoji (shipped)"),
+        "--captions": dict(
+            help="a COCO-2014 folder (its annotations/captions_val2014.json, drawn as U-ViT's FID protocol), a "
+            f"captions .json, a text file (one caption per line), or {', '.join(WORLD_SOURCES)} (default: the world "
+            "of --pipeline shapes or emoji)"
+        ),
+        "--num_images": dict(
+            type=int,
+            help="images to sample (default: 30000 for COCO, 1000 for a world, each line once for a text file)",
+        ),
+        "--seed": dict(type=int, default=0, help="seeds the caption draw and every image's noise"),
+        "--fid_reference": dict(
+            help="what FID compares with: an .npz of mu/sigma (e.g. fid_stats_mscoco256_val.npz), a folder of real "
+            "images (statistics cached), shapes or emoji (the world's real images of the same captions; the default "
+            "for its captions), or 'none'"
+        ),
+        "--fid_extractor": dict(
+            choices=(INCEPTION, SHAPES, EMOJI),
+            help="the FID feature network (default: the world's for a world's reference, else inception, which needs "
+            "torch-fidelity)",
+        ),
+        "--clip_model": dict(
+            help=f"CLIP model id or folder, or 'none' (default: {DEFAULT_CLIP_MODEL}, the papers' ViT-L/14; the emoji "
+            "CLIP for emoji captions, none for shapes captions)"
+        ),
+        "--num_inference_steps": dict(type=int, default=NUM_INFERENCE_STEPS, help="sampler steps per image"),
+        "--guidance_scale": dict(type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"),
+        "--batch_size": dict(type=int, default=50, help="images per pipeline call (per process)"),
+        "--dtype": dict(choices=sorted(DTYPES), default="float32", help="the pipeline's dtype"),
+        "--output_dir": dict(
+            type=Path,
+            default=Path("evaluation"),
+            help="where report.json and grid.png go (and, while unfinished, progress/ and report.partial.json)",
+        ),
+        "--save_images": dict(action="store_true", help="also save every image under OUTPUT_DIR/images"),
+        "--cache_dir": dict(type=Path, help="cache of reference statistics (default: $HF_HOME/diffusers_lmlp)"),
+        "--num_threads": dict(
+            type=int,
+            help="torch's CPU threads (default on one CPU process: the OMP_NUM_THREADS you set, else every core; "
+            "several processes keep what their launcher set)",
+        ),
+        "--keep_progress": dict(
+            action="store_true",
+            help="keep OUTPUT_DIR/progress after a finished run: the same command then reports again without "
+            "sampling, e.g. against another --fid_reference of the same feature network",
+        ),
+        "--no_progress": dict(action="store_true", help="no progress bar"),
+    }
+    for option, settings in options.items():
+        parser.add_argument(option, **settings)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The parsed arguments, with the defaults that depend on the captions filled in.
-
-    Args:
-        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when not given.
-    """
+    """The parsed arguments (`sys.argv[1:]` by default), with the defaults that depend on the captions filled in."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_pipeline(parser, args.pipeline)
@@ -126,8 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.fid_reference is None:
         args.fid_reference = world.name if world else "none"
     if args.clip_model is None:
-        clip_model = (str(load(world.clip_model)) if world.clip_model else "none") if world else DEFAULT_CLIP_MODEL
-        args.clip_model = clip_model
+        args.clip_model = (
+            (str(load(world.clip_model)) if world.clip_model else "none") if world else DEFAULT_CLIP_MODEL
+        )
     for option in ("num_images", "batch_size", "num_inference_steps", "num_threads"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             parser.error(f"--{option} must be positive; got {getattr(args, option)}")
@@ -145,14 +124,19 @@ def is_repo_id(name: str) -> bool:
     return True
 
 
+def pipeline_problem(name: str) -> str | None:
+    """Why `--pipeline name` names nothing (a file, or no folder and no Hub repo id); None if it may work."""
+    if name in WORLDS or os.path.isdir(name):
+        return None
+    if os.path.exists(name):
+        return f"--pipeline {name}: not a folder; pass a pipeline folder or a Hub repo id"
+    return None if is_repo_id(name) else f"--pipeline {name}: no such folder"
+
+
 def check_pipeline(parser: argparse.ArgumentParser, name: str) -> None:
     """Refuse a `--pipeline` that is a path to nothing (or to a file), rather than try it as a Hub repo id."""
-    if name in WORLDS or os.path.isdir(name):
-        return
-    if os.path.exists(name):
-        parser.error(f"--pipeline {name}: not a folder; pass a pipeline folder (with model_index.json) or a Hub id")
-    if not is_repo_id(name):
-        parser.error(f"--pipeline {name}: no such folder")
+    if problem := pipeline_problem(name):
+        parser.error(problem)
 
 
 def load_pipeline(name: str, dtype: torch.dtype):
@@ -170,8 +154,8 @@ def load_pipeline(name: str, dtype: torch.dtype):
 
 
 class StopSignals:
-    """Within it, the first SIGINT or SIGTERM raises `KeyboardInterrupt` and later ones are ignored while progress
-    is saved: `accelerate launch` forwards each signal again and schedulers repeat SIGTERM. Main thread only."""
+    """Within it, the first SIGINT or SIGTERM raises `KeyboardInterrupt` and later ones (`accelerate launch` forwards
+    each again, schedulers repeat SIGTERM) are ignored while progress is saved. Main thread only."""
 
     def __init__(self):
         self.received, self.previous = None, {}
@@ -193,7 +177,7 @@ class StopSignals:
 
     @property
     def exit_code(self) -> int:
-        """128 + the signal, as shells report a process stopped by it (130 for Ctrl-C, 143 for SIGTERM)."""
+        """128 + the signal, as shells report a process stopped by it."""
         return 128 + (self.received or signal.SIGINT)
 
 
@@ -217,11 +201,7 @@ def summary_line(report: dict, output_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command.
-
-    Args:
-        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when not given.
-    """
+    """Run the command on `argv` (`sys.argv[1:]` by default)."""
     args = parse_args(argv)
     logging.basicConfig(format="%(message)s")
     for name in ("diffusers_lmlp.evaluation", "diffusers_lmlp.threads", "diffusers_lmlp.allocator"):
@@ -241,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     with StopSignals() as signals:
         try:
             set_threads(args.num_threads, "evaluation", state.num_processes == 1 and state.device.type == "cpu")
-            keep_freed_memory(state.device)  # sampling on the CPU, like training, page-faults every pass otherwise
+            keep_freed_memory(state.device)
             captions = draw_captions(args.captions, args.num_images, args.seed)
             pipeline = load_pipeline(args.pipeline, DTYPES[args.dtype]).to(state.device)
             check_scheduler(pipeline.scheduler)  # before the FID reference's statistics, which can take hours

@@ -8,25 +8,11 @@ import numpy as np
 
 
 COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
-# Source → the shapes-world combinations it draws; `:varied` phrases each caption at random, the others canonically.
-SHAPES_SOURCES = {
-    "shapes": "all_specs",
-    "shapes:train": "train_specs",
-    "shapes:heldout": "held_out_specs",
-    "shapes:varied": "all_specs",
-    "shapes:train:varied": "train_specs",
-    "shapes:heldout:varied": "held_out_specs",
-}
-# Source → the emoji split it draws (None: all); plain names, or with `:varied` a random phrasing of each.
-EMOJI_SOURCES = {
-    "emoji": None,
-    "emoji:train": "train",
-    "emoji:heldout": "heldout",
-    "emoji:varied": None,
-    "emoji:train:varied": "train",
-    "emoji:heldout:varied": "heldout",
-}
-WORLD_SOURCES = (*SHAPES_SOURCES, *EMOJI_SOURCES)
+# A world source is `<world>[:train|:heldout][:varied]`: a split (default: all) phrased canonically or, with
+# `:varied`, at random.
+SPLITS = {"": None, ":train": "train", ":heldout": "heldout"}
+SHAPES_SPECS = {None: "all_specs", "train": "train_specs", "heldout": "held_out_specs"}
+WORLD_SOURCES = tuple(f"{w}{s}{v}" for w in ("shapes", "emoji") for v in ("", ":varied") for s in SPLITS)
 DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000, "emoji": 1_000}
 
 
@@ -43,8 +29,7 @@ COCO_FIELDS = {"images": {"id": int, "file_name": str}, "annotations": {"id": in
 
 
 def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
-    """The captions of each image id of a parsed COCO captions file, in file order; `annotations_file` is for the
-    messages."""
+    """The captions of each image id of a parsed COCO captions file, in file order (`annotations_file` names it)."""
     for kind, fields in COCO_FIELDS.items():
         entries = coco[kind] if isinstance(coco[kind], list) else [coco[kind]]
         for n, entry in enumerate(entries):
@@ -68,12 +53,8 @@ def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
 
 
 def read_captions_file(path: str | Path, option: str = "--captions") -> list[str]:
-    """The captions of a text file, one per line, stripped; blank and `#` lines are skipped.
-
-    Args:
-        path (`str` or `Path`): The UTF-8 text file; `ValueError` if it is unreadable or holds no caption.
-        option (`str`, *optional*, defaults to `"--captions"`): The option that named it, for the messages.
-    """
+    """The stripped lines of a UTF-8 text file, blank and `#` lines skipped; `ValueError` (naming `option`) if it is
+    unreadable or holds no caption."""
     option = f"{option} {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -118,15 +99,17 @@ def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) 
 def world_captions(source: str, num_images: int, seed: int) -> list[str]:
     """An embedded world's captions (`source` in `WORLD_SOURCES`), each item drawn evenly (±1) in a seeded order;
     a `:varied` source phrases them at random after the same order, so caption i describes the same item either way."""
-    if source in SHAPES_SOURCES:
+    name, *parts = source.split(":")
+    split = SPLITS[":" + parts[0] if parts and parts[0] != "varied" else ""]
+    if name == "shapes":
         from ..shapes import world
 
-        specs = getattr(world, SHAPES_SOURCES[source])()
+        specs = getattr(world, SHAPES_SPECS[split])()
         canonical, varied = (lambda i: specs[i].caption), (lambda i: world.describe(specs[i], rng))
     else:
         from ..emoji.world import load_emoji, split_indices
 
-        emoji, split = load_emoji(), EMOJI_SOURCES[source]
+        emoji = load_emoji()
         specs = split_indices(split) if split else range(len(emoji))
         canonical = lambda i: emoji[specs[i]].name  # noqa: E731
         varied = lambda i: emoji[specs[i]].captions[rng.integers(len(emoji[specs[i]].captions))]  # noqa: E731

@@ -1,10 +1,9 @@
 """CLIP score as text-to-image papers report it: `100 · max(cos(E_image, E_caption), 0)` per pair, averaged, by
-default with OpenAI's ViT-L/14; torchmetrics' `CLIPScore` (Hessel et al.'s CLIP-S with weight 100).
+default with OpenAI's ViT-L/14 (Hessel et al.'s CLIP-S with weight 100).
 
-Two differences from torchmetrics: it clamps the mean rather than each pair (`score(..., clamp=False)` gives the raw
-scores its number follows from), and it slices overlong token ids, dropping the end-of-text token CLIP pools from,
-where here the tokenizer truncates and keeps it (as OpenAI's `clip.tokenize(..., truncate=True)`). Both agree on
-captions that fit and non-negative cosines.
+torchmetrics' `CLIPScore` clamps the mean rather than each pair (`score(..., clamp=False)` gives the raw scores) and
+slices overlong token ids, dropping the end-of-text token CLIP pools from; here the tokenizer truncates and keeps it
+(as OpenAI's `clip.tokenize(..., truncate=True)`). Both agree on captions that fit and non-negative cosines.
 """
 
 import os
@@ -25,36 +24,31 @@ DEFAULT_CLIP = "openai/clip-vit-large-patch14"
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-def _projected(features: torch.Tensor | object) -> torch.Tensor:
-    """The projected embedding from `get_image_features` / `get_text_features`: transformers 5 returns a
-    `BaseModelOutputWithPooling` with it in `.pooler_output`, older versions the tensor itself."""
+def _projected(features) -> torch.Tensor:
+    """The projected embedding: transformers 5 returns it in `.pooler_output`, older versions as the tensor."""
     return features if isinstance(features, torch.Tensor) else features.pooler_output
 
 
 def _load_error(name: str, error: Exception) -> OSError:
     """An `OSError` that says why the CLIP model `name` did not load and how to get it."""
-    how = (
-        f'On a machine with internet access run `hf download {name} --include "*.json" --include "*.txt" '
-        '--include "model.safetensors*"` (configs, tokenizer, image processor and safetensors weights; plain '
-        f"`hf download {name}` also fetches the repo's other weight formats) and copy the Hugging Face cache here "
-        "(or point `HF_HUB_CACHE` at it), or pass a local folder that holds those files."
-    )
     if os.path.isdir(name):
         return OSError(f"Could not load the CLIP model and processor from the folder {name!r}: {error}")
     cache = huggingface_hub.constants.HF_HUB_CACHE
     if not huggingface_hub.constants.HF_HUB_OFFLINE:
-        return OSError(
-            f"Could not load the CLIP model {name!r} with safetensors weights ({error}). CLIPScorer reads "
-            f"`model.safetensors` only, never pickled weights (`pytorch_model.bin`). {how}"
+        why = (
+            f"Could not load the CLIP model {name!r} with safetensors weights ({error}); pickled ones are never read."
         )
-    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
-        return OSError(
-            f"The CLIP model {name!r} is in the Hugging Face cache ({cache}) without `model.safetensors` or without "
-            f"its processor files. CLIPScorer never loads pickled weights (`pytorch_model.bin`). {how}"
+    elif isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        why = (
+            f"The CLIP model {name!r} is in the Hugging Face cache ({cache}) without `model.safetensors` or its "
+            "processor files; pickled weights are never read."
         )
+    else:
+        why = f"The CLIP model {name!r} is not in the Hugging Face cache ({cache}), and HF_HUB_OFFLINE is set."
     return OSError(
-        f"The CLIP model {name!r} is not in the Hugging Face cache ({cache}), and HF_HUB_OFFLINE is set, so it "
-        f"cannot be downloaded. {how}"
+        f'{why} Where the Hub is reachable, run `hf download {name} --include "*.json" --include "*.txt" --include '
+        '"model.safetensors*"` and copy the cache here (or point `HF_HUB_CACHE` at it), or pass a local folder that '
+        "holds those files."
     )
 
 
@@ -81,10 +75,8 @@ class CLIPScorer:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> "CLIPScorer":
-        """Load a CLIP model and its processor from the Hub, the cache or a local folder.
-
-        Only safetensors weights are read: pickled weights are refused (`OSError`, which also says how to get a
-        missing model), never unpickled.
+        """Load a CLIP model and its processor from the Hub, the cache or a local folder; safetensors weights only
+        (pickled ones are refused with an `OSError`, never unpickled).
 
         Args:
             name_or_path (`str` or `os.PathLike`, *optional*, defaults to `"openai/clip-vit-large-patch14"`): A Hub
@@ -93,19 +85,14 @@ class CLIPScorer:
             dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): The model's dtype.
         """
         name = os.fspath(name_or_path)
-        if os.path.isdir(name):
-            files = os.listdir(name)
-            if not any(file in files for file in SAFETENSORS_FILES):
-                pickled = sorted(file for file in files if file.endswith(PICKLE_SUFFIXES))
-                found = (
-                    f"It holds pickled weights only ({', '.join(pickled)}), which " if pickled else "Pickled weights "
-                )
-                raise OSError(
-                    f"The CLIP folder {name!r} has no safetensors weights (`model.safetensors`). {found}CLIPScorer "
-                    "never loads, since unpickling can run arbitrary code: convert trusted weights once (load them in "
-                    "transformers and `save_pretrained`, which writes safetensors), or pass a folder with "
-                    "`model.safetensors`."
-                )
+        if os.path.isdir(name) and not any(file in os.listdir(name) for file in SAFETENSORS_FILES):
+            pickled = sorted(file for file in os.listdir(name) if file.endswith(PICKLE_SUFFIXES))
+            found = f"It holds pickled weights only ({', '.join(pickled)}), which " if pickled else "Pickled weights "
+            raise OSError(
+                f"The CLIP folder {name!r} has no safetensors weights (`model.safetensors`). {found}CLIPScorer never "
+                "loads, since unpickling can run arbitrary code: load trusted weights in transformers and "
+                "`save_pretrained` them (which writes safetensors)."
+            )
         try:
             from transformers import CLIPModel, CLIPProcessor
 
@@ -124,37 +111,26 @@ class CLIPScorer:
     def _as_pil(images: list[Image.Image] | torch.Tensor) -> list[Image.Image]:
         """PIL images as given; a (N, 3, H, W) float tensor in [0, 1] rounded to 8 bits, as a saved PNG would be."""
         if not isinstance(images, torch.Tensor):
-            images = list(images)
-            for i, image in enumerate(images):
+            for i, image in enumerate(images := list(images)):
                 if not isinstance(image, Image.Image):
                     raise ValueError(
-                        f"Image {i} is a {type(image).__name__}; pass PIL images or one (N, 3, H, W) float tensor in "
-                        "[0, 1]."
+                        f"Image {i} is a {type(image).__name__}; pass PIL images or one (N, 3, H, W) tensor."
                     )
             return images
         if images.ndim != 4 or images.shape[1] != 3 or not images.is_floating_point():
-            raise ValueError(
-                f"An image tensor must be (N, 3, H, W) and float in [0, 1]; got {tuple(images.shape)} {images.dtype}."
-            )
+            raise ValueError(f"An image tensor must be (N, 3, H, W) float; got {tuple(images.shape)} {images.dtype}.")
         if images.numel() and (images.min() < 0 or images.max() > 1):
             raise ValueError(
-                f"An image tensor must be in [0, 1]; got values in [{images.min():.3g}, {images.max():.3g}] (a [-1, 1] "
-                "tensor maps to [0, 1] with `(x + 1) / 2`)."
+                f"An image tensor must be in [0, 1] (map [-1, 1] with `(x + 1) / 2`); got [{images.min():.3g}, "
+                f"{images.max():.3g}]."
             )
         pixels = (images.detach().float().cpu() * 255).round().to(torch.uint8)  # (N, 3, H, W)
         return [Image.fromarray(array) for array in pixels.permute(0, 2, 3, 1).numpy()]  # N × (H, W, 3)
 
     @torch.no_grad()
     def embed(self, images: list[Image.Image], captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The projected, unnormalised CLIP embeddings of one batch.
-
-        Args:
-            images (`list[PIL.Image.Image]`): B images of any size.
-            captions (`list[str]`): B captions, truncated to `max_length` tokens.
-
-        Returns:
-            `tuple[torch.Tensor, torch.Tensor]`: (B, D) image and caption embeddings, on the model's device.
-        """
+        """The (B, D) projected, unnormalised image and caption embeddings of B images and captions (truncated to
+        `max_length` tokens), on the model's device."""
         pixel_values = self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
         text = self.processor.tokenizer(
             captions, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
@@ -202,11 +178,10 @@ class CLIPScorer:
         for start in range(0, len(images), batch_size):
             stop = start + batch_size
             image_embeds, text_embeds = self.embed(images[start:stop], captions[start:stop])  # (B, D) each
-            image_embeds = image_embeds.double().cpu()
-            text_embeds = text_embeds.double().cpu()
-            image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
-            text_embeds = text_embeds / text_embeds.norm(p=2, dim=-1, keepdim=True)
-            scores.append(100 * (image_embeds * text_embeds).sum(dim=-1))  # (B,)
+            cosine = torch.nn.functional.cosine_similarity(
+                image_embeds.double().cpu(), text_embeds.double().cpu(), eps=0
+            )
+            scores.append(100 * cosine)  # (B,)
         scores = torch.cat(scores)  # (N,)
         return scores.clamp(min=0) if clamp else scores
 

@@ -1,8 +1,8 @@
 """Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world, its scorer.
 
 Image i is sampled from caption i with a generator seeded by (seed, i), and batch k goes to process k mod P, so P
-processes report what one does for the same seed. With `resume_dir` finished batches are kept on disk (`resume`):
-an interrupted run, run again, samples only the batches it lacks and reports what an uninterrupted run would.
+processes report what one does. With `resume_dir` finished batches are kept on disk (`resume`): an interrupted run,
+run again, samples only the batches it lacks and reports what an uninterrupted run would.
 """
 
 import json
@@ -35,22 +35,15 @@ from .resume import (
 )
 
 
-GRID_SIZE = 16  # images in the report's grid: the first ones
-# A score row's first columns; the world scorer's `FLAGS` follow (NaN where the caption does not ask).
-COLUMNS = ("index", "clip_score")
+GRID_SIZE = 16  # the report grid shows the first images
+COLUMNS = ("index", "clip_score")  # a score row's first columns; the world scorer's `FLAGS` follow (NaN: not asked)
 # A batch's FID features; with a world's reference also real images of its captions and a second set (the floor).
 FEATURES = ("generated", "renders", "floor")
 
 
 @dataclass
 class Processes:
-    """Which part of the work this process does.
-
-    Args:
-        index (`int`): This process's rank.
-        count (`int`): How many processes share the work.
-        device (`torch.device`): Where the process group communicates.
-    """
+    """This process's share of the work: its `index`, the process `count`, and the `device` they communicate on."""
 
     index: int = 0
     count: int = 1
@@ -58,35 +51,21 @@ class Processes:
 
     @classmethod
     def from_state(cls, state) -> "Processes":
-        """From an `accelerate.PartialState` (or `Accelerator`).
-
-        Args:
-            state (`accelerate.PartialState`): The process state.
-        """
+        """From an `accelerate.PartialState` (or `Accelerator`)."""
         return cls(state.process_index, state.num_processes, state.device)
 
     def batches(self, num_items: int, batch_size: int) -> list[range]:
-        """This process's batches: every `count`-th of the `batch_size` slices of `range(num_items)`.
-
-        Args:
-            num_items (`int`): The items to share.
-            batch_size (`int`): Items per batch.
-        """
+        """This process's batches: every `count`-th of the `batch_size` slices of `range(num_items)`."""
         starts = range(self.index * batch_size, num_items, self.count * batch_size)
         return [range(start, min(start + batch_size, num_items)) for start in starts]
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
-        """Every process's rows, concatenated; padding rows (first column −1) are dropped.
-
-        Args:
-            rows (`torch.Tensor`): (N_p, C) this process's rows.
-        """
+        """Every process's (N_p, C) rows, concatenated; padding rows (first column −1) are dropped."""
         if self.count == 1:
             return rows
         from accelerate.utils import gather, pad_across_processes
 
-        padded = pad_across_processes(rows.to(self.device), dim=0, pad_index=-1)
-        gathered = gather(padded).cpu()
+        gathered = gather(pad_across_processes(rows.to(self.device), dim=0, pad_index=-1)).cpu()
         return gathered[gathered[:, 0] >= 0]
 
     def wait(self) -> None:
@@ -102,8 +81,8 @@ def image_seed(seed: int, index: int) -> int:
 
 @dataclass
 class Scoring:
-    """What scores an evaluation's images, fixed before the first batch; a None part is not scored. With an
-    extractor but no reference, FID compares with the world's real images of the same captions."""
+    """What scores the images, fixed before the first batch; a None part is not scored. With an extractor but no
+    reference, FID compares with the world's real images of the same captions."""
 
     extractor: torch.nn.Module | None
     reference: FIDStatistics | None
@@ -117,18 +96,16 @@ class Scoring:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """A batch's row columns: `COLUMNS`, then the world scorer's `FLAGS`."""
         return COLUMNS + (tuple(self.world_scorer.FLAGS) if self.world_scorer is not None else ())
 
     @property
     def feature_names(self) -> tuple[str, ...]:
-        """The FID features each batch keeps."""
         if self.extractor is None:
             return ()
         return FEATURES if self.reference is None else FEATURES[:1]
 
     def score(self, images: list[Image.Image], prompts: list[str], batch: range) -> BatchResult:
-        """The batch's FID features, per-image scores and grid images (its `seconds` are left at 0)."""
+        """The batch's FID features, per-image score rows and grid images (its `seconds` left at 0)."""
         features = {}
         if self.extractor is not None:
             features["generated"] = image_features(self.extractor, images_to_tensor(images))  # (B, D)
@@ -139,21 +116,14 @@ class Scoring:
         clip = self.scorer.score(images, prompts) if self.scorer is not None else torch.full((len(batch),), np.nan)
         flags = self.world_scorer.flags(images, prompts) if self.world_scorer is not None else [[]] * len(batch)
         rows = [[index, float(clip[position]), *flags[position]] for position, index in enumerate(batch)]
-        grid = [
-            torch.from_numpy(np.array(image.convert("RGB")))
-            for index, image in zip(batch, images)
-            if index < GRID_SIZE
-        ]
-        grid = torch.stack(grid) if grid else torch.zeros(0, self.resolution, self.resolution, 3, dtype=torch.uint8)
         rows = torch.tensor(rows, dtype=torch.float64).view(len(batch), len(self.columns))  # (B, C)
+        grid = [torch.from_numpy(np.array(im.convert("RGB"))) for i, im in zip(batch, images) if i < GRID_SIZE]
+        grid = torch.stack(grid) if grid else torch.zeros(0, self.resolution, self.resolution, 3, dtype=torch.uint8)
         return BatchResult(rows, features, grid, 0.0)  # grid: (n, H, W, 3)
 
     def report(self, tally: "Tally", processes: Processes, captions: list[str]) -> dict:
-        """FID, CLIP score and the world scorer's accuracies (95% intervals under `<world>_intervals`) over every
-        process's batches."""
-        report = {}
-        if self.extractor is not None:
-            report.update(fid_results(self, tally.moments, processes))
+        """FID, CLIP score and the world scorer's accuracies (95% intervals under `<world>_intervals`)."""
+        report = fid_results(self, tally.moments, processes) if self.extractor is not None else {}
         scores = processes.gather(tally.scores())
         scores = scores[scores[:, 0].argsort()]  # (N, C), by image index
         if self.scorer is not None:
@@ -182,15 +152,10 @@ class Tally:
         self.resumed_seconds = 0.0  # the sampling time of the batches taken from a `resume_dir`
 
     def add(self, result: BatchResult) -> None:
-        """Count one batch in."""
         for name, moments in self.moments.items():
             moments.update(result.features[name])
         self.rows.append(result.rows)
         self.grid.append(result.grid)
-
-    @property
-    def num_images(self) -> int:
-        return sum(len(rows) for rows in self.rows)
 
     def scores(self) -> torch.Tensor:
         """(N, C): every image's row (see `COLUMNS`)."""
@@ -224,13 +189,11 @@ def evaluate(
         pipeline (`LMLPPipeline`): The pipeline, on its device.
         captions (`list[str]`): Image i is sampled from caption i (see `draw_captions`).
         fid_reference (`str`, `Path` or `FIDStatistics`, *optional*): An `.npz` of `mu` and `sigma`, a folder of real
-            images (statistics computed once and cached), or `"shapes"`/`"emoji"` (the world's real images of the
-            same captions). No FID without it.
+            images (statistics cached), or `"shapes"`/`"emoji"` (the world's real images of the same captions).
         fid_extractor (`str` or `torch.nn.Module`, *optional*): `"inception"`, `"shapes"`, `"emoji"` or a module;
             defaults to the world's for a world's reference, else `"inception"`.
-        clip_model (`str` or `CLIPScorer`, *optional*): A CLIP model id or folder, or a scorer; no CLIP score without.
-        num_inference_steps (`int`, *optional*, defaults to 50): Sampling steps.
-        guidance_scale (`float`, *optional*, defaults to 2.0): Classifier-free guidance (the papers' s = 1).
+        clip_model (`str` or `CLIPScorer`, *optional*): A CLIP model id or folder, or a scorer.
+        num_inference_steps, guidance_scale: The pipeline's (the papers' s = guidance_scale - 1).
         batch_size (`int`, *optional*, defaults to 50): Images per pipeline call.
         seed (`int`, *optional*, defaults to 0): Seeds every image's noise and a world reference's real images.
         image_dir (`str` or `Path`, *optional*): Save the images there as a 🤗 imagefolder (PNGs, `metadata.jsonl`).
@@ -252,13 +215,30 @@ def evaluate(
     scoring = prepare_scoring(
         pipeline, captions, fid_reference, fid_extractor, clip_model, seed, processes, cache_dir, progress
     )
-    header = report_header(
-        pipeline, len(captions), scoring, processes, num_inference_steps, guidance_scale, batch_size
-    )
+    sampler = {
+        "scheduler": type(pipeline.scheduler).__name__,
+        "num_inference_steps": num_inference_steps,
+        "guidance_scale": guidance_scale,
+        "batch_size": batch_size,
+        "dtype": str(pipeline.transformer.dtype).removeprefix("torch."),
+        "resolution": scoring.resolution,
+    }
+    header = {
+        "model": str(pipeline.name_or_path or "(an unsaved pipeline)"),
+        "num_images": len(captions),
+        "seed": seed,
+        "sampler": sampler,
+        "num_processes": processes.count,
+    }
     image_dir = Path(image_dir) if image_dir is not None else None
     if image_dir is not None:
         image_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(resume_dir, pipeline, captions, scoring, header, processes, image_dir)
+    store = None
+    if resume_dir is not None:
+        store = ProgressStore(
+            resume_dir, evaluation_settings(pipeline, captions, scoring, sampler), processes, image_dir
+        )
+        store.open()
     try:
         tally = sample_batches(pipeline, captions, scoring, processes, store, image_dir, header, progress, started)
     finally:
@@ -268,61 +248,16 @@ def evaluate(
     report["seconds"] = round(time.perf_counter() - started + tally.resumed_seconds, 1)
     grid = gathered_grid(processes, tally, scoring.resolution, captions)
     if image_dir is not None and processes.index == 0:
-        write_metadata(image_dir, captions)
+        with open(image_dir / "metadata.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(
+                json.dumps({"file_name": f"{i:06d}.png", "text": text}) + "\n" for i, text in enumerate(captions)
+            )
     return report, grid
 
 
-def report_header(
-    pipeline, num_images: int, scoring: Scoring, processes: Processes, num_inference_steps, guidance_scale, batch_size
-) -> dict:
-    """What the report says first: the model, the number of images, the seed and the sampler's settings."""
-    return {
-        "model": str(pipeline.name_or_path or "(an unsaved pipeline)"),
-        "num_images": num_images,
-        "seed": scoring.seed,
-        "sampler": {
-            "scheduler": type(pipeline.scheduler).__name__,
-            "num_inference_steps": num_inference_steps,
-            "guidance_scale": guidance_scale,
-            "batch_size": batch_size,
-            "dtype": str(pipeline.transformer.dtype).removeprefix("torch."),
-            "resolution": scoring.resolution,
-        },
-        "num_processes": processes.count,
-    }
-
-
-def open_store(
-    resume_dir: str | Path | None,
-    pipeline,
-    captions: list[str],
-    scoring: Scoring,
-    header: dict,
-    processes: Processes,
-    image_dir: Path | None,
-) -> ProgressStore | None:
-    """The opened store of finished batches in `resume_dir`, or None without one; other settings are refused."""
-    if resume_dir is None:
-        return None
-    settings = evaluation_settings(pipeline, captions, scoring, header["sampler"])
-    store = ProgressStore(resume_dir, settings, processes, image_dir)
-    store.open()
-    return store
-
-
-def sample_batches(
-    pipeline,
-    captions: list[str],
-    scoring: Scoring,
-    processes: Processes,
-    store: ProgressStore | None,
-    image_dir: Path | None,
-    header: dict,
-    progress: bool,
-    started: float,
-) -> Tally:
+def sample_batches(pipeline, captions, scoring, processes, store, image_dir, header, progress, started) -> Tally:
     """Sample and score this process's batches, taking those `store` holds; Ctrl-C with a store raises
-    `EvaluationInterrupted`. `header` gives the sampler settings, `started` the start time for a partial report."""
+    `EvaluationInterrupted` with a partial report (on the first process) over every batch on disk."""
     sampler = header["sampler"]
     batch_size = sampler["batch_size"]
     tally = Tally(scoring)
@@ -334,8 +269,17 @@ def sample_batches(
             paths = [image_dir / f"{index:06d}.png" for index in batch] if image_dir is not None else []
             result = store.load(number, batch, paths) if store is not None else None
             if result is None:
-                steps, guidance = sampler["num_inference_steps"], sampler["guidance_scale"]
-                result = sample_batch(pipeline, captions, batch, scoring, steps, guidance, paths)
+                batch_started = time.perf_counter()
+                images = pipeline(
+                    [captions[i] for i in batch],
+                    num_inference_steps=sampler["num_inference_steps"],
+                    guidance_scale=sampler["guidance_scale"],
+                    generator=[torch.Generator().manual_seed(image_seed(scoring.seed, i)) for i in batch],
+                ).images
+                result = scoring.score(images, [captions[i] for i in batch], batch)
+                for image, path in zip(images, paths):  # each written whole or not at all
+                    write_durably(path, partial(image.save, format="PNG"))
+                result.seconds = time.perf_counter() - batch_started
                 if store is not None:
                     store.save(number, result)
             else:
@@ -345,24 +289,28 @@ def sample_batches(
     except KeyboardInterrupt as interruption:
         if store is None:
             raise
-        seconds = time.perf_counter() - started + tally.resumed_seconds
-        raise interrupted(store, scoring, captions, processes, header, seconds) from interruption
+        report = None
+        if processes.index == 0:
+            kept = Tally(scoring)
+            for result in store.results():
+                kept.add(result)
+            done = sum(len(rows) for rows in kept.rows)
+            report = {**header, "partial": True, "num_images_done": done}
+            if done >= 2 or (done and scoring.extractor is None):
+                report.update(scoring.report(kept, Processes(device=processes.device), captions))
+            report["seconds"] = round(time.perf_counter() - started + tally.resumed_seconds, 1)
+        else:
+            done = store.num_images_done()
+        raise EvaluationInterrupted(store.folder, done, len(captions), report) from interruption
     finally:
         bar.close()
     return tally
 
 
-def write_metadata(image_dir: Path, captions: list[str]) -> None:
-    """The captions of the saved images, as the `metadata.jsonl` of a 🤗 imagefolder."""
-    with open(image_dir / "metadata.jsonl", "w", encoding="utf-8") as f:
-        for index, caption in enumerate(captions):
-            f.write(json.dumps({"file_name": f"{index:06d}.png", "text": caption}) + "\n")
-
-
 def prepare_scoring(
     pipeline, captions, fid_reference, fid_extractor, clip_model, seed, processes, cache_dir, progress
 ) -> Scoring:
-    """Load what scores the images (see `evaluate` for the arguments), checking them before any sampling."""
+    """Load what scores the images (see `evaluate`), checking the arguments before any sampling."""
     resolution = pipeline.native_size
     world = world_of(captions)
     extractor = reference = reference_name = None
@@ -370,10 +318,10 @@ def prepare_scoring(
     if fid_reference is not None:
         world_reference = isinstance(fid_reference, str) and fid_reference in WORLDS
         if world_reference and (world is None or world.name != fid_reference):
-            example = WORLDS[fid_reference].example_captions[0]
             raise ValueError(
                 f"The {fid_reference!r} FID reference takes real images of the captions from the {fid_reference} "
-                f"world, but some captions are not {fid_reference}-world captions (e.g. {example!r})"
+                f"world, but some captions are not {fid_reference}-world captions (e.g. "
+                f"{WORLDS[fid_reference].example_captions[0]!r})"
             )
         if not world_reference:
             check_exists(fid_reference)
@@ -396,7 +344,6 @@ def prepare_scoring(
 
 def evaluation_settings(pipeline, captions: list[str], scoring: Scoring, sampler: dict) -> dict:
     """What the kept batches depend on (`resume.SETTING_NAMES`); a `resume_dir` of other settings is refused."""
-    scorer_model = getattr(scoring.scorer, "model", None)
     return {
         "captions": captions_digest(captions),
         "num_images": len(captions),
@@ -407,43 +354,8 @@ def evaluation_settings(pipeline, captions: list[str], scoring: Scoring, sampler
         "fid_extractor_weights": weights_digest(scoring.extractor),
         "fid_renders": "renders" in scoring.feature_names,
         "clip_model": scoring.scorer.name if scoring.scorer is not None else None,
-        "clip_weights": weights_digest(scorer_model),
+        "clip_weights": weights_digest(getattr(scoring.scorer, "model", None)),
     }
-
-
-def sample_batch(
-    pipeline, captions, batch: range, scoring: Scoring, num_inference_steps, guidance_scale, paths: list[Path]
-) -> BatchResult:
-    """Sample and score one batch, saving its images to `paths` (when given), each written whole or not at all."""
-    started = time.perf_counter()
-    prompts = [captions[i] for i in batch]
-    generators = [torch.Generator().manual_seed(image_seed(scoring.seed, i)) for i in batch]
-    images = pipeline(
-        prompts, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, generator=generators
-    ).images
-    result = scoring.score(images, prompts, batch)
-    for image, path in zip(images, paths):
-        write_durably(path, partial(image.save, format="PNG"))
-    result.seconds = time.perf_counter() - started
-    return result
-
-
-def interrupted(store: ProgressStore, scoring: Scoring, captions, processes, header, seconds) -> EvaluationInterrupted:
-    """The exception for an evaluation stopped while sampling; on the first process it carries a partial report
-    over every batch on disk."""
-    report = None
-    if processes.index == 0:
-        tally = Tally(scoring)
-        for result in store.results():
-            tally.add(result)
-        done = tally.num_images
-        report = {**header, "partial": True, "num_images_done": done}
-        if done >= 2 or (done and scoring.extractor is None):
-            report.update(scoring.report(tally, Processes(device=processes.device), captions))
-        report["seconds"] = round(seconds, 1)
-    else:
-        done = store.num_images_done()
-    return EvaluationInterrupted(store.folder, done, len(captions), report)
 
 
 def fid_results(scoring: Scoring, moments: dict[str, FeatureMoments], processes: Processes) -> dict:
@@ -473,8 +385,7 @@ def gathered_grid(processes: Processes, tally: Tally, resolution: int, captions:
     """A captioned grid of the first `GRID_SIZE` images, gathered from the processes that sampled them."""
     indices = torch.cat([rows[: len(grid), 0] for rows, grid in zip(tally.rows, tally.grid)] or [torch.zeros(0)])
     pixels = torch.cat([torch.zeros(0, resolution, resolution, 3, dtype=torch.uint8), *tally.grid])  # (n, H, W, 3)
-    rows = torch.cat([indices.double()[:, None], pixels.flatten(1).double()], dim=1)  # (n, 1 + H·W·3)
-    rows = processes.gather(rows)
-    rows = rows[rows[:, 0].argsort()]
+    rows = processes.gather(torch.cat([indices.double()[:, None], pixels.flatten(1).double()], dim=1))
+    rows = rows[rows[:, 0].argsort()]  # (n, 1 + H·W·3)
     grid = [Image.fromarray(row[1:].view(resolution, resolution, 3).to(torch.uint8).numpy()) for row in rows]
     return make_image_grid(grid, captions=[captions[int(i)] for i in rows[:, 0]])

@@ -1,8 +1,5 @@
-"""Feature networks for FID: the standard Inception network, the shapes and emoji worlds' networks, or any module.
-
-A feature network maps (B, 3, H, W) RGB images in [0, 1] to (B, D) features. An int `num_features` and a `name` are
-optional: without them D is found from one dummy batch and the class names it.
-"""
+"""Feature networks for FID: (B, 3, H, W) RGB images in [0, 1] to (B, D) features. The standard Inception network,
+the shapes and emoji worlds' networks, or any module (without an int `num_features`, D comes from a dummy batch)."""
 
 import torch
 from torch import nn
@@ -12,20 +9,15 @@ INCEPTION = "inception"
 SHAPES = "shapes"
 EMOJI = "emoji"
 INCEPTION_INSTALL = (
-    "FID with the standard Inception network needs torch-fidelity (`pip install torch-fidelity`; it brings "
-    "torchvision, so install the torchvision build that matches your torch). Without it no FID comparable with the "
-    "papers' can be computed; pass another feature network (`fid_extractor=<torch.nn.Module>`) for a different, "
-    "self-consistent FID."
+    "FID with the standard Inception network needs torch-fidelity (`pip install torch-fidelity`, with the torchvision "
+    "build that matches your torch); or pass another feature network (`fid_extractor=<torch.nn.Module>`) for a "
+    "different, self-consistent FID."
 )
 
 
 class InceptionFeatures(nn.Module):
     """The papers' FID Inception network (2048-d pool features) as torch-fidelity runs it: uint8 input and a
-    TensorFlow-1-compatible resize to 299 × 299.
-
-    Args:
-        weights_path (`str`, *optional*): A local copy of the weights; torch-fidelity downloads them otherwise.
-    """
+    TensorFlow-1-compatible resize to 299 × 299. `weights_path`: a local copy of the weights, else downloaded."""
 
     num_features = 2048
     name = "inception-v3-compat (torch-fidelity, pt_inception-2015-12-05)"
@@ -40,29 +32,21 @@ class InceptionFeatures(nn.Module):
             self.network = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], weights_path)
         except OSError as error:  # includes urllib's URLError: no internet and no cached weights
             raise OSError(
-                f"Could not load the FID Inception weights ({error}). torch-fidelity downloads "
-                "pt_inception-2015-12-05-6726825d.pth from GitHub on first use into torch's hub cache; on a machine "
-                "without internet copy that file there, or pass its path as `weights_path`."
+                f"Could not load the FID Inception weights ({error}): copy pt_inception-2015-12-05-6726825d.pth into "
+                "torch's hub cache (torch-fidelity downloads it there on first use), or pass it as `weights_path`."
             ) from None
         self.network.eval()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The (B, 2048) pool features of a batch.
-
-        Args:
-            images (`torch.Tensor`): (B, 3, H, W) images in [0, 1].
-        """
+        """The (B, 2048) pool features of (B, 3, H, W) images in [0, 1]."""
         pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8)  # exact for images that were uint8
         (features,) = self.network(pixels)
         return features
 
 
 def load_extractor(extractor: str | nn.Module) -> nn.Module:
-    """The feature network for a name, or a module passed as is (in eval mode).
-
-    Args:
-        extractor (`str` or `nn.Module`): `"inception"` (needs torch-fidelity), `"shapes"`, `"emoji"`, or a module.
-    """
+    """The feature network `"inception"` (needs torch-fidelity), `"shapes"` or `"emoji"`, or a module as is (in eval
+    mode)."""
     if isinstance(extractor, nn.Module):
         return extractor.eval()
     if extractor == INCEPTION:

@@ -1,8 +1,5 @@
-"""FID: the Fréchet distance between Gaussian fits of image features, and the statistics it compares.
-
-Statistics are stored as pytorch-fid and U-ViT store them (an `.npz` of `mu` and `sigma`), so published statistics
-load as is and the files written here load in pytorch-fid.
-"""
+"""FID: the Fréchet distance between Gaussian fits of image features, and the statistics it compares, stored as
+pytorch-fid and U-ViT store them (an `.npz` of `mu` and `sigma`)."""
 
 import os
 from dataclasses import dataclass
@@ -14,14 +11,8 @@ import torch
 
 @dataclass
 class FIDStatistics:
-    """The mean and covariance of a set of image features.
-
-    Args:
-        mu (`np.ndarray`): (D,) float64 mean.
-        sigma (`np.ndarray`): (D, D) float64 covariance (unbiased, as `np.cov`).
-        num_images (`int`, *optional*): How many images they summarise, when known.
-        extractor (`str`, *optional*): The feature network's name, when known.
-    """
+    """The (D,) mean `mu` and (D, D) unbiased covariance `sigma` (float64) of a set of image features, with the
+    number of images and the feature network's name when known."""
 
     mu: np.ndarray
     sigma: np.ndarray
@@ -29,28 +20,20 @@ class FIDStatistics:
     extractor: str | None = None
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write an `.npz` of `mu` and `sigma` (and `num_images`, `extractor` when known), atomically.
+        """Write an `.npz` of `mu` and `sigma` (and `num_images`, `extractor` when known) atomically, creating its
+        folder."""
+        from .resume import write_durably
 
-        Args:
-            path (`str` or `os.PathLike`): The file; its folder is created.
-        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         extra = {"num_images": np.int64(self.num_images)} if self.num_images is not None else {}
         if self.extractor is not None:
             extra["extractor"] = np.str_(self.extractor)
-        partial = path.with_name(f".{path.name}.tmp")
-        with open(partial, "wb") as f:
-            np.savez(f, mu=self.mu, sigma=self.sigma, **extra)
-        os.replace(partial, path)
+        write_durably(path, lambda f: np.savez(f, mu=self.mu, sigma=self.sigma, **extra))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "FIDStatistics":
-        """Read an `.npz` of `mu` and `sigma`, never unpickling; `ValueError` for a missing or malformed file.
-
-        Args:
-            path (`str` or `os.PathLike`): The file.
-        """
+        """Read an `.npz` of `mu` and `sigma`, never unpickling; `ValueError` for a missing or malformed file."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {key: data[key] for key in data.files}
@@ -82,11 +65,7 @@ class FIDStatistics:
 
 
 class FeatureMoments:
-    """Running float64 sums of features, giving their mean and covariance; they add up across processes.
-
-    Args:
-        num_features (`int`): D, the feature size.
-    """
+    """Running float64 sums of D-wide features, giving their mean and covariance; they add up across processes."""
 
     def __init__(self, num_features: int):
         self.count = torch.zeros((), dtype=torch.float64)
@@ -94,11 +73,7 @@ class FeatureMoments:
         self.outer = torch.zeros(num_features, num_features, dtype=torch.float64)  # (D, D)
 
     def update(self, features: torch.Tensor) -> None:
-        """Add a batch of features.
-
-        Args:
-            features (`torch.Tensor`): (B, D) features.
-        """
+        """Add a (B, D) batch of features."""
         if features.ndim != 2 or features.shape[1] != self.total.numel():
             raise ValueError(
                 f"The feature network returned {tuple(features.shape)}; expected (batch, {self.total.numel()})"
@@ -111,11 +86,7 @@ class FeatureMoments:
         self.outer += features.T @ features
 
     def reduce(self, device: torch.device) -> None:
-        """Sum the moments of every process in place, when several run.
-
-        Args:
-            device (`torch.device`): Where the process group communicates (the GPU for NCCL, the CPU for gloo).
-        """
+        """Sum the moments of every process in place, when several run (`device`: the process group's)."""
         state = torch.cat([self.count[None], self.total, self.outer.flatten()])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             state = state.to(device)
@@ -126,11 +97,7 @@ class FeatureMoments:
         self.outer = state[1 + num_features :].view(num_features, num_features)
 
     def statistics(self, extractor: str | None = None) -> FIDStatistics:
-        """The mean and unbiased covariance of every feature added.
-
-        Args:
-            extractor (`str`, *optional*): The feature network's name, recorded with them.
-        """
+        """The mean and unbiased covariance of every feature added, recording the feature network's name."""
         count = int(self.count.item())
         if count < 2:
             raise ValueError(f"FID needs at least 2 images; got {count}")
@@ -140,14 +107,10 @@ class FeatureMoments:
 
 
 def frechet_distance(first: FIDStatistics, second: FIDStatistics) -> float:
-    """‖μ₁ − μ₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₁ Σ₂)^½), the FID of two Gaussian fits.
+    """‖μ₁ − μ₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₁ Σ₂)^½), the FID of two Gaussian fits of the same feature size.
 
     The trace term is Σ √λ over the eigenvalues of the symmetric Σ₁^½ Σ₂ Σ₁^½, exact even for singular covariances
     (fewer images than features), where pytorch-fid's `sqrtm` needs an offset.
-
-    Args:
-        first (`FIDStatistics`): E.g. of the generated images.
-        second (`FIDStatistics`): E.g. of real images; must have the same feature size.
     """
     if first.mu.shape != second.mu.shape:
         raise ValueError(

@@ -27,13 +27,10 @@ def reference_statistics(
     """The statistics FID compares with, checked against the feature network (`ValueError` on a mismatch).
 
     Args:
-        reference (`str`, `Path` or `FIDStatistics`): An `.npz` of `mu` and `sigma`, or a folder of real images.
+        reference (`str`, `Path` or `FIDStatistics`): An `.npz` of `mu` and `sigma`, or a folder of real images
+            (centre-cropped and resized to `resolution`, its statistics cached under `cache_dir`).
         extractor (`torch.nn.Module`): The feature network.
-        resolution (`int`): The generated images' side; a folder's images are centre-cropped and resized to it.
         processes (`Processes`): This process's share of the work.
-        cache_dir (`str` or `Path`, *optional*): Where a folder's statistics are cached; `default_cache_dir()`.
-        batch_size (`int`, *optional*, defaults to 50): Images per feature batch.
-        progress (`bool`, *optional*, defaults to `True`): Show a progress bar while a folder is read.
     """
     name = extractor_name(extractor)
     if isinstance(reference, FIDStatistics):
@@ -60,7 +57,7 @@ def reference_statistics(
 
 
 def check_exists(reference) -> None:
-    """Fail early, before any model loads, for a reference path that does not exist."""
+    """Fail before any model loads for a reference path that does not exist."""
     if not isinstance(reference, FIDStatistics) and not Path(reference).exists():
         raise ValueError(
             f"FID reference {reference}: no such file or folder; pass an .npz of mu/sigma (such as U-ViT's "

@@ -1,9 +1,6 @@
-"""Resumable evaluations: each finished batch is kept on disk, so a stopped evaluation continues where it stopped and
-ends with the report of an uninterrupted run.
-
-A progress folder holds `settings.json` (what the results depend on; other settings are refused, never mixed in) and
-one `batch-<k>.safetensors` per finished batch. Every file is written under a temporary name, flushed and renamed,
-so a file under its final name is complete. Batches do not depend on the process count, which may change on resume.
+"""Resumable evaluations: a progress folder holds `settings.json` (what the results depend on; other settings are
+refused, never mixed in) and one `batch-<k>.safetensors` per finished batch, each written under a temporary name,
+flushed and renamed. Batches do not depend on the process count, which may change on resume.
 """
 
 import hashlib
@@ -27,9 +24,7 @@ SETTINGS_FILE = "settings.json"
 LOCK_FILE = ".evaluation.lock"
 BATCH_GLOB = "batch-*.safetensors"
 TEMPORARY_GLOB = ".*.tmp"
-# Bumped when the files change meaning: progress of another format is refused like other settings.
-FORMAT = 2
-# Each setting in words, for the message that refuses a progress folder of other settings.
+FORMAT = 2  # bumped when the files change meaning: progress of another format is refused like other settings
 SETTING_NAMES = {
     "format": "the progress format of this diffusers-lmlp version",
     "captions": "the captions",
@@ -53,8 +48,8 @@ BOOKKEEPING = {"transformers_version"}
 
 @dataclass
 class BatchResult:
-    """What one batch contributes to the report, as kept on disk: (B, C) float64 score rows (index first), (B, D)
-    FID features by name, the (n, H, W, 3) uint8 images the report grid shows, and the seconds it took."""
+    """One batch, as kept on disk: (B, C) float64 score rows (index first), (B, D) FID features by name, the
+    (n, H, W, 3) uint8 grid images, and the seconds it took."""
 
     rows: torch.Tensor
     features: dict[str, torch.Tensor]
@@ -72,8 +67,8 @@ class EvaluationInterrupted(KeyboardInterrupt):
 
 
 def write_durably(path: Path, write: Callable) -> None:
-    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it: atomic and durable except
-    for the folder entry (`fsync_tree(path.parent, recursive=False)` after a batch of files)."""
+    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it (the folder entry is not
+    fsynced)."""
     temporary = path.with_name(f".{path.name}.tmp")
     with open(temporary, "wb") as f:
         write(f)
@@ -83,7 +78,7 @@ def write_durably(path: Path, write: Callable) -> None:
 
 
 def write_json_durably(path: Path, data: dict) -> None:
-    """`write_durably` for a JSON file (indented, UTF-8), with the folder entry made durable too."""
+    """`write_durably` for an indented UTF-8 JSON file, folder entry included."""
     write_durably(path, lambda f: f.write(json.dumps(data, indent=2).encode("utf-8")))
     fsync_tree(path.parent, recursive=False)
 
@@ -112,8 +107,7 @@ def weights_digest(module: torch.nn.Module | None) -> str | None:
 
 
 def pipeline_digest(pipeline) -> str:
-    """The SHA-256 of a pipeline's component classes, configs (without bookkeeping), vocabularies and weights: the
-    same model loaded from another path gives the same digest."""
+    """The SHA-256 of a pipeline's component classes, configs (without bookkeeping), vocabularies and weights."""
     digest = hashlib.sha256()
     for name, component in sorted(pipeline.components.items()):
         digest.update(f"{name}={type(component).__qualname__}\n".encode())
@@ -135,8 +129,8 @@ def captions_digest(captions: list[str]) -> str:
 
 
 class ProgressStore:
-    """The progress folder of one evaluation: its `settings` (JSON, `SETTING_NAMES`) and a file per finished batch.
-    With `image_dir`, a batch counts as done only when its images are there too."""
+    """The progress folder of one evaluation (`settings`: see `SETTING_NAMES`); with `image_dir`, a batch counts as
+    done only when its images are there too."""
 
     def __init__(self, folder: str | Path, settings: dict, processes, image_dir: Path | None = None):
         self.folder, self.settings, self.processes = Path(folder), {"format": FORMAT, **settings}, processes
@@ -145,8 +139,8 @@ class ProgressStore:
         self.lock = None
 
     def open(self) -> None:
-        """Check that the folder holds progress of these settings or none (else `ValueError`), record them, and
-        remove a killed run's temporary files. Every process calls it."""
+        """Refuse progress of other settings (`ValueError`), record these, take the lock and remove a killed run's
+        temporary files. Every process calls it."""
         path = self.folder / SETTINGS_FILE
         recorded = self.recorded_settings(path)
         if recorded is not None and recorded != self.settings:
@@ -190,7 +184,6 @@ class ProgressStore:
             self.lock = None
 
     def recorded_settings(self, path: Path) -> dict | None:
-        """The settings in `settings.json`, or None without one."""
         try:
             settings = json.loads(path.read_text(encoding="utf-8"))["settings"]
             if not isinstance(settings, dict):
@@ -200,29 +193,25 @@ class ProgressStore:
             return None
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(
-                f"{path} is not the settings file of an evaluation's progress ({error}); delete {self.folder} to start "
-                "over, or pass another output folder"
+                f"{path} is not the settings file of an evaluation's progress ({error}); delete {self.folder} to "
+                "start over, or pass another output folder"
             ) from None
 
     def batch_path(self, number: int) -> Path:
         return self.folder / f"batch-{number:06d}.safetensors"
 
     def num_images_done(self) -> int:
-        """The images of the batches on disk."""
         batch_size, num_images = self.settings["batch_size"], self.settings["num_images"]
         return sum(max(0, min(batch_size, num_images - number * batch_size)) for number in self.done_numbers())
 
     def done_numbers(self) -> list[int]:
-        """The numbers of the batches on disk, in order."""
-        numbers = []
-        for path in self.folder.glob(BATCH_GLOB):
-            stem = path.name.removeprefix("batch-").removesuffix(".safetensors")
-            if stem.isdigit():
-                numbers.append(int(stem))
-        return sorted(numbers)
+        stems = (
+            path.name.removeprefix("batch-").removesuffix(".safetensors") for path in self.folder.glob(BATCH_GLOB)
+        )
+        return sorted(int(stem) for stem in stems if stem.isdigit())
 
     def read(self, number: int) -> BatchResult | None:
-        """Batch `number`'s results from disk, or None when missing, unreadable or of other settings."""
+        """Batch `number` from disk, or None when missing, unreadable, of other settings or damaged."""
         path = self.batch_path(number)
         try:
             with safe_open(path, "pt") as f:
@@ -243,8 +232,8 @@ class ProgressStore:
         return BatchResult(tensors["rows"], features, tensors["grid"], float(metadata["seconds"]))
 
     def load(self, number: int, batch: range, image_paths: list[Path]) -> BatchResult | None:
-        """Batch `number`'s results, or None when it must be sampled: not done, its `image_paths` missing, or not
-        readable as this `batch` of these settings."""
+        """Batch `number`, or None when it must be sampled: not done, its `image_paths` missing, or not readable as
+        this `batch` of these settings."""
         if not self.batch_path(number).is_file():
             return None
         if not all(image.is_file() for image in image_paths):
@@ -259,7 +248,7 @@ class ProgressStore:
         return result
 
     def save(self, number: int, result: BatchResult) -> None:
-        """Keep batch `number`'s results (after its images, which must already be on disk)."""
+        """Keep batch `number` (after its images, which must already be on disk)."""
         if self.image_dir is not None:
             fsync_tree(self.image_dir, recursive=False)  # the images' renames, before the batch counts as done
         tensors = {
@@ -273,7 +262,7 @@ class ProgressStore:
         fsync_tree(self.folder, recursive=False)
 
     def results(self) -> Iterator[BatchResult]:
-        """Every batch on disk of these settings, in order (for the partial report)."""
+        """Every readable batch on disk, in order (for the partial report)."""
         for number in self.done_numbers():
             result = self.read(number)
             if result is not None:

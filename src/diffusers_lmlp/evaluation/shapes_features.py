@@ -1,8 +1,6 @@
-"""The shapes world's FID feature network: the role Inception plays for photos, which it has never seen.
-
-A small CNN, trained by `scripts/train_shapes_features.py` to read every attribute of a render (size, colour, shape,
-position), so its pooled features measure what the world's images are made of. Two coordinate channels let the
-position survive the global pooling; strided stages let the last one see a whole large shape.
+"""The shapes world's FID feature network (Inception has never seen its images): a small CNN trained by
+`scripts/train_shapes_features.py` to read every attribute of a render. Two coordinate channels let the position
+survive the global pooling; strided stages let the last one see a whole large shape.
 """
 
 from pathlib import Path
@@ -17,7 +15,6 @@ from ..shapes.world import COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES
 
 
 FEATURES_PATH = Path(__file__).resolve().parent.parent / "shapes" / "assets" / "features"
-# Each classification head: attribute → its values, in label order.
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "size": SIZES,
     "colour": tuple(COLOURS),
@@ -37,7 +34,7 @@ def conv_block(in_channels: int, out_channels: int, kernel_size: int, stride: in
 
 
 class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
-    """A CNN whose pooled activations are the shapes world's FID features, with heads that read each attribute.
+    """A CNN whose pooled activations are the shapes world's FID features, with a head per attribute.
 
     Args:
         channels (`tuple[int, ...]`, *optional*, defaults to `(32, 48, 64, 96)`): The 3×3 conv stages' channels;
@@ -73,35 +70,18 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
 
     @property
     def num_features(self) -> int:
-        """Size of the feature vector that `forward` returns."""
         return self.config.num_features
 
     def check_images(self, images: torch.Tensor) -> None:
-        """Raise a `ValueError` unless `images` is a float (B, 3, H, W) tensor.
-
-        Args:
-            images (`torch.Tensor`): The input to check.
-        """
-        if not isinstance(images, torch.Tensor) or not images.is_floating_point():
-            raise ValueError(
-                f"{self.name} expects a float tensor of shape (B, 3, H, W) with values in [0, 1], got "
-                f"{type(images).__name__}{'' if not isinstance(images, torch.Tensor) else f' of {images.dtype}'}."
-            )
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(
-                f"{self.name} expects images of shape (B, 3, H, W) with values in [0, 1], got shape "
-                f"{tuple(images.shape)}."
-            )
+        """Raise a `ValueError` unless `images` is a float (B, 3, H, W) tensor."""
+        is_tensor = isinstance(images, torch.Tensor)
+        if not is_tensor or not images.is_floating_point() or images.ndim != 4 or images.shape[1] != 3:
+            got = f"{images.dtype} of shape {tuple(images.shape)}" if is_tensor else type(images).__name__
+            raise ValueError(f"{self.name} expects a float tensor of shape (B, 3, H, W) in [0, 1], got {got}.")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The pooled features FID is computed on.
-
-        Args:
-            images (`torch.Tensor`): (B, 3, H, W) in [0, 1]; resized (bilinear) unless `image_size` square.
-
-        Returns:
-            `torch.Tensor`: (B, num_features), non-negative.
-        """
+        """The (B, num_features) non-negative pooled features of (B, 3, H, W) images in [0, 1] (resized to
+        `image_size`)."""
         self.check_images(images)
         size = self.config.image_size
         images = images.to(self.coordinates.dtype)
@@ -113,22 +93,11 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
         return hidden.mean(dim=(2, 3))  # (B, num_features)
 
     def classify(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The logits of each attribute.
-
-        Args:
-            images (`torch.Tensor`): As for `forward`.
-
-        Returns:
-            `dict[str, torch.Tensor]`: (B, num_values) logits per attribute, in the order of `ATTRIBUTES`.
-        """
+        """The (B, num_values) logits of each attribute of `ATTRIBUTES`, in order."""
         features = self(images)  # (B, num_features)
         return {name: head(features) for name, head in self.heads.items()}
 
 
 def pretrained_shapes_features(**kwargs) -> ShapesFeatureNetwork:
-    """The trained feature network shipped in the package (`shapes/assets/features`), in eval mode.
-
-    Args:
-        **kwargs: Passed to `ShapesFeatureNetwork.from_pretrained` (e.g. `torch_dtype`).
-    """
+    """The trained feature network shipped in the package, in eval mode (`kwargs`: `from_pretrained`'s)."""
     return ShapesFeatureNetwork.from_pretrained(FEATURES_PATH, **kwargs).eval()
