@@ -5,6 +5,7 @@ Each world's code stays in its package, named here as "module:attribute" and imp
 
 import functools
 import importlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,3 +86,23 @@ def world_of(captions: list[str]) -> World | None:
         if all(is_caption(caption) for caption in captions):
             return world
     return None
+
+
+def is_repo_id(name: str) -> bool:
+    """Whether `name` has the form of a Hub repo id, by huggingface_hub's rules."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def pipeline_problem(name: str) -> str | None:
+    """Why `--pipeline name` names nothing (a file, or no folder and no Hub repo id); None if it may work."""
+    if name in WORLDS or os.path.isdir(name):
+        return None
+    if os.path.exists(name):
+        return f"--pipeline {name}: not a folder; pass a pipeline folder or a Hub repo id"
+    return None if is_repo_id(name) else f"--pipeline {name}: no such folder"

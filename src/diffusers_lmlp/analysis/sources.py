@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.__main__ import pipeline_problem
 from ..models.families import BlockFamily, family_of
-from ..worlds import WORLDS
+from ..worlds import WORLDS, pipeline_problem
 
 
 # A backbone's files, at the top of a model repo or under transformer/ of a pipeline repo.

@@ -5,7 +5,6 @@ command continues it. Parsing imports only light modules (diffusers, transformer
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -16,7 +15,7 @@ import torch
 from .. import commands
 from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..threads import set_threads
-from ..worlds import WORLDS, load
+from ..worlds import WORLDS, load, pipeline_problem
 from .captions import WORLD_SOURCES
 from .extractors import EMOJI, INCEPTION, SHAPES
 
@@ -111,26 +110,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, option) is not None and getattr(args, option) < 1:
             parser.error(f"--{option} must be positive; got {getattr(args, option)}")
     return args
-
-
-def is_repo_id(name: str) -> bool:
-    """Whether `name` has the form of a Hub repo id, by huggingface_hub's rules."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
-
-
-def pipeline_problem(name: str) -> str | None:
-    """Why `--pipeline name` names nothing (a file, or no folder and no Hub repo id); None if it may work."""
-    if name in WORLDS or os.path.isdir(name):
-        return None
-    if os.path.exists(name):
-        return f"--pipeline {name}: not a folder; pass a pipeline folder or a Hub repo id"
-    return None if is_repo_id(name) else f"--pipeline {name}: no such folder"
 
 
 def check_pipeline(parser: argparse.ArgumentParser, name: str) -> None:

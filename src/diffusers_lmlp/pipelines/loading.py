@@ -16,14 +16,13 @@ import huggingface_hub
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
-    HFValidationError,
     IncompleteSnapshotError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
 )
-from huggingface_hub.utils import validate_repo_id
 
 from ..folders import PICKLE_SUFFIXES, TOKENIZER_FILES
+from ..worlds import is_repo_id
 
 
 # What `from_pretrained` fetches from a Hub repo: configs, tokenizer files and safetensors, nothing to unpickle.
@@ -91,15 +90,6 @@ def _require_component_folders(folder: str, model_index: dict[str, Any], passed:
             )
 
 
-def _is_repo_id(name: str) -> bool:
-    """Whether `name` has the form of a Hub repo id ("name" or "owner/name", in the Hub's characters)."""
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
-
-
 def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
     """The local snapshot of the Hub repo `source` (configs, tokenizer files, safetensors), fetched or read from the
     cache; takes the Hub arguments out of `kwargs`. Raises `FileNotFoundError` for a path or a missing repo, and
@@ -109,7 +99,7 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
         raise NotADirectoryError(f"{name} is a file; pass the pipeline's folder (the one with model_index.json).")
     folder = os.path.abspath(name)
     # A path object, or a name the Hub refuses as a repo id (leading ".", "~" or "/", two "/", other characters).
-    if isinstance(source, os.PathLike) or not _is_repo_id(name):
+    if isinstance(source, os.PathLike) or not is_repo_id(name):
         tilde = " (a ~ is not expanded: pass os.path.expanduser(path))" if name.startswith("~") else ""
         raise FileNotFoundError(
             f"No such local folder: {name}{tilde}. Pass the folder that save_pretrained wrote (it holds "
