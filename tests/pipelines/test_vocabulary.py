@@ -1,5 +1,4 @@
-"""Closed and open tokenizer vocabularies (`diffusers_lmlp.pipelines.vocabulary`) and the pipeline's warning about
-prompt words outside a closed one."""
+"""Closed and open tokenizer vocabularies, and the pipeline's warning about prompt words outside a closed one."""
 
 import json
 import logging
@@ -60,22 +59,16 @@ def test_shapes_tokenizers_are_closed_over_the_world_words(shipped_tokenizer):
 
 
 @pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
-def test_whole_word_merges_make_a_closed_vocabulary_in_either_file_layout(tmp_path, layout):
-    tokenizer = tiny_clip_tokenizer(16, tmp_path / "files", words=TINY_VOCAB_WORDS)
+def test_whole_word_merges_are_closed_and_subword_merges_open_in_either_file_layout(tmp_path, layout):
+    closed = tiny_clip_tokenizer(16, tmp_path / "closed", words=TINY_VOCAB_WORDS)
+    subword = subword_tokenizer(tmp_path / "open")
     if layout == "tokenizer.json":
-        tokenizer = saved_and_reloaded(tokenizer, tmp_path / "saved")
-    assert known_words(tokenizer) == tuple(sorted(word for word in TINY_VOCAB_WORDS if len(word) > 1))
-    assert unknown_words(tokenizer, "a red cat on a beach") == ["beach"]
-
-
-@pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
-def test_subword_merges_make_an_open_vocabulary_in_either_file_layout(tmp_path, layout):
-    tokenizer = subword_tokenizer(tmp_path / "files")
-    if layout == "tokenizer.json":
-        tokenizer = saved_and_reloaded(tokenizer, tmp_path / "saved")
-    assert tokenizer.tokenize("restaurant") == ["re", "staur", "ant</w>"]
-    assert known_words(tokenizer) is None and describe_vocabulary(tokenizer) is None
-    assert unknown_words(tokenizer, "a restaurant with xylophones") == []
+        closed, subword = saved_and_reloaded(closed, tmp_path / "c"), saved_and_reloaded(subword, tmp_path / "o")
+    assert known_words(closed) == tuple(sorted(word for word in TINY_VOCAB_WORDS if len(word) > 1))
+    assert unknown_words(closed, "a red cat on a beach") == ["beach"]
+    assert subword.tokenize("restaurant") == ["re", "staur", "ant</w>"]
+    assert known_words(subword) is None and describe_vocabulary(subword) is None
+    assert unknown_words(subword, "a restaurant with xylophones") == []
 
 
 def test_words_are_split_and_lower_cased_as_the_tokenizer_does(shipped_tokenizer):
@@ -103,32 +96,28 @@ def unknown_word_warnings(caplog) -> list[str]:
 def test_pipeline_warns_once_per_prompt_naming_its_unknown_words(pipe, generate, caplog):
     caplog.set_level(logging.WARNING)
     generate(pipe, prompt=["a red beach", "a red beach", "the Blue sky!"], num_inference_steps=1)
-    assert unknown_word_warnings(caplog) == [
-        "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. This tokenizer has "
-        "whole-word tokens for a closed list of words only and spells any other word byte by byte, into tokens the "
-        "model was not trained on, so these words do not steer the image. Use only the known words: "
-        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists them.",
-        "The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'. This tokenizer has "
-        "whole-word tokens for a closed list of words only and spells any other word byte by byte, into tokens the "
-        "model was not trained on, so these words do not steer the image. Use only the known words: "
-        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists them.",
-    ]
+    warnings = unknown_word_warnings(caplog)
+    assert warnings[0] == (
+        "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. It spells them byte by "
+        "byte, into tokens the model was not trained on, so they do not steer the image; "
+        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists the words it knows."
+    )
+    assert len(warnings) == 2 and warnings[1].startswith(
+        "The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'."
+    )
     caplog.clear()
     generate(pipe, prompt="a red circle", negative_prompt="blurry", guidance_scale=2.0, num_inference_steps=1)
     assert [m.split(" has ")[0] for m in unknown_word_warnings(caplog)] == ["The negative prompt 'blurry'"]
 
 
-def test_pipeline_does_not_warn_for_known_words_empty_prompts_or_embeddings(pipe, generate, caplog):
+def test_pipeline_does_not_warn_for_known_words_empty_prompts_embeddings_or_an_open_vocabulary(
+    pipe, generate, tmp_path, caplog
+):
     caplog.set_level(logging.WARNING)
     generate(pipe, prompt="A red circle, on a blue square.", num_inference_steps=1)
     generate(pipe, prompt="", num_inference_steps=1)
     prompt_embeds, _ = pipe.encode_prompt("a red circle", "cpu", do_classifier_free_guidance=False)
     generate(pipe, prompt=None, prompt_embeds=torch.randn_like(prompt_embeds), num_inference_steps=1)
-    assert unknown_word_warnings(caplog) == []
-
-
-def test_pipeline_does_not_warn_for_an_open_vocabulary(pipe, generate, tmp_path, caplog):
-    caplog.set_level(logging.WARNING)
     tokenizer = subword_tokenizer(tmp_path)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -1,7 +1,5 @@
-"""What `LMLPPipeline` refuses, with a message that says what to change: components that do not fit the backbone,
-`__call__`'s arguments (checked by `check_inputs` before any model runs; a custom schedule once it is set) and
-non-finite results.
-"""
+"""What `LMLPPipeline` refuses, saying what to change: components that do not fit the backbone, `__call__`'s arguments
+(before any model runs) and non-finite results."""
 
 import inspect
 import math
@@ -11,13 +9,15 @@ from typing import Any
 
 import torch
 
+from ..sampling import GUIDANCE_SCALE
+
 
 # The most images one call makes: they are denoised as one batch, all in memory at once.
 MAX_IMAGES_PER_CALL = 4096
 
 
 def _is_integer(value: Any) -> bool:
-    """True for Python and NumPy integers; False for bools, floats and everything else."""
+    """True for Python and NumPy integers, not bools."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -25,35 +25,29 @@ def _check_components(transformer, text_encoder, tokenizer, vae) -> None:
     """Refuse a text encoder, tokenizer or VAE that does not fit the backbone's config (any may be None)."""
     if transformer is None:
         return
-    config = transformer.config
-    name = type(transformer).__name__
+    config, name = transformer.config, type(transformer).__name__
     if text_encoder is not None and text_encoder.config.hidden_size != config.text_embed_dim:
         raise ValueError(
             f"The text encoder's hidden size is {text_encoder.config.hidden_size} but the {name} expects "
-            f"text states of width text_embed_dim={config.text_embed_dim}. Use the text encoder the backbone was "
-            f"trained with (CLIP ViT-L/14, hidden size 768, for the papers' models)."
+            f"text_embed_dim={config.text_embed_dim}; use the text encoder the backbone was trained with."
         )
     if tokenizer is not None and tokenizer.model_max_length != config.text_seq_len:
         raise ValueError(
-            f"The tokenizer pads prompts to model_max_length={tokenizer.model_max_length} tokens but the "
-            f"{name} mixes text_seq_len={config.text_seq_len} text tokens. Load the tokenizer with "
-            f"model_max_length={config.text_seq_len}."
+            f"The tokenizer pads to model_max_length={tokenizer.model_max_length} but the {name} mixes "
+            f"text_seq_len={config.text_seq_len} tokens; load it with model_max_length={config.text_seq_len}."
         )
     if vae is not None and vae.config.latent_channels != config.in_channels:
         raise ValueError(
             f"The VAE has latent_channels={vae.config.latent_channels} but the {name} takes "
-            f"in_channels={config.in_channels}. Use the VAE the backbone was trained with (the SD KL-f8 VAE, "
-            f"4 latent channels, for the papers' models)."
+            f"in_channels={config.in_channels}; use the VAE the backbone was trained with."
         )
 
 
 def _check_prompts(prompt: str | list[str] | None, prompt_embeds: torch.Tensor | None, can_encode: bool) -> int:
-    """Refuse a prompt that is not exactly one of text and text states, or text without a way to encode it (no
-    tokenizer or text encoder: not `can_encode`); return the number of prompts B."""
+    """Refuse anything but exactly one of text and text states, or text without a text encoder; return B."""
     if (prompt is None) == (prompt_embeds is None):
         raise ValueError(
-            "Pass exactly one of `prompt` (text) and `prompt_embeds` (precomputed text states), got "
-            f"{'both' if prompt is not None else 'neither'}."
+            f"Pass exactly one of `prompt` and `prompt_embeds`, got {'both' if prompt is not None else 'neither'}."
         )
     if prompt is not None and not (
         isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
@@ -74,22 +68,20 @@ def _check_text_states(
     negative_prompt: str | list[str] | None,
     negative_prompt_embeds: torch.Tensor | None,
 ) -> None:
-    """Refuse text states of the wrong shape (`expected_embeds` is (text_seq_len, text_embed_dim)), and negative
-    prompts that do not match the B prompts."""
+    """Refuse text states not of shape (B, *expected_embeds), and negative prompts that do not match the prompts."""
     for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
         if embeds is not None and embeds.shape != (batch_size, *expected_embeds):
             raise ValueError(
                 f"`{name}` must have shape (batch size, text_seq_len, text_embed_dim) = "
-                f"({batch_size}, {expected_embeds[0]}, {expected_embeds[1]}), got {tuple(embeds.shape)}. Compute "
-                "it with `pipe.encode_prompt` (or the text encoder's last hidden state of prompts padded to "
-                f"{expected_embeds[0]} tokens), one row per prompt."
+                f"({batch_size}, {expected_embeds[0]}, {expected_embeds[1]}), got {tuple(embeds.shape)}; compute "
+                "it with `pipe.encode_prompt`."
             )
     if negative_prompt is not None and negative_prompt_embeds is not None:
         raise ValueError("Pass at most one of `negative_prompt` and `negative_prompt_embeds`, got both.")
     if negative_prompt is not None and not isinstance(negative_prompt, str) and len(negative_prompt) != batch_size:
         raise ValueError(
-            f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts. Pass one "
-            "negative prompt per prompt, or a single string for all of them."
+            f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts; pass one "
+            "per prompt, or one string for all."
         )
 
 
@@ -99,21 +91,18 @@ def _check_guidance(guidance_scale: Any, negative_prompt_embeds: torch.Tensor | 
         isinstance(guidance_scale, numbers.Real) and math.isfinite(guidance_scale)
     ):
         raise ValueError(
-            f"`guidance_scale` must be a finite number, got {guidance_scale!r}. Values <= 1 turn guidance off; "
-            "the papers' setting is 2.0."
+            f"`guidance_scale` must be a finite number, got {guidance_scale!r} (<= 1 turns guidance off; the "
+            f"papers' is {GUIDANCE_SCALE})."
         )
     if guidance_scale > 1 and negative_prompt_embeds is None and not has_text_encoder:
         raise ValueError(
-            "Classifier-free guidance (guidance_scale > 1) needs the unconditional context: pass "
-            '`negative_prompt_embeds` (the text states of ""), since this pipeline has no text encoder.'
+            'Guidance (guidance_scale > 1) without a text encoder needs `negative_prompt_embeds` (the states of "").'
         )
 
 
 def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Raise a `ValueError` unless `schedule` is a non-empty, strictly decreasing list of acceptable numbers.
-
-    `is_valid` maps the (S,) float64 values to an (S,) bool mask (NaN must map to False); `valid` says it in words.
-    """
+    """Refuse `schedule` unless it is a non-empty, strictly decreasing list of numbers that `is_valid` (an (S,)
+    float64 -> (S,) bool mask, False for NaN) accepts; `valid` says what is, in words."""
     try:
         values = torch.as_tensor(schedule, dtype=torch.float64, device="cpu")  # (S,)
     except (TypeError, ValueError, RuntimeError) as error:
@@ -121,74 +110,57 @@ def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[to
     if values.ndim != 1:
         raise ValueError(f"`{name}` must be a list of numbers, got {schedule!r}.")
     if values.numel() == 0:
-        raise ValueError(
-            f"`{name}` is empty, which would decode the initial noise unchanged; pass at least one value, or leave "
-            "it unset and choose `num_inference_steps`."
-        )
+        raise ValueError(f"`{name}` is empty; pass at least one value, or leave it unset.")
     bad = values[~is_valid(values)]  # (K,)
     if bad.numel():
         raise ValueError(f"`{name}` must be {valid}, got {bad.tolist()} in {values.tolist()}.")
     if not (values[1:] < values[:-1]).all():
-        raise ValueError(
-            f"`{name}` must be strictly decreasing (sampling runs from noise to image, and a repeated value makes "
-            f"multistep solvers divide by zero), got {values.tolist()}."
-        )
+        raise ValueError(f"`{name}` must be strictly decreasing, got {values.tolist()}.")
 
 
 def _check_steps(scheduler, num_inference_steps: Any, timesteps: list[int] | None, sigmas: list[float] | None) -> None:
-    """Refuse a sampling schedule the scheduler cannot run: custom `timesteps` or `sigmas` it does not take or that
-    are not valid (`_check_schedule`), or a number of steps outside [1, num_train_timesteps)."""
+    """Refuse custom `timesteps` or `sigmas` the scheduler does not take or that are not valid, or a number of
+    steps outside [1, num_train_timesteps) (more would repeat timesteps, and multistep solvers return NaN)."""
     if timesteps is not None and sigmas is not None:
         raise ValueError("Pass at most one of `timesteps` and `sigmas`, got both.")
     for name, schedule in (("timesteps", timesteps), ("sigmas", sigmas)):
         if schedule is not None and name not in inspect.signature(scheduler.set_timesteps).parameters:
             raise ValueError(
-                f"{type(scheduler).__name__} does not accept custom `{name}`; use `num_inference_steps`, or "
-                f"a scheduler whose `set_timesteps` takes `{name}`."
+                f"{type(scheduler).__name__} does not accept custom `{name}`; use `num_inference_steps` or another "
+                "scheduler."
             )
-    # Every diffusers noise scheduler has it; 1000 is also the range the backbones embed.
     num_train_timesteps = scheduler.config.get("num_train_timesteps", 1000)
     if timesteps is not None:
         _check_schedule(
             "timesteps",
             timesteps,
-            f"integers in [0, {num_train_timesteps}) (the scheduler's num_train_timesteps={num_train_timesteps})",
+            f"integers in [0, {num_train_timesteps})",
             lambda t: (t == t.round()) & (t >= 0) & (t < num_train_timesteps),
         )
     elif sigmas is not None:
         _check_schedule("sigmas", sigmas, "finite and >= 0", lambda s: s.isfinite() & (s >= 0))
     elif not (_is_integer(num_inference_steps) and 1 <= num_inference_steps < num_train_timesteps):
         raise ValueError(
-            f"`num_inference_steps` must be an integer in [1, {num_train_timesteps - 1}] (at least 1, and fewer "
-            f"than the scheduler's num_train_timesteps={num_train_timesteps}: more would repeat timesteps, and "
-            f"multistep solvers then return NaN), got {num_inference_steps!r}."
+            f"`num_inference_steps` must be an integer in [1, {num_train_timesteps - 1}] (fewer than the "
+            f"scheduler's num_train_timesteps), got {num_inference_steps!r}."
         )
 
 
 def _set_schedule(
-    scheduler,
-    num_inference_steps: int,
-    timesteps: list[int] | None,
-    sigmas: list[float] | None,
-    device: torch.device,
+    scheduler, num_inference_steps: int, timesteps: list[int] | None, sigmas: list[float] | None, device: torch.device
 ) -> int:
-    """Set the scheduler's schedule, refusing one with no denoising step; return the number of steps.
-
-    Runs before the text encoder, so that a schedule `check_inputs` cannot judge alone (one sigma is zero steps, as
-    the last sigma is the end point) fails before any compute.
-    """
-    if timesteps is not None or sigmas is not None:
-        name, schedule = ("timesteps", timesteps) if timesteps is not None else ("sigmas", sigmas)
-        scheduler.set_timesteps(device=device, **{name: schedule})
-        if len(scheduler.timesteps) == 0:
-            raise ValueError(
-                f"`{name}`={list(schedule)} gives {type(scheduler).__name__} no denoising steps, which would "
-                f"decode the initial noise unchanged; pass a longer `{name}` (for sigmas, the last value is the "
-                "end point)."
-            )
-        return len(scheduler.timesteps)
-    scheduler.set_timesteps(num_inference_steps, device=device)
-    return num_inference_steps
+    """Set the scheduler's schedule, before the text encoder runs, refusing one with no denoising step (one sigma:
+    the last is the end point); return the number of steps."""
+    if timesteps is None and sigmas is None:
+        scheduler.set_timesteps(num_inference_steps, device=device)
+        return num_inference_steps
+    name, schedule = ("timesteps", timesteps) if timesteps is not None else ("sigmas", sigmas)
+    scheduler.set_timesteps(device=device, **{name: schedule})
+    if len(scheduler.timesteps) == 0:
+        raise ValueError(
+            f"`{name}`={list(schedule)} gives {type(scheduler).__name__} no denoising steps; pass a longer `{name}`."
+        )
+    return len(scheduler.timesteps)
 
 
 def _check_images(
@@ -198,16 +170,15 @@ def _check_images(
     latents: torch.Tensor | None,
     latents_shape: Callable[[int], tuple[int, ...]],
 ) -> None:
-    """Refuse a number of images per prompt that is not a positive integer, and generators or initial latents that
-    do not match the number of images (`latents_shape` maps it to the latents' shape)."""
+    """Refuse a bad number of images per prompt, and generators or latents (`latents_shape(num_images)`) that do not
+    match the number of images."""
     if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
         raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
     num_images = batch_size * num_images_per_prompt
     if num_images > MAX_IMAGES_PER_CALL:
         raise ValueError(
             f"{batch_size} prompts × num_images_per_prompt={num_images_per_prompt} is {num_images:,} images, more than "
-            f"the {MAX_IMAGES_PER_CALL} one call makes (they are denoised as one batch, all in memory): make them in "
-            "several calls, each with its own generator."
+            f"the {MAX_IMAGES_PER_CALL} one call makes (one batch, all in memory); make them in several calls."
         )
     generators = generator if isinstance(generator, list) else [] if generator is None else [generator]
     if not all(isinstance(g, torch.Generator) for g in generators):
@@ -218,7 +189,7 @@ def _check_images(
     if isinstance(generator, list) and len(generator) != num_images:
         raise ValueError(
             f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "
-            f"{num_images_per_prompt} per prompt). Pass one generator per image, or a single generator."
+            f"{num_images_per_prompt} per prompt); pass one per image, or a single generator."
         )
     if latents is not None and latents.shape != latents_shape(num_images):
         raise ValueError(
@@ -228,8 +199,8 @@ def _check_images(
 
 
 def _raise_if_not_finite(images: torch.Tensor, message: str) -> None:
-    """Raise a `FloatingPointError` naming the images of the (B, ...) batch that hold NaN or inf; `message` has
-    `{bad}` and `{total}` to fill in."""
+    """Raise a `FloatingPointError` if images of the (B, ...) batch hold NaN or inf; `message` has `{bad}` (their
+    indices) and `{total}`."""
     finite = torch.isfinite(images).flatten(1).all(1)  # (B,)
     if not finite.all():
         raise FloatingPointError(message.format(bad=(~finite).nonzero().flatten().tolist(), total=len(finite)))

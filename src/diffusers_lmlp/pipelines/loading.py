@@ -1,9 +1,6 @@
-"""What `LMLPPipeline.from_pretrained` checks and fetches before diffusers loads the components.
-
-A Hub repo id becomes a local snapshot of safetensors weights, configs and tokenizer files; a folder that would
-unpickle, lacks a component's folder or names `strict` is refused with a message that says what to change; a
-`--with-code` folder loads through a view whose `model_index.json` names the package's classes.
-"""
+"""What `LMLPPipeline.from_pretrained` checks and fetches before diffusers loads the components: a Hub snapshot of
+safetensors, configs and tokenizer files; refusals of pickles, missing component folders and `strict`; and the view
+a `--with-code` folder loads through."""
 
 import json
 import os
@@ -25,85 +22,76 @@ from ..folders import PICKLE_SUFFIXES, TOKENIZER_FILES
 from ..worlds import is_repo_id
 
 
-# What `from_pretrained` fetches from a Hub repo: configs, tokenizer files and safetensors, nothing to unpickle.
-HUB_ALLOW_PATTERNS = ["*.json", "*.txt", "*.safetensors"]
+HUB_ALLOW_PATTERNS = ["*.json", "*.txt", "*.safetensors"]  # nothing to unpickle
 
 
 def _refuse_unpickling(kwargs: dict[str, Any]) -> None:
-    """Raise unless `use_safetensors` is unset or `True` in the arguments of `from_pretrained`; then set it `True`."""
+    """Refuse `use_safetensors` other than unset or `True` among `from_pretrained`'s arguments; then set it `True`."""
     if kwargs.get("use_safetensors") not in (None, True):
         raise ValueError(
-            "LMLPPipeline loads safetensors weights only, so that loading never unpickles; got "
-            f"use_safetensors={kwargs['use_safetensors']!r}. Convert pickled weights once, in a process that "
-            "trusts them, by loading them and calling save_pretrained(..., safe_serialization=True)."
+            "LMLPPipeline loads safetensors weights only, never unpickling; got "
+            f"use_safetensors={kwargs['use_safetensors']!r}. Convert trusted pickled weights once with "
+            "save_pretrained(..., safe_serialization=True)."
         )
     kwargs["use_safetensors"] = True
 
 
 def _refuse_strict(kwargs: dict[str, Any], model_index: dict[str, Any], path: str) -> None:
-    """Raise if `strict` is among the arguments of `from_pretrained`, saying how to pass it to the backbone."""
+    """Refuse `strict`, which diffusers does not pass to components, saying how to pass it to the backbone."""
     if "strict" in kwargs:
         transformer_class = model_index.get("transformer", [None, "<the transformer's class>"])[1]
         raise ValueError(
-            "strict is an argument of the backbone's from_pretrained, and diffusers' component loading does not "
-            f"pass it on. Load the transformer with it and pass it to the pipeline: transformer = "
+            "diffusers does not pass `strict` on to the backbone; load it with it and pass it in: transformer = "
             f'{transformer_class}.from_pretrained({path!r}, subfolder="transformer", strict='
             f"{kwargs['strict']!r}), then LMLPPipeline.from_pretrained({path!r}, transformer=transformer)."
         )
 
 
 def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
-    """Raise if the folder of a component named in `model_index.json` holds pickled weights and no safetensors."""
+    """Refuse a component folder (of those `model_index.json` names) with pickled weights and no safetensors."""
     for component in sorted(name for name, entry in model_index.items() if isinstance(entry, list)):
         directory = os.path.join(folder, component)
-        if not os.path.isdir(directory):
-            continue
-        files = os.listdir(directory)
+        files = os.listdir(directory) if os.path.isdir(directory) else []
         pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
         if pickled and not any(f.endswith(".safetensors") for f in files):
             raise ValueError(
                 f"{directory} holds only pickled weights ({', '.join(pickled)}), and LMLPPipeline loads safetensors "
-                "weights only, so that loading never unpickles. If you trust the files, convert them once: load the "
-                "pipeline with DiffusionPipeline.from_pretrained(folder, use_safetensors=False) and save it again "
-                "with save_pretrained (safetensors is the default)."
+                "only. If you trust them, convert them once: DiffusionPipeline.from_pretrained(folder, "
+                "use_safetensors=False).save_pretrained(...)."
             )
 
 
 def _require_component_folders(folder: str, model_index: dict[str, Any], passed: set[str]) -> None:
-    """Raise if a component named in `model_index.json` (and not `passed` in) has no folder, or a tokenizer no files:
-    transformers would build an empty tokenizer, or fail later with a `model_max_length=1e30` mismatch."""
+    """Refuse a component named in `model_index.json` (and not `passed`) without its folder, or a tokenizer without
+    its files (transformers would build an empty tokenizer)."""
     for component, entry in sorted(model_index.items()):
         if not isinstance(entry, list) or entry[0] is None or component in passed:
             continue
         directory = os.path.join(folder, component)
         if not os.path.isdir(directory):
             raise ValueError(
-                f"{folder} has no {component}/ folder, but its model_index.json names the {component} "
-                f"({entry[1]}). Copy that component's files into {directory}, or pass {component}=... to "
-                "from_pretrained."
+                f"{folder} has no {component}/ folder, but its model_index.json names the {component} ({entry[1]}); "
+                f"copy its files into {directory}, or pass {component}=... to from_pretrained."
             )
         if "Tokenizer" in entry[1] and not any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES):
             raise ValueError(
-                f"The tokenizer folder {directory} has neither {' nor '.join(TOKENIZER_FILES)}, so the tokenizer "
-                "would load empty. Save the tokenizer there (tokenizer.save_pretrained), or pass tokenizer=... to "
-                "from_pretrained."
+                f"The tokenizer folder {directory} has neither {' nor '.join(TOKENIZER_FILES)}; save the tokenizer "
+                "there (tokenizer.save_pretrained), or pass tokenizer=... to from_pretrained."
             )
 
 
 def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
-    """The local snapshot of the Hub repo `source` (configs, tokenizer files, safetensors), fetched or read from the
-    cache; takes the Hub arguments out of `kwargs`. Raises `FileNotFoundError` for a path or a missing repo, and
-    `LocalEntryNotFoundError` for a repo neither cached nor reachable, each saying what to do."""
+    """The local snapshot of the Hub repo `source`, fetched or cached, taking the Hub arguments out of `kwargs`; one
+    clear error for a file, a path, an unknown repo or one neither cached nor reachable."""
     name = os.fspath(source)
     if os.path.exists(name):
         raise NotADirectoryError(f"{name} is a file; pass the pipeline's folder (the one with model_index.json).")
     folder = os.path.abspath(name)
-    # A path object, or a name the Hub refuses as a repo id (leading ".", "~" or "/", two "/", other characters).
     if isinstance(source, os.PathLike) or not is_repo_id(name):
         tilde = " (a ~ is not expanded: pass os.path.expanduser(path))" if name.startswith("~") else ""
         raise FileNotFoundError(
-            f"No such local folder: {name}{tilde}. Pass the folder that save_pretrained wrote (it holds "
-            f"model_index.json); the current directory is {os.getcwd()}."
+            f"No such local folder: {name}{tilde}. Pass the folder save_pretrained wrote (with model_index.json); "
+            f"the current directory is {os.getcwd()}."
         )
     cache_dir = kwargs.pop("cache_dir", None)
     local_files_only = kwargs.pop("local_files_only", None) or False
@@ -116,11 +104,10 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
             force_download=kwargs.pop("force_download", False),
             local_files_only=local_files_only,
             allow_patterns=HUB_ALLOW_PATTERNS,
-            # Without a variant, skip variant weights such as `model.fp16.safetensors`.
-            ignore_patterns=None if kwargs.get("variant") else ["*.*.safetensors"],
+            ignore_patterns=None if kwargs.get("variant") else ["*.*.safetensors"],  # e.g. model.fp16.safetensors
         )
     except RepositoryNotFoundError as error:
-        if isinstance(error, GatedRepoError):  # the repo exists, and its error says how to get access
+        if isinstance(error, GatedRepoError):  # it exists, and its error says how to get access
             raise
         raise FileNotFoundError(
             f"No such local folder: {name} (there is no {folder}), and no Hub repo you can access has that id. Check "
@@ -148,8 +135,7 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
 
 @contextmanager
 def _folder_view(folder: str, model_index: dict[str, Any]) -> Iterator[str]:
-    """A temporary folder linking every file of `folder` but `model_index.json`, which it holds as `model_index`:
-    diffusers loads a with-code folder from it with the package's classes (see `package_model_index`)."""
+    """A temporary folder linking every file of `folder` but `model_index.json`, written as `model_index`."""
     with tempfile.TemporaryDirectory(prefix="lmlp-pipeline-") as view:
         for name in os.listdir(folder):
             if name != "model_index.json":

@@ -1,8 +1,7 @@
-"""`model_index.json` of a folder pushed with `--with-code`, read as naming the package's classes.
+"""`model_index.json` of a `--with-code` folder, read as naming the package's classes.
 
-Such a folder names each class as `[file stem, Class]`, which diffusers would run. This module is inlined into the
-remote code too, where the package may be missing: so the package's name is written out, never taken from
-`__name__`, and the package is looked up among the loaded modules, never imported.
+Inlined into the remote code too, where the package may be missing: its name is written out, and it is looked up
+among the loaded modules, never imported.
 """
 
 import sys
@@ -10,14 +9,12 @@ from typing import Any
 
 
 PACKAGE = "diffusers_lmlp"
-# Libraries diffusers loads components from itself; entries naming them are never code of ours.
-LOADABLE_LIBRARIES = ("diffusers", "transformers")
+LOADABLE_LIBRARIES = ("diffusers", "transformers")  # entries naming them are never code of ours
 
 
 def package_model_index(model_index: dict[str, Any]) -> dict[str, Any]:
-    """`model_index` in the package's form: with-code entries naming a class the loaded package has (lazily exported
-    ones too) become `["diffusers_lmlp", Class]`, and `_class_name` the bare name; a new dict, unchanged without the
-    package loaded or for a folder without code."""
+    """A new `model_index` whose with-code entries (`[file stem, Class]`) naming a class of the loaded package are
+    `["diffusers_lmlp", Class]`, and `_class_name` the bare name; unchanged without the package or code."""
     package = sys.modules.get(PACKAGE)
 
     def ours(entry: Any) -> bool:
@@ -29,10 +26,7 @@ def package_model_index(model_index: dict[str, Any]) -> dict[str, Any]:
             and isinstance(getattr(package, entry[1], None), type)
         )
 
-    converted = {}
-    for key, entry in model_index.items():
-        if not ours(entry):
-            converted[key] = entry
-        else:
-            converted[key] = entry[1] if key == "_class_name" else [PACKAGE, entry[1]]
-    return converted
+    return {
+        key: (entry[1] if key == "_class_name" else [PACKAGE, entry[1]]) if ours(entry) else entry
+        for key, entry in model_index.items()
+    }

@@ -1,24 +1,17 @@
 """`LMLPPipeline`: text-to-image sampling with an L-MLP or MoE-MLP backbone, the SD VAE, CLIP and DPM-Solver++.
 
-Sampling follows the papers' U-ViT MS-COCO recipe: SD `scaled_linear` betas over 1000 steps, DPM-Solver++ (the
-reference's `predict_x0=True`) in 50 steps, CLIP ViT-L/14 last hidden states, and the papers' guidance s as
-`guidance_scale` g = s + 1 with "" as the null context; the backbone embeds the scheduler's t (0..999) as t + 1.
-Its checks live in `checks.py`, `schedulers.py` and `loading.py`.
+The papers' U-ViT MS-COCO recipe: SD `scaled_linear` betas, DPM-Solver++, CLIP ViT-L/14 last hidden states, and the
+papers' guidance s as `guidance_scale` g = s + 1 with "" as the null context.
 """
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable
 from typing import Any, Self
 
 import torch
-from diffusers import (
-    AutoencoderKL,
-    DiffusionPipeline,
-    ImagePipelineOutput,
-    ModelMixin,
-    SchedulerMixin,
-)
+from diffusers import AutoencoderKL, DiffusionPipeline, ImagePipelineOutput, ModelMixin, SchedulerMixin
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import logging, replace_example_docstring
@@ -79,10 +72,10 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
 
     The backbone mixes a fixed number of tokens, so it generates at one size only (`native_size`). Guidance follows
-    diffusers, ε = ε_u + g·(ε_c − ε_u): the papers' s is g − 1, and their COCO s = 1 the default g = 2.
+    diffusers, ε = ε_u + g·(ε_c − ε_u): the papers' s is g − 1.
 
     Args:
-        vae ([`AutoencoderKL`]): The VAE, with the backbone's training `scaling_factor` (0.23010 for the papers' COCO).
+        vae ([`AutoencoderKL`]): The VAE, with the backbone's training `scaling_factor`.
         text_encoder ([`~transformers.CLIPTextModel`]): Frozen CLIP text encoder (its last hidden state).
         tokenizer ([`~transformers.CLIPTokenizer`]): CLIP tokenizer; `model_max_length` must be `text_seq_len`.
         transformer ([`ModelMixin`]): The ε-prediction backbone, of any registered family (`diffusers_lmlp.FAMILIES`).
@@ -97,74 +90,47 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         vae: AutoencoderKL,
         text_encoder: CLIPTextModel,
         tokenizer: CLIPTokenizer,
-        # Annotated as the base class: diffusers checks components against it, and --with-code ships other classes.
-        transformer: ModelMixin,
+        transformer: ModelMixin,  # the base class: diffusers checks components against it, --with-code ships others
         scheduler: SchedulerMixin,
     ):
         super().__init__()
         self.register_modules(
             vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, scheduler=scheduler
         )
-        _check_components(
-            getattr(self, "transformer", None),
-            getattr(self, "text_encoder", None),
-            getattr(self, "tokenizer", None),
-            getattr(self, "vae", None),
-        )
+        _check_components(*(getattr(self, name, None) for name in ("transformer", "text_encoder", "tokenizer", "vae")))
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1) if getattr(self, "vae", None) else 8
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
         self._inductor_freezing: FrozenTransformer | None = None
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> Self:
-        """Load a pipeline from a folder or a Hub repo id, like `DiffusionPipeline.from_pretrained`, never unpickling.
+        """`DiffusionPipeline.from_pretrained` from a folder or a Hub repo id, safetensors only (never unpickling).
 
-        A repo id is fetched first with `snapshot_download`, since diffusers' own download refuses components of other
-        libraries than diffusers and transformers; a `--with-code` folder loads with this package's classes.
-
-        Args:
-            pretrained_model_name_or_path (`str` or `os.PathLike`): A `save_pretrained` folder or a Hub repo id.
-            **kwargs: What `DiffusionPipeline.from_pretrained` takes (`dtype`, `variant`, `device_map`, components
-                such as `transformer=...`, the Hub options); `use_safetensors` may only be `True`.
-
-        Raises:
-            `FileNotFoundError` or `LocalEntryNotFoundError`: No such folder, and no such repo or no way to reach it.
-            `ValueError`: Pickled weights only, `use_safetensors=False`, `strict`, or a missing component folder.
+        A repo id is fetched with `snapshot_download` first (diffusers' own download refuses components of other
+        libraries); a `--with-code` folder loads with this package's classes. `kwargs` are diffusers' (`dtype`,
+        `variant`, components, Hub options); `use_safetensors` may only be `True` and `strict` is refused.
         """
         _refuse_unpickling(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
         folder = path if os.path.isdir(path) else _hub_snapshot(pretrained_model_name_or_path, kwargs)
         saved_index = cls.load_config(folder)
-
-        # With-code entries ([file stem, class]) become [package, class], read through a view of the folder, so that
-        # diffusers runs none of the shipped files.
+        # With-code entries become [package, class], read through a view of the folder: diffusers runs no shipped file.
         model_index = package_model_index(saved_index)
         with_code = model_index != saved_index
         _refuse_strict(kwargs, model_index, path)
         _require_component_folders(folder, model_index, passed=set(kwargs))
         if folder == path:
             _refuse_pickled_weights(folder, model_index)
-        if not with_code:
-            pipeline = super().from_pretrained(folder, **kwargs)
-        else:
-            with _folder_view(folder, model_index) as view:
-                pipeline = super().from_pretrained(view, **kwargs)
+        with _folder_view(folder, model_index) if with_code else contextlib.nullcontext(folder) as view:
+            pipeline = super().from_pretrained(view, **kwargs)
         if folder != path or with_code:
             pipeline.register_to_config(_name_or_path=path)
         return pipeline
 
     @classmethod
     def from_pipe(cls, pipeline: DiffusionPipeline, **kwargs) -> DiffusionPipeline:
-        """A new pipeline sharing `pipeline`'s components but those in `kwargs`, like diffusers' `from_pipe`.
-
-        Unlike diffusers 0.42's: the transformer is shared whatever its family (diffusers shares only the exact class
-        annotated, here `ModelMixin`); the dtype stays `pipeline`'s unless given (diffusers casts to float32,
-        huggingface/diffusers#12754); and a frozen graph (`enable_inductor_freezing`) is shared, not compiled again.
-
-        Args:
-            pipeline (`DiffusionPipeline`): The pipeline whose components the new one shares.
-            **kwargs: Components to use instead of `pipeline`'s, config values, `dtype`.
-        """
+        """diffusers' `from_pipe`, but the transformer is shared whatever its class, the dtype stays `pipeline`'s
+        unless given (diffusers casts to float32, huggingface/diffusers#12754), and a frozen graph is shared."""
         transformer = getattr(pipeline, "transformer", None)
         if isinstance(transformer, ModelMixin):
             kwargs.setdefault("transformer", transformer)
@@ -178,25 +144,13 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         return new
 
     def to(self, *args, **kwargs) -> Self:
-        """`DiffusionPipeline.to` without diffusers 0.42's warning about float32 modules a model does not name.
-
-        Args:
-            *args, **kwargs: What `DiffusionPipeline.to` takes (a device, a dtype or both).
-        """
+        """`DiffusionPipeline.to` without diffusers' warning about float32 modules a model does not name."""
         with no_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
-        """`DiffusionPipeline.save_pretrained` without the local folders the components were loaded from (diffusers
-        writes them, username included, into `_name_or_path`); a `Path` works with `push_to_hub=True` too.
-
-        Args:
-            save_directory (`str` or `os.PathLike`): The folder; made if missing.
-            **kwargs: What `DiffusionPipeline.save_pretrained` takes (`safe_serialization`, `push_to_hub`, ...).
-
-        Raises:
-            `ValueError`: Before writing, for a component safetensors cannot store (torch's quantized layers).
-        """
+        """`DiffusionPipeline.save_pretrained`, refusing components safetensors cannot store before writing, and
+        leaving out the local folders diffusers would write into `_name_or_path`."""
         for component in self.components.values():
             if isinstance(component, torch.nn.Module):
                 check_storable(getattr(component, "_orig_mod", component))
@@ -226,89 +180,72 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
 
     def enable_inductor_freezing(self) -> None:
         """Sample with the transformer compiled by inductor with freezing (weights as graph constants), the fastest
-        way on a CPU. The first call compiles; a change to the weights freezes again, so no call uses stale ones, and
-        `pipe.transformer` stays uncompiled. Not for a compiled, offloaded or `quantize_dynamic` transformer.
-        """
+        way on a CPU. Changed weights freeze again; `pipe.transformer` stays uncompiled. Not for a compiled,
+        offloaded or `quantize_dynamic` transformer."""
         transformer = getattr(self, "transformer", None)
         if transformer is None:
             raise ValueError("enable_inductor_freezing() needs a transformer; this pipeline has none.")
         if is_compiled_module(transformer):
             raise ValueError(
-                "enable_inductor_freezing() compiles the transformer itself, and this one is compiled already "
-                "(torch.compile). Pass the uncompiled module (`pipe.transformer = pipe.transformer._orig_mod`) first."
+                "The transformer is compiled already (torch.compile); pass the uncompiled module "
+                "(`pipe.transformer = pipe.transformer._orig_mod`) to enable_inductor_freezing()."
             )
         if hasattr(transformer, "_hf_hook"):
             raise ValueError(
-                "enable_inductor_freezing() does not work with model offloading (enable_model_cpu_offload or a "
-                "device_map): the offload hooks move the weights on every call, which would recompile on every call. "
-                "Remove the offloading (`pipe.remove_all_hooks()`) or sample without freezing."
+                "enable_inductor_freezing() does not work with model offloading (it would recompile on every call); "
+                "remove it (`pipe.remove_all_hooks()`) or sample without freezing."
             )
         check_freezable(transformer)
         self._inductor_freezing = FrozenTransformer()
 
     def disable_inductor_freezing(self) -> None:
-        """Sample with `pipe.transformer` itself again, as it is."""
+        """Sample with `pipe.transformer` itself again."""
         self._inductor_freezing = None
 
     @property
     def inductor_freezing_enabled(self) -> bool:
-        """Whether calls sample with the transformer frozen by inductor (`enable_inductor_freezing`)."""
+        """Whether calls sample with the frozen transformer (`enable_inductor_freezing`)."""
         return self._inductor_freezing is not None
 
     def enable_vae_slicing(self) -> None:
-        """Decode the batch one image at a time (less memory for large batches)."""
+        """Decode the batch one image at a time."""
         self.vae.enable_slicing()
 
     def disable_vae_slicing(self) -> None:
-        """Decode the whole batch at once again."""
         self.vae.disable_slicing()
 
     def enable_vae_tiling(self) -> None:
-        """Decode in overlapping tiles (less memory for large images)."""
+        """Decode in overlapping tiles."""
         self.vae.enable_tiling()
 
     def disable_vae_tiling(self) -> None:
-        """Decode in one piece again."""
         self.vae.disable_tiling()
 
-    # As methods, so that a pipeline loaded from remote code (`push --with-code`) has them without the package.
+    # Methods, so that a pipeline loaded from remote code (`push --with-code`) has them without the package.
     def describe_vocabulary(self) -> str | None:
-        """The words of the tokenizer's closed vocabulary as one line of text, or None for an open one (CLIP's)."""
+        """The tokenizer's closed vocabulary as one line of text, or None for an open one (CLIP's)."""
         return describe_vocabulary(self.tokenizer)
 
     def prompt_words(self, prompt: str) -> list[str]:
-        """The words of `prompt` as the tokenizer sees them (normalised, punctuation left out), repeats included.
-
-        Args:
-            prompt (`str`): The text.
-        """
+        """The words of `prompt` as the tokenizer sees them (normalised, punctuation left out)."""
         return prompt_words(self.tokenizer, prompt)
 
     def unknown_words(self, prompt: str) -> list[str]:
-        """The words of `prompt` outside the tokenizer's closed vocabulary, each once; none for an open vocabulary.
-
-        Args:
-            prompt (`str`): The text.
-        """
+        """The words of `prompt` outside the tokenizer's closed vocabulary, each once."""
         return unknown_words(self.tokenizer, prompt)
 
-    def _warn_unknown_words(self, texts: list[str], name: str) -> None:
-        """Log a warning for each distinct text with words outside a closed vocabulary (see `known_words`)."""
+    def _encode_text(self, texts: list[str], device: torch.device, name: str = "prompt") -> torch.Tensor:
+        """CLIP's last hidden states (B, T, D) of `texts`; warns once per distinct text of unknown words, and of
+        truncation."""
         for text in dict.fromkeys(texts):
             unknown = unknown_words(self.tokenizer, text)
             if unknown:
                 logger.warning(
                     f"The {name} {text!r} has words outside the tokenizer's vocabulary: "
-                    f"{', '.join(map(repr, unknown))}. This tokenizer has whole-word tokens for a closed list of "
-                    "words only and spells any other word byte by byte, into tokens the model was not trained on, "
-                    "so these words do not steer the image. Use only the known words: "
-                    "`diffusers_lmlp.known_words(pipe.tokenizer)` lists them."
+                    f"{', '.join(map(repr, unknown))}. It spells them byte by byte, into tokens the model was not "
+                    "trained on, so they do not steer the image; `diffusers_lmlp.known_words(pipe.tokenizer)` lists "
+                    "the words it knows."
                 )
-
-    def _encode_text(self, texts: list[str], device: torch.device, name: str = "prompt") -> torch.Tensor:
-        """CLIP's last hidden states (B, model_max_length, hidden_size) of `texts`, padded and truncated; warns once
-        per distinct text about unknown words and truncation (`name` says what the texts are)."""
-        self._warn_unknown_words(texts, name)
         max_length = self.tokenizer.model_max_length
         for text, ids in zip(texts, self.tokenizer(texts, verbose=False).input_ids):
             if len(ids) > max_length:
@@ -320,7 +257,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         input_ids = self.tokenizer(
             texts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
         ).input_ids  # (B, T)
-        return self.text_encoder(input_ids.to(device))[0]  # (B, T, hidden_size)
+        return self.text_encoder(input_ids.to(device))[0]  # (B, T, D)
 
     def encode_prompt(
         self,
@@ -332,20 +269,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         prompt_embeds: torch.Tensor | None = None,
         negative_prompt_embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encode the prompts (and, for guidance, the unconditional context) into CLIP text states.
-
-        Args:
-            prompt (`str` or `list[str]`, *optional*): The prompts; ignored when `prompt_embeds` is given.
-            device (`torch.device`): Device of the returned states.
-            num_images_per_prompt (`int`, *optional*, defaults to 1): Repeats of each prompt's states.
-            do_classifier_free_guidance (`bool`, *optional*, defaults to `True`): Also return the unconditional states.
-            negative_prompt (`str` or `list[str]`, *optional*): The unconditional prompts; `""` when not given.
-            prompt_embeds (`torch.Tensor`, *optional*): (B, T, D) precomputed text states.
-            negative_prompt_embeds (`torch.Tensor`, *optional*): (B, T, D) precomputed unconditional states.
-
-        Returns:
-            `tuple`: `prompt_embeds` and `negative_prompt_embeds` (None without guidance), (B·n, T, D) each.
-        """
+        """The prompts' CLIP text states and, with guidance, the unconditional ones (of `negative_prompt`, "" by
+        default), each (B·num_images_per_prompt, T, D); given states are used as they are."""
         if prompt_embeds is None:
             prompt_embeds = self._encode_text([prompt] if isinstance(prompt, str) else prompt, device)  # (B, T, D)
         batch_size = prompt_embeds.shape[0]
@@ -377,26 +302,19 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         output_type: str,
         callback_on_step_end_tensor_inputs: list[str],
     ) -> int:
-        """Validate every argument of `__call__` before any compute.
-
-        Args:
-            prompt ... callback_on_step_end_tensor_inputs: `__call__`'s arguments, with `height` and `width` resolved.
-
-        Returns:
-            `int`: The number of prompts B.
-        """
-        can_encode = self.tokenizer is not None and self.text_encoder is not None
-        batch_size = _check_prompts(prompt, prompt_embeds, can_encode)
+        """Validate `__call__`'s arguments (`height` and `width` resolved) before any compute; return the number of
+        prompts."""
+        batch_size = _check_prompts(
+            prompt, prompt_embeds, self.tokenizer is not None and self.text_encoder is not None
+        )
         config = self.transformer.config
         expected_embeds = (config.text_seq_len, config.text_embed_dim)
         _check_text_states(batch_size, expected_embeds, prompt_embeds, negative_prompt, negative_prompt_embeds)
         _check_guidance(guidance_scale, negative_prompt_embeds, self.text_encoder is not None)
         if height != self.native_size or width != self.native_size:
             raise ValueError(
-                f"This pipeline generates {self.native_size}×{self.native_size} images only (sample_size="
-                f"{config.sample_size} latents × VAE factor {self.vae_scale_factor}), got height={height}, "
-                f"width={width}. The backbone mixes a fixed number of tokens (L = {self.transformer.seq_len}), so "
-                "leave height and width unset, or resize the result."
+                f"This pipeline generates {self.native_size}×{self.native_size} images only (its backbone mixes a "
+                f"fixed number of tokens), got height={height}, width={width}: leave them unset, or resize the result."
             )
         check_scheduler(self.scheduler)
         check_float32_beside_quantized_layers(self.transformer)
@@ -424,17 +342,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         generator: torch.Generator | list[torch.Generator] | None,
         latents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Draw the initial noise (or take `latents`) and scale it by the scheduler's initial sigma.
-
-        Args:
-            num_images (`int`): The batch size.
-            dtype (`torch.dtype`), device (`torch.device`): The latents' dtype and device.
-            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the noise.
-            latents (`torch.Tensor`, *optional*, defaults to `None`): Initial noise to use instead.
-
-        Returns:
-            `torch.Tensor`: (num_images, in_channels, sample_size, sample_size) initial latents.
-        """
+        """The initial noise (drawn, or `latents`), (num_images, C, h, w), scaled by the scheduler's initial sigma."""
         if latents is None:
             latents = randn_tensor(self._latents_shape(num_images), generator=generator, device=device, dtype=dtype)
         latents = latents.to(device=device, dtype=dtype)
@@ -470,18 +378,17 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         Args:
             prompt (`str` or `list[str]`, *optional*): The prompt(s), or pass `prompt_embeds`.
             negative_prompt (`str` or `list[str]`, *optional*): What to guide away from; defaults to `""`.
-            height (`int`, *optional*): Image height; defaults to, and must equal, `native_size`.
-            width (`int`, *optional*): Image width; defaults to, and must equal, `native_size`.
-            num_inference_steps (`int`, *optional*, defaults to 50): Denoising steps, 1 to `num_train_timesteps - 1`.
-            timesteps (`list[int]`, *optional*): Custom strictly decreasing timesteps, for schedulers that take them.
-            sigmas (`list[float]`, *optional*): Custom strictly decreasing sigmas >= 0, for schedulers that take them.
-            guidance_scale (`float`, *optional*, defaults to 2.0): g in ε = ε_u + g·(ε_c − ε_u), the papers' s + 1;
-                any g <= 1 means no guidance (ε = ε_c), as in every diffusers pipeline.
+            height, width (`int`, *optional*): Default to, and must equal, `native_size`.
+            num_inference_steps (`int`, *optional*, defaults to `sampling.NUM_INFERENCE_STEPS`): Denoising steps.
+            timesteps (`list[int]`, *optional*): Custom decreasing timesteps, for schedulers that take them.
+            sigmas (`list[float]`, *optional*): Custom decreasing sigmas, for schedulers that take them.
+            guidance_scale (`float`, *optional*, defaults to `sampling.GUIDANCE_SCALE`): g in
+                ε = ε_u + g·(ε_c − ε_u), the papers' s + 1; g <= 1 means no guidance.
             num_images_per_prompt (`int`, *optional*, defaults to 1): Images per prompt.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): Seeds the noise; a list, per image.
-            latents (`torch.Tensor`, *optional*): Initial noise (B·num_images_per_prompt, C, sample_size, sample_size).
+            latents (`torch.Tensor`, *optional*): Initial noise (B·num_images_per_prompt, C, h, w).
             prompt_embeds (`torch.Tensor`, *optional*): (B, text_seq_len, text_embed_dim) precomputed text states.
-            negative_prompt_embeds (`torch.Tensor`, *optional*): Precomputed unconditional states, of the same shape.
+            negative_prompt_embeds (`torch.Tensor`, *optional*): Precomputed unconditional states, the same shape.
             output_type (`str`, *optional*, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"`.
             return_dict (`bool`, *optional*, defaults to `True`): Return an `ImagePipelineOutput`, not a tuple.
             callback_on_step_end (`Callable`, `PipelineCallback` or `MultiPipelineCallbacks`, *optional*): Called
@@ -494,8 +401,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             [`~pipelines.ImagePipelineOutput`] or `tuple`: The images.
 
         Raises:
-            `ValueError`: An invalid argument, before any model runs (`check_inputs`).
-            `FloatingPointError`: NaN or inf in the sampled latents or decoded images (e.g. a float16 overflow).
+            `ValueError`: An invalid argument, before any model runs. `FloatingPointError`: NaN or inf in the
+            sampled latents or decoded images.
         """
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
@@ -544,18 +451,15 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         step_kwargs = (
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
-
         num_warmup_steps = len(timesteps) - num_inference_steps * self.scheduler.order
         freezing = self._inductor_freezing
         denoise = self.transformer if freezing is None else freezing.for_sampling(self.transformer)
-        # The backbone checks the timesteps' range where it gets them: on a CPU copy, no step waits for the GPU.
-        model_timesteps = timesteps.cpu()  # (S,)
+        model_timesteps = timesteps.cpu()  # (S,): the backbone checks their range, and no step waits for the GPU
         with self.progress_bar(total=num_inference_steps) as progress_bar:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
                     continue
-                if self.do_classifier_free_guidance:
-                    # One forward over [unconditional | conditional]; uncond first, as in diffusers.
+                if self.do_classifier_free_guidance:  # one forward over [unconditional | conditional]
                     model_input = torch.cat([latents, latents])  # (2·B·n, C, h, w)
                     text_states = torch.cat([negative_prompt_embeds, prompt_embeds])  # (2·B·n, T, D)
                 else:
@@ -583,9 +487,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
 
         _raise_if_not_finite(
             latents,
-            "Sampling produced non-finite latents (NaN or inf) in images {bad} of {total}. The transformer (or a "
-            "`callback_on_step_end`) returned NaN or inf: in float16 its activations can overflow, so run it in "
-            "bfloat16 or float32; otherwise check its weights, e.g. for a NaN from training.",
+            "Sampling produced non-finite latents (NaN or inf) in images {bad} of {total}: in float16 the transformer "
+            "can overflow (use bfloat16 or float32); otherwise check its weights or the `callback_on_step_end`.",
         )
         if output_type == "latent":
             image = latents
@@ -597,8 +500,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             _raise_if_not_finite(
                 image,
                 "The VAE decoded non-finite images (NaN or inf): images {bad} of {total}, from finite latents. The "
-                "Stable Diffusion VAE overflows in float16; run it in float32 or bfloat16 "
-                "(`pipe.vae.to(torch.float32)`).",
+                "SD VAE overflows in float16: run it in float32 or bfloat16 (`pipe.vae.to(torch.float32)`).",
             )
             image = self.image_processor.postprocess(image, output_type=output_type)
 

@@ -1,10 +1,7 @@
-"""The noise schedule every backbone here is trained on, and the diffusers schedulers that can sample it.
+"""The noise schedule every backbone here is trained on, and the diffusers schedulers that sample it right.
 
-Every model predicts the ε of Stable Diffusion's 1000-step `scaled_linear` DDPM schedule, so a scheduler samples it
-right only if it is a discrete-time DDPM-family one on those betas, reads ε, and neither clips nor thresholds the
-predicted latents (they go well beyond ±1) nor uses flow sigmas (docs/pipeline.md, "Schedulers"). `check_scheduler`
-refuses others before any model runs; `default_scheduler()` turns those settings off in its config, for schedulers
-built from it to inherit.
+A scheduler must be a discrete-time DDPM-family one on Stable Diffusion's 1000-step `scaled_linear` betas, read ε,
+and neither clip nor threshold the predicted latents nor use flow sigmas (docs/pipeline.md, "Schedulers").
 """
 
 import inspect
@@ -15,7 +12,7 @@ import torch
 from diffusers import DPMSolverMultistepScheduler
 
 
-# Stable Diffusion's noise schedule, which the papers (U-ViT's `stable_diffusion_beta_schedule`) and the trainer use.
+# Stable Diffusion's noise schedule, as the papers (U-ViT's `stable_diffusion_beta_schedule`) and the trainer use it.
 TRAINING_SCHEDULE = {
     "num_train_timesteps": 1000,
     "beta_start": 0.00085,
@@ -23,8 +20,8 @@ TRAINING_SCHEDULE = {
     "beta_schedule": "scaled_linear",
 }
 
-# Settings for other kinds of models, each of which makes a scheduler sample ours wrongly; the default config turns
-# each off, for schedulers built from it to inherit (DDIM's and DDPM's own default is clip_sample=True).
+# Settings for other kinds of models, each of which samples ours wrongly; the default config turns each off, for
+# schedulers built from it to inherit (DDIM's and DDPM's own default is clip_sample=True).
 OTHER_MODELS_SETTINGS = {
     "clip_sample": "it clips the predicted clean sample to [-1, 1], for pixel-space models; latents go well beyond",
     "thresholding": "it thresholds the predicted clean sample, for pixel-space models; latents go well beyond [-1, 1]",
@@ -33,14 +30,8 @@ OTHER_MODELS_SETTINGS = {
 
 
 def default_scheduler() -> DPMSolverMultistepScheduler:
-    """The papers' sampler: DPM-Solver++ on the Stable Diffusion noise schedule, predicting ε.
-
-    The reference runs a single-step order-3 solver on its own time grid; diffusers' multistep order-2 solver is close
-    but not bit-exact. Its config turns off every setting of `OTHER_MODELS_SETTINGS` (`clip_sample=False` among them).
-
-    Returns:
-        `DPMSolverMultistepScheduler`: A fresh scheduler, whose config other schedulers can be built from.
-    """
+    """The papers' sampler: DPM-Solver++ (multistep order 2, close to the reference's single-step order 3) on the SD
+    noise schedule, predicting ε, with every `OTHER_MODELS_SETTINGS` off in its config."""
     scheduler = DPMSolverMultistepScheduler(
         **TRAINING_SCHEDULE, algorithm_type="dpmsolver++", prediction_type="epsilon"
     )
@@ -49,17 +40,16 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
 
 
 def schedule_differences(config) -> dict[str, object]:
-    """The settings of a scheduler's config that give it another noise schedule than the training one, and their
-    values (`trained_betas` as a count). Read from the config, not from tensors that may live on the GPU."""
+    """The settings of a scheduler's config that give another noise schedule than the training one, and their values
+    (`trained_betas` as a count)."""
     different = {}
     if config.get("num_train_timesteps") != TRAINING_SCHEDULE["num_train_timesteps"]:
         different["num_train_timesteps"] = config.get("num_train_timesteps")
     trained_betas = config.get("trained_betas")
     if trained_betas is not None:  # diffusers then ignores beta_start, beta_end and beta_schedule
         betas = np.asarray(trained_betas, dtype=np.float64)
-        # Stable Diffusion's scaled_linear betas: the squares of evenly spaced square roots.
         start, end = TRAINING_SCHEDULE["beta_start"] ** 0.5, TRAINING_SCHEDULE["beta_end"] ** 0.5
-        expected = np.linspace(start, end, TRAINING_SCHEDULE["num_train_timesteps"]) ** 2  # (1000,)
+        expected = np.linspace(start, end, TRAINING_SCHEDULE["num_train_timesteps"]) ** 2  # (1000,) scaled_linear
         if betas.shape != expected.shape or not np.allclose(betas, expected, rtol=1e-4, atol=0.0):
             different["trained_betas"] = f"<{betas.size} values>"
     else:
@@ -75,35 +65,27 @@ def schedule_differences(config) -> dict[str, object]:
 
 
 def check_scheduler(scheduler) -> None:
-    """Raise a `ValueError` for a scheduler that would silently sample an ε-prediction model of the training schedule
-    wrongly: another schedule (flow matching, EDM, other betas), another prediction type, or clipped latents."""
+    """Refuse a scheduler that would silently sample an ε-prediction model of the training schedule wrongly."""
     name = type(scheduler).__name__
     takes = inspect.signature(type(scheduler).__init__).parameters  # settings of other classes may ride in a config
     rebuild = f"`pipe.scheduler = {name}.from_config(diffusers_lmlp.default_scheduler().config)`"
-    # DDPM-family schedulers hold the ᾱ_t of their schedule; flow-matching, EDM and VE ones do not.
-    if not isinstance(getattr(scheduler, "alphas_cumprod", None), torch.Tensor):
+    if not isinstance(getattr(scheduler, "alphas_cumprod", None), torch.Tensor):  # flow-matching, EDM and VE have none
         raise ValueError(
-            f"{name} cannot sample this pipeline: its backbone predicts the noise ε of Stable Diffusion's 1000-step "
-            f"DDPM schedule, and {name} samples on a schedule of its own (flow matching, EDM or variance-exploding "
-            "sigmas). Use a DDPM-family scheduler built from the pipeline's config, for example "
-            "`pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)` (DDIM, DDPM, PNDM, Euler, "
-            "Euler ancestral, Heun, KDPM2, DPM-Solver, DEIS, UniPC, LCM and TCD work)."
+            f"{name} cannot sample this pipeline: it samples on a schedule of its own (flow matching, EDM or VE), and "
+            "the backbone predicts the ε of SD's DDPM schedule. Use a DDPM-family scheduler, e.g. "
+            "`pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)`."
         )
     different = schedule_differences(scheduler.config)
     if different:
         given = ", ".join(f"{key}={value!r}" for key, value in different.items())
         raise ValueError(
-            f"{name}'s noise schedule is not the one the backbone was trained on ({given}; trained on Stable "
-            f"Diffusion's betas, {TRAINING_SCHEDULE['beta_schedule']} from {TRAINING_SCHEDULE['beta_start']} to "
-            f"{TRAINING_SCHEDULE['beta_end']} over {TRAINING_SCHEDULE['num_train_timesteps']} steps, unrescaled). "
-            f"Build it with {rebuild}."
+            f"{name}'s noise schedule is not the one the backbone was trained on ({given}); build it with {rebuild}."
         )
     prediction_type = scheduler.config.get("prediction_type", "epsilon")
     if "prediction_type" in takes and prediction_type != "epsilon":
         raise ValueError(
-            f"{name} has prediction_type={prediction_type!r}, but the backbone predicts the noise ε: the sampler "
-            f"would read ε as another quantity and draw wrong images. Pass prediction_type='epsilon', or build it "
-            f"with {rebuild}."
+            f"{name} has prediction_type={prediction_type!r}, but the backbone predicts ε; pass "
+            f"prediction_type='epsilon', or build it with {rebuild}."
         )
     for setting, what in OTHER_MODELS_SETTINGS.items():
         if setting in takes and scheduler.config.get(setting):
