@@ -1,14 +1,6 @@
-"""A COCO-shaped world that a real user's machine would have, tiny in size but real in layout, built offline.
-
-- `write_coco2014`: the official COCO-2014 folder (`train2014/`, `val2014/`, `annotations/captions_*2014.json`
-  with the real JSON schema, 5 to 7 captions per image, JPEGs of varied sizes and aspect ratios).
-- `write_sd_vae_repo`: the `CompVis/stable-diffusion-v1-4` repo's `vae/` (SD's KL-f8 block structure: 4 down
-  blocks of 2 layers, 4 latent channels, 0.18215) with tiny widths, and its `model_index.json`.
-- `write_clip_repo`: the `openai/clip-vit-large-patch14` repo's files (a `CLIPModel` config with text and vision
-  towers, `model.safetensors`, a real BPE `vocab.json` + `merges.txt`, the tokenizer's configs), tiny in width.
-- `fill_hub_cache` (from test_pipeline_loading) puts both repos into an HF cache under their real ids, so that the
-  recipe's *default* ids resolve with `HF_HUB_OFFLINE=1`.
-"""
+"""A COCO-shaped world as a user's machine would have it, tiny but real in layout, built offline: the COCO-2014
+folder, the `CompVis/stable-diffusion-v1-4` VAE and `openai/clip-vit-large-patch14` repos (real structure, tiny
+widths), and an HF cache holding both under their real ids, so that the recipe's default ids resolve offline."""
 
 import json
 from pathlib import Path
@@ -31,17 +23,8 @@ PLACES = ("on a street", "in a kitchen", "next to a table", "in a park", "at the
 
 
 def write_coco2014(root: Path, num_train: int = 24, num_val: int = 6, seed: int = 0) -> Path:
-    """Write a tiny COCO-2014 folder in the official layout.
-
-    Args:
-        root (`Path`): The folder to create (`root/train2014`, `root/val2014`, `root/annotations`).
-        num_train (`int`, *optional*, defaults to 24): Images in `train2014`.
-        num_val (`int`, *optional*, defaults to 6): Images in `val2014`.
-        seed (`int`, *optional*, defaults to 0): Seed of the pixels, sizes, ids and captions.
-
-    Returns:
-        `Path`: `root`.
-    """
+    """Write `root/{train2014,val2014,annotations}` in the official layout and JSON schema: JPEGs of varied sizes and
+    aspect ratios, 5 to 7 captions per image, files and annotations not in id order; returns `root`."""
     rng = np.random.default_rng(seed)
     (root / "annotations").mkdir(parents=True)
     annotation_id = 0
@@ -54,110 +37,58 @@ def write_coco2014(root: Path, num_train: int = 24, num_val: int = 6, seed: int 
             name = f"COCO_{split}_{image_id:012d}.jpg"
             pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(root / split / name, quality=90)
-            images.append(
-                {
-                    "license": int(rng.integers(1, 9)),
-                    "file_name": name,
-                    "coco_url": f"http://images.cocodataset.org/{split}/{name}",
-                    "height": height,
-                    "width": width,
-                    "date_captured": "2013-11-14 16:28:13",
-                    "flickr_url": f"http://farm4.staticflickr.com/{image_id}.jpg",
-                    "id": image_id,
-                }
-            )
+            images.append({
+                "license": int(rng.integers(1, 9)), "file_name": name,
+                "coco_url": f"http://images.cocodataset.org/{split}/{name}", "height": height, "width": width,
+                "date_captured": "2013-11-14 16:28:13",
+                "flickr_url": f"http://farm4.staticflickr.com/{image_id}.jpg", "id": image_id,
+            })  # fmt: skip
             for _ in range(int(rng.choice([5, 5, 5, 6, 7]))):
                 annotation_id += int(rng.integers(1, 50))
                 caption = f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(PLACES)}."
                 annotations.append({"image_id": image_id, "id": annotation_id, "caption": caption})
         order = rng.permutation(len(annotations)).tolist()
-        coco = {
-            "info": {
-                "description": "This is stable 1.0 version of the 2014 MS COCO dataset.",
-                "url": "http://mscoco.org",
-                "version": "1.0",
-                "year": 2014,
-                "contributor": "Microsoft COCO group",
-                "date_created": "2015-01-27 09:11:52.357475",
-            },
-            "images": images,
-            "licenses": [{"url": "http://creativecommons.org/licenses/by-nc-sa/2.0/", "id": 1, "name": "CC BY-NC-SA"}],
-            "annotations": [annotations[i] for i in order],
-        }
+        info = {"description": "This is stable 1.0 version of the 2014 MS COCO dataset.", "url": "http://mscoco.org",
+                "version": "1.0", "year": 2014, "contributor": "Microsoft COCO group",
+                "date_created": "2015-01-27 09:11:52.357475"}  # fmt: skip
+        licenses = [{"url": "http://creativecommons.org/licenses/by-nc-sa/2.0/", "id": 1, "name": "CC BY-NC-SA"}]
+        coco = {"info": info, "images": images, "licenses": licenses, "annotations": [annotations[i] for i in order]}
         (root / "annotations" / f"captions_{split}.json").write_text(json.dumps(coco))
     return root
 
 
 def write_sd_vae_repo(folder: Path, seed: int = 0) -> Path:
-    """Write the `CompVis/stable-diffusion-v1-4` layout of its VAE: `model_index.json` and `vae/`.
-
-    SD's KL-f8 structure (4 down and 4 up blocks of 2 layers, so ×8 downsampling; 4 latent channels; the SD scale
-    0.18215) with block widths of 8 and 16 instead of 128 to 512.
-
-    Args:
-        folder (`Path`): The repo folder to create.
-        seed (`int`, *optional*, defaults to 0): Seed of the random weights.
-
-    Returns:
-        `Path`: `folder`.
-    """
+    """Write `folder/model_index.json` and `folder/vae/` as `CompVis/stable-diffusion-v1-4` has them: SD's KL-f8
+    structure (4 down and up blocks of 2 layers, 4 latent channels, scale 0.18215) with widths 8 and 16."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 16, 16, 16),
-            layers_per_block=2,
-            latent_channels=4,
-            norm_num_groups=8,
-            sample_size=512,
-            scaling_factor=0.18215,
-        )
+            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 16, 16, 16), layers_per_block=2,
+            latent_channels=4, norm_num_groups=8, sample_size=512, scaling_factor=0.18215,
+        )  # fmt: skip
     vae.save_pretrained(folder / "vae")
     model_index = {
-        "_class_name": "StableDiffusionPipeline",
-        "_diffusers_version": "0.2.2",
+        "_class_name": "StableDiffusionPipeline", "_diffusers_version": "0.2.2",
         "feature_extractor": ["transformers", "CLIPImageProcessor"],
         "safety_checker": ["stable_diffusion", "StableDiffusionSafetyChecker"],
         "scheduler": ["diffusers", "PNDMScheduler"],
-        "text_encoder": ["transformers", "CLIPTextModel"],
-        "tokenizer": ["transformers", "CLIPTokenizer"],
-        "unet": ["diffusers", "UNet2DConditionModel"],
-        "vae": ["diffusers", "AutoencoderKL"],
-    }
+        "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+        "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
+    }  # fmt: skip
     (folder / "model_index.json").write_text(json.dumps(model_index, indent=2))
     return folder
 
 
 def write_clip_repo(folder: Path, seed: int = 0) -> Path:
-    """Write the `openai/clip-vit-large-patch14` layout: a `CLIPModel` (text and vision towers) and its tokenizer.
-
-    Files: `config.json`, `model.safetensors`, `preprocessor_config.json` (the image processor the CLIP score
-    uses), `vocab.json`, `merges.txt`, `tokenizer_config.json` and `special_tokens_map.json`. The vocabulary is a
-    real byte-level BPE (every word tokenizes); 77 text positions as L/14; both towers are `CLIP_TEXT_WIDTH` wide.
-
-    Args:
-        folder (`Path`): The repo folder to create.
-        seed (`int`, *optional*, defaults to 0): Seed of the random weights.
-
-    Returns:
-        `Path`: `folder`.
-    """
+    """Write the files of `openai/clip-vit-large-patch14` into `folder`: a `CLIPModel` (both towers `CLIP_TEXT_WIDTH`
+    wide, 77 text positions), its image processor, and a real byte-level BPE tokenizer with its configs."""
     tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=folder, words=WORDS)
     text_config = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=CLIP_TEXT_WIDTH,
-        intermediate_size=37,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        max_position_embeddings=77,
-        projection_dim=CLIP_TEXT_WIDTH,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+        vocab_size=len(tokenizer), hidden_size=CLIP_TEXT_WIDTH, intermediate_size=37, num_attention_heads=4,
+        num_hidden_layers=2, max_position_embeddings=77, projection_dim=CLIP_TEXT_WIDTH,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
     vision_config = dict(
         hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=1, image_size=28, patch_size=14
     )
@@ -175,32 +106,18 @@ def write_clip_repo(folder: Path, seed: int = 0) -> Path:
         json.dumps({"bos_token": bos, "eos_token": eos, "pad_token": "<|endoftext|>", "unk_token": eos}, indent=2)
     )
     tokenizer_config = {
-        "add_prefix_space": False,
-        "bos_token": bos,
-        "do_lower_case": True,
-        "eos_token": eos,
-        "errors": "replace",
-        "model_max_length": 77,
-        "name_or_path": CLIP_REPO,
-        "pad_token": "<|endoftext|>",
-        "tokenizer_class": "CLIPTokenizer",
-        "unk_token": eos,
-    }
+        "add_prefix_space": False, "bos_token": bos, "do_lower_case": True, "eos_token": eos, "errors": "replace",
+        "model_max_length": 77, "name_or_path": CLIP_REPO, "pad_token": "<|endoftext|>",
+        "tokenizer_class": "CLIPTokenizer", "unk_token": eos,
+    }  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return folder
 
 
 def write_hub_cache(root: Path) -> Path:
-    """Write both component repos and put them into an HF cache under their real ids.
-
-    Args:
-        root (`Path`): Where to write `repos/<owner>/<name>` and the cache `hub/`.
-
-    Returns:
-        `Path`: The cache folder, for `HF_HUB_CACHE`.
-    """
+    """Write both repos to `root/repos/<owner>/<name>` and into the HF cache `root/hub`; returns the cache."""
     cache = root / "hub"
     sd, clip = write_sd_vae_repo(root / "repos" / SD_REPO), write_clip_repo(root / "repos" / CLIP_REPO)
-    fill_hub_cache(sd, cache, SD_REPO)
-    fill_hub_cache(clip, cache, CLIP_REPO)
+    for folder, repo in ((sd, SD_REPO), (clip, CLIP_REPO)):
+        fill_hub_cache(folder, cache, repo)
     return cache

@@ -57,43 +57,31 @@ def counts(text: str) -> list[int]:
     return [int(line.split("/", 1)[0].rsplit(" ", 1)[1]) for line in text.splitlines()]
 
 
-def test_a_log_file_gets_a_line_at_every_five_percent_and_the_last_one_reports_the_final_step(clock):
+@pytest.mark.parametrize(
+    "total, initial, seconds, updates, lines, last",
+    [
+        (5000, 0, 0.125, 5000, range(250, 5001, 250),  # a line at every 5%, the last one at the final step
+         "steps: 100% 5000/5000, 10:25 elapsed, ETA 00:00, 8.00it/s, loss=0.0002, lr=1.00e-03"),
+        (1_000_000, 0, 30.0, 30, range(2, 31, 2), "ETA 8333:"),  # a slow run still writes a line every minute
+        (2600, 1300, 0.03125, 1300, range(1430, 2601, 130),  # resumed: counts from its step, its speed from now
+         "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s"),
+    ],
+)  # fmt: skip
+def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(
+    clock, total, initial, seconds, updates, lines, last
+):
     log = io.StringIO()  # not a terminal, as a file or a pipe
-    bar = progress_bar(5000, "steps", file=log)
+    bar = progress_bar(total, "steps", initial=initial, file=log)
     assert isinstance(bar, LineProgress)
-    for step in range(5000):
-        clock.now += 0.125  # exact in binary, as are the sums
-        bar.set_postfix(loss=f"{1 / (step + 1):.4f}", lr="1.00e-03", refresh=False)
+    for step in range(updates):
+        clock.now += seconds  # exact in binary, as are the sums
+        if total == 5000:
+            bar.set_postfix(loss=f"{1 / (step + 1):.4f}", lr="1.00e-03", refresh=False)
         bar.update(1)
     bar.close()
     text = log.getvalue()
-    assert "\r" not in text and text.endswith("\n")
-    assert counts(text) == list(range(250, 5001, 250))  # 20 lines for 5,000 updates
-    assert (
-        text.splitlines()[-1] == "steps: 100% 5000/5000, 10:25 elapsed, ETA 00:00, 8.00it/s, loss=0.0002, lr=1.00e-03"
-    )
-
-
-def test_a_slow_run_still_writes_a_line_every_minute(clock):
-    log = io.StringIO()
-    bar = LineProgress(1_000_000, "steps", file=log)
-    for _ in range(30):
-        clock.now += 30.0  # 30 s a step: far from the next 5%
-        bar.update(1)
-    bar.close()
-    assert counts(log.getvalue()) == list(range(2, 31, 2))
-    assert "ETA 8333:" in log.getvalue().splitlines()[-1]  # 999,970 steps left at 30 s each: 8,333 hours
-
-
-def test_a_resumed_run_counts_from_its_step_and_its_speed_from_now(clock):
-    log = io.StringIO()
-    bar = LineProgress(2600, "steps", initial=1300, file=log)
-    for _ in range(1300):
-        clock.now += 0.03125  # 40.6 s in all: only the 5% lines
-        bar.update(1)
-    bar.close()
-    assert counts(log.getvalue()) == list(range(1430, 2601, 130))
-    assert log.getvalue().splitlines()[-1] == "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s"
+    assert "\r" not in text and text.endswith("\n") and counts(text) == list(lines)
+    assert last in text.splitlines()[-1]
 
 
 def test_closing_a_stopped_run_writes_where_it_got_to_once(clock):
@@ -212,7 +200,7 @@ def launch(argv: list[str], tmp_path: Path) -> tuple[list[str], dict]:
 
 @pytest.mark.slow
 def test_accelerate_launch_warns_on_a_fresh_machine_without_the_shipped_config(tmp_path):
-    """The control: the text the main command's test looks for is what accelerate prints without a config."""
+    """The control: what the main command's test looks for is what accelerate prints without a config."""
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
     argv, env = launch(["accelerate", "launch", str(script)], tmp_path)

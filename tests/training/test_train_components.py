@@ -1,10 +1,7 @@
-"""`--pretrained_vae` and `--pretrained_text_encoder` take what diffusers' examples take: a standalone model (as
-`stabilityai/sd-vae-ft-mse`, or `openai/clip-vit-large-patch14` with its tokenizer beside it) or a full pipeline
-(as `CompVis/stable-diffusion-v1-4`, with `vae/`, `text_encoder/` and `tokenizer/`), from a local folder or a
-pre-filled HF cache, under every preset. The layout is detected; `--vae_subfolder` only overrides it.
-
-The stand-ins are laid out file for file as the Hub repos are (tiny in width): the standalone VAE also carries the
-pickled `diffusion_pytorch_model.bin` the real repo has, here a file that fails if anything unpickles it."""
+"""`--pretrained_vae` and `--pretrained_text_encoder` take a standalone model (`stabilityai/sd-vae-ft-mse`,
+`openai/clip-vit-large-patch14`) or a full pipeline (`CompVis/stable-diffusion-v1-4`), from a folder or the HF cache,
+under every preset; the layout is detected. The stand-ins are laid out file for file as the Hub repos (tiny in width);
+the standalone VAE's pickled `diffusion_pytorch_model.bin` is bytes that fail if anything unpickles them."""
 
 import dataclasses
 import json
@@ -41,16 +38,14 @@ TINY = ["--model_overrides", "hidden_size=32", "num_layers=2", f"text_embed_dim=
 
 
 def write_standalone_vae(folder: Path, sd_repo: Path) -> Path:
-    """The `stabilityai/sd-vae-ft-mse` layout: `config.json` and the weights at the root, and the repo's pickled
-    `diffusion_pytorch_model.bin`, here bytes that no unpickler accepts."""
+    """The `stabilityai/sd-vae-ft-mse` layout, with a `diffusion_pytorch_model.bin` that no unpickler accepts."""
     shutil.copytree(sd_repo / "vae", folder)
     (folder / "diffusion_pytorch_model.bin").write_bytes(b"not a pickle: loading must never open this file")
     return folder
 
 
 def write_sd_pipeline(folder: Path, clip_repo: Path) -> Path:
-    """The `CompVis/stable-diffusion-v1-4` layout with its text encoder and tokenizer: `model_index.json`, `vae/`,
-    `text_encoder/` (a `CLIPTextModel`) and `tokenizer/`."""
+    """The `CompVis/stable-diffusion-v1-4` layout: `model_index.json`, `vae/`, `text_encoder/` and `tokenizer/`."""
     write_sd_vae_repo(folder, seed=1)  # other weights than the standalone VAE's, to tell which one loaded
     CLIPTextModel.from_pretrained(clip_repo).save_pretrained(folder / "text_encoder")
     CLIPTokenizer.from_pretrained(clip_repo).save_pretrained(folder / "tokenizer")
@@ -74,7 +69,7 @@ def repos(tmp_path_factory) -> SimpleNamespace:
 
 @pytest.fixture
 def offline_cache(repos, monkeypatch) -> Path:
-    """The HF cache of `repos`, read offline (what `HF_HUB_CACHE=... HF_HUB_OFFLINE=1` gives a new process)."""
+    """The HF cache of `repos`, read offline."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(repos.cache))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return repos.cache
@@ -93,7 +88,7 @@ def source(repos, name: str, where: str) -> str:
 
 
 def preset_args(repos, preset: str, tmp_path: Path) -> list[str]:
-    """A run of `preset` on data, as a user gives it; the LoRA preset fine-tunes a tiny COCO-sized pipeline."""
+    """A run of `preset` on data, as a user gives it."""
     own = TINY if preset == "coco-f2" else ["--data_layout", "coco2014"]
     return ["--preset", preset, "--train_data_dir", str(repos.coco), *own, "--output_dir", str(tmp_path / "out"),
             "--report_to", "none", "--max_train_steps", "1"]  # fmt: skip
@@ -159,8 +154,10 @@ def test_vae_subfolder_overrides_the_detection(script, repos, offline_cache, tmp
 
 def test_the_preset_default_ids_resolve_from_the_cache(script, repos, offline_cache, tmp_path):
     args = script.parse_args(preset_args(repos, "coco-f2", tmp_path))
-    assert args.vae_source == VaeSource(SD_REPO, "vae")
-    assert args.text_encoder_source == TextEncoderSource(CLIP_REPO, "", "")
+    assert (args.vae_source, args.text_encoder_source) == (
+        VaeSource(SD_REPO, "vae"),
+        TextEncoderSource(CLIP_REPO, "", ""),
+    )
 
 
 @pytest.mark.parametrize(
@@ -185,8 +182,7 @@ def test_a_vae_source_without_a_vae_is_named_with_what_to_do(
 
 @pytest.mark.slow
 def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
-    """The documented 1-GPU COCO command (on the CPU here), with `--pretrained_vae stabilityai/sd-vae-ft-mse` from
-    the HF cache: the user's own VAE repo in its own layout, end to end."""
+    """The documented 1-GPU COCO command (on the CPU) with `--pretrained_vae stabilityai/sd-vae-ft-mse` from the cache."""
     from test_train_coco import readme_command, run_bounded
     from test_train_text_to_image import ENV
 
@@ -204,16 +200,12 @@ def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
 
 
-# ------------------------------------------------------------------------------------------- loading the components
-
-
 # What the Hub answers for a file that a repo does not have (huggingface_hub's error reads the response's headers).
 NOT_FOUND = SimpleNamespace(headers={}, request=None)
 
 
 def load_quietly(load, capfd):
-    """`load()`, asserting that it warned of nothing and wrote nothing but progress bars to stderr (no LOAD REPORT
-    for CLIP's unused vision tower, no "Could not reach the Hub", no diffusers or hub UserWarning)."""
+    """`load()`, asserting that it warned of nothing and wrote nothing but progress bars to stderr."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = load()
@@ -266,8 +258,7 @@ def serve_from(folder: Path, monkeypatch) -> list[str]:
 
 
 def test_a_hub_text_encoder_fetches_only_its_config_tokenizer_and_safetensors(repos, monkeypatch):
-    """Online, exactly the files the trainer reads are fetched: not the repo's .bin, .h5 or .msgpack weights, and not
-    a file the `hf download` line of docs/coco.md leaves out (tokenizer.json), which offline is simply not there."""
+    """Online, exactly the files the trainer reads: no .bin, .h5 or .msgpack, nor docs/coco.md's omitted tokenizer.json."""
     fetched = serve_from(repos.clip, monkeypatch)
     load_text_encoder(TextEncoderSource(CLIP_REPO, "", ""))
     assert fetched == ["config.json", "model.safetensors", *TOKENIZER_FILE_NAMES]
@@ -307,7 +298,9 @@ def lacking(repos, tmp_path) -> Path:
     return copy_with_tensors(repos.clip, tmp_path / "lacking", change)
 
 
-def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_refused(repos, lacking, tmp_path):
+def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_refused(
+    script, repos, offline_cache, lacking, tmp_path
+):
     with pytest.raises(ValueError) as error:
         load_text_encoder(resolve_text_encoder(str(lacking), None))
     # The names as transformers reports them (transformers 5 leaves out the checkpoint's "text_model." prefix).
@@ -318,11 +311,6 @@ def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_re
     other = copy_with_tensors(repos.clip, tmp_path / "other", lambda t: {**t, "unet.conv.weight": torch.zeros(1)})
     with pytest.raises(ValueError, match=r"holds 1 tensors that are not a CLIP text model's \(unet\.conv\.weight\)"):
         load_text_encoder(resolve_text_encoder(str(other), None))
-
-
-def test_the_trainer_names_a_text_checkpoint_that_would_leave_tensors_random(
-    script, repos, offline_cache, lacking, tmp_path
-):
     args = script.parse_args(preset_args(repos, "coco-f2", tmp_path) + ["--pretrained_text_encoder", str(lacking)])
     with pytest.raises(SystemExit, match=r"^error: --pretrained_text_encoder .*lacking: the checkpoint lacks 2 "):
         components.load_components(args)

@@ -1,5 +1,4 @@
-"""`--preset emoji`: the trainer on the emoji world (a tiny slice of it and a tiny backbone here), with the world's
-components, its validation scores and its final scores; and the shipped emoji pipeline."""
+"""`--preset emoji`: the trainer on the emoji world (a tiny slice and backbone), its scores; the shipped pipeline."""
 
 import json
 import shlex
@@ -24,17 +23,15 @@ TINY = [
 
 @pytest.mark.slow
 def test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores(tmp_path, capsys):
-    # The README's command, in this process (the script's main) with a tiny slice, backbone and sampler added.
+    # The README's command, run by the script's main in this process, with a tiny slice, backbone and sampler.
     [command] = {
         block.strip()
         for page in ("README.md", "docs/emoji.md")
         for block in blocks(text(page), "bash")
         if "--preset emoji" in block
     }
-    argv = shlex.split(command)
-    assert (
-        argv[:5] == "accelerate launch --config_file examples/accelerate.yaml examples/train_text_to_image.py".split()
-    )
+    argv, launcher = shlex.split(command), "accelerate launch --config_file examples/accelerate.yaml"
+    assert argv[:5] == [*launcher.split(), "examples/train_text_to_image.py"]
     out = tmp_path / "lmlp-emoji"
     load_script().main([*argv[5:], *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
     summary = json.loads((out / "training_summary.json").read_text(encoding="utf-8"))
@@ -64,10 +61,8 @@ def test_the_emoji_preset_lends_its_skeleton_to_any_family():
 def test_the_shipped_emoji_pipeline_loads_offline_and_draws_32_pixel_emoji():
     pipe = pretrained_emoji_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    image = pipe("red apple", num_inference_steps=4).images[0]
-    assert image.size == (32, 32)
-    summary = json.loads((Path(pipe.name_or_path) / "training_summary.json").read_text(encoding="utf-8"))
-    assert summary["world"] == "emoji"
+    assert pipe("red apple", num_inference_steps=4).images[0].size == (32, 32)
+    assert json.loads((Path(pipe.name_or_path) / "training_summary.json").read_text())["world"] == "emoji"
 
 
 def test_the_evaluation_and_analysis_commands_take_the_emoji_pipeline():
@@ -75,7 +70,6 @@ def test_the_evaluation_and_analysis_commands_take_the_emoji_pipeline():
     from diffusers_lmlp.emoji.scorer import CLIP_PATH, PIPELINE_PATH
     from diffusers_lmlp.evaluation.__main__ import parse_args
 
-    args = parse_args(["--pipeline", "emoji"])
+    args, source = parse_args(["--pipeline", "emoji"]), find_backbone("emoji")
     assert (args.captions, args.fid_reference, args.clip_model) == ("emoji", "emoji", str(CLIP_PATH))
-    source = find_backbone("emoji")
     assert source.folder == PIPELINE_PATH and source.family.name == "lmlp"

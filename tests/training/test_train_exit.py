@@ -1,7 +1,6 @@
-"""How the command's processes end: each process of a multi-process run leaves at the end of `finishing.end_run`,
-after everything is saved and the processes have left together, and before the trainer's frames free the run's objects,
-whose C++ destructors can hang after a complete run (pytorch/pytorch#190489: seen in CI as rank 1 of a 2-process run
-stuck as `run_training` returned). A caller of `main` that goes on after it keeps its process."""
+"""How the command's processes end: a multi-process run's processes leave at the end of `finishing.end_run`, after
+everything is saved and before the trainer's frames free the run's objects, whose C++ destructors can hang
+(pytorch/pytorch#190489). A caller of `main` that goes on after it keeps its process."""
 
 import traceback
 
@@ -22,8 +21,9 @@ def workspace(tmp_path_factory):
     return make_workspace(tmp_path_factory.mktemp("exit"))
 
 
-def test_the_process_leaves_after_saving_and_before_the_trainer_frees_the_run(workspace, monkeypatch):
-    output = workspace / "leaves"
+@pytest.mark.parametrize("exit_when_done", [True, False])
+def test_the_process_leaves_after_saving_only_when_asked(workspace, monkeypatch, exit_when_done):
+    output = workspace / f"leaves-{exit_when_done}"
     seen = {}
 
     def leave():
@@ -32,29 +32,20 @@ def test_the_process_leaves_after_saving_and_before_the_trainer_frees_the_run(wo
 
     monkeypatch.setattr(finishing, "leave_finished_process", leave)
     threads = torch.get_num_threads()
+    argv = [*train_args(workspace, output), "--max_train_steps", "1", "--num_threads", "1"]
     try:
+        if not exit_when_done:
+            diffusers_lmlp.train.main(argv)
+            assert seen == {} and (output / "model_index.json").is_file()
+            return
         with pytest.raises(Left) as left:
-            diffusers_lmlp.train.main(
-                [*train_args(workspace, output), "--max_train_steps", "1", "--num_threads", "1"], exit_when_done=True
-            )
+            diffusers_lmlp.train.main(argv, exit_when_done=True)
     finally:
         torch.set_num_threads(threads)
     assert {"model_index.json", "training_summary.json", "transformer", "README.md"} <= set(seen["saved"])
     # Left from inside end_run, with run_training's frame (the model, optimizer and data iterators) still alive.
     frames = [frame.name for frame in traceback.extract_tb(left.value.__traceback__)]
     assert frames[-3:-1] == ["run_training", "end_run"]
-
-
-def test_a_caller_that_goes_on_keeps_its_process(workspace, monkeypatch):
-    monkeypatch.setattr(finishing, "leave_finished_process", lambda: pytest.fail("the process was ended"))
-    threads = torch.get_num_threads()
-    try:
-        diffusers_lmlp.train.main(
-            [*train_args(workspace, workspace / "stays"), "--max_train_steps", "1", "--num_threads", "1"]
-        )
-    finally:
-        torch.set_num_threads(threads)
-    assert (workspace / "stays" / "model_index.json").is_file()
 
 
 @pytest.mark.parametrize("world_size, leaves", [(None, False), ("1", False), ("2", True)])

@@ -1,6 +1,5 @@
-"""examples/train_text_to_image.py's options for real training: `--allow_tf32`, `--mixed_precision bf16` end to end on
-the COCO fixture, `--validation_prompts_file`, the validation grid in tensorboard and in wandb (offline), and the
-start-up check that the VAE's latents at `--resolution` are the model's `sample_size`."""
+"""Options for real training: `--allow_tf32`, `--validation_prompts_file`, bf16 on the COCO fixture with the grid in
+tensorboard and wandb, the VAE's latent size against `sample_size`, and diffusers' options this script does not take."""
 
 import io
 import json
@@ -17,6 +16,7 @@ from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_coco2014, wr
 from diffusers import AutoencoderKL
 from PIL import Image
 from test_train_text_to_image import ENV, SCRIPT, load_script, weights
+from test_train_validation import start_up_error
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.image_grid import make_image_grid
@@ -38,16 +38,11 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def script():
-    """The training script as a module."""
     return load_script()
-
-
-# ------------------------------------------------------------------------------------------------------ --allow_tf32
 
 
 @pytest.fixture
 def tf32_off():
-    """Both TF32 switches off for the test, restored after it."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
@@ -71,22 +66,16 @@ def test_allow_tf32_is_applied_before_training_and_only_when_asked(
     assert seen["precision"] == ("high" if expected else "highest")  # the same switch as set_float32_matmul_precision
 
 
-def test_allow_tf32_help_says_it_does_nothing_on_cpu(script, capsys):
-    with pytest.raises(SystemExit):
-        script.parse_args(["--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert "--allow_tf32" in help_text and "no effect on CPU" in help_text
-
-
-# ------------------------------------------------------------------------------------------ --validation_prompts_file
-
-
-def test_validation_prompts_file_skips_blank_lines_and_comments(script, tmp_path):
+def test_validation_prompts_file_skips_blank_lines_and_comments_and_excludes_prompts(script, tmp_path, capsys):
     path = tmp_path / "prompts.txt"
     path.write_text(PROMPTS_FILE, encoding="utf-8")
     args = script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
-    assert args.validation_prompts == PROMPTS
-    assert validation.default_validation_prompts(args) == PROMPTS
+    assert args.validation_prompts == validation.default_validation_prompts(args) == PROMPTS
+    with pytest.raises(SystemExit):
+        script.parse_args(["--validation_prompts", "a cat", "--validation_prompts_file", str(path)])
+    assert "argument --validation_prompts_file: not allowed with argument --validation_prompts" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,19 +99,6 @@ def test_a_bad_validation_prompts_file_is_refused_at_start_up(script, tmp_path, 
         script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
     assert error.value.code == 2
     assert message.format(path=path) in capsys.readouterr().err
-
-
-def test_validation_prompts_and_a_prompts_file_are_mutually_exclusive(script, tmp_path, capsys):
-    path = tmp_path / "prompts.txt"
-    path.write_text(PROMPTS_FILE, encoding="utf-8")
-    with pytest.raises(SystemExit):
-        script.parse_args(["--validation_prompts", "a cat", "--validation_prompts_file", str(path)])
-    assert "argument --validation_prompts_file: not allowed with argument --validation_prompts" in (
-        capsys.readouterr().err
-    )
-
-
-# ------------------------------------------------------------------- bf16 on the COCO fixture, with validation logged
 
 
 @pytest.fixture(scope="module")
@@ -205,14 +181,8 @@ def test_validation_images_are_logged_to_tensorboard_at_their_steps(bf16_run):
 
 
 def wandb_history(run_dir: Path) -> list[dict]:
-    """The history rows of an offline wandb run, read back from its `run-*.wandb` file.
-
-    That file is a LevelDB-style log: a 7-byte header (`:W&B`, magic, version), then 32 KiB blocks of chunks, each
-    with a 7-byte header (CRC, length, type FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4), holding `Record` protobufs.
-
-    Args:
-        run_dir (`Path`): The `offline-run-*` folder.
-    """
+    """The history rows of an offline wandb run's `run-*.wandb` file: a LevelDB-style log (a 7-byte header, then
+    32 KiB blocks of chunks with 7-byte headers: CRC, length, type FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4) of `Record`s."""
     from wandb.proto import wandb_internal_pb2
 
     [path] = run_dir.glob("run-*.wandb")
@@ -254,9 +224,6 @@ def test_validation_images_are_logged_to_wandb_with_their_prompts(bf16_run):
     assert [row["_step"] for row in wandb_history(run_dir) if "loss" in row] == [1, 2]
 
 
-# ------------------------------------------------------------------------- the VAE's latent size vs. sample_size
-
-
 def coco_argv(coco, tmp_path: Path, *extra: str) -> list[str]:
     """The coco-f2 preset on the fixture, with the component folders given explicitly, tiny model."""
     return [
@@ -264,14 +231,6 @@ def coco_argv(coco, tmp_path: Path, *extra: str) -> list[str]:
         "--pretrained_text_encoder", str(coco.text_encoder), *TINY, "--output_dir", str(tmp_path / "out"),
         "--cache_dir", str(tmp_path / "cache"), "--mixed_precision", "no", *extra,
     ]  # fmt: skip
-
-
-def start_up_error(script, argv: list[str]) -> str:
-    """The message `main(argv)` stops with."""
-    with pytest.raises(SystemExit) as error:
-        script.main(argv)
-    assert isinstance(error.value.code, str), error.value.code
-    return error.value.code
 
 
 @pytest.mark.parametrize(
@@ -330,6 +289,9 @@ def write_mislabelled_vae(folder: Path) -> Path:
 
 def test_a_vae_that_downsamples_other_than_its_config_says_is_refused(script, coco, tmp_path):
     vae = write_mislabelled_vae(tmp_path / "vae-repo")
+    # The latent size is measured from the layers: ×8 for the recipe's VAE, ×4 here whatever the config says.
+    assert components.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)
+    assert components.vae_latent_size(AutoencoderKL.from_pretrained(vae, subfolder="vae"), 256) == (64, 64)
     argv = coco_argv(coco, tmp_path)
     argv[argv.index(str(coco.vae))] = str(vae)
     error = start_up_error(script, argv)
@@ -339,14 +301,6 @@ def test_a_vae_that_downsamples_other_than_its_config_says_is_refused(script, co
     assert "its config (block_out_channels of 4 entries) gives a factor of 8, its layers downsample by 4" in error
     assert not (tmp_path / "cache").exists()
 
-
-def test_the_latent_size_is_measured_from_the_vae_layers(script, coco, tmp_path):
-    assert components.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)  # ×8
-    mislabelled = AutoencoderKL.from_pretrained(write_mislabelled_vae(tmp_path / "vae-repo"), subfolder="vae")
-    assert components.vae_latent_size(mislabelled, 256) == (64, 64)  # ×4, whatever the config says
-
-
-# ------------------------------------------------------------------------------------- diffusers' options not taken
 
 # The command of diffusers' text-to-image README (examples/text_to_image), pointed at a local folder.
 DIFFUSERS_README_COMMAND = [
@@ -370,31 +324,27 @@ def test_a_diffusers_command_is_told_what_to_drop(script, capsys):
     assert lines[1].startswith("--enable_xformers_memory_efficient_attention is an option of diffusers'")
 
 
-@pytest.mark.parametrize("option", sorted(DIFFUSERS_ONLY_OPTIONS))
-@pytest.mark.parametrize("form", ["separate", "joined"])
-def test_each_diffusers_only_option_says_what_to_give_instead(script, capsys, option, form):
-    given = [f"{option}=1"] if form == "joined" else [option, "1"]
+def test_each_diffusers_only_option_says_what_to_give_instead(script, capsys):
+    options = sorted(DIFFUSERS_ONLY_OPTIONS)
+    given = [part for i, option in enumerate(options) for part in ([f"{option}=1"] if i % 2 else [option, "1"])]
     with pytest.raises(SystemExit) as error:
         script.parse_args(["--output_dir", "x", *given])
     assert error.value.code == 2
-    assert f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}" in (
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    for option in options:  # joined (--option=1) or not
+        assert f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}\n" in err
+
+
+def test_no_option_of_this_script_or_of_neither_is_explained_away(script, capsys):
+    # An option in the table must not also be one of ours: it would be refused instead of read.
+    assert not {flag for action in build_parser()._actions for flag in action.option_strings} & set(
+        DIFFUSERS_ONLY_OPTIONS
     )
-
-
-def test_no_option_this_script_takes_is_explained_away(script):
-    """An option in the table must not also be one of ours: it would be refused instead of read."""
-    ours = {flag for action in build_parser()._actions for flag in action.option_strings}
-    assert not ours & set(DIFFUSERS_ONLY_OPTIONS)
     args = script.parse_args(
         ["--output_dir", "x", "--lr_scheduler", "linear", "--snr_gamma", "5", "--noise_offset", "0.1"]
     )
     assert (args.lr_scheduler, args.snr_gamma, args.noise_offset) == ("linear", 5.0, 0.1)
-
-
-def test_an_option_of_neither_script_keeps_argparses_message(script, capsys):
     with pytest.raises(SystemExit):
         script.parse_args(["--output_dir", "x", "--no_such_option"])
     err = capsys.readouterr().err
-    assert "unrecognized arguments: --no_such_option" in err
-    assert "train_text_to_image.py:" not in err
+    assert "unrecognized arguments: --no_such_option" in err and "train_text_to_image.py:" not in err

@@ -1,6 +1,5 @@
-"""examples/train_text_to_image.py on a tiny pipeline and a tiny imagefolder: as users run it (subprocesses) where the
-process is the point (its exit, a kill, several processes, a launcher, what it prints), and otherwise in this process
-through `main(argv)`, what the script calls, which spares each run the command's 10 s of imports."""
+"""examples/train_text_to_image.py on a tiny pipeline and imagefolder: as a subprocess where the process is the point
+(its exit, a launcher, what it prints), otherwise in this process through `main(argv)`, sparing 10 s of imports."""
 
 import contextlib
 import importlib.util
@@ -52,8 +51,7 @@ def make_workspace(root: Path) -> Path:
 
 
 def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: bool = True, launcher=(), env=None):
-    """Run the script on the tiny pipeline and imagefolder; `launcher` goes between python and the script (`-c ...`);
-    `env` replaces the environment (`ENV`)."""
+    """Run the script on the tiny pipeline and imagefolder; `launcher` goes between python and the script."""
     args = [sys.executable, *launcher, str(SCRIPT), *train_args(workspace, output, base), *extra]
     result = subprocess.run(args, env=env or ENV, capture_output=True, text=True, timeout=600)
     if check and result.returncode:
@@ -61,17 +59,9 @@ def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: 
     return result
 
 
-def train_here(
-    workspace: Path,
-    output: str | Path,
-    *extra: str,
-    base: str = "tiny",
-    data_option: str = "--train_data_dir",
-    data: Path | None = None,
-) -> SimpleNamespace:
-    """`train`'s run in this process, through the command's `main(argv)`, on one thread as `train`'s subprocesses,
-    so that the two give the same weights. Returns what it printed as `train` does (`stdout`, and `stderr` with the
-    bars and INFO log records); a failed run prints the tail of both before its error."""
+def train_here(workspace, output, *extra, base="tiny", data_option="--train_data_dir", data=None) -> SimpleNamespace:
+    """`train`'s run in this process through `main(argv)`, on one thread (the same weights as `train`); returns what
+    it printed (`stdout`, and `stderr` with the bars and INFO records), and a failed run prints their tails."""
     threads, root = torch.get_num_threads(), logging.getLogger()
     stdout, stderr = io.StringIO(), io.StringIO()
     log = logging.StreamHandler(stderr)
@@ -94,15 +84,9 @@ def train_here(
     return SimpleNamespace(stdout=stdout.getvalue(), stderr=stderr.getvalue())
 
 
-def train_args(
-    workspace: Path,
-    output: str | Path,
-    base: str = "tiny",
-    data_option: str = "--train_data_dir",
-    data: Path | None = None,
-) -> list[str]:
-    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder or `data` (by `data_option`;
-    `--dataset_name` reads it as a dataset), 16 px, batch 4, into `output` (a name in `workspace`, or a path)."""
+def train_args(workspace, output, base="tiny", data_option="--train_data_dir", data=None) -> list[str]:
+    """The arguments `train` passes: the tiny pipeline `base`, the imagefolder or `data` (by `data_option`), 16 px,
+    batch 4, into `output` (a name in `workspace`, or a path)."""
     return [
         "--pretrained_model_name_or_path", str(workspace / base), data_option, str(data or workspace / "data"),
         "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(workspace / output),
@@ -111,8 +95,7 @@ def train_args(
 
 
 def load_script():
-    """A fresh copy of the command the script runs (`diffusers_lmlp.train`: `parse_args` and `main`), to run it in this
-    process (where monkeypatch reaches); the trainer's functions are `diffusers_lmlp.training.trainer`'s."""
+    """A fresh copy of the command the script runs (`diffusers_lmlp.train`), to run it in this process."""
     spec = importlib.util.spec_from_file_location("train_text_to_image", diffusers_lmlp.train.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -128,10 +111,13 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace, monk
     for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):  # a malloc setting of yours
         monkeypatch.delenv(name, raising=False)  # would be kept, and logged so, instead
     base = weights(workspace / "tiny")
+    # The frozen components can come from any folder (here the tiny pipeline's subfolders), not only a base pipeline.
     result = train_here(
         workspace, "run", "--max_train_steps", "3", "--checkpointing_steps", "2", "--use_ema",
         "--validation_prompts", "a red circle", "a blue square", "--validation_steps", "2",
-        "--validation_inference_steps", "2",
+        "--validation_inference_steps", "2", "--pretrained_vae", str(workspace / "tiny"), "--vae_subfolder", "vae",
+        "--pretrained_text_encoder", str(workspace / "tiny"), "--text_encoder_subfolder", "text_encoder",
+        "--latent_scale", "0.5", "--gradient_checkpointing", "--max_grad_norm", "0.5", "--random_flip",
     )  # fmt: skip
     out = workspace / "run"
     assert "steps: 100%" in result.stderr and "loss=" in result.stderr  # the progress bar shows the loss
@@ -148,25 +134,13 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace, monk
     published = [p for p in out.rglob("*.*") if p.suffix in {".json", ".md"} and p.parts[len(out.parts)] != "logs"]
     assert "3 steps on the local folder `data`" in card and len(published) > 5
     assert not [str(p) for p in published if str(workspace) in p.read_text()]
+    assert json.loads((out / "vae" / "config.json").read_text())["scaling_factor"] == 0.5  # travels with the pipeline
 
     pipe = LMLPPipeline.from_pretrained(out)
     trained = pipe.transformer.state_dict()
     assert any(not torch.equal(trained[k], base[k]) for k in base)  # it learned something
     image = pipe("a red circle", num_inference_steps=2, output_type="np").images
     assert image.shape == (1, 16, 16, 3)
-
-
-@pytest.mark.slow
-def test_components_from_folders_checkpointing_clipping_and_flips(workspace):
-    # The frozen components can come from any folder (here the tiny pipeline's subfolders), not only a base pipeline.
-    train_here(
-        workspace, "components", "--max_train_steps", "2", "--pretrained_vae", str(workspace / "tiny"),
-        "--vae_subfolder", "vae", "--pretrained_text_encoder", str(workspace / "tiny"), "--text_encoder_subfolder",
-        "text_encoder", "--latent_scale", "0.5", "--gradient_checkpointing", "--max_grad_norm", "0.5",
-        "--random_flip",
-    )  # fmt: skip
-    saved = json.loads((workspace / "components" / "vae" / "config.json").read_text())
-    assert saved["scaling_factor"] == 0.5  # --latent_scale travels with the pipeline
 
 
 @pytest.mark.slow
@@ -256,8 +230,7 @@ def test_the_family_losses_train(workspace, base, extra, model_class):
     ],
 )
 def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, message, capsys):
-    """In this process (`main(argv)`, what the command runs) to spare a start-up per case; the next test runs one case
-    as a command."""
+    """In this process (`main(argv)`); the next test runs one case as a command."""
     args = [*train_args(workspace, "bad"), "--max_train_steps", "1", *extra]
     with pytest.raises((SystemExit, ValueError)) as stopped:
         load_script().main(args)
@@ -273,9 +246,8 @@ def test_a_bad_argument_stops_the_command_with_its_message(workspace):
     assert not (workspace / "bad-command" / "checkpoint-1").exists()
 
 
-# Run the script with the Hub upload replaced by a stub that records what it was given (in the file named by the
-# first argument) instead of uploading, for a user who is online (the tests' environment is offline; nothing else
-# of the run reaches for the Hub).
+# The script with the Hub upload replaced by a stub that records what it was given (in the file named by the first
+# argument), for a user who is online.
 MOCK_PUSH = """
 import json, runpy, sys, types
 import huggingface_hub.constants
@@ -326,9 +298,8 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_regionally_compiled_training_saves_a_plain_checkpoint(workspace):
-    """`accelerate launch --dynamo_backend inductor --dynamo_use_regional_compilation` trains, checkpoints and saves a
-    transformer whose weights load into the plain model: no `_orig_mod.` in a key. (A whole-model compile, the
-    `--torch_compile yes` of the training script, is checked in `test_train_compile.py`, resume included.)"""
+    """`accelerate launch --dynamo_backend inductor --dynamo_use_regional_compilation` saves weights without
+    `_orig_mod.` keys, in checkpoints and the pipeline (`--torch_compile yes`: test_train_compile.py)."""
     launch = [
         "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "inductor", "--dynamo_use_regional_compilation",

@@ -21,7 +21,6 @@ def workspace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def script():
-    """The training script as a module."""
     return load_script()
 
 
@@ -67,49 +66,32 @@ def test_the_options_build_one_frozen_config_whose_defaults_and_presets_are_its_
 
 
 @pytest.mark.parametrize(
-    "option, value, low",
-    [("--resolution", "0", 1), ("--max_train_samples", "0", 1), ("--lr_warmup_steps", "-1", 0),
-     ("--validation_inference_steps", "0", 1)],
+    "option, value, message",
+    [("--resolution", "0", "must be >= 1, got 0"), ("--max_train_samples", "0", "must be >= 1, got 0"),
+     ("--lr_warmup_steps", "-1", "must be >= 0, got -1"), ("--validation_inference_steps", "0", "must be >= 1, got 0"),
+     ("--num_threads", "0", "must be >= 1, got 0"),
+     *[("--learning_rate", v, f"must be a finite number > 0, got {float(v)}") for v in ("0", "-1e-4", "nan", "inf")],
+     *[(option, v, f"must be a finite number >= 0, got {float(v)}")
+       for option in ("--symmetry_breaking_weight", "--load_balance_weight") for v in ("-0.1", "nan")]],
 )  # fmt: skip
-def test_a_count_below_its_range_is_refused_naming_the_option(script, capsys, option, value, low):
-    message = parser_error(script, ["--output_dir", "x", option, value], capsys)
-    assert f"argument {option}: must be >= {low}, got {value}" in message
-
-
-@pytest.mark.parametrize("value", ["0", "-1e-4", "nan", "inf"])
-def test_a_learning_rate_that_is_not_positive_is_refused(script, capsys, value):
-    message = parser_error(script, ["--output_dir", "x", f"--learning_rate={value}"], capsys)
-    assert f"argument --learning_rate: must be a finite number > 0, got {float(value)}" in message
+def test_a_value_outside_its_range_is_refused_naming_the_option(script, capsys, option, value, message):
+    assert f"argument {option}: {message}" in parser_error(script, ["--output_dir", "x", f"{option}={value}"], capsys)
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("no_such_key=3", "--model_overrides no_such_key=3: unknown config key 'no_such_key'"),
-        ("hidden_size", "--model_overrides takes KEY=VALUE pairs, got 'hidden_size'"),
+        ("no_such_key=3", "--model_overrides no_such_key=3: unknown config key 'no_such_key'; the accepted keys of "
+                          "LMLPTransformer2DModel are channel_mlp, conv_out, hidden_size, in_channels, lateral_activation"),
+        ("hidden_size", "--model_overrides takes KEY=VALUE pairs, got 'hidden_size'; the accepted keys of"),
         ("num_experts=2", "unknown config key 'num_experts'"),  # a MoE-MLP key, and the model is an L-MLP
-    ],
-)
-def test_an_unknown_model_override_is_refused_naming_the_accepted_keys(script, capsys, override, message):
-    error = parser_error(script, ["--output_dir", "x", "--model_overrides", override], capsys)
-    assert message in error
-    # The accepted keys are read from the model class's signature.
-    assert (
-        "the accepted keys of LMLPTransformer2DModel are channel_mlp, conv_out, hidden_size, in_channels, lateral_activation"
-        in error
-    )
-
-
-@pytest.mark.parametrize(
-    "override, message",
-    [
         ("hidden_size=abc", "--model_overrides hidden_size=abc: hidden_size takes int, got 'abc'"),
         ("hidden_size=64.5", "hidden_size takes int, got '64.5'"),
         ("conv_out=1", "conv_out takes bool, got '1'"),
         ("out_channels=four", "out_channels takes int or null, got 'four'"),
     ],
-)
-def test_a_model_override_of_the_wrong_type_is_refused_naming_the_key(script, capsys, override, message):
+)  # fmt: skip
+def test_a_model_override_of_an_unknown_key_or_the_wrong_type_is_refused(script, capsys, override, message):
     assert message in parser_error(script, ["--output_dir", "x", "--model_overrides", override], capsys)
 
 
@@ -122,10 +104,12 @@ def test_a_model_override_the_model_refuses_stops_before_any_data(script, tmp_pa
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_named_config_picks_its_family(script):
+def test_a_named_config_picks_its_family_and_refuses_another(script, capsys):
     args = script.parse_args(["--output_dir", "x", "--model_config", "A2"])
     assert (args.model_type, args.model_config) == ("mlp_mixer", "A2")
     assert type(components.build_model(args)).__name__ == "MLPMixerTransformer2DModel"
+    message = parser_error(script, ["--output_dir", "x", "--model_type", "uvit", "--model_config", "F2"], capsys)
+    assert "--model_config F2 is a --model_type lmlp configuration" in message
 
 
 def test_another_family_on_the_shapes_preset_takes_the_shapes_skeleton(script):
@@ -140,8 +124,7 @@ def test_another_family_on_the_shapes_preset_takes_the_shapes_skeleton(script):
 
 @pytest.mark.parametrize("model_type", ["lmlp", "moe_mlp"])
 def test_the_shapes_preset_adds_the_pooled_text_projection_and_one_override_removes_it(script, model_type):
-    """The preset's model adds the caption's last text state to every image token (docs/shapes-runs.md); the
-    papers' layout, without it, is `--model_overrides pooled_text_projection=false`."""
+    """The preset adds the caption's last text state to every image token; one override turns it off."""
     args = script.parse_args(["--output_dir", "x", "--model_type", model_type])
     model = components.build_model(args)
     assert model.config.pooled_text_projection and model.embed.pooled_text_proj.in_features == 64  # the text width
@@ -153,31 +136,14 @@ def test_the_shapes_preset_adds_the_pooled_text_projection_and_one_override_remo
     assert not model.config.pooled_text_projection and model.embed.pooled_text_proj is None
 
 
-def test_overrides_given_are_added_to_the_presets_not_put_in_their_place(script):
-    # Naming another key must not drop the preset's own model options (argparse would put the given list in
-    # their place).
+def test_overrides_given_are_added_to_the_presets_and_a_saved_model_keeps_its_own(script, workspace):
+    # Naming another key must not drop the preset's own model options.
     args = script.parse_args(["--output_dir", "x", "--model_overrides", "num_layers=4", "hidden_size=64"])
     assert args.model_overrides == {"pooled_text_projection": True, "num_layers": 4, "hidden_size": 64}
     model = components.build_model(args)
     assert (model.config.num_layers, model.config.hidden_size, model.config.pooled_text_projection) == (4, 64, True)
-
-
-def test_a_preset_fine_tuning_a_saved_model_keeps_its_configuration(script, workspace):
-    # The preset's model options configure a new model; a saved one keeps its own, and that is not an error.
     argv = ["--preset", "shapes", "--pretrained_model_name_or_path", str(workspace / "tiny"), "--output_dir", "x"]
     assert script.parse_args(argv).model_overrides == {}
-
-
-def test_a_named_config_of_another_family_is_refused(script, capsys):
-    message = parser_error(script, ["--output_dir", "x", "--model_type", "uvit", "--model_config", "F2"], capsys)
-    assert "--model_config F2 is a --model_type lmlp configuration" in message
-
-
-@pytest.mark.parametrize("option", ["--symmetry_breaking_weight", "--load_balance_weight"])
-@pytest.mark.parametrize("value", ["-0.1", "nan"])
-def test_a_penalty_weight_that_is_negative_or_nan_is_refused(script, capsys, option, value):
-    message = parser_error(script, ["--output_dir", "x", option, value], capsys)
-    assert f"argument {option}: must be a finite number >= 0, got {float(value)}" in message
 
 
 def test_well_formed_model_overrides_are_typed_by_the_model_class(script):
@@ -195,7 +161,6 @@ def test_well_formed_model_overrides_are_typed_by_the_model_class(script):
 
 
 def test_model_overrides_are_refused_when_fine_tuning(script, workspace, capsys):
-    # Fine-tuning keeps the saved configuration: the overrides used to be dropped without a word.
     message = parser_error(script, tiny_args(workspace, Path("x"), "--model_overrides", "num_layers=4"), capsys)
     assert (
         "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one" in message
@@ -251,31 +216,25 @@ def without_tokenizer(workspace, tmp_path) -> Path:
     return base
 
 
-def test_a_base_pipeline_without_its_tokenizer_folder_is_named(script, workspace, without_tokenizer, capsys):
+@pytest.mark.parametrize("case", ["base", "subfolder", "clip layout", "missing"])
+def test_a_component_folder_without_its_tokenizer_or_at_all_is_named(
+    script, workspace, without_tokenizer, tmp_path, capsys, case
+):
     argv = tiny_args(workspace, Path("x"))
-    argv[argv.index("--pretrained_model_name_or_path") + 1] = str(without_tokenizer)
+    if case == "base":
+        argv[argv.index("--pretrained_model_name_or_path") + 1] = str(without_tokenizer)
+        expected = f"--pretrained_model_name_or_path {without_tokenizer} has no tokenizer/ folder"
+    elif case == "subfolder":
+        argv += ["--pretrained_text_encoder", str(without_tokenizer), "--text_encoder_subfolder", "text_encoder"]
+        expected = f"--pretrained_text_encoder {without_tokenizer} has no tokenizer/ folder"
+    elif case == "clip layout":  # tokenizer and model side by side, and only the model there
+        argv += ["--pretrained_text_encoder", str(workspace / "tiny" / "text_encoder")]
+        expected = f"the tokenizer folder {workspace / 'tiny' / 'text_encoder'} has no tokenizer.json or vocab.json"
+    else:
+        argv += ["--pretrained_text_encoder", str(tmp_path / "no" / "such" / "clip")]
+        expected = f"--pretrained_text_encoder {tmp_path / 'no' / 'such' / 'clip'}: no such folder"
     message = parser_error(script, argv, capsys)
-    assert f"--pretrained_model_name_or_path {without_tokenizer} has no tokenizer/ folder" in message
-    assert "model_max_length" not in message
-
-
-def test_a_text_encoder_folder_without_its_tokenizer_is_named(script, workspace, without_tokenizer, capsys):
-    component = ["--pretrained_text_encoder", str(without_tokenizer), "--text_encoder_subfolder", "text_encoder"]
-    message = parser_error(script, tiny_args(workspace, Path("x"), *component), capsys)
-    assert f"--pretrained_text_encoder {without_tokenizer} has no tokenizer/ folder" in message
-
-
-def test_a_text_encoder_folder_without_tokenizer_files_is_named(script, workspace, capsys):
-    # A CLIP-layout folder (tokenizer and model side by side) that holds only the model.
-    folder = workspace / "tiny" / "text_encoder"
-    message = parser_error(script, tiny_args(workspace, Path("x"), "--pretrained_text_encoder", str(folder)), capsys)
-    assert f"the tokenizer folder {folder} has no tokenizer.json or vocab.json" in message
-
-
-def test_a_component_path_that_does_not_exist_is_named(script, workspace, tmp_path, capsys):
-    missing = tmp_path / "no" / "such" / "clip"
-    message = parser_error(script, tiny_args(workspace, Path("x"), "--pretrained_text_encoder", str(missing)), capsys)
-    assert f"--pretrained_text_encoder {missing}: no such folder" in message
+    assert expected in message and "model_max_length" not in message
 
 
 def test_a_clip_layout_text_encoder_folder_trains(script, workspace, tmp_path):

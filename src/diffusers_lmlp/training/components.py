@@ -1,10 +1,8 @@
-"""The backbone and its frozen components (tokenizer, text encoder, VAE), refused before any data is read when they
-or the resolution do not fit. And LoRA through PEFT, as diffusers' LoRA examples do it: the base frozen, an adapter
-in the layers `lora_config` names, saved in diffusers' LoRA format (`LMLPPipeline.load_lora_weights` reads it).
+"""The backbone and its frozen components, refused before any data is read when they or the resolution do not
+fit; and LoRA through PEFT as diffusers' examples do it, saved in diffusers' LoRA format.
 """
 
 import contextlib
-import functools
 import inspect
 from pathlib import Path
 
@@ -19,13 +17,12 @@ from diffusers_lmlp.training.arguments import TrainingConfig, load_text_encoder,
 from diffusers_lmlp.worlds import WORLDS, load
 
 
-def routes(model_class: type) -> bool:
-    """Whether the backbone can report router probabilities for the load-balancing loss."""
-    return "output_router_probs" in inspect.signature(model_class.forward).parameters
-
-
 def build_model(args: TrainingConfig) -> torch.nn.Module:
     """The backbone: a base pipeline's (keeping its family) or a new one; refuses options the backbone cannot take."""
+
+    def routes(model_class: type) -> bool:  # reports router probabilities for the load-balancing loss
+        return "output_router_probs" in inspect.signature(model_class.forward).parameters
+
     if args.pretrained_model_name_or_path:
         config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
         saved = family_of(config["transformer"][1]).name
@@ -43,14 +40,11 @@ def build_model(args: TrainingConfig) -> torch.nn.Module:
         model_class = FAMILIES[args.model_type].model_class
         if args.load_balance_weight and not routes(model_class):
             raise SystemExit("error: --load_balance_weight applies to a backbone with routers (--model_type moe_mlp)")
-        if args.model_config is None:
-            build = functools.partial(model_class, **{**args.model_skeleton, **args.model_overrides})
-        elif args.model_config_values is not None:  # a JSON file, read and checked at start-up
-            build = functools.partial(model_class, **{**args.model_config_values, **args.model_overrides})
-        else:
-            build = functools.partial(model_class.from_named_config, args.model_config, **args.model_overrides)
         try:
-            model = build()
+            if args.model_config is None or args.model_config_values is not None:  # a JSON file's, checked at start-up
+                model = model_class(**{**(args.model_config_values or args.model_skeleton), **args.model_overrides})
+            else:
+                model = model_class.from_named_config(args.model_config, **args.model_overrides)
         except ValueError as error:  # a value the model refuses (hidden_size=0)
             source = f"--model_config {args.model_config}" if args.model_config else f"--model_type {args.model_type}"
             raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
@@ -63,8 +57,8 @@ def build_model(args: TrainingConfig) -> torch.nn.Module:
 
 
 def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's; `--pretrained_vae`
-    and `--pretrained_text_encoder` (resolved at start-up) replace either."""
+    """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's, each replaced by
+    `--pretrained_text_encoder` and `--pretrained_vae` (resolved at start-up)."""
     if args.pretrained_model_name_or_path:
         pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
         tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
@@ -84,8 +78,8 @@ def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel,
 
 @contextlib.contextmanager
 def loading_from(what: str, source: str, option: str):
-    """Turn a loader's `OSError` or `ValueError` for component `what` from `source` (set by `option`) into a message
-    that says what to do."""
+    """Turn a loader's `OSError` or `ValueError` for component `what` from `source` into a message that says what to
+    do."""
     try:
         yield
     except ValueError as error:  # what the component's checkpoint holds is wrong (arguments.load_text_encoder)
@@ -104,9 +98,8 @@ def loading_from(what: str, source: str, option: str):
 
 
 def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
-    """Refuse components and a resolution that do not fit the backbone. The model mixes a fixed number of tokens, so
-    the VAE must turn `resolution` px images into latents of exactly its `sample_size`, by its config (which the
-    pipeline sizes by) and by its layers."""
+    """Refuse components and a resolution that do not fit the backbone: it mixes a fixed number of tokens, so the VAE
+    must turn `resolution` px images into latents of exactly its `sample_size`, by its config and by its layers."""
     config = model.config
     factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
     native = config.sample_size * factor
@@ -137,8 +130,7 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
 
 
 def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
-    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device (shapes only);
-    exits when the encoder cannot take that size."""
+    """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device."""
     encoder = vae.encoder
     tensors = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
     meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors.items()}
@@ -151,7 +143,7 @@ def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
     return tuple(moments.shape[-2:])
 
 
-# Where a checkpoint keeps the adapter (instead of the whole backbone's `transformer/`).
+# Where a checkpoint keeps the adapter, instead of the backbone's `transformer/`.
 CHECKPOINT_FOLDER = "transformer_lora"
 
 
@@ -159,7 +151,7 @@ def lora_config(
     model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
 ):
     """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
-    (names or suffixes) to the family's targets; exits when there is nothing to adapt or peft is missing."""
+    (names or suffixes) to the family's targets."""
     try:
         import peft
     except ImportError:
@@ -185,7 +177,7 @@ def lora_config(
 
 def add_lora(model: torch.nn.Module, config) -> list[str]:
     """Freeze the backbone, inject the adapter and return the adapted modules' names; exits when any named target
-    matches no layer (PEFT itself refuses only when none does)."""
+    matches no layer (PEFT refuses only when none does)."""
     model.requires_grad_(False)
     linear_names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     if isinstance(config.target_modules, set | list | tuple):
@@ -203,7 +195,7 @@ def add_lora(model: torch.nn.Module, config) -> list[str]:
 
 
 def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's weights, keyed as diffusers' LoRA files key them (without the `transformer.` prefix)."""
+    """The adapter's weights, keyed as diffusers' LoRA files without the `transformer.` prefix."""
     from peft.utils import get_peft_model_state_dict
 
     return get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)
@@ -211,8 +203,6 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
     """Write the (unwrapped) model's adapter to `folder/pytorch_lora_weights.safetensors`, in diffusers' format."""
-    from ..pipelines import LMLPPipeline
-
     LMLPPipeline.save_lora_weights(
         folder,
         transformer_lora_layers=adapter_state_dict(model),
@@ -224,8 +214,6 @@ def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
 def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     """Load a `save_adapter` folder into the backbone's adapter; exits when their layers or shapes differ."""
     from peft.utils import set_peft_model_state_dict
-
-    from ..pipelines import LMLPPipeline
 
     saved = LMLPPipeline.lora_state_dict(str(folder))
     saved = {key.removeprefix("transformer."): value for key, value in saved.items()}

@@ -1,8 +1,6 @@
-"""The training images and captions, and the batches of a run. COCO-2014, an imagefolder (its metadata checked before
-anything is encoded) or a `datasets` dataset, read as rows of `{image column: PIL image, caption column: captions}`;
-each optimizer step's samples, caption dropout, noise and latents, read ahead by `DataLoader` workers from the feature
-store (`build_feature_store`) or the images. Every random choice is a function of (seed, step, sample position)
-(`step_generator`), so a resumed run continues exactly as the uninterrupted one, with any number of workers.
+"""The training data (COCO-2014, an imagefolder, a `datasets` dataset or an embedded world), checked at start-up,
+and the batches of a run, read ahead by `DataLoader` workers from the feature store or the images. Every random
+choice is a function of (seed, step, sample position) (`step_generator`): a resumed run continues exactly.
 """
 
 import csv
@@ -27,9 +25,7 @@ from .features import FeatureStore, encode_text, feature_store_key, open_feature
 
 logger = logging.getLogger(__name__)
 
-# `--data_layout` values ("auto": COCO-2014 when the folder has its layout, else an imagefolder).
-DATA_LAYOUTS = ("auto", "imagefolder", "coco2014")
-# As the official archives unpack: `<root>/<split>/*.jpg`, `<root>/annotations/captions_<split>.json`.
+DATA_LAYOUTS = ("auto", "imagefolder", "coco2014")  # "auto": COCO-2014 when the folder has its layout
 COCO_SPLITS = ("train2014", "val2014")
 
 
@@ -49,43 +45,48 @@ def load_training_data(
     shapes_split: str = "train",
     shapes_num_images: int | None = None,
 ):
-    """The training split: a map-style `datasets.Dataset` (an `IterableDataset` with `streaming`).
-
-    Args:
-        dataset_name (`str`, *optional*): A Hub id, a local dataset folder, or a folder written by `save_to_disk`.
-        dataset_config_name (`str`, *optional*): Its configuration.
-        train_data_dir (`str`, *optional*): A local folder laid out as `data_layout` says.
-        data_layout (`str`, *optional*, defaults to `"auto"`): `"imagefolder"`, `"coco2014"` or `"auto"`.
-        image_column (`str`): The column of the images.
-        caption_column (`str`): The column of the captions (a caption or a list per image).
-        max_train_samples (`int`, *optional*): Keep only the first this many samples.
-        streaming (`bool`): Stream `dataset_name` instead of downloading it whole.
-        seed (`int`): Seed of the procedural shapes world, used when no data is given.
-        cache_dir (`str`): Where `datasets` caches what it prepares.
-        world (`str`, *optional*, defaults to `"shapes"`): The embedded world trained on when no data is given.
-        shapes_split (`str`, *optional*, defaults to `"train"`): The shapes world's split: `"train"` or `"heldout"`.
-        shapes_num_images (`int`, *optional*): How many shapes images to render (`make_dataset`'s default if unset).
-
-    Raises:
-        `ValueError`: For a bad layout, an unusable metadata row, or a missing column, naming it.
-    """
+    """The training split, a `datasets.Dataset` (an `IterableDataset` with `streaming`), of `--dataset_name` (a Hub
+    id, a local dataset folder or a `save_to_disk` folder), else `--train_data_dir` (laid out as `data_layout` says),
+    else the embedded `world` (the shapes one rendered from `seed`). Bad data are refused (`ValueError`, naming the
+    problem) before anything is encoded, the same way for every source."""
     import datasets
 
     if data_layout not in DATA_LAYOUTS:
         raise ValueError(f"unknown data layout {data_layout!r}; choose one of {DATA_LAYOUTS}")
-    hint = ""
-    if dataset_name and is_saved_dataset(Path(dataset_name)):
-        dataset = load_saved_dataset(Path(dataset_name), dataset_config_name, streaming)
+    hint, folder = "", Path(dataset_name or train_data_dir or ".")
+    saved = (folder / "dataset_dict.json").is_file() or all(
+        (folder / f).is_file() for f in ("state.json", "dataset_info.json")
+    )
+    if dataset_name and saved:
+        if dataset_config_name is not None:  # a folder written by save_to_disk, which load_dataset refuses
+            raise ValueError(
+                f"--dataset_name {folder} was written by save_to_disk, which saves no configurations: drop "
+                f"--dataset_config_name {dataset_config_name}"
+            )
+        dataset = train_split(datasets.load_from_disk(str(folder)), f"--dataset_name {folder}")
+        dataset = dataset.to_iterable_dataset() if streaming else dataset
     elif dataset_name:
-        if Path(dataset_name).is_dir():  # a local imagefolder, when it has metadata
-            metadata = sorted(p for name in metadata_file_names() for p in Path(dataset_name).rglob(name))
+        if folder.is_dir():  # a local imagefolder, when it has metadata
+            metadata = sorted(p for name in metadata_file_names() for p in folder.rglob(name))
             check_imagefolder_metadata(metadata, caption_column)
             if metadata:
                 hint = " (a local imagefolder: --train_data_dir reads its captions whatever its file names are)"
         dataset = datasets.load_dataset(dataset_name, dataset_config_name, cache_dir=cache_dir, streaming=streaming)
         dataset = train_split(dataset, f"--dataset_name {dataset_name}")
     elif train_data_dir:
-        dataset = load_data_dir(Path(train_data_dir), data_layout, image_column, caption_column, cache_dir)
+        if not folder.is_dir():
+            raise ValueError(f"--train_data_dir {folder} is not a folder")
+        if data_layout == "auto":  # a partly unpacked COCO folder too, when it has no imagefolder metadata
+            annotations = (folder / "annotations" / "captions_train2014.json").is_file()
+            images = (folder / "train2014").is_dir()
+            metadata = any((folder / name).is_file() for name in metadata_file_names())
+            coco = (annotations and images) or ((annotations or images) and not metadata)
+            data_layout = "coco2014" if coco else "imagefolder"
+            logger.info(f"{folder} is laid out as {'COCO-2014' if coco else 'an imagefolder'}")
+        if data_layout == "coco2014":
+            dataset = load_coco2014(folder, "train2014", image_column, caption_column)
+        else:
+            dataset = load_imagefolder(folder, caption_column, cache_dir)
     elif world == "shapes":
         from diffusers_lmlp.shapes.world import make_dataset
 
@@ -98,20 +99,17 @@ def load_training_data(
     for flag, column in (("--image_column", image_column), ("--caption_column", caption_column)):
         if column not in columns:
             raise ValueError(f"{flag} {column!r} is not a column of the dataset; its columns are {columns}{hint}")
-    if max_train_samples is not None:
-        dataset = (
-            dataset.take(max_train_samples)
-            if streaming
-            else dataset.select(range(min(max_train_samples, len(dataset))))
-        )
+    if max_train_samples is not None and streaming:
+        dataset = dataset.take(max_train_samples)
+    elif max_train_samples is not None:
+        dataset = dataset.select(range(min(max_train_samples, len(dataset))))
     check_rows(dataset, image_column, caption_column)
     return dataset
 
 
 def check_rows(dataset, image_column: str, caption_column: str) -> None:
-    """Refuse at start-up what a run would otherwise die on mid-way: a caption column that holds no text, a row
-    whose caption is missing or empty, an image that cannot be opened (0 bytes, not an image). Images are opened,
-    not decoded. A stream is checked by its columns' types alone."""
+    """Refuse at start-up what a run would die on mid-way: a caption column of no text, a missing or empty caption, an
+    image that cannot be opened (opened, not decoded). A stream is checked by its columns' types alone."""
     import datasets
 
     features = dataset.features or {}
@@ -147,30 +145,8 @@ def check_rows(dataset, image_column: str, caption_column: str) -> None:
                 ) from None
 
 
-def is_saved_dataset(folder: Path) -> bool:
-    """Whether `folder` was written by `save_to_disk` (a `Dataset` or `DatasetDict`), which `load_dataset` refuses."""
-    return (folder / "dataset_dict.json").is_file() or all(
-        (folder / name).is_file() for name in ("state.json", "dataset_info.json")
-    )
-
-
-def load_saved_dataset(folder: Path, dataset_config_name: str | None, streaming: bool):
-    """The training split of a folder written by `save_to_disk` (memory-mapped; an `IterableDataset` with
-    `streaming`); a saved dataset has no configurations, so `dataset_config_name` must be unset."""
-    import datasets
-
-    if dataset_config_name is not None:
-        raise ValueError(
-            f"--dataset_name {folder} was written by save_to_disk, which saves no configurations: drop "
-            f"--dataset_config_name {dataset_config_name}"
-        )
-    dataset = train_split(datasets.load_from_disk(str(folder)), f"--dataset_name {folder}")
-    return dataset.to_iterable_dataset() if streaming else dataset
-
-
 def train_split(dataset, source: str):
-    """The `train` split of a `DatasetDict` (or `IterableDatasetDict`); a single dataset as it is. `source` names
-    where it came from, for the error."""
+    """The `train` split of a `DatasetDict`; a single dataset as it is (`source` is for the error)."""
     import datasets
 
     if not isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
@@ -183,48 +159,10 @@ def train_split(dataset, source: str):
     return dataset["train"]
 
 
-def load_data_dir(folder: Path, data_layout: str, image_column: str, caption_column: str, cache_dir: str | None):
-    """The training split of `--train_data_dir`: COCO-2014's `train2014` or an imagefolder's training split."""
-    if not folder.is_dir():
-        raise ValueError(f"--train_data_dir {folder} is not a folder")
-    if data_layout == "auto":
-        data_layout = detect_layout(folder)
-    if data_layout == "coco2014":
-        return load_coco2014(folder, "train2014", image_column, caption_column)
-    return load_imagefolder(folder, caption_column, cache_dir)
-
-
-def detect_layout(folder: Path) -> str:
-    """`"coco2014"` for a folder laid out as the COCO-2014 archives unpack, `"imagefolder"` otherwise.
-
-    A partly unpacked COCO folder without imagefolder metadata counts as COCO: `load_coco2014` names what is missing.
-    """
-    annotations = (folder / "annotations" / "captions_train2014.json").is_file()
-    images = (folder / "train2014").is_dir()
-    metadata = any((folder / name).is_file() for name in metadata_file_names())
-    if (annotations and images) or ((annotations or images) and not metadata):
-        logger.info(f"{folder} is laid out as COCO-2014 (annotations/captions_train2014.json, train2014/)")
-        return "coco2014"
-    return "imagefolder"
-
-
 def load_coco2014(root: Path, split: str = "train2014", image_column: str = "image", caption_column: str = "text"):
-    """One split of COCO-2014 as the official archives unpack it, one row per image with all of its captions.
-
-    Rows are in image-id order and captions in the annotations file's order, as pycocotools (and U-ViT) reads them.
-
-    Args:
-        root (`Path`): The COCO folder, holding `annotations/captions_<split>.json` and `<split>/`.
-        split (`str`, *optional*, defaults to `"train2014"`): `"train2014"` or `"val2014"`.
-        image_column (`str`, *optional*, defaults to `"image"`): The name of the image column.
-        caption_column (`str`, *optional*, defaults to `"text"`): The name of the caption-list column.
-
-    Returns:
-        `datasets.Dataset`: Columns `image_column` (decoded lazily), `caption_column` (a list) and `image_id`.
-
-    Raises:
-        `ValueError`: When a file, an image or a caption is missing or malformed, naming the path.
-    """
+    """One split of COCO-2014 as the official archives unpack it (`root/annotations/captions_<split>.json`,
+    `root/<split>/`): columns `image_column`, `caption_column` (all of the image's captions) and `image_id`, in
+    image-id order, captions in file order, as pycocotools reads them; `ValueError` naming a missing or bad file."""
     import datasets
 
     if split not in COCO_SPLITS:
@@ -234,10 +172,9 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
         f"lay it out as the official archives unpack: {root}/annotations/captions_{split}.json (from "
         f"annotations_trainval2014.zip) and {root}/{split}/COCO_{split}_<id>.jpg (from {split}.zip)"
     )
-    if not annotations_file.is_file():
-        raise ValueError(f"{root} is not a COCO-2014 folder: {annotations_file} is missing; {layout}")
-    if not image_dir.is_dir():
-        raise ValueError(f"{root} is not a COCO-2014 folder: the image folder {image_dir} is missing; {layout}")
+    for needed in (annotations_file, image_dir):
+        if not needed.exists():
+            raise ValueError(f"{root} is not a COCO-2014 folder: {needed} is missing; {layout}")
     with open(annotations_file, encoding="utf-8") as f:
         coco = json.load(f)
     if not isinstance(coco, dict) or not {"images", "annotations"} <= coco.keys():
@@ -245,14 +182,12 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
     captions = coco_captions(coco, annotations_file)
     images = sorted(coco["images"], key=lambda image: image["id"])
     paths = [image_dir / image["file_name"] for image in images]
-    missing = [str(path) for path in paths if not path.is_file()]
-    if missing:
+    if missing := [str(path) for path in paths if not path.is_file()]:
         raise ValueError(
             f"{annotations_file} lists {len(missing)} image(s) that {image_dir} lacks, e.g. {missing[0]}: unpack "
             f"{split}.zip whole into {root}"
         )
-    uncaptioned = [image["id"] for image in images if image["id"] not in captions]
-    if uncaptioned:
+    if uncaptioned := [image["id"] for image in images if image["id"] not in captions]:
         raise ValueError(
             f"{annotations_file}: image id {uncaptioned[0]} (and {len(uncaptioned) - 1} more) has no caption"
         )
@@ -265,16 +200,7 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
 
 
 def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.Tensor:
-    """Centre-crop to a square, resize to `resolution` (Lanczos, as the reference), map to [-1, 1].
-
-    Args:
-        image (`Image.Image`): Any PIL image (converted to RGB).
-        resolution (`int`): The side of the output.
-        flip (`bool`): Mirror it left to right.
-
-    Returns:
-        `torch.Tensor`: (3, resolution, resolution).
-    """
+    """(3, resolution, resolution) in [-1, 1]: centre-cropped, resized (Lanczos, as the reference), maybe mirrored."""
     image = center_crop_resize(image, resolution)
     if flip:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
@@ -282,7 +208,7 @@ def preprocess_image(image: Image.Image, resolution: int, flip: bool) -> torch.T
     return pixels.permute(2, 0, 1).contiguous()  # (3, H, W)
 
 
-# What pandas, which `datasets` reads a metadata.csv with, takes for a missing value: such a caption becomes None.
+# What pandas (which reads a metadata.csv for `datasets`) takes for a missing value: such a caption becomes None.
 CSV_MISSING_VALUES = frozenset(
     ["#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA", "NULL",
      "NaN", "None", "n/a", "nan", "null"]
@@ -290,9 +216,8 @@ CSV_MISSING_VALUES = frozenset(
 
 
 def load_imagefolder(folder: Path, caption_column: str = "text", cache_dir: str | None = None):
-    """The training split of an imagefolder: the images its metadata files list, after `check_imagefolder_metadata`.
-    `datasets` alone would also split by file name (`COCO_train2014_….jpg` into a "train" split, without captions), so
-    only folders split here (`imagefolder_split`) and the training files are passed as `data_files`."""
+    """The training split of an imagefolder, its metadata checked first. Only folders split it (`datasets` alone
+    would split by file name too, `COCO_train2014_….jpg` into a "train" split without captions)."""
     import datasets
 
     patterns, metadata = imagefolder_split(folder, caption_column)
@@ -303,17 +228,23 @@ def load_imagefolder(folder: Path, caption_column: str = "text", cache_dir: str 
 
 
 def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], list[Path]]:
-    """The `data_files` patterns of an imagefolder's training split, and its metadata files: the training split
-    folders (`train/`, `train2014/`, … as `datasets` names them) when they hold metadata, else the whole folder. The
-    folder is walked once, as `datasets`' search of every split pattern is slow in a large folder."""
+    """The `data_files` patterns of an imagefolder's training split and its metadata files: the training split
+    folders (`train/`, `train2014/`, … as `datasets` names them) when they hold metadata, else the whole folder."""
+    import datasets
+    from datasets.data_files import NON_WORDS_CHARS, SPLIT_KEYWORDS
+
+    pattern = f"(^|[{NON_WORDS_CHARS}])({{}})([{NON_WORDS_CHARS}]|$)"
     names, split_folders, metadata, unread = metadata_file_names(), {}, {}, set()
     for root, subfolders, files in os.walk(folder):
         subfolders[:] = sorted(name for name in subfolders if not name.startswith((".", "__")))  # as datasets skips
         here = Path(root).relative_to(folder)
         splits = {split for split, where in split_folders.items() for path in where if here.is_relative_to(path)}
-        for name in subfolders:
-            if split := split_of(name):
-                split_folders.setdefault(split, []).append(here / name)
+        for name in subfolders:  # the split a folder of this name holds for `datasets`, if any
+            words = (
+                split for split, keys in SPLIT_KEYWORDS.items() if re.search(pattern.format("|".join(keys)), name)
+            )
+            if split := next(words, None):
+                split_folders.setdefault(str(split), []).append(here / name)
         for name in sorted(files):
             if name in names:
                 metadata[Path(root) / name] = splits
@@ -330,47 +261,28 @@ def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], lis
             f"have, e.g. {in_splits[0]}): put the training images and their metadata in {folder / 'train'}"
         )
     if not metadata:
-        raise ValueError(no_metadata_message(folder, unread, caption_column))
+        found = (
+            f" ({', '.join(sorted(unread))} is not one that datasets {datasets.__version__} reads)" if unread else ""
+        )
+        example = json.dumps({"file_name": "0001.jpg", caption_column: "a red bus parked on a street"})
+        raise ValueError(
+            f"{folder} has no metadata file ({', '.join(names)}){found}, so its images have no captions (datasets "
+            "would label them with their folder names instead). Add a metadata.jsonl next to the images, one line per "
+            f"image: {example}. For COCO-2014, pass the folder that holds annotations/captions_train2014.json and "
+            "train2014/."
+        )
     return ["**"], list(metadata)
 
 
-def split_of(name: str) -> str | None:
-    """The split a folder of this name holds for `datasets` (`"train"` for `train/`, `train2014/`, `coco_train/`, …),
-    or None."""
-    from datasets.data_files import NON_WORDS_CHARS, SPLIT_KEYWORDS
-
-    for split, keywords in SPLIT_KEYWORDS.items():
-        if re.search(f"(^|[{NON_WORDS_CHARS}])({'|'.join(keywords)})([{NON_WORDS_CHARS}]|$)", name):
-            return str(split)
-    return None
-
-
 def metadata_file_names() -> list[str]:
-    """The names of the metadata files of an imagefolder that the installed `datasets` reads."""
     from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
     return list(ImageFolder.METADATA_FILENAMES)
 
 
-def no_metadata_message(folder: Path, unread: set[str], caption_column: str) -> str:
-    """Why an imagefolder without metadata cannot be trained on, and how to give its images captions (`unread`: its
-    files that look like metadata but that `datasets` does not read)."""
-    import datasets
-
-    found = f" ({', '.join(sorted(unread))} is not one that datasets {datasets.__version__} reads)" if unread else ""
-    example = json.dumps({"file_name": "0001.jpg", caption_column: "a red bus parked on a street"})
-    return (
-        f"{folder} has no metadata file ({', '.join(metadata_file_names())}){found}, so its images have no captions "
-        "(datasets would label them with their folder names instead). Add a metadata.jsonl next to the images, one "
-        f"line per image: {example}. For COCO-2014, pass the folder that holds annotations/captions_train2014.json "
-        "and train2014/."
-    )
-
-
 def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> None:
-    """Refuse imagefolder metadata with a row that lacks a usable caption or its image, before anything is encoded:
-    `datasets` would fill a missing caption with None (a crash much later) and train an empty one as "". Only the
-    metadata are read, and the images' existence checked."""
+    """Refuse imagefolder metadata with a row that lacks a usable caption or its image (only checked to exist):
+    `datasets` would fill a missing caption with None (a crash much later) and train an empty one as ""."""
     formats = sorted({path.suffix for path in metadata})
     if len(formats) > 1:
         first, other = (next(path for path in metadata if path.suffix == suffix) for suffix in formats[:2])
@@ -384,25 +296,44 @@ def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> Non
 
 
 def check_metadata_file(metadata: Path, caption_column: str, first_caption: dict[str, str] | None = None) -> None:
-    """Refuse a metadata file with no rows, without the caption column, with a row `row_problem` finds wrong, or
-    with captions of both kinds (lists and strings), on which `datasets` fails deep inside Arrow. `first_caption` holds
-    the dataset's first caption (`"where"`, `"kind"`), shared between its metadata files."""
+    """Refuse a metadata file with no rows, without the caption column, with a wrong row, or with captions of both
+    kinds (on which `datasets` fails deep in Arrow); `first_caption` (`"where"`, `"kind"`) is shared between files."""
     first_values, first_problem, problems, listings = {}, None, 0, {}
     first_caption = {} if first_caption is None else first_caption
-    folder, is_csv = str(metadata.parent), metadata.suffix == ".csv"
     for where, row in metadata_rows(metadata):
         for column in row.keys() - first_values.keys():
             first_values[column] = row[column]
-        problem = row_problem(row, caption_column, folder, is_csv, listings) or caption_kind_problem(
-            row[caption_column], f"{metadata} {where}", first_caption
-        )
+        problem = row_problem(row, caption_column, metadata, listings)
+        if problem is None:
+            kind = "a list of captions" if isinstance(row[caption_column], list | tuple) else "a string"
+            first_caption.setdefault("where", f"{metadata} {where}")
+            if kind != first_caption.setdefault("kind", kind):
+                problem = (
+                    f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: datasets "
+                    'needs one type per column, so write every caption as a list (a single caption as ["..."]) or '
+                    "every one as a string"
+                )
         if problem:
             problems += 1
             first_problem = first_problem or f"{where} (file_name {row.get('file_name')!r}): {problem}"
     if not first_values:
         raise ValueError(f"{metadata} has no rows: list each image with its caption, or remove the file")
     if caption_column not in first_values:
-        raise ValueError(missing_caption_column_message(metadata, caption_column, first_values))
+        problem = (
+            f"--caption_column {caption_column!r} is not a column of the dataset: {metadata} has no {caption_column!r} "
+            "field"
+        )
+        candidates = [c for c, value in first_values.items() if not is_file_name(c) and is_caption(value)]
+        if len(candidates) == 1:
+            raise ValueError(f"{problem}; its rows have {candidates[0]!r}: pass --caption_column {candidates[0]}")
+        if candidates:
+            raise ValueError(
+                f"{problem}; its rows have {', '.join(map(repr, candidates))}: pass --caption_column with the one "
+                "that holds the captions"
+            )
+        raise ValueError(
+            f"{problem}, and none of its columns {sorted(first_values)} holds text: add a caption to every row"
+        )
     if first_problem:
         more = f" ({problems - 1} more rows are wrong too)" if problems > 1 else ""
         raise ValueError(
@@ -410,21 +341,31 @@ def check_metadata_file(metadata: Path, caption_column: str, first_caption: dict
         )
 
 
-def row_problem(
-    row: dict, caption_column: str, folder: str, is_csv: bool, listings: dict[str, set[str]]
-) -> str | None:
-    """What is wrong with a metadata row (its caption, its `file_name`, its image), or None; `file_name` is relative
-    to `folder`, the metadata file's, and `listings` caches folder listings (`is_file`)."""
+def is_file_name(column: str) -> bool:
+    return column == "file_name" or column.endswith("_file_name")
+
+
+def is_caption(value) -> bool:
+    try:
+        captions_of(value)
+    except ValueError:
+        return False
+    return True
+
+
+def row_problem(row: dict, caption_column: str, metadata: Path, listings: dict[str, set[str]]) -> str | None:
+    """What is wrong with a metadata row (its caption, its `file_name` relative to the metadata file, its image), or
+    None; `listings` caches the folders' files (one listing each, not a `stat` per image)."""
     if caption_column not in row:
         return f"it has no {caption_column!r} field"
     value = row[caption_column]
-    if is_csv and value in CSV_MISSING_VALUES:
+    if metadata.suffix == ".csv" and value in CSV_MISSING_VALUES:
         return f"its caption {value!r} reads as a missing value (datasets reads metadata.csv with pandas)"
     try:
         captions_of(value)
     except ValueError as error:
         return str(error)
-    names = [row[key] for key in row if key == "file_name" or key.endswith("_file_name")]
+    folder, names = str(metadata.parent), [row[key] for key in row if is_file_name(key)]
     if not names or not all(isinstance(name, str) and name for name in names):
         return "it has no file_name (the image's path relative to the metadata file)"
     for name in names:
@@ -433,76 +374,28 @@ def row_problem(
             if os.path.isabs(relative) or relative == ".." or relative.startswith(".." + os.sep):
                 return f"its file_name must be a path inside {folder}"
         path = os.path.join(folder, name)
-        if not is_file(path, listings):
+        parent, base = os.path.split(path)
+        if parent not in listings:
+            listings[parent] = set()
+            if os.path.isdir(parent):
+                with os.scandir(parent) as entries:
+                    listings[parent] = {entry.name for entry in entries if entry.is_file()}
+        if base not in listings[parent] and not os.path.isfile(path):  # isfile: a case-insensitive system's match
             return f"its image {path} is missing"
     return None
 
 
-def caption_kind_problem(value: str | list[str], where: str, first_caption: dict[str, str]) -> str | None:
-    """Whether a (valid) caption is a string where the dataset's first is a list, or the other way round; an empty
-    `first_caption` is filled with this one's `"where"` and `"kind"`."""
-    kind = "a list of captions" if isinstance(value, list | tuple) else "a string"
-    if not first_caption:
-        first_caption.update(where=where, kind=kind)
-        return None
-    if kind == first_caption["kind"]:
-        return None
-    return (
-        f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: datasets needs one type "
-        'per column, so write every caption as a list (a single caption as ["..."]) or every one as a string'
-    )
-
-
-def is_file(path: str, listings: dict[str, set[str]]) -> bool:
-    """Whether `path` is a file, from one listing of its folder cached in `listings`: much faster than a `stat` per
-    image in a large folder."""
-    folder, name = os.path.split(path)
-    if folder not in listings:
-        try:
-            with os.scandir(folder) as entries:
-                listings[folder] = {entry.name for entry in entries if entry.is_file()}
-        except OSError:  # no such folder
-            listings[folder] = set()
-    return name in listings[folder] or os.path.isfile(path)  # isfile: a name a case-insensitive system matches
-
-
-def missing_caption_column_message(metadata: Path, caption_column: str, first_values: dict) -> str:
-    """The caption column is in no row of `metadata`: which column to pass instead (`first_values`: each column's
-    first value)."""
-    candidates = []
-    for column, value in first_values.items():
-        try:
-            captions_of(value)
-        except ValueError:
-            continue
-        if not (column == "file_name" or column.endswith("_file_name")):
-            candidates.append(column)
-    problem = (
-        f"--caption_column {caption_column!r} is not a column of the dataset: {metadata} has no {caption_column!r} "
-        "field"
-    )
-    if len(candidates) == 1:
-        return f"{problem}; its rows have {candidates[0]!r}: pass --caption_column {candidates[0]}"
-    if candidates:
-        listed = ", ".join(map(repr, candidates))
-        return f"{problem}; its rows have {listed}: pass --caption_column with the one that holds the captions"
-    return f"{problem}, and none of its columns {sorted(first_values)} holds text: add a caption to every row"
-
-
 def metadata_rows(metadata: Path) -> Iterator[tuple[str, dict]]:
-    """Yield `(where, row)` for each row of an imagefolder metadata file: `"line <n>"` in a `.jsonl` or `.csv`,
-    `"row <i>"` (from 0) in a `.parquet`; `ValueError` for a row that is not a JSON object or an unreadable parquet."""
+    """`(where, row)` for each row of a metadata file: `"line <n>"` in a `.jsonl` or `.csv`, `"row <i>"` in a
+    `.parquet`."""
     if metadata.suffix == ".parquet":
         import pyarrow
         import pyarrow.parquet
 
         try:
-            batches = pyarrow.parquet.ParquetFile(metadata).iter_batches()
-            index = 0
-            for batch in batches:
-                for row in batch.to_pylist():
-                    yield f"row {index}", row
-                    index += 1
+            rows = (row for batch in pyarrow.parquet.ParquetFile(metadata).iter_batches() for row in batch.to_pylist())
+            for index, row in enumerate(rows):
+                yield f"row {index}", row
         except pyarrow.ArrowException as error:
             raise ValueError(f"{metadata} is not a readable parquet file: {error}") from None
         return
@@ -531,35 +424,26 @@ def step_generator(seed: int, *keys: int) -> torch.Generator:
 
 
 def build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator, cache_dir: Path) -> FeatureStore:
-    """The feature store `<cache_dir>/features/<key>` of this data and these components, extracted first if needed
-    (each process its shards)."""
-    columns = dict(image_column=args.image_column, caption_column=args.caption_column, resolution=args.resolution)
-    components = dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae)
-    text_dtype = args.cache_text_dtype or "float32"
-    key = feature_store_key(dataset, **columns, **components, text_dtype=text_dtype)
+    """The feature store `<cache_dir>/features/<key>` of this data and these components, extracted first if need be."""
+    extraction = dict(
+        image_column=args.image_column, caption_column=args.caption_column, resolution=args.resolution,
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, text_dtype=args.cache_text_dtype or "float32",
+    )  # fmt: skip
     try:
         return open_feature_store(
-            cache_dir / "features" / key,
-            dataset,
-            process_index=accelerator.process_index,
-            num_processes=accelerator.num_processes,
-            wait_for_everyone=accelerator.wait_for_everyone,
-            **columns,
-            **components,
-            text_dtype=text_dtype,
-            num_workers=args.dataloader_num_workers,
-        )
+            cache_dir / "features" / feature_store_key(dataset, **extraction), dataset,
+            process_index=accelerator.process_index, num_processes=accelerator.num_processes,
+            wait_for_everyone=accelerator.wait_for_everyone, num_workers=args.dataloader_num_workers, **extraction,
+        )  # fmt: skip
     except (OSError, ValueError) as error:  # a caption that is not one, a store other processes cannot see
         raise SystemExit(f"error: {error}") from None
 
 
 class BatchReader:
-    """The CPU half of making a batch, run in `DataLoader` workers: the random draws, then the samples from the
-    feature store (latents re-sampled from the stored moments, as the reference does) or decoded images.
-
-    A map-style dataset is an endless stream of seeded per-epoch permutations, so resuming needs no data state; a
-    streaming one is read in order from this process's shard, skipping what the steps before `step` used.
-    """
+    """The CPU half of a batch, run in `DataLoader` workers: the random draws, then the samples from the feature
+    store (latents re-sampled from the stored moments, as the reference does) or decoded images. A map-style dataset
+    is an endless stream of seeded per-epoch permutations (resuming needs no data state); a stream is read in order
+    from this process's shard, skipping what the steps before `step` used."""
 
     def __init__(self, args, dataset, store: FeatureStore | None, process_index: int, num_processes: int, step: int):
         self.args, self.dataset, self.store = args, dataset, store
@@ -568,12 +452,11 @@ class BatchReader:
         self._stream = None
 
     def sample_index(self, position: int) -> int:
-        """Index of the sample at `position` of the endless stream of per-epoch permutations."""
         epoch, offset = divmod(position, len(self.dataset))
         if self._permutation[0] != epoch:
             generator = step_generator(self.args.seed, "epoch", epoch)
-            # As a NumPy array: much cheaper to index than a tensor.
-            self._permutation = (epoch, torch.randperm(len(self.dataset), generator=generator).numpy())
+            permutation = torch.randperm(len(self.dataset), generator=generator).numpy()  # cheap to index
+            self._permutation = (epoch, permutation)
         return int(self._permutation[1][offset])
 
     def _next_records(self, count: int) -> list[dict]:
@@ -584,10 +467,8 @@ class BatchReader:
         return [next(self._stream) for _ in range(count)]
 
     def _epochs(self) -> Iterator[dict]:
-        """This process's shard of the stream, shuffled, epoch after epoch, one record at a time.
-
-        Read with `iter(batch_size=1)`: iterating the dataset in a worker lets `datasets` split it between workers.
-        """
+        """This process's shard of the stream, shuffled, epoch after epoch, one record at a time (`iter`, so that
+        `datasets` does not split it between workers)."""
         from datasets.distributed import split_dataset_by_node
 
         shard = split_dataset_by_node(self.dataset, self.process_index, self.num_processes)
@@ -603,8 +484,8 @@ class BatchReader:
 
     @torch.no_grad()
     def load(self, positions: list[int], generator: torch.Generator) -> dict:
-        """The CPU half of the batch at `positions` of the sample stream: `drop` (b,) and either `latents`/`states`
-        from the store or `pixels`/`texts` to encode; `BatchSource.finish` continues with `generator`."""
+        """`drop` (b,) and either `latents`/`states` from the store or `pixels`/`texts` to encode, of the samples at
+        `positions`; `BatchSource.finish` continues with `generator`."""
         args = self.args
         choice = torch.rand(len(positions), generator=generator)  # caption pick
         drop = torch.rand(len(positions), generator=generator) < args.caption_dropout
@@ -620,21 +501,17 @@ class BatchReader:
         else:
             records = [self.dataset[self.sample_index(p)] for p in positions]
         captions = [captions_of(r[args.caption_column]) for r in records]
+        flips = (bool(f and args.random_flip) for f in flip)
         pixels = torch.stack(
-            [
-                preprocess_image(r[args.image_column], args.resolution, bool(f and args.random_flip))
-                for r, f in zip(records, flip)
-            ]
-        )  # (b, 3, H, W)
+            [preprocess_image(r[args.image_column], args.resolution, f) for r, f in zip(records, flips)]
+        )
         texts = [caps[int(c * len(caps))] for caps, c in zip(captions, choice)]
         return {"drop": drop, "pixels": pixels, "texts": texts}
 
 
 class StepBatches(torch.utils.data.IterableDataset):
-    """This process's `BatchReader.load` of steps `first` … `last - 1`, each with its step generator's state after it.
-
-    Worker w of W makes steps first + w, first + w + W, …; a `DataLoader` returns its workers' items in turn, in order.
-    """
+    """This process's `BatchReader.load` of steps `first` … `last - 1`, each with its generator's state after it:
+    worker w of W makes steps first + w, first + w + W, … (a `DataLoader` returns its workers' items in turn)."""
 
     def __init__(self, reader: BatchReader, first: int, last: int):
         self.reader, self.first, self.last = reader, first, last
@@ -651,12 +528,9 @@ class StepBatches(torch.utils.data.IterableDataset):
 
 
 class BatchSource:
-    """The clean latents and conditioning of the samples at given positions of the sample stream.
-
-    A `BatchReader` makes the CPU half in worker processes, ahead of the step; this process runs the encoders when
-    there is no feature store, applies caption dropout and scales the latents. Every draw comes from the step's
-    generator, so the batches are the same with any number of workers and a resumed run continues exactly.
-    """
+    """The clean latents and conditioning of the samples at given positions of the sample stream: a `BatchReader`
+    makes the CPU half in worker processes; this process runs the encoders when there is no feature store, applies
+    caption dropout and scales the latents. Every draw comes from the step's generator."""
 
     def __init__(self, args, dataset, store, tokenizer, text_encoder, vae, step, process_index=0, num_processes=1):
         self.args, self.tokenizer, self.text_encoder, self.vae = args, tokenizer, text_encoder, vae
@@ -676,18 +550,12 @@ class BatchSource:
             latents = dist.mean + dist.std * torch.randn(dist.mean.shape, generator=generator).to(dist.mean)
         else:
             latents, states = loaded["latents"], loaded["states"]
-        states = states.float()
-        empty = self.empty_states.float().to(states.device)
+        states, empty = states.float(), self.empty_states.float().to(states.device)
         states = torch.where(loaded["drop"].to(states.device)[:, None, None], empty, states)  # (b, T, D)
-        config = self.vae.config
-        latents = latents.float()
-        if config.shift_factor is not None:
-            latents = latents - config.shift_factor
-        return latents * config.scaling_factor, states
+        return (latents.float() - (self.vae.config.shift_factor or 0.0)) * self.vae.config.scaling_factor, states
 
     def steps(self, first: int, last: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Generator]]:
-        """The latents, text states and generator (where the batch left it) of steps `first` … `last - 1`, read by
-        `--dataloader_num_workers` worker processes."""
+        """The latents, text states and generator of steps `first` … `last - 1`, read by `--dataloader_num_workers`."""
         workers = self.args.dataloader_num_workers
         if self.args.streaming and workers > 1:
             from accelerate.logging import get_logger

@@ -1,11 +1,9 @@
 """The feature store: the VAE moments of every training image and the CLIP text states of every caption, extracted
-once (U-ViT's extraction), kept on disk in safetensors shards and read lazily; its format, key and reading, its
-extraction (`extract_features`: parallel and resumable, shard by shard, no NaN or inf ever stored) and its opening for
-a run (`open_feature_store`). A shard under its final name is complete; the store is complete when its
-`manifest.json`, written last, is there.
+once (U-ViT's extraction) into safetensors shards and read lazily. A shard under its final name is complete, with its
+checksums file next to it; the store is complete when its `manifest.json`, written last, is there. Extraction is
+parallel and resumable and never stores a NaN or inf; opening checks every shard against the manifest.
 """
 
-import functools
 import hashlib
 import json
 import logging
@@ -13,10 +11,10 @@ import math
 import os
 import re
 import struct
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -27,64 +25,43 @@ from ..evaluation.captions import captions_of
 from ..progress import progress_bar
 
 
+logger = logging.getLogger(__name__)
+
 # `--cache_text_dtype`: how the text states are stored (the moments are always float32).
 TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-# Images per shard: large enough that COCO-2014 train is 81 files, small enough that a killed extraction loses little.
-SHARD_SIZE = 1024
+SHARD_SIZE = 1024  # images per shard
 MANIFEST = "manifest.json"
-# Part of every key, so a store of another layout is never read as this one (v2 added the shards' checksums).
+# Part of every key, so a store of another layout is never read as this one.
 FORMAT = "diffusers-lmlp feature store v2"
-# The parts of a shard that its checksums cover, each hashed on its own (`shard_digests`).
-CHECKSUM_PARTS = ("header", "moments", "caption_offsets", "text_states")
-# Bytes read at a time when a shard is hashed.
+CHECKSUM_PARTS = ("header", "moments", "caption_offsets", "text_states")  # each hashed on its own
 HASH_CHUNK = 8 << 20
-# safetensors dtype names, and the little-endian numpy dtypes their bytes are.
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
 NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "I64": np.dtype("<i8")}
-# At most this many shard files are open at once in one process.
-MAX_OPEN_SHARDS = 64
+MAX_OPEN_SHARDS = 64  # per process
 
 
 def shard_name(index: int) -> str:
-    """The file name of shard `index`, which holds images `index · shard_size` onwards."""
     return f"shard-{index:05d}.safetensors"
 
 
 def checksums_path(shard: Path) -> Path:
-    """The file of a shard's size and checksums, written by the process that wrote the shard."""
+    """The file of a shard's size and checksums, written before the shard is renamed into place."""
     return shard.with_suffix(".sha256.json")
 
 
-def shard_files(shard: Path) -> tuple[Path, Path]:
-    """A shard's files: the shard and its checksums; a shard is complete when both are there."""
-    return shard, checksums_path(shard)
-
-
 def available_cpus() -> int:
-    """The number of CPUs this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def feature_store_key(
     dataset, *, image_column: str, caption_column: str, resolution: int, tokenizer, text_encoder, vae, text_dtype: str
 ) -> str:
-    """The name of the store of these data, columns, resolution, components and storage dtype.
+    """The store's name (20 hex digits): equal for equal data (its `_fingerprint`, else its length), columns,
+    resolution, components (configs, vocabulary, weights) and `text_dtype`; any change gives another store."""
 
-    Equal inputs give equal keys, so every run and process finds the same store; any change gives another store.
+    def digest(value) -> str:
+        return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
-    Args:
-        dataset (`datasets.Dataset`): The training data; its `_fingerprint` (else its length) is used.
-        image_column (`str`): The image column.
-        caption_column (`str`): The caption column.
-        resolution (`int`): The side of the encoded images.
-        tokenizer (`CLIPTokenizer`): Its vocabulary and length are part of the key.
-        text_encoder (`CLIPTextModel`): Its config and weights are part of the key.
-        vae (`AutoencoderKL`): Its config and weights are part of the key.
-        text_dtype (`str`): A `TEXT_DTYPES` name.
-
-    Returns:
-        `str`: 20 hex digits.
-    """
     parts = [
         FORMAT,
         getattr(dataset, "_fingerprint", None) or str(len(dataset)),
@@ -92,53 +69,35 @@ def feature_store_key(
         caption_column,
         str(resolution),
         text_dtype,
-        json_digest(dict(vae.config)),
-        json_digest(text_encoder.config.to_dict()),
-        json_digest([tokenizer.model_max_length, sorted(tokenizer.get_vocab().items())]),
-        str(sum(float(p.detach().double().sum()) for p in vae.parameters())),
-        str(sum(float(p.detach().double().sum()) for p in text_encoder.parameters())),
+        digest(dict(vae.config)),
+        digest(text_encoder.config.to_dict()),
+        digest([tokenizer.model_max_length, sorted(tokenizer.get_vocab().items())]),
+        *(str(sum(float(p.detach().double().sum()) for p in m.parameters())) for m in (vae, text_encoder)),
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
-def json_digest(value) -> str:
-    """SHA-256 of a JSON-able value, keys sorted; what JSON cannot encode is encoded as its `str`."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def read_header(fd: int, path: Path) -> tuple[dict, int]:
-    """The header of a safetensors file open as `fd`, and the offset its data start at; `ValueError` when it is not
-    one (`path` is for the message)."""
+    """The header of the safetensors file open as `fd` and the offset its data start at (`ValueError` if it is not
+    one)."""
     raw = os.pread(fd, 8, 0)
     size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
     if not 0 < size < 2**27:
         raise ValueError(f"{path} is not a safetensors file (its 8-byte header length is wrong)")
     try:
-        header = json.loads(os.pread(fd, size, 8))
+        return json.loads(os.pread(fd, size, 8)), 8 + size
     except ValueError:
         raise ValueError(f"{path} is not a safetensors file (its header is not JSON)") from None
-    return header, 8 + size
 
 
-def read_manifest(path: Path) -> dict:
-    """The manifest of a complete store of this `FORMAT`: `FileNotFoundError` when it is missing (an incomplete
-    store), `ValueError` when it is not JSON, of another format or lacks a field."""
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path.parent} is not a complete feature store: {MANIFEST} is missing. It is written last, once every "
-            "shard is; on several machines, put --cache_dir on a file system that every process sees"
-        )
-    again = "delete it, and the next run writes it again from the shards' checksums files"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        raise ValueError(f"{path} is not valid JSON: {again}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT!r} manifest: delete {path.parent} to extract it again")
-    problem = manifest_problem(manifest)
-    if problem:
-        raise ValueError(f"{path} is not a valid {FORMAT!r} manifest ({problem}): {again}")
-    return manifest
+def header_of(tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict:
+    """The safetensors header of these tensors (name → (dtype, shape)), stored back to back in this order."""
+    header, end = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [end, end + size]}
+        end += size
+    return header
 
 
 def is_count(value) -> bool:
@@ -157,21 +116,37 @@ def checksums_problem(record) -> str | None:
     return None
 
 
+def read_manifest(path: Path) -> dict:
+    """The manifest of a complete store of this `FORMAT` (`FileNotFoundError` when missing, `ValueError` when it is
+    not JSON, of another format, or a field is wrong)."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path.parent} is not a complete feature store: {MANIFEST} is missing (it is written last). On several "
+            "machines, put --cache_dir on a file system that every process sees"
+        )
+    again = "delete it, and the next run writes it again from the shards' checksums files"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise ValueError(f"{path} is not valid JSON: {again}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT!r} manifest: delete {path.parent} to extract it again")
+    if problem := manifest_problem(manifest):
+        raise ValueError(f"{path} is not a valid {FORMAT!r} manifest ({problem}): {again}")
+    return manifest
+
+
 def manifest_problem(manifest: dict) -> str | None:
-    """What is wrong with the fields of a manifest of this `FORMAT`, or None: every count a positive integer, a known
-    text dtype, shapes of positive sizes, and one record of checksums per shard (`checksums_problem`)."""
+    """What is wrong with the fields of a manifest, or None."""
     shape_ok = lambda value: isinstance(value, list) and all(is_count(n) for n in value)  # noqa: E731
     checks = {
-        "num_images": is_count(manifest.get("num_images")),
-        "num_captions": is_count(manifest.get("num_captions")),
-        "shard_size": is_count(manifest.get("shard_size")),
+        **{field: is_count(manifest.get(field)) for field in ("num_images", "num_captions", "shard_size")},
         "text_dtype": manifest.get("text_dtype") in TEXT_DTYPES,
         "moments_shape": shape_ok(manifest.get("moments_shape")),
         "text_states_shape": shape_ok(manifest.get("text_states_shape")),
         "shards": isinstance(manifest.get("shards"), list),
     }
-    wrong = [field for field, ok in checks.items() if not ok]
-    if wrong:
+    if wrong := [field for field, ok in checks.items() if not ok]:
         return f"{', '.join(map(repr, wrong))} missing or of the wrong type"
     for index, shard in enumerate(manifest["shards"]):
         if not isinstance(shard, dict) or shard.get("file") != shard_name(index):
@@ -184,8 +159,7 @@ def manifest_problem(manifest: dict) -> str | None:
 
 
 def shard_digests(path: Path) -> dict[str, str]:
-    """The SHA-256 of each part of a shard file (its header, then each tensor's bytes), as `ShardWriter.commit`
-    records them; the file is read once, in order, `HASH_CHUNK` bytes at a time."""
+    """The SHA-256 of each part of a shard (its header, then each tensor's bytes), reading the file once, in order."""
     with open(path, "rb", buffering=0) as f:
         header, data_start = read_header(f.fileno(), path)
         parts = [("header", 0, data_start)] + sorted(
@@ -193,16 +167,16 @@ def shard_digests(path: Path) -> dict[str, str]:
              for name, entry in header.items() if name != "__metadata__"),
             key=lambda part: part[1],
         )  # fmt: skip
-        buffer, digests = memoryview(bytearray(HASH_CHUNK)), {}
+        digests = {}
         for name, begin, end in parts:
-            digest, position = hashlib.sha256(), begin
+            digest = hashlib.sha256()
             f.seek(begin)
-            while position < end:
-                count = f.readinto(buffer[: min(HASH_CHUNK, end - position)])
-                if not count:
+            while begin < end:
+                chunk = f.read(min(HASH_CHUNK, end - begin))
+                if not chunk:
                     raise ValueError(f"{path} is shorter than its header says")
-                digest.update(buffer[:count])
-                position += count
+                digest.update(chunk)
+                begin += len(chunk)
             digests[name] = digest.hexdigest()
     return digests
 
@@ -211,28 +185,21 @@ class ShardReader:
     """Positional reads of whole rows of the tensors of one safetensors file, into caller-owned arrays."""
 
     def __init__(self, path: Path):
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
+        self.path, self.fd = path, os.open(path, os.O_RDONLY)
         try:
-            header, data_start = read_header(self.fd, path)
+            self.header, self.data_start = read_header(self.fd, path)
         except ValueError:
             os.close(self.fd)
             raise
-        self.header, self.data_start = header, data_start
-        # name → (offset of row 0, bytes per row, rows)
-        self.tensors = {
-            name: (
-                data_start + entry["data_offsets"][0],
-                (entry["data_offsets"][1] - entry["data_offsets"][0]) // max(entry["shape"][0], 1),
-                entry["shape"][0],
-            )
-            for name, entry in header.items()
+        self.tensors = {  # name → (offset of row 0, bytes per row, rows)
+            name: (self.data_start + begin, (end - begin) // max(entry["shape"][0], 1), entry["shape"][0])
+            for name, entry in self.header.items()
             if name != "__metadata__"
+            for begin, end in [entry["data_offsets"]]
         }
 
     def read_into(self, name: str, row: int, out: np.ndarray) -> np.ndarray:
-        """Read rows `row`, `row + 1`, … of tensor `name` into the C-contiguous `out`, as many as it holds, in the
-        file's dtype."""
+        """Read rows `row`, `row + 1`, … of tensor `name` into the C-contiguous `out`, as many as it holds."""
         offset, row_bytes, num_rows = self.tensors[name]
         if not 0 <= row <= num_rows - out.nbytes // row_bytes:
             raise IndexError(f"{self.path}: rows {row}+ of {name!r}, which has {num_rows}")
@@ -240,12 +207,10 @@ class ShardReader:
             raise OSError(f"{self.path} is truncated: delete its feature store folder to extract it again")
         return out
 
-    @functools.cached_property
+    @cached_property
     def caption_offsets(self) -> np.ndarray:
-        """(n + 1,) int64: image i's captions are text rows `caption_offsets[i] : caption_offsets[i + 1]`. Read once
-        and kept while the shard is open, so that a sample's read is two reads, not three."""
-        rows = self.tensors["caption_offsets"][2]
-        return self.read_into("caption_offsets", 0, np.empty(rows, NUMPY_DTYPES["I64"]))
+        """(n + 1,) int64: image i's captions are text rows `[i] : [i + 1]`; read once while the shard is open."""
+        return self.read_into("caption_offsets", 0, np.empty(self.tensors["caption_offsets"][2], NUMPY_DTYPES["I64"]))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -254,15 +219,11 @@ class ShardReader:
 class FeatureStore:
     """A complete store, read lazily: `read` fetches the rows of one batch, and nothing else is held.
 
-    Opening it checks every shard's structure against the manifest (size, header, caption offsets) and, with `verify`,
-    its checksums. Picklable for `DataLoader` workers: each process opens its own files and checks nothing again.
-
-    Args:
-        path (`Path`): The store folder.
-        verify (`bool`, *optional*, defaults to `True`): Check every shard's checksums too (`verify`).
+    Opening checks every shard's size, header and caption offsets against the manifest and, with `verify`, its
+    checksums. Picklable for `DataLoader` workers, which open their own files and check nothing again.
 
     Raises:
-        `FileNotFoundError`: When the manifest or a shard is missing (an incomplete store, or another file system's).
+        `FileNotFoundError`: When the manifest or a shard is missing.
         `ValueError`: For another kind of store, or a damaged or changed shard; the message says what to delete.
     """
 
@@ -279,9 +240,9 @@ class FeatureStore:
         counts = (len(self.shards), sum(record["num_captions"] for record in self.records))
         if counts != (-(-self.num_images // self.shard_size), self.num_captions):
             raise ValueError(
-                f"{self.manifest_path} lists {counts[0]} shards of {counts[1]} captions, not the shards of "
-                f"{self.num_images} images by {self.shard_size} and their {self.num_captions} captions: delete it, "
-                "and the next run writes it again from the shards"
+                f"{self.manifest_path} lists {counts[0]} shards of {counts[1]} captions, not those of "
+                f"{self.num_images} images by {self.shard_size} with {self.num_captions} captions: delete it, and the "
+                "next run writes it again from the shards"
             )
         for index in range(len(self.shards)):
             self.check_structure(index)
@@ -289,93 +250,73 @@ class FeatureStore:
             self.verify()
 
     def fix(self, file: Path) -> str:
-        """What to do about the damaged shard `file`: the next run extracts it again, and only it."""
         return (
             f"Delete {file} and {self.manifest_path}: the next run extracts that shard again, and only that one (the "
             "extraction resumes, keeping the other shards)"
         )
 
+    def missing(self, file: Path) -> FileNotFoundError:
+        return FileNotFoundError(
+            f"{file} is missing from the feature store: delete {self.manifest_path}, and the next run extracts the "
+            "missing shard again, and only that one"
+        )
+
     def check_structure(self, index: int) -> None:
-        """Check shard `index`'s size, header and caption offsets against the manifest, reading only those
-        (`FileNotFoundError` or `ValueError`, naming the fix)."""
+        """Check shard `index`'s size, header and caption offsets against the manifest, reading only those."""
         file, record = self.path / self.shards[index], self.records[index]
         if not file.is_file():
-            raise FileNotFoundError(
-                f"{file} is missing from the feature store: delete {self.manifest_path}, and the next run extracts "
-                "the missing shard again, and only that one"
-            )
-        size = file.stat().st_size
-        if size != record["bytes"]:
+            raise self.missing(file)
+        if (size := file.stat().st_size) != record["bytes"]:
             raise ValueError(
                 f"{file} is {size:,} bytes where its extraction wrote {record['bytes']:,}: it was cut short or "
                 f"changed. {self.fix(file)}"
             )
+        images, captions = min(self.shard_size, self.num_images - index * self.shard_size), record["num_captions"]
+        expected = header_of(
+            {
+                "moments": (torch.float32, (images, *self.moments_shape)),
+                "caption_offsets": (torch.int64, (images + 1,)),
+                "text_states": (self.text_dtype, (captions, *self.text_states_shape)),
+            }
+        )
         try:
             reader = ShardReader(file)
         except ValueError as error:
             raise ValueError(f"{error}. {self.fix(file)}") from None
         try:
-            problem = self.structure_problem(index, reader)
+            found = {name: entry for name, entry in reader.header.items() if name != "__metadata__"}
+            if found != expected:
+                problem = f"has the header {found}, where the manifest expects {expected}"
+            elif reader.data_start + expected["text_states"]["data_offsets"][1] != record["bytes"]:
+                problem = "has a header that does not add up to its size"
+            else:
+                offsets = reader.read_into("caption_offsets", 0, np.empty(images + 1, NUMPY_DTYPES["I64"]))
+                problem = None
+                if offsets[0] != 0 or offsets[-1] != captions or not (np.diff(offsets) > 0).all():
+                    shown = [str(offset) for offset in offsets.tolist()]
+                    shown = shown if len(shown) <= 8 else [*shown[:4], "…", *shown[-2:]]
+                    problem = (
+                        f"has caption offsets [{', '.join(shown)}], which do not rise from 0 to its {captions} text "
+                        "rows (image i's captions are rows offsets[i] to offsets[i + 1])"
+                    )
         finally:
             reader.close()
         if problem:
             raise ValueError(f"{file} {problem}. {self.fix(file)}")
 
-    def structure_problem(self, index: int, reader: "ShardReader") -> str | None:
-        """What is wrong with a shard's header or caption offsets (`reader`: its open shard), or None."""
-        images = min(self.shard_size, self.num_images - index * self.shard_size)
-        captions = self.records[index]["num_captions"]
-        expected = {
-            "moments": ("F32", [images, *self.moments_shape]),
-            "caption_offsets": ("I64", [images + 1]),
-            "text_states": (SAFETENSORS_DTYPES[self.text_dtype], [captions, *self.text_states_shape]),
-        }
-        tensors = {name: entry for name, entry in reader.header.items() if name != "__metadata__"}
-        found = {name: (entry.get("dtype"), entry.get("shape")) for name, entry in tensors.items()}
-        if found != expected:
-            return f"holds {found}, where the manifest expects {expected}"
-        end = 0
-        for name, (dtype, shape) in expected.items():  # in this order, back to back, as `ShardWriter` writes them
-            if tensors[name].get("data_offsets") != [end, end + math.prod(shape) * NUMPY_DTYPES[dtype].itemsize]:
-                return f"has a header whose byte offsets of {name!r} are wrong"
-            end = tensors[name]["data_offsets"][1]
-        if reader.data_start + end != self.records[index]["bytes"]:
-            return "has a header that does not add up to its size"
-        offsets = reader.read_into("caption_offsets", 0, np.empty(images + 1, NUMPY_DTYPES["I64"]))  # (n + 1,)
-        if offsets[0] != 0 or offsets[-1] != captions or not (np.diff(offsets) > 0).all():
-            shown = [str(offset) for offset in offsets.tolist()]
-            shown = shown if len(shown) <= 8 else [*shown[:4], "…", *shown[-2:]]
-            return (
-                f"has caption offsets [{', '.join(shown)}], which do not rise from 0 to its {captions} text rows (image "
-                "i's captions are rows offsets[i] to offsets[i + 1])"
-            )
-        return None
-
     def verify(self, shards: Iterable[int] | None = None, num_threads: int | None = None) -> None:
-        """Check shards against the checksums their extraction recorded: each is read whole and hashed (SHA-256).
-
-        Args:
-            shards (`Iterable[int]`, *optional*): The shards; all of them by default.
-            num_threads (`int`, *optional*): Shards hashed at once (hashing releases the GIL); default: one per CPU.
-
-        Raises:
-            `ValueError`: For a shard that does not match its checksums, naming it and the fix.
-        """
+        """Check `shards` (default: all) against the checksums their extraction recorded, `num_threads` (default:
+        one per CPU) at once; `ValueError` naming the shard, the part that differs and the fix."""
         shards = list(range(len(self.shards)) if shards is None else shards)
         if not shards:
             return
-        with ThreadPoolExecutor(min(len(shards), num_threads or available_cpus())) as pool:
-            futures = [pool.submit(self.verify_shard, index) for index in shards]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+        pool = ThreadPoolExecutor(min(len(shards), num_threads or available_cpus()))  # hashing releases the GIL
+        try:
+            list(pool.map(self.verify_shard, shards))
+        finally:
+            pool.shutdown(cancel_futures=True)
 
     def verify_shard(self, index: int) -> None:
-        """Check shard `index` against its checksums (`ValueError` naming the part that differs, and the fix)."""
         file = self.path / self.shards[index]
         digests = shard_digests(file)
         for part, expected in self.records[index]["sha256"].items():
@@ -385,57 +326,33 @@ class FeatureStore:
                     f"{self.manifest_path}: the file was damaged or changed after it was written. {self.fix(file)}"
                 )
 
-    def shard_bytes(self, index: int) -> int:
-        """The size of shard `index`'s file, in bytes.
-
-        Args:
-            index (`int`): The shard.
-        """
-        return self.records[index]["bytes"]
-
     def __len__(self) -> int:
         return self.num_images
 
     def __getstate__(self) -> dict:
-        # A process that receives the store opens its own files.
-        return {**self.__dict__, "_open": OrderedDict()}
+        return {**self.__dict__, "_open": OrderedDict()}  # a process that receives the store opens its own files
 
     def nbytes(self) -> int:
         """The size of the store's files on disk, in bytes."""
-        files = [file for name in self.shards for file in shard_files(self.path / name)]
+        files = [file for name in self.shards for file in (self.path / name, checksums_path(self.path / name))]
         return sum(file.stat().st_size for file in [self.manifest_path, *files])
 
     def shard(self, index: int) -> ShardReader:
-        """The reader of shard `index`, opened on first use (at most `MAX_OPEN_SHARDS` stay open).
-
-        Args:
-            index (`int`): The shard.
-        """
+        """The reader of shard `index`, opened on first use (at most `MAX_OPEN_SHARDS` stay open)."""
         if index in self._open:
             self._open.move_to_end(index)
             return self._open[index]
         path = self.path / self.shards[index]
         if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} is missing from the feature store: delete {self.manifest_path}, and the next run extracts "
-                "the missing shard again, and only that one"
-            )
+            raise self.missing(path)
         self._open[index] = ShardReader(path)
         if len(self._open) > MAX_OPEN_SHARDS:
             self._open.popitem(last=False)[1].close()
         return self._open[index]
 
     def read(self, indices: list[int], picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The moments of images `indices` and the text states of one caption of each, its ⌊pick · (its captions)⌋-th.
-
-        Args:
-            indices (`list[int]`): Images.
-            picks (`torch.Tensor`): (b,) in [0, 1), one per image.
-
-        Returns:
-            `tuple[torch.Tensor, torch.Tensor]`: Moments (b, 2C, h, w) float32 (mean ‖ logvar) and text states
-            (b, T, D) in the store's text dtype.
-        """
+        """The moments (b, 2C, h, w) float32 (mean ‖ logvar) of images `indices` and the text states (b, T, D), in the
+        store's text dtype, of one caption of each: its ⌊pick · (its captions)⌋-th, `picks` (b,) in [0, 1)."""
         for index in indices:
             if not 0 <= index < self.num_images:
                 raise IndexError(f"image {index} of a feature store of {self.num_images}")
@@ -448,9 +365,6 @@ class FeatureStore:
             reader.read_into("moments", row, moments[k])
             reader.read_into("text_states", begin + int(pick * (end - begin)), states[k])
         return torch.from_numpy(moments), torch.from_numpy(states)
-
-
-logger = logging.getLogger(__name__)
 
 
 def write_json(path: Path, value) -> None:
@@ -466,16 +380,8 @@ def write_json(path: Path, value) -> None:
 
 @torch.no_grad()
 def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
-    """CLIP's last hidden state of each text, padded and truncated to the tokenizer's length, as U-ViT encodes.
-
-    Args:
-        tokenizer (`CLIPTokenizer`): The tokenizer.
-        text_encoder (`CLIPTextModel`): The text encoder (no attention mask is passed, as in the reference).
-        texts (`list[str]`): The texts.
-
-    Returns:
-        `torch.Tensor`: (B, T, D), on the text encoder's device, in its dtype.
-    """
+    """CLIP's last hidden state (B, T, D) of each text, padded and truncated to the tokenizer's length and encoded
+    without an attention mask, as U-ViT does; on the text encoder's device, in its dtype."""
     ids = tokenizer(
         texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
     ).input_ids  # (B, T)
@@ -483,38 +389,30 @@ def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
 
 
 class ShardWriter:
-    """Writes one safetensors file in place at its header's offsets, batch by batch, hashing each part as written,
-    so the extraction holds one batch in memory, not one shard. `tensors`: name → (dtype, shape), in file order.
-    `commit` writes the checksums file, fsyncs the shard and renames it from `<path>.tmp` to `path`."""
+    """Writes one safetensors file at its header's offsets, batch by batch, hashing each part as it is written, so the
+    extraction holds one batch in memory, not one shard. `tensors`: name → (dtype, shape), in file order. `commit`
+    writes the checksums file, then fsyncs the shard and renames it from `<path>.tmp` to `path`."""
 
     def __init__(self, path: Path, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
         self.path, self.tmp = path, path.with_name(path.name + ".tmp")
-        header, self.offsets, end = {}, {}, 0
-        for name, (dtype, shape) in tensors.items():
-            size = math.prod(shape) * dtype.itemsize
-            header[name] = {
-                "dtype": SAFETENSORS_DTYPES[dtype],
-                "shape": list(shape),
-                "data_offsets": [end, end + size],
-            }
-            self.offsets[name] = (end, size // max(shape[0], 1), NUMPY_DTYPES[SAFETENSORS_DTYPES[dtype]])
-            end += size
+        self.header = header = header_of(tensors)
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # the data start 8-byte aligned, as safetensors writes them
-        self.data_start, self.size = 8 + len(encoded), 8 + len(encoded) + end
-        self.rows = {name: shape[0] for name, (_, shape) in tensors.items()}
+        encoded = struct.pack("<Q", len(encoded)) + encoded
+        self.data_start, self.size = len(encoded), len(encoded) + list(header.values())[-1]["data_offsets"][1]
         self.written = dict.fromkeys(tensors, 0)  # rows written so far, from row 0
-        self.hashes = {"header": hashlib.sha256(struct.pack("<Q", len(encoded)) + encoded)}
-        self.hashes.update({name: hashlib.sha256() for name in tensors})
+        self.hashes = {"header": hashlib.sha256(encoded), **{name: hashlib.sha256() for name in tensors}}
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.pwrite(self.fd, struct.pack("<Q", len(encoded)) + encoded, 0)
+        os.pwrite(self.fd, encoded, 0)
         os.ftruncate(self.fd, self.size)
 
     def write(self, name: str, row: int, values: torch.Tensor) -> None:
         """Write `values` (k, *shape[1:]) as rows `row`, `row + 1`, … of tensor `name`; rows come in order, from 0, so
-        that they can be hashed as they are written."""
-        begin, row_bytes, dtype = self.offsets[name]
-        data = np.ascontiguousarray(values.detach().cpu().numpy(), dtype=dtype)
+        that they are hashed as they are written."""
+        entry = self.header[name]
+        (begin, end), rows = entry["data_offsets"], entry["shape"][0]
+        row_bytes = (end - begin) // max(rows, 1)
+        data = np.ascontiguousarray(values.detach().cpu().numpy(), dtype=NUMPY_DTYPES[entry["dtype"]])
         if data.nbytes != len(values) * row_bytes:
             raise ValueError(
                 f"{name}: rows of {data.nbytes // max(len(values), 1)} bytes, the header says {row_bytes}"
@@ -526,13 +424,16 @@ class ShardWriter:
         self.written[name] += len(data)
 
     def commit(self) -> None:
-        """Make the file durable under its final name once every row is written, after its checksums file (`bytes`, and
-        the `sha256` of each part in file order): fsync, rename, fsync the folder."""
-        for name, rows in self.rows.items():
-            if self.written[name] != rows:
-                raise ValueError(f"{self.tmp}: {name} has {self.written[name]} of its {rows} rows written")
-        record = {"bytes": self.size, "sha256": {name: digest.hexdigest() for name, digest in self.hashes.items()}}
-        write_json(checksums_path(self.path), record)
+        """Once every row is written: write the checksums file, fsync the shard, rename it, fsync the folder."""
+        for name, entry in self.header.items():
+            if self.written[name] != entry["shape"][0]:
+                raise ValueError(
+                    f"{self.tmp}: {name} has {self.written[name]} of its {entry['shape'][0]} rows written"
+                )
+        write_json(
+            checksums_path(self.path),
+            {"bytes": self.size, "sha256": {name: digest.hexdigest() for name, digest in self.hashes.items()}},
+        )
         os.fsync(self.fd)
         os.close(self.fd)
         os.replace(self.tmp, self.path)
@@ -540,8 +441,8 @@ class ShardWriter:
 
 
 class ShardBatches(torch.utils.data.Dataset):
-    """The image batches to encode: item k is `(shard, first row in the shard, pixels, captions)` of `spans[k]`,
-    `(shard, start, stop)`. Map-style, so `DataLoader` workers decode and crop the images while the encoders run."""
+    """Item k: `(shard, first row in the shard, pixels, captions)` of `spans[k]` = `(shard, start, stop)`. Map-style,
+    so `DataLoader` workers decode and crop the images while the encoders run."""
 
     def __init__(self, dataset, spans, shard_size: int, image_column: str, caption_column: str, resolution: int):
         self.dataset, self.spans, self.shard_size = dataset, spans, shard_size
@@ -580,25 +481,10 @@ def extract_features(
 ) -> None:
     """Write the store at `path`: this process's missing shards, then (on process 0) the manifest.
 
-    Every process of the run calls this together: process p writes those of shards p, p + P, … that are not complete (a
-    killed extraction resumes), and all wait before and after process 0 writes the manifest.
-
-    Args:
-        path (`Path`): The store folder (created if missing).
-        dataset (`datasets.Dataset`): Map-style training data.
-        image_column (`str`): The image column (PIL images).
-        caption_column (`str`): The caption column (a caption or a list of them per row).
-        resolution (`int`): The side the images are centre-cropped and resized to.
-        tokenizer (`CLIPTokenizer`): The tokenizer.
-        text_encoder (`CLIPTextModel`): The text encoder.
-        vae (`AutoencoderKL`): The VAE; its encoder's moments are stored.
-        text_dtype (`str`, *optional*, defaults to `"float32"`): `"float32"` or `"float16"` for the text states.
-        shard_size (`int`, *optional*, defaults to `SHARD_SIZE`): Images per shard.
-        batch_size (`int`, *optional*, defaults to 32): Images encoded at once.
-        num_workers (`int`, *optional*, defaults to 0): `DataLoader` worker processes that decode the images.
-        process_index (`int`, *optional*, defaults to 0): This process's rank.
-        num_processes (`int`, *optional*, defaults to 1): The number of processes calling this together.
-        wait_for_everyone (`Callable`, *optional*, defaults to a no-op): A barrier across those processes.
+    Every process calls this together: process p of P writes those of shards p, p + P, … that are not complete (a
+    killed extraction resumes), `num_workers` `DataLoader` workers decoding the images; all wait (`wait_for_everyone`)
+    before and after process 0 writes the manifest. The images are centre-cropped to `resolution`, `batch_size` at a
+    time; the moments are stored in float32, the text states in `text_dtype`.
 
     Raises:
         `ValueError`: For an empty dataset, an unknown `text_dtype`, a row without a usable caption, or a NaN or inf.
@@ -610,56 +496,13 @@ def extract_features(
     path.mkdir(parents=True, exist_ok=True)
     num_shards = -(-len(dataset) // shard_size)
     mine = range(process_index, num_shards, num_processes)
-    todo = [s for s in mine if not all(file.is_file() for file in shard_files(path / shard_name(s)))]
+    done = lambda s: (path / shard_name(s)).is_file() and checksums_path(path / shard_name(s)).is_file()  # noqa: E731
+    todo = [s for s in mine if not done(s)]
     if process_index == 0 and len(todo) < len(mine):
         logger.info(f"resuming the extraction into {path}: {len(mine) - len(todo)} of its shards are complete")
-    write_shards(
-        path,
-        dataset,
-        todo,
-        f"extracting features ({len(todo)} of {num_shards} shards on this process)",
-        image_column=image_column,
-        caption_column=caption_column,
-        resolution=resolution,
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        text_dtype=text_dtype,
-        shard_size=shard_size,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        show_progress=process_index == 0,
-    )
-    wait_for_everyone()
-    if process_index == 0:
-        write_manifest(path, num_images=len(dataset), shard_size=shard_size, text_dtype=text_dtype)
-    wait_for_everyone()
-
-
-@torch.no_grad()
-def write_shards(
-    path: Path,
-    dataset,
-    shards: list[int],
-    description: str,
-    *,
-    image_column: str,
-    caption_column: str,
-    resolution: int,
-    tokenizer,
-    text_encoder,
-    vae,
-    text_dtype: str,
-    shard_size: int,
-    batch_size: int,
-    num_workers: int,
-    show_progress: bool,
-) -> None:
-    """Encode the images and captions of `shards` and write each shard with its checksums (`ShardWriter`), while
-    `DataLoader` workers decode and crop the next images; the other arguments are `extract_features`'."""
     spans = [
         (s, start, min(start + batch_size, (s + 1) * shard_size, len(dataset)))
-        for s in shards
+        for s in todo
         for start in range(s * shard_size, min((s + 1) * shard_size, len(dataset)), batch_size)
     ]
     batches = torch.utils.data.DataLoader(
@@ -670,9 +513,9 @@ def write_shards(
     )
     progress = progress_bar(
         sum(stop - start for _, start, stop in spans),
-        description,
+        f"extracting features ({len(todo)} of {num_shards} shards on this process)",
         unit="img",
-        disable=not show_progress,
+        disable=process_index != 0,
     )
     writer = None
     for shard, row, pixels, captions in batches:
@@ -681,8 +524,16 @@ def write_shards(
         states = states.to(TEXT_DTYPES[text_dtype])
         refuse_non_finite(dataset, image_column, shard * shard_size + row, moments, states, captions)
         if writer is None:  # the shard's first batch gives the shapes of its header
-            counts = caption_counts(dataset, caption_column, shard, shard_size)
-            writer, caption_offsets = open_shard(path / shard_name(shard), counts, moments, states, text_dtype)
+            rows = dataset.select_columns([caption_column])[shard * shard_size : (shard + 1) * shard_size]
+            counts = [len(captions_of(value)) for value in rows[caption_column]]
+            caption_offsets = torch.tensor([0, *counts]).cumsum(0)  # (n + 1,)
+            tensors = {
+                "moments": (torch.float32, (len(counts), *moments.shape[1:])),
+                "caption_offsets": (torch.int64, (len(counts) + 1,)),
+                "text_states": (TEXT_DTYPES[text_dtype], (int(caption_offsets[-1]), *states.shape[1:])),
+            }
+            writer = ShardWriter(path / shard_name(shard), tensors)
+            writer.write("caption_offsets", 0, caption_offsets)
         writer.write("moments", row, moments)
         writer.write("text_states", int(caption_offsets[row]), states)
         progress.update(len(pixels))
@@ -690,82 +541,58 @@ def write_shards(
             writer.commit()
             writer = None
     progress.close()
+    wait_for_everyone()
+    if process_index == 0:
+        write_manifest(path, num_images=len(dataset), shard_size=shard_size, text_dtype=text_dtype)
+    wait_for_everyone()
 
 
 def refuse_non_finite(
     dataset, image_column: str, first: int, moments: torch.Tensor, states: torch.Tensor, captions: list[list[str]]
 ) -> None:
-    """Refuse a batch with a moment or text state that is not finite, naming the first such image (dataset index
-    `first` + its place in the batch): a NaN or inf must never be stored."""
+    """Refuse a batch (its first image is dataset row `first`) with a moment or text state that is not finite, naming
+    the first such image: a NaN or inf must never be stored."""
+    import datasets
+
+    def image(index: int) -> str:
+        """`image <index>`, with its file when the row's image is read from one."""
+        if not isinstance((dataset.features or {}).get(image_column), datasets.Image):
+            return f"image {index}"
+        column = dataset.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
+        path = column[index][image_column].get("path")
+        return f"image {index} ({path})" if path else f"image {index}"
+
     bad_moments = ~torch.isfinite(moments).flatten(1).all(1)  # (b,)
     if bad_moments.any():
-        index = first + int(bad_moments.nonzero()[0])
         raise ValueError(
-            f"image {index}{image_file(dataset, image_column, index)}: its VAE moments are not finite (NaN or inf), "
-            "as when a VAE in float16 overflows; nothing is stored. Encode in float32, or leave the image out"
+            f"{image(first + int(bad_moments.nonzero()[0]))}: its VAE moments are not finite (NaN or inf), as when a "
+            "VAE in float16 overflows; nothing is stored. Encode in float32, or leave the image out"
         )
     bad_states = ~torch.isfinite(states).flatten(1).all(1)  # (m,)
     if bad_states.any():
-        owners = [(k, caption) for k, image in enumerate(captions) for caption in image]  # one per row of states
-        image, caption = owners[int(bad_states.nonzero()[0])]
-        index = first + image
+        owners = [(k, caption) for k, image_captions in enumerate(captions) for caption in image_captions]
+        owner, caption = owners[int(bad_states.nonzero()[0])]  # one per row of states
         limit = " (or beyond float16's range: store them in float32)" if states.dtype == torch.float16 else ""
         raise ValueError(
-            f"image {index}{image_file(dataset, image_column, index)}: the text states of its caption {caption!r} are "
-            f"not finite (NaN or inf){limit}; nothing is stored"
+            f"{image(first + owner)}: the text states of its caption {caption!r} are not finite (NaN or inf){limit}; "
+            "nothing is stored"
         )
 
 
-def image_file(dataset, image_column: str, index: int) -> str:
-    """` (<path>)` of the image file of row `index`, or "" when the row's image is not read from a file."""
-    import datasets
-
-    if not isinstance((dataset.features or {}).get(image_column), datasets.Image):
-        return ""
-    column = dataset.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
-    path = column[index][image_column].get("path")
-    return f" ({path})" if path else ""
-
-
-def caption_counts(dataset, caption_column: str, shard: int, shard_size: int) -> list[int]:
-    """The number of captions of each image of `shard`, read from the caption column alone."""
-    rows = dataset.select_columns([caption_column])[shard * shard_size : (shard + 1) * shard_size]
-    return [len(captions_of(value)) for value in rows[caption_column]]
-
-
-def open_shard(
-    path: Path, counts: list[int], moments: torch.Tensor, states: torch.Tensor, text_dtype: str
-) -> tuple[ShardWriter, torch.Tensor]:
-    """Start writing a shard: its header, from the shapes of a first batch, and its caption offsets; return the writer
-    and the caption offsets (n + 1,)."""
-    caption_offsets = torch.tensor([0, *counts]).cumsum(0)  # (n + 1,)
-    writer = ShardWriter(
-        path,
-        {
-            "moments": (torch.float32, (len(counts), *moments.shape[1:])),
-            "caption_offsets": (torch.int64, (len(counts) + 1,)),
-            "text_states": (TEXT_DTYPES[text_dtype], (int(caption_offsets[-1]), *states.shape[1:])),
-        },
-    )
-    writer.write("caption_offsets", 0, caption_offsets)
-    return writer, caption_offsets
-
-
 def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: str) -> None:
-    """Write `manifest.json` durably, after checking that every shard and its checksums are there (they are missing
-    when the processes of a run on several machines do not share the store's file system)."""
+    """Write `manifest.json` durably from the shards' headers and checksums files, which must all be there (they are
+    not when the processes of a run on several machines do not share the store's file system)."""
     shards, headers = [], []
     for s in range(-(-num_images // shard_size)):
         file = path / shard_name(s)
-        for needed in shard_files(file):
+        for needed in (file, checksums_path(file)):
             if not needed.is_file():
                 raise FileNotFoundError(
                     f"{needed} is missing after the extraction: every process of the run must see {path}; on several "
                     "machines, put --cache_dir on a file system they share"
                 )
         with open(file, "rb") as f:
-            header, _ = read_header(f.fileno(), file)
-        headers.append(header)
+            headers.append(header := read_header(f.fileno(), file)[0])
         try:
             record = json.loads(checksums_path(file).read_text(encoding="utf-8"))
         except ValueError:
@@ -775,25 +602,21 @@ def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: 
                 f"{checksums_path(file)} is not a shard's checksums file ({problem}): delete it and {file}, and the "
                 "next run extracts that shard again"
             )
-        shards.append(
-            {
-                "file": file.name,
-                "num_images": header["moments"]["shape"][0],
-                "num_captions": header["text_states"]["shape"][0],
-                **record,
-            }
-        )
-    manifest = {
-        "format": FORMAT,
-        "num_images": num_images,
-        "num_captions": sum(shard["num_captions"] for shard in shards),
-        "shard_size": shard_size,
-        "text_dtype": text_dtype,
-        "moments_shape": headers[0]["moments"]["shape"][1:],
-        "text_states_shape": headers[0]["text_states"]["shape"][1:],
-        "shards": shards,
-    }
-    write_json(path / MANIFEST, manifest)
+        counts = {"num_images": header["moments"]["shape"][0], "num_captions": header["text_states"]["shape"][0]}
+        shards.append({"file": file.name, **counts, **record})
+    write_json(
+        path / MANIFEST,
+        {
+            "format": FORMAT,
+            "num_images": num_images,
+            "num_captions": sum(shard["num_captions"] for shard in shards),
+            "shard_size": shard_size,
+            "text_dtype": text_dtype,
+            "moments_shape": headers[0]["moments"]["shape"][1:],
+            "text_states_shape": headers[0]["text_states"]["shape"][1:],
+            "shards": shards,
+        },
+    )
 
 
 def open_feature_store(
@@ -804,28 +627,16 @@ def open_feature_store(
     num_processes: int = 1,
     wait_for_everyone: Callable[[], None] = lambda: None,
     **extraction,
-) -> "FeatureStore":
-    """The store at `path`, extracted first (each process its shards) unless it is complete, then checked.
+) -> FeatureStore:
+    """The store at `path` (`<cache_dir>/features/<feature_store_key(...)>`), extracted first unless it is complete
+    (`extraction`: `extract_features`' keyword arguments), then checked.
 
     Every process of the run calls this together: each checks the structure of every shard and the checksums of its
-    share (shards p, p + P, …), then all wait, so that no process reads a shard before it was checked.
-
-    Args:
-        path (`Path`): The store folder, `<cache_dir>/features/<feature_store_key(...)>`.
-        dataset (`datasets.Dataset`): The training data.
-        process_index (`int`, *optional*, defaults to 0): This process's rank.
-        num_processes (`int`, *optional*, defaults to 1): The number of processes.
-        wait_for_everyone (`Callable`, *optional*, defaults to a no-op): A barrier across them.
-        **extraction: The keyword arguments of `extract_features` (columns, resolution, components, dtype, …).
-
-    Returns:
-        `FeatureStore`: The checked store.
-
-    Raises:
-        `ValueError` or `FileNotFoundError`: For a damaged, changed or missing shard, naming it and the fix.
+    share (shards p, p + P, …), then all wait, so that no process reads a shard before it was checked. Process 0
+    holds a lock, so that a second run on the same `--cache_dir` waits for the first to build the store.
     """
     lock = None
-    if process_index == 0:  # another run that builds this store (one --cache_dir, two runs) finishes it first
+    if process_index == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = path.parent / f".{path.name}.lock"
         if (lock := hold_lock(lock_path)) is None:
@@ -833,44 +644,26 @@ def open_feature_store(
             lock = hold_lock(lock_path, wait=True)
     try:
         wait_for_everyone()
-        return checked_store(path, dataset, process_index, num_processes, wait_for_everyone, extraction)
+        complete = (path / MANIFEST).is_file()
+        wait_for_everyone()  # every process has looked before one of them can write the manifest
+        if not complete:
+            if process_index == 0:
+                logger.info(f"building the feature cache {path}")
+                log_stores_of_other_formats(path.parent)
+            extract_features(path, dataset, process_index=process_index, num_processes=num_processes,
+                             wait_for_everyone=wait_for_everyone, **extraction)  # fmt: skip
+        store = FeatureStore(path, verify=False)
+        store.verify(range(process_index, len(store.shards), num_processes), max(1, available_cpus() // num_processes))
+        wait_for_everyone()  # every shard was checked, by one process or another
+        return store
     finally:
         if lock is not None:
             lock.close()
 
 
-def checked_store(path: Path, dataset, process_index: int, num_processes: int, wait_for_everyone, extraction: dict):
-    """`open_feature_store`'s work, once this run holds the store's lock."""
-    complete = (path / MANIFEST).is_file()
-    wait_for_everyone()  # every process has looked before one of them can write the manifest
-    if not complete:
-        if process_index == 0:
-            logger.info(f"building the feature cache {path}")
-            log_stores_of_other_formats(path.parent)
-        extract_features(
-            path,
-            dataset,
-            process_index=process_index,
-            num_processes=num_processes,
-            wait_for_everyone=wait_for_everyone,
-            **extraction,
-        )
-    store = FeatureStore(path, verify=False)
-    start, mine = time.perf_counter(), range(process_index, len(store.shards), num_processes)
-    store.verify(mine, num_threads=max(1, available_cpus() // num_processes))
-    if process_index == 0:
-        size = sum(store.shard_bytes(s) for s in mine)
-        logger.info(
-            f"checked the checksums of {len(mine)} of the {len(store.shards)} shards ({size / 1e9:.2f} GB) in "
-            f"{time.perf_counter() - start:.1f} s"
-        )
-    wait_for_everyone()  # every shard was checked, by one process or another
-    return store
-
-
 def log_stores_of_other_formats(features: Path) -> None:
-    """Warn about the stores in `features` (`<cache_dir>/features`) of another format, which this version does not
-    read, with the space deleting them frees."""
+    """Warn about the stores in `<cache_dir>/features` of another format, which this version does not read, with the
+    space deleting them frees."""
     for manifest in sorted(features.glob(f"*/{MANIFEST}")):
         try:
             found = json.loads(manifest.read_text(encoding="utf-8")).get("format")

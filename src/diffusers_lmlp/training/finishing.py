@@ -1,6 +1,5 @@
-"""The end of a run: the main process saves the pipeline (or the LoRA adapter) with its card, summary, samples and
-final scores and pushes it with `--push_to_hub`, and all processes leave together; then the lines the command prints
-(`format_run_summary`). `public_args` is what of the arguments leaves the process: never the secrets.
+"""The end of a run: the main process saves the pipeline (or LoRA adapter) with its card, summary, samples and final
+scores and pushes it (`--push_to_hub`); all processes leave together; the command prints `format_run_summary`.
 """
 
 import atexit
@@ -11,7 +10,6 @@ import sys
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from accelerate.logging import get_logger
 
 from diffusers_lmlp.evaluation.resume import write_json_durably
@@ -35,8 +33,7 @@ from diffusers_lmlp.worlds import WORLDS
 
 logger = get_logger(__name__)
 
-# A finished multi-process run's teardown that takes longer has hung: its stacks are dumped and it exits (1).
-TEARDOWN_TIMEOUT_SECONDS = 120
+TEARDOWN_TIMEOUT_SECONDS = 120  # a longer teardown of a multi-process run has hung: dump its stacks and exit (1)
 # Arguments that never leave this process: kept out of trackers, logs, the model card and training_summary.json.
 SECRET_ARGUMENTS = frozenset({"hub_token"})
 
@@ -47,20 +44,11 @@ def public_args(args: TrainingConfig) -> dict:
 
 
 def end_run(
-    accelerator: Accelerator,
-    model,
-    ema,
-    tokenizer,
-    text_encoder,
-    vae,
-    args,
-    output_dir: Path,
-    train_seconds: float,
-    exit_when_done: bool = False,
-) -> None:
-    """After the last step: check that every process ended with the same weights (a wrong multi-process launch
-    trains them separately), `finish` on the main process, then leave together. `exit_when_done` ends the process
-    here (`leave_finished_process`), before the caller's frames free objects whose C++ destructors can hang."""
+    accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, exit_when_done=False
+):
+    """After the last step: check that all processes hold the same weights, `finish` on the main process, then leave
+    together; `exit_when_done` ends the process here, before the caller's frames free objects whose C++ destructors
+    can hang."""
     accelerator.wait_for_everyone()
     flat = torch.cat([p.detach().float().flatten() for p in plain_backbone(accelerator, model).parameters()])
     digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
@@ -84,8 +72,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         ema.copy_to(unwrapped.parameters())
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
-    # Before new weights are saved: nothing may describe an earlier run's weights should this one be killed now (the
-    # summary marks a finished run; the card's generated description goes, what the user wrote stays).
+    # Should this run be killed while saving, nothing may describe an earlier run's weights (the user's card text stays).
     (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
     card = output_dir / "README.md"
     if card.is_file():
@@ -154,8 +141,8 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
 
 
 def leave_finished_process() -> None:
-    """End a finished process without the interpreter's finalization (the `atexit` handlers still run), where
-    torch's autograd and gloo threads can race the GIL's destruction and hang the process."""
+    """End a finished process without the interpreter's finalization (`atexit` handlers still run), where torch's
+    autograd and gloo threads can race the GIL's destruction and hang."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -181,8 +168,7 @@ def percent(value: float | None, interval: list[float] | None = None) -> str:
 
 
 def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
-    """The score table's rows, each a name and one cell per split: the number of images, each accuracy (with its
-    interval), the world's FID with its floor and the CLIP score where measured."""
+    """The score table's rows, each a name and one cell per split: images, accuracies, FID, CLIP score."""
     world = summary.get("world", "shapes")
     scores, intervals = summary["scores"], summary.get("score_intervals", {})
     fid, per_caption = summary.get(f"{world}_fid"), summary.get("images_per_caption", {})
@@ -204,8 +190,7 @@ def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
 
 
 def with_base_columns(summary: dict) -> dict:
-    """A LoRA run's summary with the base model's scores (`"scores_before"`, ...) as columns next to the adapted
-    model's: "train: base", "train: LoRA", ..."""
+    """A LoRA run's summary with the base model's scores as columns beside the adapter's ("train: base", ...)."""
     merged = dict(summary)
     for key in ("scores", "score_intervals", f"{summary.get('world', 'shapes')}_fid", "clip_score"):
         if key in summary:
@@ -227,10 +212,8 @@ def format_run_summary(
     logging_dir: Path | None = None,
     hub_url: str | None = None,
 ) -> str:
-    """The end-of-run summary (no final newline): steps and time, where the outputs are (the `summary` of
-    `training_summary.json`, the pipeline's `output_dir`, the optional grid, validation and logs folders and Hub
-    commit), the scores when the run has them (a LoRA run's next to its base model's), and the Python that loads it.
-    """
+    """The end-of-run summary (no final newline): steps and time, where the outputs are, the scores (a LoRA run's
+    beside its base model's) and the Python that loads it."""
     processes = summary["num_processes"]
     lines = [
         f"Trained {summary['steps']:,} steps in {format_duration(summary['train_seconds'])} on {processes} "

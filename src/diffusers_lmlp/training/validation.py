@@ -1,6 +1,5 @@
-"""Sampling and scoring during training: the validation grid, FID and world scores every `--validation_steps`, and
-the final evaluation of the finished pipeline on its world. Samples use the plain backbone with the EMA weights
-swapped in and the default scheduler: what a user gets.
+"""Sampling and scoring during training (the validation grid, FID and world scores) and the final evaluation on the
+world, with the plain backbone, its EMA weights and the default scheduler: what a user gets.
 """
 
 import json
@@ -43,8 +42,7 @@ def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
 
 
 def default_validation_prompts(args) -> list[str]:
-    """The validation grid's prompts: `--validation_prompts`, else an embedded world's validation prompts, else none
-    (no validation during training, no sample grid at the end)."""
+    """`--validation_prompts`, else an embedded world's validation prompts, else none."""
     if args.validation_prompts:
         return args.validation_prompts
     if args.world:
@@ -53,7 +51,7 @@ def default_validation_prompts(args) -> list[str]:
 
 
 def validation_inputs(args) -> tuple[list[str], list[str]]:
-    """The grid's prompts and the captions FID samples (`--validation_fid_images` of them); says so when neither."""
+    """The grid's prompts and the captions FID samples; says so when there are neither."""
     prompts = default_validation_prompts(args)
     fid_captions = (
         draw_captions(
@@ -71,22 +69,11 @@ def validation_inputs(args) -> tuple[list[str], list[str]]:
 
 
 def validate(
-    accelerator,
-    model,
-    ema,
-    tokenizer,
-    text_encoder,
-    vae,
-    prompts,
-    fid_captions,
-    args,
-    output_dir: Path,
-    step: int,
-    seconds: float,
+    accelerator, model, ema, tokenizer, text_encoder, vae, prompts, fid_captions, args, output_dir, step, seconds
 ):
-    """Sample the prompts (EMA weights if any), save `validation/step-<step>.png` and log it to tensorboard and wandb;
-    also log the FID of `fid_captions` and, on an embedded world, its scores (`log_scores`). `seconds` is the
-    training time over every segment of a resumed run."""
+    """Sample the prompts (with the EMA weights), save `validation/step-<step>.png` and log it to tensorboard and
+    wandb; log the FID of `fid_captions`, and a world's scores to `<logging_dir>/scores.jsonl` (the learning curves).
+    `seconds` is the training time over all segments of a resumed run."""
     unwrapped = plain_backbone(accelerator, model)  # sampled uncompiled: no recompilation for the sampler's batches
     unwrapped.eval()
     pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
@@ -95,7 +82,18 @@ def validate(
         ema.copy_to(unwrapped.parameters())
     try:
         if args.world:
-            log_scores(accelerator, pipe, args, output_dir, step, seconds)
+            world = WORLDS[args.world]
+            reports = evaluate_splits(pipe, args, final=False)
+            record = {"step": step, "minutes": round(seconds / 60, 3)}
+            for split, report in reports.items():
+                record[split] = report[world.name]
+                accelerator.log({f"scores/{split}/{k}": v for k, v in report[world.name].items()}, step=step)
+            path = output_dir / args.logging_dir / SCORES_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            scores = (f"{split} " + ", ".join(f"{k} {v:.0%}" for k, v in record[split].items()) for split in reports)
+            logger.info(f"step {step}: " + "; ".join(scores))
         images = generate(pipe, prompts, args, seed=args.seed) if prompts else []
         if fid_captions:
             report, _ = evaluate(
@@ -135,7 +133,7 @@ def validate(
 
 def keep_scores_until(path: Path, step: int) -> None:
     """Keep the scores in `path` that a run starting at `step` continues: none for a new run, those up to `step` for a
-    resumed one (later ones scored weights it trains again)."""
+    resumed one."""
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -143,26 +141,9 @@ def keep_scores_until(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
-def log_scores(accelerator, pipe: LMLPPipeline, args, output_dir: Path, step: int, seconds: float) -> None:
-    """Score the model on each split of its world at the validation sampler settings; log the accuracies to the
-    trackers and append them, with the step and minutes, to `<logging_dir>/scores.jsonl` (the learning curves)."""
-    world = WORLDS[args.world]
-    reports = evaluate_splits(pipe, args, final=False)
-    record = {"step": step, "minutes": round(seconds / 60, 3)}
-    for split, report in reports.items():
-        record[split] = report[world.name]
-        accelerator.log({f"scores/{split}/{name}": value for name, value in report[world.name].items()}, step=step)
-    path = output_dir / args.logging_dir / SCORES_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-    scores = (f"{split} " + ", ".join(f"{k} {v:.0%}" for k, v in record[split].items()) for split in reports)
-    logger.info(f"step {step}: " + "; ".join(scores))
-
-
 def evaluate_splits(pipe: LMLPPipeline, args, final: bool) -> dict[str, dict]:
     """The report of each split of the world: at the validation sampler settings, or (`final`) at the pipeline's
-    defaults (what `pipe(caption)` gives) with more captions, the world's FID with its floor and its CLIP score."""
+    defaults with more captions, FID and CLIP score."""
     world = WORLDS[args.world]
     if final:
         seeds, num_captions = world.final_seeds, world.num_captions
@@ -194,8 +175,8 @@ def evaluate_splits(pipe: LMLPPipeline, args, final: bool) -> dict[str, dict]:
 
 
 def score_summary(reports: dict[str, dict], world: str, suffix: str = "") -> dict[str, dict]:
-    """The summary's entries of one final evaluation, by split, under keys ending with `suffix` (`"_before"`: the base
-    model of a LoRA run)."""
+    """The summary's entries of one final evaluation, by split, under keys ending with `suffix` (`"_before"`: a LoRA
+    run's base model)."""
     summary = {
         f"scores{suffix}": {split: report[world] for split, report in reports.items()},
         f"score_intervals{suffix}": {split: report[f"{world}_intervals"] for split, report in reports.items()},
