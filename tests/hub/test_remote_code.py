@@ -1,8 +1,5 @@
-"""`push --with-code`: a repo that diffusers loads by repo id with `trust_remote_code=True` and without diffusers-lmlp.
-
-The loads that must not see the package run in a subprocess whose `sitecustomize.py` refuses (and records) every
-import of `diffusers_lmlp`, offline, from a Hub cache laid out as huggingface_hub lays out a download.
-"""
+"""`push --with-code`: a repo diffusers loads by repo id with `trust_remote_code=True`, without diffusers-lmlp (in a
+subprocess whose `sitecustomize.py` refuses and records every import of the package, offline from a Hub cache)."""
 
 import ast
 import json
@@ -156,36 +153,23 @@ def test_every_family_s_generated_transformer_loads_without_the_package_and_matc
         torch.testing.assert_close(outputs[repo_id_of(family)], expected[repo_id_of(family)], rtol=0, atol=1e-5)
 
 
-def with_canaries(staged: Path) -> None:
-    """Make each code file of a staged folder fail loudly if it is ever run."""
-    for path in staged.rglob("*.py"):
-        path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
-
-
 @pytest.mark.slow
-def test_without_trust_remote_code_diffusers_refuses_and_runs_nothing_of_the_repo(make_pipe, tmp_path):
-    _, staged = stage_with_code(make_pipe, tmp_path, "lmlp")
-    with_canaries(staged)
+def test_without_trust_remote_code_nothing_of_the_repo_runs_and_the_package_loads_it_with_its_own_code(
+    make_pipe, tmp_path
+):
+    pipe, staged = stage_with_code(make_pipe, tmp_path, "lmlp")
+    for path in staged.rglob("*.py"):  # each code file fails loudly if it is ever run
+        path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
     fill_cache(staged, tmp_path / "cache", "owner/tiny-lmlp")
     before = set(sys.modules)
-
     with pytest.raises(ValueError, match=REFUSAL):
         DiffusionPipeline.from_pretrained("owner/tiny-lmlp", cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match=REFUSAL):
         DiffusionPipeline.from_pretrained(staged)
-
     assert not [name for name in set(sys.modules) - before if name.split(".")[0] == "diffusers_modules"]
-
-
-@pytest.mark.slow
-def test_lmlp_pipeline_loads_a_with_code_repo_with_the_package_and_runs_none_of_its_code(make_pipe, tmp_path):
-    pipe, staged = stage_with_code(make_pipe, tmp_path, "lmlp")
-    with_canaries(staged)
-    fill_cache(staged, tmp_path / "cache", "owner/tiny-lmlp")
 
     from_folder = LMLPPipeline.from_pretrained(staged)
     from_repo = LMLPPipeline.from_pretrained("owner/tiny-lmlp", cache_dir=tmp_path / "cache")
-
     for loaded, name in ((from_folder, str(staged)), (from_repo, "owner/tiny-lmlp")):
         loaded.set_progress_bar_config(disable=True)
         assert type(loaded) is LMLPPipeline and type(loaded.transformer) is type(pipe.transformer)
@@ -195,7 +179,6 @@ def test_lmlp_pipeline_loads_a_with_code_repo_with_the_package_and_runs_none_of_
 
 
 def imports_of(source: str) -> list[str]:
-    """Every module a Python file imports, at any depth, as written (relative ones start with dots)."""
     names = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -228,7 +211,9 @@ def test_a_name_two_bundled_modules_define_differently_is_refused():
 
 
 @pytest.mark.slow
-def test_default_push_uploads_no_code_and_the_folder_s_own_code_is_left_out(make_pipe, tmp_path):
+def test_default_push_uploads_no_code_and_the_code_push_commits_what_its_dry_run_wrote(
+    make_pipe, tmp_path, monkeypatch
+):
     saved_pipeline(make_pipe, tmp_path / "saved")
     index = (tmp_path / "saved" / "model_index.json").read_text()
     planted = {"evil.py": "import os\nos.system('echo pwned')\n", "pipeline_lmlp.py": "print('not ours')\n"}
@@ -237,10 +222,8 @@ def test_default_push_uploads_no_code_and_the_folder_s_own_code_is_left_out(make
 
     plain = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "plain")
     with_code = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "code", with_code=True)
-
-    assert set(plain.files) == PIPELINE_FILES
+    assert set(plain.files) == PIPELINE_FILES and set(with_code.files) == PIPELINE_FILES | CODE_FILES
     assert (plain.folder / "model_index.json").read_text() == index
-    assert set(with_code.files) == PIPELINE_FILES | CODE_FILES
     for staged in (plain, with_code):
         assert set(planted) <= set(staged.left_out)
         assert staged.left_out["evil.py"].startswith("code: a push uploads none of the folder's own")
@@ -250,17 +233,23 @@ def test_default_push_uploads_no_code_and_the_folder_s_own_code_is_left_out(make
     assert model_index["_class_name"] == ["pipeline_lmlp", "LMLPPipeline"]
     assert model_index["transformer"] == ["lmlp_transformer_2d", "LMLPTransformer2DModel"]
     assert model_index["vae"] == ["diffusers", "AutoencoderKL"]
+    # The cards: the package's snippet, or trust_remote_code=True naming the code that runs.
+    plain_card, card = (ModelCard.load(staged.folder / "README.md").text for staged in (plain, with_code))
+    assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny-lmlp")' in plain_card
+    assert "trust_remote_code" not in plain_card
+    assert 'pipe = DiffusionPipeline.from_pretrained("alice/tiny-lmlp", trust_remote_code=True)' in card
+    assert (
+        "`trust_remote_code=True` downloads this repo's `pipeline_lmlp.py` and `transformer/lmlp_transformer_2d.py` "
+        "and executes them on your machine when the pipeline loads: read them first"
+    ) in card
 
-    # A folder that came with code, pushed without: its code is left out and model_index.json names the package.
+    # Pushed again without the code: its code is left out; model_index.json and the card name the package.
     again = stage_pipeline(with_code.folder, "alice/tiny-lmlp", tmp_path / "again")
     assert set(again.files) == PIPELINE_FILES and set(CODE_FILES) <= set(again.left_out)
     assert json.loads((again.folder / "model_index.json").read_text()) == json.loads(index)
+    assert "trust_remote_code" not in ModelCard.load(again.folder / "README.md").text
 
-
-@pytest.mark.slow
-def test_push_with_code_commits_exactly_what_the_dry_run_wrote(make_pipe, tmp_path, monkeypatch):
-    saved_pipeline(make_pipe, tmp_path / "saved")
-    dry = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "dry", with_code=True)
+    # The push with the code commits exactly what its dry run wrote.
     committed = {}
 
     def create_commit(self, repo_id, operations, **kwargs):
@@ -271,31 +260,7 @@ def test_push_with_code_commits_exactly_what_the_dry_run_wrote(make_pipe, tmp_pa
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: None)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
     push_pipeline(tmp_path / "saved", "alice/tiny-lmlp", token="hf_test", with_code=True)
-
-    assert set(dry.files) == PIPELINE_FILES | CODE_FILES
-    assert committed == {path: (dry.folder / path).read_bytes() for path in dry.files}
-
-
-@pytest.mark.slow
-def test_with_code_card_loads_with_trust_remote_code_and_says_the_code_runs(make_pipe, tmp_path):
-    saved_pipeline(make_pipe, tmp_path / "saved")
-    plain = ModelCard.load(
-        stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "plain").folder / "README.md"
-    )
-    staged = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "code", with_code=True)
-    card = ModelCard.load(staged.folder / "README.md")
-
-    assert 'pipe = DiffusionPipeline.from_pretrained("alice/tiny-lmlp", trust_remote_code=True)' in card.text
-    assert (
-        "`trust_remote_code=True` downloads this repo's `pipeline_lmlp.py` and `transformer/lmlp_transformer_2d.py` "
-        "and executes them on your machine when the pipeline loads: read them first"
-    ) in card.text
-    assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny-lmlp")' in plain.text
-    assert "trust_remote_code" not in plain.text
-
-    # Pushed again without the code, the card's usage block goes back to the package's snippet.
-    again = ModelCard.load(stage_pipeline(staged.folder, "alice/tiny-lmlp", tmp_path / "again").folder / "README.md")
-    assert "trust_remote_code" not in again.text
+    assert committed == {path: (with_code.folder / path).read_bytes() for path in with_code.files}
 
 
 @pytest.mark.slow
@@ -304,15 +269,13 @@ def test_cli_dry_run_with_code_lists_the_code_and_writes_the_same_bytes_in_anoth
     out = tmp_path / "cli"
     command = [sys.executable, "-m", "diffusers_lmlp.hub", "push", str(tmp_path / "saved-lmlp"), "owner/tiny-lmlp"]
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # set and dict orders must not reach the files
-    result = subprocess.run(
-        command + ["--dry-run", "--with-code", "--output-dir", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
+    command += ["--dry-run", "--with-code", "--output-dir", str(out)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    header = (
+        f"Dry run, nothing was uploaded. The folder that would be uploaded to the model repo owner/tiny-lmlp: {out}"
+    )
+    assert header in result.stdout
     assert "  pipeline_lmlp.py\n" in result.stdout and "  transformer/lmlp_transformer_2d.py\n" in result.stdout
     for path in (*CODE_FILES, "model_index.json"):
         assert (out / path).read_bytes() == (staged / path).read_bytes(), path
@@ -329,19 +292,17 @@ def test_a_model_index_key_that_is_a_path_is_refused_before_anything_is_written(
     (tmp_path / "saved" / "model_index.json").write_text(json.dumps(index))
     before = sorted(tmp_path.rglob("*"))
 
+    argv = [
+        "push",
+        str(tmp_path / "saved"),
+        "owner/x",
+        "--dry-run",
+        "--with-code",
+        "--output-dir",
+        str(tmp_path / "up"),
+    ]
     with pytest.raises(SystemExit) as exit_info:
-        main(
-            [
-                "push",
-                str(tmp_path / "saved"),
-                "owner/x",
-                "--dry-run",
-                "--with-code",
-                "--output-dir",
-                str(tmp_path / "up"),
-            ]
-        )
-
+        main(argv)
     assert str(exit_info.value.code) == (
         f"error: {tmp_path / 'saved' / 'model_index.json'} has the key {key!r}, which is not a component name: each "
         "key names a folder of the pipeline (a Python identifier such as 'transformer'), never a path. Fix or remove "
@@ -354,8 +315,7 @@ def test_a_model_index_key_that_is_a_path_is_refused_before_anything_is_written(
 def test_code_is_generated_for_the_pipeline_s_components_only(make_pipe, tmp_path):
     saved_pipeline(make_pipe, tmp_path / "saved")
     index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
-    # An entry the pipeline does not take, naming the package: it would get no code, so the repo would still need the
-    # package to load (and a Space refuses it): refused, naming it.
+    # An entry the pipeline does not take, naming the package, would get no code: refused, naming it.
     (tmp_path / "saved" / "model_index.json").write_text(
         json.dumps({**index, "extra": ["diffusers_lmlp", "LMLPTransformer2DModel"]})
     )
@@ -394,8 +354,7 @@ def test_with_code_entries_are_mapped_by_one_function_that_only_looks_at_the_loa
     assert model_index.package_model_index(with_code) == expected
     assert model_index.package_model_index(expected) == expected
 
-    # A class the package exports lazily (a module `__getattr__`) counts; without the package loaded nothing changes,
-    # and nothing is imported.
+    # A class the package exports lazily counts; without the package loaded nothing changes, and nothing is imported.
     lazy = type(sys)("diffusers_lmlp")
 
     def exported_lazily(name):

@@ -1,9 +1,5 @@
-"""The Space as the Hub runs it: the staged demo folder, without diffusers-lmlp, serving a model repo pushed with
-`--with-code` from its own code (`trust_remote_code=True`), offline from a Hub cache.
-
-One app is served for the module (the shipped shapes model, pushed with its code, as `owner/lmlp-shapes`), in a
-subprocess that cannot import the package; it is driven over loopback with gradio_client.
-"""
+"""The Space as the Hub runs it: the staged demo, in a subprocess without diffusers-lmlp, serving the shapes model
+pushed with `--with-code` (`owner/lmlp-shapes`) offline from a Hub cache, driven with gradio_client."""
 
 import dataclasses
 import json
@@ -76,8 +72,7 @@ def space(tmp_path_factory) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def served(space) -> SimpleNamespace:
-    """`python app.py` in the staged Space folder, without the package, serving `owner/lmlp-shapes` on one CPU
-    thread (`LMLP_NUM_THREADS=1`); its URL, a client and its log."""
+    """`python app.py` in the staged Space, without the package, on one CPU thread; its URL, a client and its log."""
     env = {**space.env, "LMLP_MODEL": WITH_CODE, "LMLP_NUM_THREADS": "1"}
     log = space.root / "server.log"
     with app_process(space.folder, env, log, timeout=TIMEOUT_S) as url:
@@ -109,8 +104,7 @@ def test_space_without_the_package_serves_the_model_from_its_code(served, space,
     assert "Serving on the CPU with 1 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in log
     # The model's own code freezes the transformer too, and passes the frozen graph on to each request's pipeline.
     assert re.search(r"^Sampling with the transformer frozen by inductor, compiled in \d+\.\d s", log, re.M), log
-    # The images the app makes with the package, in the dtype the served app chose (bf16 where this CPU runs it
-    # faster), frozen as it serves, and on as many threads as it runs.
+    # The images the app makes with the package, in the served app's dtype, frozen, on as many threads.
     dtype = getattr(torch, panel.rsplit("**Running on:** cpu, ", 1)[1].strip())
     pipe = pretrained_shapes_pipeline(dtype=dtype)
     with one_cpu_thread():
@@ -138,14 +132,8 @@ def test_space_without_the_package_refuses_bad_input_as_with_it(served, shapes_p
 def test_space_without_the_package_refuses_a_repo_without_code_and_a_missing_model_with_the_fix(space):
     log = space.imports.read_text() if space.imports.exists() else ""
     env = {key: value for key, value in space.env.items() if key != "LMLP_MODEL"}
-    result = subprocess.run(
-        [sys.executable, "-c", MAIN, WITHOUT_CODE, ""],
-        cwd=space.folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    command = [sys.executable, "-c", MAIN, WITHOUT_CODE, ""]
+    result = subprocess.run(command, cwd=space.folder, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
     assert result.returncode == 0, result.stderr[-3000:]
     no_code, no_model = json.loads(result.stdout.strip().splitlines()[-1])

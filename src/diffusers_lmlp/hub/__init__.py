@@ -2,8 +2,7 @@
 Space. Command line: `python -m diffusers_lmlp.hub push FOLDER owner/name [--with-code] [--dry-run]` and
 `push-space owner/space --model owner/name` (also `diffusers-lmlp-hub`).
 
-No upload follows a link or takes a credential-like file or one holding a token (`diffusers_lmlp.hub.upload`).
-Names import lazily.
+No upload follows a link or takes a credential-like file or one holding a token (`.upload`). Names import lazily.
 """
 
 from typing import TYPE_CHECKING
@@ -13,8 +12,8 @@ from ..exports import lazy_exports
 
 _EXPORTS = {
     "write_model_card": ".card",
-    "push_lora": ".lora_upload",
-    "stage_lora": ".lora_upload",
+    "push_lora": ".model",
+    "stage_lora": ".model",
     "push_pipeline": ".model",
     "stage_pipeline": ".model",
     "push_space": ".space",
@@ -33,6 +32,5 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from .card import write_model_card  # noqa: F401
-    from .lora_upload import push_lora, stage_lora  # noqa: F401
-    from .model import push_pipeline, stage_pipeline  # noqa: F401
+    from .model import push_lora, push_pipeline, stage_lora, stage_pipeline  # noqa: F401
     from .space import push_space, stage_space  # noqa: F401

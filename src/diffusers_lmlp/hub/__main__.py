@@ -9,7 +9,6 @@ from .space import DEFAULT_SPACE_DIR, MODEL_VARIABLE, SPACE_FILE_LIMIT, SPACE_TO
 from .upload import IMAGE_LIMIT, TEXT_LIMIT, StagedUpload, check_repo_id, upload_report
 
 
-# The console script setup.py installs for this command.
 CONSOLE_SCRIPT = "diffusers-lmlp-hub"
 
 
@@ -30,14 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
         "push",
         help="a saved pipeline folder (or a LoRA adapter folder) -> a model repo",
         description="Upload a folder written by LMLPPipeline.save_pretrained (or the training script) with its "
-        "model card: safetensors weights, configs, tokenizer files and images only (never checkpoint-*, logs, "
-        "pickles or the folder's own .py files; --with-code adds code generated from the installed package). Never "
-        "uploaded either: symbolic and hard links (none is followed), files named like credentials (token.txt, "
-        "mytoken.txt, secrets.json, auth.json, .env, *.pem, ...), files that hold a token or a private key (hf_..., "
-        "AKIA..., ghp_..., sk-..., -----BEGIN PRIVATE KEY-----, ...), and files other than the weights over "
-        f"{TEXT_LIMIT[0] // 10**6} MB (images: {IMAGE_LIMIT[0] // 10**6} MB); the dry run and the push list each with "
-        "its reason (never the secret). An existing README.md keeps its text; its metadata and usage block are "
-        "updated.",
+        "model card: safetensors weights, configs, tokenizer files and images only (--with-code adds code generated "
+        "from the installed package). Never uploaded: checkpoint-*, logs, pickles, the folder's own .py files, links "
+        "(none is followed), files named like credentials (token.txt, secrets.json, .env, *.pem, ...), files that "
+        "hold a token or a private key (hf_..., ghp_..., sk-..., ...), and files other than the weights over "
+        f"{TEXT_LIMIT[0] // 10**6} MB (images: {IMAGE_LIMIT[0] // 10**6} MB); each is listed with its reason, never "
+        "the secret. An existing README.md keeps its text; its metadata and usage block are updated.",
     )
     push.add_argument(
         "folder",
@@ -93,113 +90,62 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def push_lora_command(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """`push` of a LoRA adapter folder: the dry run (returns None) or the commit; pipeline-only options are errors."""
-    from .lora_upload import push_lora, stage_lora
-
-    pipeline_only = {
-        "--with-code": args.with_code,
-        "--dataset": args.datasets,
-        "--sample-prompts": args.sample_prompts,
-    }
-    given = [option for option, value in pipeline_only.items() if value]
-    if given:
-        parser.error(
-            f"{', '.join(given)}: {args.folder} is a LoRA adapter folder, and these apply to pipeline folders only "
-            "(push the base pipeline with them)"
-        )
-    if args.dry_run:
-        staged = stage_lora(
-            args.folder, args.repo_id, args.output_dir, license=args.license, base_model=args.base_model
-        )
-        report_dry_run(staged, f"the model repo {args.repo_id}")
-        return None
-    return push_lora(
-        args.folder,
-        args.repo_id,
-        token=args.token,
-        private=args.private,
-        commit_message=args.commit_message or "Upload LoRA adapter",
-        revision=args.revision,
-        create_pr=args.create_pr,
-        license=args.license,
-        base_model=args.base_model,
-    )
-
-
 def report_dry_run(staged: StagedUpload, repo: str) -> None:
     """Print the folder a push would upload, its files, and what it refuses and leaves out (the push logs these)."""
     print(f"Dry run, nothing was uploaded. The folder that would be uploaded to {repo}: {staged.folder.resolve()}")
     print("\n".join(f"  {path}" for path in staged.files))
-    report = upload_report(staged)
-    if report:
+    if report := upload_report(staged):
         print(report)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command; the publishers, which import diffusers, load only after the arguments parse.
-
-    Args:
-        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
-    """
+    """Run the command on `argv` (default `sys.argv[1:]`); the publishers (diffusers) load after parsing."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    # A push logs what it did not upload (`upload_report`, as the dry run prints it): show the bare messages.
-    logging.basicConfig(format="%(message)s")
+    logging.basicConfig(format="%(message)s")  # a push logs what it did not upload, as the dry run prints it
     logging.getLogger("diffusers_lmlp.hub").setLevel(logging.INFO)
     if args.output_dir and not args.dry_run:
         parser.error("--output-dir only goes with --dry-run (a real push stages in a temporary folder)")
-    from .lora_upload import is_lora_folder
-    from .model import push_pipeline, stage_pipeline
+    from .model import is_lora_folder, push_lora, push_pipeline, stage_lora, stage_pipeline
 
     try:
-        if args.command == "push" and is_lora_folder(args.folder):
-            commit = push_lora_command(parser, args)
-            if commit is None:
-                return
-        elif args.command == "push":
-            card_options = {
-                "license": args.license,
-                "base_model": args.base_model,
-                "datasets": args.datasets,
-                "sample_prompts": args.sample_prompts,
-                "sample_steps": args.sample_steps,
-                "seed": args.seed,
-            }
-            if args.dry_run:
-                staged = stage_pipeline(
-                    args.folder, args.repo_id, args.output_dir, with_code=args.with_code, **card_options
-                )
-                report_dry_run(staged, f"the model repo {args.repo_id}")
-                if "/" not in args.repo_id:
-                    print(f"A push names the repo <token user>/{args.repo_id}, in the card too.")
-                return
-            commit = push_pipeline(
-                args.folder,
-                args.repo_id,
-                token=args.token,
-                private=args.private,
-                commit_message=args.commit_message or "Upload LMLPPipeline",
-                revision=args.revision,
-                create_pr=args.create_pr,
-                with_code=args.with_code,
-                **card_options,
-            )
-        else:
+        if args.command == "push-space":
             check_repo_id(args.space_id, "Space id", namespace=True)
             if args.dry_run:
-                staged = stage_space(args.model, args.space_dir, args.output_dir)
-                report_dry_run(staged, f"the Space {args.space_id}")
+                report_dry_run(stage_space(args.model, args.space_dir, args.output_dir), f"the Space {args.space_id}")
                 print(f"A push also sets the Space variable {MODEL_VARIABLE}={','.join(args.model)}.")
                 return
             commit = push_space(
-                args.space_id,
-                args.model,
-                args.space_dir,
-                token=args.token,
-                private=args.private,
+                args.space_id, args.model, args.space_dir, token=args.token, private=args.private,
                 commit_message=args.commit_message,
-            )
+            )  # fmt: skip
+        else:
+            options = {"license": args.license, "base_model": args.base_model}
+            if is_lora_folder(args.folder):
+                pipeline_only = {"--with-code": args.with_code, "--dataset": args.datasets,
+                                 "--sample-prompts": args.sample_prompts}  # fmt: skip
+                if given := [option for option, value in pipeline_only.items() if value]:
+                    parser.error(
+                        f"{', '.join(given)}: {args.folder} is a LoRA adapter folder, and these apply to pipeline "
+                        "folders only (push the base pipeline with them)"
+                    )
+                stage, push, message = stage_lora, push_lora, "Upload LoRA adapter"
+            else:
+                options.update(datasets=args.datasets, sample_prompts=args.sample_prompts, with_code=args.with_code,
+                               sample_steps=args.sample_steps, seed=args.seed)  # fmt: skip
+                stage, push, message = stage_pipeline, push_pipeline, "Upload LMLPPipeline"
+            if args.dry_run:
+                report_dry_run(
+                    stage(args.folder, args.repo_id, args.output_dir, **options), f"the model repo {args.repo_id}"
+                )
+                if "/" not in args.repo_id:
+                    print(f"A push names the repo <token user>/{args.repo_id}, in the card too.")
+                return
+            commit = push(
+                args.folder, args.repo_id, token=args.token, private=args.private,
+                commit_message=args.commit_message or message, revision=args.revision, create_pr=args.create_pr,
+                **options,
+            )  # fmt: skip
     except (ValueError, OSError) as err:  # bad input, and huggingface_hub's HTTP and offline errors
         sys.exit(f"error: {err}")
     print(f"Uploaded: {commit.pr_url or commit.commit_url}")

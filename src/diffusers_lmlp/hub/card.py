@@ -1,9 +1,7 @@
-"""Model cards for saved pipelines: Hub metadata, what the model is, and how to load it.
+"""Model cards for saved pipelines (`huggingface_hub.ModelCard`): Hub metadata, what the model is, how to load it.
 
-We own a few metadata keys (`library_name`, `pipeline_tag`, our tags; `license`, `datasets`, `base_model` when given)
-and two marked blocks of the body: `description`, written at training time, and `usage`, written again on every push
-(when the repo id is known). The rest of a card is the user's and is kept. A block found between its
-`<!-- begin/end diffusers-lmlp:<name> -->` markers is replaced in place; a missing one is appended.
+We own a few metadata keys and two marked blocks of the body: `description` (written at training time) and `usage`
+(written again on every push). The rest of a card is the user's and is kept.
 """
 
 import json
@@ -22,12 +20,9 @@ from ..worlds import WORLDS
 
 DEFAULT_LICENSE = "apache-2.0"
 BASE_TAGS = ("text-to-image", "diffusers", "diffusers-lmlp", "mlp")
-# The usage snippet's prompt when the training summary records no sample-grid captions (`sample_prompts`).
 GENERIC_PROMPT = "a photograph of an astronaut riding a horse"
-# The settings of the scores' sampler (`summary["evaluation_sampler"]`) that are `LMLPPipeline.__call__` arguments.
+# The scores' sampler settings (`summary["evaluation_sampler"]`) that are `LMLPPipeline.__call__` arguments.
 SAMPLER_CALL_ARGUMENTS = ("num_inference_steps", "guidance_scale")
-
-# The backbone option that is not in the papers, named where a card describes the backbone.
 POOLED_TEXT_PROJECTION = (
     "; the text encoder's last-position state is also projected and added to every image token "
     "(`pooled_text_projection`, not in the papers)"
@@ -35,7 +30,6 @@ POOLED_TEXT_PROJECTION = (
 
 
 def block_markers(name: str) -> tuple[str, str]:
-    """The begin and end markers around the generated block `name` of a card body."""
     return (
         f"<!-- begin diffusers-lmlp:{name} (generated: edits inside this block are replaced) -->",
         f"<!-- end diffusers-lmlp:{name} -->",
@@ -47,13 +41,11 @@ def _block_pattern(name: str) -> re.Pattern:
 
 
 def without_block(text: str, name: str) -> str:
-    """`text` with the generated block `name` taken out: what the rest of a card says."""
     return _block_pattern(name).sub("", text)
 
 
 def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
-    """`value` if it names a Hub repo (a valid repo id that is not a local path), else None: training arguments may
-    name local folders, which are no use in metadata."""
+    """`value` if it names a Hub repo (a valid repo id that is not a local path), else None."""
     if value is None or os.path.exists(value):
         return None
     try:
@@ -64,8 +56,8 @@ def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
 
 
 def data_source(args: Mapping, default: str) -> str:
-    """What a card says the model was trained on (`args`' `dataset_name` or `train_data_dir`): a Hub dataset by its
-    repo id, a local folder by its name only (its path would name the user), else `default`."""
+    """What a card says the model was trained on: a Hub dataset by its id, a local folder by its name only (its path
+    would name the user), else `default`."""
     source = args.get("dataset_name") or args.get("train_data_dir")
     if not source:
         return default
@@ -79,19 +71,9 @@ def write_model_card(
     summary: Mapping | None = None,
     sample_grid: str | os.PathLike | None = None,
 ) -> ModelCard:
-    """Write or update `README.md` (metadata, description and usage) in a saved `LMLPPipeline` folder; what the user
-    wrote outside the generated blocks is kept.
-
-    Args:
-        folder (`str` or `os.PathLike`): The folder `pipe.save_pretrained` wrote.
-        pipe (`LMLPPipeline`): The saved pipeline (its backbone config goes into the card).
-        args (`Mapping`, *optional*): The training arguments (recipe, `dataset_name`, base model, `hub_model_id`).
-        summary (`Mapping`, *optional*): Training results (scores, `evaluation_sampler`, `sample_prompts`, ...).
-        sample_grid (`str` or `os.PathLike`, *optional*): A sample grid inside `folder` to show.
-
-    Returns:
-        `ModelCard`: The card, also saved as `<folder>/README.md`.
-    """
+    """Write or update `README.md` (metadata, description and usage) in the folder `pipe.save_pretrained` wrote and
+    return the card; what the user wrote outside the generated blocks is kept. `args` are the training arguments,
+    `summary` the training results, `sample_grid` a grid inside `folder` to show."""
     args = args or {}
     folder = Path(folder)
     base_model = hub_id_or_none(args.get("pretrained_model_name_or_path"))
@@ -123,8 +105,8 @@ def update_card(
     datasets: list[str] | None = None,
     base_model: str | None = None,
 ) -> ModelCard:
-    """Merge our metadata, `tags` beyond `BASE_TAGS` and generated `blocks` (by name, missing ones appended in order)
-    into the `existing` card's text (None: a new card), keeping everything else; the card is not saved."""
+    """Merge our metadata, `tags` and generated `blocks` (replaced in place, missing ones appended) into the
+    `existing` card's text (None: a new card), keeping everything else; the card is not saved."""
     card = ModelCard(existing) if existing else None
     data = card.data if card is not None else ModelCardData()
     data.library_name = "diffusers"
@@ -156,8 +138,8 @@ def describe_pipeline(
     sample_grid: str | os.PathLike | None = None,
     base_model: str | None = None,
 ) -> str:
-    """The `description` block (Markdown): the backbone, its size, its vocabulary when closed, how it was trained
-    (the full recipe when `args` has a `learning_rate`) and how well it does, with the scores' sampler settings."""
+    """The `description` block: the backbone, its size, its vocabulary when closed, how it was trained and how well
+    it does, with the scores' sampler settings."""
     args, summary = args or {}, summary or {}
     backbone = pipe.transformer
     config = backbone.config
@@ -223,8 +205,8 @@ def describe_pipeline(
 
 
 def example_prompt(summary: Mapping, tokenizer=None) -> str:
-    """The usage snippet's prompt: the first sample-grid caption, else `GENERIC_PROMPT`, unless the tokenizer's closed
-    vocabulary lacks its words; then a caption of the shapes world, whose vocabulary such models have."""
+    """The usage snippet's prompt: the first sample-grid caption, else `GENERIC_PROMPT`, unless a closed vocabulary
+    lacks its words; then a caption of the shapes world."""
     candidates = [*summary.get("sample_prompts", []), GENERIC_PROMPT]
     if tokenizer is None or known_words(tokenizer) is None:
         return candidates[0]
@@ -241,9 +223,9 @@ def usage_section(
     code_files: Sequence[str] | None = None,
     tokenizer=None,
 ) -> str:
-    """The `usage` block (Markdown): load from `repo_id` and sample `example_prompt` with the scores' sampler settings;
-    with `code_files` (`push --with-code`) through `trust_remote_code=True`, naming the files it runs, else with the
-    package. `sample_grid` is shown first, for cards that do not show one yet."""
+    """The `usage` block: load from `repo_id` and sample `example_prompt` with the scores' sampler settings; with
+    `code_files` (`--with-code`) through `trust_remote_code=True`, naming the files it runs. `sample_grid` is shown
+    first, for cards that do not show one yet."""
     summary = summary or {}
     prompt = example_prompt(summary, tokenizer)
     sampler = summary.get("evaluation_sampler", {})
@@ -252,46 +234,34 @@ def usage_section(
     guidance = (
         "These are the settings the scores were measured with. " if settings else ""
     ) + "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1)."
-    lines = [f"![samples]({sample_grid})", ""] if sample_grid else []
     if code_files:
         files = " and ".join(f"`{path}`" for path in code_files)
-        return "\n".join(
-            lines
-            + [
-                "## Use",
-                "",
-                "This repo holds the code of its pipeline and backbone, generated from the `diffusers-lmlp` package, so "
-                "diffusers loads it with only diffusers, transformers and torch installed:",
-                "",
-                "```python",
-                "from diffusers import DiffusionPipeline",
-                "",
-                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)',
-                sample,
-                "```",
-                "",
-                f"`trust_remote_code=True` downloads this repo's {files} and executes them on your machine when the "
-                "pipeline loads: read them first, and pin the commit you read with `revision=`. With `diffusers-lmlp` "
-                f'installed, `LMLPPipeline.from_pretrained("{repo_id}")` loads the same weights with the installed '
-                "code and executes none of the repo's. " + guidance,
-            ]
+        intro = (
+            "This repo holds the code of its pipeline and backbone, generated from the `diffusers-lmlp` package, so "
+            "diffusers loads it with only diffusers, transformers and torch installed:"
         )
-    return "\n".join(
-        lines
-        + [
-            "## Use",
+        code = [
+            "from diffusers import DiffusionPipeline",
             "",
-            "With the `diffusers-lmlp` package installed:",
-            "",
-            "```python",
+            f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)',
+        ]
+        note = (
+            f"`trust_remote_code=True` downloads this repo's {files} and executes them on your machine when the "
+            "pipeline loads: read them first, and pin the commit you read with `revision=`. With `diffusers-lmlp` "
+            f'installed, `LMLPPipeline.from_pretrained("{repo_id}")` loads the same weights with the installed '
+            "code and executes none of the repo's. " + guidance
+        )
+    else:
+        intro = "With the `diffusers-lmlp` package installed:"
+        code = [
             "import diffusers_lmlp  # registers the pipeline and backbones with diffusers",
             "from diffusers_lmlp import LMLPPipeline",
             "",
             f'pipe = LMLPPipeline.from_pretrained("{repo_id}")',
-            sample,
-            "```",
-            "",
-            guidance + " Load Hub repos with `LMLPPipeline.from_pretrained`: diffusers' "
-            "`DiffusionPipeline.from_pretrained` refuses third-party component libraries for Hub ids.",
         ]
-    )
+        note = guidance + (
+            " Load Hub repos with `LMLPPipeline.from_pretrained`: diffusers' `DiffusionPipeline.from_pretrained` "
+            "refuses third-party component libraries for Hub ids."
+        )
+    lines = [f"![samples]({sample_grid})", ""] if sample_grid else []
+    return "\n".join([*lines, "## Use", "", intro, "", "```python", *code, sample, "```", "", note])

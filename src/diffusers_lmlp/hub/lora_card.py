@@ -1,7 +1,5 @@
-"""The model card of a LoRA adapter folder: Hub metadata, what the adapter adapts, how well it does against its base,
-and how to load it. The trainer writes it with `--lora_rank`; a push updates its `usage` block with the repo id,
-merging as `diffusers_lmlp.hub.card` does.
-"""
+"""The model card of a LoRA adapter folder (written by the trainer with `--lora_rank`; a push updates its `usage`
+block): what the adapter adapts, how well it does against its base, and how to load it."""
 
 import json
 import os
@@ -25,8 +23,7 @@ if TYPE_CHECKING:
 ADAPTER_NAME = "default"
 # The path of a block in the backbone (`UShapedMixerModel.stack`), before a module's name inside the block.
 BLOCK_PREFIX = re.compile(r"^stack\.(?:(?:in|out)_blocks\.\d+|mid_block)\.")
-# How a run's `training_summary.json` names the shapes model shipped in the package as its base: by the function that
-# loads it, not by its path in this installation (`/home/<user>/.venv/...`), which the summary would carry to the Hub.
+# How a summary names the shipped shapes model as a base: by the function that loads it, not by its local path.
 SHIPPED_SHAPES_MODEL = "diffusers_lmlp.shapes.pretrained_shapes_pipeline()"
 
 
@@ -37,8 +34,8 @@ def adapted_modules(model: "torch.nn.Module") -> list[str]:
 
 
 def names_in_block(names: list[str]) -> list[str]:
-    """The names of modules inside the U-shaped stack's blocks, without the block's own path
-    (`stack.in_blocks.0.joint_mlp.fc1` -> `joint_mlp.fc1`), once each, in order; other modules are left out."""
+    """The names of modules inside the stack's blocks, without the block's path (`stack.in_blocks.0.joint_mlp.fc1` ->
+    `joint_mlp.fc1`), once each, in order; other modules are left out."""
     inside = (BLOCK_PREFIX.sub("", name) for name in names if BLOCK_PREFIX.match(name))
     return list(dict.fromkeys(inside))
 
@@ -49,30 +46,27 @@ def is_shipped_shapes_model(base_model: str) -> bool:
 
 
 def recorded_base_model(base_model: str) -> str:
-    """How a LoRA run's summary records its base pipeline: `SHIPPED_SHAPES_MODEL` for the shipped shapes model, any
-    other folder or repo id as given (the end-of-run load line reads it on this machine)."""
+    """How a LoRA run's summary records its base pipeline: `SHIPPED_SHAPES_MODEL`, or the folder or repo id given."""
     return SHIPPED_SHAPES_MODEL if is_shipped_shapes_model(base_model) else base_model
 
 
 def load_base_code(base_model: str) -> str:
-    """The Python lines that load the base pipeline as `pipe`: the shipped shapes model by its function, others by
-    folder or repo id."""
+    """The Python lines that load the base pipeline as `pipe`."""
     if is_shipped_shapes_model(base_model):
         return "from diffusers_lmlp.shapes import pretrained_shapes_pipeline\npipe = pretrained_shapes_pipeline()"
     return f"from diffusers_lmlp import LMLPPipeline\npipe = LMLPPipeline.from_pretrained({json.dumps(base_model)})"
 
 
 def public_base_model(base_model: str) -> str:
-    """How a card, and the summary a push uploads, name a LoRA run's base pipeline: a Hub repo id as is, the shipped
-    shapes model as `SHIPPED_SHAPES_MODEL`, another local folder by its name only (its path would name the user)."""
+    """How a card and an uploaded summary name a base pipeline: a Hub repo id, `SHIPPED_SHAPES_MODEL`, or a local
+    folder by its name only (its path would name the user)."""
     if is_shipped_shapes_model(base_model):
         return SHIPPED_SHAPES_MODEL
     return hub_id_or_none(base_model) or Path(base_model).name
 
 
 def score_table(summary: Mapping) -> list[str]:
-    """The shapes scorer's accuracies of the base model and of the adapted one, per split, as a Markdown table
-    (from the summary's `scores` and `scores_before`: split → metric → accuracy)."""
+    """The scorer's accuracies of the base and the adapted model per split (`scores_before`, `scores`), as a table."""
     after, before = summary["scores"], summary["scores_before"]
     splits = list(after)
     metrics = list(dict.fromkeys(metric for split in splits for metric in after[split]))
@@ -87,8 +81,7 @@ def score_table(summary: Mapping) -> list[str]:
 
 
 def lora_usage_section(repo_id: str, base_model: str, summary: Mapping | None = None) -> str:
-    """The `usage` block of a LoRA card: load the base pipeline, then the adapter from `repo_id`, and sample the first
-    of the summary's `sample_prompts` with its `evaluation_sampler` settings."""
+    """The `usage` block of a LoRA card: load the base pipeline, then the adapter from `repo_id`, and sample."""
     summary = summary or {}
     prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
     sampler = summary.get("evaluation_sampler", {})
@@ -116,8 +109,8 @@ def write_lora_card(
     summary: Mapping,
     sample_grid: str | os.PathLike | None = None,
 ) -> ModelCard:
-    """Write or update `README.md` (metadata, description and usage) in a LoRA adapter folder and return the card;
-    `model` is the backbone with the trained adapter, `args` the training arguments (without secrets)."""
+    """Write or update `README.md` in a LoRA adapter folder and return the card; `model` is the backbone with the
+    trained adapter, `args` the training arguments (without secrets)."""
     folder = Path(folder)
     family = family_of(model)
     config = model.peft_config[ADAPTER_NAME]

@@ -1,14 +1,12 @@
 """`push --with-code`: ship the pipeline's code in the repo, so that diffusers loads it without diffusers-lmlp.
 
-`model_index.json` then names files that `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs,
-generated from the installed package (`bundle_source`): a class's module and every package module it imports, in
-import order, package imports taken out; a backbone's file also carries its family's entry (`family_part`). With the
-package installed, `LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`) and runs no file.
-
-Why one self-contained file per component: for a component folder, diffusers 0.42 fetches only the one file that
-`model_index.json` names, and `get_cached_module_file` copies only the files that file imports itself (one level),
-so a package split into modules would fail with `ModuleNotFoundError`. All remote code also lands in one flat module
-folder shared by every repo, hence the "lmlp" in the file names (`file_stem`).
+`model_index.json` then names files that `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs, each
+generated from the installed package (`bundle_source`): a class's module and every package module it needs, in import
+order, package imports taken out (only imports of names are followed; a module import or star import is refused); a
+backbone's file also carries its family's entry (`family_part`). One self-contained file per component, because
+diffusers fetches only the file `model_index.json` names and the files it imports one level deep; all remote code
+shares one module folder, hence the "lmlp" in the file names (`file_stem`). With the package installed,
+`LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`) and runs no file.
 """
 
 import ast
@@ -20,21 +18,154 @@ import json
 import re
 import sys
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..pipelines.model_index import package_model_index
-from .package_source import (
-    PACKAGE,
-    PACKAGE_ONLY_MODULES,
-    SourceModule,
-    _package_module,
-    bundle_order,
-    load_module,
-    package_imports,
-    top_level_names,
-)
+
+
+PACKAGE = __name__.split(".")[0]
+# What only the installed package does (recording its classes under its name): left out of remote code, with the
+# decorators these modules give.
+PACKAGE_ONLY_MODULES = (f"{PACKAGE}.exports",)
+
+
+@dataclass(frozen=True)
+class SourceModule:
+    """One module of the package, parsed: dotted `name`, `path` from the package's parent folder, `source`, `tree`."""
+
+    name: str
+    path: str
+    source: str
+    tree: ast.Module
+
+    @property
+    def package(self) -> str:
+        """The package that its relative imports start from."""
+        return self.name if self.path.endswith("__init__.py") else self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class PackageImport:
+    """An import from the package: its `node`, whether it is `top_level`, and `bindings`: each name it binds -> (the
+    module that defines the object, its name there)."""
+
+    node: ast.ImportFrom
+    top_level: bool
+    bindings: dict[str, tuple[str, str]]
+
+
+def load_module(name: str) -> SourceModule:
+    """Read and parse a module of the package by its dotted name."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise ModuleNotFoundError(f"{name} has no Python source file to generate remote code from.")
+    origin = Path(spec.origin)
+    root = Path(importlib.util.find_spec(PACKAGE).origin).parent.parent
+    source = origin.read_text(encoding="utf-8")
+    return SourceModule(name, origin.relative_to(root).as_posix(), source, ast.parse(source, filename=spec.origin))
+
+
+def top_level_names(module: SourceModule) -> dict[str, ast.stmt]:
+    """The names a module defines itself at the top level (functions, classes, assignments), with their statement."""
+    names = {}
+    for node in module.tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        names[name.id] = node
+    return names
+
+
+def _package_module(module: SourceModule, node: ast.ImportFrom) -> str | None:
+    """The package module an import statement imports from, or None for an import from another library."""
+    if node.level:
+        return importlib.util.resolve_name("." * node.level + (node.module or ""), module.package)
+    if node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
+        return node.module
+    return None
+
+
+def defining_module(module_name: str, name: str, chain: tuple[str, ...] = ()) -> tuple[str, str]:
+    """Where the object `from <module_name> import <name>` imports is defined, following re-exports: (module, name
+    there); `chain` holds the re-exports followed so far, to catch cycles."""
+    where = f"{module_name}.{name}"
+    if where in chain:
+        raise ImportError(f"Circular re-export: {' -> '.join((*chain, where))}.")
+    module = load_module(module_name)
+    if name in top_level_names(module):
+        return module_name, name
+    for node in module.tree.body:
+        if isinstance(node, ast.ImportFrom) and (source := _package_module(module, node)):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return defining_module(source, alias.name, (*chain, where))
+    if module.path.endswith("__init__.py") and importlib.util.find_spec(where) is not None:
+        raise ImportError(
+            f"{module.path} imports the module {where} itself; remote code can only be generated from imports of "
+            f"names (`from .{name} import SomeClass`)."
+        )
+    raise ImportError(f"Cannot find where {module.path} gets {name!r} from (a name set at run time?).")
+
+
+def package_imports(module: SourceModule) -> list[PackageImport]:
+    """Every statement of `module` that imports from the package, at any depth, resolved to the defining modules."""
+    top = {id(node) for node in module.tree.body}
+    found = []
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import) and any(
+            alias.name == PACKAGE or alias.name.startswith(PACKAGE + ".") for alias in node.names
+        ):
+            raise ImportError(
+                f"{module.path}:{node.lineno} imports a module of the package (`{ast.unparse(node)}`); remote code "
+                "can only be generated from imports of names (`from .module import SomeClass`)."
+            )
+        if not isinstance(node, ast.ImportFrom) or (source := _package_module(module, node)) is None:
+            continue
+        if any(alias.name == "*" for alias in node.names):
+            raise ImportError(f"{module.path}:{node.lineno} star-imports {source}; import the names it uses.")
+        bindings = {alias.asname or alias.name: defining_module(source, alias.name) for alias in node.names}
+        found.append(PackageImport(node, id(node) in top, bindings))
+    return found
+
+
+def bundle_order(entry: str) -> list[SourceModule]:
+    """`entry` and every package module it needs, each after the modules its top-level imports need."""
+    order: list[SourceModule] = []
+    done: set[str] = set()
+    active: list[str] = []  # the modules being visited, outermost first
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        if name in active:
+            raise ImportError(f"Circular import at module level: {' -> '.join((*active, name))}.")
+        active.append(name)
+        module = load_module(name)
+        later = []  # what imports inside functions need: present when they run, so in any place after this module
+        for statement in package_imports(module):
+            for source, _ in statement.bindings.values():
+                if source in PACKAGE_ONLY_MODULES:
+                    continue
+                if statement.top_level:
+                    visit(source)
+                else:
+                    later.append(source)
+        active.pop()
+        done.add(name)
+        order.append(module)
+        for source in later:
+            if source not in active:
+                visit(source)
+
+    visit(entry)
+    return order
 
 
 MODEL_INDEX = "model_index.json"
@@ -65,8 +196,8 @@ def _external_imports(module: SourceModule) -> list[ast.Import | ast.ImportFrom]
 
 
 def _module_body(module: SourceModule) -> str:
-    """The module's text without its docstring, its top-level external imports, its package imports and the
-    decorators of `PACKAGE_ONLY_MODULES`; a package import under another name becomes `Alias = Name`."""
+    """The module's text without docstring, external imports, package imports (an alias becomes `Alias = Name`) and
+    `PACKAGE_ONLY_MODULES` decorators."""
     edits: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, replacement lines)
     body = module.tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -200,9 +331,8 @@ def _names_used(node: ast.AST) -> set[str]:
 
 
 def family_part(class_name: str) -> tuple[SourceModule, list[str]] | None:
-    """A backbone file's part of the block-family registry, so code without the package (the Space's app) can describe
-    it: the definitions its family's `details` needs, as a module, and the lines that set `family_label` and
-    `family_details` on the class. None for a class of no family (the pipeline)."""
+    """A backbone file's part of the family registry (for the Space's app): the definitions its family's `details`
+    needs, as a module, and the lines setting `family_label` and `family_details`; None for the pipeline."""
     from ..models.families import FAMILIES
 
     family = next((family for family in FAMILIES.values() if family.model_class.__name__ == class_name), None)
@@ -291,15 +421,13 @@ def bundle_source(entry: str, class_name: str) -> str:
 
 
 def file_stem(entry: str) -> str:
-    """The name (without `.py`) of the file generated from module `entry`: the module's own name, with an `lmlp_`
-    prefix when it lacks "lmlp", since every repo's remote code shares one module folder in diffusers."""
+    """The name (without `.py`) of the file generated from module `entry`, "lmlp" in it (one shared module folder)."""
     stem = entry.rpartition(".")[2]
     return stem if "lmlp" in stem else f"lmlp_{stem}"
 
 
 def defining_module_of(class_name: str) -> str:
-    """The package module that defines an exported class (`"MoEMLPModel"` -> `"...models.moe_mlp"`): the package pins
-    its models' `__module__` to itself, so the loaded modules are searched for the one whose source defines it."""
+    """The package module that defines an exported class (`__module__` is pinned to the package, so search)."""
     cls = getattr(importlib.import_module(PACKAGE), class_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"{PACKAGE} exports no class {class_name!r} to generate remote code for.")
@@ -319,9 +447,8 @@ def pipeline_components(class_name: str) -> list[str]:
 
 
 def check_component_names(model_index: dict[str, Any], where: str | Path = MODEL_INDEX) -> None:
-    """Raise, naming the key, unless every key of a `model_index.json` is a plain name (code goes to the folder a key
-    names, so a path would write outside the upload) and every package entry is a component of the pipeline (another
-    would get no code, and the repo would still need the package)."""
+    """Raise, naming the key, unless every `model_index.json` key is a plain name (a path would write code outside
+    the upload) and every package entry is a component of the pipeline (another would get no code)."""
     for key in model_index:
         if not key.isidentifier():
             raise ValueError(
@@ -339,8 +466,8 @@ def check_component_names(model_index: dict[str, Any], where: str | Path = MODEL
 
 
 def remote_code_files(model_index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The code files of a pipeline folder (path -> text) and its `model_index.json` pointing at them: one for the
-    pipeline and one per component whose entry names a class of the package."""
+    """The code files (path -> text) of the pipeline and its package components, and the `model_index.json` naming
+    them."""
     check_component_names(model_index)
     index = package_model_index(model_index)
     files = {}
@@ -364,8 +491,7 @@ def write_model_index(folder: Path, model_index: dict[str, Any]) -> None:
 
 
 def add_remote_code(folder: str | Path) -> list[str]:
-    """Write the generated code into a staged pipeline folder (which holds no `.py` file) and point its
-    `model_index.json` at it; return the files written, sorted."""
+    """Write the generated code into a staged folder, point its `model_index.json` at it; return the files, sorted."""
     folder = Path(folder)
     files, index = remote_code_files(json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8")))
     for path, text in files.items():
@@ -376,8 +502,7 @@ def add_remote_code(folder: str | Path) -> list[str]:
 
 
 def name_package_classes(folder: str | Path) -> None:
-    """Point a staged folder's `model_index.json` at the package's classes if it points at code files, which an
-    upload without the code leaves out (a source staged with the code before, say)."""
+    """Point a staged folder's `model_index.json` back at the package's classes if it names code files."""
     folder = Path(folder)
     model_index = json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8"))
     if package_model_index(model_index) != model_index:

@@ -1,9 +1,7 @@
-"""Publish the Gradio demo as a Hub Space that serves a model repo pushed with its code.
+"""Publish the Gradio demo (`DEFAULT_SPACE_DIR`) as a Hub Space serving model repos pushed with their code.
 
-The demo is the repository's `spaces/lmlp-demo/`, shipped in the wheel as `diffusers_lmlp/space/lmlp_demo/`
-(`DEFAULT_SPACE_DIR`). The Space gets that folder and nothing of the package (diffusers-lmlp is not on PyPI): its
-app loads the model with `trust_remote_code=True`, so `push_space` refuses a model repo pushed without `--with-code`.
-The model is named by the Space variable `LMLP_MODEL` (changeable without a commit) and the README's `models:`.
+The Space gets the demo folder and nothing of the package (not on PyPI): its app loads each model with
+`trust_remote_code=True`, named by the Space variable `LMLP_MODEL` and the README's `models:`.
 """
 
 import logging
@@ -35,22 +33,19 @@ logger = logging.getLogger(__name__)
 
 MODEL_VARIABLE = "LMLP_MODEL"
 SPACE_NAME = "lmlp-demo"
-# A Space holds only its app: a file this large is weights or data, which belong in a model or dataset repo.
 SPACE_FILE_LIMIT: SizeLimit = (10_000_000, "for a file of a Space (weights and data belong in model or dataset repos)")
 SPACE_TOTAL_LIMIT: SizeLimit = (50_000_000, "for a Space (weights and data belong in model or dataset repos)")
 
 
 def find_space_dir() -> Path:
-    """The demo folder of this install: the wheel's package data (`diffusers_lmlp/space/lmlp_demo/`), else, in a
-    checkout (editable install included), the repository's `spaces/lmlp-demo/`."""
+    """The demo folder: the wheel's `diffusers_lmlp/space/lmlp_demo/`, else a checkout's `spaces/lmlp-demo/`."""
     package = Path(__file__).resolve().parents[1]
     installed = package / "space" / SPACE_NAME.replace("-", "_")
     return installed if (installed / "app.py").is_file() else package.parents[1] / "spaces" / SPACE_NAME
 
 
 DEFAULT_SPACE_DIR = find_space_dir()
-# Never uploaded from the demo folder: caches, local run outputs, and a vendored `diffusers_lmlp` folder (the Space
-# runs on the model repo's code).
+# Never uploaded from the demo folder: caches, local run outputs, a vendored copy of the package.
 SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE)
 WITH_CODE = "python -m diffusers_lmlp.hub push FOLDER {repo} --with-code"
 
@@ -70,17 +65,9 @@ def stage_space(
     space_dir: str | os.PathLike | None = None,
     output_dir: str | os.PathLike | None = None,
 ) -> StagedUpload:
-    """Build the exact folder that `push_space` uploads: the demo with its front matter's `models:` set. Raises
-    `ValueError` when the demo holds more than `SPACE_TOTAL_LIMIT` bytes, or its app.py or README.md is refused.
-
-    Args:
-        model_id (`str` or `Sequence[str]`): The model repo the Space serves, `"owner/name"`, or several (first opens).
-        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to `DEFAULT_SPACE_DIR`.
-        output_dir (`str` or `os.PathLike`, *optional*): A new or empty folder to stage in; default: a temporary one.
-
-    Returns:
-        `StagedUpload`: The staging folder, its files, and what of the demo was left out or refused.
-    """
+    """Build the exact folder that `push_space` uploads from `space_dir` (default `DEFAULT_SPACE_DIR`) in
+    `output_dir`: the demo with its front matter's `models:` set to `model_id` (one or several `owner/name`, the first
+    opening). Raises `ValueError` over `SPACE_TOTAL_LIMIT`, or when app.py or README.md is refused."""
     model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
     for model in model_ids:
         check_repo_id(model, "model repo id", namespace=True)
@@ -99,7 +86,6 @@ def stage_space(
             if name in refused:
                 raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}.")
 
-        # Read from the staged copy, which passed the checks (not a link, no secret).
         card = SpaceCard.load(target / "README.md")
         card.data.models = model_ids
         card.save(target / "README.md")
@@ -115,20 +101,8 @@ def push_space(
     private: bool | None = None,
     commit_message: str = "Upload the diffusers-lmlp demo",
 ) -> CommitInfo:
-    """Publish the demo as a Gradio Space serving `model_id`: create it, set `LMLP_MODEL`, then one commit. Each model
-    repo must exist with its code (`push_pipeline(..., with_code=True)`), which the Space runs.
-
-    Args:
-        space_id (`str`): The Space repo, `"owner/name"`.
-        model_id (`str` or `Sequence[str]`): The model repo it serves, `"owner/name"`, or several (the first opens).
-        space_dir (`str` or `os.PathLike`, *optional*): The demo folder; defaults to the one in the package.
-        token (`str`, *optional*): A Hub token with write access; defaults to the one huggingface_hub finds.
-        private (`bool`, *optional*): Create the Space private (an existing Space keeps its visibility).
-        commit_message (`str`, *optional*, defaults to `"Upload the diffusers-lmlp demo"`): The commit's title.
-
-    Returns:
-        `CommitInfo`: The commit.
-    """
+    """Publish the demo as a Gradio Space `space_id` serving `model_id` (see `stage_space`): create it, set
+    `LMLP_MODEL`, then one commit. Each model repo must exist with its code (`push_pipeline(..., with_code=True)`)."""
     check_repo_id(space_id, "Space id", namespace=True)
     model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
     for model_id in model_ids:
