@@ -1,4 +1,4 @@
-"""The scripts in benchmarks/ as the tests load them, and their commands as the README and docs/ write them."""
+"""The scripts of benchmarks/ (and scripts/) as the tests load them, and their commands as the docs write them."""
 
 import importlib.util
 import shlex
@@ -10,13 +10,12 @@ import torch
 from documents import PAGES, ROOT, blocks
 
 
-def load_benchmark(name: str) -> ModuleType:
-    """`benchmarks/<name>.py` as a module, loaded with benchmarks/ on the import path, as when it runs as a script
-    (the scripts import each other: `from speed_vs_uvit import ...`)."""
-    folder = str(ROOT / "benchmarks")
+def load_benchmark(name: str, folder: str = "benchmarks") -> ModuleType:
+    """`<folder>/<name>.py` as a module, with its folder on the import path as when it runs (scripts import each other)."""
+    folder = str(ROOT / folder)
     sys.path.insert(0, folder)
     try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, f"{folder}/{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
@@ -25,8 +24,7 @@ def load_benchmark(name: str) -> ModuleType:
 
 
 def documented_commands(name: str) -> list[list[str]]:
-    """The commands of `benchmarks/<name>.py` in the README and docs/ (their bash blocks), split as a shell would,
-    comments dropped, in the pages' order."""
+    """The commands of `benchmarks/<name>.py` in the README's and docs/' bash blocks, split as a shell would."""
     return [
         shlex.split(line.split("#", 1)[0])
         for page in PAGES
@@ -37,8 +35,7 @@ def documented_commands(name: str) -> list[list[str]]:
 
 
 def check_the_commands_parse(parse_args, commands: list[list[str]], capsys) -> None:
-    """Every option of every command exists and every value is valid; without a GPU, a `--device cuda` command is
-    refused with the message that says so."""
+    """Every option and value of every command is valid; without a GPU, `--device cuda` is refused saying so."""
     for command in commands:
         if "cuda" in command and not torch.cuda.is_available():
             with pytest.raises(SystemExit):

@@ -1,7 +1,5 @@
-"""Shared helpers for the block families' tests: plain-torch re-statements of the layers the papers write out
-(LayerNorm, GELU), random parameters, tiny inputs, and the checks every family's tiny model must pass (exact
-complexity, gradients, the long-skip switch, A1's skeleton and size), each taking the model class under test; and the
-reference U-ViT / UL-MLP network around its blocks, which the converters' tests complete with each reference block."""
+"""Plain-torch re-statements (LayerNorm, GELU, the reference U-ViT / UL-MLP skeleton) and checks shared by the
+block families' tests (exact complexity, gradients, the long-skip switch, A1's skeleton and size)."""
 
 import math
 
@@ -56,7 +54,7 @@ def record_skips(model):
 
 
 def check_block_matches_reference(block, reference, with_skip):
-    """A (24-wide, 11-token) block with random parameters against its re-statement over the block's state dict."""
+    """A random (24-wide, 11-token) block against its re-statement over its state dict."""
     randomize_(block, seed=3)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(3, 11, 24, generator=gen)
@@ -137,20 +135,9 @@ def check_long_skips_setting_survives_save_and_load(model_class, path):
 
 
 def reference_skeleton_forward(sd, x, context, n, depth, patch, block):
-    """The U-ViT / UL-MLP reference network around its blocks, in plain torch on a reference-keyed state dict:
-    patch embedding, the bare sinusoidal time token of `n` (cos half first), the text adapter, [time | text |
-    patches] + pos_embed, in / mid / out blocks with LIFO long skips, final norm, decoder_pred, the dropped time
-    and text tokens, the (p1, p2, C) unpatchify and the optional 3×3 `final_layer`.
-
-    Args:
-        sd (`dict`): Tensors under the reference keys (libs/uvit_t2i.py, libs/f2.py).
-        x (`torch.Tensor`): (B, C, H, W) latents.
-        context (`torch.Tensor`): (B, T, text_dim) text states.
-        n (`torch.Tensor`): (B,) reference network timesteps (1..1000).
-        depth (`int`): The reference depth: depth // 2 in and out blocks.
-        patch (`int`): Patch side.
-        block (`Callable`): `block(prefix, h, skip)` -> h, one reference block (`skip` is None outside out blocks).
-    """
+    """The reference network (libs/uvit_t2i.py, libs/f2.py) around `block(prefix, h, skip)` on a reference-keyed `sd`:
+    patch embedding, sinusoidal time token of `n` (1..1000, cos half first), text adapter, + pos_embed, blocks with
+    LIFO long skips, norm, decoder_pred, (p1, p2, C) unpatchify and the optional 3×3 `final_layer`."""
     batch, channels, height, _ = x.shape
     dim = sd["pos_embed"].shape[-1]
     extras = 1 + context.shape[1]

@@ -1,21 +1,21 @@
 """benchmarks/ablation_shapes.py: width matching, the shared budget, the table, resuming, and one real smoke run."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
+from documents import ROOT
 from PIL import Image
 
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.models.families import FAMILIES, named_configs
 
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ablation_shapes.py"
+SCRIPT = ROOT / "benchmarks" / "ablation_shapes.py"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 # Every entry's parameter count lies within this fraction of shapes-S's 860,386. Most land within 1%; U-ViT's width
 # must be a multiple of its 8 heads (D = 88: +7.1%) and gMLP's A3 needs an even int(D × 4.18) (D = 123: +3.8%).
@@ -27,21 +27,13 @@ SMOKE_TRAINING_ARGS = [
 ]  # fmt: skip
 
 
-def load_ablation():
-    spec = importlib.util.spec_from_file_location("ablation_shapes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def ablation():
-    return load_ablation()
+    return load_benchmark("ablation_shapes")
 
 
 @pytest.fixture(scope="module")
 def planned(ablation):
-    """Every default entry, planned (on the meta device)."""
     target = ablation.reference_params()
     return target, [ablation.plan_entry(name, target) for name in ablation.default_entries()]
 

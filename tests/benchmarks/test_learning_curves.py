@@ -1,24 +1,12 @@
-"""The learning curves of shapes-world runs: what each validation appends to `logs/scores.jsonl`, what a new or
-resumed run keeps of it, and how `benchmarks/learning_curves.py` reads a run (the plot itself is drawn in
-tests/training/test_first_minutes.py from a real run)."""
+"""`logs/scores.jsonl` across new and resumed runs, and how `benchmarks/learning_curves.py` reads a run."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from diffusers_lmlp.training.validation import keep_scores_until
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_curves():
-    spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "benchmarks" / "learning_curves.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def record(step: int, shape: float) -> dict:
@@ -43,7 +31,7 @@ def test_a_new_run_starts_its_scores_anew_and_a_resumed_one_keeps_those_up_to_it
 
 
 def test_a_run_is_read_as_its_validations_then_its_final_evaluation(tmp_path):
-    curves = load_curves()
+    curves = load_benchmark("learning_curves")
     run = tmp_path / "run"
     write_scores(run / "logs" / "scores.jsonl", [100, 200])
     final = {"shape": 0.9, "all": 0.8}
@@ -55,7 +43,7 @@ def test_a_run_is_read_as_its_validations_then_its_final_evaluation(tmp_path):
 
 
 def test_a_run_without_scores_and_mislabelled_runs_are_refused(tmp_path):
-    curves = load_curves()
+    curves = load_benchmark("learning_curves")
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="has no logs/scores.jsonl and no finished training_summary.json"):
         curves.read_run(tmp_path / "empty")

@@ -1,5 +1,4 @@
-"""benchmarks/quantized_sampling.py: its options are checked, and a short run times each model in float32, bf16 (where
-native) and int8 in one window, with the int8 prediction near the float one, and samples the shapes pipeline in both."""
+"""benchmarks/quantized_sampling.py: option checks, and a short run of fp32, bf16 (where native) and int8 in one window."""
 
 import pytest
 from benchmark_scripts import load_benchmark

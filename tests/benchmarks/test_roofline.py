@@ -1,5 +1,4 @@
-"""benchmarks/roofline.py: what it charges each kernel, that its FLOPs are the speed benchmark's, and that the README
-and docs/speed-gpu.md print what it prints."""
+"""benchmarks/roofline.py: its kernel charges, its FLOPs (the speed benchmark's), and the docs print what it prints."""
 
 import json
 import re

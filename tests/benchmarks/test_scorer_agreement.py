@@ -1,29 +1,24 @@
-"""benchmarks/scorer_agreement.py: a second reader of shapes-world images, sharing no code or method with the package's
-scorer, read against the world's own renders; how it and the package's scorer are compared; its documented command."""
+"""benchmarks/scorer_agreement.py: an independent second reader of shapes images, its comparison and its command."""
 
 import ast
-import importlib.util
 import json
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from documents import block
+from benchmark_scripts import load_benchmark
+from documents import ROOT, block
 from PIL import Image
 
 from diffusers_lmlp.shapes.world import BACKGROUND, ShapeSpec, all_specs, render
 
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "scorer_agreement.py"
-spec = importlib.util.spec_from_file_location("scorer_agreement", SCRIPT)
-agreement = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(agreement)
+agreement = load_benchmark("scorer_agreement")
 ATTRIBUTES = ("colour", "shape", "position", "size")
 
 
@@ -141,7 +136,7 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
 
 
 class StubPipeline:
-    """Draws each caption's render and records the sampler settings it was called with; its VAE is the identity."""
+    """Draws a render per caption and records its sampler settings; its VAE is the identity."""
 
     vae = SimpleNamespace(
         dtype=torch.float32,

@@ -1,5 +1,4 @@
-"""benchmarks/space_sampling.py: its documented commands parse, and a short run times the Space's own request with the
-transformer as it is and frozen, and finds the two pipelines' images alike."""
+"""benchmarks/space_sampling.py: its documented commands parse; a short run times the Space's request eager and frozen."""
 
 import pytest
 from benchmark_scripts import check_the_commands_parse, documented_commands, load_benchmark

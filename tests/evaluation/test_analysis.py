@@ -1,6 +1,4 @@
-"""`python -m diffusers_lmlp.analysis`: the measures on matrices of known structure, both subcommands on tiny
-pipelines, a full-size (L = 334) converted reference checkpoint, a Hub id and the shipped shapes model, the errors
-that name the subcommand that fits, and every command of docs/analysis.md, run as written."""
+"""`python -m diffusers_lmlp.analysis`: the measures on known matrices, both subcommands, their errors and the docs."""
 
 import contextlib
 import functools
@@ -63,7 +61,7 @@ pytestmark = pytest.mark.usefixtures("no_unpickling")
 
 
 def run(*argv: str) -> str:
-    """Run the command in this process and return what it printed; a refusal raises `SystemExit` with its message."""
+    """Run the command in this process and return what it printed."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         main([*argv, "--no_progress"])
@@ -396,8 +394,7 @@ def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
 
 @pytest.mark.slow
 def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
-    """docs/analysis.md's commands, with tiny stand-ins for the pipelines a user trains and a full-size (L = 334)
-    backbone as the ul-mlp-f2-deep folder of convert_lmlp_reference_state_dict's example."""
+    """docs/analysis.md's commands, on tiny stand-ins and a full-size (L = 334) ul-mlp-f2-deep backbone."""
     documented = commands(DOCS)  # "In short" (the README's former section) included
     assert len(documented) == 9 and commands(README_SECTION) == documented[:2]
     monkeypatch.chdir(tmp_path)

@@ -1,5 +1,4 @@
-"""CLIP score offline on tiny CLIP models in the real repo layout: the default id from a pre-filled HF cache, the
-numbers against torchmetrics, and the ranking on a tiny CLIP trained briefly on shapes-world images."""
+"""CLIP score offline on tiny CLIPs in the real repo layout: loading, torchmetrics' numbers, ranking, refusals."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -30,8 +29,7 @@ CAPTIONS = ["a red circle", "a photo of a blue square", "the green triangle at t
 
 
 class TensorFeaturesCLIP(CLIPModel):
-    """`CLIPModel` whose `get_*_features` return the projected tensor, as torchmetrics 1.9 expects (transformers 5
-    returns a `BaseModelOutputWithPooling`)."""
+    """`CLIPModel` whose `get_*_features` return a tensor, as torchmetrics expects."""
 
     def get_image_features(self, *args, **kwargs):
         return super().get_image_features(*args, **kwargs).pooler_output
@@ -41,21 +39,14 @@ class TensorFeaturesCLIP(CLIPModel):
 
 
 def write_tiny_clip(folder: Path, seed: int = 0) -> tuple[CLIPModel, CLIPProcessor]:
-    """Write a tiny CLIP in the `openai/clip-vit-large-patch14` repo's layout and return it: 32-wide towers of 2
-    layers, patch 8 on 32 px images, a 16-d projection, 77 text positions and whole-word tokens for `WORDS`."""
+    """Write and return a tiny CLIP in `openai/clip-vit-large-patch14`'s layout (77 positions, `WORDS` tokens)."""
     tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=folder, words=WORDS)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
     tower = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2)
-    text_config = dict(
-        **tower,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=77,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    text_config = dict(**tower, vocab_size=len(tokenizer), max_position_embeddings=77)
+    text_config |= {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = CLIPModel(
@@ -72,7 +63,6 @@ def write_tiny_clip(folder: Path, seed: int = 0) -> tuple[CLIPModel, CLIPProcess
 
 
 def varied_images(count: int, seed: int = 0) -> list[Image.Image]:
-    """Random RGB images of varied sizes and aspect ratios (the processor resizes and centre-crops them)."""
     rng = np.random.default_rng(seed)
     sizes = [(int(rng.integers(20, 80)), int(rng.integers(20, 80))) for _ in range(count)]
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
@@ -89,7 +79,7 @@ def clip_folder(tmp_path_factory) -> Path:
 
 
 def use_hub_cache(cache: Path, monkeypatch) -> None:
-    """Point huggingface_hub at `cache`, offline. Its constants are read at import, so they are patched too."""
+    """Point huggingface_hub at `cache`, offline (its import-time constants too)."""
     monkeypatch.setenv("HF_HOME", str(cache.parent))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -171,9 +161,7 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
         return reference.eval(), processor
 
     images = varied_images(len(CAPTIONS))
-    tensors = [
-        torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images
-    ]  # torchmetrics': (3, H, W) uint8
+    tensors = [torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images]  # (3, H, W) uint8
     scores = scorer.score(images, CAPTIONS, batch_size=4)  # (6,)
     raw = scorer.score(images, CAPTIONS, batch_size=4, clamp=False)  # (6,) 100 · cos
     assert (raw != 0).all()
@@ -255,10 +243,7 @@ def test_bad_inputs_raise_value_errors_that_say_what_to_pass(scorer, images, cap
 @pytest.mark.parametrize(
     ("where", "message"),
     [
-        (
-            "folder",
-            r"no safetensors weights .* pickled weights only \(pytorch_model.bin\), which CLIPScorer never loads",
-        ),
+        ("folder", r"no safetensors weights .* pickled weights only \(pytorch_model.bin\), which CLIPScorer never"),
         ("cache", r"'openai/clip-vit-large-patch14' is in the Hugging Face cache .* without `model.safetensors`"),
         ("nowhere", r"'openai/clip-vit-large-patch14' is not in the Hugging Face cache .* HF_HUB_OFFLINE is set"),
     ],

@@ -1,6 +1,4 @@
-"""`python -m diffusers_lmlp.evaluation` as users run it: offline on the shipped shapes pipeline, as the console
-script, and on 2 processes through `accelerate launch`, whose result must equal the 1-process run's; stopped by
-Ctrl-C or SIGTERM and run again; with bad arguments; and its thread count."""
+"""`python -m diffusers_lmlp.evaluation`: offline, as a console script, on 2 processes, interrupted and resumed."""
 
 import importlib
 import json
@@ -126,8 +124,7 @@ def test_a_hub_id_missing_offline_is_one_line_naming_hf_hub_offline_and_the_down
 def test_a_pipeline_whose_scheduler_would_draw_wrong_images_stops_before_any_work(
     tmp_path, monkeypatch, torch_threads
 ):
-    """A folder saved with a scheduler that clips the latents (what `DDIMScheduler.from_config` of a config without
-    `clip_sample` gives): one line naming the fix, before the FID reference's statistics or any sample."""
+    """A scheduler that clips the latents is refused in one line naming the fix, before any work."""
     from diffusers import DDIMScheduler
 
     from diffusers_lmlp.shapes import pretrained_shapes_pipeline

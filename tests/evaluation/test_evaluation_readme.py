@@ -1,6 +1,4 @@
-"""The documented evaluation commands, run as written and offline: the shapes one on the shipped pipeline, the COCO
-ones on the official COCO-2014 layout with U-ViT's statistics file, CLIP ViT-L/14 under its real id in an HF cache and
-a stand-in for torch-fidelity's Inception interface; and FID during training."""
+"""The documented evaluation commands run offline (shapes; COCO-2014 with stand-ins), and FID during training."""
 
 import json
 import os
@@ -39,8 +37,7 @@ SHORT = ["--num_images", "8", "--num_inference_steps", "2", "--batch_size", "2",
 
 
 def as_argv(command: str, num_processes: int = 2) -> list[str]:
-    """A README command as argv: `accelerate` and `python` are this Python, 8 GPUs are `num_processes` CPU ones, and
-    a launch gets a free port of its own (two at once on pytest-xdist workers would both take the default)."""
+    """A README command as argv on this Python, with `num_processes` CPU processes and a free port."""
     argv = shlex.split(command)
     if argv[:2] == ["accelerate", "launch"]:
         argv[argv.index("--num_processes") + 1] = str(num_processes)
@@ -60,8 +57,7 @@ def test_readme_has_the_evaluation_commands():
 
 @pytest.mark.slow
 def test_the_shapes_command_runs_offline_with_the_documented_defaults(tmp_path):
-    """The shapes command on the shipped pipeline, with 200 of its 1,000 images (at its 50 steps, all 1,000 take
-    minutes on 2 cores): the defaults themselves are read from the command's own argument parsing."""
+    """The shapes command with 200 of its 1,000 images; its defaults read from its own argument parsing."""
     argv = as_argv(COMMANDS[0])
     defaults = parse_args(argv[3:])  # after `python -m diffusers_lmlp.evaluation`
     assert defaults.num_inference_steps == 50 and len(draw_captions(defaults.captions, defaults.num_images, 0)) == 1000
@@ -76,9 +72,7 @@ def test_the_shapes_command_runs_offline_with_the_documented_defaults(tmp_path):
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory) -> SimpleNamespace:
-    """The folder a COCO user evaluates from: `coco2014/`, the trained `lmlp-coco-f2/`, U-ViT's statistics file (here
-    of the val images by the stand-in network, in pytorch-fid's format: `mu` and `sigma` only), and an HF cache with
-    CLIP ViT-L/14 under its real id."""
+    """`coco2014/`, `lmlp-coco-f2/`, a pytorch-fid statistics file of the val images and CLIP in an HF cache."""
     root = tmp_path_factory.mktemp("coco-eval")
     write_coco2014(root / "coco2014", num_train=1, num_val=6)
     build_tiny_pipeline().save_pretrained(root / "lmlp-coco-f2")

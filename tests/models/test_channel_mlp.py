@@ -1,9 +1,8 @@
-"""The IMLP channel MLP (AGeLU, eq. 4; AMLP, eq. 5; the DW block, §4.3): an independent re-statement, its cost, and
-the IMLP in both backbones (test_models.py runs the model suite on them, as "lmlp+imlp" and "moe_mlp+imlp")."""
+"""The IMLP channel MLP (AGeLU eq. 4, AMLP eq. 5, DW block §4.3) against a re-statement, its cost, in both backbones."""
 
 import pytest
 import torch
-from plain_torch import gelu, randomize_
+from plain_torch import TINY, gelu, randomize_
 from test_models import make_inputs, make_model
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -12,14 +11,8 @@ from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.models.mixers.channel_mlp import CHANNEL_MLPS, IMLP, AGeLU, JointMLP
 
 
-TINY = dict(
-    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
-)
-
-
 def imlp_reference(state, x, num_extra, grid_size, eps=1e-5):
-    """The IMLP read from the paper over a state dict: eq. 5's AMLP, then the DW block (3×3 depthwise convolution
-    written out tap by tap, norm over channels, GELU) with each time/text token a zero-padded 1×1 image."""
+    """Eq. 5's AMLP, then the DW block (3×3 depthwise tap by tap, channel norm, GELU); extra tokens are 1×1 images."""
     t = x @ state["fc1.weight"].T + state["fc1.bias"]  # x W^d
     halves = []
     for i in range(2):  # AGeLU and AGeLU' (eq. 4)
@@ -69,7 +62,6 @@ def test_imlp_matches_an_independent_restatement(mlp_ratio, num_extra, grid_size
 
 
 def test_dw_block_mixes_only_grid_neighbours():
-    """A change at one image token reaches its 3×3 neighbourhood on the row-major grid and no other token."""
     imlp = IMLP(32, 4.0, num_extra_tokens=6, grid_size=4).eval()
     randomize_(imlp, seed=3)
     x = torch.randn(1, 22, 32)

@@ -1,10 +1,4 @@
-"""Compiled backbones, the speed benchmark's best modes: the same numbers as eager, with hooks and LoRA still applied.
-
-Compilation traces the modules instead of replacing them, so an adapter or a hook registered on a layer must act in
-a compiled model exactly as in the eager one. Compiling costs seconds per graph on two cores, so the compiled runs
-cover the papers' three models (L-MLP, MoE-MLP, U-ViT); that every family declares its repeated block is checked
-for all.
-"""
+"""Compiled backbones give eager's numbers with hooks and LoRA still applied (compiled: the papers' three models)."""
 
 from collections import Counter
 
@@ -21,7 +15,6 @@ COMPILED = ["lmlp", "moe_mlp", "uvit"]
 
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_every_block_is_a_declared_repeated_block(kind):
-    """`compile_repeated_blocks()` (diffusers' regional compilation) compiles every block of the stack."""
     model = make_model(kind)
     stack = model.stack
     for block in [*stack.in_blocks, stack.mid_block, *stack.out_blocks]:
@@ -29,7 +22,6 @@ def test_every_block_is_a_declared_repeated_block(kind):
 
 
 def linear_calls(model: nn.Module) -> Counter:
-    """Count every call of every nn.Linear (base layers and LoRA factors alike) with forward hooks."""
     calls: Counter[str] = Counter()
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
@@ -65,14 +57,9 @@ def test_compiled_model_keeps_lora_and_hooks(kind, mode):
     with torch.no_grad():
         without = runner(*inputs).sample
     assert (without - expected).abs().max() > 1e-3, "the adapter changed nothing: the compiled graph skipped it"
-    torch.testing.assert_close(without, base_output(eager, inputs), rtol=1e-4, atol=1e-5)
-
-
-def base_output(adapted: nn.Module, inputs: tuple) -> torch.Tensor:
-    """The eager model's output with its adapters off."""
-    adapted.disable_adapters()
+    eager.disable_adapters()
     with torch.no_grad():
-        return adapted(*inputs).sample
+        torch.testing.assert_close(without, eager(*inputs).sample, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

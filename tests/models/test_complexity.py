@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from plain_torch import TINY
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import (
@@ -23,8 +24,7 @@ NAMED = {
     "4E1H": (MoEMLPModel, 52_868_292, 15_898_409_344),
     "4E2H": (MoEMLPModel, 60_499_592, 15_906_040_576),
 }
-# L = 1 + 5 + (8 / 2)² = 22, 3 blocks.
-TINY = {"sample_size": 8, "patch_size": 2, "hidden_size": 32, "num_layers": 2, "text_embed_dim": 16, "text_seq_len": 5}
+# TINY: L = 1 + 5 + (8 / 2)² = 22, 3 blocks.
 TINY_CASES = {
     "lmlp": (LMLPTransformer2DModel, {}, 35_766, 753_536),
     "lmlp_no_conv_out": (
@@ -59,10 +59,6 @@ def build_named(name: str) -> torch.nn.Module:
         return model_cls.from_named_config(name)
 
 
-def num_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def test_block_formulas_match_lmlp_table3():
     assert lmlp_block_macs(334, 512, 4) == 10 * 334 * 512**2 + 334**2 * 512 == 932_677_632  # 0.933 G
     assert transformer_block_macs(334, 512, 4) == 12 * 334 * 512**2 + 2 * 334**2 * 512 == 1_164_906_496  # 1.165 G
@@ -73,7 +69,7 @@ def test_named_models_are_counted_exactly(name):
     model = build_named(name)
     expected_params, expected_macs = NAMED[name][1:]
     counted = complexity(model)
-    assert counted.params == expected_params == num_parameters(model)
+    assert counted.params == expected_params == model.num_parameters()
     assert counted.macs == expected_macs
     assert 15.8e9 <= counted.macs <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
     assert (counted.seq_len, counted.num_blocks) == (334, 17)
@@ -88,7 +84,7 @@ def test_tiny_models_are_counted_from_the_model_or_its_config(case):
     counted = complexity(model)
     assert counted == complexity(model.config, family=FAMILIES_BY_CLASS[model_cls])
     assert counted == complexity({**model.config, "_class_name": model_cls.__name__})
-    assert counted.params == expected_params == num_parameters(model)
+    assert counted.params == expected_params == model.num_parameters()
     assert counted.macs == expected_macs
     # A real forward on CPU tensors with batch 3 counts the same per sample as the meta count.
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
@@ -113,11 +109,10 @@ def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(named_configs()))
 def test_every_named_config_is_counted_exactly(name):
-    """Every named config builds and is counted: its parameters are the real model's."""
     family, _ = named_configs()[name]
     with torch.device("meta"):
         model = family.model_class.from_named_config(name)
-    assert complexity(model).params == num_parameters(model)
+    assert complexity(model).params == model.num_parameters()
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -128,7 +123,7 @@ def test_every_family_is_counted_exactly_on_a_tiny_model(name):
         with torch.device("meta"):
             model = family.model_class(**TINY, **family.tiny_overrides, pooled_text_projection=pooled)
         counted[pooled] = complexity(model)
-        assert counted[pooled].params == num_parameters(model)
+        assert counted[pooled].params == model.num_parameters()
     # The pooled projection is one 16 → 32 Linear on one state per caption.
     assert counted[True].macs - counted[False].macs == 16 * 32
     assert counted[True].params - counted[False].params == 16 * 32 + 32

@@ -5,17 +5,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from plain_torch import randomize_
+from plain_torch import TINY, randomize_
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, load_balancing_loss
 from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
 from diffusers_lmlp.models.mixers.moe import MoELinearAttention, MoEMLPBlock
 from diffusers_lmlp.models.mixers.routing import collect_router_probs
-
-
-TINY = dict(
-    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
-)
 
 
 def lmlp_to_moe_state_dict(state_dict):

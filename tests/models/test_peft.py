@@ -1,4 +1,4 @@
-"""Every layer is called as a module: PEFT LoRA adapters, forward hooks and the block's arithmetic see all of them."""
+"""Every layer is called as a module, so PEFT LoRA adapters and forward hooks see all of them."""
 
 from collections import Counter
 
@@ -23,8 +23,7 @@ PAPER_LINEARS = {
 
 
 def adapter_targets(block: nn.Module) -> tuple[list[str], list[str]]:
-    """What LoRA adapts in a block: its nn.Linear layers (`target_modules`), and the 2-D weights that are used
-    without a Linear (`target_parameters`: the SymMixer/AsymMixer tied weights, used twice per MLP)."""
+    """A block's nn.Linear layers (`target_modules`) and 2-D weights used without one (tied, `target_parameters`)."""
     modules = sorted(name for name, module in block.named_modules() if isinstance(module, nn.Linear))
     parameters = sorted(
         f"{name}.{parameter_name}"
@@ -37,7 +36,7 @@ def adapter_targets(block: nn.Module) -> tuple[list[str], list[str]]:
 
 
 def family_targets(model: nn.Module) -> tuple[list[str], list[str]]:
-    """The adapter targets of every kind of block: the mid block's and an out block's (U-ViT's has `skip_linear`)."""
+    """The mid block's and an out block's adapter targets (U-ViT's out blocks add `skip_linear`)."""
     mid, out = adapter_targets(model.stack.mid_block), adapter_targets(model.stack.out_blocks[0])
     return sorted({*mid[0], *out[0]}), sorted({*mid[1], *out[1]})
 
@@ -116,8 +115,6 @@ def test_lora_adapter_save_and_load_round_trip(kind, tmp_path):
     model.save_lora_adapter(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["pytorch_lora_weights.safetensors"]
     fresh = make_model(kind)
-    # Tied weights too: peft 0.21 refuses a target_parameters adapter from a state dict, so the model's loader
-    # places it from the file's config, then fills it.
     fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
     inputs = make_inputs()
     with torch.no_grad():
@@ -143,33 +140,8 @@ def test_forward_hooks_fire_on_every_module(kind):
     assert calls == {name: 2 if name in twice else 1 for name in names.values()}
 
 
-def test_lmlp_block_equals_plain_restatement():
-    """The block is the module docstring's five lines, written with plain functions on the block's parameters."""
-    block = LMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5)
-    randomize_(block, seed=0)
-    gen = torch.Generator().manual_seed(2)
-    x, skip = torch.randn(3, 22, 32, generator=gen), torch.randn(3, 22, 32, generator=gen)
-    p = {name: value.detach() for name, value in block.named_parameters()}
-
-    h = x + skip
-    h_tok = F.layer_norm(h.transpose(1, 2), (22,), p["token_norm.weight"], p["token_norm.bias"])  # (B, D, L)
-    h = F.layer_norm(h, (32,), p["channel_norm.weight"], p["channel_norm.bias"])
-    left = F.linear(h_tok, p["left.weight"], p["left.bias"]).transpose(1, 2)  # (B, L, D)
-    right = F.linear(h, p["right.weight"], p["right.bias"])
-    h = h + F.linear(left + right, p["merge.weight"], p["merge.bias"])
-    h_norm = F.layer_norm(h, (32,), p["channel_norm.weight"], p["channel_norm.bias"])
-    mlp = F.linear(
-        F.gelu(F.linear(h_norm, p["joint_mlp.fc1.weight"], p["joint_mlp.fc1.bias"])), p["joint_mlp.fc2.weight"]
-    )
-    expected = h + mlp + p["joint_mlp.fc2.bias"]
-
-    with torch.no_grad():
-        out = block(x, skip)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
 def test_lora_on_a_tied_weight_adapts_both_of_its_uses():
-    """SymMixer's MLP uses one weight W twice (GELU(x Wᵀ) W): a LoRA on W must change both uses, not one."""
+    """SymMixer's MLP uses W twice (GELU(x Wᵀ) W): a LoRA on W changes both uses."""
     model = make_model("symmixer")
     mlp = model.stack.mid_block.channel_mlp
     base = mlp.weight.detach().clone()  # (hidden, D)

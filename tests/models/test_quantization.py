@@ -1,6 +1,4 @@
-"""torch's dynamic int8 quantization (`quantize_dynamic`) reaches every nn.Linear of every backbone, which then predicts
-what the float model predicts to within int8's error. What it cannot do is refused with the way to do it: saving
-(nothing is written), sampling with the other weights cast to bf16, loading a LoRA, freezing."""
+"""Dynamic int8 quantization reaches every nn.Linear; saving, bf16 casts, LoRA and freezing are refused with the fix."""
 
 import pytest
 import torch

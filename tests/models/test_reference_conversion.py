@@ -1,8 +1,4 @@
-"""Fidelity to the reference UL-MLP (zizhao-hu/L-MLP `libs/f2.py`), checked against an independent re-statement.
-
-`reference_forward` re-states the reference forward in plain torch on a state dict with the reference's keys,
-sharing no code with the package.
-"""
+"""Fidelity to the reference UL-MLP (zizhao-hu/L-MLP `libs/f2.py`): a plain-torch re-statement on reference keys."""
 
 import pytest
 import torch
@@ -13,9 +9,7 @@ from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_
 
 
 def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, block_tensors, conv=True, unit_weights=False):
-    """Random tensors with a reference network's keys and shapes (§A.4, §B.1), biases and norms included; each
-    block's come from `block_tensors(prefix, rand, weight)`. `unit_weights` scales each weight by fan-in^-½, which
-    keeps a float32 comparison of deep attention well conditioned."""
+    """Random tensors under a reference network's keys (§A.4, §B.1); `unit_weights` scales weights by fan-in^-½."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape, scale=0.05, offset=0.0):
@@ -92,14 +86,7 @@ def reference_forward(sd, x, context, n, depth, patch):
 
 
 TINY = dict(
-    sample_size=8,
-    patch_size=2,
-    in_channels=4,
-    hidden_size=32,
-    num_layers=4,
-    mlp_ratio=4.0,
-    text_embed_dim=24,
-    text_seq_len=5,
+    sample_size=8, patch_size=2, hidden_size=32, num_layers=4, mlp_ratio=4.0, text_embed_dim=24, text_seq_len=5
 )
 
 

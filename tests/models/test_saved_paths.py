@@ -1,5 +1,4 @@
-"""What `save_pretrained` writes never names a folder of the machine it ran on: diffusers records each component's
-absolute path in its config (`_name_or_path`), and a push would publish it (`models/saving.py`)."""
+"""`save_pretrained` never writes a folder of this machine (diffusers' `_name_or_path`), nor does a push."""
 
 import json
 from pathlib import Path
@@ -16,7 +15,6 @@ from diffusers_lmlp.models.saving import is_local_path
 
 
 def saved_text(folder: Path) -> dict[str, str]:
-    """Every text file under `folder` (configs, tokenizer files, the card): relative path → text."""
     return {
         path.relative_to(folder).as_posix(): path.read_text(encoding="utf-8")
         for path in sorted(folder.rglob("*"))
@@ -25,7 +23,6 @@ def saved_text(folder: Path) -> dict[str, str]:
 
 
 def configs(folder: Path) -> dict[str, dict]:
-    """The diffusers configs under `folder`: `model_index.json`, each component's `config.json` and the scheduler's."""
     names = ["model_index.json", *(p.relative_to(folder).as_posix() for p in folder.glob("*/*config.json"))]
     return {name: json.loads((folder / name).read_text()) for name in names if "tokenizer" not in name}
 
@@ -97,8 +94,8 @@ def test_push_to_hub_uploads_no_path_of_this_machine(pipe, tmp_path, monkeypatch
 @pytest.mark.parametrize(
     ("value", "local"),
     [
-        ("/home/user/models/vae", True),  # absolute
-        ("stabilityai/sd-vae-ft-mse", False),  # a Hub repo id
+        ("/home/user/models/vae", True),
+        ("stabilityai/sd-vae-ft-mse", False),
         ("user/tiny-lmlp", False),
         (None, False),
         (3, False),

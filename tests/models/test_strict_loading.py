@@ -1,6 +1,4 @@
-"""A backbone checkpoint fills every weight of the model or is refused (a missing tensor, another family's folder,
-a tensor the model has no place for), on every diffusers loading path; `strict=False` loads with a warning naming the
-keys and a new model's values for the missing weights."""
+"""Strict loading: a checkpoint fills every weight or is refused, on every diffusers path; `strict=False` warns."""
 
 import copy
 import inspect
@@ -33,7 +31,6 @@ LOADING_PATHS = {
 
 
 def remove_tensor(folder: Path, key: str) -> None:
-    """Delete `key` from the safetensors file (or shard) that holds it; a shard index keeps listing it."""
     for file in folder.glob("*.safetensors"):
         tensors = load_file(file)
         if key in tensors:
@@ -44,7 +41,6 @@ def remove_tensor(folder: Path, key: str) -> None:
 
 
 def named(keys: set[str]) -> str:
-    """Keys as a refusal lists them: the first five in order, then how many more."""
     keys = sorted(keys)
     return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
 

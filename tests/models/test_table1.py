@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from plain_torch import TINY
 
 from diffusers_lmlp import LMLPTransformer2DModel
 from diffusers_lmlp.models import from_named_config, named_configs
@@ -138,12 +139,11 @@ def test_each_rows_block_computes_what_the_row_describes(name):
 
 
 def test_long_skip_placements_differ_and_none_builds_a_plain_stack():
-    tiny = dict(sample_size=8, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5)
     inputs = (torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([3, 500]))
     outputs = {}
     for placement in ("first_stage", "second_stage", None):
         torch.manual_seed(0)
-        model = LMLPTransformer2DModel(**tiny, long_skip=placement).eval()
+        model = LMLPTransformer2DModel(**TINY, long_skip=placement).eval()
         seen = []
         model.stack.out_blocks[0].register_forward_hook(lambda m, args, out: seen.append(args[1]))
         with torch.no_grad():
@@ -171,15 +171,12 @@ def test_long_skip_placements_differ_and_none_builds_a_plain_stack():
 )
 def test_bad_table1_options_raise_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
-        LMLPTransformer2DModel(
-            sample_size=8, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5, **overrides
-        )
+        LMLPTransformer2DModel(**TINY, **overrides)
 
 
 @pytest.mark.parametrize("name", [name for name in ROWS if ROWS[name]["merge_proj"]])
 def test_the_merge_linear_reads_z_in_the_reference_layout(name):
-    """Z = merging(left, right) with `left` first, as the reference: Z keeps the left hemisphere's transposed layout,
-    so the merge GEMM rounds as the reference's does."""
+    """Z = merging(left, right) keeps the left hemisphere's transposed layout, so the merge GEMM rounds as the reference."""
     block = row_block(name)
     seen = []
     block.merge.register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))

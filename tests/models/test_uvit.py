@@ -1,9 +1,4 @@
-"""U-ViT, the attention baseline: fidelity to the reference `libs/uvit_t2i.py`, sizes, cost and pipeline use (its
-LoRA targets are test_peft.py's).
-
-`reference_forward` re-states the reference network in plain torch on a state dict with the reference's keys,
-sharing no code with the package: attention is an explicit softmax(QKᵀ/√d)·V per head of the [q | k | v] layout.
-"""
+"""U-ViT: fidelity to the reference `libs/uvit_t2i.py` (explicit per-head softmax(QKᵀ/√d)·V), sizes, cost, pipeline."""
 
 import json
 import math
@@ -13,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from diffusers import DiffusionPipeline
-from plain_torch import reference_skeleton_forward
+from plain_torch import TINY, reference_skeleton_forward
 from test_reference_conversion import reference_state_dict
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -86,10 +81,6 @@ def reference_forward(sd, x, context, n, depth, patch, num_heads):
     return reference_skeleton_forward(sd, x, context, n, depth, patch, block)
 
 
-# The shared tiny skeleton: L = 1 + 5 + (8 / 2)² = 22.
-TINY = dict(
-    sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5
-)
 # Reference configs on the tiny skeleton: (depth, heads, qkv_bias, conv).
 REFERENCE_CASES = {
     "4_layers_4_heads": (4, 4, False, True),
@@ -97,13 +88,6 @@ REFERENCE_CASES = {
     "mid_block_only_8_heads": (0, 8, False, True),
 }
 NAMED = {"U-ViT-S/2": (12, 44_692_644, 16_229_715_968), "U-ViT-S/2-deep": (16, 58_345_636, 21_239_566_336)}
-
-
-def tiny_inputs(batch=3, text_dim=16):
-    gen = torch.Generator().manual_seed(1)
-    latents = torch.randn(batch, 4, 8, 8, generator=gen)
-    text = torch.randn(batch, 5, text_dim, generator=gen)
-    return latents, text, torch.tensor([0, 411, 999][:batch])  # diffusers timesteps; the network sees t + 1
 
 
 def num_parameters(model: torch.nn.Module) -> int:
@@ -118,7 +102,9 @@ def test_converted_tiny_model_matches_reference_forward(case):
     sd = uvit_state_dict(depth, 32, 22, 2, 4, text_dim=24, mlp_hidden=128, qkv_bias=qkv_bias, conv=conv)
     model.load_state_dict(convert_uvit_reference_state_dict(sd), strict=True)
 
-    x, context, t = tiny_inputs(text_dim=24)
+    gen = torch.Generator().manual_seed(1)
+    x, context = torch.randn(3, 4, 8, 8, generator=gen), torch.randn(3, 5, 24, generator=gen)
+    t = torch.tensor([0, 411, 999])  # diffusers timesteps; the network sees t + 1
     with torch.no_grad():
         ours = model(x, context, t).sample
         expected = reference_forward(sd, x, context, t + 1, depth=depth, patch=2, num_heads=heads)
@@ -187,9 +173,6 @@ def test_converters_strip_ddp_prefix_and_refuse_each_others_checkpoints():
         "embed.text_adapter.weight",
         "stack.out_blocks.1.skip_linear.bias",
     }
-    lmlp_block = {"in_blocks.0.norm1.weight": torch.zeros(1), "in_blocks.0.l.weight": torch.zeros(1)}
-    with pytest.raises(ValueError, match="L-MLP checkpoint"):
-        convert_uvit_reference_state_dict(lmlp_block)
     with pytest.raises(ValueError, match="U-ViT"):
         convert_lmlp_reference_state_dict({"out_blocks.0.skip_linear.weight": torch.zeros(1)})
 

@@ -1,12 +1,11 @@
-"""scripts/train_emoji_clip.py, as docs/emoji.md runs it, on a tiny CLIP: what it writes is the scorer's CLIP and the
-pipeline's text side, and its tokenizer reads every phrasing of the world word by word."""
+"""scripts/train_emoji_clip.py as docs/emoji.md runs it (tiny CLIP), and the world tokenizer's whole words."""
 
-import importlib.util
 import shlex
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from documents import blocks, section
 from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -20,10 +19,7 @@ TINY = ["--steps", "2", "--batch-size", "8", "--width", "16", "--layers", "1"]
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_emoji_clip", ROOT / "scripts" / "train_emoji_clip.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train_emoji_clip", "scripts")
 
 
 @pytest.mark.slow

@@ -1,14 +1,12 @@
-"""scripts/train_vae.py: both stages as docs/training.md runs them, on a tiny VAE. The decoder stage must
-train every decoder layer and nothing else: a changed encoder or latent scale would leave the shipped backbone
-generating latents its VAE no longer reads."""
+"""scripts/train_vae.py's two stages as docs/training.md runs them; the decoder stage trains the decoder only."""
 
-import importlib.util
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from documents import block, blocks, section
 from safetensors.torch import load_file
 
@@ -20,10 +18,7 @@ TINY = ["--steps", "2", "--batch-size", "4", "--num-images", "8", "--block-out-c
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_vae", ROOT / "scripts" / "train_vae.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train_vae", "scripts")
 
 
 def saved(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
