@@ -1,8 +1,7 @@
 """Gradio Space: text-to-image with an L-MLP or MoE-MLP pipeline (diffusers-lmlp).
 
-With diffusers-lmlp installed (`python app.py`) it serves `LMLP_MODEL` with `LMLPPipeline.from_pretrained`, running
-no repo code (default: the shipped emoji and shapes models). Without it (the Space), `LMLP_MODEL` names repos pushed
-with `--with-code`, loaded with `trust_remote_code=True`: the Space's owner sets it, so only those repos' code runs.
+With diffusers-lmlp installed it serves `LMLP_MODEL` (default: the shipped emoji and shapes models) through
+`LMLPPipeline`, running no repo code; without it, repos pushed `--with-code`, with `trust_remote_code=True`.
 Every input is checked on the server, since API calls skip the sliders. The settings are in the README.
 """
 
@@ -18,7 +17,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import gradio as gr
 import torch
@@ -60,10 +59,7 @@ EXAMPLES = {
 CSS = "#gallery img { image-rendering: pixelated; }"  # small images, scaled up by the browser without smoothing
 
 
-@dataclass(frozen=True)
-class GenerationRequest:
-    """The inputs of one generation, checked by `validate_inputs`, with the warnings to show."""
-
+class GenerationRequest(NamedTuple):
     prompt: str
     negative_prompt: str
     seed: int
@@ -79,9 +75,8 @@ def invalid_input(message: str) -> gr.Error:
     return gr.Error(message, title="Invalid input", print_exception=False)
 
 
-def _check_text(name: str, value, pipe, required: bool) -> tuple[str, str | None]:
-    """`value` stripped, within the character and token limits and not mostly words a closed vocabulary lacks; and a
-    warning naming the unknown words it has."""
+def check_text(name: str, value, pipe, required: bool) -> tuple[str, str | None]:
+    """`value` stripped and within the character and token limits, not mostly unknown words; a warning for some."""
     if value is None and not required:
         return "", None
     if not isinstance(value, str):
@@ -110,7 +105,7 @@ def _check_text(name: str, value, pipe, required: bool) -> tuple[str, str | None
     return text, warning or None
 
 
-def _check_number(name: str, value, low: int, high: int, whole: bool = True) -> int | float:
+def check_number(name: str, value, low: int, high: int, whole: bool = True) -> int | float:
     real = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
     if isinstance(value, bool) or not real or (whole and value != int(value)) or not low <= value <= high:
         raise invalid_input(
@@ -121,40 +116,36 @@ def _check_number(name: str, value, low: int, high: int, whole: bool = True) -> 
 
 def validate_inputs(prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images,
                     pipe=None) -> GenerationRequest:  # fmt: skip
-    """Check and bound every input as sent; raise `gr.Error` naming the first bad one and its range. Without `pipe`
-    only the characters of the texts are checked, not their tokens and words."""
-    prompt, prompt_warning = _check_text("prompt", prompt, pipe, required=True)
-    negative_prompt, negative_warning = _check_text("negative prompt", negative_prompt, pipe, required=False)
-    seed = _check_number("seed", seed, 0, MAX_SEED)
+    """Every input as sent, checked and bounded; `gr.Error` names the first bad one. Without `pipe` only the texts'
+    characters are checked, not their tokens and words."""
+    prompt, prompt_warning = check_text("prompt", prompt, pipe, required=True)
+    negative_prompt, negative_warning = check_text("negative prompt", negative_prompt, pipe, required=False)
     if not isinstance(randomize_seed, bool):
         raise invalid_input(f"'Randomize seed' must be true or false, got {randomize_seed!r}.")
-    steps = _check_number("number of steps", num_inference_steps, 1, MAX_STEPS)
-    guidance_scale = _check_number("guidance scale", guidance_scale, 0, MAX_GUIDANCE, whole=False)
-    num_images = _check_number("number of images", num_images, 1, MAX_IMAGES)
-    warnings = tuple(message for message in (prompt_warning, negative_warning) if message)
     return GenerationRequest(
-        prompt, negative_prompt, seed, randomize_seed, steps, guidance_scale, num_images, warnings
-    )
+        prompt, negative_prompt, check_number("seed", seed, 0, MAX_SEED), randomize_seed,
+        check_number("number of steps", num_inference_steps, 1, MAX_STEPS),
+        check_number("guidance scale", guidance_scale, 0, MAX_GUIDANCE, whole=False),
+        check_number("number of images", num_images, 1, MAX_IMAGES),
+        tuple(message for message in (prompt_warning, negative_warning) if message),
+    )  # fmt: skip
 
 
 def pick_device_and_dtype() -> tuple[str, torch.dtype]:
-    """bf16 where it is native (a GPU of compute capability 8.0 and up, or a CPU with `avx512_bf16` or AMX), else
-    fp32: elsewhere torch emulates bf16 matmuls, far slower. Only Linux lists the CPU's flags."""
+    """bf16 where it is native (a GPU of compute capability 8.0+, a CPU with `avx512_bf16` or AMX), else fp32."""
     if torch.cuda.is_available():
         return "cuda", torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float32
     try:
         flags = next(line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
+    except (OSError, StopIteration):  # only Linux lists the CPU's flags
         flags = []
     return "cpu", torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & set(flags) else torch.float32
 
 
 def backbone_family(backbone):
-    """(label, details) of the backbone's family: from the registry, else from the copy of its entry that
-    `push --with-code` writes into the backbone's code."""
-    if family_of is None:
-        return type(backbone).family_label, type(backbone).family_details
-    return family_of(backbone).label, family_of(backbone).details
+    """(label, details) from the registry, else from the copy of its entry that `push --with-code` writes."""
+    family = type(backbone) if family_of is None else family_of(backbone)
+    return (family.family_label, family.family_details) if family_of is None else (family.label, family.details)
 
 
 def describe_model(pipe: DiffusionPipeline, source: str) -> str:
@@ -176,7 +167,6 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
     label, details = backbone_family(backbone)
     shipped = [n for n, path in SHIPPED.items() if os.path.isdir(source) and os.path.samefile(source, path)]
     vocabulary = pipe.describe_vocabulary()
-    vocabulary = f"closed: use only its {vocabulary}" if vocabulary else "open: any word, in subword pieces"
     return "\n".join([
         f"### Model: {title}",
         f"ships with diffusers-lmlp: `pretrained_{shipped[0]}_pipeline()`" if shipped else f"`{source}`", "",
@@ -186,15 +176,15 @@ def describe_model(pipe: DiffusionPipeline, source: str) -> str:
         f"- **Native resolution:** {pipe.native_size}×{pipe.native_size} px ({config.sample_size}×{config.sample_size}"
         f" latents × VAE factor {pipe.vae_scale_factor}); images are shown unresampled",
         f"- **Text:** up to {pipe.tokenizer.model_max_length} tokens, start and end tokens included",
-        f"- **Vocabulary:** {vocabulary}",
+        "- **Vocabulary:** " + (f"closed: use only its {vocabulary}" if vocabulary else "open: any word, in subword pieces"),
         f"- **Training data:** {data}",
         f"- **Running on:** {pipe.device.type}, {str(backbone.dtype).removeprefix('torch.')}",
     ])  # fmt: skip
 
 
 def serve_frozen(pipe: DiffusionPipeline) -> str:
-    """Compile the transformer now with its weights frozen into the graph (`enable_inductor_freezing`), through a
-    request's pipeline, for batches of 1 and 2; sample eagerly where inductor cannot. Returns the log line."""
+    """Compile the transformer now with its weights frozen in (`enable_inductor_freezing`), through a request's
+    pipeline, for batches of 1 and 2; sample eagerly where inductor cannot. Returns the log line."""
     started, eagerly = time.perf_counter(), "Sampling eagerly: "
     if not hasattr(pipe, "enable_inductor_freezing"):
         return f"{eagerly}this pipeline's code cannot freeze the transformer ({UPDATE_CODE})."
@@ -210,15 +200,14 @@ def serve_frozen(pipe: DiffusionPipeline) -> str:
         while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:  # dynamo wraps it
             error = inner
         lines = str(error).strip().splitlines()
-        cause = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-        return f"{eagerly}inductor could not freeze the transformer here ({cause})."
+        return f"{eagerly}inductor could not freeze the transformer here ({type(error).__name__}{': ' + lines[0] if lines else ''})."
     seconds = time.perf_counter() - started
     return f"Sampling with the transformer frozen by inductor, compiled in {seconds:.1f} s ({FREEZE_VARIABLE}=0 samples eagerly)."
 
 
 def request_pipeline(pipe: DiffusionPipeline) -> DiffusionPipeline:
-    """`pipe`'s modules and frozen graph with a scheduler and a tokenizer of its own: a fast tokenizer sets its padding
-    on every call, so one shared between requests can pad one request's batch by another's settings."""
+    """`pipe`'s modules and frozen graph with its own scheduler and tokenizer: a fast tokenizer sets its padding on
+    every call, so one shared between requests can pad one batch by another's settings."""
     own = dict(scheduler=copy.deepcopy(pipe.scheduler), tokenizer=copy.deepcopy(pipe.tokenizer))
     call_pipe = type(pipe).from_pipe(pipe, transformer=pipe.transformer, dtype=pipe.dtype, **own)
     call_pipe.set_progress_bar_config(disable=True)
@@ -226,8 +215,7 @@ def request_pipeline(pipe: DiffusionPipeline) -> DiffusionPipeline:
 
 
 def make_generate_fn(pipe: DiffusionPipeline):
-    """The UI's and the API's generate function: inputs are checked before a GPU is asked for (`@spaces.GPU` wraps
-    only the sampling), and each call samples with its own `request_pipeline`."""
+    """The generate function: inputs are checked before a GPU is asked for (`@spaces.GPU` wraps only the sampling)."""
 
     @gpu
     def sample(request: GenerationRequest, seed: int, progress: gr.Progress):
@@ -315,26 +303,23 @@ def build_demo(pipes, source: str | None = None, queue_size: int | None = None, 
 
 
 def read_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int, int, str, bool]:
-    """(queue size, concurrency, CPU threads and why, freeze), from the environment; a bad value raises ValueError.
-    The threads: `LMLP_NUM_THREADS`, else the `OMP_NUM_THREADS` you set, else the cores split between the requests
-    that run at once, since more threads than cores slow every request down."""
+    """(queue size, concurrency, CPU threads and why, freeze) from the environment; a bad value raises ValueError.
+    Threads: `LMLP_NUM_THREADS`, else `OMP_NUM_THREADS`, else the cores split among the requests that run at once."""
 
     def whole(name: str, default: int | None) -> int | None:
         if (value := environ.get(name)) is not None and (not value.strip().isdigit() or int(value) < 1):
             raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
         return default if value is None else int(value)
 
-    queue_size, concurrency, threads = (
+    queue_size, concurrency = (
         whole("LMLP_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
         whole("LMLP_CONCURRENCY", DEFAULT_CONCURRENCY),
-        whole(THREADS_VARIABLE, None),
     )
+    threads, reason = whole(THREADS_VARIABLE, None), THREADS_VARIABLE
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if threads is not None:
-        reason = THREADS_VARIABLE
-    elif (user := environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(user) >= 1:
+    if threads is None and (user := environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(user) >= 1:
         threads, reason = int(user), "OMP_NUM_THREADS"
-    else:
+    elif threads is None:
         threads = max(1, cores // concurrency)
         reason = "every core" if threads == cores else f"{threads} of {cores} cores"
     if (freeze := environ.get(FREEZE_VARIABLE, "1").strip()) not in ("0", "1"):
@@ -353,8 +338,8 @@ class CannotServe(Exception):
 
 
 def load_pipeline(model: str, dtype: torch.dtype) -> DiffusionPipeline:
-    """With the package, `LMLPPipeline.from_pretrained`, which runs no code of the repo. Without it, the repo's own
-    code, once its `model_index.json` shows it has some (the package's names there mean it was pushed without)."""
+    """With the package, `LMLPPipeline.from_pretrained` (no repo code runs). Without it, the repo's own code, once
+    its `model_index.json` shows it has some."""
     if LMLPPipeline is not None:
         return LMLPPipeline.from_pretrained(SHIPPED.get(model, model), dtype=dtype)
     index = DiffusionPipeline.load_config(model)
@@ -370,9 +355,7 @@ def load_pipeline(model: str, dtype: torch.dtype) -> DiffusionPipeline:
 
 def served_models(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The models `LMLP_MODEL` names, else the shipped ones."""
-    if models := [model.strip() for model in environ.get("LMLP_MODEL", "").split(",") if model.strip()] or list(
-        SHIPPED
-    ):
+    if models := [m.strip() for m in environ.get("LMLP_MODEL", "").split(",") if m.strip()] or list(SHIPPED):
         return models
     raise CannotServe(
         f"LMLP_MODEL is not set. Without diffusers-lmlp installed, the app serves model repos pushed with their code "
@@ -391,11 +374,8 @@ def main() -> None:
                 f"Serving on the CPU with {num_threads} thread(s) ({reason}; set {THREADS_VARIABLE} to change).",
                 flush=True,
             )
-    except ValueError as error:
-        sys.exit(f"error: {error}")
-    try:
         pipes = {model: load_pipeline(model, dtype).to(device) for model in served_models()}
-    except CannotServe as error:
+    except (ValueError, CannotServe) as error:
         sys.exit(f"error: {error}")
     for model, pipe in pipes.items():
         if device == "cpu":

@@ -1,7 +1,4 @@
-"""The Gradio Space (`spaces/lmlp-demo/app.py`) in-process, with the package installed: input validation, the
-bf16 decision, its settings and CPU threads, the model panel, the generate function on the shipped shapes model, what
-it loads, and its requirements. `test_space_remote_code.py` serves it without the package, `test_space_folder.py` as
-`python app.py` in its folder."""
+"""The Space's `app.py` in-process, with the package installed: inputs, settings, the model panel, generation."""
 
 import ast
 import contextlib
@@ -140,36 +137,25 @@ def test_the_app_takes_bf16_on_the_cpu_only_where_the_trainer_finds_it_native(mo
 
 @pytest.mark.parametrize(
     "environ, expected",
-    [({}, (32, 1)), ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3"}, (2, 3))],
+    [
+        ({}, (32, 1, True)),
+        ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3", "LMLP_FREEZE": "1"}, (2, 3, True)),
+        ({"LMLP_FREEZE": " 0 "}, (32, 1, False)),
+    ],
 )
-def test_queue_settings_read_the_environment(environ, expected):
-    assert app.read_settings(environ)[:2] == expected
-
-
-@pytest.mark.parametrize("environ", [{"LMLP_QUEUE_SIZE": "0"}, {"LMLP_CONCURRENCY": "two"}, {"LMLP_QUEUE_SIZE": "-1"}])
-def test_queue_settings_refuse_bad_values(environ):
-    ((name, value),) = environ.items()
-    with pytest.raises(ValueError, match=rf"{name} must be a whole number of at least 1, got '{value}'"):
-        app.read_settings(environ)
+def test_queue_and_freeze_settings_read_the_environment(environ, expected):
+    queue_size, concurrency, _, _, freeze = app.read_settings(environ)
+    assert (queue_size, concurrency, freeze) == expected
 
 
 @pytest.fixture
 def fresh_process(monkeypatch):
-    """The environment and torch threads of a process nobody configured: no thread variables, torch at its starting
-    count (any other counts as set by the user), on a machine of 8 cores; torch's count is restored after."""
-    for name in (
-        "OMP_NUM_THREADS",
-        app.THREADS_VARIABLE,
-        "LMLP_CONCURRENCY",
-        "LMLP_QUEUE_SIZE",
-        "LMLP_MODEL",
-        "LMLP_FREEZE",
-    ):
+    """A process nobody configured, on 8 cores: no thread or app variables, torch's thread count restored after."""
+    for name in ("OMP_NUM_THREADS", app.THREADS_VARIABLE, "LMLP_CONCURRENCY", "LMLP_QUEUE_SIZE", "LMLP_MODEL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND", raising=False)  # not started by `accelerate launch`
+    monkeypatch.delenv("LMLP_FREEZE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     num_threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)  # a count torch may start with
     yield monkeypatch
     torch.set_num_threads(num_threads)
 
@@ -193,13 +179,19 @@ def test_cpu_threads_are_given_else_the_user_s_else_a_share_of_the_cores(
     assert app.read_settings()[2:4] == expected
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
-def test_a_bad_lmlp_num_threads_stops_the_app_naming_it_and_its_range(fresh_process, value, monkeypatch):
-    fresh_process.setenv("LMLP_NUM_THREADS", value)
-    monkeypatch.setattr(app, "pick_device_and_dtype", lambda: pytest.fail("went on to pick the device"))
+BAD_SETTINGS = [("LMLP_QUEUE_SIZE", v, "a whole number of at least 1") for v in ("0", "-1")]
+BAD_SETTINGS += [("LMLP_CONCURRENCY", "two", "a whole number of at least 1")]
+BAD_SETTINGS += [("LMLP_NUM_THREADS", v, "a whole number of at least 1") for v in ("0", "-1", "two", "1.5", "")]
+BAD_SETTINGS += [("LMLP_FREEZE", v, "1 (freeze the transformer) or 0 (sample eagerly)") for v in ("yes", "2", "")]
+
+
+@pytest.mark.parametrize("name, value, rule", BAD_SETTINGS)
+def test_a_bad_setting_stops_the_app_naming_it_before_it_picks_a_device(fresh_process, name, value, rule):
+    fresh_process.setenv(name, value)
+    fresh_process.setattr(app, "pick_device_and_dtype", lambda: pytest.fail("went on to pick the device"))
     with pytest.raises(SystemExit) as exit_info:
         app.main()
-    assert exit_info.value.code == f"error: LMLP_NUM_THREADS must be a whole number of at least 1, got {value!r}."
+    assert exit_info.value.code == f"error: {name} must be {rule}, got {value!r}."
 
 
 def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, capsys):
@@ -215,24 +207,6 @@ def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, caps
     assert torch.get_num_threads() == 3
     assert "Serving on the CPU with 3 thread(s) (LMLP_NUM_THREADS; set LMLP_NUM_THREADS to change).\n" in (
         capsys.readouterr().out
-    )
-
-
-@pytest.mark.parametrize(
-    "environ, expected", [({}, True), ({"LMLP_FREEZE": "1"}, True), ({"LMLP_FREEZE": " 0 "}, False)]
-)
-def test_freeze_setting_reads_the_environment(environ, expected):
-    assert app.read_settings(environ)[4] is expected
-
-
-@pytest.mark.parametrize("value", ["yes", "2", "", "true"])
-def test_a_bad_lmlp_freeze_stops_the_app_before_it_loads_a_model(fresh_process, value, monkeypatch):
-    fresh_process.setenv("LMLP_FREEZE", value)
-    monkeypatch.setattr(app, "pick_device_and_dtype", lambda: pytest.fail("went on to pick the device"))
-    with pytest.raises(SystemExit) as exit_info:
-        app.main()
-    assert exit_info.value.code == (
-        f"error: LMLP_FREEZE must be 1 (freeze the transformer) or 0 (sample eagerly), got {value!r}."
     )
 
 
