@@ -12,8 +12,8 @@ from pathlib import Path
 from test_pipeline_loading import fill_hub_cache
 
 
-# Plays a Python environment without diffusers-lmlp: importing it fails as if it were not installed, and each attempt
-# is recorded (diffusers' import scan tries every module a line of a remote file seems to import): in `ATTEMPTS`, and
+# Plays a Python environment without diffusers-lmlp: importing it fails as if it were not installed (but for a copy
+# under the folder `LMLP_VENDORED` names, when set), and each attempt is recorded (diffusers' import scan tries every module a line of a remote file seems to import): in `ATTEMPTS`, and
 # one line each in the file `LMLP_IMPORT_LOG` names, when set (for a process that does not exit on its own).
 SITECUSTOMIZE = """
 import os
@@ -25,6 +25,12 @@ ATTEMPTS = []
 class RefuseDiffusersLmlp:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "diffusers_lmlp":
+            if os.environ.get("LMLP_VENDORED"):  # a copy under this folder may load, no other
+                from importlib.machinery import PathFinder
+
+                spec = PathFinder.find_spec(name, path)
+                if spec and spec.origin and spec.origin.startswith(os.environ["LMLP_VENDORED"] + os.sep):
+                    return spec
             ATTEMPTS.append(name)
             if os.environ.get("LMLP_IMPORT_LOG"):
                 with open(os.environ["LMLP_IMPORT_LOG"], "a") as log:

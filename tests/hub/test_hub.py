@@ -21,6 +21,7 @@ from PIL.PngImagePlugin import PngInfo
 from test_pipeline_loading import fill_hub_cache
 from test_vocabulary import subword_tokenizer
 
+import diffusers_lmlp
 from diffusers_lmlp import FAMILIES, LMLPPipeline
 from diffusers_lmlp.hub import model as hub_model
 from diffusers_lmlp.hub import push_pipeline, push_space, stage_pipeline, stage_space, write_model_card
@@ -28,7 +29,7 @@ from diffusers_lmlp.hub.__main__ import build_parser, main, program_name
 from diffusers_lmlp.hub.card import GENERIC_PROMPT, block_markers
 from diffusers_lmlp.hub.model import TEXT_LIMIT
 from diffusers_lmlp.hub.remote_code import remote_code_files
-from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT
+from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR, SPACE_FILE_LIMIT
 from diffusers_lmlp.hub.upload import check_final_form, find_secret, looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
@@ -50,8 +51,6 @@ PIPELINE_FILES = {
 }
 MODEL_INFO = HfApi.model_info
 HUB_TOKEN = "hf_TestTokenThatMustNeverBeUploaded"
-# The model repo a Space serves, as `HfApi.model_info` lists it: pushed with `--with-code`.
-MODEL_REPO_FILES = sorted(PIPELINE_FILES | {"pipeline_lmlp.py", "transformer/lmlp_transformer_2d.py"})
 # What a training run leaves next to the pipeline, none of which belongs on the Hub.
 TRAINING_LEFTOVERS = {
     "checkpoint-100/model.safetensors": b"x",
@@ -92,9 +91,9 @@ def hub_calls(monkeypatch):
         "whoami": lambda arguments: {"name": "alice"},
         "create_repo": lambda arguments: RepoUrl(f"https://huggingface.co/{arguments['repo_id']}"),
         "add_space_variable": lambda arguments: {},
-        # A model repo pushed with its code (`push --with-code`), as a Space needs it.
+        # The model repo a Space serves, as `HfApi.model_info` lists it.
         "model_info": lambda arguments: ModelInfo(
-            id=arguments["repo_id"], private=False, siblings=[{"rfilename": name} for name in MODEL_REPO_FILES]
+            id=arguments["repo_id"], private=False, siblings=[{"rfilename": name} for name in sorted(PIPELINE_FILES)]
         ),
         "create_commit": lambda arguments: CommitInfo(
             commit_url=f"https://huggingface.co/{arguments['repo_id']}/commit/abc",
@@ -715,17 +714,26 @@ def space_dir(tmp_path) -> Path:
     return folder
 
 
-def test_space_upload_is_the_demo_folder_alone_sets_the_model_variable_and_makes_one_commit(
+def demo_files(staged) -> list[str]:
+    """The staged Space's files but the vendored package."""
+    return [path for path in staged.files if not path.startswith("diffusers_lmlp/")]
+
+
+def test_space_upload_is_the_demo_and_this_package_s_source_sets_the_model_variable_and_makes_one_commit(
     space_dir, hub_calls, tmp_path
 ):
-    # A vendored copy of the package stays out of the upload.
+    # An old copy of the package in the demo folder stays out: the Space gets this install's source, and only that.
     (space_dir / "diffusers_lmlp" / "models").mkdir(parents=True)
-    (space_dir / "diffusers_lmlp" / "__init__.py").write_text("")
+    (space_dir / "diffusers_lmlp" / "__init__.py").write_text("OLD = True\n")
     (space_dir / "diffusers_lmlp" / "models" / "backbone.py").write_text("")
     staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")
-    assert staged.files == ["README.md", "app.py", "requirements.txt"] and staged.refused == {}
+    assert demo_files(staged) == ["README.md", "app.py", "requirements.txt"] and staged.refused == {}
     assert list(staged.left_out) == [".gradio/", "__pycache__/", "diffusers_lmlp/"]
-    assert staged.left_out["diffusers_lmlp/"].startswith("the package's source: the Space runs without it")
+    package = Path(diffusers_lmlp.__file__).parent
+    source = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if "lmlp_demo" not in p.parts}
+    assert {path.removeprefix("diffusers_lmlp/") for path in staged.files} - set(demo_files(staged)) == source
+    assert (staged.folder / "diffusers_lmlp" / "__init__.py").read_bytes() == (package / "__init__.py").read_bytes()
+    assert not [path for path in staged.files if "assets/" in path or path.endswith((".safetensors", ".png"))]
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/tiny-lmlp"] and card.data.sdk == "gradio" and card.data.title == "L-MLP demo"
     assert card.text == "\n# Demo\n"
@@ -741,22 +749,22 @@ def test_space_upload_is_the_demo_folder_alone_sets_the_model_variable_and_makes
     assert {path: (staged.folder / path).read_bytes() for path in staged.files} == commit["files"]
 
 
-def test_package_demo_stages_its_three_files_and_no_package_source(tmp_path):
+def test_package_demo_stages_its_three_files_and_the_package_source(tmp_path):
     staged = stage_space("alice/lmlp-shapes", output_dir=tmp_path / "space")
     demo = sorted(p.relative_to(DEFAULT_SPACE_DIR).as_posix() for p in DEFAULT_SPACE_DIR.rglob("*") if p.is_file())
-    assert staged.files == ["README.md", "app.py", "requirements.txt"] == [p for p in demo if "__pycache__" not in p]
+    assert demo_files(staged) == ["README.md", "app.py", "requirements.txt"]
+    assert demo_files(staged) == [p for p in demo if "__pycache__" not in p]
     assert staged.refused == {}  # no file of the demo is taken for a credential or a secret
     for name in ("app.py", "requirements.txt"):
         assert (staged.folder / name).read_bytes() == (DEFAULT_SPACE_DIR / name).read_bytes()
     # In a checkout, the demo is the repository's Space folder; it stays far below the Space's size limits.
     assert DEFAULT_SPACE_DIR == Path(__file__).resolve().parents[2] / "spaces" / "lmlp-demo"
     sizes = [(staged.folder / name).stat().st_size for name in staged.files]
-    assert max(sizes) < SPACE_FILE_LIMIT[0] / 100 and sum(sizes) < SPACE_TOTAL_LIMIT[0] / 1000
+    assert max(sizes) < SPACE_FILE_LIMIT[0] / 100 and sum(sizes) < 1_000_000  # docs/hub.md: under 1 MB
     card = SpaceCard.load(staged.folder / "README.md")
     assert card.data.models == ["alice/lmlp-shapes"] and card.data.sdk == "gradio"
-    # The card tells the Space's owner what the model repo needs, and whose code the Space runs.
-    assert "python -m diffusers_lmlp.hub push FOLDER REPO --with-code" in card.text
-    assert "trust_remote_code=True" in card.text
+    # The card tells the Space's owner that the Space runs its own copy of the package, no model repo's code.
+    assert "vendored" in card.text and "trust_remote_code" not in card.text
 
 
 def test_space_upload_refuses_links_and_credentials(space_dir, hub_calls, tmp_path, caplog):
@@ -775,7 +783,7 @@ def test_space_upload_refuses_links_and_credentials(space_dir, hub_calls, tmp_pa
     }
 
     staged = stage_space("alice/tiny-lmlp", space_dir, tmp_path / "upload")  # what the dry run writes
-    assert {"app.py", "README.md", "requirements.txt"} == {p for p in staged.files if "/" not in p}
+    assert demo_files(staged) == ["README.md", "app.py", "requirements.txt"]
     assert not any(p.startswith("examples/") for p in staged.files)
     assert staged.refused == refused
 
@@ -808,7 +816,7 @@ def test_space_over_its_size_limits_is_refused_naming_the_file_and_the_limit(spa
         "weights.bin": "10,000,001 bytes, over the limit of 10,000,000 bytes for a file of a Space (weights and data "
         "belong in model or dataset repos)"
     }
-    assert staged.files == ["README.md", "app.py", "requirements.txt"]
+    assert demo_files(staged) == ["README.md", "app.py", "requirements.txt"]
 
     (space_dir / "weights.bin").unlink()
     for number in range(6):  # each below the file limit, 54 MB together
@@ -825,7 +833,7 @@ def test_space_over_its_size_limits_is_refused_naming_the_file_and_the_limit(spa
     assert hub_calls == []
 
 
-def test_space_refuses_a_missing_model_repo_one_without_code_and_no_app(space_dir, hub_calls, monkeypatch):
+def test_space_refuses_a_missing_model_repo_and_no_app(space_dir, hub_calls, monkeypatch):
     with pytest.raises(ValueError, match="needs its owner: write 'owner/tiny-lmlp'"):
         push_space("alice/lmlp-demo", "tiny-lmlp", space_dir, token="hf_test")
 
@@ -836,18 +844,6 @@ def test_space_refuses_a_missing_model_repo_one_without_code_and_no_app(space_di
     with pytest.raises(ValueError, match="The model repo alice/missing does not exist, or this token cannot see it"):
         push_space("alice/lmlp-demo", "alice/missing", space_dir, token="hf_test")
 
-    # Pushed without --with-code: the Space, which runs without the package, could not load it.
-    def without_code(self, repo_id, **kwargs):
-        return ModelInfo(id=repo_id, private=False, siblings=[{"rfilename": name} for name in sorted(PIPELINE_FILES)])
-
-    monkeypatch.setattr(HfApi, "model_info", without_code)
-    with pytest.raises(ValueError) as error:
-        push_space("alice/lmlp-demo", "alice/tiny-lmlp", space_dir, token="hf_test")
-    assert str(error.value) == (
-        "The model repo alice/tiny-lmlp has no pipeline_lmlp.py: the Space runs without diffusers-lmlp and loads the "
-        "model from its code. Push the model with its code first: python -m diffusers_lmlp.hub push FOLDER "
-        "alice/tiny-lmlp --with-code."
-    )
     (space_dir / "app.py").unlink()
     with pytest.raises(FileNotFoundError, match="is not a Gradio Space folder \\(no app.py\\)"):
         stage_space("alice/tiny-lmlp", space_dir)
@@ -876,16 +872,14 @@ def test_cli_bad_arguments_give_clear_messages(saved, argv, message, capsys):
     assert message in output
 
 
-def test_cli_push_space_help_says_the_model_needs_its_code(capsys):
+def test_cli_push_space_help_says_the_space_gets_the_package_source(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["push-space", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Upload the Gradio demo, spaces/lmlp-demo/ (app.py, README.md, requirements.txt; it ships in" in text
-    assert (
-        "the model repo must have been pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO "
-        "--with-code`; a push refuses a model repo without it."
-    ) in text
+    assert "and this install's package source beside it (diffusers-lmlp is not on PyPI)" in text
+    assert "a repo pushed with or without --with-code serves, and none of its code runs." in text
 
 
 @pytest.mark.parametrize("backbone", sorted(FAMILIES))

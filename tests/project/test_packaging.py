@@ -133,8 +133,14 @@ def test_the_wheel_carries_the_space_folder_and_stages_it(wheel_venv, tmp_path):
 
     assert staged.returncode == 0, staged.stderr[-2000:]
     assert f"The folder that would be uploaded to the Space owner/space: {out}\n" in staged.stdout
-    # The demo's three files, from the wheel's package data, and nothing of the package's source.
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == SPACE_FILES
+    # The demo's three files, from the wheel's package data, and the installed package's source, none of its data.
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert [name for name in files if not name.startswith("diffusers_lmlp/")] == SPACE_FILES
+    package = space.parents[1]
+    source = sorted(f"diffusers_lmlp/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py"))
+    assert [name for name in files if name.startswith("diffusers_lmlp/")] == [
+        n for n in source if "lmlp_demo" not in n
+    ]
     for name in ("app.py", "requirements.txt"):
         assert (out / name).read_bytes() == (ROOT / "spaces" / "lmlp-demo" / name).read_bytes()
     assert "models:\n- owner/model\n" in (out / "README.md").read_text(encoding="utf-8")

@@ -64,20 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     space = commands.add_parser(
         "push-space",
-        help="the demo -> a Gradio Space serving a model repo pushed with --with-code",
+        help="the demo -> a Gradio Space serving model repos",
         description="Upload the Gradio demo, spaces/lmlp-demo/ (app.py, README.md, requirements.txt; it ships in "
-        "the package too; no package source) with its README front matter's models: set to --model, and set the "
-        f"Space variable {MODEL_VARIABLE}=--model. The Space runs without diffusers-lmlp (it is not on PyPI): it "
-        "loads the model with DiffusionPipeline.from_pretrained(--model, trust_remote_code=True), so the model repo "
-        "must have been pushed with its code, `python -m diffusers_lmlp.hub push FOLDER REPO --with-code`; a push "
-        "refuses a model repo without it. As with push, links, files named like credentials and files that hold a "
-        f"token are never uploaded; nor are files over {SPACE_FILE_LIMIT[0] // 10**6} MB, and a folder over "
+        "the package too) and this install's package source beside it (diffusers-lmlp is not on PyPI), with its "
+        f"README front matter's models: set to --model, and set the Space variable {MODEL_VARIABLE}=--model. The app "
+        "loads each model with LMLPPipeline.from_pretrained, so a repo pushed with or without --with-code serves, and "
+        "none of its code runs. As with push, links, files named like credentials and files that hold a token are "
+        f"never uploaded; nor are files over {SPACE_FILE_LIMIT[0] // 10**6} MB, and a folder over "
         f"{SPACE_TOTAL_LIMIT[0] // 10**6} MB in all is refused.",
     )
     space.add_argument("space_id", help="the Space repo, owner/name")
     space.add_argument(
         "--model", required=True, nargs="+",
-        help="the model repos the Space serves (pushed with --with-code), the first opening",
+        help="the model repos the Space serves, the first opening",
     )  # fmt: skip
     space.add_argument("--space-dir", default=DEFAULT_SPACE_DIR, help="the demo folder (default: %(default)s)")
     space.add_argument("--commit-message", default="Upload the diffusers-lmlp demo")

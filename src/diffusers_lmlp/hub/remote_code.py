@@ -2,8 +2,8 @@
 
 `model_index.json` then names files that `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs, each
 generated from the installed package (`bundle_source`): a class's module and every package module it needs, in import
-order, package imports taken out (only imports of names are followed; a module import or star import is refused); a
-backbone's file also carries its family's entry (`family_part`). One self-contained file per component, because
+order, package imports taken out (only imports of names are followed; a module import or star import is refused).
+One self-contained file per component, because
 diffusers fetches only the file `model_index.json` names and the files it imports one level deep; all remote code
 shares one module folder, hence the "lmlp" in the file names (`file_stem`). With the package installed,
 `LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`) and runs no file.
@@ -325,76 +325,18 @@ def check_self_contained(text: str, filename: str = "<remote code>") -> None:
     compile(text, filename, "exec")
 
 
-def _names_used(node: ast.AST) -> set[str]:
-    """Every bare name a statement reads or binds (annotations and defaults included)."""
-    return {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
-
-
-def family_part(class_name: str) -> tuple[SourceModule, list[str]] | None:
-    """A backbone file's part of the family registry (for the Space's app): the definitions its family's `details`
-    needs, as a module, and the lines setting `family_label` and `family_details`; None for the pipeline."""
-    from ..models.families import FAMILIES
-
-    family = next((family for family in FAMILIES.values() if family.model_class.__name__ == class_name), None)
-    if family is None:
-        return None
-    registry = load_module(f"{PACKAGE}.models.families")
-    defined = top_level_names(registry)
-    details = family.details.__name__
-    if not isinstance(defined.get(details), ast.FunctionDef):
-        raise ValueError(
-            f"The {family.name} family's details, {details!r}, is not a function defined at the top level of "
-            f"{registry.path}; remote code can carry only such a function."
-        )
-    needed, todo = set(), [details]  # the ids of the statements that define what `details` uses, at any depth
-    while todo:
-        node = defined[todo.pop()]
-        if id(node) not in needed:
-            needed.add(id(node))
-            todo += [name for name in _names_used(node) if name in defined]
-    statements = [node for node in registry.tree.body if id(node) in needed]
-    used = set().union(*(_names_used(node) for node in statements))
-    from_package = {name for statement in package_imports(registry) for name in statement.bindings} & used
-    if from_package:
-        raise ImportError(
-            f"{registry.path}: {details} uses {', '.join(sorted(from_package))} from the package; remote code can "
-            "carry a family's details only when they use the registry's own definitions and other libraries."
-        )
-    imports = []
-    for node in _external_imports(registry):
-        aliases = [alias for alias in node.names if _binding(node, alias)[0] in used]
-        if aliases:
-            kept = ast.Import(aliases) if isinstance(node, ast.Import) else ast.ImportFrom(node.module, aliases, 0)
-            imports.append(ast.unparse(kept))
-    lines = registry.source.splitlines()
-    definitions = []
-    for node in statements:
-        first = min([node.lineno, *(decorator.lineno for decorator in getattr(node, "decorator_list", []))])
-        definitions.append("\n".join(lines[first - 1 : node.end_lineno]))
-    text = "\n".join(imports) + "\n\n\n" + "\n\n\n".join(definitions) + "\n"
-    part = SourceModule(registry.name, registry.path, text, ast.parse(text, filename=registry.path))
-    settings = [
-        f"{class_name}.family_label = {family.label!r}",
-        f"{class_name}.family_details = staticmethod({details})",
-    ]
-    return part, settings
-
-
 def bundle_source(entry: str, class_name: str) -> str:
-    """One self-contained file: the module `entry` defining `class_name`, everything it needs from the package, and
-    for a backbone its family's entry (`family_part`). The same package source gives the same text."""
+    """One self-contained file: the module `entry` defining `class_name` and everything it needs from the package.
+    The same package source gives the same text."""
     modules = bundle_order(entry)
-    family = family_part(class_name)
-    shipped = [*modules, family[0]] if family else modules  # the family part: a few definitions of the registry
-    _check_one_namespace(shipped)
+    _check_one_namespace(modules)
     digest = hashlib.sha256()
-    for module in [*modules, load_module(family[0].name)] if family else modules:  # whole source files
+    for module in modules:  # whole source files
         digest.update(f"{module.path}\n{len(module.source)}\n{module.source}".encode())
     header = [
         f"# Generated from diffusers-lmlp {__version__} by `python -m diffusers_lmlp.hub push --with-code`: do not",
         "# edit. Change the package and push again. Its source files, in this order:",
         *(f"#   {module.path}" for module in modules),
-        *([f"#   {family[0].path} (the entry of {class_name}'s family only)"] if family else []),
         f"# sha256 of those files: {digest.hexdigest()}",
     ]
     docstring = (
@@ -402,19 +344,11 @@ def bundle_source(entry: str, class_name: str) -> str:
         "`DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs this file; it needs diffusers,\n"
         'transformers and torch, not diffusers-lmlp."""'
     )
-    parts = ["\n".join(header), docstring, _render_imports(shipped)]
+    parts = ["\n".join(header), docstring, _render_imports(modules)]
     for module in modules:
         banner = [f"# ---- {module.path} " + "-" * max(0, LINE_LENGTH - 12 - len(module.path))]
         doc = ast.get_docstring(module.tree, clean=True)
         parts.append("\n".join(banner + (_as_comment(doc) if doc else [])) + "\n\n\n" + _module_body(module))
-    if family:
-        part, settings = family
-        banner = [
-            f"# ---- {part.path} " + "-" * max(0, LINE_LENGTH - 12 - len(part.path)),
-            f"# The entry of {class_name}'s family in the block-family registry: its label and the words for its",
-            "# config, for code that describes the backbone without diffusers-lmlp (the Space's app).",
-        ]
-        parts.append("\n".join(banner) + "\n\n\n" + _module_body(part) + "\n\n\n" + "\n".join(settings))
     text = _rewrite_scanned_imports("\n\n\n".join(part for part in parts if part))
     check_self_contained(text, f"{file_stem(entry)}.py")
     return text

@@ -1,7 +1,8 @@
-"""Publish the Gradio demo (`DEFAULT_SPACE_DIR`) as a Hub Space serving model repos pushed with their code.
+"""Publish the Gradio demo (`DEFAULT_SPACE_DIR`) as a Hub Space serving the model repos named by the Space variable
+`LMLP_MODEL` and the README's `models:`.
 
-The Space gets the demo folder and nothing of the package (not on PyPI): its app loads each model with
-`trust_remote_code=True`, named by the Space variable `LMLP_MODEL` and the README's `models:`.
+diffusers-lmlp is not on PyPI, so the Space gets this install's package source (its `.py` files, no shipped models)
+beside `app.py`, which imports it: the Space runs no model repo's code, and serves repos pushed with or without it.
 """
 
 import logging
@@ -14,7 +15,7 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, HfApi, SpaceCard
 from huggingface_hub.errors import RepositoryNotFoundError
 
-from .remote_code import PACKAGE, defining_module_of, file_stem
+from .remote_code import PACKAGE
 from .upload import (
     SizeLimit,
     StagedUpload,
@@ -45,9 +46,10 @@ def find_space_dir() -> Path:
 
 
 DEFAULT_SPACE_DIR = find_space_dir()
-# Never uploaded from the demo folder: caches, local run outputs, a vendored copy of the package.
+# Never uploaded from the demo folder: caches, local run outputs, an old copy of the package (this install's is).
 SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE)
-WITH_CODE = "python -m diffusers_lmlp.hub push FOLDER {repo} --with-code"
+# Of the package, only the source: not the shipped models and data, nor the wheel's copy of the demo.
+PACKAGE_SKIPPED = ("__pycache__", ".*", "assets", SPACE_NAME.replace("-", "_"))
 
 
 def _left_out(path: str) -> str | None:
@@ -56,8 +58,22 @@ def _left_out(path: str) -> str | None:
     if pattern is None:
         return None
     if pattern == PACKAGE:
-        return "the package's source: the Space runs without it, on the model repo's code (push --with-code)"
+        return "a copy of the package: the Space gets this install's"
     return f"matches {pattern!r}: caches, hidden files and local run outputs stay local"
+
+
+def _not_source(path: str) -> str | None:
+    """Why a folder of the package is not vendored into the Space, or None."""
+    return "not source" if any(fnmatch(path.rsplit("/", 1)[-1], pattern) for pattern in PACKAGE_SKIPPED) else None
+
+
+def vendor_package(target: Path) -> None:
+    """Copy this install's package source (`.py` files only) to `target/diffusers_lmlp`, under the upload's guards."""
+    package = Path(__file__).resolve().parents[1]
+    not_python = lambda path: None if path.endswith(".py") else "not source"  # noqa: E731
+    _, refused = copy_tree(package, target / PACKAGE, _not_source, not_python, lambda path: SPACE_FILE_LIMIT)
+    if refused:
+        raise ValueError(f"The package at {package} cannot be vendored into the Space: {refused}.")
 
 
 def stage_space(
@@ -67,7 +83,8 @@ def stage_space(
 ) -> StagedUpload:
     """Build the exact folder that `push_space` uploads from `space_dir` (default `DEFAULT_SPACE_DIR`) in
     `output_dir`: the demo with its front matter's `models:` set to `model_id` (one or several `owner/name`, the first
-    opening). Raises `ValueError` over `SPACE_TOTAL_LIMIT`, or when app.py or README.md is refused."""
+    opening), and the package source (`vendor_package`). Raises `ValueError` over `SPACE_TOTAL_LIMIT`, or when
+    app.py or README.md is refused."""
     model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
     for model in model_ids:
         check_repo_id(model, "model repo id", namespace=True)
@@ -86,6 +103,7 @@ def stage_space(
             if name in refused:
                 raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}.")
 
+        vendor_package(target)
         card = SpaceCard.load(target / "README.md")
         card.data.models = model_ids
         card.save(target / "README.md")
@@ -102,7 +120,7 @@ def push_space(
     commit_message: str = "Upload the diffusers-lmlp demo",
 ) -> CommitInfo:
     """Publish the demo as a Gradio Space `space_id` serving `model_id` (see `stage_space`): create it, set
-    `LMLP_MODEL`, then one commit. Each model repo must exist with its code (`push_pipeline(..., with_code=True)`)."""
+    `LMLP_MODEL`, then one commit. Each model repo must exist (`push_pipeline`)."""
     check_repo_id(space_id, "Space id", namespace=True)
     model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
     for model_id in model_ids:
@@ -112,26 +130,20 @@ def push_space(
         staged = stage_space(model_ids, space_dir, Path(tmp) / "upload")
         log_upload_report(staged, Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR)
         for model_id in model_ids:
-            require_model_code(api, model_id)
+            require_model(api, model_id)
         api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
         api.add_space_variable(space_id, MODEL_VARIABLE, ",".join(model_ids))
         return commit_staged(api, space_id, staged.folder, commit_message, repo_type="space")
 
 
-def require_model_code(api: HfApi, model_id: str) -> None:
-    """Refuse a model repo that does not exist or lacks the code the Space loads it with; warn when it is private."""
+def require_model(api: HfApi, model_id: str) -> None:
+    """Refuse a model repo that does not exist; warn when it is private."""
     try:
         model = api.model_info(model_id)
     except RepositoryNotFoundError:
         raise ValueError(
-            f"The model repo {model_id} does not exist, or this token cannot see it; publish the model first, "
-            f"with its code: {WITH_CODE.format(repo=model_id)}."
+            f"The model repo {model_id} does not exist, or this token cannot see it; publish the model first: "
+            f"python -m diffusers_lmlp.hub push FOLDER {model_id}."
         ) from None
-    code = f"{file_stem(defining_module_of('LMLPPipeline'))}.py"
-    if code not in {sibling.rfilename for sibling in model.siblings or []}:
-        raise ValueError(
-            f"The model repo {model_id} has no {code}: the Space runs without diffusers-lmlp and loads the model "
-            f"from its code. Push the model with its code first: {WITH_CODE.format(repo=model_id)}."
-        )
     if model.private:
         logger.warning(f"{model_id} is private: the Space can load it only with an HF_TOKEN secret that reads it.")
