@@ -81,7 +81,11 @@ def load_images(world_path: Path = WORLD_PATH) -> np.ndarray:
     return np.ascontiguousarray(tiles.reshape(-1, size, size, 3)[:count])
 
 
-HELD_OUT: tuple[str, ...] = tuple(e.unified for e in load_emoji() if e.held_out)
+def __getattr__(name: str):
+    """`HELD_OUT`, the held-out pictures' code points, read on first use rather than when the module is imported."""
+    if name == "HELD_OUT":
+        return tuple(e.unified for e in load_emoji() if e.held_out)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def split_indices(split: str) -> list[int]:

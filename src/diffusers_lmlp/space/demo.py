@@ -23,16 +23,9 @@ MAX_UNKNOWN_SHARE = 0.5  # a prompt with more of its words outside a closed voca
 
 
 def shipped_pipelines() -> dict[str, str]:
-    """The models that ship with the package (emoji first), where their files came with it."""
-    shipped = {}
-    for name in ("emoji", "shapes"):
-        try:
-            path = WORLDS[name].pipeline_path
-        except FileNotFoundError:  # a vendored copy of the package has none of the worlds' files
-            continue
-        if path.is_dir():
-            shipped[name] = str(path)
-    return shipped
+    """The models that ship with the package (emoji first), where their files came with it: a vendored copy has none."""
+    paths = {name: WORLDS[name].pipeline_path for name in ("emoji", "shapes")}
+    return {name: str(path) for name, path in paths.items() if path.is_dir()}
 
 
 class GenerationRequest(NamedTuple):
