@@ -123,7 +123,8 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)
     # Last: the summary marks the folder finished, with weights, card and scores of this run.
     write_json_durably(output_dir / SUMMARY_FILE, summary)
-    logger.info(f"saved the {'LoRA adapter' if args.lora_rank else 'pipeline'} to {output_dir}")
+    # No log line from here on: `accelerate launch` relays the child's stderr through a pipe, so a log written now can
+    # land after the summary, which is printed to stdout and names the folder and the Hub URL.
 
     hub_url = None
     if args.push_to_hub:
@@ -133,7 +134,6 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
         hub_url = (push_lora if args.lora_rank else push_pipeline)(
             output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, commit_message="End of training"
         ).commit_url
-        logger.info(f"pushed to the Hub: {hub_url}")
     folders = {"validation_dir": output_dir / "validation", "logging_dir": output_dir / args.logging_dir}
     folders = {name: folder for name, folder in folders.items() if folder.is_dir()}
     text = format_run_summary(summary, output_dir, sample_grid=grid_path, hub_url=hub_url, **folders)
