@@ -21,49 +21,6 @@ TINY_VOCAB_WORDS = (
 )  # fmt: skip
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode map, the base alphabet of CLIP's byte-level BPE (re-implemented
-    because transformers 5 no longer exports it)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    codes = printable[:]
-    shift = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + shift)
-            shift += 1
-    return dict(zip(printable, map(chr, codes)))
-
-
-def _apply_merges(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Byte-pair encode one word: repeatedly merge the adjacent pair with the lowest rank."""
-    while len(symbols) > 1:
-        pairs = [(ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(symbols, symbols[1:]))]
-        rank, i = min(pairs)
-        if rank == len(ranks):
-            break
-        symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2 :]
-    return symbols
-
-
-def _tiny_vocab_and_merges(words: tuple[str, ...]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """A CLIP byte-level vocabulary (256 symbols, their `</w>` forms, one token per word) and whole-word merges."""
-    byte_symbols = _bytes_to_unicode()
-    alphabet = list(byte_symbols.values())
-    tokens = alphabet + [symbol + "</w>" for symbol in alphabet]
-    ranks: dict[tuple[str, str], int] = {}  # merge -> its rank, in the order of merges.txt
-    for word in ("".join(byte_symbols[byte] for byte in word.encode("utf-8")) for word in words):
-        # Merge what the earlier merges leave of the word, left to right, until it is one token.
-        symbols = _apply_merges(list(word[:-1]) + [word[-1] + "</w>"], ranks)
-        while len(symbols) > 1:
-            ranks.setdefault((symbols[0], symbols[1]), len(ranks))
-            symbols = [symbols[0] + symbols[1]] + symbols[2:]
-            tokens.append(symbols[0])
-    tokens += ["<|startoftext|>", "<|endoftext|>"]
-    return {token: i for i, token in enumerate(dict.fromkeys(tokens))}, list(ranks)
-
-
 def tiny_clip_tokenizer(
     model_max_length: int = 16,
     save_directory: str | os.PathLike | None = None,
@@ -75,13 +32,30 @@ def tiny_clip_tokenizer(
     if save_directory is None:
         with tempfile.TemporaryDirectory() as temporary_directory:
             return tiny_clip_tokenizer(model_max_length, temporary_directory, words)
-    vocab, merges = _tiny_vocab_and_merges(words)
+    # GPT-2's reversible byte -> printable unicode map, the base alphabet of CLIP's byte-level BPE.
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    byte_symbols = dict(zip(printable + others, map(chr, printable + [256 + i for i in range(len(others))])))
+    alphabet = list(byte_symbols.values())
+    tokens = alphabet + [symbol + "</w>" for symbol in alphabet]
+    ranks: dict[tuple[str, str], int] = {}  # merge -> its rank, in the order of merges.txt
+    for word in ("".join(byte_symbols[byte] for byte in word.encode("utf-8")) for word in words):
+        symbols = list(word[:-1]) + [word[-1] + "</w>"]
+        while len(symbols) > 1:  # apply the earlier merges, lowest rank first
+            rank, i = min((ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(symbols, symbols[1:])))
+            if rank == len(ranks):
+                break
+            symbols = symbols[:i] + [symbols[i] + symbols[i + 1]] + symbols[i + 2 :]
+        while len(symbols) > 1:  # then merge what is left, left to right, into one token
+            ranks.setdefault((symbols[0], symbols[1]), len(ranks))
+            symbols = [symbols[0] + symbols[1]] + symbols[2:]
+            tokens.append(symbols[0])
+    tokens += ["<|startoftext|>", "<|endoftext|>"]
     os.makedirs(save_directory, exist_ok=True)
     with open(os.path.join(save_directory, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
+        json.dump({token: i for i, token in enumerate(dict.fromkeys(tokens))}, f, ensure_ascii=False)
     with open(os.path.join(save_directory, "merges.txt"), "w", encoding="utf-8") as f:
-        # The first line of merges.txt is a header that the tokenizer skips.
-        f.write("#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in merges))
+        f.write("#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in ranks))  # a header, then merges
     return CLIPTokenizer.from_pretrained(save_directory, model_max_length=model_max_length)
 
 
@@ -91,63 +65,35 @@ def tiny_clip_text_encoder(
     """A randomly initialised 2-layer, 4-head CLIP text encoder that reads `tokenizer`'s ids and length; seed the
     global RNG first for reproducible weights."""
     config = CLIPTextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_attention_heads=4,
-        num_hidden_layers=2,
-        max_position_embeddings=tokenizer.model_max_length,
-        projection_dim=hidden_size,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size, num_attention_heads=4,
+        num_hidden_layers=2, max_position_embeddings=tokenizer.model_max_length, projection_dim=hidden_size,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
     return CLIPTextModel(config)
 
 
 def build_tiny_pipeline(
-    backbone: str = "lmlp",
-    seed: int = 0,
-    text_seq_len: int = 16,
-    sample_size: int = 8,
-    hidden_size: int = 32,
+    backbone: str = "lmlp", seed: int = 0, text_seq_len: int = 16, sample_size: int = 8, hidden_size: int = 32
 ) -> LMLPPipeline:
     """A complete, tiny, randomly initialised `LMLPPipeline` in eval mode with a 2-layer backbone of the family
     `backbone`; equal seeds give equal weights, and the global RNG is left untouched."""
     if backbone not in FAMILIES:
         raise ValueError(f"Unknown backbone {backbone!r}; choose a block family among {sorted(FAMILIES)}.")
     family = FAMILIES[backbone]
-
     tokenizer = tiny_clip_tokenizer(model_max_length=text_seq_len)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         text_encoder = tiny_clip_text_encoder(tokenizer)
         vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 2,
-            up_block_types=("UpDecoderBlock2D",) * 2,
-            block_out_channels=(8, 16),
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=4,
-            sample_size=2 * sample_size,
+            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+            block_out_channels=(8, 16), latent_channels=4, norm_num_groups=4, sample_size=2 * sample_size,
             scaling_factor=0.23010,
-        )
+        )  # fmt: skip
         transformer = family.model_class(
-            sample_size=sample_size,
-            patch_size=2,
-            in_channels=4,
-            hidden_size=hidden_size,
-            num_layers=2,
-            text_embed_dim=text_encoder.config.hidden_size,
-            text_seq_len=text_seq_len,
-            **family.tiny_overrides,
-        )
+            sample_size=sample_size, patch_size=2, in_channels=4, hidden_size=hidden_size, num_layers=2,
+            text_embed_dim=text_encoder.config.hidden_size, text_seq_len=text_seq_len, **family.tiny_overrides,
+        )  # fmt: skip
     return LMLPPipeline(
-        vae=vae.eval(),
-        text_encoder=text_encoder.eval(),
-        tokenizer=tokenizer,
-        transformer=transformer.eval(),
+        vae=vae.eval(), text_encoder=text_encoder.eval(), tokenizer=tokenizer, transformer=transformer.eval(),
         scheduler=default_scheduler(),
-    )
+    )  # fmt: skip

@@ -3,14 +3,17 @@ an emoji's variants; emoji-FID's real images and floor; the emoji caption source
 
 import json
 import math
+import shlex
 
 import numpy as np
 import pytest
+from documents import block
 from PIL import Image
 
 from diffusers_lmlp.emoji import EmojiScorer, load_emoji, load_images, split_indices
 from diffusers_lmlp.emoji.scorer import CLIP_PATH, FLAGS, caption_targets
 from diffusers_lmlp.evaluation import draw_captions, evaluate
+from diffusers_lmlp.evaluation.__main__ import main, parse_args
 
 
 @pytest.fixture(scope="module")
@@ -18,19 +21,18 @@ def scorer():
     return EmojiScorer.from_pretrained()
 
 
-def picture(index: int) -> Image.Image:
-    return Image.fromarray(load_images()[index])
-
-
 def index_of(name: str) -> int:
     return next(i for i, emoji in enumerate(load_emoji()) if emoji.name == name)
 
 
+def verdicts(scorer, pictures: list[int], captions: list[str]) -> list[dict[str, float]]:
+    rows = scorer.flags([Image.fromarray(load_images()[i]) for i in pictures], captions)
+    return [dict(zip(FLAGS, row)) for row in rows]
+
+
 def test_every_real_picture_is_nearest_to_itself_by_clip_and_by_pixels(scorer):
     rows = split_indices("heldout")[:20] + split_indices("train")[::200]
-    flags = scorer.flags([picture(i) for i in rows], [load_emoji()[i].name for i in rows])
-    for i, row in zip(rows, flags):
-        verdict = dict(zip(FLAGS, row))
+    for i, verdict in zip(rows, verdicts(scorer, rows, [load_emoji()[i].name for i in rows])):
         assert verdict["top-1"] == verdict["top-5"] == verdict["pixel top-1"] == verdict["pixel top-5"] == 1.0
         if len(load_emoji()[i].tones) == 1:  # a single-tone variant: its tone is told
             assert verdict["tone"] == verdict["pixel tone"] == 1.0
@@ -38,31 +40,25 @@ def test_every_real_picture_is_nearest_to_itself_by_clip_and_by_pixels(scorer):
             assert math.isnan(verdict["tone"]) and math.isnan(verdict["pixel tone"])
 
 
-def test_another_tone_of_the_asked_emoji_is_the_emoji_but_not_the_tone(scorer):
-    [row] = scorer.flags([picture(index_of("surfer: light skin tone"))], ["surfer: dark skin tone"])
-    verdict = dict(zip(FLAGS, row))
-    assert verdict["top-1"] == verdict["pixel top-1"] == 1.0  # any tone of the asked emoji counts
-    assert verdict["tone"] == verdict["pixel tone"] == 0.0
-
-
-def test_another_emoji_is_not_the_asked_one(scorer):
-    [row] = scorer.flags([picture(index_of("rocket"))], ["red apple"])
-    assert dict(zip(FLAGS, row))["pixel top-5"] == 0.0 and dict(zip(FLAGS, row))["top-1"] == 0.0
-
-
-def test_a_name_two_emoji_share_asks_for_either():
-    assert len(caption_targets()["man in tuxedo"]) == 2
+@pytest.mark.parametrize(
+    ("picture", "caption", "expected"),
+    [  # any tone of the asked emoji is the emoji, but not the tone; another emoji is not the asked one
+        ("surfer: light skin tone", "surfer: dark skin tone",
+         {"top-1": 1, "pixel top-1": 1, "tone": 0, "pixel tone": 0}),
+        ("rocket", "red apple", {"top-1": 0, "pixel top-5": 0}),
+    ],
+)  # fmt: skip
+def test_another_tone_or_emoji_than_the_asked_one(scorer, picture, caption, expected):
+    [verdict] = verdicts(scorer, [index_of(picture)], [caption])
+    assert {key: verdict[key] for key in expected} == expected
 
 
 def test_emoji_fid_takes_the_captions_pictures_and_draws_the_floor_from_their_split(scorer):
     held = [load_emoji()[i].name for i in split_indices("heldout")[:6]]
     real = scorer.renders(held, range(6), seed=0, stream=1, resolution=32)
-    assert [np.array_equal(np.asarray(image), load_images()[index_of(name)]) for image, name in zip(real, held)] == [
-        True
-    ] * 6
-    floor = scorer.renders(held, range(6), seed=0, stream=2, resolution=32)
-    again = scorer.renders(held, range(6), seed=0, stream=2, resolution=32)
-    pictures = {load_images()[i].tobytes(): i for i in split_indices("heldout")}
+    assert all(np.array_equal(np.asarray(image), load_images()[index_of(name)]) for image, name in zip(real, held))
+    floor, again = (scorer.renders(held, range(6), seed=0, stream=2, resolution=32) for _ in range(2))
+    pictures = {load_images()[i].tobytes() for i in split_indices("heldout")}
     assert all(np.asarray(image).tobytes() in pictures for image in floor)  # from the held-out split
     assert [np.asarray(a).tobytes() for a in floor] == [np.asarray(b).tobytes() for b in again]
     assert scorer.renders(held[:1], range(1), 0, 1, 16)[0].size == (16, 16)
@@ -70,19 +66,18 @@ def test_emoji_fid_takes_the_captions_pictures_and_draws_the_floor_from_their_sp
 
 def test_emoji_caption_sources_draw_each_picture_evenly_by_plain_name_or_in_any_phrasing():
     held = draw_captions("emoji:heldout", 2 * 162, seed=3)
-    names = [load_emoji()[i].name for i in split_indices("heldout")]
-    assert sorted(held) == sorted(names * 2)
+    assert sorted(held) == sorted([load_emoji()[i].name for i in split_indices("heldout")] * 2)
     varied = draw_captions("emoji:heldout:varied", 2 * 162, seed=3)
-    for name, phrasing in zip(held, varied):  # the same pictures, in the same order
-        assert phrasing in load_emoji()[index_of(name)].captions
+    assert all(phrasing in load_emoji()[index_of(name)].captions for name, phrasing in zip(held, varied))  # in order
     assert len(set(draw_captions("emoji:train", 100, seed=0))) == 100
+    assert len(caption_targets()["man in tuxedo"]) == 2  # a name two emoji share asks for either
 
 
 @pytest.mark.slow
 def test_evaluate_scores_emoji_captions_with_the_emoji_scorer_and_emoji_fid(make_pipe, scorer):
     captions = draw_captions("emoji:heldout", 8, seed=0)
     report, _ = evaluate(make_pipe(), captions, fid_reference="emoji", num_inference_steps=2, batch_size=4)
-    assert set(report["emoji"]) == set(FLAGS) and set(report["emoji_intervals"]) == set(FLAGS)
+    assert set(report["emoji"]) == set(report["emoji_intervals"]) == set(FLAGS)
     assert report["fid_extractor"] == "emoji-clip" and report["fid"] > 0 and report["fid_floor"] > 0
     assert report["fid_reference"] == "emoji (real images of the same captions, 8 images)"
     with pytest.raises(ValueError, match="some captions are not emoji-world captions"):
@@ -92,14 +87,7 @@ def test_evaluate_scores_emoji_captions_with_the_emoji_scorer_and_emoji_fid(make
 @pytest.mark.slow
 def test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline(tmp_path):
     """docs/emoji.md's commands in this process, each with 8 of its images at 4 steps."""
-    import shlex
-
-    from documents import blocks, section
-
-    from diffusers_lmlp.evaluation.__main__ import main, parse_args
-
-    [block] = blocks(section("docs/emoji.md", "How samples are scored"), "bash")
-    commands = block.strip().splitlines()
+    commands = block("docs/emoji.md", "How samples are scored").strip().splitlines()
     assert len(commands) == 2
     for number, command in enumerate(commands):
         argv = shlex.split(command)[3:]  # after `python -m diffusers_lmlp.evaluation`

@@ -13,8 +13,7 @@ from diffusers_lmlp.evaluation.shapes_features import (
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
 
 
-# Training used seed 0 and evaluation seed 1000 (`scripts/train_shapes_features.py`); these renders are new.
-SEED = 2024
+SEED = 2024  # training used seed 0 and evaluation seed 1000 (`scripts/train_shapes_features.py`): these are new
 
 
 def renders(specs: list[ShapeSpec], seed: int, image_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,8 +25,7 @@ def renders(specs: list[ShapeSpec], seed: int, image_size: int = 32) -> tuple[to
 
 
 def some_specs(count: int, seed: int) -> list[ShapeSpec]:
-    specs = all_specs()
-    return [specs[i] for i in np.random.default_rng(seed).integers(0, len(specs), count)]
+    return [all_specs()[i] for i in np.random.default_rng(seed).integers(0, len(all_specs()), count)]
 
 
 @pytest.fixture(scope="module")
@@ -36,46 +34,33 @@ def network() -> ShapesFeatureNetwork:
 
 
 @torch.no_grad()
-def accuracy(network: ShapesFeatureNetwork, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    logits = network.classify(images)
-    return {name: (logits[name].argmax(1) == labels[:, i]).float().mean().item() for i, name in enumerate(ATTRIBUTES)}
-
-
-def test_shipped_network_loads_offline_in_eval_mode(network):
-    assert (FEATURES_PATH / "config.json").is_file()
-    assert (FEATURES_PATH / "diffusion_pytorch_model.safetensors").is_file()
-    assert not network.training
-    assert isinstance(network.num_features, int) and network.num_features == 128
-    assert network.name == "shapes-features"
+def test_shipped_network_loads_offline_and_gives_deterministic_per_image_features(network):
+    assert (FEATURES_PATH / "config.json").is_file() and (
+        FEATURES_PATH / "diffusion_pytorch_model.safetensors"
+    ).is_file()
+    assert not network.training and network.num_features == 128 and network.name == "shapes-features"
     assert sum(p.numel() for p in network.parameters()) < 150_000  # a few hundred KB of fp32 weights
-
-
-@torch.no_grad()
-def test_features_are_batch_by_num_features_and_deterministic(network):
     images, _ = renders(some_specs(8, SEED), SEED)
     features = network(images)
-    assert features.shape == (8, network.num_features)
-    assert features.dtype == torch.float32
-    assert torch.equal(features, network(images))
-    # Each image's features do not depend on the rest of the batch.
-    torch.testing.assert_close(network(images[:3]), features[:3], rtol=1e-5, atol=1e-6)
+    assert features.shape == (8, 128) and features.dtype == torch.float32 and torch.equal(features, network(images))
+    torch.testing.assert_close(network(images[:3]), features[:3], rtol=1e-5, atol=1e-6)  # whatever the batch
 
 
-def test_reads_every_attribute_of_fresh_renders(network):
-    images, labels = renders(some_specs(216, SEED), SEED)
-    scores = accuracy(network, images, labels)
+@torch.no_grad()
+@pytest.mark.parametrize(("count", "seed", "image_size"), [(216, SEED, 32), (108, SEED + 1, 64)])
+def test_reads_every_attribute_of_fresh_renders_at_32_and_64_pixels(network, count, seed, image_size):
+    images, labels = renders(some_specs(count, seed), seed, image_size)
+    assert network(images).shape == (count, network.num_features)
+    logits = network.classify(images)
+    scores = {
+        name: (logits[name].argmax(1) == labels[:, i]).float().mean().item() for i, name in enumerate(ATTRIBUTES)
+    }
     assert min(scores.values()) >= 0.98, scores
 
 
 @torch.no_grad()
-def test_resizes_64_pixel_input_to_the_world_size(network):
-    specs = some_specs(108, SEED + 1)
-    images, labels = renders(specs, SEED + 1, image_size=64)
-    assert network(images).shape == (108, network.num_features)
-    scores = accuracy(network, images, labels)
-    assert min(scores.values()) >= 0.98, scores
-    # A 32-pixel image upsampled to 64 pixels is read back at 32 pixels (slightly smoothed): nearly the same features.
-    small, _ = renders(specs, SEED + 1)
+def test_a_64_pixel_upsampled_image_gives_nearly_the_32_pixel_features(network):
+    small, _ = renders(some_specs(108, SEED + 1), SEED + 1)
     upsampled = small.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)  # (N, 3, 64, 64)
     features = network(small)  # (N, num_features)
     relative = (network(upsampled) - features).norm(dim=1) / features.norm(dim=1)  # (N,)
@@ -87,9 +72,8 @@ def test_save_pretrained_round_trip_gives_identical_features(network, tmp_path):
     network.save_pretrained(tmp_path)
     assert (tmp_path / "diffusion_pytorch_model.safetensors").is_file()
     loaded = ShapesFeatureNetwork.from_pretrained(tmp_path).eval()
-    assert {k: v for k, v in loaded.config.items() if k != "_name_or_path"} == {
-        k: v for k, v in network.config.items() if k != "_name_or_path"
-    }
+    config = lambda model: {k: v for k, v in model.config.items() if k != "_name_or_path"}  # noqa: E731
+    assert config(loaded) == config(network)
     images, _ = renders(some_specs(16, SEED), SEED)
     assert torch.equal(loaded(images), network(images))
     assert all(torch.equal(loaded.classify(images)[k], v) for k, v in network.classify(images).items())
@@ -108,11 +92,8 @@ def test_bad_images_raise_a_clear_error(network, images):
 
 @torch.no_grad()
 def test_features_separate_renders_from_corrupted_renders(network):
-    specs = all_specs()
-    first, _ = renders(specs, SEED)
-    second, _ = renders(specs, SEED + 1)
+    first, second = renders(all_specs(), SEED)[0], renders(all_specs(), SEED + 1)[0]
     noisy = (second + 0.3 * torch.randn(second.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
     mean_first, mean_second, mean_noisy = (network(x).mean(0) for x in (first, second, noisy))  # (num_features,)
-    same = (mean_first - mean_second).norm()
-    corrupted = (mean_first - mean_noisy).norm()
+    same, corrupted = (mean_first - mean_second).norm(), (mean_first - mean_noisy).norm()
     assert corrupted > 10 * same, (same, corrupted)

@@ -1,9 +1,6 @@
-"""The emoji world's trained components and its scorer.
-
-`EmojiScorer` reads a picture as the world's scores do: which of the real emoji it is nearest to, by the emoji CLIP's
-image tower (`scripts/train_emoji_clip.py`) and, independently of any model, by its pixels; and, for a caption that
-asks for one skin tone, whether that tone's variant is the nearest of the emoji's. The tower is also emoji-FID's.
-"""
+"""The emoji world's trained components and its scorer, `EmojiScorer`: which real emoji a picture is nearest to, by
+the emoji CLIP's image tower (also emoji-FID's) and, independently of any model, by pixels; and, for a caption that
+asks for one skin tone, whether that tone's variant is the nearest of the emoji's."""
 
 import functools
 from pathlib import Path
@@ -28,11 +25,7 @@ FLAGS = ("top-1", "top-5", "tone", "pixel top-1", "pixel top-5", "pixel tone")
 
 
 def emoji_components():
-    """The frozen tokenizer, text encoder (the emoji CLIP's text tower) and VAE that the emoji pipeline is trained on.
-
-    Returns:
-        `tuple`: `(tokenizer, text_encoder, vae)`, from the shipped pipeline's folders.
-    """
+    """The shipped emoji pipeline's frozen `(tokenizer, text_encoder, vae)`; the encoder is the CLIP's text tower."""
     from diffusers import AutoencoderKL
     from transformers import CLIPTextModel, CLIPTokenizer
 
@@ -43,12 +36,8 @@ def emoji_components():
 
 
 def pretrained_emoji_pipeline(**kwargs):
-    """Load the UL-MLP emoji pipeline trained by `--preset emoji`, offline: 32×32 emoji from their names ("red
-    apple", "surfer: dark skin tone") or other phrasings ("a red apple emoji").
-
-    Args:
-        **kwargs: Passed to `LMLPPipeline.from_pretrained` (e.g. `dtype`).
-    """
+    """Load the UL-MLP emoji pipeline trained by `--preset emoji`, offline: 32×32 emoji from their names ("surfer:
+    dark skin tone") or other phrasings ("a red apple emoji"); `kwargs` go to `LMLPPipeline.from_pretrained`."""
     from ..pipelines import LMLPPipeline
 
     return LMLPPipeline.from_pretrained(PIPELINE_PATH, **kwargs)
@@ -100,11 +89,8 @@ def emoji_features(path: str | Path = CLIP_PATH) -> EmojiFeatures:
 
 
 class EmojiScorer:
-    """Finds the real emoji nearest to images, by the emoji CLIP's image tower and by pixels.
-
-    Args:
-        clip (`CLIPScorer`): The emoji CLIP and its processor (whose text tower also gives the CLIP score).
-    """
+    """Finds the real emoji nearest to images, by the image tower of `clip` (a `CLIPScorer` of the emoji CLIP) and by
+    pixels."""
 
     FLAGS = FLAGS
 
@@ -119,31 +105,19 @@ class EmojiScorer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path = CLIP_PATH, device: str | torch.device = "cpu") -> "EmojiScorer":
-        """The scorer of a saved emoji CLIP folder (safetensors only), the shipped one by default.
-
-        Args:
-            path (`str` or `Path`, *optional*, defaults to `CLIP_PATH`): The folder.
-            device (`str` or `torch.device`, *optional*, defaults to `"cpu"`): Where CLIP runs.
-        """
+        """The scorer of a saved emoji CLIP folder (safetensors only), the shipped one by default, run on `device`."""
         from ..evaluation.clip_score import CLIPScorer
 
         return cls(CLIPScorer.from_pretrained(path, device=device))
 
     @torch.no_grad()
     def embed(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(N, 3, H, W) images in [0, 1] → (N, D) unit image embeddings, on the CPU.
-
-        Args:
-            pixels (`torch.Tensor`): The images.
-        """
+        """(N, 3, H, W) images in [0, 1] → (N, D) unit image embeddings, on the CPU."""
         return torch.cat([self.features(batch.to(self.clip.device)).cpu() for batch in pixels.split(512)])
 
     def similarities(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """How near images are to every real picture: the CLIP cosine and the negative pixel distance, (B, N) each.
-
-        Args:
-            pixels (`torch.Tensor`): (B, 3, 32, 32) images in [0, 1].
-        """
+        """How near (B, 3, 32, 32) images in [0, 1] are to every real picture: the CLIP cosine and the negative pixel
+        distance, (B, N) each."""
         by_clip = self.embed(pixels) @ self.real.T  # (B, N)
         by_pixels = -torch.cdist(pixels.flatten(1).float(), self.pixels)  # (B, N)
         return by_clip, by_pixels
@@ -151,12 +125,7 @@ class EmojiScorer:
     def flags(self, images: list[Image.Image], captions: list[str]) -> list[list[float]]:
         """Per image, 1.0 or 0.0 for each of `FLAGS`: the asked emoji (any tone) is the nearest real one, or among the
         5 nearest; the asked tone is the nearest of its emoji's tone variants (NaN unless the caption asks for one
-        tone) — by CLIP, then by pixels.
-
-        Args:
-            images (`list[PIL.Image.Image]`): The generated images.
-            captions (`list[str]`): Their captions, phrasings of the world.
-        """
+        tone) — by CLIP, then by pixels."""
         pixels = images_to_tensor(images)  # (B, 3, H, W)
         if pixels.shape[-1] != 32:
             pixels = F.interpolate(pixels, size=(32, 32), mode="bilinear", antialias=True)
@@ -175,15 +144,8 @@ class EmojiScorer:
         return [clip + pixel for clip, pixel in zip(*rows)]
 
     def renders(self, captions: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
-        """Real pictures for emoji-FID: of each caption (stream 1), or, for the floor (stream 2), a picture drawn from
-        the caption's split.
-
-        Args:
-            captions (`list[str]`): The captions.
-            batch (`range`): Their indices in the evaluation.
-            seed (`int`), stream (`int`): With the index, seed the stream-2 draws.
-            resolution (`int`): Side of the pictures.
-        """
+        """Real pictures for emoji-FID: of each caption (stream 1), or, for the floor (stream 2), a picture of the
+        caption's split drawn by (seed, stream, index in `batch`)."""
         images, emoji = load_images(), load_emoji()
         pictures = []
         for caption, index in zip(captions, batch):
@@ -196,24 +158,13 @@ class EmojiScorer:
 
     @staticmethod
     def accuracies(flags: list[dict[str, bool]]) -> dict[str, float]:
-        """The share of images for which each flag holds, over those it applies to.
-
-        Args:
-            flags (`list[dict[str, bool]]`): Per image, its flags.
-        """
-        return {
-            name: float(np.mean(values)) for name in FLAGS if (values := [row[name] for row in flags if name in row])
-        }
+        """The share of images for which each flag holds, over those it applies to."""
+        columns = {name: [row[name] for row in flags if name in row] for name in FLAGS}
+        return {name: float(np.mean(values)) for name, values in columns.items() if values}
 
     @staticmethod
     def intervals(flags: np.ndarray, captions: list[str], seed: int) -> dict[str, list[float]]:
-        """95% intervals of each accuracy, resampling captions with all their images.
-
-        Args:
-            flags (`np.ndarray`): (images, len(FLAGS)) flags, as `flags` returns them.
-            captions (`list[str]`): The images' captions.
-            seed (`int`): Seed of the resampling.
-        """
+        """95% intervals of each accuracy of (images, len(FLAGS)) `flags`, resampling captions with their images."""
         from ..evaluation.intervals import bootstrap_intervals
 
         return bootstrap_intervals(flags, captions, seed=seed, columns=dict(zip(FLAGS, flags.T)))

@@ -1,10 +1,7 @@
 """The emoji world: the 3,786 Noto Color Emoji pictures (emoji and their skin-tone variants) at 32×32 on white, each
-with its Unicode name and the phrasings people write ("a red apple", "red apple emoji", "a red apple, fruit").
-
-`scripts/build_emoji_world.py` builds `assets/world/` from the npm packages `emoji-datasource-google` and
-`cldr-annotations-full`. A tenth of the single-tone variants (`HELD_OUT`) never appear in training, while every tone
-and every emoji keep pictures there: the held-out captions test composing an emoji with a tone.
-"""
+with its Unicode name and the phrasings people write ("a red apple emoji"), built by `scripts/build_emoji_world.py`.
+A tenth of the single-tone variants (`HELD_OUT`) never appear in training, while every tone and every emoji keep
+pictures there: the held-out captions test composing an emoji with a tone."""
 
 import functools
 import json
@@ -20,59 +17,36 @@ IMAGE_SIZE = 32
 SPLITS = ("train", "heldout")
 # The validation grid's captions: 6 training pictures, then 2 held-out tone variants.
 VALIDATION_PROMPTS = (
-    "red apple",
-    "grinning face",
-    "rocket",
-    "japan flag",
-    "sunflower",
-    "thumbs up sign: dark skin tone",
-    "waving hand sign: light skin tone",
-    "victory hand: medium skin tone",
-)
+    "red apple", "grinning face", "rocket", "japan flag", "sunflower", "thumbs up sign: dark skin tone",
+    "waving hand sign: light skin tone", "victory hand: medium skin tone",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Emoji:
-    """One picture of the world, as `world.json` records it.
+    """One picture of the world, as `world.json` records it."""
 
-    Args:
-        unified (`str`): Its code points as `emoji.json` writes them ("1F3C4-1F3FF").
-        base (`str`): The `unified` of the emoji it is a tone variant of (its own for a default picture).
-        name (`str`): The plain name: the caption the world's scores ask for ("surfer: dark skin tone").
-        captions (`tuple[str, ...]`): Its phrasings, the plain name first.
-        category (`str`), subcategory (`str`): Its Unicode group and subgroup.
-        tones (`tuple[str, ...]`): Its distinct skin-tone modifiers ("1F3FF"), none for a default picture.
-        held_out (`bool`): Whether it is one of `HELD_OUT`.
-    """
-
-    unified: str
-    base: str
-    name: str
-    captions: tuple[str, ...]
-    category: str
+    unified: str  # its code points as `emoji.json` writes them ("1F3C4-1F3FF")
+    base: str  # the `unified` of the emoji it is a tone variant of (its own for a default picture)
+    name: str  # the plain name, the caption the scores ask for ("surfer: dark skin tone")
+    captions: tuple[str, ...]  # its phrasings, the plain name first
+    category: str  # its Unicode group
     subcategory: str
-    tones: tuple[str, ...]
-    held_out: bool
+    tones: tuple[str, ...]  # its distinct skin-tone modifiers ("1F3FF"), none for a default picture
+    held_out: bool  # one of `HELD_OUT`
 
 
 @functools.cache
 def load_emoji(world_path: Path = WORLD_PATH) -> tuple[Emoji, ...]:
-    """Every picture's record, in the sheet's order (`emoji.json`'s sort order, each emoji before its variants).
-
-    Args:
-        world_path (`Path`, *optional*, defaults to `WORLD_PATH`): The folder holding `world.json`.
-    """
+    """Every picture's record from the folder holding `world.json`, in the sheet's order (`emoji.json`'s sort order,
+    each emoji before its variants)."""
     world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
     return tuple(Emoji(**{**r, "captions": tuple(r["captions"]), "tones": tuple(r["tones"])}) for r in world["emoji"])
 
 
 @functools.cache
 def load_images(world_path: Path = WORLD_PATH) -> np.ndarray:
-    """Every picture, in the order of `load_emoji`: (N, S, S, 3) uint8, cut from the world's PNG sheet.
-
-    Args:
-        world_path (`Path`, *optional*, defaults to `WORLD_PATH`): The folder holding `world.json` and the sheet.
-    """
+    """Every picture, in the order of `load_emoji`: (N, S, S, 3) uint8, cut from the world's PNG sheet."""
     world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
     size, columns, count = world["size"], world["columns"], len(world["emoji"])
     with Image.open(Path(world_path) / world["sheet"]) as sheet:
@@ -89,11 +63,7 @@ def __getattr__(name: str):
 
 
 def split_indices(split: str) -> list[int]:
-    """The positions in `load_emoji()` of a split's pictures.
-
-    Args:
-        split (`str`): `"train"` (all but `HELD_OUT`) or `"heldout"`.
-    """
+    """The positions in `load_emoji()` of a split's pictures: `"train"` (all but `HELD_OUT`) or `"heldout"`."""
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r} of the emoji world; choose one of {list(SPLITS)}.")
     return [i for i, e in enumerate(load_emoji()) if e.held_out == (split == "heldout")]
@@ -101,12 +71,8 @@ def split_indices(split: str) -> list[int]:
 
 @functools.cache
 def tone_group(index: int) -> tuple[int, ...]:
-    """The positions of the single-tone variants of a picture's emoji, one per tone in order (none for an emoji
-    without tones): the candidates its tone is told among.
-
-    Args:
-        index (`int`): The picture's position in `load_emoji()`.
-    """
+    """The positions in `load_emoji()` of the single-tone variants of picture `index`'s emoji, one per tone in order
+    (none for an emoji without tones): the candidates its tone is told among."""
     emoji = load_emoji()
     return tuple(i for i, e in enumerate(emoji) if e.base == emoji[index].base and len(e.tones) == 1)
 
@@ -116,15 +82,8 @@ def validation_prompts() -> list[str]:
 
 
 def make_dataset(split: str = "train"):
-    """The split as a captioned image dataset: one row per picture, with every phrasing of it.
-
-    Args:
-        split (`str`, *optional*, defaults to `"train"`): `"train"` or `"heldout"`.
-
-    Returns:
-        `datasets.Dataset`: Columns `image` (RGB PIL images) and `text` (the list of its captions; the trainer picks
-        one per step).
-    """
+    """The split as a `datasets.Dataset`, one row per picture: `image` and `text` (all its phrasings; the trainer
+    picks one per step)."""
     from datasets import Dataset, Features, Sequence, Value
     from datasets import Image as ImageFeature
 

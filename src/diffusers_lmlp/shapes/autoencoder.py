@@ -1,7 +1,5 @@
-"""How well an autoencoder keeps the shapes world: the scorer's accuracies on its reconstructions of ground-truth
-renders, and the reconstruction PSNR over all pixels and over the shape's own pixels (the background fills most of
-an image, so the overall PSNR hides rounded squares and shrunken triangles).
-"""
+"""How well an autoencoder keeps the shapes world: the scorer's accuracies on reconstructions of ground-truth
+renders, and the PSNR over all pixels and over the shape's own (the background hides a rounded square)."""
 
 import numpy as np
 import torch
@@ -11,12 +9,10 @@ from PIL import Image
 
 from ..image_tensors import images_to_tensor
 from .scorer import score_images
-from .world import BACKGROUND, ShapeSpec, held_out_specs, render
+from .world import BACKGROUND, held_out_specs, render
 
 
-# A pixel belongs to the shape's foreground when any channel differs from the background by more than this
-# (in 8-bit levels), i.e. where the anti-aliased shape covers at least ~2% of it.
-FOREGROUND_LEVELS = 2
+FOREGROUND_LEVELS = 2  # a foreground pixel differs from the background by more (8-bit levels) in some channel
 
 
 def to_pixels(images: list[Image.Image]) -> torch.Tensor:
@@ -53,16 +49,15 @@ def psnr(reconstruction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor 
 
 
 def held_out_renders(num_per_spec: int = 25, seed: int = 0) -> tuple[list[Image.Image], list[str]]:
-    """`num_per_spec` jittered ground-truth renders of every held-out combination, seeded, with their full captions:
-    `(images, captions)`."""
+    """`(images, captions)`: `num_per_spec` seeded, jittered renders of every held-out combination."""
     rng = np.random.default_rng([seed, 7])
-    specs: list[ShapeSpec] = [spec for spec in held_out_specs() for _ in range(num_per_spec)]
+    specs = [spec for spec in held_out_specs() for _ in range(num_per_spec)]
     return [render(spec, rng=rng) for spec in specs], [spec.caption for spec in specs]
 
 
 def reconstruction_report(vae: AutoencoderKL, images: list[Image.Image], captions: list[str]) -> dict[str, float]:
-    """Score an autoencoder's reconstructions (of its posterior mode) of ground-truth renders: the scorer's accuracies
-    on them and "ground truth all" on the originals, "psnr" over all pixels and "foreground psnr", in dB."""
+    """The scorer's accuracies on an autoencoder's reconstructions of renders, "ground truth all" on the renders,
+    and "psnr" and "foreground psnr" in dB."""
     target = to_pixels(images)  # (N, 3, H, W)
     reconstruction = reconstruct(vae, target)
     report = score_images(VaeImageProcessor().postprocess(reconstruction, output_type="pil"), captions)

@@ -1,11 +1,10 @@
-"""Does an image show what its caption says? A deterministic reader of shapes-world images.
-
-A pixel's coverage α is its projection onto the direction from the background (the border) to the nearest palette
-colour; the shape is the world's own template closest to the α map, the position the grid cell of its centre, and
-the size its radius against the midpoint of the world's two sizes. A caption is scored on what it states only.
-"""
+"""Does an image show what its caption says? A deterministic reader of shapes-world images: a pixel's coverage α
+is its projection onto the direction from the background (the border) to the nearest palette colour; the shape is
+the world's own shape closest to the α map, the position the grid cell of its centre, the size its radius against
+the midpoint of the two sizes. A caption is scored on what it states only."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 from PIL import Image
@@ -20,6 +19,7 @@ from .world import (
     SIZES,
     TEMPLATES,
     ShapeSpec,
+    render,
     shape_coverage,
 )
 
@@ -42,17 +42,8 @@ MIN_AREA = 2.0  # total coverage (pixels) below which the image shows no shape
 
 
 def parse_caption(text: str) -> ShapeSpec:
-    """Read a world caption in any phrasing, case and spacing ("red circle, upper left", "middle: a big blue square").
-
-    Args:
-        text (`str`): The caption.
-
-    Returns:
-        `ShapeSpec`: What the caption states; `size` is `None` when it leaves the size unstated.
-
-    Raises:
-        `ValueError`: For text that is not a caption of the world, naming the expected forms.
-    """
+    """What a world caption in any phrasing, case and spacing states ("red circle, upper left", "middle: a big blue
+    square"), `size` `None` when unstated; `ValueError` naming the expected forms for any other text."""
     # "Red circle ,top  left" → "red circle, top left"
     normal = " ".join(re.sub(r"\s*([,:])", r"\1 ", text.lower()).split())
     problem = ""
@@ -65,11 +56,10 @@ def parse_caption(text: str) -> ShapeSpec:
                 problem = f"{error} "
                 break
     forms = ", ".join(f"'{template}'" for template in TEMPLATES)
+    words = ", ".join([*SIZE_NAMES, *COLOURS, *SHAPES, *POSITION_NAMES])
     raise ValueError(
-        f"{text!r} is not a shapes-world caption: {problem}Expected one of {forms}, where {{object}} is '[a] [{{size}}] "
-        f"{{colour}} {{shape}}' (article and size optional) and the words are: size {', '.join(SIZE_NAMES)}; "
-        f"colour {', '.join(COLOURS)}; shape {', '.join(SHAPES)}; position {', '.join(POSITION_NAMES)}. E.g. 'a small "
-        "red circle at the top left' or 'red circle, upper left'."
+        f"{text!r} is not a shapes-world caption: {problem}Expected one of {forms}, {{object}} being '[a] [{{size}}] "
+        f"{{colour}} {{shape}}', in the words {words} (e.g. 'red circle, upper left')."
     )
 
 
@@ -98,15 +88,13 @@ def read_image(image: Image.Image | np.ndarray) -> dict[str, str] | None:
     ys, xs = np.mgrid[0:side, 0:side] + 0.5
     centroid = ((alpha * xs).sum() / area, (alpha * ys).sum() / area)
 
-    best = None
-    for shape in SHAPES:
+    def fit(shape: str) -> tuple[float, str, tuple[float, float], float]:
         radius = float(np.sqrt(area / AREA_OVER_R2[shape]))
         # A triangle's centroid lies a third of its half-side below its box centre.
         centre = (centroid[0], centroid[1] - (radius / 3 if shape == "triangle" else 0.0))
-        error = np.abs(shape_coverage(shape, centre, radius, side) - alpha).sum()
-        if best is None or error < best[0]:
-            best = (error, shape, centre, radius)
-    _, shape, centre, radius = best
+        return np.abs(shape_coverage(shape, centre, radius, side) - alpha).sum(), shape, centre, radius
+
+    _, shape, centre, radius = min(map(fit, SHAPES), key=lambda fitted: fitted[0])
     cell = side / 3
     column, row = (min(int(c // cell), 2) for c in centre)
     size = SIZES[0] if radius < cell * (SIZE_RADII["small"] + SIZE_RADII["large"]) / 2 else SIZES[1]
@@ -114,32 +102,15 @@ def read_image(image: Image.Image | np.ndarray) -> dict[str, str] | None:
 
 
 def score_image(image: Image.Image | np.ndarray, caption: str) -> dict[str, bool]:
-    """Whether the image shows the caption's colour, shape, position and size.
-
-    Args:
-        image (`PIL.Image.Image` or `np.ndarray`): An RGB image of the world (H, W, 3).
-        caption (`str`): Its caption, in any phrasing.
-
-    Returns:
-        `dict[str, bool]`: keys "colour", "shape", "position" and, when the caption states it, "size" (all `False`
-        when no shape is visible).
-    """
-    spec = parse_caption(caption)
-    seen = read_image(image)
-    keys = [key for key in ATTRIBUTES if getattr(spec, key) is not None]
-    if seen is None:
-        return dict.fromkeys(keys, False)
-    return {key: seen[key] == getattr(spec, key) for key in keys}
+    """Whether an RGB image (PIL or (H, W, 3)) shows its caption's "colour", "shape", "position" and, when stated,
+    "size" (all `False` when no shape is visible)."""
+    spec, seen = parse_caption(caption), read_image(image)
+    stated = [key for key in ATTRIBUTES if getattr(spec, key) is not None]
+    return {key: seen is not None and seen[key] == getattr(spec, key) for key in stated}
 
 
 def score_images(images, captions: list[str]) -> dict[str, float]:
-    """Accuracy of each attribute over a set of images, plus "colour+position" (both right) and "all" (every stated
-    attribute right); see `accuracies`.
-
-    Args:
-        images (`list`): RGB images (PIL or (H, W, 3) arrays).
-        captions (`list[str]`): One caption per image.
-    """
+    """`accuracies` of `score_image` over RGB images (PIL or (H, W, 3)) and one caption each."""
     if len(images) != len(captions) or not captions:
         raise ValueError(f"Pass one caption per image (got {len(images)} images and {len(captions)} captions).")
     return accuracies([score_image(image, caption) for image, caption in zip(images, captions)])
@@ -177,10 +148,6 @@ class ShapesScorer:
     def renders(self, captions: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
         """Real shapes-world images of the captions, each with its own jitter, seeded by (seed, stream, index); a
         caption that leaves the size unstated gets a size drawn first from the same generator."""
-        from dataclasses import replace
-
-        from .world import render
-
         images = []
         for caption, index in zip(captions, batch):
             spec, rng = parse_caption(caption), np.random.default_rng([seed, stream, index])

@@ -1,10 +1,7 @@
-"""The shapes world: seeded, captioned images of one coloured shape on a grey background.
-
-Each image shows one `ShapeSpec` (size × colour × shape × position on a 3×3 grid), captioned "a {size} {colour}
-{shape} at the {position}" or, in a dataset, in the other `TEMPLATES` with optional article and size and with
-synonyms, so that a model reads the words rather than their places. A tenth of the colour × shape × position
-combinations, at both sizes (`held_out_specs()`), never appears in training, to test composition.
-"""
+"""The shapes world: seeded, captioned images of one coloured shape (a `ShapeSpec`: size × colour × shape ×
+position on a 3×3 grid) on a grey background, captioned in any of `TEMPLATES` with optional article and size and
+with synonyms. A tenth of the colour × shape × position triples, at both sizes (`held_out_specs()`), never appears
+in training, to test composition."""
 
 import json
 import os
@@ -19,16 +16,11 @@ from PIL import Image
 
 IMAGE_SIZE = 32
 BACKGROUND = (128, 128, 128)
-# Saturated colours whose directions from the grey background are at least 50° apart, so that a colour is
-# recognised from its hue even when blended into the background (blur, anti-aliasing, faded samples).
+# Directions from the grey background at least 50° apart: a colour is told by its hue even when faded.
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40),
-    "green": (40, 180, 60),
-    "blue": (40, 80, 220),
-    "yellow": (230, 210, 40),
-    "magenta": (200, 50, 200),
-    "cyan": (40, 200, 210),
-}
+    "red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (230, 210, 40),
+    "magenta": (200, 50, 200), "cyan": (40, 200, 210),
+}  # fmt: skip
 SHAPES = ("circle", "square", "triangle")
 # Row-major over the 3×3 grid: index = 3 · row + column.
 POSITIONS = ("top left", "top", "top right", "left", "center", "right", "bottom left", "bottom", "bottom right")
@@ -38,8 +30,7 @@ SIZE_RADII = {"small": 0.28, "large": 0.42}
 JITTER_SHIFT = 0.08  # largest shift of the centre per axis, as a fraction of a cell's side
 JITTER_SCALE = 0.1  # largest relative change of the radius
 SUPERSAMPLING = 4  # sub-pixel samples per axis for anti-aliasing
-# A caption's phrasings, the canonical one first; {object} is "[a] [{size}] {colour} {shape}", article and size
-# optional. At most 8 words and punctuation marks ("a small red circle in the top left").
+# A caption's phrasings, the canonical one first; {object} is "[a] [{size}] {colour} {shape}".
 TEMPLATES = (
     "{object} at the {position}",
     "{object} in the {position}",
@@ -49,16 +40,11 @@ TEMPLATES = (
 # The words a caption may use for each size and position, the canonical one first.
 SIZE_WORDS = {"small": ("small",), "large": ("large", "big")}
 POSITION_WORDS = {
-    "top left": ("top left", "upper left"),
-    "top": ("top",),
-    "top right": ("top right", "upper right"),
-    "left": ("left",),
-    "center": ("center", "middle", "centre"),
-    "right": ("right",),
-    "bottom left": ("bottom left", "lower left"),
-    "bottom": ("bottom",),
+    "top left": ("top left", "upper left"), "top": ("top",), "top right": ("top right", "upper right"),
+    "left": ("left",), "center": ("center", "middle", "centre"), "right": ("right",),
+    "bottom left": ("bottom left", "lower left"), "bottom": ("bottom",),
     "bottom right": ("bottom right", "lower right"),
-}
+}  # fmt: skip
 CANONICAL_SHARE = 1 / 3  # share of `describe`'s captions that are canonical
 ARTICLE_SHARE = 1 / 2  # share of the others with the article "a"
 SIZELESS_SHARE = 3 / 8  # share of the others that leave the size unstated: a quarter of all captions
@@ -68,15 +54,8 @@ DEFAULT_NUM_IMAGES = {"train": 8000, "heldout": 800}
 
 @dataclass(frozen=True)
 class ShapeSpec:
-    """What one image of the world shows, and what its caption says.
-
-    Args:
-        size (`str` or `None`): One of `SIZES`; `None` for a caption that leaves the size unstated (such a spec
-            fits both sizes, and `render` refuses it).
-        colour (`str`): One of `COLOURS`.
-        shape (`str`): One of `SHAPES`.
-        position (`str`): One of `POSITIONS`.
-    """
+    """What one image shows and its caption says: one of `SIZES` (`None` for a caption that leaves it unstated,
+    which `render` refuses), `COLOURS`, `SHAPES` and `POSITIONS`."""
 
     size: str | None
     colour: str
@@ -84,13 +63,13 @@ class ShapeSpec:
     position: str
 
     def __post_init__(self):
-        for field, value, allowed in (
-            ("size", self.size, SIZES),
-            ("colour", self.colour, tuple(COLOURS)),
-            ("shape", self.shape, SHAPES),
-            ("position", self.position, POSITIONS),
+        for field, allowed in (
+            ("size", SIZES),
+            ("colour", tuple(COLOURS)),
+            ("shape", SHAPES),
+            ("position", POSITIONS),
         ):
-            if value not in allowed and not (field == "size" and value is None):
+            if (value := getattr(self, field)) not in allowed and not (field == "size" and value is None):
                 raise ValueError(f"Unknown {field} {value!r}; choose one of {list(allowed)}.")
 
     @property
@@ -108,11 +87,7 @@ def phrase(template: str, article: bool, size: str | None, colour: str, shape: s
 
 def phrasings(spec: ShapeSpec) -> list[str]:
     """Every caption that states what `spec` states, the canonical one first: each template, with and without the
-    article, with each word of its size (none for a sizeless spec) and of its position.
-
-    Args:
-        spec (`ShapeSpec`): What the captions state.
-    """
+    article, with each word of its size (none for a sizeless spec) and of its position."""
     sizes = (None,) if spec.size is None else SIZE_WORDS[spec.size]
     return [
         phrase(template, article, size, spec.colour, spec.shape, position)
@@ -124,13 +99,8 @@ def phrasings(spec: ShapeSpec) -> list[str]:
 
 
 def describe(spec: ShapeSpec, rng: np.random.Generator) -> str:
-    """A random caption of `spec`: canonical with probability `CANONICAL_SHARE`, else a uniformly drawn template and
-    words, with the article with probability `ARTICLE_SHARE` and without the size with probability `SIZELESS_SHARE`.
-
-    Args:
-        spec (`ShapeSpec`): What the caption describes; a sizeless spec gets sizeless captions.
-        rng (`np.random.Generator`): The draws.
-    """
+    """A random caption of `spec` (sizeless for a sizeless spec): canonical with probability `CANONICAL_SHARE`, else
+    a uniform template and words, with the article at `ARTICLE_SHARE` and without the size at `SIZELESS_SHARE`."""
     if rng.random() < CANONICAL_SHARE:
         return spec.caption
     template = TEMPLATES[rng.integers(len(TEMPLATES))]
@@ -147,9 +117,8 @@ def all_specs() -> list[ShapeSpec]:
 
 
 def held_out_specs() -> list[ShapeSpec]:
-    """The combinations never seen in training, in the order of `all_specs()`: both sizes of every
-    `HELD_OUT_STRIDE`-th colour × shape × position triple (32 of 324 specs). Whole triples, since a sizeless caption
-    names only the triple; the stride spreads them over every colour, shape and position."""
+    """The combinations never trained on, in the order of `all_specs()`: both sizes (a sizeless caption names only
+    the triple) of every `HELD_OUT_STRIDE`-th colour × shape × position triple (32 of 324 specs)."""
     triples = list(product(COLOURS, SHAPES, POSITIONS))[HELD_OUT_STRIDE // 2 :: HELD_OUT_STRIDE]
     return [spec for spec in all_specs() if (spec.colour, spec.shape, spec.position) in triples]
 
@@ -166,17 +135,9 @@ def validation_prompts() -> list[str]:
     return [spec.caption for spec in train[:: len(train) // 6][:6]] + [spec.caption for spec in held_out_specs()[:2]]
 
 
-def cell_centre(position: str, image_size: int = IMAGE_SIZE) -> tuple[float, float]:
-    """The centre (x, y), in pixels, of a position's grid cell."""
-    row, column = divmod(POSITIONS.index(position), 3)
-    cell = image_size / 3
-    return (column + 0.5) * cell, (row + 0.5) * cell
-
-
 def shape_coverage(shape: str, centre: tuple[float, float], radius: float, image_size: int = IMAGE_SIZE) -> np.ndarray:
-    """The fraction of each pixel that a shape covers (its anti-aliased alpha mask), float32 (image_size, image_size),
-    rows first; `centre` (x, y) and `radius` (half the bounding box's side) are in pixels."""
-    # Sub-pixel sample centres, relative to the shape's centre.
+    """The fraction of each pixel that a shape covers (its anti-aliased alpha), float32 (S, S) rows first; `centre`
+    (x, y) and `radius` (half the bounding box's side) are in pixels."""
     samples = (np.arange(image_size * SUPERSAMPLING) + 0.5) / SUPERSAMPLING  # (S·k,)
     x = samples[None, :] - centre[0]  # (1, S·k)
     y = samples[:, None] - centre[1]  # (S·k, 1)
@@ -193,21 +154,13 @@ def shape_coverage(shape: str, centre: tuple[float, float], radius: float, image
 
 
 def render(spec: ShapeSpec, image_size: int = IMAGE_SIZE, rng: np.random.Generator | None = None) -> Image.Image:
-    """Draw one image of the world.
-
-    Args:
-        spec (`ShapeSpec`): What to draw.
-        image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side of the square image, in pixels.
-        rng (`np.random.Generator`, *optional*): Jitters the centre and size (`JITTER_SHIFT`, `JITTER_SCALE`);
-            without it the shape sits exactly in the middle of its cell.
-
-    Returns:
-        `PIL.Image.Image`: An RGB image.
-    """
+    """Draw one RGB image of `spec`; `rng` jitters the centre and size (`JITTER_SHIFT`, `JITTER_SCALE`), without it
+    the shape sits exactly in the middle of its cell."""
     if spec.size is None:
         raise ValueError(f"{spec} states no size, so it cannot be drawn: give it one of {list(SIZES)}.")
     cell = image_size / 3
-    centre_x, centre_y = cell_centre(spec.position, image_size)
+    row, column = divmod(POSITIONS.index(spec.position), 3)
+    centre_x, centre_y = (column + 0.5) * cell, (row + 0.5) * cell
     radius = SIZE_RADII[spec.size] * cell
     if rng is not None:
         shift_x, shift_y, scale = rng.uniform(-1.0, 1.0, size=3)
@@ -222,20 +175,9 @@ def render(spec: ShapeSpec, image_size: int = IMAGE_SIZE, rng: np.random.Generat
 def make_dataset(
     split: str = "train", num_images: int | None = None, seed: int = 0, image_size: int = IMAGE_SIZE
 ) -> Dataset:
-    """A captioned image dataset of the world, identical for equal arguments.
-
-    Each combination of the split appears equally often (±1), in a seeded order, with its own jitter per image; the
-    captions come from `describe` on a second seeded stream, so that the images do not depend on the phrasing.
-
-    Args:
-        split (`str`, *optional*, defaults to `"train"`): `"train"` (`train_specs()`) or `"heldout"`.
-        num_images (`int`, *optional*): Number of rows; 8000 for `"train"` and 800 for `"heldout"` when not given.
-        seed (`int`, *optional*, defaults to 0): Seed of the order, the jitter and the phrasing.
-        image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side of the images, in pixels.
-
-    Returns:
-        `datasets.Dataset`: Columns `image` (RGB PIL images) and `text` (the caption).
-    """
+    """A `datasets.Dataset` (`image`, `text`) of a split (`"train"` or `"heldout"`), identical for equal arguments:
+    each combination equally often (±1) in a seeded order with its own jitter, captioned by `describe` on a second
+    seeded stream (the images do not depend on the phrasing); `DEFAULT_NUM_IMAGES` rows unless given."""
     splits = {"train": train_specs, "heldout": held_out_specs}
     if split not in splits:
         raise ValueError(f"Unknown split {split!r}; choose one of {list(splits)}.")
@@ -254,18 +196,9 @@ def make_dataset(
 
 
 def write_imagefolder(dataset: Dataset, directory: str | os.PathLike) -> str | os.PathLike:
-    """Write a dataset with `image` and `text` columns as a 🤗 imagefolder (PNG files and `metadata.jsonl`), which
-    `datasets.load_dataset("imagefolder", data_dir=directory)` loads back.
-
-    Args:
-        dataset (`datasets.Dataset`): E.g. from `make_dataset`.
-        directory (`str` or `os.PathLike`): Created if missing; files of the same names are overwritten.
-
-    Returns:
-        `str` or `os.PathLike`: `directory`.
-    """
-    missing = {"image", "text"} - set(dataset.column_names)
-    if missing:
+    """Write a dataset with `image` and `text` columns as a 🤗 imagefolder (PNG files and `metadata.jsonl`) in
+    `directory` (created if missing, same-named files overwritten), and return `directory`."""
+    if missing := {"image", "text"} - set(dataset.column_names):
         raise ValueError(f"The dataset needs `image` and `text` columns; missing {sorted(missing)}.")
     os.makedirs(directory, exist_ok=True)
     digits = len(str(max(len(dataset) - 1, 0)))

@@ -1,0 +1,10 @@
+"""Fixtures shared by the world tests."""
+
+import pytest
+from benchmark_scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def script(request):
+    """`scripts/<SCRIPT>.py`, `SCRIPT` being the test module's."""
+    return load_benchmark(request.module.SCRIPT, "scripts")
