@@ -1,5 +1,4 @@
-"""The glibc allocator setting: applied where glibc exists, a clean no-op elsewhere; the trainer applies it on the
-CPU unless the user set glibc's malloc."""
+"""The glibc allocator setting: applied where glibc exists, a no-op elsewhere, on the CPU unless the user set malloc's."""
 
 import ctypes
 import logging
@@ -29,25 +28,19 @@ def test_reuse_freed_memory_is_accepted_by_glibc(monkeypatch):
     assert calls == [(-1, 512 * 1024**2), (-3, 32 * 1024**2)]  # M_TRIM_THRESHOLD, then M_MMAP_THRESHOLD
 
 
-def test_reuse_freed_memory_without_glibc_returns_false(monkeypatch):
-    def no_libc(name):
-        raise OSError(f"{name}: cannot open shared object file")
+def no_libc(name):
+    raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(allocator.ctypes, "CDLL", no_libc)
-    assert allocator.reuse_freed_memory() is False
 
-    class MuslLike:  # a libc without mallopt
-        def __init__(self, name):
-            pass
-
-    monkeypatch.setattr(allocator.ctypes, "CDLL", MuslLike)
+@pytest.mark.parametrize("libc", [no_libc, lambda name: object()], ids=["no-libc", "no-mallopt"])
+def test_reuse_freed_memory_without_glibc_returns_false(monkeypatch, libc):
+    monkeypatch.setattr(allocator.ctypes, "CDLL", libc)
     assert allocator.reuse_freed_memory() is False
 
 
 @pytest.fixture
 def recorded(monkeypatch) -> list[str]:
-    """`reuse_freed_memory` replaced by a recorder (its glibc calls are tested above), with no malloc setting in the
-    environment."""
+    """`reuse_freed_memory` replaced by a recorder, with no malloc setting in the environment."""
     calls = []
     for name in (*allocator.MALLOC_VARIABLES, "GLIBC_TUNABLES"):
         monkeypatch.delenv(name, raising=False)

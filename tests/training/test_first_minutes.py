@@ -1,5 +1,5 @@
 """A user's first five minutes: the README's main command runs without accelerate's warning on a fresh machine, its
-progress reads well in a log file, and the run ends with a summary that says where everything is and how to load it."""
+progress reads well in a log file, and it ends with a summary of where everything is and how to load it."""
 
 import io
 import json
@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
@@ -30,25 +31,11 @@ MAIN_COMMAND = MAIN_COMMAND.split("```", 1)[0].strip().split(" && ")[-1]  # what
 ACCELERATE_WARNING = "were not passed to `accelerate launch` and had defaults used instead"
 
 
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-class Clock:
-    """A stand-in for `time.monotonic` that moves only when told."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(progress_module.time, "monotonic", clock)
+def clock(monkeypatch) -> SimpleNamespace:
+    """`time.monotonic`, moved only by setting `clock.now`."""
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock.now)
     return clock
 
 
@@ -64,8 +51,8 @@ def counts(text: str) -> list[int]:
          "steps: 100% 5000/5000, 10:25 elapsed, ETA 00:00, 8.00it/s, loss=0.0002, lr=1.00e-03"),
         (1_000_000, 0, 30.0, 30, range(2, 31, 2), "ETA 8333:"),  # a slow run still writes a line every minute
         (2600, 1300, 0.03125, 1300, range(1430, 2601, 130),  # resumed: counts from its step, its speed from now
-         "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s"),
-    ],
+         "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s")
+    ]
 )  # fmt: skip
 def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(
     clock, total, initial, seconds, updates, lines, last
@@ -94,20 +81,16 @@ def test_closing_a_stopped_run_writes_where_it_got_to_once(clock):
     assert log.getvalue().splitlines()[-1].startswith("extracting features:  12% 124/1000, ")
 
 
-def test_a_terminal_keeps_tqdms_bar_and_other_processes_show_nothing():
-    terminal = Terminal()
-    bar = progress_bar(100, "steps", file=terminal)
-    assert isinstance(bar, plain_tqdm)
-    for _ in range(100):
-        bar.update(1)
-    bar.close()
-    assert "\r" in terminal.getvalue() and "100/100" in terminal.getvalue()
-
-    log = io.StringIO()
-    quiet = progress_bar(100, "steps", file=log, disable=True)
-    quiet.update(100)
-    quiet.close()
-    assert log.getvalue() == ""
+def test_a_terminal_keeps_tqdms_bar_and_other_processes_show_nothing(monkeypatch):
+    terminal, log = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(terminal, "isatty", lambda: True)
+    for file, disable in ((terminal, False), (log, True)):
+        bar = progress_bar(100, "steps", file=file, disable=disable)
+        assert isinstance(bar, plain_tqdm)
+        for _ in range(100):
+            bar.update(1)
+        bar.close()
+    assert "\r" in terminal.getvalue() and "100/100" in terminal.getvalue() and log.getvalue() == ""
 
 
 @pytest.mark.parametrize(
@@ -188,8 +171,8 @@ def test_the_summary_of_a_run_without_scores_or_grids_and_its_load_line_runs():
 
 
 def launch(argv: list[str], tmp_path: Path) -> tuple[list[str], dict]:
-    """`argv` (an `accelerate launch ...` command) as this environment's `accelerate` runs it, and the environment
-    of a fresh machine: an empty HF_HOME (no `accelerate config` file), no ACCELERATE_* variable."""
+    """`argv` (`accelerate launch ...`) run by this environment's `accelerate`, on a fresh machine's environment (an
+    empty HF_HOME, so no `accelerate config` file, and no ACCELERATE_* variable)."""
     assert argv[:2] == ["accelerate", "launch"], argv
     accelerate = Path(sys.executable).with_name("accelerate")
     assert accelerate.is_file(), f"the accelerate command is not next to {sys.executable}"
@@ -200,7 +183,7 @@ def launch(argv: list[str], tmp_path: Path) -> tuple[list[str], dict]:
 
 @pytest.mark.slow
 def test_accelerate_launch_warns_on_a_fresh_machine_without_the_shipped_config(tmp_path):
-    """The control: what the main command's test looks for is what accelerate prints without a config."""
+    """The control: the warning the main command's test looks for is what accelerate prints without a config."""
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
     argv, env = launch(["accelerate", "launch", str(script)], tmp_path)
@@ -215,10 +198,9 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     out = tmp_path / "shapes"
     argv, env = launch(shlex.split(MAIN_COMMAND), tmp_path)
     tiny = ["--max_train_steps", "40", "--validation_steps", "20", "--validation_inference_steps", "2"]
-    # A quarter of the world's 8,000 training images, and the final evaluation's images in a fifth of the steps.
     tiny += ["--shapes_num_images", "2000", "--final_evaluation_inference_steps", "10"]
     argv += [*tiny, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
-    # From the clone, as the README's command runs, into a log file as `> train.log 2>&1` writes one.
+    # From the clone, into a log file as `> train.log 2>&1` writes one.
     log = tmp_path / "train.log"
     result = run_bounded(
         ["bash", "-c", f"{shlex.join(argv)} > {shlex.quote(str(log))} 2>&1"], env=env, timeout=900, cwd=ROOT
@@ -233,8 +215,7 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     extraction = [line for line in text.splitlines() if line.startswith("extracting features")]
     assert len(steps) == 20 and steps[-1].startswith("steps: 100% 40/40, ") and "loss=" in steps[-1]
     assert 1 <= len(extraction) <= 21 and "100% 2000/2000" in extraction[-1]
-    # The final evaluation samples both splits (the 32 combinations, 3 seeds of training captions and 4 held-out),
-    # with a line per 5% of each.
+    # The final evaluation samples both splits (3 seeds of the training captions, 4 of the held-out ones).
     sampling = [line for line in text.splitlines() if line.startswith("sampling: ")]
     finished = [line.split(",")[0] for line in sampling if line.startswith("sampling: 100% ")]
     assert finished == ["sampling: 100% 96/96", "sampling: 100% 128/128"] and len(sampling) <= 2 * 21, sampling
@@ -264,12 +245,12 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     assert saved["steps"] == 40 and set(saved["scores"]) == {"train", "held-out"}
     assert set(saved["scores"]["train"]) >= {"colour", "shape", "position", "colour+position"}
     assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
-    # The package's own components: the VAE's latent scale travels with the pipeline, and it samples at 32 px.
+    # The VAE's latent scale travels with the pipeline, which samples at 32 px.
     vae_config = json.loads((out / "vae" / "config.json").read_text())
     assert namespace["pipe"].native_size == 32
     assert namespace["pipe"].vae.config.scaling_factor == pytest.approx(vae_config["scaling_factor"])
 
-    # Each validation scored both splits: the learning curves, which the benchmark script plots with the final scores.
+    # Each validation scored both splits: the learning curves, which the benchmark script plots.
     scores = [json.loads(line) for line in (out / "logs" / "scores.jsonl").read_text().splitlines()]
     assert [record["step"] for record in scores] == [20, 40]
     assert 0 < scores[0]["minutes"] < scores[1]["minutes"] <= saved["train_seconds"] / 60
@@ -279,7 +260,7 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     plot = tmp_path / "curves.png"
     curves = run_bounded(
         [sys.executable, str(ROOT / "benchmarks" / "learning_curves.py"), str(out), "--labels", "tiny", "--output",
-         str(plot)], env=env, timeout=120,
+         str(plot)], env=env, timeout=120
     )  # fmt: skip
     assert curves.returncode == 0, curves.stderr
     final = saved["scores"]["held-out"]

@@ -1,12 +1,10 @@
-"""`--mixed_precision auto`, the shapes preset's: bf16 autocast where the CPU (or GPU) runs bf16 natively, float32
-elsewhere, a precision set by `accelerate launch` kept, and the log saying which and why (`training.step`,
-`diffusers_lmlp.cpu`)."""
+"""`--mixed_precision auto`, the shapes preset's: bf16 where the CPU (or GPU) runs it natively, float32 elsewhere, a
+precision set by `accelerate launch` kept, and the log saying which and why."""
 
 from pathlib import Path
 
 import pytest
 import torch
-from test_train_text_to_image import load_script
 
 from diffusers_lmlp import cpu
 from diffusers_lmlp.training.step import choose_precision
@@ -36,7 +34,7 @@ def on_cpu(monkeypatch):
 @pytest.mark.parametrize(
     "machine, expected, named",
     [(EPYC, "bf16", "avx512_bf16"), (SAPPHIRE_RAPIDS, "bf16", "AMX"), (HASWELL, "no", None), (SKYLAKE, "no", None),
-     (APPLE, "no", None)],
+     (APPLE, "no", None)]
 )  # fmt: skip
 def test_auto_is_bf16_only_on_a_cpu_with_native_bf16(on_cpu, machine, expected, named):
     on_cpu(machine)
@@ -100,8 +98,6 @@ def test_the_description_tells_apart_cpus_of_one_name():
     assert APPLE.describe() == "arm, 8 cores, no avx2/avx512/amx flags known"  # nothing said where nothing is known
 
 
-def test_the_shapes_preset_trains_in_auto_precision_and_an_explicit_choice_wins(tmp_path):
-    script = load_script()
-    assert script.parse_args(["--output_dir", str(tmp_path / "a")]).mixed_precision == "auto"
-    given = script.parse_args(["--output_dir", str(tmp_path / "b"), "--mixed_precision", "no"])
-    assert given.mixed_precision == "no"
+def test_the_shapes_preset_trains_in_auto_precision_and_an_explicit_choice_wins(script):
+    assert script.parse_args(["--output_dir", "x"]).mixed_precision == "auto"
+    assert script.parse_args(["--output_dir", "x", "--mixed_precision", "no"]).mixed_precision == "no"

@@ -1,6 +1,5 @@
-"""`--torch_compile`: the trainer compiles its backbone where asked, or (`auto`, the shapes preset's) where it works
-and pays; a compiled run resumes, validates and saves like an uncompiled one, and a machine where compilation
-fails trains uncompiled instead of crashing."""
+"""`--torch_compile`: compiled where asked, or (`auto`) where it works and pays; a compiled run resumes, validates and
+saves like an uncompiled one, and where compilation fails the run trains uncompiled."""
 
 import json
 import os
@@ -9,24 +8,18 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from test_train_text_to_image import ENV, make_workspace, train, train_here
+from test_train_text_to_image import ENV, train, train_here, weights
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
 from diffusers_lmlp.training.step import AUTO_MIN_STEPS, choose_compilation
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return make_workspace(tmp_path_factory.mktemp("compile"))
-
-
 def test_the_world_presets_compile_automatically_and_other_runs_keep_accelerates_choice():
     assert PRESETS["shapes"].torch_compile == PRESETS["emoji"].torch_compile == "auto"
     assert parse_args([]).torch_compile == "auto"
     assert parse_args(["--torch_compile", "no"]).torch_compile == "no"
-    # Other runs (COCO, your own data, LoRA) keep accelerate's choice: accelerate launch --dynamo_backend decides.
+    # Other runs keep accelerate's choice (accelerate launch --dynamo_backend).
     assert build_parser().parse_args([]).torch_compile is None
     assert all(PRESETS[name].torch_compile is None for name in PRESETS if name not in ("shapes", "emoji"))
 
@@ -49,7 +42,7 @@ def test_choices_and_what_auto_weighs(monkeypatch):
 
 @pytest.mark.slow
 def test_auto_trains_uncompiled_where_compilation_fails(tmp_path):
-    """No working C++ compiler (a fresh inductor cache, so nothing is reused): auto says why and does not compile."""
+    """No working C++ compiler (and a fresh inductor cache): auto says why and does not compile."""
     env = {**ENV, "CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     env.pop("ACCELERATE_DYNAMO_BACKEND", None)
     code = "from diffusers_lmlp.training.step import choose_compilation; print(repr(choose_compilation('auto', 5200)))"  # noqa: E501
@@ -60,10 +53,6 @@ def test_auto_trains_uncompiled_where_compilation_fails(tmp_path):
     assert "torch.compile does not work here" in why and "no-such-g++" in why and "training uncompiled" in why
 
 
-def final_weights(path) -> dict[str, torch.Tensor]:
-    return load_file(path / "transformer" / "diffusion_pytorch_model.safetensors")
-
-
 @pytest.mark.slow
 def test_a_compiled_run_checkpoints_resumes_validates_and_matches_an_uncompiled_one(workspace):
     steps = ("--max_train_steps", "4", "--checkpointing_steps", "2", "--validation_steps", "2")
@@ -72,27 +61,20 @@ def test_a_compiled_run_checkpoints_resumes_validates_and_matches_an_uncompiled_
     assert "torch.compile no" in plain.stderr
     compiled = train(workspace, "compiled", *steps, *prompts, "--torch_compile", "yes")
     assert "torch.compile inductor" in compiled.stderr
-    # Resume the compiled run from step 2: the checkpoint loads into the compiled model (no `_orig_mod.` keys
-    # expected or written) and the run ends where the straight one did.
+    # Resumed from step 2, the compiled run ends where the uncompiled one did, with its keys (no `_orig_mod.`).
     out = workspace / "compiled"
     os.rename(out / "checkpoint-4", workspace / "compiled-checkpoint-4")
     resumed = train(
         workspace, "compiled", *steps, *prompts, "--torch_compile", "yes", "--resume_from_checkpoint",
-        str(out / "checkpoint-2"),
+        str(out / "checkpoint-2")
     )  # fmt: skip
     assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr
-    # Both the compiled run's checkpoint and its resumed pipeline hold the uncompiled run's weights and keys.
-    pairs = [
-        (workspace / "compiled-checkpoint-4", workspace / "plain" / "checkpoint-4"),
-        (out, workspace / "plain"),
-    ]
-    for run, reference in pairs:
-        run, reference = final_weights(run), final_weights(reference)
-        assert set(run) == set(reference)  # plain keys: no `_orig_mod.` prefix
+    for run, reference in [(workspace / "compiled-checkpoint-4", workspace / "plain" / "checkpoint-4"),
+                           (out, workspace / "plain")]:  # fmt: skip
+        run, reference = weights(run), weights(reference)
+        assert set(run) == set(reference)
         for key, value in reference.items():
             torch.testing.assert_close(run[key], value, rtol=1e-3, atol=1e-4, msg=key)
-    # Validation sampled with the plain backbone and wrote its grids; the saved pipeline loads.
     assert sorted(p.name for p in (out / "validation").glob("*.png")) == ["step-0000002.png", "step-0000004.png"]
     LMLPPipeline.from_pretrained(out)
-    summary = json.loads((out / "training_summary.json").read_text())
-    assert summary["steps"] == 4
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 4

@@ -1,7 +1,5 @@
-"""`--pretrained_vae` and `--pretrained_text_encoder` take a standalone model (`stabilityai/sd-vae-ft-mse`,
-`openai/clip-vit-large-patch14`) or a full pipeline (`CompVis/stable-diffusion-v1-4`), from a folder or the HF cache,
-under every preset; the layout is detected. The stand-ins are laid out file for file as the Hub repos (tiny in width);
-the standalone VAE's pickled `diffusion_pytorch_model.bin` is bytes that fail if anything unpickles them."""
+"""`--pretrained_vae` and `--pretrained_text_encoder` take a standalone model or a full pipeline, from a folder or the
+HF cache, under every preset, their layout detected; the stand-ins are laid out file for file as the Hub repos."""
 
 import dataclasses
 import json
@@ -17,7 +15,6 @@ import torch
 from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_clip_repo, write_coco2014, write_sd_vae_repo
 from safetensors.torch import load_file, save_file
 from test_pipeline_loading import fill_hub_cache
-from test_train_text_to_image import load_script
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp.training import components
@@ -75,13 +72,8 @@ def offline_cache(repos, monkeypatch) -> Path:
     return repos.cache
 
 
-@pytest.fixture(scope="module")
-def script():
-    return load_script()
-
-
 def source(repos, name: str, where: str) -> str:
-    """The `--pretrained_*` value of repo `name` ("standalone", "sd", "clip"): its local folder, or its Hub id."""
+    """The `--pretrained_*` value of repo `name`: its local folder, or its Hub id."""
     folder = getattr(repos, name)
     ids = {"standalone": STANDALONE_VAE_REPO, "sd": SD_REPO, "clip": CLIP_REPO}
     return str(folder) if where == "folder" else ids[name]
@@ -103,7 +95,7 @@ TEXT_LAYOUTS = {"clip": TextEncoderSource("{}", "", ""), "sd": TextEncoderSource
     "resolve, layouts, name",
     [(resolve_vae, VAE_LAYOUTS, "standalone"), (resolve_vae, VAE_LAYOUTS, "sd"),
      (resolve_text_encoder, TEXT_LAYOUTS, "clip"), (resolve_text_encoder, TEXT_LAYOUTS, "sd")],
-    ids=["vae-standalone", "vae-sd", "text-clip", "text-sd"],
+    ids=["vae-standalone", "vae-sd", "text-clip", "text-sd"]
 )  # fmt: skip
 def test_a_component_source_is_read_in_its_own_layout(repos, offline_cache, resolve, layouts, name, where):
     given = source(repos, name, where)
@@ -111,18 +103,17 @@ def test_a_component_source_is_read_in_its_own_layout(repos, offline_cache, reso
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["coco-f2", "shapes", "shapes-lora"])
 @pytest.mark.parametrize("where", ["folder", "hub cache"])
 @pytest.mark.parametrize("vae, text", [("standalone", "clip"), ("sd", "sd")])
 def test_every_preset_loads_the_components_from_either_layout(
-    script, repos, offline_cache, tmp_path, preset, where, vae, text
+    script, repos, offline_cache, tmp_path, where, vae, text
 ):
-    argv = preset_args(repos, preset, tmp_path)
-    argv += ["--pretrained_vae", source(repos, vae, where), "--pretrained_text_encoder", source(repos, text, where)]
-    args = script.parse_args(argv)
-    assert args.vae_source.subfolder == VAE_LAYOUTS[vae].subfolder
-    assert args.text_encoder_source.subfolder == TEXT_LAYOUTS[text].subfolder
-    tokenizer, text_encoder, loaded_vae = components.load_components(args)
+    given = ["--pretrained_vae", source(repos, vae, where), "--pretrained_text_encoder", source(repos, text, where)]
+    for preset in ("coco-f2", "shapes", "shapes-lora"):
+        args = script.parse_args([*preset_args(repos, preset, tmp_path), *given])
+        assert args.vae_source.subfolder == VAE_LAYOUTS[vae].subfolder
+        assert args.text_encoder_source.subfolder == TEXT_LAYOUTS[text].subfolder
+        tokenizer, text_encoder, loaded_vae = components.load_components(args)
     # The weights that loaded are the ones of the layout given, read from safetensors (the .bin would fail).
     folder = repos.standalone if vae == "standalone" else repos.sd / "vae"
     expected = load_file(folder / "diffusion_pytorch_model.safetensors")
@@ -165,8 +156,8 @@ def test_the_preset_default_ids_resolve_from_the_cache(script, repos, offline_ca
     [
         ("empty", ["--pretrained_vae {} holds no VAE: it has neither a config.json", "vae/config.json"]),
         ("someone/not-downloaded", ["--pretrained_vae {}: the VAE", "HF_HUB_OFFLINE=1 keeps it from downloading",
-                                    "hf download someone/not-downloaded"]),
-    ],
+                                    "hf download someone/not-downloaded"])
+    ]
 )  # fmt: skip
 def test_a_vae_source_without_a_vae_is_named_with_what_to_do(
     script, repos, offline_cache, tmp_path, capsys, given, expected
@@ -182,7 +173,7 @@ def test_a_vae_source_without_a_vae_is_named_with_what_to_do(
 
 @pytest.mark.slow
 def test_a_standalone_vae_trains_with_the_readme_coco_command(repos, tmp_path):
-    """The documented 1-GPU COCO command (on the CPU) with `--pretrained_vae stabilityai/sd-vae-ft-mse` from the cache."""
+    """The documented 1-GPU COCO command with `--pretrained_vae stabilityai/sd-vae-ft-mse` from the cache."""
     from test_train_coco import readme_command, run_bounded
     from test_train_text_to_image import ENV
 
@@ -258,7 +249,7 @@ def serve_from(folder: Path, monkeypatch) -> list[str]:
 
 
 def test_a_hub_text_encoder_fetches_only_its_config_tokenizer_and_safetensors(repos, monkeypatch):
-    """Online, exactly the files the trainer reads: no .bin, .h5 or .msgpack, nor docs/coco.md's omitted tokenizer.json."""
+    """Online, only the files the trainer reads: no .bin, .h5 or .msgpack, nor docs/coco.md's omitted tokenizer.json."""
     fetched = serve_from(repos.clip, monkeypatch)
     load_text_encoder(TextEncoderSource(CLIP_REPO, "", ""))
     assert fetched == ["config.json", "model.safetensors", *TOKENIZER_FILE_NAMES]

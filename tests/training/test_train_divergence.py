@@ -1,6 +1,5 @@
-"""A diverging run never destroys good work: a NaN, inf or exploded loss or gradient norm stops the trainer at that
-step, before anything of it is applied or written, with a message that says what to try; the good checkpoints stay,
-rotation included. The trainer runs in this process (`main(argv)`), on the tiny workspace of test_train_text_to_image."""
+"""A NaN, inf or exploded loss or gradient norm stops the trainer at that step, before anything of it is applied or
+written, saying what to try; the good checkpoints stay, rotation included."""
 
 import math
 from pathlib import Path
@@ -8,22 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train_text_to_image import load_script, make_workspace, train_args
+from test_train_text_to_image import train_args
 
 from diffusers_lmlp.durable import write_checksums
 from diffusers_lmlp.training import step as step_module
 from diffusers_lmlp.training.checkpoints import require_finite_weights
 from diffusers_lmlp.training.step import DivergenceError, check_finite, divergence_history, non_finite_parameters
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    return make_workspace(tmp_path_factory.mktemp("divergence"))
-
-
-@pytest.fixture
-def script():
-    return load_script()
 
 
 def stop_message(script, argv: list[str]) -> str:
@@ -38,8 +27,7 @@ def all_finite(folder: Path) -> bool:
 
 
 def nan_loss_from_step(monkeypatch, step: int) -> list[int]:
-    """Make the loss NaN from optimizer step `step` on (one micro-batch per step); returns the list the loss's calls
-    are counted in."""
+    """Make the loss NaN from optimizer step `step` on (one micro-batch per step); returns the list counting its calls."""
     loss, calls = step_module.diffusion_loss, []
 
     def nan_from_step(*args, **kwargs):
@@ -55,8 +43,7 @@ def nan_loss_from_step(monkeypatch, step: int) -> list[int]:
 def test_a_nan_loss_mid_run_stops_before_anything_is_written_and_keeps_the_last_good_checkpoint(
     script, workspace, tmp_path, monkeypatch
 ):
-    # Steps 1-4 train; from step 5 on the loss is NaN (as a too-high learning rate or a corrupted batch gives).
-    # Checkpoints every 2 steps, at most 1 kept: checkpoint-4 is the last good one and must survive.
+    # Steps 1-4 train, then the loss is NaN; checkpoints every 2 steps, at most 1 kept: checkpoint-4 must survive.
     calls = nan_loss_from_step(monkeypatch, 5)
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "2"]

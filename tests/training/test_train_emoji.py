@@ -1,15 +1,12 @@
-"""`--preset emoji`: the trainer on the emoji world (a tiny slice and backbone), its scores; the shipped pipeline."""
+"""`--preset emoji`: the trainer on the emoji world (a tiny slice and backbone) and its scores."""
 
 import json
 import shlex
-from pathlib import Path
 
 import pytest
 from documents import blocks, text
-from test_train_text_to_image import load_script
 
 from diffusers_lmlp import LMLPPipeline
-from diffusers_lmlp.emoji import pretrained_emoji_pipeline
 from diffusers_lmlp.emoji.scorer import FLAGS
 from diffusers_lmlp.emoji.world import VALIDATION_PROMPTS
 
@@ -17,12 +14,12 @@ from diffusers_lmlp.emoji.world import VALIDATION_PROMPTS
 TINY = [
     "--max_train_steps", "2", "--max_train_samples", "64", "--model_overrides", "hidden_size=32", "num_layers=2",
     "--validation_steps", "2", "--checkpointing_steps", "2", "--validation_inference_steps", "2",
-    "--final_evaluation_inference_steps", "2", "--torch_compile", "no", "--report_to", "none",
+    "--final_evaluation_inference_steps", "2", "--torch_compile", "no", "--report_to", "none"
 ]  # fmt: skip
 
 
 @pytest.mark.slow
-def test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores(tmp_path, capsys):
+def test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores(script, tmp_path, capsys):
     # The README's command, run by the script's main in this process, with a tiny slice, backbone and sampler.
     [command] = {
         block.strip()
@@ -33,7 +30,7 @@ def test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores(tmp_
     argv, launcher = shlex.split(command), "accelerate launch --config_file examples/accelerate.yaml"
     assert argv[:5] == [*launcher.split(), "examples/train_text_to_image.py"]
     out = tmp_path / "lmlp-emoji"
-    load_script().main([*argv[5:], *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
+    script.main([*argv[5:], *TINY, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")])
     summary = json.loads((out / "training_summary.json").read_text(encoding="utf-8"))
     assert summary["world"] == "emoji" and summary["sample_prompts"] == list(VALIDATION_PROMPTS)
     assert list(summary["scores"]) == ["train", "held-out"] and set(summary["scores"]["held-out"]) == set(FLAGS)
@@ -51,25 +48,7 @@ def test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores(tmp_
     assert pipe.transformer.config.text_embed_dim == pipe.text_encoder.config.hidden_size
 
 
-def test_the_emoji_preset_lends_its_skeleton_to_any_family():
-    args = load_script().parse_args(["--preset", "emoji", "--model_type", "uvit"])
+def test_the_emoji_preset_lends_its_skeleton_to_any_family(script):
+    args = script.parse_args(["--preset", "emoji", "--model_type", "uvit"])
     assert args.world == "emoji" and args.model_type == "uvit"
     assert args.model_skeleton["text_seq_len"] == 25 and args.model_skeleton["in_channels"] == 8
-
-
-@pytest.mark.slow
-def test_the_shipped_emoji_pipeline_loads_offline_and_draws_32_pixel_emoji():
-    pipe = pretrained_emoji_pipeline()
-    pipe.set_progress_bar_config(disable=True)
-    assert pipe("red apple", num_inference_steps=4).images[0].size == (32, 32)
-    assert json.loads((Path(pipe.name_or_path) / "training_summary.json").read_text())["world"] == "emoji"
-
-
-def test_the_evaluation_and_analysis_commands_take_the_emoji_pipeline():
-    from diffusers_lmlp.analysis.sources import find_backbone
-    from diffusers_lmlp.emoji.scorer import CLIP_PATH, PIPELINE_PATH
-    from diffusers_lmlp.evaluation.__main__ import parse_args
-
-    args, source = parse_args(["--pipeline", "emoji"]), find_backbone("emoji")
-    assert (args.captions, args.fid_reference, args.clip_model) == ("emoji", "emoji", str(CLIP_PATH))
-    assert source.folder == PIPELINE_PATH and source.family.name == "lmlp"

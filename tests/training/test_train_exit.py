@@ -1,12 +1,11 @@
-"""How the command's processes end: a multi-process run's processes leave at the end of `finishing.end_run`, after
-everything is saved and before the trainer's frames free the run's objects, whose C++ destructors can hang
-(pytorch/pytorch#190489). A caller of `main` that goes on after it keeps its process."""
+"""A multi-process run's processes leave at the end of `finishing.end_run`, once everything is saved and before the
+run's objects are freed (their C++ destructors can hang, pytorch/pytorch#190489); a caller of `main` keeps its process."""
 
 import traceback
 
 import pytest
 import torch
-from test_train_text_to_image import make_workspace, train_args
+from test_train_text_to_image import train_args
 
 import diffusers_lmlp.train
 from diffusers_lmlp.training import finishing
@@ -14,11 +13,6 @@ from diffusers_lmlp.training import finishing
 
 class Left(BaseException):
     """Raised by the stand-in for `leave_finished_process`, which would end this test's process."""
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return make_workspace(tmp_path_factory.mktemp("exit"))
 
 
 @pytest.mark.parametrize("exit_when_done", [True, False])

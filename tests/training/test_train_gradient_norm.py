@@ -1,7 +1,5 @@
-"""The step's gradient norm (`training.step.gradient_norm`): without `--max_grad_norm` it is measured alone over the
-optimizer's weights, the value accelerate's `clip_grad_norm_` returns (LoRA included), the gradients left bit for bit
-as they were; with it accelerate clips them, as it measures the gradients it holds or shards. A NaN gradient gives a
-NaN norm, never a finite one."""
+"""The step's gradient norm: accelerate's `clip_grad_norm_` value (LoRA included), the gradients untouched without
+`--max_grad_norm` and clipped with it; a NaN gradient gives a NaN norm, never a finite one."""
 
 import math
 
@@ -23,7 +21,7 @@ def model_with_gradients() -> torch.nn.Module:
 
 
 def optimizer_of(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """As the trainer builds it: every weight that requires a gradient (with LoRA, the adapter's)."""
+    """As the trainer builds it, over every weight that requires a gradient."""
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
 
 
@@ -64,7 +62,7 @@ def test_a_nan_gradient_gives_a_nan_norm_and_no_gradient_a_zero_norm():
 
 
 class SpyAccelerator:
-    """An accelerator of another distributed type, recording what the step asks of it."""
+    """An accelerator of another distributed type, recording the step's calls."""
 
     def __init__(self, distributed_type):
         self.distributed_type, self.calls = distributed_type, []
@@ -84,7 +82,6 @@ class SpyAccelerator:
 def test_accelerate_measures_the_gradients_it_holds_or_shards_and_plain_or_ddp_ones_are_measured_in_place(
     distributed_type,
 ):
-    """DDP has all-reduced the gradients before the step measures them: every process holds the whole of them."""
     accelerator = SpyAccelerator(distributed_type)
     model = model_with_gradients()
     norm = gradient_norm(accelerator, model, optimizer_of(model), max_grad_norm=None)
@@ -96,7 +93,6 @@ def test_accelerate_measures_the_gradients_it_holds_or_shards_and_plain_or_ddp_o
 
 
 def test_with_lora_the_norm_is_the_adapters_as_accelerate_measures_it_over_the_whole_model():
-    """The trainer's optimizer holds the adapter alone; the frozen backbone has no gradients to leave out."""
     model = model_with_gradients()
     add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
     model.zero_grad(set_to_none=True)

@@ -1,6 +1,5 @@
-"""The trainer's AdamW (torch's fused kernel on the CPU and CUDA) and EMA (diffusers' `EMAModel`, its multi-tensor
-update): what `prepare_optimization` builds, checked step by step against the AdamW and EMA updates written out in plain
-torch."""
+"""The trainer's AdamW (torch's fused kernel on the CPU and CUDA) and EMA (diffusers' `EMAModel`, multi-tensor),
+checked step by step against their updates written out in plain torch."""
 
 import copy
 
@@ -8,7 +7,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
-from test_train_text_to_image import make_workspace, train_here
+from test_train_text_to_image import train_here
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
@@ -39,7 +38,7 @@ def test_adamw_is_fused_on_the_cpu_and_cuda_and_torchs_default_elsewhere(device,
 
 
 def reference_adamw(params, grads, moments, step, lr, betas, eps, weight_decay):
-    """One AdamW step (Loshchilov & Hutter, torch's documented update), written out per tensor."""
+    """One AdamW step (torch's documented update), written out per tensor."""
     beta1, beta2 = betas
     updated = []
     for p, g, (m, v) in zip(params, grads, moments):
@@ -101,10 +100,8 @@ def test_with_lora_the_fused_adamw_holds_the_adapter_alone_and_the_backbone_stay
 
 
 def adamw_steps(fused: bool | None, load: dict | None = None, weights: dict | None = None, device: str = "cpu"):
-    """Two AdamW steps of the tiny model with fixed gradients: the state after the first, and the weights after both.
-
-    With `load`, the second step runs after loading `load` (and `weights`) into a fresh optimizer built with `fused`,
-    and `follow_device(device)`, as a resumed run does."""
+    """Two AdamW steps of the tiny model: the state after the first and the weights after both; with `load`, the second
+    step runs after loading `load` and `weights` into a fresh optimizer and `follow_device(device)`, as a resume does."""
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.03, fused=fused)
     for p in model.parameters():
@@ -127,9 +124,7 @@ def adamw_steps(fused: bool | None, load: dict | None = None, weights: dict | No
     ids=["unfused-checkpoint-on-cpu", "fused-checkpoint-on-cpu", "fused-checkpoint-without-the-kernel"],
 )
 def test_a_resumed_run_uses_its_own_devices_kernel_and_continues_exactly(saved_by, resumed_on, kernel):
-    """`load_state_dict` takes the checkpoint's `fused` flag; `follow_device` sets the resumed run's own. "mps"
-    stands for a device without the kernel this project uses: the unfused update runs, with its step counts on the
-    CPU."""
+    """`follow_device` sets the resumed run's own `fused` flag; "mps" stands for a device without the kernel."""
     _, saved, weights, uninterrupted = adamw_steps(saved_by)
     optimizer, *_, resumed = adamw_steps(saved_by, load=saved, weights=weights, device=resumed_on)
     [group] = optimizer.param_groups
@@ -143,11 +138,9 @@ def test_a_resumed_run_uses_its_own_devices_kernel_and_continues_exactly(saved_b
 
 
 @pytest.mark.slow
-def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_validation(tmp_path):
-    """The trainer lists the weights the EMA averages once per run: they must stay the model's own, step after step,
-    through a validation (which swaps the EMA weights in and back). The reference is diffusers' `EMAModel`, stepped
-    per tensor with the weights each optimizer step left."""
-    workspace = make_workspace(tmp_path)
+def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_validation(workspace):
+    """The EMA's weights stay the model's own through a validation (which swaps the EMA weights in and back), against
+    diffusers' `EMAModel` stepped per tensor with the weights each optimizer step left."""
     first, stepped = [], []
 
     def weights_now(optimizer) -> list[torch.Tensor]:  # every weight of the model, in its order (no LoRA here)
@@ -166,13 +159,15 @@ def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_valid
     )
     try:
         train_here(
-            workspace, "run", "--max_train_steps", "4", "--checkpointing_steps", "4", "--use_ema",
-            "--validation_prompts", "a red circle", "--validation_steps", "2", "--validation_inference_steps", "2",
+            workspace, "ema-run", "--max_train_steps", "4", "--checkpointing_steps", "4", "--use_ema",
+            "--validation_prompts", "a red circle", "--validation_steps", "2", "--validation_inference_steps", "2"
         )  # fmt: skip
     finally:
         for hook in hooks:
             hook.remove()
-    saved = EMAModel.from_pretrained(tmp_path / "run" / "checkpoint-4" / "transformer_ema", LMLPTransformer2DModel)
+    saved = EMAModel.from_pretrained(
+        workspace / "ema-run" / "checkpoint-4" / "transformer_ema", LMLPTransformer2DModel
+    )
     assert len(stepped) == saved.optimization_step == 4
     reference = EMAModel([torch.nn.Parameter(w.clone()) for w in first[0]], decay=saved.decay, foreach=False)
     for weights in stepped:

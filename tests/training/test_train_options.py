@@ -1,5 +1,5 @@
-"""Options for real training: `--allow_tf32`, `--validation_prompts_file`, bf16 on the COCO fixture with the grid in
-tensorboard and wandb, the VAE's latent size against `sample_size`, and diffusers' options this script does not take."""
+"""`--allow_tf32`, `--validation_prompts_file`, bf16 COCO runs logged to tensorboard and wandb, the VAE's latent size
+against `sample_size`, and diffusers' options this script does not take."""
 
 import io
 import json
@@ -15,8 +15,8 @@ import torch
 from coco_fixture import CLIP_REPO, CLIP_TEXT_WIDTH, SD_REPO, write_coco2014, write_hub_cache
 from diffusers import AutoencoderKL
 from PIL import Image
-from test_train_text_to_image import ENV, SCRIPT, load_script, weights
-from test_train_validation import start_up_error
+from test_train_text_to_image import ENV, SCRIPT, weights
+from test_train_validation import parser_error, start_up_error
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.image_grid import make_image_grid
@@ -32,13 +32,8 @@ PROMPTS = ["A dog on a street.", "A woman in a kitchen.", "A red bus."]
 COCO = ["--preset", "coco-f2", "--train_data_dir", "coco2014"]
 TINY = [
     "--model_overrides", "hidden_size=32", "num_layers=2", f"text_embed_dim={CLIP_TEXT_WIDTH}",
-    "--train_batch_size", "2", "--lr_warmup_steps", "0", "--report_to", "none",
+    "--train_batch_size", "2", "--lr_warmup_steps", "0", "--report_to", "none"
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def script():
-    return load_script()
 
 
 @pytest.fixture
@@ -63,7 +58,7 @@ def test_allow_tf32_is_applied_before_training_and_only_when_asked(
     monkeypatch.setattr(trainer, "run_training", record)
     script.main(["--output_dir", str(tmp_path / "out"), "--report_to", "none", *flag])
     assert seen["flags"] == (expected, expected)
-    assert seen["precision"] == ("high" if expected else "highest")  # the same switch as set_float32_matmul_precision
+    assert seen["precision"] == ("high" if expected else "highest")
 
 
 def test_validation_prompts_file_skips_blank_lines_and_comments_and_excludes_prompts(script, tmp_path, capsys):
@@ -71,11 +66,9 @@ def test_validation_prompts_file_skips_blank_lines_and_comments_and_excludes_pro
     path.write_text(PROMPTS_FILE, encoding="utf-8")
     args = script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
     assert args.validation_prompts == validation.default_validation_prompts(args) == PROMPTS
-    with pytest.raises(SystemExit):
-        script.parse_args(["--validation_prompts", "a cat", "--validation_prompts_file", str(path)])
-    assert "argument --validation_prompts_file: not allowed with argument --validation_prompts" in (
-        capsys.readouterr().err
-    )
+    argv = ["--validation_prompts", "a cat", "--validation_prompts_file", str(path)]
+    message = "argument --validation_prompts_file: not allowed with argument --validation_prompts"
+    assert message in parser_error(script, argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -95,15 +88,13 @@ def test_a_bad_validation_prompts_file_is_refused_at_start_up(script, tmp_path, 
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content, encoding="utf-8")
-    with pytest.raises(SystemExit) as error:
-        script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
-    assert error.value.code == 2
-    assert message.format(path=path) in capsys.readouterr().err
+    argv = ["--output_dir", "x", "--validation_prompts_file", str(path)]
+    assert message.format(path=path) in parser_error(script, argv, capsys)
 
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory) -> SimpleNamespace:
-    """A COCO-2014 folder of 4 images, the recipe's component repos (folders and a pre-filled HF cache)."""
+    """A COCO-2014 folder of 4 images and the recipe's component repos (folders and a pre-filled HF cache)."""
     root = tmp_path_factory.mktemp("coco")
     write_coco2014(root / "coco2014", num_train=4, num_val=1)
     cache = write_hub_cache(root / "hf")
@@ -114,8 +105,7 @@ def coco(tmp_path_factory) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def bf16_run(coco) -> Path:
-    """The README's COCO recipe (`--preset coco-f2 --train_data_dir coco2014`, the default component ids resolved
-    from the HF cache) in bf16: 2 steps, validation at both, logged to tensorboard and wandb."""
+    """The COCO recipe from the HF cache in bf16: 2 steps, validation at both, logged to tensorboard and wandb."""
     (coco.root / "prompts.txt").write_text(PROMPTS_FILE, encoding="utf-8")
     wandb_dir = coco.root / "wandb-dir"
     wandb_dir.mkdir()
@@ -124,7 +114,7 @@ def bf16_run(coco) -> Path:
         sys.executable, str(SCRIPT), *COCO, *TINY, "--mixed_precision", "bf16",
         "--max_train_steps", "2", "--checkpointing_steps", "2", "--output_dir", "bf16",
         "--validation_prompts_file", "prompts.txt", "--validation_steps", "1", "--validation_inference_steps", "2",
-        "--report_to", "all",
+        "--report_to", "all"
     ]  # fmt: skip
     result = subprocess.run(command, cwd=coco.root, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
@@ -145,7 +135,7 @@ def test_bf16_run_saves_finite_weights_and_a_pipeline_that_samples(bf16_run):
 
 
 def blank_cells(grid: Image.Image, count: int, cell: int = 128, gap: int = 6) -> np.ndarray:
-    """The grid's pixels with its image cells painted black: what is left is the white space and the captions."""
+    """The grid's pixels with its image cells painted black, leaving the white space and the captions."""
     pixels = np.array(grid)
     columns = int(np.ceil(np.sqrt(count)))
     step_y = (grid.height + gap) // int(np.ceil(count / columns))  # rows of cell + caption + gap, less the last gap
@@ -181,8 +171,8 @@ def test_validation_images_are_logged_to_tensorboard_at_their_steps(bf16_run):
 
 
 def wandb_history(run_dir: Path) -> list[dict]:
-    """The history rows of an offline wandb run's `run-*.wandb` file: a LevelDB-style log (a 7-byte header, then
-    32 KiB blocks of chunks with 7-byte headers: CRC, length, type FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4) of `Record`s."""
+    """The history rows of an offline wandb run: a LevelDB-style log of `Record`s (32 KiB blocks of chunks with a
+    7-byte header: CRC, length, type FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4)."""
     from wandb.proto import wandb_internal_pb2
 
     [path] = run_dir.glob("run-*.wandb")
@@ -225,11 +215,11 @@ def test_validation_images_are_logged_to_wandb_with_their_prompts(bf16_run):
 
 
 def coco_argv(coco, tmp_path: Path, *extra: str) -> list[str]:
-    """The coco-f2 preset on the fixture, with the component folders given explicitly, tiny model."""
+    """The coco-f2 preset on the fixture, tiny, with the component folders given explicitly."""
     return [
         *COCO[:3], str(coco.root / "coco2014"), "--pretrained_vae", str(coco.vae),
         "--pretrained_text_encoder", str(coco.text_encoder), *TINY, "--output_dir", str(tmp_path / "out"),
-        "--cache_dir", str(tmp_path / "cache"), "--mixed_precision", "no", *extra,
+        "--cache_dir", str(tmp_path / "cache"), "--mixed_precision", "no", *extra
     ]  # fmt: skip
 
 
@@ -256,25 +246,20 @@ def test_a_resolution_the_separate_vae_and_model_config_disagree_on_stops_before
     assert not (tmp_path / "cache").exists()  # before any dataset or feature work
 
 
-def test_a_resolution_the_base_pipeline_does_not_take_stops_before_feature_extraction(script, tmp_path):
-    from test_train_text_to_image import make_workspace
-
-    workspace = make_workspace(tmp_path / "ws")
+def test_a_resolution_the_base_pipeline_does_not_take_stops_before_feature_extraction(script, workspace, tmp_path):
     argv = [
         "--pretrained_model_name_or_path", str(workspace / "tiny"), "--train_data_dir", str(workspace / "data"),
         "--resolution", "32", "--report_to", "none", "--output_dir", str(tmp_path / "out"),
-        "--cache_dir", str(tmp_path / "cache"), "--cache_features",
+        "--cache_dir", str(tmp_path / "cache"), "--cache_features"
     ]  # fmt: skip
     error = start_up_error(script, argv)
     assert error.startswith("error: --resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px")
-    # --model_overrides is refused when fine-tuning: the message offers only what works.
     assert error.endswith("pass --resolution 16 (a fine-tuned model keeps its sample_size).")
     assert not (tmp_path / "cache").exists()
 
 
 def write_mislabelled_vae(folder: Path) -> Path:
-    """An SD-layout VAE folder whose config lists 4 block widths (×8 by the config) but whose encoder has only 2 down
-    blocks, both downsampling (×4): the pipeline would size images by ×8."""
+    """An SD-layout VAE whose config says ×8 (4 block widths) but whose 2 encoder blocks downsample by 4."""
     vae = AutoencoderKL(
         down_block_types=("DownEncoderBlock2D",) * 2,
         up_block_types=("UpDecoderBlock2D",) * 4,
@@ -289,7 +274,6 @@ def write_mislabelled_vae(folder: Path) -> Path:
 
 def test_a_vae_that_downsamples_other_than_its_config_says_is_refused(script, coco, tmp_path):
     vae = write_mislabelled_vae(tmp_path / "vae-repo")
-    # The latent size is measured from the layers: ×8 for the recipe's VAE, ×4 here whatever the config says.
     assert components.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)
     assert components.vae_latent_size(AutoencoderKL.from_pretrained(vae, subfolder="vae"), 256) == (64, 64)
     argv = coco_argv(coco, tmp_path)
@@ -308,15 +292,13 @@ DIFFUSERS_README_COMMAND = [
     "--resolution=512", "--center_crop", "--random_flip", "--train_batch_size=1", "--gradient_accumulation_steps=4",
     "--gradient_checkpointing", "--max_train_steps=15000", "--learning_rate=1e-05", "--max_grad_norm=1",
     "--enable_xformers_memory_efficient_attention", "--lr_scheduler=constant", "--lr_warmup_steps=0",
-    "--output_dir=sd-naruto-model",
+    "--output_dir=sd-naruto-model"
 ]  # fmt: skip
 
 
 def test_a_diffusers_command_is_told_what_to_drop(script, capsys):
-    with pytest.raises(SystemExit) as error:
-        script.parse_args(DIFFUSERS_README_COMMAND)
-    assert error.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if "train_text_to_image.py:" in line]
+    err = parser_error(script, DIFFUSERS_README_COMMAND, capsys)
+    lines = [line for line in err.splitlines() if "train_text_to_image.py:" in line]
     assert len(lines) == 2
     assert (
         "--center_crop is an option of diffusers' train_text_to_image.py: images are always center-cropped" in lines[0]
@@ -324,27 +306,17 @@ def test_a_diffusers_command_is_told_what_to_drop(script, capsys):
     assert lines[1].startswith("--enable_xformers_memory_efficient_attention is an option of diffusers'")
 
 
-def test_each_diffusers_only_option_says_what_to_give_instead(script, capsys):
+def test_each_diffusers_only_option_says_what_to_give_instead_and_no_option_of_ours_is_one(script, capsys):
     options = sorted(DIFFUSERS_ONLY_OPTIONS)
     given = [part for i, option in enumerate(options) for part in ([f"{option}=1"] if i % 2 else [option, "1"])]
-    with pytest.raises(SystemExit) as error:
-        script.parse_args(["--output_dir", "x", *given])
-    assert error.value.code == 2
-    err = capsys.readouterr().err
+    err = parser_error(script, ["--output_dir", "x", *given], capsys)
     for option in options:  # joined (--option=1) or not
         assert f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}\n" in err
-
-
-def test_no_option_of_this_script_or_of_neither_is_explained_away(script, capsys):
-    # An option in the table must not also be one of ours: it would be refused instead of read.
-    assert not {flag for action in build_parser()._actions for flag in action.option_strings} & set(
-        DIFFUSERS_ONLY_OPTIONS
-    )
+    # An option of ours in the table would be refused instead of read.
+    assert not {flag for action in build_parser()._actions for flag in action.option_strings} & set(options)
     args = script.parse_args(
         ["--output_dir", "x", "--lr_scheduler", "linear", "--snr_gamma", "5", "--noise_offset", "0.1"]
     )
     assert (args.lr_scheduler, args.snr_gamma, args.noise_offset) == ("linear", 5.0, 0.1)
-    with pytest.raises(SystemExit):
-        script.parse_args(["--output_dir", "x", "--no_such_option"])
-    err = capsys.readouterr().err
+    err = parser_error(script, ["--output_dir", "x", "--no_such_option"], capsys)
     assert "unrecognized arguments: --no_such_option" in err and "train_text_to_image.py:" not in err

@@ -59,9 +59,16 @@ def load(folder: Path | None, tmp_path: Path, **kwargs) -> datasets.Dataset:
     """The training split of `--train_data_dir folder`, as the trainer reads it."""
     arguments = dict(
         dataset_name=None, dataset_config_name=None, train_data_dir=folder and str(folder), image_column="image",
-        caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path / "cache"),
+        caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path / "cache")
     )  # fmt: skip
     return load_training_data(**{**arguments, **kwargs})
+
+
+def refusal(folder: Path | None, tmp_path: Path, **kwargs) -> str:
+    """The message `load` refuses the data with."""
+    with pytest.raises(ValueError) as error:
+        load(folder, tmp_path, **kwargs)
+    return str(error.value)
 
 
 def captions_by_file(dataset: datasets.Dataset, folder: Path) -> dict[str, str]:
@@ -84,7 +91,7 @@ NAMES = {  # datasets alone takes a train split from the names COCO_train2014_â€
     # also under folders whose names are split names, when the metadata above them list them
     "subfolders": ["sub/a.png", "sub/deeper/b.png", "train2014/COCO_train2014_1.png", "val2014/COCO_val2014_2.png"],
     **{word: [f"{word}_0001.png", f"img-{word}-2.png", f"{word}.3.png", "plain-4.png"] for word in ("test", "val",
-                                                                                                      "dev", "train")},
+                                                                                                      "dev", "train")}
 }  # fmt: skip
 
 
@@ -108,9 +115,7 @@ def test_train_and_test_folders_train_on_the_train_folder_alone(tmp_path):
 def test_a_local_imagefolder_given_as_dataset_name_points_to_train_data_dir(tmp_path):
     # --dataset_name is read by datasets as it is, split by file names: the message says which flag reads it right.
     write_imagefolder(tmp_path / "data", {"COCO_train2014_1.jpg": "a dog", "COCO_train2014_2.jpg": "a cat"})
-    with pytest.raises(ValueError) as error:
-        load(None, tmp_path, dataset_name=str(tmp_path / "data"))
-    assert str(error.value) == (
+    assert refusal(None, tmp_path, dataset_name=str(tmp_path / "data")) == (
         "--caption_column 'text' is not a column of the dataset; its columns are ['image'] (a local imagefolder: "
         "--train_data_dir reads its captions whatever its file names are)"
     )
@@ -140,19 +145,18 @@ def test_a_folder_written_by_save_to_disk_is_read_as_it_was_saved(tmp_path, as_d
 
 def test_a_saved_dataset_without_a_train_split_or_with_a_config_name_is_refused(tmp_path):
     folder, _ = saved_dataset(tmp_path, as_dict=True, split="validation")
-    with pytest.raises(ValueError) as error:
-        load(None, tmp_path, dataset_name=str(folder))
-    assert str(error.value) == (
+    assert refusal(None, tmp_path, dataset_name=str(folder)) == (
         f"--dataset_name {folder} has the splits ['validation'] and no 'train' split, which is what the trainer reads: "
         "save or name the training data as 'train'"
     )
-    with pytest.raises(ValueError, match=r"written by save_to_disk, .* drop --dataset_config_name default"):
-        load(None, tmp_path, dataset_name=str(folder), dataset_config_name="default")
+    assert re.search(
+        r"written by save_to_disk, .* drop --dataset_config_name default",
+        refusal(None, tmp_path, dataset_name=str(folder), dataset_config_name="default"),
+    )
 
 
 def test_a_train_data_dir_that_is_not_a_folder_is_named(tmp_path):
-    with pytest.raises(ValueError, match=re.escape(f"--train_data_dir {tmp_path / 'nowhere'} is not a folder")):
-        load(tmp_path / "nowhere", tmp_path)
+    assert f"--train_data_dir {tmp_path / 'nowhere'} is not a folder" in refusal(tmp_path / "nowhere", tmp_path)
 
 
 # --------------------------------------------------------------------------------------- metadata checks at start-up
@@ -189,11 +193,10 @@ def test_a_bad_metadata_row_is_refused_naming_the_file_and_the_row_before_anythi
     rows[2] = {key: value for key, value in {**rows[2], **change}.items() if value is not None or key == "text"}
     metadata = write_metadata(tmp_path / "data", rows, fmt)
     monkeypatch.setattr(Image, "open", lambda *args, **kwargs: pytest.fail("an image was decoded"))
-    with pytest.raises(ValueError) as error:
-        load(tmp_path / "data", tmp_path)
-    assert str(error.value).startswith(f"{metadata} {where(fmt, 2)} (file_name {rows[2].get('file_name')!r}): ")
-    assert problem.format(data=tmp_path / "data") in str(error.value)
-    assert str(error.value).endswith(". Every row needs a caption and its image: fix or remove that row.")
+    message = refusal(tmp_path / "data", tmp_path)
+    assert message.startswith(f"{metadata} {where(fmt, 2)} (file_name {rows[2].get('file_name')!r}): ")
+    assert problem.format(data=tmp_path / "data") in message
+    assert message.endswith(". Every row needs a caption and its image: fix or remove that row.")
     assert not (tmp_path / "cache").exists()  # refused before datasets prepares anything
 
 
@@ -202,9 +205,7 @@ def test_another_caption_column_is_named_with_the_flag_to_pass(tmp_path, fmt):
     write_images(tmp_path / "data", ["0.png", "1.png"])
     rows = [{"file_name": "0.png", "caption": "a red circle"}, {"file_name": "1.png", "caption": "a blue square"}]
     metadata = write_metadata(tmp_path / "data", rows, fmt)
-    with pytest.raises(ValueError) as error:
-        load(tmp_path / "data", tmp_path)
-    assert str(error.value) == (
+    assert refusal(tmp_path / "data", tmp_path) == (
         f"--caption_column 'text' is not a column of the dataset: {metadata} has no 'text' field; its rows have "
         "'caption': pass --caption_column caption"
     )
@@ -214,9 +215,7 @@ def test_captions_that_mix_strings_and_lists_are_refused_before_datasets_fails_o
     write_images(tmp_path / "data", ["0.png", "1.png", "sub/2.png"])
     rows = [{"file_name": "0.png", "text": "a red circle"}, {"file_name": "1.png", "text": ["a blue square", "x"]}]
     metadata = write_metadata(tmp_path / "data", rows, "jsonl")  # datasets would fail deep in Arrow on it
-    with pytest.raises(ValueError) as error:
-        load(tmp_path / "data", tmp_path)
-    assert str(error.value) == (
+    assert refusal(tmp_path / "data", tmp_path) == (
         f"{metadata} line 2 (file_name '1.png'): its caption is a list of captions, where {metadata} line 1's is a "
         'string: datasets needs one type per column, so write every caption as a list (a single caption as ["..."]) '
         "or every one as a string. Every row needs a caption and its image: fix or remove that row."
@@ -226,8 +225,7 @@ def test_captions_that_mix_strings_and_lists_are_refused_before_datasets_fails_o
     rows[0]["text"] = ["a red circle"]
     write_metadata(tmp_path / "data", rows, "jsonl")
     write_metadata(tmp_path / "data" / "sub", [{"file_name": "2.png", "text": "a green star"}], "jsonl")
-    with pytest.raises(ValueError, match=re.escape("its caption is a string, where ")):
-        load(tmp_path / "data", tmp_path)
+    assert "its caption is a string, where " in refusal(tmp_path / "data", tmp_path)
     write_metadata(tmp_path / "data" / "sub", [{"file_name": "2.png", "text": ["a green star"]}], "jsonl")
     expected = [("a blue square", "x"), ("a green star",), ("a red circle",)]
     assert sorted(map(tuple, load(tmp_path / "data", tmp_path)["text"])) == expected
@@ -236,12 +234,10 @@ def test_captions_that_mix_strings_and_lists_are_refused_before_datasets_fails_o
 def test_metadata_of_two_formats_or_without_rows_are_refused(tmp_path):
     write_imagefolder(tmp_path / "data", {"0.png": "a red circle"})
     write_metadata(tmp_path / "data" / "sub", [{"file_name": "x.png", "text": "a blue square"}], "csv")
-    with pytest.raises(ValueError, match=r"the metadata files mix formats \(\.csv, \.jsonl\)"):
-        load(tmp_path / "data", tmp_path)
+    assert re.search(r"the metadata files mix formats \(\.csv, \.jsonl\)", refusal(tmp_path / "data", tmp_path))
     (tmp_path / "data" / "sub" / "metadata.csv").unlink()
     (tmp_path / "data" / "metadata.jsonl").write_text("\n")
-    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'data' / 'metadata.jsonl'} has no rows")):
-        load(tmp_path / "data", tmp_path)
+    assert f"{tmp_path / 'data' / 'metadata.jsonl'} has no rows" in refusal(tmp_path / "data", tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------- the folder's layout
@@ -250,16 +246,12 @@ def test_metadata_of_two_formats_or_without_rows_are_refused(tmp_path):
 def test_a_coco_folder_is_read_as_coco_unless_another_layout_is_asked(tmp_path):
     coco = write_coco2014(tmp_path / "coco2014", num_train=4, num_val=2)
     dataset, expected = load(coco, tmp_path, data_layout="auto"), load_coco2014(coco)
-    assert (
-        dataset.column_names == ["image", "text", "image_id"]
-        and len(load(coco, tmp_path, data_layout="coco2014")) == 4
-    )
+    assert dataset.column_names == ["image", "text", "image_id"]
+    assert len(load(coco, tmp_path, data_layout="coco2014")) == 4
     assert dataset["image_id"] == expected["image_id"] and dataset["text"] == expected["text"]
     assert all(len(captions) >= 5 for captions in dataset["text"])  # the captions, not the folder names as labels
-    with pytest.raises(ValueError, match=re.escape(f"{coco} has no metadata file")):
-        load(coco, tmp_path, data_layout="imagefolder")  # as asked: an imagefolder, which it is not
-    with pytest.raises(ValueError, match="unknown data layout 'coco'; choose one of"):
-        load(coco, tmp_path, data_layout="coco")
+    assert f"{coco} has no metadata file" in refusal(coco, tmp_path, data_layout="imagefolder")  # as asked
+    assert "unknown data layout 'coco'; choose one of" in refusal(coco, tmp_path, data_layout="coco")
     (coco / "annotations" / "captions_train2014.json").unlink()  # partly unpacked: still COCO, naming what is missing
     with pytest.raises(ValueError, match=re.escape(f"{coco} is not a COCO-2014 folder: "
                                                    f"{coco / 'annotations' / 'captions_train2014.json'} is missing")):  # fmt: skip
@@ -269,9 +261,7 @@ def test_a_coco_folder_is_read_as_coco_unless_another_layout_is_asked(tmp_path):
 def test_an_imagefolder_without_metadata_is_refused_saying_captions_are_needed(tmp_path):
     write_images(tmp_path / "data", ["cats/1.png", "cats/2.png", "dogs/3.png"])  # datasets would label cats, dogs
     (tmp_path / "data" / "metadata.json").write_text("{}")  # not a name datasets reads
-    with pytest.raises(ValueError) as error:
-        load(tmp_path / "data", tmp_path)
-    assert str(error.value) == (
+    assert refusal(tmp_path / "data", tmp_path) == (
         f"{tmp_path / 'data'} has no metadata file (metadata.csv, metadata.jsonl, metadata.parquet) (metadata.json is "
         f"not one that datasets {datasets.__version__} reads), so its images have no captions (datasets would label "
         "them with their folder names instead). Add a metadata.jsonl next to the images, one line per image: "
@@ -283,9 +273,7 @@ def test_an_imagefolder_without_metadata_is_refused_saying_captions_are_needed(t
 def test_split_folders_whose_training_one_has_no_metadata_are_refused(tmp_path):
     write_images(tmp_path / "data", ["train/0.png"])
     write_imagefolder(tmp_path / "data" / "test", {"1.png": "a test image"})
-    with pytest.raises(ValueError) as error:
-        load(tmp_path / "data", tmp_path)
-    assert str(error.value) == (
+    assert refusal(tmp_path / "data", tmp_path) == (
         f"{tmp_path / 'data'} is split into folders (test, train), and its training split has no metadata file (other "
         f"splits have, e.g. {tmp_path / 'data' / 'test' / 'metadata.jsonl'}): put the training images and their "
         f"metadata in {tmp_path / 'data' / 'train'}"
@@ -309,15 +297,15 @@ def test_a_saved_dataset_with_a_missing_caption_deep_inside_is_refused_at_start_
 def test_an_image_that_cannot_be_opened_is_refused_at_start_up_naming_it(tmp_path, content):
     write_imagefolder(tmp_path / "data", {f"{i}.png": f"caption {i}" for i in range(4)})
     (tmp_path / "data" / "2.png").write_bytes(content)
-    with pytest.raises(ValueError, match=r"^row \d of the training data: its image \S+2\.png cannot be read"):
-        load(tmp_path / "data", tmp_path)
+    assert re.search(
+        r"^row \d of the training data: its image \S+2\.png cannot be read", refusal(tmp_path / "data", tmp_path)
+    )
 
 
 def test_a_metadata_csv_of_numeric_captions_is_refused_as_numbers(tmp_path):
     write_images(tmp_path / "data", ["0.png", "1.png"])
     write_metadata(tmp_path / "data", [{"file_name": "0.png", "text": 1}, {"file_name": "1.png", "text": 2}], "csv")
-    with pytest.raises(ValueError, match=r"^--caption_column 'text' holds .*int64.*, not text"):
-        load(tmp_path / "data", tmp_path)
+    assert re.search(r"^--caption_column 'text' holds .*int64.*, not text", refusal(tmp_path / "data", tmp_path))
 
 
 @pytest.mark.parametrize("kind, field", [("images", "file_name"), ("images", "id"), ("annotations", "caption")])
