@@ -51,14 +51,24 @@ def test_agelu_computes_eq_4_per_channel_and_starts_as_the_exact_gelu():
     torch.testing.assert_close(agelu(x), gelu(x), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize(("mlp_ratio", "num_extra", "grid_size"), [(4.0, 6, 4), (2.5, 1, 3), (1.0, 3, 1)])
-def test_imlp_matches_an_independent_restatement(mlp_ratio, num_extra, grid_size):
-    imlp = IMLP(32, mlp_ratio, num_extra_tokens=num_extra, grid_size=grid_size)
+@pytest.mark.parametrize(
+    ("hidden_size", "mlp_ratio", "num_extra", "grid_size"),
+    [(32, 4.0, 6, 4), (32, 2.5, 1, 3), (32, 1.0, 3, 1), (48, 2.5, 78, 3)],
+)
+def test_imlp_matches_an_independent_restatement_and_its_closed_form_macs(
+    hidden_size, mlp_ratio, num_extra, grid_size
+):
+    imlp = IMLP(hidden_size, mlp_ratio, num_extra_tokens=num_extra, grid_size=grid_size)
     randomize_(imlp, seed=2)
-    x = torch.randn(3, num_extra + grid_size**2, 32)
-    with torch.no_grad():
-        expected = imlp_reference(imlp.state_dict(), x, num_extra, grid_size)
-        torch.testing.assert_close(imlp(x), expected, rtol=1e-5, atol=1e-5)
+    seq_len, inner = num_extra + grid_size**2, int(hidden_size * mlp_ratio)
+    x = torch.randn(2, seq_len, hidden_size)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        out = imlp(x)
+    torch.testing.assert_close(out, imlp_reference(imlp.state_dict(), x, num_extra, grid_size), rtol=1e-5, atol=1e-5)
+    # fc1 to C'/2, the 3×3 depthwise convolution on every token, fc2 (AGeLUs, norm and GELU are element-wise)
+    assert counter.get_total_flops() == 2 * 2 * seq_len * (hidden_size * inner // 2 + 9 * inner + inner * hidden_size)
+    assert (imlp.fc1.out_features, imlp.fc2.in_features) == (inner // 2, inner)  # W^d: C × C'/2, W^e: C' × C
+    assert imlp.dw_conv.groups == inner and imlp.dw_conv.kernel_size == (3, 3)
 
 
 def test_dw_block_mixes_only_grid_neighbours():
@@ -81,20 +91,6 @@ def test_two_agelus_start_identical_and_get_different_gradients():
     imlp(torch.randn(2, 22, 32)).pow(2).sum().backward()
     for name in ("alpha", "beta", "gamma", "theta"):
         assert not torch.allclose(getattr(first, name).grad, getattr(second, name).grad), name
-
-
-@pytest.mark.parametrize(("hidden_size", "mlp_ratio", "num_extra", "grid_size"), [(32, 4.0, 6, 4), (48, 2.5, 78, 3)])
-def test_imlp_macs_are_its_closed_form(hidden_size, mlp_ratio, num_extra, grid_size):
-    imlp = IMLP(hidden_size, mlp_ratio, num_extra_tokens=num_extra, grid_size=grid_size)
-    seq_len = num_extra + grid_size**2
-    inner = int(hidden_size * mlp_ratio)
-    # fc1 to C'/2, the 3×3 depthwise convolution on every token, fc2 (AGeLUs, norm and GELU are element-wise)
-    macs = seq_len * (hidden_size * inner // 2 + 9 * inner + inner * hidden_size)
-    with FlopCounterMode(display=False) as counter:
-        imlp(torch.randn(2, seq_len, hidden_size))
-    assert counter.get_total_flops() == 2 * 2 * macs
-    assert (imlp.fc1.out_features, imlp.fc2.in_features) == (inner // 2, inner)  # W^d: C × C'/2, W^e: C' × C
-    assert imlp.dw_conv.groups == inner and imlp.dw_conv.kernel_size == (3, 3)
 
 
 def test_imlp_refusals_name_the_problem():

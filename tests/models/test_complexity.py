@@ -12,19 +12,26 @@ from diffusers_lmlp import (
     MoEMLPModel,
     ParaMixerTransformer2DModel,
     SymMixerTransformer2DModel,
+    from_named_config,
 )
 from diffusers_lmlp.complexity import complexity, lmlp_block_macs, transformer_block_macs
 from diffusers_lmlp.models import named_configs
 
 
-# F2-deep and the MoE-MLP paper's models: exact parameter counts and per-sample forward MACs (L = 334, 17 blocks).
+# The papers' models on the COCO skeleton (L = 334): exact parameters, per-sample forward MACs and blocks.
 NAMED = {
-    "F2-deep": (LMLPTransformer2DModel, 47_139_122, 15_890_778_112),
-    "2E1H": (MoEMLPModel, 49_052_642, 15_894_593_728),
-    "4E1H": (MoEMLPModel, 52_868_292, 15_898_409_344),
-    "4E2H": (MoEMLPModel, 60_499_592, 15_906_040_576),
+    "F2-deep": (47_139_122, 15_890_778_112, 17),
+    "2E1H": (49_052_642, 15_894_593_728, 17),
+    "4E1H": (52_868_292, 15_898_409_344, 17),
+    "4E2H": (60_499_592, 15_906_040_576, 17),
+    "ParaMixer-S": (44_955_812, 13_431_341_056, 17),
+    "SymMixer-S": (44_955_812, 26_827_423_744, 17),
+    "AsymMixer-S": (44_955_812, 20_129_382_400, 17),
+    "U-ViT-S/2": (44_692_644, 16_229_715_968, 13),
+    "U-ViT-S/2-deep": (58_345_636, 21_239_566_336, 17),
 }
-# TINY: L = 1 + 5 + (8 / 2)² = 22, 3 blocks.
+TABLE_1_F2_PARAMS = 44_366_248
+# TINY: L = 1 + 5 + (8 / 2)² = 22, 3 blocks. ParaMixer's default widths: token 16, channel 128.
 TINY_CASES = {
     "lmlp": (LMLPTransformer2DModel, {}, 35_766, 753_536),
     "lmlp_no_conv_out": (
@@ -35,7 +42,6 @@ TINY_CASES = {
     ),
     "moe_3e2h": (MoEMLPModel, {"num_experts": 3, "num_heads": 2}, 43_770, 763_040),
     "moe_3e2h_no_conv_out": (MoEMLPModel, {"num_experts": 3, "num_heads": 2, "conv_out": False}, 43_622, 753_824),
-    # ParaMixer, SymMixer, AsymMixer (default widths: token 16, channel 128)
     "paramixer": (ParaMixerTransformer2DModel, {}, 33_444, 639_488),
     "paramixer_3_iterations": (ParaMixerTransformer2DModel, {"num_iterations": 3}, 33_444, 1_856_000),
     "symmixer": (SymMixerTransformer2DModel, {}, 20_100, 639_488),
@@ -48,15 +54,7 @@ TINY_CASES = {
     "asymmixer": (AsymMixerTransformer2DModel, {}, 33_444, 943_616),
     "asymmixer_2_iterations": (AsymMixerTransformer2DModel, {"num_iterations": 2}, 33_444, 1_856_000),
 }
-
-
 FAMILIES_BY_CLASS = {family.model_class: name for name, family in FAMILIES.items()}
-
-
-def build_named(name: str) -> torch.nn.Module:
-    model_cls = NAMED[name][0]
-    with torch.device("meta"):
-        return model_cls.from_named_config(name)
 
 
 def test_block_formulas_match_lmlp_table3():
@@ -66,13 +64,17 @@ def test_block_formulas_match_lmlp_table3():
 
 @pytest.mark.parametrize("name", NAMED)
 def test_named_models_are_counted_exactly(name):
-    model = build_named(name)
-    expected_params, expected_macs = NAMED[name][1:]
+    with torch.device("meta"):
+        model = from_named_config(name)
+    expected_params, expected_macs, num_blocks = NAMED[name]
     counted = complexity(model)
     assert counted.params == expected_params == model.num_parameters()
     assert counted.macs == expected_macs
-    assert 15.8e9 <= counted.macs <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
-    assert (counted.seq_len, counted.num_blocks) == (334, 17)
+    assert (counted.seq_len, counted.num_blocks) == (334, num_blocks)
+    if name in ("F2-deep", "2E1H", "4E1H", "4E2H"):
+        assert 15.8e9 <= counted.macs <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
+    if name.endswith("Mixer-S"):
+        assert abs(expected_params / TABLE_1_F2_PARAMS - 1) < 0.03  # sized like Table 1's F2
     if name == "F2-deep":
         assert counted.block_macs == lmlp_block_macs(334, 512, 4)
 
@@ -93,25 +95,28 @@ def test_tiny_models_are_counted_from_the_model_or_its_config(case):
 
 
 def test_moe_with_one_expert_one_head_costs_lmlp_plus_gate_and_mix():
-    seq_len = 334
     with torch.device("meta"):
-        moe = MoEMLPModel(num_experts=1, num_heads=1)
-    lmlp = complexity(build_named("F2-deep"))
-    moe_complexity = complexity(moe)
-    extra = moe_complexity.block_macs - lmlp.block_macs
-    assert lmlp.block_macs == lmlp_block_macs(seq_len, 512, 4)
-    assert extra == seq_len**2 + 2 * seq_len == 112_224  # g·W (L²), g·b (L) and the L→1 gate (L)
-    assert extra / lmlp_block_macs(seq_len, 512, 4) < 1.3e-4
-    assert moe_complexity.macs - lmlp.macs == 17 * extra
-    assert moe_complexity.params - lmlp.params == 17 * (seq_len + 1)  # only the gate's weight and bias are new
+        moe, lmlp = complexity(MoEMLPModel(num_experts=1, num_heads=1)), complexity(LMLPTransformer2DModel())
+    extra = moe.block_macs - lmlp.block_macs
+    assert extra == 334**2 + 2 * 334 == 112_224  # g·W (L²), g·b (L) and the L→1 gate (L)
+    assert extra / lmlp_block_macs(334, 512, 4) < 1.3e-4
+    assert moe.macs - lmlp.macs == 17 * extra
+    assert moe.params - lmlp.params == 17 * (334 + 1)  # only the gate's weight and bias are new
+
+
+def test_block_macs_follow_the_parallel_mixers_mlp_kind():
+    # Per iteration each MLP matmul costs L·D·t (token) or L·D·c (channel); vanilla 2, symmetric 2, asymmetric 3.
+    config = {"hidden_size": 512, "token_mlp_ratio": 0.5, "mlp_ratio": 4.0, "num_iterations": 2}
+    per_matmul = 334 * 512 * (256 + 2048)
+    for family, matmuls in (("paramixer", 2), ("symmixer", 2), ("asymmixer", 3)):
+        assert complexity(config, family=family).block_macs == 2 * matmuls * per_matmul
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(named_configs()))
 def test_every_named_config_is_counted_exactly(name):
-    family, _ = named_configs()[name]
     with torch.device("meta"):
-        model = family.model_class.from_named_config(name)
+        model = from_named_config(name)
     assert complexity(model).params == model.num_parameters()
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from plain_torch import TINY
 
-from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp import FAMILIES, MoEMLPModel
 from diffusers_lmlp.models import family_of
 
 
@@ -45,22 +45,6 @@ def kind(request):
     return request.param
 
 
-@pytest.mark.slow
-def test_f2_default_is_the_paper_model():
-    model = LMLPTransformer2DModel()
-    assert sum(p.numel() for p in model.parameters()) == 47_139_122
-    assert model.seq_len == 334  # 1 + 77 + (32 / 2)²
-    assert len(model.stack.in_blocks) == 8 and len(model.stack.out_blocks) == 8
-
-
-def test_named_configs():
-    assert LMLPTransformer2DModel.from_named_config("F2-deep", num_layers=2).config.num_layers == 2
-    model = MoEMLPModel.from_named_config("4E2H", num_layers=0)
-    assert (model.config.num_experts, model.config.num_heads) == (4, 2)
-    with pytest.raises(ValueError, match=r"Unknown MoEMLPModel configuration 'F2'; choose one of \['2E1H'"):
-        MoEMLPModel.from_named_config("F2")
-
-
 def test_output_shape_return_dict_timesteps_and_determinism(kind):
     model = make_model(kind, out_channels=8)
     x, ctx, t = make_inputs()
@@ -72,9 +56,8 @@ def test_output_shape_return_dict_timesteps_and_determinism(kind):
         batched = model(x, ctx, torch.tensor([250, 250])).sample
         other = model(x, ctx, torch.tensor([250, 251])).sample
     assert out.sample.shape == (2, 8, 8, 8)
-    torch.testing.assert_close(as_tuple, out.sample, rtol=0, atol=0)
-    torch.testing.assert_close(scalar, batched, rtol=0, atol=0)
-    torch.testing.assert_close(one, batched, rtol=0, atol=0)
+    for same in (as_tuple, out.sample), (scalar, batched), (one, batched):
+        torch.testing.assert_close(*same, rtol=0, atol=0)
     assert not torch.allclose(other[1], batched[1])
     torch.testing.assert_close(
         make_model(kind, seed=3).state_dict(), make_model(kind, seed=3).state_dict(), rtol=0, atol=0
@@ -92,7 +75,7 @@ def test_batch_consistency(kind, train):
     torch.testing.assert_close(batched, singles, rtol=1e-5, atol=1e-5)
 
 
-def test_save_load_round_trip_uses_safetensors(kind, tmp_path):
+def test_save_load_round_trip_uses_safetensors_and_never_unpickles(kind, tmp_path, monkeypatch):
     model = make_model(kind)
     x, ctx, t = make_inputs()
     model.save_pretrained(tmp_path)
@@ -109,20 +92,17 @@ def test_save_load_round_trip_uses_safetensors(kind, tmp_path):
         loaded = type(model).from_pretrained(folder, **options)
         torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
 
-
-def test_loading_never_unpickles(kind, tmp_path, monkeypatch):
-    make_model(kind).save_pretrained(tmp_path, safe_serialization=False)
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "diffusion_pytorch_model.bin"]
+    model.save_pretrained(tmp_path / "pickled", safe_serialization=False)
+    assert sorted(os.listdir(tmp_path / "pickled")) == ["config.json", "diffusion_pytorch_model.bin"]
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("from_pretrained unpickled a file"))
-    model_class = type(make_model(kind))
     with pytest.raises(OSError, match="no file named diffusion_pytorch_model.safetensors"):
-        model_class.from_pretrained(tmp_path)
+        type(model).from_pretrained(tmp_path / "pickled")
     with pytest.raises(ValueError, match="safetensors weights only.*use_safetensors=False"):
-        model_class.from_pretrained(tmp_path, use_safetensors=False)
+        type(model).from_pretrained(tmp_path / "pickled", use_safetensors=False)
 
 
-@pytest.mark.parametrize("dtype_kwarg", ["torch_dtype", "dtype", "autocast"])
-def test_bfloat16_loading_and_autocast_stay_close_to_fp32(kind, tmp_path, dtype_kwarg):
+@pytest.mark.parametrize("dtype_kwarg", ["torch_dtype", "dtype", "autocast", "layerwise"])
+def test_bfloat16_loading_casting_and_autocast_stay_close_to_fp32(kind, tmp_path, dtype_kwarg):
     model = make_model(kind)
     x, ctx, t = make_inputs()
     with torch.no_grad():
@@ -130,6 +110,15 @@ def test_bfloat16_loading_and_autocast_stay_close_to_fp32(kind, tmp_path, dtype_
         if dtype_kwarg == "autocast":
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 out = model(x, ctx, t).sample
+        elif dtype_kwarg == "layerwise":  # stores bf16, computes fp32
+            model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
+            out = model(x, ctx, t).sample
+            assert out.dtype == torch.float32
+            layers = [m for m in model.stack.mid_block.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
+            norms = [m for m in model.stack.mid_block.modules() if isinstance(m, torch.nn.LayerNorm)]
+            assert all(m.weight.dtype == torch.bfloat16 for m in layers)  # (SymMixer's tied weights are not Linears)
+            assert norms and all(m.weight.dtype == torch.float32 for m in norms)  # "norm" is skipped
+            assert model.embed.pos_embed.dtype == torch.float32
         else:
             model.save_pretrained(tmp_path)
             loaded = type(model).from_pretrained(tmp_path, **{dtype_kwarg: torch.bfloat16})
@@ -137,22 +126,6 @@ def test_bfloat16_loading_and_autocast_stay_close_to_fp32(kind, tmp_path, dtype_
             out = loaded(x.bfloat16(), ctx.bfloat16(), t).sample
             assert out.dtype == torch.bfloat16
     assert torch.isfinite(out).all() and (out.float() - ref).norm() / ref.norm() < 0.05
-
-
-def test_layerwise_casting_stores_bf16_and_computes_fp32(kind):
-    model = make_model(kind)
-    x, ctx, t = make_inputs()
-    with torch.no_grad():
-        ref = model(x, ctx, t).sample
-        model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
-        out = model(x, ctx, t).sample
-    block = model.stack.mid_block
-    layers = [m for m in block.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
-    norms = [m for m in block.modules() if isinstance(m, torch.nn.LayerNorm)]
-    assert all(m.weight.dtype == torch.bfloat16 for m in layers)  # (SymMixer's tied weights are not Linears)
-    assert norms and all(m.weight.dtype == torch.float32 for m in norms)  # "norm" is skipped
-    assert model.embed.pos_embed.dtype == torch.float32
-    assert out.dtype == torch.float32 and (out - ref).norm() / ref.norm() < 0.05
 
 
 def _loss_and_grads(model, inputs):
@@ -173,9 +146,8 @@ def test_every_parameter_gets_a_gradient_and_checkpointing_gives_the_same(kind):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model.enable_gradient_checkpointing()
     assert model.is_gradient_checkpointing and model.stack.gradient_checkpointing
-    assert {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)} == {
-        "UShapedStack"
-    }
+    checkpointing = {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)}
+    assert checkpointing == {"UShapedStack"}
     ckpt_loss, ckpt_grads = _loss_and_grads(model, inputs)
     torch.testing.assert_close(ckpt_loss, loss)
     for name, grad in grads.items():
@@ -196,38 +168,21 @@ def test_torch_compile_gives_the_same_output(kind):
 
 
 @pytest.mark.parametrize(
-    "inputs, message",
+    "inputs, edit, message",
     [
-        (dict(side=16), r"expects latents of shape \(B, 4, 8, 8\).*got \(2, 4, 16, 16\).*L = 22"),
-        (dict(channels=3), r"expects latents of shape \(B, 4, 8, 8\) \(in_channels=4.*got \(2, 3, 8, 8\)"),
-        (dict(text_len=7), r"encoder_hidden_states of shape \(B, 5, 16\).*got \(2, 7, 16\).*max_length=5"),
-        (dict(text_dim=8), r"encoder_hidden_states of shape \(B, 5, 16\).*got \(2, 5, 8\).*hidden size 16"),
+        (dict(side=16), None, r"expects latents of shape \(B, 4, 8, 8\).*got \(2, 4, 16, 16\).*L = 22"),
+        (dict(channels=3), None, r"expects latents of shape \(B, 4, 8, 8\) \(in_channels=4.*got \(2, 3, 8, 8\)"),
+        (dict(text_len=7), None, r"encoder_hidden_states of shape \(B, 5, 16\).*got \(2, 7, 16\).*max_length=5"),
+        (dict(text_dim=8), None, r"encoder_hidden_states of shape \(B, 5, 16\).*got \(2, 5, 8\).*hidden size 16"),
+        ({}, lambda x, c, t: (x, c[:1], t), "hidden_states has 2 samples but encoder_hidden_states has 1"),
+        ({}, lambda x, c, t: (x, c, t[[0, 1, 1]]), r"timestep must be a scalar or a 1-D tensor of length 2.*\(3,\)"),
+        ({}, lambda x, c, t: (x, None, t), 'needs encoder_hidden_states.*empty prompt ""'),
     ],
 )
-def test_bad_shapes_raise_clear_errors(kind, inputs, message):
-    model = make_model(kind)
+def test_bad_inputs_raise_clear_errors(kind, inputs, edit, message):
+    model_inputs = make_inputs(**inputs)
     with pytest.raises(ValueError, match=message):
-        model(*make_inputs(**inputs))
-
-
-def test_batch_mismatches_raise_clear_errors(kind):
-    model = make_model(kind)
-    x, ctx, t = make_inputs(batch=2)
-    with pytest.raises(ValueError, match="hidden_states has 2 samples but encoder_hidden_states has 1"):
-        model(x, ctx[:1], t)
-    with pytest.raises(ValueError, match=r"timestep must be a scalar or a 1-D tensor of length 2.*got shape \(3,\)"):
-        model(x, ctx, torch.tensor([1, 2, 3]))
-    with pytest.raises(ValueError, match='needs encoder_hidden_states.*empty prompt ""'):
-        model(x, None, t)
-
-
-def test_bad_configs_raise_clear_errors():
-    with pytest.raises(ValueError, match="num_layers must be even"):
-        LMLPTransformer2DModel(**{**TINY, "num_layers": 3})
-    with pytest.raises(ValueError, match=r"sample_size \(9\) must be a multiple of patch_size \(2\)"):
-        LMLPTransformer2DModel(**{**TINY, "sample_size": 9})
-    with pytest.raises(ValueError, match=r"hidden_size \(32\) must be divisible by num_heads \(3\)"):
-        MoEMLPModel(**{**TINY, "num_heads": 3})
+        make_model(kind)(*(edit(*model_inputs) if edit else model_inputs))
 
 
 def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_token(kind, tmp_path):
@@ -253,10 +208,13 @@ def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_toke
     loaded = type(model).from_pretrained(tmp_path)
     assert loaded.config.pooled_text_projection
     torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
+    # It is every family's last argument, and a bool.
+    assert list(inspect.signature(type(model).__init__).parameters)[-1] == "pooled_text_projection"
+    with pytest.raises(ValueError, match=f"pooled_text_projection='yes' cannot build a {type(model).__name__}"):
+        make_model(kind, pooled_text_projection="yes")
 
 
-def test_the_pooled_text_projection_is_a_bool_and_the_last_argument():
-    for family in FAMILIES.values():
-        assert list(inspect.signature(family.model_class.__init__).parameters)[-1] == "pooled_text_projection"
-    with pytest.raises(ValueError, match="pooled_text_projection='yes' cannot build a LMLPTransformer2DModel"):
-        LMLPTransformer2DModel(**TINY, pooled_text_projection="yes")
+def test_every_block_is_a_declared_repeated_block(kind):
+    model = make_model(kind)
+    for block in [*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks]:
+        assert type(block).__name__ in model._repeated_blocks and model._repeated_blocks == model._no_split_modules

@@ -96,29 +96,22 @@ def test_lora_on_every_linear_of_every_block_trains(kind):
     assert not no_grad, f"LoRA parameters without gradient: {no_grad}"
 
 
-def test_disabling_the_adapter_restores_the_base_output(kind):
+def test_an_adapter_saves_loads_and_disables_to_the_base_output(kind, tmp_path):
     model = make_model(kind)
     inputs = make_inputs()
     with torch.no_grad():
         base = model(*inputs).sample
         model.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
         adapted = model(*inputs).sample
+        model.save_lora_adapter(tmp_path)
+        assert [p.name for p in tmp_path.iterdir()] == ["pytorch_lora_weights.safetensors"]
+        fresh = make_model(kind)
+        fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
+        torch.testing.assert_close(fresh(*inputs).sample, adapted, rtol=0, atol=0)
         model.disable_adapters()
         disabled = model(*inputs).sample
     assert not torch.allclose(adapted, base)
     torch.testing.assert_close(disabled, base, rtol=0, atol=0)
-
-
-def test_lora_adapter_save_and_load_round_trip(kind, tmp_path):
-    model = make_model(kind)
-    model.add_adapter(lora_config(*BLOCK_TARGETS[kind]))
-    model.save_lora_adapter(tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == ["pytorch_lora_weights.safetensors"]
-    fresh = make_model(kind)
-    fresh.load_lora_adapter(tmp_path, prefix=None, use_safetensors=True)
-    inputs = make_inputs()
-    with torch.no_grad():
-        torch.testing.assert_close(fresh(*inputs).sample, model(*inputs).sample, rtol=0, atol=0)
 
 
 def test_forward_hooks_fire_on_every_module(kind):

@@ -27,6 +27,17 @@ def quantized(model: nn.Module) -> nn.Module:
     return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
 
 
+def quantized_shapes_pipeline(pipe=None):
+    pipe = pipe or shapes_pipeline()
+    pipe.transformer = quantized(pipe.transformer)
+    return pipe
+
+
+def sample(pipe, steps: int = 10) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return pipe("a red circle at the center", num_inference_steps=steps, generator=generator, output_type="pt").images
+
+
 @pytest.mark.parametrize("kind", list(FAMILIES))
 def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind):
     model = make_model(kind)
@@ -35,18 +46,15 @@ def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind
     assert sorted(name for name, module in int8.named_modules() if is_dynamically_quantized(module)) == linears
     assert not any(type(module) is nn.Linear for module in int8.modules())  # no layer skipped
     with torch.no_grad():
-        reference = model(*make_inputs()).sample
-        sample = int8(*make_inputs()).sample
-    error = ((sample - reference).norm() / reference.norm()).item()
-    # int8 rounding, not a weight left random or zero (about 100%).
-    assert 0 < error < 0.05, error
+        reference, output = model(*make_inputs()).sample, int8(*make_inputs()).sample
+    error = ((output - reference).norm() / reference.norm()).item()
+    assert 0 < error < 0.05, error  # int8 rounding, not a weight left random or zero (about 100%)
 
 
 @pytest.mark.slow
 def test_the_shipped_pipeline_quantized_draws_held_out_captions():
-    pipe = pretrained_shapes_pipeline()
+    pipe = quantized_shapes_pipeline(pretrained_shapes_pipeline())
     pipe.set_progress_bar_config(disable=True)
-    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
     captions = draw_captions("shapes:heldout", 8, seed=3)
     images = pipe(captions, num_inference_steps=25, generator=torch.Generator().manual_seed(0)).images
     assert score_images(images, captions)["all"] >= 7 / 8
@@ -56,16 +64,12 @@ def test_saving_a_quantized_model_or_pipeline_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"safetensors cannot store .*Save the model before quantizing it"):
         quantized(make_model("lmlp")).save_pretrained(tmp_path / "transformer")
     assert not (tmp_path / "transformer").exists()
-    pipe = pretrained_shapes_pipeline()
-    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
-    with pytest.raises(ValueError, match=r"LMLPTransformer2DModel holds state that safetensors cannot store"):
-        pipe.save_pretrained(tmp_path / "pipeline")
-    assert not (tmp_path / "pipeline").exists()
-    pipe = pretrained_shapes_pipeline()
-    pipe.text_encoder = quantize_dynamic(pipe.text_encoder, {nn.Linear}, dtype=torch.qint8)
-    with pytest.raises(ValueError, match=r"CLIPTextModel holds state that safetensors cannot store"):
-        pipe.save_pretrained(tmp_path / "pipeline")
-    assert not (tmp_path / "pipeline").exists()
+    for component, name in [("transformer", "LMLPTransformer2DModel"), ("text_encoder", "CLIPTextModel")]:
+        pipe = pretrained_shapes_pipeline()
+        setattr(pipe, component, quantized(getattr(pipe, component)))
+        with pytest.raises(ValueError, match=rf"{name} holds state that safetensors cannot store"):
+            pipe.save_pretrained(tmp_path / "pipeline")
+        assert not (tmp_path / "pipeline").exists()
 
 
 def test_input_dtype_is_the_layers_compute_dtype():
@@ -78,17 +82,6 @@ def test_input_dtype_is_the_layers_compute_dtype():
     [int8] = quantize_dynamic(nn.Sequential(nn.Linear(4, 4).to(torch.float64)), {nn.Linear}, dtype=torch.qint8)
     assert is_dynamically_quantized(int8) and next(int8.parameters(), None) is None
     assert input_dtype(int8) == torch.float32
-
-
-def quantized_shapes_pipeline():
-    pipe = shapes_pipeline()
-    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
-    return pipe
-
-
-def sample(pipe, steps: int = 10) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(0)
-    return pipe("a red circle at the center", num_inference_steps=steps, generator=generator, output_type="pt").images
 
 
 @pytest.mark.slow
@@ -121,7 +114,7 @@ def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effe
     pipe.fuse_lora()
     pipe.unload_lora_weights()
     fused_float = sample(pipe)
-    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    quantized_shapes_pipeline(pipe)
     assert not any(type(module) is nn.Linear or "lora" in name for name, module in pipe.transformer.named_modules())
     fused_int8, base_int8 = sample(pipe), sample(quantized_shapes_pipeline())
     assert (fused_int8 - fused_float).abs().mean() < (fused_int8 - base_int8).abs().mean() / 4
@@ -137,7 +130,7 @@ def test_freezing_refuses_a_quantized_transformer_before_compiling():
     # Quantized after freezing was enabled: the call refuses before anything compiles.
     pipe = pretrained_shapes_pipeline()
     pipe.enable_inductor_freezing()
-    pipe.transformer = quantize_dynamic(pipe.transformer, {nn.Linear}, dtype=torch.qint8)
+    quantized_shapes_pipeline(pipe)
     with pytest.raises(ValueError, match="Freezing cannot compile"):
         sample(pipe, steps=2)
     assert pipe._inductor_freezing.freezes == 0

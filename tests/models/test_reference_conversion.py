@@ -1,11 +1,13 @@
 """Fidelity to the reference UL-MLP (zizhao-hu/L-MLP `libs/f2.py`): a plain-torch re-statement on reference keys."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from plain_torch import reference_skeleton_forward
 
-from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict
+from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict, convert_uvit_reference_state_dict
 
 
 def reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, block_tensors, conv=True, unit_weights=False):
@@ -62,7 +64,7 @@ def lmlp_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hidden):
 
 
 def reference_forward(sd, x, context, n, depth, patch):
-    """The reference ULMLP forward; `n` is the reference network timestep (1..1000)."""
+    """The reference ULMLP forward; `n` is the network timestep (1..1000)."""
     dim = sd["pos_embed"].shape[-1]
     seq_len = sd["pos_embed"].shape[1]
 
@@ -90,25 +92,7 @@ TINY = dict(
 )
 
 
-def test_converted_tiny_model_matches_reference_forward():
-    model = LMLPTransformer2DModel(**TINY).eval()
-    seq_len = 1 + 5 + 16
-    sd = lmlp_state_dict(depth=4, dim=32, seq_len=seq_len, patch=2, channels=4, text_dim=24, mlp_hidden=128)
-    model.load_state_dict(convert_lmlp_reference_state_dict(sd), strict=True)
-
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 4, 8, 8, generator=gen)
-    context = torch.randn(3, 5, 24, generator=gen)
-    t = torch.tensor([0, 411, 999])  # diffusers scheduler timesteps; the reference network sees t + 1
-    with torch.no_grad():
-        ours = model(x, context, t).sample
-        expected = reference_forward(sd, x, context, t + 1, depth=4, patch=2)
-    assert torch.equal(ours, expected)  # the same ops in the same order and layouts: the same bits
-
-
-def test_under_bf16_autocast_the_residual_stream_is_float32_as_in_the_reference():
-    # The reference's torch.cat joins the bf16 patches and text with the float32 time token and adds the float32
-    # pos_embed: the stream is float32, and every block's residual add stays so.
+def test_converted_tiny_model_matches_reference_forward_bit_for_bit_in_fp32_and_under_bf16_autocast():
     model = LMLPTransformer2DModel(**TINY).eval()
     sd = lmlp_state_dict(depth=4, dim=32, seq_len=22, patch=2, channels=4, text_dim=24, mlp_hidden=128)
     model.load_state_dict(convert_lmlp_reference_state_dict(sd), strict=True)
@@ -116,17 +100,20 @@ def test_under_bf16_autocast_the_residual_stream_is_float32_as_in_the_reference(
     for block in model.stack.in_blocks:
         block.register_forward_hook(lambda module, args, out: streams.append(out.dtype))
     gen = torch.Generator().manual_seed(1)
-    x, context = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 5, 24, generator=gen)
-    t = torch.tensor([3, 700])
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = model(x, context, t).sample
-        expected = reference_forward(sd, x, context, t + 1, depth=4, patch=2)
-    assert streams == [torch.float32, torch.float32]
-    assert torch.equal(ours, expected)
-    # With bf16 weights and no autocast, everything is bf16.
-    streams.clear()
+    x, context = torch.randn(3, 4, 8, 8, generator=gen), torch.randn(3, 5, 24, generator=gen)
+    t = torch.tensor([0, 411, 999])  # diffusers scheduler timesteps; the reference network sees t + 1
     with torch.no_grad():
-        model.to(torch.bfloat16)(x, context, t)
+        # The same ops in the same order and layouts: the same bits.
+        assert torch.equal(model(x, context, t).sample, reference_forward(sd, x, context, t + 1, depth=4, patch=2))
+        # The reference's torch.cat joins the bf16 patches and text with the float32 time token and adds the float32
+        # pos_embed: under autocast the stream is float32, and every block's residual add stays so.
+        streams.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = model(x, context, t).sample
+            expected = reference_forward(sd, x, context, t + 1, depth=4, patch=2)
+        assert streams == [torch.float32, torch.float32] and torch.equal(ours, expected)
+        streams.clear()
+        model.to(torch.bfloat16)(x, context, t)  # with bf16 weights and no autocast, everything is bf16
     assert streams == [torch.bfloat16, torch.bfloat16]
 
 
@@ -134,16 +121,17 @@ def test_under_bf16_autocast_the_residual_stream_is_float32_as_in_the_reference(
 def test_f2_reference_layout_loads_one_to_one_and_matches():
     model = LMLPTransformer2DModel().eval()  # F2
     sd = lmlp_state_dict(depth=16, dim=512, seq_len=334, patch=2, channels=4, text_dim=768, mlp_hidden=2048)
-    assert len(sd) == 249  # §A.4: 249 tensors for depth 16
-    assert sum(v.numel() for v in sd.values()) == 47_139_122
+    assert len(sd) == 249 and sum(v.numel() for v in sd.values()) == 47_139_122  # §A.4: 249 tensors for depth 16
     converted = convert_lmlp_reference_state_dict(sd)
     assert set(converted) == set(model.state_dict())
     model.load_state_dict(converted, strict=True)
 
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(1, 4, 32, 32, generator=gen)
-    context = torch.randn(1, 77, 768, generator=gen)
-    t = torch.tensor([499])
+    x, context, t = (
+        torch.randn(1, 4, 32, 32, generator=gen),
+        torch.randn(1, 77, 768, generator=gen),
+        torch.tensor([499]),
+    )
     with torch.no_grad():
         ours = model(x, context, t).sample
         expected = reference_forward(sd, x, context, t + 1, depth=16, patch=2)
@@ -151,11 +139,14 @@ def test_f2_reference_layout_loads_one_to_one_and_matches():
     assert torch.equal(ours, expected)
 
 
-def test_converter_strips_ddp_prefix_and_rejects_foreign_keys():
-    sd = {"module.context_embed.weight": torch.zeros(2, 2), "module.in_blocks.3.mlp.fc2.bias": torch.zeros(2)}
-    assert set(convert_lmlp_reference_state_dict(sd)) == {
-        "embed.text_adapter.weight",
-        "stack.in_blocks.3.joint_mlp.fc2.bias",
-    }
-    with pytest.raises(ValueError, match="in_blocks.0.attn.qkv.weight.*U-ViT"):
-        convert_lmlp_reference_state_dict({"in_blocks.0.attn.qkv.weight": torch.zeros(3, 1)})
+def test_converters_strip_ddp_prefix_and_refuse_each_others_keys():
+    lmlp, uvit = convert_lmlp_reference_state_dict, convert_uvit_reference_state_dict
+    cases = [
+        (lmlp, "in_blocks.3.mlp.fc2.bias", "stack.in_blocks.3.joint_mlp.fc2.bias", "in_blocks.0.attn.qkv.weight"),
+        (uvit, "out_blocks.1.skip_linear.bias", "stack.out_blocks.1.skip_linear.bias", "in_blocks.0.l.weight"),
+    ]
+    for convert, key, ours, foreign in cases:
+        sd = {"module.context_embed.weight": torch.zeros(2, 2), f"module.{key}": torch.zeros(2)}
+        assert set(convert(sd)) == {"embed.text_adapter.weight", ours}
+        with pytest.raises(ValueError, match=rf"Unexpected key '{re.escape(foreign)}'.*(U-ViT|L-MLP)"):
+            convert({foreign: torch.zeros(3, 1)})

@@ -5,7 +5,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import huggingface_hub
-import pytest
 import torch
 from diffusers.pipelines import pipeline_utils
 from test_pipeline_loading import fill_hub_cache
@@ -27,7 +26,7 @@ def configs(folder: Path) -> dict[str, dict]:
     return {name: json.loads((folder / name).read_text()) for name in names if "tokenizer" not in name}
 
 
-def test_a_pipeline_loaded_from_a_folder_saves_no_path_of_this_machine(pipe, generate, tmp_path):
+def test_a_pipeline_or_backbone_loaded_from_a_folder_saves_no_path_of_this_machine(pipe, generate, tmp_path):
     pipe.save_pretrained(tmp_path / "first")  # built in memory: nothing was loaded from anywhere
     loaded = LMLPPipeline.from_pretrained(tmp_path / "first")
     assert loaded.vae.config._name_or_path == str(tmp_path / "first" / "vae")  # what diffusers records
@@ -44,6 +43,13 @@ def test_a_pipeline_loaded_from_a_folder_saves_no_path_of_this_machine(pipe, gen
     again.set_progress_bar_config(disable=True)
     torch.testing.assert_close(generate(again), generate(pipe), rtol=0, atol=0)
 
+    backbone = LMLPTransformer2DModel.from_pretrained(tmp_path / "first", subfolder="transformer")
+    backbone.save_pretrained(tmp_path / "backbone")
+    assert "_name_or_path" not in json.loads((tmp_path / "backbone" / "config.json").read_text())
+    loaded.transformer = torch.compile(loaded.transformer)  # diffusers saves the module inside
+    loaded.save_pretrained(tmp_path / "compiled")
+    assert not [name for name, text in saved_text(tmp_path / "compiled").items() if str(tmp_path) in text]
+
 
 def test_a_pipeline_loaded_by_repo_id_keeps_the_id_and_leaves_out_the_cache(pipe, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -58,21 +64,8 @@ def test_a_pipeline_loaded_by_repo_id_keeps_the_id_and_leaves_out_the_cache(pipe
     assert json.loads(texts["model_index.json"])["_name_or_path"] == "user/tiny-lmlp"  # where it came from
 
 
-def test_a_backbone_saved_alone_or_compiled_in_a_pipeline_names_no_folder(pipe, tmp_path):
-    pipe.save_pretrained(tmp_path / "first")
-    backbone = LMLPTransformer2DModel.from_pretrained(tmp_path / "first", subfolder="transformer")
-    backbone.save_pretrained(tmp_path / "backbone")
-    assert "_name_or_path" not in json.loads((tmp_path / "backbone" / "config.json").read_text())
-
-    loaded = LMLPPipeline.from_pretrained(tmp_path / "first")
-    loaded.transformer = torch.compile(loaded.transformer)  # diffusers saves the module inside
-    loaded.save_pretrained(tmp_path / "compiled")
-    assert not [name for name, text in saved_text(tmp_path / "compiled").items() if str(tmp_path) in text]
-
-
 def test_push_to_hub_uploads_no_path_of_this_machine(pipe, tmp_path, monkeypatch):
-    # diffusers' own push: make the repo, save into a temporary folder, write a card, upload. The Hub calls are
-    # replaced; the upload reads the folder as it would be sent.
+    # diffusers' own push, its Hub calls replaced; the upload reads the folder as it would be sent.
     uploaded = {}
     monkeypatch.setattr(pipeline_utils, "create_repo", lambda repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
     monkeypatch.setattr(
@@ -91,18 +84,9 @@ def test_push_to_hub_uploads_no_path_of_this_machine(pipe, tmp_path, monkeypatch
     assert not [name for name, text in uploaded.items() if str(tmp_path) in text]
 
 
-@pytest.mark.parametrize(
-    ("value", "local"),
-    [
-        ("/home/user/models/vae", True),
-        ("stabilityai/sd-vae-ft-mse", False),
-        ("user/tiny-lmlp", False),
-        (None, False),
-        (3, False),
-    ],
-)
-def test_what_counts_as_a_path_of_this_machine(value, local, tmp_path, monkeypatch):
-    assert is_local_path(value) is local
+def test_what_counts_as_a_path_of_this_machine(tmp_path, monkeypatch):
+    assert is_local_path("/home/user/models/vae")
+    assert not any(map(is_local_path, ["stabilityai/sd-vae-ft-mse", "user/tiny-lmlp", None, 3]))
     (tmp_path / "lmlp-shapes").mkdir()  # a relative folder that exists here counts as local
     monkeypatch.chdir(tmp_path)
     assert is_local_path("lmlp-shapes") and not is_local_path("lmlp-other")

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-import safetensors
 import torch
 from diffusers.models.modeling_utils import ModelMixin
 from safetensors.torch import load_file, save_file
@@ -17,9 +16,9 @@ from test_models import make_inputs, make_model
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, UViTTransformer2DModel
 
 
-# A LayerNorm weight: a new model initialises it to ones.
-NORM_WEIGHT = "stack.mid_block.token_norm.weight"
+NORM_WEIGHT = "stack.mid_block.token_norm.weight"  # a LayerNorm weight: a new model initialises it to ones
 EXTRA = "stack.mid_block.extra.weight"
+WEIGHTS = "diffusion_pytorch_model.safetensors"
 # Every way diffusers reads a checkpoint: (save_pretrained arguments, from_pretrained arguments).
 LOADING_PATHS = {
     "default": ({}, {}),
@@ -33,16 +32,13 @@ LOADING_PATHS = {
 def remove_tensor(folder: Path, key: str) -> None:
     for file in folder.glob("*.safetensors"):
         tensors = load_file(file)
-        if key in tensors:
-            del tensors[key]
-            save_file(tensors, file, metadata={"format": "pt"})
-            return
+        if tensors.pop(key, None) is not None:
+            return save_file(tensors, file, metadata={"format": "pt"})
     raise AssertionError(f"no file in {folder} holds {key}")
 
 
-def named(keys: set[str]) -> str:
-    keys = sorted(keys)
-    return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+def add_tensor_to(file: Path, key: str, tensor: torch.Tensor) -> None:
+    save_file({**load_file(file), key: tensor}, file, metadata={"format": "pt"})
 
 
 def outputs(model: torch.nn.Module) -> torch.Tensor:
@@ -58,14 +54,12 @@ def test_a_missing_tensor_is_refused_on_every_loading_path(tmp_path, save, load)
     torch.testing.assert_close(
         outputs(LMLPTransformer2DModel.from_pretrained(tmp_path, **load)), outputs(model), rtol=0, atol=0
     )
-
     remove_tensor(tmp_path, NORM_WEIGHT)
     expected = (
         f"The checkpoint at {tmp_path} does not match the LMLPTransformer2DModel it is loaded as: 1 weight of the "
-        f"model is missing from it ({NORM_WEIGHT}). The checkpoint is incomplete, or was written by another model or "
-        "version than the LMLPTransformer2DModel its config.json describes: save it again from the trained model "
-        "with save_pretrained. To load it anyway, with the missing weights initialised as in a new model and the "
-        "other tensors dropped, pass strict=False to LMLPTransformer2DModel.from_pretrained"
+        f"model is missing from it ({NORM_WEIGHT}). The checkpoint is incomplete or from another model or version: "
+        "save it again with save_pretrained. To load it anyway (missing weights new, other tensors dropped), pass "
+        "strict=False to LMLPTransformer2DModel.from_pretrained"
     )
     with pytest.raises(ValueError, match=re.escape(expected)):
         LMLPTransformer2DModel.from_pretrained(tmp_path, **load)
@@ -74,37 +68,31 @@ def test_a_missing_tensor_is_refused_on_every_loading_path(tmp_path, save, load)
 @pytest.mark.parametrize("model_class", [MoEMLPModel, UViTTransformer2DModel])
 def test_a_folder_loaded_as_another_familys_class_is_refused_naming_both_classes(tmp_path, model_class):
     make_model("lmlp").save_pretrained(tmp_path)
-    with safetensors.safe_open(tmp_path / "diffusion_pytorch_model.safetensors", "pt") as file:
-        in_file = set(file.keys())
+    in_file = set(load_file(tmp_path / WEIGHTS))
     config = json.loads((tmp_path / "config.json").read_text())
     arguments = inspect.signature(model_class.__init__).parameters
     in_model = set(model_class(**{k: v for k, v in config.items() if k in arguments}).state_dict())
-    missing, unexpected = in_model - in_file, in_file - in_model
-
+    missing, unexpected = sorted(in_model - in_file), sorted(in_file - in_model)
     expected = (
         f"The checkpoint at {tmp_path} does not match the {model_class.__name__} it is loaded as: {len(missing)} "
-        f"weights of the model are missing from it ({named(missing)}); {len(unexpected)} tensors in it are not "
-        f"weights of the model ({named(unexpected)}). Its config.json names the class LMLPTransformer2DModel, not "
-        f"{model_class.__name__}: load it with the class in config.json, LMLPTransformer2DModel.from_pretrained(...)"
+        f"weights of the model are missing from it ({', '.join(missing[:5])} and {len(missing) - 5} more); "
+        f"{len(unexpected)} tensors in it are not weights of the model ({', '.join(unexpected[:5])} and "
+        f"{len(unexpected) - 5} more). Its config.json names the class LMLPTransformer2DModel, not "
+        f"{model_class.__name__}: load it with LMLPTransformer2DModel.from_pretrained(...)"
     )
     with pytest.raises(ValueError, match=re.escape(expected)) as refused:
         model_class.from_pretrained(tmp_path)
     assert f"pass strict=False to {model_class.__name__}.from_pretrained" in str(refused.value)
 
 
-def test_a_tensor_the_model_does_not_have_is_refused(tmp_path):
-    make_model("lmlp").save_pretrained(tmp_path)
-    add_tensor_to(tmp_path / "diffusion_pytorch_model.safetensors", EXTRA, torch.ones(4, 4))
-    with pytest.raises(ValueError, match=re.escape(f"1 tensor in it is not a weight of the model ({EXTRA})")):
-        LMLPTransformer2DModel.from_pretrained(tmp_path)
-
-
 @pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}], ids=["default", "low_cpu_mem_usage=False"])
-def test_strict_false_loads_with_a_warning_and_a_new_models_values_for_the_missing_weights(tmp_path, caplog, load):
+def test_an_extra_tensor_is_refused_and_strict_false_loads_with_a_warning_and_new_values(tmp_path, caplog, load):
     model = make_model("lmlp")
     model.save_pretrained(tmp_path)
+    add_tensor_to(tmp_path / WEIGHTS, EXTRA, torch.ones(4, 4))
+    with pytest.raises(ValueError, match=re.escape(f"1 tensor in it is not a weight of the model ({EXTRA})")):
+        LMLPTransformer2DModel.from_pretrained(tmp_path, **load)
     remove_tensor(tmp_path, NORM_WEIGHT)
-    add_tensor_to(tmp_path / "diffusion_pytorch_model.safetensors", EXTRA, torch.ones(4, 4))
 
     with caplog.at_level(logging.WARNING, logger="diffusers_lmlp"):
         loaded, info = LMLPTransformer2DModel.from_pretrained(tmp_path, strict=False, output_loading_info=True, **load)
@@ -113,7 +101,6 @@ def test_strict_false_loads_with_a_warning_and_a_new_models_values_for_the_missi
     assert f"1 weight of the model is missing from it ({NORM_WEIGHT})" in warnings[0]
     assert f"1 tensor in it is not a weight of the model ({EXTRA})" in warnings[0]
     assert (info["missing_keys"], info["unexpected_keys"]) == ([NORM_WEIGHT], [EXTRA])
-
     # Every other weight is the checkpoint's; the missing LayerNorm weight is a new model's: ones.
     expected = copy.deepcopy(model)
     with torch.no_grad():
@@ -127,17 +114,15 @@ def test_weights_recreated_for_ignore_mismatched_sizes_get_a_new_models_values(t
     make_model("lmlp").save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "mlp_ratio": 2.0}))
-
     loaded, info = LMLPTransformer2DModel.from_pretrained(
         tmp_path, ignore_mismatched_sizes=True, output_loading_info=True
     )
     recreated = sorted(key for key, *_ in info["mismatched_keys"])
     assert recreated and all(".joint_mlp." in key for key in recreated)
     # diffusers leaves them on the meta device (with low_cpu_mem_usage, its default); a new model's biases are 0.
-    assert not any(tensor.is_meta for tensor in loaded.state_dict().values())
-    for key in recreated:
-        if key.endswith(".bias"):
-            assert torch.equal(loaded.state_dict()[key], torch.zeros_like(loaded.state_dict()[key]))
+    state = loaded.state_dict()
+    assert not any(tensor.is_meta for tensor in state.values())
+    assert all(torch.equal(state[key], torch.zeros_like(state[key])) for key in recreated if key.endswith(".bias"))
     assert torch.isfinite(outputs(loaded)).all()
 
 
@@ -147,25 +132,10 @@ def test_use_flashpack_is_refused_because_only_safetensors_are_read(tmp_path):
         LMLPTransformer2DModel.from_pretrained(tmp_path, use_flashpack=True)
 
 
-class DiffusersLoading(LMLPTransformer2DModel):
-    """The backbone as diffusers alone loads it: `ModelMixin`'s own `from_pretrained` and private loader."""
-
-    from_pretrained = classmethod(ModelMixin.from_pretrained.__func__)
-    _load_pretrained_model = classmethod(ModelMixin._load_pretrained_model.__func__)
-
-
-# Canaries of the override of diffusers' private loader (models/loading.py): when one fails, its reason is gone.
-def test_diffusers_alone_fails_on_a_missing_tensor_with_a_device_map(tmp_path):
-    make_model("lmlp").save_pretrained(tmp_path)
-    remove_tensor(tmp_path, NORM_WEIGHT)
-    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
-        DiffusersLoading.from_pretrained(tmp_path, device_map="cpu")
-
-
 @pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}, {"device_map": "cpu"}])
 def test_a_tensor_in_a_shard_the_index_does_not_assign_it_to_is_refused(tmp_path, load):
     make_model("lmlp").save_pretrained(tmp_path, max_shard_size="20KB")
-    index = json.loads((tmp_path / "diffusion_pytorch_model.safetensors.index.json").read_text())["weight_map"]
+    index = json.loads((tmp_path / f"{WEIGHTS}.index.json").read_text())["weight_map"]
     home = index[NORM_WEIGHT]
     other = next(shard for shard in sorted(set(index.values())) if shard != home)
     add_tensor_to(tmp_path / other, NORM_WEIGHT, torch.full_like(load_file(tmp_path / home)[NORM_WEIGHT], 7.0))
@@ -173,18 +143,15 @@ def test_a_tensor_in_a_shard_the_index_does_not_assign_it_to_is_refused(tmp_path
         LMLPTransformer2DModel.from_pretrained(tmp_path, **load)
 
 
-def add_tensor_to(file: Path, key: str, tensor: torch.Tensor) -> None:
-    save_file({**load_file(file), key: tensor}, file, metadata={"format": "pt"})
+class DiffusersLoading(LMLPTransformer2DModel):
+    """The backbone as diffusers alone loads it: `ModelMixin`'s own `from_pretrained` and private loader."""
+
+    from_pretrained = classmethod(ModelMixin.from_pretrained.__func__)
+    _load_pretrained_model = classmethod(ModelMixin._load_pretrained_model.__func__)
 
 
-def test_diffusers_alone_reports_nothing_missing_for_a_tensor_only_the_shard_index_lists(tmp_path):
-    make_model("lmlp").save_pretrained(tmp_path, max_shard_size="20KB")
-    remove_tensor(tmp_path, NORM_WEIGHT)
-    _, info = DiffusersLoading.from_pretrained(tmp_path, output_loading_info=True, low_cpu_mem_usage=False)
-    assert info["missing_keys"] == []
-
-
-def test_the_overridden_private_loader_has_the_signature_diffusers_calls():
+def test_the_gaps_the_private_loader_override_closes_are_still_open_in_diffusers(tmp_path):
+    """Canaries of models/loading.py's override: when one fails, its reason is gone."""
     parameters = list(inspect.signature(ModelMixin._load_pretrained_model).parameters)
     assert parameters[:5] == [
         "model",
@@ -193,3 +160,12 @@ def test_the_overridden_private_loader_has_the_signature_diffusers_calls():
         "pretrained_model_name_or_path",
         "loaded_keys",
     ]
+    make_model("lmlp").save_pretrained(tmp_path / "whole")
+    remove_tensor(tmp_path / "whole", NORM_WEIGHT)
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        DiffusersLoading.from_pretrained(tmp_path / "whole", device_map="cpu")
+    # A tensor only the shard index lists: diffusers reports nothing missing.
+    make_model("lmlp").save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    remove_tensor(tmp_path / "sharded", NORM_WEIGHT)
+    _, info = DiffusersLoading.from_pretrained(tmp_path / "sharded", output_loading_info=True, low_cpu_mem_usage=False)
+    assert info["missing_keys"] == []

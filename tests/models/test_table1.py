@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from plain_torch import TINY
 
-from diffusers_lmlp import LMLPTransformer2DModel
+from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel
 from diffusers_lmlp.models import from_named_config, named_configs
 from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
 
@@ -38,23 +38,28 @@ def test_table1_rows_have_the_tables_size(name):
     assert abs(params - table) / table < 0.03
 
 
-def test_f2_deep_is_the_default_reference_model_and_f2_is_the_shallower_wider_row():
-    assert LMLPTransformer2DModel.named_configs["F2-deep"] == {}
+def test_named_configs_name_their_family_and_take_overrides():
+    assert LMLPTransformer2DModel.named_configs["F2-deep"] == {}  # the defaults: the reference model
     with torch.device("meta"):
         f2 = LMLPTransformer2DModel.from_named_config("F2")
+        moe = from_named_config("4E2H", num_layers=0)
     assert (f2.config.num_layers, f2.config.mlp_ratio, f2.config.long_skip) == (12, 5.2, "second_stage")
     assert f2.stack.mid_block.joint_mlp.fc1.out_features == int(512 * 5.2)  # Table 1 footnote: MLP scale 5.2
-
-
-def test_named_configs_are_unique_across_families_and_name_their_family():
+    assert type(moe) is MoEMLPModel and (moe.config.num_experts, moe.config.num_heads, moe.config.num_layers) == (
+        4,
+        2,
+        0,
+    )
     named = named_configs()
     assert named["F2"][0].name == "lmlp" and named["2E1H"][0].name == "moe_mlp"
     with pytest.raises(ValueError, match=r"Unknown named configuration 'F3'; choose one of \["):
         from_named_config("F3")
+    with pytest.raises(ValueError, match=r"Unknown MoEMLPModel configuration 'F2'; choose one of \['2E1H'"):
+        MoEMLPModel.from_named_config("F2")
 
 
 def reference_block(p: dict, x, skip, *, lateral_mlp, activation, merging, merge_proj, second_stage, skip_stage):
-    """A plain re-statement of one Table 1 block over its state dict (independent of `LMLPBlock`)."""
+    """One Table 1 block re-stated over its state dict (independent of `LMLPBlock`)."""
     seq_len, hidden = x.shape[1], x.shape[2]
 
     def mlp(h, prefix):

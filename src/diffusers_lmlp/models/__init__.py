@@ -1,8 +1,5 @@
-"""The backbones, their block families and named configurations, and the reference-checkpoint converters.
-
-The registry (`FAMILIES`, `family_of`, `named_configs`) imports no model; the models import diffusers when first
-read (`diffusers_lmlp.exports.lazy_exports`).
-"""
+"""The backbones, their block families and named configurations, and the reference-checkpoint converters; the
+registry imports no model, the models import diffusers when first read (`lazy_exports`)."""
 
 from typing import TYPE_CHECKING
 

@@ -1,6 +1,6 @@
-"""The U-shaped skeleton shared by every backbone: in blocks, a mid block, out blocks (out block i takes the output of
-in block n-1-i as its long skip). `UShapedMixerModel` adds token I/O, input checks, `forward` and the reference init;
-the public models only choose the block.
+"""The U-shaped skeleton of every backbone: in blocks, a mid block, out blocks (out block i takes in block n-1-i's
+output as its long skip). `UShapedMixerModel` adds token I/O, input checks and the reference init; the public models
+only choose the block.
 """
 
 import math
@@ -44,10 +44,7 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "in_channels": (_is_positive_int, "a positive integer (the latent channels)"),
     "out_channels": (lambda v: v is None or _is_positive_int(v), "a positive integer or None (None: in_channels)"),
     "hidden_size": (_is_positive_int, "a positive integer (the token width D)"),
-    "mlp_ratio": (
-        _is_positive_real,
-        "a positive finite number (the channel MLP's width as a multiple of hidden_size)",
-    ),
+    "mlp_ratio": (_is_positive_real, "a positive finite number (the channel MLP's width as a multiple of D)"),
     "text_embed_dim": (_is_positive_int, "a positive integer (the width of the text encoder states)"),
     "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
     "pooled_text_projection": (_is_bool, "True or False"),
@@ -66,8 +63,8 @@ def check_width(field: str, ratio: float, size: int, what: str) -> None:
 def rename_reference_keys(
     state_dict: dict[str, torch.Tensor], rules: list[tuple[str, str]], unexpected: Callable[[str], Exception]
 ) -> dict[str, torch.Tensor]:
-    """Rename every key (less a DDP `module.` prefix) by the first (pattern, replacement) rule that matches it;
-    `unexpected(key)` is the error for a key no rule matches. Tensors are not copied."""
+    """Rename every key (less a DDP `module.` prefix) by the first matching (pattern, replacement) rule; raise
+    `unexpected(key)` for a key no rule matches. Tensors are not copied."""
     converted = {}
     for key, tensor in state_dict.items():
         key = key.removeprefix("module.")
@@ -86,9 +83,8 @@ def _check_timestep_values(timestep: torch.Tensor) -> None:
     in_range = (timestep >= 0) & (timestep < NUM_TRAIN_TIMESTEPS)  # False for NaN
     if not in_range.all():
         raise ValueError(
-            f"timestep must lie in [0, {NUM_TRAIN_TIMESTEPS}) (diffusers scheduler timesteps t of the "
-            f"{NUM_TRAIN_TIMESTEPS}-step training schedule; the network embeds t + 1), got "
-            f"{timestep[in_range.logical_not()].tolist()}."
+            f"timestep must lie in [0, {NUM_TRAIN_TIMESTEPS}) (diffusers scheduler timesteps; the network embeds "
+            f"t + 1), got {timestep[in_range.logical_not()].tolist()}."
         )
 
 
@@ -124,27 +120,24 @@ class UShapedMixerModel(StrictLoadingMixin):
     """Shared body of the public backbones: subclasses register their config and call `_build(make_block)`.
 
     Parameters every subclass takes:
-        sample_size (`int`, *optional*, defaults to 32): Side of the square latent.
-        patch_size (`int`, *optional*, defaults to 2): Side of a square patch.
-        in_channels (`int`, *optional*, defaults to 4): Latent channels.
+        sample_size (`int`, defaults to 32), patch_size (`int`, defaults to 2), in_channels (`int`, defaults to 4):
+            the square latent's side, a square patch's side, the latent channels.
         out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, *optional*, defaults to 512): Token width D.
+        hidden_size (`int`, defaults to 512): Token width D.
         num_layers (`int`): Even depth: num_layers // 2 in blocks, a mid block and num_layers // 2 out blocks.
         mlp_ratio (`float`): Channel-MLP hidden width as a multiple of D.
-        text_embed_dim (`int`, *optional*, defaults to 768): Width of the text encoder states.
-        text_seq_len (`int`, *optional*, defaults to 77): Number of text tokens.
-        conv_out (`bool`, *optional*, defaults to `True`): Apply the reference's final 3×3 convolution.
+        text_embed_dim (`int`, defaults to 768), text_seq_len (`int`, defaults to 77): the text encoder states.
+        conv_out (`bool`, defaults to `True`): Apply the reference's final 3×3 convolution.
         norm_eps (`float`): LayerNorm epsilon.
-        channel_mlp (`str`, *optional*, defaults to `"mlp"`): Where a class has it, a key of `channel_mlp.CHANNEL_MLPS`.
-        long_skips (`bool`, *optional*, defaults to `True`): Where a class has it, whether out blocks get long skips.
-        pooled_text_projection (`bool`, *optional*, defaults to `False`): Add a projection of the text's last state
-            to every image token (`TokenEmbedder`); not in the papers.
+        channel_mlp (`str`, defaults to `"mlp"`): Where a class has it, a key of `channel_mlp.CHANNEL_MLPS`.
+        long_skips (`bool`, defaults to `True`): Where a class has it, whether out blocks get long skips.
+        pooled_text_projection (`bool`, defaults to `False`): Add a projection of the text's last state to every
+            image token (not in the papers).
     """
 
     _supports_gradient_checkpointing = True
     _skip_layerwise_casting_patterns = ["pos_embed", "norm"]
-    # The papers' named configurations of this class: name -> `__init__` overrides.
-    named_configs: dict[str, dict] = {}
+    named_configs: dict[str, dict] = {}  # the papers' configurations of this class: name -> `__init__` overrides
     config_requirements: dict[str, tuple[Callable[[Any], bool], str]] = CONFIG_REQUIREMENTS
 
     def save_pretrained(
@@ -155,9 +148,8 @@ class UShapedMixerModel(StrictLoadingMixin):
         max_shard_size: int | str = "10GB",
         **kwargs,
     ) -> None:
-        """`ModelMixin.save_pretrained` without a local `_name_or_path` in `config.json`, refusing torch's quantized
-        layers before anything is written (`models/saving.py`). The arguments are explicit because a pipeline's
-        `save_pretrained` passes on only those in this signature."""
+        """`ModelMixin.save_pretrained` without a local `_name_or_path`, refusing torch's quantized layers before
+        writing (`models/saving.py`). A pipeline's `save_pretrained` passes on only the arguments named here."""
         check_storable(self)
         with local_paths_left_out(self):
             super().save_pretrained(
@@ -169,8 +161,7 @@ class UShapedMixerModel(StrictLoadingMixin):
             )
 
     def load_lora_adapter(self, pretrained_model_name_or_path_or_dict, prefix="transformer", hotswap=False, **kwargs):
-        """`PeftAdapterMixin.load_lora_adapter` with the checks of `models/lora.py`: safetensors only, every key
-        placed in a layer of fitting shape, finite weights and a well-typed config."""
+        """`PeftAdapterMixin.load_lora_adapter` with the checks of `models/lora.py`."""
         from .lora import load_checked_adapter
 
         load_checked_adapter(
@@ -189,8 +180,7 @@ class UShapedMixerModel(StrictLoadingMixin):
 
     @classmethod
     def from_named_config(cls, name: str, **overrides):
-        """Build a randomly initialised model from one of `cls.named_configs` (e.g. "F2", "4E1H"), with `overrides`
-        replacing config values."""
+        """A randomly initialised model of one of `cls.named_configs`, `overrides` replacing config values."""
         if name not in cls.named_configs:
             raise ValueError(
                 f"Unknown {cls.__name__} configuration {name!r}; choose one of {sorted(cls.named_configs)}."
@@ -199,32 +189,6 @@ class UShapedMixerModel(StrictLoadingMixin):
 
     def _build(self, make_block: Callable[[int, bool], nn.Module]) -> None:
         """Check the config, build token I/O and the stack with `make_block(seq_len, receives_skip)`, initialise."""
-        self._check_config()
-        config = self.config
-        self.embed = TokenEmbedder(
-            config.sample_size,
-            config.patch_size,
-            config.in_channels,
-            config.hidden_size,
-            config.text_embed_dim,
-            config.text_seq_len,
-            config.pooled_text_projection,
-        )
-        seq_len = self.embed.seq_len
-        self.stack = UShapedStack(config.num_layers, lambda skip: make_block(seq_len, skip), self.long_skips(config))
-        self.head = OutputHead(
-            config.sample_size,
-            config.patch_size,
-            config.hidden_size,
-            config.out_channels or config.in_channels,
-            self.embed.num_extra_tokens,
-            config.conv_out,
-            config.norm_eps,
-        )
-        self.initialize_weights()
-
-    def _check_config(self) -> None:
-        """Raise a `ValueError` naming the first config field that cannot build the model, before any layer exists."""
         config = self.config
         for field, (is_valid, requirement) in self.config_requirements.items():
             if not is_valid(config[field]):
@@ -237,11 +201,20 @@ class UShapedMixerModel(StrictLoadingMixin):
             )
         if not isinstance(config.num_layers, int) or config.num_layers < 0 or config.num_layers % 2:
             raise ValueError(
-                f"num_layers must be even and >= 0 (num_layers // 2 in-blocks, 1 mid-block, num_layers // 2 "
+                f"num_layers must be even and >= 0 (num_layers // 2 in-blocks, a mid-block, num_layers // 2 "
                 f"out-blocks), got {config.num_layers!r}."
             )
         if config.mlp_ratio is not None:
             check_width("mlp_ratio", config.mlp_ratio, config.hidden_size, "channel MLP")
+        self._check_config()
+        self.embed = TokenEmbedder(config)
+        seq_len = self.embed.seq_len
+        self.stack = UShapedStack(config.num_layers, lambda skip: make_block(seq_len, skip), self.long_skips(config))
+        self.head = OutputHead(config)
+        self.initialize_weights()
+
+    def _check_config(self) -> None:
+        """A class's own config checks, after the shared ones and before any layer exists."""
 
     @property
     def seq_len(self) -> int:
@@ -280,7 +253,6 @@ class UShapedMixerModel(StrictLoadingMixin):
         """Validate the inputs; return the timesteps as a float (B,) tensor on the device of `hidden_states`. Timestep
         values are checked where they were given (no GPU wait for numbers), except on meta and under compile."""
         config, name, side = self.config, type(self).__name__, self.config.sample_size
-        text_shape_value = (config.text_seq_len, config.text_embed_dim)
         text_shape = f"(B, {config.text_seq_len}, {config.text_embed_dim})"
         if hidden_states.ndim != 4 or hidden_states.shape[1:] != (config.in_channels, side, side):
             raise ValueError(
@@ -290,13 +262,15 @@ class UShapedMixerModel(StrictLoadingMixin):
             )
         if encoder_hidden_states is None:
             raise ValueError(
-                f"{name} needs encoder_hidden_states {text_shape}; for the unconditional branch pass the text "
-                'encoder\'s states of the empty prompt "".'
+                f'{name} needs encoder_hidden_states {text_shape}; for the unconditional branch pass the empty prompt "".'
             )
         for argument, tensor in (("hidden_states", hidden_states), ("encoder_hidden_states", encoder_hidden_states)):
             if not tensor.is_floating_point():
                 raise ValueError(f"{argument} must be a floating-point tensor, got {tensor.dtype}; pass floats.")
-        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[1:] != text_shape_value:
+        if encoder_hidden_states.ndim != 3 or encoder_hidden_states.shape[1:] != (
+            config.text_seq_len,
+            config.text_embed_dim,
+        ):
             raise ValueError(
                 f"{name} expects encoder_hidden_states of shape {text_shape}, got "
                 f'{tuple(encoder_hidden_states.shape)}. Tokenise with padding="max_length", '
@@ -311,8 +285,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         timestep = torch.as_tensor(timestep)  # where it was given
         if timestep.dtype == torch.bool or timestep.is_complex():
             raise ValueError(
-                f"timestep must hold real numbers (diffusers scheduler timesteps in [0, {NUM_TRAIN_TIMESTEPS})), got "
-                f"dtype {timestep.dtype}."
+                f"timestep must hold real numbers in [0, {NUM_TRAIN_TIMESTEPS}), got dtype {timestep.dtype}."
             )
         if timestep.device.type != "meta" and not torch.compiler.is_compiling():
             _check_timestep_values(timestep)
@@ -333,19 +306,10 @@ class UShapedMixerModel(StrictLoadingMixin):
         timestep: torch.Tensor | float | int,
         return_dict: bool = True,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
-        """Predict the noise ε of a noisy latent.
-
-        Args:
-            hidden_states (`torch.Tensor`): (B, in_channels, sample_size, sample_size) noisy latents.
-            encoder_hidden_states (`torch.Tensor`): (B, text_seq_len, text_embed_dim) text encoder states.
-            timestep (`torch.Tensor` or `float` or `int`): Scalar or (B,) diffusers timesteps in [0, 999]; the
-                network embeds the reference's t + 1.
-            return_dict (`bool`, *optional*, defaults to `True`): Return a `Transformer2DModelOutput`, not a tuple.
-        """
+        """Predict the noise ε of (B, in_channels, sample_size, sample_size) noisy latents from (B, text_seq_len,
+        text_embed_dim) text states and scalar or (B,) diffusers timesteps in [0, 999] (the network embeds t + 1)."""
         sample = self._predict(hidden_states, encoder_hidden_states, timestep)
-        if not return_dict:
-            return (sample,)
-        return Transformer2DModelOutput(sample=sample)
+        return Transformer2DModelOutput(sample=sample) if return_dict else (sample,)
 
     def _predict(
         self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor | float | int

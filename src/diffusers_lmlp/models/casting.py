@@ -21,10 +21,9 @@ class EmptyFp32ModulesWarning(std_logging.Filter):
 @contextmanager
 def no_empty_fp32_warning() -> Iterator[None]:
     """Within the block, `EmptyFp32ModulesWarning` filters `MODELS_LOGGER`."""
-    models_logger = std_logging.getLogger(MODELS_LOGGER)
-    empty_warning = EmptyFp32ModulesWarning()
-    models_logger.addFilter(empty_warning)
+    logger, empty_warning = std_logging.getLogger(MODELS_LOGGER), EmptyFp32ModulesWarning()
+    logger.addFilter(empty_warning)
     try:
         yield
     finally:
-        models_logger.removeFilter(empty_warning)
+        logger.removeFilter(empty_warning)

@@ -3,12 +3,10 @@
 from typing import Any
 
 
-# The shapes world's small models (`shapes-S`, `shapes-moe-S`).
+# The embedded worlds' models: shapes (`shapes-S`, `shapes-moe-S`), emoji (`emoji-S`, on the emoji CLIP's 25 tokens).
 SHAPES_SMALL = dict(
     sample_size=8, patch_size=2, in_channels=8, hidden_size=96, num_layers=8, text_embed_dim=64, text_seq_len=10
 )
-
-# The emoji world's model (`emoji-S`), on the emoji CLIP's 25 tokens.
 EMOJI_SMALL = dict(
     sample_size=8, patch_size=2, in_channels=8, hidden_size=192, num_layers=12, text_embed_dim=128, text_seq_len=25
 )
@@ -38,11 +36,9 @@ TABLE_1 = {
     "F2-deep": {},  # the defaults: the reference configs/lmlp_f2.py, depth 16, s = 4
 }
 
-# Table 1 (a) A2: MLP-Mixer on A1's skeleton, widths matched to A1: the token MLP is A1's FNN_L (L → 2L → L), the
-# channel MLP takes A1's FNN_R and merge budget, D_C = 2.5·D.
+# Table 1 (a)'s baselines on A1's skeleton, widths matched to A1. A2, MLP-Mixer: the token MLP is A1's FNN_L
+# (L → 2L → L), the channel MLP takes A1's FNN_R and merge budget (D_C = 2.5·D). A3, gMLP: d_ffn sized to A1's blocks.
 TABLE_1_A2 = dict(num_layers=12, long_skips=False, token_mlp_ratio=2.0, mlp_ratio=2.5)
-
-# Table 1 (a) A3: gMLP on A1's skeleton; d_ffn, gMLP's only width, is sized to match A1's blocks (not the paper's 6·D).
 TABLE_1_A3 = dict(num_layers=12, long_skips=False, mlp_ratio=4.18)
 
 # The ParaMixer families at the F2-deep depth 16; SymMixer doubles both widths, as the paper's "Sym (dw)" (Table 3b).
@@ -50,7 +46,7 @@ _DEPTH_16 = dict(num_layers=16)
 
 # By family name (`diffusers_lmlp.models.FAMILIES`): configuration name -> `__init__` overrides of that family's model.
 NAMED_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    "lmlp": TABLE_1 | {"shapes-S": SHAPES_SMALL, "emoji-S": EMOJI_SMALL},  # and the embedded worlds' models
+    "lmlp": TABLE_1 | {"shapes-S": SHAPES_SMALL, "emoji-S": EMOJI_SMALL},
     # Table 2 of the MoE-MLP paper: F2's skeleton with E experts and H heads per block.
     "moe_mlp": {
         "2E1H": {"num_experts": 2, "num_heads": 1},

@@ -1,6 +1,6 @@
-"""The registry of block families: each family's name, class, label and named configs, read by `--model_type`,
-`build_tiny_pipeline`, complexity, cards and the Space. It imports no model (`model_class` imports on first read).
-A new family is a file in `models/mixers/` with its block and `UShapedMixerModel` subclass, and an entry below.
+"""The registry of block families, read by `--model_type`, `build_tiny_pipeline`, complexity, cards and the Space.
+It imports no model. A new family is a file in `models/mixers/` (its block and `UShapedMixerModel` subclass) and an
+entry in `FAMILIES`.
 """
 
 import functools
@@ -17,27 +17,12 @@ if TYPE_CHECKING:
     from .backbone import UShapedMixerModel
 
 
-def _no_details(config: Mapping) -> str:
-    return ""
-
-
 @dataclass(frozen=True)
 class BlockFamily:
-    """One family of backbones: a block and the public model built from it.
-
-    Args:
-        name (`str`): The family's key, as `--model_type` and `build_tiny_pipeline(backbone=...)` take it.
-        class_name (`str`): The public model's class name, as exported and recorded in `_class_name`.
-        module (`str`): The module of `diffusers_lmlp.models` that defines the class (e.g. "mixers.gmlp").
-        label (`str`): What cards, the Space and tables call it (e.g. "UL-MLP").
-        paper (`str`): The paper that defines the block, as a Markdown link.
-        tag (`str`): The Hub tag of its checkpoints.
-        tiny_overrides (`dict`): Config values a tiny model of this family needs.
-        details (`Callable[[Mapping], str]`): The family-specific part of a config in words, for cards.
-        lora_target_modules (`tuple[str, ...]`): LoRA's default targets, regexes of `nn.Linear` names in a block.
-        lora_target_parameters (`tuple[str, ...]`): 2-D weights used without an `nn.Linear` (the tied
-            SymMixer/AsymMixer weights), for PEFT's `target_parameters`.
-    """
+    """One family of backbones: its key (`--model_type`), public class and its module under `models`, label (cards,
+    tables), paper (Markdown), Hub tag, the config a tiny model needs, its config's own part in words (`details`),
+    and LoRA's default targets: `nn.Linear` name regexes in a block, and 2-D weights used without an `nn.Linear`
+    (the tied SymMixer/AsymMixer weights, PEFT's `target_parameters`)."""
 
     name: str
     class_name: str
@@ -46,7 +31,7 @@ class BlockFamily:
     paper: str
     tag: str
     tiny_overrides: dict[str, Any] = field(default_factory=dict)
-    details: Callable[[Mapping], str] = _no_details
+    details: Callable[[Mapping], str] = lambda config: ""
     lora_target_modules: tuple[str, ...] = ()
     lora_target_parameters: tuple[str, ...] = ()
 
@@ -63,9 +48,7 @@ class BlockFamily:
     @property
     def lora_target_regex(self) -> str | None:
         """PEFT's `target_modules` for the default targets, one regex on full module names (None without targets)."""
-        if not self.lora_target_modules:
-            return None
-        return rf".*\.(?:{'|'.join(self.lora_target_modules)})"
+        return rf".*\.(?:{'|'.join(self.lora_target_modules)})" if self.lora_target_modules else None
 
     def full_config(self, config: Mapping) -> dict[str, Any]:
         """A (possibly partial) config of `model_class`, completed with the `__init__` defaults."""
@@ -78,96 +61,90 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def _moe_details(config: Mapping) -> str:
-    return f", {_count(config['num_experts'], 'expert')} × {_count(config['num_heads'], 'head')}"
-
-
-def _uvit_details(config: Mapping) -> str:
-    return f", {_count(config['num_attention_heads'], 'attention head')}"
-
-
 _PARAMIXER_PAPER = (
     "[Hierarchical Associative Memory, Parallelized MLP-Mixer, and Symmetry Breaking]"
     "(https://arxiv.org/abs/2406.12220) (Karakida, Ota, Taki 2024)"
 )
+_MIXER_TARGETS = (r"token_mlp\.fc[12]", r"channel_mlp\.fc[12]")
+_TIED_WEIGHTS = ("token_mlp.weight", "channel_mlp.weight")
 
 FAMILIES: dict[str, BlockFamily] = {
     family.name: family
     for family in (
         BlockFamily(
-            name="lmlp",
-            class_name="LMLPTransformer2DModel",
-            module="lmlp_transformer_2d",
-            label="UL-MLP",
-            paper="[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)",
-            tag="l-mlp",
+            "lmlp",
+            "LMLPTransformer2DModel",
+            "lmlp_transformer_2d",
+            "UL-MLP",
+            "[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)",
+            "l-mlp",
             lora_target_modules=("left", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
         ),
         BlockFamily(
-            name="moe_mlp",
-            class_name="MoEMLPModel",
-            module="moe_mlp",
-            label="MoE-MLP",
-            paper='"Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"',
-            tag="moe-mlp",
+            "moe_mlp",
+            "MoEMLPModel",
+            "moe_mlp",
+            "MoE-MLP",
+            '"Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"',
+            "moe-mlp",
             tiny_overrides={"num_experts": 2, "num_heads": 2},
-            details=_moe_details,
+            details=lambda c: f", {_count(c['num_experts'], 'expert')} × {_count(c['num_heads'], 'head')}",
             lora_target_modules=(r"left\.gates\.\d+", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
         ),
         BlockFamily(
-            name="uvit",
-            class_name="UViTTransformer2DModel",
-            module="mixers.attention",
-            label="U-ViT",
-            paper="[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)",
-            tag="u-vit",
-            details=_uvit_details,
+            "uvit",
+            "UViTTransformer2DModel",
+            "mixers.attention",
+            "U-ViT",
+            "[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)",
+            "u-vit",
+            details=lambda c: f", {_count(c['num_attention_heads'], 'attention head')}",
             lora_target_modules=(r"attn\.qkv", r"attn\.proj", r"mlp\.fc1", r"mlp\.fc2", "skip_linear"),
         ),
         BlockFamily(
-            name="mlp_mixer",
-            class_name="MLPMixerTransformer2DModel",
-            module="mixers.mlp_mixer",
-            label="MLP-Mixer",
-            paper="[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)",
-            tag="mlp-mixer",
-            lora_target_modules=(r"token_mlp\.fc[12]", r"channel_mlp\.fc[12]"),
+            "mlp_mixer",
+            "MLPMixerTransformer2DModel",
+            "mixers.mlp_mixer",
+            "MLP-Mixer",
+            "[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)",
+            "mlp-mixer",
+            lora_target_modules=_MIXER_TARGETS,
         ),
         BlockFamily(
-            name="paramixer",
-            class_name="ParaMixerTransformer2DModel",
-            module="mixers.paramixer",
-            label="ParaMixer",
-            paper=_PARAMIXER_PAPER,
-            tag="paramixer",
-            lora_target_modules=(r"token_mlp\.fc[12]", r"channel_mlp\.fc[12]"),
+            "paramixer",
+            "ParaMixerTransformer2DModel",
+            "mixers.paramixer",
+            "ParaMixer",
+            _PARAMIXER_PAPER,
+            "paramixer",
+            lora_target_modules=_MIXER_TARGETS,
         ),
         BlockFamily(
-            name="symmixer",
-            class_name="SymMixerTransformer2DModel",
-            module="mixers.paramixer",
-            label="SymMixer",
-            paper=_PARAMIXER_PAPER,
-            tag="symmixer",
-            lora_target_parameters=("token_mlp.weight", "channel_mlp.weight"),
+            "symmixer",
+            "SymMixerTransformer2DModel",
+            "mixers.paramixer",
+            "SymMixer",
+            _PARAMIXER_PAPER,
+            "symmixer",
+            lora_target_parameters=_TIED_WEIGHTS,
         ),
         BlockFamily(
-            name="asymmixer",
-            class_name="AsymMixerTransformer2DModel",
-            module="mixers.paramixer",
-            label="AsymMixer",
-            paper=_PARAMIXER_PAPER,
-            tag="asymmixer",
+            "asymmixer",
+            "AsymMixerTransformer2DModel",
+            "mixers.paramixer",
+            "AsymMixer",
+            _PARAMIXER_PAPER,
+            "asymmixer",
             lora_target_modules=(r"token_mlp\.fc2", r"channel_mlp\.fc2"),
-            lora_target_parameters=("token_mlp.weight", "channel_mlp.weight"),
+            lora_target_parameters=_TIED_WEIGHTS,
         ),
         BlockFamily(
-            name="gmlp",
-            class_name="GMLPTransformer2DModel",
-            module="mixers.gmlp",
-            label="gMLP",
-            paper="[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)",
-            tag="gmlp",
+            "gmlp",
+            "GMLPTransformer2DModel",
+            "mixers.gmlp",
+            "gMLP",
+            "[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)",
+            "gmlp",
             lora_target_modules=("channel_proj1", "channel_proj2", r"sgu\.spatial_proj"),
         ),
     )
@@ -190,24 +167,20 @@ def family_of(model: Any) -> BlockFamily:
 
 
 def named_configs() -> dict[str, tuple[BlockFamily, dict[str, Any]]]:
-    """Every named configuration of every family: name -> (family, `__init__` overrides)."""
+    """Every named configuration of every family: name -> (family, `__init__` overrides); names are unique."""
     named: dict[str, tuple[BlockFamily, dict[str, Any]]] = {}
     for family in FAMILIES.values():
         for name, overrides in family.named_configs.items():
             if name in named:
-                raise RuntimeError(
-                    f"Named configuration {name!r} is defined by both {named[name][0].name} and "
-                    f"{family.name}; names must be unique across families."
-                )
+                raise RuntimeError(f"Named configuration {name!r} is in both {named[name][0].name} and {family.name}.")
             named[name] = (family, overrides)
     return named
 
 
 def from_named_config(name: str, **overrides: Any) -> "UShapedMixerModel":
-    """Build a randomly initialised backbone from any family's named configuration (e.g. "A2", "F2", "2E1H"), with
-    `overrides` replacing config values (e.g. `sample_size=64`)."""
+    """A randomly initialised backbone of any family's named configuration (e.g. "A2", "F2", "2E1H"), `overrides`
+    replacing config values (e.g. `sample_size=64`)."""
     named = named_configs()
     if name not in named:
         raise ValueError(f"Unknown named configuration {name!r}; choose one of {sorted(named)}.")
-    family, _ = named[name]
-    return family.model_class.from_named_config(name, **overrides)
+    return named[name][0].model_class.from_named_config(name, **overrides)

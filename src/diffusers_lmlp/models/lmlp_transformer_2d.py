@@ -20,13 +20,12 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     rows are named configurations. Parameters are `UShapedMixerModel`'s (num_layers=16, mlp_ratio=4.0 or `None` for
     no second stage, norm_eps=1e-5), and:
 
-        lateral_mlp_ratio (`float`, *optional*): Make FNN_L and FNN_R one-hidden-layer MLPs of this width ratio;
-            `None`: single Linears.
-        lateral_activation (`str`, *optional*, defaults to `"none"`): GELU after the `"left"` Linear (E1) or `"both"`.
-        merging (`str`, *optional*, defaults to `"add"`): How the hemispheres meet: `"add"`, `"prod"` or `"glu"`.
-        merge_proj (`bool`, *optional*, defaults to `True`): Apply the merge Linear(D, D) (`False`: Table 1 B3).
-        long_skip (`str`, *optional*, defaults to `"second_stage"`): Where out blocks add their long skip: the
-            residual stream (`"second_stage"`, the reference), the hemispheres only (`"first_stage"`), or `None`.
+        lateral_mlp_ratio (`float`, *optional*): FNN_L and FNN_R as one-hidden-layer MLPs of this ratio, not Linears.
+        lateral_activation (`str`, defaults to `"none"`): GELU after the `"left"` Linear (E1) or `"both"`.
+        merging (`str`, defaults to `"add"`): How the hemispheres meet: `"add"`, `"prod"` or `"glu"`.
+        merge_proj (`bool`, defaults to `True`): Apply the merge Linear(D, D) (`False`: Table 1 B3).
+        long_skip (`str`, defaults to `"second_stage"`): Where out blocks add their long skip: the residual stream
+            (`"second_stage"`, the reference), the hemispheres only (`"first_stage"`), or `None`.
     """
 
     _no_split_modules = ["LMLPBlock"]
@@ -35,12 +34,11 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         **CONFIG_REQUIREMENTS,
         "mlp_ratio": (
             lambda v: v is None or _is_positive_real(v),
-            "a positive finite number or None (the joint MLP's width as a multiple of hidden_size; None: no "
-            "second stage)",
+            "a positive finite number or None (no second stage)",
         ),
         "lateral_mlp_ratio": (
             lambda v: v is None or _is_positive_real(v),
-            "a positive finite number or None (the first stage's MLP width; None: Linear hemispheres)",
+            "a positive finite number or None (Linear hemispheres)",
         ),
         "lateral_activation": (lambda v: v in LATERAL_ACTIVATIONS, f"one of {LATERAL_ACTIVATIONS}"),
         "merging": (lambda v: v in MERGINGS, f"one of {MERGINGS}"),
@@ -74,9 +72,8 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         super().__init__()
         if lateral_mlp_ratio is not None and lateral_activation != "none":
             raise ValueError(
-                f"lateral_activation={lateral_activation!r} applies to Linear hemispheres (Table 1 E1, E2); with "
-                f"lateral_mlp_ratio={lateral_mlp_ratio} the hemispheres are MLPs with their own GELU. Set "
-                "lateral_mlp_ratio=None or lateral_activation='none'."
+                f"lateral_activation={lateral_activation!r} applies to Linear hemispheres (Table 1 E1, E2), not to "
+                f"lateral_mlp_ratio={lateral_mlp_ratio}'s MLPs; set lateral_mlp_ratio=None or lateral_activation='none'."
             )
         self._build(
             lambda seq_len, skip: LMLPBlock(
@@ -99,35 +96,30 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         return config["long_skip"] is not None
 
 
+_LMLP_BLOCK = r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\."
 # Reference key (zizhao-hu/L-MLP `libs/f2.py`) -> ours. Applied to the whole key, first match wins.
 _REFERENCE_KEY_RULES = [
     (r"^pos_embed$", "embed.pos_embed"),
     (r"^patch_embed\.proj\.", "embed.patch_embed."),
     (r"^context_embed\.", "embed.text_adapter."),
-    (r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\.norm1\.", r"stack.\1.channel_norm."),
-    (r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\.norm2\.", r"stack.\1.token_norm."),
-    (r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\.l\.", r"stack.\1.left."),
-    (r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\.r\.", r"stack.\1.right."),
-    (r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\.proj\.", r"stack.\1.merge."),
-    (r"^(in_blocks\.\d+|mid_block|out_blocks\.\d+)\.mlp\.", r"stack.\1.joint_mlp."),
+    *((_LMLP_BLOCK + theirs, rf"stack.\1.{ours}.") for theirs, ours in [
+        (r"norm1\.", "channel_norm"), (r"norm2\.", "token_norm"), (r"l\.", "left"), (r"r\.", "right"),
+        (r"proj\.", "merge"), (r"mlp\.", "joint_mlp"),
+    ]),
     (r"^norm\.", "head.norm."),
     (r"^decoder_pred\.", "head.proj."),
     (r"^final_layer\.", "head.conv."),
-]
+]  # fmt: skip
 
 
 def convert_lmlp_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename a state dict of the reference UL-MLP (`libs/f2.py` of zizhao-hu/L-MLP) to `LMLPTransformer2DModel`'s
-    keys (`_REFERENCE_KEY_RULES`); tensors are not copied, a DDP `module.` prefix is stripped.
-
-    Args:
-        state_dict (`dict[str, torch.Tensor]`): The reference state dict (e.g. a run's `nnet_ema.pth`).
-    """
-    return rename_reference_keys(state_dict, _REFERENCE_KEY_RULES, _unexpected_key_error)
-
-
-def _unexpected_key_error(key: str) -> ValueError:
-    return ValueError(
-        f"Unexpected key {key!r}: not part of the reference UL-MLP (libs/f2.py) layout. Is this an L-MLP "
-        "checkpoint (a U-ViT one has attn.* and skip_linear.* keys)?"
+    """Rename a state dict of the reference UL-MLP (`libs/f2.py` of zizhao-hu/L-MLP, e.g. a run's `nnet_ema.pth`) to
+    `LMLPTransformer2DModel`'s keys; tensors are not copied, a DDP `module.` prefix is stripped."""
+    return rename_reference_keys(
+        state_dict,
+        _REFERENCE_KEY_RULES,
+        lambda key: ValueError(
+            f"Unexpected key {key!r}: not part of the reference UL-MLP (libs/f2.py) layout. Is this an L-MLP "
+            "checkpoint (a U-ViT one has attn.* and skip_linear.* keys)?"
+        ),
     )

@@ -1,7 +1,7 @@
 """Loading a LoRA into a backbone, checked (`load_checked_adapter`), for `transformer.load_lora_adapter` and
-`LMLPPipeline.load_lora_weights` alike. Unlike diffusers, it reads safetensors only, refuses any key it cannot place
-(diffusers skips it), NaN weights and a mistyped `LoraConfig`, and injects adapters on the tied SymMixer/AsymMixer
-weights (`target_parameters`) from their config, since peft 0.21 refuses those from a state dict.
+`LMLPPipeline.load_lora_weights` alike: safetensors only; any key it cannot place (diffusers skips it), NaN weights
+and a mistyped `LoraConfig` refused; adapters on the tied SymMixer/AsymMixer weights (`target_parameters`) injected
+from their config, since peft 0.21 refuses those from a state dict.
 """
 
 import math
@@ -24,8 +24,7 @@ LORA_KEY_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 
 def _check_component_keys(state_dict: dict[str, torch.Tensor], prefix: str, source: str) -> None:
-    """Raise unless `state_dict` holds tensors, each keyed `<prefix>.<peft key>`: an empty one would load as an
-    adapter that changes nothing, and another component's key would be skipped."""
+    """Raise unless `state_dict` holds tensors, each keyed `<prefix>.<peft key>`."""
     if not state_dict:
         raise ValueError(
             f"{source} holds no tensors, so it would load as an adapter that changes nothing. Save the LoRA with "
@@ -42,31 +41,19 @@ def _check_component_keys(state_dict: dict[str, torch.Tensor], prefix: str, sour
     else:
         return
     raise ValueError(
-        f"{source} {found}. LMLPPipeline loads LoRA weights into its {prefix} only, from keys `{prefix}.<peft key>` "
-        f"as save_lora_weights writes them. A file written by `{prefix}.save_lora_adapter` has bare peft keys: save "
-        "its tensors and config again with LMLPPipeline.save_lora_weights."
+        f"{source} {found}. LMLPPipeline loads LoRA keys `{prefix}.<peft key>`, as save_lora_weights writes them (a "
+        f"`{prefix}.save_lora_adapter` file has bare keys): save it again with LMLPPipeline.save_lora_weights."
     )
 
 
 def _unwrapped_name(name: str) -> str:
-    """A module's name in the model without adapters: peft's wrappers insert `base_layer` into the path."""
+    """A module's name without peft's `base_layer` wrappers."""
     return ".".join(part for part in name.split(".") if part != "base_layer")
 
 
-def _base_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """The model's own modules by their name without adapters."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    return {
-        _unwrapped_name(name): module
-        for name, module in model.named_modules()
-        if not isinstance(module, BaseTunerLayer) and not any(part.startswith("lora_") for part in name.split("."))
-    }
-
-
 def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -> tuple[int, int]:
-    """The (out, in) shape of the weight a LoRA on `module` adapts: an nn.Linear's, or a parameter named in
-    `target_parameters` ("<module suffix>.<parameter>")."""
+    """The (out, in) shape of the weight a LoRA on `module` adapts: an nn.Linear's, or a `target_parameters` one
+    ("<module suffix>.<parameter>")."""
     if isinstance(module, nn.Linear):
         return module.out_features, module.in_features
     for target in target_parameters:
@@ -78,38 +65,42 @@ def _adapted_shape(module: nn.Module, name: str, target_parameters: list[str]) -
     if is_dynamically_quantized(module):
         raise ValueError(
             f"The LoRA adapts {name}, a Linear that torch's dynamic quantization (quantize_dynamic) replaced, which "
-            "PEFT cannot adapt. Load the LoRA into the float model, fuse it (pipe.fuse_lora(), then "
-            "pipe.unload_lora_weights()) and quantize after."
+            "PEFT cannot adapt: load it into the float model, fuse it (pipe.fuse_lora(), pipe.unload_lora_weights()) "
+            "and quantize after."
         )
     raise ValueError(
-        f"The LoRA adapts {name}, a {type(module).__name__}, not an nn.Linear. A weight used outside an nn.Linear "
-        "(the tied SymMixer/AsymMixer weights) is adapted as a parameter, and the file's metadata must say so: save "
-        "with transformer_lora_adapter_metadata=lora_config.to_dict() of a LoraConfig with target_parameters."
+        f"The LoRA adapts {name}, a {type(module).__name__}, not an nn.Linear: a tied weight is adapted as a "
+        "parameter, so save with transformer_lora_adapter_metadata=lora_config.to_dict() of a LoraConfig with "
+        "target_parameters."
     )
 
 
 def _check_lora_state_dict(
     state_dict: dict[str, torch.Tensor], transformer: nn.Module, target_parameters: list[str]
 ) -> set[str]:
-    """Raise unless every key is a LoRA matrix of a layer of `transformer` of fitting shape; return the adapted
-    layers as peft names them."""
+    """Raise unless every key is a LoRA matrix of a layer of `transformer` of fitting shape; return the layers."""
     not_lora = sorted(key for key in state_dict if not key.endswith(LORA_KEY_SUFFIXES))
     if not_lora:
         raise ValueError(
-            f"Keys that are not LoRA matrices: {listed(not_lora)}. A LoRA file holds `<layer>.lora_A.weight` and "
-            "`<layer>.lora_B.weight` only, as peft's get_peft_model_state_dict(transformer) returns them."
+            f"Keys that are not LoRA matrices: {listed(not_lora)}; a LoRA file holds only `<layer>.lora_A.weight` and "
+            "`<layer>.lora_B.weight`, as get_peft_model_state_dict(transformer) returns them."
         )
     layers = sorted({key.rsplit(".lora_", 1)[0] for key in state_dict})
     unpaired = [layer for layer in layers if not all(layer + suffix in state_dict for suffix in LORA_KEY_SUFFIXES)]
     if unpaired:
         raise ValueError(f"LoRA layers with lora_A or lora_B missing: {listed(unpaired)}. The file is incomplete.")
-    base = _base_modules(transformer)
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    base = {
+        _unwrapped_name(name): module
+        for name, module in transformer.named_modules()
+        if not isinstance(module, BaseTunerLayer) and not any(part.startswith("lora_") for part in name.split("."))
+    }
     name = type(transformer).__name__
     unknown = [layer for layer in layers if _unwrapped_name(layer) not in base]
     if unknown:
         raise ValueError(
-            f"LoRA keys for layers the {name} does not have: {listed(unknown)}. The LoRA was trained for another "
-            "model; load it into the model it was trained for."
+            f"LoRA keys for layers the {name} does not have: {listed(unknown)}; load it into the model it was trained for."
         )
     for layer in layers:
         module_name = _unwrapped_name(layer)
@@ -118,9 +109,9 @@ def _check_lora_state_dict(
         rank = down.shape[0]
         if down.shape != (rank, in_features) or up.shape != (out_features, rank):
             raise ValueError(
-                f"The LoRA of {layer} has lora_A {tuple(down.shape)} and lora_B {tuple(up.shape)}, but the {name}'s "
-                f"layer maps {in_features} to {out_features} features, so they must be (r, {in_features}) and "
-                f"({out_features}, r) with one rank r. The LoRA was trained for a model of another config."
+                f"The LoRA of {layer} has lora_A {tuple(down.shape)} and lora_B {tuple(up.shape)}, but the layer maps "
+                f"{in_features} to {out_features} features: they must be (r, {in_features}) and ({out_features}, r) "
+                "with one rank r. It was trained for a model of another config."
             )
     return set(layers)
 
@@ -138,9 +129,8 @@ def _check_adapted(transformer: nn.Module, adapter_name: str, layers: set[str]) 
         missing, extra = sorted(layers - adapted), sorted(adapted - layers)
         if any(".base_layer." in layer for layer in missing) and len(getattr(transformer, "peft_config", {})) > 1:
             reason = (
-                "peft 0.21 adds no further adapter to a layer inside another adapter's tied-weight wrapper (the "
-                "AsymMixer's fc2 under a target_parameters adapter): load one such adapter at a time, "
-                "unload_lora_weights() or delete_adapters(...) first."
+                "peft 0.21 adds no adapter to a layer inside another adapter's tied-weight wrapper (the AsymMixer's "
+                "fc2): load one such adapter at a time (unload_lora_weights() or delete_adapters(...) first)."
             )
         else:
             reason = "Save the LoRA with the LoraConfig it was trained with (lora_config.to_dict() as metadata)."
@@ -148,14 +138,6 @@ def _check_adapted(transformer: nn.Module, adapter_name: str, layers: set[str]) 
             f"Adapter {adapter_name!r} does not adapt the layers the LoRA file has weights for: not adapted "
             f"{listed(missing) or 'none'}; adapted without weights {listed(extra) or 'none'}. {reason}"
         )
-
-
-def _discard_adapter(transformer: nn.Module, adapter_name: str) -> None:
-    """Remove a half-loaded adapter, and peft's layers when no adapter is left."""
-    if adapter_name in getattr(transformer, "peft_config", {}):
-        transformer.delete_adapters(adapter_name)
-    if not getattr(transformer, "peft_config", None):
-        transformer.unload_lora()
 
 
 def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None) -> None:
@@ -169,7 +151,7 @@ def _refuse_non_finite_updates(model: nn.Module, adapter_names: list[str] | None
             if adapter in module.lora_A and not torch.isfinite(module.get_delta_weight(adapter)).all():
                 raise ValueError(
                     f"Adapter {adapter!r} holds NaN or inf in its update of {name}, so nothing was fused "
-                    "(safe_fusing=True). The adapter is broken: load a sound copy, or delete_adapters it."
+                    "(safe_fusing=True): load a sound copy, or delete_adapters it."
                 )
 
 
@@ -177,8 +159,7 @@ def load_checked_adapter(
     transformer: nn.Module, source, prefix: str | None, hotswap: bool, kwargs: dict, load: Callable
 ) -> None:
     """`PeftAdapterMixin.load_lora_adapter` (`load`, with its arguments), refusing what it would load silently or
-    fail on inside peft (an empty file, keys it cannot place, NaN or inf weights, a mistyped config); safetensors
-    only. A half-loaded adapter is removed."""
+    fail on inside peft; safetensors only. A half-loaded adapter is removed."""
     adapter_name, metadata = kwargs.pop("adapter_name", None), kwargs.pop("metadata", None)
     low_cpu_mem_usage, _pipeline = kwargs.pop("low_cpu_mem_usage", False), kwargs.pop("_pipeline", None)
     if kwargs.pop("network_alphas", None) is not None:
@@ -200,7 +181,7 @@ def load_checked_adapter(
     layers = _check_lora_state_dict(state_dict, transformer, target_parameters)
     if target_parameters and hotswap:
         raise ValueError(
-            "hotswap is not supported for an adapter on tied weights (target_parameters); load it under a new "
+            "hotswap is not supported for an adapter on tied weights (target_parameters): load it under a new "
             "adapter_name, or delete_adapters the old one first."
         )
     if adapter_name is None:
@@ -211,10 +192,7 @@ def load_checked_adapter(
             f"hotswap replaces a loaded adapter: adapter_name must be one of {loaded}, not {adapter_name!r}."
         )
     if not hotswap and adapter_name in loaded:
-        raise ValueError(
-            f"Adapter name {adapter_name!r} is already in use; choose another adapter_name, or pass hotswap=True "
-            "to replace its weights."
-        )
+        raise ValueError(f"Adapter name {adapter_name!r} is already in use; choose another, or pass hotswap=True.")
     logger.info(f"Loading LoRA {adapter_name}.")
     try:
         if target_parameters:  # peft 0.21's inject_adapter_in_model refuses a state dict for such a config
@@ -237,18 +215,17 @@ def load_checked_adapter(
                 hotswap=hotswap,
             )
         _check_adapted(transformer, adapter_name, layers)
-    except RuntimeError as error:
-        if not hotswap:
-            _discard_adapter(transformer, adapter_name)
-        if "size mismatch" not in str(error):
-            raise
-        raise ValueError(
-            f"The LoRA's matrices do not have the rank that its config gives (r, rank_pattern in the file's "
-            f"metadata): {error}. Save the LoRA with the LoraConfig it was trained with."
-        ) from error
-    except Exception:
-        if not hotswap:
-            _discard_adapter(transformer, adapter_name)
+    except Exception as error:
+        if not hotswap:  # remove the half-loaded adapter, and peft's layers when no adapter is left
+            if adapter_name in getattr(transformer, "peft_config", {}):
+                transformer.delete_adapters(adapter_name)
+            if not getattr(transformer, "peft_config", None):
+                transformer.unload_lora()
+        if isinstance(error, RuntimeError) and "size mismatch" in str(error):
+            raise ValueError(
+                f"The LoRA's matrices do not have the rank that its config gives (r, rank_pattern in the file's "
+                f"metadata): {error}. Save the LoRA with the LoraConfig it was trained with."
+            ) from error
         raise
 
 

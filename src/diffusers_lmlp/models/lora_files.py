@@ -18,9 +18,8 @@ def refuse_pickle(name: str) -> None:
     """Raise unless `name` is a safetensors file; called before the file is opened or downloaded."""
     if not name.endswith(".safetensors"):
         raise ValueError(
-            f"{name} is not a safetensors file, and LMLPPipeline loads LoRA weights from safetensors files only, so "
-            "that loading never unpickles (a .bin or .pt file is a pickle, which can run code when loaded). If you "
-            "trust the file, convert it once with safetensors.torch.save_file and load the .safetensors file."
+            f"{name} is not a safetensors file; LoRA weights load from safetensors only, never from a pickle (.bin, "
+            ".pt), which can run code. Convert a trusted file once with safetensors.torch.save_file."
         )
 
 
@@ -44,7 +43,7 @@ def lora_file(
     token: str | bool | None = None,
     revision: str | None = None,
 ) -> str:
-    """The local path of a LoRA file: `source` itself, or `weight_name` (under `subfolder`) in the folder or Hub repo
+    """The local path of a LoRA file: `source`, or `weight_name` (under `subfolder`) in the folder or Hub repo
     `source` (the other arguments are `hf_hub_download`'s)."""
     source = os.fspath(source)
     if os.path.isfile(source):
@@ -75,8 +74,8 @@ def lora_file(
     path = os.path.join(folder, weight_name)
     if not os.path.isfile(path):
         raise ValueError(
-            f"{folder} has no {weight_name} (it holds {sorted(os.listdir(folder)) or 'nothing'}). Pass "
-            "weight_name=... to load another safetensors file; pickled weights (.bin, .pt) are never loaded."
+            f"{folder} has no {weight_name} (it holds {sorted(os.listdir(folder)) or 'nothing'}); pass weight_name=... "
+            "to load another safetensors file."
         )
     return path
 
@@ -89,8 +88,7 @@ def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
             state_dict = {key: file.get_tensor(key) for key in file.keys()}
     except safetensors.SafetensorError as error:
         raise ValueError(
-            f"{path} is not a valid safetensors file ({error}). Save LoRA weights with "
-            "LMLPPipeline.save_lora_weights; a pickle renamed to .safetensors is refused, never unpickled."
+            f"{path} is not a valid safetensors file ({error}); save LoRA weights with LMLPPipeline.save_lora_weights."
         ) from error
     if LORA_ADAPTER_METADATA_KEY not in header:
         return state_dict, None
@@ -105,8 +103,7 @@ def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] |
         found = f"a JSON {JSON_TYPES[type(metadata)]}, {raw[:80]}"
     raise ValueError(
         f"{path}: the header entry {LORA_ADAPTER_METADATA_KEY!r} must be the adapter's LoraConfig as a JSON object "
-        f"(lora_config.to_dict(), as save_lora_weights writes it), but it is {found}. Save the LoRA again with "
-        "LMLPPipeline.save_lora_weights(..., transformer_lora_adapter_metadata=lora_config.to_dict())."
+        f"(lora_config.to_dict(), as save_lora_weights writes it), but it is {found}. Save the LoRA again with it."
     )
 
 
@@ -115,8 +112,7 @@ def read_lora_source(source, kwargs: dict) -> tuple[dict[str, torch.Tensor], dic
     `lora_file`'s options in `kwargs`."""
     if kwargs.pop("use_safetensors", None) not in (None, True):
         raise ValueError(
-            "LoRA weights are loaded from safetensors files only, so that loading never unpickles; "
-            "use_safetensors=False is not supported. Convert a trusted pickled LoRA with safetensors.torch.save_file."
+            "LoRA weights load from safetensors files only, never unpickled: use_safetensors=False is not supported."
         )
     if isinstance(source, dict):
         if kwargs:

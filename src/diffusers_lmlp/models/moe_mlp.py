@@ -16,13 +16,8 @@ from .mixers.routing import collect_router_probs
 
 @dataclass
 class MoEMLPModelOutput(BaseOutput):
-    """Output of `MoEMLPModel`.
-
-    Args:
-        sample (`torch.Tensor`): (B, out_channels, H, W) ε prediction.
-        router_probs (`torch.Tensor`, *optional*): (num_blocks, B, H, E) gate probabilities, with
-            `output_router_probs=True` (for `load_balancing_loss`).
-    """
+    """Output of `MoEMLPModel`: the (B, out_channels, H, W) ε prediction `sample` and, with `output_router_probs`,
+    the (num_blocks, B, H, E) gate probabilities `router_probs` (for `load_balancing_loss`)."""
 
     sample: torch.Tensor
     router_probs: torch.Tensor | None = None
@@ -30,16 +25,12 @@ class MoEMLPModelOutput(BaseOutput):
 
 @public
 class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """The U-shaped MoE-MLP backbone: the UL-MLP with `mixers.moe` blocks, whose token mixing is multi-head
-    MoE-linear attention; with one expert and one head it is the UL-MLP. The paper's models are the named
-    configurations "2E1H", "4E1H" (the defaults) and "4E2H". LoRA can target `left.gates.<h>`, `right`, `merge` and
-    `joint_mlp.fc1/fc2`; the experts only whole (`modules_to_save=["left"]`).
-
-    Parameters are `UShapedMixerModel`'s (num_layers=16, mlp_ratio=4.0, norm_eps=1e-5), and:
-
-        num_experts (`int`, *optional*, defaults to 4): Experts E (L×L token-mixing matrices) per head.
-        num_heads (`int`, *optional*, defaults to 1): Channel heads H, each with its own experts and gate.
-    """
+    """The U-shaped MoE-MLP backbone: the UL-MLP whose token mixing is multi-head MoE-linear attention
+    (`mixers.moe`); with one expert and one head it is the UL-MLP. The paper's models are the named configurations
+    "2E1H", "4E1H" (the defaults) and "4E2H". LoRA can target `left.gates.<h>`, `right`, `merge` and
+    `joint_mlp.fc1/fc2`; the experts only whole (`modules_to_save=["left"]`). Parameters are `UShapedMixerModel`'s
+    (num_layers=16, mlp_ratio=4.0, norm_eps=1e-5), and `num_experts` E (L×L matrices, defaults to 4) and `num_heads`
+    H (channel heads, each with its own experts and gate, defaults to 1)."""
 
     _no_split_modules = ["MoEMLPBlock"]
     _repeated_blocks = ["MoEMLPBlock"]
@@ -79,8 +70,7 @@ class MoEMLPModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         output_router_probs: bool = False,
         return_dict: bool = True,
     ) -> MoEMLPModelOutput | tuple[torch.Tensor, ...]:
-        """`UShapedMixerModel.forward`; with `output_router_probs` the output also holds every block's gate
-        probabilities (`router_probs`, for `load_balancing_loss`)."""
+        """`UShapedMixerModel.forward`; with `output_router_probs` also every block's gate probabilities."""
         if output_router_probs:
             with collect_router_probs(self) as router_probs:
                 sample = self._predict(hidden_states, encoder_hidden_states, timestep)

@@ -18,18 +18,13 @@ from .loading import listed
 
 
 def is_local_path(value: Any) -> bool:
-    """Whether a config's `_name_or_path` names a place on this machine: an absolute path, or a relative one that
-    exists here (even if it shares a Hub repo id's name)."""
-    if not isinstance(value, str | os.PathLike):
-        return False
-    path = os.fspath(value)
-    return os.path.isabs(path) or os.path.exists(path)
+    """Whether a config's `_name_or_path` is an absolute path, or a relative one that exists here."""
+    return isinstance(value, str | os.PathLike) and (os.path.isabs(value) or os.path.exists(value))
 
 
 @contextmanager
 def local_paths_left_out(*objects: Any) -> Iterator[None]:
-    """Within the block, the diffusers configs of `objects` (compiled or not) lack a local `_name_or_path`; every
-    other key reads the same."""
+    """Within the block, the diffusers configs of `objects` (compiled or not) lack a local `_name_or_path`."""
     changed: list[tuple[Any, FrozenDict]] = []
     for obj in objects:
         obj = getattr(obj, "_orig_mod", obj)  # diffusers saves a compiled model's original module
@@ -45,15 +40,11 @@ def local_paths_left_out(*objects: Any) -> Iterator[None]:
 
 
 def check_storable(model: torch.nn.Module) -> None:
-    """Raise a `ValueError` if `model`'s state dict holds what safetensors cannot store: a non-tensor, or a tensor of
-    torch's quantized dtypes."""
-    keys = [
-        key for key, value in model.state_dict().items() if not isinstance(value, torch.Tensor) or value.is_quantized
-    ]
+    """Raise a `ValueError` if `model`'s state dict holds a non-tensor or a torch-quantized tensor."""
+    keys = [k for k, v in model.state_dict().items() if not isinstance(v, torch.Tensor) or v.is_quantized]
     if keys:
         raise ValueError(
-            f"{type(model).__name__} holds state that safetensors cannot store ({listed(keys)}): torch's quantized layers "
-            "(torch.ao.quantization.quantize_dynamic) keep their weights packed. Save the model before quantizing it, "
-            "and quantize it again after loading; or quantize with torchao (diffusers' TorchAoConfig), whose weights "
-            "save. Nothing was written."
+            f"{type(model).__name__} holds state that safetensors cannot store ({listed(keys)}): torch's quantized "
+            "layers keep their weights packed. Save the model before quantizing it (or quantize with torchao, whose "
+            "weights save). Nothing was written."
         )

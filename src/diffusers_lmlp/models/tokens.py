@@ -1,6 +1,9 @@
-"""Token I/O shared by every backbone, in the reference UL-MLP / U-ViT layout: `TokenEmbedder` makes
-[time (1) | text (T) | image patches (N)] + a learned positional embedding, `OutputHead` the ε prediction.
+"""Token I/O shared by every backbone, built from its config, in the reference UL-MLP / U-ViT layout:
+`TokenEmbedder` makes [time (1) | text (T) | image patches (N)] + a learned positional embedding, `OutputHead` the ε
+prediction.
 """
+
+from collections.abc import Mapping
 
 import torch
 from diffusers.models.embeddings import get_timestep_embedding
@@ -9,7 +12,7 @@ from torch import nn
 
 
 def input_dtype(layer: nn.Module) -> torch.dtype:
-    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, or float32 for a layer with no tensor (torch's
+    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, or float32 for a tensorless layer (torch's
     dynamically quantized `Linear`)."""
     if next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
         return torch.float32
@@ -18,36 +21,26 @@ def input_dtype(layer: nn.Module) -> torch.dtype:
 
 class TokenEmbedder(nn.Module):
     """Patchify the latent, embed the timestep and adapt the text states into one (B, L, D) token sequence;
-    `pooled_text_projection` adds a projection of the text's last state (a causal encoder's summary) to every image
-    token."""
+    `pooled_text_projection` adds a projection of the text's last state to every image token."""
 
-    def __init__(
-        self,
-        sample_size: int,
-        patch_size: int,
-        in_channels: int,
-        hidden_size: int,
-        text_embed_dim: int,
-        text_seq_len: int,
-        pooled_text_projection: bool = False,
-    ):
+    def __init__(self, config: Mapping):
         super().__init__()
-        self.hidden_size = hidden_size
-        self.num_extra_tokens = 1 + text_seq_len
-        self.num_patches = (sample_size // patch_size) ** 2
-        self.patch_embed = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
+        self.hidden_size = hidden_size = config["hidden_size"]
+        self.num_extra_tokens = 1 + config["text_seq_len"]
+        self.num_patches = (config["sample_size"] // config["patch_size"]) ** 2
+        patch_size, text_embed_dim = config["patch_size"], config["text_embed_dim"]
+        self.patch_embed = nn.Conv2d(config["in_channels"], hidden_size, kernel_size=patch_size, stride=patch_size)
         self.text_adapter = nn.Linear(text_embed_dim, hidden_size)
-        self.pooled_text_proj = nn.Linear(text_embed_dim, hidden_size) if pooled_text_projection else None
+        self.pooled_text_proj = nn.Linear(text_embed_dim, hidden_size) if config["pooled_text_projection"] else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_extra_tokens + self.num_patches, hidden_size))
 
     @property
     def seq_len(self) -> int:
-        """L = 1 + T + N, the number of tokens every block mixes."""
-        return self.num_extra_tokens + self.num_patches
+        return self.num_extra_tokens + self.num_patches  # L = 1 + T + N
 
     def forward(self, latents: torch.Tensor, text_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) latents, (B, T, E) text states and (B,) network timesteps (1..1000) → (B, L, D) tokens; each
-        input is cast to the dtype of the layer that reads it."""
+        """(B, C, H, W) latents, (B, T, E) text states, (B,) network timesteps (1..1000) → (B, L, D) tokens; each input
+        is cast to the dtype of the layer that reads it."""
         latents = latents.to(input_dtype(self.patch_embed))
         text_states = text_states.to(input_dtype(self.text_adapter))
         patches = self.patch_embed(latents)  # (B, D, H/p, W/p)
@@ -68,28 +61,18 @@ class OutputHead(nn.Module):
     """Final LayerNorm, Linear to patch pixels, drop the time and text tokens, unpatchify, and with `conv_out` the
     reference's 3×3 conv."""
 
-    def __init__(
-        self,
-        sample_size: int,
-        patch_size: int,
-        hidden_size: int,
-        out_channels: int,
-        num_extra_tokens: int,
-        conv_out: bool,
-        norm_eps: float,
-    ):
+    def __init__(self, config: Mapping):
         super().__init__()
-        self.patch_size = patch_size
-        self.grid_size = sample_size // patch_size
-        self.out_channels = out_channels
-        self.num_extra_tokens = num_extra_tokens
-        self.norm = nn.LayerNorm(hidden_size, eps=norm_eps)
-        self.proj = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
-        self.conv = nn.Conv2d(out_channels, out_channels, 3, padding=1) if conv_out else nn.Identity()
+        self.patch_size = patch_size = config["patch_size"]
+        self.grid_size = config["sample_size"] // patch_size
+        self.out_channels = out_channels = config["out_channels"] or config["in_channels"]
+        self.num_extra_tokens = 1 + config["text_seq_len"]
+        self.norm = nn.LayerNorm(config["hidden_size"], eps=config["norm_eps"])
+        self.proj = nn.Linear(config["hidden_size"], patch_size * patch_size * out_channels)
+        self.conv = nn.Conv2d(out_channels, out_channels, 3, padding=1) if config["conv_out"] else nn.Identity()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        batch_size = tokens.shape[0]
-        g, p, c = self.grid_size, self.patch_size, self.out_channels
+        batch_size, g, p, c = tokens.shape[0], self.grid_size, self.patch_size, self.out_channels
         pixels = self.proj(self.norm(tokens))  # (B, L, p·p·C)
         pixels = pixels[:, self.num_extra_tokens :]  # (B, N, p·p·C); within a patch the order is (p1, p2, C)
         pixels = pixels.reshape(batch_size, g, g, p, p, c)  # (B, h, w, p1, p2, C)

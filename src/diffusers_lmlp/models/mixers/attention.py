@@ -1,9 +1,7 @@
-"""U-ViT (Bao et al. 2023), the attention baseline of the L-MLP and MoE-MLP papers, as the reference builds it.
-
-Pre-norm transformer blocks in the shared token I/O and U-shaped skeleton; out blocks concatenate their long skip and
-project it (`skip_linear`). Module names and layouts are the reference's (baofff/U-ViT `libs/uvit_t2i.py`), so
-converting a checkpoint only renames it. SDPA runs in the model's compute dtype, as diffusers' processors do. Count
-MACs on the meta device: torch has no formula for the CPU flash kernel.
+"""U-ViT (Bao et al. 2023), the attention baseline of the L-MLP and MoE-MLP papers, as the reference builds it:
+pre-norm transformer blocks; out blocks concatenate their long skip and project it (`skip_linear`). Module names and
+layouts are the reference's (baofff/U-ViT `libs/uvit_t2i.py`), so converting a checkpoint only renames it. Count MACs
+on the meta device: torch has no formula for the CPU flash kernel.
 """
 
 import re
@@ -28,16 +26,14 @@ class UViTAttention(nn.Module):
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(
-                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_heads}): each head "
-                f"attends over hidden_size / num_attention_heads channels. Pick num_attention_heads among the "
-                f"divisors of {hidden_size} (U-ViT-S/2: 8 heads of 64 channels)."
+                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_heads}); pick one of "
+                f"its divisors (U-ViT-S/2: 8 heads of 64 channels)."
             )
         self.num_heads = num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=qkv_bias)
         self.proj = nn.Linear(hidden_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, D) normalised tokens → `proj` of the heads' attention outputs."""
         batch_size, seq_len, hidden_size = x.shape
         qkv = self.qkv(x).reshape(batch_size, seq_len, 3, self.num_heads, -1)  # (B, L, 3, H, D/H)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, L, D/H)
@@ -47,8 +43,8 @@ class UViTAttention(nn.Module):
 
 
 class UViTBlock(nn.Module):
-    """One U-ViT block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`; an out block (`skip=True`) merges
-    the long skip with `skip_linear`."""
+    """One U-ViT block, `block(x, skip) -> x` on (B, L, D); an out block (`skip=True`) merges the long skip with
+    `skip_linear`."""
 
     def __init__(
         self,
@@ -68,12 +64,10 @@ class UViTBlock(nn.Module):
         self.mlp = channel_mlp(hidden_size, mlp_ratio)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if (skip is None) != (self.skip_linear is None):
             raise ValueError(
-                "A U-ViT out block (built with skip=True, it has skip_linear) takes the long skip of its in block, "
-                f"and in and mid blocks take none; this block has skip_linear={self.skip_linear is not None} but "
-                f"got skip={'None' if skip is None else 'a tensor'}."
+                "Only a U-ViT out block (skip=True) takes a long skip; this block has skip_linear="
+                f"{self.skip_linear is not None} but got skip={'None' if skip is None else 'a tensor'}."
             )
         if self.skip_linear is not None:
             x = self.skip_linear(torch.cat([x, skip], dim=-1))  # (B, L, 2D) -> (B, L, D)
@@ -84,15 +78,11 @@ class UViTBlock(nn.Module):
 @public
 class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-ViT text-to-image backbone ([U-ViT](https://arxiv.org/abs/2209.12152)), exactly the reference
-    `libs/uvit_t2i.py`: the attention baseline of both MLP papers. The defaults build U-ViT-S/2 for MS-COCO;
-    "U-ViT-S/2-deep" (depth 16) is a named configuration. Load the published weights with
-    `convert_uvit_reference_state_dict`. LoRA can target `attn.qkv`, `attn.proj`, `mlp.fc1/fc2` and `skip_linear`.
-
-    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-5) with `channel_mlp`, and:
-
-        num_attention_heads (`int`, *optional*, defaults to 8): Attention heads H; must divide `hidden_size`.
-        qkv_bias (`bool`, *optional*, defaults to `False`): Give the `qkv` projection a bias.
-    """
+    `libs/uvit_t2i.py`. The defaults build U-ViT-S/2 for MS-COCO; "U-ViT-S/2-deep" (depth 16) is a named
+    configuration; `convert_uvit_reference_state_dict` loads the published weights. LoRA can target `attn.qkv`,
+    `attn.proj`, `mlp.fc1/fc2` and `skip_linear`. Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0,
+    norm_eps=1e-5) with `channel_mlp`, and `num_attention_heads` (defaults to 8; must divide `hidden_size`) and
+    `qkv_bias` (defaults to `False`)."""
 
     _no_split_modules = ["UViTBlock"]
     _repeated_blocks = ["UViTBlock"]
@@ -156,22 +146,13 @@ _LMLP_BLOCK_KEY = re.compile(rf"^({_BLOCK})\.(l|r|proj)\.(weight|bias)$")
 def _unexpected_key_error(key: str) -> ValueError:
     """The error for a key that no rule maps, naming what the checkpoint most likely is."""
     if _LMLP_BLOCK_KEY.match(key):
-        cause = (
-            "This looks like an L-MLP checkpoint (zizhao-hu/L-MLP libs/f2.py, blocks with l, r and proj): load it into "
-            "LMLPTransformer2DModel with convert_lmlp_reference_state_dict."
-        )
+        cause = "This looks like an L-MLP checkpoint (libs/f2.py): load it with convert_lmlp_reference_state_dict."
     elif re.match(rf"^({_BLOCK})\.skip_linear\.", key):
         cause = "Only out blocks have a skip_linear: the block numbering of this checkpoint is not U-ViT's."
     elif re.match(r"^(time_embed|label_emb|token_embedding|clip_img_embed|text_embed)\.", key):
-        cause = (
-            "This looks like another U-ViT (the class-conditional libs/uvit.py, a time-MLP variant or UniDiffuser), "
-            "not the MS-COCO text-to-image U-ViT (libs/uvit_t2i.py with mlp_time_embed=False) this model implements."
-        )
+        cause = "This looks like another U-ViT (libs/uvit.py, a time-MLP variant or UniDiffuser), not uvit_t2i.py's."
     else:
-        cause = (
-            "Pass the network's own state dict (e.g. mscoco_uvit_small.pth or a training run's nnet_ema.pth), not an "
-            "optimizer state or a dict that wraps it."
-        )
+        cause = "Pass the network's own state dict (e.g. nnet_ema.pth), not an optimizer state or a wrapping dict."
     return ValueError(
         f"Unexpected key {key!r}: not part of the reference U-ViT text-to-image layout (libs/uvit_t2i.py). {cause}"
     )
@@ -179,8 +160,8 @@ def _unexpected_key_error(key: str) -> ValueError:
 
 def convert_uvit_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename a state dict of the reference U-ViT (`libs/uvit_t2i.py` of baofff/U-ViT) to `UViTTransformer2DModel`'s
-    keys (`_REFERENCE_KEY_RULES`); tensors are not copied, a DDP `module.` prefix is stripped, and any other key
-    raises a `ValueError` naming what the checkpoint most likely is.
+    keys; tensors are not copied, a DDP `module.` prefix is stripped, and any other key raises a `ValueError` naming
+    what the checkpoint most likely is.
 
     Example (the published checkpoints are pickled, and this package never unpickles: load a file you trust):
 

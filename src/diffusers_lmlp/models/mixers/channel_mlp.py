@@ -1,7 +1,5 @@
-"""Channel MLPs, the per-token MLP of a block, built as `make(hidden_size, mlp_ratio)`; one with `needs_token_layout`
-also takes `num_extra_tokens` and `grid_size`, which `channel_mlp_factory` binds. A model's `channel_mlp` config names
-a key of `CHANNEL_MLPS`.
-"""
+"""Channel MLPs, the per-token MLP of a block, built as `make(hidden_size, mlp_ratio)` (`channel_mlp_factory` binds
+the token layout of one with `needs_token_layout`). A model's `channel_mlp` config names a key of `CHANNEL_MLPS`."""
 
 import functools
 from collections.abc import Callable
@@ -23,10 +21,6 @@ class JointMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))  # (B, L, s·D) inside
-
-
-# The IMLP's depthwise kernel size n, the paper's default (§5.1).
-DW_KERNEL_SIZE = 3
 
 
 class AGeLU(nn.Module):
@@ -52,18 +46,6 @@ class AGeLU(nn.Module):
         return self.beta * F.gelu(self.alpha * x + self.gamma) + self.theta
 
 
-def _imlp_hidden_width(hidden_size: int, mlp_ratio: float) -> int:
-    """C' = int(hidden_size · mlp_ratio), which the two AGeLUs share in halves, so it must be even."""
-    inner = int(hidden_size * mlp_ratio)
-    if inner % 2:
-        raise ValueError(
-            f"The IMLP splits its hidden width C' = int(hidden_size × mlp_ratio) = int({hidden_size} × {mlp_ratio}) "
-            f"= {inner} between two AGeLUs of C'/2 channels (eq. 5), so C' must be even; choose a mlp_ratio that "
-            "gives an even width (e.g. 4)."
-        )
-    return inner
-
-
 class IMLP(nn.Module):
     """The improved MLP (IMLP) of "Improving MLP Module in Vision Transformer" (§4, Fig. 4), a swappable channel MLP.
 
@@ -72,32 +54,37 @@ class IMLP(nn.Module):
         t = GELU(norm(dw_conv(t)))                  spatial-wise enhancement: the DW block (§4.3)
         y = fc2(t)                                  W^e: C' -> D
 
-    with C' = int(D · mlp_ratio), even, and no residual. The depthwise conv reads the image tokens as a (B, C', g, g)
-    grid and each time or text token as a 1×1 image. The norm is a per-token LayerNorm, not the paper's BatchNorm,
-    which couples samples.
+    with C' = int(D · mlp_ratio), even, and no residual. The 3×3 depthwise conv (the paper's default, §5.1) reads the
+    image tokens as a (B, C', g, g) grid and each time or text token as a 1×1 image. The norm is a per-token
+    LayerNorm, not the paper's BatchNorm, which couples samples.
     """
 
     needs_token_layout = True
 
     def __init__(self, hidden_size: int, mlp_ratio: float, *, num_extra_tokens: int, grid_size: int):
         super().__init__()
-        inner = _imlp_hidden_width(hidden_size, mlp_ratio)
+        inner = int(hidden_size * mlp_ratio)
+        if inner % 2:
+            raise ValueError(
+                f"The IMLP splits C' = int({hidden_size} × {mlp_ratio}) = {inner} between two AGeLUs of C'/2 channels "
+                "(eq. 5), so C' must be even; choose a mlp_ratio that gives an even width (e.g. 4)."
+            )
         self.num_extra_tokens = num_extra_tokens
         self.grid_size = grid_size
         self.fc1 = nn.Linear(hidden_size, inner // 2)  # W^d
         self.agelu = nn.ModuleList([AGeLU(inner // 2), AGeLU(inner // 2)])  # AGeLU and AGeLU'
-        self.dw_conv = nn.Conv2d(inner, inner, DW_KERNEL_SIZE, padding=DW_KERNEL_SIZE // 2, groups=inner)
+        self.dw_conv = nn.Conv2d(inner, inner, 3, padding=1, groups=inner)
         self.norm = nn.LayerNorm(inner)
         self.fc2 = nn.Linear(inner, hidden_size)  # W^e
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the IMLP to (B, L, D) normalised tokens [time | text | image], L = num_extra_tokens + g²."""
+        """(B, L, D) normalised tokens [time | text | image], L = num_extra_tokens + g² → (B, L, D)."""
         batch_size, seq_len, _ = x.shape
         g, num_extra = self.grid_size, self.num_extra_tokens
         if seq_len != num_extra + g * g:
             raise ValueError(
                 f"IMLP was built for {num_extra} time/text tokens and a {g}×{g} image grid ({num_extra + g * g} "
-                f"tokens), got {seq_len}; build it with the num_extra_tokens and grid_size of the model's layout."
+                f"tokens), got {seq_len}; build it with the model's num_extra_tokens and grid_size."
             )
         t = self.fc1(x)  # (B, L, C'/2)
         t = torch.cat([agelu(t) for agelu in self.agelu], dim=-1)  # (B, L, C')
@@ -110,7 +97,6 @@ class IMLP(nn.Module):
         return self.fc2(t)  # (B, L, D)
 
 
-# config value -> class
 CHANNEL_MLPS: dict[str, type[nn.Module]] = {"mlp": JointMLP, "imlp": IMLP}
 
 

@@ -23,10 +23,6 @@ from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool
 from ..catalog import NAMED_CONFIGS
 
 
-# The spatial weights start uniform in ±SPATIAL_INIT_RANGE (the paper's "small values").
-SPATIAL_INIT_RANGE = 0.01
-
-
 class SpatialGatingUnit(nn.Module):
     """s(Z) = Z_1 ⊙ f_{W,b}(LN(Z_2)), with f_{W,b} a Linear over the token axis: d_ffn → d_ffn / 2 channels."""
 
@@ -36,43 +32,34 @@ class SpatialGatingUnit(nn.Module):
         self.spatial_proj = nn.Linear(seq_len, seq_len)  # f_{W,b}: one bias per output token
 
     def init_weights(self) -> None:
-        """W near zero (U(±0.01)) and b = 1, so that the unit starts close to passing Z_1 through."""
-        nn.init.uniform_(self.spatial_proj.weight, -SPATIAL_INIT_RANGE, SPATIAL_INIT_RANGE)
+        """W near zero (U(±0.01), the paper's "small values") and b = 1: the unit starts close to passing Z_1."""
+        nn.init.uniform_(self.spatial_proj.weight, -0.01, 0.01)
         nn.init.ones_(self.spatial_proj.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """Gate one half of a (B, L, d_ffn) Z by the spatially projected other half."""
         u, v = z.chunk(2, dim=-1)  # (B, L, d_ffn / 2) each
         v = self.spatial_proj(self.norm(v).transpose(1, 2)).transpose(1, 2)  # (B, d_ffn / 2, L) inside
         return u * v
 
 
 class GMLPBlock(nn.Module):
-    """One gMLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`, d_ffn = int(D · mlp_ratio) even."""
+    """One gMLP block, `block(x, skip) -> x` on (B, L, D), d_ffn = int(D · mlp_ratio) even."""
 
     def __init__(self, hidden_size: int, seq_len: int, mlp_ratio: float, norm_eps: float):
         super().__init__()
-        d_ffn = self.ffn_width(hidden_size, mlp_ratio)
+        d_ffn = int(hidden_size * mlp_ratio)
+        if d_ffn % 2:
+            raise ValueError(
+                f"mlp_ratio={mlp_ratio} gives gMLP a width d_ffn = int({hidden_size} × {mlp_ratio}) = {d_ffn}, which "
+                "is odd; the spatial gating unit splits it in halves. Choose an even width (e.g. mlp_ratio="
+                f"{(d_ffn + 1.5) / hidden_size:.6g}: d_ffn = {d_ffn + 1})."
+            )
         self.norm = nn.LayerNorm(hidden_size, eps=norm_eps)
         self.channel_proj1 = nn.Linear(hidden_size, d_ffn)  # U
         self.sgu = SpatialGatingUnit(d_ffn, seq_len, norm_eps)
         self.channel_proj2 = nn.Linear(d_ffn // 2, hidden_size)  # V
 
-    @staticmethod
-    def ffn_width(hidden_size: int, mlp_ratio: float) -> int:
-        """d_ffn = int(hidden_size × mlp_ratio), which the gating unit splits in halves (a `ValueError` if odd)."""
-        d_ffn = int(hidden_size * mlp_ratio)
-        if d_ffn % 2:
-            even_ratio = (d_ffn + 1.5) / hidden_size
-            raise ValueError(
-                f"mlp_ratio={mlp_ratio} gives gMLP a width d_ffn = int({hidden_size} × {mlp_ratio}) = {d_ffn}, which "
-                "is odd; the spatial gating unit splits d_ffn into two equal halves. Choose mlp_ratio so that "
-                f"int(hidden_size × mlp_ratio) is even (e.g. mlp_ratio={even_ratio:.6g}: d_ffn = {d_ffn + 1})."
-            )
-        return d_ffn
-
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if skip is not None:
             x = x + skip
         z = F.gelu(self.channel_proj1(self.norm(x)))  # (B, L, d_ffn)
@@ -82,12 +69,10 @@ class GMLPBlock(nn.Module):
 
 @public
 class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """gMLP blocks ([gMLP](https://arxiv.org/abs/2105.08050)) in the U-shaped text-to-image backbone.
-
-    The defaults are COCO-size with the gMLP paper's d_ffn = 6·D; L-MLP Table 1's A3 is the named configuration "A3".
-    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=6.0: d_ffn as a multiple of D, which must be
-    even; norm_eps=1e-5) with `long_skips`. LoRA can target `channel_proj1`, `sgu.spatial_proj` and `channel_proj2`.
-    """
+    """gMLP blocks ([gMLP](https://arxiv.org/abs/2105.08050)) in the U-shaped text-to-image backbone: COCO-size with
+    the gMLP paper's d_ffn = 6·D by default, L-MLP Table 1's A3 as "A3". Parameters are `UShapedMixerModel`'s
+    (num_layers=12, mlp_ratio=6.0: an even d_ffn as a multiple of D; norm_eps=1e-5) with `long_skips`. LoRA can target
+    `channel_proj1`, `sgu.spatial_proj` and `channel_proj2`."""
 
     _no_split_modules = ["GMLPBlock"]
     _repeated_blocks = ["GMLPBlock"]

@@ -27,9 +27,9 @@ SKIP_STAGES = ("first_stage", "second_stage")
 
 
 class LMLPBlock(nn.Module):
-    """One L-MLP block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`; the defaults are the reference block.
-    The options are `LMLPTransformer2DModel`'s (`skip_stage` is its `long_skip`); `channel_mlp` builds the second
-    stage, and `left` is a (B, D, L) -> (B, D, L) token mixer in place of FNN_L (the MoE-MLP's)."""
+    """One L-MLP block, `block(x, skip) -> x` on (B, L, D); the defaults are the reference block. The options are
+    `LMLPTransformer2DModel`'s (`skip_stage` is its `long_skip`); `channel_mlp` builds the second stage, and `left`
+    is a (B, D, L) -> (B, D, L) token mixer in place of FNN_L (the MoE-MLP's)."""
 
     def __init__(
         self,

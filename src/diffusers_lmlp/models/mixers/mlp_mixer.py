@@ -18,8 +18,7 @@ from .channel_mlp import JointMLP
 
 
 class MLPMixerBlock(nn.Module):
-    """One MLP-Mixer block, `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`, with D_S = L · token_mlp_ratio
-    and the channel MLP `channel_mlp(hidden_size, mlp_ratio)`."""
+    """One MLP-Mixer block, `block(x, skip) -> x` on (B, L, D), with D_S = L · token_mlp_ratio."""
 
     def __init__(
         self,
@@ -38,7 +37,6 @@ class MLPMixerBlock(nn.Module):
         self.channel_mlp = channel_mlp(hidden_size, mlp_ratio)  # D -> D_C -> D, per token
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if skip is not None:
             x = x + skip
         x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)  # (B, D, L) inside
@@ -47,13 +45,11 @@ class MLPMixerBlock(nn.Module):
 
 @public
 class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
-    """MLP-Mixer blocks ([MLP-Mixer](https://arxiv.org/abs/2105.01601)) in the U-shaped text-to-image backbone.
-
-    The defaults are COCO-size with the Mixer paper's D_C = 4·D; L-MLP Table 1's A2 is the named configuration "A2".
-    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-5) with `long_skips` and
-    `channel_mlp`, and `token_mlp_ratio` (`float`, defaults to 2.0): the token MLP's width D_S as a multiple of L.
-    LoRA can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`.
-    """
+    """MLP-Mixer blocks ([MLP-Mixer](https://arxiv.org/abs/2105.01601)) in the U-shaped text-to-image backbone:
+    COCO-size with the Mixer paper's D_C = 4·D by default, L-MLP Table 1's A2 as "A2". Parameters are
+    `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-5) with `long_skips` and `channel_mlp`, and
+    `token_mlp_ratio` (defaults to 2.0): D_S as a multiple of L. LoRA can target `token_mlp.fc1/fc2` and
+    `channel_mlp.fc1/fc2`."""
 
     _no_split_modules = ["MLPMixerBlock"]
     _repeated_blocks = ["MLPMixerBlock"]

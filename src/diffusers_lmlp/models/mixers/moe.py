@@ -31,10 +31,7 @@ class MoELinearAttention(nn.Module):
         if num_experts < 1 or num_heads < 1:
             raise ValueError(f"num_experts and num_heads must be >= 1, got {num_experts} and {num_heads}.")
         if hidden_size % num_heads:
-            raise ValueError(
-                f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}): each head mixes "
-                f"hidden_size / num_heads channels. Pick num_heads among the divisors of {hidden_size}."
-            )
+            raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}).")
         self.num_experts = num_experts
         self.num_heads = num_heads
         self.expert_weight = nn.Parameter(torch.empty(num_heads, num_experts, seq_len, seq_len))  # (H, E, Lo, Li)
@@ -93,15 +90,11 @@ class MoEMLPBlock(LMLPBlock):
 
 
 def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha: float = 1e-10) -> torch.Tensor:
-    """The optional load-balancing loss of the MoE-MLP paper (§4.2), `weight` × the scalar to add to the diffusion
-    loss. With u_e the batch-mean gate probability of expert e, averaged over routers (block × head):
+    """The optional load-balancing loss of the MoE-MLP paper (§4.2), `weight` (the paper's 0.01) × the scalar to add
+    to the diffusion loss. With u_e the batch-mean gate probability of expert e in one router (block × head) of the
+    (num_blocks, B, H, E) `router_probs`, averaged over routers:
 
         L_balance = (σ_u / (μ_u + α))² − Σ_e (1/E) · log(u_e + α)
-
-    Args:
-        router_probs (`torch.Tensor`): (num_blocks, B, H, E) gate probabilities, a `MoEMLPModelOutput.router_probs`.
-        weight (`float`, *optional*, defaults to 0.01): Loss weight (the paper's, after Shazeer et al. 2017).
-        alpha (`float`, *optional*, defaults to 1e-10): Small constant for numerical stability.
 
     Example:
         ```py
@@ -111,8 +104,8 @@ def load_balancing_loss(router_probs: torch.Tensor, weight: float = 0.01, alpha:
     """
     if router_probs.ndim != 4:
         raise ValueError(
-            f"router_probs must be (num_blocks, B, H, E), got shape {tuple(router_probs.shape)}. "
-            "Pass `.router_probs` of a MoEMLPModel output computed with output_router_probs=True."
+            f"router_probs must be (num_blocks, B, H, E), got shape {tuple(router_probs.shape)}; pass the "
+            "`.router_probs` of a MoEMLPModel output with output_router_probs=True."
         )
     usage = router_probs.float().mean(dim=1)  # (num_blocks, H, E)
     mean = usage.mean(-1)  # (num_blocks, H)

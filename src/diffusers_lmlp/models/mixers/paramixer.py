@@ -9,9 +9,8 @@ One parallelized mixing layer (eq. 32, the reference `pMixerBlock`) reads one sy
 
 The MLPs are bias-free with GELU; the families differ only in them (`VanillaMLP`, `SymmetricMLP`, `AsymmetricMLP`).
 Unlike the reference classifier (Toshihiro-Ota/paramixer) the init is the package's and there is no dropout. LoRA
-adapts the tied W as parameters (`LoraConfig(target_parameters=["token_mlp.weight", "channel_mlp.weight"])`), keeping
-the MLP symmetric; peft 0.21 cannot load such an adapter from a file: add it from its config, then load its weights
-with `peft.set_peft_model_state_dict`.
+adapts the tied W as parameters (`LoraConfig(target_parameters=["token_mlp.weight", "channel_mlp.weight"])`),
+keeping the MLP symmetric.
 """
 
 import torch
@@ -38,15 +37,13 @@ class VanillaMLP(nn.Module):
 
 
 class SymmetricMLP(nn.Module):
-    """SymMixer's MLP: y = GELU(x Wᵀ) W, the second layer the transpose of the first (W₂ = W₁ᵀ, eqs. 28–29); W has a
-    Linear's (hidden, in) layout."""
+    """SymMixer's MLP: y = GELU(x Wᵀ) W, i.e. W₂ = W₁ᵀ (eqs. 28–29); W has a Linear's (hidden, in) layout."""
 
     def __init__(self, in_features: int, hidden_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_features, in_features))  # W₁; W₂ = W₁ᵀ
 
     def init_weights(self) -> None:
-        """The package's Linear init: truncated normal, std 0.02."""
         nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,8 +65,8 @@ class AsymmetricMLP(SymmetricMLP):
 
 
 class ParaMixerBlock(nn.Module):
-    """One parallelized mixing layer (eq. 32), `block(x (B, L, D), skip (B, L, D) | None) -> (B, L, D)`, with MLPs of
-    `mlp_class`; `num_iterations` repeats the update with the same weights (the paper's iterative mixing layers)."""
+    """One parallelized mixing layer (eq. 32), `block(x, skip) -> x` on (B, L, D), with MLPs of `mlp_class`;
+    `num_iterations` repeats the update with the same weights (the paper's iterative mixing layers)."""
 
     def __init__(
         self,
@@ -88,7 +85,6 @@ class ParaMixerBlock(nn.Module):
         self.channel_mlp = mlp_class(hidden_size, channel_hidden)  # reference `mlp_channels`: g(· W₃) W₄
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block on (B, L, D) tokens; `skip` is the matching in-block's output (out blocks only)."""
         if skip is not None:
             x = x + skip
         for _ in range(self.num_iterations):
@@ -100,12 +96,8 @@ class ParaMixerBlock(nn.Module):
 
 class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """Shared body of the ParaMixer, SymMixer and AsymMixer models: `ParaMixerBlock`s whose MLPs are `mlp_class`.
-
-    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-6 as in paramixer), and:
-
-        token_mlp_ratio (`float`, *optional*, defaults to 0.5): Token-MLP width as a multiple of D (not of L).
-        num_iterations (`int`, *optional*, defaults to 1): Apply each block this many times with the same weights.
-    """
+    Parameters are `UShapedMixerModel`'s (num_layers=12, mlp_ratio=4.0, norm_eps=1e-6 as in paramixer), and
+    `token_mlp_ratio` (defaults to 0.5; of D, not of L) and `num_iterations` (defaults to 1)."""
 
     _no_split_modules = ["ParaMixerBlock"]
     _repeated_blocks = ["ParaMixerBlock"]
@@ -148,14 +140,13 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         )
 
     def _check_config(self) -> None:
-        super()._check_config()
         check_width("token_mlp_ratio", self.config.token_mlp_ratio, self.config.hidden_size, "token MLP")
 
 
 @public
 class ParaMixerTransformer2DModel(ParallelMixerModel):
-    """ParaMixer: parallelized mixing layers with independent token- and channel-MLP weights (eq. 32); parameters
-    as `ParallelMixerModel`. LoRA can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`."""
+    """ParaMixer: parallelized mixing layers with independent MLP weights (eq. 32); parameters as
+    `ParallelMixerModel`. LoRA can target `token_mlp.fc1/fc2` and `channel_mlp.fc1/fc2`."""
 
     mlp_class = VanillaMLP
     named_configs = NAMED_CONFIGS["paramixer"]
@@ -163,8 +154,8 @@ class ParaMixerTransformer2DModel(ParallelMixerModel):
 
 @public
 class SymMixerTransformer2DModel(ParallelMixerModel):
-    """SymMixer: parallelized mixing layers whose MLPs have symmetric weights W₂ = W₁ᵀ (eqs. 28–29); parameters as
-    `ParallelMixerModel`. LoRA adapts the tied weights as parameters (see the module docstring)."""
+    """SymMixer: parallelized mixing layers with symmetric MLP weights W₂ = W₁ᵀ (eqs. 28–29); parameters as
+    `ParallelMixerModel`. LoRA adapts the tied weights as parameters."""
 
     mlp_class = SymmetricMLP
     named_configs = NAMED_CONFIGS["symmixer"]
@@ -180,8 +171,8 @@ class AsymMixerTransformer2DModel(ParallelMixerModel):
 
 
 def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:
-    """Σ ‖W̃‖²_F over every `AsymmetricMLP.fc2` of a model (found by type, so wrapped models work): the paper's
-    symmetry-breaking penalty (eq. 39) without λ, a float32 scalar. With LoRA on `fc2` only the base weight counts.
+    """The paper's symmetry-breaking penalty (eq. 39) without λ, a float32 scalar: Σ ‖W̃‖²_F over every
+    `AsymmetricMLP.fc2` (found by type, so wrapped models work; with LoRA on `fc2` only the base weight counts).
 
     Example:
         ```py
@@ -192,6 +183,6 @@ def symmetry_breaking_penalty(model: nn.Module) -> torch.Tensor:
     if not weights:
         raise ValueError(
             f"{type(model).__name__} has no symmetry-breaking weights (no AsymmetricMLP): the penalty applies to an "
-            "AsymMixerTransformer2DModel. Drop the symmetry-breaking weight for other backbones."
+            "AsymMixerTransformer2DModel only."
         )
     return torch.stack([weight.float().square().sum() for weight in weights]).sum()

@@ -1,5 +1,5 @@
 """Routers turn gate logits into expert probabilities; `collect_router_probs` records them with forward hooks, so
-blocks keep the plain contract `block(x, skip) -> x`."""
+blocks keep the contract `block(x, skip) -> x`."""
 
 import contextlib
 from collections.abc import Iterator
