@@ -63,7 +63,9 @@ REFERENCE = "F2-deep"  # the paper's UL-MLP, against which the MoE-MLP's cost is
 # One model per registered family (Table 1's F2 beside the reference F2-deep), the baseline first.
 DEFAULT_MODELS = [BASELINE, "F2-deep", "F2", "4E2H", "A2", "A3", "ParaMixer-S", "SymMixer-S", "AsymMixer-S"]
 MODES = ("eager", "compile", "regional", "frozen")
-SAMPLING_ONLY_MODES = ("frozen",)  # freezing makes the weights constants: an inference mode
+# "graphs": the whole model under inductor with CUDA graphs (`mode="reduce-overhead"`), sampling at a fixed batch; not
+# a default mode, since a CPU has no graphs to replay (it runs as "compile" there).
+SAMPLING_ONLY_MODES = ("frozen", "graphs")  # freezing makes the weights constants, graphs replay fixed buffers
 PASSES = ("sampling", "training")
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) of the GPUs this project runs on, for MFU. Others: the measured
 # bf16 GEMM rate is used instead, and the table says so.
@@ -78,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_MODELS,
         help="named configs (U-ViT-S/2 is always added and runs first, then F2-deep if named)",
     )
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, "graphs"))
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), help="default: fp32, and bf16 if native")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--batch_size", type=number(int, 1), default=8, help="B: images per step (sampling runs 2·B)")
@@ -150,8 +152,9 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
 
 
 def make_runner(model: torch.nn.Module, mode: str) -> Callable:
-    """The model in one mode: itself, `torch.compile(model)`, a copy with its repeated blocks compiled, or the
-    pipeline's frozen compilation of a copy (`FrozenTransformer`; sampling only).
+    """The model in one mode: itself, `torch.compile(model)`, a copy with its repeated blocks compiled, the
+    pipeline's frozen compilation of a copy (`FrozenTransformer`; sampling only), or `torch.compile(model,
+    mode="reduce-overhead")` replaying CUDA graphs (`GraphedSampling`; sampling only).
 
     Every mode calls every layer as a module (compilation traces the modules, it does not replace them), so hooks and
     adapters registered before compiling run in all of them.
@@ -162,9 +165,24 @@ def make_runner(model: torch.nn.Module, mode: str) -> Callable:
         return torch.compile(model)
     if mode == "frozen":
         return FrozenTransformer().for_sampling(copy.deepcopy(model))
+    if mode == "graphs":
+        return GraphedSampling(torch.compile(model, mode="reduce-overhead"))
     regional = copy.deepcopy(model)
     regional.compile_repeated_blocks()
     return regional
+
+
+class GraphedSampling(torch.nn.Module):
+    """A compiled model whose CUDA graphs replay: each call starts a new step, so a replay may reuse the buffers of
+    the outputs before it (which the timing loop drops)."""
+
+    def __init__(self, compiled: torch.nn.Module):
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(*args, **kwargs)
 
 
 def sampling_step(runner: torch.nn.Module, data: dict, device: str, precision: str) -> Callable[[], torch.Tensor]:

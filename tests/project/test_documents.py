@@ -137,7 +137,11 @@ COVERAGE = {
         "tests/benchmarks/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
         "tests/benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate",
     ],
-    ("docs/speed-gpu.md", 3, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
+    ("docs/speed-gpu.md", 3, "python benchmarks/gpu_check.py --device cpu --quick"): [
+        "tests/benchmarks/test_gpu_check.py::test_the_documented_commands_parse",
+        "tests/benchmarks/test_gpu_check.py::test_the_quick_check_runs_every_part_but_emoji_on_a_cpu",
+    ],
+    ("docs/speed-gpu.md", 4, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
         "tests/benchmarks/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
     ],
     ("docs/ablation.md", 0, "python benchmarks/ablation_shapes.py --output_dir ablation-shapes"): [
