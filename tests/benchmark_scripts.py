@@ -11,7 +11,7 @@ from documents import PAGES, ROOT, blocks
 
 
 def load_benchmark(name: str, folder: str = "benchmarks") -> ModuleType:
-    """`<folder>/<name>.py` as a module, with its folder on the import path as when it runs (scripts import each other)."""
+    """`<folder>/<name>.py` as a module, its folder on the import path while it loads (scripts import each other)."""
     folder = str(ROOT / folder)
     sys.path.insert(0, folder)
     try:
@@ -34,12 +34,17 @@ def documented_commands(name: str) -> list[list[str]]:
     ]
 
 
+def assert_refused(parse_args, argv: list[str], message: str, capsys) -> None:
+    """`parse_args(argv)` exits, its error naming `message`."""
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
 def check_the_commands_parse(parse_args, commands: list[list[str]], capsys) -> None:
     """Every option and value of every command is valid; without a GPU, `--device cuda` is refused saying so."""
     for command in commands:
         if "cuda" in command and not torch.cuda.is_available():
-            with pytest.raises(SystemExit):
-                parse_args(command[2:])
-            assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
+            assert_refused(parse_args, command[2:], "--device cuda needs a CUDA GPU", capsys)
         else:
             parse_args(command[2:])

@@ -1,8 +1,5 @@
-"""The README and the pages in docs/, for the tests that run their commands and read their numbers.
-
-A page is named by its path from the repository root (`"README.md"`, `"docs/coco.md"`). When text moves from one page
-to another, the tests that read it change only the page they name here.
-"""
+"""The README and docs/ pages (named by their path from the repository root), for the tests that run their commands
+and read their numbers."""
 
 import re
 import textwrap
@@ -11,9 +8,8 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every page, in the order their Python examples run one after another in one namespace
-# (tests/project/test_readme.py): the README's examples first, and each page's after the ones it builds on
-# (docs/backbones.md's use the README's model).
+# Every page, in the order their Python examples run in one namespace (tests/project/test_readme.py): each after
+# the pages it builds on.
 PAGES = (
     "README.md",
     "docs/pipeline.md",
@@ -45,8 +41,7 @@ def text(page: str) -> str:
 
 @cache
 def prose(page: str) -> str:
-    """The text of `page` with every run of whitespace as one space, so that a sentence matches however its lines
-    wrap."""
+    """The text of `page` with every run of whitespace as one space: a sentence matches however its lines wrap."""
     return " ".join(text(page).split())
 
 
@@ -66,8 +61,7 @@ def headings(markdown: str) -> list[tuple[int, int, str]]:
 
 
 def section(page: str, title: str) -> str:
-    """The text of `page` under the heading `title` (without its #s), to the next heading of the same level or
-    above."""
+    """The text of `page` under the heading `title` (without its #s), to the next heading of its level or above."""
     all_lines = text(page).splitlines()
     found = headings(text(page))
     [(start, level)] = [(index, level) for index, level, heading in found if heading == title]
@@ -76,8 +70,7 @@ def section(page: str, title: str) -> str:
 
 
 def blocks(source: str, language: str) -> list[str]:
-    """The code blocks of `language` in `source`: a page's path, or Markdown text itself. A block indented under a list
-    item counts too, its indentation removed."""
+    """The code blocks of `language` in `source` (a page's path or Markdown text), indented ones dedented."""
     markdown = text(source) if source in PAGES else source
     found = re.findall(rf"^( *)```{language}\n(.*?)^\1```", markdown, flags=re.DOTALL | re.MULTILINE)
     return [textwrap.dedent(code) for _, code in found]

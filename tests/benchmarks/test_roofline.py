@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from benchmark_scripts import check_the_commands_parse, documented_commands, load_benchmark
+from benchmark_scripts import documented_commands, load_benchmark
 from documents import section, text
 
 
@@ -32,8 +32,7 @@ def test_a_linear_reads_its_operands_and_writes_its_result_once(roofline):
     with roofline.recording() as recorder:
         F.linear(x, weight, bias)  # addmm(bias, x, weight.T): the transpose is a view
     [op] = recorder.ops
-    assert (op.name, op.kind, op.flops) == ("addmm", "GEMM", 2 * 6 * 4 * 10)
-    assert op.bytes == BF16 * (6 * 10 + 4 * 10 + 4 + 6 * 4)
+    assert (op.name, op.kind, op.flops, op.bytes) == ("addmm", "GEMM", 2 * 6 * 4 * 10, BF16 * (60 + 40 + 4 + 24))
 
 
 def test_views_are_free_and_a_copy_or_a_broadcast_add_moves_its_bytes(roofline):
@@ -42,10 +41,9 @@ def test_views_are_free_and_a_copy_or_a_broadcast_add_moves_its_bytes(roofline):
         moved = x.transpose(1, 2)  # a view: no kernel
         moved.reshape(3, 35)  # not viewable: one copy, then a free reshape of the copy
         x + bias  # the bias is read once, not once per row
-    assert [(op.name, op.kind) for op in recorder.ops] == [("clone", "layout"), ("add", "other")]
-    assert [op.flops for op in recorder.ops] == [0, 0]
-    assert recorder.ops[0].bytes == BF16 * 2 * 3 * 5 * 7
-    assert recorder.ops[1].bytes == BF16 * (2 * 3 * 5 * 7 + 7)
+    assert [(op.name, op.kind, op.flops, op.bytes) for op in recorder.ops] == [
+        ("clone", "layout", 0, BF16 * 2 * 3 * 5 * 7), ("add", "other", 0, BF16 * (2 * 3 * 5 * 7 + 7))
+    ]  # fmt: skip
 
 
 def test_a_layer_norm_over_a_strided_view_first_copies_it(roofline):
@@ -53,9 +51,8 @@ def test_a_layer_norm_over_a_strided_view_first_copies_it(roofline):
     with roofline.recording() as recorder:
         F.layer_norm(tokens.transpose(1, 2), (6,))  # over the token axis, as the left hemisphere's norm
     assert [(op.name, op.kind) for op in recorder.ops] == [
-        ("native_layer_norm (copy of a strided input)", "layout"),
-        ("native_layer_norm", "norm"),
-    ]
+        ("native_layer_norm (copy of a strided input)", "layout"), ("native_layer_norm", "norm")
+    ]  # fmt: skip
     assert recorder.ops[0].bytes == 2 * BF16 * 2 * 6 * 4  # read and written once
     with roofline.recording() as recorder:
         F.layer_norm(tokens, (4,))
@@ -99,11 +96,9 @@ def test_attention_it_cannot_model_is_refused(roofline):
 
 
 def test_a_kernel_takes_its_compute_or_its_memory_time_whichever_is_longer(roofline):
-    h100 = roofline.GPUS["H100"]
-    square = roofline.Op("mm", "GEMM", flops=2 * 4096**3, bytes=BF16 * 3 * 4096**2)
+    h100, square = roofline.GPUS["H100"], roofline.Op("mm", "GEMM", flops=2 * 4096**3, bytes=BF16 * 3 * 4096**2)
     assert square.seconds(h100) == pytest.approx(2 * 4096**3 / 989e12)  # compute-bound
-    add = roofline.Op("add", "other", flops=0, bytes=3 * 10**9)
-    assert add.seconds(h100) == pytest.approx(3e9 / 3350e9)  # memory-bound
+    assert roofline.Op("add", "other", flops=0, bytes=3 * 10**9).seconds(h100) == pytest.approx(3e9 / 3350e9)
 
 
 @pytest.mark.parametrize("name", ["U-ViT-S/2", "F2-deep", "4E2H"])
@@ -132,15 +127,6 @@ def test_the_bounds_add_up(roofline):
     assert row.gigabytes == pytest.approx(sum(op.bytes for op in ops) / 1e9)
 
 
-def test_every_documented_command_is_one_the_script_takes(roofline, capsys):
-    commands = documented_commands("roofline")
-    assert commands, "the README and docs/ document the roofline command"
-    check_the_commands_parse(roofline.parse_args, commands, capsys)
-    with pytest.raises(SystemExit):
-        roofline.parse_args(["--models", "F9"])
-    assert "unknown named configs ['F9']" in capsys.readouterr().err
-
-
 def test_the_documented_command_writes_its_tables(roofline, tmp_path, capsys):
     command = documented_commands("roofline")[0]
     rows = roofline.main([*command[2:], "--num_layers", "2", "--batch_sizes", "2", "--output_dir", str(tmp_path)])
@@ -158,8 +144,7 @@ def test_the_documented_command_writes_its_tables(roofline, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_pages_print_the_scripts_estimate(roofline, tmp_path, capsys):
-    """The estimate is a pure function of the code: docs/speed-gpu.md's tables are the script's output, line for
-    line, and the README's summary is read from the same rows."""
+    """docs/speed-gpu.md's tables are the script's output, line for line, and the README's summary its rows."""
     rows = roofline.main([*documented_commands("roofline")[0][2:], "--output_dir", str(tmp_path)])
     printed = capsys.readouterr().out
     page = section("docs/speed-gpu.md", "A roofline estimate")

@@ -1,5 +1,5 @@
 """benchmarks/trainer_overhead.py: its documented command, shrunk, times the trainer beside a bare step of a copy of
-its model, built in the precision and compilation the trainer chose."""
+its model, in the trainer's precision and compilation."""
 
 import os
 import re
@@ -39,9 +39,7 @@ def test_the_documented_command_times_the_trainer_beside_a_bare_step(tmp_path, o
     )
     assert set(rows) == {"the trainer's loop", "its step function", "bare step"}
     assert float(rows["the trainer's loop"]) >= float(rows["its step function"]) > 0 and float(rows["bare step"]) > 0
-    assert "| bare step | " in result.stdout
-    # The step's parts, each timed where the trainer calls it, once per step (the preset does not clip; the norm is
-    # measured every step all the same), and the bare step's calls (none of them) not counted.
+    # The step's parts, each timed where the trainer calls it, once per step; the bare step's calls not counted.
     parts = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| [\d.]+% \|$", result.stdout, re.M))
     expected = {label for _, _, label in overhead.STEP_PARTS} | {label for _, _, label in overhead.INSTANCE_PARTS}
     assert set(parts) == expected, parts
@@ -76,11 +74,3 @@ def test_the_bare_step_trains_a_copy_and_leaves_the_trainers_model_as_it_was(ove
     timer.bare()
     assert timer.bare_mode == "fp32"
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
-
-
-def test_options_that_leave_no_timed_window_are_refused(overhead, capsys):
-    with pytest.raises(SystemExit):
-        overhead.parse_args(["--max_train_steps", "100", "--skip", "100"])
-    assert "leaves no timed window" in capsys.readouterr().err
-    args, rest = overhead.parse_args(["--every", "25", "--train_batch_size", "32"])
-    assert args.every == 25 and rest == ["--train_batch_size", "32"]  # the trainer's own options pass through

@@ -10,13 +10,14 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parents[2]
+BUILT = ".venv/lib/python3.11/site-packages/diffusers_lmlp-0.1.0.dist-info"  # what the README's install leaves
 pytestmark = pytest.mark.skipif(
     not Path("/usr/bin/chromium").exists(), reason=".ci/run installs chromium with apt-get where it is missing"
 )
 
 
 def ci_tree(tmp_path: Path, test_command: str, lowest_script: str) -> Path:
-    """A checkout of .ci/run alone, whose README's test command and lowest-versions script are the stand-ins given."""
+    """A checkout of .ci/run alone, with the README test command and lowest-versions script given."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     (tmp_path / "scripts").mkdir()
@@ -42,19 +43,16 @@ def test_a_failing_readme_command_fails_ci_and_stops_the_lowest_versions_run(tmp
 
 @pytest.mark.slow
 def test_a_failing_lowest_versions_run_fails_ci_after_the_readme_command(tmp_path):
-    built = ".venv/lib/python3.11/site-packages/diffusers_lmlp-0.1.0.dist-info"  # what the README's install leaves
     lowest = 'case "$1" in deps) ;; test) echo "the lowest tests ran"; exit 3 ;; esac\n'
-    result = run_ci(ci_tree(tmp_path, f"mkdir -p {built}", lowest))
-    assert result.returncode == 1
-    assert "the lowest tests ran" in result.stdout
+    result = run_ci(ci_tree(tmp_path, f"mkdir -p {BUILT}", lowest))
+    assert result.returncode == 1 and "the lowest tests ran" in result.stdout
     assert "the lowest-versions run failed (exit 3)" in result.stderr
 
 
 @pytest.mark.slow
 def test_the_lowest_versions_tests_wait_for_the_readme_install_to_build_the_package(tmp_path):
-    built = ".venv/lib/python3.11/site-packages/diffusers_lmlp-0.1.0.dist-info"
     order = tmp_path / "order"
     lowest = f'case "$1" in deps) ;; test) echo lowest >> "{order}" ;; esac\n'
-    result = run_ci(ci_tree(tmp_path, f'sleep 3; echo readme >> "{order}"; mkdir -p {built}', lowest))
+    result = run_ci(ci_tree(tmp_path, f'sleep 3; echo readme >> "{order}"; mkdir -p {BUILT}', lowest))
     assert result.returncode == 0, result.stderr
     assert order.read_text(encoding="utf-8").split() == ["readme", "lowest"]

@@ -1,17 +1,11 @@
 """GPU readiness without a GPU: the training step and the pipeline keep every tensor on the model's device and read
 nothing back from it but their checks; bf16 trains and samples end to end, close to fp32.
 
-The device tests run the real code in `FakeTensorMode` with the models on a fake device: tensors with shapes, dtypes
-and devices but no data, on which an op that mixes the device with a CPU tensor (other than a 0-dim one, which CUDA
-takes too) raises `FakeTensorDeviceMismatchError`, as a GPU would. The fake device is "meta", not "cuda": this torch is
-built without CUDA, and its C++ indexing (`tensor[index]`, which diffusers' `add_noise` and CLIP run) opens a CUDA
-device guard even for fake tensors ("PyTorch is not linked with support for cuda devices"). Fake mode checks devices
-itself, so a fake meta tensor meeting a CPU tensor raises where a plain meta one would not; `DeviceAudit` adds the
-ops that fake mode lets through (`embedding` with CPU ids), and every value read or copied back from the device.
-
-Reading a value needs data that fake tensors do not have, so each check that reads one (`check_finite`, the
-pipeline's `_raise_if_not_finite`, the backbone's timestep range, the scheduler's lookup of its first step) is
-replaced by a stand-in that asserts where its input lies; the real checks run in the other tests of the suite.
+The device tests run the real code in `FakeTensorMode` with the models on a fake "meta" device (this torch cannot fake
+"cuda"): an op mixing it with a CPU tensor (not a 0-dim one, which CUDA takes) raises, as a GPU would, and
+`DeviceAudit` records what fake mode lets through and every value read back. The checks that read a value
+(`check_finite`, `_raise_if_not_finite`, the timestep range, the scheduler's first-step lookup) are replaced by
+stand-ins asserting where their input lies; the real ones run in the rest of the suite.
 """
 
 import functools
@@ -37,8 +31,7 @@ from diffusers_lmlp.pipelines import default_scheduler
 from diffusers_lmlp.training.step import DivergenceError, LossOptions, training_step
 
 
-# The fake device that stands for the GPU (see the module docstring).
-DEVICE = torch.device("meta")
+DEVICE = torch.device("meta")  # the fake GPU
 CPU = torch.device("cpu")
 BATCH, MICRO_BATCH = 4, 2  # two micro-batches: gradient accumulation runs too
 LATENT = (TINY["in_channels"], TINY["sample_size"], TINY["sample_size"])  # of test_models' tiny models
@@ -47,7 +40,7 @@ TEXT = (TINY["text_seq_len"], TINY["text_embed_dim"])
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models run fastest on one thread, and on a busy machine much faster (see conftest's `make_pipe`)."""
+    """Tiny models run fastest on one thread (see conftest's `make_pipe`)."""
     num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -55,23 +48,14 @@ def one_thread():
 
 
 # Ops that take tensors on two devices on a GPU too: copies between devices, and indexing with CPU indices.
-CROSS_DEVICE_OPS = {
-    torch.ops.aten._to_copy.default,
-    torch.ops.aten.copy_.default,
-    torch.ops.aten.index.Tensor,
-    torch.ops.aten.index_put_.default,
-    torch.ops.aten._index_put_impl_.default,
-}
+aten = torch.ops.aten
+CROSS_DEVICE_OPS = {aten._to_copy.default, aten.copy_.default, aten.index.Tensor, aten.index_put_.default,
+                    aten._index_put_impl_.default}  # fmt: skip
 
 
 class DeviceAudit(TorchDispatchMode):
-    """Record, under the fake mode, what fake mode lets through but a GPU would not take or would wait for:
-
-    - `mixed`: an op given tensors on two devices (not a 0-dim CPU tensor, which CUDA takes as a number): fake mode
-      refuses most of them, but not all (`embedding` takes CPU ids there; on CUDA it raises);
-    - `reads`: a value read back from `DEVICE` (`.item()`, `bool(...)`) or a copy from it to the CPU, each of which
-      waits for every queued kernel on a GPU.
-    """
+    """Record what fake mode lets through but a GPU would refuse or wait for: `mixed`, ops given tensors on two
+    devices (fake mode takes `embedding` with CPU ids); `reads`, values read or copied back from `DEVICE`."""
 
     def __init__(self):
         super().__init__()
@@ -84,18 +68,17 @@ class DeviceAudit(TorchDispatchMode):
         devices = {t.device for t in tensors if t.ndim > 0 or t.device != CPU}
         if len(devices) > 1 and func not in CROSS_DEVICE_OPS:
             self.mixed.append(f"{func} on {sorted(map(str, devices))}")
-        if func is torch.ops.aten._local_scalar_dense.default and tensors[0].device == DEVICE:
+        if func is aten._local_scalar_dense.default and tensors[0].device == DEVICE:
             self.reads.append(f"{func} of a {tuple(tensors[0].shape)} tensor")
-        elif func is torch.ops.aten._to_copy.default and tensors[0].device == DEVICE and kwargs.get("device") == CPU:
+        elif func is aten._to_copy.default and tensors[0].device == DEVICE and kwargs.get("device") == CPU:
             self.reads.append(f"{func} of a {tuple(tensors[0].shape)} tensor to the CPU")
-        elif func is torch.ops.aten.copy_.default and tensors[0].device == CPU and tensors[1].device == DEVICE:
+        elif func is aten.copy_.default and tensors[0].device == CPU and tensors[1].device == DEVICE:
             self.reads.append(f"{func} of a {tuple(tensors[1].shape)} tensor to the CPU")
         return func(*args, **kwargs)
 
 
 def to_fake(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """Replace every parameter and buffer of `module` with a fake one of the same shape and dtype on `device`; call
-    inside the fake mode. (`module.to` cannot move fake parameters: it swaps tensors, which fake mode forbids.)"""
+    """Every parameter and buffer of `module` made a fake one on `device`, inside the fake mode (`.to` cannot)."""
     return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 
 
@@ -109,8 +92,7 @@ def assert_on(tensor: torch.Tensor, device: torch.device, what: str) -> None:
 
 @pytest.fixture
 def timestep_checks(monkeypatch) -> list[torch.Tensor]:
-    """The backbone's timestep range check, replaced by a stand-in that records what it was given: the training step
-    and the pipeline pass CPU timesteps, so that checking them never waits for the GPU."""
+    """The backbone's timestep range check, recording its input, which must be on the CPU (never waits for a GPU)."""
     checked = []
 
     def check(timestep):
@@ -122,20 +104,16 @@ def timestep_checks(monkeypatch) -> list[torch.Tensor]:
 
 
 def loss_options(kind: str, max_grad_norm: float | None = 1.0) -> LossOptions:
-    """Every term of the loss that the family has: Min-SNR, the noise offset and clipping (unless `max_grad_norm`
-    is None: the norm is then measured alone) for all, the MoE-MLP's load-balancing loss, the AsymMixer's
-    symmetry-breaking penalty."""
+    """Every loss term the family has: Min-SNR, noise offset, clipping (None: the norm measured alone), load balance
+    (MoE-MLP), symmetry breaking (AsymMixer)."""
     return LossOptions(
-        snr_gamma=5.0,
-        noise_offset=0.1,
-        load_balance_weight=0.01 if kind == "moe_mlp" else 0.0,
-        symmetry_breaking_weight=0.1 if kind == "asymmixer" else 0.0,
-        max_grad_norm=max_grad_norm,
-    )
+        snr_gamma=5.0, noise_offset=0.1, load_balance_weight=0.01 if kind == "moe_mlp" else 0.0,
+        symmetry_breaking_weight=0.1 if kind == "asymmixer" else 0.0, max_grad_norm=max_grad_norm,
+    )  # fmt: skip
 
 
 def prepared(accelerator: Accelerator, model: torch.nn.Module, learning_rate: float = 1e-3):
-    """The trainer's AdamW and constant learning rate, prepared with the model by `accelerator` as the trainer does."""
+    """The trainer's AdamW and constant learning rate, prepared with the model."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     return accelerator.prepare(model, optimizer, get_scheduler("constant", optimizer=optimizer))
 
@@ -153,14 +131,13 @@ def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, max_grad_n
         checks.append(step)
 
     monkeypatch.setattr(training_step_module, "check_finite", check_on_device)
-    # Not placed on a device by accelerate: the model is already on the fake one. The trainer's `Accelerator` then
-    # runs as it does on a GPU (accumulation, clipping, the gather, the prepared optimizer and scheduler).
+    # The model is already on the fake device; the Accelerator runs as on a GPU otherwise.
     accelerator = Accelerator(cpu=True, device_placement=False, gradient_accumulation_steps=BATCH // MICRO_BATCH)
     with torch.device("meta"):
         model = MODELS[kind]().train()  # built without weights: the fake mode gives them below
     with FakeTensorMode():
         noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
-        # As in the trainer, the EMA is made while the model is on the CPU, before the model moves to the device.
+        # As in the trainer, the EMA is made before the model moves to the device.
         ema = EMAModel([torch.nn.Parameter(torch.empty(p.shape)) for p in model.parameters()], foreach=True)
         model, optimizer, lr_scheduler = prepared(accelerator, to_fake(model, DEVICE))
         latents = torch.randn(BATCH, *LATENT, device=DEVICE)
@@ -176,8 +153,7 @@ def test_a_training_step_keeps_every_tensor_on_the_model_device(kind, max_grad_n
     assert len(timestep_checks) == BATCH // MICRO_BATCH  # one forward per micro-batch
     assert audit.mixed == []
     assert audit.reads == []  # check_finite is the step's one read
-    assert_on(result.loss, DEVICE, "the step's loss")
-    assert_on(result.grad_norm, DEVICE, "the step's gradient norm")
+    assert result.loss.device == result.grad_norm.device == DEVICE
     parameters = list(model.parameters())
     assert all(p.device == DEVICE and p.grad is None for p in parameters)
     assert all(shadow.device == DEVICE for shadow in ema.shadow_params), "the EMA did not follow the model"
@@ -270,9 +246,8 @@ def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad, max_grad
 
 
 def train_one_step(kind: str, mixed_precision: str) -> tuple[torch.Tensor, dict, dict, dict]:
-    """One real training step on the CPU of a tiny model of `kind` (seed 0), as the trainer runs it with
-    `--mixed_precision`: the step's loss, and each parameter's gradient (as the optimizer sees it), value before
-    and value after."""
+    """One real CPU training step of a tiny model of `kind`: its loss, and each parameter's gradient (as the
+    optimizer sees it), value before and value after."""
     AcceleratorState._reset_state(reset_partial_state=True)  # a new mixed precision needs a new accelerate state
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=True, gradient_accumulation_steps=2)
     model = make_model(kind).train()
@@ -309,11 +284,8 @@ def test_a_bf16_training_step_trains_every_parameter_and_matches_fp32(kind):
     assert not no_signal, f"parameters without a gradient in bf16: {no_signal}"
     unchanged = [name for name in before if torch.equal(after[name], before[name])]
     assert not unchanged, f"parameters the bf16 step did not change: {unchanged}"
-    # The same weights, data and noise in fp32. Autocast rounds the inputs of every matmul and convolution to bf16
-    # (8 significant bits, a relative rounding error of at most 2⁻⁹ ≈ 0.2%) and accumulates in fp32, so the
-    # gradient, summed through the tiny model's few layers, is off by a few of those: about 0.5% here. 2% (ten
-    # roundings) allows that and the machine's kernels, and still fails on a term in the wrong dtype or dropped. The
-    # loss is mostly the noise's own MSE and stays within 0.1%.
+    # The same weights, data and noise in fp32. Each bf16 rounding is ≤ 2⁻⁹ ≈ 0.2%; the gradient is off by ~0.5%
+    # here, so 2% fails only on a term in the wrong dtype or dropped. The loss, mostly the noise's MSE: within 0.1%.
     torch.testing.assert_close(before, reference_before, rtol=0, atol=0)
     torch.testing.assert_close(loss, reference_loss, rtol=1e-3, atol=0)
     gradient = torch.cat([gradients[name].flatten() for name in reference_gradients])
@@ -321,9 +293,8 @@ def test_a_bf16_training_step_trains_every_parameter_and_matches_fp32(kind):
 
 
 def sample_recording_noise(pipe, generate, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """`generate`'s output with guidance, and the guided noise predictions the solver got, (steps, B, C, h, w) in
-    fp32. With these random weights the predictions are small next to the initial noise, which the images mostly
-    show; the predictions show the network's precision."""
+    """`generate`'s guided images, and the noise predictions the solver got (steps, B, C, h, w) in fp32: with random
+    weights the images mostly show the initial noise, the predictions the network's precision."""
     step, predictions = pipe.scheduler.step, []
 
     @functools.wraps(step)  # the same signature: the pipeline looks for a `generator` argument
@@ -356,12 +327,8 @@ def test_a_bf16_pipeline_call_gives_finite_images_close_to_fp32(make_pipe, gener
         assert latents.dtype == torch.float32  # still the transformer's: the solver computes x₀ in fp32
     assert images.dtype == torch.bfloat16 and images.shape == reference.shape
     assert torch.isfinite(images).all() and images.min() >= 0 and images.max() <= 1
-    # bf16 keeps 8 significant bits: each rounding is off by at most 2⁻⁹ ≈ 0.2%, and every matmul and convolution
-    # rounds its inputs (accumulating in fp32). The guided noise predictions, through CLIP and the backbone, are off
-    # by 0.5-0.8% (L-MLP, MoE-MLP, U-ViT and gMLP backbones alike); 2% (ten roundings) allows that and fails on a
-    # cast to a coarser type (the guidance in float8: 2.8%) or a wrong scale. An image value near 1 is itself
-    # rounded by up to 0.002, and the solver and the decoder add a few such steps (0.006 at most, 0.0013 on
-    # average, here): 0.02 (five 8-bit grey levels) at most and 0.004 (one level) on average.
+    # The predictions are off by 0.5-0.8%: 2% fails on a coarser cast (float8 guidance: 2.8%) or a wrong scale. The
+    # images are off by 0.006 at most, 0.0013 on average: bounds of five 8-bit grey levels and one.
     assert relative_error(noise, reference_noise) < 2e-2
     assert relative_error(latents, reference_latents) < 2e-2
     error = (images.float() - reference).abs()

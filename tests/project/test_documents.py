@@ -1,185 +1,155 @@
 """The README and docs/ as a whole: every command block is run by a named test, every relative link resolves, every
-page is listed, the README stays a five-minute read, and the numbers that have a results file in the repository
-(the shipped shapes pipeline's `training_summary.json` and weights) or come from the code (the named configurations'
-sizes and costs, the shapes model's layout, the ablation's matched widths, the COCO feature store's sizes, the
-analysis page's findings) are what those say. Every other number is marked as measured once, with its date and
-machine (docs/conventions.md, "Numbers in these pages")."""
+page is listed, the README stays a five-minute read, and the numbers that come from a results file in the repository
+or from the code are what those say (docs/conventions.md, "Numbers in these pages")."""
 
 import ast
 import functools
-import importlib.util
 import json
 import math
 import re
-import shlex
 import unicodedata
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import documented_commands, load_benchmark
 from documents import COMMAND_LANGUAGES, PAGES, ROOT, blocks, headings, prose, section, text
 
-from diffusers_lmlp import LMLPPipeline
+from diffusers_lmlp import LMLPPipeline, from_named_config
+from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.emoji.scorer import PIPELINE_PATH as EMOJI_PIPELINE_PATH
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 
 
-# Which test runs each command block, as (page, the block's index among the page's command blocks, a line the block
-# holds): the tests that run it. A new, moved or reordered block fails test_every_command_block_is_run_by_a_test
-# until it is entered here.
-COVERAGE = {
-    ("README.md", 0, 'pip install -e ".[train]" && accelerate launch'): [
-        "tests/training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
-        "tests/project/test_readme.py::test_readme_commands_pin_torch_first",  # and .ci/run installs with it
-    ],
-    ("README.md", 1, 'pip install -e ".[test]" && python -m pytest -q'): [
-        "tests/project/test_readme.py::test_readme_commands_pin_torch_first",  # .ci/run runs it
-    ],
-    ("README.md", 2, "--preset emoji"): [
-        "tests/training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
-    ],
-    ("README.md", 3, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
-        "tests/evaluation/test_evaluation_readme.py::test_readme_has_the_evaluation_commands",  # it is docs/evaluation.md's
-        "tests/evaluation/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
-    ],
-    ("README.md", 4, "--model <user>/lmlp-emoji <user>/lmlp-shapes"): [
-        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",  # each push is a dry run without the dry
-    ],
-    ("README.md", 5, "python benchmarks/roofline.py"): [
-        "tests/benchmarks/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
-        "tests/benchmarks/test_roofline.py::test_the_documented_command_writes_its_tables",
-        "tests/benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate",
-    ],
-    ("README.md", 6, "ruff check . && ruff format --check ."): [
-        "tests/project/test_readme.py::test_development_command_lints_clean",
-    ],
-    ("docs/hub.md", 0, "--dry-run --output-dir lmlp-shapes-upload"): [
-        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",
-    ],
-    ("docs/hub.md", 1, "--with-code --dry-run --output-dir lmlp-shapes-code-upload"): [
-        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",
-    ],
-    ("docs/hub.md", 2, "--dry-run --output-dir lmlp-demo-upload"): [
-        "tests/project/test_readme.py::test_hub_dry_run_commands_run_as_written",
-    ],
-    ("docs/hub.md", 3, "LMLP_QUEUE_SIZE=8 LMLP_CONCURRENCY=2 python app.py"): [
-        "tests/project/test_readme_numbers.py::test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings",
-        "tests/space/test_space.py::test_the_app_serves_on_the_threads_it_chose_and_says_why",
-    ],
-    ("docs/hub.md", 4, "python benchmarks/space_sampling.py --num_images 1 --rounds 9"): [
-        "tests/benchmarks/test_space_sampling_benchmark.py::test_the_documented_commands_parse",
-        "tests/benchmarks/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen",
-    ],
-    ("docs/training.md", 0, "--decoder-from shapes-vae --latent-noise 0.4"): [
-        "tests/worlds/test_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents",
-    ],
-    ("docs/training.md", 1, "--preset shapes-lora"): [
-        "tests/training/test_train_lora.py::test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after",
-    ],
-    ("docs/emoji.md", 0, "python scripts/build_emoji_world.py --size 64"): [
-        "tests/worlds/test_emoji_world.py::test_the_documented_build_commands_run_on_the_npm_layout",
-    ],
-    ("docs/emoji.md", 1, "python scripts/train_emoji_clip.py"): [
-        "tests/worlds/test_emoji_clip_script.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side",
-        "tests/worlds/test_vae_script.py::test_the_documented_emoji_vae_command_trains_on_the_training_pictures",
-    ],
-    ("docs/emoji.md", 2, "--pipeline emoji --captions emoji:heldout"): [
-        "tests/worlds/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline",
-    ],
-    ("docs/emoji.md", 3, "--preset emoji"): [
-        "tests/training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores",
-    ],
-    ("docs/coco.md", 0, "hf download openai/clip-vit-large-patch14"): [
-        "tests/training/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads",
-    ],
-    ("docs/coco.md", 1, "--num_machines 2 --machine_rank $MACHINE_RANK"): [
-        "tests/training/test_train_coco.py::test_readme_has_the_coco_commands",
-        "tests/training/test_train_coco.py::test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples",
-        "tests/training/test_train_coco.py::test_two_cpu_processes_train_together",
-        "tests/training/test_train_coco.py::test_two_machines_command_trains_as_one_run",
-    ],
-    ("docs/evaluation.md", 0, "python -m diffusers_lmlp.evaluation --pipeline shapes"): [
-        "tests/evaluation/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults",
-    ],
-    ("docs/evaluation.md", 1, "python benchmarks/scorer_agreement.py"): [
-        "tests/benchmarks/test_scorer_agreement.py::test_the_documented_command_samples_scores_and_writes_its_results",
-    ],
-    ("docs/evaluation.md", 2, "--fid_reference coco2014/val2014"): [
-        "tests/evaluation/test_evaluation_readme.py::test_coco_fid_and_clip_score_against_the_published_statistics",
-        "tests/evaluation/test_evaluation_readme.py::test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics",
-    ],
-    ("docs/analysis.md", 0, "python -m diffusers_lmlp.analysis lateralization"): [
-        "tests/evaluation/test_analysis.py::test_the_readme_command_draws_the_shipped_model_as_docs_show_it",
-        "tests/evaluation/test_analysis.py::test_every_documented_command_runs_as_written",
-    ],
-    ("docs/analysis.md", 1, "--pipeline uvit-shapes"): [
-        "tests/evaluation/test_analysis.py::test_every_documented_command_runs_as_written",
-    ],
-    ("docs/benchmarks.md", 0, "python benchmarks/speed_vs_uvit.py --precisions fp32"): [
-        "tests/benchmarks/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
-        "tests/benchmarks/test_speed_benchmark.py::test_the_documented_command_runs",
-    ],
-    ("docs/benchmarks.md", 1, "python benchmarks/profile_passes.py --models U-ViT-S/2 F2-deep --mode eager"): [
-        "tests/benchmarks/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
-        "tests/benchmarks/test_profile_passes.py::test_the_documented_command_profiles_each_pass_and_counts_every_gemm",
-    ],
-    ("docs/benchmarks.md", 2, "python benchmarks/trainer_overhead.py --torch_compile yes"): [
-        "tests/benchmarks/test_trainer_overhead.py::test_the_documented_command_times_the_trainer_beside_a_bare_step",
-    ],
-    ("docs/speed-gpu.md", 0, "examples/train_text_to_image.py"): [
-        "tests/project/test_documents.py::test_the_gpu_page_ran_the_readme_main_command",
-        "tests/training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary",
-    ],
-    ("docs/speed-gpu.md", 1, "python benchmarks/speed_vs_uvit.py --device cuda"): [
-        "tests/benchmarks/test_speed_benchmark.py::test_the_readme_and_docs_document_the_cpu_and_gpu_commands",
-    ],
-    ("docs/speed-gpu.md", 2, "python benchmarks/roofline.py"): [
-        "tests/benchmarks/test_roofline.py::test_every_documented_command_is_one_the_script_takes",
-        "tests/benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate",
-    ],
-    ("docs/speed-gpu.md", 3, "python benchmarks/gpu_check.py --device cpu --quick"): [
-        "tests/benchmarks/test_gpu_check.py::test_the_documented_commands_parse",
-        "tests/benchmarks/test_gpu_check.py::test_the_quick_check_runs_every_part_but_emoji_on_a_cpu",
-    ],
-    ("docs/speed-gpu.md", 4, "python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional"): [
-        "tests/benchmarks/test_profile_passes.py::test_every_documented_command_is_one_the_script_takes",
-    ],
-    ("docs/ablation.md", 0, "python benchmarks/ablation_shapes.py --output_dir ablation-shapes"): [
-        "tests/project/test_documents.py::test_the_ablation_command_is_the_scripts_own",
-        "tests/benchmarks/test_ablation_shapes.py::test_two_entries_train_score_and_resume_end_to_end",
-    ],
-}
+# Which tests run each command block: a page and a line the block holds, then the tests (under tests/), the blocks of
+# each page in their order. A new, moved or reordered block fails test_every_command_block_is_run_by_a_test until it
+# is entered here.
+COVERAGE = """
+README.md: pip install -e ".[train]" && accelerate launch
+    training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary
+    project/test_readme.py::test_readme_commands_pin_torch_first  # and .ci/run installs with it
+README.md: pip install -e ".[test]" && python -m pytest -q
+    project/test_readme.py::test_readme_commands_pin_torch_first  # .ci/run runs it
+README.md: --preset emoji
+    training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores
+README.md: python -m diffusers_lmlp.evaluation --pipeline shapes
+    evaluation/test_evaluation_readme.py::test_readme_has_the_evaluation_commands  # it is docs/evaluation.md's
+    evaluation/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults
+README.md: --model <user>/lmlp-emoji <user>/lmlp-shapes
+    project/test_readme.py::test_hub_dry_run_commands_run_as_written  # each push is a dry run without the dry
+README.md: python benchmarks/roofline.py
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+    benchmarks/test_roofline.py::test_the_documented_command_writes_its_tables
+    benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate
+README.md: ruff check . && ruff format --check .
+    project/test_readme.py::test_development_command_lints_clean
+docs/hub.md: --dry-run --output-dir lmlp-shapes-upload
+    project/test_readme.py::test_hub_dry_run_commands_run_as_written
+docs/hub.md: --with-code --dry-run --output-dir lmlp-shapes-code-upload
+    project/test_readme.py::test_hub_dry_run_commands_run_as_written
+docs/hub.md: --dry-run --output-dir lmlp-demo-upload
+    project/test_readme.py::test_hub_dry_run_commands_run_as_written
+docs/hub.md: LMLP_QUEUE_SIZE=8 LMLP_CONCURRENCY=2 python app.py
+    project/test_readme_numbers.py::test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings
+    space/test_space.py::test_the_app_serves_on_the_threads_it_chose_and_says_why
+docs/hub.md: python benchmarks/space_sampling.py --num_images 1 --rounds 9
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+    benchmarks/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen
+docs/training.md: --decoder-from shapes-vae --latent-noise 0.4
+    worlds/test_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents
+docs/training.md: --preset shapes-lora
+    training/test_train_lora.py::test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after
+docs/emoji.md: python scripts/build_emoji_world.py --size 64
+    worlds/test_emoji_world.py::test_the_documented_build_commands_run_on_the_npm_layout
+docs/emoji.md: python scripts/train_emoji_clip.py
+    worlds/test_emoji_clip_script.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side
+    worlds/test_vae_script.py::test_the_documented_emoji_vae_command_trains_on_the_training_pictures
+docs/emoji.md: --pipeline emoji --captions emoji:heldout
+    worlds/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline
+docs/emoji.md: --preset emoji
+    training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores
+docs/coco.md: hf download openai/clip-vit-large-patch14
+    training/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads
+docs/coco.md: --num_machines 2 --machine_rank $MACHINE_RANK
+    training/test_train_coco.py::test_readme_has_the_coco_commands
+    training/test_train_coco.py::test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples
+    training/test_train_coco.py::test_two_cpu_processes_train_together
+    training/test_train_coco.py::test_two_machines_command_trains_as_one_run
+docs/evaluation.md: python -m diffusers_lmlp.evaluation --pipeline shapes
+    evaluation/test_evaluation_readme.py::test_the_shapes_command_runs_offline_with_the_documented_defaults
+docs/evaluation.md: python benchmarks/scorer_agreement.py
+    benchmarks/test_scorer_agreement.py::test_the_documented_command_samples_scores_and_writes_its_results
+docs/evaluation.md: --fid_reference coco2014/val2014
+    evaluation/test_evaluation_readme.py::test_coco_fid_and_clip_score_against_the_published_statistics
+    evaluation/test_evaluation_readme.py::test_coco_fid_against_the_val_images_themselves_equals_the_published_statistics
+docs/analysis.md: python -m diffusers_lmlp.analysis lateralization
+    evaluation/test_analysis.py::test_the_readme_command_draws_the_shipped_model_as_docs_show_it
+    evaluation/test_analysis.py::test_every_documented_command_runs_as_written
+docs/analysis.md: --pipeline uvit-shapes
+    evaluation/test_analysis.py::test_every_documented_command_runs_as_written
+docs/benchmarks.md: python benchmarks/speed_vs_uvit.py --precisions fp32
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+    benchmarks/test_speed_benchmark.py::test_the_documented_command_runs
+docs/benchmarks.md: python benchmarks/profile_passes.py --models U-ViT-S/2 F2-deep --mode eager
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+    benchmarks/test_profile_passes.py::test_the_documented_command_profiles_each_pass_and_counts_every_gemm
+docs/benchmarks.md: python benchmarks/trainer_overhead.py --torch_compile yes
+    benchmarks/test_trainer_overhead.py::test_the_documented_command_times_the_trainer_beside_a_bare_step
+docs/speed-gpu.md: examples/train_text_to_image.py
+    project/test_documents.py::test_the_gpu_page_ran_the_readme_main_command
+    training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary
+docs/speed-gpu.md: python benchmarks/speed_vs_uvit.py --device cuda
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+docs/speed-gpu.md: python benchmarks/roofline.py
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+    benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate
+docs/speed-gpu.md: python benchmarks/gpu_check.py --device cpu --quick
+    benchmarks/test_gpu_check.py::test_the_documented_commands_parse
+    benchmarks/test_gpu_check.py::test_the_quick_check_runs_every_part_but_emoji_on_a_cpu
+docs/speed-gpu.md: python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
+docs/ablation.md: python benchmarks/ablation_shapes.py --output_dir ablation-shapes
+    project/test_documents.py::test_the_ablation_command_is_the_scripts_own
+    benchmarks/test_ablation_shapes.py::test_two_entries_train_score_and_resume_end_to_end
+"""
+
+
+def coverage() -> dict[tuple[str, int], tuple[str, list[str]]]:
+    """COVERAGE read: (page, the block's index among the page's command blocks) -> (a line it holds, its tests)."""
+    found, counts, tests = {}, {}, []
+    for line in COVERAGE.strip().splitlines():
+        if line.startswith(" "):
+            tests.append("tests/" + line.split("  #", 1)[0].strip())
+        else:
+            page, held = line.split(": ", 1)
+            counts[page] = counts.get(page, -1) + 1
+            tests = []
+            found[page, counts[page]] = held, tests
+    return found
 
 
 def command_blocks() -> dict[tuple[str, int], str]:
     """Every command block of every page, by (page, index among the page's command blocks)."""
-    found = {}
-    for page in PAGES:
-        language = "|".join(COMMAND_LANGUAGES)
-        for index, code in enumerate(blocks(text(page), f"(?:{language})")):
-            found[page, index] = code
-    return found
+    language = f"(?:{'|'.join(COMMAND_LANGUAGES)})"
+    return {(page, index): code for page in PAGES for index, code in enumerate(blocks(page, language))}
 
 
-def test_every_page_in_docs_is_one_the_tests_read():
-    assert sorted(PAGES) == sorted(["README.md", *(f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md"))])
+def test_every_page_in_docs_is_one_the_tests_read_and_the_docs_index_lists():
+    pages = {path.name for path in (ROOT / "docs").glob("*.md")}
+    assert sorted(PAGES) == sorted(["README.md", *(f"docs/{name}" for name in pages)])
+    assert set(re.findall(r"\]\(([\w.-]+\.md)\)", text("docs/index.md"))) == pages - {"index.md"}
 
 
 def test_every_command_block_is_run_by_a_test():
-    found = command_blocks()
-    registered = {(page, index): line for page, index, line in COVERAGE}
+    found, registered = command_blocks(), coverage()
     assert sorted(found) == sorted(registered), "enter each new or moved command block in COVERAGE"
-    for key, line in registered.items():
+    for key, (line, tests) in registered.items():
         assert line in found[key], f"{key} no longer holds {line!r}: update COVERAGE"
-    for tests in COVERAGE.values():
+        assert tests, key
         for test in tests:
             path, name = test.split("::")
-            defined = {
-                node.name
-                for node in ast.parse((ROOT / path).read_text(encoding="utf-8")).body
-                if hasattr(node, "name")
-            }
-            assert name in defined, f"{test} does not exist"
+            tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+            assert name in {getattr(node, "name", None) for node in tree.body}, f"{test} does not exist"
 
 
 def github_anchor(title: str) -> str:
@@ -219,17 +189,9 @@ def test_every_relative_link_resolves(page):
 
 
 def test_the_links_of_the_readme_are_found():
-    # The link checker's reading of a page: the README's links to docs/ pages, images and anchors are all found.
-    found = links(text("README.md"))
-    assert (
-        "docs/index.md" in found and "#on-a-fresh-machine" in found and "docs/training.md#fine-tune-with-lora" in found
-    )
+    found = links(text("README.md"))  # to docs/ pages, images and anchors
+    assert {"docs/index.md", "#on-a-fresh-machine", "docs/training.md#fine-tune-with-lora"} <= set(found)
     assert "src/diffusers_lmlp/shapes/assets/pipeline/samples.png" in found
-
-
-def test_the_docs_index_lists_every_page():
-    listed = set(re.findall(r"\]\(([\w.-]+\.md)\)", text("docs/index.md")))
-    assert listed == {path.name for path in (ROOT / "docs").glob("*.md")} - {"index.md"}
 
 
 def test_the_readme_is_a_five_minute_read_with_a_table_of_contents():
@@ -248,22 +210,9 @@ def test_the_gpu_page_ran_the_readme_main_command():
     assert on_the_gpu.strip() == install_and_run.strip().split(" && ")[-1]
 
 
-def benchmark(name: str):
-    """The script `benchmarks/<name>.py`, imported as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_ablation_command_is_the_scripts_own():
-    # Its options and values are the script's; tests/benchmarks/test_ablation_shapes.py runs the script end to end,
-    # shortened.
-    ablation = benchmark("ablation_shapes")
-    [command] = [line for line in blocks("docs/ablation.md", "bash")[0].splitlines() if line.startswith("python")]
-    argv = shlex.split(command.split("  #", 1)[0])
-    assert argv[:2] == ["python", "benchmarks/ablation_shapes.py"]
-    args, extra = ablation.parse_args(argv[2:])
+    [command] = documented_commands("ablation_shapes")  # tests/benchmarks/test_ablation_shapes.py runs it, shortened
+    args, extra = load_benchmark("ablation_shapes").parse_args(command[2:])
     assert (args.output_dir, args.minutes_per_model, extra) == ("ablation-shapes", 3.0, [])
 
 
@@ -273,14 +222,10 @@ def percent(value: float) -> str:
 
 def test_the_shapes_quality_table_is_the_shipped_training_summary():
     summary = json.loads((PIPELINE_PATH / "training_summary.json").read_text(encoding="utf-8"))
-    training = text("docs/training.md")
+    training, table = text("docs/training.md"), section("docs/training.md", "The shapes preset: the main job")
     columns = ["colour", "shape", "position", "size", "colour+position", "all"]
     for split, label in [("train", "32 training"), ("held-out", "all 32 held-out")]:
-        [row] = re.findall(
-            rf"^ *\| {label} \| (.*) \|$",
-            section("docs/training.md", "The shapes preset: the main job"),
-            flags=re.MULTILINE,
-        )
+        [row] = re.findall(rf"^ *\| {label} \| (.*) \|$", table, flags=re.MULTILINE)
         images, *cells = [cell.strip() for cell in row.split("|")]
         seeds = summary["images_per_caption"][split]
         assert images == f"{summary['shapes_fid'][split]['num_images']} ({seeds} seeds each)"
@@ -314,7 +259,6 @@ def test_the_emoji_quality_table_is_the_shipped_training_summary():
 
 
 def test_the_shapes_models_size_is_the_shipped_ones():
-    from diffusers_lmlp import from_named_config
     from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 
     params = sum(p.numel() for p in pretrained_shapes_pipeline().transformer.parameters())
@@ -351,7 +295,6 @@ def test_the_shipped_vaes_size_is_its_weights_file():
 
 
 def test_the_lora_size_of_f2_deep_is_the_trainers():
-    from diffusers_lmlp import from_named_config
     from diffusers_lmlp.training.components import add_lora, lora_config
 
     with torch.device("meta"):
@@ -365,7 +308,7 @@ def test_the_lora_size_of_f2_deep_is_the_trainers():
 
 def test_the_ablation_tables_sizes_and_costs_are_the_scripts_plan():
     # The columns fixed before any training (entry, family, D, params, Δ params, MMACs/sample) are the script's plan.
-    ablation = benchmark("ablation_shapes")
+    ablation = load_benchmark("ablation_shapes")
     target = ablation.reference_params()
     lines = [line for line in text("docs/ablation.md").splitlines() if re.match(r"\| [\w-]+ \| ", line)]
     rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
@@ -375,9 +318,8 @@ def test_the_ablation_tables_sizes_and_costs_are_the_scripts_plan():
         assert row[:6] == list(planned[:6]), row[0]
 
 
-def test_the_coco_feature_store_sizes_are_the_benchmarks_formula(monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports its neighbour speed_vs_uvit
-    benchmark("feature_store_memory").coco()
+def test_the_coco_feature_store_sizes_are_the_benchmarks_formula(capsys):
+    load_benchmark("feature_store_memory").coco()
     printed = capsys.readouterr().out
     [images] = re.findall(r"train2014 \(([\d,]+) images", printed)
     table = section("docs/coco.md", "The feature store")
@@ -391,9 +333,6 @@ def test_the_coco_feature_store_sizes_are_the_benchmarks_formula(monkeypatch, ca
 
 
 def test_the_flops_the_speed_pages_compare_are_the_codes():
-    from diffusers_lmlp import from_named_config
-    from diffusers_lmlp.complexity import complexity
-
     with torch.device("meta"):
         models = {name: from_named_config(name) for name in ("F2-deep", "U-ViT-S/2", "F2")}
         macs = {name: complexity(model).macs for name, model in models.items()}
@@ -491,8 +430,6 @@ def test_the_analysis_findings_are_the_printed_measures():
 
 
 def test_the_initial_weights_scale_is_the_codes():
-    from diffusers_lmlp import from_named_config
-
     torch.manual_seed(0)
     model = from_named_config("shapes-S")
     left = torch.cat([p.detach().flatten() for name, p in model.named_parameters() if name.endswith("left.weight")])
@@ -503,7 +440,6 @@ def test_the_initial_weights_scale_is_the_codes():
 @pytest.mark.slow
 def test_the_full_size_noise_band_is_the_codes():
     # About 20 s: 200 Gaussian 334 × 334 matrices, measured as the command measures a converted F2-deep.
-    from diffusers_lmlp import from_named_config
     from diffusers_lmlp.analysis.metrics import noise_band, token_mixing_measures
     from diffusers_lmlp.analysis.regions import TokenRegions
 
@@ -515,9 +451,6 @@ def test_the_full_size_noise_band_is_the_codes():
 
 
 def test_the_named_configurations_sizes_and_costs_are_the_codes():
-    from diffusers_lmlp import from_named_config
-    from diffusers_lmlp.complexity import complexity
-
     table = section("docs/backbones.md", "Block families and the papers' named configurations")
     rows = re.findall(r"^\| ([^|]+) \| [^|]+ \| ([\d, /]+(?: each)?) \| ([\d. /]+) G \|$", table, flags=re.MULTILINE)
     assert len(rows) == 12

@@ -1,10 +1,6 @@
 """Quick start-up: `import diffusers_lmlp`, every command's `--help` and its argument errors load no heavy library
-(diffusers, transformers, accelerate, datasets, peft, gradio), and what the lazy names replace still holds: diffusers
-(and its AutoPipelineForText2Image) finds `LMLPPipeline` whichever is imported first, saved folders name
-["diffusers_lmlp", "<Class>"], and the trainer's former names keep working with a warning.
-
-Each case is a fresh interpreter run with `-X importtime`, which lists every module the command imported. How long
-the commands take is measured by `benchmarks/start_up.py`, not here."""
+(each a fresh `python -X importtime`), and what the lazy names replace still holds: diffusers finds `LMLPPipeline`
+whichever is imported first, and saved folders name ["diffusers_lmlp", "<Class>"]."""
 
 import json
 import os
@@ -92,7 +88,6 @@ def test_a_model_config_key_check_loads_the_model_class_only_then(tmp_path):
 )
 @pytest.mark.slow
 def test_diffusion_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(first, tmp_path):
-    """`DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` (`from_pretrained`, `from_pipe`)."""
     from diffusers_lmlp.tiny import build_tiny_pipeline
 
     build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
@@ -115,8 +110,7 @@ print(type(auto).__name__, type(AutoPipelineForText2Image.from_pipe(pipe)).__nam
 
 @pytest.mark.slow
 def test_every_public_class_is_recorded_under_the_package_from_its_own_module():
-    # save_pretrained writes `__module__` into model_index.json: a class imported from its defining module, with the
-    # package's lazy names never read, must still say "diffusers_lmlp".
+    # save_pretrained writes `__module__` into model_index.json, even for a class imported from its own module.
     code = "\n".join(
         f"from diffusers_lmlp.models.{family.module} import {family.class_name} as c; print(c.__module__)"
         for family in FAMILIES.values()
@@ -136,20 +130,18 @@ def test_the_package_exports_every_family_and_lists_its_names():
         diffusers_lmlp.NoSuchName  # noqa: B018
 
 
-def test_the_module_form_of_each_command_names_itself_and_a_script_keeps_its_own_name():
+@pytest.mark.parametrize(
+    "name, module, argv0, named",
+    [
+        ("diffusers-lmlp-train", "diffusers_lmlp.train", "<package>/train.py", "python -m diffusers_lmlp.train"),
+        ("diffusers-lmlp-hub", "diffusers_lmlp.hub", "<package>/hub/__main__.py", "python -m diffusers_lmlp.hub"),
+        ("diffusers-lmlp-train", "diffusers_lmlp.train", "/venv/bin/diffusers-lmlp-train", "diffusers-lmlp-train"),
+        ("diffusers-lmlp-train", "diffusers_lmlp.train", "examples/train_text_to_image.py", "train_text_to_image.py"),
+        ("diffusers-lmlp-train", "diffusers_lmlp.train", "/elsewhere/train.py", "train.py"),
+    ],
+)
+def test_the_module_form_of_each_command_names_itself_and_a_script_keeps_its_own_name(name, module, argv0, named):
     from diffusers_lmlp.commands import program_name
 
-    package = Path(diffusers_lmlp.__file__).parent
-    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", str(package / "train.py")) == (
-        "python -m diffusers_lmlp.train"
-    )
-    assert program_name("diffusers-lmlp-hub", "diffusers_lmlp.hub", str(package / "hub" / "__main__.py")) == (
-        "python -m diffusers_lmlp.hub"
-    )
-    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", "/venv/bin/diffusers-lmlp-train") == (
-        "diffusers-lmlp-train"
-    )
-    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", "examples/train_text_to_image.py") == (
-        "train_text_to_image.py"
-    )
-    assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", "/elsewhere/train.py") == "train.py"
+    argv0 = argv0.replace("<package>", str(Path(diffusers_lmlp.__file__).parent))
+    assert program_name(name, module, argv0) == named

@@ -1,28 +1,28 @@
 """scripts/lowest_requirements.py pins exactly setup.py's floors, which CI installs to test the lowest versions."""
 
-import importlib.util
 import subprocess
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
+from documents import ROOT
 
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("lowest_requirements", ROOT / "scripts" / "lowest_requirements.py")
-lowest = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lowest)
+lowest = load_benchmark("lowest_requirements", "scripts")
+SETUP = lowest.requirement_literals((ROOT / "setup.py").read_text(encoding="utf-8"))
 
 
 def test_every_floor_of_setup_py_is_pinned_except_torch():
-    install_requires, extras = lowest.requirement_literals((ROOT / "setup.py").read_text(encoding="utf-8"))
+    install_requires, extras = SETUP
     pins = lowest.lowest_constraints(install_requires + extras["train"])
     floors = [req for req in install_requires + extras["train"] if ">=" in req and not req.startswith("torch")]
     assert pins == [req.replace(">=", "==") for req in floors]
     assert "huggingface_hub==1.23" in pins and "transformers==5.0" in pins and "peft==0.20" in pins
 
 
-def test_unfloored_and_repeated_requirements_are_left_alone():
+def test_unfloored_and_repeated_requirements_are_left_alone_and_listed_once():
     assert lowest.lowest_constraints(["tqdm", "torch>=2.5", "peft>=0.17", "peft>=0.20", "ruff"]) == ["peft==0.17"]
+    listed = lowest.dependencies(["torch>=2.5", "peft>=0.20", "tqdm", "peft>=0.20", "torchvision"])
+    assert listed == ["peft>=0.20", "tqdm", "torchvision"]
 
 
 def test_unknown_extra_is_refused(capsys):
@@ -33,18 +33,10 @@ def test_unknown_extra_is_refused(capsys):
 def test_requirements_are_setup_pys_own_without_torch(capsys):
     """What the lowest-versions venv installs before the package: setup.py's requirements, as written, torch apart."""
     lowest.main(["--requirements", "train"])
-    install_requires, extras = lowest.requirement_literals((ROOT / "setup.py").read_text(encoding="utf-8"))
+    install_requires, extras = SETUP
     printed = capsys.readouterr().out.split()
     assert printed == [req for req in install_requires + extras["train"] if not req.startswith("torch")]
     assert "tqdm" in printed and "peft>=0.20" in printed  # unfloored ones too; the constraints pin the floors
-
-
-def test_repeated_requirements_are_listed_once():
-    assert lowest.dependencies(["torch>=2.5", "peft>=0.20", "tqdm", "peft>=0.20", "torchvision"]) == [
-        "peft>=0.20",
-        "tqdm",
-        "torchvision",
-    ]
 
 
 def test_the_script_refuses_an_unknown_step():

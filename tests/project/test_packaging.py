@@ -47,9 +47,8 @@ def test_documented_outputs_are_ignored_by_git(output):
 
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory) -> Path:
-    """A venv with the package installed from its wheel, built from a copy of the files git would commit (tracked or
-    new, not ignored), and the test environment's dependencies visible through a .pth file (which does not put this
-    checkout's src/ on the path)."""
+    """A venv with the package installed from a wheel of the files git would commit, and this environment's
+    dependencies (not this checkout's src/) visible through a .pth file."""
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"
     listing = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
@@ -72,9 +71,10 @@ def wheel_venv(tmp_path_factory) -> Path:
     return venv
 
 
-def run_installed(venv: Path, *command: str, **env: str) -> subprocess.CompletedProcess:
-    """Run `command` in `venv`, offline, without this checkout on the path; `env` adds variables."""
+def run_installed(venv: Path, program: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `venv/bin/<program> *args`, offline, without this checkout on the path; `env` adds variables."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", **env}
+    command = [venv / "bin" / program, *args]
     return subprocess.run(command, cwd=venv, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -90,24 +90,21 @@ for entry in importlib.metadata.entry_points(group="console_scripts"):
 
 @pytest.mark.slow
 def test_the_wheel_installs_the_package_and_its_commands(wheel_venv):
-    found = run_installed(wheel_venv, str(wheel_venv / "bin" / "python"), "-c", ENTRY_POINTS)
+    found = run_installed(wheel_venv, "python", "-c", ENTRY_POINTS)
     assert found.returncode == 0, found.stderr[-2000:]
     where, *commands = found.stdout.splitlines()
     assert Path(where).is_relative_to(wheel_venv)  # the installed copy, not this checkout's src/
     assert sorted(commands) == [f"diffusers-lmlp-{name} True" for name in ("analysis", "evaluate", "hub", "train")]
-    for name in ("analysis", "evaluate", "hub", "train"):  # the scripts pip wrote
-        assert (wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file()
-    trainer = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-train"), "--help")
+    assert all((wheel_venv / "bin" / f"diffusers-lmlp-{name}").is_file() for name in ("analysis", "evaluate"))
+    trainer = run_installed(wheel_venv, "diffusers-lmlp-train", "--help")
     assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]
-    # The console script's usage names it (argparse's `prog`; `python -m diffusers_lmlp.hub` names the module form).
-    hub = run_installed(wheel_venv, str(wheel_venv / "bin" / "diffusers-lmlp-hub"), "--help")
+    # The console script's usage names it, not the module form.
+    hub = run_installed(wheel_venv, "diffusers-lmlp-hub", "--help")
     assert hub.returncode == 0 and hub.stdout.startswith("usage: diffusers-lmlp-hub [-h]"), hub.stderr[-2000:]
-    # The README's module form `python -m diffusers_lmlp.train`, and the installed demo's app, stopped by a bad
-    # setting before it loads a model or serves anything.
-    python = str(wheel_venv / "bin" / "python")
-    module = run_installed(wheel_venv, python, "-m", "diffusers_lmlp.train", "--help")
+    # The module form, and the installed demo's app stopped by a bad setting before it loads anything.
+    module = run_installed(wheel_venv, "python", "-m", "diffusers_lmlp.train", "--help")
     assert module.returncode == 0 and "--preset" in module.stdout, module.stderr[-2000:]
-    app = run_installed(wheel_venv, python, str(installed_space(wheel_venv) / "app.py"), LMLP_QUEUE_SIZE="0")
+    app = run_installed(wheel_venv, "python", str(installed_space(wheel_venv) / "app.py"), LMLP_QUEUE_SIZE="0")
     assert app.returncode == 1 and "error: LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
 
 
@@ -119,21 +116,17 @@ def installed_space(venv: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_wheel_carries_the_space_folder_and_stages_it(wheel_venv, tmp_path):
-    # The one demo folder of the repository, byte for byte, and nothing else of it.
     space = installed_space(wheel_venv)
     assert sorted(p.name for p in space.iterdir() if p.name != "__pycache__") == SPACE_FILES
-    for name in SPACE_FILES:
+    for name in SPACE_FILES:  # byte for byte
         assert (space / name).read_bytes() == (ROOT / "spaces" / "lmlp-demo" / name).read_bytes()
 
     out = tmp_path / "space"
-    hub = str(wheel_venv / "bin" / "diffusers-lmlp-hub")
-    staged = run_installed(
-        wheel_venv, hub, "push-space", "owner/space", "--model", "owner/model", "--dry-run", "--output-dir", str(out)
-    )
-
+    push = ["push-space", "owner/space", "--model", "owner/model", "--dry-run", "--output-dir", str(out)]
+    staged = run_installed(wheel_venv, "diffusers-lmlp-hub", *push)
     assert staged.returncode == 0, staged.stderr[-2000:]
     assert f"The folder that would be uploaded to the Space owner/space: {out}\n" in staged.stdout
-    # The demo's three files, from the wheel's package data, and the installed package's source, none of its data.
+    # The demo's three files, and the installed package's source, none of its data.
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert [name for name in files if not name.startswith("diffusers_lmlp/")] == SPACE_FILES
     package = space.parents[1]

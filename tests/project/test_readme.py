@@ -1,10 +1,6 @@
-"""Every example of the README and of the pages in docs/ runs as written on a CPU machine, offline, with local
-stand-ins for what lives on the Hub.
-
-Hub ids and the Space's address are the only things replaced: a block that names anything else not available here
-fails the test, so a new example cannot slip through untested. The Python examples run one after another in one
-namespace, in the order of `documents.PAGES` (the README's first).
-"""
+"""Every example of the README and docs/ runs as written on a CPU, offline: only Hub ids and the Space's address are
+replaced by local stand-ins, so a new example cannot slip through untested. The Python examples run in one namespace,
+in the order of `documents.PAGES`."""
 
 import os
 import re
@@ -37,9 +33,8 @@ SPACE_URL = "http://127.0.0.1:7860/"
 
 
 def stand_ins(space_url: str, lora: Path, with_code: Path) -> dict[str, str]:
-    """What each README placeholder becomes here: the shipped shapes pipeline for a model repo, the folder that
-    `hub push --with-code` uploads for one pushed with code, a LoRA folder as the trainer writes it for a LoRA repo,
-    a served app."""
+    """What each placeholder becomes: the shipped shapes pipeline, a `hub push --with-code` folder, a LoRA folder, a
+    served app."""
     return {
         '"<user>/<lmlp-repo>"': repr(str(PIPELINE_PATH)),
         '"<user>/<lmlp-repo-with-code>"': repr(str(with_code)),
@@ -58,13 +53,9 @@ def localise(block: str, replacements: dict[str, str]) -> str:
     return block
 
 
-def test_readme_has_the_examples_it_documents():
-    assert len(PYTHON_BLOCKS) >= 9
-    assert any('from_pretrained("<user>/<lmlp-repo>"' in block for block in blocks("README.md", "python"))
-
-
 @pytest.mark.slow
 def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
+    assert len(PYTHON_BLOCKS) >= 9
     monkeypatch.chdir(tmp_path)
     namespace, lora = {}, shapes_lora(tmp_path / "lora")
     with_code = stage_pipeline(PIPELINE_PATH, "alice/lmlp-shapes", tmp_path / "with-code", with_code=True).folder
@@ -74,31 +65,25 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
             code = localise(block, stand_ins(url, lora, with_code))
             exec(compile(code, f"python block {index} of {' + '.join(PAGES)}", "exec"), namespace)
 
-    # "Generate an image": the shipped 32×32 shapes model in place of the Hub repo, on the CPU.
     image = Image.open("red_circle.png")
     assert image.size == (32, 32) and np.asarray(image, dtype=np.float64).std() > 5
     assert namespace["pipe"].device.type == "cpu"
-    # The tiny pipeline, the gradio client's four images, the backbones and the balancing loss.
     assert len(namespace["images"]) == 4 and all(Path(item["image"]).is_file() for item in namespace["images"])
     assert Image.open(namespace["images"][0]["image"]).size == (32, 32) and namespace["seed"] == 0
-    assert Path("tiny-lmlp/model_index.json").is_file()
     # Quantizing: every Linear of the pipeline's transformer is torch's int8 one, and the float pipeline is untouched.
     int8, float_transformer = namespace["int8_pipe"].transformer, namespace["pipe"].transformer
     assert not any(type(module) is torch.nn.Linear for module in int8.modules())
     assert any(type(module) is torch.nn.Linear for module in float_transformer.modules())
-    assert Path("ul-mlp-f2-deep/diffusion_pytorch_model.safetensors").is_file()
     assert namespace["eps"].shape == (2, 4, 32, 32) and namespace["loss"].ndim == 0
     # LoRA: every Linear of every block carries an adapter (none skipped), and the adapter file is written.
     model = namespace["model"]
     adapted = [name for name, module in model.stack.named_modules() if hasattr(module, "lora_A")]
-    bare = [
-        name
-        for name, module in model.stack.named_modules()
-        if isinstance(module, torch.nn.Linear) and "lora_" not in name and not name.endswith(".base_layer")
-    ]
+    linears = [name for name, module in model.stack.named_modules() if isinstance(module, torch.nn.Linear)]
+    bare = [name for name in linears if "lora_" not in name and not name.endswith(".base_layer")]
     assert len(adapted) == 5 * 9 and bare == []  # 9 blocks × 5 Linear layers
     assert namespace["trainable"] == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
-    assert Path("shapes-lora/pytorch_lora_weights.safetensors").is_file()
+    written = ["tiny-lmlp/model_index.json", "ul-mlp-f2-deep/diffusion_pytorch_model.safetensors"]
+    assert all(Path(path).is_file() for path in [*written, "shapes-lora/pytorch_lora_weights.safetensors"])
     # Loading a LoRA into the pipeline: it changes the images, and unloading it gives the base model's.
     adapted, base = (np.asarray(namespace[name], dtype=np.float64) for name in ("adapted", "base"))
     assert np.abs(adapted - base).max() > 0
@@ -108,16 +93,11 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_hub_dry_run_commands_run_as_written(tmp_path, monkeypatch):
-    """docs/hub.md's dry runs, with the shipped pipelines as the trained `lmlp-shapes/` and `lmlp-emoji/` folders;
-    every push the README and docs/hub.md show is one of them without `--dry-run --output-dir ...`."""
+    """docs/hub.md's dry runs on the shipped pipelines; every push shown is one of them without `--dry-run ...`."""
     shutil.copytree(PIPELINE_PATH, tmp_path / "lmlp-shapes")
     shutil.copytree(WORLDS["emoji"].pipeline_path, tmp_path / "lmlp-emoji")
-    hub_lines = [
-        line.split("#", 1)[0].strip()
-        for block in BASH_BLOCKS
-        for line in block.splitlines()
-        if line.startswith("python -m diffusers_lmlp.hub")
-    ]
+    lines = [line.split("#", 1)[0].strip() for block in BASH_BLOCKS for line in block.splitlines()]
+    hub_lines = [line for line in lines if line.startswith("python -m diffusers_lmlp.hub")]
     commands = [line for line in hub_lines if "--dry-run" in line]
     assert len(commands) == 4, commands
     pushes = {re.sub(r" --dry-run --output-dir \S+$", "", command) for command in commands}
@@ -127,10 +107,13 @@ def test_hub_dry_run_commands_run_as_written(tmp_path, monkeypatch):
         argv = shlex.split(command.replace("<user>", "alice"))
         assert argv[:3] == ["python", "-m", "diffusers_lmlp.hub"]
         hub_main(argv[3:])
-    assert (tmp_path / "lmlp-shapes-upload" / "model_index.json").is_file()
-    assert (tmp_path / "lmlp-shapes-code-upload" / "pipeline_lmlp.py").is_file()
-    assert (tmp_path / "lmlp-emoji-code-upload" / "transformer" / "diffusion_pytorch_model.safetensors").is_file()
-    assert (tmp_path / "lmlp-demo-upload" / "app.py").is_file()
+    written = [
+        "lmlp-shapes-upload/model_index.json",
+        "lmlp-shapes-code-upload/pipeline_lmlp.py",
+        "lmlp-demo-upload/app.py",
+    ]
+    written.append("lmlp-emoji-code-upload/transformer/diffusion_pytorch_model.safetensors")
+    assert all((tmp_path / path).is_file() for path in written)
 
 
 def test_development_command_lints_clean():
@@ -145,7 +128,7 @@ def test_development_command_lints_clean():
 
 @pytest.mark.slow
 def test_development_single_process_command_runs_one_test_file_without_workers():
-    """The README's "Development" line for a debugger: `-n 0` runs the selected tests in one process, and they pass."""
+    """The README's "Development" line for a debugger: `-n 0` runs the selected tests in one process; they pass."""
     block = next(block for block in BASH_BLOCKS if "ruff check" in block)
     [command] = [line for line in block.splitlines() if line.startswith("python -m pytest -n 0")]
     argv = [sys.executable, *shlex.split(command)[1:], "-p", "no:cacheprovider"]
@@ -155,8 +138,7 @@ def test_development_single_process_command_runs_one_test_file_without_workers()
 
 
 def test_the_suite_runs_in_one_worker_per_core_each_with_its_share_of_threads(request):
-    # pyproject's addopts (what the README's `python -m pytest -q` runs with), and conftest's thread share: this
-    # worker's torch and the commands its tests start (they inherit OMP_NUM_THREADS) use it.
+    # pyproject's addopts (the README's `python -m pytest -q`), and conftest's thread share, inherited by commands.
     addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     assert "-n auto" in addopts and "--dist worksteal" in addopts
     share = request.config.thread_share

@@ -1,17 +1,15 @@
-"""The numbers and example prompts of the README and docs/training.md come from the code: each is read from its page
-and compared with what the package computes, so that neither can drift from the other."""
+"""The numbers of docs/training.md that come from the code, read from the page and compared with what it computes."""
 
 import re
 
 from documents import text
 
-from diffusers_lmlp import known_words, unknown_words
+from diffusers_lmlp import known_words
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.training.components import add_lora, lora_config
 
 
-README = text("README.md")
-TRAINING = text("docs/training.md")  # the shapes preset and LoRA fine-tuning, moved from the README
+TRAINING = text("docs/training.md")
 
 
 def test_the_shapes_vocabulary_size_is_the_tokenizers():
@@ -32,9 +30,3 @@ def test_the_lora_example_numbers_are_what_the_trainer_logs():
     counted = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     assert (int(layers), int(trainable.replace(",", ""))) == (len(adapted), counted)
     assert share == f"{counted / base:.1%}"[:-1]
-
-
-def test_the_generate_example_prompt_is_in_the_shapes_vocabulary():
-    # The README's Python example samples the shipped shapes model in its test, so its prompt must be words it knows.
-    [prompt] = re.findall(r'image = pipe\(\n    "([^"]+)",', README)
-    assert unknown_words(pretrained_shapes_pipeline().tokenizer, prompt) == []

@@ -1,15 +1,13 @@
-"""What the README and docs/ state about the code, read from their pages and compared with the code that it
-describes: the prompts it samples the shipped shapes model with, the progress lines, the upload limits, the Space's
-folder and settings, the install extra, the metadata example, and the options it names. A change on
-either side fails here, so that neither can drift from the other. (The vocabulary size and the LoRA share are checked in
-tests/project/test_readme_facts.py.)"""
+"""What the README and docs/ state about the code (the prompts, progress lines, upload limits, the Space's folder
+and settings, the install extra, the metadata example, the options named), compared with the code it describes."""
 
 import ast
 import re
 from pathlib import Path
 
-import documents
 import pytest
+from benchmark_scripts import load_benchmark
+from documents import section
 from documents import text as page_text
 from PIL import Image
 from test_readme import PYTHON_BLOCKS, stand_ins
@@ -26,14 +24,8 @@ README = page_text("README.md")
 SPACE_DIR = ROOT / "spaces" / SPACE_NAME
 
 
-def section(page: str, title: str) -> str:
-    """The text of `page` (`"README.md"`, `"docs/hub.md"`) under the heading `title` (without its #s)."""
-    return documents.section(page, title)
-
-
 def stated(pattern: str, text: str = README) -> tuple[str, ...]:
-    """The groups of the one match of `pattern` in `text`, where a space of `pattern` matches any whitespace (the
-    README wraps its lines)."""
+    """The groups of the one match of `pattern` in `text`, a space matching any whitespace (lines wrap)."""
     [match] = re.finditer(pattern.replace(" ", r"\s+"), text)
     return match.groups()
 
@@ -55,9 +47,8 @@ def requirement_name(requirement: str) -> str:
 
 
 def sampled_prompts(block: str) -> list[str]:
-    """The prompts a README Python block samples with: the first argument of a call of `pipe` (or of a pipeline
-    loaded in the same expression), the `prompt` and `negative_prompt` keywords, and strings assigned to `prompt`;
-    empty ones (an empty negative prompt) left out."""
+    """The non-empty prompts a Python block samples with: a `pipe(...)` call's first argument (or a pipeline's loaded
+    in the same expression), `prompt` and `negative_prompt` keywords, and strings assigned to `prompt`."""
     prompts = []
     for node in ast.walk(ast.parse(block)):
         if isinstance(node, ast.Call):
@@ -75,8 +66,8 @@ def sampled_prompts(block: str) -> list[str]:
 
 
 def test_every_prompt_the_readme_samples_the_shapes_model_with_is_in_its_vocabulary():
-    # The blocks that tests/project/test_readme.py runs against the shipped shapes model: those with a placeholder it
-    # replaces (the model repo, the repo pushed with code, the LoRA, the served Space), or that load it themselves.
+    # The blocks that tests/project/test_readme.py runs against the shipped shapes model: with a placeholder, or
+    # loading it themselves.
     placeholders = stand_ins("http://127.0.0.1:7860/", Path("lora"), Path("with-code"))
     blocks = [
         block
@@ -98,14 +89,10 @@ def test_the_log_file_progress_the_readme_describes_is_line_progress():
 
 def test_the_upload_size_limits_in_the_readme_are_the_hubs():
     hub = page_text("docs/hub.md")
-    text, image = stated(r"files other than weights over (\d+) MB \(images: (\d+) MB\)", hub)
-    space_file, space_total = stated(
-        r"A Space leaves out any file over (\d+) MB and is refused over (\d+) MB in all", hub
-    )
-    for mb, (limit, _) in zip(
-        (text, image, space_file, space_total), (TEXT_LIMIT, IMAGE_LIMIT, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT)
-    ):
-        assert int(mb) * 10**6 == limit
+    mbs = stated(r"files other than weights over (\d+) MB \(images: (\d+) MB\)", hub)
+    mbs += stated(r"A Space leaves out any file over (\d+) MB and is refused over (\d+) MB in all", hub)
+    limits = (TEXT_LIMIT, IMAGE_LIMIT, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT)
+    assert [int(mb) * 10**6 for mb in mbs] == [limit for limit, _ in limits]
 
 
 def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
@@ -114,15 +101,9 @@ def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
     assert (ROOT / folder).resolve() == SPACE_DIR.resolve() and (SPACE_DIR / "app.py").is_file()
     app = (SPACE_DIR / "app.py").read_text(encoding="utf-8")
     constants = module_constants(SPACE_DIR / "app.py")
-    # Every variable the README sets is one the app reads.
-    variables = set(re.findall(r"\b(LMLP_[A-Z_]+)=", block))
-    assert variables == {
-        "LMLP_MODEL",
-        "LMLP_QUEUE_SIZE",
-        "LMLP_CONCURRENCY",
-        constants["THREADS_VARIABLE"],
-        constants["FREEZE_VARIABLE"],
-    }
+    variables = set(re.findall(r"\b(LMLP_[A-Z_]+)=", block))  # each one the app reads
+    names = {"LMLP_MODEL", "LMLP_QUEUE_SIZE", "LMLP_CONCURRENCY", constants["THREADS_VARIABLE"]}
+    assert variables == names | {constants["FREEZE_VARIABLE"]}
     assert all(f'"{variable}"' in app for variable in variables)
     # The example's values are those its comment describes, and the defaults are the app's.
     queue, concurrency = stated(r"LMLP_QUEUE_SIZE=(\d+) LMLP_CONCURRENCY=(\d+) python app.py", block)
@@ -130,10 +111,8 @@ def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
         r"queue: (\d+) may wait \(default (\d+)\), (\d+) run at once \(default (\d+)\)", block
     )
     assert (queue, concurrency) == (waiting, running)
-    assert (int(default_queue), int(default_concurrency)) == (
-        constants["DEFAULT_QUEUE_SIZE"],
-        constants["DEFAULT_CONCURRENCY"],
-    )
+    defaults = (constants["DEFAULT_QUEUE_SIZE"], constants["DEFAULT_CONCURRENCY"])
+    assert (int(default_queue), int(default_concurrency)) == defaults
 
 
 def test_the_spaces_requirements_the_readme_lists_are_its_requirements_txt():
@@ -147,14 +126,9 @@ def test_the_train_extra_of_the_main_command_is_setup_pys():
     main_command = README.split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert 'pip install -e ".[train]"' in main_command
     [listed] = stated(r"`\.\[train\]` installs what the job needs \(([^)]+)\)")
-    setup = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
-    [extras] = [
-        node.value
-        for node in setup.body
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["extras"]
-    ]
-    train = ast.literal_eval(extras.values[[key.value for key in extras.keys].index("train")])
-    assert listed.split(", ") == [requirement_name(requirement) for requirement in train]
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    _, extras = load_benchmark("lowest_requirements", "scripts").requirement_literals(setup)
+    assert listed.split(", ") == [requirement_name(requirement) for requirement in extras["train"]]
 
 
 def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_path):
@@ -205,8 +179,7 @@ def test_every_option_the_readme_names_for_training_and_evaluation_exists(page, 
     parsers = (training_parser(), evaluation_parser(), launch_command_parser())
     options = {option for parser in parsers for action in parser._actions for option in action.option_strings}
     options |= set(DIFFUSERS_ONLY_OPTIONS)  # diffusers' options, which the trainer answers with what to give instead
-    # The benchmark commands quoted inline, and the scripts/ commands (inline or as lines of a block), have options
-    # of their own.
+    # Benchmark commands quoted inline, and scripts/ commands, have options of their own.
     text = re.sub(r"`python benchmarks/[^`]*`", "", section(page, title) if title else page_text(page))
     text = re.sub(r"`python scripts/[^`]*`|^python scripts/.*$", "", text, flags=re.MULTILINE)
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*(?![\w-])", text))  # not hub's --dash-options
