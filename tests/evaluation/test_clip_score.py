@@ -1,6 +1,6 @@
-"""CLIP score offline on tiny CLIPs in the real repo layout: loading, torchmetrics' numbers, ranking, refusals."""
+"""CLIP score offline on tiny CLIPs in the real repo layout: loading, torchmetrics' numbers, refusals."""
 
-from dataclasses import replace
+import shutil
 from pathlib import Path
 
 import huggingface_hub
@@ -16,7 +16,7 @@ from transformers import CLIPConfig, CLIPModel, CLIPProcessor
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from diffusers_lmlp.evaluation.clip_score import CLIPScorer
-from diffusers_lmlp.shapes.world import COLOURS, POSITIONS, SHAPES, SIZES, all_specs, render
+from diffusers_lmlp.shapes.world import COLOURS, POSITIONS, SHAPES, SIZES
 from diffusers_lmlp.tiny import tiny_clip_tokenizer
 
 
@@ -80,12 +80,9 @@ def clip_folder(tmp_path_factory) -> Path:
 
 def use_hub_cache(cache: Path, monkeypatch) -> None:
     """Point huggingface_hub at `cache`, offline (its import-time constants too)."""
-    monkeypatch.setenv("HF_HOME", str(cache.parent))
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HOME", str(cache.parent))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for name, value in (("HF_HOME", str(cache.parent)), ("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", "1")):
+        monkeypatch.setenv(name, value)
+        monkeypatch.setattr(huggingface_hub.constants, name, value if name != "HF_HUB_OFFLINE" else True)
 
 
 @pytest.fixture
@@ -102,32 +99,6 @@ def scorer(clip_folder) -> CLIPScorer:
     return CLIPScorer.from_pretrained(clip_folder)
 
 
-@pytest.fixture(scope="module")
-def trained_scorer(tmp_path_factory) -> CLIPScorer:
-    """The tiny CLIP trained contrastively (seeded, 100 steps, ~1 s) on shapes-world images against their captions."""
-    folder = tmp_path_factory.mktemp("trained-clip")
-    model, processor = write_tiny_clip(folder, seed=0)
-    specs = all_specs()
-    rng = np.random.default_rng(0)
-    pixel_values = processor.image_processor(images=[render(s, rng=rng) for s in specs], return_tensors="pt")
-    pixel_values = pixel_values["pixel_values"]  # (324, 3, 32, 32)
-    text = processor.tokenizer([s.caption for s in specs], padding=True, return_tensors="pt")  # (324, L)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(0)
-    model.train()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for _ in range(100):
-            batch = torch.randperm(len(specs), generator=generator)[:32]
-            inputs = {key: value[batch] for key, value in text.items()}  # input_ids, attention_mask
-            loss = model(**inputs, pixel_values=pixel_values[batch], return_loss=True).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    model.save_pretrained(folder)
-    return CLIPScorer.from_pretrained(folder)
-
-
 def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as_given(hub_cache, clip_folder):
     scorer = CLIPScorer.from_pretrained()
     assert scorer.name == CLIP_REPO == "openai/clip-vit-large-patch14"
@@ -140,9 +111,7 @@ def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as
     assert ((scores >= 0) & (scores <= 100)).all()
     for name_or_path in (clip_folder, str(clip_folder)):
         scorer = CLIPScorer.from_pretrained(name_or_path, dtype=torch.float64)
-        assert scorer.name == str(clip_folder)
-        assert scorer.model.dtype == torch.float64
-        assert scorer.score(varied_images(2), CAPTIONS[:2]).shape == (2,)
+        assert scorer.name == str(clip_folder) and scorer.model.dtype == torch.float64
 
 
 @pytest.mark.parametrize("sign", [1, -1], ids=["as-saved", "negated-text-projection"])
@@ -156,10 +125,7 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
         model.text_projection.weight.mul_(sign)
         reference.text_projection.weight.mul_(sign)
     scorer = CLIPScorer(model, processor, name="tiny")
-
-    def load():
-        return reference.eval(), processor
-
+    load = lambda: (reference.eval(), processor)  # noqa: E731
     images = varied_images(len(CAPTIONS))
     tensors = [torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images]  # (3, H, W) uint8
     scores = scorer.score(images, CAPTIONS, batch_size=4)  # (6,)
@@ -182,8 +148,9 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
 
 def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_its_8_bit_images(scorer):
     images, captions = varied_images(5, seed=1), CAPTIONS[:5]
-    batched = scorer.score(images, captions, batch_size=2)
-    torch.testing.assert_close(batched, scorer.score(images, captions), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        scorer.score(images, captions, batch_size=2), scorer.score(images, captions), atol=1e-5, rtol=0
+    )
     images = torch.rand(3, 3, 40, 52, generator=torch.Generator().manual_seed(0))  # (N, 3, H, W) in [0, 1]
     pixels = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
     as_pil = [Image.fromarray(array) for array in pixels]
@@ -202,42 +169,24 @@ def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(scorer):
     assert abs(scores[3] - scores[0]) > 1e-2
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("wrong", ["shuffled", "recoloured"])
-def test_trained_clip_scores_matching_captions_above_wrong_ones(trained_scorer, wrong):
-    rng = np.random.default_rng(1)  # fresh renders: other jitter than in training
-    specs = [all_specs()[i] for i in rng.choice(len(all_specs()), size=36, replace=False)]
-    images = [render(spec, rng=rng) for spec in specs]
-    if wrong == "shuffled":  # each image gets the next one's caption (the specs are in random order)
-        others = specs[1:] + specs[:1]
-    else:  # its own caption with the next colour: only one word differs
-        colours = list(COLOURS)
-        others = [replace(s, colour=colours[(colours.index(s.colour) + 1) % len(colours)]) for s in specs]
-    assert all(other != spec for other, spec in zip(others, specs))
-    matching = trained_scorer.score(images, [s.caption for s in specs])  # (36,)
-    wrong_scores = trained_scorer.score(images, [s.caption for s in others])  # (36,)
-    assert matching.mean() > wrong_scores.mean() + 30, (matching.mean(), wrong_scores.mean())
-    assert (matching > wrong_scores).float().mean() >= 0.9
-
-
 @pytest.mark.parametrize(
-    "images, captions, kwargs, message",
+    "images, captions, batch_size, message",
     [
-        (2, ["a red circle"], {}, "Got 2 images and 1 captions"),
-        (0, [], {}, "at least one image"),
-        (2, ["a red circle", ""], {}, "Caption 1 is ''"),
-        (1, ["   "], {}, "Caption 0 is '   '"),
-        (1, [None], {}, "Caption 0 is None"),
-        (torch.zeros(1, 3, 8, 8) - 1, ["a"], {}, r"\[0, 1\]"),
-        (torch.zeros(1, 8, 8), ["a"], {}, r"\(N, 3, H, W\)"),
-        (["not an image"], ["a"], {}, "Image 0 is a str"),
-        (1, ["a"], {"batch_size": 0}, "batch_size must be at least 1"),
+        (2, ["a red circle"], 1, "Got 2 images and 1 captions"),
+        (0, [], 1, "at least one image"),
+        (2, ["a red circle", ""], 1, "Caption 1 is ''"),
+        (1, ["   "], 1, "Caption 0 is '   '"),
+        (1, [None], 1, "Caption 0 is None"),
+        (torch.zeros(1, 3, 8, 8) - 1, ["a"], 1, r"\[0, 1\]"),
+        (torch.zeros(1, 8, 8), ["a"], 1, r"\(N, 3, H, W\)"),
+        (["not an image"], ["a"], 1, "Image 0 is a str"),
+        (1, ["a"], 0, "batch_size must be at least 1"),
     ],
 )
-def test_bad_inputs_raise_value_errors_that_say_what_to_pass(scorer, images, captions, kwargs, message):
+def test_bad_inputs_raise_value_errors_that_say_what_to_pass(scorer, images, captions, batch_size, message):
     images = varied_images(images) if isinstance(images, int) else images
     with pytest.raises(ValueError, match=message):
-        scorer.score(images, captions, **kwargs)
+        scorer.score(images, captions, batch_size=batch_size)
 
 
 @pytest.mark.parametrize(
@@ -252,10 +201,7 @@ def test_pickled_weights_are_refused_unread_and_a_missing_model_says_how_to_get_
     clip_folder, tmp_path, monkeypatch, where, message
 ):
     pickled = tmp_path / "pickled"  # the repo with a (fake) `pytorch_model.bin` instead of `model.safetensors`
-    pickled.mkdir()
-    for path in clip_folder.iterdir():
-        if path.name != "model.safetensors":
-            (pickled / path.name).write_bytes(path.read_bytes())
+    shutil.copytree(clip_folder, pickled, ignore=shutil.ignore_patterns("model.safetensors"))
     (pickled / "pytorch_model.bin").write_bytes(b"not a pickle: unpickling this fails loudly")
     if where == "cache":
         fill_hub_cache(pickled, tmp_path / "hf" / "hub", CLIP_REPO)

@@ -124,7 +124,6 @@ def test_a_hub_id_missing_offline_is_one_line_naming_hf_hub_offline_and_the_down
 def test_a_pipeline_whose_scheduler_would_draw_wrong_images_stops_before_any_work(
     tmp_path, monkeypatch, torch_threads
 ):
-    """A scheduler that clips the latents is refused in one line naming the fix, before any work."""
     from diffusers import DDIMScheduler
 
     from diffusers_lmlp.shapes import pretrained_shapes_pipeline
@@ -173,16 +172,12 @@ def test_one_cpu_process_runs_on_every_core_unless_the_user_set_a_count(
     assert torch.get_num_threads() == (4 if expected is None else expected)
 
 
-SMALL = "--pipeline shapes --num_images 10 --num_inference_steps 2 --batch_size 4 --save_images --no_progress".split()
-SMALL += ["--num_threads", "1"]
+SMALL = "--pipeline shapes --num_images 10 --num_inference_steps 2 --batch_size 4 --save_images --no_progress "
+SMALL = [*SMALL.split(), "--num_threads", "1"]
 
 
 def without_seconds(report: dict) -> dict:
     return {key: value for key, value in report.items() if key != "seconds"}
-
-
-def raise_keyboard_interrupt(number, frame):
-    raise KeyboardInterrupt
 
 
 @pytest.mark.slow
@@ -207,7 +202,7 @@ def test_sigterm_keeps_a_partial_report_and_the_same_command_finishes_as_an_unin
     monkeypatch.setattr(LMLPPipeline, "__call__", terminated_at_the_third_batch)
     monkeypatch.setattr(ProgressStore, "results", terminated_again)
     capsys.readouterr()
-    fallback = signal.signal(signal.SIGTERM, raise_keyboard_interrupt)  # SIGTERM's default would end pytest itself
+    fallback = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM's default would end pytest itself
     # What SIGINT did before the command: Python's KeyboardInterrupt, or nothing where the launcher ignores it (a
     # background job, `nohup`).
     sigint_before = signal.getsignal(signal.SIGINT)
@@ -240,12 +235,8 @@ def test_sigterm_keeps_a_partial_report_and_the_same_command_finishes_as_an_unin
 
 def test_keep_progress_keeps_the_batches_of_a_finished_run(tmp_path, torch_threads):
     main([*SMALL, "--output_dir", str(tmp_path), "--keep_progress"])
-    batches = [f"batch-{k:06d}.safetensors" for k in range(3)]
-    assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == [
-        ".evaluation.lock",
-        *batches,
-        "settings.json",
-    ]
+    kept = sorted(path.name for path in (tmp_path / "progress").iterdir())
+    assert kept == [".evaluation.lock", *(f"batch-{k:06d}.safetensors" for k in range(3)), "settings.json"]
 
 
 # Ctrl-C in the terminal of an `accelerate launch`, once process 0 has sampled its first batch and process 1 its
@@ -313,9 +304,7 @@ def test_two_processes_stopped_by_ctrl_c_and_run_again_give_the_one_process_resu
         assert two[key] == pytest.approx(one[key], rel=1e-4)
     assert two["shapes"] == one["shapes"]
     for i in range(40):
-        a, b = (
-            np.asarray(Image.open(folder / "images" / f"{i:06d}.png"), np.int16) for folder in (one_process[0], output)
-        )
+        a, b = (np.asarray(Image.open(f / "images" / f"{i:06d}.png"), np.int16) for f in (one_process[0], output))
         assert np.abs(a - b).max() <= 1, i
     metadata = [folder / "images" / "metadata.jsonl" for folder in (one_process[0], output)]
     assert metadata[0].read_text() == metadata[1].read_text()

@@ -18,20 +18,15 @@ def test_columns_match_the_scorer_accuracies_with_unstated_sizes():
     assert {name: float(np.nanmean(column)) for name, column in columns.items()} == accuracies(results)
 
 
-def test_intervals_contain_the_accuracy_and_are_reproducible():
+def test_intervals_contain_the_accuracy_are_reproducible_and_widen_for_a_caption_failing_on_every_seed():
     rng = np.random.default_rng(0)
     captions = [f"caption {i // 4}" for i in range(128)]  # 32 captions × 4 seeds
     flags = (rng.random((128, 4)) < [0.95, 0.6, 0.9, 0.8]).astype(float)
     intervals = bootstrap_intervals(flags, captions, seed=3)
     for name, column in correctness_columns(flags).items():
-        low, high = intervals[name]
-        assert low <= column.mean() <= high
+        assert intervals[name][0] <= column.mean() <= intervals[name][1]
     assert intervals == bootstrap_intervals(flags, captions, seed=3)
-
-
-def test_a_caption_failing_on_every_seed_widens_the_interval_over_independent_failures():
     # The same 16 failures out of 128 images: spread over 16 captions, or all on the 4 seeds of 4 captions.
-    captions = [f"caption {i // 4}" for i in range(128)]
     spread, clustered = np.ones((128, 4)), np.ones((128, 4))
     spread[np.arange(16) * 8, 1] = 0  # one seed of every other caption
     clustered[:16, 1] = 0  # every seed of the first 4 captions

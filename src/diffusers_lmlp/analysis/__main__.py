@@ -1,10 +1,5 @@
-"""`python -m diffusers_lmlp.analysis` (or `diffusers-lmlp-analysis`): look inside a model.
-
-    python -m diffusers_lmlp.analysis lateralization  # Fig. 6 of the shipped shapes model, with its measures
-    python -m diffusers_lmlp.analysis routing --pipeline lmlp-coco-moe --captions "a red bus" "two dogs on a beach"
-
-Parsing needs only light modules: torch, diffusers and the models are imported in `main`.
-"""
+"""`python -m diffusers_lmlp.analysis` (or `diffusers-lmlp-analysis`): look inside a model. Parsing needs only light
+modules: torch, diffusers and the models are imported in `main`."""
 
 import argparse
 import sys
@@ -14,52 +9,47 @@ from .. import commands
 from ..sampling import GUIDANCE_SCALE
 
 
-CONSOLE_SCRIPT = "diffusers-lmlp-analysis"  # setup.py's console script for this command
+CONSOLE_SCRIPT = "diffusers-lmlp-analysis"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command's arguments: a subcommand, then its options."""
     parser = argparse.ArgumentParser(
         prog=commands.program_name(CONSOLE_SCRIPT, "diffusers_lmlp.analysis"),
-        description="Look inside a trained backbone: the L-MLP paper's Fig. 6 lateralization maps (UL-MLP, MoE-MLP), "
-        "MoE-MLP expert usage across sampling, or U-ViT attention maps, each with the numbers that check the "
-        "papers' claims.",
+        description="Look inside a trained backbone: the L-MLP paper's Fig. 6 lateralization maps, MoE-MLP expert usage "
+        "or U-ViT attention maps, each with the numbers that check the papers' claims.",
     )
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="{lateralization,routing}")
     lateralization = subcommands.add_parser(
         "lateralization",
         help="draw and measure the first-stage weights of a UL-MLP or MoE-MLP (the paper's Fig. 6)",
-        description="Draw the first-stage weights of chosen layers, the left hemisphere (token mixing, L x L; each "
-        "expert and head of an MoE-MLP) and the right (channel mixing, D x D), normalised to [0, 1] with the token "
-        "regions marked, and measure each: diagonal ratio, locality and periodicity. Writes lateralization.png, "
-        ".json and .safetensors (the raw weights) into --output_dir and prints the measures.",
+        description="Draw the first-stage weights of chosen layers, left hemisphere (token mixing, L x L; each expert "
+        "and head of an MoE-MLP) and right (channel mixing, D x D), with their diagonal ratio, locality and "
+        "periodicity. Writes lateralization.png, .json and .safetensors (the raw weights) into --output_dir.",
     )
     routing = subcommands.add_parser(
         "routing",
         help="MoE-MLP expert usage across sampling, or U-ViT attention maps",
-        description="Sample the captions and record, for an MoE-MLP, every router's expert usage per layer, head and "
-        "sampler step, with the load-balance statistics; for a U-ViT, the attention maps of the chosen layers, "
-        "averaged over heads, captions and steps, measured as lateralization measures a left hemisphere. Writes "
-        "routing.png, .json and .safetensors into --output_dir and prints the figures.",
+        description="Sample the captions and record an MoE-MLP's expert usage per layer, head and step, with its load "
+        "balance, or a U-ViT's mean attention maps of the chosen layers, measured as lateralization measures a left "
+        "hemisphere. Writes routing.png, .json and .safetensors into --output_dir.",
     )
     for subcommand in (lateralization, routing):
         subcommand.add_argument(
             "--pipeline", default="shapes",
-            help="a pipeline folder, a backbone folder (lateralization only; e.g. a converted reference checkpoint "
-            "saved with save_pretrained), a Hub id of either, or shapes or emoji, the pipelines shipped in the "
-            "package (default: shapes)",
+            help="a pipeline folder, a backbone folder (lateralization only), a Hub id of either, or shapes or emoji "
+            "(shipped; default: shapes)",
         )  # fmt: skip
         subcommand.add_argument("--output_dir", type=Path, default=Path("analysis"), help="where the files go")
         subcommand.add_argument("--no_progress", action="store_true", help="no progress bar")
     lateralization.add_argument(
         "--layers", type=commands.number(int, 1), nargs="+",
-        help="layer numbers as the reference figure script counts (in blocks, the mid block, out blocks, from 1; "
-        "default: the paper's 1, 5, 9, 13, 17 adapted to the depth)",
+        help="layer numbers as the reference figure script counts (in, mid, out blocks, from 1; default: the "
+        "paper's 1, 5, 9, 13, 17 adapted to the depth)",
     )  # fmt: skip
     routing.add_argument(
         "--layers", type=commands.number(int, 1), nargs="+",
-        help="layer numbers, counted as lateralization counts them (default: every layer of an MoE-MLP; for a "
-        "U-ViT, lateralization's default layers)",
+        help="layer numbers, as lateralization counts them (default: every layer of an MoE-MLP, lateralization's "
+        "for a U-ViT)",
     )  # fmt: skip
     routing.add_argument("--captions", nargs="+", required=True, help="the captions to sample")
     routing.add_argument(
@@ -74,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
-    """Load the model, run the subcommand, and return its table and the files it wrote."""
+    """Run the subcommand; its table and the files it wrote."""
     import torch
 
     from . import lateralization, routing
@@ -101,7 +91,6 @@ def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command on `argv` (`sys.argv[1:]` by default)."""
     args = build_parser().parse_args(argv)
     try:
         printed, files = run(args)

@@ -1,13 +1,31 @@
-"""The figures, drawn with matplotlib (the `plots` extra): the analysis' viridis heat maps of matrices in [0, 1] with
-red lines at the token-region boundaries, in a titled grid with one colour bar; the benchmarks' bar charts; and the
-plain-text tables the analysis commands print.
+"""The figures, drawn with matplotlib (the `plots` extra): the analysis' heat maps and the benchmarks' bar charts; the
+plain-text tables the analysis commands print; and the files they write.
 """
 
 import io
+import json
 import textwrap
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+
+def model_label(model) -> str:
+    from ..models.families import family_of
+
+    family = family_of(model)
+    return f"{family.label} ({family.class_name})"
+
+
+def write_outputs(output_dir: Path, files: tuple[str, str, str], figure, tensors: dict, metadata: dict, report: dict):
+    """Write the figure, the report and the tensors under `files`' names (.png, .json, .safetensors)."""
+    from safetensors.torch import save_file
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    figure.save(output_dir / files[0], optimize=True)
+    (output_dir / files[1]).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    save_file(tensors, output_dir / files[2], metadata=metadata)
 
 
 def grid_figure(
@@ -17,8 +35,8 @@ def grid_figure(
     row_titles: list[str],
     panels: list[list[tuple[np.ndarray, tuple[int, ...]]]],
 ) -> Image.Image:
-    """`panels[row][column]` in a labelled grid under a title and notes, with a 0-to-1 colour bar. A panel is a
-    (rows, columns) matrix in [0, 1] and the rows and columns before which a red line is drawn."""
+    """`panels[row][column]` viridis heat maps in a labelled grid under a title and notes, with a 0-to-1 colour bar.
+    A panel is a matrix in [0, 1] and the rows and columns before which a red line is drawn (token regions)."""
     heading = "\n".join([title, *(textwrap.fill(note, 110) for note in notes)])
     rows, columns = len(panels), len(column_titles)
     size = (2.6 * columns + 1.5, 2.6 * rows + 0.2 * heading.count("\n") + 0.6)
@@ -45,8 +63,7 @@ def grid_figure(
 
 
 def new_figure(**kwargs):
-    """A matplotlib `Figure`, made without pyplot (no backend or global state changes); `SystemExit` saying how to
-    install matplotlib without it."""
+    """A matplotlib `Figure`, made without pyplot (no global state changes); `SystemExit` saying how to install it."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -55,7 +72,6 @@ def new_figure(**kwargs):
 
 
 def as_image(figure) -> Image.Image:
-    """A matplotlib figure as an RGB image."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
@@ -65,7 +81,7 @@ def bar_chart(
     title: str, labels: list[str], panels: list[tuple[str, dict[str, list[float | None]], str]], reference=None
 ) -> Image.Image:
     """Horizontal bars, a row per label: one panel per (x label, {series: a value per label, None for none}, value
-    format) side by side, each bar labelled with its value; `reference` draws a line at that x in the first panel."""
+    format), each bar labelled with its value; `reference` draws a line at that x in the first panel."""
     height = 0.6 + 0.22 * len(labels) * max(len(series) for _, series, _ in panels)
     figure = new_figure(figsize=(5 * len(panels) + 2, height + 0.8), layout="constrained")
     import matplotlib  # after new_figure, which says how to install it
@@ -94,7 +110,7 @@ def bar_chart(
 
 
 def number(value: float | None, digits: int = 3) -> str:
-    """A measure for a table: fixed-point, or "–" where it is not defined (`None`)."""
+    """A measure for a table: fixed-point, or "–" where undefined (`None`)."""
     return "–" if value is None else f"{value:.{digits}f}"
 
 

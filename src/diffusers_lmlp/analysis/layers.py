@@ -1,9 +1,5 @@
-"""A backbone's layout as the analysis reads it: layer numbers and the parts each subcommand draws.
-
-Layer k is the k-th block the tokens pass through, from 1 (in blocks, the mid block, out blocks), as the L-MLP
-paper's reference figure script counts them; our backbones keep its block names under `stack.`. `lateralization`
-reads an `LMLPBlock`'s first stage (an L × L `nn.Linear` or a `MoELinearAttention` beside a D × D `nn.Linear`);
-`routing` reads MoE-MLP `Router`s and U-ViT `UViTAttention`s, tested by the class of a block's parts.
+"""A backbone's layout as the analysis reads it. Layer k is the k-th block the tokens pass through, from 1 (in blocks,
+the mid block, out blocks), as the L-MLP paper's reference figure script counts them (block names under `stack.`).
 """
 
 import math
@@ -24,7 +20,7 @@ def num_blocks(num_layers: int) -> int:
 
 
 def block_name(layer: int, blocks: int) -> str:
-    """The stack module of `layer` (from 1) among `blocks` blocks, by the reference's names (`in_blocks.4`, ...)."""
+    """The stack module of `layer` among `blocks` blocks (`in_blocks.4`, `mid_block`, ...)."""
     check_layers([layer], blocks)
     half = blocks // 2
     if layer <= half:
@@ -33,31 +29,25 @@ def block_name(layer: int, blocks: int) -> str:
 
 
 def layer_block(model, layer: int):
-    """The block of `layer` in a backbone: its module `stack.<block_name>`."""
     return model.stack.get_submodule(block_name(layer, num_blocks(model.config["num_layers"])))
 
 
 def default_layers(blocks: int) -> list[int]:
-    """The paper's layers (1, 5, 9, 13, 17 of 17) adapted to the depth: first, quarter points, mid and last block,
-    the first quarter rounded half up and the third mirroring it."""
+    """The paper's layers (1, 5, 9, 13, 17 of 17) adapted to the depth: first, quarter points (rounded half up, the
+    third mirroring the first), mid and last block."""
     first_quarter = 1 + math.floor((blocks - 1) / 4 + 0.5)
     return sorted({1, first_quarter, blocks // 2 + 1, blocks + 1 - first_quarter, blocks})
 
 
 def check_layers(layers: list[int], blocks: int) -> list[int]:
     """`layers` without repeats, in order, after checking that each is in 1 … `blocks` (else `ValueError`)."""
-    wrong = [layer for layer in layers if not 1 <= layer <= blocks]
-    if wrong:
+    if wrong := [layer for layer in layers if not 1 <= layer <= blocks]:
         half = blocks // 2
-        if half == 0:
-            layout = "layer 1 is mid_block"
-        elif half == 1:
-            layout = f"layer 1 is in_blocks.0, layer 2 is mid_block, layer {blocks} is out_blocks.0"
-        else:
-            layout = (
-                f"layers 1–{half} are in_blocks.0–{half - 1}, layer {half + 1} is mid_block, layers "
-                f"{half + 2}–{blocks} are out_blocks.0–{half - 1}"
-            )
+        layout = ", ".join(
+            f"layer {k} is {block_name(k, blocks)}"
+            for k in sorted({1, half, half + 1, half + 2, blocks})
+            if 1 <= k <= blocks
+        )
         raise ValueError(
             f"No layer {', '.join(map(str, wrong))} in this model: it has {blocks} blocks, numbered 1–{blocks} as the "
             f"reference figure script numbers them ({layout})."
@@ -82,38 +72,21 @@ def routes(model: nn.Module) -> bool:
     return any(isinstance(module, Router) for module in model.modules())
 
 
-def attends(model: nn.Module) -> bool:
-    """Whether the model mixes tokens by self-attention (a U-ViT: it has `UViTAttention` modules)."""
-    return any(isinstance(module, UViTAttention) for module in model.modules())
-
-
-def lateralizes(model: nn.Module) -> bool:
-    """Whether every block of the model's stack has the first stage `lateralization` draws."""
-    blocks = num_blocks(model.config["num_layers"])
-    return all(first_stage(layer_block(model, layer)) is not None for layer in range(1, blocks + 1))
-
-
 def check_kind(model: nn.Module, subcommand: str) -> None:
     """Raise a `ValueError` naming the subcommand that fits, unless `subcommand` can read the model."""
     family = family_of(model)
-    name = f"{family.label} ({family.class_name})"
-    if subcommand == "lateralization" and not lateralizes(model):
-        fits = (
-            "Run `routing` on it instead: it draws the attention maps of the same layers."
-            if attends(model)
-            else "Neither subcommand fits it: `routing` reads MoE-MLP routers and U-ViT attention."
-        )
+    blocks = range(1, num_blocks(model.config["num_layers"]) + 1)
+    lateralizes = all(first_stage(layer_block(model, layer)) is not None for layer in blocks)
+    attends = any(isinstance(module, UViTAttention) for module in model.modules())
+    fits = {"lateralization": lateralizes, "routing": routes(model) or attends}
+    if not fits[subcommand]:
+        other = next(name for name in fits if name != subcommand)
+        reads = {
+            "lateralization": "the L × L first stages of UL-MLP and MoE-MLP",
+            "routing": "MoE-MLP routers and U-ViT attention",
+        }
+        advice = f"Run `{other}` on it instead." if fits[other] else "Neither subcommand fits it."
         raise ValueError(
-            "lateralization draws the first stage of L-MLP blocks, an L × L token-mixing Linear (UL-MLP) or L × L "
-            f"experts (MoE-MLP) beside a D × D channel-mixing Linear, and this {name} has no such blocks. {fits}"
-        )
-    if subcommand == "routing" and not (routes(model) or attends(model)):
-        fits = (
-            "Run `lateralization` on it instead: it draws its L × L token-mixing weights."
-            if lateralizes(model)
-            else "Neither subcommand fits it: `lateralization` reads UL-MLP and MoE-MLP first stages."
-        )
-        raise ValueError(
-            "routing draws the expert usage of MoE-MLP routers and the attention maps of U-ViT, and this "
-            f"{name} has neither routers nor attention. {fits}"
+            f"{subcommand} reads {reads[subcommand]}, and this {family.label} ({family.class_name}) has no such "
+            f"blocks. {advice}"
         )

@@ -38,7 +38,7 @@ def diagonal_ratio(normalised: torch.Tensor) -> float | None:
 @functools.cache
 def grid_distance(regions: TokenRegions) -> torch.Tensor:
     """The (N, N) L1 distances |Δrow| + |Δcol| on the patch grid between image tokens (cached per layout)."""
-    positions = torch.tensor([regions.patch_position(patch) for patch in range(regions.num_patches)])  # (N, 2)
+    positions = torch.tensor([divmod(patch, regions.grid_size) for patch in range(regions.num_patches)])  # (N, 2)
     return (positions[:, None, :] - positions[None, :, :]).abs().sum(-1)  # (N, N)
 
 
@@ -82,12 +82,8 @@ def periodicity(normalised: torch.Tensor, regions: TokenRegions) -> float | None
 
 def token_mixing_measures(matrix: torch.Tensor, regions: TokenRegions) -> dict[str, float | None]:
     """`diagonal`, `locality` and `periodicity` of a raw L × L token-mixing matrix, normalised first."""
-    normalised = normalise(matrix)
-    return {
-        "diagonal": diagonal_ratio(normalised),
-        "locality": locality(normalised, regions),
-        "periodicity": periodicity(normalised, regions),
-    }
+    m = normalise(matrix)
+    return {"diagonal": diagonal_ratio(m), "locality": locality(m, regions), "periodicity": periodicity(m, regions)}
 
 
 def channel_mixing_measures(matrix: torch.Tensor) -> dict[str, float | None]:
@@ -109,7 +105,7 @@ def noise_band(measures: Callable[[torch.Tensor], dict], size: int, draws: int =
 
 
 def mean_abs(matrix: torch.Tensor) -> float:
-    """The mean |w| of raw weights: the scale that normalisation hides."""
+    """The mean |w| of raw weights: the scale normalisation hides."""
     return float(matrix.detach().double().abs().mean())
 
 

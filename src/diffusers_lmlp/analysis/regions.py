@@ -41,10 +41,6 @@ class TokenRegions:
         """Where the text and the image regions begin (the figures' red lines)."""
         return (self.text.start, self.image.start)
 
-    def patch_position(self, patch: int) -> tuple[int, int]:
-        """The (row, column) in the patch grid of image token `patch` (counted within the image)."""
-        return divmod(patch, self.grid_size)
-
     def describe(self) -> str:
         """The layout in words: "L = 27: 1 time + 10 text + 16 image tokens (4 × 4 patches)"."""
         g = self.grid_size

@@ -2,26 +2,23 @@
 
 For an MoE-MLP, the routers' expert probabilities per layer, head and sampler step, with their balance statistics and
 the MoE-MLP paper's load-balancing loss. For a U-ViT, the mean attention maps of the chosen layers (what the L-MLP
-paper compares Fig. 6 with), measured as `lateralization` measures a left hemisphere. The pipeline samples as usual
-while forward hooks record every pass; caption i starts from the noise of seed `seed + i`, whatever its batch.
+paper compares Fig. 6 with), measured as `lateralization` measures a left hemisphere. Forward hooks record every
+pass while the pipeline samples; caption i starts from the noise of seed `seed + i`, whatever its batch.
 """
 
 import contextlib
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from ..models.families import family_of
 from ..models.mixers.attention import UViTAttention
 from ..models.mixers.moe import load_balancing_loss
 from ..models.mixers.routing import collect_router_probs
 from ..progress import progress_bar
-from .figures import format_table, grid_figure, noise_line, number
+from .figures import format_table, grid_figure, model_label, noise_line, number, write_outputs
 from .layers import block_name, check_kind, layer_block, num_blocks, routes
 from .metrics import NOISE_DRAWS, balance_statistics, noise_band, normalise, token_mixing_measures
 from .regions import TokenRegions
@@ -86,9 +83,9 @@ def attention_probabilities(attention: UViTAttention, tokens: torch.Tensor) -> t
     return (query @ key.transpose(-2, -1) * query.shape[-1] ** -0.5).softmax(-1)  # SDPA's default scale
 
 
-def record_expert_usage(pipeline, layers, captions, settings, progress=True):
-    """The gate probabilities of the routers of `layers` while an MoE-MLP pipeline samples `captions`: the
-    (S, layers, H, E) mean per step, every pass's (layers, P, H, E), and the S timesteps."""
+def expert_usage(pipeline, layers, captions, settings, report: dict, progress: bool):
+    """Record the routers of an MoE-MLP's `layers`, add timesteps and balance statistics to `report`; the figure and
+    tensors."""
     model = pipeline.transformer
     steps: list[list[list[torch.Tensor]]] = [[[] for _ in layers] for _ in range(settings.num_inference_steps)]
     with contextlib.ExitStack() as stack:
@@ -102,14 +99,10 @@ def record_expert_usage(pipeline, layers, captions, settings, progress=True):
         timesteps = sample_trajectories(pipeline, captions, settings, take, progress)
     by_step = [[torch.cat(probs) for probs in step] for step in steps]  # S × layers × (passes, H, E)
     usage = torch.stack([torch.stack([probs.mean(0) for probs in step]) for step in by_step])  # (S, layers, H, E)
-    passes = torch.stack([torch.cat([step[index] for step in by_step]) for index in range(len(layers))])
-    return usage, passes, timesteps  # passes: (layers, P, H, E)
-
-
-def expert_usage(pipeline, layers, captions, settings, report: dict, progress: bool):
-    """Record an MoE-MLP's routers, add timesteps and balance statistics to `report`; the figure and tensors."""
-    usage, passes, timesteps = record_expert_usage(pipeline, layers, captions, settings, progress)
-    blocks = num_blocks(pipeline.transformer.config["num_layers"])
+    passes = torch.stack(
+        [torch.cat([step[index] for step in by_step]) for index in range(len(layers))]
+    )  # (l, P, H, E)
+    blocks = num_blocks(model.config["num_layers"])
     heads = range(passes.shape[2])
     entries = [
         {
@@ -119,12 +112,8 @@ def expert_usage(pipeline, layers, captions, settings, report: dict, progress: b
         }
         for index, layer in enumerate(layers)
     ]
-    report.update(
-        kind="expert usage",
-        timesteps=timesteps,
-        layers=entries,
-        balance_loss=float(load_balancing_loss(passes, weight=1.0)),
-    )
+    balance_loss = float(load_balancing_loss(passes, weight=1.0))
+    report.update(kind="expert usage", timesteps=timesteps, layers=entries, balance_loss=balance_loss)
     num_experts = usage.shape[3]
     branches = " and both guidance branches" if settings.guidance_scale > 1 else ""
     figure = grid_figure(
@@ -193,19 +182,10 @@ def run_routing(pipeline, layers, captions, settings: SamplerSettings, output_di
     `output_dir` and return the report; `source` is what `--pipeline` named."""
     model = pipeline.transformer
     check_kind(model, "routing")
-    family = family_of(model)
-    report = {
-        "model": f"{family.label} ({family.class_name})",
-        "pipeline": source,
-        "captions": captions,
-        "sampler": asdict(settings),
-    }
+    report = {"model": model_label(model), "pipeline": source, "captions": captions, "sampler": asdict(settings)}
     record = expert_usage if routes(model) else attention_maps
-    image, tensors = record(pipeline, layers, captions, settings, report, progress)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    image.save(output_dir / FIGURE, optimize=True)
-    save_file(tensors, output_dir / DATA, metadata={"pipeline": source})
-    (output_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    figure, tensors = record(pipeline, layers, captions, settings, report, progress)
+    write_outputs(output_dir, FILES, figure, tensors, {"pipeline": source}, report)
     return report
 
 

@@ -1,7 +1,5 @@
-"""What `--pipeline` names, found and loaded: a shipped pipeline, a pipeline or backbone folder, or a Hub repo id.
-
-The config is read first, so `--layers` is checked before any weight loads; weights load through the backbone's own
-`from_pretrained` (safetensors only). From the Hub only the backbone's files are fetched until `routing` needs more.
+"""What `--pipeline` names: a shipped pipeline, a pipeline or backbone folder, or a Hub repo id. The config is read
+first, so `--layers` is checked before any weight loads; from the Hub only the backbone's files are fetched first.
 """
 
 import json
@@ -25,8 +23,8 @@ HUB_ALLOW_PATTERNS = ["model_index.json", *BACKBONE_FILES, *(f"transformer/{name
 
 @dataclass(frozen=True)
 class BackboneSource:
-    """Where the backbone `name` names lies (`folder`, with `subfolder` "transformer" in a pipeline), its config and
-    family; `from_hub` when `folder` is a Hub snapshot holding only the backbone's files."""
+    """Where the backbone `name` names lies (`subfolder` "transformer" in a pipeline), its config and family;
+    `from_hub` when `folder` is a Hub snapshot of the backbone's files only."""
 
     name: str
     folder: Path
@@ -36,17 +34,15 @@ class BackboneSource:
     from_hub: bool
 
     def load_backbone(self):
-        """The backbone, loaded with its class's strict, safetensors-only `from_pretrained`."""
+        """The backbone, by its class's strict, safetensors-only `from_pretrained`."""
         return self.family.model_class.from_pretrained(self.folder, subfolder=self.subfolder).eval()
 
     def load_pipeline(self, transformer):
-        """The whole pipeline around the already loaded `transformer`; `ValueError` for a backbone folder, which has
-        no text encoder."""
+        """The whole pipeline around the loaded `transformer`; `ValueError` for a backbone folder."""
         if self.subfolder is None:
             raise ValueError(
-                f"routing samples captions, so it needs a whole pipeline (model_index.json with its text encoder, "
-                f"tokenizer, VAE and scheduler), and --pipeline {self.name} is a backbone folder. Pass the folder of "
-                "the pipeline it belongs to."
+                f"routing samples captions, so it needs a whole pipeline, and --pipeline {self.name} is a backbone "
+                "folder: pass the folder of the pipeline it belongs to."
             )
         from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -56,27 +52,6 @@ class BackboneSource:
             return LMLPPipeline.from_pretrained(self.name if self.from_hub else self.folder, transformer=transformer)
         except (LocalEntryNotFoundError, FileNotFoundError) as error:
             raise OSError(f"--pipeline {self.name}: {error}") from None
-
-
-def _hub_snapshot(name: str) -> Path:
-    """The cached snapshot of the Hub repo `name`'s backbone files, fetched if reachable (else `OSError`)."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(name, allow_patterns=HUB_ALLOW_PATTERNS))
-    except RepositoryNotFoundError:
-        raise OSError(
-            f"--pipeline {name}: no such local folder, and no Hub repo you can access has that id. Check the name; "
-            "for a private repo, log in (`hf auth login`)."
-        ) from None
-    except LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
-        raise OSError(
-            f"--pipeline {name}: no such local folder, and as a Hub repo id it is not in the huggingface_hub cache "
-            f"({constants.HF_HUB_CACHE}) and {why}. Download it where the Hub can be reached (`hf download {name}`), "
-            "or pass a local folder."
-        ) from None
 
 
 def find_backbone(name: str) -> BackboneSource:
@@ -90,14 +65,25 @@ def find_backbone(name: str) -> BackboneSource:
     elif problem := pipeline_problem(name):
         raise OSError(problem)
     else:
-        folder, from_hub = _hub_snapshot(name), True
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+        try:
+            folder, from_hub = Path(snapshot_download(name, allow_patterns=HUB_ALLOW_PATTERNS)), True
+        except RepositoryNotFoundError:
+            raise OSError(f"--pipeline {name}: no such local folder or accessible Hub repo (for a private one, "
+                          "`hf auth login`)") from None  # fmt: skip
+        except LocalEntryNotFoundError:
+            why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+            raise OSError(f"--pipeline {name}: no such local folder, and not in the huggingface_hub cache "
+                          f"({constants.HF_HUB_CACHE}) while {why}: `hf download {name}` it, or pass a local folder"
+                          ) from None  # fmt: skip
     subfolder = "transformer" if (folder / "model_index.json").is_file() else None
     config_file = folder / (subfolder or "") / "config.json"
     if not config_file.is_file():
         raise ValueError(
             f"--pipeline {name}: {config_file} does not exist. Pass a pipeline folder (model_index.json and "
-            "transformer/, as LMLPPipeline.save_pretrained writes it) or a backbone folder (config.json and "
-            "diffusion_pytorch_model.safetensors, as the backbone's save_pretrained writes it)."
+            "transformer/) or a backbone folder (config.json and diffusion_pytorch_model.safetensors)."
         )
     config = json.loads(config_file.read_text(encoding="utf-8"))
     try:

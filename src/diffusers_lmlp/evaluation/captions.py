@@ -1,5 +1,5 @@
-"""Captions: what one is in any data source (`captions_of`), and those an evaluation samples: COCO val2014's as the
-reference protocol draws them, a captions file's, or an embedded world's (shapes, emoji)."""
+"""Captions: what one is in any data source (`captions_of`), and those an evaluation samples (COCO val2014's as the
+reference protocol draws them, a captions file's, or an embedded world's)."""
 
 import json
 from pathlib import Path
@@ -8,8 +8,7 @@ import numpy as np
 
 
 COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
-# A world source is `<world>[:train|:heldout][:varied]`: a split (default: all) phrased canonically or, with
-# `:varied`, at random.
+# A world source is `<world>[:train|:heldout][:varied]`: a split (default: all), phrased at random with `:varied`.
 SPLITS = {"": None, ":train": "train", ":heldout": "heldout"}
 SHAPES_SPECS = {None: "all_specs", "train": "train_specs", "heldout": "held_out_specs"}
 WORLD_SOURCES = tuple(f"{w}{s}{v}" for w in ("shapes", "emoji") for v in ("", ":varied") for s in SPLITS)
@@ -24,12 +23,11 @@ def captions_of(value) -> list[str]:
     return captions
 
 
-# What each entry of a COCO captions file needs, as the official files have it.
 COCO_FIELDS = {"images": {"id": int, "file_name": str}, "annotations": {"id": int, "image_id": int, "caption": str}}
 
 
 def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
-    """The captions of each image id of a parsed COCO captions file, in file order (`annotations_file` names it)."""
+    """The captions of each image id of a parsed COCO captions file, in file order."""
     for kind, fields in COCO_FIELDS.items():
         entries = coco[kind] if isinstance(coco[kind], list) else [coco[kind]]
         for n, entry in enumerate(entries):
@@ -53,8 +51,7 @@ def coco_captions(coco: dict, annotations_file: Path) -> dict[int, list[str]]:
 
 
 def read_captions_file(path: str | Path, option: str = "--captions") -> list[str]:
-    """The stripped lines of a UTF-8 text file, blank and `#` lines skipped; `ValueError` (naming `option`) if it is
-    unreadable or holds no caption."""
+    """The stripped lines of a UTF-8 text file, blank and `#` lines skipped; `ValueError` (naming `option`) if none."""
     option = f"{option} {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -69,15 +66,13 @@ def read_captions_file(path: str | Path, option: str = "--captions") -> list[str
     lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line and not line.startswith("#")]
     if not lines:
-        raise ValueError(
-            f"{option} has no prompts: write one prompt per line (blank lines and lines starting with # are skipped)"
-        )
+        raise ValueError(f"{option} has no prompts: write one prompt per line (blank and # lines are skipped)")
     return lines
 
 
 def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) -> list[str]:
-    """COCO captions drawn as U-ViT's FID protocol does: seeded shuffled passes over the images (a new permutation
-    each pass, like a shuffled data loader), one random caption of each image drawn."""
+    """COCO captions drawn as U-ViT's FID protocol does: seeded shuffled passes over the images, one random caption of
+    each."""
     annotations_file = Path(annotations_file)
     try:
         coco = json.loads(annotations_file.read_text(encoding="utf-8"))
@@ -97,8 +92,8 @@ def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) 
 
 
 def world_captions(source: str, num_images: int, seed: int) -> list[str]:
-    """An embedded world's captions (`source` in `WORLD_SOURCES`), each item drawn evenly (±1) in a seeded order;
-    a `:varied` source phrases them at random after the same order, so caption i describes the same item either way."""
+    """An embedded world's captions, each item drawn evenly (±1) in a seeded order; `:varied` phrases them at random
+    after the same order, so caption i describes the same item either way."""
     name, *parts = source.split(":")
     split = SPLITS[":" + parts[0] if parts and parts[0] != "varied" else ""]
     if name == "shapes":
@@ -120,35 +115,23 @@ def world_captions(source: str, num_images: int, seed: int) -> list[str]:
 
 
 def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> list[str]:
-    """The captions to sample for a source (`ValueError` for an unknown one).
-
-    Args:
-        source (`str`): A world source (`"shapes"`, `"emoji:heldout"`, `"shapes:train:varied"`, ...; see
-            `WORLD_SOURCES`), a COCO-2014 folder or captions `.json`, or a text file of one caption per line.
-        num_images (`int`, *optional*): How many; defaults to 30,000 for COCO (FID-30k), 1,000 for a world and each
-            line once for a text file (which repeats when shorter).
-        seed (`int`, *optional*, defaults to 0): Seed of the COCO and world draws.
-    """
+    """`num_images` captions to sample (default: 30,000 for COCO, 1,000 for a world, each line once for a text file,
+    which repeats when shorter) from a world source (`WORLD_SOURCES`: `"shapes"`, `"emoji:heldout"`, ...), a COCO-2014
+    folder or captions `.json`, or a text file; `ValueError` for an unknown source."""
     if num_images is not None and num_images < 1:
         raise ValueError(f"The number of images must be positive; got {num_images}")
     if source in WORLD_SOURCES:
         return world_captions(source, num_images or DEFAULT_NUM_IMAGES[source.split(":")[0]], seed)
     path = Path(source)
+    kinds = f"pass a COCO-2014 folder, a captions .json, a text file or one of {sorted(WORLD_SOURCES)}"
     if path.is_dir():
         if not (path / COCO_VAL_ANNOTATIONS).is_file():
-            raise ValueError(
-                f"--captions {source} is a folder without {COCO_VAL_ANNOTATIONS}: pass the COCO-2014 folder (unpacked "
-                "annotations_trainval2014.zip), a captions .json, a text file or one of "
-                f"{sorted(WORLD_SOURCES)}"
-            )
+            raise ValueError(f"--captions {source} is a folder without {COCO_VAL_ANNOTATIONS}: {kinds}")
         path = path / COCO_VAL_ANNOTATIONS
     if path.suffix == ".json":
         return coco_fid_captions(path, num_images or DEFAULT_NUM_IMAGES["coco"], seed)
     if not path.exists():
-        raise ValueError(
-            f"--captions {source}: no such file or folder; pass a COCO-2014 folder, a captions .json, a text file "
-            f"(one caption per line) or one of {sorted(WORLD_SOURCES)}"
-        )
+        raise ValueError(f"--captions {source}: no such file or folder; {kinds}")
     lines = read_captions_file(path)
     num_images = num_images or len(lines)
     return [lines[i % len(lines)] for i in range(num_images)]

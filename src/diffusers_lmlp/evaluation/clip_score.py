@@ -29,37 +29,9 @@ def _projected(features) -> torch.Tensor:
     return features if isinstance(features, torch.Tensor) else features.pooler_output
 
 
-def _load_error(name: str, error: Exception) -> OSError:
-    """An `OSError` that says why the CLIP model `name` did not load and how to get it."""
-    if os.path.isdir(name):
-        return OSError(f"Could not load the CLIP model and processor from the folder {name!r}: {error}")
-    cache = huggingface_hub.constants.HF_HUB_CACHE
-    if not huggingface_hub.constants.HF_HUB_OFFLINE:
-        why = (
-            f"Could not load the CLIP model {name!r} with safetensors weights ({error}); pickled ones are never read."
-        )
-    elif isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
-        why = (
-            f"The CLIP model {name!r} is in the Hugging Face cache ({cache}) without `model.safetensors` or its "
-            "processor files; pickled weights are never read."
-        )
-    else:
-        why = f"The CLIP model {name!r} is not in the Hugging Face cache ({cache}), and HF_HUB_OFFLINE is set."
-    return OSError(
-        f'{why} Where the Hub is reachable, run `hf download {name} --include "*.json" --include "*.txt" --include '
-        '"model.safetensors*"` and copy the cache here (or point `HF_HUB_CACHE` at it), or pass a local folder that '
-        "holds those files."
-    )
-
-
 class CLIPScorer:
-    """Scores image-caption pairs with a CLIP model: `100 · max(cos(E_image, E_caption), 0)` per pair.
-
-    Args:
-        model (`transformers.CLIPModel`): The CLIP model; put into eval mode.
-        processor (`transformers.CLIPProcessor`): Its tokenizer and image processor.
-        name (`str`, *optional*): The model's name in reports; defaults to `model.name_or_path`.
-    """
+    """Scores image-caption pairs with a CLIP `model` (put into eval mode) and its `processor`; `name` (in reports)
+    defaults to `model.name_or_path`."""
 
     def __init__(self, model: "CLIPModel", processor: "CLIPProcessor", name: str | None = None):
         self.model = model.eval()
@@ -75,23 +47,15 @@ class CLIPScorer:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> "CLIPScorer":
-        """Load a CLIP model and its processor from the Hub, the cache or a local folder; safetensors weights only
-        (pickled ones are refused with an `OSError`, never unpickled).
-
-        Args:
-            name_or_path (`str` or `os.PathLike`, *optional*, defaults to `"openai/clip-vit-large-patch14"`): A Hub
-                id or a local folder; also the scorer's `name`.
-            device (`str` or `torch.device`, *optional*): Where to run; CUDA when available, else CPU.
-            dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): The model's dtype.
-        """
+        """Load a CLIP model and its processor (a Hub id, also the scorer's `name`, or a local folder) on `device`
+        (CUDA when available) in `dtype` (float32); safetensors weights only: pickled ones raise `OSError` unread."""
         name = os.fspath(name_or_path)
         if os.path.isdir(name) and not any(file in os.listdir(name) for file in SAFETENSORS_FILES):
             pickled = sorted(file for file in os.listdir(name) if file.endswith(PICKLE_SUFFIXES))
             found = f"It holds pickled weights only ({', '.join(pickled)}), which " if pickled else "Pickled weights "
             raise OSError(
                 f"The CLIP folder {name!r} has no safetensors weights (`model.safetensors`). {found}CLIPScorer never "
-                "loads, since unpickling can run arbitrary code: load trusted weights in transformers and "
-                "`save_pretrained` them (which writes safetensors)."
+                "loads (unpickling can run code): `save_pretrained` trusted weights with transformers."
             )
         try:
             from transformers import CLIPModel, CLIPProcessor
@@ -99,7 +63,23 @@ class CLIPScorer:
             model = CLIPModel.from_pretrained(name, use_safetensors=True, dtype=dtype or torch.float32)
             processor = CLIPProcessor.from_pretrained(name)
         except OSError as error:
-            raise _load_error(name, error) from error
+            if os.path.isdir(name):
+                raise OSError(
+                    f"Could not load the CLIP model and processor from the folder {name!r}: {error}"
+                ) from error
+            constants = huggingface_hub.constants
+            if not constants.HF_HUB_OFFLINE:
+                why = f"Could not load the CLIP model {name!r} with safetensors weights ({error})."
+            elif isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+                why = f"The CLIP model {name!r} is in the Hugging Face cache ({constants.HF_HUB_CACHE}) without "
+                why += "`model.safetensors` or its processor files; pickled weights are never read."
+            else:
+                why = f"The CLIP model {name!r} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and "
+                why += "HF_HUB_OFFLINE is set."
+            raise OSError(
+                f'{why} Run `hf download {name} --include "*.json" --include "*.txt" --include "model.safetensors*"` '
+                "where the Hub is reachable and copy the cache here, or pass a local folder that holds those files."
+            ) from error
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(model.to(device), processor, name=name)
 
@@ -107,30 +87,10 @@ class CLIPScorer:
     def device(self) -> torch.device:
         return self.model.device
 
-    @staticmethod
-    def _as_pil(images: list[Image.Image] | torch.Tensor) -> list[Image.Image]:
-        """PIL images as given; a (N, 3, H, W) float tensor in [0, 1] rounded to 8 bits, as a saved PNG would be."""
-        if not isinstance(images, torch.Tensor):
-            for i, image in enumerate(images := list(images)):
-                if not isinstance(image, Image.Image):
-                    raise ValueError(
-                        f"Image {i} is a {type(image).__name__}; pass PIL images or one (N, 3, H, W) tensor."
-                    )
-            return images
-        if images.ndim != 4 or images.shape[1] != 3 or not images.is_floating_point():
-            raise ValueError(f"An image tensor must be (N, 3, H, W) float; got {tuple(images.shape)} {images.dtype}.")
-        if images.numel() and (images.min() < 0 or images.max() > 1):
-            raise ValueError(
-                f"An image tensor must be in [0, 1] (map [-1, 1] with `(x + 1) / 2`); got [{images.min():.3g}, "
-                f"{images.max():.3g}]."
-            )
-        pixels = (images.detach().float().cpu() * 255).round().to(torch.uint8)  # (N, 3, H, W)
-        return [Image.fromarray(array) for array in pixels.permute(0, 2, 3, 1).numpy()]  # N × (H, W, 3)
-
     @torch.no_grad()
     def embed(self, images: list[Image.Image], captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (B, D) projected, unnormalised image and caption embeddings of B images and captions (truncated to
-        `max_length` tokens), on the model's device."""
+        """The (B, D) projected, unnormalised image and caption embeddings (captions truncated to `max_length`
+        tokens), on the model's device."""
         pixel_values = self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
         text = self.processor.tokenizer(
             captions, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
@@ -145,26 +105,27 @@ class CLIPScorer:
         return image_embeds, text_embeds
 
     def score(
-        self,
-        images: list[Image.Image] | torch.Tensor,
-        captions: list[str],
-        batch_size: int = 64,
-        clamp: bool = True,
+        self, images: list[Image.Image] | torch.Tensor, captions: list[str], batch_size: int = 64, clamp: bool = True
     ) -> torch.Tensor:
-        """CLIP score of each image with its caption; their mean is the CLIP score papers report.
-
-        Args:
-            images (`list[PIL.Image.Image]` or `torch.Tensor`): N images of any size, or a (N, 3, H, W) float tensor
-                in [0, 1] (rounded to 8 bits first, as a saved image is).
-            captions (`list[str]`): N non-empty captions, one per image.
-            batch_size (`int`, *optional*, defaults to 64): Pairs per forward pass.
-            clamp (`bool`, *optional*, defaults to `True`): Clamp each score at 0; `False` gives the raw `100 · cos`.
-
-        Returns:
-            `torch.Tensor`: (N,) float64 scores on the CPU.
-        """
-        images = self._as_pil(images)
-        captions = list(captions)
+        """The (N,) float64 CPU CLIP scores of N images with their N non-empty captions (their mean is the CLIP score
+        papers report), `batch_size` pairs per pass; `clamp=False` gives the raw `100 · cos`. `images`: PIL images
+        of any size, or a (N, 3, H, W) float tensor in [0, 1] (rounded to 8 bits first, as a saved image is)."""
+        if isinstance(images, torch.Tensor):
+            if images.ndim != 4 or images.shape[1] != 3 or not images.is_floating_point():
+                raise ValueError(
+                    f"An image tensor must be (N, 3, H, W) float; got {tuple(images.shape)} {images.dtype}."
+                )
+            if images.numel() and (images.min() < 0 or images.max() > 1):
+                raise ValueError(
+                    f"An image tensor must be in [0, 1] (map [-1, 1] with `(x + 1) / 2`); got [{images.min():.3g}, "
+                    f"{images.max():.3g}]."
+                )
+            pixels = (images.detach().float().cpu() * 255).round().to(torch.uint8)  # (N, 3, H, W)
+            images = [Image.fromarray(array) for array in pixels.permute(0, 2, 3, 1).numpy()]  # N × (H, W, 3)
+        images, captions = list(images), list(captions)
+        for i, image in enumerate(images):
+            if not isinstance(image, Image.Image):
+                raise ValueError(f"Image {i} is a {type(image).__name__}; pass PIL images or one (N, 3, H, W) tensor.")
         if not images:
             raise ValueError("CLIPScorer.score needs at least one image.")
         if len(images) != len(captions):

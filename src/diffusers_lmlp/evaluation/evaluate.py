@@ -1,10 +1,11 @@
 """Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world, its scorer.
 
 Image i is sampled from caption i with a generator seeded by (seed, i), and batch k goes to process k mod P, so P
-processes report what one does. With `resume_dir` finished batches are kept on disk (`resume`): an interrupted run,
-run again, samples only the batches it lacks and reports what an uninterrupted run would.
+processes report what one does. With `resume_dir` finished batches are kept on disk (`resume`), and a run again
+samples only the batches it lacks.
 """
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -24,15 +25,7 @@ from .clip_score import CLIPScorer
 from .extractors import INCEPTION, extractor_name, feature_size, image_features, load_extractor
 from .fid import FeatureMoments, FIDStatistics, frechet_distance
 from .reference import check_exists, reference_statistics
-from .resume import (
-    BatchResult,
-    EvaluationInterrupted,
-    ProgressStore,
-    captions_digest,
-    pipeline_digest,
-    weights_digest,
-    write_durably,
-)
+from .resume import BatchResult, EvaluationInterrupted, ProgressStore, pipeline_digest, weights_digest, write_durably
 
 
 GRID_SIZE = 16  # the report grid shows the first images
@@ -49,11 +42,6 @@ class Processes:
     count: int = 1
     device: torch.device = torch.device("cpu")
 
-    @classmethod
-    def from_state(cls, state) -> "Processes":
-        """From an `accelerate.PartialState` (or `Accelerator`)."""
-        return cls(state.process_index, state.num_processes, state.device)
-
     def batches(self, num_items: int, batch_size: int) -> list[range]:
         """This process's batches: every `count`-th of the `batch_size` slices of `range(num_items)`."""
         starts = range(self.index * batch_size, num_items, self.count * batch_size)
@@ -69,7 +57,6 @@ class Processes:
         return gathered[gathered[:, 0] >= 0]
 
     def wait(self) -> None:
-        """Wait until every process arrives here."""
         if self.count > 1:
             torch.distributed.barrier()
 
@@ -81,8 +68,8 @@ def image_seed(seed: int, index: int) -> int:
 
 @dataclass
 class Scoring:
-    """What scores the images, fixed before the first batch; a None part is not scored. With an extractor but no
-    reference, FID compares with the world's real images of the same captions."""
+    """What scores the images (a None part is not scored). With an extractor but no reference, FID compares with the
+    world's real images of the same captions."""
 
     extractor: torch.nn.Module | None
     reference: FIDStatistics | None
@@ -122,8 +109,22 @@ class Scoring:
         return BatchResult(rows, features, grid, 0.0)  # grid: (n, H, W, 3)
 
     def report(self, tally: "Tally", processes: Processes, captions: list[str]) -> dict:
-        """FID, CLIP score and the world scorer's accuracies (95% intervals under `<world>_intervals`)."""
-        report = fid_results(self, tally.moments, processes) if self.extractor is not None else {}
+        """FID (with a world's reference also the floor: a second set of real images against the first), CLIP score
+        and the world scorer's accuracies (95% intervals under `<world>_intervals`)."""
+        report = {}
+        if self.extractor is not None:
+            name = extractor_name(self.extractor)
+            if processes.count > 1:
+                for moments in tally.moments.values():
+                    moments.reduce(processes.device)
+            samples = tally.moments["generated"].statistics(name)
+            reference, source = self.reference, self.reference_name
+            if reference is None:  # the world's real images of the same captions
+                reference = tally.moments["renders"].statistics(name)
+                report["fid_floor"] = frechet_distance(tally.moments["floor"].statistics(name), reference)
+                source = f"{self.world.name} (real images of the same captions, {reference.num_images} images)"
+            report = {"fid": frechet_distance(samples, reference), **report, "fid_reference": source}
+            report.update(fid_reference_images=reference.num_images, fid_extractor=name)
         scores = processes.gather(tally.scores())
         scores = scores[scores[:, 0].argsort()]  # (N, C), by image index
         if self.scorer is not None:
@@ -180,31 +181,17 @@ def evaluate(
     progress: bool = True,
     resume_dir: str | Path | None = None,
 ) -> tuple[dict, Image.Image]:
-    """Sample one image per caption and score them.
+    """Sample image i from caption i with `pipeline` and score them; return the report (the same on every process)
+    and a grid of the first images. Bad arguments raise `ValueError` before any sampling.
 
-    Bad arguments raise `ValueError` before any sampling; Ctrl-C with a `resume_dir` raises `EvaluationInterrupted`,
-    which keeps the finished batches and carries the partial report.
-
-    Args:
-        pipeline (`LMLPPipeline`): The pipeline, on its device.
-        captions (`list[str]`): Image i is sampled from caption i (see `draw_captions`).
-        fid_reference (`str`, `Path` or `FIDStatistics`, *optional*): An `.npz` of `mu` and `sigma`, a folder of real
-            images (statistics cached), or `"shapes"`/`"emoji"` (the world's real images of the same captions).
-        fid_extractor (`str` or `torch.nn.Module`, *optional*): `"inception"`, `"shapes"`, `"emoji"` or a module;
-            defaults to the world's for a world's reference, else `"inception"`.
-        clip_model (`str` or `CLIPScorer`, *optional*): A CLIP model id or folder, or a scorer.
-        num_inference_steps, guidance_scale: The pipeline's (the papers' s = guidance_scale - 1).
-        batch_size (`int`, *optional*, defaults to 50): Images per pipeline call.
-        seed (`int`, *optional*, defaults to 0): Seeds every image's noise and a world reference's real images.
-        image_dir (`str` or `Path`, *optional*): Save the images there as a 🤗 imagefolder (PNGs, `metadata.jsonl`).
-        processes (`Processes`, *optional*): This process's share; one process when not given.
-        cache_dir (`str` or `Path`, *optional*): Where reference folders' statistics are cached.
-        progress (`bool`, *optional*, defaults to `True`): Show a progress bar (on the first process).
-        resume_dir (`str` or `Path`, *optional*): Keep finished batches here and reuse those of an interrupted run
-            of the same settings (other settings are refused); the caller deletes it (`resume.remove_progress`).
-
-    Returns:
-        `tuple[dict, PIL.Image.Image]`: The report (the same on every process) and a grid of the first images.
+    `fid_reference`: an `.npz` of `mu` and `sigma`, a folder of real images (statistics cached in `cache_dir`), or
+    `"shapes"`/`"emoji"` (the world's real images of the same captions), measured with `fid_extractor`
+    (`"inception"`, `"shapes"`, `"emoji"` or a module; default: the world's for a world's reference, else Inception).
+    `clip_model`: a CLIP model id or folder, or a `CLIPScorer`. `seed` seeds every image's noise and a world
+    reference's real images. `image_dir` saves the images as a 🤗 imagefolder. `processes`: this process's share.
+    `resume_dir` keeps finished batches and reuses those of an interrupted run of the same settings (other settings
+    are refused); Ctrl-C then raises `EvaluationInterrupted`, carrying the partial report. The caller deletes it
+    (`resume.remove_progress`).
     """
     processes = processes or Processes()
     if not captions:
@@ -235,9 +222,19 @@ def evaluate(
         image_dir.mkdir(parents=True, exist_ok=True)
     store = None
     if resume_dir is not None:
-        store = ProgressStore(
-            resume_dir, evaluation_settings(pipeline, captions, scoring, sampler), processes, image_dir
-        )
+        settings = {  # what the kept batches depend on (`resume.SETTING_NAMES`)
+            "captions": hashlib.sha256(json.dumps(captions).encode("utf-8")).hexdigest(),
+            "num_images": len(captions),
+            "seed": seed,
+            **{key: sampler[key] for key in ("num_inference_steps", "guidance_scale", "batch_size", "resolution")},
+            "pipeline": pipeline_digest(pipeline),
+            "fid_extractor": extractor_name(scoring.extractor) if scoring.extractor is not None else None,
+            "fid_extractor_weights": weights_digest(scoring.extractor),
+            "fid_renders": "renders" in scoring.feature_names,
+            "clip_model": scoring.scorer.name if scoring.scorer is not None else None,
+            "clip_weights": weights_digest(getattr(scoring.scorer, "model", None)),
+        }
+        store = ProgressStore(resume_dir, settings, processes, image_dir)
         store.open()
     try:
         tally = sample_batches(pipeline, captions, scoring, processes, store, image_dir, header, progress, started)
@@ -246,7 +243,14 @@ def evaluate(
             store.close()  # another evaluation may take the folder now
     report = {**header, **scoring.report(tally, processes, captions)}
     report["seconds"] = round(time.perf_counter() - started + tally.resumed_seconds, 1)
-    grid = gathered_grid(processes, tally, scoring.resolution, captions)
+    # The captioned grid of the first `GRID_SIZE` images, gathered from the processes that sampled them.
+    resolution = scoring.resolution
+    indices = torch.cat([rows[: len(grid), 0] for rows, grid in zip(tally.rows, tally.grid)] or [torch.zeros(0)])
+    pixels = torch.cat([torch.zeros(0, resolution, resolution, 3, dtype=torch.uint8), *tally.grid])  # (n, H, W, 3)
+    rows = processes.gather(torch.cat([indices.double()[:, None], pixels.flatten(1).double()], dim=1))
+    rows = rows[rows[:, 0].argsort()]  # (n, 1 + H·W·3)
+    cells = [Image.fromarray(row[1:].view(resolution, resolution, 3).to(torch.uint8).numpy()) for row in rows]
+    grid = make_image_grid(cells, captions=[captions[int(i)] for i in rows[:, 0]])
     if image_dir is not None and processes.index == 0:
         with open(image_dir / "metadata.jsonl", "w", encoding="utf-8") as f:
             f.writelines(
@@ -267,7 +271,7 @@ def sample_batches(pipeline, captions, scoring, processes, store, image_dir, hea
         for batch in processes.batches(len(captions), batch_size):
             number = batch.start // batch_size
             paths = [image_dir / f"{index:06d}.png" for index in batch] if image_dir is not None else []
-            result = store.load(number, batch, paths) if store is not None else None
+            result = store.read(number, batch, paths) if store is not None else None
             if result is None:
                 batch_started = time.perf_counter()
                 images = pipeline(
@@ -319,9 +323,8 @@ def prepare_scoring(
         world_reference = isinstance(fid_reference, str) and fid_reference in WORLDS
         if world_reference and (world is None or world.name != fid_reference):
             raise ValueError(
-                f"The {fid_reference!r} FID reference takes real images of the captions from the {fid_reference} "
-                f"world, but some captions are not {fid_reference}-world captions (e.g. "
-                f"{WORLDS[fid_reference].example_captions[0]!r})"
+                f"The {fid_reference!r} FID reference needs {fid_reference}-world captions, but some captions are "
+                f"not {fid_reference}-world captions (e.g. {WORLDS[fid_reference].example_captions[0]!r})"
             )
         if not world_reference:
             check_exists(fid_reference)
@@ -340,52 +343,3 @@ def prepare_scoring(
     )
     world_scorer = load(world.scorer)() if world is not None else None
     return Scoring(extractor, reference, reference_name, num_features, scorer, world, world_scorer, resolution, seed)
-
-
-def evaluation_settings(pipeline, captions: list[str], scoring: Scoring, sampler: dict) -> dict:
-    """What the kept batches depend on (`resume.SETTING_NAMES`); a `resume_dir` of other settings is refused."""
-    return {
-        "captions": captions_digest(captions),
-        "num_images": len(captions),
-        "seed": scoring.seed,
-        **{key: sampler[key] for key in ("num_inference_steps", "guidance_scale", "batch_size", "resolution")},
-        "pipeline": pipeline_digest(pipeline),
-        "fid_extractor": extractor_name(scoring.extractor) if scoring.extractor is not None else None,
-        "fid_extractor_weights": weights_digest(scoring.extractor),
-        "fid_renders": "renders" in scoring.feature_names,
-        "clip_model": scoring.scorer.name if scoring.scorer is not None else None,
-        "clip_weights": weights_digest(getattr(scoring.scorer, "model", None)),
-    }
-
-
-def fid_results(scoring: Scoring, moments: dict[str, FeatureMoments], processes: Processes) -> dict:
-    """FID of every process's generated features against the reference; with a world's reference also the floor
-    (a second set of real images against the first)."""
-    name = extractor_name(scoring.extractor)
-    if processes.count > 1:
-        for feature_moments in moments.values():
-            feature_moments.reduce(processes.device)
-    samples = moments["generated"].statistics(name)
-    if scoring.reference is None:  # the world's real images of the same captions
-        reference = moments["renders"].statistics(name)
-        results = {"fid_floor": frechet_distance(moments["floor"].statistics(name), reference)}
-        source = f"{scoring.world.name} (real images of the same captions, {reference.num_images} images)"
-    else:
-        reference, results, source = scoring.reference, {}, scoring.reference_name
-    return {
-        "fid": frechet_distance(samples, reference),
-        **results,
-        "fid_reference": source,
-        "fid_reference_images": reference.num_images,
-        "fid_extractor": name,
-    }
-
-
-def gathered_grid(processes: Processes, tally: Tally, resolution: int, captions: list[str]) -> Image.Image:
-    """A captioned grid of the first `GRID_SIZE` images, gathered from the processes that sampled them."""
-    indices = torch.cat([rows[: len(grid), 0] for rows, grid in zip(tally.rows, tally.grid)] or [torch.zeros(0)])
-    pixels = torch.cat([torch.zeros(0, resolution, resolution, 3, dtype=torch.uint8), *tally.grid])  # (n, H, W, 3)
-    rows = processes.gather(torch.cat([indices.double()[:, None], pixels.flatten(1).double()], dim=1))
-    rows = rows[rows[:, 0].argsort()]  # (n, 1 + H·W·3)
-    grid = [Image.fromarray(row[1:].view(resolution, resolution, 3).to(torch.uint8).numpy()) for row in rows]
-    return make_image_grid(grid, captions=[captions[int(i)] for i in rows[:, 0]])

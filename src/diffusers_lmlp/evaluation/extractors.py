@@ -8,11 +8,6 @@ from torch import nn
 INCEPTION = "inception"
 SHAPES = "shapes"
 EMOJI = "emoji"
-INCEPTION_INSTALL = (
-    "FID with the standard Inception network needs torch-fidelity (`pip install torch-fidelity`, with the torchvision "
-    "build that matches your torch); or pass another feature network (`fid_extractor=<torch.nn.Module>`) for a "
-    "different, self-consistent FID."
-)
 
 
 class InceptionFeatures(nn.Module):
@@ -27,14 +22,15 @@ class InceptionFeatures(nn.Module):
         try:
             from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
         except ImportError:
-            raise ImportError(INCEPTION_INSTALL) from None
+            raise ImportError(
+                "FID with the standard Inception network needs torch-fidelity (`pip install torch-fidelity`, with the "
+                "matching torchvision); or pass another feature network (`fid_extractor=<torch.nn.Module>`)."
+            ) from None
         try:
             self.network = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], weights_path)
         except OSError as error:  # includes urllib's URLError: no internet and no cached weights
-            raise OSError(
-                f"Could not load the FID Inception weights ({error}): copy pt_inception-2015-12-05-6726825d.pth into "
-                "torch's hub cache (torch-fidelity downloads it there on first use), or pass it as `weights_path`."
-            ) from None
+            raise OSError(f"Could not load the FID Inception weights ({error}): copy pt_inception-2015-12-05-6726825d"
+                          ".pth into torch's hub cache, or pass it as `weights_path`.") from None  # fmt: skip
         self.network.eval()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -45,8 +41,7 @@ class InceptionFeatures(nn.Module):
 
 
 def load_extractor(extractor: str | nn.Module) -> nn.Module:
-    """The feature network `"inception"` (needs torch-fidelity), `"shapes"` or `"emoji"`, or a module as is (in eval
-    mode)."""
+    """The feature network `"inception"`, `"shapes"` or `"emoji"`, or a module as is (in eval mode)."""
     if isinstance(extractor, nn.Module):
         return extractor.eval()
     if extractor == INCEPTION:
@@ -60,13 +55,11 @@ def load_extractor(extractor: str | nn.Module) -> nn.Module:
 
         return emoji_features()
     raise ValueError(
-        f"Unknown FID feature network {extractor!r}: use {INCEPTION!r} (the papers' FID), {SHAPES!r} or {EMOJI!r} "
-        "(the embedded worlds' offline networks) or pass a torch.nn.Module"
+        f"Unknown FID feature network {extractor!r}: use {INCEPTION!r}, {SHAPES!r}, {EMOJI!r} or a module"
     )
 
 
 def extractor_name(extractor: nn.Module) -> str:
-    """The network's `name`, else its class name."""
     return str(getattr(extractor, "name", type(extractor).__name__))
 
 
@@ -85,8 +78,6 @@ def image_features(extractor: nn.Module, images: torch.Tensor) -> torch.Tensor:
     features = extractor(images.to(device))
     if not isinstance(features, torch.Tensor) or features.ndim != 2 or features.shape[0] != images.shape[0]:
         shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
-        raise ValueError(
-            f"The FID feature network {extractor_name(extractor)} returned {shape} for {images.shape[0]} images; it "
-            "must return a (batch, features) tensor"
-        )
+        raise ValueError(f"The FID feature network {extractor_name(extractor)} returned {shape} for "
+                         f"{images.shape[0]} images, not a (batch, features) tensor")  # fmt: skip
     return features.float().cpu()

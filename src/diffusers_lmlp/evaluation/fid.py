@@ -20,8 +20,7 @@ class FIDStatistics:
     extractor: str | None = None
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write an `.npz` of `mu` and `sigma` (and `num_images`, `extractor` when known) atomically, creating its
-        folder."""
+        """Write an `.npz` of `mu` and `sigma` (and `num_images`, `extractor` when known) atomically."""
         from .resume import write_durably
 
         path = Path(path)
@@ -40,25 +39,19 @@ class FIDStatistics:
         except FileNotFoundError:
             raise ValueError(f"FID reference statistics {path}: no such file") from None
         except (OSError, ValueError) as error:
-            raise ValueError(
-                f"FID reference statistics {path} is not an .npz of arrays (as pytorch-fid writes): {error}"
-            ) from None
-        missing = {"mu", "sigma"} - arrays.keys()
-        if missing:
+            raise ValueError(f"FID reference statistics {path} is not an .npz of arrays: {error}") from None
+        if missing := {"mu", "sigma"} - arrays.keys():
             raise ValueError(f"FID reference statistics {path} lacks {sorted(missing)}; it has {sorted(arrays)}")
         mu, sigma = arrays["mu"].astype(np.float64), arrays["sigma"].astype(np.float64)
         if mu.ndim != 1 or sigma.shape != (mu.size, mu.size):
-            raise ValueError(
-                f"FID reference statistics {path}: `mu` must be (D,) and `sigma` (D, D); got {mu.shape} and "
-                f"{sigma.shape}"
-            )
+            raise ValueError(f"FID reference statistics {path}: `mu` must be (D,) and `sigma` (D, D); got {mu.shape} "
+                             f"and {sigma.shape}")  # fmt: skip
         if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
             raise ValueError(f"FID reference statistics {path} holds NaN or inf")
         eigenvalues = np.linalg.eigvalsh((sigma + sigma.T) / 2)
         if not np.allclose(sigma, sigma.T) or eigenvalues.min() < -1e-6 * max(1.0, np.abs(eigenvalues).max()):
-            raise ValueError(
-                f"FID reference statistics {path}: `sigma` is not a covariance (symmetric and positive semi-definite)"
-            )
+            raise ValueError(f"FID reference statistics {path}: `sigma` is not a covariance (symmetric and positive "
+                             "semi-definite)")  # fmt: skip
         num_images = int(arrays["num_images"]) if "num_images" in arrays else None
         extractor = str(arrays["extractor"]) if "extractor" in arrays else None
         return cls(mu, sigma, num_images, extractor)
@@ -113,10 +106,8 @@ def frechet_distance(first: FIDStatistics, second: FIDStatistics) -> float:
     (fewer images than features), where pytorch-fid's `sqrtm` needs an offset.
     """
     if first.mu.shape != second.mu.shape:
-        raise ValueError(
-            f"FID compares features of one network, but these statistics have {first.mu.size} features "
-            f"({first.extractor or 'unnamed'}) and {second.mu.size} ({second.extractor or 'unnamed'})"
-        )
+        raise ValueError(f"FID compares features of one network, but these statistics have {first.mu.size} and "
+                         f"{second.mu.size} features ({first.extractor} and {second.extractor})")  # fmt: skip
     values, vectors = np.linalg.eigh(first.sigma)
     root = (vectors * np.sqrt(np.clip(values, 0.0, None))) @ vectors.T  # Σ₁^½, (D, D)
     product = np.linalg.eigvalsh(root @ second.sigma @ root)

@@ -16,22 +16,12 @@ from .fid import FeatureMoments, FIDStatistics
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 
 
-def default_cache_dir() -> Path:
-    """`$HF_HOME/diffusers_lmlp/fid_stats`."""
-    return Path(constants.HF_HOME) / "diffusers_lmlp" / "fid_stats"
-
-
 def reference_statistics(
     reference, extractor, resolution: int, *, processes, cache_dir=None, batch_size: int = 50, progress: bool = True
 ) -> FIDStatistics:
-    """The statistics FID compares with, checked against the feature network (`ValueError` on a mismatch).
-
-    Args:
-        reference (`str`, `Path` or `FIDStatistics`): An `.npz` of `mu` and `sigma`, or a folder of real images
-            (centre-cropped and resized to `resolution`, its statistics cached under `cache_dir`).
-        extractor (`torch.nn.Module`): The feature network.
-        processes (`Processes`): This process's share of the work.
-    """
+    """The statistics FID compares with (`FIDStatistics`, an `.npz` of `mu` and `sigma`, or a folder of real images,
+    centre-cropped and resized to `resolution`, its statistics cached under `cache_dir`), checked against the
+    feature network `extractor` (`ValueError` on a mismatch); `processes`: this process's share of the work."""
     name = extractor_name(extractor)
     if isinstance(reference, FIDStatistics):
         statistics, source = reference, "the given statistics"
@@ -43,43 +33,36 @@ def reference_statistics(
             check_exists(source)
             statistics = FIDStatistics.load(source)
     if statistics.extractor is not None and statistics.extractor != name:
-        raise ValueError(
-            f"FID reference {source} was computed with {statistics.extractor}, not {name}: FID compares features "
-            "of one network; recompute the reference with this one or pass the matching network"
-        )
+        raise ValueError(f"FID reference {source} was computed with {statistics.extractor}, not {name}: recompute it "
+                         "with this network or pass the matching one")  # fmt: skip
     num_features = feature_size(extractor, resolution)
     if statistics.mu.size != num_features:
-        raise ValueError(
-            f"FID reference {source} holds {statistics.mu.size}-d statistics, but {name} gives {num_features}-d "
-            "features: the reference must come from the same network (the papers' Inception pool features are 2048-d)"
-        )
+        raise ValueError(f"FID reference {source} holds {statistics.mu.size}-d statistics, but {name} gives "
+                         f"{num_features}-d features: the reference must come from the same network")  # fmt: skip
     return statistics
 
 
 def check_exists(reference) -> None:
     """Fail before any model loads for a reference path that does not exist."""
     if not isinstance(reference, FIDStatistics) and not Path(reference).exists():
-        raise ValueError(
-            f"FID reference {reference}: no such file or folder; pass an .npz of mu/sigma (such as U-ViT's "
-            f"fid_stats_mscoco256_val.npz), a folder of real images, or a world's name (shapes, emoji) on its captions"
-        )
+        raise ValueError(f"FID reference {reference}: no such file or folder; pass an .npz of mu/sigma, a folder of "
+                         "real images, or a world's name (shapes, emoji) on its captions")  # fmt: skip
 
 
 def folder_statistics(
     folder: Path, extractor, resolution, processes, cache_dir, batch_size, progress
 ) -> FIDStatistics:
-    """The statistics of every image under `folder`, centre-cropped and resized to `resolution`; cached under a key
-    of the network, the resolution and every file's path, size and mtime."""
+    """The statistics of every image under `folder`, cached under a key of the network, the resolution and every
+    file's path, size and mtime."""
     files = sorted(path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
     if len(files) < 2:
-        raise ValueError(
-            f"FID reference folder {folder} holds {len(files)} image(s) ({', '.join(sorted(IMAGE_SUFFIXES))}); "
-            "FID needs many real images (the papers use all 40,504 of COCO val2014)"
-        )
+        raise ValueError(f"FID reference folder {folder} holds {len(files)} image(s) "
+                         f"({', '.join(sorted(IMAGE_SUFFIXES))}); FID needs many real images")  # fmt: skip
     name = extractor_name(extractor)
     listing = [(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
     key = hashlib.sha256(json.dumps([name, resolution, listing]).encode()).hexdigest()[:16]
-    cache = Path(cache_dir or default_cache_dir()) / f"{folder.resolve().name}-{resolution}px-{key}.npz"
+    cache_dir = cache_dir or Path(constants.HF_HOME) / "diffusers_lmlp" / "fid_stats"
+    cache = Path(cache_dir) / f"{folder.resolve().name}-{resolution}px-{key}.npz"
     if cache.is_file():
         return FIDStatistics.load(cache)
     moments = FeatureMoments(feature_size(extractor, resolution))

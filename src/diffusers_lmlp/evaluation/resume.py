@@ -25,31 +25,22 @@ LOCK_FILE = ".evaluation.lock"
 BATCH_GLOB = "batch-*.safetensors"
 TEMPORARY_GLOB = ".*.tmp"
 FORMAT = 2  # bumped when the files change meaning: progress of another format is refused like other settings
+# How the refusal of other settings names them; a setting not listed here is named by its key (the option's name).
 SETTING_NAMES = {
     "format": "the progress format of this diffusers-lmlp version",
-    "captions": "the captions",
-    "num_images": "the number of images",
-    "seed": "the seed",
-    "num_inference_steps": "the sampling steps",
-    "guidance_scale": "the guidance scale",
-    "batch_size": "the batch size",
     "resolution": "the image size",
     "pipeline": "the pipeline's weights or configs (another model, checkpoint or dtype)",
-    "fid_extractor": "the FID feature network",
+    "fid_renders": "the FID reference (the world's renders, or statistics)",
     "fid_extractor_weights": "the FID feature network's weights",
-    "fid_renders": "the FID reference (the shapes world's renders, or statistics)",
-    "clip_model": "the CLIP model",
     "clip_weights": "the CLIP model's weights",
 }
 DIGESTS = {"captions", "pipeline", "fid_extractor_weights", "clip_weights"}  # hashes, not shown in that message
-# Config entries (besides `_*` ones) that record how a component was saved, not what it computes.
-BOOKKEEPING = {"transformers_version"}
 
 
 @dataclass
 class BatchResult:
-    """One batch, as kept on disk: (B, C) float64 score rows (index first), (B, D) FID features by name, the
-    (n, H, W, 3) uint8 grid images, and the seconds it took."""
+    """One batch: (B, C) float64 score rows (index first), (B, D) FID features by name, (n, H, W, 3) uint8 grid
+    images, and the seconds it took."""
 
     rows: torch.Tensor
     features: dict[str, torch.Tensor]
@@ -67,8 +58,7 @@ class EvaluationInterrupted(KeyboardInterrupt):
 
 
 def write_durably(path: Path, write: Callable) -> None:
-    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it (the folder entry is not
-    fsynced)."""
+    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it (the folder is not fsynced)."""
     temporary = path.with_name(f".{path.name}.tmp")
     with open(temporary, "wb") as f:
         write(f)
@@ -83,49 +73,40 @@ def write_json_durably(path: Path, data: dict) -> None:
     fsync_tree(path.parent, recursive=False)
 
 
-def update_with_tensors(digest, tensors: dict[str, torch.Tensor]) -> None:
-    """Feed each tensor's name, shape, dtype and bytes to a hashlib digest."""
+def tensors_digest(tensors: dict[str, torch.Tensor], digest=None) -> str:
+    """The SHA-256 of each tensor's name, shape, dtype and bytes, fed to `digest` (a new one by default)."""
+    digest = digest or hashlib.sha256()
     for name, tensor in tensors.items():
         digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}\n".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
-def tensors_digest(tensors: dict[str, torch.Tensor], seconds: str | None) -> str:
-    """The SHA-256 of a batch file's tensors and time, kept in its metadata: a flipped bit or an edit shows."""
-    digest = hashlib.sha256(f"{seconds}\n".encode())
-    update_with_tensors(digest, dict(sorted(tensors.items())))
     return digest.hexdigest()
+
+
+def batch_digest(tensors: dict[str, torch.Tensor], seconds: str | None) -> str:
+    """The checksum of a batch file's tensors and time, kept in its metadata: a flipped bit or an edit shows."""
+    return tensors_digest(dict(sorted(tensors.items())), hashlib.sha256(f"{seconds}\n".encode()))
 
 
 def weights_digest(module: torch.nn.Module | None) -> str | None:
-    """The SHA-256 of a module's state dict (names, shapes, dtypes and bytes), or None without a module."""
-    if module is None:
-        return None
-    digest = hashlib.sha256()
-    update_with_tensors(digest, module.state_dict())
-    return digest.hexdigest()
+    return None if module is None else tensors_digest(module.state_dict())
 
 
 def pipeline_digest(pipeline) -> str:
-    """The SHA-256 of a pipeline's component classes, configs (without bookkeeping), vocabularies and weights."""
+    """The SHA-256 of a pipeline's component classes, configs (without `_*` and version entries), vocabularies and
+    weights."""
     digest = hashlib.sha256()
     for name, component in sorted(pipeline.components.items()):
         digest.update(f"{name}={type(component).__qualname__}\n".encode())
         config = getattr(component, "config", None)
         if config is not None:
             config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-            public = {key: value for key, value in config.items() if key not in BOOKKEEPING and key[0] != "_"}
+            public = {key: value for key, value in config.items() if key != "transformers_version" and key[0] != "_"}
             digest.update(json.dumps(public, sort_keys=True, default=str).encode())
         if hasattr(component, "get_vocab"):
             digest.update(json.dumps(component.get_vocab(), sort_keys=True).encode())
         if isinstance(component, torch.nn.Module):
-            update_with_tensors(digest, component.state_dict())
+            tensors_digest(component.state_dict(), digest)
     return digest.hexdigest()
-
-
-def captions_digest(captions: list[str]) -> str:
-    """The SHA-256 of the captions, in order."""
-    return hashlib.sha256(json.dumps(captions).encode("utf-8")).hexdigest()
 
 
 class ProgressStore:
@@ -152,18 +133,14 @@ class ProgressStore:
             ]
             raise ValueError(
                 f"{self.folder} holds the progress of an evaluation with other settings: {'; '.join(differences)}. "
-                f"It cannot be resumed with these: run the earlier command again to finish it, pass another output "
-                f"folder, or delete {self.folder} to start over."
+                f"Finish it with the earlier command, pass another output folder, or delete {self.folder} to start over."
             )
         if self.processes.index == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.lock = hold_lock(self.folder / LOCK_FILE)  # released by the OS however this process ends
         busy = self.processes.gather(torch.tensor([[0.0, float(self.processes.index == 0 and self.lock is None)]]))
         if busy[:, 1].any():
-            raise ValueError(
-                f"Another evaluation is using {self.folder} (it holds {self.folder / LOCK_FILE}): wait for it to "
-                "finish, stop it, or pass another output folder."
-            )
+            raise ValueError(f"Another evaluation is using {self.folder}: wait for it, or pass another output folder.")
         if self.processes.index == 0:
             for folder in (self.folder, self.image_dir):
                 for leftover in folder.glob(TEMPORARY_GLOB) if folder is not None and folder.is_dir() else ():
@@ -178,7 +155,6 @@ class ProgressStore:
         self.processes.wait()
 
     def close(self) -> None:
-        """Let another evaluation take the folder (the OS also does when the process ends)."""
         if self.lock is not None:
             self.lock.close()
             self.lock = None
@@ -193,8 +169,7 @@ class ProgressStore:
             return None
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(
-                f"{path} is not the settings file of an evaluation's progress ({error}); delete {self.folder} to "
-                "start over, or pass another output folder"
+                f"{path} is not an evaluation's progress ({error}); delete {self.folder} or pass another output folder"
             ) from None
 
     def batch_path(self, number: int) -> Path:
@@ -210,42 +185,35 @@ class ProgressStore:
         )
         return sorted(int(stem) for stem in stems if stem.isdigit())
 
-    def read(self, number: int) -> BatchResult | None:
-        """Batch `number` from disk, or None when missing, unreadable, of other settings or damaged."""
+    def read(self, number: int, batch: range | None = None, image_paths: list[Path] = ()) -> BatchResult | None:
+        """Batch `number` from disk, or None when it must be sampled: missing, unreadable, of other settings, damaged,
+        its `image_paths` missing, or not this `batch`."""
         path = self.batch_path(number)
+        if not path.is_file():
+            return None
+        if not all(image.is_file() for image in image_paths):
+            logger.warning(f"Batch {number}'s images are missing from {self.image_dir}; it is sampled again.")
+            return None
         try:
             with safe_open(path, "pt") as f:
                 metadata = f.metadata() or {}
                 tensors = {name: f.get_tensor(name) for name in f.keys()}
-        except FileNotFoundError:
-            return None
         except (SafetensorError, OSError) as error:
             logger.warning(f"{path} does not read ({error}); its batch is sampled again.")
             return None
         if metadata.get("settings") != self.key:
             logger.warning(f"{path} holds a batch of other settings; it is sampled again.")
             return None
-        if metadata.get("sha256") != tensors_digest(tensors, metadata.get("seconds")):
+        if metadata.get("sha256") != batch_digest(tensors, metadata.get("seconds")):
             logger.warning(f"{path} does not match its checksum (damaged or edited); its batch is sampled again.")
+            return None
+        if batch is not None and not torch.equal(
+            tensors["rows"][:, 0], torch.arange(batch.start, batch.stop).double()
+        ):
+            logger.warning(f"{path} holds other images than batch {number}; it is sampled again.")
             return None
         features = {name.removeprefix("features."): value for name, value in tensors.items() if "." in name}
         return BatchResult(tensors["rows"], features, tensors["grid"], float(metadata["seconds"]))
-
-    def load(self, number: int, batch: range, image_paths: list[Path]) -> BatchResult | None:
-        """Batch `number`, or None when it must be sampled: not done, its `image_paths` missing, or not readable as
-        this `batch` of these settings."""
-        if not self.batch_path(number).is_file():
-            return None
-        if not all(image.is_file() for image in image_paths):
-            logger.warning(f"Batch {number}'s images are missing from {self.image_dir}; it is sampled again.")
-            return None
-        result = self.read(number)
-        if result is None:
-            return None
-        if not torch.equal(result.rows[:, 0], torch.arange(batch.start, batch.stop, dtype=torch.float64)):
-            logger.warning(f"{self.batch_path(number)} holds other images than batch {number}; it is sampled again.")
-            return None
-        return result
 
     def save(self, number: int, result: BatchResult) -> None:
         """Keep batch `number` (after its images, which must already be on disk)."""
@@ -257,16 +225,13 @@ class ProgressStore:
             **{f"features.{name}": value for name, value in result.features.items()},
         }
         metadata = {"settings": self.key, "seconds": repr(result.seconds)}
-        metadata["sha256"] = tensors_digest(tensors, metadata["seconds"])
+        metadata["sha256"] = batch_digest(tensors, metadata["seconds"])
         write_durably(self.batch_path(number), lambda f: f.write(safetensors_bytes(tensors, metadata)))
         fsync_tree(self.folder, recursive=False)
 
     def results(self) -> Iterator[BatchResult]:
         """Every readable batch on disk, in order (for the partial report)."""
-        for number in self.done_numbers():
-            result = self.read(number)
-            if result is not None:
-                yield result
+        yield from filter(None, map(self.read, self.done_numbers()))
 
 
 def remove_progress(folder: str | Path) -> None:

@@ -24,25 +24,10 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
 PIXEL_MEAN, PIXEL_STD = 0.5, 0.25  # inputs in [0, 1] → roughly [-2, 2]
 
 
-def conv_block(in_channels: int, out_channels: int, kernel_size: int, stride: int, groups: int) -> nn.Sequential:
-    """Conv (same padding) → GroupNorm → ReLU."""
-    return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=kernel_size // 2),
-        nn.GroupNorm(groups, out_channels),
-        nn.ReLU(),
-    )
-
-
 class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
-    """A CNN whose pooled activations are the shapes world's FID features, with a head per attribute.
-
-    Args:
-        channels (`tuple[int, ...]`, *optional*, defaults to `(32, 48, 64, 96)`): The 3×3 conv stages' channels;
-            each after the first halves the resolution.
-        num_features (`int`, *optional*, defaults to 128): Size of the feature vector (the 1×1 conv's channels).
-        norm_num_groups (`int`, *optional*, defaults to 8): Groups of every GroupNorm.
-        image_size (`int`, *optional*, defaults to `IMAGE_SIZE`): Side the network reads; other inputs are resized.
-    """
+    """A CNN whose pooled activations are the shapes world's FID features, with a head per attribute: 3×3 conv stages
+    of `channels` (each after the first halves the resolution), then a 1×1 conv to `num_features`, with GroupNorms of
+    `norm_num_groups`; inputs are resized to `image_size`."""
 
     name = "shapes-features"
 
@@ -55,13 +40,18 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
         image_size: int = IMAGE_SIZE,
     ):
         super().__init__()
+
+        def conv_block(c_in: int, c_out: int, kernel_size: int, stride: int) -> nn.Sequential:
+            conv = nn.Conv2d(c_in, c_out, kernel_size, stride=stride, padding=kernel_size // 2)  # same padding
+            return nn.Sequential(conv, nn.GroupNorm(norm_num_groups, c_out), nn.ReLU())
+
         in_channels = [3 + 2, *channels[:-1]]  # RGB + (x, y) coordinates
         self.stages = nn.Sequential(
             *(
-                conv_block(c_in, c_out, 3, stride=1 if i == 0 else 2, groups=norm_num_groups)
+                conv_block(c_in, c_out, 3, 1 if i == 0 else 2)
                 for i, (c_in, c_out) in enumerate(zip(in_channels, channels))
             ),
-            conv_block(channels[-1], num_features, 1, stride=1, groups=norm_num_groups),
+            conv_block(channels[-1], num_features, 1, 1),
         )
         self.heads = nn.ModuleDict({name: nn.Linear(num_features, len(values)) for name, values in ATTRIBUTES.items()})
         coordinates = torch.linspace(-1.0, 1.0, image_size)
@@ -72,17 +62,13 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
     def num_features(self) -> int:
         return self.config.num_features
 
-    def check_images(self, images: torch.Tensor) -> None:
-        """Raise a `ValueError` unless `images` is a float (B, 3, H, W) tensor."""
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The (B, num_features) non-negative pooled features of (B, 3, H, W) images in [0, 1] (resized to
+        `image_size`)."""
         is_tensor = isinstance(images, torch.Tensor)
         if not is_tensor or not images.is_floating_point() or images.ndim != 4 or images.shape[1] != 3:
             got = f"{images.dtype} of shape {tuple(images.shape)}" if is_tensor else type(images).__name__
             raise ValueError(f"{self.name} expects a float tensor of shape (B, 3, H, W) in [0, 1], got {got}.")
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The (B, num_features) non-negative pooled features of (B, 3, H, W) images in [0, 1] (resized to
-        `image_size`)."""
-        self.check_images(images)
         size = self.config.image_size
         images = images.to(self.coordinates.dtype)
         if images.shape[-2:] != (size, size):
