@@ -10,8 +10,6 @@ from collections.abc import Callable
 import torch
 from diffusers.utils import logging
 from torch import nn
-from torch._inductor import config as inductor_config
-from torch._inductor.compile_fx import compile_fx
 
 from ..models.loading import listed
 from ..models.quantized import dynamically_quantized_layers
@@ -66,6 +64,9 @@ class FrozenTransformer:
             torch._dynamo.reset()
 
             def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+                from torch._inductor import config as inductor_config
+                from torch._inductor.compile_fx import compile_fx
+
                 with inductor_config.patch(freezing=True):
                     return compile_fx(graph, example_inputs)
 
@@ -80,5 +81,7 @@ class FrozenTransformer:
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 torch._dynamo.maybe_mark_dynamic(value, 0)
         # Freezing must be on while dynamo traces, or the weights become graph inputs with no constants to fold.
+        from torch._inductor import config as inductor_config  # here: importing inductor takes a second
+
         with inductor_config.patch(freezing=True):
             return self._compiled(*args, **kwargs)
