@@ -450,6 +450,7 @@ def test_the_full_size_noise_band_is_the_codes():
     assert f"for L = {regions.seq_len}, {low:.2f}–{high:.2f} and ±{periodicity:.3f}" in prose("docs/analysis.md")
 
 
+@pytest.mark.slow  # builds every named configuration on meta and counts its FLOPs (about 6 s)
 def test_the_named_configurations_sizes_and_costs_are_the_codes():
     table = section("docs/backbones.md", "Block families and the papers' named configurations")
     rows = re.findall(r"^\| ([^|]+) \| [^|]+ \| ([\d, /]+(?: each)?) \| ([\d. /]+) G \|$", table, flags=re.MULTILINE)

@@ -37,6 +37,7 @@ def test_importing_the_package_loads_no_heavy_library():
     assert "diffusers_lmlp" in names  # the parsing of -X importtime output found the package itself
 
 
+@pytest.mark.slow
 def test_the_pipeline_imports_inductor_only_to_freeze():
     code = "from diffusers_lmlp import LMLPPipeline; import sys; print('torch._inductor.compile_fx' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)

@@ -30,6 +30,7 @@ def verdicts(scorer, pictures: list[int], captions: list[str]) -> list[dict[str,
     return [dict(zip(FLAGS, row)) for row in rows]
 
 
+@pytest.mark.slow  # the scorer embeds the world's 3,786 pictures first (about 9 s)
 def test_every_real_picture_is_nearest_to_itself_by_clip_and_by_pixels(scorer):
     rows = split_indices("heldout")[:20] + split_indices("train")[::200]
     for i, verdict in zip(rows, verdicts(scorer, rows, [load_emoji()[i].name for i in rows])):
@@ -40,6 +41,7 @@ def test_every_real_picture_is_nearest_to_itself_by_clip_and_by_pixels(scorer):
             assert math.isnan(verdict["tone"]) and math.isnan(verdict["pixel tone"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("picture", "caption", "expected"),
     [  # any tone of the asked emoji is the emoji, but not the tone; another emoji is not the asked one
@@ -53,6 +55,7 @@ def test_another_tone_or_emoji_than_the_asked_one(scorer, picture, caption, expe
     assert {key: verdict[key] for key in expected} == expected
 
 
+@pytest.mark.slow  # the scorer embeds the world's 3,786 pictures first (about 9 s)
 def test_emoji_fid_takes_the_captions_pictures_and_draws_the_floor_from_their_split(scorer):
     held = [load_emoji()[i].name for i in split_indices("heldout")[:6]]
     real = scorer.renders(held, range(6), seed=0, stream=1, resolution=32)

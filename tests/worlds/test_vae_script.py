@@ -21,6 +21,7 @@ def saved(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return load_file(folder / "diffusion_pytorch_model.safetensors"), config
 
 
+@pytest.mark.slow  # trains the VAE's stages (about 4 s)
 def test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents(script, tmp_path, monkeypatch):
     # docs/training.md's two commands, run as written with tiny sizes added (argparse's last value wins).
     commands = block("docs/training.md", "The shapes VAE").strip().splitlines()
