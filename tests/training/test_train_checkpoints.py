@@ -40,7 +40,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as the workspace it writes in: a second set-up would find its run
 def straight(workspace) -> Path:
     """An uninterrupted 6-step run with checkpoints at steps 2, 4 and 6: the reference of every resume."""
     train_here(workspace, "straight", *STEPS)

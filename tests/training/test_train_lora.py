@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = page_text("docs/training.md")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as the workspace it writes in: a second set-up would find its run
 def lora_run(workspace) -> Path:
     """An uninterrupted 4-step LoRA run with checkpoints at steps 2 and 4."""
     result = train_here(workspace, "lora", *LORA, "--cache_features")
