@@ -33,6 +33,7 @@ import tempfile
 import time
 import traceback
 from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -139,9 +140,10 @@ def padding(args: Namespace) -> list[dict]:
     return records
 
 
-def measure_speed(args: Namespace, deadline: float) -> tuple[list[dict], list[str]]:
+def measure_speed(args: Namespace, deadline: float, publish: Callable[[list[dict]], None]) -> list[str]:
     """`speed_vs_uvit.measure_model` for each model and batch (largest first), the baseline's and reference's steps
-    timed beside every later model; what would start after `deadline` is listed as skipped."""
+    timed beside every later model, each model's rows `publish`ed as soon as it is measured (so a kill keeps them);
+    returns what would have started after `deadline`, skipped."""
     torch._dynamo.config.recompile_limit = 64  # every model, mode, pass and batch compiles in this one process
     rows, skipped = [], []
     for batch_size in args.batch_sizes:
@@ -153,6 +155,7 @@ def measure_speed(args: Namespace, deadline: float) -> tuple[list[dict], list[st
             repeats=args.repeats,
         )
         references: dict[str, dict] = {}
+        steps = None
         for name in SPEED_MODELS:
             if time.monotonic() > deadline:
                 skipped.append(f"{name} at B={batch_size}")
@@ -165,13 +168,17 @@ def measure_speed(args: Namespace, deadline: float) -> tuple[list[dict], list[st
                     row.pass_: {mode: steps[row.pass_][mode] for mode in kept | {row.mode}}
                     for row in speed.best_rows(model_rows).values()
                 }
-        del references
+            publish(speed_records(rows, args.device))
+        references = steps = None  # free the compiled copies and optimiser states before the next batch
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    peak = None
-    if args.device == "cuda" and rows:
-        peak, _ = speed.gpu_peak_tflops(max(row.gemm_gflops for row in rows) / 1e3)
-    records = [
+    return skipped
+
+
+def speed_records(rows: list, device: str) -> list[dict]:
+    """The rows as JSON records, with the share of GEMM-only time, the MFU (on a GPU) and the speed over U-ViT's."""
+    peak = speed.gpu_peak_tflops(max(row.gemm_gflops for row in rows) / 1e3)[0] if device == "cuda" else None
+    return [
         {
             **asdict(row),
             "of_gemm": row.of_gemm,
@@ -180,7 +187,6 @@ def measure_speed(args: Namespace, deadline: float) -> tuple[list[dict], list[st
         }
         for row in rows
     ]
-    return records, skipped
 
 
 def goals(records: list[dict]) -> dict:
@@ -317,14 +323,23 @@ def main(argv: list[str] | None = None) -> int:
             elif part == "speed":
                 # Leave the trainer's commands a minute and a half each when they are to run after.
                 reserve = 0.0 if args.quick else 90.0 * len({"main", "emoji"} & set(args.parts))
-                results["speed"], skipped = measure_speed(args, deadline - reserve)
-                results["skipped"] += skipped
-                results["goals"] = goals(results["speed"])
+
+                def publish(records: list[dict]) -> None:
+                    results["speed"], results["goals"] = records, goals(records)
+                    write()
+
+                results["skipped"] += measure_speed(args, deadline - reserve, publish)
             else:
-                results[part] = run_command(part, args, timeout=max(deadline - time.monotonic(), 1.0))
+                later = [
+                    other
+                    for other in ("main", "emoji")
+                    if other in args.parts and PARTS.index(other) > PARTS.index(part)
+                ]
+                timeout = max(deadline - time.monotonic() - 90.0 * len(later) * (not args.quick), 30.0)
+                results[part] = run_command(part, args, timeout)
                 if results[part]["returncode"] != 0:
                     results["errors"][part] = f"exit {results[part]['returncode']}"
-        except Exception as error:  # the next parts still run; the traceback is in the log and the JSON
+        except Exception as error:  # the next parts still run; the traceback is printed
             traceback.print_exc()
             results["errors"][part] = f"{type(error).__name__}: {error}"
         write()
