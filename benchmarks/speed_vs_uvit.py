@@ -399,6 +399,15 @@ def measure_model(
     return rows, own_steps
 
 
+def reference_steps(rows: list[Row], steps: dict) -> dict[str, dict]:
+    """What of a reference model (U-ViT-S/2, F2-deep) is timed beside every later model: pass -> its best mode's step
+    and its eager step (eager against eager)."""
+    return {
+        row.pass_: {mode: steps[row.pass_][mode] for mode in {row.mode} | ({"eager"} & set(steps[row.pass_]))}
+        for row in best_rows(rows).values()
+    }
+
+
 def best_rows(rows: Iterable[Row]) -> dict[tuple[str, str, str], Row]:
     """(model, batch, precision, pass) -> the fastest mode's row."""
     best: dict[tuple, Row] = {}
@@ -795,12 +804,8 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.models:
                 model_rows, steps = measure_model(name, args, precision, references)
                 rows += model_rows
-                if name in (BASELINE, REFERENCE):  # its best mode per pass, and its eager (eager against eager)
-                    kept = {"eager"} & set(args.modes)
-                    references[name] = {
-                        row.pass_: {mode: steps[row.pass_][mode] for mode in kept | {row.mode}}
-                        for row in best_rows(model_rows).values()
-                    }
+                if name in (BASELINE, REFERENCE):
+                    references[name] = reference_steps(model_rows, steps)
             del references, steps  # free the compiled copies and optimiser states before anything else is measured
     for (model, _, precision, pass_), row in best_rows(rows).items():
         if precision == "fp32" and pass_ == "sampling":
