@@ -95,3 +95,22 @@ def test_the_documented_commands_parse(check, capsys):
             assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
         else:
             check.parse_args(command[2:])
+
+
+def test_a_failure_mid_speed_keeps_the_models_measured_before_it(check, tmp_path, monkeypatch):
+    measure = check.speed.measure_model
+
+    def fails_after_the_baseline(name, *args):
+        if name != "U-ViT-S/2":
+            raise RuntimeError("out of memory")
+        return measure(name, *args)
+
+    monkeypatch.setattr(check.speed, "measure_model", fails_after_the_baseline)
+    output = tmp_path / "check.json"
+    assert check.main(["--device", "cpu", "--quick", "--parts", "speed", "--output", str(output)]) == 1
+    results = json.loads(output.read_text())
+    assert results["errors"] == {"speed": "RuntimeError: out of memory"}
+    assert {(r["model"], r["pass_"]) for r in results["speed"]} == {
+        ("U-ViT-S/2", "sampling"),
+        ("U-ViT-S/2", "training"),
+    }
