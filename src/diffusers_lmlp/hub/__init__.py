@@ -19,15 +19,7 @@ _EXPORTS = {
     "push_space": ".space",
     "stage_space": ".space",
 }
-__all__ = [
-    "push_lora",
-    "push_pipeline",
-    "push_space",
-    "stage_lora",
-    "stage_pipeline",
-    "stage_space",
-    "write_model_card",
-]
+__all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:

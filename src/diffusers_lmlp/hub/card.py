@@ -1,8 +1,5 @@
-"""Model cards for saved pipelines (`huggingface_hub.ModelCard`): Hub metadata, what the model is, how to load it.
-
-We own a few metadata keys and two marked blocks of the body: `description` (written at training time) and `usage`
-(written again on every push). The rest of a card is the user's and is kept.
-"""
+"""Model cards (`huggingface_hub.ModelCard`): we own a few metadata keys and two marked blocks, `description` (written
+at training time) and `usage` (on every push); the rest of a card is the user's and is kept."""
 
 import json
 import os
@@ -30,10 +27,8 @@ POOLED_TEXT_PROJECTION = (
 
 
 def block_markers(name: str) -> tuple[str, str]:
-    return (
-        f"<!-- begin diffusers-lmlp:{name} (generated: edits inside this block are replaced) -->",
-        f"<!-- end diffusers-lmlp:{name} -->",
-    )
+    begin = f"<!-- begin diffusers-lmlp:{name} (generated: edits inside this block are replaced) -->"
+    return begin, f"<!-- end diffusers-lmlp:{name} -->"
 
 
 def _block_pattern(name: str) -> re.Pattern:
@@ -56,8 +51,7 @@ def hub_id_or_none(value: str | os.PathLike | None) -> str | None:
 
 
 def data_source(args: Mapping, default: str) -> str:
-    """What a card says the model was trained on: a Hub dataset by its id, a local folder by its name only (its path
-    would name the user), else `default`."""
+    """What the model was trained on: a Hub dataset by its id, a local folder by its name only, else `default`."""
     source = args.get("dataset_name") or args.get("train_data_dir")
     if not source:
         return default
@@ -74,25 +68,21 @@ def write_model_card(
     """Write or update `README.md` (metadata, description and usage) in the folder `pipe.save_pretrained` wrote and
     return the card; what the user wrote outside the generated blocks is kept. `args` are the training arguments,
     `summary` the training results, `sample_grid` a grid inside `folder` to show."""
-    args = args or {}
-    folder = Path(folder)
+    args, name = args or {}, Path(folder).resolve().name
     base_model = hub_id_or_none(args.get("pretrained_model_name_or_path"))
     dataset = hub_id_or_none(args.get("dataset_name"))
+    blocks = {
+        "description": describe_pipeline(pipe, name, args, summary, sample_grid, base_model),
+        "usage": usage_section(args.get("hub_model_id") or name, summary=summary, tokenizer=pipe.tokenizer),
+    }
+    tags = [family_of(pipe.transformer).tag]
+    return save_card(Path(folder), tags, blocks, base_model=base_model, datasets=[dataset] if dataset else None)
+
+
+def save_card(folder: Path, tags: Sequence[str], blocks: Mapping[str, str], **metadata) -> ModelCard:
+    """`update_card` on `folder`'s `README.md` (if any), saved there."""
     path = folder / "README.md"
-    card = update_card(
-        path.read_text(encoding="utf-8") if path.is_file() else None,
-        [family_of(pipe.transformer).tag],
-        blocks={
-            "description": describe_pipeline(
-                pipe, folder.resolve().name, args=args, summary=summary, sample_grid=sample_grid, base_model=base_model
-            ),
-            "usage": usage_section(
-                args.get("hub_model_id") or folder.resolve().name, summary=summary, tokenizer=pipe.tokenizer
-            ),
-        },
-        base_model=base_model,
-        datasets=[dataset] if dataset else None,
-    )
+    card = update_card(path.read_text(encoding="utf-8") if path.is_file() else None, tags, blocks, **metadata)
     card.save(path)
     return card
 
@@ -105,28 +95,22 @@ def update_card(
     datasets: list[str] | None = None,
     base_model: str | None = None,
 ) -> ModelCard:
-    """Merge our metadata, `tags` and generated `blocks` (replaced in place, missing ones appended) into the
-    `existing` card's text (None: a new card), keeping everything else; the card is not saved."""
+    """The `existing` card (None: a new one) with our metadata, `tags` and `blocks` (replaced, else appended)."""
     card = ModelCard(existing) if existing else None
     data = card.data if card is not None else ModelCardData()
     data.library_name = "diffusers"
     data.pipeline_tag = "text-to-image"
     data.tags = list(dict.fromkeys([*(data.tags or []), *BASE_TAGS, *tags]))
     data.license = license or data.license or DEFAULT_LICENSE
-    if datasets:
-        data.datasets = datasets
-    if base_model:
-        data.base_model = base_model
-
+    data.datasets, data.base_model = datasets or data.datasets, base_model or data.base_model
     body = card.text.strip("\n") if card is not None else ""
     for name, content in blocks.items():
         begin, end = block_markers(name)
         block = f"{begin}\n{content.strip()}\n{end}"
-        pattern = _block_pattern(name)
-        if pattern.search(body):
+        if (pattern := _block_pattern(name)).search(body):
             body = pattern.sub(lambda _: block, body, count=1)
         else:
-            body = f"{body}\n\n{block}" if body else block
+            body = f"{body}\n\n{block}".lstrip("\n")
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n")
 
 
@@ -138,8 +122,7 @@ def describe_pipeline(
     sample_grid: str | os.PathLike | None = None,
     base_model: str | None = None,
 ) -> str:
-    """The `description` block: the backbone, its size, its vocabulary when closed, how it was trained and how well
-    it does, with the scores' sampler settings."""
+    """The `description` block: the backbone, its size, its closed vocabulary, its training and scores."""
     args, summary = args or {}, summary or {}
     backbone = pipe.transformer
     config = backbone.config
@@ -205,8 +188,7 @@ def describe_pipeline(
 
 
 def example_prompt(summary: Mapping, tokenizer=None) -> str:
-    """The usage snippet's prompt: the first sample-grid caption, else `GENERIC_PROMPT`, unless a closed vocabulary
-    lacks its words; then a caption of the shapes world."""
+    """The first sample-grid caption, else `GENERIC_PROMPT`, else (a closed vocabulary lacks its words) a shapes one."""
     candidates = [*summary.get("sample_prompts", []), GENERIC_PROMPT]
     if tokenizer is None or known_words(tokenizer) is None:
         return candidates[0]
@@ -216,21 +198,21 @@ def example_prompt(summary: Mapping, tokenizer=None) -> str:
     return next((prompt for prompt in candidates if not unknown_words(tokenizer, prompt)), candidates[0])
 
 
-def usage_section(
-    repo_id: str,
-    sample_grid: str | None = None,
-    summary: Mapping | None = None,
-    code_files: Sequence[str] | None = None,
-    tokenizer=None,
-) -> str:
-    """The `usage` block: load from `repo_id` and sample `example_prompt` with the scores' sampler settings; with
-    `code_files` (`--with-code`) through `trust_remote_code=True`, naming the files it runs. `sample_grid` is shown
-    first, for cards that do not show one yet."""
-    summary = summary or {}
-    prompt = example_prompt(summary, tokenizer)
+def sample_line(prompt: str, summary: Mapping) -> str:
+    """The snippet's line that samples `prompt` with the scores' sampler settings."""
     sampler = summary.get("evaluation_sampler", {})
     settings = "".join(f", {key}={sampler[key]!r}" for key in SAMPLER_CALL_ARGUMENTS if key in sampler)
-    sample = f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]"
+    return f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]"
+
+
+def usage_section(
+    repo_id: str, summary: Mapping | None = None, code_files: Sequence[str] | None = None, tokenizer=None
+) -> str:
+    """The `usage` block: load from `repo_id` and sample `example_prompt` with the scores' sampler settings; with
+    `code_files` (`--with-code`) through `trust_remote_code=True`, naming the files it runs."""
+    summary = summary or {}
+    sample = sample_line(example_prompt(summary, tokenizer), summary)
+    settings = any(key in summary.get("evaluation_sampler", {}) for key in SAMPLER_CALL_ARGUMENTS)
     guidance = (
         "These are the settings the scores were measured with. " if settings else ""
     ) + "`guidance_scale` follows diffusers (the papers' scale s is guidance_scale - 1)."
@@ -240,11 +222,8 @@ def usage_section(
             "This repo holds the code of its pipeline and backbone, generated from the `diffusers-lmlp` package, so "
             "diffusers loads it with only diffusers, transformers and torch installed:"
         )
-        code = [
-            "from diffusers import DiffusionPipeline",
-            "",
-            f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)',
-        ]
+        code = "from diffusers import DiffusionPipeline\n\n"
+        code += f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)'
         note = (
             f"`trust_remote_code=True` downloads this repo's {files} and executes them on your machine when the "
             "pipeline loads: read them first, and pin the commit you read with `revision=`. With `diffusers-lmlp` "
@@ -253,15 +232,10 @@ def usage_section(
         )
     else:
         intro = "With the `diffusers-lmlp` package installed:"
-        code = [
-            "import diffusers_lmlp  # registers the pipeline and backbones with diffusers",
-            "from diffusers_lmlp import LMLPPipeline",
-            "",
-            f'pipe = LMLPPipeline.from_pretrained("{repo_id}")',
-        ]
+        code = "import diffusers_lmlp  # registers the pipeline and backbones with diffusers\n"
+        code += f'from diffusers_lmlp import LMLPPipeline\n\npipe = LMLPPipeline.from_pretrained("{repo_id}")'
         note = guidance + (
             " Load Hub repos with `LMLPPipeline.from_pretrained`: diffusers' `DiffusionPipeline.from_pretrained` "
             "refuses third-party component libraries for Hub ids."
         )
-    lines = [f"![samples]({sample_grid})", ""] if sample_grid else []
-    return "\n".join([*lines, "## Use", "", intro, "", "```python", *code, sample, "```", "", note])
+    return f"## Use\n\n{intro}\n\n```python\n{code}\n{sample}\n```\n\n{note}"

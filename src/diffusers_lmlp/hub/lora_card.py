@@ -1,22 +1,17 @@
-"""The model card of a LoRA adapter folder (written by the trainer with `--lora_rank`; a push updates its `usage`
-block): what the adapter adapts, how well it does against its base, and how to load it."""
+"""The model card of a LoRA adapter folder (the trainer's `--lora_rank` output): what it adapts, how well, how to load
+it. A push updates its `usage` block."""
 
 import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from huggingface_hub import ModelCard
 
 from ..models.families import family_of
 from ..shapes.pretrained import PIPELINE_PATH as SHAPES_PIPELINE_PATH
-from .card import GENERIC_PROMPT, SAMPLER_CALL_ARGUMENTS, data_source, hub_id_or_none, update_card
-
-
-if TYPE_CHECKING:
-    import torch
+from .card import GENERIC_PROMPT, data_source, hub_id_or_none, sample_line, save_card
 
 
 # The adapter's name inside the model while training (PEFT's default); files carry no adapter name.
@@ -27,7 +22,7 @@ BLOCK_PREFIX = re.compile(r"^stack\.(?:(?:in|out)_blocks\.\d+|mid_block)\.")
 SHIPPED_SHAPES_MODEL = "diffusers_lmlp.shapes.pretrained_shapes_pipeline()"
 
 
-def adapted_modules(model: "torch.nn.Module") -> list[str]:
+def adapted_modules(model) -> list[str]:
     """The modules an adapter adapts in `model`, named as without adapters (PEFT's wrappers add `base_layer`)."""
     names = (name.split(".lora_")[0] for name, _ in model.named_parameters() if ".lora_" in name)
     return list(dict.fromkeys(".".join(part for part in name.split(".") if part != "base_layer") for name in names))
@@ -58,8 +53,7 @@ def load_base_code(base_model: str) -> str:
 
 
 def public_base_model(base_model: str) -> str:
-    """How a card and an uploaded summary name a base pipeline: a Hub repo id, `SHIPPED_SHAPES_MODEL`, or a local
-    folder by its name only (its path would name the user)."""
+    """How a card and an uploaded summary name a base: a Hub repo id, `SHIPPED_SHAPES_MODEL`, or a folder's name."""
     if is_shipped_shapes_model(base_model):
         return SHIPPED_SHAPES_MODEL
     return hub_id_or_none(base_model) or Path(base_model).name
@@ -84,21 +78,10 @@ def lora_usage_section(repo_id: str, base_model: str, summary: Mapping | None = 
     """The `usage` block of a LoRA card: load the base pipeline, then the adapter from `repo_id`, and sample."""
     summary = summary or {}
     prompt = summary.get("sample_prompts", [GENERIC_PROMPT])[0]
-    sampler = summary.get("evaluation_sampler", {})
-    settings = "".join(f", {key}={sampler[key]!r}" for key in SAMPLER_CALL_ARGUMENTS if key in sampler)
-    return "\n".join(
-        [
-            "## Use",
-            "",
-            "```python",
-            load_base_code(base_model),
-            f"pipe.load_lora_weights({json.dumps(repo_id)})",
-            f"image = pipe({json.dumps(prompt, ensure_ascii=False)}{settings}).images[0]",
-            "```",
-            "",
-            "`pipe.fuse_lora()` merges the adapter into the weights for faster sampling; `pipe.unload_lora_weights()` "
-            "restores the base model.",
-        ]
+    return (
+        f"## Use\n\n```python\n{load_base_code(base_model)}\npipe.load_lora_weights({json.dumps(repo_id)})\n"
+        f"{sample_line(prompt, summary)}\n```\n\n`pipe.fuse_lora()` merges the adapter into the weights for faster "
+        "sampling; `pipe.unload_lora_weights()` restores the base model."
     )
 
 
@@ -109,8 +92,7 @@ def write_lora_card(
     summary: Mapping,
     sample_grid: str | os.PathLike | None = None,
 ) -> ModelCard:
-    """Write or update `README.md` in a LoRA adapter folder and return the card; `model` is the backbone with the
-    trained adapter, `args` the training arguments (without secrets)."""
+    """Write or update a LoRA adapter folder's `README.md`; `model` is the backbone with the adapter."""
     folder = Path(folder)
     family = family_of(model)
     config = model.peft_config[ADAPTER_NAME]
@@ -119,20 +101,16 @@ def write_lora_card(
     adapted = adapted_modules(model)
     trainable = sum(p.numel() for name, p in model.named_parameters() if ".lora_" in name)
     data = data_source(args, f"the shapes world's {args['shapes_split']} combinations")
+    base = f"`{base_model}`" if hub_id_or_none(recorded) else f"the local folder `{base_model}`"
+    if is_shipped_shapes_model(recorded):
+        base = "the shapes model that ships with diffusers-lmlp (`pretrained_shapes_pipeline()`)"
     lines = [
         f"# {folder.resolve().name}",
         "",
         f"A LoRA adapter for a **{family.label}** text-to-image backbone ({family.paper}), trained with diffusers-lmlp "
         "(`python -m diffusers_lmlp.train --lora_rank ...`).",
         "",
-        "- Base pipeline: "
-        + (
-            "the shapes model that ships with diffusers-lmlp (`pretrained_shapes_pipeline()`)"
-            if is_shipped_shapes_model(recorded)
-            else f"`{base_model}`"
-            if hub_id_or_none(recorded)
-            else f"the local folder `{base_model}`"
-        ),
+        "- Base pipeline: " + base,
         f"- LoRA: rank {config.r}, alpha {config.lora_alpha:g}, dropout {config.lora_dropout:g}; {len(adapted)} layers "
         f"adapted ({', '.join(f'`{name}`' for name in names_in_block(adapted))} in the blocks), {trainable:,} "
         "parameters",
@@ -141,28 +119,12 @@ def write_lora_card(
         f"{args['learning_rate']}, {summary['train_seconds']} s",
     ]
     if "scores_before" in summary:
-        sampler = summary["evaluation_sampler"]
-        lines += [
-            "",
-            "## Scores",
-            "",
-            "The shapes scorer's accuracies (`diffusers_lmlp.evaluation`) of the base model and of the base model with "
-            f"this adapter, on the same captions and seeds ({sampler['num_inference_steps']} steps, guidance "
-            f"{sampler['guidance_scale']}):",
-            "",
-            *score_table(summary),
-        ]
+        steps, guidance = (summary["evaluation_sampler"][key] for key in ("num_inference_steps", "guidance_scale"))
+        lines += ["", "## Scores", "", "The shapes scorer's accuracies (`diffusers_lmlp.evaluation`) of the base model "
+                  f"and of the base model with this adapter, on the same captions and seeds ({steps} steps, guidance "
+                  f"{guidance}):", "", *score_table(summary)]  # fmt: skip
     if sample_grid is not None:
         lines += ["", f"![samples]({Path(sample_grid).name})"]
-    path = folder / "README.md"
-    card = update_card(
-        path.read_text(encoding="utf-8") if path.is_file() else None,
-        [family.tag, "lora"],
-        blocks={
-            "description": "\n".join(lines),
-            "usage": lora_usage_section(args.get("hub_model_id") or folder.resolve().name, base_model, summary),
-        },
-        base_model=hub_id_or_none(recorded),
-    )
-    card.save(path)
-    return card
+    usage = lora_usage_section(args.get("hub_model_id") or folder.resolve().name, base_model, summary)
+    blocks = {"description": "\n".join(lines), "usage": usage}
+    return save_card(folder, [family.tag, "lora"], blocks, base_model=hub_id_or_none(recorded))

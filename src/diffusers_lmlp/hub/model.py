@@ -4,8 +4,7 @@ what belongs in the upload, its card, the one commit (`.upload`)."""
 import json
 import logging
 import os
-from collections.abc import Sequence
-from fnmatch import fnmatch
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -17,46 +16,32 @@ from ..models.families import family_of
 from ..models.saving import is_local_path
 from ..pipelines import LMLPPipeline
 from ..pipelines.schedulers import check_scheduler
-from .card import describe_pipeline, hub_id_or_none, update_card, usage_section, without_block
+from . import upload
+from .card import describe_pipeline, hub_id_or_none, save_card, usage_section, without_block
 from .lora_card import lora_usage_section, public_base_model
 from .remote_code import add_remote_code, check_component_names, name_package_classes, package_model_index
-from .upload import (
-    IMAGE_LIMIT,
-    TEXT_LIMIT,
-    SizeLimit,
-    StagedUpload,
-    check_final_form,
-    check_repo_id,
-    copy_tree,
-    list_files,
-    publish_model_repo,
-    staging,
-)
 
 
 logger = logging.getLogger(__name__)
 
-# Uploaded: safetensors weights, configs, tokenizer files, images and the card; never pickles, the folder's own code,
-# training state or logs.
+# Uploaded: safetensors weights, configs, tokenizer files, images and the card.
 UPLOAD_SUFFIXES = (".safetensors", ".json", ".txt", ".png", ".jpg", ".jpeg")
 SKIPPED_FOLDERS = ("checkpoint-*", "logs", "__pycache__", "*.tmp", ".*")
 SAMPLE_GRID = "samples.png"
 LOCAL_PATH_KEYS = ("_name_or_path", "name_or_path")  # where a saved config's component was loaded from
 TRAINING_SUMMARY = "training_summary.json"
 LORA_FILE = "pytorch_lora_weights.safetensors"
-# A prompt whose tokens show whether a staged tokenizer splits text as the source's does.
 TOKENIZER_PROBE = "a red circle on a blue square, photographed at dusk"
 
 
 def check_pipeline_folder(folder: str | os.PathLike) -> Path:
     """`folder` as a `Path`; raise unless it is a saved `LMLPPipeline` with plain `model_index.json` keys."""
-    folder = Path(folder)
+    folder, index = Path(folder), Path(folder) / "model_index.json"
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder; pass the folder that LMLPPipeline.save_pretrained wrote.")
-    index = folder / "model_index.json"
     if not index.is_file():
         raise ValueError(
-            f"{folder} is not a saved pipeline: it has no model_index.json (a LoRA folder has {LORA_FILE} instead)."
+            f"{folder} is not a saved pipeline: it has no model_index.json (a LoRA folder has {LORA_FILE})."
         )
     model_index = package_model_index(json.loads(index.read_text(encoding="utf-8")))  # maps --with-code entries back
     if (class_name := model_index.get("_class_name")) != LMLPPipeline.__name__:
@@ -66,7 +51,6 @@ def check_pipeline_folder(folder: str | os.PathLike) -> Path:
 
 
 def is_lora_folder(folder: str | os.PathLike) -> bool:
-    """Whether `folder` holds a LoRA adapter rather than a saved pipeline."""
     return (Path(folder) / LORA_FILE).is_file() and not (Path(folder) / "model_index.json").exists()
 
 
@@ -76,14 +60,10 @@ def check_lora_folder(folder: str | os.PathLike) -> Path:
     return Path(folder)
 
 
-def left_out_folder(path: str) -> str | None:
-    """Why a folder (POSIX path relative to the source) is not uploaded, or None."""
-    pattern = next((p for p in SKIPPED_FOLDERS if fnmatch(path.rsplit("/", 1)[-1], p)), None)
-    return f"matches {pattern!r}: training state, logs, caches and hidden folders stay local" if pattern else None
+left_out_folder = upload.ignored(SKIPPED_FOLDERS, "matches {pattern}: training state, logs and caches stay local")
 
 
 def left_out_file(path: str) -> str | None:
-    """Why a file (POSIX path relative to the source) is not uploaded, or None."""
     name = path.rsplit("/", 1)[-1]
     if path == "README.md":
         return None
@@ -98,11 +78,9 @@ def left_out_file(path: str) -> str | None:
     return None
 
 
-def size_limit(path: str) -> SizeLimit | None:
-    """The size limit of a file of the upload; None for the weights."""
-    if path.endswith(".safetensors"):
-        return None
-    return IMAGE_LIMIT if path.endswith((".png", ".jpg", ".jpeg")) else TEXT_LIMIT
+def size_limit(path: str):  # none for the weights
+    if not path.endswith(".safetensors"):
+        return upload.IMAGE_LIMIT if path.endswith(UPLOAD_SUFFIXES[3:]) else upload.TEXT_LIMIT
 
 
 def load_staged(staged: Path, refused: dict[str, str], pipe: LMLPPipeline) -> LMLPPipeline:
@@ -117,17 +95,50 @@ def load_staged(staged: Path, refused: dict[str, str], pipe: LMLPPipeline) -> LM
         problem = None if not refused or same else "its tokenizer differs"
     except Exception as err:  # whatever diffusers or transformers raise for a folder that lacks a file
         problem = f"loading it fails with {type(err).__name__}: {str(err).rstrip('.')}"
-    if problem and refused:
+    if problem:
         listed = "; ".join(f"{path}: {reason}" for path, reason in refused.items())
         raise ValueError(
             f"Without the files refused for upload ({listed}), the uploaded pipeline would not work: {problem}. "
-            "Replace links with the files themselves (cp -L), rename files that are not credentials, and remove "
-            "secrets from files."
+            "Replace links with the files themselves (cp -L), rename or clean the refused files."
+            if refused
+            else f"The staged copy of the pipeline does not load ({problem}): stage it again."
         )
-    if problem:
-        raise ValueError(f"The staged copy of the pipeline does not load ({problem}): stage it again.")
     uploaded.set_progress_bar_config(disable=True)
     return uploaded
+
+
+def leave_out_local_paths(folder: Path) -> None:
+    """Take this machine's paths out of a staged pipeline's configs (diffusers' `_name_or_path`, old tokenizers'
+    `name_or_path`); a Hub repo id stays, and no loader reads either key."""
+    for path in [
+        folder / "model_index.json",
+        *sorted({*folder.glob("*/config.json"), *folder.glob("*/*_config.json")}),
+    ]:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        if local := [key for key in LOCAL_PATH_KEYS if isinstance(config, dict) and is_local_path(config.get(key))]:
+            kept = {k: v for k, v in config.items() if k not in local}
+            path.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            logger.info(f"{path.relative_to(folder).as_posix()}: left out {', '.join(local)}, a path of this machine")
+
+
+def _stage(folder: Path, repo_id: str, output_dir, base_model: str | None, fill: Callable) -> upload.StagedUpload:
+    """Copy `folder` under the guards, `fill(target, refused, card text or None, summary)`, scan the result."""
+    upload.check_repo_id(repo_id, "model repo id")
+    if base_model:
+        upload.check_repo_id(base_model, "base model")
+    with upload.staging(output_dir, "lmlp-upload-", source=folder) as target:
+        left_out, refused = upload.copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+        card, summary = target / "README.md", target / TRAINING_SUMMARY
+        existing = card.read_text(encoding="utf-8") if card.is_file() else None
+        fill(target, refused, existing, json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else {})
+        upload.check_final_form(target)
+    return upload.StagedUpload(target, upload.list_files(target), left_out, refused)
+
+
+def _grid_for_usage(target: Path, existing: str | None) -> str | None:
+    """The sample grid, for a usage block of a card that does not show it yet."""
+    shown = existing is not None and SAMPLE_GRID in without_block(existing, "usage")
+    return SAMPLE_GRID if (target / SAMPLE_GRID).is_file() and not shown else None
 
 
 def stage_pipeline(
@@ -141,23 +152,16 @@ def stage_pipeline(
     sample_steps: int = 25,
     seed: int = 0,
     with_code: bool = False,
-) -> StagedUpload:
-    """Build the exact folder that `push_pipeline` uploads to `repo_id`, card included, in `output_dir` (a new or
-    empty folder; default: a temporary one); the source folder is not changed.
-
-    The pipeline must load and pass `check_scheduler`; then only the staged copy is read, so the card, the sample grid
-    (`sample_prompts`, `sample_steps`, `seed`) and the code (`with_code`: generated from the installed package, so
-    that `trust_remote_code=True` loads the repo without it) describe what is uploaded. An existing card keeps its
-    text; its metadata (`license`, `base_model`, `datasets`) and usage block are updated.
-    """
+) -> upload.StagedUpload:
+    """Build the exact folder that `push_pipeline` uploads to `repo_id`, card included, in `output_dir` (new or empty;
+    default: a temporary one); the source is not changed. The pipeline must load and pass `check_scheduler`; then only
+    the staged copy is read, so the card, the sample grid (`sample_prompts`) and the code (`with_code`) describe what
+    is uploaded. An existing card keeps its text; its metadata and usage block are updated."""
     folder = check_pipeline_folder(folder)
-    check_repo_id(repo_id, "model repo id")
-    if base_model:
-        check_repo_id(base_model, "base model")
     for dataset in datasets or []:
-        check_repo_id(dataset, "dataset")
-    with staging(output_dir, "lmlp-upload-", source=folder) as target:
-        left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+        upload.check_repo_id(dataset, "dataset")
+
+    def fill(target, refused, existing, summary):
         # A secret in a file loading reads: the pipeline would not load without it, and diffusers prints config values.
         components = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
         read = [p for p in refused if p == "model_index.json" or p.split("/")[0] in components]
@@ -165,7 +169,6 @@ def stage_pipeline(
             raise ValueError(f"The pipeline cannot be published: {'; '.join(secrets)}.")
         source_pipe = LMLPPipeline.from_pretrained(folder)
         check_scheduler(source_pipe.scheduler)  # a repo whose scheduler would draw wrong images is not published
-        # From here on only the staged copy is read: what is checked and described is what is uploaded.
         leave_out_local_paths(target)
         pipe = load_staged(target, refused, source_pipe)
         if sample_prompts:
@@ -175,71 +178,19 @@ def stage_pipeline(
         code_files = add_remote_code(target) if with_code else None
         if not with_code:
             name_package_classes(target)  # a source staged with the code before names its code files
-        write_card(target, pipe, repo_id, code_files, license=license, base_model=base_model, datasets=datasets)
-        check_final_form(target)
-    return StagedUpload(target, list_files(target), left_out, refused)
+        blocks, grid = {}, _grid_for_usage(target, existing)
+        if existing is None:
+            title = repo_id.split("/")[-1]
+            blocks["description"] = describe_pipeline(
+                pipe, title, summary=summary, sample_grid=grid, base_model=base_model
+            )
+            grid = None
+        usage = usage_section(repo_id, summary=summary, code_files=code_files, tokenizer=pipe.tokenizer)
+        blocks["usage"] = f"![samples]({grid})\n\n{usage}" if grid else usage
+        metadata = {"license": license, "datasets": list(datasets) if datasets else None, "base_model": base_model}
+        save_card(target, [family_of(pipe.transformer).tag], blocks, **metadata)
 
-
-def leave_out_local_paths(folder: Path) -> None:
-    """Take this machine's paths out of a staged pipeline's configs (diffusers' `_name_or_path`, old tokenizers'
-    `name_or_path`); a Hub repo id stays, and no loader reads either key."""
-    for path in [
-        folder / "model_index.json",
-        *sorted(folder.glob("*/config.json")),
-        *sorted(folder.glob("*/*_config.json")),
-    ]:
-        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-        local = [key for key in LOCAL_PATH_KEYS if isinstance(config, dict) and is_local_path(config.get(key))]
-        if local:
-            kept = {k: v for k, v in config.items() if k not in local}
-            path.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-            logger.info(f"{path.relative_to(folder).as_posix()}: left out {', '.join(local)}, a path of this machine")
-
-
-def _read_card_and_summary(target: Path) -> tuple[str | None, dict]:
-    card, summary = target / "README.md", target / TRAINING_SUMMARY
-    return (
-        card.read_text(encoding="utf-8") if card.is_file() else None,
-        json.loads(summary.read_text(encoding="utf-8")) if summary.is_file() else {},
-    )
-
-
-def write_card(
-    target: Path,
-    pipe: LMLPPipeline,
-    repo_id: str,
-    code_files: list[str] | None,
-    license: str | None,
-    base_model: str | None,
-    datasets: Sequence[str] | None,
-) -> None:
-    """Write the staged `README.md`: its own card with the metadata and usage block updated, or a new one described
-    from `pipe` and `TRAINING_SUMMARY`; `code_files` are those `--with-code` generated."""
-    existing, summary = _read_card_and_summary(target)
-    grid = SAMPLE_GRID if (target / SAMPLE_GRID).is_file() else None
-    blocks = {}
-    if existing is None:
-        blocks["description"] = describe_pipeline(
-            pipe, repo_id.split("/")[-1], summary=summary, sample_grid=grid, base_model=base_model
-        )
-    elif grid is not None and grid in without_block(existing, "usage"):
-        grid = None  # the card shows it already
-    blocks["usage"] = usage_section(
-        repo_id,
-        sample_grid=grid if existing else None,
-        summary=summary,
-        code_files=code_files,
-        tokenizer=pipe.tokenizer,
-    )
-    card = update_card(
-        existing,
-        [family_of(pipe.transformer).tag],
-        blocks,
-        license=license,
-        datasets=list(datasets) if datasets else None,
-        base_model=base_model,
-    )
-    card.save(target / "README.md")
+    return _stage(folder, repo_id, output_dir, base_model, fill)
 
 
 def stage_lora(
@@ -248,42 +199,32 @@ def stage_lora(
     output_dir: str | os.PathLike | None = None,
     license: str | None = None,
     base_model: str | None = None,
-) -> StagedUpload:
-    """Build the exact folder that `push_lora` uploads, card included, as `stage_pipeline` does. A LoRA file whose
-    keys are not all `transformer.` LoRA matrices is refused. `base_model` (the base pipeline's Hub repo) defaults
-    to the summary's; a local folder is named by its name only and left out of the metadata."""
+) -> upload.StagedUpload:
+    """Build the exact folder that `push_lora` uploads, card included, as `stage_pipeline` does. A LoRA file whose keys
+    are not all `transformer.` LoRA matrices is refused. `base_model` (the base pipeline's Hub repo) defaults to the
+    summary's; a local folder is named by its name only and left out of the metadata."""
     folder = check_lora_folder(folder)
-    check_repo_id(repo_id, "model repo id")
-    if base_model:
-        check_repo_id(base_model, "base model")
-    with staging(output_dir, "lmlp-upload-", source=folder) as target:
-        left_out, refused = copy_tree(folder, target, left_out_folder, left_out_file, size_limit)
+
+    def fill(target, refused, existing, summary):
         if LORA_FILE in refused:
             raise ValueError(f"{folder / LORA_FILE} cannot be uploaded: {refused[LORA_FILE]}.")
-        foreign = sorted(k for k in LMLPPipeline.lora_state_dict(str(target)) if not k.startswith("transformer."))
-        if foreign:
+        if foreign := sorted(k for k in LMLPPipeline.lora_state_dict(str(target)) if not k.startswith("transformer.")):
             raise ValueError(
                 f"{folder / LORA_FILE} has keys that are not the transformer's LoRA matrices: {foreign[:3]}"
             )
-        existing, summary = _read_card_and_summary(target)
-        if (base_model := base_model or summary.get("base_model")) is None:
-            raise ValueError(
-                f"{folder} does not say which pipeline the LoRA adapts (no base_model in {TRAINING_SUMMARY}): pass "
-                "--base-model <its Hub repo id>."
-            )
-        public = public_base_model(base_model)
+        if (base := base_model or summary.get("base_model")) is None:
+            raise ValueError(f"{folder} does not say which pipeline the LoRA adapts (no base_model in its summary): "
+                             "pass --base-model <its Hub repo id>.")  # fmt: skip
+        public = public_base_model(base)
         if summary.get("base_model", public) != public:  # the staged summary names no folder of this machine
             summary["base_model"] = public
             (target / TRAINING_SUMMARY).write_text(json.dumps(summary, indent=2), encoding="utf-8")
         usage = lora_usage_section(repo_id, public, summary)
-        if (target / SAMPLE_GRID).is_file() and not (existing and SAMPLE_GRID in without_block(existing, "usage")):
-            usage = f"![samples]({SAMPLE_GRID})\n\n{usage}"
-        card = update_card(
-            existing, ["lora"], {"usage": usage}, license=license, base_model=hub_id_or_none(base_model)
-        )
-        card.save(target / "README.md")
-        check_final_form(target)
-    return StagedUpload(target, list_files(target), left_out, refused)
+        grid = _grid_for_usage(target, existing)
+        blocks = {"usage": f"![samples]({grid})\n\n{usage}" if grid else usage}
+        save_card(target, ["lora"], blocks, license=license, base_model=hub_id_or_none(base))
+
+    return _stage(folder, repo_id, output_dir, base_model, fill)
 
 
 def push_pipeline(
@@ -294,19 +235,14 @@ def push_pipeline(
     commit_message: str = "Upload LMLPPipeline",
     revision: str | None = None,
     create_pr: bool = False,
-    with_code: bool = False,
-    **card_options,
+    **options,
 ) -> CommitInfo:
     """Publish a saved pipeline to `repo_id` (`"owner/name"`, or `"name"` for the token's user): stage it
-    (`stage_pipeline`, with `with_code` and `card_options`), `create_repo(exist_ok=True, private=...)`, then one
-    commit to `revision` (an existing branch) or a pull request (`create_pr`). Returns the `CommitInfo`."""
+    (`stage_pipeline` with `options`), `create_repo(exist_ok=True, private=...)`, then one commit to `revision` (an
+    existing branch) or a pull request (`create_pr`)."""
     check_pipeline_folder(folder)
-    check_repo_id(repo_id, "model repo id")
-
-    def stage(repo, target):
-        return stage_pipeline(folder, repo, target, with_code=with_code, **card_options)
-
-    return publish_model_repo(folder, repo_id, stage, token, private, commit_message, revision, create_pr)
+    commit = {"revision": revision, "create_pr": create_pr, "private": private, "token": token}
+    return upload.publish_model_repo(folder, repo_id, stage_pipeline, options, commit_message, **commit)
 
 
 def push_lora(
@@ -322,9 +258,6 @@ def push_lora(
 ) -> CommitInfo:
     """Publish a LoRA adapter folder as `push_pipeline` does, staged by `stage_lora`."""
     check_lora_folder(folder)
-    check_repo_id(repo_id, "model repo id")
-
-    def stage(repo, target):
-        return stage_lora(folder, repo, target, license=license, base_model=base_model)
-
-    return publish_model_repo(folder, repo_id, stage, token, private, commit_message, revision, create_pr)
+    options = {"license": license, "base_model": base_model}
+    commit = {"revision": revision, "create_pr": create_pr, "private": private, "token": token}
+    return upload.publish_model_repo(folder, repo_id, stage_lora, options, commit_message, **commit)

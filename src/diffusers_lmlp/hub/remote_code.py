@@ -1,15 +1,13 @@
 """`push --with-code`: ship the pipeline's code in the repo, so that diffusers loads it without diffusers-lmlp.
 
-`model_index.json` then names files that `DiffusionPipeline.from_pretrained(repo, trust_remote_code=True)` runs, each
-generated from the installed package (`bundle_source`): a class's module and every package module it needs, in import
-order, package imports taken out (only imports of names are followed; a module import or star import is refused).
-One self-contained file per component, because
-diffusers fetches only the file `model_index.json` names and the files it imports one level deep; all remote code
-shares one module folder, hence the "lmlp" in the file names (`file_stem`). With the package installed,
-`LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`) and runs no file.
+Each component's file (`bundle_source`) is its module and every package module it needs, in import order, with the
+package imports taken out: diffusers fetches only the file `model_index.json` names and the files it imports one level
+deep, and this package imports `..` modules. All remote code shares one module folder, hence "lmlp" in the file names.
+With the package installed, `LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`).
 """
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -18,22 +16,19 @@ import json
 import re
 import sys
 import tokenize
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import __version__
 from ..pipelines.model_index import package_model_index
 
 
 PACKAGE = __name__.split(".")[0]
-# What only the installed package does (recording its classes under its name): left out of remote code, with the
-# decorators these modules give.
+# What only the installed package does (recording its classes under its name): left out, with its decorators.
 PACKAGE_ONLY_MODULES = (f"{PACKAGE}.exports",)
 
 
-@dataclass(frozen=True)
-class SourceModule:
+class SourceModule(NamedTuple):
     """One module of the package, parsed: dotted `name`, `path` from the package's parent folder, `source`, `tree`."""
 
     name: str
@@ -41,24 +36,17 @@ class SourceModule:
     source: str
     tree: ast.Module
 
-    @property
-    def package(self) -> str:
-        """The package that its relative imports start from."""
-        return self.name if self.path.endswith("__init__.py") else self.name.rpartition(".")[0]
 
-
-@dataclass(frozen=True)
-class PackageImport:
-    """An import from the package: its `node`, whether it is `top_level`, and `bindings`: each name it binds -> (the
-    module that defines the object, its name there)."""
+class PackageImport(NamedTuple):
+    """An import from the package, `top_level` or not; `bindings`: each name it binds -> (defining module, name)."""
 
     node: ast.ImportFrom
     top_level: bool
     bindings: dict[str, tuple[str, str]]
 
 
+@functools.cache
 def load_module(name: str) -> SourceModule:
-    """Read and parse a module of the package by its dotted name."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         raise ModuleNotFoundError(f"{name} has no Python source file to generate remote code from.")
@@ -75,18 +63,16 @@ def top_level_names(module: SourceModule) -> dict[str, ast.stmt]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names[node.name] = node
         elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        names[name.id] = node
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update((name.id, node) for name in ast.walk(target) if isinstance(name, ast.Name))
     return names
 
 
 def _package_module(module: SourceModule, node: ast.ImportFrom) -> str | None:
-    """The package module an import statement imports from, or None for an import from another library."""
+    """The package module an import statement imports from, or None."""
     if node.level:
-        return importlib.util.resolve_name("." * node.level + (node.module or ""), module.package)
+        package = module.name if module.path.endswith("__init__.py") else module.name.rpartition(".")[0]
+        return importlib.util.resolve_name("." * node.level + (node.module or ""), package)
     if node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
         return node.module
     return None
@@ -106,30 +92,19 @@ def defining_module(module_name: str, name: str, chain: tuple[str, ...] = ()) ->
             for alias in node.names:
                 if (alias.asname or alias.name) == name:
                     return defining_module(source, alias.name, (*chain, where))
-    if module.path.endswith("__init__.py") and importlib.util.find_spec(where) is not None:
-        raise ImportError(
-            f"{module.path} imports the module {where} itself; remote code can only be generated from imports of "
-            f"names (`from .{name} import SomeClass`)."
-        )
-    raise ImportError(f"Cannot find where {module.path} gets {name!r} from (a name set at run time?).")
+    raise ImportError(
+        f"Cannot find where {module.path} gets {name!r} from: remote code is generated from imports of names defined "
+        "in the package (`from .module import SomeClass`), not of modules, star imports or names set at run time."
+    )
 
 
 def package_imports(module: SourceModule) -> list[PackageImport]:
     """Every statement of `module` that imports from the package, at any depth, resolved to the defining modules."""
     top = {id(node) for node in module.tree.body}
     found = []
-    for node in ast.walk(module.tree):
-        if isinstance(node, ast.Import) and any(
-            alias.name == PACKAGE or alias.name.startswith(PACKAGE + ".") for alias in node.names
-        ):
-            raise ImportError(
-                f"{module.path}:{node.lineno} imports a module of the package (`{ast.unparse(node)}`); remote code "
-                "can only be generated from imports of names (`from .module import SomeClass`)."
-            )
+    for node in ast.walk(module.tree):  # `import diffusers_lmlp.x` stays, and `check_self_contained` refuses it
         if not isinstance(node, ast.ImportFrom) or (source := _package_module(module, node)) is None:
             continue
-        if any(alias.name == "*" for alias in node.names):
-            raise ImportError(f"{module.path}:{node.lineno} star-imports {source}; import the names it uses.")
         bindings = {alias.asname or alias.name: defining_module(source, alias.name) for alias in node.names}
         found.append(PackageImport(node, id(node) in top, bindings))
     return found
@@ -137,35 +112,26 @@ def package_imports(module: SourceModule) -> list[PackageImport]:
 
 def bundle_order(entry: str) -> list[SourceModule]:
     """`entry` and every package module it needs, each after the modules its top-level imports need."""
-    order: list[SourceModule] = []
-    done: set[str] = set()
+    order: dict[str, SourceModule] = {}
     active: list[str] = []  # the modules being visited, outermost first
 
     def visit(name: str) -> None:
-        if name in done:
-            return
         if name in active:
             raise ImportError(f"Circular import at module level: {' -> '.join((*active, name))}.")
         active.append(name)
-        module = load_module(name)
         later = []  # what imports inside functions need: present when they run, so in any place after this module
-        for statement in package_imports(module):
+        for statement in package_imports(module := load_module(name)):
             for source, _ in statement.bindings.values():
-                if source in PACKAGE_ONLY_MODULES:
-                    continue
-                if statement.top_level:
-                    visit(source)
-                else:
-                    later.append(source)
+                if source not in PACKAGE_ONLY_MODULES and source not in order:
+                    visit(source) if statement.top_level else later.append(source)
         active.pop()
-        done.add(name)
-        order.append(module)
+        order[name] = module
         for source in later:
-            if source not in active:
+            if source not in active and source not in order:
                 visit(source)
 
     visit(entry)
-    return order
+    return list(order.values())
 
 
 MODEL_INDEX = "model_index.json"
@@ -176,7 +142,6 @@ _SCANNED_IMPORT = re.compile(r"^(\s*)(?:import\s+(\S+)\s*$|from\s+(\S+)\s+import
 
 
 def _statement_lines(module: SourceModule, node: ast.stmt) -> tuple[int, int, str]:
-    """The 0-based first and last line of a statement that has its lines to itself, and its indentation."""
     lines = module.source.splitlines()
     first, last = node.lineno - 1, node.end_lineno - 1
     indent = lines[first][: node.col_offset]
@@ -187,7 +152,6 @@ def _statement_lines(module: SourceModule, node: ast.stmt) -> tuple[int, int, st
 
 
 def _external_imports(module: SourceModule) -> list[ast.Import | ast.ImportFrom]:
-    """The module's top-level imports from other libraries: they move to the top of the generated file."""
     return [
         node
         for node in module.tree.body
@@ -196,13 +160,10 @@ def _external_imports(module: SourceModule) -> list[ast.Import | ast.ImportFrom]
 
 
 def _module_body(module: SourceModule) -> str:
-    """The module's text without docstring, external imports, package imports (an alias becomes `Alias = Name`) and
-    `PACKAGE_ONLY_MODULES` decorators."""
+    """The module's text without docstring, imports (a package alias becomes `Alias = Name`), package-only decorators."""
     edits: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, replacement lines)
-    body = module.tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        if isinstance(body[0].value.value, str):
-            edits[body[0].lineno - 1] = (body[0].end_lineno - 1, [])
+    if ast.get_docstring(module.tree, clean=False) is not None:
+        edits[module.tree.body[0].lineno - 1] = (module.tree.body[0].end_lineno - 1, [])
     for node in _external_imports(module):
         first, last, _ = _statement_lines(module, node)
         edits[first] = (last, [])
@@ -224,16 +185,6 @@ def _module_body(module: SourceModule) -> str:
     return "\n".join(lines).strip("\n")
 
 
-def _binding(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> tuple[str, str]:
-    """The name an import alias binds and what it binds it to (`import a.b` binds `a` to the module `a`)."""
-    if isinstance(node, ast.Import):
-        if alias.asname:
-            return alias.asname, alias.name
-        top = alias.name.split(".")[0]
-        return top, top
-    return alias.asname or alias.name, f"{node.module}.{alias.name}"
-
-
 def _check_one_namespace(modules: list[SourceModule]) -> None:
     """Raise if two of the modules bind one top-level name to different things: in one file they would clash."""
     # name -> ("module.name" it binds, its definition's dump if defined here (equal ones do not clash), module path)
@@ -241,9 +192,10 @@ def _check_one_namespace(modules: list[SourceModule]) -> None:
     for module in modules:
         bound = {name: (f"{module.name}.{name}", ast.dump(node)) for name, node in top_level_names(module).items()}
         for node in _external_imports(module):
-            for alias in node.names:
-                name, target = _binding(node, alias)
-                bound[name] = (target, None)
+            for alias in node.names:  # `import a.b` binds `a` to the module `a`
+                name = alias.asname or alias.name.split(".")[0]
+                target = alias.name if alias.asname else name
+                bound[name] = (f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else target, None)
         for statement in package_imports(module):
             if statement.top_level:
                 bound.update((name, (".".join(origin), None)) for name, origin in statement.bindings.items())
@@ -257,43 +209,16 @@ def _check_one_namespace(modules: list[SourceModule]) -> None:
 
 
 def _render_imports(modules: list[SourceModule]) -> str:
-    """The top-level imports of every module from other libraries, merged: standard library first, then the rest."""
-    plain: set[str] = set()
-    names: dict[str, set[str]] = {}
-    for module in modules:
-        for node in _external_imports(module):
-            for alias in node.names:
-                text = f"{alias.name} as {alias.asname}" if alias.asname else alias.name
-                if isinstance(node, ast.Import):
-                    plain.add(text)
-                else:
-                    names.setdefault(node.module, set()).add(text)
-
-    def section(top: str) -> int:
-        return 0 if top == "__future__" else 1 if top in sys.stdlib_module_names else 2
-
-    def from_line(source: str) -> str:
-        line = f"from {source} import {', '.join(sorted(names[source]))}"
-        if len(line) <= LINE_LENGTH:
-            return line
-        return f"from {source} import (\n" + "".join(f"    {name},\n" for name in sorted(names[source])) + ")"
-
-    blocks = []
-    for number in range(3):
-        block = [f"import {text}" for text in sorted(plain) if section(text.split(".")[0]) == number]
-        block += [from_line(source) for source in sorted(names) if section(source.split(".")[0]) == number]
-        if block:
-            blocks.append("\n".join(block))
-    return "\n\n".join(blocks)
-
-
-def _as_comment(text: str) -> list[str]:
-    return [f"# {line}".rstrip() for line in text.strip("\n").splitlines()]
+    """The top-level imports of every module from other libraries, once each: standard library first, then the rest."""
+    lines = {ast.unparse(node) for module in modules for node in _external_imports(module)}
+    return "\n".join(
+        sorted(lines, key=lambda line: (line.split()[1].split(".")[0] not in sys.stdlib_module_names, line))
+    )
 
 
 def _rewrite_scanned_imports(text: str) -> str:
-    """Prefix `>>> ` to lines inside strings (docstring examples) that diffusers' import scan would take for an import
-    of the package or a relative module; raise for such a line outside a string."""
+    """Prefix `>>> ` to lines in strings that diffusers' import scan takes for a package or relative import (such a line
+    outside a string is an import, which `check_self_contained` refuses)."""
     lines = text.splitlines()
     inside_strings = set()
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -304,9 +229,7 @@ def _rewrite_scanned_imports(text: str) -> str:
         if match is None:
             continue
         named = match.group(2) or match.group(3)
-        if named.startswith(".") or named.split(".")[0] == PACKAGE:
-            if number not in inside_strings:
-                raise SyntaxError(f"Line {number} of the generated code imports {named}: {line.strip()}")
+        if number in inside_strings and (named.startswith(".") or named.split(".")[0] == PACKAGE):
             lines[number - 1] = f"{match.group(1)}>>> {line[len(match.group(1)) :]}"
     return "\n".join(lines) + "\n"
 
@@ -314,25 +237,21 @@ def _rewrite_scanned_imports(text: str) -> str:
 def check_self_contained(text: str, filename: str = "<remote code>") -> None:
     """Raise unless the generated `text` compiles and imports nothing relative or from the package, at any depth."""
     for node in ast.walk(ast.parse(text, filename=filename)):
-        modules = []
         if isinstance(node, ast.Import):
-            modules = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            modules = ["." * node.level + (node.module or "")]
-        for name in modules:
+            names = [alias.name for alias in node.names]
+        else:
+            names = ["." * node.level + (node.module or "")] if isinstance(node, ast.ImportFrom) else []
+        for name in names:
             if name.startswith(".") or name.split(".")[0] == PACKAGE:
                 raise ImportError(f"{filename}:{node.lineno} imports {name}; remote code must be self-contained.")
     compile(text, filename, "exec")
 
 
 def bundle_source(entry: str, class_name: str) -> str:
-    """One self-contained file: the module `entry` defining `class_name` and everything it needs from the package.
-    The same package source gives the same text."""
+    """One self-contained file: the module `entry` defining `class_name` and everything it needs from the package."""
     modules = bundle_order(entry)
     _check_one_namespace(modules)
-    digest = hashlib.sha256()
-    for module in modules:  # whole source files
-        digest.update(f"{module.path}\n{len(module.source)}\n{module.source}".encode())
+    digest = hashlib.sha256("".join(f"{m.path}\n{len(m.source)}\n{m.source}" for m in modules).encode())
     header = [
         f"# Generated from diffusers-lmlp {__version__} by `python -m diffusers_lmlp.hub push --with-code`: do not",
         "# edit. Change the package and push again. Its source files, in this order:",
@@ -347,15 +266,15 @@ def bundle_source(entry: str, class_name: str) -> str:
     parts = ["\n".join(header), docstring, _render_imports(modules)]
     for module in modules:
         banner = [f"# ---- {module.path} " + "-" * max(0, LINE_LENGTH - 12 - len(module.path))]
-        doc = ast.get_docstring(module.tree, clean=True)
-        parts.append("\n".join(banner + (_as_comment(doc) if doc else [])) + "\n\n\n" + _module_body(module))
+        doc = ast.get_docstring(module.tree, clean=True) or ""
+        banner += [f"# {line}".rstrip() for line in doc.splitlines()]
+        parts.append("\n".join(banner) + "\n\n\n" + _module_body(module))
     text = _rewrite_scanned_imports("\n\n\n".join(part for part in parts if part))
     check_self_contained(text, f"{file_stem(entry)}.py")
     return text
 
 
 def file_stem(entry: str) -> str:
-    """The name (without `.py`) of the file generated from module `entry`, "lmlp" in it (one shared module folder)."""
     stem = entry.rpartition(".")[2]
     return stem if "lmlp" in stem else f"lmlp_{stem}"
 
@@ -373,7 +292,6 @@ def defining_module_of(class_name: str) -> str:
 
 
 def pipeline_components(class_name: str) -> list[str]:
-    """The components a pipeline class of the package takes (its `__init__`'s, as diffusers reads them)."""
     pipeline = getattr(importlib.import_module(PACKAGE), class_name, None)
     if not isinstance(pipeline, type) or not hasattr(pipeline, "_get_signature_keys"):
         raise ValueError(f"{PACKAGE} exports no pipeline class {class_name!r}.")
@@ -400,33 +318,29 @@ def check_component_names(model_index: dict[str, Any], where: str | Path = MODEL
 
 
 def remote_code_files(model_index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The code files (path -> text) of the pipeline and its package components, and the `model_index.json` naming
-    them."""
+    """The code files (path -> text) of the pipeline and its package components, and the `model_index.json`."""
     check_component_names(model_index)
     index = package_model_index(model_index)
-    files = {}
-    pipeline_class = index["_class_name"]
-    stem = file_stem(defining_module_of(pipeline_class))
-    files[f"{stem}.py"] = bundle_source(defining_module_of(pipeline_class), pipeline_class)
-    index["_class_name"] = [stem, pipeline_class]
-    for component in pipeline_components(pipeline_class):
-        entry = index.get(component)
-        if isinstance(entry, list) and entry[0] == PACKAGE:
-            module = defining_module_of(entry[1])
-            files[f"{component}/{file_stem(module)}.py"] = bundle_source(module, entry[1])
-            index[component] = [file_stem(module), entry[1]]
+    pipeline, files = index["_class_name"], {}
+    targets = [("_class_name", "", pipeline)] + [
+        (key, f"{key}/", index[key][1])
+        for key in pipeline_components(pipeline)
+        if isinstance(index.get(key), list) and index[key][0] == PACKAGE
+    ]
+    for key, folder, class_name in targets:
+        module = defining_module_of(class_name)
+        files[f"{folder}{file_stem(module)}.py"] = bundle_source(module, class_name)
+        index[key] = [file_stem(module), class_name]
     return files, index
 
 
 def write_model_index(folder: Path, model_index: dict[str, Any]) -> None:
-    """Write `model_index.json` the way diffusers' `save_config` does (sorted keys, indent 2, final newline)."""
-    text = json.dumps(model_index, indent=2, sort_keys=True) + "\n"
-    (folder / MODEL_INDEX).write_text(text, encoding="utf-8")
+    """Write `model_index.json` as diffusers' `save_config` does."""
+    (folder / MODEL_INDEX).write_text(json.dumps(model_index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def add_remote_code(folder: str | Path) -> list[str]:
+def add_remote_code(folder: Path) -> list[str]:
     """Write the generated code into a staged folder, point its `model_index.json` at it; return the files, sorted."""
-    folder = Path(folder)
     files, index = remote_code_files(json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8")))
     for path, text in files.items():
         with open(folder / path, "x", encoding="utf-8") as f:
@@ -435,9 +349,8 @@ def add_remote_code(folder: str | Path) -> list[str]:
     return sorted(files)
 
 
-def name_package_classes(folder: str | Path) -> None:
+def name_package_classes(folder: Path) -> None:
     """Point a staged folder's `model_index.json` back at the package's classes if it names code files."""
-    folder = Path(folder)
     model_index = json.loads((folder / MODEL_INDEX).read_text(encoding="utf-8"))
-    if package_model_index(model_index) != model_index:
-        write_model_index(folder, package_model_index(model_index))
+    if (index := package_model_index(model_index)) != model_index:
+        write_model_index(folder, index)

@@ -1,41 +1,26 @@
-"""Publish the Gradio demo (`DEFAULT_SPACE_DIR`) as a Hub Space serving the model repos named by the Space variable
-`LMLP_MODEL` and the README's `models:`.
-
-diffusers-lmlp is not on PyPI, so the Space gets this install's package source (its `.py` files, no shipped models)
-beside `app.py`, which imports it: the Space runs no model repo's code, and serves repos pushed with or without it.
-"""
+"""Publish the Gradio demo (`DEFAULT_SPACE_DIR`) as a Space serving the model repos in `LMLP_MODEL` and `models:`.
+diffusers-lmlp is not on PyPI, so the Space gets this install's package source (`.py` files) beside `app.py`: it runs
+no model repo's code, and serves repos pushed with or without it."""
 
 import logging
 import os
 import tempfile
 from collections.abc import Sequence
-from fnmatch import fnmatch
 from pathlib import Path
 
 from huggingface_hub import CommitInfo, HfApi, SpaceCard
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from . import upload
 from .remote_code import PACKAGE
-from .upload import (
-    SizeLimit,
-    StagedUpload,
-    check_final_form,
-    check_repo_id,
-    commit_staged,
-    copy_tree,
-    list_files,
-    log_upload_report,
-    require_token,
-    staging,
-)
 
 
 logger = logging.getLogger(__name__)
 
 MODEL_VARIABLE = "LMLP_MODEL"
 SPACE_NAME = "lmlp-demo"
-SPACE_FILE_LIMIT: SizeLimit = (10_000_000, "for a file of a Space (weights and data belong in model or dataset repos)")
-SPACE_TOTAL_LIMIT: SizeLimit = (50_000_000, "for a Space (weights and data belong in model or dataset repos)")
+SPACE_FILE_LIMIT = (10_000_000, "for a file of a Space (weights and data belong in model or dataset repos)")
+SPACE_TOTAL_LIMIT = (50_000_000, "for a Space (weights and data belong in model or dataset repos)")
 
 
 def find_space_dir() -> Path:
@@ -48,30 +33,16 @@ def find_space_dir() -> Path:
 DEFAULT_SPACE_DIR = find_space_dir()
 # Never uploaded from the demo folder: caches, local run outputs, an old copy of the package (this install's is).
 SKIPPED = ("__pycache__", ".*", "*.pyc", "flagged", PACKAGE)
+_left_out = upload.ignored(SKIPPED, "matches {pattern}: caches, run outputs and old copies of the package stay local")
 # Of the package, only the source: not the shipped models and data, nor the wheel's copy of the demo.
-PACKAGE_SKIPPED = ("__pycache__", ".*", "assets", SPACE_NAME.replace("-", "_"))
-
-
-def _left_out(path: str) -> str | None:
-    """Why a file or folder of the demo folder (POSIX path relative to it) is not uploaded, or None."""
-    pattern = next((pattern for pattern in SKIPPED if fnmatch(path.rsplit("/", 1)[-1], pattern)), None)
-    if pattern is None:
-        return None
-    if pattern == PACKAGE:
-        return "a copy of the package: the Space gets this install's"
-    return f"matches {pattern!r}: caches, hidden files and local run outputs stay local"
-
-
-def _not_source(path: str) -> str | None:
-    """Why a folder of the package is not vendored into the Space, or None."""
-    return "not source" if any(fnmatch(path.rsplit("/", 1)[-1], pattern) for pattern in PACKAGE_SKIPPED) else None
+_not_source = upload.ignored(("__pycache__", ".*", "assets", SPACE_NAME.replace("-", "_")), "not source")
 
 
 def vendor_package(target: Path) -> None:
     """Copy this install's package source (`.py` files only) to `target/diffusers_lmlp`, under the upload's guards."""
     package = Path(__file__).resolve().parents[1]
     not_python = lambda path: None if path.endswith(".py") else "not source"  # noqa: E731
-    _, refused = copy_tree(package, target / PACKAGE, _not_source, not_python, lambda path: SPACE_FILE_LIMIT)
+    _, refused = upload.copy_tree(package, target / PACKAGE, _not_source, not_python, lambda path: SPACE_FILE_LIMIT)
     if refused:
         raise ValueError(f"The package at {package} cannot be vendored into the Space: {refused}.")
 
@@ -80,35 +51,28 @@ def stage_space(
     model_id: str | Sequence[str],
     space_dir: str | os.PathLike | None = None,
     output_dir: str | os.PathLike | None = None,
-) -> StagedUpload:
-    """Build the exact folder that `push_space` uploads from `space_dir` (default `DEFAULT_SPACE_DIR`) in
-    `output_dir`: the demo with its front matter's `models:` set to `model_id` (one or several `owner/name`, the first
-    opening), and the package source (`vendor_package`). Raises `ValueError` over `SPACE_TOTAL_LIMIT`, or when
-    app.py or README.md is refused."""
-    model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
-    for model in model_ids:
-        check_repo_id(model, "model repo id", namespace=True)
+) -> upload.StagedUpload:
+    """Build the exact folder that `push_space` uploads: the demo in `space_dir`, its `models:` set to `model_id` (one
+    or several, the first opening), and the package source. Raise over `SPACE_TOTAL_LIMIT`, or if app.py or README.md
+    is refused."""
+    model_ids = _model_ids(model_id)
     space_dir = Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR
-    missing = [name for name in ("app.py", "README.md") if not (space_dir / name).is_file()]
-    if missing:
+    if missing := [name for name in ("app.py", "README.md") if not (space_dir / name).is_file()]:
         raise FileNotFoundError(
             f"{space_dir} is not a Gradio Space folder (no {' or '.join(missing)}); pass --space-dir, a folder with "
             f"app.py and README.md (the project's demo is {DEFAULT_SPACE_DIR})."
         )
-    with staging(output_dir, "lmlp-space-", source=space_dir) as target:
-        left_out, refused = copy_tree(
-            space_dir, target, _left_out, _left_out, lambda path: SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT
-        )
-        for name in ("app.py", "README.md"):
-            if name in refused:
-                raise ValueError(f"{space_dir / name} cannot be uploaded: {refused[name]}.")
-
+    with upload.staging(output_dir, "lmlp-space-", source=space_dir) as target:
+        limit = lambda path: SPACE_FILE_LIMIT  # noqa: E731
+        left_out, refused = upload.copy_tree(space_dir, target, _left_out, _left_out, limit, SPACE_TOTAL_LIMIT)
+        if needed := [name for name in ("app.py", "README.md") if name in refused]:
+            raise ValueError(f"{space_dir / needed[0]} cannot be uploaded: {refused[needed[0]]}.")
         vendor_package(target)
         card = SpaceCard.load(target / "README.md")
         card.data.models = model_ids
         card.save(target / "README.md")
-        check_final_form(target)
-    return StagedUpload(target, list_files(target), left_out, refused)
+        upload.check_final_form(target)
+    return upload.StagedUpload(target, upload.list_files(target), left_out, refused)
 
 
 def push_space(
@@ -121,19 +85,24 @@ def push_space(
 ) -> CommitInfo:
     """Publish the demo as a Gradio Space `space_id` serving `model_id` (see `stage_space`): create it, set
     `LMLP_MODEL`, then one commit. Each model repo must exist (`push_pipeline`)."""
-    check_repo_id(space_id, "Space id", namespace=True)
-    model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
-    for model_id in model_ids:
-        check_repo_id(model_id, "model repo id", namespace=True)
-    api = HfApi(token=require_token(token))
+    upload.check_repo_id(space_id, "Space id", namespace=True)
+    model_ids = _model_ids(model_id)
+    api = HfApi(token=upload.require_token(token))
     with tempfile.TemporaryDirectory(prefix="lmlp-space-") as tmp:
         staged = stage_space(model_ids, space_dir, Path(tmp) / "upload")
-        log_upload_report(staged, Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR)
+        upload.log_upload_report(staged, Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR)
         for model_id in model_ids:
             require_model(api, model_id)
         api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
         api.add_space_variable(space_id, MODEL_VARIABLE, ",".join(model_ids))
-        return commit_staged(api, space_id, staged.folder, commit_message, repo_type="space")
+        return upload.commit_staged(api, space_id, staged.folder, commit_message, repo_type="space")
+
+
+def _model_ids(model_id: str | Sequence[str]) -> list[str]:
+    model_ids = [model_id] if isinstance(model_id, str) else list(model_id)
+    for model in model_ids:
+        upload.check_repo_id(model, "model repo id", namespace=True)
+    return model_ids
 
 
 def require_model(api: HfApi, model_id: str) -> None:
