@@ -14,53 +14,36 @@ MODELS = {name: family.model_class for name, family in FAMILIES.items()}
 TEXT = torch.zeros(1, 16, 32)  # the tiny pipeline's (1, text_seq_len, text_embed_dim)
 
 # (keyword arguments of `__call__`, what the error must say)
+# fmt: off
 PIPELINE_CASES = {
     "prompt and prompt_embeds": ({"prompt_embeds": TEXT}, "got both"),
     "neither prompt nor prompt_embeds": ({"prompt": None}, "got neither"),
     "prompt not text": ({"prompt": 3}, "a string or a list of strings"),
-    "negative_prompt length": (
-        {"prompt": ["a", "b"], "negative_prompt": ["c"]},
-        "`negative_prompt` has 1 entries but there are 2 prompts",
-    ),
-    "negative_prompt and its embeds": (
-        {"negative_prompt": "c", "negative_prompt_embeds": TEXT},
-        "at most one of `negative_prompt` and `negative_prompt_embeds`",
-    ),
-    "prompt_embeds shape": (
-        {"prompt": None, "prompt_embeds": torch.zeros(1, 8, 32)},
-        r"`prompt_embeds` must have shape .* = \(1, 16, 32\), got \(1, 8, 32\)",
-    ),
-    "negative_prompt_embeds batch": (
-        {"prompt": ["a", "b"], "negative_prompt_embeds": TEXT},
-        r"`negative_prompt_embeds` must have shape .* = \(2, 16, 32\), got \(1, 16, 32\)",
-    ),
+    "negative_prompt length": ({"prompt": ["a", "b"], "negative_prompt": ["c"]}, "has 1 entries but there are 2 prompts"),
+    "negative_prompt and its embeds": ({"negative_prompt": "c", "negative_prompt_embeds": TEXT},
+                                       "at most one of `negative_prompt` and `negative_prompt_embeds`"),
+    "prompt_embeds shape": ({"prompt": None, "prompt_embeds": torch.zeros(1, 8, 32)},
+                            r"`prompt_embeds` must have shape .* = \(1, 16, 32\), got \(1, 8, 32\)"),
+    "negative_prompt_embeds batch": ({"prompt": ["a", "b"], "negative_prompt_embeds": TEXT},
+                                     r"`negative_prompt_embeds` must have shape .* = \(2, 16, 32\), got \(1, 16, 32\)"),
     "steps 0": ({"num_inference_steps": 0}, r"`num_inference_steps` must be an integer in \[1, 999\].*got 0"),
     "steps == num_train_timesteps": ({"num_inference_steps": 1000}, r"\[1, 999\].*got 1000"),
     "steps > num_train_timesteps": ({"num_inference_steps": 5000}, r"\[1, 999\].*got 5000"),
     "steps not an integer": ({"num_inference_steps": 2.5}, r"`num_inference_steps` must be an integer.*got 2.5"),
     "images per prompt 0": ({"num_images_per_prompt": 0}, "at least 1, got 0"),
     "images per prompt 1.5": ({"num_images_per_prompt": 1.5}, r"`num_images_per_prompt` must be an .*got 1.5"),
-    "images per prompt beyond one batch": (
-        {"num_images_per_prompt": 10**7},
-        r"1 prompts × num_images_per_prompt=10000000 is 10,000,000 images, more than the 4096 one call makes",
-    ),
-    "generator list length": (
-        {"num_images_per_prompt": 2, "generator": [torch.Generator()] * 3},
-        r"list of 3 generators for 2 images \(1 prompts × 2 per prompt\)",
-    ),
-    "latents shape": (
-        {"num_images_per_prompt": 2, "latents": torch.zeros(1, 4, 8, 8)},
-        r"`latents` must have shape .* = \(2, 4, 8, 8\), got \(1, 4, 8, 8\)",
-    ),
+    "images per prompt beyond one batch": ({"num_images_per_prompt": 10**7},
+                                           r"num_images_per_prompt=10000000 is 10,000,000 images, more than the 4096"),
+    "generator list length": ({"num_images_per_prompt": 2, "generator": [torch.Generator()] * 3},
+                              r"list of 3 generators for 2 images \(1 prompts × 2 per prompt\)"),
+    "latents shape": ({"num_images_per_prompt": 2, "latents": torch.zeros(1, 4, 8, 8)},
+                      r"`latents` must have shape .* = \(2, 4, 8, 8\), got \(1, 4, 8, 8\)"),
     "output_type": ({"output_type": "jpeg"}, "`output_type` must be one of"),
     "height": ({"height": 32}, "generates 16×16 images only"),
     "width": ({"width": 8}, "generates 16×16 images only"),
     "height zero": ({"height": 0}, r"got height=0, width=16"),
     "width zero": ({"width": 0}, r"got height=16, width=0"),
-    "callback tensor inputs": (
-        {"callback_on_step_end_tensor_inputs": ["noise_pred"]},
-        r"may only name .* got \['noise_pred'\]",
-    ),
+    "callback tensor inputs": ({"callback_on_step_end_tensor_inputs": ["noise_pred"]}, r"may only name .* got \['noise_pred'\]"),
     "guidance NaN": ({"guidance_scale": NAN}, r"`guidance_scale` must be a finite number.*got nan"),
     "guidance inf": ({"guidance_scale": INF}, r"`guidance_scale` must be a finite number.*got inf"),
     "guidance -inf": ({"guidance_scale": -INF}, r"`guidance_scale` must be a finite number.*got -inf"),
@@ -75,6 +58,7 @@ PIPELINE_CASES = {
     "timesteps increasing": ({"timesteps": [10, 500, 999]}, r"`timesteps` must be strictly decreasing"),
     "timesteps not a list": ({"timesteps": 500}, r"`timesteps` must be a list of numbers, got 500"),
 }
+# fmt: on
 # The same, with another scheduler: DDIM takes no custom timesteps, Euler takes sigmas.
 SCHEDULER_CASES = {
     "timesteps unsupported": ({"timesteps": [999, 500]}, "DDIMScheduler does not accept custom `t"),

@@ -34,11 +34,10 @@ LINEAR_AND_TIED = ["lmlp", "symmixer"]
 
 def blocks(model: nn.Module) -> dict[str, nn.Module]:
     """The in, mid and out blocks of a backbone, by name."""
-    stack = model.stack
     return {
-        **{f"stack.in_blocks.{i}": block for i, block in enumerate(stack.in_blocks)},
-        "stack.mid_block": stack.mid_block,
-        **{f"stack.out_blocks.{i}": block for i, block in enumerate(stack.out_blocks)},
+        name: module
+        for name, module in model.named_modules()
+        if re.fullmatch(r"stack\.(mid_block|(in|out)_blocks\.\d+)", name)
     }
 
 

@@ -34,22 +34,11 @@ from diffusers_lmlp.shapes.scorer import score_images
 
 # Every DDPM-family scheduler that imports without optional packages (LMS needs scipy, DPM-Solver SDE torchsde), with
 # the steps it samples the shapes model in; DDPM's ancestral steps need more.
-DDPM_FAMILY = {
-    DDIMScheduler: 25,
-    DDPMScheduler: 100,
-    DEISMultistepScheduler: 25,
-    DPMSolverMultistepScheduler: 25,
-    DPMSolverSinglestepScheduler: 25,
-    EulerAncestralDiscreteScheduler: 25,
-    EulerDiscreteScheduler: 25,
-    HeunDiscreteScheduler: 25,
-    KDPM2AncestralDiscreteScheduler: 25,
-    KDPM2DiscreteScheduler: 25,
-    LCMScheduler: 25,
-    PNDMScheduler: 25,
-    TCDScheduler: 25,
-    UniPCMultistepScheduler: 25,
-}
+DDPM_FAMILY = {DDPMScheduler: 100} | dict.fromkeys(
+    [DDIMScheduler, DEISMultistepScheduler, DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
+     EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
+     KDPM2DiscreteScheduler, LCMScheduler, PNDMScheduler, TCDScheduler, UniPCMultistepScheduler], 25
+)  # fmt: skip
 CONFIG = default_scheduler().config
 
 
@@ -104,37 +93,24 @@ def test_clipping_is_what_ruins_the_images(shapes_pipe, monkeypatch):
     assert score(shapes_pipe, "shapes:train", 25, scheduler) <= 1 / 8
 
 
+# fmt: off
 BAD_SCHEDULERS = {
     "DDIM clip_sample=True": (lambda: DDIMScheduler.from_config(CONFIG, clip_sample=True), "clip_sample=False"),
     "DDPM thresholding": (lambda: DDPMScheduler.from_config(CONFIG, thresholding=True), "thresholding=False"),
-    "flow-matching sigmas": (
-        lambda: DPMSolverMultistepScheduler.from_config(CONFIG, use_flow_sigmas=True),
-        "use_flow_sigmas=False",
-    ),
-    "v-prediction": (
-        lambda: DPMSolverMultistepScheduler.from_config(CONFIG, prediction_type="v_prediction"),
-        "prediction_type='v_prediction'",
-    ),
-    "x0-prediction": (
-        lambda: EulerDiscreteScheduler.from_config(CONFIG, prediction_type="sample"),
-        "prediction_type=",
-    ),
+    "flow sigmas": (lambda: DPMSolverMultistepScheduler.from_config(CONFIG, use_flow_sigmas=True), "use_flow_sigmas="),
+    "v-prediction": (lambda: DPMSolverMultistepScheduler.from_config(CONFIG, prediction_type="v_prediction"),
+                     "prediction_type='v_prediction'"),
+    "x0-prediction": (lambda: EulerDiscreteScheduler.from_config(CONFIG, prediction_type="sample"), "prediction_type="),
     "DDIM's own betas": (lambda: DDIMScheduler(clip_sample=False), "beta_schedule='linear'"),
-    "zero terminal SNR": (
-        lambda: DDIMScheduler.from_config(CONFIG, rescale_betas_zero_snr=True),
-        "rescale_betas_zero_snr=True",
-    ),
-    "2000 training steps": (
-        lambda: DDIMScheduler.from_config(CONFIG, num_train_timesteps=2000),
-        "num_train_timesteps=2000",
-    ),
-    "other trained betas": (
-        lambda: DDIMScheduler.from_config(CONFIG, trained_betas=np.linspace(1e-4, 0.02, 1000).tolist()),
-        "trained_betas='<1000 values>'",
-    ),
+    "zero terminal SNR": (lambda: DDIMScheduler.from_config(CONFIG, rescale_betas_zero_snr=True),
+                          "rescale_betas_zero_snr=True"),
+    "2000 training steps": (lambda: DDIMScheduler.from_config(CONFIG, num_train_timesteps=2000), "timesteps=2000"),
+    "other trained betas": (lambda: DDIMScheduler.from_config(CONFIG, trained_betas=np.linspace(1e-4, 0.02, 1000).tolist()),
+                            "trained_betas='<1000 values>'"),
     "flow matching": (FlowMatchEulerDiscreteScheduler, "schedule of its own"),
     "EDM": (EDMEulerScheduler, "schedule of its own"),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("case", BAD_SCHEDULERS)

@@ -98,9 +98,8 @@ def test_pipeline_warns_once_per_prompt_naming_its_unknown_words(pipe, generate,
     generate(pipe, prompt=["a red beach", "a red beach", "the Blue sky!"], num_inference_steps=1)
     warnings = unknown_word_warnings(caplog)
     assert warnings[0] == (
-        "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. It spells them byte by "
-        "byte, into tokens the model was not trained on, so they do not steer the image; "
-        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists the words it knows."
+        "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. They do not steer the image; "
+        "`diffusers_lmlp.known_words(pipe.tokenizer)` lists the known ones."
     )
     assert len(warnings) == 2 and warnings[1].startswith(
         "The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'."

@@ -1,8 +1,6 @@
 """The Space's `app.py` in-process, with the package installed: inputs, settings, the model panel, generation."""
 
 import ast
-import contextlib
-import io
 import os
 import re
 from pathlib import Path
@@ -25,21 +23,8 @@ from diffusers_lmlp.tiny import build_tiny_pipeline
 app = load_app()
 
 PROMPT = "a large red circle at the center"
-VALID = dict(
-    prompt=PROMPT,
-    negative_prompt="",
-    seed=7,
-    randomize_seed=False,
-    num_inference_steps=4,
-    guidance_scale=2.0,
-    num_images=2,
-)
-
-
-@pytest.fixture(scope="module")
-def shapes_pipe():
-    with one_cpu_thread():
-        yield shapes_pipeline()
+VALID = dict(prompt=PROMPT, negative_prompt="", seed=7, randomize_seed=False, num_inference_steps=4,
+             guidance_scale=2.0, num_images=2)  # fmt: skip
 
 
 def test_validate_inputs_normalises_valid_values(shapes_pipe):
@@ -208,74 +193,33 @@ def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, caps
     )
 
 
-def serve_in_process(fresh_process, pipe, freeze: str) -> str:
-    """Run the app's `main` on one thread, in float32, serving `pipe` (not launched); its standard output."""
-    fresh_process.setenv("LMLP_NUM_THREADS", "1")
-    fresh_process.setenv("LMLP_FREEZE", freeze)
-    fresh_process.setattr(app, "pick_device_and_dtype", lambda: ("cpu", torch.float32))
-    fresh_process.setattr(app, "load_pipeline", lambda model, dtype: pipe)
-    launched = []
-    fresh_process.setattr(app, "launch", launched.append)
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        app.main()
-    assert len(launched) == 1
-    return output.getvalue()
-
-
-def requests_of_every_batch(pipe) -> list[list[np.ndarray]]:
-    """The images of requests whose batches are 1 (one image, no guidance), 2, 3 and 8 latents."""
-    generate = app.make_generate_fn(pipe)
-    shapes = [(1, 1.0), (1, 2.0), (3, 0.0), (4, 2.0)]  # (images, guidance scale)
-    requests = [{**VALID, "num_inference_steps": 3, "num_images": n, "guidance_scale": g} for n, g in shapes]
-    return [[np.asarray(image) for image in generate(*request.values())[0]] for request in requests]
-
-
 @pytest.mark.slow
-def test_the_app_samples_with_the_transformer_frozen_and_compiled_before_the_first_request(fresh_process):
-    pipe = shapes_pipeline()
-    output = serve_in_process(fresh_process, pipe, freeze="1")
-    assert re.search(
-        r"^Sampling with the transformer frozen by inductor, compiled in \d+\.\d s\.$",
-        output,
-        re.M,
-    ), output
-    assert pipe.inductor_freezing_enabled
+def test_the_app_samples_with_the_transformer_frozen_and_compiled_before_the_first_request(frozen_app):
+    line = r"^Sampling with the transformer frozen by inductor, compiled in \d+\.\d s\.$"
+    assert re.search(line, frozen_app.output, re.M) and frozen_app.pipe.inductor_freezing_enabled
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # Requests whose batches are 1 (one image, no guidance), 2, 3 and 8 latents.
+    requests = [{**VALID, "num_inference_steps": 2, "num_images": n, "guidance_scale": g} for n, g in
+                [(1, 1.0), (1, 2.0), (3, 0.0), (4, 2.0)]]  # fmt: skip
     with one_cpu_thread():
-        frozen = requests_of_every_batch(pipe)
+        frozen = [app.make_generate_fn(frozen_app.pipe)(*request.values())[0] for request in requests]
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "a request compiled a graph"
-        eager = requests_of_every_batch(shapes_pipeline())
+        generate = app.make_generate_fn(shapes_pipeline())
+        eager = [generate(*request.values())[0] for request in requests]
     for frozen_images, eager_images in zip(frozen, eager, strict=True):
         for image, expected in zip(frozen_images, eager_images, strict=True):
-            assert np.abs(image.astype(int) - expected).max() <= 1  # float32 rounding of the fused GEMMs
+            assert np.abs(np.asarray(image).astype(int) - np.asarray(expected)).max() <= 1  # fused GEMMs round
 
 
-def test_lmlp_freeze_0_serves_the_transformer_as_it_is(fresh_process):
+def test_lmlp_freeze_0_serves_the_transformer_as_it_is(fresh_process, capsys):
     pipe = shapes_pipeline()
-    assert "Sampling eagerly (LMLP_FREEZE=0).\n" in serve_in_process(fresh_process, pipe, freeze="0")
+    for name, value in {"LMLP_NUM_THREADS": "1", "LMLP_FREEZE": "0", "LMLP_MODEL": "shapes"}.items():
+        fresh_process.setenv(name, value)
+    fresh_process.setattr(app, "load_pipeline", lambda model, dtype: pipe)
+    fresh_process.setattr(app, "launch", lambda demo: None)
+    app.main()
+    assert "Sampling eagerly (LMLP_FREEZE=0).\n" in capsys.readouterr().out
     assert not pipe.inductor_freezing_enabled
-
-
-@pytest.mark.slow
-def test_the_app_samples_eagerly_where_inductor_cannot_compile(monkeypatch):
-    pipe = shapes_pipeline()
-
-    def no_compiler(graph, example_inputs):
-        raise RuntimeError("Failed to find a working C++ compiler.")
-
-    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", no_compiler)  # what freezing compiles with
-    try:
-        line = app.serve_frozen(pipe)
-    finally:
-        torch._dynamo.reset()
-    assert line == (
-        "Sampling eagerly: inductor could not freeze the transformer here (RuntimeError: Failed to find a working "
-        "C++ compiler.)."
-    )
-    assert not pipe.inductor_freezing_enabled
-    with one_cpu_thread():
-        assert image_std(app.make_generate_fn(pipe)(*VALID.values())[0][0]) > 8
 
 
 def test_model_panel_describes_the_shipped_model(shapes_pipe):
@@ -292,12 +236,15 @@ def test_model_panel_describes_the_shipped_model(shapes_pipe):
     assert "cpu, float32" in text
 
 
-def test_model_panel_reads_training_data_from_the_card_or_says_it_is_missing(tmp_path):
-    pipe = build_tiny_pipeline("moe_mlp", seed=0)
+@pytest.mark.parametrize("backbone", sorted(FAMILIES))
+def test_model_panel_names_every_family_and_reads_training_data_from_the_card(backbone, tmp_path):
+    family, pipe = FAMILIES[backbone], build_tiny_pipeline(backbone, seed=0)
     pipe.save_pretrained(tmp_path)
     text = app.describe_model(pipe, str(tmp_path))
     num_params = sum(p.numel() for p in pipe.transformer.parameters())
-    assert "MoE-MLP (`MoEMLPModel`)" in text and f"{num_params:,} parameters" in text and "experts" in text
+    assert f"**Backbone:** {family.label} (`{family.model_class.__name__}`), {num_params:,} parameters" in text
+    assert not [other.label for other in FAMILIES.values() if f"{other.label} (`" in text and other is not family]
+    assert ("experts" in text) is (backbone == "moe_mlp")
     assert f"Model: {tmp_path.name}" in text and "16×16 px" in text
     assert "**Training data:** not recorded (no model card found)" in text
 
@@ -306,27 +253,17 @@ def test_model_panel_reads_training_data_from_the_card_or_says_it_is_missing(tmp
     assert "Model: tiny" in text and "**Training data:** `someone/captions`" in text
 
 
-def test_generate_makes_native_size_images_reproducibly(shapes_pipe):
+def test_generate_makes_native_size_images_reproducibly_and_returns_the_seed_it_used(shapes_pipe):
     generate = app.make_generate_fn(shapes_pipe)
-    args = tuple(VALID.values())
-    images, seed = generate(*args)
-    assert seed == VALID["seed"]
-    assert len(images) == VALID["num_images"]
-    for image in images:
-        assert image.size == (32, 32) and image.mode == "RGB"
-        assert image_std(image) > 8, "the image is blank"
-    again, _ = generate(*args)
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(images, again))
+    images, seed = generate(*VALID.values())
+    assert seed == VALID["seed"] and len(images) == VALID["num_images"]
+    assert all(image.size == (32, 32) and image.mode == "RGB" and image_std(image) > 8 for image in images)
     other, _ = generate(*{**VALID, "seed": 8}.values())
     assert not np.array_equal(np.asarray(images[0]), np.asarray(other[0]))
-
-
-def test_generate_with_randomize_seed_returns_the_seed_it_used(shapes_pipe):
-    generate = app.make_generate_fn(shapes_pipe)
-    images, seed = generate(*{**VALID, "randomize_seed": True, "num_images": 1}.values())
+    randomized, seed = generate(*{**VALID, "randomize_seed": True}.values())
     assert 0 <= seed <= app.MAX_SEED
-    replay, _ = generate(*{**VALID, "seed": seed, "num_images": 1}.values())
-    assert np.array_equal(np.asarray(images[0]), np.asarray(replay[0]))
+    replay, _ = generate(*{**VALID, "seed": seed}.values())
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(randomized, replay, strict=True))
 
 
 def test_generate_refuses_bad_input_before_sampling(shapes_pipe, monkeypatch):
@@ -339,19 +276,11 @@ def test_generate_refuses_bad_input_before_sampling(shapes_pipe, monkeypatch):
 
 def test_generate_shows_the_warning_for_unknown_words(shapes_pipe):
     # Outside a request, gradio turns `gr.Warning` into a Python warning; in the UI it is a toast.
-    generate = app.make_generate_fn(shapes_pipe)
     with pytest.warns(UserWarning, match="The prompt has words this model does not know: 'xyz'"):
-        images, _ = generate(*{**VALID, "prompt": "a red circle xyz", "num_images": 1}.values())
+        images, _ = app.make_generate_fn(shapes_pipe)(
+            *{**VALID, "prompt": "a red circle xyz", "num_images": 1}.values()
+        )
     assert len(images) == 1
-
-
-@pytest.mark.parametrize("backbone", sorted(FAMILIES))
-def test_model_panel_names_every_family_by_its_registry_label(backbone, tmp_path):
-    family = FAMILIES[backbone]
-    pipe = build_tiny_pipeline(backbone, seed=0)
-    text = app.describe_model(pipe, str(tmp_path))
-    assert f"**Backbone:** {family.label} (`{family.model_class.__name__}`)" in text
-    assert not [other.label for other in FAMILIES.values() if f"{other.label} (`" in text and other is not family]
 
 
 def test_pipeline_vocabulary_methods_are_the_tokenizer_s(shapes_pipe):

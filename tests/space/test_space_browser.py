@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from space_server import emoji_pipeline, image_std, load_app, one_cpu_thread, serve, shapes_pipeline
+from space_server import emoji_pipeline, image_std, load_app, one_cpu_thread, serve
 
 
 # Without the background-networking flags chromium waits on connections that cannot be made here.
@@ -53,12 +53,6 @@ def artifacts(tmp_path) -> Path:
     folder = Path(os.environ.get("LMLP_TEST_ARTIFACTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-@pytest.fixture(scope="module")
-def shapes_pipe():
-    with one_cpu_thread():
-        yield shapes_pipeline()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The Space under load, over loopback with gradio_client: concurrent requests all come back, right and whole, a
-full queue refuses the request beyond it with a clear message, then serves again, and file uploads are refused."""
+full queue refuses the request beyond it with a clear message, then serves again, file uploads are refused, and
+where inductor cannot compile the app samples eagerly."""
 
 import threading
 import time
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
+import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError, Status
@@ -16,7 +18,7 @@ from space_server import image_std, load_app, one_cpu_thread, serve, shapes_pipe
 
 
 PROMPT = "a large red circle at the center"
-NUM_REQUESTS = 16
+NUM_REQUESTS = 8
 STEPS = 3
 TIMEOUT_S = 120  # for any one request or wait
 
@@ -34,25 +36,16 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def shapes_pipe():
-    with one_cpu_thread():
-        yield shapes_pipeline()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("frozen", [False, True], ids=["eager", "frozen"])
-def test_concurrent_requests_all_complete_with_their_own_images(shapes_pipe, frozen):
-    app = load_app()
-    if frozen:  # as the app serves on a CPU: requests run side by side in the one frozen graph they share
-        shapes_pipe = shapes_pipeline()
-        with one_cpu_thread():
-            assert app.serve_frozen(shapes_pipe).startswith("Sampling with the transformer frozen by inductor")
+def test_concurrent_requests_all_complete_with_their_own_images(request, frozen):
+    # Frozen, as the app serves on a CPU: requests run side by side in the one frozen graph they share.
+    app, pipe = load_app(), request.getfixturevalue("frozen_app").pipe if frozen else shapes_pipeline()
     # What each seed must give, computed one at a time in-process.
-    generate = app.make_generate_fn(shapes_pipe)
+    generate = app.make_generate_fn(pipe)
     expected = {seed: np.asarray(generate(*request_args(seed))[0][0]) for seed in range(NUM_REQUESTS)}
 
-    with serve(app.build_demo(shapes_pipe, queue_size=32, concurrency=4)) as url:
+    with serve(app.build_demo(pipe, queue_size=32, concurrency=4)) as url:
         client = Client(url, verbose=False)
         jobs = {seed: client.submit(*request_args(seed), api_name="/generate") for seed in range(NUM_REQUESTS)}
         results = {seed: job.result(timeout=TIMEOUT_S) for seed, job in jobs.items()}
@@ -131,9 +124,8 @@ def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
 
 
 @pytest.mark.slow
-def test_api_refuses_out_of_range_values_with_the_input_and_its_range(shapes_pipe):
-    app = load_app()
-    with serve(app.build_demo(shapes_pipe, queue_size=4)) as url:
+def test_api_refuses_out_of_range_values_and_file_uploads_and_still_generates(shapes_pipe):
+    with serve(load_app().build_demo(shapes_pipe, queue_size=4)) as url:
         client = Client(url, verbose=False)
         # The browser's sliders stop at their bounds; the API does not, so the server checks.
         for args, message in [
@@ -143,17 +135,31 @@ def test_api_refuses_out_of_range_values_with_the_input_and_its_range(shapes_pip
         ]:
             with pytest.raises(AppError, match=message):
                 client.predict(*args, api_name="/generate")
-        gallery, _ = client.predict(*request_args(0), api_name="/generate")
-        assert Image.open(gallery[0]["image"]).size == (32, 32)
-
-
-@pytest.mark.slow
-def test_file_uploads_are_refused_and_the_app_still_generates(shapes_pipe):
-    app = load_app()
-    with serve(app.build_demo(shapes_pipe, queue_size=4)) as url:
         # The app takes no files, so anyone's upload to the server's disk is refused: HTTP 413 for 100 kB.
         upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("x.bin", b"x" * 100_000)}, timeout=TIMEOUT_S)
         assert upload.status_code == 413, upload.text
         assert upload.text == "File size exceeded maximum allowed size of 1024 bytes."
-        gallery, _ = Client(url, verbose=False).predict(*request_args(0), api_name="/generate")
+        gallery, _ = client.predict(*request_args(0), api_name="/generate")
         assert Image.open(gallery[0]["image"]).size == (32, 32)
+
+
+# Last: a new freeze resets dynamo, and the frozen graph the tests above share would compile again.
+@pytest.mark.slow
+def test_the_app_samples_eagerly_where_inductor_cannot_compile(monkeypatch):
+    pipe = shapes_pipeline()
+
+    def no_compiler(graph, example_inputs):
+        raise RuntimeError("Failed to find a working C++ compiler.")
+
+    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", no_compiler)  # what freezing compiles with
+    try:
+        line = load_app().serve_frozen(pipe)
+    finally:
+        torch._dynamo.reset()
+    assert line == (
+        "Sampling eagerly: inductor could not freeze the transformer here (RuntimeError: Failed to find a working "
+        "C++ compiler.)."
+    )
+    assert not pipe.inductor_freezing_enabled
+    with one_cpu_thread():
+        assert image_std(load_app().make_generate_fn(pipe)(*request_args(0))[0][0]) > 8

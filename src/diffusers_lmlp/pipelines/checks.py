@@ -9,11 +9,9 @@ from typing import Any
 
 import torch
 
-from ..sampling import GUIDANCE_SCALE
 
-
-# The most images one call makes: they are denoised as one batch, all in memory at once.
-MAX_IMAGES_PER_CALL = 4096
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+MAX_IMAGES_PER_CALL = 4096  # they are denoised as one batch, all in memory at once
 
 
 def _is_integer(value: Any) -> bool:
@@ -43,8 +41,24 @@ def _check_components(transformer, text_encoder, tokenizer, vae) -> None:
         )
 
 
-def _check_prompts(prompt: str | list[str] | None, prompt_embeds: torch.Tensor | None, can_encode: bool) -> int:
-    """Refuse anything but exactly one of text and text states, or text without a text encoder; return B."""
+def _check_call(
+    pipe,
+    prompt: str | list[str] | None,
+    negative_prompt: str | list[str] | None,
+    num_inference_steps: Any,
+    timesteps: list[int] | None,
+    sigmas: list[float] | None,
+    guidance_scale: Any,
+    num_images_per_prompt: Any,
+    generator: torch.Generator | list[torch.Generator] | None,
+    latents: torch.Tensor | None,
+    prompt_embeds: torch.Tensor | None,
+    negative_prompt_embeds: torch.Tensor | None,
+    output_type: str,
+    callback_on_step_end_tensor_inputs: list[str],
+) -> int:
+    """Refuse `pipe.__call__`'s arguments but the image size, naming the argument and what it may be; return B, the
+    number of prompts."""
     if (prompt is None) == (prompt_embeds is None):
         raise ValueError(
             f"Pass exactly one of `prompt` and `prompt_embeds`, got {'both' if prompt is not None else 'neither'}."
@@ -53,28 +67,18 @@ def _check_prompts(prompt: str | list[str] | None, prompt_embeds: torch.Tensor |
         isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
     ):
         raise ValueError(f"`prompt` must be a string or a list of strings, got {type(prompt).__name__}.")
-    if prompt is not None and not can_encode:
+    if prompt is not None and (pipe.tokenizer is None or pipe.text_encoder is None):
         raise ValueError("This pipeline has no tokenizer or text encoder; pass `prompt_embeds` instead of `prompt`.")
     batch_size = 1 if isinstance(prompt, str) else len(prompt) if prompt is not None else prompt_embeds.shape[0]
     if batch_size < 1:
         raise ValueError("`prompt` is an empty list; pass at least one prompt.")
-    return batch_size
-
-
-def _check_text_states(
-    batch_size: int,
-    expected_embeds: tuple[int, int],
-    prompt_embeds: torch.Tensor | None,
-    negative_prompt: str | list[str] | None,
-    negative_prompt_embeds: torch.Tensor | None,
-) -> None:
-    """Refuse text states not of shape (B, *expected_embeds), and negative prompts that do not match the prompts."""
+    config = pipe.transformer.config
+    expected = (batch_size, config.text_seq_len, config.text_embed_dim)
     for name, embeds in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
-        if embeds is not None and embeds.shape != (batch_size, *expected_embeds):
+        if embeds is not None and embeds.shape != expected:
             raise ValueError(
-                f"`{name}` must have shape (batch size, text_seq_len, text_embed_dim) = "
-                f"({batch_size}, {expected_embeds[0]}, {expected_embeds[1]}), got {tuple(embeds.shape)}; compute "
-                "it with `pipe.encode_prompt`."
+                f"`{name}` must have shape (batch size, text_seq_len, text_embed_dim) = {expected}, got "
+                f"{tuple(embeds.shape)}; compute it with `pipe.encode_prompt`."
             )
     if negative_prompt is not None and negative_prompt_embeds is not None:
         raise ValueError("Pass at most one of `negative_prompt` and `negative_prompt_embeds`, got both.")
@@ -83,21 +87,46 @@ def _check_text_states(
             f"`negative_prompt` has {len(negative_prompt)} entries but there are {batch_size} prompts; pass one "
             "per prompt, or one string for all."
         )
-
-
-def _check_guidance(guidance_scale: Any, negative_prompt_embeds: torch.Tensor | None, has_text_encoder: bool) -> None:
-    """Refuse a guidance scale that is not a finite number, or guidance without the unconditional context."""
     if isinstance(guidance_scale, bool) or not (
         isinstance(guidance_scale, numbers.Real) and math.isfinite(guidance_scale)
     ):
-        raise ValueError(
-            f"`guidance_scale` must be a finite number, got {guidance_scale!r} (<= 1 turns guidance off; the "
-            f"papers' is {GUIDANCE_SCALE})."
-        )
-    if guidance_scale > 1 and negative_prompt_embeds is None and not has_text_encoder:
+        raise ValueError(f"`guidance_scale` must be a finite number, got {guidance_scale!r} (<= 1: no guidance).")
+    if guidance_scale > 1 and negative_prompt_embeds is None and pipe.text_encoder is None:
         raise ValueError(
             'Guidance (guidance_scale > 1) without a text encoder needs `negative_prompt_embeds` (the states of "").'
         )
+    _check_steps(pipe.scheduler, num_inference_steps, timesteps, sigmas)
+    if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
+        raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
+    num_images = batch_size * num_images_per_prompt
+    if num_images > MAX_IMAGES_PER_CALL:
+        raise ValueError(
+            f"{batch_size} prompts × num_images_per_prompt={num_images_per_prompt} is {num_images:,} images, more than "
+            f"the {MAX_IMAGES_PER_CALL} one call makes; make them in several calls."
+        )
+    generators = generator if isinstance(generator, list) else [] if generator is None else [generator]
+    if not all(isinstance(g, torch.Generator) for g in generators):
+        raise TypeError(
+            f"`generator` must be a torch.Generator, a list of them (one per image), or None, got {generator!r}."
+        )
+    if isinstance(generator, list) and len(generator) != num_images:
+        raise ValueError(
+            f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "
+            f"{num_images_per_prompt} per prompt); pass one per image, or a single generator."
+        )
+    if latents is not None and latents.shape != pipe._latents_shape(num_images):
+        raise ValueError(
+            f"`latents` must have shape (images, in_channels, sample_size, sample_size) = "
+            f"{pipe._latents_shape(num_images)}, got {tuple(latents.shape)}."
+        )
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
+    unknown = set(callback_on_step_end_tensor_inputs) - set(pipe._callback_tensor_inputs)
+    if unknown:
+        raise ValueError(
+            f"`callback_on_step_end_tensor_inputs` may only name {pipe._callback_tensor_inputs}, got {sorted(unknown)}."
+        )
+    return batch_size
 
 
 def _check_schedule(name: str, schedule: Any, valid: str, is_valid: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -161,41 +190,6 @@ def _set_schedule(
             f"`{name}`={list(schedule)} gives {type(scheduler).__name__} no denoising steps; pass a longer `{name}`."
         )
     return len(scheduler.timesteps)
-
-
-def _check_images(
-    batch_size: int,
-    num_images_per_prompt: Any,
-    generator: torch.Generator | list[torch.Generator] | None,
-    latents: torch.Tensor | None,
-    latents_shape: Callable[[int], tuple[int, ...]],
-) -> None:
-    """Refuse a bad number of images per prompt, and generators or latents (`latents_shape(num_images)`) that do not
-    match the number of images."""
-    if not (_is_integer(num_images_per_prompt) and num_images_per_prompt >= 1):
-        raise ValueError(f"`num_images_per_prompt` must be an integer, at least 1, got {num_images_per_prompt!r}.")
-    num_images = batch_size * num_images_per_prompt
-    if num_images > MAX_IMAGES_PER_CALL:
-        raise ValueError(
-            f"{batch_size} prompts × num_images_per_prompt={num_images_per_prompt} is {num_images:,} images, more than "
-            f"the {MAX_IMAGES_PER_CALL} one call makes (one batch, all in memory); make them in several calls."
-        )
-    generators = generator if isinstance(generator, list) else [] if generator is None else [generator]
-    if not all(isinstance(g, torch.Generator) for g in generators):
-        raise TypeError(
-            f"`generator` must be a torch.Generator, a list of them (one per image), or None, got {generator!r}; "
-            "for a seed, pass torch.Generator().manual_seed(seed)."
-        )
-    if isinstance(generator, list) and len(generator) != num_images:
-        raise ValueError(
-            f"Got a list of {len(generator)} generators for {num_images} images ({batch_size} prompts × "
-            f"{num_images_per_prompt} per prompt); pass one per image, or a single generator."
-        )
-    if latents is not None and latents.shape != latents_shape(num_images):
-        raise ValueError(
-            f"`latents` must have shape (prompts × images per prompt, in_channels, sample_size, sample_size) = "
-            f"{latents_shape(num_images)}, got {tuple(latents.shape)}."
-        )
 
 
 def _raise_if_not_finite(images: torch.Tensor, message: str) -> None:

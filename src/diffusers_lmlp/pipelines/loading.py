@@ -29,43 +29,25 @@ def _refuse_unpickling(kwargs: dict[str, Any]) -> None:
     """Refuse `use_safetensors` other than unset or `True` among `from_pretrained`'s arguments; then set it `True`."""
     if kwargs.get("use_safetensors") not in (None, True):
         raise ValueError(
-            "LMLPPipeline loads safetensors weights only, never unpickling; got "
-            f"use_safetensors={kwargs['use_safetensors']!r}. Convert trusted pickled weights once with "
-            "save_pretrained(..., safe_serialization=True)."
+            f"LMLPPipeline loads safetensors only, got use_safetensors={kwargs['use_safetensors']!r}. Convert trusted "
+            "pickled weights once with save_pretrained(..., safe_serialization=True)."
         )
     kwargs["use_safetensors"] = True
 
 
-def _refuse_strict(kwargs: dict[str, Any], model_index: dict[str, Any], path: str) -> None:
-    """Refuse `strict`, which diffusers does not pass to components, saying how to pass it to the backbone."""
+def _check_folder(folder: str, model_index: dict[str, Any], path: str, kwargs: dict[str, Any]) -> None:
+    """Refuse `strict` (diffusers does not pass it on), a component `model_index.json` names (and not passed) without
+    its folder or a tokenizer without its files (transformers would build an empty one), and, in a local `folder`,
+    a component folder of pickled weights only."""
     if "strict" in kwargs:
         transformer_class = model_index.get("transformer", [None, "<the transformer's class>"])[1]
         raise ValueError(
             "diffusers does not pass `strict` on to the backbone; load it with it and pass it in: transformer = "
-            f'{transformer_class}.from_pretrained({path!r}, subfolder="transformer", strict='
-            f"{kwargs['strict']!r}), then LMLPPipeline.from_pretrained({path!r}, transformer=transformer)."
+            f'{transformer_class}.from_pretrained({path!r}, subfolder="transformer", strict={kwargs["strict"]!r}), '
+            f"then LMLPPipeline.from_pretrained({path!r}, transformer=transformer)."
         )
-
-
-def _refuse_pickled_weights(folder: str, model_index: dict[str, Any]) -> None:
-    """Refuse a component folder (of those `model_index.json` names) with pickled weights and no safetensors."""
-    for component in sorted(name for name, entry in model_index.items() if isinstance(entry, list)):
-        directory = os.path.join(folder, component)
-        files = os.listdir(directory) if os.path.isdir(directory) else []
-        pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
-        if pickled and not any(f.endswith(".safetensors") for f in files):
-            raise ValueError(
-                f"{directory} holds only pickled weights ({', '.join(pickled)}), and LMLPPipeline loads safetensors "
-                "only. If you trust them, convert them once: DiffusionPipeline.from_pretrained(folder, "
-                "use_safetensors=False).save_pretrained(...)."
-            )
-
-
-def _require_component_folders(folder: str, model_index: dict[str, Any], passed: set[str]) -> None:
-    """Refuse a component named in `model_index.json` (and not `passed`) without its folder, or a tokenizer without
-    its files (transformers would build an empty tokenizer)."""
     for component, entry in sorted(model_index.items()):
-        if not isinstance(entry, list) or entry[0] is None or component in passed:
+        if not isinstance(entry, list) or entry[0] is None or component in kwargs:
             continue
         directory = os.path.join(folder, component)
         if not os.path.isdir(directory):
@@ -73,10 +55,18 @@ def _require_component_folders(folder: str, model_index: dict[str, Any], passed:
                 f"{folder} has no {component}/ folder, but its model_index.json names the {component} ({entry[1]}); "
                 f"copy its files into {directory}, or pass {component}=... to from_pretrained."
             )
-        if "Tokenizer" in entry[1] and not any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES):
+        files = os.listdir(directory)
+        if "Tokenizer" in entry[1] and not set(TOKENIZER_FILES) & set(files):
             raise ValueError(
                 f"The tokenizer folder {directory} has neither {' nor '.join(TOKENIZER_FILES)}; save the tokenizer "
-                "there (tokenizer.save_pretrained), or pass tokenizer=... to from_pretrained."
+                "there, or pass tokenizer=... to from_pretrained."
+            )
+        pickled = sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
+        if folder == path and pickled and not any(f.endswith(".safetensors") for f in files):
+            raise ValueError(
+                f"{directory} holds only pickled weights ({', '.join(pickled)}), and LMLPPipeline loads safetensors "
+                "only. If you trust them, convert them once: DiffusionPipeline.from_pretrained(folder, "
+                "use_safetensors=False).save_pretrained(...)."
             )
 
 
@@ -86,13 +76,11 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
     name = os.fspath(source)
     if os.path.exists(name):
         raise NotADirectoryError(f"{name} is a file; pass the pipeline's folder (the one with model_index.json).")
-    folder = os.path.abspath(name)
+    missing = f"No such local folder: {name}"
     if isinstance(source, os.PathLike) or not is_repo_id(name):
         tilde = " (a ~ is not expanded: pass os.path.expanduser(path))" if name.startswith("~") else ""
-        raise FileNotFoundError(
-            f"No such local folder: {name}{tilde}. Pass the folder save_pretrained wrote (with model_index.json); "
-            f"the current directory is {os.getcwd()}."
-        )
+        raise FileNotFoundError(f"{missing}{tilde}; the current directory is {os.getcwd()}.")
+    missing += f" (there is no {os.path.abspath(name)})"
     cache_dir = kwargs.pop("cache_dir", None)
     local_files_only = kwargs.pop("local_files_only", None) or False
     try:
@@ -110,26 +98,17 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
         if isinstance(error, GatedRepoError):  # it exists, and its error says how to get access
             raise
         raise FileNotFoundError(
-            f"No such local folder: {name} (there is no {folder}), and no Hub repo you can access has that id. Check "
-            "the name; for a private repo, log in (`hf auth login`) or pass token=..."
+            f"{missing}, and no Hub repo you can access has that id; for a private repo, pass token=..."
         ) from None
     except LocalEntryNotFoundError as error:
         cache = cache_dir or huggingface_hub.constants.HF_HUB_CACHE
-        if isinstance(error, IncompleteSnapshotError):
-            why = f"its copy in the huggingface_hub cache ({cache}) is incomplete, and it cannot be completed now"
-        else:
-            why = f"the huggingface_hub cache ({cache}) holds no copy of it"
-        if huggingface_hub.constants.HF_HUB_OFFLINE:
-            why += ", and HF_HUB_OFFLINE is set, so the Hub is not contacted"
-        elif local_files_only:
-            why += ", and local_files_only=True, so the Hub is not contacted"
-        else:
-            why += ", and the Hub could not be reached"
+        offline = huggingface_hub.constants.HF_HUB_OFFLINE or local_files_only
+        why = "incomplete" if isinstance(error, IncompleteSnapshotError) else "missing"
         download = f"hf download {name}" + (f" --cache-dir {cache_dir}" if cache_dir else "")
         raise LocalEntryNotFoundError(
-            f"No such local folder: {name} (there is no {folder}), and as a Hub repo id it cannot be loaded: {why}. "
-            f"To use the Hub repo, download it where the Hub can be reached (`{download}`), then load it again "
-            "(offline too); to use a local folder, pass its path."
+            f"{missing}, and the Hub repo's copy in the cache {cache} is {why}"
+            f"{' (offline)' if offline else ', and the Hub could not be reached'}: run `{download}` where the Hub "
+            "can be reached, or pass a local folder."
         ) from None
 
 

@@ -23,25 +23,9 @@ from ..models.casting import no_empty_fp32_warning
 from ..models.quantized import check_float32_beside_quantized_layers
 from ..models.saving import check_storable, local_paths_left_out
 from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
-from .checks import (
-    _check_components,
-    _check_guidance,
-    _check_images,
-    _check_prompts,
-    _check_steps,
-    _check_text_states,
-    _raise_if_not_finite,
-    _set_schedule,
-)
+from .checks import _check_call, _check_components, _raise_if_not_finite, _set_schedule
 from .freezing import FrozenTransformer, check_freezable
-from .loading import (
-    _folder_view,
-    _hub_snapshot,
-    _refuse_pickled_weights,
-    _refuse_strict,
-    _refuse_unpickling,
-    _require_component_folders,
-)
+from .loading import _check_folder, _folder_view, _hub_snapshot, _refuse_unpickling
 from .lora import LMLPLoraLoaderMixin
 from .model_index import package_model_index
 from .schedulers import check_scheduler, default_scheduler  # noqa: F401 (default_scheduler: its former home)
@@ -49,8 +33,6 @@ from .vocabulary import describe_vocabulary, prompt_words, unknown_words
 
 
 logger = logging.get_logger(__name__)
-
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 EXAMPLE_DOC_STRING = """
     Examples:
@@ -117,10 +99,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         # With-code entries become [package, class], read through a view of the folder: diffusers runs no shipped file.
         model_index = package_model_index(saved_index)
         with_code = model_index != saved_index
-        _refuse_strict(kwargs, model_index, path)
-        _require_component_folders(folder, model_index, passed=set(kwargs))
-        if folder == path:
-            _refuse_pickled_weights(folder, model_index)
+        _check_folder(folder, model_index, path, kwargs)
         with _folder_view(folder, model_index) if with_code else contextlib.nullcontext(folder) as view:
             pipeline = super().from_pretrained(view, **kwargs)
         if folder != path or with_code:
@@ -182,20 +161,13 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         """Sample with the transformer compiled by inductor with freezing (weights as graph constants), the fastest
         way on a CPU. Changed weights freeze again; `pipe.transformer` stays uncompiled. Not for a compiled,
         offloaded or `quantize_dynamic` transformer."""
-        transformer = getattr(self, "transformer", None)
-        if transformer is None:
-            raise ValueError("enable_inductor_freezing() needs a transformer; this pipeline has none.")
-        if is_compiled_module(transformer):
+        if is_compiled_module(self.transformer):
             raise ValueError(
-                "The transformer is compiled already (torch.compile); pass the uncompiled module "
-                "(`pipe.transformer = pipe.transformer._orig_mod`) to enable_inductor_freezing()."
+                "The transformer is compiled already (torch.compile): `pipe.transformer = pipe.transformer._orig_mod`."
             )
-        if hasattr(transformer, "_hf_hook"):
-            raise ValueError(
-                "enable_inductor_freezing() does not work with model offloading (it would recompile on every call); "
-                "remove it (`pipe.remove_all_hooks()`) or sample without freezing."
-            )
-        check_freezable(transformer)
+        if hasattr(self.transformer, "_hf_hook"):
+            raise ValueError("Freezing cannot follow model offloading: `pipe.remove_all_hooks()` first.")
+        check_freezable(self.transformer)
         self._inductor_freezing = FrozenTransformer()
 
     def disable_inductor_freezing(self) -> None:
@@ -237,22 +209,17 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     def _encode_text(self, texts: list[str], device: torch.device, name: str = "prompt") -> torch.Tensor:
         """CLIP's last hidden states (B, T, D) of `texts`; warns once per distinct text of unknown words, and of
         truncation."""
-        for text in dict.fromkeys(texts):
-            unknown = unknown_words(self.tokenizer, text)
-            if unknown:
-                logger.warning(
-                    f"The {name} {text!r} has words outside the tokenizer's vocabulary: "
-                    f"{', '.join(map(repr, unknown))}. It spells them byte by byte, into tokens the model was not "
-                    "trained on, so they do not steer the image; `diffusers_lmlp.known_words(pipe.tokenizer)` lists "
-                    "the words it knows."
-                )
         max_length = self.tokenizer.model_max_length
-        for text, ids in zip(texts, self.tokenizer(texts, verbose=False).input_ids):
-            if len(ids) > max_length:
-                dropped = self.tokenizer.decode(ids[max_length - 1 : -1])  # the truncated ids keep bos ... eos
+        for text, ids in dict(zip(texts, self.tokenizer(texts, verbose=False).input_ids)).items():
+            if unknown := unknown_words(self.tokenizer, text):
                 logger.warning(
-                    f"The {name} {text!r} is longer than the {max_length} tokens the text encoder takes and was "
-                    f"truncated; this part was dropped: {dropped!r}"
+                    f"The {name} {text!r} has words outside the tokenizer's vocabulary: {', '.join(map(repr, unknown))}"
+                    ". They do not steer the image; `diffusers_lmlp.known_words(pipe.tokenizer)` lists the known ones."
+                )
+            if len(ids) > max_length:  # the truncated ids keep bos ... eos
+                dropped = self.tokenizer.decode(ids[max_length - 1 : -1])
+                logger.warning(
+                    f"The {name} {text!r} is longer than {max_length} tokens; this part was dropped: {dropped!r}"
                 )
         input_ids = self.tokenizer(
             texts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
@@ -284,33 +251,9 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             negative_prompt_embeds = negative_prompt_embeds.to(device).repeat_interleave(num_images_per_prompt, dim=0)
         return prompt_embeds, negative_prompt_embeds
 
-    def check_inputs(
-        self,
-        prompt: str | list[str] | None,
-        height: int,
-        width: int,
-        num_inference_steps: int,
-        timesteps: list[int] | None,
-        sigmas: list[float] | None,
-        guidance_scale: float,
-        negative_prompt: str | list[str] | None,
-        num_images_per_prompt: int,
-        generator: torch.Generator | list[torch.Generator] | None,
-        latents: torch.Tensor | None,
-        prompt_embeds: torch.Tensor | None,
-        negative_prompt_embeds: torch.Tensor | None,
-        output_type: str,
-        callback_on_step_end_tensor_inputs: list[str],
-    ) -> int:
-        """Validate `__call__`'s arguments (`height` and `width` resolved) before any compute; return the number of
-        prompts."""
-        batch_size = _check_prompts(
-            prompt, prompt_embeds, self.tokenizer is not None and self.text_encoder is not None
-        )
-        config = self.transformer.config
-        expected_embeds = (config.text_seq_len, config.text_embed_dim)
-        _check_text_states(batch_size, expected_embeds, prompt_embeds, negative_prompt, negative_prompt_embeds)
-        _check_guidance(guidance_scale, negative_prompt_embeds, self.text_encoder is not None)
+    def check_inputs(self, height: int, width: int, **arguments: Any) -> int:
+        """Validate `__call__`'s keyword `arguments` (`height` and `width` resolved) before any compute; return the
+        number of prompts."""
         if height != self.native_size or width != self.native_size:
             raise ValueError(
                 f"This pipeline generates {self.native_size}×{self.native_size} images only (its backbone mixes a "
@@ -318,17 +261,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             )
         check_scheduler(self.scheduler)
         check_float32_beside_quantized_layers(self.transformer)
-        _check_steps(self.scheduler, num_inference_steps, timesteps, sigmas)
-        _check_images(batch_size, num_images_per_prompt, generator, latents, self._latents_shape)
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        unknown = set(callback_on_step_end_tensor_inputs) - set(self._callback_tensor_inputs)
-        if unknown:
-            raise ValueError(
-                f"`callback_on_step_end_tensor_inputs` may only name {self._callback_tensor_inputs}, got "
-                f"{sorted(unknown)}."
-            )
-        return batch_size
+        return _check_call(self, **arguments)
 
     def _latents_shape(self, num_images: int) -> tuple[int, int, int, int]:
         config = self.transformer.config
@@ -408,23 +341,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
         height = self.native_size if height is None else height
         width = self.native_size if width is None else width
-        batch_size = self.check_inputs(
-            prompt,
-            height,
-            width,
-            num_inference_steps,
-            timesteps,
-            sigmas,
-            guidance_scale,
-            negative_prompt,
-            num_images_per_prompt,
-            generator,
-            latents,
-            prompt_embeds,
-            negative_prompt_embeds,
-            output_type,
-            callback_on_step_end_tensor_inputs,
-        )
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "return_dict", "callback_on_step_end")}
+        batch_size = self.check_inputs(**arguments)
         self._guidance_scale = guidance_scale
         self._interrupt = False
         device = self._execution_device
@@ -434,14 +352,9 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         self._num_timesteps = len(timesteps)
 
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(
-            prompt,
-            device,
-            num_images_per_prompt,
-            self.do_classifier_free_guidance,
-            negative_prompt,
-            prompt_embeds,
+            prompt, device, num_images_per_prompt, self.do_classifier_free_guidance, negative_prompt, prompt_embeds,
             negative_prompt_embeds,
-        )  # (B·n, T, D) each
+        )  # fmt: skip
         prompt_embeds = prompt_embeds.to(dtype)
         if negative_prompt_embeds is not None:
             negative_prompt_embeds = negative_prompt_embeds.to(dtype)
@@ -474,9 +387,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
                 latents = self.scheduler.step(noise_pred, t, latents, **step_kwargs, return_dict=False)[0]
 
                 if callback_on_step_end is not None:
-                    callback_kwargs = {}
-                    for name in callback_on_step_end_tensor_inputs:
-                        callback_kwargs[name] = locals()[name]
+                    step_locals = locals()
+                    callback_kwargs = {name: step_locals[name] for name in callback_on_step_end_tensor_inputs}
                     callback_outputs = callback_on_step_end(self, i, t, callback_kwargs)
                     latents = callback_outputs.pop("latents", latents)
                     prompt_embeds = callback_outputs.pop("prompt_embeds", prompt_embeds)
