@@ -9,6 +9,7 @@ import torch
 from plain_torch import TINY
 
 from diffusers_lmlp import FAMILIES, MoEMLPModel
+from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.models import family_of
 
 
@@ -62,6 +63,8 @@ def test_output_shape_return_dict_timesteps_and_determinism(kind):
     torch.testing.assert_close(
         make_model(kind, seed=3).state_dict(), make_model(kind, seed=3).state_dict(), rtol=0, atol=0
     )
+    for block in [*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks]:  # for regional compile
+        assert type(block).__name__ in model._repeated_blocks and model._repeated_blocks == model._no_split_modules
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -99,6 +102,8 @@ def test_save_load_round_trip_uses_safetensors_and_never_unpickles(kind, tmp_pat
         type(model).from_pretrained(tmp_path / "pickled")
     with pytest.raises(ValueError, match="safetensors weights only.*use_safetensors=False"):
         type(model).from_pretrained(tmp_path / "pickled", use_safetensors=False)
+    with pytest.raises(ValueError, match="safetensors weights only, whose keys it checks.*use_flashpack=True"):
+        type(model).from_pretrained(tmp_path, use_flashpack=True)
 
 
 @pytest.mark.parametrize("dtype_kwarg", ["torch_dtype", "dtype", "autocast", "layerwise"])
@@ -128,43 +133,31 @@ def test_bfloat16_loading_casting_and_autocast_stay_close_to_fp32(kind, tmp_path
     assert torch.isfinite(out).all() and (out.float() - ref).norm() / ref.norm() < 0.05
 
 
-def _loss_and_grads(model, inputs):
+def _loss_and_grads(model, x, ctx, t):
     model.zero_grad(set_to_none=True)
-    x, ctx, t = inputs
-    loss = (model(x, ctx, t).sample - x).pow(2).mean()
-    loss.backward()
+    (loss := (model(x, ctx, t).sample - x).pow(2).mean()).backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def test_every_parameter_gets_a_gradient_and_checkpointing_gives_the_same(kind):
     model = make_model(kind).train()
     inputs = make_inputs()
-    loss, grads = _loss_and_grads(model, inputs)
+    loss, grads = _loss_and_grads(model, *inputs)
     assert set(grads) == {n for n, _ in model.named_parameters()}
-    zero = [n for n, g in grads.items() if not torch.isfinite(g).all() or g.abs().sum() == 0]
-    assert not zero, f"parameters without gradient signal: {zero}"
+    assert not [n for n, g in grads.items() if not torch.isfinite(g).all() or g.abs().sum() == 0]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model.enable_gradient_checkpointing()
     assert model.is_gradient_checkpointing and model.stack.gradient_checkpointing
-    checkpointing = {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)}
-    assert checkpointing == {"UShapedStack"}
-    ckpt_loss, ckpt_grads = _loss_and_grads(model, inputs)
+    assert {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)} == {
+        "UShapedStack"
+    }
+    ckpt_loss, ckpt_grads = _loss_and_grads(model, *inputs)
     torch.testing.assert_close(ckpt_loss, loss)
     for name, grad in grads.items():
         torch.testing.assert_close(ckpt_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
     torch.testing.assert_close(model.state_dict(), state, rtol=0, atol=0)  # the recomputation moved no statistics
     model.disable_gradient_checkpointing()
     assert not model.stack.gradient_checkpointing
-
-
-@pytest.mark.slow
-def test_torch_compile_gives_the_same_output(kind):
-    model = make_model(kind)
-    x, ctx, t = make_inputs()
-    with torch.no_grad():
-        eager = model(x, ctx, t).sample
-        compiled = torch.compile(model)(x, ctx, t).sample
-    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -187,34 +180,52 @@ def test_bad_inputs_raise_clear_errors(kind, inputs, edit, message):
 
 def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_token(kind, tmp_path):
     """`pooled_text_proj` of the last text state reaches every image token; zeroed, it is the model without it."""
-    model = make_model(kind, pooled_text_projection=True)
-    plain = make_model(kind)
-    assert model.config.pooled_text_projection and not plain.config.pooled_text_projection
+    model, plain = make_model(kind, pooled_text_projection=True), make_model(kind)
     assert plain.embed.pooled_text_proj is None
     extra = {name for name, _ in model.named_parameters()} - {name for name, _ in plain.named_parameters()}
     assert extra == {"embed.pooled_text_proj.weight", "embed.pooled_text_proj.bias"}
     assert model.embed.pooled_text_proj.weight.std() > 0  # initialised as every Linear, not left at zero
     latents, text, t = make_inputs()
     with torch.no_grad():
-        # the last text position reaches the output by the new path too: changing it alone changes every sample
-        changed = text.clone()
-        changed[:, -1] += 1.0
-        assert not torch.allclose(model(latents, text, t).sample, model(latents, changed, t).sample)
         model.embed.pooled_text_proj.weight.zero_()
         model.embed.pooled_text_proj.bias.zero_()
         plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("embed.pooled")})
         torch.testing.assert_close(model(latents, text, t).sample, plain(latents, text, t).sample, rtol=0, atol=0)
     model.save_pretrained(tmp_path)
-    loaded = type(model).from_pretrained(tmp_path)
-    assert loaded.config.pooled_text_projection
-    torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
+    assert type(model).from_pretrained(tmp_path).config.pooled_text_projection
+    # One 16 → 32 Linear on one state per caption, in the complexity count too.
+    assert complexity(model).params == model.num_parameters()
+    assert complexity(model).macs - complexity(plain).macs == 16 * 32
     # It is every family's last argument, and a bool.
     assert list(inspect.signature(type(model).__init__).parameters)[-1] == "pooled_text_projection"
     with pytest.raises(ValueError, match=f"pooled_text_projection='yes' cannot build a {type(model).__name__}"):
         make_model(kind, pooled_text_projection="yes")
 
 
-def test_every_block_is_a_declared_repeated_block(kind):
-    model = make_model(kind)
-    for block in [*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks]:
-        assert type(block).__name__ in model._repeated_blocks and model._repeated_blocks == model._no_split_modules
+@pytest.mark.parametrize(
+    "family, overrides, message",
+    [
+        ("lmlp", dict(merging="sum"), r"merging='sum' cannot build a LMLPTransformer2DModel: merging must be one of"),
+        ("lmlp", dict(long_skip="third_stage"), r"long_skip='third_stage'.*\('first_stage', 'second_stage'\) or None"),
+        (
+            "lmlp",
+            dict(lateral_mlp_ratio=2.0, lateral_activation="left"),
+            "lateral_activation='left' applies to Linear",
+        ),
+        ("lmlp", dict(lateral_activation="right"), r"lateral_activation='right'.*one of \('none', 'left', 'both'\)"),
+        ("lmlp", dict(mlp_ratio=0), r"mlp_ratio=0 cannot build.*a positive finite number or None"),
+        ("mlp_mixer", dict(token_mlp_ratio=0.01), r"token_mlp_ratio=0.01 gives .* int\(22 × 0.01\) = 0"),
+        ("mlp_mixer", dict(token_mlp_ratio=-1.0), "token_mlp_ratio must be a positive finite number"),
+        ("mlp_mixer", dict(channel_mlp="kan"), "channel_mlp='kan' is not a channel MLP"),
+        ("mlp_mixer", dict(long_skips="yes"), "long_skips must be True or False"),
+        ("gmlp", dict(long_skips=None), "long_skips must be True or False"),
+        ("gmlp", dict(mlp_ratio=0.0), "mlp_ratio must be a positive finite number"),
+        ("asymmixer", dict(token_mlp_ratio=0.01), "token_mlp_ratio=0.01 gives a token MLP of int"),
+        ("asymmixer", dict(token_mlp_ratio="half"), "token_mlp_ratio='half' cannot build"),
+        ("asymmixer", dict(num_iterations=0), "num_iterations=0 cannot build"),
+        ("asymmixer", dict(num_iterations=1.5), "num_iterations=1.5 cannot build"),
+    ],
+)
+def test_bad_family_options_raise_clear_errors(family, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        FAMILIES[family].model_class(**TINY, **overrides)

@@ -8,46 +8,30 @@ import torch.nn.functional as F
 from plain_torch import TINY, randomize_
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, load_balancing_loss
-from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
-from diffusers_lmlp.models.mixers.moe import MoELinearAttention, MoEMLPBlock
+from diffusers_lmlp.models.mixers.moe import MoELinearAttention
 from diffusers_lmlp.models.mixers.routing import collect_router_probs
 
 
 def lmlp_to_moe_state_dict(state_dict):
     """L-MLP weights in the MoE layout with E = H = 1: the single matrix becomes the only expert."""
-    out = {}
-    for key, value in state_dict.items():
-        if key.endswith("left.weight"):
-            out[key.replace("left.weight", "left.expert_weight")] = value[None, None]  # (1, 1, L, L)
-        elif key.endswith("left.bias"):
-            out[key.replace("left.bias", "left.expert_bias")] = value[None, None]  # (1, 1, L)
-        else:
-            out[key] = value
+    out = dict(state_dict)
+    for key in [key for key in out if key.endswith(("left.weight", "left.bias"))]:
+        out[key.replace("left.", "left.expert_")] = out.pop(key)[None, None]  # (1, 1, L, L) and (1, 1, L)
     return out
 
 
-def test_moe_block_and_model_with_one_expert_and_one_head_equal_the_lmlp_ones():
-    lmlp = LMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5)
-    randomize_(lmlp, seed=0)
-    moe = MoEMLPBlock(hidden_size=32, seq_len=22, mlp_ratio=4.0, norm_eps=1e-5, num_experts=1, num_heads=1)
-    missing, unexpected = moe.load_state_dict(lmlp_to_moe_state_dict(lmlp.state_dict()), strict=False)
-    assert set(missing) == {"left.gates.0.weight", "left.gates.0.bias"} and not unexpected
-    with torch.no_grad():
-        moe.left.gates[0].weight.normal_()  # any gate gives probability 1 to the only expert
-        x, skip = torch.randn(3, 22, 32), torch.randn(3, 22, 32)
-        out_lmlp = lmlp(x, skip)
-        with collect_router_probs(moe) as probs_moe:
-            out_moe = moe(x, skip)
-    assert len(probs_moe) == 1 and torch.equal(probs_moe[0], torch.ones(3, 1, 1))
-    torch.testing.assert_close(out_moe, out_lmlp, rtol=0, atol=0)
-    # The same for whole models.
+def test_moe_with_one_expert_and_one_head_equals_the_lmlp():
     lmlp = LMLPTransformer2DModel(**TINY).eval()
     randomize_(lmlp, seed=1)
     moe = MoEMLPModel(**TINY, num_experts=1, num_heads=1).eval()
-    moe.load_state_dict(lmlp_to_moe_state_dict(lmlp.state_dict()), strict=False)
+    missing, unexpected = moe.load_state_dict(lmlp_to_moe_state_dict(lmlp.state_dict()), strict=False)
+    assert not unexpected and len(missing) == 6 and {key.split(".left.")[1] for key in missing} == {
+        "gates.0.weight", "gates.0.bias"}  # fmt: skip
     x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([10, 900])
-    with torch.no_grad():
-        torch.testing.assert_close(moe(x, ctx, t).sample, lmlp(x, ctx, t).sample, rtol=0, atol=0)
+    with torch.no_grad():  # any gate gives probability 1 to the only expert
+        out = moe(x, ctx, t, output_router_probs=True)
+        torch.testing.assert_close(out.sample, lmlp(x, ctx, t).sample, rtol=0, atol=0)
+    assert torch.equal(out.router_probs, torch.ones(3, 2, 1, 1))
 
 
 def naive_moe_linear_attention(mixer, x_tok):

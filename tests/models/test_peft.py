@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
-from plain_torch import randomize_
 from test_models import MODELS, make_inputs, make_model
 from torch import nn
 
@@ -22,27 +21,20 @@ PAPER_LINEARS = {
 }
 
 
-def adapter_targets(block: nn.Module) -> tuple[list[str], list[str]]:
-    """A block's nn.Linear layers (`target_modules`) and 2-D weights used without one (tied, `target_parameters`)."""
-    modules = sorted(name for name, module in block.named_modules() if isinstance(module, nn.Linear))
-    parameters = sorted(
-        f"{name}.{parameter_name}"
-        for name, module in block.named_modules()
-        if not isinstance(module, (nn.Linear, nn.LayerNorm))
-        for parameter_name, parameter in module.named_parameters(recurse=False)
-        if parameter.ndim == 2
-    )
-    return modules, parameters
+def block_targets(model: nn.Module) -> tuple[list[str], list[str]]:
+    """The mid and an out block's nn.Linear layers (`target_modules`; U-ViT's out blocks add `skip_linear`) and 2-D
+    weights used without one (tied, `target_parameters`)."""
+    modules, parameters = set(), set()
+    for block in model.stack.mid_block, model.stack.out_blocks[0]:
+        for name, module in block.named_modules():
+            if isinstance(module, nn.Linear):
+                modules.add(name)
+            elif not isinstance(module, nn.LayerNorm):
+                parameters |= {f"{name}.{key}" for key, p in module.named_parameters(recurse=False) if p.ndim == 2}
+    return sorted(modules), sorted(parameters)
 
 
-def family_targets(model: nn.Module) -> tuple[list[str], list[str]]:
-    """The mid block's and an out block's adapter targets (U-ViT's out blocks add `skip_linear`)."""
-    mid, out = adapter_targets(model.stack.mid_block), adapter_targets(model.stack.out_blocks[0])
-    return sorted({*mid[0], *out[0]}), sorted({*mid[1], *out[1]})
-
-
-# Every family's adapter targets, by name inside a block.
-BLOCK_TARGETS = {kind: family_targets(make()) for kind, make in MODELS.items()}
+BLOCK_TARGETS = {kind: block_targets(make()) for kind, make in MODELS.items()}  # by name inside a block
 
 
 @pytest.fixture(params=list(MODELS))
@@ -63,19 +55,6 @@ def test_every_linear_of_a_block_is_an_nn_linear(kind):
     assert {name for name, module in block.named_modules() if isinstance(module, nn.Linear)} == PAPER_LINEARS[kind]
 
 
-@pytest.mark.parametrize("kind, layer", [(kind, layer) for kind in MODELS for layer in BLOCK_TARGETS[kind][0]])
-def test_lora_on_each_linear_of_a_block_changes_the_output(kind, layer):
-    model = make_model(kind)
-    randomize_(model, seed=3)  # distinct experts, so that the gates matter too
-    inputs = make_inputs()
-    with torch.no_grad():
-        before = model(*inputs).sample
-        block = "stack.mid_block" if layer in adapter_targets(model.stack.mid_block)[0] else "stack.out_blocks.0"
-        model.add_adapter(lora_config([f"{block}.{layer}"]))
-        after = model(*inputs).sample
-    assert (after - before).abs().max() > 1e-4, f"a LoRA adapter on {layer} does not change the output"
-
-
 def test_lora_on_every_linear_of_every_block_trains(kind):
     model = make_model(kind).train()
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("stack.")]
@@ -83,9 +62,7 @@ def test_lora_on_every_linear_of_every_block_trains(kind):
     model.add_adapter(lora_config(modules, parameters))  # name suffixes: every block
     lora = {name: p for name, p in model.named_parameters() if "lora_" in name}
     assert lora, f"{kind}'s blocks have nothing LoRA can adapt"
-    tied = sum(
-        1 for block in (*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks) for _ in parameters
-    )
+    tied = len(parameters) * (2 * len(model.stack.in_blocks) + 1)
     assert len(lora) == 2 * (len(linears) + tied)  # lora_A and lora_B of every Linear and tied weight, every block
     assert all(p.requires_grad for p in lora.values())
     assert not any(p.requires_grad for name, p in model.named_parameters() if name not in lora)  # base frozen

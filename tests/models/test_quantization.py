@@ -12,11 +12,10 @@ from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.evaluation.captions import draw_captions
 from diffusers_lmlp.models.quantized import dynamically_quantized_layers, is_dynamically_quantized
 from diffusers_lmlp.models.tokens import input_dtype
-from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.scorer import score_images
 
 
-# torch 2.13 marks its eager quantization deprecated (in favour of torchao), and it still runs.
+# torch marks its eager quantization deprecated (in favour of torchao), and it still runs.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.ao.quantization is deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning"),
@@ -33,7 +32,7 @@ def quantized_shapes_pipeline(pipe=None):
     return pipe
 
 
-def sample(pipe, steps: int = 10) -> torch.Tensor:
+def sample(pipe, steps: int = 4) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
     return pipe("a red circle at the center", num_inference_steps=steps, generator=generator, output_type="pt").images
 
@@ -53,8 +52,7 @@ def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind
 
 @pytest.mark.slow
 def test_the_shipped_pipeline_quantized_draws_held_out_captions():
-    pipe = quantized_shapes_pipeline(pretrained_shapes_pipeline())
-    pipe.set_progress_bar_config(disable=True)
+    pipe = quantized_shapes_pipeline()
     captions = draw_captions("shapes:heldout", 8, seed=3)
     images = pipe(captions, num_inference_steps=25, generator=torch.Generator().manual_seed(0)).images
     assert score_images(images, captions)["all"] >= 7 / 8
@@ -65,7 +63,7 @@ def test_saving_a_quantized_model_or_pipeline_writes_nothing(tmp_path):
         quantized(make_model("lmlp")).save_pretrained(tmp_path / "transformer")
     assert not (tmp_path / "transformer").exists()
     for component, name in [("transformer", "LMLPTransformer2DModel"), ("text_encoder", "CLIPTextModel")]:
-        pipe = pretrained_shapes_pipeline()
+        pipe = shapes_pipeline()
         setattr(pipe, component, quantized(getattr(pipe, component)))
         with pytest.raises(ValueError, match=rf"{name} holds state that safetensors cannot store"):
             pipe.save_pretrained(tmp_path / "pipeline")
@@ -128,7 +126,7 @@ def test_freezing_refuses_a_quantized_transformer_before_compiling():
         pipe.enable_inductor_freezing()
     assert not pipe.inductor_freezing_enabled
     # Quantized after freezing was enabled: the call refuses before anything compiles.
-    pipe = pretrained_shapes_pipeline()
+    pipe = shapes_pipeline()
     pipe.enable_inductor_freezing()
     quantized_shapes_pipeline(pipe)
     with pytest.raises(ValueError, match="Freezing cannot compile"):

@@ -26,7 +26,9 @@ def configs(folder: Path) -> dict[str, dict]:
     return {name: json.loads((folder / name).read_text()) for name in names if "tokenizer" not in name}
 
 
-def test_a_pipeline_or_backbone_loaded_from_a_folder_saves_no_path_of_this_machine(pipe, generate, tmp_path):
+def test_a_pipeline_or_backbone_loaded_from_a_folder_saves_and_pushes_no_path_of_this_machine(
+    pipe, generate, tmp_path, monkeypatch
+):
     pipe.save_pretrained(tmp_path / "first")  # built in memory: nothing was loaded from anywhere
     loaded = LMLPPipeline.from_pretrained(tmp_path / "first")
     assert loaded.vae.config._name_or_path == str(tmp_path / "first" / "vae")  # what diffusers records
@@ -46,9 +48,17 @@ def test_a_pipeline_or_backbone_loaded_from_a_folder_saves_no_path_of_this_machi
     backbone = LMLPTransformer2DModel.from_pretrained(tmp_path / "first", subfolder="transformer")
     backbone.save_pretrained(tmp_path / "backbone")
     assert "_name_or_path" not in json.loads((tmp_path / "backbone" / "config.json").read_text())
+    # diffusers' own push, its Hub calls replaced; the upload reads the folder as it would be sent.
+    uploaded = {}
+    monkeypatch.setattr(pipeline_utils, "create_repo", lambda repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
+    card = huggingface_hub.ModelCard("---\n---\n")
+    monkeypatch.setattr(pipeline_utils, "load_or_create_model_card", lambda *args, **kwargs: card)
+    upload = lambda self, folder, repo_id, **kwargs: uploaded.update(saved_text(Path(folder)))  # noqa: E731
+    monkeypatch.setattr(LMLPPipeline, "_upload_folder", upload)
     loaded.transformer = torch.compile(loaded.transformer)  # diffusers saves the module inside
-    loaded.save_pretrained(tmp_path / "compiled")
-    assert not [name for name, text in saved_text(tmp_path / "compiled").items() if str(tmp_path) in text]
+    loaded.save_pretrained(tmp_path / "push", push_to_hub=True, repo_id="user/tiny-lmlp")
+    assert "model_index.json" in uploaded and "vae/config.json" in uploaded
+    assert not [name for name, text in uploaded.items() if str(tmp_path) in text]
 
 
 def test_a_pipeline_loaded_by_repo_id_keeps_the_id_and_leaves_out_the_cache(pipe, tmp_path, monkeypatch):
@@ -62,26 +72,6 @@ def test_a_pipeline_loaded_by_repo_id_keeps_the_id_and_leaves_out_the_cache(pipe
     texts = saved_text(tmp_path / "again")
     assert not [name for name, text in texts.items() if str(tmp_path) in text]
     assert json.loads(texts["model_index.json"])["_name_or_path"] == "user/tiny-lmlp"  # where it came from
-
-
-def test_push_to_hub_uploads_no_path_of_this_machine(pipe, tmp_path, monkeypatch):
-    # diffusers' own push, its Hub calls replaced; the upload reads the folder as it would be sent.
-    uploaded = {}
-    monkeypatch.setattr(pipeline_utils, "create_repo", lambda repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
-    monkeypatch.setattr(
-        pipeline_utils, "load_or_create_model_card", lambda *args, **kwargs: huggingface_hub.ModelCard("---\n---\n")
-    )
-    monkeypatch.setattr(
-        LMLPPipeline,
-        "_upload_folder",
-        lambda self, folder, repo_id, **kwargs: uploaded.update(saved_text(Path(folder))),
-    )
-    pipe.save_pretrained(tmp_path / "first")
-    loaded = LMLPPipeline.from_pretrained(tmp_path / "first")
-
-    loaded.save_pretrained(tmp_path / "push", push_to_hub=True, repo_id="user/tiny-lmlp")
-    assert "model_index.json" in uploaded and "vae/config.json" in uploaded
-    assert not [name for name, text in uploaded.items() if str(tmp_path) in text]
 
 
 def test_what_counts_as_a_path_of_this_machine(tmp_path, monkeypatch):

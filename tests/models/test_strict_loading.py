@@ -68,21 +68,15 @@ def test_a_missing_tensor_is_refused_on_every_loading_path(tmp_path, save, load)
 @pytest.mark.parametrize("model_class", [MoEMLPModel, UViTTransformer2DModel])
 def test_a_folder_loaded_as_another_familys_class_is_refused_naming_both_classes(tmp_path, model_class):
     make_model("lmlp").save_pretrained(tmp_path)
-    in_file = set(load_file(tmp_path / WEIGHTS))
-    config = json.loads((tmp_path / "config.json").read_text())
-    arguments = inspect.signature(model_class.__init__).parameters
-    in_model = set(model_class(**{k: v for k, v in config.items() if k in arguments}).state_dict())
-    missing, unexpected = sorted(in_model - in_file), sorted(in_file - in_model)
+    name = model_class.__name__
     expected = (
-        f"The checkpoint at {tmp_path} does not match the {model_class.__name__} it is loaded as: {len(missing)} "
-        f"weights of the model are missing from it ({', '.join(missing[:5])} and {len(missing) - 5} more); "
-        f"{len(unexpected)} tensors in it are not weights of the model ({', '.join(unexpected[:5])} and "
-        f"{len(unexpected) - 5} more). Its config.json names the class LMLPTransformer2DModel, not "
-        f"{model_class.__name__}: load it with LMLPTransformer2DModel.from_pretrained(...)"
+        rf"The checkpoint at {re.escape(str(tmp_path))} does not match the {name} it is loaded as: \d+ weights of the "
+        r"model are missing from it \(stack\.in_blocks.*\d+ more\); \d+ tensors in it are not weights of the model .*"
+        rf"Its config.json names the class LMLPTransformer2DModel, not {name}: load it with "
+        rf"LMLPTransformer2DModel.from_pretrained\(...\).*pass strict=False to {name}.from_pretrained"
     )
-    with pytest.raises(ValueError, match=re.escape(expected)) as refused:
+    with pytest.raises(ValueError, match=expected):
         model_class.from_pretrained(tmp_path)
-    assert f"pass strict=False to {model_class.__name__}.from_pretrained" in str(refused.value)
 
 
 @pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}], ids=["default", "low_cpu_mem_usage=False"])
@@ -107,7 +101,6 @@ def test_an_extra_tensor_is_refused_and_strict_false_loads_with_a_warning_and_ne
         expected.get_parameter(NORM_WEIGHT).fill_(1.0)
     torch.testing.assert_close(loaded.state_dict(), expected.state_dict(), rtol=0, atol=0)
     assert isinstance(loaded.get_parameter(NORM_WEIGHT), torch.nn.Parameter)
-    torch.testing.assert_close(outputs(loaded), outputs(expected), rtol=0, atol=0)
 
 
 def test_weights_recreated_for_ignore_mismatched_sizes_get_a_new_models_values(tmp_path):
@@ -124,12 +117,6 @@ def test_weights_recreated_for_ignore_mismatched_sizes_get_a_new_models_values(t
     assert not any(tensor.is_meta for tensor in state.values())
     assert all(torch.equal(state[key], torch.zeros_like(state[key])) for key in recreated if key.endswith(".bias"))
     assert torch.isfinite(outputs(loaded)).all()
-
-
-def test_use_flashpack_is_refused_because_only_safetensors_are_read(tmp_path):
-    make_model("lmlp").save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="safetensors weights only, whose keys it checks.*use_flashpack=True"):
-        LMLPTransformer2DModel.from_pretrained(tmp_path, use_flashpack=True)
 
 
 @pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}, {"device_map": "cpu"}])
@@ -152,14 +139,8 @@ class DiffusersLoading(LMLPTransformer2DModel):
 
 def test_the_gaps_the_private_loader_override_closes_are_still_open_in_diffusers(tmp_path):
     """Canaries of models/loading.py's override: when one fails, its reason is gone."""
-    parameters = list(inspect.signature(ModelMixin._load_pretrained_model).parameters)
-    assert parameters[:5] == [
-        "model",
-        "state_dict",
-        "resolved_model_file",
-        "pretrained_model_name_or_path",
-        "loaded_keys",
-    ]
+    parameters = " ".join(inspect.signature(ModelMixin._load_pretrained_model).parameters)
+    assert parameters.startswith("model state_dict resolved_model_file pretrained_model_name_or_path loaded_keys")
     make_model("lmlp").save_pretrained(tmp_path / "whole")
     remove_tensor(tmp_path / "whole", NORM_WEIGHT)
     with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):

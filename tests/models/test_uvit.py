@@ -1,83 +1,49 @@
-"""U-ViT: fidelity to the reference `libs/uvit_t2i.py` (explicit per-head softmax(QKᵀ/√d)·V), cost, pipeline."""
+"""U-ViT: fidelity to the reference `libs/uvit_t2i.py` (explicit per-head softmax(QKᵀ/√d)·V) and its cost; its pipeline:
+tests/pipelines."""
 
-import json
 import math
 import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from diffusers import DiffusionPipeline
 from plain_torch import TINY, reference_skeleton_forward
-from test_reference_conversion import reference_state_dict
+from test_reference_conversion import linear, norm, reference_state_dict
 from torch.utils.flop_counter import FlopCounterMode
 
-from diffusers_lmlp import (
-    LMLPPipeline,
-    UViTTransformer2DModel,
-    convert_uvit_reference_state_dict,
-)
+from diffusers_lmlp import UViTTransformer2DModel, convert_uvit_reference_state_dict
 from diffusers_lmlp.complexity import complexity, transformer_block_macs
 from diffusers_lmlp.models.families import FAMILIES, family_of
 from diffusers_lmlp.models.mixers.attention import UViTBlock
 
 
-def uvit_state_dict(depth, dim, seq_len, patch, channels, text_dim, mlp_hidden, qkv_bias=False, conv=True):
+def uvit_state_dict(depth, dim, seq_len, text_dim, mlp_hidden, qkv_bias=False, conv=True):
     """The reference U-ViT's tensors (libs/uvit_t2i.py): out blocks add `skip_linear`."""
 
-    def block_tensors(p, rand, weight):
-        sd = {
-            p + "norm1.weight": rand(dim, offset=1.0),
-            p + "norm1.bias": rand(dim),
-            p + "attn.qkv.weight": weight(3 * dim, dim),
-            p + "attn.proj.weight": weight(dim, dim),
-            p + "attn.proj.bias": rand(dim),
-            p + "norm2.weight": rand(dim, offset=1.0),
-            p + "norm2.bias": rand(dim),
-            p + "mlp.fc1.weight": weight(mlp_hidden, dim),
-            p + "mlp.fc1.bias": rand(mlp_hidden),
-            p + "mlp.fc2.weight": weight(dim, mlp_hidden),
-            p + "mlp.fc2.bias": rand(dim),
-        }
-        if p.startswith("out_blocks"):
-            sd |= {p + "skip_linear.weight": weight(dim, 2 * dim), p + "skip_linear.bias": rand(dim)}
-        if qkv_bias:
-            sd[p + "attn.qkv.bias"] = rand(3 * dim)
-        return sd
+    def block_layers(p):
+        layers = {"norm1": dim, "attn.qkv": (3 * dim, dim) if qkv_bias else (3 * dim, dim, "no bias")}
+        layers |= {"attn.proj": (dim, dim), "norm2": dim, "mlp.fc1": (mlp_hidden, dim), "mlp.fc2": (dim, mlp_hidden)}
+        return layers | ({"skip_linear": (dim, 2 * dim)} if p.startswith("out_blocks") else {})
 
-    return reference_state_dict(depth, dim, seq_len, patch, channels, text_dim, block_tensors, conv, unit_weights=True)
+    return reference_state_dict(depth, dim, seq_len, text_dim, block_layers, conv, unit_weights=True)
 
 
-def reference_attention(sd, p, h, num_heads):
-    """Multi-head self-attention: qkv's 3D outputs are [q | k | v], each split into heads in order."""
-    dim = h.shape[-1]
-    head_dim = dim // num_heads
-    qkv = F.linear(h, sd[p + "attn.qkv.weight"], sd.get(p + "attn.qkv.bias"))  # (B, L, 3D)
-    heads = []
-    for i in range(num_heads):
-        channels = slice(i * head_dim, (i + 1) * head_dim)
-        q = qkv[..., :dim][..., channels]
-        k = qkv[..., dim : 2 * dim][..., channels]
-        v = qkv[..., 2 * dim :][..., channels]
-        weights = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(head_dim), dim=-1)  # (B, L, L)
-        heads.append(weights @ v)
-    return F.linear(torch.cat(heads, dim=-1), sd[p + "attn.proj.weight"], sd[p + "attn.proj.bias"])
+def reference_forward(sd, x, context, n, depth, num_heads):
+    """The reference UViT forward (libs/uvit_t2i.py); `n` is the network timestep (1..1000). Attention is
+    softmax(QKᵀ/√d)·V per head, qkv's 3D outputs being [q | k | v], each split into heads in order."""
 
-
-def reference_forward(sd, x, context, n, depth, patch, num_heads):
-    """The reference UViT forward (libs/uvit_t2i.py); `n` is the network timestep (1..1000)."""
-    dim = sd["pos_embed"].shape[-1]
+    def attention(h, p):
+        q, k, v = (t.unflatten(-1, (num_heads, -1)).transpose(1, 2) for t in linear(sd, h, p + "qkv").chunk(3, -1))
+        weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)  # (B, H, L, L)
+        return linear(sd, (weights @ v).transpose(1, 2).flatten(2), p + "proj")
 
     def block(p, h, skip):
         if skip is not None:
-            h = F.linear(torch.cat([h, skip], dim=-1), sd[p + "skip_linear.weight"], sd[p + "skip_linear.bias"])
-        hn = F.layer_norm(h, (dim,), sd[p + "norm1.weight"], sd[p + "norm1.bias"])
-        h = h + reference_attention(sd, p, hn, num_heads)
-        hn = F.layer_norm(h, (dim,), sd[p + "norm2.weight"], sd[p + "norm2.bias"])
-        hidden = F.gelu(F.linear(hn, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"]))
-        return h + F.linear(hidden, sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+            h = linear(sd, torch.cat([h, skip], dim=-1), p + "skip_linear")
+        h = h + attention(norm(sd, h, p + "norm1"), p + "attn.")
+        return h + linear(sd, F.gelu(linear(sd, norm(sd, h, p + "norm2"), p + "mlp.fc1")), p + "mlp.fc2")
 
-    return reference_skeleton_forward(sd, x, context, n, depth, patch, block)
+    return reference_skeleton_forward(sd, x, context, n, depth, 2, block)
 
 
 # Reference configs on the tiny skeleton: (depth, heads, qkv_bias, conv).
@@ -93,7 +59,7 @@ def test_converted_tiny_model_matches_reference_forward(case):
     depth, heads, qkv_bias, conv = REFERENCE_CASES[case]
     config = dict(TINY, num_layers=depth, text_embed_dim=24, num_attention_heads=heads, qkv_bias=qkv_bias)
     model = UViTTransformer2DModel(**config, conv_out=conv).eval()
-    sd = uvit_state_dict(depth, 32, 22, 2, 4, text_dim=24, mlp_hidden=128, qkv_bias=qkv_bias, conv=conv)
+    sd = uvit_state_dict(depth, 32, 22, text_dim=24, mlp_hidden=128, qkv_bias=qkv_bias, conv=conv)
     model.load_state_dict(convert_uvit_reference_state_dict(sd), strict=True)
 
     gen = torch.Generator().manual_seed(1)
@@ -101,14 +67,14 @@ def test_converted_tiny_model_matches_reference_forward(case):
     t = torch.tensor([0, 411, 999])  # diffusers timesteps; the network sees t + 1
     with torch.no_grad():
         ours = model(x, context, t).sample
-        expected = reference_forward(sd, x, context, t + 1, depth=depth, patch=2, num_heads=heads)
+        expected = reference_forward(sd, x, context, t + 1, depth, heads)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
 def test_uvit_s2_reference_layout_loads_one_to_one_and_matches():
     model = UViTTransformer2DModel().eval()  # U-ViT-S/2
-    sd = uvit_state_dict(12, 512, 334, 2, 4, text_dim=768, mlp_hidden=2048)
+    sd = uvit_state_dict(12, 512, 334, text_dim=768, mlp_hidden=2048)
     # 11 top-level tensors, 11 per block in 13 blocks, skip_linear's 2 in 6 out blocks.
     assert len(sd) == 11 + 13 * 11 + 6 * 2 and sum(v.numel() for v in sd.values()) == 44_692_644
     converted = convert_uvit_reference_state_dict(sd)
@@ -116,22 +82,11 @@ def test_uvit_s2_reference_layout_loads_one_to_one_and_matches():
     model.load_state_dict(converted, strict=True)
 
     gen = torch.Generator().manual_seed(2)
-    x, context, t = (
-        torch.randn(1, 4, 32, 32, generator=gen),
-        torch.randn(1, 77, 768, generator=gen),
-        torch.tensor([499]),
-    )
+    x, context, t = torch.randn(1, 4, 32, 32, generator=gen), torch.randn(1, 77, 768, generator=gen), 499
     with torch.no_grad():
         ours = model(x, context, t).sample
-        expected = reference_forward(sd, x, context, t + 1, depth=12, patch=2, num_heads=8)
+        expected = reference_forward(sd, x, context, torch.tensor([t + 1]), 12, 8)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_registered_as_the_uvit_family():
-    family = FAMILIES["uvit"]
-    assert family_of(UViTTransformer2DModel) is family
-    assert (family.label, family.tag) == ("U-ViT", "u-vit")
-    assert family.details(family.full_config({})) == ", 8 attention heads"
 
 
 @pytest.mark.parametrize(
@@ -180,29 +135,14 @@ def test_in_block_costs_lmlp_table3_transformer_block_and_out_block_adds_skip_li
     assert params[True] - params[False] == 2 * 512 * 512 + 512
 
 
-def test_lmlp_table4_uvit_gmacs_leave_out_the_attention_matmuls():
+def test_the_registered_family_counts_lmlp_table4s_gmacs_without_the_attention_matmuls():
+    family = FAMILIES["uvit"]
+    assert family_of(UViTTransformer2DModel) is family
+    assert (family.label, family.tag) == ("U-ViT", "u-vit")
+    assert family.details(family.full_config({})) == ", 8 attention heads"
     # L-MLP Table 4's 14.78 GMACs for U-ViT-S/2 come from ptflops, whose module hooks cannot see the functional
     # attention: our count without QKᵀ and softmax(QKᵀ)·V is within 0.3% of it, and 16.23 G with them.
     counted = complexity({}, family="uvit")
     without_attention_matmuls = counted.macs - counted.num_blocks * 2 * 334**2 * 512
     assert without_attention_matmuls == pytest.approx(14.78e9, rel=3e-3)
     assert counted.macs == pytest.approx(16.23e9, rel=1e-3)
-
-
-def test_uvit_generates_in_lmlp_pipeline_and_round_trips_through_diffusion_pipeline(
-    make_pipe, generate, tmp_path, monkeypatch
-):
-    uvit_pipe = make_pipe("uvit")
-    images = generate(uvit_pipe)
-    assert images.shape == (1, 3, 16, 16) and torch.isfinite(images).all()
-    uvit_pipe.save_pretrained(tmp_path)
-    model_index = json.loads((tmp_path / "model_index.json").read_text())
-    assert model_index["transformer"] == ["diffusers_lmlp", "UViTTransformer2DModel"]
-
-    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("loading unpickled a file"))
-    loaded = DiffusionPipeline.from_pretrained(tmp_path)  # offline: conftest sets HF_HUB_OFFLINE=1
-    loaded.set_progress_bar_config(disable=True)
-    assert type(loaded) is LMLPPipeline and type(loaded.transformer) is UViTTransformer2DModel
-    saved_config = {k: v for k, v in loaded.transformer.config.items() if not k.startswith("_")}
-    assert saved_config == {k: v for k, v in uvit_pipe.transformer.config.items() if not k.startswith("_")}
-    torch.testing.assert_close(generate(loaded), images, rtol=0, atol=0)

@@ -21,38 +21,34 @@ def scorer():
     return EmojiScorer.from_pretrained()
 
 
+@pytest.fixture
+def one_scorer(scorer, monkeypatch):
+    """The evaluation's emoji scorer is the module's: the world's pictures are embedded once."""
+    monkeypatch.setattr(EmojiScorer, "from_pretrained", lambda *args, **kwargs: scorer)
+
+
 def index_of(name: str) -> int:
     return next(i for i, emoji in enumerate(load_emoji()) if emoji.name == name)
 
 
-def verdicts(scorer, pictures: list[int], captions: list[str]) -> list[dict[str, float]]:
-    rows = scorer.flags([Image.fromarray(load_images()[i]) for i in pictures], captions)
-    return [dict(zip(FLAGS, row)) for row in rows]
-
-
 @pytest.mark.slow  # the scorer embeds the world's 3,786 pictures first (about 9 s)
-def test_every_real_picture_is_nearest_to_itself_by_clip_and_by_pixels(scorer):
+def test_every_real_picture_is_nearest_to_itself_and_not_to_another_tone_or_emoji(scorer):
     rows = split_indices("heldout")[:20] + split_indices("train")[::200]
-    for i, verdict in zip(rows, verdicts(scorer, rows, [load_emoji()[i].name for i in rows])):
+    # any tone of the asked emoji is the emoji, but not the tone; another emoji is not the asked one
+    tone = {"top-1": 1, "pixel top-1": 1, "tone": 0, "pixel tone": 0}
+    others = [("surfer: light skin tone", "surfer: dark skin tone", tone)]
+    others.append(("rocket", "red apple", {"top-1": 0, "pixel top-5": 0}))
+    pictures = [load_images()[i] for i in rows] + [load_images()[index_of(picture)] for picture, *_ in others]
+    captions = [load_emoji()[i].name for i in rows] + [caption for _, caption, _ in others]
+    verdicts = [dict(zip(FLAGS, row)) for row in scorer.flags(list(map(Image.fromarray, pictures)), captions)]
+    for i, verdict in zip(rows, verdicts):
         assert verdict["top-1"] == verdict["top-5"] == verdict["pixel top-1"] == verdict["pixel top-5"] == 1.0
         if len(load_emoji()[i].tones) == 1:  # a single-tone variant: its tone is told
             assert verdict["tone"] == verdict["pixel tone"] == 1.0
         else:
             assert math.isnan(verdict["tone"]) and math.isnan(verdict["pixel tone"])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("picture", "caption", "expected"),
-    [  # any tone of the asked emoji is the emoji, but not the tone; another emoji is not the asked one
-        ("surfer: light skin tone", "surfer: dark skin tone",
-         {"top-1": 1, "pixel top-1": 1, "tone": 0, "pixel tone": 0}),
-        ("rocket", "red apple", {"top-1": 0, "pixel top-5": 0}),
-    ],
-)  # fmt: skip
-def test_another_tone_or_emoji_than_the_asked_one(scorer, picture, caption, expected):
-    [verdict] = verdicts(scorer, [index_of(picture)], [caption])
-    assert {key: verdict[key] for key in expected} == expected
+    for verdict, (*_, expected) in zip(verdicts[len(rows) :], others):
+        assert {key: verdict[key] for key in expected} == expected
 
 
 @pytest.mark.slow  # the scorer embeds the world's 3,786 pictures first (about 9 s)
@@ -77,19 +73,19 @@ def test_emoji_caption_sources_draw_each_picture_evenly_by_plain_name_or_in_any_
 
 
 @pytest.mark.slow
-def test_evaluate_scores_emoji_captions_with_the_emoji_scorer_and_emoji_fid(make_pipe, scorer):
-    captions = draw_captions("emoji:heldout", 8, seed=0)
-    report, _ = evaluate(make_pipe(), captions, fid_reference="emoji", num_inference_steps=2, batch_size=4)
+def test_evaluate_scores_emoji_captions_with_the_emoji_scorer_and_emoji_fid(make_pipe, one_scorer):
+    captions = draw_captions("emoji:heldout", 4, seed=0)
+    report, _ = evaluate(make_pipe(), captions, fid_reference="emoji", num_inference_steps=1, batch_size=4)
     assert set(report["emoji"]) == set(report["emoji_intervals"]) == set(FLAGS)
     assert report["fid_extractor"] == "emoji-clip" and report["fid"] > 0 and report["fid_floor"] > 0
-    assert report["fid_reference"] == "emoji (real images of the same captions, 8 images)"
+    assert report["fid_reference"] == "emoji (real images of the same captions, 4 images)"
     with pytest.raises(ValueError, match="some captions are not emoji-world captions"):
         evaluate(make_pipe(), ["a small red circle at the top left"], fid_reference="emoji")
 
 
 @pytest.mark.slow
-def test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline(tmp_path):
-    """docs/emoji.md's commands in this process, each with 8 of its images at 4 steps."""
+def test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline(tmp_path, one_scorer):
+    """docs/emoji.md's commands in this process, each with 4 of its images at 2 steps."""
     commands = block("docs/emoji.md", "How samples are scored").strip().splitlines()
     assert len(commands) == 2
     for number, command in enumerate(commands):
@@ -97,7 +93,7 @@ def test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline(tmp_path):
         defaults = parse_args(argv)
         assert (defaults.fid_reference, defaults.clip_model) == ("emoji", str(CLIP_PATH))
         out = tmp_path / str(number)
-        main([*argv, "--num_images", "8", "--num_inference_steps", "4", "--output_dir", str(out), "--no_progress"])
+        main([*argv, "--num_images", "4", "--num_inference_steps", "2", "--output_dir", str(out), "--no_progress"])
         report = json.loads((out / "report.json").read_text())
         assert report["captions"] == defaults.captions and set(report["emoji"]) == set(FLAGS)
         assert report["fid_floor"] > 0 and report["clip_model"] == str(CLIP_PATH)

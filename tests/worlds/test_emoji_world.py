@@ -15,13 +15,7 @@ from diffusers_lmlp.emoji.world import VALIDATION_PROMPTS, WORLD_PATH
 
 SCRIPT = "build_emoji_world"
 TONES = ("1F3FB", "1F3FC", "1F3FD", "1F3FE", "1F3FF")
-TONE_WORDS = (
-    "light skin tone",
-    "medium-light skin tone",
-    "medium skin tone",
-    "medium-dark skin tone",
-    "dark skin tone",
-)
+TONE_WORDS = [f"{words} skin tone" for words in ("light", "medium-light", "medium", "medium-dark", "dark")]
 
 
 def npm_stand_ins(root: Path) -> tuple[Path, Path]:
@@ -72,7 +66,7 @@ def test_the_build_script_names_the_npm_install_when_a_package_is_missing(script
     assert "npm install emoji-datasource-google@16.0.0 cldr-annotations-full@48.2.0" in capsys.readouterr().err
 
 
-def test_the_shipped_world_holds_every_picture_with_its_plain_name():
+def test_the_shipped_world_and_its_training_dataset_hold_every_picture_with_its_plain_name():
     emoji, images = load_emoji(), load_images()
     assert len(emoji) == 3786 and images.shape == (3786, 32, 32, 3) and sum(not e.tones for e in emoji) == 1911
     assert {"extraterrestrial alien", "surfer: dark skin tone", "red apple"} <= {e.name for e in emoji}
@@ -80,6 +74,11 @@ def test_the_shipped_world_holds_every_picture_with_its_plain_name():
     assert all(e.captions[0] == e.name and len(e.captions) >= 4 for e in emoji)
     assert (images[:, 0, 0] == 255).all(axis=-1).mean() > 0.9  # composited on white
     assert sum(path.stat().st_size for path in WORLD_PATH.iterdir()) <= 6_000_000
+    dataset = make_dataset("train")  # every phrasing of each training picture
+    row, first = dataset[0], emoji[split_indices("train")[0]]
+    assert len(dataset) == 3786 - 162 and row["text"] == list(first.captions) and row["image"].size == (32, 32)
+    with pytest.raises(ValueError, match="choose one of"):
+        make_dataset("test")
 
 
 def test_a_tenth_of_the_single_tone_variants_is_held_out_keeping_every_tone_and_emoji():
@@ -97,15 +96,6 @@ def test_a_tenth_of_the_single_tone_variants_is_held_out_keeping_every_tone_and_
     index = split_indices("heldout")[0]  # a tone group is the emoji's five single-tone variants, in order
     assert index in tone_group(index) and [emoji[i].tones for i in tone_group(index)] == [(tone,) for tone in TONES]
     assert tone_group(0) == ()  # grinning face: no tones
-
-
-def test_the_training_dataset_has_every_phrasing_of_each_training_picture():
-    dataset = make_dataset("train")
-    assert len(dataset) == 3786 - 162
-    row, first = dataset[0], load_emoji()[split_indices("train")[0]]
-    assert row["text"] == list(first.captions) and row["image"].size == (32, 32)
-    with pytest.raises(ValueError, match="choose one of"):
-        make_dataset("test")
 
 
 def test_the_documented_build_commands_run_on_the_npm_layout(script, tmp_path, monkeypatch):
