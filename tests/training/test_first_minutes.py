@@ -197,8 +197,8 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     assert MAIN_COMMAND.startswith("accelerate launch ") and MAIN_COMMAND.endswith("examples/train_text_to_image.py")
     out = tmp_path / "shapes"
     argv, env = launch(shlex.split(MAIN_COMMAND), tmp_path)
-    tiny = ["--max_train_steps", "40", "--validation_steps", "20", "--validation_inference_steps", "2"]
-    tiny += ["--shapes_num_images", "2000", "--final_evaluation_inference_steps", "10"]
+    tiny = ["--max_train_steps", "20", "--validation_steps", "10", "--validation_inference_steps", "2"]
+    tiny += ["--shapes_num_images", "256", "--final_evaluation_inference_steps", "2"]
     argv += [*tiny, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
     # From the clone, into a log file as `> train.log 2>&1` writes one.
     log = tmp_path / "train.log"
@@ -213,8 +213,8 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     assert "\r" not in text
     steps = [line for line in text.splitlines() if line.startswith("steps: ")]
     extraction = [line for line in text.splitlines() if line.startswith("extracting features")]
-    assert len(steps) == 20 and steps[-1].startswith("steps: 100% 40/40, ") and "loss=" in steps[-1]
-    assert 1 <= len(extraction) <= 21 and "100% 2000/2000" in extraction[-1]
+    assert len(steps) == 20 and steps[-1].startswith("steps: 100% 20/20, ") and "loss=" in steps[-1]
+    assert 1 <= len(extraction) <= 21 and "100% 256/256" in extraction[-1]
     # The final evaluation samples both splits (3 seeds of the training captions, 4 of the held-out ones).
     sampling = [line for line in text.splitlines() if line.startswith("sampling: ")]
     finished = [line.split(",")[0] for line in sampling if line.startswith("sampling: 100% ")]
@@ -223,7 +223,7 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
 
     # The summary is the run's last words, and its last line loads the pipeline.
     lines = text.strip().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Trained 40 steps in "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("Trained 20 steps in "))
     places = dict(line.split(maxsplit=1) for line in lines[start + 1 : lines.index("", start)])
     assert places == {
         "pipeline": str(out),
@@ -235,14 +235,14 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     # Then the scores, a blank line, "Load it in Python:" and the line itself, last.
     assert lines[-3:-1] == ["", "Load it in Python:"], text[-3000:]
     scores = lines[lines.index("", start) + 1 : -3]
-    assert scores[0].startswith("Scores") and " 10 DPMSolverMultistepScheduler steps" in scores[0]
+    assert scores[0].startswith("Scores") and " 2 DPMSolverMultistepScheduler steps" in scores[0]
     assert scores[1].split() == ["train", "held-out"]
     assert {"colour", "shape", "position", "colour+position"} <= {row.split()[0] for row in scores[2:]}, text[-3000:]
     namespace = {}
     exec(lines[-1].strip(), namespace)
     assert namespace["pipe"].transformer.config.sample_size == 8
     saved = json.loads((out / "training_summary.json").read_text())
-    assert saved["steps"] == 40 and set(saved["scores"]) == {"train", "held-out"}
+    assert saved["steps"] == 20 and set(saved["scores"]) == {"train", "held-out"}
     assert set(saved["scores"]["train"]) >= {"colour", "shape", "position", "colour+position"}
     assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
     # The VAE's latent scale travels with the pipeline, which samples at 32 px.
@@ -252,7 +252,7 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
 
     # Each validation scored both splits: the learning curves, which the benchmark script plots.
     scores = [json.loads(line) for line in (out / "logs" / "scores.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in scores] == [20, 40]
+    assert [record["step"] for record in scores] == [10, 20]
     assert 0 < scores[0]["minutes"] < scores[1]["minutes"] <= saved["train_seconds"] / 60
     for record in scores:
         assert set(record) == {"step", "minutes", "train", "held-out"}
@@ -264,6 +264,6 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     )  # fmt: skip
     assert curves.returncode == 0, curves.stderr
     final = saved["scores"]["held-out"]
-    assert f"| tiny | 40 | {saved['train_seconds'] / 60:.1f} | {final['shape']:.0%} |" in curves.stdout
+    assert f"| tiny | 20 | {saved['train_seconds'] / 60:.1f} | {final['shape']:.0%} |" in curves.stdout
     with Image.open(plot) as image:
         assert image.size[0] > 800 and image.size[1] > 600

@@ -11,11 +11,22 @@ from pathlib import Path
 import accelerate.accelerator
 import pytest
 import torch
+from accelerate import PartialState
 from processes import run_bounded
-from test_train_text_to_image import ENV, SCRIPT, assert_same_weights, free_port, train, train_here, weights
+from test_train_text_to_image import (
+    ENV,
+    SCRIPT,
+    assert_same_weights,
+    free_port,
+    train,
+    train_args,
+    train_here,
+    weights,
+)
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.durable import checksum_problem, write_checksums
+from diffusers_lmlp.training.checkpoints import checkpoint_to_resume
 
 
 STEPS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--use_ema", "--cache_features"]
@@ -80,32 +91,24 @@ def test_a_resume_from_an_older_checkpoint_overwrites_the_abandoned_later_ones_a
         shutil.copytree(straight / "checkpoint-2", out / stale)
     steps = [*STEPS[2:], "--max_train_steps", "4", "--checkpoints_total_limit", "2"]
     result = train_here(workspace, out.name, *steps, "--resume_from_checkpoint", str(out / "checkpoint-2"))
-    assert "later checkpoints checkpoint-4, checkpoint-6" in result.stderr and "will be overwritten" in result.stderr
+    assert "later checkpoints checkpoint-4, checkpoint-6 of a run it abandons" in result.stderr
     # checkpoint-4 is overwritten; the abandoned checkpoint-6 is pruned before the older checkpoint-2.
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2", "checkpoint-4"]
     assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
 
 
 @pytest.mark.slow
-def test_a_checkpoint_set_aside_while_being_replaced_is_restored_at_start_up(workspace, straight):
+def test_what_an_interrupted_run_left_half_done_is_restored_or_removed_at_start_up(workspace, straight):
     # Killed between the two renames of a replacement: checkpoint-6 is set aside, the new one not yet in place.
     out = workspace / "set-aside"
     shutil.copytree(straight, out)
     (out / "checkpoint-6").rename(out / ".checkpoint-6.old")
-    (out / ".checkpoint-6.tmp" / "transformer").mkdir(parents=True)
-
+    for name in (".checkpoint-6.tmp", ".checkpoint-7.tmp", ".checkpoint-3.deleting"):
+        (out / name / "transformer").mkdir(parents=True)
+        (out / name / "transformer" / "config.json").write_text("{truncated")
     result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
     assert f"resumed from {out / 'checkpoint-6'} at step 6" in result.stderr
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [f"checkpoint-{s}" for s in (2, 4, 6)]
-
-
-def test_stale_temporary_folders_are_removed_at_start_up(workspace):
-    out = workspace / "stale"
-    for name in (".checkpoint-7.tmp", ".checkpoint-3.deleting"):
-        (out / name / "transformer").mkdir(parents=True)
-        (out / name / "transformer" / "config.json").write_text("{truncated")
-    train_here(workspace, out, "--max_train_steps", "1")
-    assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-1"]
 
 
 @pytest.mark.slow
@@ -167,15 +170,15 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("problem", DAMAGES)
-def test_a_damaged_checkpoint_named_explicitly_or_as_the_only_one_stops_the_run(workspace, straight, problem):
-    out = workspace / f"explicit-{list(DAMAGES).index(problem)}"
-    checkpoint = out / "checkpoint-4"
+def test_a_damaged_checkpoint_named_explicitly_or_as_the_only_one_stops_the_run(straight, tmp_path, problem):
+    checkpoint = tmp_path / "checkpoint-4"
     shutil.copytree(straight / "checkpoint-4", checkpoint)
     DAMAGES[problem](checkpoint)
+    PartialState(cpu=True)  # for the warning `latest` logs about each damaged checkpoint
     with pytest.raises(SystemExit, match=f"the checkpoint {checkpoint} is damaged: {problem}"):
-        train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(checkpoint))
+        checkpoint_to_resume(tmp_path, str(checkpoint))
     with pytest.raises(SystemExit, match=r"no checkpoint in .* is intact \(checkpoint-4 are damaged"):
-        train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest")
+        checkpoint_to_resume(tmp_path, "latest")
 
 
 def test_checksums_show_a_changed_missing_or_added_file(tmp_path):
@@ -197,17 +200,6 @@ def test_checksums_show_a_changed_missing_or_added_file(tmp_path):
     ):
         (tmp_path / "checksums.json").write_text(text)
         assert checksum_problem(tmp_path) == "its checksums.json is not a list of checksums", text
-
-
-@pytest.mark.slow
-def test_a_resume_trains_at_the_learning_rate_given_now(workspace, straight):
-    out = workspace / "new-lr"
-    shutil.copytree(straight / "checkpoint-4", out / "checkpoint-4")
-    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest", "--learning_rate", "3e-05")
-    assert "resuming at --learning_rate 3e-05; the checkpoint's run trained at 0.001" in result.stderr
-    assert_same_weights(weights(out / "checkpoint-4"), weights(straight / "checkpoint-4"))
-    now, before = weights(out / "checkpoint-6"), weights(straight / "checkpoint-6")
-    assert any(not torch.equal(now[key], before[key]) for key in before)
 
 
 @pytest.mark.slow
@@ -256,44 +248,32 @@ def test_overwriting_a_run_removes_its_checkpoints_so_that_none_is_resumed_later
     assert json.loads((out / "training_summary.json").read_text())["steps"] == 2
 
 
-@pytest.fixture
-def busy(workspace):
-    """An output folder that another run holds (its lock taken by this process, as the other run's would be)."""
-    out = workspace / "busy"
-    out.mkdir(exist_ok=True)
-    with open(out / ".train.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        yield out
-
-
 @pytest.mark.slow
-def test_a_second_run_on_a_busy_output_dir_is_refused(workspace, busy, capsys):
-    with pytest.raises(SystemExit) as refused:
-        train_here(workspace, busy.name, "--max_train_steps", "1")
-    message = str(refused.value) + capsys.readouterr().err
-    assert f"another training run is using --output_dir {busy}" in message
-    assert "wait for it to finish, stop it, or pass another --output_dir" in message
+def test_a_second_run_on_a_busy_output_dir_is_refused_by_every_process(workspace, capsys):
+    busy = workspace / "busy"
+    busy.mkdir()
+    with open(busy / ".train.lock", "a+") as lock:  # taken by this process, as the other run's would be
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as refused:
+            train_here(workspace, busy.name, "--max_train_steps", "1")
+        message = str(refused.value) + capsys.readouterr().err
+        assert f"another training run is using --output_dir {busy}: wait for it, or pass another" in message
+        launch = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(free_port()), str(SCRIPT), *train_args(workspace, busy.name),
+            "--train_batch_size", "2", "--max_train_steps", "1"
+        ]  # fmt: skip
+        result = run_bounded(launch, env={**ENV, "ACCELERATE_USE_CPU": "1"}, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.count(f"another training run is using --output_dir {busy}") == 2  # both ranks say why
     assert not list(busy.glob("*checkpoint-*")) and not (busy / "model_index.json").exists()
 
 
 @pytest.mark.slow
-def test_every_process_of_a_multi_process_run_stops_on_a_busy_output_dir(workspace, busy):
-    launch = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(free_port()), str(SCRIPT), "--pretrained_model_name_or_path",
-        str(workspace / "tiny"), "--train_data_dir", str(workspace / "data"), "--resolution", "16",
-        "--train_batch_size", "2", "--report_to", "none", "--output_dir", str(busy), "--max_train_steps", "1"
-    ]  # fmt: skip
-    result = run_bounded(launch, env={**ENV, "ACCELERATE_USE_CPU": "1"}, timeout=120)
-    assert result.returncode != 0
-    assert result.stderr.count(f"another training run is using --output_dir {busy}") == 2  # both ranks say why
-
-
-@pytest.mark.slow
-def test_training_time_adds_up_across_resumes(workspace, straight):
+def test_a_resume_adds_up_the_training_time_and_trains_at_the_learning_rate_given_now(workspace, straight):
     out = workspace / "time"
-    shutil.copytree(straight, out)
+    shutil.copytree(straight / "checkpoint-4", out / "checkpoint-4")
     state = json.loads((straight / "checkpoint-4" / "training_state.json").read_text())
     first = json.loads((straight / "training_summary.json").read_text())["train_seconds"]
     assert 0 < state["train_seconds"] <= first  # the time up to step 4, inside the checkpoint
@@ -302,8 +282,11 @@ def test_training_time_adds_up_across_resumes(workspace, straight):
     write_checksums(out / "checkpoint-4")  # as the run that took 1000 s would have written them
 
     start = time.monotonic()
-    train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", str(out / "checkpoint-4"))
+    result = train_here(workspace, out.name, *STEPS, "--resume_from_checkpoint", "latest", "--learning_rate", "3e-05")
     elapsed = time.monotonic() - start
+    assert "resuming at --learning_rate 3e-05; the checkpoint's run trained at 0.001" in result.stderr
+    now, before = weights(out / "checkpoint-6"), weights(straight / "checkpoint-6")
+    assert any(not torch.equal(now[key], before[key]) for key in before)
     summary = json.loads((out / "training_summary.json").read_text())
     assert 1000.0 <= summary["train_seconds"] < 1000.0 + elapsed  # rounded to 0.1 s
     saved = json.loads((out / "checkpoint-6" / "training_state.json").read_text())["train_seconds"]

@@ -117,20 +117,9 @@ def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(st
 
 
 @pytest.mark.slow
-def test_component_folders_downloaded_like_the_repos_load_without_the_cache(world):
-    # As `hf download ... --local-dir` writes them: local folders, no Hub cache.
-    env = {**world.env, "HF_HUB_CACHE": str(world.root / "empty-cache")}
-    repos = world.root / "hf" / "repos"
-    run(world, readme_command("1 GPU"), *TINY, "--max_train_steps", "1", "--output_dir", "local", "--pretrained_vae",
-        str(repos / "CompVis" / "stable-diffusion-v1-4"), "--pretrained_text_encoder",
-        str(repos / "openai" / "clip-vit-large-patch14"), env=env)  # fmt: skip
-    assert not (world.root / "empty-cache").exists() or not any((world.root / "empty-cache").iterdir())
-    assert LMLPPipeline.from_pretrained(world.root / "local").vae.config.scaling_factor == pytest.approx(0.23010)
-
-
-@pytest.mark.slow
-def test_readme_downloads_are_the_files_the_run_reads(world, tmp_path):
-    # The files the `hf download` lines name, and no others, in a fresh HF cache: the lines run, and the command trains.
+def test_readme_downloads_are_the_files_the_run_reads_from_the_cache_or_as_local_folders(world, tmp_path):
+    # The files the `hf download` lines name, and no others, in a fresh HF cache: the lines run, and the command trains
+    # from it, with the VAE from a folder of them instead (`hf download ... --local-dir`; one run for both ways).
     downloads = [
         shlex.split(line.split("#", 1)[0])
         for block in BASH_BLOCKS
@@ -148,12 +137,14 @@ def test_readme_downloads_are_the_files_the_run_reads(world, tmp_path):
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source, folder / name)
         fill_hub_cache(folder, cache, repo)
-    env = {**world.env, "HF_HUB_CACHE": str(cache)}
     for argv in downloads:
-        result = subprocess.run(argv, env=env, capture_output=True, text=True)
+        result = subprocess.run(argv, env={**world.env, "HF_HUB_CACHE": str(cache)}, capture_output=True, text=True)
         assert result.returncode == 0, f"{shlex.join(argv)}:\n{result.stderr}"
-    run(world, readme_command("1 GPU"), *TINY, "--max_train_steps", "1", "--output_dir", "downloaded", env=env)
-    assert LMLPPipeline.from_pretrained(world.root / "downloaded").text_encoder.config.hidden_size == CLIP_TEXT_WIDTH
+    run(world, readme_command("1 GPU"), *TINY, "--max_train_steps", "1", "--output_dir", "downloaded",
+        "--pretrained_vae", str(tmp_path / "listed" / SD_REPO), env={**world.env, "HF_HUB_CACHE": str(cache)})  # fmt: skip
+    pipe = LMLPPipeline.from_pretrained(world.root / "downloaded")
+    assert pipe.vae.config.scaling_factor == pytest.approx(0.23010)
+    assert pipe.text_encoder.config.hidden_size == CLIP_TEXT_WIDTH
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_train_text_to_image import ENV, train, train_here, weights
 
 from diffusers_lmlp import LMLPPipeline
@@ -61,14 +62,20 @@ def test_a_compiled_run_checkpoints_resumes_validates_and_matches_an_uncompiled_
     assert "torch.compile no" in plain.stderr
     compiled = train(workspace, "compiled", *steps, *prompts, "--torch_compile", "yes")
     assert "torch.compile inductor" in compiled.stderr
-    # Resumed from step 2, the compiled run ends where the uncompiled one did, with its keys (no `_orig_mod.`).
+    # Resumed from step 2 under accelerate's regional compilation, the run ends where the uncompiled one did, with
+    # its keys (no `_orig_mod.`).
     out = workspace / "compiled"
     os.rename(out / "checkpoint-4", workspace / "compiled-checkpoint-4")
-    resumed = train(
-        workspace, "compiled", *steps, *prompts, "--torch_compile", "yes", "--resume_from_checkpoint",
-        str(out / "checkpoint-2")
-    )  # fmt: skip
-    assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr
+    launch = [
+        "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "inductor", "--dynamo_use_regional_compilation"
+    ]  # fmt: skip
+    resumed = train(workspace, "compiled", *steps, *prompts, "--resume_from_checkpoint", str(out / "checkpoint-2"),
+                    launcher=launch)  # fmt: skip
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr and "torch.compile inductor" in (
+        resumed.stderr
+    )
+    assert not [p for p in (out / "checkpoint-4").rglob("*.safetensors") for key in load_file(p) if "_orig_mod" in key]
     for run, reference in [(workspace / "compiled-checkpoint-4", workspace / "plain" / "checkpoint-4"),
                            (out, workspace / "plain")]:  # fmt: skip
         run, reference = weights(run), weights(reference)

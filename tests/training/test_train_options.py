@@ -51,7 +51,7 @@ def test_allow_tf32_is_applied_before_training_and_only_when_asked(
 ):
     seen = {}
 
-    def record(args, accelerator, output_dir, exit_when_done):
+    def record(*args):
         seen["flags"] = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         seen["precision"] = torch.get_float32_matmul_precision()
 

@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import huggingface_hub
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+import diffusers_lmlp.hub
 import diffusers_lmlp.train
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.tiny import build_tiny_pipeline
@@ -141,15 +143,18 @@ def test_trains_and_saves_a_loadable_pipeline_with_card_and_grid(workspace, monk
     assert image.shape == (1, 16, 16, 3)
 
 
+@pytest.fixture(scope="session")  # as the workspace it writes in
+def batch_of_8(workspace) -> Path:
+    """2 steps of batch 8 on the imagefolder: what the other ways to give the same batches must train."""
+    train_here(workspace, "batch-of-8", "--max_train_steps", "2", "--train_batch_size", "8")
+    return workspace / "batch-of-8"
+
+
 @pytest.mark.slow
-def test_gradient_accumulation_matches_the_large_batch(workspace):
-    train_here(workspace, "big", "--max_train_steps", "3", "--train_batch_size", "8", "--checkpointing_steps", "100")
-    train_here(
-        workspace, "accum", "--max_train_steps", "3", "--train_batch_size", "4", "--gradient_accumulation_steps", "2",
-        "--checkpointing_steps", "100"
-    )  # fmt: skip
-    big, accum = weights(workspace / "big"), weights(workspace / "accum")
-    base = weights(workspace / "tiny")
+def test_gradient_accumulation_matches_the_large_batch(workspace, batch_of_8, tmp_path):
+    steps = ("--max_train_steps", "2", "--train_batch_size", "4", "--gradient_accumulation_steps", "2")
+    train_here(workspace, tmp_path / "accum", *steps)
+    big, accum, base = weights(batch_of_8), weights(tmp_path / "accum"), weights(workspace / "tiny")
     assert any(not torch.equal(big[k], base[k]) for k in big)
     for key in big:
         torch.testing.assert_close(accum[key], big[key], rtol=1e-5, atol=1e-6, msg=key)
@@ -165,12 +170,11 @@ def test_feature_cache_is_built_once_and_reused(workspace):
 
 
 @pytest.mark.slow
-def test_a_dataset_written_by_save_to_disk_trains_as_the_imagefolder_it_holds(workspace, tmp_path):
+def test_a_dataset_written_by_save_to_disk_trains_as_the_imagefolder_it_holds(workspace, batch_of_8, tmp_path):
     load_imagefolder(workspace / "data", cache_dir=str(tmp_path / "cache")).save_to_disk(str(tmp_path / "saved"))
-    steps = ("--max_train_steps", "3", "--seed", "3")
-    train_here(workspace, tmp_path / "from-folder", *steps)
+    steps = ("--max_train_steps", "2", "--train_batch_size", "8")
     train_here(workspace, tmp_path / "from-saved", *steps, data_option="--dataset_name", data=tmp_path / "saved")
-    assert_same_weights(weights(tmp_path / "from-saved"), weights(tmp_path / "from-folder"))
+    assert_same_weights(weights(tmp_path / "from-saved"), weights(batch_of_8))
 
 
 @pytest.mark.slow
@@ -202,6 +206,7 @@ def test_the_family_losses_train(workspace, base, extra, model_class):
         (["--model_type", "moe_mlp"], "--model_type moe_mlp conflicts with the base pipeline"),
         (["--load_balance_weight", "0.01"], "--load_balance_weight applies to MoE-MLP backbones only"),
         (["--random_flip", "--cache_features"], "--random_flip cannot be combined with --cache_features"),
+        (["--resolution", "32"], "--resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px"),
         (["--push_to_hub", "--hub_model_id", "a/b/c"], "--hub_model_id 'a/b/c' is not a valid Hub repo id"),
         (["--seed", "-1"], "argument --seed: must be >= 0 and < 4294967296 (numpy's 32-bit seeds"),
         (
@@ -210,61 +215,35 @@ def test_the_family_losses_train(workspace, base, extra, model_class):
         ),
     ],
 )
-def test_bad_arguments_fail_at_start_up_with_a_clear_message(workspace, extra, message, capsys):
+def test_bad_arguments_fail_at_start_up_with_a_clear_message(script, workspace, extra, message, capsys):
     args = [*train_args(workspace, "bad"), "--max_train_steps", "1", *extra]
     with pytest.raises((SystemExit, ValueError)) as stopped:
-        load_script().main(args)
+        script.main(args)
     assert message in str(stopped.value) + capsys.readouterr().err
     assert not (workspace / "bad" / "checkpoint-1").exists()
 
 
 @pytest.mark.slow
-def test_a_bad_argument_stops_the_command_with_its_message(workspace):
-    result = train(workspace, "bad-command", "--max_train_steps", "1", "--resolution", "32", check=False)
-    assert result.returncode != 0
-    assert "--resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px" in result.stderr
-    assert not (workspace / "bad-command" / "checkpoint-1").exists()
+def test_the_hub_token_reaches_the_upload_and_nothing_else(workspace, tmp_path, monkeypatch):
+    secret, pushed = "hf_SECRETtest0123456789abcdefghijklmnop", {}
 
+    def push_pipeline(folder, repo_id, token=None, commit_message=None):  # the upload, recording its arguments
+        pushed.update(repo_id=repo_id, token=token)
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0")
 
-# The script, online, with the Hub upload replaced by a stub that records its arguments in the file argv[1].
-MOCK_PUSH = """
-import json, runpy, sys, types
-import huggingface_hub.constants
-import diffusers_lmlp.hub
-
-huggingface_hub.constants.HF_HUB_OFFLINE = False
-
-record = sys.argv.pop(1)
-
-
-def push_pipeline(folder, repo_id, token=None, commit_message=None):
-    with open(record, "w") as f:
-        json.dump({"repo_id": repo_id, "token": token}, f)
-    return types.SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0")
-
-
-diffusers_lmlp.hub.push_pipeline = push_pipeline
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-@pytest.mark.slow
-def test_the_hub_token_reaches_the_upload_and_nothing_else(workspace, tmp_path):
-    secret = "hf_SECRETtest0123456789abcdefghijklmnop"
-    record = tmp_path / "push.json"
-    result = train(
-        workspace, "secret", "--max_train_steps", "2", "--checkpointing_steps", "1", "--report_to", "tensorboard",
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(diffusers_lmlp.hub, "push_pipeline", push_pipeline)
+    out = tmp_path / "secret"
+    result = train_here(
+        workspace, out, "--max_train_steps", "2", "--checkpointing_steps", "1", "--report_to", "tensorboard",
         "--validation_prompts", "a red circle", "--validation_steps", "1", "--validation_inference_steps", "1",
-        "--push_to_hub", "--hub_model_id", "alice/tiny", "--hub_token", secret, launcher=("-c", MOCK_PUSH, str(record))
+        "--push_to_hub", "--hub_model_id", "alice/tiny", "--hub_token", secret
     )  # fmt: skip
-    assert json.loads(record.read_text()) == {"repo_id": "alice/tiny", "token": secret}
-    files = [p for p in (workspace / "secret").rglob("*") if p.is_file()]
+    assert pushed == {"repo_id": "alice/tiny", "token": secret} and "alice/tiny/commit/0" in result.stdout
+    files = [p for p in out.rglob("*") if p.is_file()]
     hparams = next(p for p in files if p.name == "hparams.yml").read_text()
     assert "learning_rate" in hparams and "hub_model_id" in hparams  # the trackers still get the recipe
-    assert (
-        any(p.name.startswith("events.out.tfevents") for p in files) and (workspace / "secret" / "README.md") in files
-    )
+    assert any(p.name.startswith("events.out.tfevents") for p in files) and (out / "README.md") in files
     assert [p for p in files if b"SECRETtest" in p.read_bytes()] == []
     assert "SECRETtest" not in result.stdout + result.stderr
 
@@ -273,19 +252,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.mark.slow
-def test_regionally_compiled_training_saves_a_plain_checkpoint(workspace):
-    """`accelerate launch --dynamo_backend inductor --dynamo_use_regional_compilation` saves no `_orig_mod.` keys."""
-    launch = [
-        "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "inductor", "--dynamo_use_regional_compilation"
-    ]  # fmt: skip
-    output = "compiled-regional"
-    train(workspace, output, "--max_train_steps", "3", "--checkpointing_steps", "2", launcher=launch)
-    saved = weights(workspace / output)
-    checkpoint = workspace / output / "checkpoint-2"
-    assert not [p for p in checkpoint.rglob("*.safetensors") for key in load_file(p) if "_orig_mod" in key]
-    assert set(saved) == set(LMLPPipeline.from_pretrained(workspace / output).transformer.state_dict())
-    assert json.loads((workspace / output / "training_summary.json").read_text())["steps"] == 3

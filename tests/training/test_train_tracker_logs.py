@@ -5,7 +5,7 @@ import math
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_divergence import nan_loss_from_step
+from test_train_divergence import all_finite, nan_loss_from_step, stop_message
 from test_train_text_to_image import train_args
 
 from diffusers_lmlp.training import trainer
@@ -58,14 +58,26 @@ def test_tensorboard_gets_each_windows_means_and_the_last_partial_window(script,
 
 
 @pytest.mark.slow
-def test_a_diverging_run_logs_its_finished_steps_and_never_the_nan(script, workspace, tmp_path, monkeypatch):
+def test_a_nan_loss_mid_run_stops_before_anything_is_written_keeps_the_last_good_checkpoint_and_logs_no_nan(
+    script, workspace, tmp_path, monkeypatch
+):
+    # Steps 1-4 train, then the loss is NaN; checkpoints every 2 steps, at most 1 kept: checkpoint-4 must survive.
     values = step_values(monkeypatch)
-    nan_loss_from_step(monkeypatch, 5)
+    calls = nan_loss_from_step(monkeypatch, 5)
     out = tmp_path / "out"
-    argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "8"]
-    with pytest.raises(SystemExit, match="the loss is nan at step 5"):
-        script.main([*argv, "--report_to", "tensorboard", "--logging_steps", "3"])
-    assert len(values) == 4  # steps 1-4 finished; step 5 raised
+    argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "2", "--use_ema"]
+    argv += ["--checkpoints_total_limit", "1", "--report_to", "tensorboard", "--logging_steps", "3"]
+    message = stop_message(script, argv)
+    assert message.startswith("error: the loss is nan at step 5 (gradient norm nan)")
+    good = out / "checkpoint-2"  # checkpoint-4's weights are the ones step 5 diverged from
+    assert f"the newest checkpoint that later steps confirmed is {good}: resume from it with " in message
+    assert f"--resume_from_checkpoint {good} (checkpoint-4, saved just before this step, may hold" in message
+    assert "a lower --learning_rate (now 0.001)" in message and "--max_grad_norm 1.0" in message
+    # The newest checkpoint stays out of the rotation until the steps after it prove healthy.
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert all_finite(out / "checkpoint-4")
+    assert not (out / "model_index.json").exists() and not (out / "training_summary.json").exists()
+    assert len(calls) == 5 and len(values) == 4  # stopped at the first NaN, not trained on; steps 1-4 finished
     losses = logged(out)
     assert [step for step, _ in losses] == [3, 4]  # step 4, of the unfinished window, sent when the run stopped
     assert losses[1][1] == pytest.approx(values[3][0], rel=1e-6)

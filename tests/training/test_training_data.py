@@ -112,7 +112,8 @@ def test_train_and_test_folders_train_on_the_train_folder_alone(tmp_path):
     assert captions_by_file(load(data, tmp_path), data) == {f"train/{name}": text for name, text in train.items()}
 
 
-def test_a_local_imagefolder_given_as_dataset_name_points_to_train_data_dir(tmp_path):
+def test_a_local_imagefolder_given_as_dataset_name_points_to_train_data_dir_and_a_missing_folder_is_named(tmp_path):
+    assert f"--train_data_dir {tmp_path / 'nowhere'} is not a folder" in refusal(tmp_path / "nowhere", tmp_path)
     # --dataset_name is read by datasets as it is, split by file names: the message says which flag reads it right.
     write_imagefolder(tmp_path / "data", {"COCO_train2014_1.jpg": "a dog", "COCO_train2014_2.jpg": "a cat"})
     assert refusal(None, tmp_path, dataset_name=str(tmp_path / "data")) == (
@@ -155,10 +156,6 @@ def test_a_saved_dataset_without_a_train_split_or_with_a_config_name_is_refused(
     )
 
 
-def test_a_train_data_dir_that_is_not_a_folder_is_named(tmp_path):
-    assert f"--train_data_dir {tmp_path / 'nowhere'} is not a folder" in refusal(tmp_path / "nowhere", tmp_path)
-
-
 # --------------------------------------------------------------------------------------- metadata checks at start-up
 
 
@@ -196,7 +193,7 @@ def test_a_bad_metadata_row_is_refused_naming_the_file_and_the_row_before_anythi
     message = refusal(tmp_path / "data", tmp_path)
     assert message.startswith(f"{metadata} {where(fmt, 2)} (file_name {rows[2].get('file_name')!r}): ")
     assert problem.format(data=tmp_path / "data") in message
-    assert message.endswith(". Every row needs a caption and its image: fix or remove that row.")
+    assert message.endswith(". Every row needs a caption and its image: fix or remove it.")
     assert not (tmp_path / "cache").exists()  # refused before datasets prepares anything
 
 
@@ -206,7 +203,7 @@ def test_another_caption_column_is_named_with_the_flag_to_pass(tmp_path, fmt):
     rows = [{"file_name": "0.png", "caption": "a red circle"}, {"file_name": "1.png", "caption": "a blue square"}]
     metadata = write_metadata(tmp_path / "data", rows, fmt)
     assert refusal(tmp_path / "data", tmp_path) == (
-        f"--caption_column 'text' is not a column of the dataset: {metadata} has no 'text' field; its rows have "
+        f"--caption_column 'text' is not a column of the dataset: {metadata} has no such field; its rows have "
         "'caption': pass --caption_column caption"
     )
 
@@ -217,8 +214,8 @@ def test_captions_that_mix_strings_and_lists_are_refused_before_datasets_fails_o
     metadata = write_metadata(tmp_path / "data", rows, "jsonl")  # datasets would fail deep in Arrow on it
     assert refusal(tmp_path / "data", tmp_path) == (
         f"{metadata} line 2 (file_name '1.png'): its caption is a list of captions, where {metadata} line 1's is a "
-        'string: datasets needs one type per column, so write every caption as a list (a single caption as ["..."]) '
-        "or every one as a string. Every row needs a caption and its image: fix or remove that row."
+        "string: write every caption as a list or every one as a string. Every row needs a caption and its image: fix "
+        "or remove it."
     )
     assert not (tmp_path / "cache").exists()
     # Across the metadata files of one dataset too; all lists is fine, and reads every caption.
@@ -263,10 +260,8 @@ def test_an_imagefolder_without_metadata_is_refused_saying_captions_are_needed(t
     (tmp_path / "data" / "metadata.json").write_text("{}")  # not a name datasets reads
     assert refusal(tmp_path / "data", tmp_path) == (
         f"{tmp_path / 'data'} has no metadata file (metadata.csv, metadata.jsonl, metadata.parquet) (metadata.json is "
-        f"not one that datasets {datasets.__version__} reads), so its images have no captions (datasets would label "
-        "them with their folder names instead). Add a metadata.jsonl next to the images, one line per image: "
-        '{"file_name": "0001.jpg", "text": "a red bus parked on a street"}. For COCO-2014, pass the folder that holds '
-        "annotations/captions_train2014.json and train2014/."
+        "not one datasets reads), so its images have no captions: add a metadata.jsonl, one line per image "
+        '({"file_name": "0001.jpg", "text": "a red bus"}), or pass a COCO-2014 folder'
     )
 
 
@@ -274,8 +269,8 @@ def test_split_folders_whose_training_one_has_no_metadata_are_refused(tmp_path):
     write_images(tmp_path / "data", ["train/0.png"])
     write_imagefolder(tmp_path / "data" / "test", {"1.png": "a test image"})
     assert refusal(tmp_path / "data", tmp_path) == (
-        f"{tmp_path / 'data'} is split into folders (test, train), and its training split has no metadata file (other "
-        f"splits have, e.g. {tmp_path / 'data' / 'test' / 'metadata.jsonl'}): put the training images and their "
+        f"{tmp_path / 'data'} is split into folders, and its training split has no metadata file (e.g. "
+        f"{tmp_path / 'data' / 'test' / 'metadata.jsonl'} is another split's): put the training images and their "
         f"metadata in {tmp_path / 'data' / 'train'}"
     )
 

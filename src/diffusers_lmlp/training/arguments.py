@@ -11,7 +11,6 @@ import json
 import logging
 import re
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -65,7 +64,7 @@ def in_folder(folder: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class VaeSource:
-    """Where the VAE loads from: `source` (a local folder or Hub repo id) and its `subfolder` (`""`: the root)."""
+    """Where the VAE loads from: a local folder or Hub repo id, and its subfolder (`""`: the root)."""
 
     source: str
     subfolder: str
@@ -73,7 +72,7 @@ class VaeSource:
 
 @dataclass(frozen=True)
 class TextEncoderSource:
-    """Where the text encoder and tokenizer load from: `source` and their folders in it (`""`: the root)."""
+    """Where the text encoder and tokenizer load from, and their folders in it (`""`: the root)."""
 
     source: str
     subfolder: str
@@ -113,49 +112,44 @@ class Location:
         except Exception:  # no connection, a private repo without a token, ...: loading will say what is wrong
             return None
 
-    def config(self, path: str) -> dict | None:
-        """The JSON file `path` of a local source or of a Hub source's cache; None if not at hand."""
-        file = Path(self.source) / path if self.local else self.cached(path)
+    def config(self, path: str) -> dict:
+        """The JSON file `path` of a local source or of a Hub source's cache; {} if not at hand."""
         try:
-            config = json.loads(Path(file).read_text(encoding="utf-8"))
+            config = json.loads(Path(Path(self.source) / path if self.local else self.cached(path)).read_text("utf-8"))
         except (OSError, TypeError, ValueError):
-            return None
-        return config if isinstance(config, dict) else None
+            return {}
+        return config if isinstance(config, dict) else {}
 
     def unreachable(self, what: str, files: list[str]) -> ValueError:
         """The error for a Hub source whose files are neither cached nor reachable."""
         from huggingface_hub import constants
 
-        why = (
-            "HF_HUB_OFFLINE=1 keeps it from downloading"
-            if constants.HF_HUB_OFFLINE
-            else "the Hub could not be reached, or the repo is private (log in with `hf auth login`)"
-        )
+        why = "HF_HUB_OFFLINE=1 keeps it from downloading" if constants.HF_HUB_OFFLINE else "the Hub is out of reach"
         return ValueError(
             f"{self.option} {self.source}: {what} ({' or '.join(files)}) is not in the Hugging Face cache, and {why}. "
-            f"Fetch it once (`hf download {self.source} {files[0]}` and the weights beside it; docs/coco.md lists the "
-            f"files), or pass a local folder with {self.option}."
+            f"Fetch it once (`hf download {self.source} {files[0]}`, see docs/coco.md) or pass a local folder."
         )
 
 
 def resolve_vae(
     source: str, subfolder: str | None, option: str = "--pretrained_vae", revision: str | None = None
 ) -> VaeSource:
-    """Where the VAE of `source` is: its root (a standalone VAE) or `vae/` (a full pipeline); a given `subfolder`
-    (`--vae_subfolder`) is used as is. A `ValueError` names what the source lacks."""
+    """Where the VAE of `source` is: its root (a standalone VAE) or `vae/` (a pipeline), or the given `subfolder`."""
     location = Location(source, option, revision)
     if subfolder is not None:
         config = in_folder(subfolder, "config.json")
         if location.local and not location.has(config):
             raise ValueError(
-                f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json ({Path(source) / config} is "
-                "missing); leave --vae_subfolder out to detect the layout"
+                f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json; leave it out to detect the layout"
             )
         return VaeSource(source, subfolder)
     root, nested = location.has("config.json"), location.has(f"{VAE_FOLDER}/config.json")
-    config = location.config("config.json") or {}
-    name = config.get("_class_name")
-    is_vae = name.startswith("Autoencoder") if isinstance(name, str) else "latent_channels" in config
+    name = location.config("config.json").get("_class_name")
+    is_vae = (
+        name.startswith("Autoencoder")
+        if isinstance(name, str)
+        else "latent_channels" in location.config("config.json")
+    )
     if root and (is_vae or not nested):
         return VaeSource(source, "")
     if nested:
@@ -163,17 +157,16 @@ def resolve_vae(
     if root is None or nested is None:
         raise location.unreachable("the VAE", ["config.json", f"{VAE_FOLDER}/config.json"])
     raise ValueError(
-        f"{option} {source} holds no VAE: it has neither a config.json (a standalone VAE, as "
-        f"stabilityai/sd-vae-ft-mse) nor {VAE_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+        f"{option} {source} holds no VAE: it has neither a config.json (a standalone VAE) nor {VAE_FOLDER}/config.json "
+        f"(a pipeline, as {COCO_VAE_REPO})"
     )
 
 
 def resolve_text_encoder(
     source: str, subfolder: str | None, option: str = "--pretrained_text_encoder", revision: str | None = None
 ) -> TextEncoderSource:
-    """Where the text encoder and tokenizer of `source` are: at its root (a CLIP repo) or in `text_encoder/` and
-    `tokenizer/` (a pipeline). With a given `subfolder` the tokenizer is read from `tokenizer/` if there is one, else
-    beside the model. A `ValueError` names what the source lacks."""
+    """Where the text encoder and tokenizer of `source` are: its root (a CLIP repo), `text_encoder/` and `tokenizer/`
+    (a pipeline), or the given `subfolder` with `tokenizer/` if there is one, else beside the model."""
     location = Location(source, option, revision)
     if subfolder is None:
         nested, root = location.has(f"{TEXT_ENCODER_FOLDER}/config.json"), location.has("config.json")
@@ -184,12 +177,11 @@ def resolve_text_encoder(
         else:
             raise ValueError(
                 f"{option} {source} holds no text encoder: it has neither a config.json (a CLIP repo, as "
-                f"{COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+                f"{COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline)"
             )
     else:
         config = in_folder(subfolder, "config.json")
-        found = location.has(config)
-        if found is None:
+        if (found := location.has(config)) is None:
             raise location.unreachable("the text encoder", [config])
         if not found:
             if location.local and subfolder and not (Path(source) / subfolder).is_dir():
@@ -214,8 +206,7 @@ def local_folder(
     source: str, folder: str, weights: str, optional: tuple[str, ...] = (), revision: str | None = None
 ) -> str:
     """A local folder holding `source`'s model in `folder`: `source` itself, or the HF cache snapshot of a Hub repo
-    after downloading its config, its safetensors weights (`weights`.safetensors or its index's shards) and those of
-    the `optional` files it has."""
+    after downloading its config, its safetensors weights (or their shards) and the `optional` files it has."""
     if Path(source).is_dir():
         return source
     from huggingface_hub import hf_hub_download
@@ -239,7 +230,7 @@ def local_folder(
 
 
 def load_vae(source: VaeSource, revision: str | None = None):
-    """The VAE of `source` (`resolve_vae`), its weights from safetensors only."""
+    """The VAE of `source`, its weights from safetensors only."""
     from diffusers import AutoencoderKL
 
     folder = local_folder(source.source, source.subfolder, VAE_WEIGHTS, revision=revision)
@@ -249,52 +240,37 @@ def load_vae(source: VaeSource, revision: str | None = None):
 def load_text_encoder(
     source: TextEncoderSource, option: str = "--pretrained_text_encoder", revision: str | None = None
 ):
-    """The CLIP tokenizer and text model of `source`, the model loaded strictly from safetensors: `ValueError` for
-    text-model tensors the checkpoint lacks, or tensors that are neither the text model's nor a full CLIP's."""
+    """The CLIP tokenizer and text model of `source`, loaded strictly from safetensors: `ValueError` for tensors the
+    text model lacks or that are neither its nor a full CLIP's."""
     from transformers import CLIPTextModel, CLIPTokenizer
 
     tokenizer_files = tuple(in_folder(source.tokenizer_subfolder, name) for name in TOKENIZER_FILE_NAMES)
     folder = local_folder(source.source, source.subfolder, TEXT_ENCODER_WEIGHTS, tokenizer_files, revision)
     tokenizer = CLIPTokenizer.from_pretrained(folder, subfolder=source.tokenizer_subfolder)
-    with without_load_report():
+
+    def not_a_load_report(record: logging.LogRecord) -> bool:  # the loading information is read here instead
+        return " LOAD REPORT" not in str(record.msg)
+
+    transformers_logger = logging.getLogger("transformers.modeling_utils")
+    transformers_logger.addFilter(not_a_load_report)
+    try:
         text_encoder, info = CLIPTextModel.from_pretrained(
             folder, subfolder=source.subfolder, use_safetensors=True, output_loading_info=True
         )
-    missing = sorted(info["missing_keys"])
-    unknown = sorted(key for key in info["unexpected_keys"] if not key.startswith(CLIP_OTHER_TENSORS))
-    where = f"{option} {source.source}" + (f" ({source.subfolder}/)" if source.subfolder else "")
-    if missing:
-        raise ValueError(
-            f"{where}: the checkpoint lacks {len(missing)} of the CLIP text model's tensors ({named(missing)}), "
-            "which would be left random. Pass a CLIP text model or a full CLIP checkpoint."
-        )
-    if unknown:
-        raise ValueError(
-            f"{where}: the checkpoint holds {len(unknown)} tensors that are not a CLIP text model's ({named(unknown)}): "
-            "it is not the text encoder its config.json describes."
-        )
-    return tokenizer, text_encoder
-
-
-def named(keys: list[str], shown: int = 3) -> str:
-    """The first `shown` of `keys`, and how many more there are."""
-    return ", ".join(keys[:shown]) + (f", and {len(keys) - shown} more" if len(keys) > shown else "")
-
-
-@contextlib.contextmanager
-def without_load_report() -> Iterator[None]:
-    """Leave out transformers' "LOAD REPORT" warning (the caller reads the loading information itself, so a full
-    CLIP checkpoint's unused vision tower is not reported on every run)."""
-
-    def not_a_load_report(record: logging.LogRecord) -> bool:
-        return " LOAD REPORT" not in str(record.msg)
-
-    logger = logging.getLogger("transformers.modeling_utils")
-    logger.addFilter(not_a_load_report)
-    try:
-        yield
     finally:
-        logger.removeFilter(not_a_load_report)
+        transformers_logger.removeFilter(not_a_load_report)
+    where = f"{option} {source.source}" + (f" ({source.subfolder}/)" if source.subfolder else "")
+    for keys, problem in (
+        (sorted(info["missing_keys"]), "lacks {} of the CLIP text model's tensors"),
+        (sorted(k for k in info["unexpected_keys"] if not k.startswith(CLIP_OTHER_TENSORS)),
+         "holds {} tensors that are not a CLIP text model's"),
+    ):  # fmt: skip
+        if keys:
+            named = ", ".join(keys[:3]) + (f", and {len(keys) - 3} more" if len(keys) > 3 else "")
+            raise ValueError(
+                f"{where}: the checkpoint {problem.format(len(keys))} ({named}). Pass a CLIP text model or a full CLIP."
+            )
+    return tokenizer, text_encoder
 
 
 # diffusers' train_text_to_image.py options that this script does not take: option → what to do instead.
@@ -327,68 +303,56 @@ SKELETON_FIELDS = ("sample_size", "patch_size", "in_channels", "hidden_size", "n
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str] = frozenset()) -> None:
-    """Fail at start-up through `parser.error` (exit 2) with what to change, rather than after minutes of set-up;
-    `given` holds the options given on the command line."""
-    error = parser.error
-    data = args.dataset_name or args.train_data_dir
-    if args.lora_rank is None:
-        lora = [f"--{n}" for n in ("lora_alpha", "lora_target_modules") if getattr(args, n) is not None]
-        lora += ["--lora_dropout"] if args.lora_dropout else []
-        if lora:
-            error(f"{', '.join(lora)} configure the LoRA adapter of --lora_rank: add --lora_rank")
-    else:
-        if args.use_ema:
-            error("--use_ema does not go with --lora_rank: the adapter is trained without an EMA copy")
-        if args.symmetry_breaking_weight:
-            error("--symmetry_breaking_weight does not go with --lora_rank: its penalty reads the frozen base weights")
-        if not args.pretrained_model_name_or_path:
-            error("--lora_rank fine-tunes a trained pipeline: pass --pretrained_model_name_or_path (or --preset "
-                  "shapes-lora, which fine-tunes the shapes model that ships in the package)")  # fmt: skip
+    """Fail at start-up (`parser.error`, exit 2) with what to change, not after minutes of set-up; `given` holds the
+    options given on the command line."""
+    error, data, resume = parser.error, args.dataset_name or args.train_data_dir, args.resume_from_checkpoint
+    lora = [f"--{n}" for n in ("lora_alpha", "lora_target_modules", "lora_dropout") if getattr(args, n)]
+    no_lora = args.lora_rank is None
+    fid = [f"--{n}" for n in ("validation_fid_captions", "validation_fid_reference") if not getattr(args, n)]
     for problem, message in (
+        (no_lora and lora, f"{', '.join(lora)} configure the LoRA adapter of --lora_rank: add --lora_rank"),
+        (not no_lora and args.use_ema, "--use_ema does not go with --lora_rank: the adapter has no EMA copy"),
+        (not no_lora and args.symmetry_breaking_weight,
+         "--symmetry_breaking_weight does not go with --lora_rank: its penalty reads the frozen base weights"),
+        (not no_lora and not args.pretrained_model_name_or_path, "--lora_rank fine-tunes a trained pipeline: pass "
+         "--pretrained_model_name_or_path (or --preset shapes-lora)"),
         (args.dataset_name and args.train_data_dir, "pass either --dataset_name or --train_data_dir, not both"),
-        (args.preset == "coco-f2" and not data, "--preset coco-f2 needs the COCO images: pass --train_data_dir (the "
-         "COCO-2014 folder or an imagefolder) or --dataset_name"),
+        (args.preset == "coco-f2" and not data,
+         "--preset coco-f2 needs the COCO images: pass --train_data_dir or --dataset_name"),
         (args.data_layout == "coco2014" and not data,
          "--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder there"),
         (args.streaming and not args.dataset_name, "--streaming applies to --dataset_name"),
-        (args.streaming and args.cache_features,
-         "--cache_features needs a map-style dataset: drop --streaming or --cache_features"),
+        (args.streaming and args.cache_features, "--cache_features needs a map-style dataset: drop --streaming"),
         (args.random_flip and args.cache_features,
          "--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)"),
         (args.cache_text_dtype and not args.cache_features,
          "--cache_text_dtype is how --cache_features stores text states: add --cache_features or drop it"),
         (args.shapes_num_images is not None and args.world != "shapes",
          "--shapes_num_images sizes the shapes world, which this run does not train on: leave it out"),
-        (args.model_overrides and args.pretrained_model_name_or_path,
-         "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose "
-         "configuration is kept: drop one of them"),
-        (args.overwrite_output_dir and args.resume_from_checkpoint,
+        (args.model_overrides and args.pretrained_model_name_or_path, "--model_overrides configures a new model; "
+         "--pretrained_model_name_or_path fine-tunes a saved one, whose configuration is kept: drop one of them"),
+        (args.overwrite_output_dir and resume,
          "--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run: pass one of them"),
+        (resume not in (None, "latest") and not Path(resume).is_dir(),
+         f"--resume_from_checkpoint {resume}: no such checkpoint folder"),
+        (resume not in (None, "latest") and not CHECKPOINT_PATTERN.match(Path(resume).name),
+         f"--resume_from_checkpoint {resume}: not a checkpoint-<step> folder"),
+        (args.validation_fid_images and not args.world and fid,
+         f"--validation_fid_images on your data needs {' and '.join(fid)}: the captions to sample and the real "
+         "images' statistics (e.g. fid_stats_mscoco256_val.npz)"),
+        (args.validation_fid_reference and not Path(args.validation_fid_reference).exists(),
+         f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder"),
+        ("validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images),
+         f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
+         "--validation_prompts (or --validation_prompts_file) or --validation_fid_images, or drop --validation_steps"),
     ):  # fmt: skip
         if problem:
             error(message)
-    resume = args.resume_from_checkpoint
-    if resume and resume != "latest":
-        if not Path(resume).is_dir():
-            error(f"--resume_from_checkpoint {resume}: no such checkpoint folder")
-        if not CHECKPOINT_PATTERN.match(Path(resume).name):
-            error(f"--resume_from_checkpoint {resume}: not a checkpoint-<step> folder")
-    if args.validation_fid_images and not args.world:
-        missing = [f"--{n}" for n in ("validation_fid_captions", "validation_fid_reference") if not getattr(args, n)]
-        if missing:
-            error(f"--validation_fid_images on your data needs {' and '.join(missing)}: the captions to sample (e.g. "
-                  "the COCO-2014 folder) and the real images' statistics (e.g. fid_stats_mscoco256_val.npz)")  # fmt: skip
     if args.validation_fid_captions:
         try:
             draw_captions(args.validation_fid_captions, 1)
         except ValueError as problem:
             error(str(problem).replace("--captions", "--validation_fid_captions"))
-    if args.validation_fid_reference and not Path(args.validation_fid_reference).exists():
-        error(f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder")
-    if "validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images):
-        error(f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
-              "--validation_prompts (or --validation_prompts_file), or --validation_fid_images, or drop "
-              "--validation_steps")  # fmt: skip
     if args.push_to_hub:  # checked now (repo id, network, token), not after hours of training
         from huggingface_hub import constants
 
@@ -398,27 +362,24 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
             check_repo_id(args.hub_model_id or Path(args.output_dir).name, "--hub_model_id")
             if constants.HF_HUB_OFFLINE:
                 error("--push_to_hub uploads at the end of training, but HF_HUB_OFFLINE=1 forbids any request to the "
-                      "Hub: unset it, or drop --push_to_hub and upload the finished folder later with "
-                      f"`python -m diffusers_lmlp.hub push {args.output_dir} <user>/<name>`")  # fmt: skip
+                      f"Hub: unset it, or upload later with `python -m diffusers_lmlp.hub push {args.output_dir} "
+                      "<user>/<name>`")  # fmt: skip
             require_token(args.hub_token, option="--hub_token")
         except ValueError as problem:
             error(str(problem))
-    if not (args.overwrite_output_dir or resume) and (held := earlier_run(Path(args.output_dir))):
-        error(f"--output_dir {args.output_dir} already holds {held}. Pass --resume_from_checkpoint latest to continue "
-              "that run, --overwrite_output_dir to train anew over it, or another --output_dir")  # fmt: skip
-
-
-def earlier_run(output_dir: Path) -> str | None:
-    """What of an earlier run `output_dir` holds, in words; None if nothing."""
+    output_dir = Path(args.output_dir)
+    held = list_checkpoints(output_dir) if output_dir.is_dir() else []
+    held = held and f"the checkpoints of an earlier run (the last: {held[-1].name})"
     if (output_dir / SUMMARY_FILE).is_file():
-        return "a finished run (training_summary.json)"
-    checkpoints = list_checkpoints(output_dir) if output_dir.is_dir() else []
-    return f"the checkpoints of an earlier run (the last: {checkpoints[-1].name})" if checkpoints else None
+        held = "a finished run (training_summary.json)"
+    if held and not (args.overwrite_output_dir or resume):
+        error(f"--output_dir {args.output_dir} already holds {held}. Pass --resume_from_checkpoint latest to continue "
+              "it, --overwrite_output_dir to train anew over it, or another --output_dir")  # fmt: skip
 
 
 def settled_model(parser: argparse.ArgumentParser, args: argparse.Namespace, preset_overrides: dict) -> dict:
-    """The new backbone's family and configuration (`settled_model_type`; a base pipeline's is read when it loads),
-    and `--model_overrides` checked against it, on top of the preset's."""
+    """The new backbone's family and configuration (a base pipeline's is read when it loads), and `--model_overrides`
+    checked against it, on top of the preset's."""
     model = {} if args.pretrained_model_name_or_path else settled_model_type(parser, args)
     model_class = FAMILIES[model.get("model_type", args.model_type) or "lmlp"].model_class
     try:
@@ -473,7 +434,6 @@ def parse_overrides(pairs: list[str], model_class: type) -> dict:
 
 
 def accepted_keys(model_class: type) -> str:
-    """The config keys of a backbone class (its `__init__` arguments), in words."""
     keys = sorted(name for name in inspect.signature(model_class.__init__).parameters if name != "self")
     return f"the accepted keys of {model_class.__name__} are {', '.join(keys)}"
 
@@ -518,11 +478,11 @@ def read_model_config_file(path: Path) -> tuple[dict, str | None]:
 
 
 def component_sources(args: argparse.Namespace) -> dict:
-    """`text_encoder_source` and `vae_source`; a base pipeline's missing local folder or file is named now, before
-    loading turns it into a confusing error. Without a base pipeline or world, the papers' components."""
-    option = "--pretrained_model_name_or_path"
-    if args.pretrained_model_name_or_path and Location(args.pretrained_model_name_or_path, option).local:
-        base = Path(args.pretrained_model_name_or_path)
+    """`text_encoder_source` and `vae_source` (without a base pipeline or world, the papers'); a base pipeline's
+    missing folder or file is named now, before loading turns it into a confusing error."""
+    option, base = "--pretrained_model_name_or_path", args.pretrained_model_name_or_path
+    if base and Location(base, option).local:
+        base = Path(base)
         if not (base / "model_index.json").is_file():
             raise ValueError(f"{option} {base} is not a saved pipeline: it has no model_index.json")
         for name, files in (*((n, ("config.json",)) for n in ("transformer", "vae", "text_encoder")),
@@ -531,7 +491,7 @@ def component_sources(args: argparse.Namespace) -> dict:
                 raise ValueError(f"{option} {base} has no {name}/ folder: the {name} is missing")
             if not any((base / name / file).is_file() for file in files):
                 raise ValueError(f"{option} {base}: the {name} folder {base / name} has no {' or '.join(files)}")
-    defaults = not args.pretrained_model_name_or_path and not args.world
+    defaults = not base and not args.world
     text = args.pretrained_text_encoder or (COCO_TEXT_ENCODER_REPO if defaults else None)
     vae = args.pretrained_vae or (COCO_VAE_REPO if defaults else None)
     return dict(
@@ -541,18 +501,15 @@ def component_sources(args: argparse.Namespace) -> dict:
 
 
 CONSOLE_SCRIPT = "diffusers-lmlp-train"  # setup.py installs the command under this name
-DESCRIPTION = """Train a text-to-image backbone of any of the package's block families (--model_type: the UL-MLP, the MoE-MLP, the
-U-ViT baseline and the papers' other MLPs) with 🤗 accelerate, from a laptop CPU to many GPUs.
+DESCRIPTION = """Train a text-to-image backbone of any of the package's block families (--model_type) with 🤗 accelerate,
+from a laptop CPU to many GPUs.
 
-    # the embedded default, the shapes world; then the L-MLP paper's COCO run
-    accelerate launch -m diffusers_lmlp.train
-    accelerate launch -m diffusers_lmlp.train --preset coco-f2 ...
+    accelerate launch -m diffusers_lmlp.train                        # the embedded shapes world
+    accelerate launch -m diffusers_lmlp.train --preset coco-f2 ...   # the L-MLP paper's COCO run
     # the same: `diffusers-lmlp-train` (one process), or examples/train_text_to_image.py in a checkout
 
-With no dataset it trains a small UL-MLP on the procedural shapes world with the package's offline components, then
-scores its samples; with --lora_rank it fine-tunes LoRA adapters of a saved pipeline. Options follow diffusers'
-train_text_to_image.py; the defaults are the papers' COCO recipe. Every random draw is a function of (seed, step,
-sample), so a resumed run continues exactly as the uninterrupted one.
+Without data it trains a small UL-MLP on the shapes world, then scores its samples; --lora_rank fine-tunes LoRA
+adapters of a saved pipeline. Options follow diffusers' train_text_to_image.py; a resumed run continues exactly.
 """
 # `--lr_scheduler`: diffusers' `get_scheduler` names.
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
@@ -720,73 +677,30 @@ SMALL_WORLD = dict(model_overrides={"pooled_text_projection": True}, mixed_preci
                    use_ema=True, cache_features=True, checkpoints_total_limit=2, logging_steps=10,
                    validation_inference_steps=NUM_INFERENCE_STEPS, validation_guidance_scale=GUIDANCE_SCALE)  # fmt: skip
 # `--preset NAME`: these defaults; explicit arguments still win.
+# fmt: off
 PRESETS = {
-    "shapes": TrainingConfig(
-        **SMALL_WORLD,
-        model_config="shapes-S",
-        train_batch_size=64,
-        max_train_steps=10400,
-        learning_rate=3e-3,
-        lr_warmup_steps=100,
-        ema_decay=0.99,
-        checkpointing_steps=1300,
-        validation_steps=1300,
-        output_dir="lmlp-shapes",
-    ),  # fmt: skip
+    "shapes": TrainingConfig(**SMALL_WORLD, model_config="shapes-S", train_batch_size=64, max_train_steps=10400,
+                             learning_rate=3e-3, lr_warmup_steps=100, ema_decay=0.99, checkpointing_steps=1300,
+                             validation_steps=1300, output_dir="lmlp-shapes"),
     # The L-MLP paper's MS-COCO run: F2-deep, SD VAE, CLIP L/14, batch 256 (32 per GPU on 8 GPUs), 1M steps.
-    "coco-f2": TrainingConfig(
-        model_config="F2-deep",
-        pretrained_vae=COCO_VAE_REPO,
-        pretrained_text_encoder=COCO_TEXT_ENCODER_REPO,
-        latent_scale=0.23010,
-        resolution=256,
-        train_batch_size=32,
-        max_train_steps=1_000_000,
-        learning_rate=2e-4,
-        lr_warmup_steps=5000,
-        use_ema=True,
-        ema_decay=0.9999,
-        cache_features=True,
-        mixed_precision="fp16",
-        checkpointing_steps=10_000,
-        validation_steps=5000,
-        output_dir="lmlp-coco-f2",
-    ),  # fmt: skip
-    "emoji": TrainingConfig(
-        **SMALL_WORLD,
-        model_config="emoji-S",
-        train_batch_size=128,
-        max_train_steps=4000,
-        learning_rate=2e-3,
-        lr_warmup_steps=200,
-        ema_decay=0.999,
-        cache_text_dtype="float16",
-        checkpointing_steps=1000,
-        validation_steps=500,
-        output_dir="lmlp-emoji",
-    ),  # fmt: skip
+    "coco-f2": TrainingConfig(model_config="F2-deep", pretrained_vae=COCO_VAE_REPO,
+                              pretrained_text_encoder=COCO_TEXT_ENCODER_REPO, latent_scale=0.23010, resolution=256,
+                              train_batch_size=32, max_train_steps=1_000_000, learning_rate=2e-4, lr_warmup_steps=5000,
+                              use_ema=True, ema_decay=0.9999, cache_features=True, mixed_precision="fp16",
+                              checkpointing_steps=10_000, validation_steps=5000, output_dir="lmlp-coco-f2"),
+    "emoji": TrainingConfig(**SMALL_WORLD, model_config="emoji-S", train_batch_size=128, max_train_steps=4000,
+                            learning_rate=2e-3, lr_warmup_steps=200, ema_decay=0.999, cache_text_dtype="float16",
+                            checkpointing_steps=1000, validation_steps=500, output_dir="lmlp-emoji"),
     # LoRA: teach the shipped shapes model the 32 combinations held out of its training; scored before and after.
-    "shapes-lora": TrainingConfig(
-        pretrained_model_name_or_path=str(SHAPES_PIPELINE_PATH),
-        shapes_split="heldout",
-        lora_rank=8,
-        resolution=32,
-        train_batch_size=64,
-        max_train_steps=400,
-        learning_rate=1e-3,
-        adam_beta2=0.99,
-        adam_weight_decay=0.0,
-        lr_warmup_steps=20,
-        cache_features=True,
-        checkpointing_steps=200,
-        checkpoints_total_limit=1,
-        validation_steps=200,
-        logging_steps=10,
-        validation_inference_steps=NUM_INFERENCE_STEPS,
-        validation_guidance_scale=GUIDANCE_SCALE,
-        output_dir="lmlp-shapes-lora",
-    ),  # fmt: skip
+    "shapes-lora": TrainingConfig(pretrained_model_name_or_path=str(SHAPES_PIPELINE_PATH), shapes_split="heldout",
+                                  lora_rank=8, resolution=32, train_batch_size=64, max_train_steps=400,
+                                  learning_rate=1e-3, adam_beta2=0.99, adam_weight_decay=0.0, lr_warmup_steps=20,
+                                  cache_features=True, checkpointing_steps=200, checkpoints_total_limit=1,
+                                  validation_steps=200, logging_steps=10,
+                                  validation_inference_steps=NUM_INFERENCE_STEPS,
+                                  validation_guidance_scale=GUIDANCE_SCALE, output_dir="lmlp-shapes-lora"),
 }
+# fmt: on
 # The presets that train on an embedded world when no data is given, and score the result on it: preset → world.
 WORLD_PRESETS = {"shapes": "shapes", "shapes-lora": "shapes", "emoji": "emoji"}
 
@@ -798,11 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        help="recipe defaults (without data: shapes, or shapes-lora with --lora_rank)",
-    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="recipe defaults (without data: shapes, or "
+                        "shapes-lora with --lora_rank)")  # fmt: skip
     group, prompts = parser, None
     for spec in fields(TrainingConfig):
         kwargs = dict(spec.metadata)
@@ -829,8 +740,10 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
     """Parse and check the options (`sys.argv[1:]` when `argv` is None); exit (2) with what to change when one is
     wrong. Returns the settings with the preset, the world and the model settled."""
     parser = build_parser()
-    # A preset changes defaults only: find it first, then parse everything with its defaults in place.
-    given = given_options(parser, argv)
+    # The options given (abbreviated or not): argparse sets a default only where the namespace lacks the attribute.
+    unset = object()
+    marked = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS})
+    given = {dest for dest, value in vars(parser.parse_known_args(argv, marked)[0]).items() if value is not unset}
     uses_data = bool({"dataset_name", "train_data_dir"} & given)
     known, unknown = parser.parse_known_args(argv)
     if explanations := [
@@ -839,6 +752,7 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
         if option in DIFFUSERS_ONLY_OPTIONS
     ]:
         parser.error("\n".join(explanations))
+    # A preset changes defaults only: parse again with its defaults in place.
     preset = known.preset or (None if uses_data else ("shapes-lora" if known.lora_rank else "shapes"))
     base = PRESETS[preset] if preset else TrainingConfig()
     parser.set_defaults(**option_defaults(parser, base))
@@ -857,12 +771,3 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
     keep_preset = "model_overrides" in given or not args.pretrained_model_name_or_path
     model = settled_model(parser, args, base.model_overrides if keep_preset else {})
     return TrainingConfig(**{**vars(args), **sources, **model})
-
-
-def given_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> set[str]:
-    """The destinations of the options given on the command line (abbreviated or not): argparse fills in a default
-    only where the namespace lacks the attribute, so a marker set for every option stays for each one not given."""
-    unset = object()
-    namespace = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS})
-    parsed, _ = parser.parse_known_args(argv, namespace)
-    return {dest for dest, value in vars(parsed).items() if value is not unset}

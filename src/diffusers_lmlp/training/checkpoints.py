@@ -1,6 +1,5 @@
-"""Checkpoints of a training run: written so that a complete one exists at every instant, pruned, verified on
-resume, and held by one run at a time; each `checkpoint-N` holds accelerate's state next to diffusers model folders
-(`transformer/`, `transformer_ema/`, or with LoRA `transformer_lora/`). And what a diverging run is told.
+"""Checkpoints: written atomically, pruned, verified on resume, the output folder held by one run at a time; each
+`checkpoint-N` holds accelerate's state beside diffusers model folders. And what a diverging run is told.
 """
 
 import contextlib
@@ -36,16 +35,12 @@ logger = get_logger(__name__)
 
 @contextlib.contextmanager
 def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
-    """Hold `output_dir` for this run: a second run on it is refused at start-up (`SystemExit`) by all its processes.
-
-    The main process holds a `flock` on `output_dir/.train.lock`, which the OS drops however the process ends, and
-    cleans up what killed runs left half-done; the other processes learn the outcome by broadcast.
-    """
+    """Hold `output_dir` for this run (a `flock` the OS drops however the process ends), clean up what killed runs
+    left half-done; a second run on it is refused by all its processes (`SystemExit`)."""
     lock = None
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         if (lock := hold_lock(output_dir / LOCK_FILE)) is not None:
-            # Finish or undo what killed runs left of checkpoint operations (`.checkpoint-N.tmp`, `.old`, `.deleting`).
             for path in sorted(output_dir.glob(".checkpoint-*")):
                 if not (match := UNDER_WAY_PATTERN.match(path.name)) or not path.is_dir():
                     continue
@@ -59,8 +54,7 @@ def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
     refused = torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)
     if broadcast(refused).item():
         raise SystemExit(
-            f"error: another training run is using --output_dir {output_dir} (it holds {output_dir / LOCK_FILE}): "
-            "wait for it to finish, stop it, or pass another --output_dir."
+            f"error: another training run is using --output_dir {output_dir}: wait for it, or pass another --output_dir."
         )
     try:
         yield
@@ -70,8 +64,7 @@ def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
 
 
 def remove_earlier_run(output_dir: Path) -> None:
-    """`--overwrite_output_dir`: remove the earlier run's checkpoints and summary at start-up, so that no later resume
-    continues the abandoned run and nothing of it passes for this run's."""
+    """`--overwrite_output_dir`: remove the earlier run's checkpoints and summary, so that nothing resumes them."""
     earlier = list_checkpoints(output_dir)
     for path in earlier:
         remove_checkpoint(path)
@@ -85,9 +78,9 @@ def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
     later = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) > step]
     if later:
         logger.warning(
-            f"this run starts at step {step}, and {output_dir} holds later checkpoints {', '.join(later)} from a run "
-            "it abandons: they will be overwritten as this run reaches their steps (or pruned first under "
-            f"--checkpoints_total_limit). Until then, --resume_from_checkpoint latest picks {later[-1]}."
+            f"this run starts at step {step}, and {output_dir} holds later checkpoints {', '.join(later)} of a run it "
+            f"abandons: they are overwritten or pruned as it goes; until then, --resume_from_checkpoint latest picks "
+            f"{later[-1]}."
         )
 
 
@@ -99,10 +92,9 @@ def save_checkpoint(
     train_seconds: float,
     final_step: bool = True,
 ) -> Path:
-    """Write `checkpoint-{step}` atomically (to `.checkpoint-{step}.tmp`, flushed, then renamed into place), then keep
-    the `limit` newest. Unless it is the run's last (`final_step`), the new one does not count toward `limit` until
-    the next checkpoint proves the steps after it healthy. A full disk stops the run (`SystemExit`), the partial
-    write removed and the earlier checkpoints kept. `train_seconds` is the training time over every segment."""
+    """Write `checkpoint-{step}` atomically (written aside, flushed, renamed), then keep the `limit` newest; the new
+    one counts only once the next proves the steps after it healthy, or at the `final_step`. A full disk stops the
+    run (`SystemExit`) with the earlier checkpoints kept."""
     final, tmp = output_dir / f"checkpoint-{step}", output_dir / f".checkpoint-{step}.tmp"
     try:
         accelerator.save_state(str(tmp))
@@ -131,14 +123,13 @@ def save_checkpoint(
 
 
 def checkpoint_to_resume(output_dir: Path, resume_from_checkpoint: str) -> Path | None:
-    """The checkpoint `--resume_from_checkpoint` names, verified against its checksums: `latest` is the newest that
-    verifies (saying which it passed over), None when there is none yet; a damaged one named explicitly stops the run."""
+    """The checkpoint `--resume_from_checkpoint` names, verified against its checksums (`latest`: the newest intact
+    one, None when there is none yet); a damaged one named explicitly stops the run."""
     if resume_from_checkpoint != "latest":
         path = Path(resume_from_checkpoint)
         if problem := checksum_problem(path):
             raise SystemExit(
-                f"error: the checkpoint {path} is damaged: {problem}. Resume from another one (or "
-                "--resume_from_checkpoint latest, which takes the newest that is intact)."
+                f"error: the checkpoint {path} is damaged: {problem}. Resume from another one, or from latest."
             )
         return path
     checkpoints = list_checkpoints(output_dir)
@@ -148,8 +139,8 @@ def checkpoint_to_resume(output_dir: Path, resume_from_checkpoint: str) -> Path 
         logger.warning(f"{path.name} is damaged ({problem}): --resume_from_checkpoint latest takes an earlier one")
     if checkpoints:
         raise SystemExit(
-            f"error: no checkpoint in {output_dir} is intact ({', '.join(p.name for p in checkpoints)} are damaged; "
-            "the warnings above say how): start again with --overwrite_output_dir."
+            f"error: no checkpoint in {output_dir} is intact ({', '.join(p.name for p in checkpoints)} are damaged): "
+            "start again with --overwrite_output_dir."
         )
     return None
 
@@ -161,13 +152,13 @@ def intact_checkpoint(output_dir: Path, before: int | None = None) -> Path | Non
 
 
 def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit | None:
-    """The error that stops a run whose save of `what` ran out of space or hit a file-size limit (`ulimit -f`), or
-    None for another failure (torch.save reports a full disk as a RuntimeError: the free space tells)."""
+    """The error that stops a run whose save of `what` ran out of space or hit `ulimit -f`, or None for another
+    failure (torch.save reports a full disk as a RuntimeError: the free space tells)."""
     space = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     if not space and shutil.disk_usage(output_dir).free >= 2**20:
         return None
-    earlier = [p.name for p in list_checkpoints(output_dir)]
-    kept = f"the earlier checkpoints are intact: {', '.join(earlier)}" if earlier else "there is no earlier one"
+    earlier = ", ".join(p.name for p in list_checkpoints(output_dir))
+    kept = f"the earlier checkpoints are intact: {earlier}" if earlier else "there is no earlier one"
     done = (
         "The partial checkpoint was removed"
         if what.startswith("checkpoint")
@@ -175,13 +166,13 @@ def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit 
     )
     return SystemExit(
         f"error: no space left on the device (or a file-size limit, `ulimit -f`) while saving {what} in "
-        f"--output_dir {output_dir} ({error}). {done}, and {kept}. Free some space there (or write to another disk), "
-        "then resume with --resume_from_checkpoint latest."
+        f"--output_dir {output_dir} ({error}). {done}, and {kept}. Free some space, then resume with "
+        "--resume_from_checkpoint latest."
     )
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint; it is renamed first, so that a kill half-way never leaves a partial `checkpoint-N`."""
+    """Delete a checkpoint, renamed first: a kill half-way never leaves a partial `checkpoint-N`."""
     doomed = path.with_name(f".{path.name}.deleting")
     os.replace(path, doomed)
     shutil.rmtree(doomed)
@@ -197,8 +188,8 @@ def saved_train_seconds(checkpoint: Path) -> float:
 
 
 def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None, lora: bool = False) -> None:
-    """Make checkpoints hold diffusers model folders of `model_class`, not pickles: `transformer/` (and the `ema`'s
-    `transformer_ema/`), or with `lora` only the adapter in `transformer_lora/` (the base pipeline gives the rest)."""
+    """Make checkpoints hold diffusers model folders, not pickles: `transformer/` and `transformer_ema/`, or with
+    `lora` only the adapter's `transformer_lora/`."""
 
     def save_hook(models, weights, output_dir):
         if accelerator.is_main_process:
@@ -240,9 +231,10 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def diverged_message(error: DivergenceError, args: TrainingConfig, output_dir: Path, store) -> str:
-    """What to say when a step's loss or gradient norm is NaN or inf; `store` is the run's feature store, if any."""
-    # A checkpoint at the step before holds the weights that diverged: only older ones are confirmed.
+def diverged_message(error: DivergenceError, args: TrainingConfig, store) -> str:
+    """What to say when a step diverged; a checkpoint of the step before holds the weights that did, so only older
+    ones are confirmed. `store`: the run's feature store, if any."""
+    output_dir = Path(args.output_dir)
     confirmed = intact_checkpoint(output_dir, before=error.step - 1)
     suspect = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) >= error.step - 1]
     kept = (
@@ -259,14 +251,8 @@ def diverged_message(error: DivergenceError, args: TrainingConfig, output_dir: P
     if args.mixed_precision == "fp16":
         tries.append("--mixed_precision bf16 or no (fp16 overflows)")
     if store is not None:
-        tries.append(
-            f"if the loss is not finite from the first steps, the cached features may be corrupted: delete {store.path} "
-            "and run again to extract them anew"
-        )
-    return (
-        f"error: {error}. Training stopped before this step's update was applied, and nothing of it was written; "
-        f"{kept}. Try {'; '.join(tries)}."
-    )
+        tries.append(f"if it diverged from the first steps, deleting the feature store {store.path}")
+    return f"error: {error}. Training stopped before this step's update was applied; {kept}. Try {'; '.join(tries)}."
 
 
 def require_finite_weights(model, ema, step: int, output_dir: Path, learning_rate: float) -> None:

@@ -1,5 +1,5 @@
 """The backbone and its frozen components, refused before any data is read when they or the resolution do not
-fit; and LoRA through PEFT as diffusers' examples do it, saved in diffusers' LoRA format.
+fit; and LoRA through PEFT, saved in diffusers' LoRA format.
 """
 
 import contextlib
@@ -19,27 +19,22 @@ from diffusers_lmlp.worlds import WORLDS, load
 
 def build_model(args: TrainingConfig) -> torch.nn.Module:
     """The backbone: a base pipeline's (keeping its family) or a new one; refuses options the backbone cannot take."""
-
-    def routes(model_class: type) -> bool:  # reports router probabilities for the load-balancing loss
-        return "output_router_probs" in inspect.signature(model_class.forward).parameters
-
     if args.pretrained_model_name_or_path:
         config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
         saved = family_of(config["transformer"][1]).name
         if args.model_type not in (None, saved):
             raise SystemExit(
                 f"error: --model_type {args.model_type} conflicts with the base pipeline, whose backbone is "
-                f"{config['transformer'][1]} (--model_type {saved}); fine-tuning keeps the saved backbone."
+                f"--model_type {saved}: drop --model_type."
             )
-        if args.load_balance_weight and not routes(FAMILIES[saved].model_class):
-            raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
-        model = FAMILIES[saved].model_class.from_pretrained(
+    model_class = FAMILIES[saved if args.pretrained_model_name_or_path else args.model_type].model_class
+    if args.load_balance_weight and "output_router_probs" not in inspect.signature(model_class.forward).parameters:
+        raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
+    if args.pretrained_model_name_or_path:
+        model = model_class.from_pretrained(
             args.pretrained_model_name_or_path, subfolder="transformer", revision=args.revision, variant=args.variant
         )
     else:  # a new one of --model_type from --model_config and --model_overrides
-        model_class = FAMILIES[args.model_type].model_class
-        if args.load_balance_weight and not routes(model_class):
-            raise SystemExit("error: --load_balance_weight applies to a backbone with routers (--model_type moe_mlp)")
         try:
             if args.model_config is None or args.model_config_values is not None:  # a JSON file's, checked at start-up
                 model = model_class(**{**(args.model_config_values or args.model_skeleton), **args.model_overrides})
@@ -57,8 +52,8 @@ def build_model(args: TrainingConfig) -> torch.nn.Module:
 
 
 def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen tokenizer, text encoder and VAE: a base pipeline's, else the embedded world's, each replaced by
-    `--pretrained_text_encoder` and `--pretrained_vae` (resolved at start-up)."""
+    """The frozen tokenizer, text encoder and VAE: a base pipeline's or the embedded world's, each replaced by
+    `--pretrained_text_encoder` and `--pretrained_vae`."""
     if args.pretrained_model_name_or_path:
         pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
         tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
@@ -78,11 +73,10 @@ def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel,
 
 @contextlib.contextmanager
 def loading_from(what: str, source: str, option: str):
-    """Turn a loader's `OSError` or `ValueError` for component `what` from `source` into a message that says what to
-    do."""
+    """Turn a loader's `OSError` or `ValueError` for `what` from `source` into a message that says what to do."""
     try:
         yield
-    except ValueError as error:  # what the component's checkpoint holds is wrong (arguments.load_text_encoder)
+    except ValueError as error:  # what the component's checkpoint holds is wrong
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -92,14 +86,14 @@ def loading_from(what: str, source: str, option: str):
 
         offline = " (HF_HUB_OFFLINE=1: only the Hugging Face cache is read)" if constants.HF_HUB_OFFLINE else ""
         raise SystemExit(
-            f"error: could not load {what} from the Hub repo {source}{offline}: {first} Fetch its files once with "
-            f"the `hf download {source} ...` line of docs/coco.md, or pass a local folder with {option}."
+            f"error: could not load {what} from the Hub repo {source}{offline}: {first} Fetch it once (`hf download "
+            f"{source}`, see docs/coco.md), or pass a local folder with {option}."
         ) from None
 
 
 def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
     """Refuse components and a resolution that do not fit the backbone: it mixes a fixed number of tokens, so the VAE
-    must turn `resolution` px images into latents of exactly its `sample_size`, by its config and by its layers."""
+    must turn `resolution` px images into latents of exactly its `sample_size`, by its config and its layers."""
     config = model.config
     factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
     native = config.sample_size * factor
@@ -119,8 +113,7 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
             f"error: the VAE encodes {resolution}×{resolution} px images to {height}×{width} latents, but the "
             f"model's sample_size is {config.sample_size}: its config (block_out_channels of "
             f"{len(vae.config.block_out_channels)} entries) gives a factor of {factor}, its layers downsample by "
-            f"{resolution // height}. Use a VAE whose config matches its layers (one down block per entry of "
-            "block_out_channels)."
+            f"{resolution // height}. Use a VAE whose config matches its layers."
         )
     # LMLPPipeline's constructor checks text width, tokenizer length and latent channels with clear messages.
     try:
@@ -132,8 +125,8 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
 def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
     """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device."""
     encoder = vae.encoder
-    tensors = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
-    meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors.items()}
+    tensors = [*encoder.named_parameters(), *encoder.named_buffers()]
+    meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors}
     image = torch.empty(1, vae.config.in_channels, resolution, resolution, dtype=vae.dtype, device="meta")
     try:
         with torch.no_grad():
@@ -151,7 +144,7 @@ def lora_config(
     model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
 ):
     """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
-    (names or suffixes) to the family's targets."""
+    (names or suffixes) to the family's."""
     try:
         import peft
     except ImportError:
@@ -176,7 +169,7 @@ def lora_config(
 
 
 def add_lora(model: torch.nn.Module, config) -> list[str]:
-    """Freeze the backbone, inject the adapter and return the adapted modules' names; exits when any named target
+    """Freeze the backbone, inject the adapter and return the adapted modules' names; exits when a named target
     matches no layer (PEFT refuses only when none does)."""
     model.requires_grad_(False)
     linear_names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
@@ -218,9 +211,7 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     saved = LMLPPipeline.lora_state_dict(str(folder))
     saved = {key.removeprefix("transformer."): value for key, value in saved.items()}
     expected = adapter_state_dict(model)
-    mismatched = sorted(set(saved) ^ set(expected)) or sorted(
-        k for k in expected if saved[k].shape != expected[k].shape
-    )
+    mismatched = sorted(set(saved) ^ set(expected)) or [k for k in expected if saved[k].shape != expected[k].shape]
     if mismatched:
         raise SystemExit(
             f"error: the LoRA adapter in {folder} does not fit this run's adapter (e.g. {mismatched[0]}): resume with "

@@ -30,25 +30,13 @@ COCO_SPLITS = ("train2014", "val2014")
 
 
 def load_training_data(
-    *,
-    dataset_name: str | None,
-    dataset_config_name: str | None,
-    train_data_dir: str | None,
-    data_layout: str = "auto",
-    image_column: str,
-    caption_column: str,
-    max_train_samples: int | None,
-    streaming: bool,
-    seed: int,
-    cache_dir: str,
-    world: str | None = "shapes",
-    shapes_split: str = "train",
-    shapes_num_images: int | None = None,
-):
-    """The training split, a `datasets.Dataset` (an `IterableDataset` with `streaming`), of `--dataset_name` (a Hub
-    id, a local dataset folder or a `save_to_disk` folder), else `--train_data_dir` (laid out as `data_layout` says),
-    else the embedded `world` (the shapes one rendered from `seed`). Bad data are refused (`ValueError`, naming the
-    problem) before anything is encoded, the same way for every source."""
+    *, dataset_name: str | None, dataset_config_name: str | None, train_data_dir: str | None, data_layout: str = "auto",
+    image_column: str, caption_column: str, max_train_samples: int | None, streaming: bool, seed: int, cache_dir: str,
+    world: str | None = "shapes", shapes_split: str = "train", shapes_num_images: int | None = None,
+):  # fmt: skip
+    """The training split (an `IterableDataset` with `streaming`) of `--dataset_name` (a Hub id, a local or a
+    `save_to_disk` folder), else `--train_data_dir` (laid out as `data_layout` says), else the embedded `world`. Bad
+    data are refused (`ValueError`, naming the problem) before anything is encoded, the same way for every source."""
     import datasets
 
     if data_layout not in DATA_LAYOUTS:
@@ -120,8 +108,7 @@ def check_rows(dataset, image_column: str, caption_column: str) -> None:
     text = inner if inner is not None else caption_feature
     if caption_feature is not None and getattr(text, "dtype", None) not in ("string", "large_string"):
         raise ValueError(
-            f"--caption_column {caption_column!r} holds {caption_feature}, not text (a metadata.csv column of numbers "
-            "is read as numbers): name the caption column, or write the captions to metadata.jsonl as strings"
+            f"--caption_column {caption_column!r} holds {caption_feature}, not text: name the caption column"
         )
     if isinstance(dataset, datasets.IterableDataset):
         return
@@ -168,13 +155,12 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
     if split not in COCO_SPLITS:
         raise ValueError(f"unknown COCO-2014 split {split!r}; choose one of {COCO_SPLITS}")
     annotations_file, image_dir = root / "annotations" / f"captions_{split}.json", root / split
-    layout = (
-        f"lay it out as the official archives unpack: {root}/annotations/captions_{split}.json (from "
-        f"annotations_trainval2014.zip) and {root}/{split}/COCO_{split}_<id>.jpg (from {split}.zip)"
-    )
     for needed in (annotations_file, image_dir):
         if not needed.exists():
-            raise ValueError(f"{root} is not a COCO-2014 folder: {needed} is missing; {layout}")
+            raise ValueError(
+                f"{root} is not a COCO-2014 folder: {needed} is missing; unpack annotations_trainval2014.zip and "
+                f"{split}.zip into it"
+            )
     with open(annotations_file, encoding="utf-8") as f:
         coco = json.load(f)
     if not isinstance(coco, dict) or not {"images", "annotations"} <= coco.keys():
@@ -183,10 +169,7 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
     images = sorted(coco["images"], key=lambda image: image["id"])
     paths = [image_dir / image["file_name"] for image in images]
     if missing := [str(path) for path in paths if not path.is_file()]:
-        raise ValueError(
-            f"{annotations_file} lists {len(missing)} image(s) that {image_dir} lacks, e.g. {missing[0]}: unpack "
-            f"{split}.zip whole into {root}"
-        )
+        raise ValueError(f"{annotations_file} lists {len(missing)} image(s) that {image_dir} lacks, e.g. {missing[0]}")
     if uncaptioned := [image["id"] for image in images if image["id"] not in captions]:
         raise ValueError(
             f"{annotations_file}: image id {uncaptioned[0]} (and {len(uncaptioned) - 1} more) has no caption"
@@ -230,7 +213,6 @@ def load_imagefolder(folder: Path, caption_column: str = "text", cache_dir: str 
 def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], list[Path]]:
     """The `data_files` patterns of an imagefolder's training split and its metadata files: the training split
     folders (`train/`, `train2014/`, … as `datasets` names them) when they hold metadata, else the whole folder."""
-    import datasets
     from datasets.data_files import NON_WORDS_CHARS, SPLIT_KEYWORDS
 
     pattern = f"(^|[{NON_WORDS_CHARS}])({{}})([{NON_WORDS_CHARS}]|$)"
@@ -255,21 +237,16 @@ def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], lis
         return [f"{path.as_posix()}/**" for path in split_folders["train"]], training
     in_splits = [path for path, splits in metadata.items() if splits]
     if in_splits:
-        listed = ", ".join(sorted(str(path) for paths in split_folders.values() for path in paths))
         raise ValueError(
-            f"{folder} is split into folders ({listed}), and its training split has no metadata file (other splits "
-            f"have, e.g. {in_splits[0]}): put the training images and their metadata in {folder / 'train'}"
+            f"{folder} is split into folders, and its training split has no metadata file (e.g. {in_splits[0]} is "
+            f"another split's): put the training images and their metadata in {folder / 'train'}"
         )
     if not metadata:
-        found = (
-            f" ({', '.join(sorted(unread))} is not one that datasets {datasets.__version__} reads)" if unread else ""
-        )
-        example = json.dumps({"file_name": "0001.jpg", caption_column: "a red bus parked on a street"})
+        found = f" ({', '.join(sorted(unread))} is not one datasets reads)" if unread else ""
+        example = json.dumps({"file_name": "0001.jpg", caption_column: "a red bus"})
         raise ValueError(
-            f"{folder} has no metadata file ({', '.join(names)}){found}, so its images have no captions (datasets "
-            "would label them with their folder names instead). Add a metadata.jsonl next to the images, one line per "
-            f"image: {example}. For COCO-2014, pass the folder that holds annotations/captions_train2014.json and "
-            "train2014/."
+            f"{folder} has no metadata file ({', '.join(names)}){found}, so its images have no captions: add a "
+            f"metadata.jsonl, one line per image ({example}), or pass a COCO-2014 folder"
         )
     return ["**"], list(metadata)
 
@@ -281,64 +258,46 @@ def metadata_file_names() -> list[str]:
 
 
 def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> None:
-    """Refuse imagefolder metadata with a row that lacks a usable caption or its image (only checked to exist):
-    `datasets` would fill a missing caption with None (a crash much later) and train an empty one as ""."""
+    """Refuse imagefolder metadata of mixed formats, or a file with no rows, without the caption column, with a row
+    that lacks a usable caption or its image (only checked to exist), or with captions of both kinds: `datasets` would
+    fill a missing caption with None (a crash much later), train an empty one as "", or fail deep in Arrow."""
     formats = sorted({path.suffix for path in metadata})
     if len(formats) > 1:
         first, other = (next(path for path in metadata if path.suffix == suffix) for suffix in formats[:2])
-        raise ValueError(
-            f"the metadata files mix formats ({', '.join(formats)}), e.g. {first} and {other}: datasets reads one "
-            "format per dataset, so write them all in one"
-        )
-    first_caption = {}
+        raise ValueError(f"the metadata files mix formats ({', '.join(formats)}), e.g. {first} and {other}: use one")
+    first_caption = {}  # "where", "kind": of the first caption of all files
     for path in metadata:
-        check_metadata_file(path, caption_column, first_caption)
-
-
-def check_metadata_file(metadata: Path, caption_column: str, first_caption: dict[str, str] | None = None) -> None:
-    """Refuse a metadata file with no rows, without the caption column, with a wrong row, or with captions of both
-    kinds (on which `datasets` fails deep in Arrow); `first_caption` (`"where"`, `"kind"`) is shared between files."""
-    first_values, first_problem, problems, listings = {}, None, 0, {}
-    first_caption = {} if first_caption is None else first_caption
-    for where, row in metadata_rows(metadata):
-        for column in row.keys() - first_values.keys():
-            first_values[column] = row[column]
-        problem = row_problem(row, caption_column, metadata, listings)
-        if problem is None:
-            kind = "a list of captions" if isinstance(row[caption_column], list | tuple) else "a string"
-            first_caption.setdefault("where", f"{metadata} {where}")
-            if kind != first_caption.setdefault("kind", kind):
-                problem = (
-                    f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: datasets "
-                    'needs one type per column, so write every caption as a list (a single caption as ["..."]) or '
-                    "every one as a string"
+        first_values, first_problem, problems, listings = {}, None, 0, {}
+        for where, row in metadata_rows(path):
+            for column in row.keys() - first_values.keys():
+                first_values[column] = row[column]
+            problem = row_problem(row, caption_column, path, listings)
+            if problem is None:
+                kind = "a list of captions" if isinstance(row[caption_column], list | tuple) else "a string"
+                first_caption.setdefault("where", f"{path} {where}")
+                if kind != first_caption.setdefault("kind", kind):
+                    problem = (
+                        f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: write "
+                        "every caption as a list or every one as a string"
+                    )
+            if problem:
+                problems += 1
+                first_problem = first_problem or f"{where} (file_name {row.get('file_name')!r}): {problem}"
+        if not first_values:
+            raise ValueError(f"{path} has no rows: list each image with its caption, or remove the file")
+        if caption_column not in first_values:
+            problem = f"--caption_column {caption_column!r} is not a column of the dataset: {path} has no such field"
+            if candidates := [c for c, value in first_values.items() if not is_file_name(c) and is_caption(value)]:
+                flag = candidates[0] if len(candidates) == 1 else "with the one that holds the captions"
+                raise ValueError(
+                    f"{problem}; its rows have {', '.join(map(repr, candidates))}: pass --caption_column {flag}"
                 )
-        if problem:
-            problems += 1
-            first_problem = first_problem or f"{where} (file_name {row.get('file_name')!r}): {problem}"
-    if not first_values:
-        raise ValueError(f"{metadata} has no rows: list each image with its caption, or remove the file")
-    if caption_column not in first_values:
-        problem = (
-            f"--caption_column {caption_column!r} is not a column of the dataset: {metadata} has no {caption_column!r} "
-            "field"
-        )
-        candidates = [c for c, value in first_values.items() if not is_file_name(c) and is_caption(value)]
-        if len(candidates) == 1:
-            raise ValueError(f"{problem}; its rows have {candidates[0]!r}: pass --caption_column {candidates[0]}")
-        if candidates:
+            raise ValueError(f"{problem}, and none of its columns {sorted(first_values)} holds text")
+        if first_problem:
+            more = f" ({problems - 1} more rows are wrong too)" if problems > 1 else ""
             raise ValueError(
-                f"{problem}; its rows have {', '.join(map(repr, candidates))}: pass --caption_column with the one "
-                "that holds the captions"
+                f"{path} {first_problem}{more}. Every row needs a caption and its image: fix or remove it."
             )
-        raise ValueError(
-            f"{problem}, and none of its columns {sorted(first_values)} holds text: add a caption to every row"
-        )
-    if first_problem:
-        more = f" ({problems - 1} more rows are wrong too)" if problems > 1 else ""
-        raise ValueError(
-            f"{metadata} {first_problem}{more}. Every row needs a caption and its image: fix or remove that row."
-        )
 
 
 def is_file_name(column: str) -> bool:
@@ -376,10 +335,7 @@ def row_problem(row: dict, caption_column: str, metadata: Path, listings: dict[s
         path = os.path.join(folder, name)
         parent, base = os.path.split(path)
         if parent not in listings:
-            listings[parent] = set()
-            if os.path.isdir(parent):
-                with os.scandir(parent) as entries:
-                    listings[parent] = {entry.name for entry in entries if entry.is_file()}
+            listings[parent] = set(os.listdir(parent)) if os.path.isdir(parent) else set()
         if base not in listings[parent] and not os.path.isfile(path):  # isfile: a case-insensitive system's match
             return f"its image {path} is missing"
     return None
@@ -389,15 +345,13 @@ def metadata_rows(metadata: Path) -> Iterator[tuple[str, dict]]:
     """`(where, row)` for each row of a metadata file: `"line <n>"` in a `.jsonl` or `.csv`, `"row <i>"` in a
     `.parquet`."""
     if metadata.suffix == ".parquet":
-        import pyarrow
         import pyarrow.parquet
 
         try:
-            rows = (row for batch in pyarrow.parquet.ParquetFile(metadata).iter_batches() for row in batch.to_pylist())
-            for index, row in enumerate(rows):
-                yield f"row {index}", row
+            rows = [row for batch in pyarrow.parquet.ParquetFile(metadata).iter_batches() for row in batch.to_pylist()]
         except pyarrow.ArrowException as error:
             raise ValueError(f"{metadata} is not a readable parquet file: {error}") from None
+        yield from ((f"row {index}", row) for index, row in enumerate(rows))
         return
     with open(metadata, encoding="utf-8", newline="") as f:
         if metadata.suffix == ".csv":
@@ -441,9 +395,9 @@ def build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator
 
 class BatchReader:
     """The CPU half of a batch, run in `DataLoader` workers: the random draws, then the samples from the feature
-    store (latents re-sampled from the stored moments, as the reference does) or decoded images. A map-style dataset
-    is an endless stream of seeded per-epoch permutations (resuming needs no data state); a stream is read in order
-    from this process's shard, skipping what the steps before `step` used."""
+    store (latents re-sampled from the stored moments, as the reference does) or decoded images. A dataset is read in
+    seeded per-epoch permutations (resuming needs no data state); a stream in order, skipping what steps before
+    `step` used."""
 
     def __init__(self, args, dataset, store: FeatureStore | None, process_index: int, num_processes: int, step: int):
         self.args, self.dataset, self.store = args, dataset, store
@@ -558,11 +512,7 @@ class BatchSource:
         """The latents, text states and generator of steps `first` … `last - 1`, read by `--dataloader_num_workers`."""
         workers = self.args.dataloader_num_workers
         if self.args.streaming and workers > 1:
-            from accelerate.logging import get_logger
-
-            get_logger(__name__).info(
-                f"--dataloader_num_workers {workers}: a stream is read in order, by one worker process"
-            )
+            logger.info(f"--dataloader_num_workers {workers}: a stream is read in order, by one worker process")
             workers = 1
         loader = torch.utils.data.DataLoader(
             StepBatches(self.reader, first, last),

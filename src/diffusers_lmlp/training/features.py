@@ -1,27 +1,28 @@
 """The feature store: the VAE moments of every training image and the CLIP text states of every caption, extracted
-once (U-ViT's extraction) into safetensors shards and read lazily. A shard under its final name is complete, with its
-checksums file next to it; the store is complete when its `manifest.json`, written last, is there. Extraction is
-parallel and resumable and never stores a NaN or inf; opening checks every shard against the manifest.
+once (U-ViT's extraction) into shards that `safetensors.torch.save_file` writes and that are read lazily, row by row.
+A shard under its final name is complete, its SHA-256 in the checksums file written after it; the store is complete
+when its `manifest.json`, written last, is there. Extraction is parallel and resumable and never stores a NaN or inf;
+opening checks every shard against the manifest.
 """
 
 import hashlib
 import json
 import logging
-import math
 import os
 import re
-import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
-from ..durable import fsync_tree, hold_lock
+from ..durable import hold_lock
 from ..evaluation.captions import captions_of
+from ..evaluation.resume import write_json_durably
 from ..progress import progress_bar
 
 
@@ -29,15 +30,11 @@ logger = logging.getLogger(__name__)
 
 # `--cache_text_dtype`: how the text states are stored (the moments are always float32).
 TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-SHARD_SIZE = 1024  # images per shard
+SHARD_SIZE = 256  # images per shard, held in memory while it is extracted
 MANIFEST = "manifest.json"
 # Part of every key, so a store of another layout is never read as this one.
-FORMAT = "diffusers-lmlp feature store v2"
-CHECKSUM_PARTS = ("header", "moments", "caption_offsets", "text_states")  # each hashed on its own
-HASH_CHUNK = 8 << 20
-SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.int64: "I64"}
-NUMPY_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "I64": np.dtype("<i8")}
-MAX_OPEN_SHARDS = 64  # per process
+FORMAT = "diffusers-lmlp feature store v3"
+MAX_OPEN_SHARDS = 64  # file descriptors per process (nothing is mapped: memory does not grow with them)
 
 
 def shard_name(index: int) -> str:
@@ -45,7 +42,7 @@ def shard_name(index: int) -> str:
 
 
 def checksums_path(shard: Path) -> Path:
-    """The file of a shard's size and checksums, written before the shard is renamed into place."""
+    """The file of a shard's size and SHA-256, written once the shard is in place."""
     return shard.with_suffix(".sha256.json")
 
 
@@ -62,58 +59,22 @@ def feature_store_key(
     def digest(value) -> str:
         return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
-    parts = [
-        FORMAT,
-        getattr(dataset, "_fingerprint", None) or str(len(dataset)),
-        image_column,
-        caption_column,
-        str(resolution),
-        text_dtype,
-        digest(dict(vae.config)),
-        digest(text_encoder.config.to_dict()),
-        digest([tokenizer.model_max_length, sorted(tokenizer.get_vocab().items())]),
-        *(str(sum(float(p.detach().double().sum()) for p in m.parameters())) for m in (vae, text_encoder)),
-    ]
+    parts = [FORMAT, getattr(dataset, "_fingerprint", None) or str(len(dataset)), image_column, caption_column,
+             str(resolution), text_dtype, digest(dict(vae.config)), digest(text_encoder.config.to_dict()),
+             digest([tokenizer.model_max_length, sorted(tokenizer.get_vocab().items())]),
+             *(str(sum(float(p.detach().double().sum()) for p in m.parameters())) for m in (vae, text_encoder))]  # fmt: skip
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
-
-
-def read_header(fd: int, path: Path) -> tuple[dict, int]:
-    """The header of the safetensors file open as `fd` and the offset its data start at (`ValueError` if it is not
-    one)."""
-    raw = os.pread(fd, 8, 0)
-    size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-    if not 0 < size < 2**27:
-        raise ValueError(f"{path} is not a safetensors file (its 8-byte header length is wrong)")
-    try:
-        return json.loads(os.pread(fd, size, 8)), 8 + size
-    except ValueError:
-        raise ValueError(f"{path} is not a safetensors file (its header is not JSON)") from None
-
-
-def header_of(tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict:
-    """The safetensors header of these tensors (name → (dtype, shape)), stored back to back in this order."""
-    header, end = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        size = math.prod(shape) * dtype.itemsize
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [end, end + size]}
-        end += size
-    return header
 
 
 def is_count(value) -> bool:
     return type(value) is int and value >= 1
 
 
-def checksums_problem(record) -> str | None:
-    """What is wrong with a shard's `{"bytes", "sha256"}` record, or None: the checksums must cover every part."""
-    if not isinstance(record, dict) or not is_count(record.get("bytes")):
-        return "its 'bytes' is not a positive integer"
-    sha256 = record.get("sha256")
-    if not isinstance(sha256, dict) or sorted(sha256) != sorted(CHECKSUM_PARTS):
-        return f"its 'sha256' is {sha256!r:.80}, not the checksums of the parts {list(CHECKSUM_PARTS)}"
-    if not all(isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest) for digest in sha256.values()):
-        return "its 'sha256' holds a value that is not a SHA-256 hex digest"
-    return None
+def checksums_ok(record) -> bool:
+    """Whether a shard's record (in its checksums file and the manifest) has its size, SHA-256 and caption count."""
+    sha256 = record.get("sha256") if isinstance(record, dict) else None
+    return isinstance(sha256, str) and bool(re.fullmatch("[0-9a-f]{64}", sha256)) and all(
+        is_count(record.get(field)) for field in ("bytes", "num_captions"))  # fmt: skip
 
 
 def read_manifest(path: Path) -> dict:
@@ -121,82 +82,67 @@ def read_manifest(path: Path) -> dict:
     not JSON, of another format, or a field is wrong)."""
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path.parent} is not a complete feature store: {MANIFEST} is missing (it is written last). On several "
-            "machines, put --cache_dir on a file system that every process sees"
+            f"{path.parent} is not a complete feature store: {MANIFEST} is missing. On several machines, put "
+            "--cache_dir on a file system that every process sees"
         )
-    again = "delete it, and the next run writes it again from the shards' checksums files"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
-        raise ValueError(f"{path} is not valid JSON: {again}") from None
+        manifest = None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT!r} manifest: delete {path.parent} to extract it again")
-    if problem := manifest_problem(manifest):
-        raise ValueError(f"{path} is not a valid {FORMAT!r} manifest ({problem}): {again}")
+    shards = manifest.get("shards") if isinstance(manifest.get("shards"), list) else []
+    checks = {
+        **{field: is_count(manifest.get(field)) for field in ("num_images", "shard_size")},
+        "text_dtype": manifest.get("text_dtype") in TEXT_DTYPES,
+        **{field: isinstance(manifest.get(field), list) and all(map(is_count, manifest[field]))
+           for field in ("moments_shape", "text_states_shape")},
+        "shards": isinstance(manifest.get("shards"), list),
+        **{f"shards[{i}]": checksums_ok(shard) and shard.get("file") == shard_name(i) for i, shard in enumerate(shards)},
+    }  # fmt: skip
+    if wrong := [field for field, ok in checks.items() if not ok]:
+        raise ValueError(
+            f"{path} is not a valid {FORMAT!r} manifest ({', '.join(map(repr, wrong))} missing or wrong): delete it, "
+            "and the next run writes it again from the shards' checksums files"
+        )
     return manifest
 
 
-def manifest_problem(manifest: dict) -> str | None:
-    """What is wrong with the fields of a manifest, or None."""
-    shape_ok = lambda value: isinstance(value, list) and all(is_count(n) for n in value)  # noqa: E731
-    checks = {
-        **{field: is_count(manifest.get(field)) for field in ("num_images", "num_captions", "shard_size")},
-        "text_dtype": manifest.get("text_dtype") in TEXT_DTYPES,
-        "moments_shape": shape_ok(manifest.get("moments_shape")),
-        "text_states_shape": shape_ok(manifest.get("text_states_shape")),
-        "shards": isinstance(manifest.get("shards"), list),
-    }
-    if wrong := [field for field, ok in checks.items() if not ok]:
-        return f"{', '.join(map(repr, wrong))} missing or of the wrong type"
-    for index, shard in enumerate(manifest["shards"]):
-        if not isinstance(shard, dict) or shard.get("file") != shard_name(index):
-            return f"shard {index} is not named {shard_name(index)!r}"
-        if not (is_count(shard.get("num_images")) and is_count(shard.get("num_captions"))):
-            return f"shard {index}'s 'num_images' or 'num_captions' is not a positive integer"
-        if problem := checksums_problem(shard):
-            return f"shard {index}: {problem}"
-    return None
-
-
-def shard_digests(path: Path) -> dict[str, str]:
-    """The SHA-256 of each part of a shard (its header, then each tensor's bytes), reading the file once, in order."""
-    with open(path, "rb", buffering=0) as f:
-        header, data_start = read_header(f.fileno(), path)
-        parts = [("header", 0, data_start)] + sorted(
-            ((name, data_start + entry["data_offsets"][0], data_start + entry["data_offsets"][1])
-             for name, entry in header.items() if name != "__metadata__"),
-            key=lambda part: part[1],
-        )  # fmt: skip
-        digests = {}
-        for name, begin, end in parts:
-            digest = hashlib.sha256()
-            f.seek(begin)
-            while begin < end:
-                chunk = f.read(min(HASH_CHUNK, end - begin))
-                if not chunk:
-                    raise ValueError(f"{path} is shorter than its header says")
-                digest.update(chunk)
-                begin += len(chunk)
-            digests[name] = digest.hexdigest()
-    return digests
+def read_header(fd: int, path: Path) -> tuple[dict, int]:
+    """The header of the safetensors file open as `fd` and the offset its data start at (`ValueError` if none)."""
+    raw = os.pread(fd, 8, 0)
+    size = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+    try:
+        if 0 < size < 2**27:
+            return json.loads(os.pread(fd, size, 8)), 8 + size
+    except ValueError:
+        pass
+    raise ValueError(f"{path} is not a safetensors file (its header is not one)")
 
 
 class ShardReader:
-    """Positional reads of whole rows of the tensors of one safetensors file, into caller-owned arrays."""
+    """Positional reads of whole rows of the tensors of one safetensors file, into caller-owned arrays: a batch
+    reads its rows and nothing else (`safe_open` maps the file, so what a process reads would stay in its memory, and
+    its slices take several times longer per row)."""
 
     def __init__(self, path: Path):
         self.path, self.fd = path, os.open(path, os.O_RDONLY)
         try:
-            self.header, self.data_start = read_header(self.fd, path)
+            self.header, data_start = read_header(self.fd, path)
         except ValueError:
             os.close(self.fd)
             raise
         self.tensors = {  # name → (offset of row 0, bytes per row, rows)
-            name: (self.data_start + begin, (end - begin) // max(entry["shape"][0], 1), entry["shape"][0])
+            name: (data_start + begin, (end - begin) // max(entry["shape"][0], 1), entry["shape"][0])
             for name, entry in self.header.items()
             if name != "__metadata__"
             for begin, end in [entry["data_offsets"]]
         }
+
+    @cached_property
+    def caption_offsets(self) -> np.ndarray:
+        """(n + 1,) int64: image i's captions are text rows `[i] : [i + 1]`; read once while the shard is open."""
+        return self.read_into("caption_offsets", 0, np.empty(self.tensors["caption_offsets"][2], np.int64))
 
     def read_into(self, name: str, row: int, out: np.ndarray) -> np.ndarray:
         """Read rows `row`, `row + 1`, … of tensor `name` into the C-contiguous `out`, as many as it holds."""
@@ -207,11 +153,6 @@ class ShardReader:
             raise OSError(f"{self.path} is truncated: delete its feature store folder to extract it again")
         return out
 
-    @cached_property
-    def caption_offsets(self) -> np.ndarray:
-        """(n + 1,) int64: image i's captions are text rows `[i] : [i + 1]`; read once while the shard is open."""
-        return self.read_into("caption_offsets", 0, np.empty(self.tensors["caption_offsets"][2], NUMPY_DTYPES["I64"]))
-
     def close(self) -> None:
         os.close(self.fd)
 
@@ -219,8 +160,8 @@ class ShardReader:
 class FeatureStore:
     """A complete store, read lazily: `read` fetches the rows of one batch, and nothing else is held.
 
-    Opening checks every shard's size, header and caption offsets against the manifest and, with `verify`, its
-    checksums. Picklable for `DataLoader` workers, which open their own files and check nothing again.
+    Opening checks every shard's size and header against the manifest and, with `verify`, its SHA-256. Picklable
+    for `DataLoader` workers, which open their own files and check nothing again.
 
     Raises:
         `FileNotFoundError`: When the manifest or a shard is missing.
@@ -230,19 +171,18 @@ class FeatureStore:
     def __init__(self, path: Path, *, verify: bool = True):
         self.path, self.manifest_path = Path(path), Path(path) / MANIFEST
         manifest = read_manifest(self.manifest_path)
-        self.num_images, self.num_captions = manifest["num_images"], manifest["num_captions"]
-        self.shard_size, self.records = manifest["shard_size"], manifest["shards"]
+        self.num_images, self.shard_size = manifest["num_images"], manifest["shard_size"]
+        self.records = manifest["shards"]
+        self.num_captions = sum(record["num_captions"] for record in self.records)
         self.shards = [record["file"] for record in self.records]
         self.text_dtype = TEXT_DTYPES[manifest["text_dtype"]]
         self.moments_shape = tuple(manifest["moments_shape"])  # (2C, h, w)
         self.text_states_shape = tuple(manifest["text_states_shape"])  # (T, D)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
-        counts = (len(self.shards), sum(record["num_captions"] for record in self.records))
-        if counts != (-(-self.num_images // self.shard_size), self.num_captions):
+        if len(self.shards) != -(-self.num_images // self.shard_size):
             raise ValueError(
-                f"{self.manifest_path} lists {counts[0]} shards of {counts[1]} captions, not those of "
-                f"{self.num_images} images by {self.shard_size} with {self.num_captions} captions: delete it, and the "
-                "next run writes it again from the shards"
+                f"{self.manifest_path} lists {len(self.shards)} shards, not those of {self.num_images} images by "
+                f"{self.shard_size}: delete it, and the next run writes it again"
             )
         for index in range(len(self.shards)):
             self.check_structure(index)
@@ -250,80 +190,52 @@ class FeatureStore:
             self.verify()
 
     def fix(self, file: Path) -> str:
-        return (
-            f"Delete {file} and {self.manifest_path}: the next run extracts that shard again, and only that one (the "
-            "extraction resumes, keeping the other shards)"
-        )
-
-    def missing(self, file: Path) -> FileNotFoundError:
-        return FileNotFoundError(
-            f"{file} is missing from the feature store: delete {self.manifest_path}, and the next run extracts the "
-            "missing shard again, and only that one"
-        )
+        return f"Delete {file} and {self.manifest_path}: the next run extracts that shard again, and only that one"
 
     def check_structure(self, index: int) -> None:
-        """Check shard `index`'s size, header and caption offsets against the manifest, reading only those."""
+        """Check shard `index`'s size and header against the manifest, reading only those."""
         file, record = self.path / self.shards[index], self.records[index]
         if not file.is_file():
-            raise self.missing(file)
+            raise FileNotFoundError(f"{file} is missing from the feature store. {self.fix(file)}")
         if (size := file.stat().st_size) != record["bytes"]:
             raise ValueError(
-                f"{file} is {size:,} bytes where its extraction wrote {record['bytes']:,}: it was cut short or "
-                f"changed. {self.fix(file)}"
+                f"{file} is {size:,} bytes where its extraction wrote {record['bytes']:,}. {self.fix(file)}"
             )
         images, captions = min(self.shard_size, self.num_images - index * self.shard_size), record["num_captions"]
-        expected = header_of(
-            {
-                "moments": (torch.float32, (images, *self.moments_shape)),
-                "caption_offsets": (torch.int64, (images + 1,)),
-                "text_states": (self.text_dtype, (captions, *self.text_states_shape)),
+        dtype = "F16" if self.text_dtype == torch.float16 else "F32"
+        expected = {
+            "moments": ("F32", [images, *self.moments_shape]),
+            "caption_offsets": ("I64", [images + 1]),
+            "text_states": (dtype, [captions, *self.text_states_shape]),
+        }
+        try:
+            with open(file, "rb") as f:
+                header = read_header(f.fileno(), file)[0]
+            found = {
+                name: (entry["dtype"], entry["shape"]) for name, entry in header.items() if name != "__metadata__"
             }
-        )
-        try:
-            reader = ShardReader(file)
-        except ValueError as error:
-            raise ValueError(f"{error}. {self.fix(file)}") from None
-        try:
-            found = {name: entry for name, entry in reader.header.items() if name != "__metadata__"}
-            if found != expected:
-                problem = f"has the header {found}, where the manifest expects {expected}"
-            elif reader.data_start + expected["text_states"]["data_offsets"][1] != record["bytes"]:
-                problem = "has a header that does not add up to its size"
-            else:
-                offsets = reader.read_into("caption_offsets", 0, np.empty(images + 1, NUMPY_DTYPES["I64"]))
-                problem = None
-                if offsets[0] != 0 or offsets[-1] != captions or not (np.diff(offsets) > 0).all():
-                    shown = [str(offset) for offset in offsets.tolist()]
-                    shown = shown if len(shown) <= 8 else [*shown[:4], "…", *shown[-2:]]
-                    problem = (
-                        f"has caption offsets [{', '.join(shown)}], which do not rise from 0 to its {captions} text "
-                        "rows (image i's captions are rows offsets[i] to offsets[i + 1])"
-                    )
-        finally:
-            reader.close()
-        if problem:
-            raise ValueError(f"{file} {problem}. {self.fix(file)}")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{file} is not a safetensors file (its header is not one). {self.fix(file)}") from None
+        if found != expected:
+            raise ValueError(
+                f"{file} has the tensors {found}, where the manifest expects {expected}. {self.fix(file)}"
+            )
 
     def verify(self, shards: Iterable[int] | None = None, num_threads: int | None = None) -> None:
-        """Check `shards` (default: all) against the checksums their extraction recorded, `num_threads` (default:
-        one per CPU) at once; `ValueError` naming the shard, the part that differs and the fix."""
+        """Check `shards` (default: all) against the SHA-256 their extraction recorded, `num_threads` (default: one
+        per CPU) at once; `ValueError` naming the shard and the fix."""
         shards = list(range(len(self.shards)) if shards is None else shards)
-        if not shards:
-            return
-        pool = ThreadPoolExecutor(min(len(shards), num_threads or available_cpus()))  # hashing releases the GIL
-        try:
-            list(pool.map(self.verify_shard, shards))
-        finally:
-            pool.shutdown(cancel_futures=True)
+        if shards:
+            with ThreadPoolExecutor(min(len(shards), num_threads or available_cpus())) as pool:
+                list(pool.map(self.verify_shard, shards))  # in threads: hashing releases the GIL
 
     def verify_shard(self, index: int) -> None:
         file = self.path / self.shards[index]
-        digests = shard_digests(file)
-        for part, expected in self.records[index]["sha256"].items():
-            if digests.get(part) != expected:
+        with open(file, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != self.records[index]["sha256"]:
                 raise ValueError(
-                    f"{file}: the SHA-256 of its {part!r} bytes is not the one its extraction recorded in "
-                    f"{self.manifest_path}: the file was damaged or changed after it was written. {self.fix(file)}"
+                    f"{file}: its SHA-256 is not the one its extraction recorded in {self.manifest_path}: the file "
+                    f"was damaged or changed after it was written. {self.fix(file)}"
                 )
 
     def __len__(self) -> int:
@@ -334,18 +246,14 @@ class FeatureStore:
 
     def nbytes(self) -> int:
         """The size of the store's files on disk, in bytes."""
-        files = [file for name in self.shards for file in (self.path / name, checksums_path(self.path / name))]
-        return sum(file.stat().st_size for file in [self.manifest_path, *files])
+        return sum(file.stat().st_size for file in self.path.iterdir())
 
     def shard(self, index: int) -> ShardReader:
         """The reader of shard `index`, opened on first use (at most `MAX_OPEN_SHARDS` stay open)."""
         if index in self._open:
             self._open.move_to_end(index)
             return self._open[index]
-        path = self.path / self.shards[index]
-        if not path.is_file():
-            raise self.missing(path)
-        self._open[index] = ShardReader(path)
+        self._open[index] = ShardReader(self.path / self.shards[index])
         if len(self._open) > MAX_OPEN_SHARDS:
             self._open.popitem(last=False)[1].close()
         return self._open[index]
@@ -356,8 +264,9 @@ class FeatureStore:
         for index in indices:
             if not 0 <= index < self.num_images:
                 raise IndexError(f"image {index} of a feature store of {self.num_images}")
-        moments = np.empty((len(indices), *self.moments_shape), NUMPY_DTYPES["F32"])  # (b, 2C, h, w)
-        states = np.empty((len(indices), *self.text_states_shape), NUMPY_DTYPES[SAFETENSORS_DTYPES[self.text_dtype]])
+        moments = np.empty((len(indices), *self.moments_shape), np.float32)  # (b, 2C, h, w)
+        text_dtype = np.float16 if self.text_dtype == torch.float16 else np.float32
+        states = np.empty((len(indices), *self.text_states_shape), text_dtype)  # (b, T, D)
         for k, (index, pick) in enumerate(zip(indices, picks.tolist())):
             shard, row = divmod(index, self.shard_size)
             reader = self.shard(shard)
@@ -365,17 +274,6 @@ class FeatureStore:
             reader.read_into("moments", row, moments[k])
             reader.read_into("text_states", begin + int(pick * (end - begin)), states[k])
         return torch.from_numpy(moments), torch.from_numpy(states)
-
-
-def write_json(path: Path, value) -> None:
-    """Write `value` as JSON to `path` durably: to a temporary name, fsynced, renamed, the folder fsynced."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_tree(path.parent, recursive=False)
 
 
 @torch.no_grad()
@@ -388,106 +286,43 @@ def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
     return text_encoder(ids.to(text_encoder.device))[0]  # (B, T, D)
 
 
-class ShardWriter:
-    """Writes one safetensors file at its header's offsets, batch by batch, hashing each part as it is written, so the
-    extraction holds one batch in memory, not one shard. `tensors`: name → (dtype, shape), in file order. `commit`
-    writes the checksums file, then fsyncs the shard and renames it from `<path>.tmp` to `path`."""
-
-    def __init__(self, path: Path, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]):
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
-        self.header = header = header_of(tensors)
-        encoded = json.dumps(header, separators=(",", ":")).encode()
-        encoded += b" " * (-len(encoded) % 8)  # the data start 8-byte aligned, as safetensors writes them
-        encoded = struct.pack("<Q", len(encoded)) + encoded
-        self.data_start, self.size = len(encoded), len(encoded) + list(header.values())[-1]["data_offsets"][1]
-        self.written = dict.fromkeys(tensors, 0)  # rows written so far, from row 0
-        self.hashes = {"header": hashlib.sha256(encoded), **{name: hashlib.sha256() for name in tensors}}
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.pwrite(self.fd, encoded, 0)
-        os.ftruncate(self.fd, self.size)
-
-    def write(self, name: str, row: int, values: torch.Tensor) -> None:
-        """Write `values` (k, *shape[1:]) as rows `row`, `row + 1`, … of tensor `name`; rows come in order, from 0, so
-        that they are hashed as they are written."""
-        entry = self.header[name]
-        (begin, end), rows = entry["data_offsets"], entry["shape"][0]
-        row_bytes = (end - begin) // max(rows, 1)
-        data = np.ascontiguousarray(values.detach().cpu().numpy(), dtype=NUMPY_DTYPES[entry["dtype"]])
-        if data.nbytes != len(values) * row_bytes:
-            raise ValueError(
-                f"{name}: rows of {data.nbytes // max(len(values), 1)} bytes, the header says {row_bytes}"
-            )
-        if row != self.written[name]:
-            raise ValueError(f"{name}: rows are written in order, from 0: row {self.written[name]} is next, not {row}")
-        os.pwrite(self.fd, data, self.data_start + begin + row * row_bytes)
-        self.hashes[name].update(data)
-        self.written[name] += len(data)
-
-    def commit(self) -> None:
-        """Once every row is written: write the checksums file, fsync the shard, rename it, fsync the folder."""
-        for name, entry in self.header.items():
-            if self.written[name] != entry["shape"][0]:
-                raise ValueError(
-                    f"{self.tmp}: {name} has {self.written[name]} of its {entry['shape'][0]} rows written"
-                )
-        write_json(
-            checksums_path(self.path),
-            {"bytes": self.size, "sha256": {name: digest.hexdigest() for name, digest in self.hashes.items()}},
-        )
-        os.fsync(self.fd)
-        os.close(self.fd)
-        os.replace(self.tmp, self.path)
-        fsync_tree(self.path.parent, recursive=False)
+def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write a shard with `save_file` under a temporary name, fsync it, rename it into place, then write its checksums
+    file (the shard is complete once both are there)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    os.replace(tmp, path)
+    shapes = {f"{name}_shape": list(tensors[name].shape[1:]) for name in ("moments", "text_states")}
+    record = {"bytes": path.stat().st_size, "sha256": sha256, "num_captions": len(tensors["text_states"]), **shapes}
+    write_json_durably(checksums_path(path), record)  # fsyncs the folder
 
 
-class ShardBatches(torch.utils.data.Dataset):
-    """Item k: `(shard, first row in the shard, pixels, captions)` of `spans[k]` = `(shard, start, stop)`. Map-style,
-    so `DataLoader` workers decode and crop the images while the encoders run."""
+def load_span(dataset, shard_size: int, image_column: str, caption_column: str, resolution: int, span):
+    """`(shard, first row in the shard, pixels, captions)` of `span` = `(shard, start, stop)`, made in `DataLoader`
+    workers, which decode and crop the images while the encoders run."""
+    from .data import preprocess_image  # data.py imports this module
 
-    def __init__(self, dataset, spans, shard_size: int, image_column: str, caption_column: str, resolution: int):
-        self.dataset, self.spans, self.shard_size = dataset, spans, shard_size
-        self.image_column, self.caption_column, self.resolution = image_column, caption_column, resolution
-
-    def __len__(self) -> int:
-        return len(self.spans)
-
-    def __getitem__(self, k: int) -> tuple[int, int, torch.Tensor, list[list[str]]]:
-        from .data import preprocess_image  # data.py imports this module
-
-        shard, start, stop = self.spans[k]
-        rows = self.dataset[start:stop]
-        pixels = torch.stack([preprocess_image(image, self.resolution, False) for image in rows[self.image_column]])
-        return shard, start - shard * self.shard_size, pixels, [captions_of(v) for v in rows[self.caption_column]]
+    shard, start, stop = span
+    rows = dataset[start:stop]
+    pixels = torch.stack([preprocess_image(image, resolution, False) for image in rows[image_column]])
+    return shard, start - shard * shard_size, pixels, [captions_of(v) for v in rows[caption_column]]
 
 
 @torch.no_grad()
 def extract_features(
-    path: Path,
-    dataset,
-    *,
-    image_column: str,
-    caption_column: str,
-    resolution: int,
-    tokenizer,
-    text_encoder,
-    vae,
-    text_dtype: str = "float32",
-    shard_size: int = SHARD_SIZE,
-    batch_size: int = 32,
-    num_workers: int = 0,
-    process_index: int = 0,
-    num_processes: int = 1,
-    wait_for_everyone: Callable[[], None] = lambda: None,
-) -> None:
+    path: Path, dataset, *, image_column: str, caption_column: str, resolution: int, tokenizer, text_encoder, vae,
+    text_dtype: str = "float32", shard_size: int = SHARD_SIZE, batch_size: int = 32, num_workers: int = 0,
+    process_index: int = 0, num_processes: int = 1, wait_for_everyone: Callable[[], None] = lambda: None,
+) -> None:  # fmt: skip
     """Write the store at `path`: this process's missing shards, then (on process 0) the manifest.
 
     Every process calls this together: process p of P writes those of shards p, p + P, … that are not complete (a
     killed extraction resumes), `num_workers` `DataLoader` workers decoding the images; all wait (`wait_for_everyone`)
-    before and after process 0 writes the manifest. The images are centre-cropped to `resolution`, `batch_size` at a
-    time; the moments are stored in float32, the text states in `text_dtype`.
-
-    Raises:
-        `ValueError`: For an empty dataset, an unknown `text_dtype`, a row without a usable caption, or a NaN or inf.
+    before and after process 0 writes the manifest. `ValueError` for an empty dataset, an unknown `text_dtype`, a row
+    without a usable caption, or a NaN or inf.
     """
     if text_dtype not in TEXT_DTYPES:
         raise ValueError(f"unknown text dtype {text_dtype!r}; choose one of {sorted(TEXT_DTYPES)}")
@@ -506,8 +341,9 @@ def extract_features(
         for start in range(s * shard_size, min((s + 1) * shard_size, len(dataset)), batch_size)
     ]
     batches = torch.utils.data.DataLoader(
-        ShardBatches(dataset, spans, shard_size, image_column, caption_column, resolution),
+        spans,
         batch_size=None,  # items are batches already
+        collate_fn=partial(load_span, dataset, shard_size, image_column, caption_column, resolution),
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(0),  # the global RNG is left untouched
     )
@@ -517,29 +353,21 @@ def extract_features(
         unit="img",
         disable=process_index != 0,
     )
-    writer = None
+    moments_parts, states_parts, counts = [], [], []  # of the shard being extracted
     for shard, row, pixels, captions in batches:
-        moments = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.parameters.float()  # (b, 2C, h, w)
+        moments = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.parameters.float().cpu()  # (b, 2C, h, w)
         states = encode_text(tokenizer, text_encoder, [c for image in captions for c in image])  # (m, T, D)
-        states = states.to(TEXT_DTYPES[text_dtype])
+        states = states.to("cpu", TEXT_DTYPES[text_dtype])
         refuse_non_finite(dataset, image_column, shard * shard_size + row, moments, states, captions)
-        if writer is None:  # the shard's first batch gives the shapes of its header
-            rows = dataset.select_columns([caption_column])[shard * shard_size : (shard + 1) * shard_size]
-            counts = [len(captions_of(value)) for value in rows[caption_column]]
-            caption_offsets = torch.tensor([0, *counts]).cumsum(0)  # (n + 1,)
-            tensors = {
-                "moments": (torch.float32, (len(counts), *moments.shape[1:])),
-                "caption_offsets": (torch.int64, (len(counts) + 1,)),
-                "text_states": (TEXT_DTYPES[text_dtype], (int(caption_offsets[-1]), *states.shape[1:])),
-            }
-            writer = ShardWriter(path / shard_name(shard), tensors)
-            writer.write("caption_offsets", 0, caption_offsets)
-        writer.write("moments", row, moments)
-        writer.write("text_states", int(caption_offsets[row]), states)
+        moments_parts.append(moments)
+        states_parts.append(states)
+        counts += map(len, captions)
         progress.update(len(pixels))
-        if row + len(pixels) == len(counts):  # the shard's last batch
-            writer.commit()
-            writer = None
+        if row + len(pixels) == min(shard_size, len(dataset) - shard * shard_size):  # the shard's last batch
+            tensors = {"moments": torch.cat(moments_parts), "caption_offsets": torch.tensor([0, *counts]).cumsum(0),
+                       "text_states": torch.cat(states_parts)}  # fmt: skip
+            write_shard(path / shard_name(shard), tensors)
+            moments_parts, states_parts, counts = [], [], []
     progress.close()
     wait_for_everyone()
     if process_index == 0:
@@ -551,22 +379,20 @@ def refuse_non_finite(
     dataset, image_column: str, first: int, moments: torch.Tensor, states: torch.Tensor, captions: list[list[str]]
 ) -> None:
     """Refuse a batch (its first image is dataset row `first`) with a moment or text state that is not finite, naming
-    the first such image: a NaN or inf must never be stored."""
+    the first such image (with its file, when it is read from one): a NaN or inf must never be stored."""
     import datasets
 
     def image(index: int) -> str:
-        """`image <index>`, with its file when the row's image is read from one."""
-        if not isinstance((dataset.features or {}).get(image_column), datasets.Image):
-            return f"image {index}"
-        column = dataset.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
-        path = column[index][image_column].get("path")
-        return f"image {index} ({path})" if path else f"image {index}"
+        file = None
+        if isinstance((dataset.features or {}).get(image_column), datasets.Image):
+            file = dataset.cast_column(image_column, datasets.Image(decode=False))[index][image_column].get("path")
+        return f"image {index} ({file})" if file else f"image {index}"
 
     bad_moments = ~torch.isfinite(moments).flatten(1).all(1)  # (b,)
     if bad_moments.any():
         raise ValueError(
-            f"{image(first + int(bad_moments.nonzero()[0]))}: its VAE moments are not finite (NaN or inf), as when a "
-            "VAE in float16 overflows; nothing is stored. Encode in float32, or leave the image out"
+            f"{image(first + int(bad_moments.nonzero()[0]))}: its VAE moments are not finite (NaN or inf); nothing is "
+            "stored. Encode in float32, or leave the image out"
         )
     bad_states = ~torch.isfinite(states).flatten(1).all(1)  # (m,)
     if bad_states.any():
@@ -580,58 +406,37 @@ def refuse_non_finite(
 
 
 def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: str) -> None:
-    """Write `manifest.json` durably from the shards' headers and checksums files, which must all be there (they are
-    not when the processes of a run on several machines do not share the store's file system)."""
-    shards, headers = [], []
+    """Write `manifest.json` durably from the shards' checksums files, which must all be there (they are not when
+    the processes of a run on several machines do not share the store's file system)."""
+    shards = []
     for s in range(-(-num_images // shard_size)):
         file = path / shard_name(s)
         for needed in (file, checksums_path(file)):
             if not needed.is_file():
                 raise FileNotFoundError(
-                    f"{needed} is missing after the extraction: every process of the run must see {path}; on several "
-                    "machines, put --cache_dir on a file system they share"
+                    f"{needed} is missing after the extraction: on several machines, put --cache_dir on a file system "
+                    "they share"
                 )
-        with open(file, "rb") as f:
-            headers.append(header := read_header(f.fileno(), file)[0])
         try:
             record = json.loads(checksums_path(file).read_text(encoding="utf-8"))
         except ValueError:
             record = None
-        if problem := checksums_problem(record):
-            raise ValueError(
-                f"{checksums_path(file)} is not a shard's checksums file ({problem}): delete it and {file}, and the "
-                "next run extracts that shard again"
-            )
-        counts = {"num_images": header["moments"]["shape"][0], "num_captions": header["text_states"]["shape"][0]}
-        shards.append({"file": file.name, **counts, **record})
-    write_json(
-        path / MANIFEST,
-        {
-            "format": FORMAT,
-            "num_images": num_images,
-            "num_captions": sum(shard["num_captions"] for shard in shards),
-            "shard_size": shard_size,
-            "text_dtype": text_dtype,
-            "moments_shape": headers[0]["moments"]["shape"][1:],
-            "text_states_shape": headers[0]["text_states"]["shape"][1:],
-            "shards": shards,
-        },
-    )
+        if not checksums_ok(record):
+            raise ValueError(f"{checksums_path(file)} is not a shard's checksums file: delete it and {file}")
+        shards.append({"file": file.name, **{k: record[k] for k in ("bytes", "sha256", "num_captions")}})
+    manifest = {"format": FORMAT, "num_images": num_images, "shard_size": shard_size, "text_dtype": text_dtype}
+    shapes = {field: record.get(field) for field in ("moments_shape", "text_states_shape")}
+    write_json_durably(path / MANIFEST, {**manifest, **shapes, "shards": shards})
 
 
 def open_feature_store(
-    path: Path,
-    dataset,
-    *,
-    process_index: int = 0,
-    num_processes: int = 1,
-    wait_for_everyone: Callable[[], None] = lambda: None,
-    **extraction,
-) -> FeatureStore:
+    path: Path, dataset, *, process_index: int = 0, num_processes: int = 1,
+    wait_for_everyone: Callable[[], None] = lambda: None, **extraction,
+) -> FeatureStore:  # fmt: skip
     """The store at `path` (`<cache_dir>/features/<feature_store_key(...)>`), extracted first unless it is complete
     (`extraction`: `extract_features`' keyword arguments), then checked.
 
-    Every process of the run calls this together: each checks the structure of every shard and the checksums of its
+    Every process of the run calls this together: each checks the structure of every shard and the SHA-256 of its
     share (shards p, p + P, …), then all wait, so that no process reads a shard before it was checked. Process 0
     holds a lock, so that a second run on the same `--cache_dir` waits for the first to build the store.
     """
@@ -662,8 +467,7 @@ def open_feature_store(
 
 
 def log_stores_of_other_formats(features: Path) -> None:
-    """Warn about the stores in `<cache_dir>/features` of another format, which this version does not read, with the
-    space deleting them frees."""
+    """Warn about the stores in `<cache_dir>/features` of another format, which this version does not read."""
     for manifest in sorted(features.glob(f"*/{MANIFEST}")):
         try:
             found = json.loads(manifest.read_text(encoding="utf-8")).get("format")

@@ -20,14 +20,7 @@ from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.training.arguments import SUMMARY_FILE, TrainingConfig
 from diffusers_lmlp.training.checkpoints import disk_full_exit
 from diffusers_lmlp.training.components import save_adapter
-from diffusers_lmlp.training.step import plain_backbone
-from diffusers_lmlp.training.validation import (
-    build_pipeline,
-    default_validation_prompts,
-    evaluate_splits,
-    generate,
-    score_summary,
-)
+from diffusers_lmlp.training.validation import default_validation_prompts, evaluate_splits, generate, score_summary
 from diffusers_lmlp.worlds import WORLDS
 
 
@@ -43,21 +36,17 @@ def public_args(args: TrainingConfig) -> dict:
     return {name: value for name, value in vars(args).items() if name not in SECRET_ARGUMENTS}
 
 
-def end_run(
-    accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, exit_when_done=False
-):
+def end_run(accelerator, pipe, ema, args, train_seconds: float, exit_when_done: bool = False) -> None:
     """After the last step: check that all processes hold the same weights, `finish` on the main process, then leave
     together; `exit_when_done` ends the process here, before the caller's frames free objects whose C++ destructors
     can hang."""
     accelerator.wait_for_everyone()
-    flat = torch.cat([p.detach().float().flatten() for p in plain_backbone(accelerator, model).parameters()])
+    flat = torch.cat([p.detach().float().flatten() for p in pipe.transformer.parameters()])
     digest = torch.tensor([flat.sum().item(), (flat * flat).sum().item()], dtype=torch.float64, device=flat.device)
     gathered = accelerator.gather(digest[None]).view(-1, 2)
-    in_sync = bool((gathered == gathered[0]).all())
     if accelerator.is_main_process:
-        finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir, train_seconds, in_sync)
-    # A rank that tears down its process group while the main process still saves leaves it waiting at exit.
-    accelerator.wait_for_everyone()
+        finish(pipe, ema, args, accelerator.num_processes, train_seconds, bool((gathered == gathered[0]).all()))
+    accelerator.wait_for_everyone()  # a rank that tore down its process group now would leave the main one waiting
     if accelerator.num_processes > 1:  # everything is saved: a teardown that hangs must not hold the job forever
         faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT_SECONDS, exit=True)
     accelerator.end_training()
@@ -65,23 +54,19 @@ def end_run(
         leave_finished_process()
 
 
-def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_dir: Path, seconds, in_sync) -> None:
-    """Save the pipeline (EMA weights unless EMA is off) with a model card; score it on its world."""
-    unwrapped = plain_backbone(accelerator, model)
+def finish(pipe, ema, args, num_processes: int, seconds: float, in_sync: bool) -> None:
+    """Save the pipeline (EMA weights unless EMA is off) or the adapter with a card; score it on its world."""
+    output_dir, model = Path(args.output_dir), pipe.transformer
     if ema is not None:
-        ema.copy_to(unwrapped.parameters())
-    unwrapped.eval()
-    pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
+        ema.copy_to(model.parameters())
+    model.eval()
     # Should this run be killed while saving, nothing may describe an earlier run's weights (the user's card text stays).
     (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
     card = output_dir / "README.md"
     if card.is_file():
         card.write_text(without_block(card.read_text(encoding="utf-8"), "description"), encoding="utf-8")
     try:
-        if args.lora_rank:
-            save_adapter(unwrapped, output_dir)
-        else:
-            pipe.save_pretrained(output_dir)
+        save_adapter(model, output_dir) if args.lora_rank else pipe.save_pretrained(output_dir)
     except Exception as error:
         if (stop := disk_full_exit(error, output_dir, "the pipeline")) is None:
             raise
@@ -89,38 +74,33 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
 
     summary = {
         **({"base_model": recorded_base_model(args.pretrained_model_name_or_path)} if args.lora_rank else {}),
-        "num_processes": accelerator.num_processes,
+        "num_processes": num_processes,
         "ranks_in_sync": in_sync,
         "steps": args.max_train_steps,
         "train_seconds": round(seconds, 1),
     }
-    prompts = default_validation_prompts(args)
     grid_path = None
-    if prompts:
+    if prompts := default_validation_prompts(args):
         summary["sample_prompts"] = prompts  # the card's usage snippet samples the first
-        images = generate(pipe, prompts, args, seed=args.seed)
         grid_path = output_dir / "samples.png"
-        make_image_grid(images, captions=prompts).save(grid_path)
+        make_image_grid(generate(pipe, prompts, args), captions=prompts).save(grid_path)
     if args.world:
-        reports = evaluate_splits(pipe, args, final=True)
-        summary["world"] = args.world
-        summary.update(score_summary(reports, args.world))
+        reports = whole = evaluate_splits(pipe, args, final=True)
+        summary.update(world=args.world, **score_summary(reports, args.world))
         if args.lora_rank:  # the base model, by the same evaluation: what the adapter changed
-            unwrapped.disable_adapters()
-            before = evaluate_splits(pipe, args, final=True)
-            unwrapped.enable_adapters()
-            summary.update(score_summary(before, args.world, suffix="_before"))
+            model.disable_adapters()
+            whole = {"adapted": reports, "base": evaluate_splits(pipe, args, final=True)}
+            model.enable_adapters()
+            summary.update(score_summary(whole["base"], args.world, suffix="_before"))
         summary["images_per_caption"] = WORLDS[args.world].final_seeds
         summary["evaluation_sampler"] = reports["train"]["sampler"]
-        # The whole reports go to the logs folder; the scores are in the summary.
-        reports_path = output_dir / args.logging_dir / "evaluation.json"
+        reports_path = output_dir / args.logging_dir / "evaluation.json"  # the whole reports; the summary has scores
         reports_path.parent.mkdir(parents=True, exist_ok=True)
-        whole = {"adapted": reports, "base": before} if args.lora_rank else reports
         reports_path.write_text(json.dumps(whole, indent=1), encoding="utf-8")
-    if args.lora_rank:
-        write_lora_card(output_dir, unwrapped, args=public_args(args), summary=summary, sample_grid=grid_path)
-    else:
-        write_model_card(output_dir, pipe, args=public_args(args), summary=summary, sample_grid=grid_path)
+    write_card = write_lora_card if args.lora_rank else write_model_card
+    write_card(
+        output_dir, model if args.lora_rank else pipe, args=public_args(args), summary=summary, sample_grid=grid_path
+    )
     # Last: the summary marks the folder finished, with weights, card and scores of this run.
     write_json_durably(output_dir / SUMMARY_FILE, summary)
     # No log line from here on: `accelerate launch` relays the child's stderr through a pipe, so a log written now can
@@ -142,7 +122,7 @@ def finish(accelerator, model, ema, tokenizer, text_encoder, vae, args, output_d
 
 def leave_finished_process() -> None:
     """End a finished process without the interpreter's finalization (`atexit` handlers still run), where torch's
-    autograd and gloo threads can race the GIL's destruction and hang."""
+    threads can race the GIL's destruction and hang."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -160,13 +140,6 @@ def format_duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def percent(value: float | None, interval: list[float] | None = None) -> str:
-    """An accuracy in [0, 1] with its `[low, high]` interval if any: "42% (33-51%)"; "-" for None."""
-    if value is None:
-        return "-"
-    return f"{value:.0%}" + (f" ({interval[0] * 100:.0f}-{interval[1]:.0%})" if interval else "")
-
-
 def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
     """The score table's rows, each a name and one cell per split: images, accuracies, FID, CLIP score."""
     world = summary.get("world", "shapes")
@@ -178,8 +151,11 @@ def score_rows(summary: dict) -> list[tuple[str, list[str]]]:
         each = {split: f" ({count} per caption)" for split, count in per_caption.items()}
         rows.append(("images", [f"{fid[split]['num_images']}{each.get(split, '')}" for split in splits]))
     for metric in dict.fromkeys(metric for split in splits for metric in scores[split]):  # every split's, in order
-        cells = [percent(scores[split].get(metric), intervals.get(split, {}).get(metric)) for split in splits]
-        rows.append((metric, cells))
+        values = [(scores[split].get(metric), intervals.get(split, {}).get(metric)) for split in splits]
+        cells = [
+            "-" if v is None else f"{v:.0%}" + (f" ({i[0] * 100:.0f}-{i[1]:.0%})" if i else "") for v, i in values
+        ]
+        rows.append((metric, cells))  # "42% (33-51%)", "-" where a split lacks the metric
     if fid:
         digits = WORLDS[world].fid_digits
         cells = [f"{fid[split]['fid']:.{digits}f} (floor {fid[split]['fid_floor']:.{digits}f})" for split in splits]

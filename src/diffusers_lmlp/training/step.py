@@ -1,6 +1,5 @@
-"""One optimizer step of ε-prediction training: noise, MSE, backward, clipping, the optimizer and LR steps, then the
-EMA update; the loss and gradient norm are checked before the update (`DivergenceError`). And how a run computes it:
-its precision (`--mixed_precision auto`), whether it compiles (`--torch_compile auto`) and its AdamW kernel. Noise and
+"""One optimizer step of ε-prediction training, its loss and gradient norm checked before the update
+(`DivergenceError`); and how a run computes it: its precision, whether it compiles, its AdamW kernel. Noise and
 timesteps are drawn on the CPU, so resumes are exact on any device.
 """
 
@@ -39,8 +38,7 @@ AUTO_MIN_STEPS = 1000
 
 @dataclass(frozen=True)
 class LossOptions:
-    """What the loss adds to the plain ε-MSE (Min-SNR, noise offset, MoE load balancing, the AsymMixer's penalty),
-    and the clipping norm."""
+    """What the loss adds to the plain ε-MSE, and the clipping norm."""
 
     snr_gamma: float | None = None
     noise_offset: float = 0.0
@@ -51,14 +49,14 @@ class LossOptions:
 
 @dataclass
 class StepResult:
-    """One step's loss over every process and its gradient norm before clipping (0-dim)."""
+    """One step's loss over every process and its gradient norm before clipping (0-dim each)."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
 
 
 class DivergenceError(FloatingPointError):
-    """The loss or the gradient norm of `step` (1-based) is NaN, inf, or exploded (`why`): the step was not applied."""
+    """The loss or gradient norm of `step` (1-based) is NaN, inf, or exploded (`why`): the step was not applied."""
 
     def __init__(self, step: int, loss: float, grad_norm: float, why: str = ""):
         self.step, self.loss, self.grad_norm = step, loss, grad_norm
@@ -66,7 +64,7 @@ class DivergenceError(FloatingPointError):
 
 
 def divergence_history() -> collections.deque:
-    """The recent steps' (loss, gradient norm) that `check_finite` compares each step with."""
+    """The recent steps' (loss, gradient norm) that `check_finite` compares with."""
     return collections.deque(maxlen=EXPLOSION_WINDOW)
 
 
@@ -82,8 +80,7 @@ def draw_noise(
 
 
 def diffusion_loss(model, noisy, text_states, timesteps, noise, noise_scheduler, options: LossOptions) -> torch.Tensor:
-    """The loss of one micro-batch (0-dim, float32): the ε-MSE (Min-SNR weighted with `snr_gamma`), plus the
-    load-balancing loss and the AsymMixer's penalty when their weights are set."""
+    """The loss of one micro-batch (0-dim, float32): the ε-MSE (Min-SNR weighted), plus the weighted extra losses."""
     # Timesteps stay on the CPU, where the model checks their range without waiting for the device.
     out = model(
         noisy, text_states, timesteps, **({"output_router_probs": True} if options.load_balance_weight else {})
@@ -117,12 +114,9 @@ def training_step(
     parameters: list[torch.nn.Parameter] | None = None,
     history: collections.deque | None = None,
 ) -> StepResult:
-    """One optimizer step over a process's samples, in micro-batches of `micro_batch_size` (gradient accumulation).
-
-    Raises `DivergenceError`, on every process at the same step, before a non-finite step's gradients are applied.
-    `parameters` (the model's, listed once by the caller) saves walking the modules at every step; `history`
-    (`divergence_history`) also stops a step that exploded against the steps before it.
-    """
+    """One optimizer step over a process's samples, in micro-batches of `micro_batch_size`. Raises
+    `DivergenceError` on every process at the same step, before the gradients are applied; `history` also stops a
+    step that exploded against the steps before it. `parameters`: the model's, listed once by the caller."""
     noise, timesteps = draw_noise(latents, generator, noise_scheduler.config.num_train_timesteps, options.noise_offset)
     noisy = noise_scheduler.add_noise(latents, noise, timesteps.to(latents.device))  # (B, C, h, w)
     accumulation = max(1, math.ceil(latents.shape[0] / micro_batch_size))
@@ -155,11 +149,9 @@ def training_step(
 def gradient_norm(
     accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
 ) -> torch.Tensor:
-    """The 2-norm of the step's gradients before they are clipped to `max_grad_norm` (when it is set).
-
-    accelerate's `clip_grad_norm_` always rescales every gradient, so without clipping the norm is measured alone;
-    where accelerate holds or shards the gradients (FSDP, DeepSpeed, DTensor...), its call does.
-    """
+    """The 2-norm of the step's gradients before they are clipped to `max_grad_norm`. accelerate's
+    `clip_grad_norm_` always rescales, so without clipping the norm is measured alone, unless accelerate holds or
+    shards the gradients."""
     gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     held = max_grad_norm is not None or accelerator.distributed_type in ACCELERATE_HELD_GRADIENTS or not gradients
     if not held and torch.distributed.is_available():
@@ -173,8 +165,7 @@ def gradient_norm(
 
 
 def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
-    """Update the EMA weights from `parameters`; the shadow weights, made or loaded on the CPU, first move to the
-    model's device."""
+    """Update the EMA from `parameters`; its shadow weights, made or loaded on the CPU, first move to their device."""
     if parameters and ema.shadow_params[0].device != parameters[0].device:
         ema.to(device=parameters[0].device)
     ema.step(parameters)
@@ -183,8 +174,8 @@ def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
 def check_finite(
     loss: torch.Tensor, grad_norm: torch.Tensor | float, step: int, history: collections.deque | None = None
 ) -> None:
-    """Raise `DivergenceError` unless the step's loss and gradient norm are finite and not exploded against the
-    `history` of recent steps; the step's one device read. Both are the same on every process."""
+    """Raise `DivergenceError` unless the loss and gradient norm are finite and not exploded against `history`;
+    the step's one device read."""
     grad_norm = torch.as_tensor(grad_norm).to(loss.device)
     values = torch.stack([loss.detach().float().reshape(()), grad_norm.float().reshape(())]).tolist()
     if not all(math.isfinite(value) for value in values):
@@ -202,7 +193,7 @@ def check_finite(
 
 
 def non_finite_parameters(*modules: torch.nn.Module, ema: EMAModel | None = None) -> list[str]:
-    """The names of the parameters that hold NaN or inf (the EMA's shadow weights as `ema.<i>`)."""
+    """The names of the parameters holding NaN or inf (the EMA's as `ema.<i>`)."""
     bad = [name for module in modules for name, p in module.named_parameters() if not torch.isfinite(p).all()]
     if ema is not None:
         bad += [f"ema.{i}" for i, p in enumerate(ema.shadow_params) if not torch.isfinite(p).all()]
@@ -216,8 +207,7 @@ def launch_device() -> str:
 
 
 def choose_precision(requested: str | None) -> tuple[str | None, str]:
-    """The `Accelerator`'s `mixed_precision` for `--mixed_precision` `requested` (None keeps accelerate's; `auto`:
-    bf16 where the hardware runs it natively), and the reason as " (…)" for the log, or ""."""
+    """The `Accelerator`'s `mixed_precision` for `--mixed_precision` (`auto`: bf16 where it is native), and why."""
     if requested != "auto":
         return requested, ""
     launched = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` or its config
@@ -234,26 +224,22 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
 
 
 def effective_precision(accelerator: Accelerator, args: TrainingConfig) -> str:
-    """The precision the run trains in, for the log. accelerate takes fp16 on a CPU and trains in float32 while
-    reporting fp16: a preset's fp16 is taken as float32 and said so, an fp16 the user asked for is refused."""
+    """The precision the run trains in, for the log. On a CPU accelerate trains fp16 in float32: a preset's fp16 is
+    said to be float32, an fp16 asked for is refused."""
     precision = accelerator.mixed_precision
     if precision != "fp16" or accelerator.device.type != "cpu":
         return precision
     if args.mixed_precision == "fp16" and args.mixed_precision_from_preset:
-        return (
-            f"float32: the {args.preset} preset's fp16 needs a GPU (--mixed_precision bf16 runs bf16 autocast on a CPU "
-            "with native bf16: avx512_bf16 or AMX)"
-        )
+        return f"float32: the {args.preset} preset's fp16 needs a GPU"
     raise SystemExit(
-        "error: fp16 mixed precision needs a GPU, and this run is on the CPU, where accelerate would train in float32 "
-        "while reporting fp16. Pass --mixed_precision no, or bf16 on a CPU with native bf16 (avx512_bf16 or AMX)."
+        "error: fp16 mixed precision needs a GPU, and this run is on the CPU. Pass --mixed_precision no, or bf16 on a "
+        "CPU with native bf16 (avx512_bf16 or AMX)."
     )
 
 
 def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str | None, str]:
-    """The `Accelerator`'s `dynamo_backend` ("inductor", "no", or None to keep accelerate's) for `--torch_compile`
-    `requested` (`auto`: inductor where a trial compilation works and the run is long enough), and the reason as
-    " (…)" for the log, or ""."""
+    """The `Accelerator`'s `dynamo_backend` for `--torch_compile` (`auto`: inductor where a trial compilation works
+    and the run is long enough), and why."""
     if requested is None:
         return None, ""
     if requested != "auto":
@@ -276,8 +262,7 @@ def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str
 
 
 def plain_backbone(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """The backbone without accelerate's wrappers or torch.compile's (`unwrap_model` keeps a whole-model compile's
-    `OptimizedModule` in older accelerate versions), for saving, sampling and checks."""
+    """The backbone without accelerate's or torch.compile's wrappers (older accelerate keeps `OptimizedModule`)."""
     unwrapped = accelerator.unwrap_model(model)
     return getattr(unwrapped, "_orig_mod", unwrapped)
 
@@ -288,8 +273,8 @@ def fused_adamw(device: torch.device) -> bool | None:
 
 
 def follow_device(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """After `load_state_dict`: use the kernel `fused_adamw` chooses for `device`, whatever the checkpoint's was; the
-    step counts move where that kernel reads them (the fused one on the parameter's device, else the CPU)."""
+    """After `load_state_dict`: use `fused_adamw`'s kernel for `device`, whatever the checkpoint's was, with the step
+    counts where it reads them."""
     fused = fused_adamw(device)
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = fused, None

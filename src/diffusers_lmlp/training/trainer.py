@@ -1,6 +1,5 @@
-"""The trainer: `train` sets up accelerate, then `run_training` reads as the run (config, model, data, optimizer,
-resume, the loop of steps with its checkpoints, validations and tracker logs, the finished pipeline). Every random
-choice is a function of (seed, step, sample position), so a resumed run continues exactly as the uninterrupted one.
+"""The trainer: `train` sets up accelerate, then `run_training` reads as the run. Every random draw is a function of
+(seed, step, sample position), so a resumed run continues exactly as the uninterrupted one.
 """
 
 import logging
@@ -17,7 +16,7 @@ from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 from transformers.utils import logging as transformers_logging
 
-from diffusers_lmlp import default_scheduler
+from diffusers_lmlp import LMLPPipeline, default_scheduler
 from diffusers_lmlp.allocator import keep_freed_memory
 from diffusers_lmlp.progress import is_terminal, progress_bar
 from diffusers_lmlp.threads import set_threads
@@ -31,9 +30,8 @@ logger = get_logger(__name__)
 
 
 def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
-    """Set up accelerate, then train into `--output_dir`, which no other run may use meanwhile. With `exit_when_done`,
-    end the process once the run is saved and every process has finished (the command does so in multi-process runs;
-    a caller that goes on after `train` must not)."""
+    """Set up accelerate, then train into `--output_dir`, held by this run alone. `exit_when_done` ends the process
+    once every process has saved (the command's multi-process runs; a caller that goes on must not)."""
     output_dir = Path(args.output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     mixed_precision, why = step.choose_precision(args.mixed_precision)
@@ -54,23 +52,23 @@ def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
         f"mixed precision {effective_precision(accelerator, args)}{why}, "
         f"torch.compile {accelerator.state.dynamo_plugin.backend.value.lower()}{why_compiled}"
     )
-    if args.allow_tf32:  # as diffusers' --allow_tf32: float32 matmuls and convolutions in TF32 (Ampere and newer)
+    if args.allow_tf32:  # as diffusers' --allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         logger.info("TF32 allowed for float32 matmuls and convolutions (Ampere and newer GPUs)")
     set_threads(args.num_threads, "training", accelerator.num_processes == 1 and accelerator.device.type == "cpu")
     keep_freed_memory(accelerator.device)
     with checkpoints.exclusive_output_dir(accelerator, output_dir):
-        run_training(args, accelerator, output_dir, exit_when_done)
+        run_training(args, accelerator, exit_when_done)
 
 
-def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Path, exit_when_done: bool) -> None:
+def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done: bool) -> None:
     """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub)."""
+    output_dir = Path(args.output_dir)
     if args.overwrite_output_dir and accelerator.is_main_process:
         checkpoints.remove_earlier_run(output_dir)
     accelerator.wait_for_everyone()
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
 
-    # The backbone (with its LoRA adapter) and the frozen components, checked against each other.
     model = components.build_model(args)
     frozen = tokenizer, text_encoder, vae = components.load_components(args)
     components.check_compatible(model, *frozen, args.resolution, bool(args.pretrained_model_name_or_path))
@@ -88,9 +86,8 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
             f"trainable parameters ({trainable / base:.2%} of the backbone's {base:,})"
         )
 
-    # The data (read or downloaded by the main process first) and, with --cache_features, its feature store.
     cache_dir = Path(args.cache_dir) if args.cache_dir else output_dir.parent / ".lmlp-cache"
-    with accelerator.main_process_first():
+    with accelerator.main_process_first():  # the main process reads or downloads the data first
         try:
             dataset = load_training_data(
                 dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name,
@@ -107,12 +104,13 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
         store = data.build_feature_store(args, dataset, *frozen, accelerator, cache_dir)
         logger.info(
             f"feature cache {store.path.name}: {len(store)} images ready in {time.perf_counter() - start:.1f} s "
-            f"({store.nbytes() / len(store):,.0f} bytes per image, text states in "
-            f"{args.cache_text_dtype or 'float32'})"
+            f"({store.nbytes() / len(store):,.0f} bytes per image, text states in {args.cache_text_dtype or 'float32'})"
         )
 
     model, ema, optimizer, lr_scheduler = prepare_optimization(args, accelerator, model)
     noise_scheduler = DDPMScheduler.from_config(default_scheduler().config)
+    # What validations sample and the end saves: the backbone without wrappers, with the default scheduler.
+    pipe = LMLPPipeline(vae, text_encoder, tokenizer, plain_backbone(accelerator, model), default_scheduler())
 
     global_step, seconds_before = 0, 0.0
     if args.resume_from_checkpoint:
@@ -128,21 +126,16 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
     checkpoints.warn_about_later_checkpoints(output_dir, global_step)
     if accelerator.is_main_process:
         validation.keep_scores_until(output_dir / args.logging_dir / validation.SCORES_FILE, global_step)
+        config = {k: v for k, v in finishing.public_args(args).items() if isinstance(v, int | float | str | bool)}
+        accelerator.init_trackers(args.tracker_project_name, config=config)
 
     source = data.BatchSource(
         args, dataset, store, *frozen, global_step,
         process_index=accelerator.process_index, num_processes=accelerator.num_processes,
     )  # fmt: skip
     step_batches = source.steps(global_step, args.max_train_steps)
-    if accelerator.is_main_process:
-        config = {k: v for k, v in finishing.public_args(args).items() if isinstance(v, int | float | str | bool)}
-        accelerator.init_trackers(args.tracker_project_name, config=config)
     loss_options = step.LossOptions(
-        snr_gamma=args.snr_gamma,
-        noise_offset=args.noise_offset,
-        load_balance_weight=args.load_balance_weight,
-        symmetry_breaking_weight=args.symmetry_breaking_weight,
-        max_grad_norm=args.max_grad_norm,
+        args.snr_gamma, args.noise_offset, args.load_balance_weight, args.symmetry_breaking_weight, args.max_grad_norm
     )
     # tqdm's bar in a terminal; in a log file, a plain line at every 5% of the steps and at least one a minute.
     progress = progress_bar(
@@ -151,7 +144,7 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
     prompts, fid_captions = validation.validation_inputs(args)
     parameters = list(model.parameters())  # the EMA's, listed once: the same tensors at every step
     history = step.divergence_history()
-    losses, grad_norms, lr = [], [], None  # the steps since the last tracker log (every --logging_steps)
+    losses, grad_norms, lr = [], [], None  # the steps since the last tracker log
     start_time = time.perf_counter()
 
     def seconds() -> float:  # the training time, over every segment of a resumed run
@@ -166,8 +159,7 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
 
     try:
         while global_step < args.max_train_steps:
-            # One optimizer step's samples for this process, read ahead by the data loader's workers.
-            latents, text_states, generator = next(step_batches)
+            latents, text_states, generator = next(step_batches)  # read ahead by the data loader's workers
             latents, text_states = latents.to(accelerator.device), text_states.to(accelerator.device)
             try:
                 result = training_step(
@@ -176,7 +168,7 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
                     parameters=parameters, history=history,
                 )  # fmt: skip
             except step.DivergenceError as error:
-                raise SystemExit(checkpoints.diverged_message(error, args, output_dir, store)) from None
+                raise SystemExit(checkpoints.diverged_message(error, args, store)) from None
             global_step += 1
             loss, lr = result.loss.item(), lr_scheduler.get_last_lr()[0]
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
@@ -185,30 +177,29 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, output_dir: Pat
             grad_norms.append(float(result.grad_norm))
             if global_step % args.logging_steps == 0:
                 send_logs()
-
-            if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
+            last = global_step == args.max_train_steps
+            if global_step % args.checkpointing_steps == 0 or last:
                 # Every process checks its own, equal weights first, so all of them stop together.
-                plain = plain_backbone(accelerator, model)
-                checkpoints.require_finite_weights(plain, ema, global_step, output_dir, args.learning_rate)
+                checkpoints.require_finite_weights(pipe.transformer, ema, global_step, output_dir, args.learning_rate)
                 if accelerator.is_main_process:
-                    last, limit = global_step == args.max_train_steps, args.checkpoints_total_limit
+                    limit = args.checkpoints_total_limit
                     saved = checkpoints.save_checkpoint(accelerator, output_dir, global_step, limit, seconds(), last)
                     logger.info(f"saved {saved}")
                 accelerator.wait_for_everyone()
             if (prompts or fid_captions) and accelerator.is_main_process and global_step % args.validation_steps == 0:
                 validation.validate(
-                    accelerator, model, ema, *frozen, prompts, fid_captions, args, output_dir, global_step, seconds()
+                    accelerator, pipe, ema, args, prompts, fid_captions, step=global_step, seconds=seconds()
                 )
     finally:  # also when a step fails: the workers exit and the bar is closed now, not at interpreter exit
         step_batches.close()
         progress.close()
         send_logs()  # the steps since the last log, also when the loop stops early
-    finishing.end_run(accelerator, model, ema, *frozen, args, output_dir, seconds(), exit_when_done)
+    finishing.end_run(accelerator, pipe, ema, args, seconds(), exit_when_done)
 
 
 def prepare_optimization(args: TrainingConfig, accelerator: Accelerator, model: torch.nn.Module) -> tuple:
-    """The backbone in training mode, its `EMAModel` (or None), AdamW and the learning-rate schedule, prepared by
-    accelerate, whose checkpoints then save and load the EMA and the LoRA adapter too."""
+    """The backbone in training mode, its `EMAModel` (or None), AdamW and the LR schedule, prepared by accelerate,
+    whose checkpoints then hold the EMA and the LoRA adapter too."""
     model_class = type(model)
     if args.gradient_checkpointing:
         model.enable_gradient_checkpointing()
@@ -238,8 +229,7 @@ def prepare_optimization(args: TrainingConfig, accelerator: Accelerator, model: 
 
 
 def apply_learning_rate(optimizer: torch.optim.Optimizer, lr_scheduler, learning_rate: float) -> None:
-    """After a checkpoint is loaded: train at `--learning_rate`, not the one the checkpoint's schedule was built with
-    (the schedule's shape and warm-up come from the command line already)."""
+    """After a checkpoint is loaded: train at `--learning_rate`, not the one the checkpoint's schedule was built with."""
     schedule = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate's wrapper holds torch's LambdaLR
     saved = schedule.base_lrs[0]
     if saved == learning_rate:

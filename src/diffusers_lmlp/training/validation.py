@@ -10,56 +10,41 @@ import torch
 from accelerate.logging import get_logger
 from PIL import Image
 
-from diffusers_lmlp import LMLPPipeline, default_scheduler
+from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.evaluation import draw_captions, evaluate
 from diffusers_lmlp.image_grid import make_image_grid
-from diffusers_lmlp.training.step import plain_backbone
 from diffusers_lmlp.worlds import WORLDS, load
 
 
 logger = get_logger(__name__)
 
-# Appended to by each validation of a world's run, in the logging folder: the learning curves.
-SCORES_FILE = "scores.jsonl"
+SCORES_FILE = "scores.jsonl"  # in the logging folder, appended to by each validation of a world's run
 
 
 @torch.no_grad()
-def generate(pipe: LMLPPipeline, prompts: list[str], args, seed: int) -> list[Image.Image]:
-    generator = torch.Generator().manual_seed(seed)
+def generate(pipe: LMLPPipeline, prompts: list[str], args) -> list[Image.Image]:
     pipe.set_progress_bar_config(disable=True)
     return pipe(
         prompts,
         num_inference_steps=args.validation_inference_steps,
         guidance_scale=args.validation_guidance_scale,
-        generator=generator,
+        generator=torch.Generator().manual_seed(args.seed),
     ).images
-
-
-def build_pipeline(model, tokenizer, text_encoder, vae) -> LMLPPipeline:
-    return LMLPPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model, scheduler=default_scheduler()
-    )
 
 
 def default_validation_prompts(args) -> list[str]:
     """`--validation_prompts`, else an embedded world's validation prompts, else none."""
     if args.validation_prompts:
         return args.validation_prompts
-    if args.world:
-        return load(WORLDS[args.world].validation_prompts)()
-    return []
+    return load(WORLDS[args.world].validation_prompts)() if args.world else []
 
 
 def validation_inputs(args) -> tuple[list[str], list[str]]:
     """The grid's prompts and the captions FID samples; says so when there are neither."""
-    prompts = default_validation_prompts(args)
-    fid_captions = (
-        draw_captions(
-            args.validation_fid_captions or WORLDS[args.world].splits["train"], args.validation_fid_images, args.seed
-        )
-        if args.validation_fid_images
-        else []
-    )
+    prompts, fid_captions = default_validation_prompts(args), []
+    if args.validation_fid_images:
+        source = args.validation_fid_captions or WORLDS[args.world].splits["train"]
+        fid_captions = draw_captions(source, args.validation_fid_images, args.seed)
     if not (prompts or fid_captions):
         logger.info(
             "no validation during training and no sample grid at the end: your data has no validation prompts (pass "
@@ -68,33 +53,28 @@ def validation_inputs(args) -> tuple[list[str], list[str]]:
     return prompts, fid_captions
 
 
-def validate(
-    accelerator, model, ema, tokenizer, text_encoder, vae, prompts, fid_captions, args, output_dir, step, seconds
-):
-    """Sample the prompts (with the EMA weights), save `validation/step-<step>.png` and log it to tensorboard and
-    wandb; log the FID of `fid_captions`, and a world's scores to `<logging_dir>/scores.jsonl` (the learning curves).
-    `seconds` is the training time over all segments of a resumed run."""
-    unwrapped = plain_backbone(accelerator, model)  # sampled uncompiled: no recompilation for the sampler's batches
-    unwrapped.eval()
-    pipe = build_pipeline(unwrapped, tokenizer, text_encoder, vae)
+def validate(accelerator, pipe: LMLPPipeline, ema, args, prompts, fid_captions, *, step: int, seconds: float):
+    """Sample `prompts` with the EMA weights into `validation/step-<step>.png` and the trackers; log the FID of
+    `fid_captions`, and a world's scores to `<logging_dir>/scores.jsonl` (`seconds`: the training time so far)."""
+    output_dir, model = Path(args.output_dir), pipe.transformer
+    model.eval()
     if ema is not None:
-        ema.store(unwrapped.parameters())
-        ema.copy_to(unwrapped.parameters())
+        ema.store(model.parameters())
+        ema.copy_to(model.parameters())
     try:
         if args.world:
-            world = WORLDS[args.world]
             reports = evaluate_splits(pipe, args, final=False)
             record = {"step": step, "minutes": round(seconds / 60, 3)}
             for split, report in reports.items():
-                record[split] = report[world.name]
-                accelerator.log({f"scores/{split}/{k}": v for k, v in report[world.name].items()}, step=step)
+                record[split] = report[args.world]
+                accelerator.log({f"scores/{split}/{k}": v for k, v in report[args.world].items()}, step=step)
             path = output_dir / args.logging_dir / SCORES_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             scores = (f"{split} " + ", ".join(f"{k} {v:.0%}" for k, v in record[split].items()) for split in reports)
             logger.info(f"step {step}: " + "; ".join(scores))
-        images = generate(pipe, prompts, args, seed=args.seed) if prompts else []
+        images = generate(pipe, prompts, args) if prompts else []
         if fid_captions:
             report, _ = evaluate(
                 pipe,
@@ -111,14 +91,13 @@ def validate(
             )
     finally:
         if ema is not None:
-            ema.restore(unwrapped.parameters())
-    unwrapped.train()
+            ema.restore(model.parameters())
+        model.train()
     if not prompts:
         return
-    grid = make_image_grid(images, captions=prompts)
     path = output_dir / "validation" / f"step-{step:07d}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(path)
+    make_image_grid(images, captions=prompts).save(path)
     for tracker in accelerator.trackers:
         if tracker.name == "tensorboard":
             tracker.writer.add_images(
@@ -132,13 +111,15 @@ def validate(
 
 
 def keep_scores_until(path: Path, step: int) -> None:
-    """Keep the scores in `path` that a run starting at `step` continues: none for a new run, those up to `step` for a
-    resumed one."""
-    if not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if step and line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    """Keep the scores in `path` that a run starting at `step` continues: none for a new run, those up to `step`
+    for a resumed one."""
+    if path.is_file():
+        kept = [
+            line
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if step and line and json.loads(line)["step"] <= step
+        ]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def evaluate_splits(pipe: LMLPPipeline, args, final: bool) -> dict[str, dict]:
