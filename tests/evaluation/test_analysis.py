@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
-from test_lazy_imports import HEAVY, imported_modules
+from test_lazy_imports import HEAVY
 from test_pipeline_loading import fill_hub_cache
 
 from diffusers_lmlp import LMLPTransformer2DModel, convert_lmlp_reference_state_dict
@@ -56,6 +56,19 @@ def commands(text: str) -> list[str]:
 
 
 pytestmark = pytest.mark.usefixtures("no_unpickling")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    """Tiny pipeline folders of each backbone; the UL-MLP's layer 2 holds `gaussian_of_patch_distance(TINY)`."""
+    root, folders = tmp_path_factory.mktemp("pipelines"), {}
+    for backbone in ("lmlp", "moe_mlp", "uvit", "gmlp"):
+        pipe = build_tiny_pipeline(backbone)
+        if backbone == "lmlp":
+            with torch.no_grad():
+                pipe.transformer.stack.mid_block.left.weight.copy_(gaussian_of_patch_distance(TINY))
+        pipe.save_pretrained(folders.setdefault(backbone, root / backbone))
+    return folders
 
 
 def run(*argv: str) -> str:
@@ -137,26 +150,21 @@ def test_layers_are_the_reference_scripts_and_adapt_to_the_depth():
 # lateralization, end to end.
 
 
-def test_lateralization_of_a_ul_mlp_pipeline_folder_writes_its_weights_and_measures(tmp_path):
-    pipe = build_tiny_pipeline("lmlp")
-    model = pipe.transformer
-    with torch.no_grad():
-        model.stack.mid_block.left.weight.copy_(gaussian_of_patch_distance(TINY))  # layer 2
-    pipe.save_pretrained(tmp_path / "pipe")
+def test_lateralization_of_a_ul_mlp_pipeline_folder_writes_its_weights_and_measures(saved, tmp_path):
+    printed = run("lateralization", "--pipeline", str(saved["lmlp"]), "--output_dir", str(tmp_path))
 
-    printed = run("lateralization", "--pipeline", str(tmp_path / "pipe"), "--output_dir", str(tmp_path / "out"))
-
-    report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
+    report = json.loads((tmp_path / "lateralization.json").read_text())
     assert report["model"] == "UL-MLP (LMLPTransformer2DModel)"
     assert report["regions"] == {"seq_len": 33, "time": [0, 1], "text": [1, 17], "image": [17, 33], "patch_grid": 4}
     assert [entry["layer"] for entry in report["layers"]] == [1, 2, 3]
     assert [entry["block"] for entry in report["layers"]] == ["in_blocks.0", "mid_block", "out_blocks.0"]
-    weights = load_file(tmp_path / "out" / "lateralization.safetensors")
+    weights = load_file(tmp_path / "lateralization.safetensors")
     assert sorted(weights) == [f"layer_{k}.{side}" for k in (1, 2, 3) for side in ("left", "right")]
+    saved_weights = load_file(saved["lmlp"] / "transformer" / "diffusion_pytorch_model.safetensors")
     for entry in report["layers"]:
-        block = model.stack.get_submodule(entry["block"])
         left, right = weights[f"layer_{entry['layer']}.left"], weights[f"layer_{entry['layer']}.right"]
-        assert torch.equal(left, block.left.weight) and torch.equal(right, block.right.weight)
+        assert torch.equal(left, saved_weights[f"stack.{entry['block']}.left.weight"])
+        assert torch.equal(right, saved_weights[f"stack.{entry['block']}.right.weight"])
         assert set(entry["left"]) == {"diagonal", "locality", "periodicity", "mean_abs"}
         assert set(entry["right"]) == {"diagonal", "mean_abs"}
         assert entry["left"]["locality"] == pytest.approx(locality(normalise(left), TINY))
@@ -166,73 +174,51 @@ def test_lateralization_of_a_ul_mlp_pipeline_folder_writes_its_weights_and_measu
     assert set(report["noise"]) == {"draws", "left", "right"}
     # The table prints the same numbers, and the command names its files.
     assert f"{report['layers'][1]['left']['locality']:.3f}" in printed and "i.i.d. Gaussian matrices" in printed
-    assert printed.rstrip().endswith(str(tmp_path / "out" / "lateralization.safetensors"))
-    figure = Image.open(tmp_path / "out" / "lateralization.png")
+    assert printed.rstrip().endswith(str(tmp_path / "lateralization.safetensors"))
+    figure = Image.open(tmp_path / "lateralization.png")
     assert figure.mode == "RGB" and figure.width > 3 * 256 and figure.height > 2 * 256
 
 
-@pytest.mark.slow
-def test_a_converted_reference_checkpoint_at_full_size_gives_the_reference_scripts_matrices(tmp_path):
-    # F2-deep's token layout (L = 334, 17 blocks), narrow so that the test is quick.
-    model = LMLPTransformer2DModel(hidden_size=32, text_embed_dim=32)
-    reference = {f"{name}.l.weight": torch.randn(334, 334) for name in ("in_blocks.4", "out_blocks.7")}
-    model.load_state_dict(convert_lmlp_reference_state_dict(reference), strict=False)
-    model.save_pretrained(tmp_path / "ul-mlp-f2-deep")
-
-    run("lateralization", "--pipeline", str(tmp_path / "ul-mlp-f2-deep"), "--output_dir", str(tmp_path / "out"))
-
-    report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
-    assert [entry["layer"] for entry in report["layers"]] == [1, 5, 9, 13, 17]
-    assert report["regions"]["text"] == [1, 78] and report["regions"]["image"] == [78, 334]
-    weights = load_file(tmp_path / "out" / "lateralization.safetensors")
-    assert weights["layer_5.left"].shape == (334, 334)
-    assert torch.equal(weights["layer_5.left"], reference["in_blocks.4.l.weight"])  # nnet_vis.py's "Layer 5"
-    assert torch.equal(weights["layer_17.left"], reference["out_blocks.7.l.weight"])  # and its "Layer 17"
-
-
-def test_an_moe_mlp_backbone_folder_is_drawn_per_expert_and_head_and_routing_needs_its_whole_pipeline(tmp_path):
-    pipe = build_tiny_pipeline("moe_mlp")  # 2 experts × 2 heads
-    pipe.save_pretrained(tmp_path / "pipe")
-    backbone = str(tmp_path / "pipe" / "transformer")
+def test_an_moe_mlp_backbone_folder_is_drawn_per_expert_and_head_and_routing_needs_its_whole_pipeline(saved, tmp_path):
+    backbone = str(saved["moe_mlp"] / "transformer")  # 2 experts × 2 heads
     assert "is a backbone folder" in refusal("routing", "--pipeline", backbone, "--captions", "a red circle")
 
-    printed = run("lateralization", "--pipeline", backbone, "--output_dir", str(tmp_path / "out"))
+    printed = run("lateralization", "--pipeline", backbone, "--output_dir", str(tmp_path))
 
-    report = json.loads((tmp_path / "out" / "lateralization.json").read_text())
-    weights = load_file(tmp_path / "out" / "lateralization.safetensors")
+    report = json.loads((tmp_path / "lateralization.json").read_text())
+    weights = load_file(tmp_path / "lateralization.safetensors")
+    saved_weights = load_file(Path(backbone) / "diffusion_pytorch_model.safetensors")
     for entry in report["layers"]:
         assert [(left["head"], left["expert"]) for left in entry["left"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-        experts = pipe.transformer.stack.get_submodule(entry["block"]).left.expert_weight
+        experts = saved_weights[f"stack.{entry['block']}.left.expert_weight"]
         assert torch.equal(weights[f"layer_{entry['layer']}.left"], experts)  # (H, E, L, L)
     assert "left h1 e0" in printed
     # Five rows of panels (4 experts and the right hemisphere) against the UL-MLP's two.
-    assert Image.open(tmp_path / "out" / "lateralization.png").height > 5 * 256
+    assert Image.open(tmp_path / "lateralization.png").height > 5 * 256
 
 
 @pytest.mark.parametrize(
-    ("backbone", "says"),
+    ("argv", "says"),
     [
-        ("uvit", "this U-ViT (UViTTransformer2DModel) has no such blocks. Run `routing` on it instead"),
-        ("gmlp", "this gMLP (GMLPTransformer2DModel) has no such blocks. Neither subcommand fits it"),
+        (["lateralization", "--layers", "1", "4"], "No layer 4 in this model: it has 3 blocks, numbered 1–3 as the "
+         "reference figure script numbers them (layer 1 is in_blocks.0, layer 2 is mid_block, layer 3 is "
+         "out_blocks.0)"),
+        (["lateralization", "--pipeline", "{tmp}/nowhere"], "no such folder"),
+        (["lateralization", "--pipeline", "{lmlp}/model_index.json"], "not a folder"),
+        (["lateralization", "--pipeline", "{tmp}"], "config.json does not exist"),
+        (["lateralization", "--pipeline", "{lmlp}/vae"], "is not a backbone's config"),
+        (["lateralization", "--pipeline", "{uvit}"], "this U-ViT (UViTTransformer2DModel) has no such blocks. Run "
+         "`routing` on it instead"),
+        (["lateralization", "--pipeline", "{gmlp}"], "this gMLP (GMLPTransformer2DModel) has no such blocks. Neither "
+         "subcommand fits it"),
+        (["routing", "--captions", "a"], "Run `lateralization` on it instead"),
     ],
-)
-def test_a_model_without_l_by_l_first_stage_is_told_which_subcommand_fits(tmp_path, backbone, says):
-    build_tiny_pipeline(backbone).save_pretrained(tmp_path / "pipe")
-    assert says in refusal("lateralization", "--pipeline", str(tmp_path / "pipe"), "--output_dir", str(tmp_path))
-    assert not (tmp_path / "lateralization.json").exists()
-
-
-def test_bad_layers_and_folders_are_refused_naming_the_fix(tmp_path):
-    build_tiny_pipeline("lmlp").save_pretrained(tmp_path / "pipe")
-    pipe = str(tmp_path / "pipe")
-    message = refusal("lateralization", "--pipeline", pipe, "--layers", "1", "4")
-    assert "No layer 4 in this model: it has 3 blocks, numbered 1–3" in message
-    assert "layer 2 is mid_block, layer 3 is out_blocks.0" in message
-    assert "no such folder" in refusal("lateralization", "--pipeline", str(tmp_path / "nowhere"))
-    assert "not a folder" in refusal("lateralization", "--pipeline", str(tmp_path / "pipe" / "model_index.json"))
-    assert "config.json does not exist" in refusal("lateralization", "--pipeline", str(tmp_path))
-    assert "is not a backbone's config" in refusal("lateralization", "--pipeline", str(tmp_path / "pipe" / "vae"))
-    assert "Run `lateralization` on it instead" in refusal("routing", "--pipeline", pipe, "--captions", "a")
+)  # fmt: skip
+def test_bad_layers_folders_and_models_are_refused_naming_the_fix(saved, tmp_path, argv, says):
+    argv = [arg.format(tmp=tmp_path, **saved) for arg in argv]
+    pipeline = [] if "--pipeline" in argv else ["--pipeline", str(saved["lmlp"])]
+    assert says in refusal(*argv, *pipeline, "--output_dir", str(tmp_path))
+    assert not list(tmp_path.glob("*.json"))
 
 
 # routing, end to end.
@@ -271,19 +257,16 @@ def test_a_one_hot_router_shows_one_experts_full_usage_at_every_step(tmp_path):
     assert Image.open(tmp_path / "out" / "routing.png").width > 2 * 160
 
 
-def test_routing_a_uvit_draws_the_attention_of_the_lateralization_layers(tmp_path):
-    pipe = build_tiny_pipeline("uvit")
-    pipe.save_pretrained(tmp_path / "pipe")
-
+def test_routing_a_uvit_draws_the_attention_of_the_lateralization_layers(saved, tmp_path):
     printed = run(
-        "routing", "--pipeline", str(tmp_path / "pipe"), "--captions", *CAPTIONS, "--num_inference_steps", "2",
-        "--output_dir", str(tmp_path / "out"),
+        "routing", "--pipeline", str(saved["uvit"]), "--captions", *CAPTIONS, "--num_inference_steps", "2",
+        "--output_dir", str(tmp_path),
     )  # fmt: skip
 
-    report = json.loads((tmp_path / "out" / "routing.json").read_text())
+    report = json.loads((tmp_path / "routing.json").read_text())
     assert report["kind"] == "attention" and [entry["layer"] for entry in report["layers"]] == default_layers(3)
     assert set(report["layers"][0]["attention"]) == {"diagonal", "locality", "periodicity"}
-    maps = load_file(tmp_path / "out" / "routing.safetensors")
+    maps = load_file(tmp_path / "routing.safetensors")
     assert sorted(maps) == ["layer_1.attention", "layer_2.attention", "layer_3.attention"]
     assert torch.allclose(maps["layer_2.attention"].sum(-1), torch.ones(33))  # probabilities over the inputs
     measures = token_mixing_measures(maps["layer_2.attention"], TINY)
@@ -301,10 +284,8 @@ def test_the_attention_maps_are_what_the_module_computes():
     assert torch.allclose(attention.proj(mixed), attention(tokens), atol=1e-5)
 
 
-@pytest.mark.slow
-def test_a_hub_repo_id_is_read_from_the_huggingface_cache(tmp_path, monkeypatch):
-    build_tiny_pipeline("moe_mlp").save_pretrained(tmp_path / "pipe")
-    fill_hub_cache(tmp_path / "pipe", tmp_path / "hub", "alice/tiny-moe")
+def test_a_hub_repo_id_is_read_from_the_huggingface_cache(saved, tmp_path, monkeypatch):
+    fill_hub_cache(saved["moe_mlp"], tmp_path / "hub", "alice/tiny-moe")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
 
     run("lateralization", "--pipeline", "alice/tiny-moe", "--output_dir", str(tmp_path / "out"))
@@ -320,26 +301,30 @@ def test_a_hub_repo_id_is_read_from_the_huggingface_cache(tmp_path, monkeypatch)
 # The command line and the documentation.
 
 
-@pytest.mark.parametrize(
-    ("argv", "exit_code", "says"),
-    [
-        (["--help"], 0, "usage: python -m diffusers_lmlp.analysis [-h] {lateralization,routing}"),
-        (["lateralization", "--layers", "0"], 2, "--layers: must be >= 1, got 0"),
-    ],
-    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
-)
+PARSING = """
+import json, runpy, sys
+sys.argv = ["", "lateralization", "--layers", "0"]
+try:
+    runpy.run_module("diffusers_lmlp.analysis", run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    print(json.dumps([exit.code, sorted({name.split(".")[0] for name in sys.modules})]))
+"""
+
+
 @pytest.mark.slow
-def test_help_and_argument_errors_load_no_heavy_library(argv, exit_code, says):
-    result, names = imported_modules("-m", "diffusers_lmlp.analysis", *argv)
-    assert result.returncode == exit_code, result.stderr[-2000:]
-    output = result.stdout + "\n".join(line for line in result.stderr.splitlines() if not line.startswith("import"))
-    assert says in " ".join(output.split())
-    assert not names & HEAVY, sorted(names & HEAVY)
+def test_parsing_and_its_errors_load_no_heavy_library():
+    result = subprocess.run([sys.executable, "-c", PARSING], capture_output=True, text=True, timeout=300)
+    code, modules = json.loads(result.stdout)
+    said = " ".join(result.stderr.split())
+    assert code == 2 and "usage: python -m diffusers_lmlp.analysis lateralization [-h]" in said
+    assert "--layers: must be >= 1, got 0" in said
+    assert not set(modules) & HEAVY, sorted(set(modules) & HEAVY)
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
+        (["--help"], "{lateralization,routing} ... Look inside a trained backbone"),
         (["lateralization", "--help"], "--layers LAYERS [LAYERS ...]"),
         (["routing"], "the following arguments are required: --captions"),
         (["routing", "--captions", "a", "--batch_size", "0"], "--batch_size: must be >= 1, got 0"),
@@ -356,46 +341,52 @@ def test_the_subcommands_options(argv, says, capsys):
 
 
 @pytest.mark.slow
-def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path):
+def test_the_readme_command_draws_the_shipped_model_as_docs_show_it(tmp_path, monkeypatch, capsys):
     [command, _] = commands(README_SECTION)
     assert command == "python -m diffusers_lmlp.analysis lateralization"  # the shipped shapes model, by default
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, *shlex.split(command)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "layers: 100% 5/5" in result.stderr  # a progress bar (lines, in a log)
-    report = json.loads((tmp_path / "analysis" / "lateralization.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    main(shlex.split(command)[3:])
+    assert "layers: 100% 5/5" in capsys.readouterr().err  # a progress bar (lines, in a log)
+    report = json.loads(Path("analysis/lateralization.json").read_text())
     assert report["pipeline"] == "shapes" and report["regions"]["seq_len"] == 27
     assert [entry["layer"] for entry in report["layers"]] == [1, 3, 5, 7, 9]
-    weights = load_file(tmp_path / "analysis" / "lateralization.safetensors")
+    weights = load_file("analysis/lateralization.safetensors")
     shipped = load_file(PIPELINE_PATH / "transformer" / "diffusion_pytorch_model.safetensors")
     assert torch.equal(weights["layer_9.left"], shipped["stack.out_blocks.3.left.weight"])
     # docs/lateralization-shapes.png is this figure (small enough for the README).
     documented = ROOT / "docs" / "lateralization-shapes.png"
     assert documented.stat().st_size < 300_000
     drawn, shown = (np.asarray(Image.open(path).convert("RGB"), dtype=np.float64) for path in (
-        tmp_path / "analysis" / "lateralization.png", documented
+        "analysis/lateralization.png", documented
     ))  # fmt: skip
     assert drawn.shape == shown.shape and np.abs(drawn - shown).mean() < 1
 
 
 @pytest.mark.slow
-def test_every_documented_command_runs_as_written(tmp_path, monkeypatch):
-    """docs/analysis.md's commands, on tiny stand-ins and a full-size (L = 334) ul-mlp-f2-deep backbone."""
+def test_every_documented_command_runs_as_written(tmp_path, monkeypatch, saved):
+    """docs/analysis.md's other commands, on tiny stand-ins and a converted reference checkpoint in ul-mlp-f2-deep's
+    full-size layout (L = 334, 17 blocks; narrow, to be quick)."""
     documented = commands(DOCS)  # "In short" (the README's former section) included
     assert len(documented) == 9 and commands(README_SECTION) == documented[:2]
     monkeypatch.chdir(tmp_path)
-    build_tiny_pipeline("moe_mlp").save_pretrained("lmlp-shapes-moe")
-    build_tiny_pipeline("uvit").save_pretrained("uvit-shapes")
-    LMLPTransformer2DModel(hidden_size=32, text_embed_dim=32).save_pretrained("ul-mlp-f2-deep")
+    for name, backbone in (("lmlp-shapes-moe", "moe_mlp"), ("uvit-shapes", "uvit")):
+        os.symlink(saved[backbone], name)
+    reference = {f"{name}.l.weight": torch.randn(334, 334) for name in ("in_blocks.4", "out_blocks.7")}
+    model = LMLPTransformer2DModel(hidden_size=32, text_embed_dim=32)
+    model.load_state_dict(convert_lmlp_reference_state_dict(reference), strict=False)
+    model.save_pretrained("ul-mlp-f2-deep")
     printed = {}
-    for command in documented:
+    for command in dict.fromkeys(documented[1:]):  # the first is the README's, which the test above runs
         argv = shlex.split(command)
         assert argv[:3] == ["python", "-m", "diffusers_lmlp.analysis"], command
-        options = [*argv[3:], "--num_inference_steps", "2"] if argv[3] == "routing" else argv[3:]
-        printed[command] = run(*options)
-    assert json.loads(Path("analysis-f2-deep/lateralization.json").read_text())["regions"]["seq_len"] == 334
+        if command != documented[0]:
+            printed[command] = run(*argv[3:], *(["--num_inference_steps", "2"] if argv[3] == "routing" else []))
+    report = json.loads(Path("analysis-f2-deep/lateralization.json").read_text())
+    assert [entry["layer"] for entry in report["layers"]] == [1, 5, 9, 13, 17]
+    assert report["regions"]["text"] == [1, 78] and report["regions"]["image"] == [78, 334]
+    weights = load_file("analysis-f2-deep/lateralization.safetensors")
+    assert torch.equal(weights["layer_5.left"], reference["in_blocks.4.l.weight"])  # nnet_vis.py's "Layer 5"
+    assert torch.equal(weights["layer_17.left"], reference["out_blocks.7.l.weight"])  # and its "Layer 17"
     assert json.loads(Path("analysis-emoji/lateralization.json").read_text())["regions"]["seq_len"] == 42
     assert json.loads(Path("analysis-moe/routing.json").read_text())["kind"] == "expert usage"
     assert json.loads(Path("analysis-uvit/routing.json").read_text())["kind"] == "attention"

@@ -7,24 +7,16 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from coco_fixture import CLIP_REPO
+from coco_fixture import CLIP_REPO, WORDS, write_clip_repo
 from PIL import Image
 from test_pipeline_loading import fill_hub_cache
 from torchmetrics.functional.multimodal import clip_score
 from torchmetrics.multimodal import CLIPScore
-from transformers import CLIPConfig, CLIPModel, CLIPProcessor
-from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers import CLIPModel, CLIPProcessor
 
 from diffusers_lmlp.evaluation.clip_score import CLIPScorer
-from diffusers_lmlp.shapes.world import COLOURS, POSITIONS, SHAPES, SIZES
-from diffusers_lmlp.tiny import tiny_clip_tokenizer
 
 
-IMAGE_SIZE = 32  # the tiny vision tower's input side (224 for the real L/14)
-# Whole-word tokens, in a fixed order (a set's order changes with the hash seed, and the token ids with it).
-WORDS = tuple(
-    dict.fromkeys(["a", "at", "the", "photo", "of", *COLOURS, *SHAPES, *SIZES, *" ".join(POSITIONS).split()])
-)
 CAPTIONS = ["a red circle", "a photo of a blue square", "the green triangle at the top", "a yellow shape", "a", "cat"]
 
 
@@ -38,30 +30,6 @@ class TensorFeaturesCLIP(CLIPModel):
         return super().get_text_features(*args, **kwargs).pooler_output
 
 
-def write_tiny_clip(folder: Path, seed: int = 0) -> tuple[CLIPModel, CLIPProcessor]:
-    """Write and return a tiny CLIP in `openai/clip-vit-large-patch14`'s layout (77 positions, `WORDS` tokens)."""
-    tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=folder, words=WORDS)
-    image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
-    )
-    tower = dict(hidden_size=32, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2)
-    text_config = dict(**tower, vocab_size=len(tokenizer), max_position_embeddings=77)
-    text_config |= {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = CLIPModel(
-            CLIPConfig(
-                text_config=text_config,
-                vision_config=dict(**tower, image_size=IMAGE_SIZE, patch_size=8),
-                projection_dim=16,
-            )
-        )
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    image_processor.save_pretrained(folder)
-    return model, CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
-
-
 def varied_images(count: int, seed: int = 0) -> list[Image.Image]:
     rng = np.random.default_rng(seed)
     sizes = [(int(rng.integers(20, 80)), int(rng.integers(20, 80))) for _ in range(count)]
@@ -73,9 +41,7 @@ pytestmark = pytest.mark.usefixtures("no_unpickling", "one_thread")
 
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("clip")
-    write_tiny_clip(folder)
-    return folder
+    return write_clip_repo(tmp_path_factory.mktemp("clip"))
 
 
 def use_hub_cache(cache: Path, monkeypatch) -> None:
@@ -85,21 +51,16 @@ def use_hub_cache(cache: Path, monkeypatch) -> None:
         monkeypatch.setattr(huggingface_hub.constants, name, value if name != "HF_HUB_OFFLINE" else True)
 
 
-@pytest.fixture
-def hub_cache(clip_folder, tmp_path, monkeypatch) -> Path:
-    """An HF cache holding the tiny CLIP as `openai/clip-vit-large-patch14`, used offline."""
-    cache = tmp_path / "hf" / "hub"
-    fill_hub_cache(clip_folder, cache, CLIP_REPO)
-    use_hub_cache(cache, monkeypatch)
-    return cache
-
-
 @pytest.fixture(scope="module")
 def scorer(clip_folder) -> CLIPScorer:
     return CLIPScorer.from_pretrained(clip_folder)
 
 
-def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as_given(hub_cache, clip_folder):
+def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as_given(
+    clip_folder, tmp_path, monkeypatch
+):
+    fill_hub_cache(clip_folder, tmp_path / "hf" / "hub", CLIP_REPO)
+    use_hub_cache(tmp_path / "hf" / "hub", monkeypatch)
     scorer = CLIPScorer.from_pretrained()
     assert scorer.name == CLIP_REPO == "openai/clip-vit-large-patch14"
     assert not scorer.model.training and scorer.model.dtype == torch.float32
@@ -158,8 +119,7 @@ def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_
 
 
 def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(scorer):
-    rng = np.random.default_rng(0)
-    words = [str(w) for w in rng.choice(list(COLOURS) + list(SHAPES), size=200)]
+    words = [str(w) for w in np.random.default_rng(0).choice(WORDS, size=200)]
     assert len(scorer.processor.tokenizer.tokenize(" ".join(words))) == 200  # one token each
     image = varied_images(1)
     # 77 positions: bos, the first 75 words, eos. Later words cannot change the score; the 75th still does.

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from processes import run_bounded
 from space_server import free_port
+from test_evaluation import without_seconds
 
 from diffusers_lmlp import LMLPPipeline, threads
 from diffusers_lmlp.allocator import MALLOC_VARIABLES
@@ -24,7 +25,7 @@ from diffusers_lmlp.evaluation.resume import ProgressStore
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 # One thread: fastest for a model this small, and much faster than two threads on a busy machine.
-ARGS = "--pipeline shapes --num_images 40 --num_inference_steps 3 --batch_size 4 --save_images --num_threads 1".split()
+ARGS = "--pipeline shapes --num_images 16 --num_inference_steps 3 --batch_size 4 --save_images --num_threads 1".split()
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_the_shipped_pipeline_is_evaluated_offline_with_a_one_line_summary(one_p
     # On the CPU, glibc keeps freed buffers: without it, every pass page-faults its activations back in.
     assert "CPU memory: glibc keeps up to 1 GiB of freed buffers for reuse" in stderr
     (line,) = stdout.strip().splitlines()
-    assert line.startswith(f"{report['model']}: 40 images, 3 steps, guidance 2.0: FID {report['fid']:.2f} vs shapes")
+    assert line.startswith(f"{report['model']}: 16 images, 3 steps, guidance 2.0: FID {report['fid']:.2f} vs shapes")
     assert f"real-vs-real floor {report['fid_floor']:.2f}" in line and "colour+position" in line
     assert line.endswith(f"report: {output / 'report.json'}")
     assert report["captions"] == "shapes" and report["seed"] == 0 and report["num_processes"] == 1
@@ -56,7 +57,7 @@ def test_the_shipped_pipeline_is_evaluated_offline_with_a_one_line_summary(one_p
     )  # fmt: skip
     assert "clip_score" not in report  # no CLIP on the shapes world unless asked
     assert Image.open(output / "grid.png").width > 0
-    assert len(list((output / "images").glob("*.png"))) == 40
+    assert len(list((output / "images").glob("*.png"))) == 16
 
 
 @pytest.mark.slow
@@ -107,7 +108,7 @@ def test_a_path_to_no_folder_is_refused_at_parsing_not_tried_as_a_hub_id(value, 
     assert capsys.readouterr().err.strip().endswith(f"error: --pipeline {value}: {end}")
 
 
-def test_a_hub_id_missing_offline_is_one_line_naming_hf_hub_offline_and_the_download(tmp_path, monkeypatch):
+def test_a_hub_id_missing_offline_is_one_line_naming_the_download(tmp_path, monkeypatch):
     import huggingface_hub
 
     assert huggingface_hub.constants.HF_HUB_OFFLINE  # tests/conftest.py
@@ -117,7 +118,7 @@ def test_a_hub_id_missing_offline_is_one_line_naming_hf_hub_offline_and_the_down
         main(["--pipeline", "some-user/absent-repo", "--captions", "shapes", "--num_threads", "1"])
     message = str(failed.value.code)
     assert message.startswith("error: --pipeline some-user/absent-repo: ") and "\n" not in message
-    assert "HF_HUB_OFFLINE is set" in message and "`hf download some-user/absent-repo`" in message
+    assert "offline" in message and "`hf download some-user/absent-repo`" in message
     assert not (tmp_path / "evaluation").exists()
 
 
@@ -172,12 +173,8 @@ def test_one_cpu_process_runs_on_every_core_unless_the_user_set_a_count(
     assert torch.get_num_threads() == (4 if expected is None else expected)
 
 
-SMALL = "--pipeline shapes --num_images 10 --num_inference_steps 2 --batch_size 4 --save_images --no_progress "
+SMALL = "--pipeline shapes --num_images 6 --num_inference_steps 2 --batch_size 2 --save_images --no_progress "
 SMALL = [*SMALL.split(), "--num_threads", "1"]
-
-
-def without_seconds(report: dict) -> dict:
-    return {key: value for key, value in report.items() if key != "seconds"}
 
 
 @pytest.mark.slow
@@ -214,12 +211,12 @@ def test_sigterm_keeps_a_partial_report_and_the_same_command_finishes_as_an_unin
     assert stopped.value.code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGINT) is sigint_before  # the command's handlers are gone
     partial = json.loads((output / "report.partial.json").read_text())
-    assert partial["partial"] is True and partial["num_images_done"] == 8 and partial["num_images"] == 10
+    assert partial["partial"] is True and partial["num_images_done"] == 4 and partial["num_images"] == 6
     assert partial["captions"] == "shapes" and 0 <= partial["shapes"]["colour"] <= 1
     assert not (output / "report.json").exists()
     said = capsys.readouterr().err.strip()
     assert said.endswith(
-        f"Interrupted after 8 of 10 images. The finished batches are kept in {output / 'progress'} and reported on "
+        f"Interrupted after 4 of 6 images. The finished batches are kept in {output / 'progress'} and reported on "
         f"in {output / 'report.partial.json'}; run the same command again to continue."
     )
 
@@ -287,14 +284,14 @@ def test_two_processes_stopped_by_ctrl_c_and_run_again_give_the_one_process_resu
     inodes = {path: path.stat().st_ino for path in [*batch_files, *images]}
     partial = json.loads((output / "report.partial.json").read_text())
     # Both processes' batches (process p samples batches p, p + 2, ...), reported on by the first process.
-    assert 2 <= len(batches) < 10 and batches[:2] == ["batch-000000.safetensors", "batch-000001.safetensors"]
+    assert 2 <= len(batches) < 4 and batches[:2] == ["batch-000000.safetensors", "batch-000001.safetensors"]
     assert partial["partial"] is True and 8 <= partial["num_images_done"] <= 4 * len(batches)
 
     resumed = launch("-m", "diffusers_lmlp.evaluation", *args, "--keep_progress")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming the evaluation kept in {output / 'progress'}" in resumed.stderr
     assert len(resumed.stdout.strip().splitlines()) == 1  # the main process prints the summary
-    assert len(list((output / "progress").glob("batch-*.safetensors"))) == 10
+    assert len(list((output / "progress").glob("batch-*.safetensors"))) == 4
     assert all(path.stat().st_ino == inode for path, inode in inodes.items())  # read, not sampled and written again
     assert not (output / "report.partial.json").exists()
     one, two = (json.loads((folder / "report.json").read_text()) for folder in (one_process[0], output))
@@ -303,7 +300,7 @@ def test_two_processes_stopped_by_ctrl_c_and_run_again_give_the_one_process_resu
     for key in ("fid", "fid_floor"):
         assert two[key] == pytest.approx(one[key], rel=1e-4)
     assert two["shapes"] == one["shapes"]
-    for i in range(40):
+    for i in range(16):
         a, b = (np.asarray(Image.open(f / "images" / f"{i:06d}.png"), np.int16) for f in (one_process[0], output))
         assert np.abs(a - b).max() <= 1, i
     metadata = [folder / "images" / "metadata.jsonl" for folder in (one_process[0], output)]

@@ -2,6 +2,8 @@
 modules: torch, diffusers and the models are imported in `main`."""
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,13 @@ from ..sampling import GUIDANCE_SCALE
 
 
 CONSOLE_SCRIPT = "diffusers-lmlp-analysis"
+# A backbone's files, at the top of a model repo or under transformer/ of a pipeline repo: all a Hub id fetches.
+BACKBONE_FILES = [
+    "config.json",
+    "diffusion_pytorch_model*.safetensors",
+    "diffusion_pytorch_model.safetensors.index.json",
+]
+HUB_ALLOW_PATTERNS = ["model_index.json", *BACKBONE_FILES, *(f"transformer/{name}" for name in BACKBONE_FILES)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         "balance, or a U-ViT's mean attention maps of the chosen layers, measured as lateralization measures a left "
         "hemisphere. Writes routing.png, .json and .safetensors into --output_dir.",
     )
-    for subcommand in (lateralization, routing):
+    layers = {
+        lateralization: "layer numbers as the reference figure script counts (in, mid, out blocks, from 1; default: "
+        "the paper's 1, 5, 9, 13, 17 adapted to the depth)",
+        routing: "layer numbers, as lateralization counts them (default: every layer of an MoE-MLP, lateralization's "
+        "for a U-ViT)",
+    }
+    for subcommand, layers_help in layers.items():
         subcommand.add_argument(
             "--pipeline", default="shapes",
             help="a pipeline folder, a backbone folder (lateralization only), a Hub id of either, or shapes or emoji "
@@ -41,16 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         )  # fmt: skip
         subcommand.add_argument("--output_dir", type=Path, default=Path("analysis"), help="where the files go")
         subcommand.add_argument("--no_progress", action="store_true", help="no progress bar")
-    lateralization.add_argument(
-        "--layers", type=commands.number(int, 1), nargs="+",
-        help="layer numbers as the reference figure script counts (in, mid, out blocks, from 1; default: the "
-        "paper's 1, 5, 9, 13, 17 adapted to the depth)",
-    )  # fmt: skip
-    routing.add_argument(
-        "--layers", type=commands.number(int, 1), nargs="+",
-        help="layer numbers, as lateralization counts them (default: every layer of an MoE-MLP, lateralization's "
-        "for a U-ViT)",
-    )  # fmt: skip
+        subcommand.add_argument("--layers", type=commands.number(int, 1), nargs="+", help=layers_help)
     routing.add_argument("--captions", nargs="+", required=True, help="the captions to sample")
     routing.add_argument(
         "--num_inference_steps", type=commands.number(int, 1), default=20, help="sampler steps per caption"
@@ -63,18 +69,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def find_backbone(name: str):
+    """The folder, subfolder ("transformer" in a pipeline), config, family and whether it came from the Hub of the
+    backbone `--pipeline` names, loading no weights (so `--layers` is checked first); `OSError` or `ValueError`."""
+    from ..models.families import family_of
+    from ..worlds import WORLDS, pipeline_problem
+
+    from_hub = False
+    if name in WORLDS:
+        folder = WORLDS[name].pipeline_path
+    elif os.path.isdir(name):
+        folder = Path(name)
+    elif problem := pipeline_problem(name):
+        raise OSError(problem)
+    else:
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+        try:
+            folder, from_hub = Path(snapshot_download(name, allow_patterns=HUB_ALLOW_PATTERNS)), True
+        except RepositoryNotFoundError:
+            raise OSError(f"--pipeline {name}: no such local folder or accessible Hub repo (for a private one, "
+                          "`hf auth login`)") from None  # fmt: skip
+        except LocalEntryNotFoundError:
+            why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub could not be reached"
+            raise OSError(f"--pipeline {name}: no such local folder, and not in the huggingface_hub cache while "
+                          f"{why}: `hf download {name}` it, or pass a local folder") from None  # fmt: skip
+    subfolder = "transformer" if (folder / "model_index.json").is_file() else None
+    config_file = folder / (subfolder or "") / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"--pipeline {name}: {config_file} does not exist. Pass a pipeline or a backbone folder.")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    try:
+        return folder, subfolder, config, family_of(config), from_hub
+    except ValueError as error:
+        raise ValueError(f"--pipeline {name}: {config_file} is not a backbone's config: {error}") from None
+
+
 def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
     """Run the subcommand; its table and the files it wrote."""
     import torch
 
     from . import lateralization, routing
     from .layers import check_kind, check_layers, default_layers, num_blocks, routes
-    from .sources import find_backbone
 
-    source = find_backbone(args.pipeline)
-    blocks = num_blocks(source.config["num_layers"])
+    folder, subfolder, config, family, from_hub = find_backbone(args.pipeline)
+    blocks = num_blocks(config["num_layers"])
     layers = check_layers(args.layers, blocks) if args.layers else None
-    model = source.load_backbone()
+    model = family.model_class.from_pretrained(folder, subfolder=subfolder).eval()  # strict, safetensors only
     progress = not args.no_progress
     if args.command == "lateralization":
         report = lateralization.run_lateralization(
@@ -82,9 +124,20 @@ def run(args: argparse.Namespace) -> tuple[str, list[Path]]:
         )
         return lateralization.table(report), [args.output_dir / name for name in lateralization.FILES]
     check_kind(model, "routing")
+    if subfolder is None:
+        raise ValueError(f"routing samples captions, and --pipeline {args.pipeline} is a backbone folder: pass the "
+                         "folder of its pipeline")  # fmt: skip
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from ..pipelines import LMLPPipeline
+
+    try:
+        pipeline = LMLPPipeline.from_pretrained(args.pipeline if from_hub else folder, transformer=model)
+    except (LocalEntryNotFoundError, FileNotFoundError) as error:
+        raise OSError(f"--pipeline {args.pipeline}: {error}") from None
     if layers is None:
         layers = list(range(1, blocks + 1)) if routes(model) else default_layers(blocks)
-    pipeline = source.load_pipeline(model).to("cuda" if torch.cuda.is_available() else "cpu")
+    pipeline = pipeline.to("cuda" if torch.cuda.is_available() else "cpu")
     settings = routing.SamplerSettings(args.num_inference_steps, args.guidance_scale, args.seed, args.batch_size)
     report = routing.run_routing(pipeline, layers, args.captions, settings, args.output_dir, args.pipeline, progress)
     return routing.table(report), [args.output_dir / name for name in routing.FILES]

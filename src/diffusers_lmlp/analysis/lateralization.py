@@ -1,9 +1,6 @@
-"""`lateralization`: the L-MLP paper's Fig. 6 for any UL-MLP or MoE-MLP, with the measures that check its claims.
-
-Fig. 6 draws the first-stage weights of chosen layers, left hemisphere (FNN_L, token mixing, L × L) above right
-(FNN_R, channel mixing, D × D), each normalised to [0, 1]. An MoE-MLP's experts are drawn and measured one by one,
-since the router mixes them per sample.
-"""
+"""`lateralization`: the L-MLP paper's Fig. 6 (the first-stage weights of chosen layers, left hemisphere, L × L,
+above right, D × D, each normalised to [0, 1]) for any UL-MLP or MoE-MLP (each expert on its own: the router mixes
+them per sample), with the measures that check its claims."""
 
 import functools
 import json

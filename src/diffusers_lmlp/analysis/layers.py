@@ -81,12 +81,9 @@ def check_kind(model: nn.Module, subcommand: str) -> None:
     fits = {"lateralization": lateralizes, "routing": routes(model) or attends}
     if not fits[subcommand]:
         other = next(name for name in fits if name != subcommand)
-        reads = {
-            "lateralization": "the L × L first stages of UL-MLP and MoE-MLP",
-            "routing": "MoE-MLP routers and U-ViT attention",
-        }
-        advice = f"Run `{other}` on it instead." if fits[other] else "Neither subcommand fits it."
-        raise ValueError(
-            f"{subcommand} reads {reads[subcommand]}, and this {family.label} ({family.class_name}) has no such "
-            f"blocks. {advice}"
+        reads = (
+            "L × L first stages of UL-MLP and MoE-MLP" if other == "routing" else "MoE-MLP routers and U-ViT attention"
         )
+        advice = f"Run `{other}` on it instead." if fits[other] else "Neither subcommand fits it."
+        raise ValueError(f"{subcommand} reads the {reads}, and this {family.label} ({family.class_name}) has no such "
+                         f"blocks. {advice}")  # fmt: skip

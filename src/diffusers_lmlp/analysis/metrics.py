@@ -53,31 +53,24 @@ def locality(normalised: torch.Tensor, regions: TokenRegions) -> float | None:
     return _ratio(block[distance == 1].mean(), block[distance >= regions.grid_size].mean())
 
 
-def lag_correlations(normalised: torch.Tensor, regions: TokenRegions, max_lag: int) -> list[float | None]:
-    """ρ(1), …, ρ(max_lag): the Pearson correlation of the matrix with itself shifted by k along both image axes,
-    pooled over both (N, L) sides (None where a side is constant)."""
-    image = slice(regions.image.start, regions.image.stop)
-    sides = (normalised[image, :], normalised[:, image].T)  # 2 × (N, L): image rows, then image columns
-    correlations = []
-    for lag in range(1, max_lag + 1):
-        pairs = torch.stack(
-            [torch.cat([side[:-lag].flatten() for side in sides]), torch.cat([side[lag:].flatten() for side in sides])]
-        )
-        correlation = torch.corrcoef(pairs)[0, 1]
-        correlations.append(float(correlation) if torch.isfinite(correlation) else None)
-    return correlations
-
-
 def periodicity(normalised: torch.Tensor, regions: TokenRegions) -> float | None:
-    """ρ(g) − mean(ρ(1), …, ρ(g − 1)): how much more the matrix repeats one patch row away (the paper's "repeated
-    patterns") than at shorter shifts (mere smoothness)."""
+    """ρ(g) − mean(ρ(1), …, ρ(g − 1)), ρ(k) the Pearson correlation of the matrix with itself shifted by k along both
+    image axes (pooled over both (N, L) sides): how much more it repeats one patch row away (the paper's "repeated
+    patterns") than at shorter shifts (mere smoothness); None where undefined."""
     g = regions.grid_size
     if g < 2:
         return None
-    *shorter, row_lag = lag_correlations(normalised, regions, g)
-    if row_lag is None or None in shorter:
-        return None
-    return row_lag - sum(shorter) / len(shorter)
+    image = slice(regions.image.start, regions.image.stop)
+    sides = (normalised[image, :], normalised[:, image].T)  # 2 × (N, L): image rows, then image columns
+    correlations = []
+    for lag in range(1, g + 1):
+        shifted = [
+            torch.cat([side[:-lag].flatten() for side in sides]),
+            torch.cat([side[lag:].flatten() for side in sides]),
+        ]
+        correlations.append(float(torch.corrcoef(torch.stack(shifted))[0, 1]))
+    *shorter, row_lag = correlations
+    return None if not all(math.isfinite(c) for c in correlations) else row_lag - sum(shorter) / len(shorter)
 
 
 def token_mixing_measures(matrix: torch.Tensor, regions: TokenRegions) -> dict[str, float | None]:

@@ -1,10 +1,6 @@
-"""`routing`: what decides the token mixing of an input-dependent model, watched while it samples captions.
-
-For an MoE-MLP, the routers' expert probabilities per layer, head and sampler step, with their balance statistics and
-the MoE-MLP paper's load-balancing loss. For a U-ViT, the mean attention maps of the chosen layers (what the L-MLP
-paper compares Fig. 6 with), measured as `lateralization` measures a left hemisphere. Forward hooks record every
-pass while the pipeline samples; caption i starts from the noise of seed `seed + i`, whatever its batch.
-"""
+"""`routing`: while the pipeline samples captions, forward hooks record an MoE-MLP's expert probabilities per layer,
+head and step (with balance statistics and the MoE-MLP paper's load-balancing loss), or a U-ViT's mean attention maps
+(what the L-MLP paper compares Fig. 6 with), measured as `lateralization` measures a left hemisphere."""
 
 import contextlib
 import functools

@@ -15,12 +15,12 @@ _EXPORTS = {
     "draw_captions": ".captions",
     "read_captions_file": ".captions",
     "CLIPScorer": ".clip_score",
-    "InceptionFeatures": ".extractors",
-    "load_extractor": ".extractors",
     "FeatureMoments": ".fid",
     "FIDStatistics": ".fid",
     "frechet_distance": ".fid",
-    "reference_statistics": ".reference",
+    "InceptionFeatures": ".fid",
+    "load_extractor": ".fid",
+    "reference_statistics": ".fid",
     "ShapesFeatureNetwork": ".shapes_features",
     "pretrained_shapes_features": ".shapes_features",
 }
@@ -30,7 +30,12 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from .captions import draw_captions, read_captions_file  # noqa: F401
     from .clip_score import CLIPScorer  # noqa: F401
-    from .extractors import InceptionFeatures, load_extractor  # noqa: F401
-    from .fid import FeatureMoments, FIDStatistics, frechet_distance  # noqa: F401
-    from .reference import reference_statistics  # noqa: F401
+    from .fid import (  # noqa: F401
+        FeatureMoments,
+        FIDStatistics,
+        InceptionFeatures,
+        frechet_distance,
+        load_extractor,
+        reference_statistics,
+    )
     from .shapes_features import ShapesFeatureNetwork, pretrained_shapes_features  # noqa: F401

@@ -17,7 +17,6 @@ from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..threads import set_threads
 from ..worlds import WORLDS, load, pipeline_problem
 from .captions import WORLD_SOURCES
-from .extractors import EMOJI, INCEPTION, SHAPES
 
 
 DEFAULT_CLIP_MODEL = "openai/clip-vit-large-patch14"
@@ -49,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             "emoji (the world's real images of the same captions; the default for them), or 'none'"
         ),
         "--fid_extractor": dict(
-            choices=(INCEPTION, SHAPES, EMOJI), help="the FID network (default: the world's, else inception)"
+            choices=("inception", "shapes", "emoji"), help="the FID network (default: the world's, else inception)"
         ),
         "--clip_model": dict(
             help=f"CLIP model id or folder, or 'none' (default: {DEFAULT_CLIP_MODEL}; the world's for its captions)"
@@ -103,13 +102,10 @@ class StopSignals:
     """Within it, the first SIGINT or SIGTERM raises `KeyboardInterrupt`; later ones (`accelerate launch` forwards
     each again, schedulers repeat SIGTERM) are ignored while progress is saved. Main thread only."""
 
-    def __init__(self):
-        self.received, self.previous = None, {}
-
     def __enter__(self) -> "StopSignals":
+        self.received, self.previous = None, {}
         if threading.current_thread() is threading.main_thread():
-            for number in (signal.SIGINT, signal.SIGTERM):
-                self.previous[number] = signal.signal(number, self.stop)
+            self.previous = {number: signal.signal(number, self.stop) for number in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def stop(self, number: int, frame) -> None:

@@ -51,12 +51,10 @@ class CLIPScorer:
         (CUDA when available) in `dtype` (float32); safetensors weights only: pickled ones raise `OSError` unread."""
         name = os.fspath(name_or_path)
         if os.path.isdir(name) and not any(file in os.listdir(name) for file in SAFETENSORS_FILES):
-            pickled = sorted(file for file in os.listdir(name) if file.endswith(PICKLE_SUFFIXES))
-            found = f"It holds pickled weights only ({', '.join(pickled)}), which " if pickled else "Pickled weights "
-            raise OSError(
-                f"The CLIP folder {name!r} has no safetensors weights (`model.safetensors`). {found}CLIPScorer never "
-                "loads (unpickling can run code): `save_pretrained` trusted weights with transformers."
-            )
+            pickled = ", ".join(sorted(file for file in os.listdir(name) if file.endswith(PICKLE_SUFFIXES)))
+            raise OSError(f"The CLIP folder {name!r} has no safetensors weights (`model.safetensors`), "
+                          f"{f'pickled weights only ({pickled}), which ' if pickled else 'and pickled weights '}"
+                          "CLIPScorer never loads: `save_pretrained` trusted weights with transformers.")  # fmt: skip
         try:
             from transformers import CLIPModel, CLIPProcessor
 
@@ -67,19 +65,16 @@ class CLIPScorer:
                 raise OSError(
                     f"Could not load the CLIP model and processor from the folder {name!r}: {error}"
                 ) from error
-            constants = huggingface_hub.constants
-            if not constants.HF_HUB_OFFLINE:
+            cache = huggingface_hub.constants.HF_HUB_CACHE
+            if not huggingface_hub.constants.HF_HUB_OFFLINE:
                 why = f"Could not load the CLIP model {name!r} with safetensors weights ({error})."
             elif isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
-                why = f"The CLIP model {name!r} is in the Hugging Face cache ({constants.HF_HUB_CACHE}) without "
-                why += "`model.safetensors` or its processor files; pickled weights are never read."
+                why = f"The CLIP model {name!r} is in the Hugging Face cache ({cache}) without `model.safetensors`."
             else:
-                why = f"The CLIP model {name!r} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and "
-                why += "HF_HUB_OFFLINE is set."
-            raise OSError(
-                f'{why} Run `hf download {name} --include "*.json" --include "*.txt" --include "model.safetensors*"` '
-                "where the Hub is reachable and copy the cache here, or pass a local folder that holds those files."
-            ) from error
+                why = f"The CLIP model {name!r} is not in the Hugging Face cache ({cache}), and HF_HUB_OFFLINE is set."
+            raise OSError(f'{why} Run `hf download {name} --include "*.json" --include "*.txt" --include '
+                          '"model.safetensors*"` where the Hub is reachable, or pass a local folder.'
+                          ) from error  # fmt: skip
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(model.to(device), processor, name=name)
 
@@ -116,20 +111,15 @@ class CLIPScorer:
                     f"An image tensor must be (N, 3, H, W) float; got {tuple(images.shape)} {images.dtype}."
                 )
             if images.numel() and (images.min() < 0 or images.max() > 1):
-                raise ValueError(
-                    f"An image tensor must be in [0, 1] (map [-1, 1] with `(x + 1) / 2`); got [{images.min():.3g}, "
-                    f"{images.max():.3g}]."
-                )
+                raise ValueError("An image tensor must be in [0, 1] (map [-1, 1] with `(x + 1) / 2`).")
             pixels = (images.detach().float().cpu() * 255).round().to(torch.uint8)  # (N, 3, H, W)
             images = [Image.fromarray(array) for array in pixels.permute(0, 2, 3, 1).numpy()]  # N × (H, W, 3)
         images, captions = list(images), list(captions)
-        for i, image in enumerate(images):
-            if not isinstance(image, Image.Image):
-                raise ValueError(f"Image {i} is a {type(image).__name__}; pass PIL images or one (N, 3, H, W) tensor.")
-        if not images:
-            raise ValueError("CLIPScorer.score needs at least one image.")
-        if len(images) != len(captions):
-            raise ValueError(f"Got {len(images)} images and {len(captions)} captions; pass one caption per image.")
+        if (wrong := next((i for i, im in enumerate(images) if not isinstance(im, Image.Image)), None)) is not None:
+            raise ValueError(f"Image {wrong} is a {type(images[wrong]).__name__}; pass PIL images or one tensor.")
+        if not images or len(images) != len(captions):
+            raise ValueError(f"Got {len(images)} images and {len(captions)} captions: pass at least one image, and one "
+                             "caption per image.")  # fmt: skip
         for i, caption in enumerate(captions):
             if not isinstance(caption, str) or not caption.strip():
                 raise ValueError(f"Caption {i} is {caption!r}; every caption must be a non-empty string.")

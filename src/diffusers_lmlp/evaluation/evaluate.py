@@ -22,10 +22,18 @@ from ..progress import progress_bar
 from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from ..worlds import WORLDS, World, load, world_of
 from .clip_score import CLIPScorer
-from .extractors import INCEPTION, extractor_name, feature_size, image_features, load_extractor
-from .fid import FeatureMoments, FIDStatistics, frechet_distance
-from .reference import check_exists, reference_statistics
-from .resume import BatchResult, EvaluationInterrupted, ProgressStore, pipeline_digest, weights_digest, write_durably
+from .fid import (
+    INCEPTION,
+    FeatureMoments,
+    FIDStatistics,
+    extractor_name,
+    feature_size,
+    frechet_distance,
+    image_features,
+    load_extractor,
+    reference_statistics,
+)
+from .resume import BatchResult, EvaluationInterrupted, ProgressStore, pipeline_digest, tensors_digest, write_durably
 
 
 GRID_SIZE = 16  # the report grid shows the first images
@@ -202,37 +210,30 @@ def evaluate(
     scoring = prepare_scoring(
         pipeline, captions, fid_reference, fid_extractor, clip_model, seed, processes, cache_dir, progress
     )
-    sampler = {
-        "scheduler": type(pipeline.scheduler).__name__,
-        "num_inference_steps": num_inference_steps,
-        "guidance_scale": guidance_scale,
-        "batch_size": batch_size,
-        "dtype": str(pipeline.transformer.dtype).removeprefix("torch."),
-        "resolution": scoring.resolution,
-    }
-    header = {
-        "model": str(pipeline.name_or_path or "(an unsaved pipeline)"),
-        "num_images": len(captions),
-        "seed": seed,
-        "sampler": sampler,
-        "num_processes": processes.count,
-    }
+    sampler = dict(
+        scheduler=type(pipeline.scheduler).__name__, num_inference_steps=num_inference_steps,
+        guidance_scale=guidance_scale, batch_size=batch_size,
+        dtype=str(pipeline.transformer.dtype).removeprefix("torch."), resolution=scoring.resolution,
+    )  # fmt: skip
+    model = str(pipeline.name_or_path or "(an unsaved pipeline)")
+    header = dict(model=model, num_images=len(captions), seed=seed, sampler=sampler, num_processes=processes.count)
     image_dir = Path(image_dir) if image_dir is not None else None
     if image_dir is not None:
         image_dir.mkdir(parents=True, exist_ok=True)
     store = None
     if resume_dir is not None:
+        extractor, clip = scoring.extractor, getattr(scoring.scorer, "model", None)
         settings = {  # what the kept batches depend on (`resume.SETTING_NAMES`)
             "captions": hashlib.sha256(json.dumps(captions).encode("utf-8")).hexdigest(),
             "num_images": len(captions),
             "seed": seed,
             **{key: sampler[key] for key in ("num_inference_steps", "guidance_scale", "batch_size", "resolution")},
             "pipeline": pipeline_digest(pipeline),
-            "fid_extractor": extractor_name(scoring.extractor) if scoring.extractor is not None else None,
-            "fid_extractor_weights": weights_digest(scoring.extractor),
+            "fid_extractor": extractor_name(extractor) if extractor is not None else None,
+            "fid_extractor_weights": tensors_digest(extractor.state_dict()) if extractor is not None else None,
             "fid_renders": "renders" in scoring.feature_names,
             "clip_model": scoring.scorer.name if scoring.scorer is not None else None,
-            "clip_weights": weights_digest(getattr(scoring.scorer, "model", None)),
+            "clip_weights": tensors_digest(clip.state_dict()) if clip is not None else None,
         }
         store = ProgressStore(resume_dir, settings, processes, image_dir)
         store.open()
@@ -326,8 +327,9 @@ def prepare_scoring(
                 f"The {fid_reference!r} FID reference needs {fid_reference}-world captions, but some captions are "
                 f"not {fid_reference}-world captions (e.g. {WORLDS[fid_reference].example_captions[0]!r})"
             )
-        if not world_reference:
-            check_exists(fid_reference)
+        if not world_reference and not isinstance(fid_reference, FIDStatistics) and not Path(fid_reference).exists():
+            raise ValueError(f"FID reference {fid_reference}: no such file or folder; pass an .npz of mu/sigma, a "
+                             "folder of real images, or a world's name (shapes, emoji)")  # fmt: skip
         extractor = load_extractor(fid_extractor or (fid_reference if world_reference else INCEPTION))
         extractor = extractor.to(processes.device)
         if not world_reference:

@@ -87,10 +87,6 @@ def batch_digest(tensors: dict[str, torch.Tensor], seconds: str | None) -> str:
     return tensors_digest(dict(sorted(tensors.items())), hashlib.sha256(f"{seconds}\n".encode()))
 
 
-def weights_digest(module: torch.nn.Module | None) -> str | None:
-    return None if module is None else tensors_digest(module.state_dict())
-
-
 def pipeline_digest(pipeline) -> str:
     """The SHA-256 of a pipeline's component classes, configs (without `_*` and version entries), vocabularies and
     weights."""
@@ -123,7 +119,15 @@ class ProgressStore:
         """Refuse progress of other settings (`ValueError`), record these, take the lock and remove a killed run's
         temporary files. Every process calls it."""
         path = self.folder / SETTINGS_FILE
-        recorded = self.recorded_settings(path)
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8"))["settings"]
+            if not isinstance(recorded, dict):
+                raise TypeError(f"its settings are a {type(recorded).__name__}, not an object")
+        except FileNotFoundError:
+            recorded = None
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not an evaluation's progress ({error}); delete {self.folder} or pass another "
+                             "output folder") from None  # fmt: skip
         if recorded is not None and recorded != self.settings:
             differences = [
                 SETTING_NAMES.get(name, name)
@@ -148,29 +152,14 @@ class ProgressStore:
             if recorded is None:
                 write_json_durably(path, {"settings": self.settings})
             else:
-                logger.info(
-                    f"Resuming the evaluation kept in {self.folder}: {self.num_images_done()} of "
-                    f"{self.settings['num_images']} images are done."
-                )
+                logger.info(f"Resuming the evaluation kept in {self.folder}: {self.num_images_done()} of "
+                            f"{self.settings['num_images']} images are done.")  # fmt: skip
         self.processes.wait()
 
     def close(self) -> None:
         if self.lock is not None:
             self.lock.close()
             self.lock = None
-
-    def recorded_settings(self, path: Path) -> dict | None:
-        try:
-            settings = json.loads(path.read_text(encoding="utf-8"))["settings"]
-            if not isinstance(settings, dict):
-                raise TypeError(f"its settings are a {type(settings).__name__}, not an object")
-            return settings
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(
-                f"{path} is not an evaluation's progress ({error}); delete {self.folder} or pass another output folder"
-            ) from None
 
     def batch_path(self, number: int) -> Path:
         return self.folder / f"batch-{number:06d}.safetensors"
@@ -191,26 +180,25 @@ class ProgressStore:
         path = self.batch_path(number)
         if not path.is_file():
             return None
-        if not all(image.is_file() for image in image_paths):
-            logger.warning(f"Batch {number}'s images are missing from {self.image_dir}; it is sampled again.")
-            return None
         try:
             with safe_open(path, "pt") as f:
                 metadata = f.metadata() or {}
                 tensors = {name: f.get_tensor(name) for name in f.keys()}
         except (SafetensorError, OSError) as error:
-            logger.warning(f"{path} does not read ({error}); its batch is sampled again.")
-            return None
-        if metadata.get("settings") != self.key:
-            logger.warning(f"{path} holds a batch of other settings; it is sampled again.")
-            return None
-        if metadata.get("sha256") != batch_digest(tensors, metadata.get("seconds")):
-            logger.warning(f"{path} does not match its checksum (damaged or edited); its batch is sampled again.")
-            return None
-        if batch is not None and not torch.equal(
-            tensors["rows"][:, 0], torch.arange(batch.start, batch.stop).double()
-        ):
-            logger.warning(f"{path} holds other images than batch {number}; it is sampled again.")
+            problem = f"does not read ({error})"
+        else:
+            indices = torch.arange(batch.start, batch.stop).double() if batch is not None else None
+            problem = (
+                "holds a batch of other settings" if metadata.get("settings") != self.key
+                else "does not match its checksum (damaged or edited)"
+                if metadata.get("sha256") != batch_digest(tensors, metadata.get("seconds"))
+                else f"holds other images than batch {number}"
+                if indices is not None and not torch.equal(tensors["rows"][:, 0], indices)
+                else f"lacks its images in {self.image_dir}" if not all(image.is_file() for image in image_paths)
+                else None
+            )  # fmt: skip
+        if problem is not None:
+            logger.warning(f"{path} {problem}; its batch is sampled again.")
             return None
         features = {name.removeprefix("features."): value for name, value in tensors.items() if "." in name}
         return BatchResult(tensors["rows"], features, tensors["grid"], float(metadata["seconds"]))
