@@ -80,9 +80,8 @@ def measure(app, args: argparse.Namespace, precision: str) -> dict:
         raise SystemExit(f"{precision}: the app could not freeze the transformer here: {line}")
     generators = {"eager": app.make_generate_fn(eager), "frozen": app.make_generate_fn(frozen)}
     # (prompt, negative prompt, seed, randomize seed, steps, guidance, images), as the UI and the API send them
-    prompt = app.examples_for(app.describe_model(eager, app.SHIPPED.get(args.model, args.model)))[
-        0
-    ]  # as the app opens
+    described = app.describe_model(eager, app.SHIPPED.get(args.model, args.model))
+    prompt = app.examples_for(described)[0]  # as the app opens
     request = (prompt, "", 0, False, args.num_inference_steps, args.guidance_scale, args.num_images)
     images = {name: generate(*request)[0] for name, generate in generators.items()}  # also the warm-up
     difference = max(

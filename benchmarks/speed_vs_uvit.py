@@ -428,43 +428,20 @@ def speedup(row: Row, rows: list[Row]) -> float | None:
 
 
 def format_row(row: Row, ratio: float | None = None) -> str:
-    cells = [
-        row.model,
-        row.family,
-        f"{row.params / 1e6:.1f}M",
-        str(row.batch_size),
-        row.precision,
-        row.pass_,
-        row.mode,
-        f"{row.images_per_second:.2f}",
-        f"{row.gflops:.0f}",
-        f"{row.of_gemm:.0%}",
-        f"{row.compile_seconds:.0f}",
-    ]
+    cells = [row.model, row.family, f"{row.params / 1e6:.1f}M", str(row.batch_size), row.precision, row.pass_]
+    cells += [row.mode, f"{row.images_per_second:.2f}", f"{row.gflops:.0f}", f"{row.of_gemm:.0%}"]
+    cells.append(f"{row.compile_seconds:.0f}")
     if ratio is not None:
         cells.append(f"{ratio:.2f}×")
     return "| " + " | ".join(cells) + " |"
 
 
-THROUGHPUT_HEADER = (
-    "model",
-    "family",
-    "params",
-    "B",
-    "precision",
-    "pass",
-    "mode",
-    "images/s",
-    "GFLOP/s",
-    "of GEMM",
-    "first call s",
-    "vs U-ViT (best modes)",
-)
+THROUGHPUT_HEADER = ("model", "family", "params", "B", "precision", "pass", "mode", "images/s", "GFLOP/s")
+THROUGHPUT_HEADER += ("of GEMM", "first call s", "vs U-ViT (best modes)")
 
 
 def throughput_table(rows: list[Row]) -> str:
-    lines = ["| " + " | ".join(THROUGHPUT_HEADER) + " |", "|" + "---|" * len(THROUGHPUT_HEADER)]
-    best = best_rows(rows)
+    lines, best = [], best_rows(rows)
     for row in rows:
         is_best = best[(row.model, row.batch_size, row.precision, row.pass_)] is row
         ratio = speedup(row, rows) if is_best else None
@@ -474,7 +451,7 @@ def throughput_table(rows: list[Row]) -> str:
         if is_best:
             line = line.replace(f"| {row.mode} |", f"| **{row.mode}** |", 1)
         lines.append(line)
-    return "\n".join(lines)
+    return markdown(THROUGHPUT_HEADER, lines)
 
 
 def reference_time_ratio(row: Row, rows: list[Row]) -> float | None:
@@ -511,8 +488,7 @@ def summary_table(rows: list[Row]) -> str:
     header = ("model", "B", "precision", "sampling: best mode", "× U-ViT", "training: best mode", "× U-ViT")
     header += ("eager × U-ViT (sampling / training)", "time ÷ F2-deep's (sampling / training)")
     header += ("eager time ÷ F2-deep's (sampling / training)",)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    best = best_rows(rows)
+    lines, best = [], best_rows(rows)
     modes = {(r.model, r.batch_size, r.precision, r.pass_, r.mode): r for r in rows}
     for model, batch_size, precision in dict.fromkeys((row.model, row.batch_size, row.precision) for row in rows):
         cells, eager, reference, eager_reference = [model, str(batch_size), precision], [], [], []
@@ -533,7 +509,7 @@ def summary_table(rows: list[Row]) -> str:
                 eager_reference.append(f"{eager_ratio:.2f}×")
         cells += [" / ".join(eager) or "–", " / ".join(reference) or "–", " / ".join(eager_reference) or "–"]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown(header, lines)
 
 
 # The Stable Diffusion KL-f8 VAE both papers decode with (`stabilityai/sd-vae-ft-ema`), randomly initialised here:
@@ -609,15 +585,8 @@ def measure_pipeline(name: str, mode: str, args: argparse.Namespace) -> dict:
     return result
 
 
-PIPELINE_HEADER = (
-    "model",
-    "backbone mode",
-    "images",
-    "steps",
-    "pipeline s",
-    "forwards + decode s",
-    "pipeline / parts",
-)
+PIPELINE_HEADER = ("model", "backbone mode", "images", "steps", "pipeline s", "forwards + decode s")
+PIPELINE_HEADER += ("pipeline / parts",)
 
 
 def pipeline_row(result: dict) -> str:

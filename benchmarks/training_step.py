@@ -86,32 +86,24 @@ def bare_step(model: torch.nn.Module, batch_size: int, mode: str) -> Callable[[]
     return step
 
 
-def time_mode(args: argparse.Namespace, mode: str) -> tuple[float, float]:
-    """(warm-up seconds, median seconds per step) of one mode, from the same initial weights and batch."""
-    torch.manual_seed(0)  # the same initial weights in every mode
-    step = bare_step(shapes_model(args), args.batch_size, mode)
+def timed(step: Callable[[], object], steps: int, warmup: int = 2) -> tuple[float, float]:
+    """(seconds of the `warmup` calls, median seconds of the `steps` calls after them) of `step()`."""
     started = time.perf_counter()
-    for _ in range(args.warmup):
+    for _ in range(warmup):
         step()
-    warmup = time.perf_counter() - started
-    seconds = []
-    for _ in range(args.steps):
-        started = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - started)
-    return warmup, statistics.median(seconds)
-
-
-def time_update(update, steps: int) -> float:
-    """Median seconds of `update()` over `steps` calls, after two."""
-    update()
-    update()
+    warmed_up = time.perf_counter() - started
     seconds = []
     for _ in range(steps):
         started = time.perf_counter()
-        update()
+        step()
         seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+    return warmed_up, statistics.median(seconds)
+
+
+def time_mode(args: argparse.Namespace, mode: str) -> tuple[float, float]:
+    """(warm-up seconds, median seconds per step) of one mode, from the same initial weights and batch."""
+    torch.manual_seed(0)  # the same initial weights in every mode
+    return timed(bare_step(shapes_model(args), args.batch_size, mode), args.steps, args.warmup)
 
 
 def time_updates(args: argparse.Namespace) -> dict[str, float]:
@@ -124,13 +116,13 @@ def time_updates(args: argparse.Namespace) -> dict[str, float]:
     times = {}
     for label, fused in (("AdamW, torch's default", None), ("AdamW, fused (the trainer's)", True)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
-        times[label] = time_update(optimizer.step, args.steps)
+        times[label] = timed(optimizer.step, args.steps)[1]
     emas = {
         "EMA, diffusers' per-tensor loop": EMAModel(model.parameters(), decay=0.999, foreach=False),
         "EMA, diffusers' foreach (the trainer's)": EMAModel(model.parameters(), decay=0.999, foreach=True),
     }
     for label, ema in emas.items():
-        times[label] = time_update(lambda: ema.step(model.parameters()), args.steps)
+        times[label] = timed(lambda: ema.step(model.parameters()), args.steps)[1]
     return times
 
 

@@ -168,7 +168,11 @@ def test_a_restart_skips_finished_entries_and_keeps_their_budget(ablation, tmp_p
 
 
 @pytest.mark.slow
-def test_two_entries_train_score_and_resume_end_to_end(ablation, tmp_path, capsys):
+def test_an_entry_trains_scores_and_resumes_end_to_end_beside_a_finished_one(ablation, tmp_path, capsys):
+    """docs/ablation.md's command, shortened: lmlp trains for real beside A3, already trained (a made-up run)."""
+    (tmp_path / "A3").mkdir()
+    (tmp_path / "A3" / "training_summary.json").write_text(json.dumps(fake_summary(2)))
+    Image.new("RGB", (160, 96), "white").save(tmp_path / "A3" / "samples.png")
     command = [
         sys.executable, str(ROOT / "benchmarks" / "ablation_shapes.py"), "--models", "lmlp", "A3", "--steps", "2",
         "--output_dir", str(tmp_path), "--", "--validation_inference_steps", "2",
@@ -176,16 +180,17 @@ def test_two_entries_train_score_and_resume_end_to_end(ablation, tmp_path, capsy
     ]  # fmt: skip
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "resuming: A3 already trained" in result.stdout
     assert "plan: 2 steps at batch 64 for every entry" in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     assert [(e["entry"], e["error"], e["steps"]) for e in results["entries"]] == [("lmlp", None, 2), ("A3", None, 2)]
-    assert all(0 <= e["scores"]["colour+position"] <= 1 and e["shapes_fid"] > 0 for e in results["entries"])
+    lmlp = results["entries"][0]
+    assert 0 <= lmlp["scores"]["colour+position"] <= 1 and lmlp["shapes_fid"] > 0 and lmlp["train_seconds"] > 0
     table = (tmp_path / "results.md").read_text()
     assert "| lmlp | UL-MLP | 96 | 860,386 | +0.0% |" in table and "| A3 | gMLP |" in table
-    for name in ("lmlp", "A3"):
-        assert Image.open(tmp_path / "grids" / f"{name}.png").size[0] > 100
-    assert Image.open(tmp_path / "ablation.png").size[0] > 400
     grid = Image.open(tmp_path / "grids" / "lmlp.png")
+    assert grid.size[0] > 100 and (tmp_path / "grids" / "A3.png").is_file()
+    assert Image.open(tmp_path / "ablation.png").size[0] > 400
     sheet = Image.open(tmp_path / "samples.png")  # both entries' grids at half size, side by side, labelled
     assert sheet.size[0] >= 2 * (grid.size[0] // 2) and sheet.size[1] > grid.size[1] // 2
 

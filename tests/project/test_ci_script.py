@@ -34,10 +34,10 @@ def run_ci(tree: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_a_failing_readme_command_fails_ci_and_stops_the_lowest_versions_run(tmp_path):
     marker = tmp_path / "still-running"
-    lowest = f'sleep 5; touch "{marker}"\n'  # its `deps` step outlives the README's command
-    result = run_ci(ci_tree(tmp_path, "sleep 1; false", lowest))
+    lowest = f'sleep 3; touch "{marker}"\n'  # its `deps` step outlives the README's command
+    result = run_ci(ci_tree(tmp_path, "sleep 1; false", lowest))  # a second for its session to start
     assert result.returncode != 0 and "+ sleep 1; false" in result.stdout
-    time.sleep(6)
+    time.sleep(4)
     assert not marker.exists(), "the lowest-versions run went on after CI failed"
 
 
@@ -53,6 +53,6 @@ def test_a_failing_lowest_versions_run_fails_ci_after_the_readme_command(tmp_pat
 def test_the_lowest_versions_tests_wait_for_the_readme_install_to_build_the_package(tmp_path):
     order = tmp_path / "order"
     lowest = f'case "$1" in deps) ;; test) echo lowest >> "{order}" ;; esac\n'
-    result = run_ci(ci_tree(tmp_path, f'sleep 3; echo readme >> "{order}"; mkdir -p {BUILT}', lowest))
+    result = run_ci(ci_tree(tmp_path, f'sleep 1; echo readme >> "{order}"; mkdir -p {BUILT}', lowest))
     assert result.returncode == 0, result.stderr
     assert order.read_text(encoding="utf-8").split() == ["readme", "lowest"]

@@ -69,7 +69,7 @@ docs/emoji.md: --pipeline emoji --captions emoji:heldout
 docs/emoji.md: --preset emoji
     training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores
 docs/coco.md: hf download openai/clip-vit-large-patch14
-    training/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads
+    training/test_train_coco.py::test_readme_downloads_are_the_files_the_run_reads_from_the_cache_or_as_local_folders
 docs/coco.md: --num_machines 2 --machine_rank $MACHINE_RANK
     training/test_train_coco.py::test_readme_has_the_coco_commands
     training/test_train_coco.py::test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples
@@ -110,7 +110,7 @@ docs/speed-gpu.md: python benchmarks/profile_passes.py --device cuda --precision
     benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
 docs/ablation.md: python benchmarks/ablation_shapes.py --output_dir ablation-shapes
     project/test_documents.py::test_the_ablation_command_is_the_scripts_own
-    benchmarks/test_ablation_shapes.py::test_two_entries_train_score_and_resume_end_to_end
+    benchmarks/test_ablation_shapes.py::test_an_entry_trains_scores_and_resumes_end_to_end_beside_a_finished_one
 """
 
 
