@@ -20,7 +20,7 @@ _EXPORTS = {
     "default_scheduler": ".pipelines.schedulers",
     "known_words": ".pipelines.vocabulary",
     "unknown_words": ".pipelines.vocabulary",
-    "MoEMLPModelOutput": ".models.moe_mlp",
+    "MoEMLPModelOutput": ".models.mixers.moe",
     "convert_lmlp_reference_state_dict": ".models.lmlp_transformer_2d",
     "convert_uvit_reference_state_dict": ".models.mixers.attention",
     "load_balancing_loss": ".models.mixers.moe",

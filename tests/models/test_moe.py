@@ -8,8 +8,7 @@ import torch.nn.functional as F
 from plain_torch import TINY, randomize_
 
 from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, load_balancing_loss
-from diffusers_lmlp.models.mixers.moe import MoELinearAttention
-from diffusers_lmlp.models.mixers.routing import collect_router_probs
+from diffusers_lmlp.models.mixers.moe import MoELinearAttention, collect_router_probs
 
 
 def lmlp_to_moe_state_dict(state_dict):

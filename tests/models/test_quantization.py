@@ -10,7 +10,7 @@ from torch.ao.quantization import quantize_dynamic
 
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.evaluation.captions import draw_captions
-from diffusers_lmlp.models.quantized import dynamically_quantized_layers, is_dynamically_quantized
+from diffusers_lmlp.models.loading import dynamically_quantized_layers, is_dynamically_quantized
 from diffusers_lmlp.models.tokens import input_dtype
 from diffusers_lmlp.shapes.scorer import score_images
 
@@ -54,7 +54,7 @@ def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind
 def test_the_shipped_pipeline_quantized_draws_held_out_captions():
     pipe = quantized_shapes_pipeline()
     captions = draw_captions("shapes:heldout", 8, seed=3)
-    images = pipe(captions, num_inference_steps=25, generator=torch.Generator().manual_seed(0)).images
+    images = pipe(captions, num_inference_steps=10, generator=torch.Generator().manual_seed(0)).images
     assert score_images(images, captions)["all"] >= 7 / 8
 
 

@@ -10,7 +10,7 @@ from diffusers.pipelines import pipeline_utils
 from test_pipeline_loading import fill_hub_cache
 
 from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel
-from diffusers_lmlp.models.saving import is_local_path
+from diffusers_lmlp.models.loading import is_local_path
 
 
 def saved_text(folder: Path) -> dict[str, str]:

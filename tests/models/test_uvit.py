@@ -73,13 +73,14 @@ def test_converted_tiny_model_matches_reference_forward(case):
 
 @pytest.mark.slow
 def test_uvit_s2_reference_layout_loads_one_to_one_and_matches():
-    model = UViTTransformer2DModel().eval()  # U-ViT-S/2
+    with torch.device("meta"):  # the weights come from `sd`
+        model = UViTTransformer2DModel().eval()  # U-ViT-S/2
     sd = uvit_state_dict(12, 512, 334, text_dim=768, mlp_hidden=2048)
     # 11 top-level tensors, 11 per block in 13 blocks, skip_linear's 2 in 6 out blocks.
     assert len(sd) == 11 + 13 * 11 + 6 * 2 and sum(v.numel() for v in sd.values()) == 44_692_644
     converted = convert_uvit_reference_state_dict(sd)
     assert set(converted) == set(model.state_dict())
-    model.load_state_dict(converted, strict=True)
+    model.load_state_dict(converted, strict=True, assign=True)
 
     gen = torch.Generator().manual_seed(2)
     x, context, t = torch.randn(1, 4, 32, 32, generator=gen), torch.randn(1, 77, 768, generator=gen), 499

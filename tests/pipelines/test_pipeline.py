@@ -14,7 +14,7 @@ from diffusers import DPMSolverMultistepScheduler, EulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, default_scheduler
-from diffusers_lmlp.models.casting import EmptyFp32ModulesWarning
+from diffusers_lmlp.models.loading import EmptyFp32ModulesWarning
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_tokenizer
 
 
@@ -164,13 +164,14 @@ def test_truncated_prompt_warns_with_the_dropped_text(pipe, generate, caplog):
 
 def test_defaults_follow_the_papers(pipe, generate):
     parameters = inspect.signature(LMLPPipeline.__call__).parameters
-    assert parameters["num_inference_steps"].default == 50
-    assert parameters["guidance_scale"].default == 2.0  # the reference's s = 1
-    config = default_scheduler().config
-    assert isinstance(default_scheduler(), DPMSolverMultistepScheduler)
-    assert config.algorithm_type == "dpmsolver++" and config.beta_schedule == "scaled_linear"
-    assert (config.beta_start, config.beta_end, config.num_train_timesteps) == (0.00085, 0.012, 1000)
-    assert config.prediction_type == "epsilon"
+    assert (parameters["num_inference_steps"].default, parameters["guidance_scale"].default) == (50, 2.0)  # s = 1
+    scheduler = default_scheduler()
+    assert isinstance(scheduler, DPMSolverMultistepScheduler)
+    config = {k: scheduler.config[k] for k in ("algorithm_type", "beta_schedule", "beta_start", "beta_end")}
+    assert config == dict(
+        algorithm_type="dpmsolver++", beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012
+    )
+    assert (scheduler.config.num_train_timesteps, scheduler.config.prediction_type) == (1000, "epsilon")
     assert pipe.native_size == NATIVE and generate(pipe, height=None, width=None).shape[-2:] == (NATIVE, NATIVE)
 
 
@@ -215,9 +216,9 @@ def test_tiny_tokenizer_merges_common_words_and_still_tokenizes_unknown_ones(tmp
         tokens = tokenizer.convert_ids_to_tokens(tokenizer(word).input_ids)
         assert tokens == ["<|startoftext|>", f"{word}</w>", "<|endoftext|>"]
     ids = tokenizer("A zebra", padding="max_length", max_length=77).input_ids
-    assert len(ids) == 77
-    expected = ["<|startoftext|>", "a</w>", "z", "e", "b", "r", "a</w>", "<|endoftext|>"]
-    assert tokenizer.convert_ids_to_tokens(ids[:8]) == expected
+    assert len(ids) == 77 and tokenizer.convert_ids_to_tokens(ids[:8]) == [
+        "<|startoftext|>", "a</w>", "z", "e", "b", "r", "a</w>", "<|endoftext|>"
+    ]  # fmt: skip
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a zebra"
 
 
@@ -274,10 +275,7 @@ def test_casting_with_to_samples_in_bf16_without_warning_of_float32_modules_it_n
         "There are modules in AutoencoderKL that should be kept in float32"
     ]
     # Only the vacuous warning is filtered.
-    empty = EmptyFp32ModulesWarning()
     for named, kept in [("AutoencoderKL", "[]"), ("T5EncoderModel", "['wo']")]:
         message = f"There are modules in {named} that should be kept in float32: {kept}. Casting directly with ..."
-        record = logging.LogRecord(
-            "diffusers.models.modeling_utils", logging.WARNING, __file__, 0, message, None, None
-        )
-        assert bool(empty.filter(record)) is (kept != "[]")
+        record = logging.LogRecord("diffusers.models.modeling_utils", logging.WARNING, "", 0, message, None, None)
+        assert bool(EmptyFp32ModulesWarning().filter(record)) is (kept != "[]")

@@ -10,8 +10,7 @@ from torch import nn
 from ..models.families import family_of
 from ..models.mixers.attention import UViTAttention
 from ..models.mixers.lmlp import LMLPBlock
-from ..models.mixers.moe import MoELinearAttention
-from ..models.mixers.routing import Router
+from ..models.mixers.moe import MoELinearAttention, Router
 
 
 def num_blocks(num_layers: int) -> int:

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 from ..models.mixers.attention import UViTAttention
-from ..models.mixers.moe import load_balancing_loss
-from ..models.mixers.routing import collect_router_probs
+from ..models.mixers.moe import collect_router_probs, load_balancing_loss
 from ..progress import progress_bar
 from .figures import format_table, grid_figure, model_label, noise_line, number, write_outputs
 from .layers import block_name, check_kind, layer_block, num_blocks, routes

@@ -13,7 +13,7 @@ from huggingface_hub import CommitInfo
 from ..folders import PICKLE_SUFFIXES
 from ..image_grid import make_image_grid
 from ..models.families import family_of
-from ..models.saving import is_local_path
+from ..models.loading import is_local_path
 from ..pipelines import LMLPPipeline
 from ..pipelines.schedulers import check_scheduler
 from . import upload

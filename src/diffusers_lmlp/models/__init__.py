@@ -13,8 +13,8 @@ _EXPORTS = {
     "from_named_config": ".families",
     "named_configs": ".families",
     "LMLPTransformer2DModel": ".lmlp_transformer_2d",
-    "MoEMLPModel": ".moe_mlp",
-    "MoEMLPModelOutput": ".moe_mlp",
+    "MoEMLPModel": ".mixers.moe",
+    "MoEMLPModelOutput": ".mixers.moe",
     "convert_lmlp_reference_state_dict": ".lmlp_transformer_2d",
     "convert_uvit_reference_state_dict": ".mixers.attention",
     "load_balancing_loss": ".mixers.moe",
@@ -27,6 +27,5 @@ if TYPE_CHECKING:
     from .families import FAMILIES, BlockFamily, family_of, from_named_config, named_configs  # noqa: F401
     from .lmlp_transformer_2d import LMLPTransformer2DModel, convert_lmlp_reference_state_dict  # noqa: F401
     from .mixers.attention import convert_uvit_reference_state_dict  # noqa: F401
-    from .mixers.moe import load_balancing_loss  # noqa: F401
+    from .mixers.moe import MoEMLPModel, MoEMLPModelOutput, load_balancing_loss  # noqa: F401
     from .mixers.paramixer import symmetry_breaking_penalty  # noqa: F401
-    from .moe_mlp import MoEMLPModel, MoEMLPModelOutput  # noqa: F401

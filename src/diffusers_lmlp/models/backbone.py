@@ -14,10 +14,8 @@ import torch
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from torch import nn
 
-from .casting import no_empty_fp32_warning
-from .loading import StrictLoadingMixin
+from .loading import StrictLoadingMixin, check_storable, local_paths_left_out, no_empty_fp32_warning
 from .mixers.channel_mlp import channel_mlp_factory
-from .saving import check_storable, local_paths_left_out
 from .tokens import OutputHead, TokenEmbedder
 
 
@@ -33,11 +31,10 @@ def _is_positive_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
+BOOLEAN = (lambda v: isinstance(v, bool), "True or False")
 
-
-# The config fields every backbone checks: field -> (test, what it must be); a model class may extend or relax them.
+# The config fields every backbone checks where it has them: field -> (test, what it must be); a model class may
+# extend or relax them.
 CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sample_size": (_is_positive_int, "a positive integer (the side of the square latent)"),
     "patch_size": (_is_positive_int, "a positive integer (the side of a square patch)"),
@@ -47,7 +44,8 @@ CONFIG_REQUIREMENTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mlp_ratio": (_is_positive_real, "a positive finite number (the channel MLP's width as a multiple of D)"),
     "text_embed_dim": (_is_positive_int, "a positive integer (the width of the text encoder states)"),
     "text_seq_len": (_is_positive_int, "a positive integer (the number of text tokens)"),
-    "pooled_text_projection": (_is_bool, "True or False"),
+    "pooled_text_projection": BOOLEAN,
+    "long_skips": BOOLEAN,
     "norm_eps": (_is_positive_real, "a positive finite number (the LayerNorm epsilon)"),
 }
 
@@ -149,7 +147,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         **kwargs,
     ) -> None:
         """`ModelMixin.save_pretrained` without a local `_name_or_path`, refusing torch's quantized layers before
-        writing (`models/saving.py`). A pipeline's `save_pretrained` passes on only the arguments named here."""
+        writing (`models/loading.py`). A pipeline's `save_pretrained` passes on only the arguments named here."""
         check_storable(self)
         with local_paths_left_out(self):
             super().save_pretrained(
@@ -169,7 +167,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         )
 
     def to(self, *args, **kwargs):
-        """`ModelMixin.to` without diffusers' empty "kept in float32" warning (`models/casting.py`)."""
+        """`ModelMixin.to` without diffusers' empty "kept in float32" warning (`models/loading.py`)."""
         with no_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
@@ -191,7 +189,7 @@ class UShapedMixerModel(StrictLoadingMixin):
         """Check the config, build token I/O and the stack with `make_block(seq_len, receives_skip)`, initialise."""
         config = self.config
         for field, (is_valid, requirement) in self.config_requirements.items():
-            if not is_valid(config[field]):
+            if field in config and not is_valid(config[field]):
                 raise ValueError(
                     f"{field}={config[field]!r} cannot build a {type(self).__name__}: {field} must be {requirement}."
                 )

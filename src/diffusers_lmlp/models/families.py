@@ -67,88 +67,35 @@ _PARAMIXER_PAPER = (
 )
 _MIXER_TARGETS = (r"token_mlp\.fc[12]", r"channel_mlp\.fc[12]")
 _TIED_WEIGHTS = ("token_mlp.weight", "channel_mlp.weight")
+_LMLP_TARGETS = ("right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2")
 
-FAMILIES: dict[str, BlockFamily] = {
-    family.name: family
-    for family in (
-        BlockFamily(
-            "lmlp",
-            "LMLPTransformer2DModel",
-            "lmlp_transformer_2d",
-            "UL-MLP",
-            "[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)",
-            "l-mlp",
-            lora_target_modules=("left", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
-        ),
-        BlockFamily(
-            "moe_mlp",
-            "MoEMLPModel",
-            "moe_mlp",
-            "MoE-MLP",
-            '"Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"',
-            "moe-mlp",
-            tiny_overrides={"num_experts": 2, "num_heads": 2},
-            details=lambda c: f", {_count(c['num_experts'], 'expert')} × {_count(c['num_heads'], 'head')}",
-            lora_target_modules=(r"left\.gates\.\d+", "right", "merge", r"joint_mlp\.fc1", r"joint_mlp\.fc2"),
-        ),
-        BlockFamily(
-            "uvit",
-            "UViTTransformer2DModel",
-            "mixers.attention",
-            "U-ViT",
-            "[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)",
-            "u-vit",
-            details=lambda c: f", {_count(c['num_attention_heads'], 'attention head')}",
-            lora_target_modules=(r"attn\.qkv", r"attn\.proj", r"mlp\.fc1", r"mlp\.fc2", "skip_linear"),
-        ),
-        BlockFamily(
-            "mlp_mixer",
-            "MLPMixerTransformer2DModel",
-            "mixers.mlp_mixer",
-            "MLP-Mixer",
-            "[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)",
-            "mlp-mixer",
-            lora_target_modules=_MIXER_TARGETS,
-        ),
-        BlockFamily(
-            "paramixer",
-            "ParaMixerTransformer2DModel",
-            "mixers.paramixer",
-            "ParaMixer",
-            _PARAMIXER_PAPER,
-            "paramixer",
-            lora_target_modules=_MIXER_TARGETS,
-        ),
-        BlockFamily(
-            "symmixer",
-            "SymMixerTransformer2DModel",
-            "mixers.paramixer",
-            "SymMixer",
-            _PARAMIXER_PAPER,
-            "symmixer",
-            lora_target_parameters=_TIED_WEIGHTS,
-        ),
-        BlockFamily(
-            "asymmixer",
-            "AsymMixerTransformer2DModel",
-            "mixers.paramixer",
-            "AsymMixer",
-            _PARAMIXER_PAPER,
-            "asymmixer",
-            lora_target_modules=(r"token_mlp\.fc2", r"channel_mlp\.fc2"),
-            lora_target_parameters=_TIED_WEIGHTS,
-        ),
-        BlockFamily(
-            "gmlp",
-            "GMLPTransformer2DModel",
-            "mixers.gmlp",
-            "gMLP",
-            "[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)",
-            "gmlp",
-            lora_target_modules=("channel_proj1", "channel_proj2", r"sgu\.spatial_proj"),
-        ),
-    )
-}
+FAMILIES: dict[str, BlockFamily] = {family.name: family for family in (
+    BlockFamily("lmlp", "LMLPTransformer2DModel", "lmlp_transformer_2d", "UL-MLP",
+                "[Lateralization MLP](https://arxiv.org/abs/2405.16098) (Hu & Rostami 2024)", "l-mlp",
+                lora_target_modules=("left", *_LMLP_TARGETS)),
+    BlockFamily("moe_mlp", "MoEMLPModel", "mixers.moe", "MoE-MLP",
+                '"Many Can Beat One: MoE-Linear Attention for Full MLP Image Generation"', "moe-mlp",
+                tiny_overrides={"num_experts": 2, "num_heads": 2},
+                details=lambda c: f", {_count(c['num_experts'], 'expert')} × {_count(c['num_heads'], 'head')}",
+                lora_target_modules=(r"left\.gates\.\d+", *_LMLP_TARGETS)),
+    BlockFamily("uvit", "UViTTransformer2DModel", "mixers.attention", "U-ViT",
+                "[U-ViT](https://arxiv.org/abs/2209.12152) (Bao et al. 2023)", "u-vit",
+                details=lambda c: f", {_count(c['num_attention_heads'], 'attention head')}",
+                lora_target_modules=(r"attn\.qkv", r"attn\.proj", r"mlp\.fc1", r"mlp\.fc2", "skip_linear")),
+    BlockFamily("mlp_mixer", "MLPMixerTransformer2DModel", "mixers.mlp_mixer", "MLP-Mixer",
+                "[MLP-Mixer](https://arxiv.org/abs/2105.01601) (Tolstikhin et al. 2021)", "mlp-mixer",
+                lora_target_modules=_MIXER_TARGETS),
+    BlockFamily("paramixer", "ParaMixerTransformer2DModel", "mixers.paramixer", "ParaMixer", _PARAMIXER_PAPER,
+                "paramixer", lora_target_modules=_MIXER_TARGETS),
+    BlockFamily("symmixer", "SymMixerTransformer2DModel", "mixers.paramixer", "SymMixer", _PARAMIXER_PAPER,
+                "symmixer", lora_target_parameters=_TIED_WEIGHTS),
+    BlockFamily("asymmixer", "AsymMixerTransformer2DModel", "mixers.paramixer", "AsymMixer", _PARAMIXER_PAPER,
+                "asymmixer", lora_target_modules=(r"token_mlp\.fc2", r"channel_mlp\.fc2"),
+                lora_target_parameters=_TIED_WEIGHTS),
+    BlockFamily("gmlp", "GMLPTransformer2DModel", "mixers.gmlp", "gMLP",
+                "[gMLP](https://arxiv.org/abs/2105.08050) (Liu et al. 2021)", "gmlp",
+                lora_target_modules=("channel_proj1", "channel_proj2", r"sgu\.spatial_proj")),
+)}  # fmt: skip
 
 
 def family_of(model: Any) -> BlockFamily:

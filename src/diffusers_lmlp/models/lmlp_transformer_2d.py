@@ -7,7 +7,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.loaders import PeftAdapterMixin
 
 from ..exports import public
-from .backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool, _is_positive_real, rename_reference_keys
+from .backbone import BOOLEAN, CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real, rename_reference_keys
 from .catalog import NAMED_CONFIGS
 from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
 
@@ -42,7 +42,7 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         ),
         "lateral_activation": (lambda v: v in LATERAL_ACTIVATIONS, f"one of {LATERAL_ACTIVATIONS}"),
         "merging": (lambda v: v in MERGINGS, f"one of {MERGINGS}"),
-        "merge_proj": (_is_bool, "True or False"),
+        "merge_proj": BOOLEAN,
         "long_skip": (lambda v: v is None or v in SKIP_STAGES, f"one of {SKIP_STAGES} or None"),
     }
     named_configs = NAMED_CONFIGS["lmlp"]

@@ -1,20 +1,30 @@
-"""A backbone loads every weight from its checkpoint, or says which it could not (`StrictLoadingMixin`).
+"""Loading, saving and casting a backbone: strictly, safetensors only, without this machine's folders, and refusing
+what torch's dynamic int8 quantization cannot do (save, adapt, compute beside non-float32 weights).
 
 diffusers' `from_pretrained` only warns when a checkpoint's keys differ from the model's; ours refuses unless
 `strict=False`. Two gaps need diffusers' private `_load_pretrained_model` overridden (the package's only such
 override): a sharded checkpoint's keys come from its index, which may list a tensor no shard holds, and with a
 `device_map` diffusers fails on weights no tensor filled. tests/models/test_strict_loading.py checks both gaps on
 diffusers: once they close, drop the override.
+
+diffusers writes where a component was loaded from (`_name_or_path`) into every saved config: for a local folder an
+absolute path, username included, that a push would publish; no loader reads it, so a local path is left out. It
+fails on torch's quantized layers only after writing `config.json`, so `check_storable` comes first.
 """
 
 import inspect
+import logging as std_logging  # `hub push --with-code` puts all modules in one namespace: `logging` is diffusers'
 import os
-from typing import Self
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Self
 
 import torch
 from diffusers import ModelMixin
+from diffusers.configuration_utils import FrozenDict
 from diffusers.utils import logging
 from safetensors import safe_open
+from torch import nn
 
 
 logger = logging.get_logger(__name__)
@@ -139,3 +149,77 @@ class StrictLoadingMixin(ModelMixin):
             }
             model.load_state_dict(values, strict=False, assign=True)
         return result
+
+
+class EmptyFp32ModulesWarning(std_logging.Filter):
+    """Drops diffusers' warning, on every `ModelMixin.to(dtype)`, that a model has modules to keep in float32 when it
+    names none ("...should be kept in float32: []")."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return "should be kept in float32: []." not in record.getMessage()
+
+
+@contextmanager
+def no_empty_fp32_warning() -> Iterator[None]:
+    """Within the block, `EmptyFp32ModulesWarning` filters diffusers' models logger."""
+    logger, empty_warning = std_logging.getLogger("diffusers.models.modeling_utils"), EmptyFp32ModulesWarning()
+    logger.addFilter(empty_warning)
+    try:
+        yield
+    finally:
+        logger.removeFilter(empty_warning)
+
+
+def is_dynamically_quantized(module: nn.Module) -> bool:
+    """Whether torch's dynamic quantization (`quantize_dynamic`) put `module` in place of a float layer; such layers
+    take float32 inputs only and PEFT cannot adapt them."""
+    return type(module).__module__.startswith("torch.ao.nn.quantized.dynamic")
+
+
+def dynamically_quantized_layers(model: nn.Module) -> list[str]:
+    """The names of the layers of `model` that torch's dynamic quantization replaced."""
+    return [name for name, module in model.named_modules() if is_dynamically_quantized(module)]
+
+
+def check_float32_beside_quantized_layers(model: nn.Module) -> None:
+    """Raise a `ValueError` when `model` holds dynamically quantized layers and float weights other than float32."""
+    layers = dynamically_quantized_layers(model) if model.dtype != torch.float32 else []
+    if layers:
+        raise ValueError(
+            f"{type(model).__name__} has Linear layers that torch's dynamic quantization replaced ({listed(layers)}), "
+            f"which compute on float32 inputs, but its other weights are {model.dtype}. Cast it back with "
+            ".to(torch.float32), or sample the float model in bf16 instead."
+        )
+
+
+def is_local_path(value: Any) -> bool:
+    """Whether a config's `_name_or_path` is an absolute path, or a relative one that exists here."""
+    return isinstance(value, str | os.PathLike) and (os.path.isabs(value) or os.path.exists(value))
+
+
+@contextmanager
+def local_paths_left_out(*objects: Any) -> Iterator[None]:
+    """Within the block, the diffusers configs of `objects` (compiled or not) lack a local `_name_or_path`."""
+    changed: list[tuple[Any, FrozenDict]] = []
+    for obj in objects:
+        obj = getattr(obj, "_orig_mod", obj)  # diffusers saves a compiled model's original module
+        config = getattr(obj, "_internal_dict", None)
+        if isinstance(config, FrozenDict) and is_local_path(config.get("_name_or_path")):
+            changed.append((obj, config))
+            obj._internal_dict = FrozenDict({key: value for key, value in config.items() if key != "_name_or_path"})
+    try:
+        yield
+    finally:
+        for obj, config in changed:
+            obj._internal_dict = config
+
+
+def check_storable(model: torch.nn.Module) -> None:
+    """Raise a `ValueError` if `model`'s state dict holds a non-tensor or a torch-quantized tensor."""
+    keys = [k for k, v in model.state_dict().items() if not isinstance(v, torch.Tensor) or v.is_quantized]
+    if keys:
+        raise ValueError(
+            f"{type(model).__name__} holds state that safetensors cannot store ({listed(keys)}): torch's quantized "
+            "layers keep their weights packed. Save the model before quantizing it (or quantize with torchao, whose "
+            "weights save). Nothing was written."
+        )

@@ -11,8 +11,7 @@ import torch
 from diffusers.utils import logging
 from torch import nn
 
-from ..models.loading import listed
-from ..models.quantized import dynamically_quantized_layers
+from ..models.loading import dynamically_quantized_layers, listed
 
 
 logger = logging.get_logger(__name__)

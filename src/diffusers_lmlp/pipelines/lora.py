@@ -16,8 +16,13 @@ from diffusers.utils import logging
 from torch import nn
 
 from ..models.loading import listed
-from ..models.lora import LORA_KEY_SUFFIXES, _check_component_keys, _refuse_non_finite_updates
-from ..models.lora_files import check_weight_name, read_lora_source
+from ..models.lora import (
+    LORA_KEY_SUFFIXES,
+    _check_component_keys,
+    _refuse_non_finite_updates,
+    check_weight_name,
+    read_lora_source,
+)
 
 
 logger = logging.get_logger(__name__)

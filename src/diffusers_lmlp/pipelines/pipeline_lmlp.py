@@ -19,9 +19,12 @@ from diffusers.utils.torch_utils import is_compiled_module, randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ..exports import public
-from ..models.casting import no_empty_fp32_warning
-from ..models.quantized import check_float32_beside_quantized_layers
-from ..models.saving import check_storable, local_paths_left_out
+from ..models.loading import (
+    check_float32_beside_quantized_layers,
+    check_storable,
+    local_paths_left_out,
+    no_empty_fp32_warning,
+)
 from ..sampling import GUIDANCE_SCALE, NUM_INFERENCE_STEPS
 from .checks import _check_call, _check_components, _raise_if_not_finite, _set_schedule
 from .freezing import FrozenTransformer, check_freezable

@@ -14,7 +14,7 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool, _is_positive_int, rename_reference_keys
+from ..backbone import BOOLEAN, CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_int, rename_reference_keys
 from ..catalog import NAMED_CONFIGS
 from .channel_mlp import JointMLP
 
@@ -89,7 +89,7 @@ class UViTTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     config_requirements = {
         **CONFIG_REQUIREMENTS,
         "num_attention_heads": (_is_positive_int, "a positive integer (the attention heads; it must divide D)"),
-        "qkv_bias": (_is_bool, "True or False"),
+        "qkv_bias": BOOLEAN,
     }
     named_configs = NAMED_CONFIGS["uvit"]
 

@@ -19,7 +19,7 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool
+from ..backbone import UShapedMixerModel
 from ..catalog import NAMED_CONFIGS
 
 
@@ -76,7 +76,6 @@ class GMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
 
     _no_split_modules = ["GMLPBlock"]
     _repeated_blocks = ["GMLPBlock"]
-    config_requirements = {**CONFIG_REQUIREMENTS, "long_skips": (_is_bool, "True or False")}
     named_configs = NAMED_CONFIGS["gmlp"]
 
     @register_to_config

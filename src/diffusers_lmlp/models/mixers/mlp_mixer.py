@@ -12,7 +12,7 @@ from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
 from ...exports import public
-from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_bool, _is_positive_real, check_width
+from ..backbone import CONFIG_REQUIREMENTS, UShapedMixerModel, _is_positive_real, check_width
 from ..catalog import NAMED_CONFIGS
 from .channel_mlp import JointMLP
 
@@ -56,7 +56,6 @@ class MLPMixerTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixi
     config_requirements = {
         **CONFIG_REQUIREMENTS,
         "token_mlp_ratio": (_is_positive_real, "a positive finite number (the token MLP's width as a multiple of L)"),
-        "long_skips": (_is_bool, "True or False"),
     }
     named_configs = NAMED_CONFIGS["mlp_mixer"]
 
