@@ -176,15 +176,8 @@ def test_an_interrupted_extraction_resumes_at_its_first_incomplete_shard(
 
 
 def test_a_batch_reads_only_its_own_rows(straight, monkeypatch):
-    store = FeatureStore(straight)
-    read = []
-    preadv = os.preadv
-
-    def counting_preadv(fd, buffers, offset):
-        read.append(sum(memoryview(b).nbytes for b in buffers))
-        return preadv(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "preadv", counting_preadv)
+    store, read, preadv = FeatureStore(straight), [], os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: read.append(sum(memoryview(b).nbytes for b in buffers)) or preadv(fd, buffers, offset))  # fmt: skip
     picks = torch.tensor([0.2, 0.7, 0.9])
     moments, states = store.read([1, 8, 6], picks)  # shards 0, 2 and 1 of 4, 2 and 4 images
     image = [moments[0].numel() * 4, states[0].numel() * 4]  # its moments, then one text state
@@ -280,15 +273,13 @@ def test_a_damaged_shard_is_refused_and_the_advice_re_extracts_only_it(
     damage(store / shard_name(shard))
     with pytest.raises(ValueError) as error:
         FeatureStore(store)
-    assert str(error.value).startswith(
-        f"{store / shard_name(shard)}{problem.format(cut=f'{size - 100:,}', size=f'{size:,}')}"
-    )
+    assert str(error.value).startswith(f"{store / shard_name(shard)}{problem.format(cut=f'{size - 100:,}', size=f'{size:,}')}")  # fmt: skip
     [(file, manifest)] = re.findall(
         r"Delete (\S+) and (\S+): the next run extracts that shard again", str(error.value)
     )
     assert (file, manifest) == (str(store / shard_name(shard)), str(store / "manifest.json"))
-    Path(file).unlink()
-    Path(manifest).unlink()
+    for path in (file, manifest):
+        Path(path).unlink()
     calls = counting_vae_calls(pipe, monkeypatch)
     repaired = open_feature_store(store, dataset, **arguments(pipe))
     assert calls == [2] * (2 if shard < 2 else 1)  # that shard's images alone
@@ -378,9 +369,7 @@ def test_a_nan_moment_is_refused_at_extraction_naming_the_image_file(tmp_path, d
     for i, image in enumerate(dataset["image"]):
         image.save(tmp_path / f"{i}.png")
     paths = [str(tmp_path / f"{i}.png") for i in range(10)]
-    image_files = datasets.Dataset.from_dict({"image": paths, "text": dataset["text"]}).cast_column(
-        "image", datasets.Image()
-    )
+    image_files = datasets.Dataset.from_dict({"image": paths, "text": dataset["text"]}).cast_column("image", datasets.Image())  # fmt: skip
     encode = pipe.vae.encode
 
     def overflowing(pixels):  # image 5 (the 2nd of the 3rd batch) overflows, as an fp16 VAE can
@@ -460,12 +449,7 @@ def test_a_stream_is_read_by_one_worker_and_resumes_exactly(workspace, monkeypat
 
 
 def test_an_empty_stream_is_an_error_not_an_endless_wait():
-    def nothing():
-        yield from ()
-
-    empty = datasets.IterableDataset.from_generator(
-        nothing, features=datasets.Features({"text": datasets.Value("string")})
-    )
+    empty = datasets.IterableDataset.from_generator(lambda: iter(()), features=datasets.Features({"text": datasets.Value("string")}))  # fmt: skip
     args = SimpleNamespace(seed=0, train_batch_size=2, gradient_accumulation_steps=1, streaming=True)
     with pytest.raises(ValueError, match="the stream of process 0 is empty"):
         BatchReader(args, empty, None, 0, 1, 0)._next_records(2)

@@ -23,10 +23,9 @@ from diffusers_lmlp.training.finishing import format_duration
 
 
 ROOT = Path(__file__).resolve().parents[2]
-MAIN_COMMAND = (
-    (ROOT / "README.md").read_text(encoding="utf-8").split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1]
-)
-MAIN_COMMAND = MAIN_COMMAND.split("```", 1)[0].strip().split(" && ")[-1]  # what runs after the install
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+MAIN_COMMAND = README.split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+MAIN_COMMAND = MAIN_COMMAND.strip().split(" && ")[-1]  # what runs after the install
 # The start of the warning `accelerate launch` prints when it falls back to defaults (accelerate/commands/launch.py).
 ACCELERATE_WARNING = "were not passed to `accelerate launch` and had defaults used instead"
 
@@ -101,22 +100,17 @@ def test_durations_read_as_a_person_says_them(seconds, text):
 
 
 SHAPES_SUMMARY = {
-    "num_processes": 1,
-    "ranks_in_sync": True,
-    "steps": 2600,
-    "train_seconds": 504.7,
+    "num_processes": 1, "ranks_in_sync": True, "steps": 2600, "train_seconds": 504.7,
     "scores": {
         "train": {"colour": 1.0, "shape": 0.42, "position": 0.96, "size": 0.88, "colour+position": 0.96, "all": 0.4},
         "held-out": {"colour": 0.96, "shape": 0.42, "position": 0.98, "size": 0.88, "colour+position": 0.94},
     },
     "score_intervals": {"train": {"colour": [1.0, 1.0], "shape": [0.334, 0.506]}, "held-out": {"shape": [0.34, 0.5]}},
     "images_per_caption": {"train": 3, "held-out": 4},
-    "shapes_fid": {
-        "train": {"fid": 6.8731, "fid_floor": 0.1107, "num_images": 96},
-        "held-out": {"fid": 7.0012, "fid_floor": 0.1189, "num_images": 128},
-    },
+    "shapes_fid": {"train": {"fid": 6.8731, "fid_floor": 0.1107, "num_images": 96},
+                   "held-out": {"fid": 7.0012, "fid_floor": 0.1189, "num_images": 128}},
     "evaluation_sampler": {"scheduler": "DPMSolverMultistepScheduler", "num_inference_steps": 50, "guidance_scale": 2},
-}
+}  # fmt: skip
 
 
 def test_the_summary_says_where_everything_is_the_scores_and_how_to_load_it(tmp_path, monkeypatch):
@@ -125,13 +119,8 @@ def test_the_summary_says_where_everything_is_the_scores_and_how_to_load_it(tmp_
     for name in ("validation/step-0000650.png", "validation/step-0001300.png", "logs/run/events.out.tfevents.1"):
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(b"")
-    text = format_run_summary(
-        SHAPES_SUMMARY,
-        out,
-        sample_grid=out / "samples.png",
-        validation_dir=out / "validation",
-        logging_dir=out / "logs",
-    )
+    folders = dict(validation_dir=out / "validation", logging_dir=out / "logs")
+    text = format_run_summary(SHAPES_SUMMARY, out, sample_grid=out / "samples.png", **folders)
     # A metric without an interval shows the score alone; one a split lacks is not there ("all" of held-out).
     assert text == (
         "Trained 2,600 steps in 8 min 25 s on 1 process.\n"
@@ -226,12 +215,9 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     start = next(i for i, line in enumerate(lines) if line.startswith("Trained 20 steps in "))
     places = dict(line.split(maxsplit=1) for line in lines[start + 1 : lines.index("", start)])
     assert places == {
-        "pipeline": str(out),
-        "samples": str(out / "samples.png"),
-        "validation": f"{out / 'validation'} (2 grids)",
-        "logs": f"{out / 'logs'} (tensorboard --logdir {out / 'logs'})",
-        "summary": str(out / "training_summary.json"),
-    }
+        "pipeline": str(out), "samples": str(out / "samples.png"), "validation": f"{out / 'validation'} (2 grids)",
+        "logs": f"{out / 'logs'} (tensorboard --logdir {out / 'logs'})", "summary": str(out / "training_summary.json"),
+    }  # fmt: skip
     # Then the scores, a blank line, "Load it in Python:" and the line itself, last.
     assert lines[-3:-1] == ["", "Load it in Python:"], text[-3000:]
     scores = lines[lines.index("", start) + 1 : -3]

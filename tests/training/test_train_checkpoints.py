@@ -70,9 +70,7 @@ def test_sigkill_while_writing_the_only_checkpoint_keeps_the_previous_one(worksp
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
     assert (out / ".train.lock").is_file()  # the file stays; its lock went with the process
 
-    resumed = train_here(
-        workspace, out.name, *STEPS, "--checkpoints_total_limit", "1", "--resume_from_checkpoint", "latest"
-    )
+    resumed = train_here(workspace, out.name, *STEPS, "--checkpoints_total_limit", "1", "--resume_from_checkpoint", "latest")  # fmt: skip
     assert f"resumed from {out / 'checkpoint-2'} at step 2" in resumed.stderr
     assert "removed .checkpoint-4.tmp" in resumed.stderr
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-6"]
@@ -160,13 +158,11 @@ def test_latest_passes_over_a_damaged_checkpoint_and_resumes_exactly_from_the_on
 
 
 DAMAGES = {
-    "optimizer.bin is missing": lambda checkpoint: (checkpoint / "optimizer.bin").unlink(),
-    "transformer_ema/diffusion_pytorch_model": lambda checkpoint: zero_sector(
-        checkpoint / "transformer_ema" / "diffusion_pytorch_model.safetensors"
-    ),
+    "optimizer.bin is missing": lambda c: (c / "optimizer.bin").unlink(),
+    "transformer_ema/diffusion_pytorch_model": lambda c: zero_sector(c / "transformer_ema" / "diffusion_pytorch_model.safetensors"),
     "training_state.json differs from its checksum": lambda c: (c / "training_state.json").write_text("{"),
-    "it has no checksums.json": lambda checkpoint: (checkpoint / "checksums.json").unlink(),
-}
+    "it has no checksums.json": lambda c: (c / "checksums.json").unlink(),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("problem", DAMAGES)
@@ -241,9 +237,7 @@ def test_overwriting_a_run_removes_its_checkpoints_so_that_none_is_resumed_later
     out = workspace / "overwritten"
     shutil.copytree(straight, out)
     result = train_here(workspace, out.name, *STEPS[2:], "--max_train_steps", "2", "--overwrite_output_dir")
-    assert (
-        "--overwrite_output_dir: removed the earlier run's checkpoint-2, checkpoint-4, checkpoint-6" in result.stderr
-    )
+    assert "--overwrite_output_dir: removed the earlier run's checkpoint-2, checkpoint-4, checkpoint-6" in result.stderr  # fmt: skip
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
     assert json.loads((out / "training_summary.json").read_text())["steps"] == 2
 

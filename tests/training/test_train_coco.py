@@ -108,11 +108,9 @@ def test_one_gpu_command_trains_from_the_default_ids_and_the_pipeline_samples(st
     assert pipe.tokenizer.model_max_length == 77 and pipe.text_encoder.config.hidden_size == CLIP_TEXT_WIDTH
     pipe.set_progress_bar_config(disable=True)
     images = pipe(
-        ["A dog on a street.", "A woman in a kitchen."],
-        num_inference_steps=2,
-        generator=torch.Generator().manual_seed(0),
-        output_type="pt",
-    ).images
+        ["A dog on a street.", "A woman in a kitchen."], num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0), output_type="pt"
+    ).images  # fmt: skip
     assert images.shape == (2, 3, 256, 256) and torch.isfinite(images).all() and images.std() > 0
 
 

@@ -34,28 +34,19 @@ STANDALONE_VAE_REPO = "stabilityai/sd-vae-ft-mse"
 TINY = ["--model_overrides", "hidden_size=32", "num_layers=2", f"text_embed_dim={CLIP_TEXT_WIDTH}"]
 
 
-def write_standalone_vae(folder: Path, sd_repo: Path) -> Path:
-    """The `stabilityai/sd-vae-ft-mse` layout, with a `diffusion_pytorch_model.bin` that no unpickler accepts."""
-    shutil.copytree(sd_repo / "vae", folder)
-    (folder / "diffusion_pytorch_model.bin").write_bytes(b"not a pickle: loading must never open this file")
-    return folder
-
-
-def write_sd_pipeline(folder: Path, clip_repo: Path) -> Path:
-    """The `CompVis/stable-diffusion-v1-4` layout: `model_index.json`, `vae/`, `text_encoder/` and `tokenizer/`."""
-    write_sd_vae_repo(folder, seed=1)  # other weights than the standalone VAE's, to tell which one loaded
-    CLIPTextModel.from_pretrained(clip_repo).save_pretrained(folder / "text_encoder")
-    CLIPTokenizer.from_pretrained(clip_repo).save_pretrained(folder / "tokenizer")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory) -> SimpleNamespace:
     """The three repos as local folders, the same in an HF cache under their real ids, and a COCO-2014 folder."""
     root = tmp_path_factory.mktemp("components")
     clip = write_clip_repo(root / "repos" / CLIP_REPO)
-    sd = write_sd_pipeline(root / "repos" / SD_REPO, clip)
-    standalone = write_standalone_vae(root / "repos" / STANDALONE_VAE_REPO, sd_repo=write_sd_vae_repo(root / "sd0"))
+    # CompVis/stable-diffusion-v1-4's layout, with other VAE weights than the standalone one's, to tell which loaded
+    sd = write_sd_vae_repo(root / "repos" / SD_REPO, seed=1)
+    CLIPTextModel.from_pretrained(clip).save_pretrained(sd / "text_encoder")
+    CLIPTokenizer.from_pretrained(clip).save_pretrained(sd / "tokenizer")
+    # stabilityai/sd-vae-ft-mse's layout, with a .bin that no unpickler accepts: loading must never open it
+    standalone = root / "repos" / STANDALONE_VAE_REPO
+    shutil.copytree(write_sd_vae_repo(root / "sd0") / "vae", standalone)
+    (standalone / "diffusion_pytorch_model.bin").write_bytes(b"not a pickle")
     cache = root / "hub"
     for folder, repo_id in ((clip, CLIP_REPO), (sd, SD_REPO), (standalone, STANDALONE_VAE_REPO)):
         fill_hub_cache(folder, cache, repo_id)
@@ -74,9 +65,8 @@ def offline_cache(repos, monkeypatch) -> Path:
 
 def source(repos, name: str, where: str) -> str:
     """The `--pretrained_*` value of repo `name`: its local folder, or its Hub id."""
-    folder = getattr(repos, name)
     ids = {"standalone": STANDALONE_VAE_REPO, "sd": SD_REPO, "clip": CLIP_REPO}
-    return str(folder) if where == "folder" else ids[name]
+    return str(getattr(repos, name)) if where == "folder" else ids[name]
 
 
 def preset_args(repos, preset: str, tmp_path: Path) -> list[str]:
@@ -260,10 +250,7 @@ def test_sharded_weights_are_fetched_with_their_index(repos, tmp_path, monkeypat
     tensors = load_file(sharded / "diffusion_pytorch_model.safetensors")
     (sharded / "diffusion_pytorch_model.safetensors").unlink()
     names = sorted(tensors)
-    halves = {
-        "diffusion_pytorch_model-00001-of-00002.safetensors": names[::2],
-        "diffusion_pytorch_model-00002-of-00002.safetensors": names[1::2],
-    }
+    halves = {f"diffusion_pytorch_model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
     for shard, keys in halves.items():
         save_file({key: tensors[key] for key in keys}, sharded / shard)
     weight_map = {key: shard for shard, keys in halves.items() for key in keys}
@@ -272,25 +259,16 @@ def test_sharded_weights_are_fetched_with_their_index(repos, tmp_path, monkeypat
     )
     fetched = serve_from(sharded, monkeypatch)
     vae = load_vae(VaeSource(STANDALONE_VAE_REPO, ""))
-    assert fetched == [
-        "config.json",
-        "diffusion_pytorch_model.safetensors",
-        "diffusion_pytorch_model.safetensors.index.json",
-        *halves,
-    ]
+    index = "diffusion_pytorch_model.safetensors.index.json"
+    assert fetched == ["config.json", "diffusion_pytorch_model.safetensors", index, *halves]
     assert all(torch.equal(value, tensors[key]) for key, value in vae.state_dict().items())
 
 
-@pytest.fixture
-def lacking(repos, tmp_path) -> Path:
-    """A CLIP checkpoint without its final layer norm's two tensors."""
-    change = lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}  # noqa: E731
-    return copy_with_tensors(repos.clip, tmp_path / "lacking", change)
-
-
 def test_a_text_checkpoint_that_would_leave_tensors_random_or_holds_others_is_refused(
-    script, repos, offline_cache, lacking, tmp_path
+    script, repos, offline_cache, tmp_path
 ):
+    without_norm = lambda t: {k: v for k, v in t.items() if "final_layer_norm" not in k}  # noqa: E731
+    lacking = copy_with_tensors(repos.clip, tmp_path / "lacking", without_norm)
     with pytest.raises(ValueError) as error:
         load_text_encoder(resolve_text_encoder(str(lacking), None))
     # The names as transformers reports them (transformers 5 leaves out the checkpoint's "text_model." prefix).

@@ -1,6 +1,7 @@
 """A NaN, inf or exploded loss or gradient norm stops the trainer at that step, before anything of it is applied or
 written, saying what to try; the good checkpoints stay, rotation included."""
 
+import collections
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from test_train_text_to_image import train_args
 from diffusers_lmlp.durable import write_checksums
 from diffusers_lmlp.training import step as step_module
 from diffusers_lmlp.training.checkpoints import require_finite_weights
-from diffusers_lmlp.training.step import DivergenceError, check_finite, divergence_history, non_finite_parameters
+from diffusers_lmlp.training.step import EXPLOSION_WINDOW, DivergenceError, check_finite, non_finite_parameters
 
 
 def stop_message(script, argv: list[str]) -> str:
@@ -55,7 +56,7 @@ def test_check_finite_refuses_nan_inf_and_a_finite_explosion_against_the_steps_b
     for loss, norm in ((math.nan, 1.0), (math.inf, 1.0), (0.5, math.nan), (0.5, math.inf)):
         with pytest.raises(DivergenceError, match=r"at step 7 \(gradient norm"):
             check_finite(torch.tensor(loss), torch.tensor(norm), step=7)
-    history = divergence_history()
+    history = collections.deque(maxlen=EXPLOSION_WINDOW)
     for step in (1, 2, 3):
         check_finite(torch.tensor(0.5), torch.tensor(2.0), step, history)
     check_finite(torch.tensor(4000.0), torch.tensor(2.0), 4, history)  # 8000× the median: within the bound

@@ -49,16 +49,10 @@ def tf32_off():
 def test_allow_tf32_is_applied_before_training_and_only_when_asked(
     script, monkeypatch, tmp_path, tf32_off, flag, expected
 ):
-    seen = {}
-
-    def record(*args):
-        seen["flags"] = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        seen["precision"] = torch.get_float32_matmul_precision()
-
-    monkeypatch.setattr(trainer, "run_training", record)
+    seen, cuda, cudnn = [], torch.backends.cuda.matmul, torch.backends.cudnn
+    monkeypatch.setattr(trainer, "run_training", lambda *a: seen.append((cuda.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())))  # fmt: skip
     script.main(["--output_dir", str(tmp_path / "out"), "--report_to", "none", *flag])
-    assert seen["flags"] == (expected, expected)
-    assert seen["precision"] == ("high" if expected else "highest")
+    assert seen == [(expected, expected, "high" if expected else "highest")]
 
 
 def test_validation_prompts_file_skips_blank_lines_and_comments_and_excludes_prompts(script, tmp_path, capsys):
@@ -225,15 +219,9 @@ def coco_argv(coco, tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "extra, override, message",
-    [
-        (
-            ["--resolution", "128"],
-            None,
-            "--resolution 128 does not match the model: sample_size 32 × VAE factor 8 = 256 px",
-        ),
-        ([], "sample_size=16", "--resolution 256 does not match the model: sample_size 16 × VAE factor 8 = 128 px"),
-    ],
-)
+    [(["--resolution", "128"], None, "--resolution 128 does not match the model: sample_size 32 × VAE factor 8 = 256 px"),
+     ([], "sample_size=16", "--resolution 256 does not match the model: sample_size 16 × VAE factor 8 = 128 px")],
+)  # fmt: skip
 def test_a_resolution_the_separate_vae_and_model_config_disagree_on_stops_before_feature_extraction(
     script, coco, tmp_path, extra, override, message
 ):
@@ -258,22 +246,12 @@ def test_a_resolution_the_base_pipeline_does_not_take_stops_before_feature_extra
     assert not (tmp_path / "cache").exists()
 
 
-def write_mislabelled_vae(folder: Path) -> Path:
-    """An SD-layout VAE whose config says ×8 (4 block widths) but whose 2 encoder blocks downsample by 4."""
-    vae = AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 16, 16, 16),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-    )
-    vae.save_pretrained(folder / "vae")
-    return folder
-
-
 def test_a_vae_that_downsamples_other_than_its_config_says_is_refused(script, coco, tmp_path):
-    vae = write_mislabelled_vae(tmp_path / "vae-repo")
+    # An SD-layout VAE whose config says ×8 (4 block widths) but whose 2 encoder blocks downsample by 4.
+    vae = tmp_path / "vae-repo"
+    AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 4,
+                  block_out_channels=(8, 16, 16, 16), layers_per_block=1, latent_channels=4,
+                  norm_num_groups=8).save_pretrained(vae / "vae")  # fmt: skip
     assert components.vae_latent_size(AutoencoderKL.from_pretrained(coco.vae, subfolder="vae"), 256) == (32, 32)
     assert components.vae_latent_size(AutoencoderKL.from_pretrained(vae, subfolder="vae"), 256) == (64, 64)
     argv = coco_argv(coco, tmp_path)
@@ -296,17 +274,13 @@ DIFFUSERS_README_COMMAND = [
 ]  # fmt: skip
 
 
-def test_a_diffusers_command_is_told_what_to_drop(script, capsys):
+def test_each_diffusers_only_option_says_what_to_give_instead_and_no_option_of_ours_is_one(script, capsys):
     err = parser_error(script, DIFFUSERS_README_COMMAND, capsys)
     lines = [line for line in err.splitlines() if "train_text_to_image.py:" in line]
-    assert len(lines) == 2
-    assert (
-        "--center_crop is an option of diffusers' train_text_to_image.py: images are always center-cropped" in lines[0]
-    )
-    assert lines[1].startswith("--enable_xformers_memory_efficient_attention is an option of diffusers'")
-
-
-def test_each_diffusers_only_option_says_what_to_give_instead_and_no_option_of_ours_is_one(script, capsys):
+    assert [line.split(" is an option")[0].split()[-1] for line in lines] == [
+        "--center_crop",
+        "--enable_xformers_memory_efficient_attention",
+    ]
     options = sorted(DIFFUSERS_ONLY_OPTIONS)
     given = [part for i, option in enumerate(options) for part in ([f"{option}=1"] if i % 2 else [option, "1"])]
     err = parser_error(script, ["--output_dir", "x", *given], capsys)

@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
+from space_server import free_port  # noqa: F401  (the tests that launch several processes import it here)
 
 import diffusers_lmlp.hub
 import diffusers_lmlp.train
@@ -32,9 +32,8 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM
 
 def make_workspace(root: Path) -> Path:
     """A tiny saved pipeline (16 px images) and an imagefolder of 24 images with caption lists (one has two)."""
-    build_tiny_pipeline("lmlp").save_pretrained(root / "tiny")
-    build_tiny_pipeline("moe_mlp").save_pretrained(root / "tiny-moe")
-    build_tiny_pipeline("asymmixer").save_pretrained(root / "tiny-asym")
+    for family, name in (("lmlp", "tiny"), ("moe_mlp", "tiny-moe"), ("asymmixer", "tiny-asym")):
+        build_tiny_pipeline(family).save_pretrained(root / name)
     data = root / "data"
     data.mkdir()
     rng = np.random.default_rng(0)
@@ -57,18 +56,14 @@ def train(workspace: Path, output: str, *extra: str, base: str = "tiny", check: 
 
 def train_here(workspace, output, *extra, base="tiny", data_option="--train_data_dir", data=None) -> SimpleNamespace:
     """`train`'s run in this process, on one thread; returns its `stdout` and `stderr` (with the INFO records)."""
-    threads, root = torch.get_num_threads(), logging.getLogger()
-    stdout, stderr = io.StringIO(), io.StringIO()
-    log = logging.StreamHandler(stderr)
+    threads, root, stdout, stderr = torch.get_num_threads(), logging.getLogger(), io.StringIO(), io.StringIO()
+    log, level = logging.StreamHandler(stderr), root.level
     log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))  # the trainer's format
-    level = root.level
     root.addHandler(log)
     root.setLevel(logging.INFO)
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            diffusers_lmlp.train.main(
-                [*train_args(workspace, output, base, data_option, data), "--num_threads", "1", *extra]
-            )
+            diffusers_lmlp.train.main([*train_args(workspace, output, base, data_option, data), "--num_threads", "1", *extra])  # fmt: skip
     except BaseException:
         sys.stderr.write(f"{stdout.getvalue()[-2000:]}\n{stderr.getvalue()[-4000:]}")
         raise
@@ -197,10 +192,7 @@ def test_the_family_losses_train(workspace, base, extra, model_class):
     "extra, message",
     [
         (["--model_type", "transformer"], "argument --model_type: invalid choice: 'transformer'"),
-        (
-            ["--symmetry_breaking_weight", "0.01"],
-            "--symmetry_breaking_weight: LMLPTransformer2DModel has no symmetry-breaking weights",
-        ),
+        (["--symmetry_breaking_weight", "0.01"], "--symmetry_breaking_weight: LMLPTransformer2DModel has no symmetry-breaking weights"),
         (["--caption_column", "caption"], "--caption_column 'caption' is not a column of the dataset"),
         (["--resume_from_checkpoint", "no/such/checkpoint"], "no/such/checkpoint: no such checkpoint folder"),
         (["--model_type", "moe_mlp"], "--model_type moe_mlp conflicts with the base pipeline"),
@@ -209,12 +201,9 @@ def test_the_family_losses_train(workspace, base, extra, model_class):
         (["--resolution", "32"], "--resolution 32 does not match the model: sample_size 8 × VAE factor 2 = 16 px"),
         (["--push_to_hub", "--hub_model_id", "a/b/c"], "--hub_model_id 'a/b/c' is not a valid Hub repo id"),
         (["--seed", "-1"], "argument --seed: must be >= 0 and < 4294967296 (numpy's 32-bit seeds"),
-        (
-            ["--seed", str(2**32)],
-            f"< 4294967296 (numpy's 32-bit seeds; every draw of the run comes from it), got {2**32}",
-        ),
+        (["--seed", str(2**32)], f"< 4294967296 (numpy's 32-bit seeds; every draw of the run comes from it), got {2**32}"),
     ],
-)
+)  # fmt: skip
 def test_bad_arguments_fail_at_start_up_with_a_clear_message(script, workspace, extra, message, capsys):
     args = [*train_args(workspace, "bad"), "--max_train_steps", "1", *extra]
     with pytest.raises((SystemExit, ValueError)) as stopped:
@@ -246,9 +235,3 @@ def test_the_hub_token_reaches_the_upload_and_nothing_else(workspace, tmp_path, 
     assert any(p.name.startswith("events.out.tfevents") for p in files) and (out / "README.md") in files
     assert [p for p in files if b"SECRETtest" in p.read_bytes()] == []
     assert "SECRETtest" not in result.stdout + result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

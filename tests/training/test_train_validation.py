@@ -142,19 +142,12 @@ def test_model_overrides_are_typed_by_the_model_class_and_refused_when_fine_tuni
         ["--output_dir", "x", "--model_type", "moe_mlp", "--model_config", "shapes-moe-S", "--model_overrides",
          "num_experts=2", "mlp_ratio=2", "out_channels=null", "conv_out=false"]
     )  # fmt: skip
-    assert args.model_overrides == {
-        "pooled_text_projection": True,  # the shapes preset's
-        "num_experts": 2,
-        "mlp_ratio": 2,
-        "out_channels": None,
-        "conv_out": False,
-    }
+    expected = {"num_experts": 2, "mlp_ratio": 2, "out_channels": None, "conv_out": False}
+    assert args.model_overrides == {"pooled_text_projection": True, **expected}  # on top of the shapes preset's
     argv = ["--preset", "shapes", "--pretrained_model_name_or_path", str(workspace / "tiny"), "--output_dir", "x"]
     assert script.parse_args(argv).model_overrides == {}  # a saved model keeps its own
     message = parser_error(script, tiny_args(workspace, Path("x"), "--model_overrides", "num_layers=4"), capsys)
-    assert (
-        "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one" in message
-    )
+    assert "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one" in message  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -189,13 +182,12 @@ def test_a_saved_backbone_config_builds_its_own_family(script, tmp_path):
 @pytest.mark.parametrize(
     "offline, token, message",
     [
-        (True, ["--hub_token", "hf_x"], "--push_to_hub uploads at the end of training, but HF_HUB_OFFLINE=1 forbids"),
-        (True, ["--hub_token", "hf_x"], "python -m diffusers_lmlp.hub push x <user>/<name>"),
+        (True, ["--hub_token", "hf_x"], "but HF_HUB_OFFLINE=1 forbids any request to the Hub: unset it, or upload later with `python -m diffusers_lmlp.hub push x <user>/<name>`"),
         (False, [], "No Hugging Face token"),
         (False, ["--hub_token", "   "], "The token given with --hub_token is blank: pass the token itself"),
         (False, ["--hub_token", "hf_abc\n"], "The token given with --hub_token has spaces or a line break around it"),
     ],
-)
+)  # fmt: skip
 def test_push_to_hub_that_cannot_upload_is_refused_at_start_up(script, monkeypatch, capsys, offline, token, message):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr("diffusers_lmlp.hub.upload.get_token", lambda: None)

@@ -27,9 +27,9 @@ def colour(path: str) -> tuple[int, int, int]:
 
 
 def write_images(folder: Path, names: list[str]) -> None:
-    for name in names:
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        Image.new("RGB", (12, 10), colour(str(folder / name))).save(folder / name)
+    for path in (folder / name for name in names):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (12, 10), colour(str(path))).save(path)
 
 
 def write_metadata(folder: Path, rows: list[dict], fmt: str) -> Path:
@@ -150,10 +150,8 @@ def test_a_saved_dataset_without_a_train_split_or_with_a_config_name_is_refused(
         f"--dataset_name {folder} has the splits ['validation'] and no 'train' split, which is what the trainer reads: "
         "save or name the training data as 'train'"
     )
-    assert re.search(
-        r"written by save_to_disk, .* drop --dataset_config_name default",
-        refusal(None, tmp_path, dataset_name=str(folder), dataset_config_name="default"),
-    )
+    message = refusal(None, tmp_path, dataset_name=str(folder), dataset_config_name="default")
+    assert re.search(r"written by save_to_disk, .* drop --dataset_config_name default", message), message
 
 
 # --------------------------------------------------------------------------------------- metadata checks at start-up
@@ -167,15 +165,14 @@ def where(fmt: str, index: int) -> str:
 # A parquet file was once not checked at all, and pandas reads "null", "NA" … of a CSV file as missing values.
 BAD_ROWS = [
     ("parquet", {"text": None}, "a caption must be a non-empty string or a non-empty list of them, got None"),
-    ("parquet", {"text": ""}, "got ''"),
-    ("parquet", {"text": ["a dog", " "]}, "got ['a dog', ' ']"),
+    ("parquet", {"text": ""}, "got ''"), ("parquet", {"text": ["a dog", " "]}, "got ['a dog', ' ']"),
     ("parquet", {"text": []}, "got []"),
     ("csv", {"text": "null"}, "its caption 'null' reads as a missing value (datasets reads metadata.csv with pandas)"),
     ("csv", {"text": "NA"}, "its caption 'NA' reads as a missing value"),
     ("jsonl", {"file_name": None}, "it has no file_name (the image's path relative to the metadata file)"),
     ("jsonl", {"file_name": "../0.png"}, "its file_name must be a path inside"),
-    *((fmt, {"file_name": "sub/gone.png"}, "its image {data}/sub/gone.png is missing") for fmt in FORMATS),
-]
+    *((fmt, {"file_name": "sub/gone.png"}, "its image {data}/sub/gone.png is missing") for fmt in FORMATS)
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt, change, problem", BAD_ROWS)
@@ -292,9 +289,8 @@ def test_a_saved_dataset_with_a_missing_caption_deep_inside_is_refused_at_start_
 def test_an_image_that_cannot_be_opened_is_refused_at_start_up_naming_it(tmp_path, content):
     write_imagefolder(tmp_path / "data", {f"{i}.png": f"caption {i}" for i in range(4)})
     (tmp_path / "data" / "2.png").write_bytes(content)
-    assert re.search(
-        r"^row \d of the training data: its image \S+2\.png cannot be read", refusal(tmp_path / "data", tmp_path)
-    )
+    message = refusal(tmp_path / "data", tmp_path)
+    assert re.search(r"^row \d of the training data: its image \S+2\.png cannot be read", message), message
 
 
 def test_a_metadata_csv_of_numeric_captions_is_refused_as_numbers(tmp_path):

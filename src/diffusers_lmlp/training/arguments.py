@@ -120,6 +120,16 @@ class Location:
             return {}
         return config if isinstance(config, dict) else {}
 
+    def detect(self, what: str, nested: str, root_first: bool, kinds: str) -> str:
+        """The folder holding `what`'s config.json: the root or `nested`, the root first where `root_first`."""
+        folders = ["", nested] if root_first else [nested, ""]
+        found = [self.has(in_folder(folder, "config.json")) for folder in folders]
+        if True in found:
+            return folders[found.index(True)]
+        if None in found:
+            raise self.unreachable(what, ["config.json", f"{nested}/config.json"])
+        raise ValueError(f"{self.option} {self.source} holds no {what.removeprefix('the ')}: it has neither a config.json {kinds}")  # fmt: skip
+
     def unreachable(self, what: str, files: list[str]) -> ValueError:
         """The error for a Hub source whose files are neither cached nor reachable."""
         from huggingface_hub import constants
@@ -143,23 +153,11 @@ def resolve_vae(
                 f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json; leave it out to detect the layout"
             )
         return VaeSource(source, subfolder)
-    root, nested = location.has("config.json"), location.has(f"{VAE_FOLDER}/config.json")
-    name = location.config("config.json").get("_class_name")
-    is_vae = (
-        name.startswith("Autoencoder")
-        if isinstance(name, str)
-        else "latent_channels" in location.config("config.json")
-    )
-    if root and (is_vae or not nested):
-        return VaeSource(source, "")
-    if nested:
-        return VaeSource(source, VAE_FOLDER)
-    if root is None or nested is None:
-        raise location.unreachable("the VAE", ["config.json", f"{VAE_FOLDER}/config.json"])
-    raise ValueError(
-        f"{option} {source} holds no VAE: it has neither a config.json (a standalone VAE) nor {VAE_FOLDER}/config.json "
-        f"(a pipeline, as {COCO_VAE_REPO})"
-    )
+    config = location.config("config.json")
+    name = config.get("_class_name")
+    is_vae = name.startswith("Autoencoder") if isinstance(name, str) else "latent_channels" in config
+    kinds = f"(a standalone VAE) nor {VAE_FOLDER}/config.json (a pipeline, as {COCO_VAE_REPO})"
+    return VaeSource(source, location.detect("the VAE", VAE_FOLDER, is_vae, kinds))
 
 
 def resolve_text_encoder(
@@ -169,16 +167,8 @@ def resolve_text_encoder(
     (a pipeline), or the given `subfolder` with `tokenizer/` if there is one, else beside the model."""
     location = Location(source, option, revision)
     if subfolder is None:
-        nested, root = location.has(f"{TEXT_ENCODER_FOLDER}/config.json"), location.has("config.json")
-        if nested or root:
-            subfolder = TEXT_ENCODER_FOLDER if nested else ""
-        elif nested is None or root is None:
-            raise location.unreachable("the text encoder", ["config.json", f"{TEXT_ENCODER_FOLDER}/config.json"])
-        else:
-            raise ValueError(
-                f"{option} {source} holds no text encoder: it has neither a config.json (a CLIP repo, as "
-                f"{COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline)"
-            )
+        kinds = f"(a CLIP repo, as {COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline)"
+        subfolder = location.detect("the text encoder", TEXT_ENCODER_FOLDER, False, kinds)
     else:
         config = in_folder(subfolder, "config.json")
         if (found := location.has(config)) is None:
@@ -274,11 +264,9 @@ def load_text_encoder(
 
 
 # diffusers' train_text_to_image.py options that this script does not take: option → what to do instead.
+# fmt: off
 DIFFUSERS_ONLY_OPTIONS = {
-    "--num_train_epochs": (
-        "this script counts optimizer steps: give --max_train_steps (one epoch is ⌈images / (--train_batch_size × "
-        "--gradient_accumulation_steps × processes)⌉ steps)"
-    ),
+    "--num_train_epochs": "this script counts optimizer steps: give --max_train_steps (one epoch is ⌈images / (--train_batch_size × --gradient_accumulation_steps × processes)⌉ steps)",
     "--center_crop": "images are always center-cropped to a square and resized to --resolution; drop it",
     "--image_interpolation_mode": "images are always resized with Lanczos, diffusers' default; drop it",
     "--scale_lr": "multiply --learning_rate by the total batch (batch × accumulation × processes) yourself",
@@ -288,9 +276,7 @@ DIFFUSERS_ONLY_OPTIONS = {
     "--dream_detail_preservation": "DREAM is not implemented here; drop it",
     "--use_8bit_adam": "the trainer steps torch's AdamW (fused on the CPU and CUDA); drop it",
     "--validation_epochs": "give --validation_steps (optimizer steps between validations)",
-    "--enable_xformers_memory_efficient_attention": (
-        "the MLP backbones have no attention, and U-ViT's scaled_dot_product_attention picks a fused kernel; drop it"
-    ),
+    "--enable_xformers_memory_efficient_attention": "the MLP backbones have no attention, and U-ViT's scaled_dot_product_attention picks a fused kernel; drop it",
     "--non_ema_revision": "a fine-tune starts from --pretrained_model_name_or_path at --revision; drop it",
     "--offload_ema": "the EMA weights stay on the model's device; drop it",
     "--foreach_ema": "the EMA always updates in one multi-tensor pass; drop it",
@@ -299,7 +285,8 @@ DIFFUSERS_ONLY_OPTIONS = {
 # The config fields that fit a backbone to its components and data and set its size: a preset's named configuration
 # lends them to a --model_type of another family.
 SKELETON_FIELDS = ("sample_size", "patch_size", "in_channels", "hidden_size", "num_layers", "text_embed_dim",
-                   "text_seq_len")  # fmt: skip
+                   "text_seq_len")
+# fmt: on
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str] = frozenset()) -> None:
@@ -312,39 +299,23 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
     for problem, message in (
         (no_lora and lora, f"{', '.join(lora)} configure the LoRA adapter of --lora_rank: add --lora_rank"),
         (not no_lora and args.use_ema, "--use_ema does not go with --lora_rank: the adapter has no EMA copy"),
-        (not no_lora and args.symmetry_breaking_weight,
-         "--symmetry_breaking_weight does not go with --lora_rank: its penalty reads the frozen base weights"),
-        (not no_lora and not args.pretrained_model_name_or_path, "--lora_rank fine-tunes a trained pipeline: pass "
-         "--pretrained_model_name_or_path (or --preset shapes-lora)"),
+        (not no_lora and args.symmetry_breaking_weight, "--symmetry_breaking_weight does not go with --lora_rank: its penalty reads the frozen base weights"),
+        (not no_lora and not args.pretrained_model_name_or_path, "--lora_rank fine-tunes a trained pipeline: pass --pretrained_model_name_or_path (or --preset shapes-lora)"),
         (args.dataset_name and args.train_data_dir, "pass either --dataset_name or --train_data_dir, not both"),
-        (args.preset == "coco-f2" and not data,
-         "--preset coco-f2 needs the COCO images: pass --train_data_dir or --dataset_name"),
-        (args.data_layout == "coco2014" and not data,
-         "--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder there"),
+        (args.preset == "coco-f2" and not data, "--preset coco-f2 needs the COCO images: pass --train_data_dir or --dataset_name"),
+        (args.data_layout == "coco2014" and not data, "--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder there"),
         (args.streaming and not args.dataset_name, "--streaming applies to --dataset_name"),
         (args.streaming and args.cache_features, "--cache_features needs a map-style dataset: drop --streaming"),
-        (args.random_flip and args.cache_features,
-         "--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)"),
-        (args.cache_text_dtype and not args.cache_features,
-         "--cache_text_dtype is how --cache_features stores text states: add --cache_features or drop it"),
-        (args.shapes_num_images is not None and args.world != "shapes",
-         "--shapes_num_images sizes the shapes world, which this run does not train on: leave it out"),
-        (args.model_overrides and args.pretrained_model_name_or_path, "--model_overrides configures a new model; "
-         "--pretrained_model_name_or_path fine-tunes a saved one, whose configuration is kept: drop one of them"),
-        (args.overwrite_output_dir and resume,
-         "--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run: pass one of them"),
-        (resume not in (None, "latest") and not Path(resume).is_dir(),
-         f"--resume_from_checkpoint {resume}: no such checkpoint folder"),
-        (resume not in (None, "latest") and not CHECKPOINT_PATTERN.match(Path(resume).name),
-         f"--resume_from_checkpoint {resume}: not a checkpoint-<step> folder"),
-        (args.validation_fid_images and not args.world and fid,
-         f"--validation_fid_images on your data needs {' and '.join(fid)}: the captions to sample and the real "
-         "images' statistics (e.g. fid_stats_mscoco256_val.npz)"),
-        (args.validation_fid_reference and not Path(args.validation_fid_reference).exists(),
-         f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder"),
-        ("validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images),
-         f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass "
-         "--validation_prompts (or --validation_prompts_file) or --validation_fid_images, or drop --validation_steps"),
+        (args.random_flip and args.cache_features, "--random_flip cannot be combined with --cache_features (cached latents are of unflipped images)"),
+        (args.cache_text_dtype and not args.cache_features, "--cache_text_dtype is how --cache_features stores text states: add --cache_features or drop it"),
+        (args.shapes_num_images is not None and args.world != "shapes", "--shapes_num_images sizes the shapes world, which this run does not train on: leave it out"),
+        (args.model_overrides and args.pretrained_model_name_or_path, "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one, whose configuration is kept: drop one of them"),
+        (args.overwrite_output_dir and resume, "--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run: pass one of them"),
+        (resume not in (None, "latest") and not Path(resume).is_dir(), f"--resume_from_checkpoint {resume}: no such checkpoint folder"),
+        (resume not in (None, "latest") and not CHECKPOINT_PATTERN.match(Path(resume).name), f"--resume_from_checkpoint {resume}: not a checkpoint-<step> folder"),
+        (args.validation_fid_images and not args.world and fid, f"--validation_fid_images on your data needs {' and '.join(fid)}: the captions to sample and the real images' statistics (e.g. fid_stats_mscoco256_val.npz)"),
+        (args.validation_fid_reference and not Path(args.validation_fid_reference).exists(), f"--validation_fid_reference {args.validation_fid_reference}: no such file or folder"),
+        ("validation_steps" in given and not (args.validation_prompts or args.world or args.validation_fid_images), f"--validation_steps {args.validation_steps} samples validation prompts, and your data has none: pass --validation_prompts (or --validation_prompts_file) or --validation_fid_images, or drop --validation_steps"),
     ):  # fmt: skip
         if problem:
             error(message)
@@ -532,130 +503,78 @@ class TrainingConfig:
     `parse_args` settles from them. A preset is an instance: its values are the defaults that options replace."""
 
     preset: str | None = None
-    model_type: str | None = option(None, "the block family (default: --model_config's, else lmlp; or the base "
-                                    "pipeline's)", group="model", choices=sorted(FAMILIES))  # fmt: skip
-    model_config: str | None = option(None, f"a named configuration ({', '.join(named_configs())}) or a JSON file of "
-                                      "config values (default: the family's, the papers' COCO model)")  # fmt: skip
-    model_overrides: dict = option({}, "config values of a new model, e.g. num_layers=12; added to the preset's (the "
-                                   "shapes preset sets pooled_text_projection=true)", nargs="*",
-                                   metavar="KEY=VALUE")  # fmt: skip
-    pretrained_model_name_or_path: str | None = option(None, "a saved LMLPPipeline (a folder or Hub id) to fine-tune, "
-                                                       "or to fine-tune with LoRA (--lora_rank)")  # fmt: skip
+    model_type: str | None = option(None, "the block family (default: --model_config's, else lmlp; or the base pipeline's)", group="model", choices=sorted(FAMILIES))  # fmt: skip
+    model_config: str | None = option(None, f"a named configuration ({', '.join(named_configs())}) or a JSON file of config values (default: the family's, the papers' COCO model)")  # fmt: skip
+    model_overrides: dict = option({}, "config values of a new model, e.g. num_layers=12; added to the preset's (the shapes preset sets pooled_text_projection=true)", nargs="*", metavar="KEY=VALUE")  # fmt: skip
+    pretrained_model_name_or_path: str | None = option(None, "a saved LMLPPipeline (a folder or Hub id) to fine-tune, or to fine-tune with LoRA (--lora_rank)")  # fmt: skip
     revision: str | None = option(None, "the Hub revision (branch, tag or commit) of --pretrained_model_name_or_path")
     variant: str | None = option(None, "the weights variant of the base backbone, e.g. fp16")
-    lora_rank: int | None = option(None, "train a LoRA adapter of this rank instead of the whole backbone; saved as "
-                                   "pytorch_lora_weights.safetensors with a card", type=POSITIVE,
-                                   group="LoRA (fine-tune adapters of --pretrained_model_name_or_path's backbone)")  # fmt: skip
-    lora_alpha: float | None = option(None, "the update is scaled by alpha / rank (default: rank)",
-                                      type=number(float, above=0))  # fmt: skip
+    lora_rank: int | None = option(None, "train a LoRA adapter of this rank instead of the whole backbone; saved as pytorch_lora_weights.safetensors with a card", type=POSITIVE, group="LoRA (fine-tune adapters of --pretrained_model_name_or_path's backbone)")  # fmt: skip
+    lora_alpha: float | None = option(None, "the update is scaled by alpha / rank (default: rank)", type=number(float, above=0))  # fmt: skip
     lora_dropout: float = option(0.0, "dropout on the adapter's input", type=number(float, 0, below=1))
-    lora_target_modules: list[str] | None = option(None, "the layers to adapt, by name or name suffix (e.g. left right "
-                                                   "merge); default: every nn.Linear of every block", nargs="+",
-                                                   metavar="NAME")  # fmt: skip
-    pretrained_vae: str | None = option(None, "Hub id or folder of an AutoencoderKL: standalone (config.json at its "
-                                        f"root) or a pipeline's vae/ (default: {COCO_VAE_REPO}, or the shapes VAE "
-                                        "without data)", group="frozen components")  # fmt: skip
-    vae_subfolder: str | None = option(
-        None, "the VAE's folder in --pretrained_vae ('' for its root; default: detected)"
-    )
-    pretrained_text_encoder: str | None = option(None, "Hub id or folder of a CLIP tokenizer and text model: a CLIP "
-                                                 f"repo ({COCO_TEXT_ENCODER_REPO}, the default) or a pipeline with "
-                                                 "text_encoder/ and tokenizer/")  # fmt: skip
-    text_encoder_subfolder: str | None = option(None, "the text model's folder in --pretrained_text_encoder ('' for "
-                                                "its root; the tokenizer is read from tokenizer/ if there is one, "
-                                                "else beside it; default: detected)")  # fmt: skip
+    lora_target_modules: list[str] | None = option(None, "the layers to adapt, by name or name suffix (e.g. left right merge); default: every nn.Linear of every block", nargs="+", metavar="NAME")  # fmt: skip
+    pretrained_vae: str | None = option(None, f"Hub id or folder of an AutoencoderKL: standalone (config.json at its root) or a pipeline's vae/ (default: {COCO_VAE_REPO}, or the shapes VAE without data)", group="frozen components")  # fmt: skip
+    vae_subfolder: str | None = option(None, "the VAE's folder in --pretrained_vae ('' for its root; default: detected)")  # fmt: skip
+    pretrained_text_encoder: str | None = option(None, f"Hub id or folder of a CLIP tokenizer and text model: a CLIP repo ({COCO_TEXT_ENCODER_REPO}, the default) or a pipeline with text_encoder/ and tokenizer/")  # fmt: skip
+    text_encoder_subfolder: str | None = option(None, "the text model's folder in --pretrained_text_encoder ('' for its root; the tokenizer is read from tokenizer/ if there is one, else beside it; default: detected)")  # fmt: skip
     latent_scale: float | None = option(None, "latent scaling factor (default: the VAE config's)", type=float)
-    dataset_name: str | None = option(None, "a datasets Hub id, a local dataset folder, or a save_to_disk folder",
-                                      group="data")  # fmt: skip
+    dataset_name: str | None = option(None, "a datasets Hub id, a local dataset folder, or a save_to_disk folder", group="data")  # fmt: skip
     dataset_config_name: str | None = option(None, "the configuration of --dataset_name, if it has several")
     streaming: bool = option(False, "read --dataset_name as a stream instead of downloading it whole")
-    train_data_dir: str | None = option(None, "a local folder: an imagefolder (metadata.jsonl/.csv/.parquet) or the "
-                                        "COCO-2014 folder")  # fmt: skip
-    data_layout: str = option("auto", "how --train_data_dir is laid out: auto (detected), imagefolder, or coco2014 "
-                              "(annotations/captions_train2014.json and train2014/; one of an image's captions at each "
-                              "use)", choices=DATA_LAYOUTS)  # fmt: skip
-    shapes_split: str = option("train", "without data, the shapes world's combinations to train on: train (292), or "
-                               "heldout (the 32 the shipped model never saw)", choices=("train", "heldout"))  # fmt: skip
-    shapes_num_images: int | None = option(None, "without data, how many shapes images to render and train on "
-                                           "(default: 8000 of train, 800 of heldout)", type=POSITIVE)  # fmt: skip
+    train_data_dir: str | None = option(None, "a local folder: an imagefolder (metadata.jsonl/.csv/.parquet) or the COCO-2014 folder")  # fmt: skip
+    data_layout: str = option("auto", "how --train_data_dir is laid out: auto (detected), imagefolder, or coco2014 (annotations/captions_train2014.json and train2014/; one of an image's captions at each use)", choices=DATA_LAYOUTS)  # fmt: skip
+    shapes_split: str = option("train", "without data, the shapes world's combinations to train on: train (292), or heldout (the 32 the shipped model never saw)", choices=("train", "heldout"))  # fmt: skip
+    shapes_num_images: int | None = option(None, "without data, how many shapes images to render and train on (default: 8000 of train, 800 of heldout)", type=POSITIVE)  # fmt: skip
     image_column: str = option("image", "the column of the images")
     caption_column: str = option("text", "the column of the captions: a caption or a list of them per image")
     max_train_samples: int | None = option(None, "train on the first N samples only", type=POSITIVE)
-    resolution: int = option(256, "the side of the square training images in pixels, after a centre crop: the "
-                             "backbone's sample_size × the VAE's factor", type=POSITIVE)  # fmt: skip
+    resolution: int = option(256, "the side of the square training images in pixels, after a centre crop: the backbone's sample_size × the VAE's factor", type=POSITIVE)  # fmt: skip
     random_flip: bool = option(False, "mirror each image left to right at random")
     caption_dropout: float = option(0.1, 'probability of training on "" instead', type=number(float, 0, below=1))
-    cache_features: bool = option(False, "encode VAE moments and text states once, into a feature store under "
-                                  "--cache_dir (the presets' default)", action=argparse.BooleanOptionalAction)  # fmt: skip
-    cache_text_dtype: str | None = option(None, "the feature store's text states (default: float32; float16 halves "
-                                          "the store)", choices=sorted(TEXT_DTYPES))  # fmt: skip
-    cache_dir: str | None = option(None, "where datasets and the feature store are kept (default: "
-                                   "<output_dir>/../.lmlp-cache); on several machines, one all of them see")  # fmt: skip
-    dataloader_num_workers: int = option(0, "worker processes that read or decode the data ahead of the steps; the "
-                                         "batches are the same with any number",
-                                         type=number(int, 0, why=" (0 reads the data in the training process)"))  # fmt: skip
-    seed: int = option(0, "seeds the initial weights and every draw of the run: a run is reproducible from it, and "
-                       "resumes exactly", group="optimisation",
-                       type=number(int, 0, below=2**32, why=" (numpy's 32-bit seeds; every draw of the run comes from it)"))  # fmt: skip
+    cache_features: bool = option(False, "encode VAE moments and text states once, into a feature store under --cache_dir (the presets' default)", action=argparse.BooleanOptionalAction)  # fmt: skip
+    cache_text_dtype: str | None = option(None, "the feature store's text states (default: float32; float16 halves the store)", choices=sorted(TEXT_DTYPES))  # fmt: skip
+    cache_dir: str | None = option(None, "where datasets and the feature store are kept (default: <output_dir>/../.lmlp-cache); on several machines, one all of them see")  # fmt: skip
+    dataloader_num_workers: int = option(0, "worker processes that read or decode the data ahead of the steps; the batches are the same with any number", type=number(int, 0, why=" (0 reads the data in the training process)"))  # fmt: skip
+    seed: int = option(0, "seeds the initial weights and every draw of the run: a run is reproducible from it, and resumes exactly", group="optimisation", type=number(int, 0, below=2**32, why=" (numpy's 32-bit seeds; every draw of the run comes from it)"))  # fmt: skip
     train_batch_size: int = option(16, "per device, per accumulation step", type=POSITIVE)
     max_train_steps: int = option(10_000, "optimizer steps to train for", type=POSITIVE)
     gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step", type=POSITIVE)
-    gradient_checkpointing: bool = option(False, "recompute each block's activations in the backward pass: less "
-                                          "memory, one more forward per step")  # fmt: skip
+    gradient_checkpointing: bool = option(False, "recompute each block's activations in the backward pass: less memory, one more forward per step")  # fmt: skip
     learning_rate: float = option(2e-4, "AdamW's peak learning rate", type=number(float, above=0))
     adam_beta1: float = option(0.9, "AdamW's beta1", type=float)
     adam_beta2: float = option(0.9, "AdamW's beta2", type=float)
     adam_weight_decay: float = option(0.03, "AdamW's decoupled weight decay", type=float)
     adam_epsilon: float = option(1e-8, "AdamW's epsilon", type=float)
     max_grad_norm: float | None = option(None, "clip gradients to this norm (off by default)", type=float)
-    lr_scheduler: str = option("constant_with_warmup", "the schedule after --lr_warmup_steps of linear warm-up",
-                               choices=LR_SCHEDULERS)  # fmt: skip
+    lr_scheduler: str = option("constant_with_warmup", "the schedule after --lr_warmup_steps of linear warm-up", choices=LR_SCHEDULERS)  # fmt: skip
     lr_warmup_steps: int = option(5000, "steps of linear warm-up from 0", type=INT)
     snr_gamma: float | None = option(None, "Min-SNR loss weighting (5.0 is the usual value)", type=float)
     noise_offset: float = option(0.0, "scale of a per-channel offset added to the noise", type=float)
     load_balance_weight: float = option(0.0, "MoE-MLP balancing loss (paper: 0.01)", type=number(float, 0))
     symmetry_breaking_weight: float = option(0.0, "AsymMixer's penalty λ·Σ‖W̃‖²_F", type=number(float, 0))
-    use_ema: bool = option(False, "keep an exponential moving average of the weights, saved as the pipeline's",
-                           action=argparse.BooleanOptionalAction)  # fmt: skip
+    use_ema: bool = option(False, "keep an exponential moving average of the weights, saved as the pipeline's", action=argparse.BooleanOptionalAction)  # fmt: skip
     ema_decay: float = option(0.9999, "the EMA's decay per step", type=float)
-    num_threads: int | None = option(None, "CPU threads of a one-process CPU run (default: your OMP_NUM_THREADS, else "
-                                     "every core)", type=POSITIVE)  # fmt: skip
-    mixed_precision: str | None = option(None, "autocast the backbone's forward (default: accelerate's config); auto "
-                                         "is bf16 where it is native, else float32", choices=["no", "fp16", "bf16",
-                                         "auto"])  # fmt: skip
-    torch_compile: str | None = option(None, "compile the backbone for training (default: accelerate's "
-                                       "--dynamo_backend); auto compiles where a trial works and the run has >= 1000 "
-                                       "steps", choices=["yes", "no", "auto"])  # fmt: skip
+    num_threads: int | None = option(None, "CPU threads of a one-process CPU run (default: your OMP_NUM_THREADS, else every core)", type=POSITIVE)  # fmt: skip
+    mixed_precision: str | None = option(None, "autocast the backbone's forward (default: accelerate's config); auto is bf16 where it is native, else float32", choices=["no", "fp16", "bf16", "auto"])  # fmt: skip
+    torch_compile: str | None = option(None, "compile the backbone for training (default: accelerate's --dynamo_backend); auto compiles where a trial works and the run has >= 1000 steps", choices=["yes", "no", "auto"])  # fmt: skip
     allow_tf32: bool = option(False, "let float32 matmuls use TF32 on Ampere and newer GPUs; no effect on CPU")
-    output_dir: str = option("lmlp-model", "where the pipeline, checkpoints, samples and logs are written",
-                             group="output, logging, validation")  # fmt: skip
-    overwrite_output_dir: bool = option(False, "train from step 0 into an --output_dir that holds a run (its "
-                                        "checkpoints and summary are removed)")  # fmt: skip
+    output_dir: str = option("lmlp-model", "where the pipeline, checkpoints, samples and logs are written", group="output, logging, validation")  # fmt: skip
+    overwrite_output_dir: bool = option(False, "train from step 0 into an --output_dir that holds a run (its checkpoints and summary are removed)")  # fmt: skip
     logging_dir: str = option("logs", "the trackers' folder, inside --output_dir")
     logging_steps: int = option(1, "send the trackers the mean loss and gradient norm of every N steps", type=POSITIVE)
     report_to: str = option("tensorboard", '"tensorboard", "wandb", "all" or "none"')
     tracker_project_name: str = option("lmlp-text-to-image", "the project name in tensorboard or wandb")
-    validation_prompts: list[str] | None = option(None, "prompts sampled every --validation_steps and at the end",
-                                                  nargs="*", exclusive=True)  # fmt: skip
-    validation_prompts_file: str | None = option(None, "a UTF-8 file of validation prompts, one per line (# comments)",
-                                                 metavar="PATH", exclusive=True)  # fmt: skip
+    validation_prompts: list[str] | None = option(None, "prompts sampled every --validation_steps and at the end", nargs="*", exclusive=True)  # fmt: skip
+    validation_prompts_file: str | None = option(None, "a UTF-8 file of validation prompts, one per line (# comments)", metavar="PATH", exclusive=True)  # fmt: skip
     validation_steps: int = option(1000, "validate every N steps", type=int)
     validation_inference_steps: int = option(25, "sampler steps of the validation images", type=POSITIVE)
-    validation_guidance_scale: float = option(GUIDANCE_SCALE, "guidance scale of the validation images (diffusers' "
-                                              "g; the papers' s = g - 1)", type=float)  # fmt: skip
-    final_evaluation_inference_steps: int = option(NUM_INFERENCE_STEPS, "sampler steps of the world's final "
-                                                   "evaluation", type=POSITIVE)  # fmt: skip
-    validation_fid_images: int = option(0, "at every validation, sample this many images and log their FID",
-                                        type=number(int, 0, why=" (0: no FID during training)"))  # fmt: skip
-    validation_fid_captions: str | None = option(None, "the captions FID samples, as the evaluation's --captions "
-                                                 "takes them (default on the shapes world: shapes:train)",
-                                                 metavar="SOURCE")  # fmt: skip
-    validation_fid_reference: str | None = option(None, "what that FID compares with: an .npz of mu/sigma or a "
-                                                  "folder of real images", metavar="PATH")  # fmt: skip
+    validation_guidance_scale: float = option(GUIDANCE_SCALE, "guidance scale of the validation images (diffusers' g; the papers' s = g - 1)", type=float)  # fmt: skip
+    final_evaluation_inference_steps: int = option(NUM_INFERENCE_STEPS, "sampler steps of the world's final evaluation", type=POSITIVE)  # fmt: skip
+    validation_fid_images: int = option(0, "at every validation, sample this many images and log their FID", type=number(int, 0, why=" (0: no FID during training)"))  # fmt: skip
+    validation_fid_captions: str | None = option(None, "the captions FID samples, as the evaluation's --captions takes them (default on the shapes world: shapes:train)", metavar="SOURCE")  # fmt: skip
+    validation_fid_reference: str | None = option(None, "what that FID compares with: an .npz of mu/sigma or a folder of real images", metavar="PATH")  # fmt: skip
     checkpointing_steps: int = option(1000, "write a checkpoint every N steps, and at the end", type=POSITIVE)
-    checkpoints_total_limit: int | None = option(None, "keep the newest N checkpoints (and one more until the steps "
-                                                 "after it prove healthy)",
-                                                 type=number(int, 1, why=" (or left out to keep all)"))  # fmt: skip
+    checkpoints_total_limit: int | None = option(None, "keep the newest N checkpoints (and one more until the steps after it prove healthy)", type=number(int, 1, why=" (or left out to keep all)"))  # fmt: skip
     resume_from_checkpoint: str | None = option(None, '"latest" or a checkpoint folder')
     push_to_hub: bool = option(False, "upload the finished pipeline (or LoRA) to the Hub")
     hub_model_id: str | None = option(None, "the Hub repo to push to (default: --output_dir's name)")
@@ -708,10 +627,9 @@ WORLD_PRESETS = {"shapes": "shapes", "shapes-lora": "shapes", "emoji": "emoji"}
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's options (`TrainingConfig`'s fields), with the diffusers example's names where it has them."""
     parser = argparse.ArgumentParser(
-        prog=program_name(CONSOLE_SCRIPT, "diffusers_lmlp.train"),
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        prog=program_name(CONSOLE_SCRIPT, "diffusers_lmlp.train"), description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter
+    )  # fmt: skip
     parser.add_argument("--preset", choices=sorted(PRESETS), help="recipe defaults (without data: shapes, or "
                         "shapes-lora with --lora_rank)")  # fmt: skip
     group, prompts = parser, None

@@ -85,13 +85,9 @@ def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
 
 
 def save_checkpoint(
-    accelerator: Accelerator,
-    output_dir: Path,
-    step: int,
-    limit: int | None,
-    train_seconds: float,
-    final_step: bool = True,
-) -> Path:
+    accelerator: Accelerator, output_dir: Path, step: int, limit: int | None, train_seconds: float,
+    final_step: bool = True
+) -> Path:  # fmt: skip
     """Write `checkpoint-{step}` atomically (written aside, flushed, renamed), then keep the `limit` newest; the new
     one counts only once the next proves the steps after it healthy, or at the `final_step`. A full disk stops the
     run (`SystemExit`) with the earlier checkpoints kept."""

@@ -197,10 +197,9 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
     """Write the (unwrapped) model's adapter to `folder/pytorch_lora_weights.safetensors`, in diffusers' format."""
     LMLPPipeline.save_lora_weights(
-        folder,
-        transformer_lora_layers=adapter_state_dict(model),
-        transformer_lora_adapter_metadata=model.peft_config[ADAPTER_NAME].to_dict(),
-    )
+        folder, transformer_lora_layers=adapter_state_dict(model),
+        transformer_lora_adapter_metadata=model.peft_config[ADAPTER_NAME].to_dict()
+    )  # fmt: skip
     return Path(folder) / "pytorch_lora_weights.safetensors"
 
 

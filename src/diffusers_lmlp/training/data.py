@@ -175,10 +175,9 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
             f"{annotations_file}: image id {uncaptioned[0]} (and {len(uncaptioned) - 1} more) has no caption"
         )
     rows = {
-        image_column: [str(path) for path in paths],
-        caption_column: [captions[image["id"]] for image in images],
-        "image_id": [image["id"] for image in images],
-    }
+        image_column: [str(path) for path in paths], caption_column: [captions[image["id"]] for image in images],
+        "image_id": [image["id"] for image in images]
+    }  # fmt: skip
     return datasets.Dataset.from_dict(rows).cast_column(image_column, datasets.Image())
 
 

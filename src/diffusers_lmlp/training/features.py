@@ -204,10 +204,9 @@ class FeatureStore:
         images, captions = min(self.shard_size, self.num_images - index * self.shard_size), record["num_captions"]
         dtype = "F16" if self.text_dtype == torch.float16 else "F32"
         expected = {
-            "moments": ("F32", [images, *self.moments_shape]),
-            "caption_offsets": ("I64", [images + 1]),
-            "text_states": (dtype, [captions, *self.text_states_shape]),
-        }
+            "moments": ("F32", [images, *self.moments_shape]), "caption_offsets": ("I64", [images + 1]),
+            "text_states": (dtype, [captions, *self.text_states_shape])
+        }  # fmt: skip
         try:
             with open(file, "rb") as f:
                 header = read_header(f.fileno(), file)[0]

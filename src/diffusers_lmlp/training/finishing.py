@@ -74,11 +74,9 @@ def finish(pipe, ema, args, num_processes: int, seconds: float, in_sync: bool) -
 
     summary = {
         **({"base_model": recorded_base_model(args.pretrained_model_name_or_path)} if args.lora_rank else {}),
-        "num_processes": num_processes,
-        "ranks_in_sync": in_sync,
-        "steps": args.max_train_steps,
-        "train_seconds": round(seconds, 1),
-    }
+        "num_processes": num_processes, "ranks_in_sync": in_sync, "steps": args.max_train_steps,
+        "train_seconds": round(seconds, 1)
+    }  # fmt: skip
     grid_path = None
     if prompts := default_validation_prompts(args):
         summary["sample_prompts"] = prompts  # the card's usage snippet samples the first
@@ -180,14 +178,9 @@ def with_base_columns(summary: dict) -> dict:
 
 
 def format_run_summary(
-    summary: dict,
-    output_dir: Path,
-    *,
-    sample_grid: Path | None = None,
-    validation_dir: Path | None = None,
-    logging_dir: Path | None = None,
-    hub_url: str | None = None,
-) -> str:
+    summary: dict, output_dir: Path, *, sample_grid: Path | None = None, validation_dir: Path | None = None,
+    logging_dir: Path | None = None, hub_url: str | None = None
+) -> str:  # fmt: skip
     """The end-of-run summary (no final newline): steps and time, where the outputs are, the scores (a LoRA run's
     beside its base model's) and the Python that loads it."""
     processes = summary["num_processes"]

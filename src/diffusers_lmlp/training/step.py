@@ -24,11 +24,8 @@ from .arguments import TrainingConfig
 
 # Where accelerate holds the gradients or shards them across processes: only its `clip_grad_norm_` measures them.
 ACCELERATE_HELD_GRADIENTS = (
-    DistributedType.FSDP,
-    DistributedType.DEEPSPEED,
-    DistributedType.XLA,
-    DistributedType.MEGATRON_LM,
-)
+    DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA, DistributedType.MEGATRON_LM
+)  # fmt: skip
 # A step whose loss or gradient norm is over EXPLOSION_FACTOR times the median of the last (at most EXPLOSION_WINDOW)
 # healthy steps has diverged, finite or not: ε-prediction losses stay O(1).
 EXPLOSION_FACTOR, EXPLOSION_WINDOW = 1e4, 100
@@ -63,11 +60,6 @@ class DivergenceError(FloatingPointError):
         super().__init__(f"the loss is {loss} at step {step} (gradient norm {grad_norm}){why}")
 
 
-def divergence_history() -> collections.deque:
-    """The recent steps' (loss, gradient norm) that `check_finite` compares with."""
-    return collections.deque(maxlen=EXPLOSION_WINDOW)
-
-
 def draw_noise(
     latents: torch.Tensor, generator: torch.Generator, num_train_timesteps: int, noise_offset: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,21 +91,11 @@ def diffusion_loss(model, noisy, text_states, timesteps, noise, noise_scheduler,
 
 
 def training_step(
-    accelerator,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_scheduler,
-    noise_scheduler: DDPMScheduler,
-    latents: torch.Tensor,
-    text_states: torch.Tensor,
-    generator: torch.Generator,
-    micro_batch_size: int,
-    options: LossOptions,
-    step: int,
-    ema: EMAModel | None = None,
-    parameters: list[torch.nn.Parameter] | None = None,
-    history: collections.deque | None = None,
-) -> StepResult:
+    accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler,
+    noise_scheduler: DDPMScheduler, latents: torch.Tensor, text_states: torch.Tensor, generator: torch.Generator,
+    micro_batch_size: int, options: LossOptions, step: int, ema: EMAModel | None = None,
+    parameters: list[torch.nn.Parameter] | None = None, history: collections.deque | None = None
+) -> StepResult:  # fmt: skip
     """One optimizer step over a process's samples, in micro-batches of `micro_batch_size`. Raises
     `DivergenceError` on every process at the same step, before the gradients are applied; `history` also stops a
     step that exploded against the steps before it. `parameters`: the model's, listed once by the caller."""

@@ -2,6 +2,7 @@
 (seed, step, sample position), so a resumed run continues exactly as the uninterrupted one.
 """
 
+import collections
 import logging
 import sys
 import time
@@ -37,14 +38,10 @@ def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
     mixed_precision, why = step.choose_precision(args.mixed_precision)
     dynamo_backend, why_compiled = step.choose_compilation(args.torch_compile, args.max_train_steps)
     accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=mixed_precision,
-        dynamo_backend=dynamo_backend,
-        log_with=None if args.report_to == "none" else args.report_to,
-        project_config=ProjectConfiguration(
-            project_dir=str(output_dir), logging_dir=str(output_dir / args.logging_dir)
-        ),
-    )
+        gradient_accumulation_steps=args.gradient_accumulation_steps, mixed_precision=mixed_precision,
+        dynamo_backend=dynamo_backend, log_with=None if args.report_to == "none" else args.report_to,
+        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / args.logging_dir))
+    )  # fmt: skip
     if not is_terminal(sys.stderr):  # in a log file the libraries' own bars would redraw with carriage returns
         transformers_logging.disable_progress_bar()
     logger.info(
@@ -143,7 +140,7 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
     )
     prompts, fid_captions = validation.validation_inputs(args)
     parameters = list(model.parameters())  # the EMA's, listed once: the same tensors at every step
-    history = step.divergence_history()
+    history = collections.deque(maxlen=step.EXPLOSION_WINDOW)  # the recent steps' (loss, gradient norm)
     losses, grad_norms, lr = [], [], None  # the steps since the last tracker log
     start_time = time.perf_counter()
 
@@ -218,11 +215,9 @@ def prepare_optimization(args: TrainingConfig, accelerator: Accelerator, model: 
         fused=step.fused_adamw(accelerator.device),
     )
     lr_scheduler = get_scheduler(
-        args.lr_scheduler,
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
+        args.lr_scheduler, optimizer=optimizer, num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
+        num_training_steps=args.max_train_steps * accelerator.num_processes
+    )  # fmt: skip
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     checkpoints.register_checkpoint_hooks(accelerator, model_class, ema, lora=bool(args.lora_rank))
     return model, ema, optimizer, lr_scheduler

@@ -25,11 +25,9 @@ SCORES_FILE = "scores.jsonl"  # in the logging folder, appended to by each valid
 def generate(pipe: LMLPPipeline, prompts: list[str], args) -> list[Image.Image]:
     pipe.set_progress_bar_config(disable=True)
     return pipe(
-        prompts,
-        num_inference_steps=args.validation_inference_steps,
-        guidance_scale=args.validation_guidance_scale,
-        generator=torch.Generator().manual_seed(args.seed),
-    ).images
+        prompts, num_inference_steps=args.validation_inference_steps, guidance_scale=args.validation_guidance_scale,
+        generator=torch.Generator().manual_seed(args.seed)
+    ).images  # fmt: skip
 
 
 def default_validation_prompts(args) -> list[str]:
@@ -77,14 +75,10 @@ def validate(accelerator, pipe: LMLPPipeline, ema, args, prompts, fid_captions, 
         images = generate(pipe, prompts, args) if prompts else []
         if fid_captions:
             report, _ = evaluate(
-                pipe,
-                fid_captions,
-                fid_reference=args.validation_fid_reference or args.world,
-                num_inference_steps=args.validation_inference_steps,
-                guidance_scale=args.validation_guidance_scale,
-                seed=args.seed,
-                progress=False,
-            )
+                pipe, fid_captions, fid_reference=args.validation_fid_reference or args.world,
+                num_inference_steps=args.validation_inference_steps, guidance_scale=args.validation_guidance_scale,
+                seed=args.seed, progress=False
+            )  # fmt: skip
             accelerator.log({"fid": report["fid"]}, step=step)
             logger.info(
                 f"step {step}: FID {report['fid']:.3f} ({len(fid_captions)} images, {report['fid_extractor']})"
