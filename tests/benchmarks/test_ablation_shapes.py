@@ -33,8 +33,14 @@ def planned(ablation):
 
 def fake_summary(steps: int, held_out_shape: float = 0.5) -> dict:
     """A shapes preset's `training_summary.json` with made-up scores."""
-    scores = {"colour": 0.9, "shape": held_out_shape, "position": 0.8, "size": 0.7, "colour+position": 0.45}
-    scores["all"] = 0.25
+    scores = {
+        "colour": 0.9,
+        "shape": held_out_shape,
+        "position": 0.8,
+        "size": 0.7,
+        "colour+position": 0.45,
+        "all": 0.25,
+    }
     return {
         "steps": steps,
         "train_seconds": 2.0 * steps,
@@ -107,11 +113,16 @@ def test_training_command_gives_the_full_config_and_sparse_checkpoints(ablation,
     command = ablation.training_command(entry, 100, tmp_path, ["--seed", "1"])
     overrides = command[command.index("--model_overrides") + 1 : command.index("--max_train_steps")]
     assert dict(pair.split("=", 1) for pair in overrides) == {k: json.dumps(v) for k, v in entry.config.items()}
-    assert command[command.index("--model_type") + 1] == entry.family.name == "gmlp"
-    assert command[command.index("--max_train_steps") + 1] == "100"
-    assert command[command.index("--checkpointing_steps") + 1] == "25"
-    assert command[command.index("--validation_steps") + 1] == "101"  # no validation before the final samples
-    assert command[command.index("--output_dir") + 1] == str(tmp_path / "A3") and command[-2:] == ["--seed", "1"]
+    options = ("--model_type", "--max_train_steps", "--checkpointing_steps", "--validation_steps", "--output_dir")
+    # --validation_steps 101: no validation before the final samples.
+    assert [command[command.index(option) + 1] for option in options] == [
+        "gmlp",
+        "100",
+        "25",
+        "101",
+        str(tmp_path / "A3"),
+    ]
+    assert entry.family.name == "gmlp" and command[-2:] == ["--seed", "1"]
 
 
 def split_cells(line: str) -> list[str]:
@@ -169,7 +180,7 @@ def test_a_restart_skips_finished_entries_and_keeps_their_budget(ablation, tmp_p
 
 @pytest.mark.slow
 def test_an_entry_trains_scores_and_resumes_end_to_end_beside_a_finished_one(ablation, tmp_path, capsys):
-    """docs/ablation.md's command, shortened: lmlp trains for real beside A3, already trained (a made-up run)."""
+    # docs/ablation.md's command, shortened: lmlp trains for real beside A3, already trained (a made-up run).
     (tmp_path / "A3").mkdir()
     (tmp_path / "A3" / "training_summary.json").write_text(json.dumps(fake_summary(2)))
     Image.new("RGB", (160, 96), "white").save(tmp_path / "A3" / "samples.png")

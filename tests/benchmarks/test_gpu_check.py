@@ -77,8 +77,8 @@ def test_a_part_that_would_start_past_the_budget_is_skipped(check, tmp_path, mon
 
 
 def test_an_out_of_tolerance_parity_fails_the_check(check, tmp_path, monkeypatch):
-    bad = {"model": "F2", "family": "UL-MLP", "fp32": {"relative_error": 1.0, "tolerance": 1e-4, "ok": False}}
-    bad["bf16"] = {"relative_error": 0.0, "tolerance": 5e-2, "ok": True}
+    bad = {"model": "F2", "family": "UL-MLP", "fp32": {"relative_error": 1.0, "tolerance": 1e-4, "ok": False},
+           "bf16": {"relative_error": 0.0, "tolerance": 5e-2, "ok": True}}  # fmt: skip
     monkeypatch.setattr(check, "parity", lambda args: [bad])
     output = tmp_path / "check.json"
     assert check.main(["--device", "cpu", "--quick", "--parts", "parity", "--output", str(output)]) == 1

@@ -50,9 +50,7 @@ def test_kernels_are_sorted_by_the_work_their_names_say(profiler, name, kind):
 
 
 def event(name: str, start: int, end: int, device_type=DeviceType.CPU, parent: FunctionEvent | None = None):
-    made = FunctionEvent(
-        id=start, name=name, thread=0, start_us=start, end_us=end, device_type=device_type, use_device="cuda"
-    )
+    made = FunctionEvent(start, name, 0, start, end, device_type=device_type, use_device="cuda")
     if parent is not None:
         made.cpu_parent = parent
         parent.append_cpu_child(made)
@@ -84,7 +82,7 @@ def test_on_the_cpu_operators_count_their_self_time_and_adamw_counts_as_the_opti
 
 @pytest.mark.slow
 def test_the_documented_command_profiles_each_pass_and_counts_every_gemm(profiler, tmp_path):
-    """docs/benchmarks.md's command, shrunk to depth 2, batch 1 and one profiled step, eager, every kernel listed."""
+    # docs/benchmarks.md's command, shrunk to depth 2, batch 1 and one profiled step, eager, every kernel listed.
     out = tmp_path / "profile"
     shrink = ["--models", "F2-deep", "--mode", "eager", "--num_layers", "2", "--batch_size", "1", "--steps", "1"]
     shrink += ["--top", "1000", "--output_dir", str(out)]

@@ -27,22 +27,15 @@ def meta(*shape: int, requires_grad: bool = False) -> torch.Tensor:
     return torch.empty(shape, device="meta", dtype=torch.bfloat16, requires_grad=requires_grad)
 
 
-def test_a_linear_reads_its_operands_and_writes_its_result_once(roofline):
-    x, weight, bias = meta(6, 10), meta(4, 10), meta(4)
+def test_a_linear_reads_and_writes_once_views_are_free_and_a_copy_or_a_broadcast_add_moves_its_bytes(roofline):
+    linear, x, bias = (meta(6, 10), meta(4, 10), meta(4)), meta(3, 5, 7), meta(7)
     with roofline.recording() as recorder:
-        F.linear(x, weight, bias)  # addmm(bias, x, weight.T): the transpose is a view
-    [op] = recorder.ops
-    assert (op.name, op.kind, op.flops, op.bytes) == ("addmm", "GEMM", 2 * 6 * 4 * 10, BF16 * (60 + 40 + 4 + 24))
-
-
-def test_views_are_free_and_a_copy_or_a_broadcast_add_moves_its_bytes(roofline):
-    x, bias = meta(3, 5, 7), meta(7)
-    with roofline.recording() as recorder:
-        moved = x.transpose(1, 2)  # a view: no kernel
-        moved.reshape(3, 35)  # not viewable: one copy, then a free reshape of the copy
+        F.linear(*linear)  # addmm(bias, x, weight.T): the transpose is a view
+        x.transpose(1, 2).reshape(3, 35)  # a view, then not viewable: one copy, then a free reshape of the copy
         x + bias  # the bias is read once, not once per row
     assert [(op.name, op.kind, op.flops, op.bytes) for op in recorder.ops] == [
-        ("clone", "layout", 0, BF16 * 2 * 3 * 5 * 7), ("add", "other", 0, BF16 * (2 * 3 * 5 * 7 + 7))
+        ("addmm", "GEMM", 2 * 6 * 4 * 10, BF16 * (60 + 40 + 4 + 24)),
+        ("clone", "layout", 0, BF16 * 2 * 3 * 5 * 7), ("add", "other", 0, BF16 * (2 * 3 * 5 * 7 + 7)),
     ]  # fmt: skip
 
 
@@ -95,12 +88,6 @@ def test_attention_it_cannot_model_is_refused(roofline):
     assert [op.name for op in recorder.ops] == ["flash_attention"]
 
 
-def test_a_kernel_takes_its_compute_or_its_memory_time_whichever_is_longer(roofline):
-    h100, square = roofline.GPUS["H100"], roofline.Op("mm", "GEMM", flops=2 * 4096**3, bytes=BF16 * 3 * 4096**2)
-    assert square.seconds(h100) == pytest.approx(2 * 4096**3 / 989e12)  # compute-bound
-    assert roofline.Op("add", "other", flops=0, bytes=3 * 10**9).seconds(h100) == pytest.approx(3e9 / 3350e9)
-
-
 @pytest.mark.parametrize("name", ["U-ViT-S/2", "F2-deep", "4E2H"])
 @pytest.mark.parametrize("pass_", ["sampling", "training"])
 def test_the_flops_are_the_speed_benchmarks_counts(roofline, speed, name, pass_):
@@ -117,7 +104,10 @@ def test_the_flops_are_the_speed_benchmarks_counts(roofline, speed, name, pass_)
     assert all(op.bytes > 0 for op in ops)
 
 
-def test_the_bounds_add_up(roofline):
+def test_a_kernel_takes_its_compute_or_its_memory_time_whichever_is_longer_and_the_bounds_add_up(roofline):
+    h100, square = roofline.GPUS["H100"], roofline.Op("mm", "GEMM", flops=2 * 4096**3, bytes=BF16 * 3 * 4096**2)
+    assert square.seconds(h100) == pytest.approx(2 * 4096**3 / 989e12)  # compute-bound
+    assert roofline.Op("add", "other", flops=0, bytes=3 * 10**9).seconds(h100) == pytest.approx(3e9 / 3350e9)
     ops = roofline.trace("F2-deep", 2, "training", num_layers=2)
     row = roofline.estimate("F2-deep", "training", 2, "H100", ops)
     assert row.kernels == len(ops)
@@ -144,7 +134,7 @@ def test_the_documented_command_writes_its_tables(roofline, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_pages_print_the_scripts_estimate(roofline, tmp_path, capsys):
-    """docs/speed-gpu.md's tables are the script's output, line for line, and the README's summary its rows."""
+    # docs/speed-gpu.md's tables are the script's output, line for line, and the README's summary its rows.
     rows = roofline.main([*documented_commands("roofline")[0][2:], "--output_dir", str(tmp_path)])
     printed = capsys.readouterr().out
     page = section("docs/speed-gpu.md", "A roofline estimate")

@@ -91,8 +91,7 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
     argv = shlex.split(block("docs/evaluation.md", "A second scorer"))
     assert argv == ["python", "benchmarks/scorer_agreement.py"]
     defaults = agreement.parse_args(argv[2:])
-    assert defaults.images_per_caption == (4, 3) and defaults.num_inference_steps is None  # the pipeline's 50
-    assert defaults.guidance_scale is None  # the pipeline's 2
+    assert defaults.images_per_caption == (4, 3) and defaults.num_inference_steps is defaults.guidance_scale is None
     short = ["--num_inference_steps", "2", "--images_per_caption", "1", "1", "--output_dir", str(tmp_path / "out")]
     result = subprocess.run(
         [sys.executable, str(ROOT / argv[1]), *short], capture_output=True, text=True, cwd=tmp_path, timeout=300
@@ -127,11 +126,8 @@ def test_the_documented_command_samples_scores_and_writes_its_results(tmp_path):
 class StubPipeline:
     """Draws a render per caption and records its sampler settings; its VAE is the identity."""
 
-    vae = SimpleNamespace(
-        dtype=torch.float32,
-        encode=lambda x: SimpleNamespace(latent_dist=SimpleNamespace(mode=lambda: x)),
-        decode=lambda z: SimpleNamespace(sample=z),
-    )
+    vae = SimpleNamespace(dtype=torch.float32, decode=lambda z: SimpleNamespace(sample=z),
+                          encode=lambda x: SimpleNamespace(latent_dist=SimpleNamespace(mode=lambda: x)))  # fmt: skip
 
     def __init__(self):
         self.calls = []
@@ -164,15 +160,15 @@ def test_the_sampler_settings_reach_the_pipeline(options, sampler):
 
 
 def test_the_median_fills_are_taken_per_shape_over_the_images_that_show_one():
-    def record(shape, sample, render_, trip):
-        return {"shape": shape, "fill": {"sample": sample, "render": render_, "round trip": trip}}
-
     records = [
-        record("square", 0.90, 0.98, 0.95),
-        record("square", 0.80, 0.99, 0.96),
-        record("square", None, 0.97, 0.94),  # nothing drawn: left out of the samples' median only
-        record("circle", 0.85, 0.78, 0.80),
-        record("triangle", None, 0.60, 0.61),  # no sample shows one: no median, and valid JSON
+        {"shape": shape, "fill": dict(zip(("sample", "render", "round trip"), values))}
+        for shape, *values in [
+            ("square", 0.90, 0.98, 0.95),
+            ("square", 0.80, 0.99, 0.96),
+            ("square", None, 0.97, 0.94),  # nothing drawn: left out of the samples' median only
+            ("circle", 0.85, 0.78, 0.80),
+            ("triangle", None, 0.60, 0.61),  # no sample shows one: no median, and valid JSON
+        ]
     ]
     fills = agreement.median_fills(records)
     assert fills == {

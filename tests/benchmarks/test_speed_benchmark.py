@@ -25,12 +25,7 @@ def speed():
 @pytest.mark.parametrize("answer", [0, 1, 5, 31, 32, 33, 100, 511, 512, 777, 8192])
 def test_largest_batch_finds_the_boundary(speed, answer):
     tried = []
-
-    def fits(batch: int) -> bool:
-        tried.append(batch)
-        return batch <= answer
-
-    assert speed.largest_batch(fits) == answer
+    assert speed.largest_batch(lambda batch: tried.append(batch) or batch <= answer) == answer
     assert len(tried) <= 2 * 14  # doubling, then bisecting: logarithmic in the answer
 
 
@@ -69,19 +64,17 @@ def test_gemm_reference_runs_every_matmul_of_the_pass(speed, name, train):
 
 
 def test_speedup_compares_best_modes_in_the_same_window(speed):
-    def row(model, mode, images, baseline=None, reference=None):
-        return speed.Row(
-            model, "family", 1, 8, "fp32", mode, "sampling", images, 100.0, 200.0, 0.0, baseline or {}, reference
-        )
-
+    # The 4E2H's timed in another window: U-ViT's best ran at 2.0 and F2-deep's best at 2.2 beside it.
     rows = [
-        row(speed.BASELINE, "eager", 2.0),
-        row(speed.BASELINE, "compile", 2.5),
-        row("F2-deep", "eager", 2.4, {"eager": 2.0, "compile": 2.4}),
-        row("F2-deep", "compile", 3.0, {"eager": 2.1, "compile": 2.5}),
-        # Timed in another window: U-ViT's best ran at 2.0 and F2-deep's best at 2.2 beside it.
-        row("4E2H", "eager", 1.8, {"eager": 1.6, "compile": 2.0}, {"eager": 1.9, "compile": 2.2}),
-        row("4E2H", "regional", 2.3, {"eager": 1.7, "compile": 2.0}, {"eager": 1.9, "compile": 2.2}),
+        speed.Row(model, "family", 1, 8, "fp32", mode, "sampling", images, 100.0, 200.0, 0.0, baseline, reference)
+        for model, mode, images, baseline, reference in [
+            (speed.BASELINE, "eager", 2.0, {}, None),
+            (speed.BASELINE, "compile", 2.5, {}, None),
+            ("F2-deep", "eager", 2.4, {"eager": 2.0, "compile": 2.4}, None),
+            ("F2-deep", "compile", 3.0, {"eager": 2.1, "compile": 2.5}, None),
+            ("4E2H", "eager", 1.8, {"eager": 1.6, "compile": 2.0}, {"eager": 1.9, "compile": 2.2}),
+            ("4E2H", "regional", 2.3, {"eager": 1.7, "compile": 2.0}, {"eager": 1.9, "compile": 2.2}),
+        ]
     ]
     best = speed.best_rows(rows)
     assert best[("F2-deep", 8, "fp32", "sampling")].mode == "compile"
@@ -130,7 +123,7 @@ SMOKE = (
 
 @pytest.mark.slow
 def test_the_documented_command_runs(tmp_path):
-    """docs/benchmarks.md's first command, shrunk: every section writes its table, the JSON and the plot."""
+    # docs/benchmarks.md's first command, shrunk: every section writes its table, the JSON and the plot.
     out = tmp_path / "speed"
     command = [sys.executable, *COMMANDS[0][1:], "--output_dir", str(out), *SMOKE]
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -185,12 +178,13 @@ def test_sampling_only_modes_time_sampling_alone(speed, monkeypatch):
 def test_the_frozen_mode_compiles_and_the_pipeline_samples_with_it(speed, tmp_path, monkeypatch):
     """`--modes frozen`, in this process: each model's frozen compilation is timed, and the pipeline section freezes
     the pipeline's backbone when frozen is the best mode."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)  # main sets it
     two_blocks = {"down_block_types": ("DownEncoderBlock2D",) * 2, "up_block_types": ("UpDecoderBlock2D",) * 2}
     tiny_vae = {**speed.SD_VAE_CONFIG, **two_blocks, "block_out_channels": (8, 16), "norm_num_groups": 4}
     monkeypatch.setattr(speed, "SD_VAE_CONFIG", tiny_vae)  # the SD VAE's decode is the documented command's to time
     only = [speed.BASELINE, "--pipeline_models", speed.BASELINE, "--memory_models"]  # two compilations, no more
-    speed.main([*SMOKE, "--modes", "frozen", "--models", *only, "--output_dir", str(tmp_path)])
+    # main raises dynamo's recompile_limit; config.patch puts it back (monkeypatch would delete the setting)
+    with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit):
+        speed.main([*SMOKE, "--modes", "frozen", "--models", *only, "--output_dir", str(tmp_path)])
     data = json.loads((tmp_path / "results.json").read_text())
     [row] = data["rows"]
     assert (row["model"], row["pass_"], row["mode"]) == (speed.BASELINE, "sampling", "frozen")

@@ -44,8 +44,7 @@ def clip_folder(tmp_path_factory) -> Path:
     return write_clip_repo(tmp_path_factory.mktemp("clip"))
 
 
-def use_hub_cache(cache: Path, monkeypatch) -> None:
-    """Point huggingface_hub at `cache`, offline (its import-time constants too)."""
+def use_hub_cache(cache: Path, monkeypatch) -> None:  # huggingface_hub at `cache`, offline (constants too)
     for name, value in (("HF_HOME", str(cache.parent)), ("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", "1")):
         monkeypatch.setenv(name, value)
         monkeypatch.setattr(huggingface_hub.constants, name, value if name != "HF_HUB_OFFLINE" else True)
@@ -109,9 +108,8 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
 
 def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_its_8_bit_images(scorer):
     images, captions = varied_images(5, seed=1), CAPTIONS[:5]
-    torch.testing.assert_close(
-        scorer.score(images, captions, batch_size=2), scorer.score(images, captions), atol=1e-5, rtol=0
-    )
+    by_two = scorer.score(images, captions, batch_size=2)
+    torch.testing.assert_close(by_two, scorer.score(images, captions), atol=1e-5, rtol=0)
     images = torch.rand(3, 3, 40, 52, generator=torch.Generator().manual_seed(0))  # (N, 3, H, W) in [0, 1]
     pixels = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
     as_pil = [Image.fromarray(array) for array in pixels]

@@ -302,13 +302,12 @@ def test_statistics_of_another_network_are_refused_before_sampling(pipe, tmp_pat
     calls = []
     monkeypatch.setattr(type(pipe), "__call__", lambda *a, **k: calls.append(1))
     FIDStatistics(np.zeros(16), np.eye(16), 10, "another network").save(tmp_path / "other.npz")
-    with pytest.raises(ValueError, match="computed with another network, not"):
-        evaluate(pipe, ["a small red circle at the top left"], fid_reference=tmp_path / "other.npz",
-                 fid_extractor=TinyFeatures())  # fmt: skip
     np.savez(tmp_path / "wide.npz", mu=np.zeros(32), sigma=np.eye(32))
-    with pytest.raises(ValueError, match="holds 32-d statistics, but TinyFeatures gives 16-d features"):
-        evaluate(pipe, ["a small red circle at the top left"], fid_reference=tmp_path / "wide.npz",
-                 fid_extractor=TinyFeatures())  # fmt: skip
+    for name, message in [("other", "computed with another network, not"), ("wide", "holds 32-d statistics, but "
+                          "TinyFeatures gives 16-d features")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            evaluate(pipe, ["a small red circle at the top left"], fid_reference=tmp_path / f"{name}.npz",
+                     fid_extractor=TinyFeatures())  # fmt: skip
     with pytest.raises(ValueError, match="some captions are not shapes-world captions"):
         evaluate(pipe, ["a dog on a beach"], fid_reference="shapes")
     assert not calls
@@ -333,9 +332,7 @@ def tiny_clip(tmp_path_factory) -> CLIPScorer:
     return CLIPScorer.from_pretrained(write_clip_repo(tmp_path_factory.mktemp("clip") / "clip"))
 
 
-class PipelineCalls(list):
-    """The batch size of every pipeline call; with `stop_at = n`, call n raises KeyboardInterrupt before sampling."""
-
+class PipelineCalls(list):  # each pipeline call's batch size; call number `stop_at` raises KeyboardInterrupt
     stop_at: int | None = None
 
 
@@ -404,10 +401,8 @@ def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_
     assert pipeline_calls == [2]  # only the last batch is sampled
     assert without_seconds(resumed) == without_seconds(straight)  # bit for bit: the same floats
     np.testing.assert_array_equal(np.asarray(resumed_grid), np.asarray(straight_grid))
-    for i in range(10):
-        np.testing.assert_array_equal(
-            png(tmp_path / "images" / f"{i:06d}.png"), png(tmp_path / "straight" / f"{i:06d}.png")
-        )
+    for name in (f"{i:06d}.png" for i in range(10)):
+        np.testing.assert_array_equal(png(tmp_path / "images" / name), png(tmp_path / "straight" / name))
 
     (tmp_path / "images" / "000005.png").unlink()  # a batch whose images are gone is sampled again
     pipeline_calls.clear()

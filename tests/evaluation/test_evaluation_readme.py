@@ -36,8 +36,7 @@ COMMANDS, README_COMMANDS = evaluation_commands("docs/evaluation.md"), evaluatio
 SHORT = ["--num_images", "4", "--num_inference_steps", "2", "--batch_size", "2", "--no_progress"]
 
 
-def as_argv(command: str, num_processes: int = 2) -> list[str]:
-    """A README command as argv on this Python, with `num_processes` CPU processes and a free port."""
+def as_argv(command: str, num_processes: int = 2) -> list[str]:  # on this Python, CPU processes, a free port
     argv = shlex.split(command)
     if argv[:2] == ["accelerate", "launch"]:
         argv[argv.index("--num_processes") + 1] = str(num_processes)
@@ -57,7 +56,7 @@ def test_readme_has_the_evaluation_commands():
 
 @pytest.mark.slow
 def test_the_shapes_command_runs_offline_with_the_documented_defaults(tmp_path):
-    """The shapes command with 50 of its 1,000 images (one batch); its defaults read from its own argument parsing."""
+    # The shapes command with 50 of its 1,000 images (one batch); its defaults read from its own argument parsing.
     argv = as_argv(COMMANDS[0])
     defaults = parse_args(argv[3:])  # after `python -m diffusers_lmlp.evaluation`
     assert defaults.num_inference_steps == 50 and len(draw_captions(defaults.captions, defaults.num_images, 0)) == 1000

@@ -114,8 +114,7 @@ def test_the_largest_step_count_still_samples(pipe, generate):
     assert pipe.num_timesteps == 999 and torch.isfinite(images).all()
 
 
-def return_nan(module: torch.nn.Module, args, output):
-    """Forward hook that fills a module's output (a tensor, or a tuple whose first item is one) with NaN."""
+def return_nan(module: torch.nn.Module, args, output):  # a forward hook: the output (or its first item) is NaN
     (output if isinstance(output, torch.Tensor) else output[0]).fill_(NAN)
 
 
@@ -139,20 +138,11 @@ def test_nan_latents_from_a_callback_raise(pipe):
         pipe("a red circle", num_inference_steps=2, callback_on_step_end=poison, output_type="latent")
 
 
-def make_model(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return MODELS[kind](**{**TINY, **FAMILIES[kind].tiny_overrides}).eval()
-
-
-def model_inputs() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    return torch.randn(2, 4, 8, 8, generator=generator), torch.randn(2, 5, 16, generator=generator)
-
-
 @pytest.mark.parametrize("kind", MODELS)
 def test_model_timesteps_and_inputs_are_checked(kind):
-    model = make_model(kind)
-    latents, text = model_inputs()
+    torch.manual_seed(0)
+    model = MODELS[kind](**{**TINY, **FAMILIES[kind].tiny_overrides}).eval()
+    latents, text = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16)
     for timestep, message in [
         (-1, r"timestep must lie in \[0, 1000\).*got \[-1"),
         (1000, r"timestep must lie in \[0, 1000\).*got \[1000"),
@@ -213,7 +203,7 @@ def test_bad_configs_name_the_field(kind, config, message):
         ({"num_heads": 0}, r"num_experts and num_heads must be >= 1, got 4 and 0"),
         ({"num_heads": 3}, r"hidden_size \(32\) must be divisible by num_heads \(3\)"),
     ],
-)
+)  # fmt: skip
 def test_bad_moe_configs_name_the_field(config, message):
     with pytest.raises(ValueError, match=message):
         MoEMLPModel(**{**TINY, **config})

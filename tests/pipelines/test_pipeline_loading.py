@@ -31,9 +31,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def fill_hub_cache(folder: Path, cache_dir: Path, repo_id: str, listed_but_not_cached: tuple[str, ...] = ()) -> None:
-    """Lay out `folder` as huggingface_hub caches a snapshot of `repo_id` at `COMMIT`: `blobs/<sha256>`,
-    `snapshots/<commit>/<path>` links to them, `refs/main` and the file listing `trees/<commit>.json`, where
-    `listed_but_not_cached` files are listed only (a download asking for them finds the snapshot incomplete)."""
+    """Lay out `folder` as huggingface_hub caches a snapshot of `repo_id` at `COMMIT` (blobs, snapshot links, refs,
+    the file listing); `listed_but_not_cached` files are listed only (a download asking for them fails)."""
     storage = cache_dir / f"models--{repo_id.replace('/', '--')}"
     (storage / "refs").mkdir(parents=True)
     (storage / "refs" / "main").write_text(COMMIT)
@@ -55,8 +54,8 @@ def fill_hub_cache(folder: Path, cache_dir: Path, repo_id: str, listed_but_not_c
 
 @pytest.fixture
 def hub_repo(pipe, tmp_path, monkeypatch) -> Path:
-    """`pipe` saved in `saved/` and cached offline as the Hub repo `user/tiny-lmlp` in `cache/`; returns the cache.
-    Its listing also names pickled and variant weights never fetched: asking for them would fail."""
+    """`pipe` saved in `saved/` and cached offline as `user/tiny-lmlp` in `cache/`, listing pickled and variant
+    weights it lacks; returns the cache."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     pipe.save_pretrained(tmp_path / "saved")
     not_cached = ("transformer/diffusion_pytorch_model.bin", "vae/diffusion_pytorch_model.fp16.safetensors")
@@ -199,22 +198,19 @@ def test_a_pipeline_whose_transformer_misses_a_tensor_is_refused_by_both_loaders
     assert all(torch.equal(value, saved[name]) for name, value in transformer.state_dict().items() if name != key)
 
 
+# A Path is never taken for a repo id, though "mistyped" would be a valid one; a file is not taken for a folder.
 @pytest.mark.parametrize(
-    "name", ["./mistyped", "~/mistyped", "outputs/run/mistyped", "C:\\mistyped", Path("mistyped")]
+    "name", ["./mistyped", "~/mistyped", "outputs/run/mistyped", "C:\\mistyped", Path("mistyped"), "model_index.json"]
 )
-def test_a_mistyped_folder_is_reported_as_no_such_local_folder(tmp_path, monkeypatch, name):
-    # A Path is never taken for a repo id, though "mistyped" would be a valid one.
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match=re.escape(f"No such local folder: {name}")) as missing:
-        LMLPPipeline.from_pretrained(name)
-    assert missing.value.__context__ is None  # one error, not a Hub traceback inside another
-
-
-def test_a_file_is_not_taken_for_a_folder(tmp_path, monkeypatch):
+def test_a_mistyped_folder_or_a_file_is_reported_as_no_such_local_folder(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model_index.json").write_text("{}")
-    with pytest.raises(NotADirectoryError, match="model_index.json is a file; pass the pipeline's folder"):
-        LMLPPipeline.from_pretrained("model_index.json")
+    error, message = FileNotFoundError, f"No such local folder: {name}"
+    if name == "model_index.json":
+        error, message = NotADirectoryError, "model_index.json is a file; pass the pipeline's folder"
+    with pytest.raises(error, match=re.escape(message)) as missing:
+        LMLPPipeline.from_pretrained(name)
+    assert missing.value.__context__ is None  # one error, not a Hub traceback inside another
 
 
 @pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "local_files_only"])
@@ -234,9 +230,8 @@ def test_a_repo_id_missing_from_the_cache_is_one_clear_error_offline(tmp_path, m
 def test_a_repo_id_that_the_hub_does_not_have_is_named_as_neither_folder_nor_repo(tmp_path, monkeypatch):
     # Online only: a stand-in for the Hub's answer to an unknown repo id (the error needs a response's headers).
     def not_found(repo_id, **kwargs):
-        raise huggingface_hub.errors.RepositoryNotFoundError(
-            repo_id, response=SimpleNamespace(headers={}, request=None)
-        )
+        response = SimpleNamespace(headers={}, request=None)
+        raise huggingface_hub.errors.RepositoryNotFoundError(repo_id, response=response)
 
     monkeypatch.setattr(pipeline_loading, "snapshot_download", not_found)
     monkeypatch.chdir(tmp_path)

@@ -3,27 +3,11 @@ one that would silently draw wrong images is refused with its fix before any mod
 
 import json
 
+import diffusers
 import numpy as np
 import pytest
 import torch
-from diffusers import (
-    DDIMScheduler,
-    DDPMScheduler,
-    DEISMultistepScheduler,
-    DPMSolverMultistepScheduler,
-    DPMSolverSinglestepScheduler,
-    EDMEulerScheduler,
-    EulerAncestralDiscreteScheduler,
-    EulerDiscreteScheduler,
-    FlowMatchEulerDiscreteScheduler,
-    HeunDiscreteScheduler,
-    KDPM2AncestralDiscreteScheduler,
-    KDPM2DiscreteScheduler,
-    LCMScheduler,
-    PNDMScheduler,
-    TCDScheduler,
-    UniPCMultistepScheduler,
-)
+from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 
 from diffusers_lmlp import LMLPPipeline, default_scheduler
 from diffusers_lmlp.evaluation.captions import draw_captions
@@ -35,9 +19,11 @@ from diffusers_lmlp.shapes.scorer import score_images
 # Every DDPM-family scheduler that imports without optional packages (LMS needs scipy, DPM-Solver SDE torchsde), with
 # the steps it samples the shapes model in; DDPM's ancestral steps need more.
 DDPM_FAMILY = {DDPMScheduler: 100} | dict.fromkeys(
-    [DDIMScheduler, DEISMultistepScheduler, DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler,
-     EulerAncestralDiscreteScheduler, EulerDiscreteScheduler, HeunDiscreteScheduler, KDPM2AncestralDiscreteScheduler,
-     KDPM2DiscreteScheduler, LCMScheduler, PNDMScheduler, TCDScheduler, UniPCMultistepScheduler], 25
+    [getattr(diffusers, f"{name}Scheduler") for name in (
+        "DDIM", "DEISMultistep", "DPMSolverMultistep", "DPMSolverSinglestep", "EulerAncestralDiscrete",
+        "EulerDiscrete", "HeunDiscrete", "KDPM2AncestralDiscrete", "KDPM2Discrete", "LCM", "PNDM", "TCD",
+        "UniPCMultistep",
+    )], 25,
 )  # fmt: skip
 CONFIG = default_scheduler().config
 
@@ -107,8 +93,8 @@ BAD_SCHEDULERS = {
     "2000 training steps": (lambda: DDIMScheduler.from_config(CONFIG, num_train_timesteps=2000), "timesteps=2000"),
     "other trained betas": (lambda: DDIMScheduler.from_config(CONFIG, trained_betas=np.linspace(1e-4, 0.02, 1000).tolist()),
                             "trained_betas='<1000 values>'"),
-    "flow matching": (FlowMatchEulerDiscreteScheduler, "schedule of its own"),
-    "EDM": (EDMEulerScheduler, "schedule of its own"),
+    "flow matching": (diffusers.FlowMatchEulerDiscreteScheduler, "schedule of its own"),
+    "EDM": (diffusers.EDMEulerScheduler, "schedule of its own"),
 }
 # fmt: on
 

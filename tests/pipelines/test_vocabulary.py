@@ -23,8 +23,7 @@ SUBWORD_MERGES = [("s", "t"), ("st", "a"), ("sta", "u"), ("stau", "r"), ("a", "n
 
 
 def subword_tokenizer(folder: Path) -> CLIPTokenizer:
-    """A CLIP-layout BPE (`vocab.json`, `merges.txt`, 16 tokens) whose merges build subword pieces: an open
-    vocabulary, as CLIP's."""
+    """A CLIP-layout BPE whose merges build subword pieces: an open vocabulary, as CLIP's."""
     tiny_clip_tokenizer(16, folder, words=("red",))  # the byte alphabet, and "re" on the way to "red</w>"
     vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     for left, right in SUBWORD_MERGES:
@@ -35,16 +34,14 @@ def subword_tokenizer(folder: Path) -> CLIPTokenizer:
     return CLIPTokenizer.from_pretrained(folder, model_max_length=16)
 
 
-def saved_and_reloaded(tokenizer: CLIPTokenizer, folder: Path) -> CLIPTokenizer:
-    """`tokenizer` loaded back from `save_pretrained` (`tokenizer.json`, as pipelines save it)."""
+def saved_and_reloaded(tokenizer: CLIPTokenizer, folder: Path) -> CLIPTokenizer:  # from tokenizer.json
     tokenizer.save_pretrained(folder)
     assert (folder / "tokenizer.json").is_file()
     return CLIPTokenizer.from_pretrained(folder)
 
 
-@pytest.fixture
+@pytest.fixture  # a fresh one: test_known_words_are_decided_once_per_tokenizer counts the first look-up
 def shipped_tokenizer():
-    """The tokenizer of the shapes pipeline that ships in the package."""
     return CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")
 
 
@@ -101,9 +98,8 @@ def test_pipeline_warns_once_per_prompt_naming_its_unknown_words(pipe, generate,
         "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. They do not steer the image; "
         "`diffusers_lmlp.known_words(pipe.tokenizer)` lists the known ones."
     )
-    assert len(warnings) == 2 and warnings[1].startswith(
-        "The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'."
-    )
+    assert len(warnings) == 2
+    assert warnings[1].startswith("The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'.")
     caplog.clear()
     generate(pipe, prompt="a red circle", negative_prompt="blurry", guidance_scale=2.0, num_inference_steps=1)
     assert [m.split(" has ")[0] for m in unknown_word_warnings(caplog)] == ["The negative prompt 'blurry'"]

@@ -1,12 +1,6 @@
 """GPU readiness without a GPU: the training step and the pipeline keep every tensor on the model's device and read
-nothing back from it but their checks; bf16 trains and samples end to end, close to fp32.
-
-The device tests run the real code in `FakeTensorMode` with the models on a fake "meta" device (this torch cannot fake
-"cuda"): an op mixing it with a CPU tensor (not a 0-dim one, which CUDA takes) raises, as a GPU would, and
-`DeviceAudit` records what fake mode lets through and every value read back. The checks that read a value
-(`check_finite`, `_raise_if_not_finite`, the timestep range, the scheduler's first-step lookup) are replaced by
-stand-ins asserting where their input lies; the real ones run in the rest of the suite.
-"""
+nothing back but their checks (run in `FakeTensorMode` on a fake "meta" device, the checks that read a value replaced
+by stand-ins asserting where their input lies); bf16 trains and samples end to end, close to fp32."""
 
 import functools
 
@@ -39,8 +33,7 @@ TEXT = (TINY["text_seq_len"], TINY["text_embed_dim"])
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (see conftest's `make_pipe`)."""
+def one_thread():  # tiny models run fastest on one thread
     num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -92,7 +85,7 @@ def assert_on(tensor: torch.Tensor, device: torch.device, what: str) -> None:
 
 @pytest.fixture
 def timestep_checks(monkeypatch) -> list[torch.Tensor]:
-    """The backbone's timestep range check, recording its input, which must be on the CPU (never waits for a GPU)."""
+    """The backbone's timestep range check, recording its input, which must be on the CPU."""
     checked = []
 
     def check(timestep):
@@ -104,8 +97,7 @@ def timestep_checks(monkeypatch) -> list[torch.Tensor]:
 
 
 def loss_options(kind: str, max_grad_norm: float | None = 1.0) -> LossOptions:
-    """Every loss term the family has: Min-SNR, noise offset, clipping (None: the norm measured alone), load balance
-    (MoE-MLP), symmetry breaking (AsymMixer)."""
+    """Every loss term the family has (max_grad_norm None: the norm measured, not clipped)."""
     return LossOptions(
         snr_gamma=5.0, noise_offset=0.1, load_balance_weight=0.01 if kind == "moe_mlp" else 0.0,
         symmetry_breaking_weight=0.1 if kind == "asymmixer" else 0.0, max_grad_norm=max_grad_norm,
@@ -113,7 +105,6 @@ def loss_options(kind: str, max_grad_norm: float | None = 1.0) -> LossOptions:
 
 
 def prepared(accelerator: Accelerator, model: torch.nn.Module, learning_rate: float = 1e-3):
-    """The trainer's AdamW and constant learning rate, prepared with the model."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     return accelerator.prepare(model, optimizer, get_scheduler("constant", optimizer=optimizer))
 
@@ -246,8 +237,7 @@ def test_a_non_finite_step_raises_and_leaves_the_weights_untouched(bad, max_grad
 
 
 def train_one_step(kind: str, mixed_precision: str) -> tuple[torch.Tensor, dict, dict, dict]:
-    """One real CPU training step of a tiny model of `kind`: its loss, and each parameter's gradient (as the
-    optimizer sees it), value before and value after."""
+    """One CPU training step of a tiny `kind`: its loss, and each parameter's gradient, value before and after."""
     AcceleratorState._reset_state(reset_partial_state=True)  # a new mixed precision needs a new accelerate state
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=True, gradient_accumulation_steps=2)
     model = make_model(kind).train()
@@ -293,8 +283,7 @@ def test_a_bf16_training_step_trains_every_parameter_and_matches_fp32(kind):
 
 
 def sample_recording_noise(pipe, generate, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """`generate`'s guided images, and the noise predictions the solver got (steps, B, C, h, w) in fp32: with random
-    weights the images mostly show the initial noise, the predictions the network's precision."""
+    """`generate`'s guided images, and the noise predictions the solver got (steps, B, C, h, w) in fp32."""
     step, predictions = pipe.scheduler.step, []
 
     @functools.wraps(step)  # the same signature: the pipeline looks for a `generator` argument

@@ -114,26 +114,6 @@ docs/ablation.md: python benchmarks/ablation_shapes.py --output_dir ablation-sha
 """
 
 
-def coverage() -> dict[tuple[str, int], tuple[str, list[str]]]:
-    """COVERAGE read: (page, the block's index among the page's command blocks) -> (a line it holds, its tests)."""
-    found, counts, tests = {}, {}, []
-    for line in COVERAGE.strip().splitlines():
-        if line.startswith(" "):
-            tests.append("tests/" + line.split("  #", 1)[0].strip())
-        else:
-            page, held = line.split(": ", 1)
-            counts[page] = counts.get(page, -1) + 1
-            tests = []
-            found[page, counts[page]] = held, tests
-    return found
-
-
-def command_blocks() -> dict[tuple[str, int], str]:
-    """Every command block of every page, by (page, index among the page's command blocks)."""
-    language = f"(?:{'|'.join(COMMAND_LANGUAGES)})"
-    return {(page, index): code for page in PAGES for index, code in enumerate(blocks(page, language))}
-
-
 def test_every_page_in_docs_is_one_the_tests_read_and_the_docs_index_lists():
     pages = {path.name for path in (ROOT / "docs").glob("*.md")}
     assert sorted(PAGES) == sorted(["README.md", *(f"docs/{name}" for name in pages)])
@@ -141,7 +121,18 @@ def test_every_page_in_docs_is_one_the_tests_read_and_the_docs_index_lists():
 
 
 def test_every_command_block_is_run_by_a_test():
-    found, registered = command_blocks(), coverage()
+    # Both by (page, the block's index among the page's command blocks): its code, and (a line it holds, its tests).
+    language = f"(?:{'|'.join(COMMAND_LANGUAGES)})"
+    found = {(page, index): code for page in PAGES for index, code in enumerate(blocks(page, language))}
+    registered, counts, tests = {}, {}, []
+    for line in COVERAGE.strip().splitlines():
+        if line.startswith(" "):
+            tests.append("tests/" + line.split("  #", 1)[0].strip())
+        else:
+            page, held = line.split(": ", 1)
+            counts[page] = counts.get(page, -1) + 1
+            tests = []
+            registered[page, counts[page]] = held, tests
     assert sorted(found) == sorted(registered), "enter each new or moved command block in COVERAGE"
     for key, (line, tests) in registered.items():
         assert line in found[key], f"{key} no longer holds {line!r}: update COVERAGE"
@@ -202,8 +193,7 @@ def test_the_readme_is_a_five_minute_read_with_a_table_of_contents():
     assert re.findall(r"\(#([\w-]+)\)", contents) == [github_anchor(title) for title in sections]
 
 
-def test_the_gpu_page_ran_the_readme_main_command():
-    # docs/speed-gpu.md ran the README's main job, which tests/training/test_first_minutes.py runs as written.
+def test_the_gpu_page_ran_the_readme_main_command():  # which tests/training/test_first_minutes.py runs
     main = text("README.md").split("<!-- main-command -->", 1)[1]
     [install_and_run] = blocks(main, "bash")[:1]
     [on_the_gpu] = blocks(section("docs/speed-gpu.md", "The README's main command, on the GPU"), "bash")
@@ -346,9 +336,9 @@ def test_the_flops_the_speed_pages_compare_are_the_codes():
     assert stated in prose("docs/benchmarks.md")
 
 
-def printed_measures() -> tuple[dict, dict, dict, dict]:
-    """docs/analysis.md's table of the shipped model's measures (which tests/evaluation/test_analysis.py checks the
-    command prints): per layer, the left and the right hemisphere's measures, then the two noise bands."""
+def test_the_analysis_findings_are_the_printed_measures():
+    # docs/analysis.md's table (test_analysis.py checks the command prints it): each layer's left and right measures,
+    # then the two noise bands.
     [table] = blocks("docs/analysis.md", "text")
     left, right = {}, {}
     pattern = r"^(\d+)\s+\S+\s+(left|right)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$"
@@ -356,16 +346,10 @@ def printed_measures() -> tuple[dict, dict, dict, dict]:
         names = ("diagonal", "locality", "periodicity", "mean_abs")
         measures = {name: float(value) for name, value in zip(names, values) if value != "–"}
         (left if side == "left" else right)[int(layer)] = measures
-    noise = table.split("95% of 200 draws: ", 1)[1]
-    bands = [
+    left_band, right_band = (
         {name: (float(low), float(high)) for name, low, high in re.findall(r"(\w+) (-?[\d.]+) to (-?[\d.]+)", part)}
-        for part in noise.split("; right: ")
-    ]
-    return left, right, *bands
-
-
-def test_the_analysis_findings_are_the_printed_measures():
-    left, right, left_band, right_band = printed_measures()
+        for part in table.split("95% of 200 draws: ", 1)[1].split("; right: ")
+    )
     assert sorted(left) == sorted(right) == list(range(1, 10))
     page = prose("docs/analysis.md")
 

@@ -26,6 +26,7 @@ COMMANDS = [
     (["diffusers_lmlp.evaluation", "--help"], 0, "usage: python -m diffusers_lmlp.evaluation"),
     (["diffusers_lmlp.evaluation", "--pipeline", "./no-such-folder"], 2, "no such folder"),
     (["diffusers_lmlp.evaluation", "--pipeline", "shapes", "--batch_size", "0"], 2, "must be positive"),
+    (["diffusers_lmlp.analysis", "lateralization", "--layers", "0"], 2, "usage: python -m diffusers_lmlp.analysis"),
     (["diffusers_lmlp.hub", "--help"], 0, "usage: python -m diffusers_lmlp.hub"),
     (["diffusers_lmlp.hub", "push", "--help"], 0, "usage: python -m diffusers_lmlp.hub push"),
     (["diffusers_lmlp.hub", "push-space"], 2, "the following arguments are required"),

@@ -120,9 +120,8 @@ def test_development_command_lints_clean():
     """The README's "Development" command: ruff finds nothing to fix."""
     block = next(block for block in BASH_BLOCKS if "ruff check" in block)
     for command in re.findall(r"ruff [^&\n]+", block):
-        result = subprocess.run(
-            [sys.executable, "-m", *shlex.split(command)], cwd=ROOT, capture_output=True, text=True
-        )
+        argv = [sys.executable, "-m", *shlex.split(command)]
+        result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 0, f"{command}\n{result.stdout}{result.stderr}"
 
 

@@ -24,14 +24,12 @@ README = page_text("README.md")
 SPACE_DIR = ROOT / "spaces" / SPACE_NAME
 
 
-def stated(pattern: str, text: str = README) -> tuple[str, ...]:
-    """The groups of the one match of `pattern` in `text`, a space matching any whitespace (lines wrap)."""
+def stated(pattern: str, text: str = README) -> tuple[str, ...]:  # the one match's groups; a space: any whitespace
     [match] = re.finditer(pattern.replace(" ", r"\s+"), text)
     return match.groups()
 
 
-def module_constants(path: Path) -> dict[str, object]:
-    """The literal module-level constants of a Python file (`NAME = 32`), read without importing it."""
+def module_constants(path: Path) -> dict[str, object]:  # `NAME = 32` at module level, read without importing
     constants = {}
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
@@ -41,8 +39,7 @@ def module_constants(path: Path) -> dict[str, object]:
     return constants
 
 
-def requirement_name(requirement: str) -> str:
-    """The distribution name of a requirement line (`"peft>=0.20"` -> `"peft"`)."""
+def requirement_name(requirement: str) -> str:  # "peft>=0.20" -> "peft"
     return re.match(r"[A-Za-z0-9_.-]+", requirement.strip()).group(0)
 
 
