@@ -82,7 +82,9 @@ def hub_calls(monkeypatch):
         "create_repo": lambda kwargs: RepoUrl(url.format(**kwargs)),
         "add_space_variable": lambda kwargs: {},
         "model_info": lambda kwargs: ModelInfo(id=kwargs["repo_id"], private=False),
-        "create_commit": lambda kwargs: CommitInfo(url.format(**kwargs) + "/commit/abc", "", "", "abc"),
+        "create_commit": lambda kwargs: CommitInfo(  # keywords: older huggingface_hub takes no positionals
+            commit_url=url.format(**kwargs) + "/commit/abc", commit_message="", commit_description="", oid="abc"
+        ),
     }
 
     def recorder(name):
