@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,6 +18,22 @@ def fsync_tree(folder: Path, recursive: bool = True) -> None:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+def write_durably(path: Path, write: Callable) -> None:
+    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it (the folder is not fsynced)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def write_json_durably(path: Path, data: dict) -> None:
+    """`write_durably` for an indented UTF-8 JSON file, folder entry included."""
+    write_durably(path, lambda f: f.write(json.dumps(data, indent=2).encode("utf-8")))
+    fsync_tree(path.parent, recursive=False)
 
 
 def hold_lock(path: Path, wait: bool = False):

@@ -144,11 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..allocator import keep_freed_memory
+    from ..durable import write_json_durably
     from ..pipelines import LMLPPipeline
     from ..pipelines.schedulers import check_scheduler
     from .captions import draw_captions
     from .evaluate import Processes, evaluate
-    from .resume import EvaluationInterrupted, remove_progress, write_json_durably
+    from .resume import EvaluationInterrupted, remove_progress
 
     # Several CPU processes need ACCELERATE_USE_CPU=1, which `Accelerator` reads and `PartialState` does not.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..durable import write_durably
 from ..image_grid import make_image_grid
 from ..image_tensors import images_to_tensor
 from ..progress import progress_bar
@@ -33,7 +34,7 @@ from .fid import (
     load_extractor,
     reference_statistics,
 )
-from .resume import BatchResult, EvaluationInterrupted, ProgressStore, pipeline_digest, tensors_digest, write_durably
+from .resume import BatchResult, EvaluationInterrupted, ProgressStore, pipeline_digest, tensors_digest
 
 
 GRID_SIZE = 16  # the report grid shows the first images

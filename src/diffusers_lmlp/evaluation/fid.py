@@ -33,7 +33,7 @@ class FIDStatistics:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write an `.npz` of `mu` and `sigma` (and `num_images`, `extractor` when known) atomically."""
-        from .resume import write_durably
+        from ..durable import write_durably
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

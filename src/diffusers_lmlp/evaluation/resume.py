@@ -6,8 +6,7 @@ flushed and renamed. Batches do not depend on the process count, which may chang
 import hashlib
 import json
 import logging
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from ..durable import fsync_tree, hold_lock
+from ..durable import fsync_tree, hold_lock, write_durably, write_json_durably
 
 
 logger = logging.getLogger(__name__)
@@ -55,22 +54,6 @@ class EvaluationInterrupted(KeyboardInterrupt):
     def __init__(self, folder: Path, num_images_done: int, num_images: int, report: dict | None):
         super().__init__(f"evaluation interrupted after {num_images_done} of {num_images} images; kept in {folder}")
         self.folder, self.num_images_done, self.num_images, self.report = folder, num_images_done, num_images, report
-
-
-def write_durably(path: Path, write: Callable) -> None:
-    """Write `path` via `write(binary_file)` under a temporary name, fsync and rename it (the folder is not fsynced)."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
-def write_json_durably(path: Path, data: dict) -> None:
-    """`write_durably` for an indented UTF-8 JSON file, folder entry included."""
-    write_durably(path, lambda f: f.write(json.dumps(data, indent=2).encode("utf-8")))
-    fsync_tree(path.parent, recursive=False)
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor], digest=None) -> str:

@@ -20,9 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ..durable import hold_lock
+from ..durable import hold_lock, write_json_durably
 from ..evaluation.captions import captions_of
-from ..evaluation.resume import write_json_durably
 from ..progress import progress_bar
 
 

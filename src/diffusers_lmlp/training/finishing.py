@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from accelerate.logging import get_logger
 
-from diffusers_lmlp.evaluation.resume import write_json_durably
+from diffusers_lmlp.durable import write_json_durably
 from diffusers_lmlp.hub import write_model_card
 from diffusers_lmlp.hub.card import without_block
 from diffusers_lmlp.hub.lora_card import load_base_code, recorded_base_model, write_lora_card
