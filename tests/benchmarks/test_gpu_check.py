@@ -34,8 +34,9 @@ def test_the_quick_check_runs_every_part_but_emoji_on_a_cpu(tmp_path):
     modes = {(r["model"], r["pass_"], r["mode"]) for r in results["speed"]}
     assert modes == {(m, p, "eager") for m in ("U-ViT-S/2", "F2-deep", "4E2H") for p in ("sampling", "training")}
     assert all(r["mfu"] is None and r["of_gemm"] > 0 for r in results["speed"])
+    # Met is decided on the unrounded value (0.7996 is not 0.8), against the threshold its label states.
     assert len(results["goals"]) == 4 and all(
-        g["met"] == (g["value"] >= float(k[-3:])) for k, g in results["goals"].items()
+        g["least"] == float(k[-3:]) and g["met"] == (g["value"] >= g["least"]) for k, g in results["goals"].items()
     )
     assert results["main"]["returncode"] == 0 and results["main"]["steps"] == 2
     assert set(results["main"]["scores"]) == {"train", "held-out"}
