@@ -344,8 +344,13 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
         height = self.native_size if height is None else height
         width = self.native_size if width is None else width
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "return_dict", "callback_on_step_end")}
-        batch_size = self.check_inputs(**arguments)
+        batch_size = self.check_inputs(
+            height, width, prompt=prompt, negative_prompt=negative_prompt, num_inference_steps=num_inference_steps,
+            timesteps=timesteps, sigmas=sigmas, guidance_scale=guidance_scale,
+            num_images_per_prompt=num_images_per_prompt, generator=generator, latents=latents,
+            prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds, output_type=output_type,
+            callback_on_step_end_tensor_inputs=callback_on_step_end_tensor_inputs,
+        )  # fmt: skip
         self._guidance_scale = guidance_scale
         self._interrupt = False
         device = self._execution_device
