@@ -41,7 +41,7 @@ def shapes_model(args: argparse.Namespace) -> torch.nn.Module:
     trainer_args = training_args(
         ["--output_dir", "unused", "--model_type", args.family, "--model_config", args.config]
     )
-    return build_model(trainer_args)
+    return build_model(trainer_args.model_type, trainer_args.model_config, trainer_args.model_overrides)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

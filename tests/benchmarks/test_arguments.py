@@ -10,33 +10,23 @@ script = functools.cache(load_benchmark)
 COUNTS = ["--batch_size", "--repeats", "--num_captions", "--num_inference_steps"]  # of quantized_sampling
 
 
-@pytest.mark.parametrize(
-    "name, count",
-    [
-        ("ablation_shapes", 1),
-        ("profile_passes", 3),  # docs/benchmarks.md's, and docs/speed-gpu.md's two
-        ("roofline", 2),
-        ("scorer_agreement", 1),
-        ("space_sampling", 2),
-        ("speed_vs_uvit", 5),  # docs/benchmarks.md's three, and docs/speed-gpu.md's two
-        ("trainer_overhead", 1),
-    ],
-)
+# How many commands the docs give each script (gpu_check's --device defaults to cuda).
+DOCUMENTED = {"ablation_shapes": 1, "gpu_check": 2, "profile_passes": 3, "roofline": 2, "scorer_agreement": 1,
+              "space_sampling": 2, "speed_vs_uvit": 5, "trainer_overhead": 1}  # fmt: skip
+
+
+@pytest.mark.parametrize("name, count", DOCUMENTED.items())
 def test_every_documented_command_is_one_the_script_takes(name, count, capsys):
     commands = documented_commands(name)
     assert len(commands) == count, commands
-    check_the_commands_parse(script(name).parse_args, commands, capsys)
+    check_the_commands_parse(script(name).parse_args, commands, capsys, cuda_by_default=name == "gpu_check")
 
 
 @pytest.mark.parametrize(
     "name, argv, message",
     [
         ("ablation_shapes", ["--models", "lmlp", "nope"], "--models nope: not a block family (lmlp, "),
-        (
-            "ablation_shapes",
-            ["--models", "lmlp", "--", "--seed", "1", "--max_train_steps=5"],
-            "--max_train_steps after -- is set by the ablation for every entry; use --steps",
-        ),
+        ("ablation_shapes", ["--models", "lmlp", "--", "--max_train_steps=5"], "after -- is set by the ablation"),
         ("learning_curves", ["a", "b", "--labels", "one"], "--labels names 1 runs, but 2 are given"),
         ("profile_passes", ["--models", "F3"], "unknown named configs ['F3']"),
         ("profile_passes", ["--steps", "0"], "argument --steps: must be >= 1"),

@@ -27,9 +27,8 @@ def test_a_new_run_starts_its_scores_anew_and_a_resumed_one_keeps_those_up_to_it
     assert scores.read_text() == ""
 
 
-def test_a_run_is_read_as_its_validations_then_its_final_evaluation(tmp_path):
-    curves = load_benchmark("learning_curves")
-    run = tmp_path / "run"
+def test_a_run_is_read_as_its_validations_then_its_final_evaluation_and_one_without_scores_is_refused(tmp_path):
+    curves, run = load_benchmark("learning_curves"), tmp_path / "run"
     write_scores(run / "logs" / "scores.jsonl", [100, 200])
     final = {"shape": 0.9, "all": 0.8}
     summary = {"steps": 200, "train_seconds": 150.0, "scores": {"train": final, "held-out": final}}
@@ -37,8 +36,5 @@ def test_a_run_is_read_as_its_validations_then_its_final_evaluation(tmp_path):
     points = curves.read_run(run)
     assert [p["step"] for p in points] == [100, 200]  # the final evaluation replaces the last validation's point
     assert points[-1]["held-out"] == final and points[-1]["minutes"] == 2.5
-
-
-def test_a_run_without_scores_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="has no logs/scores.jsonl and no finished training_summary.json"):
-        load_benchmark("learning_curves").read_run(tmp_path)
+        curves.read_run(tmp_path / "empty")

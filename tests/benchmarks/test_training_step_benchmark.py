@@ -30,9 +30,8 @@ def test_the_step_timed_is_the_main_jobs_model(benchmark, family):
 
     config = {"lmlp": "shapes-S", "moe_mlp": "shapes-moe-S"}[family]
     timed = benchmark.shapes_model(benchmark.parse_args(["--family", family, "--config", config]))
-    trained = components.build_model(
-        parse_args(["--output_dir", "x", "--model_type", family, "--model_config", config])
-    )
+    args = parse_args(["--output_dir", "x", "--model_type", family, "--model_config", config])
+    trained = components.build_model(args.model_type, args.model_config, args.model_overrides)
     assert timed.config == trained.config and timed.config.pooled_text_projection
 
 

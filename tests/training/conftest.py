@@ -1,7 +1,10 @@
 """Fixtures of the trainer's tests: one tiny workspace per session, and the command run in this process."""
 
+from types import SimpleNamespace
+
 import pytest
-from test_train_text_to_image import load_script, make_workspace
+from coco_fixture import CLIP_REPO, SD_REPO, write_coco2014, write_hub_cache
+from test_train_text_to_image import ENV, load_script, make_workspace
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +16,13 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="session")
 def script():
     return load_script()
+
+
+@pytest.fixture(scope="session")
+def coco_world(tmp_path_factory) -> SimpleNamespace:
+    """A folder holding `coco2014/` (where the COCO commands run), the recipe's component repos and an HF cache."""
+    root = tmp_path_factory.mktemp("coco")
+    write_coco2014(root / "coco2014")
+    env = {**ENV, "HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(write_hub_cache(root / "hf"))}
+    repos = root / "hf" / "repos"
+    return SimpleNamespace(root=root, env=env, vae=repos / SD_REPO, text_encoder=repos / CLIP_REPO)

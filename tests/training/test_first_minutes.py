@@ -1,5 +1,4 @@
-"""A user's first five minutes: the README's main command runs without accelerate's warning on a fresh machine, its
-progress reads well in a log file, and it ends with a summary of where everything is and how to load it."""
+"""A user's first minutes: the README's main command, quiet on a fresh machine, its progress in a log, its summary."""
 
 import io
 import json
@@ -10,11 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchmark_scripts import load_benchmark
 from PIL import Image
 from processes import run_bounded
 from tqdm.std import tqdm as plain_tqdm
 
-from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp import progress as progress_module
 from diffusers_lmlp.progress import LineProgress, progress_bar
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
@@ -44,40 +43,29 @@ def counts(text: str) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "total, initial, seconds, updates, lines, last",
+    "total, initial, step, updates, lines, last",
     [
         (5000, 0, 0.125, 5000, range(250, 5001, 250),  # a line at every 5%, the last one at the final step
          "steps: 100% 5000/5000, 10:25 elapsed, ETA 00:00, 8.00it/s, loss=0.0002, lr=1.00e-03"),
         (1_000_000, 0, 30.0, 30, range(2, 31, 2), "ETA 8333:"),  # a slow run still writes a line every minute
         (2600, 1300, 0.03125, 1300, range(1430, 2601, 130),  # resumed: counts from its step, its speed from now
-         "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s")
+         "steps: 100% 2600/2600, 00:40 elapsed, ETA 00:00, 32.00it/s"),
+        (1000, 0, 0.125, 124, [50, 100, 124], "steps:  12% 124/1000, 00:15 elapsed"),  # stopped: where it got to, once
     ]
 )  # fmt: skip
-def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(
-    clock, total, initial, seconds, updates, lines, last
-):
+def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(clock, total, initial, step, updates, lines, last):
     log = io.StringIO()  # not a terminal, as a file or a pipe
     bar = progress_bar(total, "steps", initial=initial, file=log)
     assert isinstance(bar, LineProgress)
-    for step in range(updates):
-        clock.now += seconds  # exact in binary, as are the sums
+    for i in range(updates):
+        clock.now += step  # seconds, exact in binary, as are the sums
         if total == 5000:
-            bar.set_postfix(loss=f"{1 / (step + 1):.4f}", lr="1.00e-03", refresh=False)
+            bar.set_postfix(loss=f"{1 / (i + 1):.4f}", lr="1.00e-03", refresh=False)
         bar.update(1)
+    bar.close()
     bar.close()
     text = log.getvalue()
-    assert "\r" not in text and text.endswith("\n") and counts(text) == list(lines)
-    assert last in text.splitlines()[-1]
-
-
-def test_closing_a_stopped_run_writes_where_it_got_to_once(clock):
-    log = io.StringIO()
-    with LineProgress(1000, "extracting features", unit="img", file=log) as bar:
-        bar.update(123)  # one line at 100 (past the first 5%)
-        bar.update(1)
-    bar.close()
-    assert counts(log.getvalue()) == [123, 124]
-    assert log.getvalue().splitlines()[-1].startswith("extracting features:  12% 124/1000, ")
+    assert "\r" not in text and text.endswith("\n") and counts(text) == list(lines) and last in text.splitlines()[-1]
 
 
 def test_a_terminal_keeps_tqdms_bar_and_other_processes_show_nothing(monkeypatch):
@@ -86,8 +74,7 @@ def test_a_terminal_keeps_tqdms_bar_and_other_processes_show_nothing(monkeypatch
     for file, disable in ((terminal, False), (log, True)):
         bar = progress_bar(100, "steps", file=file, disable=disable)
         assert isinstance(bar, plain_tqdm)
-        for _ in range(100):
-            bar.update(1)
+        bar.update(100)
         bar.close()
     assert "\r" in terminal.getvalue() and "100/100" in terminal.getvalue() and log.getvalue() == ""
 
@@ -102,8 +89,8 @@ def test_durations_read_as_a_person_says_them(seconds, text):
 SHAPES_SUMMARY = {
     "num_processes": 1, "ranks_in_sync": True, "steps": 2600, "train_seconds": 504.7,
     "scores": {
-        "train": {"colour": 1.0, "shape": 0.42, "position": 0.96, "size": 0.88, "colour+position": 0.96, "all": 0.4},
-        "held-out": {"colour": 0.96, "shape": 0.42, "position": 0.98, "size": 0.88, "colour+position": 0.94},
+        "train": {"colour": 1.0, "shape": 0.42, "colour+position": 0.96, "all": 0.4},
+        "held-out": {"colour": 0.96, "shape": 0.42, "colour+position": 0.94},
     },
     "score_intervals": {"train": {"colour": [1.0, 1.0], "shape": [0.334, 0.506]}, "held-out": {"shape": [0.34, 0.5]}},
     "images_per_caption": {"train": 3, "held-out": 4},
@@ -135,8 +122,6 @@ def test_the_summary_says_where_everything_is_the_scores_and_how_to_load_it(tmp_
         "  images           96 (3 per caption)  128 (4 per caption)\n"
         "  colour           100% (100-100%)     96%\n"
         "  shape            42% (33-51%)        42% (34-50%)\n"
-        "  position         96%                 98%\n"
-        "  size             88%                 88%\n"
         "  colour+position  96%                 94%\n"
         "  all              40%                 -\n"
         "  shapes-FID       6.87 (floor 0.11)   7.00 (floor 0.12)\n"
@@ -146,72 +131,52 @@ def test_the_summary_says_where_everything_is_the_scores_and_how_to_load_it(tmp_
     )
 
 
-def test_the_summary_of_a_run_without_scores_or_grids_and_its_load_line_runs():
+def test_the_summary_of_a_run_without_scores_or_grids_warns_of_unsynced_processes():
     summary = {"num_processes": 8, "ranks_in_sync": False, "steps": 1_000_000, "train_seconds": 300_000.0}
     text = format_run_summary(summary, PIPELINE_PATH, hub_url="https://huggingface.co/alice/lmlp/commit/abc")
     lines = text.splitlines()
     assert lines[0] == "Trained 1,000,000 steps in 83 h 20 min on 8 processes."
     assert lines[1].startswith("WARNING: the processes ended with different weights")
     assert [line.split()[0] for line in lines[2:] if line] == ["pipeline", "summary", "hub", "Load", "from"]
-    assert "Scores" not in text and "samples" not in text
-    namespace = {}
-    exec(lines[-1].strip(), namespace)  # the printed line, as a user pastes it
-    assert isinstance(namespace["pipe"], LMLPPipeline) and namespace["pipe"].transformer is not None
+    assert "Scores" not in text and "samples" not in text and lines[-1].endswith(f'from_pretrained("{PIPELINE_PATH}")')
 
 
 def launch(argv: list[str], tmp_path: Path) -> tuple[list[str], dict]:
-    """`argv` (`accelerate launch ...`) run by this environment's `accelerate`, on a fresh machine's environment (an
-    empty HF_HOME, so no `accelerate config` file, and no ACCELERATE_* variable)."""
+    """`argv` run by this environment's `accelerate` as on a fresh machine: no `accelerate config`, no ACCELERATE_*."""
     assert argv[:2] == ["accelerate", "launch"], argv
-    accelerate = Path(sys.executable).with_name("accelerate")
-    assert accelerate.is_file(), f"the accelerate command is not next to {sys.executable}"
     env = {name: value for name, value in os.environ.items() if not name.startswith("ACCELERATE_")}
     env.update(HF_HOME=str(tmp_path / "fresh-hf-home"), HF_HUB_OFFLINE="1")
-    return [str(accelerate), *argv[1:]], env
+    return [str(Path(sys.executable).with_name("accelerate")), *argv[1:]], env
 
 
 @pytest.mark.slow
-def test_accelerate_launch_warns_on_a_fresh_machine_without_the_shipped_config(tmp_path):
-    """The control: the warning the main command's test looks for is what accelerate prints without a config."""
-    script = tmp_path / "hello.py"
-    script.write_text("print('hello')\n")
-    argv, env = launch(["accelerate", "launch", str(script)], tmp_path)
-    result = run_bounded(argv, env=env, timeout=300, cwd=ROOT)
-    assert result.returncode == 0 and result.stdout.strip() == "hello", result.stderr[-3000:]
-    assert ACCELERATE_WARNING in result.stderr
-
-
-@pytest.mark.slow
-def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary(tmp_path):
+def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary(tmp_path, capsys):
     assert MAIN_COMMAND.startswith("accelerate launch ") and MAIN_COMMAND.endswith("examples/train_text_to_image.py")
     out = tmp_path / "shapes"
     argv, env = launch(shlex.split(MAIN_COMMAND), tmp_path)
-    tiny = ["--max_train_steps", "20", "--validation_steps", "10", "--validation_inference_steps", "2"]
-    tiny += ["--shapes_num_images", "256", "--final_evaluation_inference_steps", "2"]
-    argv += [*tiny, "--output_dir", str(out), "--cache_dir", str(tmp_path / "cache")]
-    # From the clone, into a log file as `> train.log 2>&1` writes one.
-    log = tmp_path / "train.log"
-    result = run_bounded(
-        ["bash", "-c", f"{shlex.join(argv)} > {shlex.quote(str(log))} 2>&1"], env=env, timeout=900, cwd=ROOT
-    )
+    argv += ["--max_train_steps", "20", "--validation_steps", "10", "--validation_inference_steps", "2",
+             "--shapes_num_images", "256", "--final_evaluation_inference_steps", "2", "--output_dir", str(out),
+             "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    log = tmp_path / "train.log"  # from the clone, into a log file as `> train.log 2>&1` writes one
+    command = ["bash", "-c", f"{shlex.join(argv)} > {shlex.quote(str(log))} 2>&1"]
+    result = run_bounded(command, env=env, timeout=900, cwd=ROOT)
     text = log.read_bytes().decode()  # bytes: reading as text would turn carriage returns into newlines
     assert result.returncode == 0, text[-4000:]
-
     assert ACCELERATE_WARNING not in text and "accelerate config" not in text
+    (tmp_path / "hello.py").write_text("print('hello')\n")  # the control: accelerate warns without the shipped config
+    control, env = launch(["accelerate", "launch", str(tmp_path / "hello.py")], tmp_path)
+    assert ACCELERATE_WARNING in run_bounded(control, env=env, timeout=300, cwd=ROOT).stderr
     # A log file is not a terminal: plain lines, no carriage returns, at most one per 5% per bar.
-    assert "\r" not in text
-    steps = [line for line in text.splitlines() if line.startswith("steps: ")]
-    extraction = [line for line in text.splitlines() if line.startswith("extracting features")]
-    assert len(steps) == 20 and steps[-1].startswith("steps: 100% 20/20, ") and "loss=" in steps[-1]
+    lines, bars = text.strip().splitlines(), ("steps: ", "extracting features", "sampling: ")
+    steps, extraction, sampling = ([line for line in lines if line.startswith(bar)] for bar in bars)
+    assert "\r" not in text and len(steps) == 20 and "loss=" in steps[-1]
+    assert steps[-1].startswith("steps: 100% 20/20, ")
     assert 1 <= len(extraction) <= 21 and "100% 256/256" in extraction[-1]
     # The final evaluation samples both splits (3 seeds of the training captions, 4 of the held-out ones).
-    sampling = [line for line in text.splitlines() if line.startswith("sampling: ")]
     finished = [line.split(",")[0] for line in sampling if line.startswith("sampling: 100% ")]
     assert finished == ["sampling: 100% 96/96", "sampling: 100% 128/128"] and len(sampling) <= 2 * 21, sampling
     assert "evaluation: {" not in text and (out / "logs" / "evaluation.json").is_file()
-
     # The summary is the run's last words, and its last line loads the pipeline.
-    lines = text.strip().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Trained 20 steps in "))
     places = dict(line.split(maxsplit=1) for line in lines[start + 1 : lines.index("", start)])
     assert places == {
@@ -222,34 +187,23 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     assert lines[-3:-1] == ["", "Load it in Python:"], text[-3000:]
     scores = lines[lines.index("", start) + 1 : -3]
     assert scores[0].startswith("Scores") and " 2 DPMSolverMultistepScheduler steps" in scores[0]
-    assert scores[1].split() == ["train", "held-out"]
-    assert {"colour", "shape", "position", "colour+position"} <= {row.split()[0] for row in scores[2:]}, text[-3000:]
+    rows = {row.split()[0] for row in scores[2:]}
+    assert scores[1].split() == ["train", "held-out"] and {"colour", "shape", "position", "colour+position"} <= rows
     namespace = {}
     exec(lines[-1].strip(), namespace)
-    assert namespace["pipe"].transformer.config.sample_size == 8
+    # The VAE's latent scale travels with the pipeline, which samples at 32 px.
+    pipe, vae_config = namespace["pipe"], json.loads((out / "vae" / "config.json").read_text())
+    assert pipe.native_size == 32 and pipe.vae.config.scaling_factor == pytest.approx(vae_config["scaling_factor"])
     saved = json.loads((out / "training_summary.json").read_text())
     assert saved["steps"] == 20 and set(saved["scores"]) == {"train", "held-out"}
-    assert set(saved["scores"]["train"]) >= {"colour", "shape", "position", "colour+position"}
     assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
-    # The VAE's latent scale travels with the pipeline, which samples at 32 px.
-    vae_config = json.loads((out / "vae" / "config.json").read_text())
-    assert namespace["pipe"].native_size == 32
-    assert namespace["pipe"].vae.config.scaling_factor == pytest.approx(vae_config["scaling_factor"])
-
     # Each validation scored both splits: the learning curves, which the benchmark script plots.
     scores = [json.loads(line) for line in (out / "logs" / "scores.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in scores] == [10, 20]
+    assert [record["step"] for record in scores] == [10, 20] and {"train", "held-out"} <= set(scores[0])
     assert 0 < scores[0]["minutes"] < scores[1]["minutes"] <= saved["train_seconds"] / 60
-    for record in scores:
-        assert set(record) == {"step", "minutes", "train", "held-out"}
-        assert all(0 <= record[split][name] <= 1 for split in ("train", "held-out") for name in ("shape", "all"))
-    plot = tmp_path / "curves.png"
-    curves = run_bounded(
-        [sys.executable, str(ROOT / "benchmarks" / "learning_curves.py"), str(out), "--labels", "tiny", "--output",
-         str(plot)], env=env, timeout=120
-    )  # fmt: skip
-    assert curves.returncode == 0, curves.stderr
+    assert all(0 <= record[split]["shape"] <= 1 for record in scores for split in ("train", "held-out"))
+    load_benchmark("learning_curves").main([str(out), "--labels", "tiny", "--output", str(tmp_path / "curves.png")])
     final = saved["scores"]["held-out"]
-    assert f"| tiny | 20 | {saved['train_seconds'] / 60:.1f} | {final['shape']:.0%} |" in curves.stdout
-    with Image.open(plot) as image:
+    assert f"| tiny | 20 | {saved['train_seconds'] / 60:.1f} | {final['shape']:.0%} |" in capsys.readouterr().out
+    with Image.open(tmp_path / "curves.png") as image:
         assert image.size[0] > 800 and image.size[1] > 600

@@ -1,6 +1,6 @@
-"""LoRA fine-tuning (`--lora_rank`): the adapter file and card, every block layer adapted, the base untouched, exact
-resumes, the shapes-lora preset and the push."""
+"""LoRA fine-tuning (`--lora_rank`): adapter and card, every block layer, exact resumes, the preset and the push."""
 
+import contextlib
 import json
 import shlex
 import shutil
@@ -16,7 +16,7 @@ from test_hub import HUB_TOKEN, hub_calls  # noqa: F401 (a fixture)
 from test_train_text_to_image import ENV, assert_same_weights, train_here
 
 from diffusers_lmlp import LMLPPipeline
-from diffusers_lmlp.hub import push_lora, stage_lora
+from diffusers_lmlp.hub import push_lora
 from diffusers_lmlp.hub.__main__ import main as hub_main
 from diffusers_lmlp.hub.lora_card import SHIPPED_SHAPES_MODEL, names_in_block
 from diffusers_lmlp.models import FAMILIES
@@ -27,7 +27,6 @@ from diffusers_lmlp.training.components import add_lora, lora_config
 LORA = ["--lora_rank", "2", "--lora_alpha", "4", "--max_train_steps", "4", "--checkpointing_steps", "2"]
 LORA_FILE = "pytorch_lora_weights.safetensors"
 ROOT = Path(__file__).resolve().parents[2]
-README = page_text("docs/training.md")
 
 
 @pytest.fixture(scope="session")  # as the workspace it writes in: a second set-up would find its run
@@ -46,7 +45,7 @@ def block_linears(model: torch.nn.Module) -> set[str]:
 
 
 @pytest.mark.slow
-def test_the_output_is_a_diffusers_lora_file_of_every_block_linear_and_a_card_not_a_pipeline(lora_run, workspace):
+def test_the_output_is_a_card_and_a_lora_file_of_every_block_linear_loading_as_the_merged_weights(lora_run, workspace):
     assert sorted(p.name for p in lora_run.iterdir() if p.name != ".train.lock") == [
         "README.md", "checkpoint-2", "checkpoint-4", LORA_FILE, "training_summary.json"
     ]  # fmt: skip
@@ -61,55 +60,40 @@ def test_the_output_is_a_diffusers_lora_file_of_every_block_linear_and_a_card_no
     base = LMLPPipeline.from_pretrained(workspace / "tiny").transformer
     assert adapted == block_linears(base)  # no layer silently skipped, none outside the blocks
     assert all(state[k].abs().sum() > 0 for k in state if "lora_B" in k)  # B starts at 0: every layer learned
-
-
-@pytest.mark.slow
-def test_loaded_adapter_equals_the_hand_merged_weights(lora_run, workspace):
-    # The reference: W + (alpha / r) B A written into a plain copy of the base weights.
-    pipe = LMLPPipeline.from_pretrained(workspace / "tiny")
-    merged = LMLPPipeline.from_pretrained(workspace / "tiny").transformer
-    state, scale = load_file(lora_run / LORA_FILE), 4 / 2
-    modules = dict(merged.named_modules())
+    # Loaded, it is the base with W + (alpha / r) B A written into each adapted layer.
+    pipe, modules = LMLPPipeline.from_pretrained(workspace / "tiny"), dict(base.named_modules())
     with torch.no_grad():
         for key in [k for k in state if k.endswith("lora_A.weight")]:
             name = key.removeprefix("transformer.").removesuffix(".lora_A.weight")
-            modules[name].weight += scale * state[key.replace("lora_A", "lora_B")] @ state[key]
+            modules[name].weight += 4 / 2 * state[key.replace("lora_A", "lora_B")] @ state[key]
     pipe.load_lora_weights(lora_run)
-    config, generator = merged.config, torch.Generator().manual_seed(0)
+    config, generator = base.config, torch.Generator().manual_seed(0)
     x = torch.randn(2, config.in_channels, config.sample_size, config.sample_size, generator=generator)
     text = torch.randn(2, config.text_seq_len, config.text_embed_dim, generator=generator)
-    t = torch.tensor([3, 700])
+    inputs = (x, text, torch.tensor([3, 700]))
     with torch.no_grad():
-        adapted, expected = pipe.transformer(x, text, t).sample, merged(x, text, t).sample
+        adapted, expected = pipe.transformer(*inputs).sample, base(*inputs).sample
         pipe.unload_lora_weights()
-        base = pipe.transformer(x, text, t).sample
+        unadapted = pipe.transformer(*inputs).sample
     torch.testing.assert_close(adapted, expected, rtol=1e-5, atol=1e-5)
-    assert (adapted - base).abs().max() > 1e-4  # the adapter changes the output
+    assert (adapted - unadapted).abs().max() > 1e-4  # the adapter changes the output
 
 
 @pytest.mark.slow
-def test_a_resumed_lora_run_ends_with_the_uninterrupted_run_s_adapter(lora_run, workspace):
-    out = workspace / "lora-resumed"
-    out.mkdir()
+@pytest.mark.parametrize(
+    "extra, refused",
+    [(LORA, None), (LORA[4:], "is a checkpoint of a run that trained a LoRA adapter: resume it with --lora_rank"),
+     (["--lora_rank", "3", *LORA[4:]], "does not fit this run's adapter")],
+    ids=["same-adapter", "full-run", "other-rank"],
+)  # fmt: skip
+def test_a_lora_checkpoint_resumes_exactly_and_only_into_its_adapter(lora_run, tmp_path, workspace, extra, refused):
+    out = tmp_path / "resumed"
     shutil.copytree(lora_run / "checkpoint-2", out / "checkpoint-2")
-    result = train_here(workspace, out.name, *LORA, "--cache_features", "--resume_from_checkpoint", "latest")
-    assert f"resumed from {out / 'checkpoint-2'} at step 2" in result.stderr
-    assert_same_weights(load_file(out / LORA_FILE), load_file(lora_run / LORA_FILE))
-
-
-@pytest.mark.slow
-def test_a_lora_checkpoint_is_not_resumed_as_a_full_run_or_with_another_rank(lora_run, workspace, tmp_path, capsys):
-    for extra, message in (
-        ([], "is a checkpoint of a run that trained a LoRA adapter: resume it with --lora_rank"),
-        (["--lora_rank", "3"], "does not fit this run's adapter"),
-    ):
-        out = tmp_path / f"resume{len(extra)}"
-        out.mkdir()
-        shutil.copytree(lora_run / "checkpoint-2", out / "checkpoint-2")
-        steps = ["--max_train_steps", "4", "--checkpointing_steps", "2", "--resume_from_checkpoint", "latest"]
-        with pytest.raises(SystemExit) as refused:
-            train_here(workspace, str(out), *steps, *extra, "--cache_features")
-        assert message in str(refused.value) + capsys.readouterr().err
+    with pytest.raises(SystemExit, match=refused) if refused else contextlib.nullcontext():
+        result = train_here(workspace, str(out), *extra, "--cache_features", "--resume_from_checkpoint", "latest")
+    if not refused:
+        assert f"resumed from {out / 'checkpoint-2'} at step 2" in result.stderr
+        assert_same_weights(load_file(out / LORA_FILE), load_file(lora_run / LORA_FILE))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -136,68 +120,52 @@ def test_named_targets_adapt_only_those_layers_and_unknown_names_are_refused():
 def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after(tmp_path):
     # docs/training.md's LoRA command as written, shortened: the shipped shapes model learns the held-out combinations.
     (documented,) = [
-        line for line in README.splitlines() if line.startswith("accelerate launch") and "shapes-lora" in line
-    ]
-    argv = shlex.split(documented)
-    assert argv[:2] == ["accelerate", "launch"]
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", *argv[2:], "--max_train_steps", "2",
-        "--validation_inference_steps", "2", "--final_evaluation_inference_steps", "2",
-        "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")
+        line for line in page_text("docs/training.md").splitlines()
+        if line.startswith("accelerate launch") and "shapes-lora" in line
     ]  # fmt: skip
+    argv, out = shlex.split(documented), tmp_path / "out"
+    shorter = "--max_train_steps 2 --validation_inference_steps 2 --final_evaluation_inference_steps 2 --output_dir"
+    command = [sys.executable, "-m", "accelerate.commands.launch", *argv[2:], *shorter.split(), str(out)]
+    command += ["--cache_dir", str(tmp_path / "cache")]
     result = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    summary = json.loads((tmp_path / "out" / "training_summary.json").read_text())
+    summary, card = json.loads((out / "training_summary.json").read_text()), (out / "README.md").read_text()
     assert set(summary["scores"]) == set(summary["scores_before"]) == {"train", "held-out"}
     assert "train: base" in result.stdout and "held-out: LoRA" in result.stdout  # the table, side by side
     assert "pretrained_shapes_pipeline()" in result.stdout and "pipe.load_lora_weights(" in result.stdout
-    card = (tmp_path / "out" / "README.md").read_text()
     assert "held-out: base | held-out: with LoRA" in card
     # The shipped base is named by the function that loads it, not by its folder in this installation.
     assert summary["base_model"] == SHIPPED_SHAPES_MODEL
     assert "the shapes model that ships with diffusers-lmlp" in card and "pretrained_shapes_pipeline()" in card
-    written = [p for p in (tmp_path / "out").glob("*.*") if p.suffix in {".json", ".md"}]
+    written = [p for p in out.glob("*.*") if p.suffix in {".json", ".md"}]
     assert len(written) == 2 and not [p.name for p in written if str(ROOT) in p.read_text()]
-    assert not list((tmp_path / "out").glob("**/diffusion_pytorch_model.safetensors"))  # the base is not copied
+    assert not list(out.glob("**/diffusion_pytorch_model.safetensors"))  # the base is not copied
 
 
 @pytest.mark.slow
-def test_the_adapter_folder_is_pushed_as_a_lora_repo(lora_run, tmp_path, capsys):
-    # The dry run of `python -m diffusers_lmlp.hub push`, on the trainer's output folder.
+def test_the_adapter_is_pushed_in_one_commit_of_its_dry_run_files(lora_run, hub_calls, tmp_path, capsys):  # noqa: F811
     (lora_run / "token.txt").write_text("hf_secret")  # a credential, and a link out of the folder: never uploaded
     (lora_run / "notes.json").symlink_to("/etc/hostname")
-    hub = [sys.executable, "-m", "diffusers_lmlp.hub", "push", str(lora_run), "alice/shapes-lora"]
-    result = subprocess.run(
-        [*hub, "--dry-run", "--output-dir", str(tmp_path / "up"), "--base-model", "alice/tiny"],
-        env=ENV, capture_output=True, text=True
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    staged = sorted(str(p.relative_to(tmp_path / "up")) for p in (tmp_path / "up").rglob("*") if p.is_file())
+    up, hub = tmp_path / "up", ["push", str(lora_run), "alice/shapes-lora"]
+    hub_main([*hub, "--dry-run", "--output-dir", str(up), "--base-model", "alice/tiny"])
+    staged = sorted(str(p.relative_to(up)) for p in up.rglob("*") if p.is_file())
     assert staged == ["README.md", LORA_FILE, "training_summary.json"]
-    assert "token.txt" in result.stdout and "notes.json" in result.stdout  # refused, with the reason
-    card = (tmp_path / "up" / "README.md").read_text()
-    assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny")' in card
-    assert 'pipe.load_lora_weights("alice/shapes-lora")' in card and "base_model: alice/tiny" in card
-    assert "rank 2, alpha 4" in card  # the trainer's description is kept
+    assert "token.txt" in (printed := capsys.readouterr().out) and "notes.json" in printed  # refused, with the reason
+    card = (up / "README.md").read_text()
+    assert 'pipe = LMLPPipeline.from_pretrained("alice/tiny")' in card and "base_model: alice/tiny" in card
+    assert 'pipe.load_lora_weights("alice/shapes-lora")' in card and "rank 2, alpha 4" in card  # the trainer's kept
     # The run's base was a local folder: the staged files name it by the Hub repo given, never by its path here.
-    assert json.loads((tmp_path / "up" / "training_summary.json").read_text())["base_model"] == "alice/tiny"
-    staged_text = [p for p in (tmp_path / "up").iterdir() if p.suffix != ".safetensors"]
-    assert not [p.name for p in staged_text if str(lora_run.parent) in p.read_text()]
+    assert json.loads((up / "training_summary.json").read_text())["base_model"] == "alice/tiny"
+    assert not [p.name for p in up.iterdir() if p.suffix != ".safetensors" and str(lora_run.parent) in p.read_text()]
     assert json.loads((lora_run / "training_summary.json").read_text())["base_model"] == str(lora_run.parent / "tiny")
-    with pytest.raises(SystemExit) as refused:  # the same command, in this process
-        hub_main([*hub[3:], "--dry-run", "--with-code"])
+    with pytest.raises(SystemExit) as refused:
+        hub_main([*hub, "--dry-run", "--with-code"])
     assert refused.value.code == 2 and "apply to pipeline folders only" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_pushing_the_adapter_makes_one_commit_of_the_dry_run_s_files(lora_run, hub_calls, tmp_path):  # noqa: F811
-    # What the trainer's --push_to_hub does with --lora_rank (push_lora), against a recording HfApi.
-    staged = stage_lora(lora_run, "alice/shapes-lora", tmp_path / "dry")
+    # What the trainer's --push_to_hub does with --lora_rank, against a recording HfApi.
     commit = push_lora(lora_run, "shapes-lora", token=HUB_TOKEN, commit_message="End of training")
     assert [name for name, _ in hub_calls] == ["whoami", "create_repo", "create_commit"]
     files = hub_calls[-1][1]["files"]
-    assert sorted(files) == staged.files == ["README.md", LORA_FILE, "training_summary.json"]
-    assert files[LORA_FILE] == (lora_run / LORA_FILE).read_bytes()
+    assert sorted(files) == staged and files[LORA_FILE] == (lora_run / LORA_FILE).read_bytes()
     assert not [path for path, data in files.items() if HUB_TOKEN.encode() in data]  # the token is in no file
     assert 'pipe.load_lora_weights("alice/shapes-lora")' in files["README.md"].decode()
     assert commit.commit_url.startswith("https://huggingface.co/alice/shapes-lora/")

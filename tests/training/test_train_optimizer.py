@@ -1,5 +1,4 @@
-"""The trainer's AdamW (torch's fused kernel on the CPU and CUDA) and EMA (diffusers' `EMAModel`, multi-tensor),
-checked step by step against their updates written out in plain torch."""
+"""The trainer's fused AdamW and multi-tensor EMA, step by step against their updates written out in plain torch."""
 
 import copy
 
@@ -24,98 +23,51 @@ def tiny_model() -> LMLPTransformer2DModel:
     )
 
 
-def prepared(model: torch.nn.Module):
-    """`prepare_optimization` with the shapes preset's arguments and a constant learning rate, on a CPU accelerator."""
-    args = parse_args(["--output_dir", "unused", "--use_ema", "--lr_scheduler", "constant", "--lr_warmup_steps", "0"])
-    return trainer.prepare_optimization(args, Accelerator(cpu=True), model), args
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "mps", "meta", "xpu"])
+def test_adamw_is_fused_on_the_cpu_and_cuda_and_torchs_default_elsewhere(device):
+    assert fused_adamw(torch.device(device)) is (True if device.startswith(("cpu", "cuda")) else None)
 
 
-@pytest.mark.parametrize(
-    "device, fused", [("cpu", True), ("cuda", True), ("cuda:1", True), ("mps", None), ("meta", None), ("xpu", None)]
-)
-def test_adamw_is_fused_on_the_cpu_and_cuda_and_torchs_default_elsewhere(device, fused):
-    assert fused_adamw(torch.device(device)) is fused
-
-
-def reference_adamw(params, grads, moments, step, lr, betas, eps, weight_decay):
-    """One AdamW step (torch's documented update), written out per tensor."""
-    beta1, beta2 = betas
-    updated = []
-    for p, g, (m, v) in zip(params, grads, moments):
-        p = p * (1 - lr * weight_decay)
-        m.mul_(beta1).add_(g, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        m_hat, v_hat = m / (1 - beta1**step), v / (1 - beta2**step)
-        updated.append(p - lr * m_hat / (v_hat.sqrt() + eps))
-    return updated
-
-
-def test_the_trainers_fused_adamw_and_foreach_ema_take_the_written_out_updates_on_every_weight():
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_trainers_fused_adamw_and_foreach_ema_take_the_written_out_updates_on_every_trained_weight(lora):
+    """With LoRA the optimizer holds the adapter alone, and the backbone stays as loaded."""
     model = tiny_model()
-    (model, ema, optimizer, lr_scheduler), args = prepared(model)
+    if lora:
+        add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
+    # `prepare_optimization` with the shapes preset's arguments and a constant learning rate, on a CPU accelerator
+    args = parse_args(["--output_dir", "unused", "--use_ema", "--lr_scheduler", "constant", "--lr_warmup_steps", "0"])
+    model, ema, optimizer, lr_scheduler = trainer.prepare_optimization(args, Accelerator(cpu=True), model)
     [group] = optimizer.param_groups
     assert group["fused"] is True and isinstance(ema, EMAModel) and ema.foreach is True
-    params = [p for p in model.parameters() if p.requires_grad]
-    assert len(group["params"]) == len(params)  # every trainable weight, none left out
-    expected = [p.detach().clone() for p in params]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    assert [id(p) for p in group["params"]] == [id(p) for _, p in named] and bool(frozen) == lora
+    expected = [p.detach().clone() for _, p in named]
     shadow = [s.detach().clone() for s in ema.shadow_params]
-    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in expected]
+    lr, beta1, beta2, eps = args.learning_rate, args.adam_beta1, args.adam_beta2, args.adam_epsilon
     generator = torch.Generator().manual_seed(0)
     for step in range(1, 4):
-        grads = [torch.randn(p.shape, generator=generator) for p in params]
-        for p, g in zip(params, grads):
+        grads = [torch.randn(p.shape, generator=generator) for p in expected]
+        for (_, p), g in zip(named, grads):
             p.grad = g.clone()
         optimizer.step()
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         update_ema(ema, list(model.parameters()))
-        hyper = (args.learning_rate, (args.adam_beta1, args.adam_beta2), args.adam_epsilon, args.adam_weight_decay)
-        expected = reference_adamw(expected, grads, moments, step, *hyper)
-        decay = ema.get_decay(ema.optimization_step)
-        shadow = [s - (1 - decay) * (s - p) for s, p in zip(shadow, expected)]
-        for name_p, p, e in zip([n for n, q in model.named_parameters() if q.requires_grad], params, expected):
-            torch.testing.assert_close(p.detach(), e, rtol=1e-5, atol=1e-6, msg=f"{name_p} at step {step}")
-        for s, e in zip(ema.shadow_params, shadow):
-            torch.testing.assert_close(s, e, rtol=1e-5, atol=1e-6)
-
-
-def test_with_lora_the_fused_adamw_holds_the_adapter_alone_and_the_backbone_stays_as_loaded():
-    model = tiny_model()
-    add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
-    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
-    (model, ema, optimizer, _), _ = prepared(model)
-    adapter = [p for p in model.parameters() if p.requires_grad]
-    [group] = optimizer.param_groups
-    assert adapter and group["fused"] is True
-    assert {id(p) for p in group["params"]} == {id(p) for p in adapter}
-    before = [p.detach().clone() for p in adapter]
-    for p in adapter:
-        p.grad = torch.ones_like(p)
-    optimizer.step()
-    ema.step(model.parameters())
-    assert all(not torch.equal(b, p) for b, p in zip(before, adapter))  # every adapter weight moved
-    for name, p in model.named_parameters():
-        if name in frozen:
-            assert torch.equal(p, frozen[name]), name
-
-
-def adamw_steps(fused: bool | None, load: dict | None = None, weights: dict | None = None, device: str = "cpu"):
-    """Two AdamW steps of the tiny model: the state after the first and the weights after both; with `load`, the second
-    step runs after loading `load` and `weights` into a fresh optimizer and `follow_device(device)`, as a resume does."""
-    model = tiny_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.03, fused=fused)
-    for p in model.parameters():
-        p.grad = torch.full_like(p, 0.5)
-    if load is None:
-        optimizer.step()
-        saved, saved_weights = copy.deepcopy(optimizer.state_dict()), copy.deepcopy(model.state_dict())
-    else:
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(load)
-        follow_device(optimizer, torch.device(device))
-        saved, saved_weights = None, None
-    optimizer.step()
-    return optimizer, saved, saved_weights, model.state_dict()
+        for i, (g, (m, v)) in enumerate(zip(grads, moments)):  # torch's documented AdamW update
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            m_hat, v_hat = m / (1 - beta1**step), v / (1 - beta2**step)
+            expected[i] = expected[i] * (1 - lr * args.adam_weight_decay) - lr * m_hat / (v_hat.sqrt() + eps)
+        for (name, p), e in zip(named, expected):
+            torch.testing.assert_close(p.detach(), e, rtol=1e-5, atol=1e-6, msg=f"{name} at step {step}")
+        if not lora:  # the EMA of every weight
+            decay = ema.get_decay(ema.optimization_step)
+            shadow = [s - (1 - decay) * (s - p) for s, p in zip(shadow, expected)]
+            for s, e in zip(ema.shadow_params, shadow):
+                torch.testing.assert_close(s, e, rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if name in frozen)
 
 
 @pytest.mark.parametrize(
@@ -124,39 +76,37 @@ def adamw_steps(fused: bool | None, load: dict | None = None, weights: dict | No
     ids=["unfused-checkpoint-on-cpu", "fused-checkpoint-on-cpu", "fused-checkpoint-without-the-kernel"],
 )
 def test_a_resumed_run_uses_its_own_devices_kernel_and_continues_exactly(saved_by, resumed_on, kernel):
-    """`follow_device` sets the resumed run's own `fused` flag; "mps" stands for a device without the kernel."""
-    _, saved, weights, uninterrupted = adamw_steps(saved_by)
-    optimizer, *_, resumed = adamw_steps(saved_by, load=saved, weights=weights, device=resumed_on)
-    [group] = optimizer.param_groups
-    assert group["fused"] is kernel and group["foreach"] is None
-    assert all(
-        state["step"].dtype == torch.float32 and state["step"].device.type == "cpu"
-        for state in optimizer.state.values()
-    )
-    for name, value in resumed.items():
-        torch.testing.assert_close(value, uninterrupted[name], rtol=1e-5, atol=1e-7, msg=name)
+    """Two AdamW steps, the second after a resume: the run's own `fused` flag ("mps": a device without the kernel)."""
+    ends, saved = [], {}
+    for resumed in (False, True):
+        model = tiny_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.03, fused=saved_by)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 0.5)
+        if resumed:  # a fresh optimizer loads the state the first step left
+            model.load_state_dict(saved["weights"])
+            optimizer.load_state_dict(saved["state"])
+            follow_device(optimizer, torch.device(resumed_on))
+        else:
+            optimizer.step()
+            saved = copy.deepcopy({"state": optimizer.state_dict(), "weights": model.state_dict()})
+        optimizer.step()
+        ends.append(model.state_dict())
+    assert optimizer.param_groups[0]["fused"] is kernel and optimizer.param_groups[0]["foreach"] is None
+    assert all(s["step"].dtype == torch.float32 and s["step"].device.type == "cpu" for s in optimizer.state.values())
+    for name, value in ends[1].items():
+        torch.testing.assert_close(value, ends[0][name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 @pytest.mark.slow
 def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_validation(workspace):
-    """The EMA's weights stay the model's own through a validation (which swaps the EMA weights in and back), against
-    diffusers' `EMAModel` stepped per tensor with the weights each optimizer step left."""
-    first, stepped = [], []
+    """Through a validation (which swaps the EMA weights in and back), against a per-tensor `EMAModel` of each step."""
+    before, after = [], []
 
-    def weights_now(optimizer) -> list[torch.Tensor]:  # every weight of the model, in its order (no LoRA here)
-        return [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+    def recorder(into: list):  # every weight of the model, in its order (no LoRA here)
+        return lambda optimizer, *_: into.append([p.detach().clone() for p in optimizer.param_groups[0]["params"]])
 
-    def before_the_first_step(optimizer, args, kwargs) -> None:
-        if not first:
-            first.append(weights_now(optimizer))
-
-    def after_each_step(optimizer, args, kwargs) -> None:
-        stepped.append(weights_now(optimizer))
-
-    hooks = (
-        register_optimizer_step_pre_hook(before_the_first_step),
-        register_optimizer_step_post_hook(after_each_step),
-    )
+    hooks = [register_optimizer_step_pre_hook(recorder(before)), register_optimizer_step_post_hook(recorder(after))]
     try:
         train_here(
             workspace, "ema-run", "--max_train_steps", "4", "--checkpointing_steps", "4", "--use_ema",
@@ -165,14 +115,12 @@ def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_valid
     finally:
         for hook in hooks:
             hook.remove()
-    saved = EMAModel.from_pretrained(
-        workspace / "ema-run" / "checkpoint-4" / "transformer_ema", LMLPTransformer2DModel
-    )
-    assert len(stepped) == saved.optimization_step == 4
-    reference = EMAModel([torch.nn.Parameter(w.clone()) for w in first[0]], decay=saved.decay, foreach=False)
-    for weights in stepped:
+    saved = EMAModel.from_pretrained(workspace / "ema-run/checkpoint-4/transformer_ema", LMLPTransformer2DModel)
+    assert len(after) == saved.optimization_step == 4
+    reference = EMAModel([torch.nn.Parameter(w.clone()) for w in before[0]], decay=saved.decay, foreach=False)
+    for weights in after:
         reference.step([torch.nn.Parameter(w) for w in weights])
-    assert len(saved.shadow_params) == len(reference.shadow_params) == len(first[0])
-    for mine, expected, start, end in zip(saved.shadow_params, reference.shadow_params, first[0], stepped[-1]):
+    assert len(saved.shadow_params) == len(reference.shadow_params) == len(before[0])
+    for mine, expected, start, end in zip(saved.shadow_params, reference.shadow_params, before[0], after[-1]):
         torch.testing.assert_close(mine, expected, rtol=1e-5, atol=1e-7)
         assert not torch.equal(mine, start) and not torch.equal(mine, end)  # averaged, neither left nor just copied

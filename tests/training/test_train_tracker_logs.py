@@ -1,26 +1,20 @@
-"""What the trackers get (`--logging_steps`): each window's mean at its last step, an unfinished window's at the run's
-end or when a diverging loss stops it; never a NaN, and never a finished step left out."""
+"""`--logging_steps`: each window's mean at its last step, a partial window's at the end or at a stop; never a NaN."""
 
 import math
+from unittest.mock import Mock
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_divergence import all_finite, nan_loss_from_step, stop_message
+from test_train_divergence import all_finite
 from test_train_text_to_image import train_args
+from test_train_validation import start_up_error
 
+from diffusers_lmlp.training import step as step_module
 from diffusers_lmlp.training import trainer
-from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
 
 
-def test_the_shapes_presets_log_every_10_steps_and_other_runs_every_step():
-    assert parse_args(["--output_dir", "o"]).logging_steps == 10
-    assert parse_args(["--output_dir", "o", "--lora_rank", "4"]).logging_steps == 10  # shapes-lora
-    assert parse_args(["--output_dir", "o", "--logging_steps", "1"]).logging_steps == 1
-    # Your data, or the COCO recipe: diffusers' train_text_to_image logs every step, and so does this trainer.
-    assert build_parser().get_default("logging_steps") == 1 and PRESETS["coco-f2"].logging_steps == 1
-
-
-def step_values(monkeypatch) -> list[tuple[float, float]]:
+@pytest.fixture
+def values(monkeypatch) -> list[tuple[float, float]]:
     """Each optimizer step's (loss, gradient norm), as the trainer gets them."""
     values, take_step = [], trainer.training_step
 
@@ -39,8 +33,7 @@ def logged(output_dir, name: str = "loss") -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_tensorboard_gets_each_windows_means_and_the_last_partial_window(script, workspace, tmp_path, monkeypatch):
-    values = step_values(monkeypatch)
+def test_tensorboard_gets_each_windows_means_and_the_last_partial_window(script, workspace, tmp_path, values):
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "7", "--checkpointing_steps", "7"]
     script.main([*argv, "--report_to", "tensorboard", "--logging_steps", "3", "--lr_scheduler", "linear"])
@@ -48,26 +41,21 @@ def test_tensorboard_gets_each_windows_means_and_the_last_partial_window(script,
     for column, name in enumerate(("loss", "grad_norm")):
         per_step = [step[column] for step in values]
         expected = [(3, sum(per_step[:3]) / 3), (6, sum(per_step[3:6]) / 3), (7, per_step[6])]
-        assert [step for step, _ in logged(out, name)] == [step for step, _ in expected]
-        for (_, value), (_, mean) in zip(logged(out, name), expected):
-            assert value == pytest.approx(mean, rel=1e-6), name
-    # The learning rate of each window's last step (linear decay from 1e-3 over 7 steps).
-    assert [value for _, value in logged(out, "lr")] == pytest.approx(
-        [1e-3 * (7 - s) / 7 for s in (3, 6, 7)], abs=1e-9
-    )
+        assert logged(out, name) == [(step, pytest.approx(mean, rel=1e-6)) for step, mean in expected]
+    lr = [value for _, value in logged(out, "lr")]  # each window's last step's: linear decay from 1e-3 over 7 steps
+    assert lr == pytest.approx([1e-3 * (7 - s) / 7 for s in (3, 6, 7)], abs=1e-9)
 
 
 @pytest.mark.slow
-def test_a_nan_loss_mid_run_stops_before_anything_is_written_keeps_the_last_good_checkpoint_and_logs_no_nan(
-    script, workspace, tmp_path, monkeypatch
-):
+def test_a_nan_loss_stops_keeping_good_checkpoints_and_logs_no_nan(script, workspace, tmp_path, monkeypatch, values):
     # Steps 1-4 train, then the loss is NaN; checkpoints every 2 steps, at most 1 kept: checkpoint-4 must survive.
-    values = step_values(monkeypatch)
-    calls = nan_loss_from_step(monkeypatch, 5)
+    loss = step_module.diffusion_loss
+    monkeypatch.setattr(step_module, "diffusion_loss", calls := Mock())  # one micro-batch per step
+    calls.side_effect = lambda *args, **kwargs: loss(*args, **kwargs) * (float("nan") if calls.call_count >= 5 else 1)
     out = tmp_path / "out"
     argv = [*train_args(workspace, out), "--max_train_steps", "8", "--checkpointing_steps", "2", "--use_ema"]
     argv += ["--checkpoints_total_limit", "1", "--report_to", "tensorboard", "--logging_steps", "3"]
-    message = stop_message(script, argv)
+    message = start_up_error(script, argv)
     assert message.startswith("error: the loss is nan at step 5 (gradient norm nan)")
     good = out / "checkpoint-2"  # checkpoint-4's weights are the ones step 5 diverged from
     assert f"the newest checkpoint that later steps confirmed is {good}: resume from it with " in message
@@ -77,8 +65,7 @@ def test_a_nan_loss_mid_run_stops_before_anything_is_written_keeps_the_last_good
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert all_finite(out / "checkpoint-4")
     assert not (out / "model_index.json").exists() and not (out / "training_summary.json").exists()
-    assert len(calls) == 5 and len(values) == 4  # stopped at the first NaN, not trained on; steps 1-4 finished
+    assert calls.call_count == 5 and len(values) == 4  # stopped at the first NaN, not trained on; steps 1-4 finished
     losses = logged(out)
     assert [step for step, _ in losses] == [3, 4]  # step 4, of the unfinished window, sent when the run stopped
-    assert losses[1][1] == pytest.approx(values[3][0], rel=1e-6)
-    assert all(math.isfinite(value) for _, value in losses)
+    assert losses[1][1] == pytest.approx(values[3][0], rel=1e-6) and all(math.isfinite(v) for _, v in losses)

@@ -1,6 +1,6 @@
-"""The trainer refuses bad arguments and bad data at start-up, before any feature extraction, naming the problem; the
-options build one config, and nothing of an earlier run is lost. The script runs in this process."""
+"""Bad arguments and data are refused at start-up, naming the problem; the options build one config; runs are kept."""
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -11,23 +11,20 @@ import huggingface_hub
 import pytest
 import torch
 from diffusers.optimization import SchedulerType
+from test_train_text_to_image import train_args
 
-from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel
+from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
 from diffusers_lmlp.training import TrainingConfig, arguments, components, trainer
-from diffusers_lmlp.training.arguments import PRESETS, build_parser
+from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
 
 
 def tiny_args(workspace: Path, output: Path, *extra: str, data: Path | None = None) -> list[str]:
-    return [
-        "--pretrained_model_name_or_path", str(workspace / "tiny"), "--train_data_dir", str(data or workspace / "data"),
-        "--resolution", "16", "--train_batch_size", "4", "--report_to", "none", "--output_dir", str(output),
-        "--cache_dir", str(output / "cache"), "--lr_warmup_steps", "0", "--max_train_steps", "1", *extra
-    ]  # fmt: skip
+    return [*train_args(workspace, output, data=data), "--cache_dir", str(output / "cache"), "--max_train_steps", "1",
+            *extra]  # fmt: skip
 
 
 def parser_error(script, argv: list[str], capsys) -> str:
-    """The message of the parser error that `argv` must give."""
     with pytest.raises(SystemExit) as error:
         script.parse_args(argv)
     assert error.value.code == 2
@@ -35,7 +32,6 @@ def parser_error(script, argv: list[str], capsys) -> str:
 
 
 def start_up_error(script, argv: list[str]) -> str:
-    """The message that `main(argv)` must stop with."""
     with pytest.raises(SystemExit) as error:
         script.main(argv)
     assert isinstance(error.value.code, str), error.value.code
@@ -47,16 +43,25 @@ def test_the_options_build_one_frozen_config_whose_defaults_and_presets_are_its_
     assert isinstance(config, TrainingConfig) and (config.preset, config.world) == ("shapes", "shapes")
     assert config.max_train_steps == 7 and config.train_batch_size == PRESETS["shapes"].train_batch_size == 64
     assert config.model_overrides == {"pooled_text_projection": True} and config.model_type == "lmlp"
+    # The world presets log every 10 steps, compile where it pays and choose the precision; what is given wins.
+    assert (config.logging_steps, config.torch_compile, config.mixed_precision) == (10, "auto", "auto")
+    assert parse_args(["--output_dir", "x", "--lora_rank", "4"]).logging_steps == 10  # shapes-lora
+    given = parse_args("--output_dir x --logging_steps 1 --torch_compile no --mixed_precision no".split())
+    assert (given.logging_steps, given.torch_compile, given.mixed_precision) == (1, "no", "no")
+    # Other runs (your data, the COCO recipe) log every step, as diffusers' train_text_to_image does, and keep
+    # accelerate's choice of compilation (accelerate launch --dynamo_backend).
+    parser, defaults = build_parser(), TrainingConfig()
+    assert parser.get_default("logging_steps") == PRESETS["coco-f2"].logging_steps == 1
+    assert parser.parse_args([]).torch_compile is None and PRESETS["emoji"].torch_compile == "auto"
+    assert all(PRESETS[name].torch_compile is None for name in PRESETS if name not in ("shapes", "emoji"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.seed = 1
     assert dataclasses.replace(config, max_train_steps=100).max_train_steps == 100
     # The command's defaults are the dataclass's, field by field; every option has its field and its help.
-    parser, defaults = build_parser(), TrainingConfig()
-    options = {action.dest for action in parser._actions if action.dest != "help"}
+    options = {action.dest for action in parser._actions} - {"help"}
     assert options <= {field.name for field in dataclasses.fields(TrainingConfig)}
-    assert {name: parser.get_default(name) for name in options - {"model_overrides"}} == {
-        name: getattr(defaults, name) for name in options - {"model_overrides"}
-    }
+    shared = options - {"model_overrides"}
+    assert {name: parser.get_default(name) for name in shared} == {name: getattr(defaults, name) for name in shared}
     assert [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help] == []
     assert set(arguments.LR_SCHEDULERS) == {kind.value for kind in SchedulerType}
     with pytest.raises(SystemExit):
@@ -72,65 +77,57 @@ OVERRIDE_KEYS = "the accepted keys of LMLPTransformer2DModel are channel_mlp, co
 @pytest.mark.parametrize(
     "argv, message",
     [
-        *[([f"{option}={value}"], f"argument {option}: {message}") for option, value, message in [
-            ("--resolution", "0", "must be >= 1, got 0"), ("--max_train_samples", "0", "must be >= 1, got 0"),
-            ("--lr_warmup_steps", "-1", "must be >= 0, got -1"), ("--num_threads", "0", "must be >= 1, got 0"),
-            ("--validation_inference_steps", "0", "must be >= 1, got 0"), ("--logging_steps", "0", "must be >= 1, got 0"),
-            ("--shapes_num_images", "0", "must be >= 1, got 0"), ("--lora_rank", "0", "must be >= 1, got 0"),
-            *[("--learning_rate", v, f"must be a finite number > 0, got {float(v)}") for v in ("0", "-1e-4", "nan", "inf")],
-            *[(option, v, f"must be a finite number >= 0, got {float(v)}")
-              for option in ("--symmetry_breaking_weight", "--load_balance_weight") for v in ("-0.1", "nan")],
-            ("--dataloader_num_workers", "-1", "must be >= 0 (0 reads")
-        ]],
-        (["--model_overrides", "no_such_key=3"], f"--model_overrides no_such_key=3: unknown config key 'no_such_key'; {OVERRIDE_KEYS}"),
-        (["--model_overrides", "hidden_size"], "--model_overrides takes KEY=VALUE pairs, got 'hidden_size'; the accepted keys of"),
-        (["--model_overrides", "num_experts=2"], "unknown config key 'num_experts'"),  # a MoE-MLP key, on an L-MLP
-        (["--model_overrides", "hidden_size=abc"], "--model_overrides hidden_size=abc: hidden_size takes int, got 'abc'"),
-        (["--model_overrides", "hidden_size=64.5"], "hidden_size takes int, got '64.5'"),
-        (["--model_overrides", "conv_out=1"], "conv_out takes bool, got '1'"),
-        (["--model_overrides", "out_channels=four"], "out_channels takes int or null, got 'four'"),
-        (["--model_type", "uvit", "--model_config", "F2"], "--model_config F2 is a --model_type lmlp configuration"),
-        (["--lora_alpha", "8"], "--lora_alpha configure the LoRA adapter of --lora_rank: add --lora_rank"),
-        (["--lora_rank", "4", "--lora_dropout", "1"], "argument --lora_dropout: must be a finite number >= 0 and < 1, got 1.0"),
-        (["--lora_rank", "4", "--train_data_dir", "x"], "--lora_rank fine-tunes a trained pipeline"),
-        (["--lora_rank", "4", "--use_ema"], "--use_ema does not go with --lora_rank"),
-        (["--preset", "shapes", "--lora_rank", "4"], "--use_ema does not go with --lora_rank"),
-        (["--no-cache_features", "--cache_text_dtype", "float16"], "--cache_text_dtype is how --cache_features"),
-        (["--data_layout", "coco2014"], "--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder"),
-        (["--preset", "coco-f2"], "--preset coco-f2 needs the COCO images: pass --train_data_dir"),
-        (["--train_data_dir", ".", "--shapes_num_images", "100"],
-         "--shapes_num_images sizes the shapes world, which this run does not train on: leave it out"),
-        (["--train_data_dir", ".", "--validation_steps", "2"],
-         "--validation_steps 2 samples validation prompts, and your data has none: pass --validation_prompts")
+        *[(f"{option}=0", f"argument {option}: must be >= 1, got 0") for option in (
+            "--resolution", "--max_train_samples", "--num_threads", "--validation_inference_steps", "--logging_steps",
+            "--shapes_num_images", "--lora_rank")],
+        *[(f"{option}=-1", f"{option}: must be >= 0") for option in ("--lr_warmup_steps", "--dataloader_num_workers")],
+        *[(f"--learning_rate={v}", f"--learning_rate: must be a finite number > 0, got {float(v)}")
+          for v in ("0", "-1e-4", "nan", "inf")],
+        *[(f"{option}={v}", f"argument {option}: must be a finite number >= 0, got {float(v)}")
+          for option in ("--symmetry_breaking_weight", "--load_balance_weight") for v in ("-0.1", "nan")],
+        ("--model_overrides no_such_key=3", f"no_such_key=3: unknown config key 'no_such_key'; {OVERRIDE_KEYS}"),
+        ("--model_overrides hidden_size", "--model_overrides takes KEY=VALUE pairs, got 'hidden_size'; the accepted"),
+        ("--model_overrides num_experts=2", "unknown config key 'num_experts'"),  # a MoE-MLP key, on an L-MLP
+        ("--model_overrides hidden_size=abc", "--model_overrides hidden_size=abc: hidden_size takes int, got 'abc'"),
+        ("--model_overrides hidden_size=64.5", "hidden_size takes int, got '64.5'"),
+        ("--model_overrides conv_out=1", "conv_out takes bool, got '1'"),
+        ("--model_overrides out_channels=four", "out_channels takes int or null, got 'four'"),
+        ("--model_type uvit --model_config F2", "--model_config F2 is a --model_type lmlp configuration"),
+        ("--lora_alpha 8", "--lora_alpha configure the LoRA adapter of --lora_rank: add --lora_rank"),
+        ("--lora_rank 4 --lora_dropout 1", "argument --lora_dropout: must be a finite number >= 0 and < 1, got 1.0"),
+        ("--lora_rank 4 --train_data_dir x", "--lora_rank fine-tunes a trained pipeline"),
+        ("--lora_rank 4 --use_ema", "--use_ema does not go with --lora_rank"),
+        ("--preset shapes --lora_rank 4", "--use_ema does not go with --lora_rank"),
+        ("--no-cache_features --cache_text_dtype float16", "--cache_text_dtype is how --cache_features"),
+        ("--data_layout coco2014", "--data_layout coco2014 reads --train_data_dir: pass the COCO-2014 folder"),
+        ("--preset coco-f2", "--preset coco-f2 needs the COCO images: pass --train_data_dir"),
+        ("--train_data_dir . --shapes_num_images 100", "sizes the shapes world, which this run does not train on"),
+        ("--train_data_dir . --validation_steps 2", "and your data has none: pass --validation_prompts"),
     ]
 )  # fmt: skip
 def test_a_bad_option_is_refused_by_the_parser_naming_it(script, capsys, argv, message):
-    assert message in parser_error(script, ["--output_dir", "x", *argv], capsys)
-
-
-def test_a_model_override_the_model_refuses_stops_before_any_data(script, tmp_path):
-    argv = ["--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
-    message = start_up_error(script, [*argv, "--model_overrides", "hidden_size=0"])
-    assert message.startswith("error: --model_config shapes-S with --model_overrides: ") and "hidden_size" in message
-    assert not (tmp_path / "cache").exists()
+    assert message in parser_error(script, ["--output_dir", "x", *argv.split()], capsys)
 
 
 @pytest.mark.parametrize(
     "argv, model_class, config",
     [
-        (["--model_config", "A2"], "MLPMixerTransformer2DModel", {}),
-        (["--model_type", "uvit", "--model_overrides", "num_attention_heads=4"], "UViTTransformer2DModel",
+        ("--model_config A2", "MLPMixerTransformer2DModel", {}),
+        ("--model_type uvit --model_overrides num_attention_heads=4", "UViTTransformer2DModel",
          {"num_attention_heads": 4, **SHAPES_SMALL}),  # another family takes the shapes world's skeleton
-        ([], "LMLPTransformer2DModel", {"pooled_text_projection": True, **SHAPES_SMALL}),
-        (["--model_type", "moe_mlp"], "MoEMLPModel", {"pooled_text_projection": True, **SHAPES_SMALL}),
-        (["--model_overrides", "pooled_text_projection=false"], "LMLPTransformer2DModel",
+        ("", "LMLPTransformer2DModel", {"pooled_text_projection": True, **SHAPES_SMALL}),
+        ("--model_type moe_mlp", "MoEMLPModel", {"pooled_text_projection": True, **SHAPES_SMALL}),
+        ("--model_overrides pooled_text_projection=false", "LMLPTransformer2DModel",
          {"pooled_text_projection": False}),
-        (["--model_overrides", "num_layers=4", "hidden_size=64"], "LMLPTransformer2DModel",  # added to the preset's
+        ("--model_overrides num_layers=4 hidden_size=64", "LMLPTransformer2DModel",  # added to the preset's
          {"num_layers": 4, "hidden_size": 64, "pooled_text_projection": True})
     ]
 )  # fmt: skip
 def test_the_preset_and_the_options_build_the_family_and_config_asked(script, argv, model_class, config):
-    model = components.build_model(script.parse_args(["--output_dir", "x", *argv]))
+    args = script.parse_args(["--output_dir", "x", *argv.split()])
+    model = components.build_model(
+        args.model_type, args.model_config, args.model_overrides, values=args.model_skeleton
+    )
     assert type(model).__name__ == model_class and {key: model.config[key] for key in config} == config
     if "pooled_text_projection" in config:  # the caption's last text state, added to every image token
         projection = model.embed.pooled_text_proj
@@ -138,16 +135,14 @@ def test_the_preset_and_the_options_build_the_family_and_config_asked(script, ar
 
 
 def test_model_overrides_are_typed_by_the_model_class_and_refused_when_fine_tuning(script, workspace, capsys):
-    args = script.parse_args(
-        ["--output_dir", "x", "--model_type", "moe_mlp", "--model_config", "shapes-moe-S", "--model_overrides",
-         "num_experts=2", "mlp_ratio=2", "out_channels=null", "conv_out=false"]
-    )  # fmt: skip
+    argv = "--model_type moe_mlp --model_config shapes-moe-S --model_overrides num_experts=2 mlp_ratio=2 "
+    args = script.parse_args(["--output_dir", "x", *argv.split(), "out_channels=null", "conv_out=false"])
     expected = {"num_experts": 2, "mlp_ratio": 2, "out_channels": None, "conv_out": False}
     assert args.model_overrides == {"pooled_text_projection": True, **expected}  # on top of the shapes preset's
     argv = ["--preset", "shapes", "--pretrained_model_name_or_path", str(workspace / "tiny"), "--output_dir", "x"]
     assert script.parse_args(argv).model_overrides == {}  # a saved model keeps its own
     message = parser_error(script, tiny_args(workspace, Path("x"), "--model_overrides", "num_layers=4"), capsys)
-    assert "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved one" in message  # fmt: skip
+    assert "--model_overrides configures a new model; --pretrained_model_name_or_path fine-tunes a saved" in message
 
 
 @pytest.mark.parametrize(
@@ -156,33 +151,31 @@ def test_model_overrides_are_typed_by_the_model_class_and_refused_when_fine_tuni
         ('{"hidden_size": 64, "num_layer": 4}', f": unknown config key 'num_layer'; {OVERRIDE_KEYS}"),
         ("{", " is not valid JSON"),
         ("[1, 2]", " must hold a JSON object of config values, got list"),
-        ("lmlp", " is a --model_type lmlp config (its _class_name)"),  # a saved config, and --model_type uvit
     ],
 )
 def test_a_model_config_file_that_does_not_fit_is_refused(script, tmp_path, capsys, text, problem):
-    config = tmp_path / "config.json"
-    if text == "lmlp":
-        LMLPTransformer2DModel(hidden_size=32, num_layers=2).save_config(tmp_path)
-    else:
-        config.write_text(text)
-    extra = ["--model_type", "uvit"] if text == "lmlp" else []
-    message = parser_error(script, ["--output_dir", "x", "--model_config", str(config), *extra], capsys)
+    (config := tmp_path / "config.json").write_text(text)
+    message = parser_error(script, ["--output_dir", "x", "--model_config", str(config)], capsys)
     assert f"--model_config {config}{problem}" in message and "Traceback" not in message
 
 
-def test_a_saved_backbone_config_builds_its_own_family(script, tmp_path):
+def test_a_saved_backbone_config_builds_its_own_family_and_no_other(script, tmp_path, capsys):
     model = FAMILIES["moe_mlp"].model_class(hidden_size=32, num_layers=2, num_experts=2, num_heads=2, sample_size=8)
     model.save_config(tmp_path)  # with _class_name and _diffusers_version
-    args = script.parse_args(["--output_dir", "x", "--model_config", str(tmp_path / "config.json")])
-    built = components.build_model(args)
+    argv = ["--output_dir", "x", "--model_config", str(config := tmp_path / "config.json")]
+    args = script.parse_args(argv)
+    built = components.build_model(args.model_type, args.model_config, values=args.model_config_values)
     assert args.model_type == "moe_mlp" and type(built).__name__ == "MoEMLPModel"
     assert built.config.num_experts == 2 and built.config.hidden_size == 32
+    message = parser_error(script, [*argv, "--model_type", "uvit"], capsys)
+    assert f"--model_config {config} is a --model_type moe_mlp config (its _class_name)" in message
 
 
 @pytest.mark.parametrize(
     "offline, token, message",
     [
-        (True, ["--hub_token", "hf_x"], "but HF_HUB_OFFLINE=1 forbids any request to the Hub: unset it, or upload later with `python -m diffusers_lmlp.hub push x <user>/<name>`"),
+        (True, ["--hub_token", "hf_x"], "but HF_HUB_OFFLINE=1 forbids any request to the Hub: unset it, or upload "
+                                        "later with `python -m diffusers_lmlp.hub push x <user>/<name>`"),
         (False, [], "No Hugging Face token"),
         (False, ["--hub_token", "   "], "The token given with --hub_token is blank: pass the token itself"),
         (False, ["--hub_token", "hf_abc\n"], "The token given with --hub_token has spaces or a line break around it"),
@@ -196,8 +189,9 @@ def test_push_to_hub_that_cannot_upload_is_refused_at_start_up(script, monkeypat
 
 
 @pytest.mark.parametrize(
-    "name, metadata, problem",
+    "name, rows, problem",
     [
+        (None, None, "error: --model_config shapes-S with --model_overrides: hidden_size=0 cannot build"),
         ("metadata.jsonl", '{"file_name": "0.png", "text": "a red circle"}\n{"file_name": "1.png"}\n',
          "line 2 (file_name '1.png'): it has no 'text' field"),
         ("metadata.jsonl", '{"file_name": "0.png", "text": "a red circle"}\n{"file_name": "1.png", "text": []}\n',
@@ -205,46 +199,40 @@ def test_push_to_hub_that_cannot_upload_is_refused_at_start_up(script, monkeypat
         ("metadata.csv", "file_name,text\n0.png,a red circle\n1.png,\n", "line 3 (file_name '1.png'): ")
     ]
 )  # fmt: skip
-def test_an_imagefolder_row_without_a_usable_caption_is_refused_before_feature_extraction(
-    script, workspace, tmp_path, name, metadata, problem
-):
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(2):
-        shutil.copy(workspace / "data" / f"{i}.png", data / f"{i}.png")
-    (data / name).write_text(metadata)
-    message = start_up_error(script, tiny_args(workspace, tmp_path / "out", "--cache_features", data=data))
-    assert f"{data / name} {problem}" in message
-    assert not (tmp_path / "out" / "cache").exists()  # no dataset was loaded, no feature extracted
+def test_a_model_or_caption_that_cannot_train_stops_before_data(script, workspace, tmp_path, name, rows, problem):
+    out = tmp_path / "out"
+    if name is None:  # the shapes preset
+        argv = ["--output_dir", str(out), "--cache_dir", str(out / "cache"), "--model_overrides", "hidden_size=0"]
+    else:  # an imagefolder of two images
+        (data := tmp_path / "data").mkdir()
+        for i in range(2):
+            shutil.copy(workspace / "data" / f"{i}.png", data / f"{i}.png")
+        (data / name).write_text(rows)
+        argv, problem = tiny_args(workspace, out, "--cache_features", data=data), f"{data / name} {problem}"
+    assert problem in start_up_error(script, argv)
+    assert not (out / "cache").exists()  # no dataset was loaded, no feature extracted
 
 
-@pytest.mark.parametrize("case", ["base", "subfolder", "clip layout", "missing"])
-def test_a_component_folder_without_its_tokenizer_or_at_all_is_named(script, workspace, tmp_path, capsys, case):
-    without_tokenizer = tmp_path / "no-tokenizer"
-    shutil.copytree(workspace / "tiny", without_tokenizer, ignore=shutil.ignore_patterns("tokenizer"))
-    argv = tiny_args(workspace, Path("x"))
-    if case == "base":
-        argv[argv.index("--pretrained_model_name_or_path") + 1] = str(without_tokenizer)
-        expected = f"--pretrained_model_name_or_path {without_tokenizer} has no tokenizer/ folder"
-    elif case == "subfolder":
-        argv += ["--pretrained_text_encoder", str(without_tokenizer), "--text_encoder_subfolder", "text_encoder"]
-        expected = f"--pretrained_text_encoder {without_tokenizer} has no tokenizer/ folder"
-    elif case == "clip layout":  # tokenizer and model side by side, and only the model there
-        argv += ["--pretrained_text_encoder", str(workspace / "tiny" / "text_encoder")]
-        expected = f"the tokenizer folder {workspace / 'tiny' / 'text_encoder'} has no tokenizer.json or vocab.json"
-    else:
-        argv += ["--pretrained_text_encoder", str(tmp_path / "no" / "such" / "clip")]
-        expected = f"--pretrained_text_encoder {tmp_path / 'no' / 'such' / 'clip'}: no such folder"
-    message = parser_error(script, argv, capsys)
-    assert expected in message and "model_max_length" not in message
+@pytest.mark.parametrize(
+    "extra, expected",
+    [("--pretrained_model_name_or_path {bare}", "--pretrained_model_name_or_path {bare} has no tokenizer/ folder"),
+     ("--pretrained_text_encoder {bare} --text_encoder_subfolder text_encoder",
+      "--pretrained_text_encoder {bare} has no tokenizer/ folder"),
+     ("--pretrained_text_encoder {tiny}/text_encoder",  # tokenizer and model side by side, and only the model there
+      "the tokenizer folder {tiny}/text_encoder has no tokenizer.json or vocab.json"),
+     ("--pretrained_text_encoder {bare}/no/such/clip", "--pretrained_text_encoder {bare}/no/such/clip: no such")],
+    ids=["base", "subfolder", "clip layout", "missing"],
+)  # fmt: skip
+def test_a_text_encoder_without_its_tokenizer_or_folder_is_named(script, workspace, tmp_path, capsys, extra, expected):
+    folders = {"bare": tmp_path / "no-tokenizer", "tiny": workspace / "tiny"}
+    shutil.copytree(workspace / "tiny", folders["bare"], ignore=shutil.ignore_patterns("tokenizer"))
+    message = parser_error(script, tiny_args(workspace, Path("x"), *extra.format(**folders).split()), capsys)
+    assert expected.format(**folders) in message and "model_max_length" not in message
 
 
-def test_a_clip_layout_text_encoder_trains_and_says_it_has_no_validation(
-    script, workspace, tmp_path, caplog, monkeypatch
-):
+def test_a_clip_layout_encoder_trains_and_its_run_is_kept(script, workspace, tmp_path, caplog, capsys, monkeypatch):
     # openai/clip-vit-large-patch14's layout: the tokenizer and the model in one folder, no subfolder.
-    clip = tmp_path / "clip"
-    shutil.copytree(workspace / "tiny" / "text_encoder", clip)
+    clip = shutil.copytree(workspace / "tiny" / "text_encoder", tmp_path / "clip")
     shutil.copytree(workspace / "tiny" / "tokenizer", clip, dirs_exist_ok=True)
     # As `accelerate launch` starts its one process: its OMP_NUM_THREADS=1 is not the user's, so the run takes every
     # core (1 here, so as not to slow the suite's other worker).
@@ -252,55 +240,37 @@ def test_a_clip_layout_text_encoder_trains_and_says_it_has_no_validation(
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
     monkeypatch.setattr("diffusers_lmlp.threads.available_cores", lambda: 1)
     monkeypatch.setattr("diffusers_lmlp.threads.launcher_environment", lambda: {})
-    num_threads = torch.get_num_threads()
+    num_threads, out = torch.get_num_threads(), tmp_path / "out"
+    argv = tiny_args(workspace, out, "--pretrained_text_encoder", str(clip), "--checkpointing_steps", "1")
     with caplog.at_level(logging.INFO):
-        script.main(tiny_args(workspace, tmp_path / "out", "--pretrained_text_encoder", str(clip)))
+        script.main(argv)
     torch.set_num_threads(num_threads)
-    assert (tmp_path / "out" / "model_index.json").is_file()
+    assert (out / "model_index.json").is_file()
     assert "no validation during training and no sample grid at the end" in caplog.text
     assert "training on the CPU: 1 thread(s) (every core; --num_threads N to change)" in caplog.text
-
-
-@pytest.mark.parametrize("earlier", ["finished", "checkpoints"])
-def test_an_output_dir_holding_a_run_is_refused_unless_resumed_or_overwritten(
-    script, workspace, tmp_path, capsys, earlier
-):
-    out = tmp_path / "out"
-    argv = tiny_args(workspace, out, "--checkpointing_steps", "1")
-    script.main(argv)
-    if earlier == "checkpoints":
-        (out / "training_summary.json").unlink()
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    message = parser_error(script, argv, capsys)
-    held = "a finished run (training_summary.json)" if earlier == "finished" else "the checkpoints of an earlier run"
-    assert f"--output_dir {out} already holds {held}" in message
-    assert "--resume_from_checkpoint latest" in message and "--overwrite_output_dir" in message
-    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing was touched
-    assert "--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run" in parser_error(
-        script, [*argv, "--overwrite_output_dir", "--resume_from_checkpoint", "latest"], capsys
-    )
+    for held in ("a finished run (training_summary.json)", "the checkpoints of an earlier run"):
+        before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+        message = parser_error(script, argv, capsys)
+        assert f"--output_dir {out} already holds {held}" in message
+        assert "--resume_from_checkpoint latest" in message and "--overwrite_output_dir" in message
+        assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing was touched
+        (out / "training_summary.json").unlink(missing_ok=True)  # then only the checkpoints are left
+    both = parser_error(script, [*argv, "--overwrite_output_dir", "--resume_from_checkpoint", "latest"], capsys)
+    assert "--overwrite_output_dir trains anew, --resume_from_checkpoint continues a run" in both
 
 
 @pytest.mark.parametrize(
     "option, from_preset, device, expected",
-    [
-        ("fp16", True, "cpu", "float32: the coco-f2 preset's fp16 needs a GPU"),
-        ("fp16", True, "cuda", "fp16"),
-        ("fp16", False, "cpu", "fp16 mixed precision needs a GPU, and this run is on the CPU"),
-        (None, False, "cpu", "fp16 mixed precision needs a GPU"),  # `accelerate launch --mixed_precision fp16`
-    ],
-)
-def test_fp16_on_a_cpu_trains_in_float32_from_the_preset_and_is_refused_when_asked(
-    option, from_preset, device, expected
-):
+    [("fp16", True, "cpu", "float32: the coco-f2 preset's fp16 needs a GPU"), ("fp16", True, "cuda", "fp16"),
+     ("fp16", False, "cpu", "fp16 mixed precision needs a GPU, and this run is on the CPU"),
+     (None, False, "cpu", "fp16 mixed precision needs a GPU")],  # `accelerate launch --mixed_precision fp16`
+)  # fmt: skip
+def test_fp16_on_a_cpu_trains_in_float32_from_a_preset_and_is_refused_if_asked(option, from_preset, device, expected):
     accelerator = types.SimpleNamespace(mixed_precision="fp16", device=torch.device(device))
     args = types.SimpleNamespace(mixed_precision=option, mixed_precision_from_preset=from_preset,
                                  preset="coco-f2" if from_preset else None)  # fmt: skip
-    if from_preset:
+    with contextlib.nullcontext() if from_preset else pytest.raises(SystemExit, match=expected):
         assert trainer.effective_precision(accelerator, args).startswith(expected)
-    else:
-        with pytest.raises(SystemExit, match=expected):
-            trainer.effective_precision(accelerator, args)
 
 
 @pytest.mark.slow
@@ -308,10 +278,8 @@ def test_shapes_num_images_sizes_the_shapes_world_only(script, tmp_path):
     from diffusers_lmlp.training import load_training_data
 
     assert script.parse_args(["--output_dir", "x", "--shapes_num_images", "100"]).shapes_num_images == 100
-    common = dict(
-        dataset_name=None, dataset_config_name=None, train_data_dir=None, image_column="image", caption_column="text",
-        max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path)
-    )  # fmt: skip
+    common = dict(dataset_name=None, dataset_config_name=None, train_data_dir=None, image_column="image")
+    common.update(caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path))
     sized, default = load_training_data(shapes_num_images=100, **common), load_training_data(**common)
     assert len(sized) == 100 and len(default) == 8000
     assert sized._fingerprint != default._fingerprint  # so the feature store of one is never read for the other

@@ -1,7 +1,5 @@
-"""The trainer's command line: `TrainingConfig` (one field per option, its help and argparse type in the field's
-metadata), the presets, `build_parser` and `parse_args`, the start-up checks that refuse a wrong command with what to
-change, and what they read: checkpoint folder names and where the frozen VAE and text encoder load from. No heavy
-library is imported here, so `--help` and argument errors are fast.
+"""The trainer's command line: `TrainingConfig`, the presets, `parse_args` and its start-up checks, and where the
+frozen components load from. No heavy library is imported here, so `--help` and argument errors are fast.
 """
 
 import argparse
@@ -9,11 +7,14 @@ import contextlib
 import inspect
 import json
 import logging
+import posixpath
 import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from huggingface_hub import constants, file_exists, try_to_load_from_cache
+from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..commands import number, program_name
@@ -26,8 +27,7 @@ from .data import DATA_LAYOUTS
 from .features import TEXT_DTYPES
 
 
-# A checkpoint is complete only under this name. A killed run may leave `.checkpoint-N.tmp` (being written),
-# `.checkpoint-N.deleting` or `.checkpoint-N.old` (set aside while checkpoint-N is replaced); the next run cleans up.
+# A checkpoint is complete only under this name; the next run cleans up what a killed one left under another.
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 UNDER_WAY_PATTERN = re.compile(r"^\.checkpoint-(\d+)\.(tmp|old|deleting)$")
 STATE_FILE = "training_state.json"  # in a checkpoint: {"step": ..., "train_seconds": ...}
@@ -35,8 +35,7 @@ LOCK_FILE = ".train.lock"  # held (flock) by the main process of the run that us
 SUMMARY_FILE = "training_summary.json"  # written last: a folder with it holds a finished run
 
 
-def checkpoint_step(path: Path) -> int:
-    """The step of a `checkpoint-N` folder."""
+def checkpoint_step(path: Path) -> int:  # of a `checkpoint-N` folder
     return int(CHECKPOINT_PATTERN.match(path.name).group(1))
 
 
@@ -46,8 +45,7 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
-# The papers' components (docs/coco.md's `hf download` lines fetch them).
-COCO_VAE_REPO = "CompVis/stable-diffusion-v1-4"
+COCO_VAE_REPO = "CompVis/stable-diffusion-v1-4"  # the papers' components (docs/coco.md downloads them)
 COCO_TEXT_ENCODER_REPO = "openai/clip-vit-large-patch14"
 VAE_FOLDER, TEXT_ENCODER_FOLDER, TOKENIZER_FOLDER = "vae", "text_encoder", "tokenizer"  # inside a full pipeline
 # Each component's weights file name (`<name>.safetensors`, or shards listed in `<name>.safetensors.index.json`).
@@ -57,30 +55,21 @@ TOKENIZER_FILE_NAMES = (*TOKENIZER_FILES, "merges.txt", "tokenizer_config.json",
 CLIP_OTHER_TENSORS = ("vision_model.", "visual_projection.", "text_projection.", "logit_scale")
 
 
-def in_folder(folder: str, name: str) -> str:
-    """The POSIX path of `name` in `folder` of a source (`""`: its root)."""
-    return f"{folder}/{name}" if folder else name
-
-
 @dataclass(frozen=True)
-class VaeSource:
-    """Where the VAE loads from: a local folder or Hub repo id, and its subfolder (`""`: the root)."""
-
+class VaeSource:  # where the VAE loads from: a local folder or Hub repo id, and its subfolder ("": the root)
     source: str
     subfolder: str
 
 
 @dataclass(frozen=True)
-class TextEncoderSource:
-    """Where the text encoder and tokenizer load from, and their folders in it (`""`: the root)."""
-
+class TextEncoderSource:  # where the text encoder and tokenizer load from, and their folders in it ("": the root)
     source: str
     subfolder: str
     tokenizer_subfolder: str
 
 
 class Location:
-    """The files of a local folder or Hub repo id `source`; `ValueError` when it is neither (`option` names it)."""
+    """The files of a local folder or Hub repo id `source`; `ValueError` when it is neither."""
 
     def __init__(self, source: str, option: str, revision: str | None = None):
         self.source, self.option, self.revision = source, option, revision
@@ -91,18 +80,11 @@ class Location:
             except HFValidationError:
                 raise ValueError(f"{option} {source}: no such folder") from None
 
-    def cached(self, path: str):
-        from huggingface_hub import try_to_load_from_cache
-
-        return try_to_load_from_cache(self.source, path, revision=self.revision)
-
     def has(self, path: str) -> bool | None:
         """Whether the source has the file `path`; None when a Hub repo cannot be asked (offline, not cached)."""
         if self.local:
             return (Path(self.source) / path).is_file()
-        from huggingface_hub import constants, file_exists
-
-        cached = self.cached(path)
+        cached = try_to_load_from_cache(self.source, path, revision=self.revision)
         if cached is not None:  # a path, or the cache's record that the repo has no such file
             return isinstance(cached, str)
         if constants.HF_HUB_OFFLINE:
@@ -113,9 +95,11 @@ class Location:
             return None
 
     def config(self, path: str) -> dict:
-        """The JSON file `path` of a local source or of a Hub source's cache; {} if not at hand."""
+        """The JSON file `path` of the source (a Hub source's cache); {} if not at hand."""
+        local = Path(self.source) / path
         try:
-            config = json.loads(Path(Path(self.source) / path if self.local else self.cached(path)).read_text("utf-8"))
+            file = local if self.local else try_to_load_from_cache(self.source, path, revision=self.revision)
+            config = json.loads(Path(file).read_text("utf-8"))
         except (OSError, TypeError, ValueError):
             return {}
         return config if isinstance(config, dict) else {}
@@ -123,7 +107,7 @@ class Location:
     def detect(self, what: str, nested: str, root_first: bool, kinds: str) -> str:
         """The folder holding `what`'s config.json: the root or `nested`, the root first where `root_first`."""
         folders = ["", nested] if root_first else [nested, ""]
-        found = [self.has(in_folder(folder, "config.json")) for folder in folders]
+        found = [self.has(posixpath.join(folder, "config.json")) for folder in folders]
         if True in found:
             return folders[found.index(True)]
         if None in found:
@@ -131,9 +115,6 @@ class Location:
         raise ValueError(f"{self.option} {self.source} holds no {what.removeprefix('the ')}: it has neither a config.json {kinds}")  # fmt: skip
 
     def unreachable(self, what: str, files: list[str]) -> ValueError:
-        """The error for a Hub source whose files are neither cached nor reachable."""
-        from huggingface_hub import constants
-
         why = "HF_HUB_OFFLINE=1 keeps it from downloading" if constants.HF_HUB_OFFLINE else "the Hub is out of reach"
         return ValueError(
             f"{self.option} {self.source}: {what} ({' or '.join(files)}) is not in the Hugging Face cache, and {why}. "
@@ -147,11 +128,9 @@ def resolve_vae(
     """Where the VAE of `source` is: its root (a standalone VAE) or `vae/` (a pipeline), or the given `subfolder`."""
     location = Location(source, option, revision)
     if subfolder is not None:
-        config = in_folder(subfolder, "config.json")
+        config = posixpath.join(subfolder, "config.json")
         if location.local and not location.has(config):
-            raise ValueError(
-                f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json; leave it out to detect the layout"
-            )
+            raise ValueError(f"{option} {source}: --vae_subfolder {subfolder!r} has no config.json; leave it out")
         return VaeSource(source, subfolder)
     config = location.config("config.json")
     name = config.get("_class_name")
@@ -163,14 +142,13 @@ def resolve_vae(
 def resolve_text_encoder(
     source: str, subfolder: str | None, option: str = "--pretrained_text_encoder", revision: str | None = None
 ) -> TextEncoderSource:
-    """Where the text encoder and tokenizer of `source` are: its root (a CLIP repo), `text_encoder/` and `tokenizer/`
-    (a pipeline), or the given `subfolder` with `tokenizer/` if there is one, else beside the model."""
+    """Where `source`'s text encoder and tokenizer are: its root, `text_encoder/` and `tokenizer/`, or `subfolder`."""
     location = Location(source, option, revision)
     if subfolder is None:
         kinds = f"(a CLIP repo, as {COCO_TEXT_ENCODER_REPO}) nor {TEXT_ENCODER_FOLDER}/config.json (a pipeline)"
         subfolder = location.detect("the text encoder", TEXT_ENCODER_FOLDER, False, kinds)
     else:
-        config = in_folder(subfolder, "config.json")
+        config = posixpath.join(subfolder, "config.json")
         if (found := location.has(config)) is None:
             raise location.unreachable("the text encoder", [config])
         if not found:
@@ -178,14 +156,12 @@ def resolve_text_encoder(
                 raise ValueError(f"{option} {source} has no {subfolder}/ folder: the text model is missing")
             raise ValueError(f"{option} {source}: the text model's {config} is missing")
     candidates = [TOKENIZER_FOLDER, subfolder] if subfolder else [""]  # a pipeline's tokenizer/, or beside the model
-    holds = []
-    for folder in candidates:
-        found = [location.has(in_folder(folder, name)) for name in TOKENIZER_FILES]
-        holds.append(True if True in found else None if None in found else False)
+    found = [[location.has(posixpath.join(folder, name)) for name in TOKENIZER_FILES] for folder in candidates]
+    holds = [True if True in has else None if None in has else False for has in found]
     if True in holds:
         return TextEncoderSource(source, subfolder, candidates[holds.index(True)])
     if None in holds:
-        raise location.unreachable("the tokenizer", [in_folder(candidates[0], TOKENIZER_FILES[1])])
+        raise location.unreachable("the tokenizer", [posixpath.join(candidates[0], TOKENIZER_FILES[1])])
     if subfolder and location.local and not (Path(source) / TOKENIZER_FOLDER).is_dir():
         raise ValueError(f"{option} {source} has no {TOKENIZER_FOLDER}/ folder: the tokenizer is missing")
     folder = Path(source) / candidates[0] if location.local else f"{source}/{candidates[0]}"
@@ -195,24 +171,20 @@ def resolve_text_encoder(
 def local_folder(
     source: str, folder: str, weights: str, optional: tuple[str, ...] = (), revision: str | None = None
 ) -> str:
-    """A local folder holding `source`'s model in `folder`: `source` itself, or the HF cache snapshot of a Hub repo
-    after downloading its config, its safetensors weights (or their shards) and the `optional` files it has."""
+    """`source` if a folder, else its HF cache snapshot with `folder`'s config, safetensors and `optional` files."""
     if Path(source).is_dir():
         return source
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub import hf_hub_download  # looked up now: tests answer it
 
-    def fetch(name: str) -> Path:
-        return Path(hf_hub_download(source, name, revision=revision))
-
-    config = in_folder(folder, "config.json")
+    fetch = lambda name: Path(hf_hub_download(source, name, revision=revision))  # noqa: E731
+    config = posixpath.join(folder, "config.json")
     snapshot = fetch(config).parents[config.count("/")]
     try:
-        fetch(in_folder(folder, f"{weights}.safetensors"))
+        fetch(posixpath.join(folder, f"{weights}.safetensors"))
     except EntryNotFoundError:  # sharded weights
-        index = fetch(in_folder(folder, f"{weights}.safetensors.index.json"))
+        index = fetch(posixpath.join(folder, f"{weights}.safetensors.index.json"))
         for shard in sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())):
-            fetch(in_folder(folder, shard))
+            fetch(posixpath.join(folder, shard))
     for name in optional:
         with contextlib.suppress(EntryNotFoundError):
             fetch(name)
@@ -230,17 +202,14 @@ def load_vae(source: VaeSource, revision: str | None = None):
 def load_text_encoder(
     source: TextEncoderSource, option: str = "--pretrained_text_encoder", revision: str | None = None
 ):
-    """The CLIP tokenizer and text model of `source`, loaded strictly from safetensors: `ValueError` for tensors the
-    text model lacks or that are neither its nor a full CLIP's."""
+    """`source`'s CLIP tokenizer and text model, strictly from safetensors (`ValueError` for missing or alien keys)."""
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    tokenizer_files = tuple(in_folder(source.tokenizer_subfolder, name) for name in TOKENIZER_FILE_NAMES)
+    tokenizer_files = tuple(posixpath.join(source.tokenizer_subfolder, name) for name in TOKENIZER_FILE_NAMES)
     folder = local_folder(source.source, source.subfolder, TEXT_ENCODER_WEIGHTS, tokenizer_files, revision)
     tokenizer = CLIPTokenizer.from_pretrained(folder, subfolder=source.tokenizer_subfolder)
 
-    def not_a_load_report(record: logging.LogRecord) -> bool:  # the loading information is read here instead
-        return " LOAD REPORT" not in str(record.msg)
-
+    not_a_load_report = lambda record: " LOAD REPORT" not in str(record.msg)  # noqa: E731  (it is read here instead)
     transformers_logger = logging.getLogger("transformers.modeling_utils")
     transformers_logger.addFilter(not_a_load_report)
     try:
@@ -257,9 +226,8 @@ def load_text_encoder(
     ):  # fmt: skip
         if keys:
             named = ", ".join(keys[:3]) + (f", and {len(keys) - 3} more" if len(keys) > 3 else "")
-            raise ValueError(
-                f"{where}: the checkpoint {problem.format(len(keys))} ({named}). Pass a CLIP text model or a full CLIP."
-            )
+            message = f"the checkpoint {problem.format(len(keys))} ({named}). Pass a CLIP text model or a full CLIP."
+            raise ValueError(f"{where}: {message}")
     return tokenizer, text_encoder
 
 
@@ -282,16 +250,14 @@ DIFFUSERS_ONLY_OPTIONS = {
     "--foreach_ema": "the EMA always updates in one multi-tensor pass; drop it",
     "--local_rank": "`accelerate launch` gives each process its rank; drop it",
 }
-# The config fields that fit a backbone to its components and data and set its size: a preset's named configuration
-# lends them to a --model_type of another family.
+# The config fields that fit a backbone to its data and size it, lent by a preset's configuration to another family.
 SKELETON_FIELDS = ("sample_size", "patch_size", "in_channels", "hidden_size", "num_layers", "text_embed_dim",
                    "text_seq_len")
 # fmt: on
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, given: set[str] = frozenset()) -> None:
-    """Fail at start-up (`parser.error`, exit 2) with what to change, not after minutes of set-up; `given` holds the
-    options given on the command line."""
+    """Fail at start-up (exit 2) with what to change, not after minutes of set-up; `given`: the options given."""
     error, data, resume = parser.error, args.dataset_name or args.train_data_dir, args.resume_from_checkpoint
     lora = [f"--{n}" for n in ("lora_alpha", "lora_target_modules", "lora_dropout") if getattr(args, n)]
     no_lora = args.lora_rank is None
@@ -325,8 +291,6 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
         except ValueError as problem:
             error(str(problem).replace("--captions", "--validation_fid_captions"))
     if args.push_to_hub:  # checked now (repo id, network, token), not after hours of training
-        from huggingface_hub import constants
-
         from diffusers_lmlp.hub.upload import check_repo_id, require_token
 
         try:
@@ -349,8 +313,7 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
 
 
 def settled_model(parser: argparse.ArgumentParser, args: argparse.Namespace, preset_overrides: dict) -> dict:
-    """The new backbone's family and configuration (a base pipeline's is read when it loads), and `--model_overrides`
-    checked against it, on top of the preset's."""
+    """The new backbone's family and configuration, and `--model_overrides` checked against it, on the preset's."""
     model = {} if args.pretrained_model_name_or_path else settled_model_type(parser, args)
     model_class = FAMILIES[model.get("model_type", args.model_type) or "lmlp"].model_class
     try:
@@ -363,8 +326,7 @@ def settled_model(parser: argparse.ArgumentParser, args: argparse.Namespace, pre
 
 def settled_model_type(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """`model_type`, `model_config`, `model_config_values` and `model_skeleton` of a new model: the family is
-    --model_type, else the named configuration's, else lmlp. A preset's named configuration of another family lends
-    it its skeleton (`SKELETON_FIELDS`)."""
+    --model_type, else the configuration's, else lmlp; a preset's configuration of another family lends a skeleton."""
     named, config = named_configs(), args.model_config
     if config is not None and config.endswith(".json"):
         try:
@@ -395,10 +357,9 @@ def parse_overrides(pairs: list[str], model_class: type) -> dict:
         key, sep, text = pair.partition("=")
         if not sep:
             raise ValueError(f"--model_overrides takes KEY=VALUE pairs, got {pair!r}; {accepted_keys(model_class)}")
-        try:
+        value = text  # unless it is JSON
+        with contextlib.suppress(json.JSONDecodeError):
             value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
         check_config_values({key: value}, model_class, f"--model_overrides {pair}", shown={key: text})
         overrides[key] = value
     return overrides
@@ -410,8 +371,8 @@ def accepted_keys(model_class: type) -> str:
 
 
 def check_config_values(values: dict, model_class: type, source: str, shown: dict | None = None) -> None:
-    """Refuse config values that `model_class` does not take (unknown keys, values not of the annotated type; a bool
-    is no int, an int is a float), naming `source`; `shown` is how the user wrote each value. `_` keys are skipped."""
+    """Refuse config values `model_class` does not take (unknown keys, values not of the annotated type; a bool is no
+    int, an int is a float), naming `source`; `shown`: how the user wrote each value."""
     parameters = inspect.signature(model_class.__init__, eval_str=True).parameters
     for key, value in values.items():
         if key.startswith("_"):
@@ -437,9 +398,8 @@ def read_model_config_file(path: Path) -> tuple[dict, str | None]:
     except json.JSONDecodeError as error:
         raise ValueError(f"--model_config {path} is not valid JSON: {error}") from None
     if not isinstance(values, dict):
-        raise ValueError(
-            f"--model_config {path} must hold a JSON object of config values, got {type(values).__name__}"
-        )
+        kind = type(values).__name__
+        raise ValueError(f"--model_config {path} must hold a JSON object of config values, got {kind}")
     class_name = values.get("_class_name")
     try:
         family = family_of(class_name).name if isinstance(class_name, str) else None
@@ -449,8 +409,7 @@ def read_model_config_file(path: Path) -> tuple[dict, str | None]:
 
 
 def component_sources(args: argparse.Namespace) -> dict:
-    """`text_encoder_source` and `vae_source` (without a base pipeline or world, the papers'); a base pipeline's
-    missing folder or file is named now, before loading turns it into a confusing error."""
+    """`text_encoder_source` and `vae_source`; a base pipeline's missing folder or file is named now."""
     option, base = "--pretrained_model_name_or_path", args.pretrained_model_name_or_path
     if base and Location(base, option).local:
         base = Path(base)
@@ -465,10 +424,8 @@ def component_sources(args: argparse.Namespace) -> dict:
     defaults = not base and not args.world
     text = args.pretrained_text_encoder or (COCO_TEXT_ENCODER_REPO if defaults else None)
     vae = args.pretrained_vae or (COCO_VAE_REPO if defaults else None)
-    return dict(
-        text_encoder_source=resolve_text_encoder(text, args.text_encoder_subfolder) if text else None,
-        vae_source=resolve_vae(vae, args.vae_subfolder) if vae else None,
-    )
+    text_source = resolve_text_encoder(text, args.text_encoder_subfolder) if text else None
+    return dict(text_encoder_source=text_source, vae_source=resolve_vae(vae, args.vae_subfolder) if vae else None)
 
 
 CONSOLE_SCRIPT = "diffusers-lmlp-train"  # setup.py installs the command under this name
@@ -488,8 +445,7 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
 
 
 def option(default=None, help: str = "", **parser_kwargs):
-    """A `TrainingConfig` field that `build_parser` makes the option `--<field>`: its default, its help and the
-    other `add_argument` keywords (`group`: a new argument group's title; a bool is a `store_true` flag)."""
+    """A `TrainingConfig` field that `build_parser` makes `--<field>` with `add_argument`'s keywords (`group`: new)."""
     value = dict(default_factory=dict) if default == {} else dict(default=default)
     return field(**value, metadata=dict(help=help, **parser_kwargs))
 
@@ -499,8 +455,7 @@ INT, POSITIVE = number(int, 0), number(int, 1)
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """The trainer's settings: the command's options under their names, with the parser's defaults, then what
-    `parse_args` settles from them. A preset is an instance: its values are the defaults that options replace."""
+    """The trainer's settings: the options, then what `parse_args` settles. A preset is an instance of defaults."""
 
     preset: str | None = None
     model_type: str | None = option(None, "the block family (default: --model_config's, else lmlp; or the base pipeline's)", group="model", choices=sorted(FAMILIES))  # fmt: skip
@@ -591,11 +546,11 @@ class TrainingConfig:
 
 # The shapes and emoji worlds' recipes (docs/shapes-runs.md, docs/emoji.md): a small UL-MLP whose pooled text state
 # is added to every image token, bf16 and torch.compile where they pay, cosine decay, Min-SNR weighting and a short EMA.
+# `--preset NAME`: the PRESETS' defaults; explicit arguments still win.
 SMALL_WORLD = dict(model_overrides={"pooled_text_projection": True}, mixed_precision="auto", torch_compile="auto",
                    resolution=32, lr_scheduler="cosine", snr_gamma=1.0, adam_beta2=0.99, adam_weight_decay=0.05,
                    use_ema=True, cache_features=True, checkpoints_total_limit=2, logging_steps=10,
                    validation_inference_steps=NUM_INFERENCE_STEPS, validation_guidance_scale=GUIDANCE_SCALE)  # fmt: skip
-# `--preset NAME`: these defaults; explicit arguments still win.
 # fmt: off
 PRESETS = {
     "shapes": TrainingConfig(**SMALL_WORLD, model_config="shapes-S", train_batch_size=64, max_train_steps=10400,
@@ -611,17 +566,15 @@ PRESETS = {
                             learning_rate=2e-3, lr_warmup_steps=200, ema_decay=0.999, cache_text_dtype="float16",
                             checkpointing_steps=1000, validation_steps=500, output_dir="lmlp-emoji"),
     # LoRA: teach the shipped shapes model the 32 combinations held out of its training; scored before and after.
-    "shapes-lora": TrainingConfig(pretrained_model_name_or_path=str(SHAPES_PIPELINE_PATH), shapes_split="heldout",
-                                  lora_rank=8, resolution=32, train_batch_size=64, max_train_steps=400,
-                                  learning_rate=1e-3, adam_beta2=0.99, adam_weight_decay=0.0, lr_warmup_steps=20,
-                                  cache_features=True, checkpointing_steps=200, checkpoints_total_limit=1,
-                                  validation_steps=200, logging_steps=10,
-                                  validation_inference_steps=NUM_INFERENCE_STEPS,
-                                  validation_guidance_scale=GUIDANCE_SCALE, output_dir="lmlp-shapes-lora"),
+    "shapes-lora": TrainingConfig(
+        pretrained_model_name_or_path=str(SHAPES_PIPELINE_PATH), shapes_split="heldout", lora_rank=8, resolution=32,
+        train_batch_size=64, max_train_steps=400, learning_rate=1e-3, adam_beta2=0.99, adam_weight_decay=0.0,
+        lr_warmup_steps=20, cache_features=True, checkpointing_steps=200, checkpoints_total_limit=1,
+        validation_steps=200, logging_steps=10, validation_inference_steps=NUM_INFERENCE_STEPS,
+        validation_guidance_scale=GUIDANCE_SCALE, output_dir="lmlp-shapes-lora"),
 }
 # fmt: on
-# The presets that train on an embedded world when no data is given, and score the result on it: preset → world.
-WORLD_PRESETS = {"shapes": "shapes", "shapes-lora": "shapes", "emoji": "emoji"}
+WORLD_PRESETS = {"shapes": "shapes", "shapes-lora": "shapes", "emoji": "emoji"}  # trained on and scored, without data
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -655,8 +608,7 @@ def option_defaults(parser: argparse.ArgumentParser, config: TrainingConfig) -> 
 
 
 def parse_args(argv: list[str] | None = None) -> TrainingConfig:
-    """Parse and check the options (`sys.argv[1:]` when `argv` is None); exit (2) with what to change when one is
-    wrong. Returns the settings with the preset, the world and the model settled."""
+    """Parse and check the options (default: `sys.argv[1:]`), exiting (2) with what to change when one is wrong."""
     parser = build_parser()
     # The options given (abbreviated or not): argparse sets a default only where the namespace lacks the attribute.
     unset = object()
@@ -664,12 +616,9 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
     given = {dest for dest, value in vars(parser.parse_known_args(argv, marked)[0]).items() if value is not unset}
     uses_data = bool({"dataset_name", "train_data_dir"} & given)
     known, unknown = parser.parse_known_args(argv)
-    if explanations := [
-        f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}"
-        for option in (argument.split("=", 1)[0] for argument in unknown)
-        if option in DIFFUSERS_ONLY_OPTIONS
-    ]:
-        parser.error("\n".join(explanations))
+    if theirs := [option for option in (a.split("=", 1)[0] for a in unknown) if option in DIFFUSERS_ONLY_OPTIONS]:
+        why = (f"{o} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[o]}" for o in theirs)
+        parser.error("\n".join(why))
     # A preset changes defaults only: parse again with its defaults in place.
     preset = known.preset or (None if uses_data else ("shapes-lora" if known.lora_rank else "shapes"))
     base = PRESETS[preset] if preset else TrainingConfig()

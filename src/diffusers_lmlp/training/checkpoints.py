@@ -1,6 +1,5 @@
-"""Checkpoints: written atomically, pruned, verified on resume, the output folder held by one run at a time; each
-`checkpoint-N` holds accelerate's state beside diffusers model folders. And what a diverging run is told.
-"""
+"""Checkpoints (atomic, pruned, verified on resume, accelerate's state beside diffusers model folders), the output
+folder held by one run at a time, and what a diverging run is told."""
 
 import contextlib
 import errno
@@ -16,17 +15,8 @@ from accelerate.utils import broadcast
 from diffusers.training_utils import EMAModel
 
 from ..durable import checksum_problem, fsync_tree, hold_lock, write_checksums
-from .arguments import (
-    LOCK_FILE,
-    STATE_FILE,
-    SUMMARY_FILE,
-    UNDER_WAY_PATTERN,
-    TrainingConfig,
-    checkpoint_step,
-    list_checkpoints,
-)
-from .components import CHECKPOINT_FOLDER as LORA_CHECKPOINT_FOLDER
-from .components import load_adapter, save_adapter
+from .arguments import LOCK_FILE, STATE_FILE, SUMMARY_FILE, UNDER_WAY_PATTERN, checkpoint_step, list_checkpoints
+from .components import CHECKPOINT_FOLDER, load_adapter, save_adapter
 from .step import DivergenceError, non_finite_parameters, plain_backbone
 
 
@@ -34,9 +24,9 @@ logger = get_logger(__name__)
 
 
 @contextlib.contextmanager
-def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
-    """Hold `output_dir` for this run (a `flock` the OS drops however the process ends), clean up what killed runs
-    left half-done; a second run on it is refused by all its processes (`SystemExit`)."""
+def exclusive_output_dir(accelerator: Accelerator, output_dir: Path, overwrite: bool = False):
+    """Hold `output_dir` for this run (a `flock`), clean up what killed runs left (with `overwrite`, the earlier run's
+    checkpoints and summary too); refuse a second run on it."""
     lock = None
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -51,20 +41,17 @@ def exclusive_output_dir(accelerator: Accelerator, output_dir: Path):
                 else:
                     shutil.rmtree(path)
                     logger.warning(f"removed {path.name}, left by an interrupted run")
-    refused = torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)
-    if broadcast(refused).item():
-        raise SystemExit(
-            f"error: another training run is using --output_dir {output_dir}: wait for it, or pass another --output_dir."
-        )
-    try:
+            if overwrite:
+                remove_earlier_run(output_dir)
+    if broadcast(torch.tensor([int(accelerator.is_main_process and lock is None)], device=accelerator.device)).item():
+        message = f"another training run is using --output_dir {output_dir}: wait for it, or pass another"
+        raise SystemExit(f"error: {message} --output_dir.")
+    with lock if lock is not None else contextlib.nullcontext():  # closing the lock file drops it
         yield
-    finally:
-        if lock is not None:
-            lock.close()
 
 
 def remove_earlier_run(output_dir: Path) -> None:
-    """`--overwrite_output_dir`: remove the earlier run's checkpoints and summary, so that nothing resumes them."""
+    """`--overwrite_output_dir`: remove the earlier run's checkpoints and summary."""
     earlier = list_checkpoints(output_dir)
     for path in earlier:
         remove_checkpoint(path)
@@ -79,7 +66,7 @@ def warn_about_later_checkpoints(output_dir: Path, step: int) -> None:
     if later:
         logger.warning(
             f"this run starts at step {step}, and {output_dir} holds later checkpoints {', '.join(later)} of a run it "
-            f"abandons: they are overwritten or pruned as it goes; until then, --resume_from_checkpoint latest picks "
+            f"abandons, overwritten or pruned as it goes; until then, --resume_from_checkpoint latest picks "
             f"{later[-1]}."
         )
 
@@ -88,20 +75,17 @@ def save_checkpoint(
     accelerator: Accelerator, output_dir: Path, step: int, limit: int | None, train_seconds: float,
     final_step: bool = True
 ) -> Path:  # fmt: skip
-    """Write `checkpoint-{step}` atomically (written aside, flushed, renamed), then keep the `limit` newest; the new
-    one counts only once the next proves the steps after it healthy, or at the `final_step`. A full disk stops the
-    run (`SystemExit`) with the earlier checkpoints kept."""
+    """Write `checkpoint-{step}` atomically, then keep the `limit` newest; the new one counts only once the next proves
+    the steps after it healthy, or at the `final_step`. A full disk stops the run with the earlier ones kept."""
     final, tmp = output_dir / f"checkpoint-{step}", output_dir / f".checkpoint-{step}.tmp"
     try:
         accelerator.save_state(str(tmp))
-        with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:
-            json.dump({"step": step, "train_seconds": train_seconds}, f)
+        (tmp / STATE_FILE).write_text(json.dumps({"step": step, "train_seconds": train_seconds}), encoding="utf-8")
         write_checksums(tmp)  # verified on resume (`checkpoint_to_resume`)
         fsync_tree(tmp)
     except Exception as error:
-        stop = disk_full_exit(error, output_dir, f"checkpoint-{step}")
         shutil.rmtree(tmp, ignore_errors=True)
-        if stop is None:
+        if (stop := disk_full_exit(error, output_dir, f"checkpoint-{step}")) is None:
             raise
         raise stop from None
     aside = output_dir / f".checkpoint-{step}.old"
@@ -119,14 +103,11 @@ def save_checkpoint(
 
 
 def checkpoint_to_resume(output_dir: Path, resume_from_checkpoint: str) -> Path | None:
-    """The checkpoint `--resume_from_checkpoint` names, verified against its checksums (`latest`: the newest intact
-    one, None when there is none yet); a damaged one named explicitly stops the run."""
+    """The checkpoint `--resume_from_checkpoint` names (`latest`: the newest intact one, or None), verified."""
     if resume_from_checkpoint != "latest":
         path = Path(resume_from_checkpoint)
         if problem := checksum_problem(path):
-            raise SystemExit(
-                f"error: the checkpoint {path} is damaged: {problem}. Resume from another one, or from latest."
-            )
+            raise SystemExit(f"error: the checkpoint {path} is damaged: {problem}. Resume from another one.")
         return path
     checkpoints = list_checkpoints(output_dir)
     for path in reversed(checkpoints):
@@ -134,10 +115,8 @@ def checkpoint_to_resume(output_dir: Path, resume_from_checkpoint: str) -> Path 
             return path
         logger.warning(f"{path.name} is damaged ({problem}): --resume_from_checkpoint latest takes an earlier one")
     if checkpoints:
-        raise SystemExit(
-            f"error: no checkpoint in {output_dir} is intact ({', '.join(p.name for p in checkpoints)} are damaged): "
-            "start again with --overwrite_output_dir."
-        )
+        damaged = ", ".join(p.name for p in checkpoints) + " are damaged"
+        raise SystemExit(f"error: no checkpoint in {output_dir} is intact ({damaged}): pass --overwrite_output_dir")
     return None
 
 
@@ -148,18 +127,15 @@ def intact_checkpoint(output_dir: Path, before: int | None = None) -> Path | Non
 
 
 def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit | None:
-    """The error that stops a run whose save of `what` ran out of space or hit `ulimit -f`, or None for another
-    failure (torch.save reports a full disk as a RuntimeError: the free space tells)."""
+    """The `SystemExit` of a save of `what` out of space (or `ulimit -f`), or None for another failure."""
     space = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     if not space and shutil.disk_usage(output_dir).free >= 2**20:
         return None
     earlier = ", ".join(p.name for p in list_checkpoints(output_dir))
     kept = f"the earlier checkpoints are intact: {earlier}" if earlier else "there is no earlier one"
-    done = (
-        "The partial checkpoint was removed"
-        if what.startswith("checkpoint")
-        else f"{what.capitalize()} is saved in part"
-    )
+    done = f"{what.capitalize()} is saved in part"
+    if what.startswith("checkpoint"):
+        done = "The partial checkpoint was removed"
     return SystemExit(
         f"error: no space left on the device (or a file-size limit, `ulimit -f`) while saving {what} in "
         f"--output_dir {output_dir} ({error}). {done}, and {kept}. Free some space, then resume with "
@@ -168,14 +144,14 @@ def disk_full_exit(error: Exception, output_dir: Path, what: str) -> SystemExit 
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint, renamed first: a kill half-way never leaves a partial `checkpoint-N`."""
+    """Delete a checkpoint, renamed first: a kill never leaves a partial `checkpoint-N`."""
     doomed = path.with_name(f".{path.name}.deleting")
     os.replace(path, doomed)
     shutil.rmtree(doomed)
 
 
 def saved_train_seconds(checkpoint: Path) -> float:
-    """The training time up to `checkpoint`, over all of its run's segments (0 for checkpoints without it)."""
+    """The training time up to `checkpoint`, over all of its run's segments."""
     state = checkpoint / STATE_FILE
     if not state.is_file():
         logger.warning(f"{checkpoint} has no {STATE_FILE}: the summary counts the training time from here")
@@ -184,15 +160,14 @@ def saved_train_seconds(checkpoint: Path) -> float:
 
 
 def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAModel | None, lora: bool = False) -> None:
-    """Make checkpoints hold diffusers model folders, not pickles: `transformer/` and `transformer_ema/`, or with
-    `lora` only the adapter's `transformer_lora/`."""
+    """Checkpoints hold diffusers model folders: `transformer/` and `transformer_ema/`, or the `transformer_lora/`."""
 
     def save_hook(models, weights, output_dir):
         if accelerator.is_main_process:
             for model in models:
                 unwrapped = plain_backbone(accelerator, model)
                 if lora:
-                    save_adapter(unwrapped, Path(output_dir) / LORA_CHECKPOINT_FOLDER)
+                    save_adapter(unwrapped, Path(output_dir) / CHECKPOINT_FOLDER)
                 else:
                     unwrapped.save_pretrained(os.path.join(output_dir, "transformer"))
                 weights.pop()
@@ -200,17 +175,14 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
                 ema.save_pretrained(os.path.join(output_dir, "transformer_ema"))
 
     def load_hook(models, input_dir):
-        saved_lora = os.path.isdir(os.path.join(input_dir, LORA_CHECKPOINT_FOLDER))
+        saved_lora = os.path.isdir(os.path.join(input_dir, CHECKPOINT_FOLDER))
         if saved_lora != lora:
-            raise SystemExit(
-                f"error: {input_dir} is a checkpoint of a run that trained "
-                f"{'a LoRA adapter' if saved_lora else 'the whole backbone'}: resume it "
-                f"{'with' if saved_lora else 'without'} --lora_rank"
-            )
+            trained = "a LoRA adapter: resume it with" if saved_lora else "the whole backbone: resume it without"
+            raise SystemExit(f"error: {input_dir} is a checkpoint of a run that trained {trained} --lora_rank")
         for _ in range(len(models)):
             model = models.pop()
             if lora:
-                load_adapter(plain_backbone(accelerator, model), Path(input_dir) / LORA_CHECKPOINT_FOLDER)
+                load_adapter(plain_backbone(accelerator, model), Path(input_dir) / CHECKPOINT_FOLDER)
                 continue
             loaded = model_class.from_pretrained(input_dir, subfolder="transformer")
             plain_backbone(accelerator, model).load_state_dict(loaded.state_dict())
@@ -227,27 +199,25 @@ def register_checkpoint_hooks(accelerator: Accelerator, model_class, ema: EMAMod
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def diverged_message(error: DivergenceError, args: TrainingConfig, store) -> str:
-    """What to say when a step diverged; a checkpoint of the step before holds the weights that did, so only older
-    ones are confirmed. `store`: the run's feature store, if any."""
-    output_dir = Path(args.output_dir)
+def diverged_message(
+    error: DivergenceError, output_dir: Path, *, learning_rate: float, max_grad_norm: float | None,
+    mixed_precision: str | None, store_path: Path | None = None,
+) -> str:  # fmt: skip
+    """What to say when a step diverged; the step before's checkpoint holds the weights that did: only older ones are
+    confirmed. `store_path`: the run's feature store, if any."""
     confirmed = intact_checkpoint(output_dir, before=error.step - 1)
     suspect = [p.name for p in list_checkpoints(output_dir) if checkpoint_step(p) >= error.step - 1]
-    kept = (
-        f"the newest checkpoint that later steps confirmed is {confirmed}: resume from it with "
-        f"--resume_from_checkpoint {confirmed}"
-        if confirmed
-        else "no checkpoint that later steps confirmed had been written yet"
-    )
+    kept = "no checkpoint that later steps confirmed had been written yet"
+    if confirmed:
+        kept = f"the newest checkpoint that later steps confirmed is {confirmed}: resume from it with "
+        kept += f"--resume_from_checkpoint {confirmed}"
     if suspect:
         kept += f" ({', '.join(suspect)}, saved just before this step, may hold the diverged weights)"
-    tries = [f"a lower --learning_rate (now {args.learning_rate:g})"]
-    if args.max_grad_norm is None:
-        tries.append("gradient clipping, --max_grad_norm 1.0")
-    if args.mixed_precision == "fp16":
-        tries.append("--mixed_precision bf16 or no (fp16 overflows)")
-    if store is not None:
-        tries.append(f"if it diverged from the first steps, deleting the feature store {store.path}")
+    tries = [f"a lower --learning_rate (now {learning_rate:g})"]
+    tries += ["gradient clipping, --max_grad_norm 1.0"] * (max_grad_norm is None)
+    tries += ["--mixed_precision bf16 or no (fp16 overflows)"] * (mixed_precision == "fp16")
+    if store_path is not None:
+        tries.append(f"if it diverged from the first steps, deleting the feature store {store_path}")
     return f"error: {error}. Training stopped before this step's update was applied; {kept}. Try {'; '.join(tries)}."
 
 

@@ -1,6 +1,4 @@
-"""The backbone and its frozen components, refused before any data is read when they or the resolution do not
-fit; and LoRA through PEFT, saved in diffusers' LoRA format.
-"""
+"""The backbone and its frozen components, refused before any data is read when they do not fit; LoRA through PEFT."""
 
 import contextlib
 import inspect
@@ -8,42 +6,42 @@ from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKL
+from huggingface_hub import constants
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, symmetry_breaking_penalty
 from diffusers_lmlp.hub.lora_card import ADAPTER_NAME, adapted_modules, names_in_block
 from diffusers_lmlp.models import family_of
-from diffusers_lmlp.training.arguments import TrainingConfig, load_text_encoder, load_vae
+from diffusers_lmlp.training.arguments import TextEncoderSource, VaeSource, load_text_encoder, load_vae
 from diffusers_lmlp.worlds import WORLDS, load
 
 
-def build_model(args: TrainingConfig) -> torch.nn.Module:
-    """The backbone: a base pipeline's (keeping its family) or a new one; refuses options the backbone cannot take."""
-    if args.pretrained_model_name_or_path:
-        config = LMLPPipeline.load_config(args.pretrained_model_name_or_path, revision=args.revision)
-        saved = family_of(config["transformer"][1]).name
-        if args.model_type not in (None, saved):
-            raise SystemExit(
-                f"error: --model_type {args.model_type} conflicts with the base pipeline, whose backbone is "
-                f"--model_type {saved}: drop --model_type."
-            )
-    model_class = FAMILIES[saved if args.pretrained_model_name_or_path else args.model_type].model_class
-    if args.load_balance_weight and "output_router_probs" not in inspect.signature(model_class.forward).parameters:
+def build_model(
+    model_type: str | None, model_config: str | None = None, overrides: dict | None = None, *,
+    values: dict | None = None, pretrained: str | None = None, revision: str | None = None,
+    variant: str | None = None, load_balance_weight: float = 0.0, symmetry_breaking_weight: float = 0.0,
+) -> torch.nn.Module:  # fmt: skip
+    """`pretrained`'s backbone, or a new `model_type` of `values` (a JSON file's or, without `model_config`, a
+    skeleton) or of the named `model_config`, with `overrides`; refuses the losses it cannot take."""
+    if pretrained:
+        saved = family_of(LMLPPipeline.load_config(pretrained, revision=revision)["transformer"][1]).name
+        if model_type not in (None, saved):
+            raise SystemExit(f"error: --model_type {model_type} conflicts with the base pipeline's {saved}: drop it.")
+    model_class = FAMILIES[saved if pretrained else model_type].model_class
+    if load_balance_weight and "output_router_probs" not in inspect.signature(model_class.forward).parameters:
         raise SystemExit("error: --load_balance_weight applies to MoE-MLP backbones only")
-    if args.pretrained_model_name_or_path:
-        model = model_class.from_pretrained(
-            args.pretrained_model_name_or_path, subfolder="transformer", revision=args.revision, variant=args.variant
-        )
-    else:  # a new one of --model_type from --model_config and --model_overrides
+    if pretrained:
+        model = model_class.from_pretrained(pretrained, subfolder="transformer", revision=revision, variant=variant)
+    else:
         try:
-            if args.model_config is None or args.model_config_values is not None:  # a JSON file's, checked at start-up
-                model = model_class(**{**(args.model_config_values or args.model_skeleton), **args.model_overrides})
+            if model_config is None or model_config.endswith(".json"):
+                model = model_class(**{**(values or {}), **(overrides or {})})
             else:
-                model = model_class.from_named_config(args.model_config, **args.model_overrides)
+                model = model_class.from_named_config(model_config, **(overrides or {}))
         except ValueError as error:  # a value the model refuses (hidden_size=0)
-            source = f"--model_config {args.model_config}" if args.model_config else f"--model_type {args.model_type}"
+            source = f"--model_config {model_config}" if model_config else f"--model_type {model_type}"
             raise SystemExit(f"error: {source} with --model_overrides: {error}") from None
-    if args.symmetry_breaking_weight:
+    if symmetry_breaking_weight:
         try:
             symmetry_breaking_penalty(model)  # refuses a backbone without symmetry-breaking weights
         except ValueError as error:
@@ -51,29 +49,30 @@ def build_model(args: TrainingConfig) -> torch.nn.Module:
     return model
 
 
-def load_components(args: TrainingConfig) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:
-    """The frozen tokenizer, text encoder and VAE: a base pipeline's or the embedded world's, each replaced by
-    `--pretrained_text_encoder` and `--pretrained_vae`."""
-    if args.pretrained_model_name_or_path:
-        pipe = LMLPPipeline.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision)
-        tokenizer, text_encoder, vae = pipe.tokenizer, pipe.text_encoder, pipe.vae
-    elif args.world:
-        tokenizer, text_encoder, vae = load(WORLDS[args.world].components)()
-    text = args.text_encoder_source
-    if text is not None:
-        with loading_from("the text encoder", text.source, "--pretrained_text_encoder"):
-            tokenizer, text_encoder = load_text_encoder(text)
-    if args.vae_source is not None:
-        with loading_from("the VAE", args.vae_source.source, "--pretrained_vae"):
-            vae = load_vae(args.vae_source)
-    if args.latent_scale is not None:
-        vae.register_to_config(scaling_factor=args.latent_scale)
-    return tokenizer, text_encoder.requires_grad_(False).eval(), vae.requires_grad_(False).eval()
+def load_components(
+    *, pretrained: str | None = None, revision: str | None = None, world: str | None = None,
+    text_encoder: TextEncoderSource | None = None, vae: VaeSource | None = None, latent_scale: float | None = None,
+) -> tuple[CLIPTokenizer, CLIPTextModel, AutoencoderKL]:  # fmt: skip
+    """The frozen tokenizer, text encoder and VAE: `pretrained`'s or the `world`'s, replaced from the sources given."""
+    if pretrained:
+        pipe = LMLPPipeline.from_pretrained(pretrained, revision=revision)
+        tokenizer, text_model, autoencoder = pipe.tokenizer, pipe.text_encoder, pipe.vae
+    elif world:
+        tokenizer, text_model, autoencoder = load(WORLDS[world].components)()
+    if text_encoder is not None:
+        with loading_from("the text encoder", text_encoder.source, "--pretrained_text_encoder"):
+            tokenizer, text_model = load_text_encoder(text_encoder)
+    if vae is not None:
+        with loading_from("the VAE", vae.source, "--pretrained_vae"):
+            autoencoder = load_vae(vae)
+    if latent_scale is not None:
+        autoencoder.register_to_config(scaling_factor=latent_scale)
+    return tokenizer, text_model.requires_grad_(False).eval(), autoencoder.requires_grad_(False).eval()
 
 
 @contextlib.contextmanager
 def loading_from(what: str, source: str, option: str):
-    """Turn a loader's `OSError` or `ValueError` for `what` from `source` into a message that says what to do."""
+    """A loader's `OSError` or `ValueError` for `what` from `source` as a message that says what to do."""
     try:
         yield
     except ValueError as error:  # what the component's checkpoint holds is wrong
@@ -82,18 +81,14 @@ def loading_from(what: str, source: str, option: str):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if Path(source).is_dir():
             raise SystemExit(f"error: could not load {what} from the folder {source}: {first}") from None
-        from huggingface_hub import constants
-
         offline = " (HF_HUB_OFFLINE=1: only the Hugging Face cache is read)" if constants.HF_HUB_OFFLINE else ""
-        raise SystemExit(
-            f"error: could not load {what} from the Hub repo {source}{offline}: {first} Fetch it once (`hf download "
-            f"{source}`, see docs/coco.md), or pass a local folder with {option}."
-        ) from None
+        fix = f"Fetch it once (`hf download {source}`, see docs/coco.md), or pass a local folder with {option}."
+        raise SystemExit(f"error: could not load {what} from the Hub repo {source}{offline}: {first} {fix}") from None
 
 
 def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_tuning: bool = False) -> None:
-    """Refuse components and a resolution that do not fit the backbone: it mixes a fixed number of tokens, so the VAE
-    must turn `resolution` px images into latents of exactly its `sample_size`, by its config and its layers."""
+    """Refuse components and a resolution that do not fit the backbone: the VAE must turn `resolution` px images
+    into latents of exactly its `sample_size` (it mixes a fixed number of tokens), by its config and its layers."""
     config = model.config
     factor = 2 ** (len(vae.config.block_out_channels) - 1)  # the factor LMLPPipeline sizes images by
     native = config.sample_size * factor
@@ -115,8 +110,7 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
             f"{len(vae.config.block_out_channels)} entries) gives a factor of {factor}, its layers downsample by "
             f"{resolution // height}. Use a VAE whose config matches its layers."
         )
-    # LMLPPipeline's constructor checks text width, tokenizer length and latent channels with clear messages.
-    try:
+    try:  # the constructor checks text width, tokenizer length and latent channels
         LMLPPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model, scheduler=None)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
@@ -124,8 +118,7 @@ def check_compatible(model, tokenizer, text_encoder, vae, resolution: int, fine_
 
 def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
     """The (height, width) of the VAE encoder's output for a `resolution`² image, run on the meta device."""
-    encoder = vae.encoder
-    tensors = [*encoder.named_parameters(), *encoder.named_buffers()]
+    encoder, tensors = vae.encoder, [*vae.encoder.named_parameters(), *vae.encoder.named_buffers()]
     meta = {name: torch.empty_like(tensor, device="meta") for name, tensor in tensors}
     image = torch.empty(1, vae.config.in_channels, resolution, resolution, dtype=vae.dtype, device="meta")
     try:
@@ -136,50 +129,37 @@ def vae_latent_size(vae: AutoencoderKL, resolution: int) -> tuple[int, int]:
     return tuple(moments.shape[-2:])
 
 
-# Where a checkpoint keeps the adapter, instead of the backbone's `transformer/`.
-CHECKPOINT_FOLDER = "transformer_lora"
+CHECKPOINT_FOLDER = "transformer_lora"  # a checkpoint's adapter, instead of the backbone's `transformer/`
 
 
 def lora_config(
     model: torch.nn.Module, rank: int, alpha: float | None, dropout: float, target_modules: list[str] | None
 ):
-    """The adapter's `LoraConfig`: `alpha` defaults to the rank, as in diffusers' examples, and `target_modules`
-    (names or suffixes) to the family's."""
+    """The adapter's `LoraConfig`: `alpha` defaults to the rank, `target_modules` (names, suffixes) to the family's."""
     try:
         import peft
     except ImportError:
-        raise SystemExit(
-            'error: --lora_rank trains LoRA adapters with peft, which is not installed: pip install "diffusers-lmlp[train]"'
-        ) from None
+        raise SystemExit('error: --lora_rank needs peft: pip install "diffusers-lmlp[train]"') from None
     family = family_of(model)
-    if target_modules:
-        targets, parameters = list(target_modules), []
-    else:
-        targets, parameters = family.lora_target_regex, list(family.lora_target_parameters)
+    targets = list(target_modules) if target_modules else family.lora_target_regex
+    parameters = [] if target_modules else list(family.lora_target_parameters)
     if not targets and not parameters:
         raise SystemExit(f"error: --lora_target_modules: {family.label} blocks have no nn.Linear layer to adapt")
-    return peft.LoraConfig(
-        r=rank,
-        lora_alpha=rank if alpha is None else alpha,
-        lora_dropout=dropout,
-        init_lora_weights="gaussian",
-        target_modules=targets or [],  # [] with parameters only: None would make PEFT look up a model type
-        target_parameters=parameters or None,
-    )
+    return peft.LoraConfig(  # target_modules [] with parameters only: None would make PEFT look up a model type
+        r=rank, lora_alpha=rank if alpha is None else alpha, lora_dropout=dropout, init_lora_weights="gaussian",
+        target_modules=targets or [], target_parameters=parameters or None,
+    )  # fmt: skip
 
 
 def add_lora(model: torch.nn.Module, config) -> list[str]:
-    """Freeze the backbone, inject the adapter and return the adapted modules' names; exits when a named target
-    matches no layer (PEFT refuses only when none does)."""
+    """Freeze the backbone, add the adapter, return the adapted modules' names; exit if a target matches no layer."""
     model.requires_grad_(False)
     linear_names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     if isinstance(config.target_modules, set | list | tuple):
         for target in sorted(config.target_modules):
             if not any(name == target or name.endswith(f".{target}") for name in linear_names):
-                raise SystemExit(
-                    f"error: --lora_target_modules {target}: no nn.Linear layer of the backbone is named so; its "
-                    f"blocks' layers are {', '.join(names_in_block(linear_names))}"
-                )
+                layers = f"no nn.Linear layer is named so (its blocks have {', '.join(names_in_block(linear_names))})"
+                raise SystemExit(f"error: --lora_target_modules {target}: {layers}")
     try:
         model.add_adapter(config, adapter_name=ADAPTER_NAME)
     except ValueError as error:  # PEFT: none of the targets matched
@@ -195,7 +175,7 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_adapter(model: torch.nn.Module, folder: Path) -> Path:
-    """Write the (unwrapped) model's adapter to `folder/pytorch_lora_weights.safetensors`, in diffusers' format."""
+    """Write the model's adapter to `folder/pytorch_lora_weights.safetensors`, in diffusers' format."""
     LMLPPipeline.save_lora_weights(
         folder, transformer_lora_layers=adapter_state_dict(model),
         transformer_lora_adapter_metadata=model.peft_config[ADAPTER_NAME].to_dict()
@@ -212,8 +192,6 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     expected = adapter_state_dict(model)
     mismatched = sorted(set(saved) ^ set(expected)) or [k for k in expected if saved[k].shape != expected[k].shape]
     if mismatched:
-        raise SystemExit(
-            f"error: the LoRA adapter in {folder} does not fit this run's adapter (e.g. {mismatched[0]}): resume with "
-            "the --lora_rank and --lora_target_modules of the run that saved it"
-        )
+        fix = f"({mismatched[0]}): resume with the --lora_rank and --lora_target_modules of the run that saved it"
+        raise SystemExit(f"error: the LoRA adapter in {folder} does not fit this run's adapter {fix}")
     set_peft_model_state_dict(model, saved, adapter_name=ADAPTER_NAME)

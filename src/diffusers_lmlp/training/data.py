@@ -1,7 +1,5 @@
-"""The training data (COCO-2014, an imagefolder, a `datasets` dataset or an embedded world), checked at start-up,
-and the batches of a run, read ahead by `DataLoader` workers from the feature store or the images. Every random
-choice is a function of (seed, step, sample position) (`step_generator`): a resumed run continues exactly.
-"""
+"""The training data, checked at start-up, and a run's batches, read ahead by `DataLoader` workers; every random
+choice is a function of (seed, step, sample position): a resumed run continues exactly."""
 
 import csv
 import hashlib
@@ -34,23 +32,18 @@ def load_training_data(
     image_column: str, caption_column: str, max_train_samples: int | None, streaming: bool, seed: int, cache_dir: str,
     world: str | None = "shapes", shapes_split: str = "train", shapes_num_images: int | None = None,
 ):  # fmt: skip
-    """The training split (an `IterableDataset` with `streaming`) of `--dataset_name` (a Hub id, a local or a
-    `save_to_disk` folder), else `--train_data_dir` (laid out as `data_layout` says), else the embedded `world`. Bad
-    data are refused (`ValueError`, naming the problem) before anything is encoded, the same way for every source."""
+    """The training split of `--dataset_name`, else `--train_data_dir`, else the `world`; bad data are refused."""
     import datasets
 
     if data_layout not in DATA_LAYOUTS:
         raise ValueError(f"unknown data layout {data_layout!r}; choose one of {DATA_LAYOUTS}")
     hint, folder = "", Path(dataset_name or train_data_dir or ".")
-    saved = (folder / "dataset_dict.json").is_file() or all(
-        (folder / f).is_file() for f in ("state.json", "dataset_info.json")
-    )
+    written = ("dataset_dict.json",), ("state.json", "dataset_info.json")  # what save_to_disk writes
+    saved = any(all((folder / name).is_file() for name in names) for names in written)
     if dataset_name and saved:
         if dataset_config_name is not None:  # a folder written by save_to_disk, which load_dataset refuses
-            raise ValueError(
-                f"--dataset_name {folder} was written by save_to_disk, which saves no configurations: drop "
-                f"--dataset_config_name {dataset_config_name}"
-            )
+            drop = f"drop --dataset_config_name {dataset_config_name}"
+            raise ValueError(f"--dataset_name {folder} was written by save_to_disk, without configurations: {drop}")
         dataset = train_split(datasets.load_from_disk(str(folder)), f"--dataset_name {folder}")
         dataset = dataset.to_iterable_dataset() if streaming else dataset
     elif dataset_name:
@@ -96,8 +89,7 @@ def load_training_data(
 
 
 def check_rows(dataset, image_column: str, caption_column: str) -> None:
-    """Refuse at start-up what a run would die on mid-way: a caption column of no text, a missing or empty caption, an
-    image that cannot be opened (opened, not decoded). A stream is checked by its columns' types alone."""
+    """Refuse what a run would die on mid-way: no text, an empty caption, an unreadable image (a stream: by types)."""
     import datasets
 
     features = dataset.features or {}
@@ -107,9 +99,8 @@ def check_rows(dataset, image_column: str, caption_column: str) -> None:
     inner = caption_feature[0] if isinstance(caption_feature, list) else getattr(caption_feature, "feature", None)
     text = inner if inner is not None else caption_feature
     if caption_feature is not None and getattr(text, "dtype", None) not in ("string", "large_string"):
-        raise ValueError(
-            f"--caption_column {caption_column!r} holds {caption_feature}, not text: name the caption column"
-        )
+        option = f"--caption_column {caption_column!r}"
+        raise ValueError(f"{option} holds {caption_feature}, not text: name the caption column")
     if isinstance(dataset, datasets.IterableDataset):
         return
     for row, value in enumerate(dataset.select_columns([caption_column])[caption_column]):
@@ -123,33 +114,28 @@ def check_rows(dataset, image_column: str, caption_column: str) -> None:
     for start in range(0, len(images), 256):
         for row, value in enumerate(images[start : start + 256][image_column], start):
             try:
-                with Image.open(io.BytesIO(value["bytes"]) if value["bytes"] else value["path"]):
-                    pass
+                Image.open(io.BytesIO(value["bytes"]) if value["bytes"] else value["path"]).close()
             except (OSError, ValueError) as error:  # UnidentifiedImageError is an OSError
-                name = f" {value['path']}" if value.get("path") else ""
-                raise ValueError(
-                    f"row {row} of the training data: its image{name} cannot be read ({error}); replace or remove it"
-                ) from None
+                image = f"image {value['path']}" if value.get("path") else "image"
+                message = f"row {row} of the training data: its {image} cannot be read ({error}); replace or remove it"
+                raise ValueError(message) from None
 
 
 def train_split(dataset, source: str):
-    """The `train` split of a `DatasetDict`; a single dataset as it is (`source` is for the error)."""
+    """The `train` split of a `DatasetDict`; a single dataset as it is."""
     import datasets
 
     if not isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
         return dataset
     if "train" not in dataset:
-        raise ValueError(
-            f"{source} has the splits {sorted(dataset)} and no 'train' split, which is what the trainer reads: "
-            "save or name the training data as 'train'"
-        )
+        why = "which is what the trainer reads: save or name the training data as 'train'"
+        raise ValueError(f"{source} has the splits {sorted(dataset)} and no 'train' split, {why}")
     return dataset["train"]
 
 
 def load_coco2014(root: Path, split: str = "train2014", image_column: str = "image", caption_column: str = "text"):
-    """One split of COCO-2014 as the official archives unpack it (`root/annotations/captions_<split>.json`,
-    `root/<split>/`): columns `image_column`, `caption_column` (all of the image's captions) and `image_id`, in
-    image-id order, captions in file order, as pycocotools reads them; `ValueError` naming a missing or bad file."""
+    """One split of COCO-2014 as its archives unpack (`annotations/captions_<split>.json`, `<split>/`): `image_column`,
+    `caption_column` (all of an image's captions) and `image_id`, in image-id order, as pycocotools reads them."""
     import datasets
 
     if split not in COCO_SPLITS:
@@ -157,12 +143,9 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
     annotations_file, image_dir = root / "annotations" / f"captions_{split}.json", root / split
     for needed in (annotations_file, image_dir):
         if not needed.exists():
-            raise ValueError(
-                f"{root} is not a COCO-2014 folder: {needed} is missing; unpack annotations_trainval2014.zip and "
-                f"{split}.zip into it"
-            )
-    with open(annotations_file, encoding="utf-8") as f:
-        coco = json.load(f)
+            fix = f"unpack annotations_trainval2014.zip and {split}.zip into it"
+            raise ValueError(f"{root} is not a COCO-2014 folder: {needed} is missing; {fix}")
+    coco = json.loads(annotations_file.read_text(encoding="utf-8"))
     if not isinstance(coco, dict) or not {"images", "annotations"} <= coco.keys():
         raise ValueError(f"{annotations_file} is not a COCO captions file: it needs 'images' and 'annotations' lists")
     captions = coco_captions(coco, annotations_file)
@@ -171,9 +154,8 @@ def load_coco2014(root: Path, split: str = "train2014", image_column: str = "ima
     if missing := [str(path) for path in paths if not path.is_file()]:
         raise ValueError(f"{annotations_file} lists {len(missing)} image(s) that {image_dir} lacks, e.g. {missing[0]}")
     if uncaptioned := [image["id"] for image in images if image["id"] not in captions]:
-        raise ValueError(
-            f"{annotations_file}: image id {uncaptioned[0]} (and {len(uncaptioned) - 1} more) has no caption"
-        )
+        more = len(uncaptioned) - 1
+        raise ValueError(f"{annotations_file}: image id {uncaptioned[0]} (and {more} more) has no caption")
     rows = {
         image_column: [str(path) for path in paths], caption_column: [captions[image["id"]] for image in images],
         "image_id": [image["id"] for image in images]
@@ -198,20 +180,17 @@ CSV_MISSING_VALUES = frozenset(
 
 
 def load_imagefolder(folder: Path, caption_column: str = "text", cache_dir: str | None = None):
-    """The training split of an imagefolder, its metadata checked first. Only folders split it (`datasets` alone
-    would split by file name too, `COCO_train2014_….jpg` into a "train" split without captions)."""
+    """An imagefolder's training split, its metadata checked first; only folders split it, not file names."""
     import datasets
 
     patterns, metadata = imagefolder_split(folder, caption_column)
     check_imagefolder_metadata(metadata, caption_column)
-    return datasets.load_dataset(
-        "imagefolder", data_dir=str(folder), data_files={"train": patterns}, cache_dir=cache_dir
-    )["train"]
+    files = {"train": patterns}
+    return datasets.load_dataset("imagefolder", data_dir=str(folder), data_files=files, cache_dir=cache_dir)["train"]
 
 
 def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], list[Path]]:
-    """The `data_files` patterns of an imagefolder's training split and its metadata files: the training split
-    folders (`train/`, `train2014/`, … as `datasets` names them) when they hold metadata, else the whole folder."""
+    """The `data_files` patterns and metadata of an imagefolder's training split: its split folders', or all."""
     from datasets.data_files import NON_WORDS_CHARS, SPLIT_KEYWORDS
 
     pattern = f"(^|[{NON_WORDS_CHARS}])({{}})([{NON_WORDS_CHARS}]|$)"
@@ -221,10 +200,8 @@ def imagefolder_split(folder: Path, caption_column: str) -> tuple[list[str], lis
         here = Path(root).relative_to(folder)
         splits = {split for split, where in split_folders.items() for path in where if here.is_relative_to(path)}
         for name in subfolders:  # the split a folder of this name holds for `datasets`, if any
-            words = (
-                split for split, keys in SPLIT_KEYWORDS.items() if re.search(pattern.format("|".join(keys)), name)
-            )
-            if split := next(words, None):
+            found = (s for s, words in SPLIT_KEYWORDS.items() if re.search(pattern.format("|".join(words)), name))
+            if split := next(found, None):
                 split_folders.setdefault(str(split), []).append(here / name)
         for name in sorted(files):
             if name in names:
@@ -257,9 +234,7 @@ def metadata_file_names() -> list[str]:
 
 
 def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> None:
-    """Refuse imagefolder metadata of mixed formats, or a file with no rows, without the caption column, with a row
-    that lacks a usable caption or its image (only checked to exist), or with captions of both kinds: `datasets` would
-    fill a missing caption with None (a crash much later), train an empty one as "", or fail deep in Arrow."""
+    """Refuse imagefolder metadata that `datasets` would misread: mixed formats, no rows or captions, bad rows."""
     formats = sorted({path.suffix for path in metadata})
     if len(formats) > 1:
         first, other = (next(path for path in metadata if path.suffix == suffix) for suffix in formats[:2])
@@ -268,17 +243,14 @@ def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> Non
     for path in metadata:
         first_values, first_problem, problems, listings = {}, None, 0, {}
         for where, row in metadata_rows(path):
-            for column in row.keys() - first_values.keys():
-                first_values[column] = row[column]
+            first_values = {**row, **first_values}  # each column's first value
             problem = row_problem(row, caption_column, path, listings)
             if problem is None:
                 kind = "a list of captions" if isinstance(row[caption_column], list | tuple) else "a string"
                 first_caption.setdefault("where", f"{path} {where}")
                 if kind != first_caption.setdefault("kind", kind):
-                    problem = (
-                        f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: write "
-                        "every caption as a list or every one as a string"
-                    )
+                    problem = f"its caption is {kind}, where {first_caption['where']}'s is {first_caption['kind']}: "
+                    problem += "write every caption as a list or every one as a string"
             if problem:
                 problems += 1
                 first_problem = first_problem or f"{where} (file_name {row.get('file_name')!r}): {problem}"
@@ -288,15 +260,13 @@ def check_imagefolder_metadata(metadata: list[Path], caption_column: str) -> Non
             problem = f"--caption_column {caption_column!r} is not a column of the dataset: {path} has no such field"
             if candidates := [c for c, value in first_values.items() if not is_file_name(c) and is_caption(value)]:
                 flag = candidates[0] if len(candidates) == 1 else "with the one that holds the captions"
-                raise ValueError(
-                    f"{problem}; its rows have {', '.join(map(repr, candidates))}: pass --caption_column {flag}"
-                )
+                names = ", ".join(map(repr, candidates))
+                raise ValueError(f"{problem}; its rows have {names}: pass --caption_column {flag}")
             raise ValueError(f"{problem}, and none of its columns {sorted(first_values)} holds text")
         if first_problem:
             more = f" ({problems - 1} more rows are wrong too)" if problems > 1 else ""
-            raise ValueError(
-                f"{path} {first_problem}{more}. Every row needs a caption and its image: fix or remove it."
-            )
+            fix = "Every row needs a caption and its image: fix or remove it."
+            raise ValueError(f"{path} {first_problem}{more}. {fix}")
 
 
 def is_file_name(column: str) -> bool:
@@ -312,8 +282,7 @@ def is_caption(value) -> bool:
 
 
 def row_problem(row: dict, caption_column: str, metadata: Path, listings: dict[str, set[str]]) -> str | None:
-    """What is wrong with a metadata row (its caption, its `file_name` relative to the metadata file, its image), or
-    None; `listings` caches the folders' files (one listing each, not a `stat` per image)."""
+    """What is wrong with a metadata row (caption, `file_name`, image), or None; `listings` caches folder listings."""
     if caption_column not in row:
         return f"it has no {caption_column!r} field"
     value = row[caption_column]
@@ -341,8 +310,7 @@ def row_problem(row: dict, caption_column: str, metadata: Path, listings: dict[s
 
 
 def metadata_rows(metadata: Path) -> Iterator[tuple[str, dict]]:
-    """`(where, row)` for each row of a metadata file: `"line <n>"` in a `.jsonl` or `.csv`, `"row <i>"` in a
-    `.parquet`."""
+    """`(where, row)` for each row of a metadata file: `"line <n>"`, or `"row <i>"` in a `.parquet`."""
     if metadata.suffix == ".parquet":
         import pyarrow.parquet
 
@@ -376,118 +344,104 @@ def step_generator(seed: int, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
-def build_feature_store(args, dataset, tokenizer, text_encoder, vae, accelerator, cache_dir: Path) -> FeatureStore:
+def build_feature_store(
+    dataset, tokenizer, text_encoder, vae, accelerator, cache_dir: Path, *, image_column: str, caption_column: str,
+    resolution: int, text_dtype: str | None, num_workers: int = 0,
+) -> FeatureStore:  # fmt: skip
     """The feature store `<cache_dir>/features/<key>` of this data and these components, extracted first if need be."""
     extraction = dict(
-        image_column=args.image_column, caption_column=args.caption_column, resolution=args.resolution,
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, text_dtype=args.cache_text_dtype or "float32",
+        image_column=image_column, caption_column=caption_column, resolution=resolution, tokenizer=tokenizer,
+        text_encoder=text_encoder, vae=vae, text_dtype=text_dtype or "float32",
     )  # fmt: skip
     try:
         return open_feature_store(
             cache_dir / "features" / feature_store_key(dataset, **extraction), dataset,
             process_index=accelerator.process_index, num_processes=accelerator.num_processes,
-            wait_for_everyone=accelerator.wait_for_everyone, num_workers=args.dataloader_num_workers, **extraction,
+            wait_for_everyone=accelerator.wait_for_everyone, num_workers=num_workers, **extraction,
         )  # fmt: skip
     except (OSError, ValueError) as error:  # a caption that is not one, a store other processes cannot see
         raise SystemExit(f"error: {error}") from None
 
 
-class BatchReader:
-    """The CPU half of a batch, run in `DataLoader` workers: the random draws, then the samples from the feature
-    store (latents re-sampled from the stored moments, as the reference does) or decoded images. A dataset is read in
-    seeded per-epoch permutations (resuming needs no data state); a stream in order, skipping what steps before
-    `step` used."""
+class BatchReader(torch.utils.data.IterableDataset):
+    """A batch's CPU half, in `DataLoader` workers: the draws, then feature store samples or decoded images; a dataset
+    in seeded per-epoch permutations, a stream in order from `step`. `per_step`: samples per process and step.
+    Iterated: the `load` of the steps in `span` with each generator's state after it, worker w of W every W-th."""
 
-    def __init__(self, args, dataset, store: FeatureStore | None, process_index: int, num_processes: int, step: int):
-        self.args, self.dataset, self.store = args, dataset, store
-        self.process_index, self.num_processes, self.step = process_index, num_processes, step
-        self._permutation = (-1, None)
-        self._stream = None
+    def __init__(
+        self, dataset, store: FeatureStore | None, *, seed: int, per_step: int, caption_dropout: float = 0.0,
+        image_column: str = "image", caption_column: str = "text", resolution: int = 256, random_flip: bool = False,
+        streaming: bool = False, process_index: int = 0, num_processes: int = 1, step: int = 0,
+    ):  # fmt: skip
+        self.dataset, self.store, self.seed, self.per_step, self.step = dataset, store, seed, per_step, step
+        self.caption_dropout, self.random_flip, self.streaming = caption_dropout, random_flip, streaming
+        self.image_column, self.caption_column, self.resolution = image_column, caption_column, resolution
+        self.process_index, self.num_processes = process_index, num_processes
+        self._permutation, self._stream, self.span = (-1, None), None, range(0)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for step in self.span[info.id :: info.num_workers] if info else self.span:
+            first = (step * self.num_processes + self.process_index) * self.per_step
+            generator = step_generator(self.seed, "step", step, self.process_index)
+            yield self.load(list(range(first, first + self.per_step)), generator), generator.get_state()
 
     def sample_index(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.dataset))
-        if self._permutation[0] != epoch:
-            generator = step_generator(self.args.seed, "epoch", epoch)
-            permutation = torch.randperm(len(self.dataset), generator=generator).numpy()  # cheap to index
-            self._permutation = (epoch, permutation)
+        if self._permutation[0] != epoch:  # as numpy: cheap to index
+            order = torch.randperm(len(self.dataset), generator=step_generator(self.seed, "epoch", epoch)).numpy()
+            self._permutation = (epoch, order)
         return int(self._permutation[1][offset])
 
     def _next_records(self, count: int) -> list[dict]:
         if self._stream is None:
             self._stream = self._epochs()
-            per_step = self.args.train_batch_size * self.args.gradient_accumulation_steps
-            self._next_records(self.step * per_step)  # what the steps before a resume consumed
+            self._next_records(self.step * self.per_step)  # what the steps before a resume consumed
         return [next(self._stream) for _ in range(count)]
 
     def _epochs(self) -> Iterator[dict]:
-        """This process's shard of the stream, shuffled, epoch after epoch, one record at a time (`iter`, so that
-        `datasets` does not split it between workers)."""
+        """This process's shard of the stream, shuffled, epoch after epoch, one record at a time."""
         from datasets.distributed import split_dataset_by_node
 
         shard = split_dataset_by_node(self.dataset, self.process_index, self.num_processes)
-        shard = shard.shuffle(seed=self.args.seed, buffer_size=1000)
+        shard = shard.shuffle(seed=self.seed, buffer_size=1000)
         for epoch in itertools.count():
             shard.set_epoch(epoch)
-            empty = True
-            for batch in shard.iter(batch_size=1):
-                empty = False
+            records = 0
+            for records, batch in enumerate(shard.iter(batch_size=1), 1):
                 yield {column: values[0] for column, values in batch.items()}
-            if empty:
+            if not records:
                 raise ValueError(f"the stream of process {self.process_index} is empty: it has no records to train on")
 
     @torch.no_grad()
     def load(self, positions: list[int], generator: torch.Generator) -> dict:
-        """`drop` (b,) and either `latents`/`states` from the store or `pixels`/`texts` to encode, of the samples at
-        `positions`; `BatchSource.finish` continues with `generator`."""
-        args = self.args
+        """`drop` and `latents`/`states` or `pixels`/`texts` of the samples at `positions`."""
         choice = torch.rand(len(positions), generator=generator)  # caption pick
-        drop = torch.rand(len(positions), generator=generator) < args.caption_dropout
-        flip = torch.rand(len(positions), generator=generator) < 0.5
+        drop = torch.rand(len(positions), generator=generator) < self.caption_dropout
+        flip = (torch.rand(len(positions), generator=generator) < 0.5) & self.random_flip
         if self.store is not None:
             moments, states = self.store.read([self.sample_index(p) for p in positions], choice)
             mean, logvar = moments.chunk(2, dim=1)  # (b, C, h, w) each
             noise = torch.randn(mean.shape, generator=generator)
             latents = mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * noise  # (b, C, h, w)
             return {"drop": drop, "latents": latents, "states": states}
-        if args.streaming:
+        if self.streaming:
             records = self._next_records(len(positions))
         else:
             records = [self.dataset[self.sample_index(p)] for p in positions]
-        captions = [captions_of(r[args.caption_column]) for r in records]
-        flips = (bool(f and args.random_flip) for f in flip)
-        pixels = torch.stack(
-            [preprocess_image(r[args.image_column], args.resolution, f) for r, f in zip(records, flips)]
-        )
+        captions = [captions_of(r[self.caption_column]) for r in records]
+        images = (preprocess_image(r[self.image_column], self.resolution, bool(f)) for r, f in zip(records, flip))
+        pixels = torch.stack(list(images))
         texts = [caps[int(c * len(caps))] for caps, c in zip(captions, choice)]
         return {"drop": drop, "pixels": pixels, "texts": texts}
 
 
-class StepBatches(torch.utils.data.IterableDataset):
-    """This process's `BatchReader.load` of steps `first` … `last - 1`, each with its generator's state after it:
-    worker w of W makes steps first + w, first + w + W, … (a `DataLoader` returns its workers' items in turn)."""
-
-    def __init__(self, reader: BatchReader, first: int, last: int):
-        self.reader, self.first, self.last = reader, first, last
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        args, rank = self.reader.args, self.reader.process_index
-        per_step = args.train_batch_size * args.gradient_accumulation_steps  # per process
-        for step in range(self.first + worker, self.last, workers):
-            first = (step * self.reader.num_processes + rank) * per_step
-            generator = step_generator(args.seed, "step", step, rank)
-            yield self.reader.load(list(range(first, first + per_step)), generator), generator.get_state()
-
-
 class BatchSource:
-    """The clean latents and conditioning of the samples at given positions of the sample stream: a `BatchReader`
-    makes the CPU half in worker processes; this process runs the encoders when there is no feature store, applies
-    caption dropout and scales the latents. Every draw comes from the step's generator."""
+    """A step's clean latents and text states: `reader`'s CPU half in `num_workers` workers, then the encoders."""
 
-    def __init__(self, args, dataset, store, tokenizer, text_encoder, vae, step, process_index=0, num_processes=1):
-        self.args, self.tokenizer, self.text_encoder, self.vae = args, tokenizer, text_encoder, vae
-        self.reader = BatchReader(args, dataset, store, process_index, num_processes, step)
+    def __init__(self, reader: BatchReader, tokenizer, text_encoder, vae, num_workers: int = 0):
+        self.reader, self.tokenizer, self.text_encoder, self.vae = reader, tokenizer, text_encoder, vae
+        self.num_workers = num_workers
         self.empty_states = encode_text(tokenizer, text_encoder, [""])  # (1, T, D)
 
     def batch(self, positions: list[int], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -509,18 +463,15 @@ class BatchSource:
 
     def steps(self, first: int, last: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Generator]]:
         """The latents, text states and generator of steps `first` … `last - 1`, read by `--dataloader_num_workers`."""
-        workers = self.args.dataloader_num_workers
-        if self.args.streaming and workers > 1:
+        workers = self.num_workers
+        if self.reader.streaming and workers > 1:
             logger.info(f"--dataloader_num_workers {workers}: a stream is read in order, by one worker process")
             workers = 1
-        loader = torch.utils.data.DataLoader(
-            StepBatches(self.reader, first, last),
-            batch_size=None,  # items are batches already
-            num_workers=workers,
-            pin_memory=self.vae.device.type == "cuda",
-            generator=torch.Generator().manual_seed(0),  # DataLoader would otherwise draw from the global RNG
-        )
+        self.reader.span = range(first, last)
+        loader = torch.utils.data.DataLoader(  # items are batches already; a generator, not the global RNG
+            self.reader, batch_size=None, num_workers=workers, pin_memory=self.vae.device.type == "cuda",
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
         for loaded, state in loader:
-            generator = torch.Generator()
-            generator.set_state(state)
+            generator = torch.Generator().set_state(state)
             yield *self.finish(loaded, generator), generator

@@ -1,10 +1,7 @@
-"""The feature store: the VAE moments of every training image and the CLIP text states of every caption, extracted
-once (U-ViT's extraction) into shards that `safetensors.torch.save_file` writes and that are read lazily, row by row.
-A shard under its final name is complete, its SHA-256 in the checksums file written after it; the store is complete
-when its `manifest.json`, written last, is there. Extraction is parallel and resumable and never stores a NaN or inf;
-opening checks every shard against the manifest.
-"""
+"""The feature store: VAE moments and CLIP text states extracted once into safetensors shards, read row by row. A
+shard is complete with its checksums file, the store with its `manifest.json`; NaN and inf are refused."""
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,21 +24,18 @@ from ..progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
-# `--cache_text_dtype`: how the text states are stored (the moments are always float32).
-TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+TEXT_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # `--cache_text_dtype`'s (moments: float32)
 SHARD_SIZE = 256  # images per shard, held in memory while it is extracted
 MANIFEST = "manifest.json"
-# Part of every key, so a store of another layout is never read as this one.
-FORMAT = "diffusers-lmlp feature store v3"
-MAX_OPEN_SHARDS = 64  # file descriptors per process (nothing is mapped: memory does not grow with them)
+FORMAT = "diffusers-lmlp feature store v3"  # in every key: a store of another layout is never read as this one
+MAX_OPEN_SHARDS = 64  # file descriptors per process
 
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}.safetensors"
 
 
-def checksums_path(shard: Path) -> Path:
-    """The file of a shard's size and SHA-256, written once the shard is in place."""
+def checksums_path(shard: Path) -> Path:  # its size and SHA-256, written once the shard is in place
     return shard.with_suffix(".sha256.json")
 
 
@@ -52,8 +46,7 @@ def available_cpus() -> int:
 def feature_store_key(
     dataset, *, image_column: str, caption_column: str, resolution: int, tokenizer, text_encoder, vae, text_dtype: str
 ) -> str:
-    """The store's name (20 hex digits): equal for equal data (its `_fingerprint`, else its length), columns,
-    resolution, components (configs, vocabulary, weights) and `text_dtype`; any change gives another store."""
+    """The store's name (20 hex digits), equal for equal data, columns, resolution, components and `text_dtype`."""
 
     def digest(value) -> str:
         return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
@@ -70,24 +63,19 @@ def is_count(value) -> bool:
 
 
 def checksums_ok(record) -> bool:
-    """Whether a shard's record (in its checksums file and the manifest) has its size, SHA-256 and caption count."""
     sha256 = record.get("sha256") if isinstance(record, dict) else None
     return isinstance(sha256, str) and bool(re.fullmatch("[0-9a-f]{64}", sha256)) and all(
         is_count(record.get(field)) for field in ("bytes", "num_captions"))  # fmt: skip
 
 
 def read_manifest(path: Path) -> dict:
-    """The manifest of a complete store of this `FORMAT` (`FileNotFoundError` when missing, `ValueError` when it is
-    not JSON, of another format, or a field is wrong)."""
+    """The manifest of a complete store of this `FORMAT`: `FileNotFoundError` when missing, else `ValueError`."""
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path.parent} is not a complete feature store: {MANIFEST} is missing. On several machines, put "
-            "--cache_dir on a file system that every process sees"
-        )
-    try:
+        fix = "On several machines, put --cache_dir on a file system that every process sees"
+        raise FileNotFoundError(f"{path.parent} is not a complete feature store: {MANIFEST} is missing. {fix}")
+    manifest = None
+    with contextlib.suppress(ValueError):  # not JSON
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        manifest = None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT!r} manifest: delete {path.parent} to extract it again")
     shards = manifest.get("shards") if isinstance(manifest.get("shards"), list) else []
@@ -100,15 +88,12 @@ def read_manifest(path: Path) -> dict:
         **{f"shards[{i}]": checksums_ok(shard) and shard.get("file") == shard_name(i) for i, shard in enumerate(shards)},
     }  # fmt: skip
     if wrong := [field for field, ok in checks.items() if not ok]:
-        raise ValueError(
-            f"{path} is not a valid {FORMAT!r} manifest ({', '.join(map(repr, wrong))} missing or wrong): delete it, "
-            "and the next run writes it again from the shards' checksums files"
-        )
+        fields = ", ".join(map(repr, wrong))
+        raise ValueError(f"{path} is not a valid {FORMAT!r} manifest ({fields} missing or wrong): delete it")
     return manifest
 
 
 def read_header(fd: int, path: Path) -> tuple[dict, int]:
-    """The header of the safetensors file open as `fd` and the offset its data start at (`ValueError` if none)."""
     raw = os.pread(fd, 8, 0)
     size = int.from_bytes(raw, "little") if len(raw) == 8 else -1
     try:
@@ -120,9 +105,7 @@ def read_header(fd: int, path: Path) -> tuple[dict, int]:
 
 
 class ShardReader:
-    """Positional reads of whole rows of the tensors of one safetensors file, into caller-owned arrays: a batch
-    reads its rows and nothing else (`safe_open` maps the file, so what a process reads would stay in its memory, and
-    its slices take several times longer per row)."""
+    """Positional reads of rows of a safetensors file into caller-owned arrays (`safe_open` maps the file)."""
 
     def __init__(self, path: Path):
         self.path, self.fd = path, os.open(path, os.O_RDONLY)
@@ -133,18 +116,15 @@ class ShardReader:
             raise
         self.tensors = {  # name → (offset of row 0, bytes per row, rows)
             name: (data_start + begin, (end - begin) // max(entry["shape"][0], 1), entry["shape"][0])
-            for name, entry in self.header.items()
-            if name != "__metadata__"
-            for begin, end in [entry["data_offsets"]]
-        }
+            for name, entry in self.header.items() if name != "__metadata__" for begin, end in [entry["data_offsets"]]
+        }  # fmt: skip
 
     @cached_property
     def caption_offsets(self) -> np.ndarray:
-        """(n + 1,) int64: image i's captions are text rows `[i] : [i + 1]`; read once while the shard is open."""
         return self.read_into("caption_offsets", 0, np.empty(self.tensors["caption_offsets"][2], np.int64))
 
     def read_into(self, name: str, row: int, out: np.ndarray) -> np.ndarray:
-        """Read rows `row`, `row + 1`, … of tensor `name` into the C-contiguous `out`, as many as it holds."""
+        """Read rows `row`, `row + 1`, … of tensor `name` into `out`, as many as it holds."""
         offset, row_bytes, num_rows = self.tensors[name]
         if not 0 <= row <= num_rows - out.nbytes // row_bytes:
             raise IndexError(f"{self.path}: rows {row}+ of {name!r}, which has {num_rows}")
@@ -157,15 +137,8 @@ class ShardReader:
 
 
 class FeatureStore:
-    """A complete store, read lazily: `read` fetches the rows of one batch, and nothing else is held.
-
-    Opening checks every shard's size and header against the manifest and, with `verify`, its SHA-256. Picklable
-    for `DataLoader` workers, which open their own files and check nothing again.
-
-    Raises:
-        `FileNotFoundError`: When the manifest or a shard is missing.
-        `ValueError`: For another kind of store, or a damaged or changed shard; the message says what to delete.
-    """
+    """A complete store, read lazily; opening checks every shard's size and header and, with `verify`, its SHA-256
+    (`FileNotFoundError` or `ValueError`, saying what to delete). Picklable: workers open their own files."""
 
     def __init__(self, path: Path, *, verify: bool = True):
         self.path, self.manifest_path = Path(path), Path(path) / MANIFEST
@@ -179,10 +152,7 @@ class FeatureStore:
         self.text_states_shape = tuple(manifest["text_states_shape"])  # (T, D)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
         if len(self.shards) != -(-self.num_images // self.shard_size):
-            raise ValueError(
-                f"{self.manifest_path} lists {len(self.shards)} shards, not those of {self.num_images} images by "
-                f"{self.shard_size}: delete it, and the next run writes it again"
-            )
+            raise ValueError(f"{self.manifest_path} lists a wrong number of shards ({len(self.shards)}): delete it")
         for index in range(len(self.shards)):
             self.check_structure(index)
         if verify:
@@ -192,14 +162,12 @@ class FeatureStore:
         return f"Delete {file} and {self.manifest_path}: the next run extracts that shard again, and only that one"
 
     def check_structure(self, index: int) -> None:
-        """Check shard `index`'s size and header against the manifest, reading only those."""
         file, record = self.path / self.shards[index], self.records[index]
+        fix = self.fix(file)
         if not file.is_file():
-            raise FileNotFoundError(f"{file} is missing from the feature store. {self.fix(file)}")
+            raise FileNotFoundError(f"{file} is missing from the feature store. {fix}")
         if (size := file.stat().st_size) != record["bytes"]:
-            raise ValueError(
-                f"{file} is {size:,} bytes where its extraction wrote {record['bytes']:,}. {self.fix(file)}"
-            )
+            raise ValueError(f"{file} is {size:,} bytes where its extraction wrote {record['bytes']:,}. {fix}")
         images, captions = min(self.shard_size, self.num_images - index * self.shard_size), record["num_captions"]
         dtype = "F16" if self.text_dtype == torch.float16 else "F32"
         expected = {
@@ -209,32 +177,24 @@ class FeatureStore:
         try:
             with open(file, "rb") as f:
                 header = read_header(f.fileno(), file)[0]
-            found = {
-                name: (entry["dtype"], entry["shape"]) for name, entry in header.items() if name != "__metadata__"
-            }
+            found = {name: (e["dtype"], e["shape"]) for name, e in header.items() if name != "__metadata__"}
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{file} is not a safetensors file (its header is not one). {self.fix(file)}") from None
+            raise ValueError(f"{file} is not a safetensors file (its header is not one). {fix}") from None
         if found != expected:
-            raise ValueError(
-                f"{file} has the tensors {found}, where the manifest expects {expected}. {self.fix(file)}"
-            )
+            raise ValueError(f"{file} has the tensors {found}, where the manifest expects {expected}. {fix}")
 
     def verify(self, shards: Iterable[int] | None = None, num_threads: int | None = None) -> None:
-        """Check `shards` (default: all) against the SHA-256 their extraction recorded, `num_threads` (default: one
-        per CPU) at once; `ValueError` naming the shard and the fix."""
+        """Check `shards` (default: all) against their recorded SHA-256, in `num_threads` (default: one per CPU)."""
         shards = list(range(len(self.shards)) if shards is None else shards)
-        if shards:
-            with ThreadPoolExecutor(min(len(shards), num_threads or available_cpus())) as pool:
-                list(pool.map(self.verify_shard, shards))  # in threads: hashing releases the GIL
+        with ThreadPoolExecutor(max(1, min(len(shards), num_threads or available_cpus()))) as pool:
+            list(pool.map(self.verify_shard, shards))  # in threads: hashing releases the GIL
 
     def verify_shard(self, index: int) -> None:
         file = self.path / self.shards[index]
         with open(file, "rb") as f:
             if hashlib.file_digest(f, "sha256").hexdigest() != self.records[index]["sha256"]:
-                raise ValueError(
-                    f"{file}: its SHA-256 is not the one its extraction recorded in {self.manifest_path}: the file "
-                    f"was damaged or changed after it was written. {self.fix(file)}"
-                )
+                why = f"its SHA-256 is not the one its extraction recorded in {self.manifest_path}: it was damaged"
+                raise ValueError(f"{file}: {why} or changed after it was written. {self.fix(file)}")
 
     def __len__(self) -> int:
         return self.num_images
@@ -243,11 +203,10 @@ class FeatureStore:
         return {**self.__dict__, "_open": OrderedDict()}  # a process that receives the store opens its own files
 
     def nbytes(self) -> int:
-        """The size of the store's files on disk, in bytes."""
         return sum(file.stat().st_size for file in self.path.iterdir())
 
     def shard(self, index: int) -> ShardReader:
-        """The reader of shard `index`, opened on first use (at most `MAX_OPEN_SHARDS` stay open)."""
+        """The reader of shard `index`, opened on first use (`MAX_OPEN_SHARDS` stay open)."""
         if index in self._open:
             self._open.move_to_end(index)
             return self._open[index]
@@ -257,27 +216,24 @@ class FeatureStore:
         return self._open[index]
 
     def read(self, indices: list[int], picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The moments (b, 2C, h, w) float32 (mean ‖ logvar) of images `indices` and the text states (b, T, D), in the
-        store's text dtype, of one caption of each: its ⌊pick · (its captions)⌋-th, `picks` (b,) in [0, 1)."""
+        """The moments (b, 2C, h, w) of images `indices`, the text states (b, T, D) of their ⌊pick · n⌋-th captions."""
         for index in indices:
             if not 0 <= index < self.num_images:
                 raise IndexError(f"image {index} of a feature store of {self.num_images}")
-        moments = np.empty((len(indices), *self.moments_shape), np.float32)  # (b, 2C, h, w)
-        text_dtype = np.float16 if self.text_dtype == torch.float16 else np.float32
-        states = np.empty((len(indices), *self.text_states_shape), text_dtype)  # (b, T, D)
+        moments = torch.empty((len(indices), *self.moments_shape), dtype=torch.float32)  # (b, 2C, h, w)
+        states = torch.empty((len(indices), *self.text_states_shape), dtype=self.text_dtype)  # (b, T, D)
         for k, (index, pick) in enumerate(zip(indices, picks.tolist())):
             shard, row = divmod(index, self.shard_size)
             reader = self.shard(shard)
             begin, end = reader.caption_offsets[row : row + 2].tolist()
-            reader.read_into("moments", row, moments[k])
-            reader.read_into("text_states", begin + int(pick * (end - begin)), states[k])
-        return torch.from_numpy(moments), torch.from_numpy(states)
+            reader.read_into("moments", row, moments[k].numpy())
+            reader.read_into("text_states", begin + int(pick * (end - begin)), states[k].numpy())
+        return moments, states
 
 
 @torch.no_grad()
 def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
-    """CLIP's last hidden state (B, T, D) of each text, padded and truncated to the tokenizer's length and encoded
-    without an attention mask, as U-ViT does; on the text encoder's device, in its dtype."""
+    """CLIP's last hidden state (B, T, D) of each text, padded to the tokenizer's length, without a mask (U-ViT's)."""
     ids = tokenizer(
         texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
     ).input_ids  # (B, T)
@@ -285,8 +241,6 @@ def encode_text(tokenizer, text_encoder, texts: list[str]) -> torch.Tensor:
 
 
 def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write a shard with `save_file` under a temporary name, fsync it, rename it into place, then write its checksums
-    file (the shard is complete once both are there)."""
     tmp = path.with_name(f".{path.name}.tmp")
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, tmp)
     with open(tmp, "rb") as f:
@@ -299,8 +253,7 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_span(dataset, shard_size: int, image_column: str, caption_column: str, resolution: int, span):
-    """`(shard, first row in the shard, pixels, captions)` of `span` = `(shard, start, stop)`, made in `DataLoader`
-    workers, which decode and crop the images while the encoders run."""
+    """`(shard, first row in it, pixels, captions)` of `span` = `(shard, start, stop)`, in `DataLoader` workers."""
     from .data import preprocess_image  # data.py imports this module
 
     shard, start, stop = span
@@ -315,13 +268,8 @@ def extract_features(
     text_dtype: str = "float32", shard_size: int = SHARD_SIZE, batch_size: int = 32, num_workers: int = 0,
     process_index: int = 0, num_processes: int = 1, wait_for_everyone: Callable[[], None] = lambda: None,
 ) -> None:  # fmt: skip
-    """Write the store at `path`: this process's missing shards, then (on process 0) the manifest.
-
-    Every process calls this together: process p of P writes those of shards p, p + P, … that are not complete (a
-    killed extraction resumes), `num_workers` `DataLoader` workers decoding the images; all wait (`wait_for_everyone`)
-    before and after process 0 writes the manifest. `ValueError` for an empty dataset, an unknown `text_dtype`, a row
-    without a usable caption, or a NaN or inf.
-    """
+    """Write the store at `path`, all processes together: process p of P the incomplete ones of shards p, p + P, …,
+    then process 0 the manifest. `ValueError` for no data, an unknown `text_dtype`, a bad caption, a NaN or inf."""
     if text_dtype not in TEXT_DTYPES:
         raise ValueError(f"unknown text dtype {text_dtype!r}; choose one of {sorted(TEXT_DTYPES)}")
     if len(dataset) == 0:
@@ -333,39 +281,29 @@ def extract_features(
     todo = [s for s in mine if not done(s)]
     if process_index == 0 and len(todo) < len(mine):
         logger.info(f"resuming the extraction into {path}: {len(mine) - len(todo)} of its shards are complete")
-    spans = [
-        (s, start, min(start + batch_size, (s + 1) * shard_size, len(dataset)))
-        for s in todo
-        for start in range(s * shard_size, min((s + 1) * shard_size, len(dataset)), batch_size)
-    ]
-    batches = torch.utils.data.DataLoader(
-        spans,
-        batch_size=None,  # items are batches already
+    ends = {s: min((s + 1) * shard_size, len(dataset)) for s in todo}
+    spans = [(s, a, min(a + batch_size, ends[s])) for s in todo for a in range(s * shard_size, ends[s], batch_size)]
+    batches = torch.utils.data.DataLoader(  # items are batches already; the global RNG is left untouched
+        spans, batch_size=None, num_workers=num_workers, generator=torch.Generator().manual_seed(0),
         collate_fn=partial(load_span, dataset, shard_size, image_column, caption_column, resolution),
-        num_workers=num_workers,
-        generator=torch.Generator().manual_seed(0),  # the global RNG is left untouched
-    )
+    )  # fmt: skip
     progress = progress_bar(
-        sum(stop - start for _, start, stop in spans),
-        f"extracting features ({len(todo)} of {num_shards} shards on this process)",
-        unit="img",
-        disable=process_index != 0,
-    )
-    moments_parts, states_parts, counts = [], [], []  # of the shard being extracted
+        sum(stop - start for _, start, stop in spans), f"extracting features ({len(todo)} of {num_shards} shards on "
+        "this process)", unit="img", disable=process_index != 0,
+    )  # fmt: skip
+    parts, counts = [], []  # the (moments, states) of the shard being extracted, its images' caption counts
     for shard, row, pixels, captions in batches:
         moments = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.parameters.float().cpu()  # (b, 2C, h, w)
         states = encode_text(tokenizer, text_encoder, [c for image in captions for c in image])  # (m, T, D)
         states = states.to("cpu", TEXT_DTYPES[text_dtype])
         refuse_non_finite(dataset, image_column, shard * shard_size + row, moments, states, captions)
-        moments_parts.append(moments)
-        states_parts.append(states)
+        parts.append((moments, states))
         counts += map(len, captions)
         progress.update(len(pixels))
         if row + len(pixels) == min(shard_size, len(dataset) - shard * shard_size):  # the shard's last batch
-            tensors = {"moments": torch.cat(moments_parts), "caption_offsets": torch.tensor([0, *counts]).cumsum(0),
-                       "text_states": torch.cat(states_parts)}  # fmt: skip
-            write_shard(path / shard_name(shard), tensors)
-            moments_parts, states_parts, counts = [], [], []
+            tensors = dict(zip(("moments", "text_states"), (torch.cat(part) for part in zip(*parts))))
+            write_shard(path / shard_name(shard), {**tensors, "caption_offsets": torch.tensor([0, *counts]).cumsum(0)})
+            parts, counts = [], []
     progress.close()
     wait_for_everyone()
     if process_index == 0:
@@ -376,49 +314,38 @@ def extract_features(
 def refuse_non_finite(
     dataset, image_column: str, first: int, moments: torch.Tensor, states: torch.Tensor, captions: list[list[str]]
 ) -> None:
-    """Refuse a batch (its first image is dataset row `first`) with a moment or text state that is not finite, naming
-    the first such image (with its file, when it is read from one): a NaN or inf must never be stored."""
-    import datasets
+    """Refuse a batch (from dataset row `first`) with a NaN or inf, naming the first such image and its file."""
+    from datasets import Image
 
     def image(index: int) -> str:
         file = None
-        if isinstance((dataset.features or {}).get(image_column), datasets.Image):
-            file = dataset.cast_column(image_column, datasets.Image(decode=False))[index][image_column].get("path")
+        if isinstance((dataset.features or {}).get(image_column), Image):
+            file = dataset.cast_column(image_column, Image(decode=False))[index][image_column].get("path")
         return f"image {index} ({file})" if file else f"image {index}"
 
     bad_moments = ~torch.isfinite(moments).flatten(1).all(1)  # (b,)
     if bad_moments.any():
-        raise ValueError(
-            f"{image(first + int(bad_moments.nonzero()[0]))}: its VAE moments are not finite (NaN or inf); nothing is "
-            "stored. Encode in float32, or leave the image out"
-        )
+        where = image(first + int(bad_moments.nonzero()[0]))
+        raise ValueError(f"{where}: its VAE moments are not finite (NaN or inf): encode in float32, or leave it out")
     bad_states = ~torch.isfinite(states).flatten(1).all(1)  # (m,)
     if bad_states.any():
         owners = [(k, caption) for k, image_captions in enumerate(captions) for caption in image_captions]
         owner, caption = owners[int(bad_states.nonzero()[0])]  # one per row of states
         limit = " (or beyond float16's range: store them in float32)" if states.dtype == torch.float16 else ""
-        raise ValueError(
-            f"{image(first + owner)}: the text states of its caption {caption!r} are not finite (NaN or inf){limit}; "
-            "nothing is stored"
-        )
+        where = f"{image(first + owner)}: the text states of its caption {caption!r}"
+        raise ValueError(f"{where} are not finite (NaN or inf){limit}; nothing is stored")
 
 
 def write_manifest(path: Path, *, num_images: int, shard_size: int, text_dtype: str) -> None:
-    """Write `manifest.json` durably from the shards' checksums files, which must all be there (they are not when
-    the processes of a run on several machines do not share the store's file system)."""
     shards = []
     for s in range(-(-num_images // shard_size)):
         file = path / shard_name(s)
         for needed in (file, checksums_path(file)):
             if not needed.is_file():
-                raise FileNotFoundError(
-                    f"{needed} is missing after the extraction: on several machines, put --cache_dir on a file system "
-                    "they share"
-                )
-        try:
+                raise FileNotFoundError(f"{needed} is missing after the extraction: put --cache_dir on a shared disk")
+        record = None
+        with contextlib.suppress(ValueError):  # not JSON
             record = json.loads(checksums_path(file).read_text(encoding="utf-8"))
-        except ValueError:
-            record = None
         if not checksums_ok(record):
             raise ValueError(f"{checksums_path(file)} is not a shard's checksums file: delete it and {file}")
         shards.append({"file": file.name, **{k: record[k] for k in ("bytes", "sha256", "num_captions")}})
@@ -431,13 +358,7 @@ def open_feature_store(
     path: Path, dataset, *, process_index: int = 0, num_processes: int = 1,
     wait_for_everyone: Callable[[], None] = lambda: None, **extraction,
 ) -> FeatureStore:  # fmt: skip
-    """The store at `path` (`<cache_dir>/features/<feature_store_key(...)>`), extracted first unless it is complete
-    (`extraction`: `extract_features`' keyword arguments), then checked.
-
-    Every process of the run calls this together: each checks the structure of every shard and the SHA-256 of its
-    share (shards p, p + P, …), then all wait, so that no process reads a shard before it was checked. Process 0
-    holds a lock, so that a second run on the same `--cache_dir` waits for the first to build the store.
-    """
+    """The store at `path`, extracted first unless complete, then checked; all processes call this together."""
     lock = None
     if process_index == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -445,7 +366,7 @@ def open_feature_store(
         if (lock := hold_lock(lock_path)) is None:
             logger.info(f"waiting for another run that builds the feature cache {path}")
             lock = hold_lock(lock_path, wait=True)
-    try:
+    with lock if lock is not None else contextlib.nullcontext():  # closing the lock file drops it
         wait_for_everyone()
         complete = (path / MANIFEST).is_file()
         wait_for_everyone()  # every process has looked before one of them can write the manifest
@@ -459,13 +380,9 @@ def open_feature_store(
         store.verify(range(process_index, len(store.shards), num_processes), max(1, available_cpus() // num_processes))
         wait_for_everyone()  # every shard was checked, by one process or another
         return store
-    finally:
-        if lock is not None:
-            lock.close()
 
 
 def log_stores_of_other_formats(features: Path) -> None:
-    """Warn about the stores in `<cache_dir>/features` of another format, which this version does not read."""
     for manifest in sorted(features.glob(f"*/{MANIFEST}")):
         try:
             found = json.loads(manifest.read_text(encoding="utf-8")).get("format")
@@ -473,7 +390,5 @@ def log_stores_of_other_formats(features: Path) -> None:
             continue
         if found != FORMAT:
             size = sum(file.stat().st_size for file in manifest.parent.iterdir())
-            logger.warning(
-                f"{manifest.parent} is a feature store of another format ({found!r}, not {FORMAT!r}), which this "
-                f"version does not read: delete it to free {size / 1e9:.2f} GB"
-            )
+            why = f", which this version does not read: delete it to free {size / 1e9:.2f} GB"
+            logger.warning(f"{manifest.parent} is a feature store of another format ({found!r}, not {FORMAT!r}){why}")

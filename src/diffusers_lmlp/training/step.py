@@ -1,7 +1,4 @@
-"""One optimizer step of ε-prediction training, its loss and gradient norm checked before the update
-(`DivergenceError`); and how a run computes it: its precision, whether it compiles, its AdamW kernel. Noise and
-timesteps are drawn on the CPU, so resumes are exact on any device.
-"""
+"""One optimizer step of ε-prediction training, checked before the update; the run's precision, compilation, AdamW."""
 
 import collections
 import math
@@ -26,17 +23,12 @@ from .arguments import TrainingConfig
 ACCELERATE_HELD_GRADIENTS = (
     DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA, DistributedType.MEGATRON_LM
 )  # fmt: skip
-# A step whose loss or gradient norm is over EXPLOSION_FACTOR times the median of the last (at most EXPLOSION_WINDOW)
-# healthy steps has diverged, finite or not: ε-prediction losses stay O(1).
-EXPLOSION_FACTOR, EXPLOSION_WINDOW = 1e4, 100
-# Below this many steps `--torch_compile auto` does not compile: the compilation would not pay off.
-AUTO_MIN_STEPS = 1000
+EXPLOSION_FACTOR, EXPLOSION_WINDOW = 1e4, 100  # a step over this × the last healthy steps' median diverged
+AUTO_MIN_STEPS = 1000  # below this many steps `--torch_compile auto` does not compile: it would not pay off
 
 
 @dataclass(frozen=True)
-class LossOptions:
-    """What the loss adds to the plain ε-MSE, and the clipping norm."""
-
+class LossOptions:  # what the loss adds to the plain ε-MSE, and the clipping norm
     snr_gamma: float | None = None
     noise_offset: float = 0.0
     load_balance_weight: float = 0.0
@@ -45,9 +37,7 @@ class LossOptions:
 
 
 @dataclass
-class StepResult:
-    """One step's loss over every process and its gradient norm before clipping (0-dim each)."""
-
+class StepResult:  # one step's loss over every process and its gradient norm before clipping (0-dim each)
     loss: torch.Tensor
     grad_norm: torch.Tensor
 
@@ -73,10 +63,8 @@ def draw_noise(
 
 def diffusion_loss(model, noisy, text_states, timesteps, noise, noise_scheduler, options: LossOptions) -> torch.Tensor:
     """The loss of one micro-batch (0-dim, float32): the ε-MSE (Min-SNR weighted), plus the weighted extra losses."""
-    # Timesteps stay on the CPU, where the model checks their range without waiting for the device.
-    out = model(
-        noisy, text_states, timesteps, **({"output_router_probs": True} if options.load_balance_weight else {})
-    )
+    extra = {"output_router_probs": True} if options.load_balance_weight else {}
+    out = model(noisy, text_states, timesteps, **extra)  # timesteps on the CPU: checked without waiting for the device
     mse = F.mse_loss(out.sample.float(), noise.float(), reduction="none").mean(dim=(1, 2, 3))  # (b,)
     if options.snr_gamma is not None:
         # On the device, where `add_noise` has moved the schedule's ᾱ: a CPU lookup would copy it back every step.
@@ -96,9 +84,8 @@ def training_step(
     micro_batch_size: int, options: LossOptions, step: int, ema: EMAModel | None = None,
     parameters: list[torch.nn.Parameter] | None = None, history: collections.deque | None = None
 ) -> StepResult:  # fmt: skip
-    """One optimizer step over a process's samples, in micro-batches of `micro_batch_size`. Raises
-    `DivergenceError` on every process at the same step, before the gradients are applied; `history` also stops a
-    step that exploded against the steps before it. `parameters`: the model's, listed once by the caller."""
+    """One optimizer step over a process's samples, in micro-batches; `DivergenceError` on every process at the same
+    step before the update, also for a step that exploded against `history`. `parameters`: the model's, listed once."""
     noise, timesteps = draw_noise(latents, generator, noise_scheduler.config.num_train_timesteps, options.noise_offset)
     noisy = noise_scheduler.add_noise(latents, noise, timesteps.to(latents.device))  # (B, C, h, w)
     accumulation = max(1, math.ceil(latents.shape[0] / micro_batch_size))
@@ -107,9 +94,8 @@ def training_step(
     for start in range(0, latents.shape[0], micro_batch_size):
         part = slice(start, start + micro_batch_size)
         with accelerator.accumulate(model):
-            micro_loss = diffusion_loss(
-                model, noisy[part], text_states[part], timesteps[part], noise[part], noise_scheduler, options
-            )
+            inputs = noisy[part], text_states[part], timesteps[part], noise[part]
+            micro_loss = diffusion_loss(model, *inputs, noise_scheduler, options)
             accelerator.backward(micro_loss)
             step_loss += micro_loss.detach() / accumulation
             if accelerator.sync_gradients:
@@ -131,9 +117,8 @@ def training_step(
 def gradient_norm(
     accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
 ) -> torch.Tensor:
-    """The 2-norm of the step's gradients before they are clipped to `max_grad_norm`. accelerate's
-    `clip_grad_norm_` always rescales, so without clipping the norm is measured alone, unless accelerate holds or
-    shards the gradients."""
+    """The 2-norm of the step's gradients before clipping to `max_grad_norm`; without clipping it is measured alone
+    (`clip_grad_norm_` always rescales) unless accelerate holds or shards the gradients."""
     gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     held = max_grad_norm is not None or accelerator.distributed_type in ACCELERATE_HELD_GRADIENTS or not gradients
     if not held and torch.distributed.is_available():
@@ -156,14 +141,11 @@ def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
 def check_finite(
     loss: torch.Tensor, grad_norm: torch.Tensor | float, step: int, history: collections.deque | None = None
 ) -> None:
-    """Raise `DivergenceError` unless the loss and gradient norm are finite and not exploded against `history`;
-    the step's one device read."""
+    """`DivergenceError` unless the loss and gradient norm are finite and not exploded against `history`."""
     grad_norm = torch.as_tensor(grad_norm).to(loss.device)
     values = torch.stack([loss.detach().float().reshape(()), grad_norm.float().reshape(())]).tolist()
     if not all(math.isfinite(value) for value in values):
         raise DivergenceError(step, *values)
-    if history is None:
-        return
     if history:
         medians = [statistics.median(past[i] for past in history) for i in range(2)]
         if any(value > EXPLOSION_FACTOR * median for value, median in zip(values, medians)):
@@ -171,7 +153,8 @@ def check_finite(
                 step, *values, f", over {EXPLOSION_FACTOR:g}× the median of the last {len(history)} steps "
                 f"(loss {medians[0]:.3g}, gradient norm {medians[1]:.3g})"
             )  # fmt: skip
-    history.append(values)
+    if history is not None:
+        history.append(values)
 
 
 def non_finite_parameters(*modules: torch.nn.Module, ema: EMAModel | None = None) -> list[str]:
@@ -206,22 +189,17 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
 
 
 def effective_precision(accelerator: Accelerator, args: TrainingConfig) -> str:
-    """The precision the run trains in, for the log. On a CPU accelerate trains fp16 in float32: a preset's fp16 is
-    said to be float32, an fp16 asked for is refused."""
+    """The precision the run trains in, for the log; on a CPU a preset's fp16 is float32, an fp16 asked for refused."""
     precision = accelerator.mixed_precision
     if precision != "fp16" or accelerator.device.type != "cpu":
         return precision
     if args.mixed_precision == "fp16" and args.mixed_precision_from_preset:
         return f"float32: the {args.preset} preset's fp16 needs a GPU"
-    raise SystemExit(
-        "error: fp16 mixed precision needs a GPU, and this run is on the CPU. Pass --mixed_precision no, or bf16 on a "
-        "CPU with native bf16 (avx512_bf16 or AMX)."
-    )
+    raise SystemExit("error: fp16 mixed precision needs a GPU, and this run is on the CPU: pass --mixed_precision no.")
 
 
 def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str | None, str]:
-    """The `Accelerator`'s `dynamo_backend` for `--torch_compile` (`auto`: inductor where a trial compilation works
-    and the run is long enough), and why."""
+    """The `dynamo_backend` for `--torch_compile` (`auto`: inductor if a trial works and the run is long), and why."""
     if requested is None:
         return None, ""
     if requested != "auto":
@@ -244,19 +222,18 @@ def choose_compilation(requested: str | None, max_train_steps: int) -> tuple[str
 
 
 def plain_backbone(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """The backbone without accelerate's or torch.compile's wrappers (older accelerate keeps `OptimizedModule`)."""
+    """The backbone without accelerate's or torch.compile's wrappers."""
     unwrapped = accelerator.unwrap_model(model)
     return getattr(unwrapped, "_orig_mod", unwrapped)
 
 
 def fused_adamw(device: torch.device) -> bool | None:
-    """The `fused` argument of `torch.optim.AdamW` on `device`: True on the CPU and CUDA, else None (torch's)."""
+    """`torch.optim.AdamW`'s `fused` on `device`: True on the CPU and CUDA, else None (torch's)."""
     return True if device.type in ("cpu", "cuda") else None
 
 
 def follow_device(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """After `load_state_dict`: use `fused_adamw`'s kernel for `device`, whatever the checkpoint's was, with the step
-    counts where it reads them."""
+    """After `load_state_dict`: `fused_adamw`'s kernel for `device`, the step counts where it reads them."""
     fused = fused_adamw(device)
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = fused, None

@@ -1,6 +1,4 @@
-"""The trainer: `train` sets up accelerate, then `run_training` reads as the run. Every random draw is a function of
-(seed, step, sample position), so a resumed run continues exactly as the uninterrupted one.
-"""
+"""The trainer: `train` sets up accelerate, then `run_training` reads as the run."""
 
 import collections
 import logging
@@ -31,8 +29,7 @@ logger = get_logger(__name__)
 
 
 def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
-    """Set up accelerate, then train into `--output_dir`, held by this run alone. `exit_when_done` ends the process
-    once every process has saved (the command's multi-process runs; a caller that goes on must not)."""
+    """Set up accelerate, then train into `--output_dir`; `exit_when_done` ends the process once all have saved."""
     output_dir = Path(args.output_dir)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     mixed_precision, why = step.choose_precision(args.mixed_precision)
@@ -54,33 +51,38 @@ def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
         logger.info("TF32 allowed for float32 matmuls and convolutions (Ampere and newer GPUs)")
     set_threads(args.num_threads, "training", accelerator.num_processes == 1 and accelerator.device.type == "cpu")
     keep_freed_memory(accelerator.device)
-    with checkpoints.exclusive_output_dir(accelerator, output_dir):
+    with checkpoints.exclusive_output_dir(accelerator, output_dir, overwrite=args.overwrite_output_dir):
         run_training(args, accelerator, exit_when_done)
 
 
 def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done: bool) -> None:
     """Train, checkpoint, validate, then save the pipeline (and push it with --push_to_hub)."""
     output_dir = Path(args.output_dir)
-    if args.overwrite_output_dir and accelerator.is_main_process:
-        checkpoints.remove_earlier_run(output_dir)
-    accelerator.wait_for_everyone()
     set_seed(args.seed)  # the initial weights; data, noise and timesteps come from per-step generators
 
-    model = components.build_model(args)
-    frozen = tokenizer, text_encoder, vae = components.load_components(args)
-    components.check_compatible(model, *frozen, args.resolution, bool(args.pretrained_model_name_or_path))
+    pretrained, revision = args.pretrained_model_name_or_path, args.revision
+    model = components.build_model(
+        args.model_type, args.model_config, args.model_overrides, pretrained=pretrained, revision=revision,
+        values=args.model_config_values or args.model_skeleton, variant=args.variant,
+        load_balance_weight=args.load_balance_weight, symmetry_breaking_weight=args.symmetry_breaking_weight,
+    )  # fmt: skip
+    frozen = tokenizer, text_encoder, vae = components.load_components(
+        pretrained=pretrained, revision=revision, world=args.world, text_encoder=args.text_encoder_source,
+        vae=args.vae_source, latent_scale=args.latent_scale,
+    )  # fmt: skip
+    components.check_compatible(model, *frozen, args.resolution, bool(pretrained))
     text_encoder.to(accelerator.device)
     vae.to(accelerator.device)
     if args.lora_rank:
-        config = components.lora_config(
+        lora = components.lora_config(
             model, args.lora_rank, args.lora_alpha, args.lora_dropout, args.lora_target_modules
         )
-        adapted = components.add_lora(model, config)
+        adapted = components.add_lora(model, lora)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        base = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        frozen_count = sum(p.numel() for p in model.parameters() if not p.requires_grad)
         logger.info(
-            f"LoRA rank {config.r}, alpha {config.lora_alpha:g}: {len(adapted)} layers adapted, {trainable:,} "
-            f"trainable parameters ({trainable / base:.2%} of the backbone's {base:,})"
+            f"LoRA rank {lora.r}, alpha {lora.lora_alpha:g}: {len(adapted)} layers adapted, {trainable:,} "
+            f"trainable parameters ({trainable / frozen_count:.2%} of the backbone's {frozen_count:,})"
         )
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else output_dir.parent / ".lmlp-cache"
@@ -98,7 +100,11 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
     store = None
     if args.cache_features:
         start = time.perf_counter()
-        store = data.build_feature_store(args, dataset, *frozen, accelerator, cache_dir)
+        store = data.build_feature_store(
+            dataset, *frozen, accelerator, cache_dir, image_column=args.image_column, resolution=args.resolution,
+            caption_column=args.caption_column, text_dtype=args.cache_text_dtype,
+            num_workers=args.dataloader_num_workers,
+        )  # fmt: skip
         logger.info(
             f"feature cache {store.path.name}: {len(store)} images ready in {time.perf_counter() - start:.1f} s "
             f"({store.nbytes() / len(store):,.0f} bytes per image, text states in {args.cache_text_dtype or 'float32'})"
@@ -126,10 +132,13 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
         config = {k: v for k, v in finishing.public_args(args).items() if isinstance(v, int | float | str | bool)}
         accelerator.init_trackers(args.tracker_project_name, config=config)
 
-    source = data.BatchSource(
-        args, dataset, store, *frozen, global_step,
-        process_index=accelerator.process_index, num_processes=accelerator.num_processes,
+    reader = data.BatchReader(
+        dataset, store, seed=args.seed, per_step=args.train_batch_size * args.gradient_accumulation_steps,
+        caption_dropout=args.caption_dropout, image_column=args.image_column, caption_column=args.caption_column,
+        resolution=args.resolution, random_flip=args.random_flip, streaming=args.streaming,
+        process_index=accelerator.process_index, num_processes=accelerator.num_processes, step=global_step,
     )  # fmt: skip
+    source = data.BatchSource(reader, *frozen, num_workers=args.dataloader_num_workers)
     step_batches = source.steps(global_step, args.max_train_steps)
     loss_options = step.LossOptions(
         args.snr_gamma, args.noise_offset, args.load_balance_weight, args.symmetry_breaking_weight, args.max_grad_norm
@@ -139,6 +148,8 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
         args.max_train_steps, "steps", initial=global_step, disable=not accelerator.is_local_main_process
     )
     prompts, fid_captions = validation.validation_inputs(args)
+    sampling = dict(num_inference_steps=args.validation_inference_steps, seed=args.seed)
+    sampling["guidance_scale"] = args.validation_guidance_scale
     parameters = list(model.parameters())  # the EMA's, listed once: the same tensors at every step
     history = collections.deque(maxlen=step.EXPLOSION_WINDOW)  # the recent steps' (loss, gradient norm)
     losses, grad_norms, lr = [], [], None  # the steps since the last tracker log
@@ -165,7 +176,11 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
                     parameters=parameters, history=history,
                 )  # fmt: skip
             except step.DivergenceError as error:
-                raise SystemExit(checkpoints.diverged_message(error, args, store)) from None
+                message = checkpoints.diverged_message(
+                    error, output_dir, learning_rate=args.learning_rate, max_grad_norm=args.max_grad_norm,
+                    mixed_precision=args.mixed_precision, store_path=None if store is None else store.path,
+                )  # fmt: skip
+                raise SystemExit(message) from None
             global_step += 1
             loss, lr = result.loss.item(), lr_scheduler.get_last_lr()[0]
             progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
@@ -185,35 +200,36 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
                 accelerator.wait_for_everyone()
             if (prompts or fid_captions) and accelerator.is_main_process and global_step % args.validation_steps == 0:
                 validation.validate(
-                    accelerator, pipe, ema, args, prompts, fid_captions, step=global_step, seconds=seconds()
-                )
+                    accelerator, pipe, ema, prompts, fid_captions, step=global_step, seconds=seconds(),
+                    output_dir=output_dir, logging_dir=args.logging_dir, world=args.world,
+                    fid_reference=args.validation_fid_reference, **sampling,
+                )  # fmt: skip
     finally:  # also when a step fails: the workers exit and the bar is closed now, not at interpreter exit
         step_batches.close()
         progress.close()
         send_logs()  # the steps since the last log, also when the loop stops early
-    finishing.end_run(accelerator, pipe, ema, args, seconds(), exit_when_done)
+    finishing.end_run(
+        accelerator, pipe, ema, seconds(), exit_when_done, output_dir=output_dir, logging_dir=args.logging_dir,
+        card_args=finishing.public_args(args), steps=args.max_train_steps, prompts=prompts, world=args.world,
+        lora_base=pretrained if args.lora_rank else None, final_inference_steps=args.final_evaluation_inference_steps,
+        push_to=(args.hub_model_id or output_dir.name) if args.push_to_hub else None, hub_token=args.hub_token,
+        **sampling,
+    )  # fmt: skip
 
 
 def prepare_optimization(args: TrainingConfig, accelerator: Accelerator, model: torch.nn.Module) -> tuple:
-    """The backbone in training mode, its `EMAModel` (or None), AdamW and the LR schedule, prepared by accelerate,
-    whose checkpoints then hold the EMA and the LoRA adapter too."""
+    """The backbone in training mode, its `EMAModel` (or None), AdamW and the LR schedule, prepared by accelerate."""
     model_class = type(model)
     if args.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     model.train()
-    ema = None
-    if args.use_ema:  # foreach: one multi-tensor update of every weight per step
-        ema = EMAModel(
-            model.parameters(), decay=args.ema_decay, model_cls=model_class, model_config=model.config, foreach=True
-        )
+    ema_options = dict(decay=args.ema_decay, model_cls=model_class, model_config=model.config, foreach=True)
+    ema = EMAModel(model.parameters(), **ema_options) if args.use_ema else None  # foreach: one multi-tensor update
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],  # with LoRA, the adapter's
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        weight_decay=args.adam_weight_decay,
-        eps=args.adam_epsilon,
+        [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,  # with LoRA, the adapter's
+        betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.adam_weight_decay, eps=args.adam_epsilon,
         fused=step.fused_adamw(accelerator.device),
-    )
+    )  # fmt: skip
     lr_scheduler = get_scheduler(
         args.lr_scheduler, optimizer=optimizer, num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
         num_training_steps=args.max_train_steps * accelerator.num_processes
