@@ -38,14 +38,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 register_with_diffusers()
 
 if TYPE_CHECKING:
-    from .models import (  # noqa: F401
-        LMLPTransformer2DModel,
-        MoEMLPModel,
-        MoEMLPModelOutput,
-        convert_lmlp_reference_state_dict,
-        convert_uvit_reference_state_dict,
-        from_named_config,
-        load_balancing_loss,
-        symmetry_breaking_penalty,
-    )
+    from .models.families import from_named_config  # noqa: F401
+    from .models.lmlp_transformer_2d import LMLPTransformer2DModel, convert_lmlp_reference_state_dict  # noqa: F401
+    from .models.mixers.attention import convert_uvit_reference_state_dict  # noqa: F401
+    from .models.mixers.moe import MoEMLPModel, MoEMLPModelOutput, load_balancing_loss  # noqa: F401
+    from .models.mixers.paramixer import symmetry_breaking_penalty  # noqa: F401
     from .pipelines import LMLPLoraLoaderMixin, LMLPPipeline, default_scheduler, known_words, unknown_words  # noqa: F401

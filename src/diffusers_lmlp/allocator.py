@@ -1,7 +1,5 @@
-"""glibc's allocator setting that lets CPU work run near the GEMM peak: glibc returns freed large buffers to the
-system, so every pass page-faults each new activation back in (docs/benchmarks.md). It changes the whole process's
-allocator, so it is never done on import; a glibc malloc setting of your own is always kept.
-"""
+"""glibc's allocator setting that lets CPU work run near the GEMM peak (glibc returns freed large buffers to the
+system, so every pass page-faults each new activation back in). Never done on import; your own setting is kept."""
 
 import ctypes
 import ctypes.util
@@ -19,10 +17,8 @@ MALLOC_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
 
 def reuse_freed_memory(keep_bytes: int = 1024**3) -> bool:
-    """Make glibc serve buffers up to 32 MiB from its heap and keep up to `keep_bytes` of freed memory for reuse.
-
-    Same as `MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=<keep_bytes>`; False where there is no glibc.
-    """
+    """Make glibc serve buffers up to 32 MiB from its heap and keep up to `keep_bytes` of freed memory for reuse, as
+    `MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=<keep_bytes>` do; False where there is no glibc."""
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name).mallopt

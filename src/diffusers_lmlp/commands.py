@@ -26,9 +26,8 @@ def program_name(console_script: str, module: str, argv0: str | None = None) -> 
 
 def number(kind: type = int, low: float | None = None, *, above: float | None = None, below: float | None = None,
            why: str = "") -> Callable[[str], int | float]:  # fmt: skip
-    """An argparse `type=`: a finite `kind` (int or float), at least `low`, more than `above`, less than `below`.
-    argparse names the option in its error, "argument --seed: must be >= 0 and < 4294967296, got -1"; `why` is added
-    to the range, to say what the bounds mean."""
+    """An argparse `type=`: a finite `kind` (int or float), at least `low`, more than `above`, less than `below`; `why`
+    follows the range in the error ("argument --seed: must be >= 0 and < 4294967296, got -1")."""
 
     def parse(text: str) -> int | float:
         value = kind(text)  # a ValueError: argparse says "invalid int value: 'x'"

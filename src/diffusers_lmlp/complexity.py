@@ -1,8 +1,6 @@
 """Parameters and forward MACs of every block family, as torch's `FlopCounterMode` counts them on the meta device
-(where SDPA takes its math path; torch counts the CPU flash kernel as 0).
-
-A MAC is one multiply-add of a matrix product or convolution (FLOPs / 2); as in the papers' tables, bias adds, norms,
-activations, softmax and element-wise products are left out. The papers' per-block formulas (L-MLP Table 3):
+(where SDPA takes its math path). A MAC is one multiply-add of a matrix product or convolution (FLOPs / 2); as in the
+papers' tables, bias adds, norms, activations and element-wise products are left out. L-MLP Table 3 per block:
 
     L-MLP block        (2 + 2s)·L·D² + L²·D
     transformer block  (4 + 2s)·L·D² + 2·L²·D       (U-ViT's in/mid blocks)

@@ -1,6 +1,5 @@
 """What the CPU can do, read once from the operating system: its model name and whether bf16 is fast (native with
-`avx512_bf16` or AMX; elsewhere torch emulates it, far slower than float32). Only Linux lists the flags.
-"""
+`avx512_bf16` or AMX; elsewhere torch emulates it, far slower than float32). Only Linux lists the flags."""
 
 import functools
 import os

@@ -62,8 +62,7 @@ def write_checksums(folder: Path) -> None:
 
 
 def checksum_problem(folder: Path) -> str | None:
-    """What differs between `folder` and its `checksums.json` (a file changed, missing or added, or no usable
-    checksums), or None."""
+    """What differs between `folder` and its `checksums.json` (a file changed, missing or added), or None."""
     try:
         sums = json.loads((folder / CHECKSUMS_FILE).read_text(encoding="utf-8"))["sha256"]
         if not isinstance(sums, dict) or not sums or not all(isinstance(v, str) for v in sums.values()):

@@ -23,15 +23,9 @@ class LineProgress:
     `initial` (a resumed run's)."""
 
     def __init__(
-        self,
-        total: int,
-        desc: str = "",
-        initial: int = 0,
-        unit: str = "it",
-        file: TextIO | None = None,
-        every_fraction: float = LINE_EVERY_FRACTION,
-        every_seconds: float = LINE_EVERY_SECONDS,
-    ):
+        self, total: int, desc: str = "", initial: int = 0, unit: str = "it", file: TextIO | None = None,
+        every_fraction: float = LINE_EVERY_FRACTION, every_seconds: float = LINE_EVERY_SECONDS,
+    ):  # fmt: skip
         self.total, self.desc, self.unit = total, desc, unit
         self.n = self.initial = self.last_n = initial
         self.file = file or sys.stderr

@@ -1,8 +1,6 @@
 """How `DiffusionPipeline.from_pretrained` and `AutoPipelineForText2Image` find `LMLPPipeline`: diffusers gets a
-module `__getattr__` (PEP 562) that imports our pipeline on first read, and its text-to-image mapping an entry, once
-diffusers (or its `auto_pipeline`) is imported, by a one-shot import hook if need be, so that neither package's
-import loads the other.
-"""
+module `__getattr__` that imports our pipeline on first read, and its text-to-image mapping an entry, by a one-shot
+import hook if need be, so that neither package's import loads the other."""
 
 import importlib
 import importlib.abc
@@ -20,8 +18,7 @@ AUTO_PIPELINE_MODULE = "diffusers.pipelines.auto_pipeline"
 
 
 def find_pipeline(name: str) -> type:
-    """The diffusers package's module `__getattr__`: our pipelines by name, imported on first use; any other name
-    raises `AttributeError`, so that diffusers' own lazy lookup handles it."""
+    """The diffusers package's module `__getattr__`: our pipelines by name, imported on first use."""
     if name not in PIPELINES:
         raise AttributeError(name)
     pipeline_class = getattr(importlib.import_module(PIPELINES[name]), name)
@@ -75,8 +72,7 @@ class CallbackLoader(importlib.abc.Loader):
 
 
 def register_with_diffusers() -> None:
-    """Let diffusers find `LMLPPipeline` once diffusers is imported, and its auto pipelines once they are: now, or
-    by a hook when they are."""
+    """Let diffusers and its auto pipelines find `LMLPPipeline`: now, or by a hook when they are imported."""
     for name, register in (("diffusers", add_lookup), (AUTO_PIPELINE_MODULE, add_auto_pipelines)):
         if name in sys.modules:
             register(sys.modules[name])

@@ -1,7 +1,6 @@
 """How many CPU threads the trainer and the evaluation run torch with: `--num_threads N`, else the `OMP_NUM_THREADS`
-you set, else every core this process may run on. `accelerate launch` sets `OMP_NUM_THREADS` (1 unless you set it)
-in every process: a one-process CPU run takes it as yours only when the launcher's own environment has it.
-"""
+you set (`accelerate launch` sets it in every process: it counts when the launcher's own environment has it), else
+every core this process may run on."""
 
 import logging
 import os

@@ -27,8 +27,7 @@ def tiny_clip_tokenizer(
     words: tuple[str, ...] = TINY_VOCAB_WORDS,
 ) -> CLIPTokenizer:
     """A `CLIPTokenizer` of CLIP's byte-level alphabet (any word tokenizes), one token per word of `words` and SD 1.x
-    special tokens, written to `save_directory` (default: a temporary one); `model_max_length` must equal the
-    backbone's `text_seq_len`."""
+    special tokens, written to `save_directory` (default: a temporary one); `model_max_length` is `text_seq_len`."""
     if save_directory is None:
         with tempfile.TemporaryDirectory() as temporary_directory:
             return tiny_clip_tokenizer(model_max_length, temporary_directory, words)

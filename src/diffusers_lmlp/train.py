@@ -1,10 +1,5 @@
-"""The trainer's command, in the shape of diffusers' example scripts: `parse_args`, then `main`.
-
-    accelerate launch -m diffusers_lmlp.train [options]   # or diffusers-lmlp-train, or examples/train_text_to_image.py
-
-The options are parsed and checked (`training.arguments`) before any heavy import; the run itself is
-`training.trainer`.
-"""
+"""The trainer's command, in the shape of diffusers' example scripts: `parse_args` (`training.arguments`, before any
+heavy import), then `main` (`training.trainer`). `accelerate launch -m diffusers_lmlp.train [options]`."""
 
 import os
 
@@ -12,12 +7,8 @@ from diffusers_lmlp.training.arguments import build_parser, parse_args  # noqa: 
 
 
 def main(argv: list[str] | None = None, exit_when_done: bool = False) -> None:
-    """Parse the options (a wrong one exits before any heavy import), then train.
-
-    Args:
-        argv (`list[str]`, *optional*): The arguments; `sys.argv[1:]` when None.
-        exit_when_done (`bool`, *optional*, defaults to `False`): End the process once the run is saved everywhere.
-    """
+    """Parse `argv` (default `sys.argv[1:]`; a wrong option exits before any heavy import), then train;
+    `exit_when_done` ends the process once the run is saved everywhere."""
     args = parse_args(argv)
     from diffusers_lmlp.training.trainer import train
 

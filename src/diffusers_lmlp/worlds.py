@@ -1,7 +1,5 @@
-"""The embedded worlds (shapes, emoji) in one place: what the trainer, the evaluation and the Space ask of each.
-
-Each world's code stays in its package, named here as "module:attribute" and imported on first use.
-"""
+"""The embedded worlds (shapes, emoji): what the trainer, the evaluation and the Space ask of each, named as
+"module:attribute" and imported on first use."""
 
 import functools
 import importlib

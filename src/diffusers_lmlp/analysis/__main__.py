@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def find_backbone(name: str):
-    """The folder, subfolder ("transformer" in a pipeline), config, family and whether it came from the Hub of the
-    backbone `--pipeline` names, loading no weights (so `--layers` is checked first); `OSError` or `ValueError`."""
+    """The folder, subfolder, config, family and Hub origin of the backbone `--pipeline` names, loading no weights
+    (so `--layers` is checked first)."""
     from ..models.families import family_of
     from ..worlds import WORLDS, pipeline_problem
 

@@ -1,6 +1,5 @@
-"""The figures, drawn with matplotlib (the `plots` extra): the analysis' heat maps and the benchmarks' bar charts; the
-plain-text tables the analysis commands print; and the files they write.
-"""
+"""The analysis' heat maps and the benchmarks' bar charts (matplotlib, the `plots` extra), the plain-text tables the
+analysis commands print, and the files they write."""
 
 import io
 import json

@@ -3,6 +3,7 @@ above right, D × D, each normalised to [0, 1]) for any UL-MLP or MoE-MLP (each 
 them per sample), with the measures that check its claims."""
 
 import functools
+import itertools
 import json
 from pathlib import Path
 
@@ -41,8 +42,7 @@ def table(report: dict) -> str:
 def run_lateralization(
     model: nn.Module, layers: list[int], output_dir: Path, source: str, progress: bool = True
 ) -> dict:
-    """Measure and draw the first stage of `layers`, write `FILES` into `output_dir` and return the report;
-    `source` is what `--pipeline` named."""
+    """Measure and draw the first stage of `layers` into `output_dir` (`FILES`); return the report."""
     check_kind(model, "lateralization")
     regions = TokenRegions.from_config(model.config)
     blocks = num_blocks(model.config["num_layers"])
@@ -52,13 +52,8 @@ def run_lateralization(
             left, right = (weight.detach().float().cpu().clone() for weight in first_stage(layer_block(model, layer)))
             weights |= {f"layer_{layer}.left": left, f"layer_{layer}.right": right}
             # Each L × L matrix with its names: {} for a UL-MLP's (L, L), head and expert for an MoE-MLP's (H, E, L, L).
-            lefts[layer] = (
-                [({}, left)]
-                if left.ndim == 2
-                else [
-                    ({"head": h, "expert": e}, left[h, e]) for h in range(left.shape[0]) for e in range(left.shape[1])
-                ]
-            )
+            indices = itertools.product(*map(range, left.shape[:-2]))
+            lefts[layer] = [(dict(zip(("head", "expert"), index)), left[index]) for index in indices]
             measured = [
                 {**names, **token_mixing_measures(matrix, regions), "mean_abs": mean_abs(matrix)}
                 for names, matrix in lefts[layer]

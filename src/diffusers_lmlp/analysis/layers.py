@@ -1,6 +1,5 @@
-"""A backbone's layout as the analysis reads it. Layer k is the k-th block the tokens pass through, from 1 (in blocks,
-the mid block, out blocks), as the L-MLP paper's reference figure script counts them (block names under `stack.`).
-"""
+"""A backbone's layout as the analysis reads it: layer k is the k-th block the tokens pass through, from 1 (in blocks,
+the mid block, out blocks), as the L-MLP paper's reference figure script counts them."""
 
 import math
 
@@ -42,11 +41,8 @@ def check_layers(layers: list[int], blocks: int) -> list[int]:
     """`layers` without repeats, in order, after checking that each is in 1 … `blocks` (else `ValueError`)."""
     if wrong := [layer for layer in layers if not 1 <= layer <= blocks]:
         half = blocks // 2
-        layout = ", ".join(
-            f"layer {k} is {block_name(k, blocks)}"
-            for k in sorted({1, half, half + 1, half + 2, blocks})
-            if 1 <= k <= blocks
-        )
+        shown = [k for k in sorted({1, half, half + 1, half + 2, blocks}) if 1 <= k <= blocks]
+        layout = ", ".join(f"layer {k} is {block_name(k, blocks)}" for k in shown)
         raise ValueError(
             f"No layer {', '.join(map(str, wrong))} in this model: it has {blocks} blocks, numbered 1–{blocks} as the "
             f"reference figure script numbers them ({layout})."

@@ -1,8 +1,5 @@
-"""The numbers behind the L-MLP paper's Fig. 6 claims, and the MoE-MLP routers' load balance.
-
-Token-mixing measures read a min-max normalised matrix as the paper draws it (rows = outputs): the diagonal ratio,
-locality and periodicity, each about 1 (periodicity 0) for noise (`noise_band`). An undefined one is `None`.
-"""
+"""The numbers behind the L-MLP paper's Fig. 6 claims, read off a min-max normalised matrix (rows = outputs), each
+about 1 (periodicity 0) for noise (`noise_band`) and `None` where undefined; and the MoE-MLP routers' load balance."""
 
 import functools
 import math
@@ -64,10 +61,7 @@ def periodicity(normalised: torch.Tensor, regions: TokenRegions) -> float | None
     sides = (normalised[image, :], normalised[:, image].T)  # 2 × (N, L): image rows, then image columns
     correlations = []
     for lag in range(1, g + 1):
-        shifted = [
-            torch.cat([side[:-lag].flatten() for side in sides]),
-            torch.cat([side[lag:].flatten() for side in sides]),
-        ]
+        shifted = [torch.cat([side[part].flatten() for side in sides]) for part in (slice(-lag), slice(lag, None))]
         correlations.append(float(torch.corrcoef(torch.stack(shifted))[0, 1]))
     *shorter, row_lag = correlations
     return None if not all(math.isfinite(c) for c in correlations) else row_lag - sum(shorter) / len(shorter)

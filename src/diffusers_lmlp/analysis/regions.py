@@ -1,8 +1,5 @@
-"""The token regions of a backbone's sequence, from its config: [time (1) | text (T) | image patches (N = g²)].
-
-Every backbone orders its tokens so (`models/tokens.py`), patches row-major on the g × g grid. The reference figure
-script draws its divider one token early (at 77, though the image starts at 78); here the boundaries are 1 and 1 + T.
-"""
+"""The token regions of a backbone's sequence, from its config: [time (1) | text (T) | image patches (N = g²)], the
+patches row-major. The reference figure script draws its divider a token early; here the regions begin at 1, 1 + T."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,10 +46,5 @@ class TokenRegions:
 
     def to_json(self) -> dict:
         """The layout for a report: L, each region as [start, stop) and the grid side."""
-        return {
-            "seq_len": self.seq_len,
-            "time": [0, 1],
-            "text": [self.text.start, self.text.stop],
-            "image": [self.image.start, self.image.stop],
-            "patch_grid": self.grid_size,
-        }
+        text, image = [self.text.start, self.text.stop], [self.image.start, self.image.stop]
+        return {"seq_len": self.seq_len, "time": [0, 1], "text": text, "image": image, "patch_grid": self.grid_size}

@@ -40,8 +40,7 @@ def sample_trajectories(
     on_step: Callable[[int, int], None] | None = None,
     progress: bool = True,
 ) -> list[int]:
-    """Sample every caption without decoding, calling `on_step(step, timestep)` after each step's backbone passes;
-    returns the scheduler's timesteps in sampling order."""
+    """Sample every caption without decoding, calling `on_step(step, timestep)` after each step; return timesteps."""
     batch_size, num_inference_steps = settings.batch_size, settings.num_inference_steps
     timesteps: list[int] = []
     pipeline.set_progress_bar_config(disable=True)
@@ -70,8 +69,7 @@ def sample_trajectories(
 
 
 def attention_probabilities(attention: UViTAttention, tokens: torch.Tensor) -> torch.Tensor:
-    """The (B, H, L, L) float32 attention probabilities a `UViTAttention` computes on its (B, L, D) input `tokens`,
-    from its own `qkv` module (so adapters and hooks apply)."""
+    """The (B, H, L, L) float32 attention probabilities of a `UViTAttention` on its (B, L, D) input, by its `qkv`."""
     batch_size, seq_len, _ = tokens.shape
     qkv = attention.qkv(tokens).reshape(batch_size, seq_len, 3, attention.num_heads, -1)  # (B, L, 3, H, D/H)
     query, key, _ = qkv.float().permute(2, 0, 3, 1, 4).unbind(0)  # 2 × (B, H, L, D/H)
@@ -79,8 +77,7 @@ def attention_probabilities(attention: UViTAttention, tokens: torch.Tensor) -> t
 
 
 def expert_usage(pipeline, layers, captions, settings, report: dict, progress: bool):
-    """Record the routers of an MoE-MLP's `layers`, add timesteps and balance statistics to `report`; the figure and
-    tensors."""
+    """Record the routers of an MoE-MLP's `layers` and their balance into `report`; return the figure and tensors."""
     model = pipeline.transformer
     steps: list[list[list[torch.Tensor]]] = [[[] for _ in layers] for _ in range(settings.num_inference_steps)]
     with contextlib.ExitStack() as stack:
@@ -94,19 +91,15 @@ def expert_usage(pipeline, layers, captions, settings, report: dict, progress: b
         timesteps = sample_trajectories(pipeline, captions, settings, take, progress)
     by_step = [[torch.cat(probs) for probs in step] for step in steps]  # S × layers × (passes, H, E)
     usage = torch.stack([torch.stack([probs.mean(0) for probs in step]) for step in by_step])  # (S, layers, H, E)
-    passes = torch.stack(
-        [torch.cat([step[index] for step in by_step]) for index in range(len(layers))]
-    )  # (l, P, H, E)
+    passes = torch.stack([torch.cat([step[i] for step in by_step]) for i in range(len(layers))])  # (l, P, H, E)
     blocks = num_blocks(model.config["num_layers"])
     heads = range(passes.shape[2])
     entries = [
-        {
-            "layer": layer,
-            "block": block_name(layer, blocks),
-            "heads": [{"head": head, **balance_statistics(passes[index, :, head])} for head in heads],
-        }
+        {"layer": layer, "block": block_name(layer, blocks), "heads": [
+            {"head": head, **balance_statistics(passes[index, :, head])} for head in heads
+        ]}
         for index, layer in enumerate(layers)
-    ]
+    ]  # fmt: skip
     balance_loss = float(load_balancing_loss(passes, weight=1.0))
     report.update(kind="expert usage", timesteps=timesteps, layers=entries, balance_loss=balance_loss)
     num_experts = usage.shape[3]
@@ -126,8 +119,8 @@ def expert_usage(pipeline, layers, captions, settings, report: dict, progress: b
 
 
 def attention_maps(pipeline, layers, captions, settings, report: dict, progress: bool):
-    """Record a U-ViT's mean attention maps (over heads, captions and steps), add timesteps, regions, measures and
-    noise bands to `report`; the figure and tensors."""
+    """Record a U-ViT's mean attention maps (over heads, captions, steps) and their measures into `report`; return
+    the figure and tensors."""
     model = pipeline.transformer
     sums, counts, handles = [0.0] * len(layers), [0] * len(layers), []
 

@@ -89,8 +89,7 @@ def emoji_features(path: str | Path = CLIP_PATH) -> EmojiFeatures:
 
 
 class EmojiScorer:
-    """Finds the real emoji nearest to images, by the image tower of `clip` (a `CLIPScorer` of the emoji CLIP) and by
-    pixels."""
+    """Finds the real emoji nearest to images, by the emoji CLIP's `CLIPScorer` `clip` and by pixels."""
 
     FLAGS = FLAGS
 
@@ -116,16 +115,14 @@ class EmojiScorer:
         return torch.cat([self.features(batch.to(self.clip.device)).cpu() for batch in pixels.split(512)])
 
     def similarities(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """How near (B, 3, 32, 32) images in [0, 1] are to every real picture: the CLIP cosine and the negative pixel
-        distance, (B, N) each."""
+        """The (B, N) CLIP cosines and negative pixel distances of (B, 3, 32, 32) images in [0, 1] to the real ones."""
         by_clip = self.embed(pixels) @ self.real.T  # (B, N)
         by_pixels = -torch.cdist(pixels.flatten(1).float(), self.pixels)  # (B, N)
         return by_clip, by_pixels
 
     def flags(self, images: list[Image.Image], captions: list[str]) -> list[list[float]]:
-        """Per image, 1.0 or 0.0 for each of `FLAGS`: the asked emoji (any tone) is the nearest real one, or among the
-        5 nearest; the asked tone is the nearest of its emoji's tone variants (NaN unless the caption asks for one
-        tone) — by CLIP, then by pixels."""
+        """Per image, 1.0 or 0.0 for each of `FLAGS`, by CLIP then by pixels: the asked emoji (any tone) is the nearest
+        real one, or among the 5 nearest; the asked tone is the nearest of its variants (NaN unless one is asked)."""
         pixels = images_to_tensor(images)  # (B, 3, H, W)
         if pixels.shape[-1] != 32:
             pixels = F.interpolate(pixels, size=(32, 32), mode="bilinear", antialias=True)

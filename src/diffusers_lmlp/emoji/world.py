@@ -38,8 +38,7 @@ class Emoji:
 
 @functools.cache
 def load_emoji(world_path: Path = WORLD_PATH) -> tuple[Emoji, ...]:
-    """Every picture's record from the folder holding `world.json`, in the sheet's order (`emoji.json`'s sort order,
-    each emoji before its variants)."""
+    """Every picture's record from the folder holding `world.json`, in the sheet's order."""
     world = json.loads((Path(world_path) / "world.json").read_text(encoding="utf-8"))
     return tuple(Emoji(**{**r, "captions": tuple(r["captions"]), "tones": tuple(r["tones"])}) for r in world["emoji"])
 
@@ -71,8 +70,7 @@ def split_indices(split: str) -> list[int]:
 
 @functools.cache
 def tone_group(index: int) -> tuple[int, ...]:
-    """The positions in `load_emoji()` of the single-tone variants of picture `index`'s emoji, one per tone in order
-    (none for an emoji without tones): the candidates its tone is told among."""
+    """The positions in `load_emoji()` of the single-tone variants of picture `index`'s emoji, by tone."""
     emoji = load_emoji()
     return tuple(i for i, e in enumerate(emoji) if e.base == emoji[index].base and len(e.tones) == 1)
 
@@ -82,15 +80,12 @@ def validation_prompts() -> list[str]:
 
 
 def make_dataset(split: str = "train"):
-    """The split as a `datasets.Dataset`, one row per picture: `image` and `text` (all its phrasings; the trainer
-    picks one per step)."""
+    """The split as a `datasets.Dataset`, one row per picture: `image` and `text` (all its phrasings)."""
     from datasets import Dataset, Features, Sequence, Value
     from datasets import Image as ImageFeature
 
     emoji, images = load_emoji(), load_images()
     rows = split_indices(split)
     features = Features({"image": ImageFeature(), "text": Sequence(Value("string"))})
-    return Dataset.from_dict(
-        {"image": [Image.fromarray(images[i]) for i in rows], "text": [list(emoji[i].captions) for i in rows]},
-        features=features,
-    )
+    data = {"image": [Image.fromarray(images[i]) for i in rows], "text": [list(emoji[i].captions) for i in rows]}
+    return Dataset.from_dict(data, features=features)

@@ -1,7 +1,5 @@
-"""Evaluation as the papers measure it: FID (Inception, a world's feature network or any module), CLIP score and the
-world scorers' accuracies; `evaluate` from Python, `python -m diffusers_lmlp.evaluation` from the shell. Names
-import lazily (`exports.lazy_exports`).
-"""
+"""Evaluation as the papers measure it: FID, CLIP score and the world scorers' accuracies; `evaluate` from Python,
+`python -m diffusers_lmlp.evaluation` from the shell. Names import lazily (`exports.lazy_exports`)."""
 
 from typing import TYPE_CHECKING
 
@@ -11,19 +9,14 @@ from ..exports import lazy_exports
 from .evaluate import Processes, evaluate  # noqa: F401
 
 
-_EXPORTS = {
-    "draw_captions": ".captions",
-    "read_captions_file": ".captions",
-    "CLIPScorer": ".clip_score",
-    "FeatureMoments": ".fid",
-    "FIDStatistics": ".fid",
-    "frechet_distance": ".fid",
-    "InceptionFeatures": ".fid",
-    "load_extractor": ".fid",
-    "reference_statistics": ".fid",
-    "ShapesFeatureNetwork": ".shapes_features",
-    "pretrained_shapes_features": ".shapes_features",
-}
+_MODULES = {
+    ".captions": ("draw_captions", "read_captions_file"),
+    ".clip_score": ("CLIPScorer",),
+    ".fid": ("FeatureMoments", "FIDStatistics", "frechet_distance", "InceptionFeatures", "load_extractor",
+             "reference_statistics"),
+    ".shapes_features": ("ShapesFeatureNetwork", "pretrained_shapes_features"),
+}  # fmt: skip
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = sorted([*_EXPORTS, "Processes", "evaluate"])
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

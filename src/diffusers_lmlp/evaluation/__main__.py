@@ -1,7 +1,5 @@
 """`python -m diffusers_lmlp.evaluation` (or `diffusers-lmlp-evaluate`): sample a pipeline and report FID, CLIP score
-and an embedded world's accuracies. An interrupted run keeps its finished batches; the same command continues it.
-Parsing imports only light modules (diffusers, transformers and accelerate load in `main`).
-"""
+and an embedded world's accuracies; the same command continues an interrupted run. Heavy imports wait for `main`."""
 
 import argparse
 import logging
@@ -35,41 +33,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options = {
         "--pipeline": dict(required=True, help="a pipeline folder or Hub id, or shapes or emoji (shipped)"),
-        "--captions": dict(
-            help="a COCO-2014 folder (drawn as U-ViT's FID protocol), a captions .json, a text file (one caption per "
-            f"line), or {', '.join(WORLD_SOURCES)} (default: the world of --pipeline shapes or emoji)"
-        ),
-        "--num_images": dict(
-            type=int, help="images to sample (default: 30000 for COCO, 1000 for a world, each line once for a file)"
-        ),
+        "--captions": dict(help="a COCO-2014 folder (drawn as U-ViT's FID protocol), a captions .json, a text file "
+                           f"(one caption per line), or {', '.join(WORLD_SOURCES)} (default: the world of --pipeline "
+                           "shapes or emoji)"),
+        "--num_images": dict(type=int, help="images to sample (default: 30000 for COCO, 1000 for a world, each line "
+                             "once for a file)"),
         "--seed": dict(type=int, default=0, help="seeds the caption draw and every image's noise"),
         "--fid_reference": dict(
             help="what FID compares with: an .npz of mu/sigma, a folder of real images (statistics cached), shapes or "
             "emoji (the world's real images of the same captions; the default for them), or 'none'"
         ),
-        "--fid_extractor": dict(
-            choices=("inception", "shapes", "emoji"), help="the FID network (default: the world's, else inception)"
-        ),
-        "--clip_model": dict(
-            help=f"CLIP model id or folder, or 'none' (default: {DEFAULT_CLIP_MODEL}; the world's for its captions)"
-        ),
+        "--fid_extractor": dict(choices=("inception", "shapes", "emoji"),
+                                help="the FID network (default: the world's, else inception)"),
+        "--clip_model": dict(help=f"CLIP model id or folder, or 'none' (default: {DEFAULT_CLIP_MODEL}; the world's "
+                             "for its captions)"),
         "--num_inference_steps": dict(type=int, default=NUM_INFERENCE_STEPS, help="sampler steps per image"),
         "--guidance_scale": dict(type=float, default=GUIDANCE_SCALE, help="diffusers' g; the papers' s = g - 1"),
         "--batch_size": dict(type=int, default=50, help="images per pipeline call (per process)"),
         "--dtype": dict(choices=sorted(DTYPES), default="float32", help="the pipeline's dtype"),
-        "--output_dir": dict(
-            type=Path, default=Path("evaluation"), help="where report.json and grid.png (and progress/) go"
-        ),
+        "--output_dir": dict(type=Path, default=Path("evaluation"), help="where report.json, grid.png, progress/ go"),
         "--save_images": dict(action="store_true", help="also save every image under OUTPUT_DIR/images"),
         "--cache_dir": dict(type=Path, help="cache of reference statistics (default: $HF_HOME/diffusers_lmlp)"),
-        "--num_threads": dict(
-            type=int, help="torch's CPU threads (default on one CPU process: $OMP_NUM_THREADS, else every core)"
-        ),
-        "--keep_progress": dict(
-            action="store_true", help="keep OUTPUT_DIR/progress after a finished run, to report again without sampling"
-        ),
+        "--num_threads": dict(type=int, help="torch's CPU threads (default on one CPU process: $OMP_NUM_THREADS, "
+                              "else every core)"),
+        "--keep_progress": dict(action="store_true", help="keep OUTPUT_DIR/progress after a finished run, to report "
+                                "again without sampling"),
         "--no_progress": dict(action="store_true", help="no progress bar"),
-    }
+    }  # fmt: skip
     for option, settings in options.items():
         parser.add_argument(option, **settings)
     return parser
@@ -167,21 +157,14 @@ def main(argv: list[str] | None = None) -> None:
             pipeline = pipeline.to(state.device)
             check_scheduler(pipeline.scheduler)  # before the FID reference's statistics, which can take hours
             report, grid = evaluate(
-                pipeline,
-                captions,
-                fid_reference=None if args.fid_reference == "none" else args.fid_reference,
-                fid_extractor=args.fid_extractor,
-                clip_model=None if args.clip_model == "none" else args.clip_model,
-                num_inference_steps=args.num_inference_steps,
-                guidance_scale=args.guidance_scale,
-                batch_size=args.batch_size,
-                seed=args.seed,
+                pipeline, captions, fid_reference=None if args.fid_reference == "none" else args.fid_reference,
+                fid_extractor=args.fid_extractor, clip_model=None if args.clip_model == "none" else args.clip_model,
+                num_inference_steps=args.num_inference_steps, guidance_scale=args.guidance_scale,
+                batch_size=args.batch_size, seed=args.seed,
                 image_dir=args.output_dir / "images" if args.save_images else None,
                 processes=Processes(state.process_index, state.num_processes, state.device),
-                cache_dir=args.cache_dir,
-                progress=not args.no_progress,
-                resume_dir=progress_dir,
-            )
+                cache_dir=args.cache_dir, progress=not args.no_progress, resume_dir=progress_dir,
+            )  # fmt: skip
         except KeyboardInterrupt as interruption:
             if isinstance(interruption, EvaluationInterrupted) and interruption.report is not None:
                 write_json_durably(partial_report, {**interruption.report, "captions": args.captions})

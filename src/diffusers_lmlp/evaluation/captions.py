@@ -71,8 +71,7 @@ def read_captions_file(path: str | Path, option: str = "--captions") -> list[str
 
 
 def coco_fid_captions(annotations_file: str | Path, num_images: int, seed: int) -> list[str]:
-    """COCO captions drawn as U-ViT's FID protocol does: seeded shuffled passes over the images, one random caption of
-    each."""
+    """COCO captions drawn as U-ViT's FID protocol does: seeded shuffled passes, a random caption of each."""
     annotations_file = Path(annotations_file)
     try:
         coco = json.loads(annotations_file.read_text(encoding="utf-8"))
@@ -115,9 +114,8 @@ def world_captions(source: str, num_images: int, seed: int) -> list[str]:
 
 
 def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> list[str]:
-    """`num_images` captions to sample (default: 30,000 for COCO, 1,000 for a world, each line once for a text file,
-    which repeats when shorter) from a world source (`WORLD_SOURCES`: `"shapes"`, `"emoji:heldout"`, ...), a COCO-2014
-    folder or captions `.json`, or a text file; `ValueError` for an unknown source."""
+    """`num_images` captions (default: 30,000 for COCO, 1,000 for a world, each line once for a text file) from a world
+    source (`WORLD_SOURCES`), a COCO-2014 folder or captions `.json`, or a text file (repeated when shorter)."""
     if num_images is not None and num_images < 1:
         raise ValueError(f"The number of images must be positive; got {num_images}")
     if source in WORLD_SOURCES:

@@ -1,10 +1,7 @@
 """CLIP score as text-to-image papers report it: `100 · max(cos(E_image, E_caption), 0)` per pair, averaged, by
-default with OpenAI's ViT-L/14 (Hessel et al.'s CLIP-S with weight 100).
-
-torchmetrics' `CLIPScore` clamps the mean rather than each pair (`score(..., clamp=False)` gives the raw scores) and
-slices overlong token ids, dropping the end-of-text token CLIP pools from; here the tokenizer truncates and keeps it
-(as OpenAI's `clip.tokenize(..., truncate=True)`). Both agree on captions that fit and non-negative cosines.
-"""
+default with OpenAI's ViT-L/14. torchmetrics' `CLIPScore` clamps the mean, not each pair, and slices overlong token
+ids, dropping the end-of-text token CLIP pools from; here the tokenizer truncates and keeps it (as OpenAI's
+`clip.tokenize(..., truncate=True)`). Both agree on captions that fit and non-negative cosines."""
 
 import os
 from typing import TYPE_CHECKING
@@ -47,8 +44,8 @@ class CLIPScorer:
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> "CLIPScorer":
-        """Load a CLIP model and its processor (a Hub id, also the scorer's `name`, or a local folder) on `device`
-        (CUDA when available) in `dtype` (float32); safetensors weights only: pickled ones raise `OSError` unread."""
+        """Load a CLIP model and processor (a Hub id or a folder) on `device` (CUDA when available) in `dtype`
+        (float32); safetensors weights only: pickled ones raise `OSError` unread."""
         name = os.fspath(name_or_path)
         if os.path.isdir(name) and not any(file in os.listdir(name) for file in SAFETENSORS_FILES):
             pickled = ", ".join(sorted(file for file in os.listdir(name) if file.endswith(PICKLE_SUFFIXES)))
@@ -92,11 +89,8 @@ class CLIPScorer:
         )  # input_ids, attention_mask: (B, L), L <= max_length
         pixel_values = pixel_values.to(self.device, self.model.dtype)  # (B, 3, S, S)
         image_embeds = _projected(self.model.get_image_features(pixel_values=pixel_values))  # (B, D)
-        text_embeds = _projected(
-            self.model.get_text_features(
-                input_ids=text["input_ids"].to(self.device), attention_mask=text["attention_mask"].to(self.device)
-            )
-        )  # (B, D)
+        input_ids, attention_mask = text["input_ids"].to(self.device), text["attention_mask"].to(self.device)
+        text_embeds = _projected(self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
         return image_embeds, text_embeds
 
     def score(

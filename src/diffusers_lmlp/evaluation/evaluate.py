@@ -1,9 +1,5 @@
-"""Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world, its scorer.
-
-Image i is sampled from caption i with a generator seeded by (seed, i), and batch k goes to process k mod P, so P
-processes report what one does. With `resume_dir` finished batches are kept on disk (`resume`), and a run again
-samples only the batches it lacks.
-"""
+"""Sample a pipeline on captions and score the images: FID, CLIP score and, on an embedded world, its scorer. Image i
+is seeded by (seed, i) and batch k goes to process k mod P, so P processes report what one does."""
 
 import hashlib
 import json
@@ -118,8 +114,8 @@ class Scoring:
         return BatchResult(rows, features, grid, 0.0)  # grid: (n, H, W, 3)
 
     def report(self, tally: "Tally", processes: Processes, captions: list[str]) -> dict:
-        """FID (with a world's reference also the floor: a second set of real images against the first), CLIP score
-        and the world scorer's accuracies (95% intervals under `<world>_intervals`)."""
+        """FID (with a world's reference also the floor: real images against real ones), CLIP score and the world
+        scorer's accuracies with their 95% intervals."""
         report = {}
         if self.extractor is not None:
             name = extractor_name(self.extractor)
@@ -190,17 +186,14 @@ def evaluate(
     progress: bool = True,
     resume_dir: str | Path | None = None,
 ) -> tuple[dict, Image.Image]:
-    """Sample image i from caption i with `pipeline` and score them; return the report (the same on every process)
-    and a grid of the first images. Bad arguments raise `ValueError` before any sampling.
+    """Sample image i from caption i and score them; return the report (the same on every process) and a grid of the
+    first images. Bad arguments raise `ValueError` before any sampling.
 
     `fid_reference`: an `.npz` of `mu` and `sigma`, a folder of real images (statistics cached in `cache_dir`), or
     `"shapes"`/`"emoji"` (the world's real images of the same captions), measured with `fid_extractor`
-    (`"inception"`, `"shapes"`, `"emoji"` or a module; default: the world's for a world's reference, else Inception).
-    `clip_model`: a CLIP model id or folder, or a `CLIPScorer`. `seed` seeds every image's noise and a world
-    reference's real images. `image_dir` saves the images as a 🤗 imagefolder. `processes`: this process's share.
-    `resume_dir` keeps finished batches and reuses those of an interrupted run of the same settings (other settings
-    are refused); Ctrl-C then raises `EvaluationInterrupted`, carrying the partial report. The caller deletes it
-    (`resume.remove_progress`).
+    (`"inception"`, `"shapes"`, `"emoji"` or a module; default: the world's, else Inception). `image_dir` saves an
+    imagefolder. `resume_dir` keeps finished batches and reuses those of an interrupted run of the same settings;
+    Ctrl-C then raises `EvaluationInterrupted` with the partial report (`resume.remove_progress` deletes the folder).
     """
     processes = processes or Processes()
     if not captions:

@@ -1,10 +1,7 @@
-"""FID: feature networks ((B, 3, H, W) images in [0, 1] to (B, D) features: Inception as torch-fidelity runs it, a
-world's network or any module), the statistics FID compares (an `.npz` of `mu` and `sigma`, as pytorch-fid and U-ViT
-store them, or cached from a folder of real images) and the Fréchet distance between them.
-
-The arithmetic is here rather than torchmetrics' (a test-only dependency, whose metric takes images, not the features
-a resumed evaluation keeps): the same numbers, and exact for singular covariances.
-"""
+"""FID: feature networks (Inception as torch-fidelity runs it, a world's network or any module), the statistics FID
+compares (an `.npz` of `mu` and `sigma`, as pytorch-fid and U-ViT store them, or cached from a folder of real images)
+and the Fréchet distance. The arithmetic is here, not torchmetrics' (whose metric takes images, not the features a
+resumed evaluation keeps): the same numbers, and exact for singular covariances."""
 
 import hashlib
 import json
@@ -23,8 +20,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 
 @dataclass
 class FIDStatistics:
-    """The (D,) mean `mu` and (D, D) unbiased covariance `sigma` (float64) of a set of image features, with the
-    number of images and the feature network's name when known."""
+    """The (D,) mean `mu` and (D, D) unbiased covariance `sigma` (float64) of image features, and where known their
+    number and network."""
 
     mu: np.ndarray
     sigma: np.ndarray
@@ -192,9 +189,8 @@ def image_features(extractor: nn.Module, images: torch.Tensor) -> torch.Tensor:
 def reference_statistics(
     reference, extractor, resolution: int, *, processes, cache_dir=None, batch_size: int = 50, progress: bool = True
 ) -> FIDStatistics:
-    """The statistics FID compares with (`FIDStatistics`, an `.npz` of `mu` and `sigma`, or a folder of real images,
-    centre-cropped and resized to `resolution`, its statistics cached under `cache_dir`), checked against the
-    feature network `extractor` (`ValueError` on a mismatch); `processes`: this process's share of the work."""
+    """The statistics FID compares with (`FIDStatistics`, an `.npz`, or a folder of real images resized to
+    `resolution`, cached under `cache_dir`), refused unless they match the feature network `extractor`."""
     name = extractor_name(extractor)
     if isinstance(reference, FIDStatistics):
         statistics, source = reference, "the given statistics"
@@ -212,8 +208,7 @@ def reference_statistics(
 
 
 def folder_statistics(folder: Path, extractor, resolution, processes, cache_dir, batch_size, progress):
-    """The statistics of every image under `folder`, cached under a key of the network, the resolution and every
-    file's path, size and mtime."""
+    """The statistics of every image under `folder`, cached by network, resolution and each file's size and time."""
     from huggingface_hub import constants
     from PIL import Image, UnidentifiedImageError
 

@@ -1,8 +1,5 @@
-"""Confidence intervals of a world scorer's accuracies, by a bootstrap over captions.
-
-Images of one caption (several seeds) are not independent: a model that cannot draw a held-out combination fails on
-all its seeds. So the bootstrap resamples captions, each with all its images.
-"""
+"""Confidence intervals of a world scorer's accuracies, by a bootstrap over captions, each with all its images: a
+model that cannot draw a held-out combination fails on all its seeds, so they are not independent."""
 
 import numpy as np
 

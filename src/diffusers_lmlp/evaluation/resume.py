@@ -1,7 +1,5 @@
-"""Resumable evaluations: a progress folder holds `settings.json` (what the results depend on; other settings are
-refused, never mixed in) and one `batch-<k>.safetensors` per finished batch, each written under a temporary name,
-flushed and renamed. Batches do not depend on the process count, which may change on resume.
-"""
+"""Resumable evaluations: a progress folder holds `settings.json` (other settings are refused, never mixed in) and a
+durably written `batch-<k>.safetensors` per finished batch, whatever the process count (it may change on resume)."""
 
 import hashlib
 import json
@@ -48,8 +46,7 @@ class BatchResult:
 
 
 class EvaluationInterrupted(KeyboardInterrupt):
-    """An evaluation stopped (Ctrl-C, SIGTERM) whose finished batches are kept in `folder`; `report` is the partial
-    report on the first process, None on the others."""
+    """An evaluation stopped (Ctrl-C, SIGTERM), its batches kept in `folder`; `report`: process 0's partial one."""
 
     def __init__(self, folder: Path, num_images_done: int, num_images: int, report: dict | None):
         super().__init__(f"evaluation interrupted after {num_images_done} of {num_images} images; kept in {folder}")
@@ -71,8 +68,7 @@ def batch_digest(tensors: dict[str, torch.Tensor], seconds: str | None) -> str:
 
 
 def pipeline_digest(pipeline) -> str:
-    """The SHA-256 of a pipeline's component classes, configs (without `_*` and version entries), vocabularies and
-    weights."""
+    """The SHA-256 of a pipeline's component classes, configs (no `_*` or version keys), vocabularies and weights."""
     digest = hashlib.sha256()
     for name, component in sorted(pipeline.components.items()):
         digest.update(f"{name}={type(component).__qualname__}\n".encode())
@@ -89,8 +85,7 @@ def pipeline_digest(pipeline) -> str:
 
 
 class ProgressStore:
-    """The progress folder of one evaluation (`settings`: see `SETTING_NAMES`); with `image_dir`, a batch counts as
-    done only when its images are there too."""
+    """The progress folder of one evaluation; with `image_dir`, a batch is done only when its images are there too."""
 
     def __init__(self, folder: str | Path, settings: dict, processes, image_dir: Path | None = None):
         self.folder, self.settings, self.processes = Path(folder), {"format": FORMAT, **settings}, processes
@@ -99,8 +94,7 @@ class ProgressStore:
         self.lock = None
 
     def open(self) -> None:
-        """Refuse progress of other settings (`ValueError`), record these, take the lock and remove a killed run's
-        temporary files. Every process calls it."""
+        """On every process: refuse progress of other settings, record these, lock, remove a killed run's leftovers."""
         path = self.folder / SETTINGS_FILE
         try:
             recorded = json.loads(path.read_text(encoding="utf-8"))["settings"]
@@ -152,9 +146,7 @@ class ProgressStore:
         return sum(max(0, min(batch_size, num_images - number * batch_size)) for number in self.done_numbers())
 
     def done_numbers(self) -> list[int]:
-        stems = (
-            path.name.removeprefix("batch-").removesuffix(".safetensors") for path in self.folder.glob(BATCH_GLOB)
-        )
+        stems = (p.name.removeprefix("batch-").removesuffix(".safetensors") for p in self.folder.glob(BATCH_GLOB))
         return sorted(int(stem) for stem in stems if stem.isdigit())
 
     def read(self, number: int, batch: range | None = None, image_paths: list[Path] = ()) -> BatchResult | None:
@@ -193,7 +185,7 @@ class ProgressStore:
         tensors = {
             "rows": result.rows,
             "grid": result.grid,
-            **{f"features.{name}": value for name, value in result.features.items()},
+            **{f"features.{k}": v for k, v in result.features.items()},
         }
         metadata = {"settings": self.key, "seconds": repr(result.seconds)}
         metadata["sha256"] = batch_digest(tensors, metadata["seconds"])
@@ -206,8 +198,7 @@ class ProgressStore:
 
 
 def remove_progress(folder: str | Path) -> None:
-    """Delete a progress folder, settings last so that a kill half-way leaves one that still resumes; a folder with
-    other files is kept, with a warning."""
+    """Delete a progress folder, settings last (a kill half-way leaves one that resumes); keep one with other files."""
     folder = Path(folder)
     for pattern in (BATCH_GLOB, TEMPORARY_GLOB, SETTINGS_FILE, LOCK_FILE):
         for path in folder.glob(pattern):

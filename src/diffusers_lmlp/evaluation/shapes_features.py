@@ -15,12 +15,7 @@ from ..shapes.world import COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES
 
 
 FEATURES_PATH = Path(__file__).resolve().parent.parent / "shapes" / "assets" / "features"
-ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "size": SIZES,
-    "colour": tuple(COLOURS),
-    "shape": SHAPES,
-    "position": POSITIONS,
-}
+ATTRIBUTES = {"size": SIZES, "colour": tuple(COLOURS), "shape": SHAPES, "position": POSITIONS}
 PIXEL_MEAN, PIXEL_STD = 0.5, 0.25  # inputs in [0, 1] → roughly [-2, 2]
 
 
@@ -46,13 +41,8 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
             return nn.Sequential(conv, nn.GroupNorm(norm_num_groups, c_out), nn.ReLU())
 
         in_channels = [3 + 2, *channels[:-1]]  # RGB + (x, y) coordinates
-        self.stages = nn.Sequential(
-            *(
-                conv_block(c_in, c_out, 3, 1 if i == 0 else 2)
-                for i, (c_in, c_out) in enumerate(zip(in_channels, channels))
-            ),
-            conv_block(channels[-1], num_features, 1, 1),
-        )
+        stages = [conv_block(c, d, 3, 2 if i else 1) for i, (c, d) in enumerate(zip(in_channels, channels))]
+        self.stages = nn.Sequential(*stages, conv_block(channels[-1], num_features, 1, 1))
         self.heads = nn.ModuleDict({name: nn.Linear(num_features, len(values)) for name, values in ATTRIBUTES.items()})
         coordinates = torch.linspace(-1.0, 1.0, image_size)
         grid = torch.stack(torch.meshgrid(coordinates, coordinates, indexing="xy"))  # (2, S, S): x, then y
@@ -63,8 +53,7 @@ class ShapesFeatureNetwork(ModelMixin, ConfigMixin):
         return self.config.num_features
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The (B, num_features) non-negative pooled features of (B, 3, H, W) images in [0, 1] (resized to
-        `image_size`)."""
+        """The (B, num_features) non-negative pooled features of (B, 3, H, W) images in [0, 1]."""
         is_tensor = isinstance(images, torch.Tensor)
         if not is_tensor or not images.is_floating_point() or images.ndim != 4 or images.shape[1] != 3:
             got = f"{images.dtype} of shape {tuple(images.shape)}" if is_tensor else type(images).__name__

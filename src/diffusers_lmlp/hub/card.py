@@ -65,9 +65,8 @@ def write_model_card(
     summary: Mapping | None = None,
     sample_grid: str | os.PathLike | None = None,
 ) -> ModelCard:
-    """Write or update `README.md` (metadata, description and usage) in the folder `pipe.save_pretrained` wrote and
-    return the card; what the user wrote outside the generated blocks is kept. `args` are the training arguments,
-    `summary` the training results, `sample_grid` a grid inside `folder` to show."""
+    """Write or update `README.md` (metadata, description, usage; the user's text kept) in the folder
+    `pipe.save_pretrained` wrote, from the training `args` and `summary`; return the card."""
     args, name = args or {}, Path(folder).resolve().name
     base_model = hub_id_or_none(args.get("pretrained_model_name_or_path"))
     dataset = hub_id_or_none(args.get("dataset_name"))

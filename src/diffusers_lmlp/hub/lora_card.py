@@ -29,8 +29,7 @@ def adapted_modules(model) -> list[str]:
 
 
 def names_in_block(names: list[str]) -> list[str]:
-    """The names of modules inside the stack's blocks, without the block's path (`stack.in_blocks.0.joint_mlp.fc1` ->
-    `joint_mlp.fc1`), once each, in order; other modules are left out."""
+    """The names of modules inside the stack's blocks, less the block's path (`joint_mlp.fc1`), once each, in order."""
     inside = (BLOCK_PREFIX.sub("", name) for name in names if BLOCK_PREFIX.match(name))
     return list(dict.fromkeys(inside))
 
@@ -86,11 +85,7 @@ def lora_usage_section(repo_id: str, base_model: str, summary: Mapping | None = 
 
 
 def write_lora_card(
-    folder: str | os.PathLike,
-    model,
-    args: Mapping,
-    summary: Mapping,
-    sample_grid: str | os.PathLike | None = None,
+    folder: str | os.PathLike, model, args: Mapping, summary: Mapping, sample_grid: str | os.PathLike | None = None
 ) -> ModelCard:
     """Write or update a LoRA adapter folder's `README.md`; `model` is the backbone with the adapter."""
     folder = Path(folder)

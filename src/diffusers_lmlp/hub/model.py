@@ -153,10 +153,9 @@ def stage_pipeline(
     seed: int = 0,
     with_code: bool = False,
 ) -> upload.StagedUpload:
-    """Build the exact folder that `push_pipeline` uploads to `repo_id`, card included, in `output_dir` (new or empty;
-    default: a temporary one); the source is not changed. The pipeline must load and pass `check_scheduler`; then only
-    the staged copy is read, so the card, the sample grid (`sample_prompts`) and the code (`with_code`) describe what
-    is uploaded. An existing card keeps its text; its metadata and usage block are updated."""
+    """Build the exact folder `push_pipeline` uploads, card included, in `output_dir` (new or empty; default: a
+    temporary one). Once the source loads and passes `check_scheduler` only the staged copy is read, so the card, the
+    sample grid and the code describe what is uploaded; an existing card keeps its own text."""
     folder = check_pipeline_folder(folder)
     for dataset in datasets or []:
         upload.check_repo_id(dataset, "dataset")
@@ -237,9 +236,8 @@ def push_pipeline(
     create_pr: bool = False,
     **options,
 ) -> CommitInfo:
-    """Publish a saved pipeline to `repo_id` (`"owner/name"`, or `"name"` for the token's user): stage it
-    (`stage_pipeline` with `options`), `create_repo(exist_ok=True, private=...)`, then one commit to `revision` (an
-    existing branch) or a pull request (`create_pr`)."""
+    """Publish a saved pipeline to `repo_id` (`"name"`: the token's user's): stage it (`stage_pipeline` with
+    `options`), `create_repo(exist_ok=True)`, then one commit to `revision` or a pull request (`create_pr`)."""
     check_pipeline_folder(folder)
     commit = {"revision": revision, "create_pr": create_pr, "private": private, "token": token}
     return upload.publish_model_repo(folder, repo_id, stage_pipeline, options, commit_message, **commit)

@@ -1,10 +1,8 @@
 """`push --with-code`: ship the pipeline's code in the repo, so that diffusers loads it without diffusers-lmlp.
 
-Each component's file (`bundle_source`) is its module and every package module it needs, in import order, with the
-package imports taken out: diffusers fetches only the file `model_index.json` names and the files it imports one level
-deep, and this package imports `..` modules. All remote code shares one module folder, hence "lmlp" in the file names.
-With the package installed, `LMLPPipeline.from_pretrained` maps the entries back (`package_model_index`).
-"""
+Each component's file (`bundle_source`) is its module and every package module it needs, in import order, package
+imports taken out: diffusers fetches only the file `model_index.json` names and those it imports one level deep. All
+remote code shares one module folder, hence "lmlp" in the file names."""
 
 import ast
 import functools
@@ -79,8 +77,7 @@ def _package_module(module: SourceModule, node: ast.ImportFrom) -> str | None:
 
 
 def defining_module(module_name: str, name: str, chain: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Where the object `from <module_name> import <name>` imports is defined, following re-exports: (module, name
-    there); `chain` holds the re-exports followed so far, to catch cycles."""
+    """(module, name there) of what `from <module_name> import <name>` imports, following re-exports (`chain`)."""
     where = f"{module_name}.{name}"
     if where in chain:
         raise ImportError(f"Circular re-export: {' -> '.join((*chain, where))}.")

@@ -52,9 +52,8 @@ def stage_space(
     space_dir: str | os.PathLike | None = None,
     output_dir: str | os.PathLike | None = None,
 ) -> upload.StagedUpload:
-    """Build the exact folder that `push_space` uploads: the demo in `space_dir`, its `models:` set to `model_id` (one
-    or several, the first opening), and the package source. Raise over `SPACE_TOTAL_LIMIT`, or if app.py or README.md
-    is refused."""
+    """Build the exact folder `push_space` uploads: the demo in `space_dir` with its `models:` set to `model_id` (the
+    first opening) and the package source; raise over `SPACE_TOTAL_LIMIT` or if app.py or README.md is refused."""
     model_ids = _model_ids(model_id)
     space_dir = Path(space_dir) if space_dir is not None else DEFAULT_SPACE_DIR
     if missing := [name for name in ("app.py", "README.md") if not (space_dir / name).is_file()]:

@@ -1,10 +1,6 @@
-"""The guards every upload shares, and the one commit.
-
-`copy_tree` copies each file once into a staging folder, and every later step (scan, checks, card, commit) reads that
-copy. It never takes a link (none is followed), a non-regular file, a name like a credential, a file over its size
-limit, or a file or name holding a secret in any form a reader gets out of it (`readable_forms`). The finished folder
-is scanned once more (`check_final_form`). The dry run and the push stage alike.
-"""
+"""The guards every upload shares, and the one commit. `copy_tree` copies each file once into a staging folder that
+every later step reads; it never takes a link, a non-regular file, a credential-like name, an oversized file, or a
+secret in any form a reader gets out of a file (`readable_forms`). `check_final_form` scans the finished folder."""
 
 import json
 import logging
@@ -276,11 +272,10 @@ def copy_tree(
 def upload_report(staged: StagedUpload) -> str:
     """What of the source is not uploaded and why, one line each, refused files first; `""` when nothing."""
     lines = []
-    refused, left_out = (
+    for title, paths in (
         ("Refused, never uploaded:", staged.refused),
         ("Left out, not part of the upload:", staged.left_out),
-    )
-    for title, paths in (refused, left_out):
+    ):
         lines += [title, *(f"  {path}: {reason}" for path, reason in paths.items())] if paths else []
     return redact("\n".join(lines))
 

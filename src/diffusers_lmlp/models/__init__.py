@@ -6,20 +6,14 @@ from typing import TYPE_CHECKING
 from ..exports import lazy_exports
 
 
-_EXPORTS = {
-    "FAMILIES": ".families",
-    "BlockFamily": ".families",
-    "family_of": ".families",
-    "from_named_config": ".families",
-    "named_configs": ".families",
-    "LMLPTransformer2DModel": ".lmlp_transformer_2d",
-    "MoEMLPModel": ".mixers.moe",
-    "MoEMLPModelOutput": ".mixers.moe",
-    "convert_lmlp_reference_state_dict": ".lmlp_transformer_2d",
-    "convert_uvit_reference_state_dict": ".mixers.attention",
-    "load_balancing_loss": ".mixers.moe",
-    "symmetry_breaking_penalty": ".mixers.paramixer",
+_MODULES = {
+    ".families": ("FAMILIES", "BlockFamily", "family_of", "from_named_config", "named_configs"),
+    ".lmlp_transformer_2d": ("LMLPTransformer2DModel", "convert_lmlp_reference_state_dict"),
+    ".mixers.attention": ("convert_uvit_reference_state_dict",),
+    ".mixers.moe": ("MoEMLPModel", "MoEMLPModelOutput", "load_balancing_loss"),
+    ".mixers.paramixer": ("symmetry_breaking_penalty",),
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

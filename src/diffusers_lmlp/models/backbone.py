@@ -1,7 +1,5 @@
-"""The U-shaped skeleton of every backbone: in blocks, a mid block, out blocks (out block i takes in block n-1-i's
-output as its long skip). `UShapedMixerModel` adds token I/O, input checks and the reference init; the public models
-only choose the block.
-"""
+"""The U-shaped skeleton of every backbone (out block i takes in block n-1-i's output as its long skip), with token
+I/O, input checks and the reference init: the public models only choose the block."""
 
 import math
 import numbers
@@ -117,20 +115,12 @@ class UShapedStack(nn.Module):
 class UShapedMixerModel(StrictLoadingMixin):
     """Shared body of the public backbones: subclasses register their config and call `_build(make_block)`.
 
-    Parameters every subclass takes:
-        sample_size (`int`, defaults to 32), patch_size (`int`, defaults to 2), in_channels (`int`, defaults to 4):
-            the square latent's side, a square patch's side, the latent channels.
-        out_channels (`int`, *optional*): Prediction channels; `None` means `in_channels`.
-        hidden_size (`int`, defaults to 512): Token width D.
-        num_layers (`int`): Even depth: num_layers // 2 in blocks, a mid block and num_layers // 2 out blocks.
-        mlp_ratio (`float`): Channel-MLP hidden width as a multiple of D.
-        text_embed_dim (`int`, defaults to 768), text_seq_len (`int`, defaults to 77): the text encoder states.
-        conv_out (`bool`, defaults to `True`): Apply the reference's final 3×3 convolution.
-        norm_eps (`float`): LayerNorm epsilon.
-        channel_mlp (`str`, defaults to `"mlp"`): Where a class has it, a key of `channel_mlp.CHANNEL_MLPS`.
-        long_skips (`bool`, defaults to `True`): Where a class has it, whether out blocks get long skips.
-        pooled_text_projection (`bool`, defaults to `False`): Add a projection of the text's last state to every
-            image token (not in the papers).
+    Parameters every subclass takes: sample_size (32), patch_size (2) and in_channels (4) of the square latent;
+    out_channels (None: in_channels); hidden_size (512), the token width D; num_layers, an even depth; mlp_ratio, the
+    channel MLP's width over D; text_embed_dim (768) and text_seq_len (77) of the text states; conv_out (True), the
+    reference's final 3×3 convolution; norm_eps; pooled_text_projection (False), adding a projection of the text's
+    last state to every image token (not in the papers); where a class has them, channel_mlp ("mlp", a key of
+    `channel_mlp.CHANNEL_MLPS`) and long_skips (True).
     """
 
     _supports_gradient_checkpointing = True
@@ -229,8 +219,8 @@ class UShapedMixerModel(StrictLoadingMixin):
         )
 
     def initialize_weights(self) -> None:
-        """The reference init: every `nn.Linear` and the positional embedding truncated normal (std 0.02) with zero
-        bias, LayerNorms 1 and 0, convolutions PyTorch's default; then each submodule's own `init_weights()`."""
+        """The reference init: Linears and the positional embedding trunc-normal (std 0.02), zero biases, LayerNorms
+        1 and 0, convolutions PyTorch's default; then each submodule's own `init_weights()`."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)

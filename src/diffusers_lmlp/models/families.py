@@ -1,7 +1,5 @@
-"""The registry of block families, read by `--model_type`, `build_tiny_pipeline`, complexity, cards and the Space.
-It imports no model. A new family is a file in `models/mixers/` (its block and `UShapedMixerModel` subclass) and an
-entry in `FAMILIES`.
-"""
+"""The registry of block families (`--model_type`, tiny pipelines, complexity, cards, the Space); it imports no model.
+A new family is a file in `models/mixers/` (its block and `UShapedMixerModel` subclass) and an entry in `FAMILIES`."""
 
 import functools
 import importlib

@@ -12,6 +12,10 @@ from .catalog import NAMED_CONFIGS
 from .mixers.lmlp import LATERAL_ACTIVATIONS, MERGINGS, SKIP_STAGES, LMLPBlock
 
 
+def _is_ratio_or_none(value) -> bool:
+    return value is None or _is_positive_real(value)
+
+
 @public
 class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     """The U-shaped L-MLP ("UL-MLP") text-to-image backbone ([Lateralization MLP](https://arxiv.org/abs/2405.16098)).
@@ -32,14 +36,8 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
     _repeated_blocks = ["LMLPBlock"]
     config_requirements = {
         **CONFIG_REQUIREMENTS,
-        "mlp_ratio": (
-            lambda v: v is None or _is_positive_real(v),
-            "a positive finite number or None (no second stage)",
-        ),
-        "lateral_mlp_ratio": (
-            lambda v: v is None or _is_positive_real(v),
-            "a positive finite number or None (Linear hemispheres)",
-        ),
+        "mlp_ratio": (_is_ratio_or_none, "a positive finite number or None (no second stage)"),
+        "lateral_mlp_ratio": (_is_ratio_or_none, "a positive finite number or None (Linear hemispheres)"),
         "lateral_activation": (lambda v: v in LATERAL_ACTIVATIONS, f"one of {LATERAL_ACTIVATIONS}"),
         "merging": (lambda v: v in MERGINGS, f"one of {MERGINGS}"),
         "merge_proj": BOOLEAN,
@@ -77,18 +75,11 @@ class LMLPTransformer2DModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
             )
         self._build(
             lambda seq_len, skip: LMLPBlock(
-                hidden_size,
-                seq_len,
-                mlp_ratio,
-                norm_eps,
-                lateral_mlp_ratio=lateral_mlp_ratio,
-                lateral_activation=lateral_activation,
-                merging=merging,
-                merge_proj=merge_proj,
-                skip_stage=long_skip or "second_stage",
-                channel_mlp=self.channel_mlp_class(),
-            ),
-        )
+                hidden_size, seq_len, mlp_ratio, norm_eps, lateral_mlp_ratio=lateral_mlp_ratio,
+                lateral_activation=lateral_activation, merging=merging, merge_proj=merge_proj,
+                skip_stage=long_skip or "second_stage", channel_mlp=self.channel_mlp_class(),
+            )
+        )  # fmt: skip
 
     @classmethod
     def long_skips(cls, config: Mapping) -> bool:
@@ -115,11 +106,7 @@ _REFERENCE_KEY_RULES = [
 def convert_lmlp_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename a state dict of the reference UL-MLP (`libs/f2.py` of zizhao-hu/L-MLP, e.g. a run's `nnet_ema.pth`) to
     `LMLPTransformer2DModel`'s keys; tensors are not copied, a DDP `module.` prefix is stripped."""
-    return rename_reference_keys(
-        state_dict,
-        _REFERENCE_KEY_RULES,
-        lambda key: ValueError(
-            f"Unexpected key {key!r}: not part of the reference UL-MLP (libs/f2.py) layout. Is this an L-MLP "
-            "checkpoint (a U-ViT one has attn.* and skip_linear.* keys)?"
-        ),
-    )
+    return rename_reference_keys(state_dict, _REFERENCE_KEY_RULES, lambda key: ValueError(
+        f"Unexpected key {key!r}: not part of the reference UL-MLP (libs/f2.py) layout. Is this an L-MLP "
+        "checkpoint (a U-ViT one has attn.* and skip_linear.* keys)?"
+    ))  # fmt: skip

@@ -1,15 +1,11 @@
 """Loading, saving and casting a backbone: strictly, safetensors only, without this machine's folders, and refusing
 what torch's dynamic int8 quantization cannot do (save, adapt, compute beside non-float32 weights).
 
-diffusers' `from_pretrained` only warns when a checkpoint's keys differ from the model's; ours refuses unless
-`strict=False`. Two gaps need diffusers' private `_load_pretrained_model` overridden (the package's only such
-override): a sharded checkpoint's keys come from its index, which may list a tensor no shard holds, and with a
-`device_map` diffusers fails on weights no tensor filled. tests/models/test_strict_loading.py checks both gaps on
-diffusers: once they close, drop the override.
-
-diffusers writes where a component was loaded from (`_name_or_path`) into every saved config: for a local folder an
-absolute path, username included, that a push would publish; no loader reads it, so a local path is left out. It
-fails on torch's quantized layers only after writing `config.json`, so `check_storable` comes first.
+diffusers only warns when a checkpoint's keys differ from the model's; ours refuses unless `strict=False`. Two gaps
+need diffusers' private `_load_pretrained_model` overridden (the package's only such override): a sharded
+checkpoint's keys come from its index, which may list a tensor no shard holds, and with a `device_map` diffusers fails
+on weights no tensor filled (tests/models/test_strict_loading.py says when they close). A saved config's local
+`_name_or_path` (a path with the username, that a push would publish) is left out.
 """
 
 import inspect
@@ -44,19 +40,14 @@ def key_mismatch(missing: list[str], unexpected: list[str]) -> str:
     if missing:
         weights = "1 weight of the model is" if len(missing) == 1 else f"{len(missing)} weights of the model are"
         parts.append(f"{weights} missing from it ({listed(sorted(missing))})")
-    if unexpected:
-        tensors = (
-            "1 tensor in it is not a weight"
-            if len(unexpected) == 1
-            else f"{len(unexpected)} tensors in it are not weights"
-        )
+    if n := len(unexpected):
+        tensors = "1 tensor in it is not a weight" if n == 1 else f"{n} tensors in it are not weights"
         parts.append(f"{tensors} of the model ({listed(sorted(unexpected))})")
     return "; ".join(parts)
 
 
 class StrictLoadingMixin(ModelMixin):
-    """`ModelMixin` whose `from_pretrained` reads safetensors only and refuses a checkpoint that does not fill every
-    weight."""
+    """`ModelMixin` whose `from_pretrained` reads safetensors only and refuses a checkpoint that misses a weight."""
 
     @classmethod
     def from_pretrained(
@@ -81,11 +72,8 @@ class StrictLoadingMixin(ModelMixin):
         model, info = super().from_pretrained(pretrained_model_name_or_path, output_loading_info=True, **kwargs)
         missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
         if missing or unexpected:
-            location, name, mismatch = (
-                os.fspath(pretrained_model_name_or_path),
-                cls.__name__,
-                key_mismatch(missing, unexpected),
-            )
+            location, name = os.fspath(pretrained_model_name_or_path), cls.__name__
+            mismatch = key_mismatch(missing, unexpected)
             if kwargs.get("subfolder"):
                 location = os.path.join(location, kwargs["subfolder"])
             if not strict:
@@ -152,8 +140,7 @@ class StrictLoadingMixin(ModelMixin):
 
 
 class EmptyFp32ModulesWarning(std_logging.Filter):
-    """Drops diffusers' warning, on every `ModelMixin.to(dtype)`, that a model has modules to keep in float32 when it
-    names none ("...should be kept in float32: []")."""
+    """Drops diffusers' warning, on every `ModelMixin.to(dtype)`, that names no modules to keep in float32."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
         return "should be kept in float32: []." not in record.getMessage()
@@ -171,8 +158,7 @@ def no_empty_fp32_warning() -> Iterator[None]:
 
 
 def is_dynamically_quantized(module: nn.Module) -> bool:
-    """Whether torch's dynamic quantization (`quantize_dynamic`) put `module` in place of a float layer; such layers
-    take float32 inputs only and PEFT cannot adapt them."""
+    """Whether torch's `quantize_dynamic` put `module` in place of a float layer (float32 inputs only, no PEFT)."""
     return type(module).__module__.startswith("torch.ao.nn.quantized.dynamic")
 
 

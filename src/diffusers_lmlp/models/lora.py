@@ -1,9 +1,6 @@
-"""Reading a LoRA (a `.safetensors` file, one inside a folder or one in a Hub repo; never a pickle) and loading it into
-a backbone, checked (`load_checked_adapter`), for `transformer.load_lora_adapter` and `LMLPPipeline.load_lora_weights`
-alike: any key it cannot place (diffusers skips it), NaN weights and a mistyped `LoraConfig` refused; adapters on the
-tied SymMixer/AsymMixer weights (`target_parameters`) injected from their config, since peft 0.21 refuses those from a
-state dict.
-"""
+"""Reading a LoRA (a `.safetensors` file, in a folder or a Hub repo; never a pickle) and loading it into a backbone,
+checked (`load_checked_adapter`): any key it cannot place (diffusers skips it), NaN weights and a mistyped `LoraConfig`
+are refused; adapters on tied weights (`target_parameters`) are injected from their config, as peft 0.21 requires."""
 
 import json
 import math
@@ -72,15 +69,9 @@ def lora_file(
     check_weight_name(weight_name)
     if not os.path.isdir(source):
         return hf_hub_download(
-            source,
-            weight_name,
-            subfolder=subfolder,
-            revision=revision,
-            cache_dir=cache_dir,
-            force_download=force_download,
-            local_files_only=local_files_only,
-            token=token,
-        )
+            source, weight_name, subfolder=subfolder, revision=revision, cache_dir=cache_dir,
+            force_download=force_download, local_files_only=local_files_only, token=token,
+        )  # fmt: skip
     folder = os.path.join(source, subfolder) if subfolder else source
     if subfolder and os.path.commonpath([os.path.abspath(folder), os.path.abspath(source)]) != os.path.abspath(source):
         raise ValueError(
@@ -322,14 +313,9 @@ def load_checked_adapter(
             set_peft_model_state_dict(transformer, state_dict, adapter_name, low_cpu_mem_usage=low_cpu_mem_usage)
         else:
             load(
-                state_dict,
-                prefix=None,
-                adapter_name=adapter_name,
-                metadata=metadata,
-                _pipeline=_pipeline,
-                low_cpu_mem_usage=low_cpu_mem_usage,
-                hotswap=hotswap,
-            )
+                state_dict, prefix=None, adapter_name=adapter_name, metadata=metadata, _pipeline=_pipeline,
+                low_cpu_mem_usage=low_cpu_mem_usage, hotswap=hotswap,
+            )  # fmt: skip
         _check_adapted(transformer, adapter_name, layers)
     except Exception as error:
         if not hotswap:  # remove the half-loaded adapter, and peft's layers when no adapter is left

@@ -1,7 +1,5 @@
-"""Token I/O shared by every backbone, built from its config, in the reference UL-MLP / U-ViT layout:
-`TokenEmbedder` makes [time (1) | text (T) | image patches (N)] + a learned positional embedding, `OutputHead` the ε
-prediction.
-"""
+"""Token I/O shared by every backbone, in the reference UL-MLP / U-ViT layout: `TokenEmbedder` makes [time (1) |
+text (T) | image patches (N)] + a learned positional embedding, `OutputHead` the ε prediction."""
 
 from collections.abc import Mapping
 
@@ -12,8 +10,7 @@ from torch import nn
 
 
 def input_dtype(layer: nn.Module) -> torch.dtype:
-    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, or float32 for a tensorless layer (torch's
-    dynamically quantized `Linear`)."""
+    """The dtype `layer` computes in: diffusers' `get_parameter_dtype`, float32 for a dynamically quantized Linear."""
     if next(layer.parameters(), None) is None and next(layer.buffers(), None) is None:
         return torch.float32
     return get_parameter_dtype(layer)
@@ -58,8 +55,7 @@ class TokenEmbedder(nn.Module):
 
 
 class OutputHead(nn.Module):
-    """Final LayerNorm, Linear to patch pixels, drop the time and text tokens, unpatchify, and with `conv_out` the
-    reference's 3×3 conv."""
+    """LayerNorm, Linear to patch pixels, drop the time and text tokens, unpatchify, and the `conv_out` 3×3 conv."""
 
     def __init__(self, config: Mapping):
         super().__init__()

@@ -1,7 +1,4 @@
-"""The text-to-image pipeline, its LoRA loading, the schedulers it samples with and its vocabulary checks.
-
-Its names import lazily (`diffusers_lmlp.exports.lazy_exports`).
-"""
+"""The text-to-image pipeline, its LoRA loading, schedulers and vocabulary checks; names import lazily."""
 
 from typing import TYPE_CHECKING
 
@@ -15,7 +12,7 @@ _EXPORTS = {
     "known_words": ".vocabulary",
     "unknown_words": ".vocabulary",
 }
-__all__ = ["LMLPLoraLoaderMixin", "LMLPPipeline", "default_scheduler", "known_words", "unknown_words"]
+__all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:

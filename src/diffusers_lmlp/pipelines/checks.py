@@ -43,22 +43,23 @@ def _check_components(transformer, text_encoder, tokenizer, vae) -> None:
 
 def _check_call(
     pipe,
-    prompt: str | list[str] | None,
-    negative_prompt: str | list[str] | None,
-    num_inference_steps: Any,
-    timesteps: list[int] | None,
-    sigmas: list[float] | None,
-    guidance_scale: Any,
-    num_images_per_prompt: Any,
-    generator: torch.Generator | list[torch.Generator] | None,
-    latents: torch.Tensor | None,
-    prompt_embeds: torch.Tensor | None,
-    negative_prompt_embeds: torch.Tensor | None,
-    output_type: str,
-    callback_on_step_end_tensor_inputs: list[str],
+    *,
+    prompt,
+    negative_prompt,
+    num_inference_steps,
+    timesteps,
+    sigmas,
+    guidance_scale,
+    num_images_per_prompt,
+    generator,
+    latents,
+    prompt_embeds,
+    negative_prompt_embeds,
+    output_type,
+    callback_on_step_end_tensor_inputs,
 ) -> int:
-    """Refuse `pipe.__call__`'s arguments but the image size, naming the argument and what it may be; return B, the
-    number of prompts."""
+    """Refuse `pipe.__call__`'s arguments (as typed there) but the image size, naming the argument and what it may be;
+    return B, the number of prompts."""
     if (prompt is None) == (prompt_embeds is None):
         raise ValueError(
             f"Pass exactly one of `prompt` and `prompt_embeds`, got {'both' if prompt is not None else 'neither'}."
@@ -160,11 +161,9 @@ def _check_steps(scheduler, num_inference_steps: Any, timesteps: list[int] | Non
             )
     num_train_timesteps = scheduler.config.get("num_train_timesteps", 1000)
     if timesteps is not None:
+        valid = f"integers in [0, {num_train_timesteps})"
         _check_schedule(
-            "timesteps",
-            timesteps,
-            f"integers in [0, {num_train_timesteps})",
-            lambda t: (t == t.round()) & (t >= 0) & (t < num_train_timesteps),
+            "timesteps", timesteps, valid, lambda t: (t == t.round()) & (t >= 0) & (t < num_train_timesteps)
         )
     elif sigmas is not None:
         _check_schedule("sigmas", sigmas, "finite and >= 0", lambda s: s.isfinite() & (s >= 0))

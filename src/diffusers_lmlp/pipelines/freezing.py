@@ -1,9 +1,6 @@
-"""Inductor's freezing for sampling: the transformer compiled with its weights as graph constants.
-
-Freezing lets inductor pre-pack each Linear's weight and fuse its bias and GELU into the GEMM (docs/benchmarks.md). A
-frozen graph no longer reads the weights, so `FrozenTransformer` fingerprints them before every call and freezes
-again, with a new backend (torch reuses a graph for an equal one), when they changed.
-"""
+"""Inductor's freezing for sampling: the transformer compiled with its weights as graph constants, so inductor can
+pre-pack each Linear's weight and fuse its bias and GELU into the GEMM. A frozen graph no longer reads the weights, so
+`FrozenTransformer` fingerprints them before every call and freezes again when they changed."""
 
 from collections.abc import Callable
 
@@ -51,8 +48,7 @@ class FrozenTransformer:
         self.freezes = 0  # how many times a graph was frozen
 
     def for_sampling(self, transformer: nn.Module) -> Callable:
-        """The callable to run `transformer` with in one pipeline call: its frozen graph, frozen again first if the
-        transformer or its weights changed."""
+        """What runs `transformer` in one pipeline call: its frozen graph, frozen again if its weights changed."""
         fingerprint = weights_fingerprint(transformer)
         if transformer is not self._transformer or fingerprint != self._fingerprint:
             check_freezable(transformer)  # here too: quantizing changes the fingerprint

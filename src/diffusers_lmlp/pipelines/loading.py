@@ -1,6 +1,5 @@
-"""What `LMLPPipeline.from_pretrained` checks and fetches before diffusers loads the components: a Hub snapshot of
-safetensors, configs and tokenizer files; refusals of pickles, missing component folders and `strict`; and the view
-a `--with-code` folder loads through."""
+"""What `LMLPPipeline.from_pretrained` checks and fetches before diffusers loads the components (a Hub snapshot with
+nothing to unpickle), and the view a `--with-code` folder loads through."""
 
 import json
 import os
@@ -36,9 +35,8 @@ def _refuse_unpickling(kwargs: dict[str, Any]) -> None:
 
 
 def _check_folder(folder: str, model_index: dict[str, Any], path: str, kwargs: dict[str, Any]) -> None:
-    """Refuse `strict` (diffusers does not pass it on), a component `model_index.json` names (and not passed) without
-    its folder or a tokenizer without its files (transformers would build an empty one), and, in a local `folder`,
-    a component folder of pickled weights only."""
+    """Refuse `strict` (diffusers does not pass it on), a component `model_index.json` names without its folder or a
+    tokenizer without its files (transformers would build an empty one), and a local folder of pickled weights only."""
     if "strict" in kwargs:
         transformer_class = model_index.get("transformer", [None, "<the transformer's class>"])[1]
         raise ValueError(
@@ -85,15 +83,11 @@ def _hub_snapshot(source: str | os.PathLike, kwargs: dict[str, Any]) -> str:
     local_files_only = kwargs.pop("local_files_only", None) or False
     try:
         return snapshot_download(
-            name,
-            revision=kwargs.pop("revision", None),
-            cache_dir=cache_dir,
-            token=kwargs.pop("token", None),
-            force_download=kwargs.pop("force_download", False),
-            local_files_only=local_files_only,
+            name, revision=kwargs.pop("revision", None), cache_dir=cache_dir, token=kwargs.pop("token", None),
+            force_download=kwargs.pop("force_download", False), local_files_only=local_files_only,
             allow_patterns=HUB_ALLOW_PATTERNS,
             ignore_patterns=None if kwargs.get("variant") else ["*.*.safetensors"],  # e.g. model.fp16.safetensors
-        )
+        )  # fmt: skip
     except RepositoryNotFoundError as error:
         if isinstance(error, GatedRepoError):  # it exists, and its error says how to get access
             raise

@@ -1,8 +1,5 @@
-"""`LMLPLoraLoaderMixin`: LoRA files for `LMLPPipeline`, as diffusers handles its transformer-only pipelines.
-
-Files are diffusers' format (`transformer.`-prefixed peft keys, the `LoraConfig` as JSON in the header), read through
-the backbone's checked `load_lora_adapter` (`models/lora.py`), safetensors only.
-"""
+"""`LMLPLoraLoaderMixin`: LoRA files for `LMLPPipeline` in diffusers' format (`transformer.`-prefixed peft keys, the
+`LoraConfig` as JSON in the header), read through the backbone's checked `load_lora_adapter`, safetensors only."""
 
 import json
 import os
@@ -65,14 +62,9 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
             pretrained_model_name_or_path_or_dict, return_lora_metadata=True, **kwargs
         )
         self.load_lora_into_transformer(
-            state_dict,
-            transformer=self.transformer,
-            adapter_name=adapter_name,
-            _pipeline=self,
-            low_cpu_mem_usage=low_cpu_mem_usage,
-            hotswap=hotswap,
-            metadata=metadata,
-        )
+            state_dict, transformer=self.transformer, adapter_name=adapter_name, _pipeline=self,
+            low_cpu_mem_usage=low_cpu_mem_usage, hotswap=hotswap, metadata=metadata,
+        )  # fmt: skip
 
     @classmethod
     def load_lora_into_transformer(
@@ -88,14 +80,9 @@ class LMLPLoraLoaderMixin(LoraBaseMixin):
         """Load `transformer.`-prefixed LoRA weights into `transformer`, checking that every key finds its layer.
         Without `metadata` (the prefixed `LoraConfig`) alpha equals the rank, as in diffusers."""
         transformer.load_lora_adapter(
-            state_dict,
-            prefix=cls.transformer_name,
-            adapter_name=adapter_name,
-            metadata=metadata,
-            _pipeline=_pipeline,
-            low_cpu_mem_usage=low_cpu_mem_usage,
-            hotswap=hotswap,
-        )
+            state_dict, prefix=cls.transformer_name, adapter_name=adapter_name, metadata=metadata, _pipeline=_pipeline,
+            low_cpu_mem_usage=low_cpu_mem_usage, hotswap=hotswap,
+        )  # fmt: skip
 
     @classmethod
     def save_lora_weights(

@@ -1,8 +1,5 @@
-"""`model_index.json` of a `--with-code` folder, read as naming the package's classes.
-
-Inlined into the remote code too, where the package may be missing: its name is written out, and it is looked up
-among the loaded modules, never imported.
-"""
+"""`model_index.json` of a `--with-code` folder, read as naming the package's classes; inlined into the remote code
+too, where the package may be missing, so it is looked up among the loaded modules, never imported."""
 
 import sys
 from typing import Any

@@ -1,8 +1,5 @@
-"""`LMLPPipeline`: text-to-image sampling with an L-MLP or MoE-MLP backbone, the SD VAE, CLIP and DPM-Solver++.
-
-The papers' U-ViT MS-COCO recipe: SD `scaled_linear` betas, DPM-Solver++, CLIP ViT-L/14 last hidden states, and the
-papers' guidance s as `guidance_scale` g = s + 1 with "" as the null context.
-"""
+"""`LMLPPipeline`: text-to-image sampling with an MLP backbone, the SD VAE, CLIP text states and DPM-Solver++, as
+the papers' U-ViT MS-COCO recipe (their guidance s is `guidance_scale` g = s + 1, with "" as the null context)."""
 
 import contextlib
 import inspect
@@ -53,11 +50,9 @@ EXAMPLE_DOC_STRING = """
 
 @public
 class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
-    """Text-to-image generation with an attention-free MLP backbone, [L-MLP](https://arxiv.org/abs/2405.16098)
-    or MoE-MLP, in the latent space of the Stable Diffusion VAE, conditioned on CLIP text states.
-
-    The backbone mixes a fixed number of tokens, so it generates at one size only (`native_size`). Guidance follows
-    diffusers, ε = ε_u + g·(ε_c − ε_u): the papers' s is g − 1.
+    """Text-to-image generation with an attention-free MLP backbone ([L-MLP](https://arxiv.org/abs/2405.16098) or
+    MoE-MLP) in the SD VAE's latent space, at one size only (`native_size`: the backbone mixes a fixed number of
+    tokens). Guidance follows diffusers, ε = ε_u + g·(ε_c − ε_u).
 
     Args:
         vae ([`AutoencoderKL`]): The VAE, with the backbone's training `scaling_factor`.
@@ -89,12 +84,9 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> Self:
-        """`DiffusionPipeline.from_pretrained` from a folder or a Hub repo id, safetensors only (never unpickling).
-
-        A repo id is fetched with `snapshot_download` first (diffusers' own download refuses components of other
-        libraries); a `--with-code` folder loads with this package's classes. `kwargs` are diffusers' (`dtype`,
-        `variant`, components, Hub options); `use_safetensors` may only be `True` and `strict` is refused.
-        """
+        """`DiffusionPipeline.from_pretrained` of a folder or Hub repo id, safetensors only; a repo is fetched with
+        `snapshot_download` (diffusers' download refuses other libraries' components), a `--with-code` folder loads
+        with this package's classes."""
         _refuse_unpickling(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
         folder = path if os.path.isdir(path) else _hub_snapshot(pretrained_model_name_or_path, kwargs)
@@ -210,8 +202,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         return unknown_words(self.tokenizer, prompt)
 
     def _encode_text(self, texts: list[str], device: torch.device, name: str = "prompt") -> torch.Tensor:
-        """CLIP's last hidden states (B, T, D) of `texts`; warns once per distinct text of unknown words, and of
-        truncation."""
+        """CLIP's last hidden states (B, T, D) of `texts`; warns once per text of unknown words and truncation."""
         max_length = self.tokenizer.model_max_length
         for text, ids in dict(zip(texts, self.tokenizer(texts, verbose=False).input_ids)).items():
             if unknown := unknown_words(self.tokenizer, text):
@@ -255,8 +246,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         return prompt_embeds, negative_prompt_embeds
 
     def check_inputs(self, height: int, width: int, **arguments: Any) -> int:
-        """Validate `__call__`'s keyword `arguments` (`height` and `width` resolved) before any compute; return the
-        number of prompts."""
+        """Validate `__call__`'s arguments before any compute; return the number of prompts."""
         if height != self.native_size or width != self.native_size:
             raise ValueError(
                 f"This pipeline generates {self.native_size}×{self.native_size} images only (its backbone mixes a "
@@ -316,8 +306,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
             negative_prompt (`str` or `list[str]`, *optional*): What to guide away from; defaults to `""`.
             height, width (`int`, *optional*): Default to, and must equal, `native_size`.
             num_inference_steps (`int`, *optional*, defaults to `sampling.NUM_INFERENCE_STEPS`): Denoising steps.
-            timesteps (`list[int]`, *optional*): Custom decreasing timesteps, for schedulers that take them.
-            sigmas (`list[float]`, *optional*): Custom decreasing sigmas, for schedulers that take them.
+            timesteps, sigmas (`list`, *optional*): Custom decreasing timesteps or sigmas, for schedulers taking them.
             guidance_scale (`float`, *optional*, defaults to `sampling.GUIDANCE_SCALE`): g in
                 ε = ε_u + g·(ε_c − ε_u), the papers' s + 1; g <= 1 means no guidance.
             num_images_per_prompt (`int`, *optional*, defaults to 1): Images per prompt.
@@ -334,11 +323,8 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
         Examples:
 
         Returns:
-            [`~pipelines.ImagePipelineOutput`] or `tuple`: The images.
-
-        Raises:
-            `ValueError`: An invalid argument, before any model runs. `FloatingPointError`: NaN or inf in the
-            sampled latents or decoded images.
+            [`~pipelines.ImagePipelineOutput`] or `tuple`: The images. Raises `ValueError` for an invalid argument,
+            before any model runs, and `FloatingPointError` for NaN or inf in the latents or images.
         """
         if isinstance(callback_on_step_end, PipelineCallback | MultiPipelineCallbacks):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs

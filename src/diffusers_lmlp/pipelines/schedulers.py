@@ -1,8 +1,5 @@
-"""The noise schedule every backbone here is trained on, and the diffusers schedulers that sample it right.
-
-A scheduler must be a discrete-time DDPM-family one on Stable Diffusion's 1000-step `scaled_linear` betas, read ε,
-and neither clip nor threshold the predicted latents nor use flow sigmas (docs/pipeline.md, "Schedulers").
-"""
+"""The noise schedule every backbone here is trained on (SD's 1000-step `scaled_linear` betas, ε prediction), and the
+diffusers schedulers that sample it right: discrete-time DDPM-family ones that neither clip nor threshold latents."""
 
 import inspect
 import math
@@ -40,8 +37,7 @@ def default_scheduler() -> DPMSolverMultistepScheduler:
 
 
 def schedule_differences(config) -> dict[str, object]:
-    """The settings of a scheduler's config that give another noise schedule than the training one, and their values
-    (`trained_betas` as a count)."""
+    """The settings of a scheduler's config that give another noise schedule than the training one, with values."""
     different = {}
     if config.get("num_train_timesteps") != TRAINING_SCHEDULE["num_train_timesteps"]:
         different["num_train_timesteps"] = config.get("num_train_timesteps")

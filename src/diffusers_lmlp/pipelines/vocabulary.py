@@ -1,10 +1,6 @@
 """Which words a pipeline's tokenizer knows: closed (whole-word) vocabularies, and a prompt's words outside them.
-
-CLIP's byte-level BPE is open (its merges build subword pieces); the shapes world's is closed, and spells other words
-byte by byte into tokens never trained on. With an end-of-word suffix (`</w>`), a whole-word vocabulary makes pieces
-only on the way to its words, so each piece begins one of its whole-word tokens; a subword one has mid-word pieces
-("staur") that begin none.
-"""
+CLIP's byte-level BPE is open; the shapes world's is closed and spells other words byte by byte. With an end-of-word
+suffix (`</w>`), each piece a whole-word vocabulary makes begins one of its words; a subword one's may not."""
 
 import bisect
 import json

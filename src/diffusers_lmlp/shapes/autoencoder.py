@@ -30,12 +30,8 @@ def foreground_mask(pixels: torch.Tensor) -> torch.Tensor:
 def reconstruct(vae: AutoencoderKL, pixels: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
     """Encode to the posterior mode and decode: (N, 3, H, W) in [-1, 1] -> (N, 3, H, W) clamped to [-1, 1]."""
     parameter = next(vae.parameters())
-    return torch.cat(
-        [
-            vae.decode(vae.encode(batch.to(parameter)).latent_dist.mode()).sample.float().cpu().clamp(-1, 1)
-            for batch in pixels.split(batch_size)
-        ]
-    )
+    latents = (vae.encode(batch.to(parameter)).latent_dist.mode() for batch in pixels.split(batch_size))
+    return torch.cat([vae.decode(batch).sample.float().cpu().clamp(-1, 1) for batch in latents])
 
 
 def psnr(reconstruction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> float:

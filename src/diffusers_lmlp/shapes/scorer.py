@@ -9,19 +9,8 @@ from dataclasses import replace
 import numpy as np
 from PIL import Image
 
-from .world import (
-    COLOURS,
-    POSITION_WORDS,
-    POSITIONS,
-    SHAPES,
-    SIZE_RADII,
-    SIZE_WORDS,
-    SIZES,
-    TEMPLATES,
-    ShapeSpec,
-    render,
-    shape_coverage,
-)
+from . import world
+from .world import COLOURS, POSITIONS, SHAPES, SIZES, TEMPLATES, ShapeSpec
 
 
 ATTRIBUTES = ("colour", "shape", "position", "size")
@@ -33,8 +22,8 @@ SLOTS = {
 # One pattern per template, in the order of `TEMPLATES`: the template's text with each {slot} replaced.
 CAPTIONS = [re.compile(re.sub(r"\\\{(\w+)\\\}", lambda slot: SLOTS[slot[1]], re.escape(t))) for t in TEMPLATES]
 # A caption's word for a size or position → its canonical name.
-SIZE_NAMES = {word: size for size, words in SIZE_WORDS.items() for word in words}
-POSITION_NAMES = {words: position for position, phrases in POSITION_WORDS.items() for words in phrases}
+SIZE_NAMES = {word: size for size, words in world.SIZE_WORDS.items() for word in words}
+POSITION_NAMES = {words: position for position, phrases in world.POSITION_WORDS.items() for words in phrases}
 # Area of a shape of bounding-box half-side r, over r²: circle π, square 4, triangle 2.
 AREA_OVER_R2 = {"circle": np.pi, "square": 4.0, "triangle": 2.0}
 MIN_FOREGROUND = 0.25  # coverage below which a pixel is background
@@ -42,9 +31,8 @@ MIN_AREA = 2.0  # total coverage (pixels) below which the image shows no shape
 
 
 def parse_caption(text: str) -> ShapeSpec:
-    """What a world caption in any phrasing, case and spacing states ("red circle, upper left", "middle: a big blue
-    square"), `size` `None` when unstated; `ValueError` naming the expected forms for any other text."""
-    # "Red circle ,top  left" → "red circle, top left"
+    """What a world caption in any phrasing, case and spacing states ("middle: a big blue square"), `size` `None`
+    when unstated; `ValueError` naming the expected forms for any other text."""
     normal = " ".join(re.sub(r"\s*([,:])", r"\1 ", text.lower()).split())
     problem = ""
     for pattern in CAPTIONS:
@@ -92,12 +80,12 @@ def read_image(image: Image.Image | np.ndarray) -> dict[str, str] | None:
         radius = float(np.sqrt(area / AREA_OVER_R2[shape]))
         # A triangle's centroid lies a third of its half-side below its box centre.
         centre = (centroid[0], centroid[1] - (radius / 3 if shape == "triangle" else 0.0))
-        return np.abs(shape_coverage(shape, centre, radius, side) - alpha).sum(), shape, centre, radius
+        return np.abs(world.shape_coverage(shape, centre, radius, side) - alpha).sum(), shape, centre, radius
 
     _, shape, centre, radius = min(map(fit, SHAPES), key=lambda fitted: fitted[0])
     cell = side / 3
     column, row = (min(int(c // cell), 2) for c in centre)
-    size = SIZES[0] if radius < cell * (SIZE_RADII["small"] + SIZE_RADII["large"]) / 2 else SIZES[1]
+    size = SIZES[0] if radius < cell * (world.SIZE_RADII["small"] + world.SIZE_RADII["large"]) / 2 else SIZES[1]
     return {"size": size, "colour": colour, "shape": shape, "position": POSITIONS[3 * row + column]}
 
 
@@ -146,14 +134,14 @@ class ShapesScorer:
         return [[float(verdict.get(key, float("nan"))) for key in ATTRIBUTES] for verdict in verdicts]
 
     def renders(self, captions: list[str], batch: range, seed: int, stream: int, resolution: int) -> list[Image.Image]:
-        """Real shapes-world images of the captions, each with its own jitter, seeded by (seed, stream, index); a
-        caption that leaves the size unstated gets a size drawn first from the same generator."""
+        """Real shapes-world images of the captions, each jittered and seeded by (seed, stream, index), which also
+        draws a size the caption leaves unstated."""
         images = []
         for caption, index in zip(captions, batch):
             spec, rng = parse_caption(caption), np.random.default_rng([seed, stream, index])
             if spec.size is None:
                 spec = replace(spec, size=SIZES[rng.integers(len(SIZES))])
-            images.append(render(spec, resolution, rng))
+            images.append(world.render(spec, resolution, rng))
         return images
 
     accuracies = staticmethod(accuracies)

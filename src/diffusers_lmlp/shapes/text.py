@@ -27,8 +27,7 @@ def shapes_tokenizer(save_directory: str | None = None) -> CLIPTokenizer:
 
 
 def shapes_text_encoder(tokenizer: CLIPTokenizer, seed: int = 0) -> CLIPTextModel:
-    """The world's text encoder architecture (width 64, 2 layers), frozen and randomly initialised from `seed`
-    without touching the global random state."""
+    """The world's text encoder architecture (width 64, 2 layers), frozen, randomly initialised from `seed` alone."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = tiny_clip_text_encoder(tokenizer, hidden_size=64, intermediate_size=128)

@@ -136,8 +136,7 @@ def validation_prompts() -> list[str]:
 
 
 def shape_coverage(shape: str, centre: tuple[float, float], radius: float, image_size: int = IMAGE_SIZE) -> np.ndarray:
-    """The fraction of each pixel that a shape covers (its anti-aliased alpha), float32 (S, S) rows first; `centre`
-    (x, y) and `radius` (half the bounding box's side) are in pixels."""
+    """The (S, S) float32 fraction of each pixel a shape covers (its alpha); `centre` (x, y) and `radius` in pixels."""
     samples = (np.arange(image_size * SUPERSAMPLING) + 0.5) / SUPERSAMPLING  # (S·k,)
     x = samples[None, :] - centre[0]  # (1, S·k)
     y = samples[:, None] - centre[1]  # (S·k, 1)
@@ -154,8 +153,7 @@ def shape_coverage(shape: str, centre: tuple[float, float], radius: float, image
 
 
 def render(spec: ShapeSpec, image_size: int = IMAGE_SIZE, rng: np.random.Generator | None = None) -> Image.Image:
-    """Draw one RGB image of `spec`; `rng` jitters the centre and size (`JITTER_SHIFT`, `JITTER_SCALE`), without it
-    the shape sits exactly in the middle of its cell."""
+    """Draw one RGB image of `spec`, its centre and size jittered by `rng` (else exactly in the middle of its cell)."""
     if spec.size is None:
         raise ValueError(f"{spec} states no size, so it cannot be drawn: give it one of {list(SIZES)}.")
     cell = image_size / 3
@@ -175,9 +173,8 @@ def render(spec: ShapeSpec, image_size: int = IMAGE_SIZE, rng: np.random.Generat
 def make_dataset(
     split: str = "train", num_images: int | None = None, seed: int = 0, image_size: int = IMAGE_SIZE
 ) -> Dataset:
-    """A `datasets.Dataset` (`image`, `text`) of a split (`"train"` or `"heldout"`), identical for equal arguments:
-    each combination equally often (±1) in a seeded order with its own jitter, captioned by `describe` on a second
-    seeded stream (the images do not depend on the phrasing); `DEFAULT_NUM_IMAGES` rows unless given."""
+    """A `datasets.Dataset` (`image`, `text`) of the `"train"` or `"heldout"` split, identical for equal arguments:
+    each combination equally often (±1) in a seeded order, jittered, captioned by `describe` on a second stream."""
     splits = {"train": train_specs, "heldout": held_out_specs}
     if split not in splits:
         raise ValueError(f"Unknown split {split!r}; choose one of {list(splits)}.")
@@ -196,8 +193,7 @@ def make_dataset(
 
 
 def write_imagefolder(dataset: Dataset, directory: str | os.PathLike) -> str | os.PathLike:
-    """Write a dataset with `image` and `text` columns as a 🤗 imagefolder (PNG files and `metadata.jsonl`) in
-    `directory` (created if missing, same-named files overwritten), and return `directory`."""
+    """Write a dataset with `image` and `text` columns as an imagefolder (PNGs, `metadata.jsonl`) in `directory`."""
     if missing := {"image", "text"} - set(dataset.column_names):
         raise ValueError(f"The dataset needs `image` and `text` columns; missing {sorted(missing)}.")
     os.makedirs(directory, exist_ok=True)

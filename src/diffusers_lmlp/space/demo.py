@@ -107,9 +107,8 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
     except (OSError, EntryNotFoundError, HFValidationError):  # no card, no Hub, or not a repo id
         card = None
     lines = card.text.splitlines() if card else []
-    title = next(
-        (line[2:].strip() for line in lines if line.startswith("# ")), os.path.basename(os.path.normpath(source))
-    )
+    folder_name = os.path.basename(os.path.normpath(source))
+    title = next((line[2:].strip() for line in lines if line.startswith("# ")), folder_name)
     trained = [line.removeprefix("- Training:").strip() for line in lines if line.startswith("- Training:")]
     data = ", ".join(f"`{name}`" for name in card.data.datasets) if card and card.data.datasets else None
     data = data or (
@@ -117,9 +116,7 @@ def describe_model(pipe: LMLPPipeline, source: str) -> str:
     )
     backbone, config = pipe.transformer, pipe.transformer.config
     label, details = family_of(backbone).label, family_of(backbone).details
-    shipped = [
-        n for n, path in shipped_pipelines().items() if os.path.isdir(source) and os.path.samefile(source, path)
-    ]
+    shipped = [n for n, p in shipped_pipelines().items() if os.path.isdir(source) and os.path.samefile(source, p)]
     vocabulary = pipe.describe_vocabulary()
     return "\n".join([
         f"### Model: {title}",

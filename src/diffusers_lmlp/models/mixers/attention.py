@@ -43,8 +43,7 @@ class UViTAttention(nn.Module):
 
 
 class UViTBlock(nn.Module):
-    """One U-ViT block, `block(x, skip) -> x` on (B, L, D); an out block (`skip=True`) merges the long skip with
-    `skip_linear`."""
+    """One U-ViT block, `block(x, skip) -> x` on (B, L, D); an out block merges the long skip with `skip_linear`."""
 
     def __init__(
         self,
@@ -159,9 +158,8 @@ def _unexpected_key_error(key: str) -> ValueError:
 
 
 def convert_uvit_reference_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename a state dict of the reference U-ViT (`libs/uvit_t2i.py` of baofff/U-ViT) to `UViTTransformer2DModel`'s
-    keys; tensors are not copied, a DDP `module.` prefix is stripped, and any other key raises a `ValueError` naming
-    what the checkpoint most likely is.
+    """Rename a state dict of the reference U-ViT (`libs/uvit_t2i.py`) to `UViTTransformer2DModel`'s keys, less a DDP
+    `module.` prefix; any other key raises a `ValueError` naming what the checkpoint most likely is.
 
     Example (the published checkpoints are pickled, and this package never unpickles: load a file you trust):
 

@@ -51,15 +51,12 @@ class LMLPBlock(nn.Module):
         self.skip_stage = skip_stage
         self.channel_norm = nn.LayerNorm(hidden_size, eps=norm_eps)  # reference `norm1`, used twice
         self.token_norm = nn.LayerNorm(seq_len, eps=norm_eps)  # reference `norm2`, over the token axis
-        if left is None:  # reference `l`, FNN_L: one bias per output token, shared by every channel
-            left = nn.Linear(seq_len, seq_len) if lateral_mlp_ratio is None else JointMLP(seq_len, lateral_mlp_ratio)
-        self.left = left
-        # reference `r`, FNN_R
-        self.right = (
-            nn.Linear(hidden_size, hidden_size)
-            if lateral_mlp_ratio is None
-            else JointMLP(hidden_size, lateral_mlp_ratio)
-        )
+
+        def hemisphere(size: int) -> nn.Module:  # reference `l` (FNN_L, one bias per output token) and `r` (FNN_R)
+            return nn.Linear(size, size) if lateral_mlp_ratio is None else JointMLP(size, lateral_mlp_ratio)
+
+        self.left = hemisphere(seq_len) if left is None else left
+        self.right = hemisphere(hidden_size)
         self.merge = nn.Linear(hidden_size, hidden_size) if merge_proj else None  # reference `proj`
         self.joint_mlp = None if mlp_ratio is None else channel_mlp(hidden_size, mlp_ratio)  # reference `mlp`
 

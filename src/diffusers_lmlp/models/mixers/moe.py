@@ -32,8 +32,7 @@ from .lmlp import LMLPBlock
 
 
 class Router(nn.Module):
-    """Softmax over the last axis: gate logits (..., E) to expert probabilities (..., E). `collect_router_probs`
-    records them with forward hooks, so blocks keep the contract `block(x, skip) -> x`."""
+    """Softmax of gate logits (..., E) into expert probabilities, which `collect_router_probs` records by hooks."""
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.softmax(-1)
@@ -99,8 +98,7 @@ class MoELinearAttention(nn.Module):
 
 
 class MoEMLPBlock(LMLPBlock):
-    """The MoE-MLP block: the reference L-MLP block with `MoELinearAttention` (E experts, H heads) as its token mixer
-    (eqs. 6–7)."""
+    """The MoE-MLP block: the reference L-MLP block with `MoELinearAttention` as its token mixer (eqs. 6–7)."""
 
     def __init__(
         self,
@@ -112,14 +110,8 @@ class MoEMLPBlock(LMLPBlock):
         num_heads: int,
         channel_mlp: Callable[[int, float], nn.Module] = JointMLP,
     ):
-        super().__init__(
-            hidden_size,
-            seq_len,
-            mlp_ratio,
-            norm_eps,
-            channel_mlp=channel_mlp,
-            left=MoELinearAttention(seq_len, hidden_size, num_experts, num_heads),
-        )
+        left = MoELinearAttention(seq_len, hidden_size, num_experts, num_heads)
+        super().__init__(hidden_size, seq_len, mlp_ratio, norm_eps, channel_mlp=channel_mlp, left=left)
 
 
 @dataclass

@@ -129,15 +129,10 @@ class ParallelMixerModel(UShapedMixerModel, ConfigMixin, PeftAdapterMixin):
         super().__init__()
         self._build(
             lambda seq_len, skip: ParaMixerBlock(
-                hidden_size,
-                seq_len,
-                int(hidden_size * token_mlp_ratio),
-                int(hidden_size * mlp_ratio),
-                self.mlp_class,
-                norm_eps,
-                num_iterations,
+                hidden_size, seq_len, int(hidden_size * token_mlp_ratio), int(hidden_size * mlp_ratio), self.mlp_class,
+                norm_eps, num_iterations,
             )
-        )
+        )  # fmt: skip
 
     def _check_config(self) -> None:
         check_width("token_mlp_ratio", self.config.token_mlp_ratio, self.config.hidden_size, "token MLP")
