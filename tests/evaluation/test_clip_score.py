@@ -1,13 +1,12 @@
 """CLIP score offline on tiny CLIPs in the real repo layout: loading, torchmetrics' numbers, refusals."""
 
 import shutil
-from pathlib import Path
 
 import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from coco_fixture import CLIP_REPO, WORDS, write_clip_repo
+from coco_fixture import CLIP_REPO, WORDS
 from PIL import Image
 from test_pipeline_loading import fill_hub_cache
 from torchmetrics.functional.multimodal import clip_score
@@ -18,6 +17,7 @@ from diffusers_lmlp.evaluation.clip_score import CLIPScorer
 
 
 CAPTIONS = ["a red circle", "a photo of a blue square", "the green triangle at the top", "a yellow shape", "a", "cat"]
+pytestmark = pytest.mark.usefixtures("no_unpickling", "one_thread")
 
 
 class TensorFeaturesCLIP(CLIPModel):
@@ -36,23 +36,10 @@ def varied_images(count: int, seed: int = 0) -> list[Image.Image]:
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
 
 
-pytestmark = pytest.mark.usefixtures("no_unpickling", "one_thread")
-
-
-@pytest.fixture(scope="module")
-def clip_folder(tmp_path_factory) -> Path:
-    return write_clip_repo(tmp_path_factory.mktemp("clip"))
-
-
-def use_hub_cache(cache: Path, monkeypatch) -> None:  # huggingface_hub at `cache`, offline (constants too)
+def use_hub_cache(cache, monkeypatch) -> None:  # huggingface_hub at `cache`, offline (constants too)
     for name, value in (("HF_HOME", str(cache.parent)), ("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", "1")):
         monkeypatch.setenv(name, value)
         monkeypatch.setattr(huggingface_hub.constants, name, value if name != "HF_HUB_OFFLINE" else True)
-
-
-@pytest.fixture(scope="module")
-def scorer(clip_folder) -> CLIPScorer:
-    return CLIPScorer.from_pretrained(clip_folder)
 
 
 def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as_given(
@@ -84,15 +71,13 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
     with torch.no_grad():
         model.text_projection.weight.mul_(sign)
         reference.text_projection.weight.mul_(sign)
-    scorer = CLIPScorer(model, processor, name="tiny")
-    load = lambda: (reference.eval(), processor)  # noqa: E731
+    scorer, load = CLIPScorer(model, processor, name="tiny"), lambda: (reference.eval(), processor)
     images = varied_images(len(CAPTIONS))
     tensors = [torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images]  # (3, H, W) uint8
     scores = scorer.score(images, CAPTIONS, batch_size=4)  # (6,)
     raw = scorer.score(images, CAPTIONS, batch_size=4, clamp=False)  # (6,) 100 · cos
     assert (raw != 0).all()
     torch.testing.assert_close(scores, raw.clamp(min=0), rtol=0, atol=0)
-
     # torchmetrics clamps the mean, so one pair per call gives the per-pair score.
     expected = torch.stack([clip_score(t, c, load).double() for t, c in zip(tensors, CAPTIONS)])
     torch.testing.assert_close(scores, expected, rtol=0, atol=1e-4)
@@ -106,23 +91,21 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
             assert value.item() == pytest.approx(scores.mean().item(), abs=1e-4)
 
 
-def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_its_8_bit_images(scorer):
-    images, captions = varied_images(5, seed=1), CAPTIONS[:5]
-    by_two = scorer.score(images, captions, batch_size=2)
-    torch.testing.assert_close(by_two, scorer.score(images, captions), atol=1e-5, rtol=0)
+def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_its_8_bit_images(clip_scorer):
+    images, captions, score = varied_images(5, seed=1), CAPTIONS[:5], clip_scorer.score
+    torch.testing.assert_close(score(images, captions, batch_size=2), score(images, captions), atol=1e-4, rtol=0)
     images = torch.rand(3, 3, 40, 52, generator=torch.Generator().manual_seed(0))  # (N, 3, H, W) in [0, 1]
     pixels = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
     as_pil = [Image.fromarray(array) for array in pixels]
-    torch.testing.assert_close(scorer.score(images, CAPTIONS[:3]), scorer.score(as_pil, CAPTIONS[:3]), rtol=0, atol=0)
+    torch.testing.assert_close(score(images, CAPTIONS[:3]), score(as_pil, CAPTIONS[:3]), rtol=0, atol=0)
 
 
-def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(scorer):
+def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(clip_scorer):
     words = [str(w) for w in np.random.default_rng(0).choice(WORDS, size=200)]
-    assert len(scorer.processor.tokenizer.tokenize(" ".join(words))) == 200  # one token each
-    image = varied_images(1)
+    assert len(clip_scorer.processor.tokenizer.tokenize(" ".join(words))) == 200  # one token each
     # 77 positions: bos, the first 75 words, eos. Later words cannot change the score; the 75th still does.
     captions = [" ".join(words), " ".join(words[:75] + ["circle"] * 125), " ".join(words[:75]), " ".join(words[:74])]
-    scores = scorer.score(image * 4, captions)  # (4,)
+    scores = clip_scorer.score(varied_images(1) * 4, captions)  # (4,)
     torch.testing.assert_close(scores[:3], scores[:1].expand(3), rtol=0, atol=1e-4)  # padding: float noise only
     assert abs(scores[3] - scores[0]) > 1e-2
 
@@ -141,10 +124,11 @@ def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(scorer):
         (1, ["a"], 0, "batch_size must be at least 1"),
     ],
 )
-def test_bad_inputs_raise_value_errors_that_say_what_to_pass(scorer, images, captions, batch_size, message):
-    images = varied_images(images) if isinstance(images, int) else images
+def test_bad_inputs_raise_value_errors_that_say_what_to_pass(clip_scorer, images, captions, batch_size, message):
     with pytest.raises(ValueError, match=message):
-        scorer.score(images, captions, batch_size=batch_size)
+        clip_scorer.score(
+            varied_images(images) if isinstance(images, int) else images, captions, batch_size=batch_size
+        )
 
 
 @pytest.mark.parametrize(

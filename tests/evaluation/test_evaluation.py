@@ -11,26 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from coco_fixture import write_clip_repo, write_coco2014
+from coco_fixture import write_coco2014
 from PIL import Image, ImageFilter
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.durable import hold_lock
-from diffusers_lmlp.evaluation import (
-    FeatureMoments,
-    FIDStatistics,
-    InceptionFeatures,
-    Processes,
-    draw_captions,
-    evaluate,
-    frechet_distance,
-    load_extractor,
-)
-from diffusers_lmlp.evaluation.clip_score import CLIPScorer
+from diffusers_lmlp.evaluation import Processes, draw_captions, evaluate, frechet_distance, load_extractor
 from diffusers_lmlp.evaluation.evaluate import image_seed
-from diffusers_lmlp.evaluation.fid import image_features
+from diffusers_lmlp.evaluation.fid import FeatureMoments, FIDStatistics, InceptionFeatures, image_features
 from diffusers_lmlp.evaluation.resume import EvaluationInterrupted, remove_progress
 from diffusers_lmlp.image_tensors import images_to_tensor
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
@@ -43,9 +33,9 @@ class TinyFeatures(torch.nn.Module):
 
     num_features = 16
 
-    def __init__(self, seed: int = 0):
+    def __init__(self):
         super().__init__()
-        torch.manual_seed(seed)
+        torch.manual_seed(0)
         self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
 
     def forward(self, images):
@@ -54,15 +44,31 @@ class TinyFeatures(torch.nn.Module):
 
 def renders(num_images: int, seed: int) -> list[Image.Image]:
     """Real shapes-world images of every combination in turn, with seeded jitter."""
-    rng = np.random.default_rng(seed)
-    specs = all_specs()
+    rng, specs = np.random.default_rng(seed), all_specs()
     return [render(specs[i % len(specs)], rng=rng) for i in range(num_images)]
+
+
+def corrupt(images, noise: float = 0.0, blur: float = 0.0) -> list[Image.Image]:
+    rng, out = np.random.default_rng(0), []
+    for image in images:
+        image = image.filter(ImageFilter.GaussianBlur(blur)) if blur else image
+        pixels = np.asarray(image, np.float32) + rng.normal(0, noise * 255, (32, 32, 3))
+        out.append(Image.fromarray(np.clip(np.round(pixels), 0, 255).astype(np.uint8)))
+    return out
 
 
 def statistics_of(extractor, images) -> FIDStatistics:
     moments = FeatureMoments(extractor.num_features)
     moments.update(image_features(extractor, images_to_tensor(images)))
     return moments.statistics()
+
+
+def png(path, dtype=np.uint8) -> np.ndarray:
+    return np.asarray(Image.open(path), dtype)
+
+
+def without_seconds(report: dict) -> dict:
+    return {key: value for key, value in report.items() if key != "seconds"}
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +81,7 @@ def test_fid_is_the_closed_form_for_diagonal_covariances_and_equals_torchmetrics
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     rng = np.random.default_rng(0)
-    mu1, mu2 = rng.normal(size=5), rng.normal(size=5)
-    var1, var2 = rng.uniform(0.1, 2, 5), rng.uniform(0.1, 2, 5)
+    mu1, mu2, var1, var2 = rng.normal(size=5), rng.normal(size=5), rng.uniform(0.1, 2, 5), rng.uniform(0.1, 2, 5)
     expected = ((mu1 - mu2) ** 2).sum() + ((np.sqrt(var1) - np.sqrt(var2)) ** 2).sum()
     actual = frechet_distance(FIDStatistics(mu1, np.diag(var1)), FIDStatistics(mu2, np.diag(var2)))
     assert actual == pytest.approx(expected, rel=1e-10)
@@ -92,27 +97,12 @@ def test_fid_is_the_closed_form_for_diagonal_covariances_and_equals_torchmetrics
     assert float(reference.compute()) > 0.01 and abs(frechet_distance(real, real)) < 1e-9
 
 
-def corrupt(images, noise: float, blur: float, seed: int = 0) -> list[Image.Image]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for image in images:
-        image = image.filter(ImageFilter.GaussianBlur(blur)) if blur else image
-        pixels = np.asarray(image, np.float32) + rng.normal(0, noise * 255, (32, 32, 3))
-        out.append(Image.fromarray(np.clip(np.round(pixels), 0, 255).astype(np.uint8)))
-    return out
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["noise", "blur"])
-def test_shapes_fid_grows_monotonically_with_corruption(kind):
+@pytest.mark.parametrize(("kind", "levels"), [("noise", [0, 0.05, 0.1, 0.2, 0.4]), ("blur", [0, 0.5, 1, 1.5, 2.5])])
+def test_shapes_fid_grows_monotonically_with_corruption(kind, levels):
     extractor = load_extractor("shapes")
-    reference = statistics_of(extractor, renders(200, seed=4))
-    images = renders(200, seed=5)
-    levels = [0.0, 0.05, 0.1, 0.2, 0.4] if kind == "noise" else [0.0, 0.5, 1.0, 1.5, 2.5]
-    other = "noise" if kind == "blur" else "blur"
-    fids = [
-        frechet_distance(statistics_of(extractor, corrupt(images, **{kind: x, other: 0})), reference) for x in levels
-    ]
+    reference, images = statistics_of(extractor, renders(200, seed=4)), renders(200, seed=5)
+    fids = [frechet_distance(statistics_of(extractor, corrupt(images, **{kind: x})), reference) for x in levels]
     assert fids == sorted(fids) and fids[-1] > 10 * fids[0], fids
 
 
@@ -137,15 +127,13 @@ def test_feature_moments_give_numpys_mean_and_covariance_add_up_in_parts_and_ref
 
 
 def test_statistics_round_trip_in_pytorch_fids_format(tmp_path):
-    rng = np.random.default_rng(0)
-    a = rng.normal(size=(8, 8))
-    statistics = FIDStatistics(rng.normal(size=8), a @ a.T, 123, "tiny")
-    statistics.save(tmp_path / "stats.npz")
+    a = np.random.default_rng(0).normal(size=(8, 9))
+    FIDStatistics(a[:, 8], a[:, :8] @ a[:, :8].T, 123, "tiny").save(tmp_path / "stats.npz")
     loaded = FIDStatistics.load(tmp_path / "stats.npz")
-    np.testing.assert_array_equal(loaded.sigma, statistics.sigma)
+    np.testing.assert_array_equal(loaded.sigma, a[:, :8] @ a[:, :8].T)
     assert (loaded.num_images, loaded.extractor) == (123, "tiny")
     # A file as pytorch-fid and U-ViT write and read it: mu and sigma only.
-    np.savez(tmp_path / "fid_stats_mscoco256_val.npz", mu=statistics.mu, sigma=statistics.sigma)
+    np.savez(tmp_path / "fid_stats_mscoco256_val.npz", mu=loaded.mu, sigma=loaded.sigma)
     plain = FIDStatistics.load(tmp_path / "fid_stats_mscoco256_val.npz")
     assert plain.num_images is None and plain.extractor is None
     with np.load(tmp_path / "stats.npz") as f:
@@ -169,14 +157,13 @@ class Payload:
     ],
 )
 def test_bad_statistics_files_are_named_and_never_unpickled(tmp_path, monkeypatch, arrays, message):
-    marker = tmp_path / "unpickled"
-    monkeypatch.setenv("MARKER", str(marker))
+    monkeypatch.setenv("MARKER", str(tmp_path / "unpickled"))
     if arrays == "a pickled object":
         arrays = dict(mu=np.array([Payload()], dtype=object), sigma=np.eye(1))
     np.savez(tmp_path / "stats.npz", **arrays)
     with pytest.raises(ValueError, match=message):
         FIDStatistics.load(tmp_path / "stats.npz")
-    assert not marker.exists()
+    assert not (tmp_path / "unpickled").exists()
     with pytest.raises(ValueError, match="no such file"):
         FIDStatistics.load(tmp_path / "missing.npz")
 
@@ -218,8 +205,7 @@ def test_coco_captions_are_drawn_as_the_reference_protocol(tmp_path):
     owners = [int(caption.split()[1]) for caption in drawn]
     images = sorted(image["id"] for image in coco["images"])
     assert sorted(owners[:6]) == images and sorted(owners[6:12]) == images and owners[:6] != owners[6:12]
-    used = {caption.split()[3] for caption in drawn}
-    assert len(used) > 6  # not always an image's first caption
+    assert len({caption.split()[3] for caption in drawn}) > 6  # not always an image's first caption
     assert drawn != draw_captions(str(root), 15, seed=1)
 
 
@@ -244,8 +230,7 @@ def test_caption_files_and_the_shapes_world_canonical_and_varied(tmp_path):
 
 
 def test_shapes_references_draw_an_unstated_size_from_their_seed():
-    captions = ["red circle, top left"] * 8
-    first, again = (ShapesScorer().renders(captions, range(8), 3, 1, 32) for _ in range(2))
+    first, again = (ShapesScorer().renders(["red circle, top left"] * 8, range(8), 3, 1, 32) for _ in range(2))
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first, again))
     assert {read_image(image)["size"] for image in first} == {"small", "large"}
     assert {read_image(image)["position"] for image in first} == {"top left"}
@@ -268,8 +253,7 @@ def test_each_image_depends_only_on_its_seed_and_index_and_the_report_scores_the
     assert max(np.abs(a - b).max() for a, b in zip(pixels["6"], pixels["4"])) <= 1  # float noise of batch shapes
     assert np.abs(pixels["6"][4] - np.asarray(alone, np.int16)).max() <= 1
     assert report["shapes"] == rebatched["shapes"] and "fid" not in rebatched
-    assert image_seed(7, 4) != image_seed(4, 7)
-    assert grid.width > 6 * 32  # twelve captioned cells
+    assert image_seed(7, 4) != image_seed(4, 7) and grid.width > 6 * 32  # twelve captioned cells
     # FID and its real-vs-real floor, both measured (with so few images the floor itself is noisy).
     assert np.isfinite([report["fid"], report["fid_floor"]]).all() and min(report["fid"], report["fid_floor"]) > 0
     assert report["fid_extractor"] == load_extractor("shapes").name and report["num_images"] == 12
@@ -280,37 +264,32 @@ def test_each_image_depends_only_on_its_seed_and_index_and_the_report_scores_the
 
 
 def test_a_reference_folder_is_read_once_then_cached(pipe, tmp_path):
-    folder = tmp_path / "real"
-    folder.mkdir()
+    (tmp_path / "real").mkdir()
     for i, image in enumerate(renders(24, seed=9)):
-        image.resize((48, 48)).save(folder / f"{i}.png")  # resized back to the generated 32 px
-    extractor = load_extractor("shapes")
-    calls = []
+        image.resize((48, 48)).save(tmp_path / "real" / f"{i}.png")  # resized back to the generated 32 px
+    extractor, calls = load_extractor("shapes"), []
     extractor.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape))
-    settings = dict(fid_reference=folder, fid_extractor=extractor, num_inference_steps=2, batch_size=8, progress=False)
-    settings["cache_dir"] = tmp_path / "cache"
+    settings = dict(fid_reference=tmp_path / "real", fid_extractor=extractor, num_inference_steps=2, batch_size=8,
+                    progress=False, cache_dir=tmp_path / "cache")  # fmt: skip
     first, _ = evaluate(pipe, draw_captions("shapes", 8), **settings)
     assert sum(shape[0] for shape in calls) == 24 + 8 and all(shape[-1] == 32 for shape in calls)
     calls.clear()
-    second, _ = evaluate(pipe, draw_captions("shapes", 8), **settings)
-    assert sum(shape[0] for shape in calls) == 8  # only the samples: the reference came from the cache
-    assert second["fid"] == pytest.approx(first["fid"], rel=1e-12)
+    second, _ = evaluate(pipe, draw_captions("shapes", 8), **settings)  # the reference comes from the cache:
+    assert sum(shape[0] for shape in calls) == 8 and second["fid"] == pytest.approx(first["fid"], rel=1e-12)
     assert len(list((tmp_path / "cache").glob("real-32px-*.npz"))) == 1
 
 
 def test_statistics_of_another_network_are_refused_before_sampling(pipe, tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(type(pipe), "__call__", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(type(pipe), "__call__", lambda *a, **k: pytest.fail("sampled"))
     FIDStatistics(np.zeros(16), np.eye(16), 10, "another network").save(tmp_path / "other.npz")
     np.savez(tmp_path / "wide.npz", mu=np.zeros(32), sigma=np.eye(32))
-    for name, message in [("other", "computed with another network, not"), ("wide", "holds 32-d statistics, but "
-                          "TinyFeatures gives 16-d features")]:  # fmt: skip
+    for name, message in [("other", "computed with another network, not"),
+                          ("wide", "holds 32-d statistics, but TinyFeatures gives 16-d features")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             evaluate(pipe, ["a small red circle at the top left"], fid_reference=tmp_path / f"{name}.npz",
                      fid_extractor=TinyFeatures())  # fmt: skip
     with pytest.raises(ValueError, match="some captions are not shapes-world captions"):
         evaluate(pipe, ["a dog on a beach"], fid_reference="shapes")
-    assert not calls
 
 
 def test_processes_split_batches_round_robin_and_evaluate_samples_at_the_pipelines_defaults():
@@ -327,24 +306,11 @@ def test_processes_split_batches_round_robin_and_evaluate_samples_at_the_pipelin
 RESUMED = dict(fid_reference="shapes", num_inference_steps=2, batch_size=4, seed=3, progress=False)
 
 
-@pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory) -> CLIPScorer:
-    return CLIPScorer.from_pretrained(write_clip_repo(tmp_path_factory.mktemp("clip") / "clip"))
-
-
 class PipelineCalls(list):  # each pipeline call's batch size; call number `stop_at` raises KeyboardInterrupt
     stop_at: int | None = None
 
 
-def png(path, dtype=np.uint8) -> np.ndarray:
-    return np.asarray(Image.open(path), dtype)
-
-
-def without_seconds(report: dict) -> dict:
-    return {key: value for key, value in report.items() if key != "seconds"}
-
-
-def count_calls(pipe, patch: pytest.MonkeyPatch) -> PipelineCalls:
+def count_calls(pipe, patch: pytest.MonkeyPatch) -> PipelineCalls:  # on `pipe`'s class, until `patch` is undone
     calls, call = PipelineCalls(), type(pipe).__call__
 
     def counting(self, prompts, *args, **kwargs):
@@ -363,7 +329,6 @@ def pipeline_calls(pipe, monkeypatch) -> PipelineCalls:
 
 
 def interrupt_after_two_batches(pipe, captions, calls: PipelineCalls, **settings) -> EvaluationInterrupted:
-    calls.clear()
     calls.stop_at = 3
     with pytest.raises(EvaluationInterrupted) as interruption:
         evaluate(pipe, captions, **settings)
@@ -374,23 +339,23 @@ def interrupt_after_two_batches(pipe, captions, calls: PipelineCalls, **settings
 
 @pytest.mark.slow
 def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_uninterrupted_one(
-    pipe, tiny_clip, pipeline_calls, tmp_path
+    pipe, clip_scorer, pipeline_calls, tmp_path
 ):
     captions = draw_captions("shapes:varied", 10, seed=0)
     straight, straight_grid = evaluate(
-        pipe, captions, clip_model=tiny_clip, image_dir=tmp_path / "straight", **RESUMED
+        pipe, captions, clip_model=clip_scorer, image_dir=tmp_path / "straight", **RESUMED
     )
     pipeline_calls.clear()
-    settings = dict(clip_model=tiny_clip, image_dir=tmp_path / "images", resume_dir=tmp_path / "progress", **RESUMED)
+    settings = dict(clip_model=clip_scorer, image_dir=tmp_path / "images", resume_dir=tmp_path / "progress", **RESUMED)
 
     interrupted = interrupt_after_two_batches(pipe, captions, pipeline_calls, **settings)
     assert isinstance(interrupted, KeyboardInterrupt)  # what callers that stop on Ctrl-C already catch
-    assert interrupted.num_images_done == 8 and interrupted.num_images == 10
     partial = interrupted.report
-    assert partial["partial"] is True and partial["num_images_done"] == 8 and partial["num_images"] == 10
+    assert (interrupted.num_images_done, interrupted.num_images, partial["num_images_done"]) == (8, 10, 8)
+    assert partial["partial"] is True and partial["num_images"] == 10
     first = [Image.open(tmp_path / "straight" / f"{i:06d}.png") for i in range(8)]
     assert partial["shapes"] == accuracies([score_image(image, caption) for image, caption in zip(first, captions)])
-    assert partial["clip_score"] == pytest.approx(float(tiny_clip.score(first, captions[:8]).mean()), rel=1e-5)
+    assert partial["clip_score"] == pytest.approx(float(clip_scorer.score(first, captions[:8]).mean()), rel=1e-5)
     assert partial["fid_reference"] == "shapes (real images of the same captions, 8 images)"
     assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == [
         ".evaluation.lock", "batch-000000.safetensors", "batch-000001.safetensors", "settings.json",
@@ -444,22 +409,22 @@ def test_a_damaged_batch_file_is_sampled_again(pipe, kept_progress, pipeline_cal
     assert pipeline_calls == [4, 2]  # batch 0 is taken from disk, batches 1 and 2 are sampled
     assert without_seconds(resumed) == without_seconds(straight)
     warning = "does not read" if damage.startswith("cut") else "does not match its checksum (damaged or edited)"
-    assert f"batch-000001.safetensors {warning}" in caplog.text
-    assert not list(progress.glob("*.tmp"))
+    assert f"batch-000001.safetensors {warning}" in caplog.text and not list(progress.glob("*.tmp"))
 
 
 def test_a_progress_folder_in_use_or_not_an_evaluations_is_refused(pipe, pipeline_calls, tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "settings.json").write_text(json.dumps({"settings": [1]}))
+    captions = draw_captions("shapes", 10, seed=0)
     with pytest.raises(ValueError, match=r"settings.json is not an evaluation's progress .*its settings are a list"):
-        evaluate(pipe, draw_captions("shapes", 10, seed=0), resume_dir=tmp_path / "other", **RESUMED)
+        evaluate(pipe, captions, resume_dir=tmp_path / "other", **RESUMED)
     (tmp_path / "progress").mkdir()
     held = hold_lock(tmp_path / "progress" / ".evaluation.lock")  # as a running evaluation holds it
     with pytest.raises(ValueError, match="Another evaluation is using .*progress"):
-        evaluate(pipe, draw_captions("shapes", 10, seed=0), resume_dir=tmp_path / "progress", **RESUMED)
+        evaluate(pipe, captions, resume_dir=tmp_path / "progress", **RESUMED)
     assert not pipeline_calls
     held.close()
-    evaluate(pipe, draw_captions("shapes", 10, seed=0), resume_dir=tmp_path / "progress", **RESUMED)
+    evaluate(pipe, captions, resume_dir=tmp_path / "progress", **RESUMED)
     remove_progress(tmp_path / "progress")
     assert not (tmp_path / "progress").exists()  # the lock goes with the progress
 
@@ -489,24 +454,22 @@ def test_progress_of_other_settings_is_refused_before_sampling_and_left_intact(
     with pytest.raises(ValueError) as error:
         evaluate(pipe, captions, resume_dir=folder, **{**RESUMED, **change})
     assert str(error.value).startswith(f"{folder} holds the progress of an evaluation with other settings: {message}")
-    assert f"delete {folder} to start over" in str(error.value)
-    assert not pipeline_calls
+    assert f"delete {folder} to start over" in str(error.value) and not pipeline_calls
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == files
 
 
 def test_kept_progress_scores_another_reference_of_the_same_network_without_sampling(pipe, pipeline_calls, tmp_path):
-    extractor = load_extractor("shapes")
+    extractor, captions = load_extractor("shapes"), draw_captions("shapes", 10, seed=0)
     for seed in (1, 2):
         statistics = statistics_of(extractor, renders(64, seed=seed))
         FIDStatistics(statistics.mu, statistics.sigma, 64, extractor.name).save(tmp_path / f"real-{seed}.npz")
-    captions = draw_captions("shapes", 10, seed=0)
     settings = {**RESUMED, "fid_extractor": "shapes", "resume_dir": tmp_path / "progress"}
     first, _ = evaluate(pipe, captions, **{**settings, "fid_reference": tmp_path / "real-1.npz"})
     pipeline_calls.clear()
     second, _ = evaluate(pipe, captions, **{**settings, "fid_reference": tmp_path / "real-2.npz"})
     assert not pipeline_calls
     straight, _ = evaluate(
-        pipe, captions, **{**RESUMED, "fid_extractor": "shapes", "fid_reference": tmp_path / "real-2.npz"}
+        pipe, captions, **{**settings, "fid_reference": tmp_path / "real-2.npz", "resume_dir": None}
     )
     assert second["fid"] == straight["fid"] != first["fid"]
     assert second["fid_reference"] == str(tmp_path / "real-2.npz")

@@ -13,36 +13,31 @@ from coco_fixture import CLIP_REPO, write_coco2014, write_hub_cache
 from documents import blocks
 from processes import run_bounded, warnings_in
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_text_to_image import ENV, free_port, train
+from test_train_text_to_image import ENV, free_port, make_workspace, train, train_args
 
 from diffusers_lmlp.evaluation import FIDStatistics
 from diffusers_lmlp.evaluation.__main__ import parse_args
 from diffusers_lmlp.evaluation.captions import draw_captions
 from diffusers_lmlp.tiny import build_tiny_pipeline
+from diffusers_lmlp.training.arguments import parse_args as parse_training_args
 
 
 ROOT = Path(__file__).resolve().parents[2]
-# torch_fidelity's interface, with a fixed random network
-STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
-
-
-def evaluation_commands(page: str) -> list[str]:
-    lines = "\n".join(blocks(page, "bash")).splitlines()
-    return [line for line in lines if "-m diffusers_lmlp.evaluation" in line]
-
-
-COMMANDS, README_COMMANDS = evaluation_commands("docs/evaluation.md"), evaluation_commands("README.md")
+STAND_INS = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "stand_ins"), ENV.get("PYTHONPATH", "")])}
+COMMANDS, README_COMMANDS = (
+    [line for line in "\n".join(blocks(page, "bash")).splitlines() if "-m diffusers_lmlp.evaluation" in line]
+    for page in ("docs/evaluation.md", "README.md")
+)
 # The README's 30k images and 50 steps, shortened: the options are the README's, these only come after them.
 SHORT = ["--num_images", "4", "--num_inference_steps", "2", "--batch_size", "2", "--no_progress"]
 
 
-def as_argv(command: str, num_processes: int = 2) -> list[str]:  # on this Python, CPU processes, a free port
+def as_argv(command: str) -> list[str]:  # on this Python, 2 CPU processes, a free port
     argv = shlex.split(command)
     if argv[:2] == ["accelerate", "launch"]:
-        argv[argv.index("--num_processes") + 1] = str(num_processes)
+        argv[argv.index("--num_processes") + 1] = "2"
         argv[argv.index("examples/accelerate.yaml")] = str(ROOT / "examples" / "accelerate.yaml")  # cwd: coco's
-        port = ["--main_process_port", str(free_port())]
-        return [sys.executable, "-m", "accelerate.commands.launch", *port, *argv[2:]]
+        return [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()), *argv[2:]]
     assert argv[0] == "python", command
     return [sys.executable, *argv[1:]]
 
@@ -50,22 +45,21 @@ def as_argv(command: str, num_processes: int = 2) -> list[str]:  # on this Pytho
 def test_readme_has_the_evaluation_commands():
     assert COMMANDS[0] == "python -m diffusers_lmlp.evaluation --pipeline shapes", COMMANDS
     assert len(COMMANDS) == 3 and all("--captions coco2014" in command for command in COMMANDS[1:])
-    # The README's command is docs/evaluation.md's shapes one, which the next test runs.
-    assert README_COMMANDS == COMMANDS[:1]
+    assert README_COMMANDS == COMMANDS[:1]  # docs/evaluation.md's shapes one, which the next test runs
 
 
 @pytest.mark.slow
 def test_the_shapes_command_runs_offline_with_the_documented_defaults(tmp_path):
-    # The shapes command with 50 of its 1,000 images (one batch); its defaults read from its own argument parsing.
+    # The shapes command with 12 of its 1,000 images (one batch); its defaults read from its own argument parsing.
     argv = as_argv(COMMANDS[0])
     defaults = parse_args(argv[3:])  # after `python -m diffusers_lmlp.evaluation`
     assert defaults.num_inference_steps == 50 and len(draw_captions(defaults.captions, defaults.num_images, 0)) == 1000
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # the suite's thread share, if any
-    result = run_bounded([*argv, "--num_images", "50"], env=env, timeout=600, cwd=tmp_path)
+    result = run_bounded([*argv, "--num_images", "12"], env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "evaluation" / "report.json").read_text())
-    assert report["num_images"] == 50 and report["sampler"]["num_inference_steps"] == 50
-    # FID and its real-vs-real floor, both measured (on 50 images the floor is too noisy to rank them).
+    assert report["num_images"] == 12 and report["sampler"]["num_inference_steps"] == 50
+    # FID and its real-vs-real floor, both measured (on 12 images the floor is too noisy to rank them).
     assert min(report["fid"], report["fid_floor"]) > 0 and report["shapes"]["colour"] > 0.8
     assert result.stdout.strip().endswith("report: evaluation/report.json")
 
@@ -77,15 +71,8 @@ def coco(tmp_path_factory) -> SimpleNamespace:
     write_coco2014(root / "coco2014", num_train=1, num_val=6)
     build_tiny_pipeline().save_pretrained(root / "lmlp-coco-f2")
     cache = write_hub_cache(root / "hf")
-    env = {
-        **ENV,
-        "HF_HOME": str(root / "hf"),
-        "HF_HUB_CACHE": str(cache),
-        "PYTHONPATH": os.pathsep.join([str(STAND_INS), ENV.get("PYTHONPATH", "")]),
-        "ACCELERATE_USE_CPU": "1",
-    }
+    env = {**ENV, **STAND_INS, "HF_HOME": str(root / "hf"), "HF_HUB_CACHE": str(cache), "ACCELERATE_USE_CPU": "1"}
     statistics = """
-import sys
 from diffusers_lmlp.evaluation import FIDStatistics, InceptionFeatures, Processes, reference_statistics
 s = reference_statistics("coco2014/val2014", InceptionFeatures(), 16, processes=Processes(), cache_dir="stats-cache")
 FIDStatistics(s.mu, s.sigma).save("fid_stats_mscoco256_val.npz")
@@ -130,18 +117,14 @@ def test_coco_fid_against_the_val_images_themselves_equals_the_published_statist
 def test_fid_during_training_is_logged_at_every_validation(tmp_path):
     (tmp_path / "captions.txt").write_text("a red circle\na blue square\n", encoding="utf-8")
     workspace = tmp_path / "work"
-    from test_train_text_to_image import make_workspace
-
     make_workspace(workspace)
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(STAND_INS), ENV.get("PYTHONPATH", "")])}
     result = train(
         workspace, "fid", "--max_train_steps", "2", "--validation_steps", "1", "--validation_inference_steps", "2",
         "--validation_fid_images", "4", "--validation_fid_captions", str(tmp_path / "captions.txt"),
-        "--validation_fid_reference", str(workspace / "data"), "--report_to", "tensorboard", env=env,
+        "--validation_fid_reference", str(workspace / "data"), "--report_to", "tensorboard", env={**ENV, **STAND_INS},
     )  # fmt: skip
     assert "FID" in result.stderr
-    events = EventAccumulator(str(workspace / "fid" / "logs" / "lmlp-text-to-image")).Reload()
-    fids = events.Scalars("fid")
+    fids = EventAccumulator(str(workspace / "fid" / "logs" / "lmlp-text-to-image")).Reload().Scalars("fid")
     assert [event.step for event in fids] == [1, 2] and all(event.value > 0 for event in fids)
 
 
@@ -153,10 +136,6 @@ def test_fid_during_training_is_logged_at_every_validation(tmp_path):
     ],
 )
 def test_fid_during_training_on_your_data_needs_captions_and_a_reference(tmp_path, extra, message, capsys):
-    from test_train_text_to_image import train_args
-
-    from diffusers_lmlp.training.arguments import parse_args
-
-    with pytest.raises(SystemExit) as refused:
-        parse_args([*train_args(tmp_path, "bad"), "--max_train_steps", "1", *extra])
-    assert refused.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        parse_training_args([*train_args(tmp_path, "bad"), "--max_train_steps", "1", *extra])
+    assert message in capsys.readouterr().err

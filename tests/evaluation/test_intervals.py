@@ -7,11 +7,8 @@ from diffusers_lmlp.evaluation.intervals import bootstrap_intervals, correctness
 from diffusers_lmlp.shapes.scorer import accuracies
 
 
-NAN = float("nan")
-
-
 def test_columns_match_the_scorer_accuracies_with_unstated_sizes():
-    flags = np.array([[1, 1, 1, 1], [1, 0, 1, NAN], [0, 1, 1, 0], [1, 1, 1, NAN]], dtype=float)
+    flags = np.array([[1, 1, 1, 1], [1, 0, 1, np.nan], [0, 1, 1, 0], [1, 1, 1, np.nan]])
     results = [{k: bool(v) for k, v in zip(("colour", "shape", "position", "size"), row) if not np.isnan(v)}
                for row in flags]  # fmt: skip
     columns = correctness_columns(flags)
@@ -19,9 +16,8 @@ def test_columns_match_the_scorer_accuracies_with_unstated_sizes():
 
 
 def test_intervals_contain_the_accuracy_are_reproducible_and_widen_for_a_caption_failing_on_every_seed():
-    rng = np.random.default_rng(0)
     captions = [f"caption {i // 4}" for i in range(128)]  # 32 captions × 4 seeds
-    flags = (rng.random((128, 4)) < [0.95, 0.6, 0.9, 0.8]).astype(float)
+    flags = (np.random.default_rng(0).random((128, 4)) < [0.95, 0.6, 0.9, 0.8]).astype(float)
     intervals = bootstrap_intervals(flags, captions, seed=3)
     for name, column in correctness_columns(flags).items():
         assert intervals[name][0] <= column.mean() <= intervals[name][1]
@@ -38,10 +34,9 @@ def test_intervals_contain_the_accuracy_are_reproducible_and_widen_for_a_caption
 
 def test_all_right_gives_a_point_interval_unstated_sizes_are_left_out_and_bad_arguments_are_named():
     flags = np.ones((12, 4))
-    flags[:, 3] = NAN
+    flags[:, 3] = np.nan
     intervals = bootstrap_intervals(flags, [str(i % 3) for i in range(12)])
-    assert "size" not in intervals
-    assert intervals["all"] == [1.0, 1.0]
+    assert "size" not in intervals and intervals["all"] == [1.0, 1.0]
     with pytest.raises(ValueError, match="one caption per row"):
         bootstrap_intervals(np.ones((3, 4)), ["a", "b"])
     with pytest.raises(ValueError, match="strictly between 0 and 1"):

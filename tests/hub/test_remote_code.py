@@ -19,16 +19,8 @@ from test_hub import PIPELINE_FILES, hub_calls  # noqa: F401 (a fixture)
 from without_package import environment_without_package, fill_cache
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, __version__
-from diffusers_lmlp.hub import push_pipeline, stage_pipeline
+from diffusers_lmlp.hub import push_pipeline, remote_code, stage_pipeline
 from diffusers_lmlp.hub.__main__ import main
-from diffusers_lmlp.hub.remote_code import (
-    _check_one_namespace,
-    bundle_source,
-    defining_module_of,
-    file_stem,
-    load_module,
-    remote_code_files,
-)
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
@@ -73,29 +65,23 @@ def image_of(pipe: LMLPPipeline) -> torch.Tensor:
     return pipe("a red circle", num_inference_steps=2, generator=generator, output_type="pt").images
 
 
-def stem_of(family: str) -> str:
-    return file_stem(defining_module_of(FAMILIES[family].model_class.__name__))
-
-
 @pytest.fixture(scope="module")
 def with_code(tmp_path_factory):
     """Every family's tiny pipeline saved, staged by `push --dry-run --with-code` into a Hub cache, then loaded by repo
     id in one subprocess that cannot import the package; beside it, the lmlp one is staged again by the command in
     another process (`cli`), with another hash seed."""
-    root = tmp_path_factory.mktemp("with-code")
-    pipes, staged = {}, {}
+    root, pipes = tmp_path_factory.mktemp("with-code"), {}
     for family in sorted(FAMILIES):
         pipes[family] = build_tiny_pipeline(family, seed=0)
         pipes[family].set_progress_bar_config(disable=True)
         pipes[family].save_pretrained(root / f"saved-{family}")
-        staged[family] = root / f"upload-{family}"
         push = ["push", str(root / f"saved-{family}"), repo_id_of(family), "--dry-run", "--with-code", "--output-dir"]
         if family == "lmlp":  # set and dict orders must not reach the files
-            env = {**os.environ, "PYTHONHASHSEED": "12345"}
             command = [sys.executable, "-m", "diffusers_lmlp.hub", *push, str(root / "cli")]
-            cli = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        main([*push, str(staged[family])])
-        fill_cache(staged[family], root / "cache", repo_id_of(family))
+            cli = subprocess.Popen(command, env={**os.environ, "PYTHONHASHSEED": "12345"}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        main([*push, str(root / f"upload-{family}")])
+        fill_cache(root / f"upload-{family}", root / "cache", repo_id_of(family))
     generator = torch.Generator().manual_seed(0)
     inputs = {
         "hidden_states": torch.randn(2, 4, 8, 8, generator=generator),  # tiny latents
@@ -108,36 +94,36 @@ def with_code(tmp_path_factory):
     result = subprocess.run(command, cwd=root, env=environment_without_package(root), capture_output=True, text=True,
                             timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    outputs = safetensors.torch.load_file(root / "out.safetensors")
-    cli = SimpleNamespace(**dict(zip(("stdout", "stderr"), cli.communicate(timeout=300))), returncode=cli.returncode)
+    stdout, stderr = cli.communicate(timeout=300)
     return SimpleNamespace(
-        root=root, pipes=pipes, staged=staged, inputs=inputs, outputs=outputs, report=report, cli=cli
-    )
+        root=root, pipes=pipes, inputs=inputs, outputs=safetensors.torch.load_file(root / "out.safetensors"),
+        report=json.loads(result.stdout.strip().splitlines()[-1]),
+        cli=SimpleNamespace(stdout=stdout, stderr=stderr, returncode=cli.returncode),
+    )  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("make_pipe")  # one CPU thread
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_with_code_repo_loads_by_repo_id_without_the_package_and_matches_it(with_code, family):
-    staged, pipe, repo_id = with_code.staged[family], with_code.pipes[family], repo_id_of(family)
-    code = {"pipeline_lmlp.py": "LMLPPipeline", f"transformer/{stem_of(family)}.py": FAMILIES[family].class_name}
+    staged, pipe, repo_id = with_code.root / f"upload-{family}", with_code.pipes[family], repo_id_of(family)
+    stem = remote_code.file_stem(remote_code.defining_module_of(FAMILIES[family].model_class.__name__))
+    code = {"pipeline_lmlp.py": "LMLPPipeline", f"transformer/{stem}.py": FAMILIES[family].class_name}
     assert {p.relative_to(staged).as_posix() for p in staged.rglob("*.py")} == set(code)
     for path, class_name in code.items():  # self-contained, and naming the version and sources it was made from
-        source, imported = (staged / path).read_text(), []
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Import):
-                imported += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                imported.append("." * node.level + (node.module or ""))
+        source = (staged / path).read_text()
+        nodes = list(ast.walk(ast.parse(source)))
+        imported = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
+        imported += ["." * node.level + (node.module or "") for node in nodes if isinstance(node, ast.ImportFrom)]
         assert "diffusers" in {name.split(".")[0] for name in imported}
         assert not [name for name in imported if name.startswith(".") or name.split(".")[0] == "diffusers_lmlp"]
         assert get_relative_imports(staged / path) == []  # diffusers' own scan: no file to fetch beside it
         assert source.startswith(f"# Generated from diffusers-lmlp {__version__} ")
-        assert f"#   {load_module(defining_module_of(class_name)).path}\n" in source
+        assert f"#   {remote_code.load_module(remote_code.defining_module_of(class_name)).path}\n" in source
     assert with_code.report["package_modules"] == [] and with_code.report["attempts"] == []
-    local = ["diffusers_modules.local.pipeline_lmlp", f"diffusers_modules.local.{stem_of(family)}"]
-    assert with_code.report["classes"][repo_id] == local
+    assert with_code.report["classes"][repo_id] == [
+        f"diffusers_modules.local.{name}" for name in ("pipeline_lmlp", stem)
+    ]
     if family in IMAGE_FAMILIES:
         expected = image_of(pipe)
     else:
@@ -151,7 +137,7 @@ def test_with_code_repo_loads_by_repo_id_without_the_package_and_matches_it(with
 def test_without_trust_remote_code_nothing_of_the_repo_runs_and_the_package_loads_it_with_its_own_code(
     with_code, tmp_path
 ):
-    staged = shutil.copytree(with_code.staged["lmlp"], tmp_path / "staged")
+    staged = shutil.copytree(with_code.root / "upload-lmlp", tmp_path / "staged")
     for path in staged.rglob("*.py"):  # each code file fails loudly if it is ever run
         path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
     fill_cache(staged, tmp_path / "cache", "owner/tiny-lmlp")
@@ -173,19 +159,20 @@ def test_without_trust_remote_code_nothing_of_the_repo_runs_and_the_package_load
 def test_cli_dry_run_with_code_lists_the_code_and_writes_the_same_bytes_in_another_process(with_code):
     result, out = with_code.cli, with_code.root / "cli"
     assert result.returncode == 0, result.stderr
-    assert (
-        f"Dry run, nothing was uploaded. The folder that would be uploaded to the model repo owner/tiny-lmlp: {out}"
-        in (result.stdout)
-    )
+    said = f"Dry run, nothing was uploaded. The folder that would be uploaded to the model repo owner/tiny-lmlp: {out}"
+    assert said in result.stdout
     assert "  pipeline_lmlp.py\n" in result.stdout and "  transformer/lmlp_transformer_2d.py\n" in result.stdout
     for path in (*CODE_FILES, "model_index.json"):
-        assert (out / path).read_bytes() == (with_code.staged["lmlp"] / path).read_bytes(), path
+        assert (out / path).read_bytes() == (with_code.root / "upload-lmlp" / path).read_bytes(), path
 
 
 def test_a_name_two_bundled_modules_define_differently_is_refused():
-    modules = [load_module(defining_module_of(name)) for name in ("LMLPTransformer2DModel", "UViTTransformer2DModel")]
+    modules = [
+        remote_code.load_module(remote_code.defining_module_of(name))
+        for name in ("LMLPTransformer2DModel", "UViTTransformer2DModel")
+    ]
     with pytest.raises(NameError, match="both define '_REFERENCE_KEY_RULES' at the top level, differently"):
-        _check_one_namespace(modules)
+        remote_code._check_one_namespace(modules)
 
 
 def test_default_push_uploads_no_code_and_the_code_push_commits_what_its_dry_run_wrote(pipe, hub_calls, tmp_path):  # noqa: F811
@@ -194,7 +181,6 @@ def test_default_push_uploads_no_code_and_the_code_push_commits_what_its_dry_run
     planted = {"evil.py": "import os\nos.system('echo pwned')\n", "pipeline_lmlp.py": "print('not ours')\n"}
     for path, text in planted.items():
         (tmp_path / "saved" / path).write_text(text)
-
     plain = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "plain")
     code = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "code", with_code=True)
     assert set(plain.files) == PIPELINE_FILES and set(code.files) == PIPELINE_FILES | CODE_FILES
@@ -220,6 +206,11 @@ def test_default_push_uploads_no_code_and_the_code_push_commits_what_its_dry_run
 
     push_pipeline(tmp_path / "saved", "alice/tiny-lmlp", token="hf_test", with_code=True)
     assert hub_calls[-1][1]["files"] == {path: (code.folder / path).read_bytes() for path in code.files}
+    # A component a library loads gets no code.
+    files, with_code_index = remote_code.remote_code_files(
+        {**json.loads(index), "extra": ["diffusers", "AutoencoderKL"]}
+    )
+    assert set(files) == CODE_FILES and with_code_index["extra"] == ["diffusers", "AutoencoderKL"]
 
 
 PATH_KEY = (
@@ -252,20 +243,14 @@ def test_a_model_index_key_that_is_a_path_or_no_component_is_refused_before_anyt
     assert sorted(tmp_path.rglob("*")) == before  # nothing written: no staging folder, no file outside it
 
 
-def test_no_code_is_generated_for_a_component_a_library_loads(pipe, tmp_path):
-    pipe.save_pretrained(tmp_path / "saved")
-    index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
-    files, with_code_index = remote_code_files({**index, "extra": ["diffusers", "AutoencoderKL"]})
-    assert set(files) == CODE_FILES and with_code_index["extra"] == ["diffusers", "AutoencoderKL"]
-
-
 def test_with_code_entries_are_mapped_by_one_function_that_only_looks_at_the_loaded_package(monkeypatch):
-    from diffusers_lmlp.hub import remote_code
     from diffusers_lmlp.pipelines import model_index, pipeline_lmlp
 
     # The push and LMLPPipeline.from_pretrained share it, and the pipeline's remote code carries it.
     assert remote_code.package_model_index is pipeline_lmlp.package_model_index is model_index.package_model_index
-    assert "def package_model_index(" in bundle_source(defining_module_of("LMLPPipeline"), "LMLPPipeline")
+    assert "def package_model_index(" in remote_code.bundle_source(
+        remote_code.defining_module_of("LMLPPipeline"), "LMLPPipeline"
+    )
     with_code = {"_class_name": ["pipeline_lmlp", "LMLPPipeline"], "vae": ["diffusers", "AutoencoderKL"],
                  "transformer": ["lmlp_transformer_2d", "LMLPTransformer2DModel"], "other": ["lmlp_other", "NoSuchClass"]}  # fmt: skip
     expected = {
