@@ -14,7 +14,7 @@ def tile(colour: tuple[int, int, int]) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def test_grid_places_each_image_crisply_in_its_cell_with_white_gaps():
+def test_grid_places_images_crisply_with_white_gaps_and_captions_under_them():
     colours = [(200, 0, 0), (0, 200, 0), (0, 0, 200)]
     grid = np.asarray(make_image_grid([tile(c) for c in colours], columns=2, cell=8, gap=2))
     assert grid.shape == (2 * 8 + 2, 2 * 8 + 2, 3)  # 2 rows and 2 columns of 8 px cells, one 2 px gap each way
@@ -25,16 +25,11 @@ def test_grid_places_each_image_crisply_in_its_cell_with_white_gaps():
         assert (cell[2:, 2:] == colour).all()
     assert (grid[:, 8:10] == 255).all() and (grid[8:10, :] == 255).all()  # the gaps
     assert (grid[10:, 10:] == 255).all()  # the empty last cell
-
-
-def test_captions_are_drawn_under_their_images():
+    # Captions are drawn under their images; bad input is refused.
     grid = np.asarray(make_image_grid([tile((200, 0, 0))] * 2, captions=["red one", "a much longer caption"], cell=64))
     assert grid.shape[1] == 2 * 64 + 6
     ink = (grid[64:] < 128).any(axis=-1)  # dark pixels in the caption rows
     assert ink.shape[0] >= 12 and ink[:, :64].any() and ink[:, 70:].any()  # under the first image and the second
-
-
-def test_bad_input_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="at least one image"):
         make_image_grid([])
     with pytest.raises(ValueError, match="Got 1 captions for 2 images"):

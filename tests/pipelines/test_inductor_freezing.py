@@ -1,9 +1,5 @@
-"""`LMLPPipeline.enable_inductor_freezing()`: the transformer compiled with its weights as constants.
-
-What must never happen is a sample drawn with weights that have since changed: every way of changing them (through
-`.data`, `load_state_dict`, a hook, each LoRA operation, a dtype change), through the pipeline or one made from it
-with `from_pipe`, is checked against an unfrozen pipeline. Each test freezes one pipeline and changes it in turn.
-"""
+"""`LMLPPipeline.enable_inductor_freezing()` (weights compiled in as constants) never samples with stale weights:
+every way of changing them, through the pipeline or a `from_pipe` view, is checked against an unfrozen pipeline."""
 
 import copy
 
@@ -27,10 +23,6 @@ def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = ATOL) -> N
     torch.testing.assert_close(actual, expected, rtol=0, atol=atol)
 
 
-def graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
-
-
 def halve_output(pipe: LMLPPipeline) -> None:
     pipe.transformer.head.proj.register_forward_hook(lambda module, args, output: 0.5 * output)
 
@@ -41,21 +33,21 @@ def frozen_view(pipe: LMLPPipeline) -> LMLPPipeline:
     return view
 
 
-def test_frozen_sampling_draws_the_unfrozen_images_for_every_batch_size_and_from_pipe(make_pipe, generate):
+def test_frozen_sampling_draws_the_unfrozen_images_for_any_batch_and_view_but_not_compiled(make_pipe, generate):
     pipe, unfrozen = make_pipe(), make_pipe()
     for p in (pipe, unfrozen):  # a hook present when freezing is traced into the graph
         halve_output(p)
     expected = generate(unfrozen)
     pipe.enable_inductor_freezing()
     close(generate(pipe), expected)
-    compiled = graphs()
+    compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     prompts = ["a red circle", "a blue square", "a green triangle"]
     close(generate(pipe, prompt=prompts, seed=1), generate(unfrozen, prompt=prompts, seed=1))
     close(generate(pipe, num_images_per_prompt=2), generate(unfrozen, num_images_per_prompt=2))
     view = frozen_view(pipe)
     assert view.inductor_freezing_enabled and view.transformer is pipe.transformer
     close(generate(view), expected)
-    assert graphs() == compiled, "a new batch size, or a pipeline made with from_pipe, compiled again"
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled, "a batch size or view compiled again"
     assert pipe._inductor_freezing.freezes == 1, "the same weights were frozen again"
     assert not is_compiled_module(pipe.transformer)  # save_pretrained, hooks and adapters see the module itself
     # No freezing passes on to another transformer, or when off.
@@ -63,6 +55,16 @@ def test_frozen_sampling_draws_the_unfrozen_images_for_every_batch_size_and_from
     pipe.disable_inductor_freezing()
     assert not LMLPPipeline.from_pipe(pipe).inductor_freezing_enabled
     torch.testing.assert_close(generate(pipe), expected, rtol=0, atol=0)
+    # Freezing refuses a compiled or offloaded transformer.
+    torch_compiled, offloaded = make_pipe(), make_pipe()
+    torch_compiled.transformer = torch.compile(torch_compiled.transformer)
+    add_hook_to_module(offloaded.transformer, ModelHook())
+    for pipe, message in [
+        (torch_compiled, r"compiled already \(torch.compile\).*_orig_mod"),
+        (offloaded, "model offloading.*remove_all_hooks"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            pipe.enable_inductor_freezing()
 
 
 def test_every_change_after_freezing_is_sampled_with(make_pipe, generate, tmp_path):
@@ -121,14 +123,3 @@ def test_a_frozen_graph_keeps_its_weights_and_refreezing_past_the_recompile_limi
             close(frozen(x), expected)  # stale: the old weights are constants of the graph
             assert (model(x) - expected).abs().max() > 0.4
     assert freezing.freezes == 4
-
-
-def test_freezing_refuses_a_compiled_or_offloaded_transformer(make_pipe):
-    pipe = make_pipe()
-    pipe.transformer = torch.compile(pipe.transformer)
-    with pytest.raises(ValueError, match=r"compiled already \(torch.compile\).*_orig_mod"):
-        pipe.enable_inductor_freezing()
-    pipe = make_pipe()
-    add_hook_to_module(pipe.transformer, ModelHook())
-    with pytest.raises(ValueError, match=r"model offloading.*remove_all_hooks"):
-        pipe.enable_inductor_freezing()

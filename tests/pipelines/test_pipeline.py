@@ -1,10 +1,8 @@
 """`LMLPPipeline.__call__`: generation, guidance, inputs and outputs, casting, and the tiny offline components."""
 
-import contextlib
 import inspect
 import json
 import logging
-from collections.abc import Iterator
 
 import numpy as np
 import PIL.Image
@@ -24,12 +22,20 @@ TEXT_SHAPE = (16, 32)  # text_seq_len, text_embed_dim
 
 
 @pytest.mark.parametrize("backbone", sorted(FAMILIES))
-def test_generates_images_with_guidance(make_pipe, generate, backbone):
+def test_every_backbone_generates_with_guidance_and_from_pipe_shares_its_components(make_pipe, generate, backbone):
     pipe = make_pipe(backbone)
     guided = generate(pipe, guidance_scale=3.0)
     assert guided.shape == (1, 3, NATIVE, NATIVE)
     assert torch.isfinite(guided).all() and guided.min() >= 0 and guided.max() <= 1
     assert not torch.allclose(guided, generate(pipe, guidance_scale=1.0))
+    # diffusers' own `from_pipe` leaves out a backbone whose class is not the annotated `ModelMixin`.
+    view = LMLPPipeline.from_pipe(pipe, scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler.config))
+    view.set_progress_bar_config(disable=True)
+    assert all(
+        getattr(view, name) is getattr(pipe, name) for name in ("transformer", "vae", "text_encoder", "tokenizer")
+    )
+    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+    torch.testing.assert_close(generate(view), generate(pipe), rtol=0, atol=0)
 
 
 def test_guidance_follows_diffusers_convention_with_the_empty_prompt_as_unconditional_context(pipe, generate):
@@ -52,15 +58,12 @@ def test_guidance_follows_diffusers_convention_with_the_empty_prompt_as_uncondit
     assert not torch.allclose(generate(pipe, guidance_scale=3.0, negative_prompt="blue"), default)
 
 
-@pytest.mark.parametrize("guidance_scale, forward_batch, text_encoder_calls", [(1.0, 2, 1), (0.0, 2, 1), (2.5, 4, 2)])
-def test_one_backbone_forward_per_step(
-    pipe, generate, record_batches, guidance_scale, forward_batch, text_encoder_calls
-):
+@pytest.mark.parametrize("guidance_scale, batch, encodes", [(1.0, 2, 1), (0.0, 2, 1), (2.5, 4, 2)])
+def test_one_backbone_forward_per_step(pipe, generate, record_batches, guidance_scale, batch, encodes):
     # guidance <= 1: conditional batch only; guidance > 1: [uncond | cond] batched in one forward.
     transformer_batches, text_encoder_batches = record_batches(pipe.transformer), record_batches(pipe.text_encoder)
     generate(pipe, prompt=["a red circle", "a blue square"], num_inference_steps=3, guidance_scale=guidance_scale)
-    assert transformer_batches == [forward_batch] * 3
-    assert len(text_encoder_batches) == text_encoder_calls
+    assert transformer_batches == [batch] * 3 and len(text_encoder_batches) == encodes
 
 
 @pytest.mark.parametrize("num_prompts, num_images_per_prompt", [(1, 2), (2, 1), (2, 3)])
@@ -73,14 +76,7 @@ def test_output_shapes_for_prompts_times_images_per_prompt(pipe, num_prompts, nu
     assert len(pipe(prompts, output_type="pil", **kwargs).images) == num_images
 
 
-def test_images_of_one_prompt_are_consecutive(pipe):
-    prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(["red", "blue"], "cpu", num_images_per_prompt=2)
-    assert prompt_embeds.shape == negative_prompt_embeds.shape == (4, *TEXT_SHAPE)
-    assert torch.equal(prompt_embeds[0], prompt_embeds[1]) and torch.equal(prompt_embeds[2], prompt_embeds[3])
-    assert not torch.equal(prompt_embeds[1], prompt_embeds[2])
-
-
-def test_prompt_and_prompt_embeds_paths_give_the_same_images(pipe, generate):
+def test_prompt_and_prompt_embeds_paths_give_the_same_images_and_keep_a_prompts_images_together(pipe, generate):
     prompts, negatives = ["a red circle", "a blue square"], ["green", "yellow"]
     from_prompts = generate(pipe, prompt=prompts, guidance_scale=2.0, negative_prompt=negatives)
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(prompts, "cpu", negative_prompt=negatives)
@@ -88,6 +84,10 @@ def test_prompt_and_prompt_embeds_paths_give_the_same_images(pipe, generate):
     torch.testing.assert_close(generate(pipe, **embeds, negative_prompt_embeds=negative_prompt_embeds), from_prompts)
     # prompt_embeds alone: the unconditional context is still the encoding of "".
     torch.testing.assert_close(generate(pipe, **embeds), generate(pipe, prompt=prompts, guidance_scale=2.0))
+    prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(prompts, "cpu", num_images_per_prompt=2)
+    assert prompt_embeds.shape == negative_prompt_embeds.shape == (4, *TEXT_SHAPE)  # a prompt's images consecutive
+    assert torch.equal(prompt_embeds[0], prompt_embeds[1]) and torch.equal(prompt_embeds[2], prompt_embeds[3])
+    assert not torch.equal(prompt_embeds[1], prompt_embeds[2])
 
 
 def test_callbacks_read_and_replace_latents_and_can_change_guidance(pipe, generate):
@@ -112,7 +112,19 @@ def test_callbacks_read_and_replace_latents_and_can_change_guidance(pipe, genera
     assert pipe.guidance_scale == 2.0 + pipe.num_timesteps
 
 
-def test_every_output_type(pipe, generate):
+def test_every_output_type_decoded_with_the_vae_scaling_and_shift_sliced_or_tiled_alike(pipe, generate):
+    pipe.vae.register_to_config(scaling_factor=0.5, shift_factor=0.25)
+    latents = generate(pipe, prompt=["a red circle", "a blue square"], output_type="latent")
+    with torch.no_grad():
+        expected = (pipe.vae.decode(latents / 0.5 + 0.25).sample / 2 + 0.5).clamp(0, 1)
+    torch.testing.assert_close(generate(pipe, prompt=["a red circle", "a blue square"]), expected)
+    pipe.enable_vae_slicing()
+    pipe.enable_vae_tiling()
+    assert pipe.vae.use_slicing and pipe.vae.use_tiling
+    torch.testing.assert_close(generate(pipe, prompt=["a red circle", "a blue square"]), expected)
+    pipe.disable_vae_slicing()
+    pipe.disable_vae_tiling()
+    assert not pipe.vae.use_slicing and not pipe.vae.use_tiling
     pt = generate(pipe, output_type="pt")
     assert pt.shape == (1, 3, NATIVE, NATIVE)
     np_images = generate(pipe, output_type="np")
@@ -126,14 +138,6 @@ def test_every_output_type(pipe, generate):
     assert isinstance(out, tuple) and isinstance(out[0][0], PIL.Image.Image)
 
 
-def test_decoding_uses_the_vae_scaling_and_shift_factor(pipe, generate):
-    pipe.vae.register_to_config(scaling_factor=0.5, shift_factor=0.25)
-    latents = generate(pipe, output_type="latent")
-    with torch.no_grad():
-        decoded = pipe.vae.decode(latents / 0.5 + 0.25).sample
-    torch.testing.assert_close(generate(pipe, output_type="pt"), (decoded / 2 + 0.5).clamp(0, 1))
-
-
 def test_a_generator_or_its_latents_reproduce_the_images(pipe, generate):
     first = generate(pipe, seed=0)
     torch.testing.assert_close(generate(pipe, seed=0), first, rtol=0, atol=0)
@@ -145,46 +149,20 @@ def test_a_generator_or_its_latents_reproduce_the_images(pipe, generate):
     assert not torch.allclose(variation, from_latents)
 
 
-def test_custom_timesteps_and_sigmas_pass_through(pipe, generate):
+def test_defaults_follow_the_papers_and_custom_timesteps_and_sigmas_pass_through(pipe, generate):
+    parameters = inspect.signature(LMLPPipeline.__call__).parameters
+    assert (parameters["num_inference_steps"].default, parameters["guidance_scale"].default) == (50, 2.0)  # s = 1
+    scheduler = default_scheduler()
+    assert isinstance(scheduler, DPMSolverMultistepScheduler)
+    keys = ("algorithm_type", "beta_schedule", "beta_start", "beta_end", "num_train_timesteps", "prediction_type")
+    assert [scheduler.config[k] for k in keys] == ["dpmsolver++", "scaled_linear", 0.00085, 0.012, 1000, "epsilon"]
+    assert pipe.native_size == NATIVE and generate(pipe, height=None, width=None).shape[-2:] == (NATIVE, NATIVE)
+    # Custom timesteps and sigmas pass through.
     generate(pipe, timesteps=[999, 600, 300])
     assert pipe.scheduler.timesteps.tolist() == [999, 600, 300] and pipe.num_timesteps == 3
     pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
     images = generate(pipe, sigmas=[14.6, 3.0, 0.5])
     assert pipe.num_timesteps == 2 and torch.isfinite(images).all()
-
-
-def test_truncated_prompt_warns_with_the_dropped_text(pipe, generate, caplog):
-    prompt = "a red circle on a blue square with a green triangle and a yellow shape riding a horse"
-    generate(pipe, prompt=prompt, num_inference_steps=1)
-    assert "dropped: 'shape riding a horse'" in caplog.text
-    caplog.clear()
-    generate(pipe, prompt="a red circle", num_inference_steps=1)
-    assert "dropped" not in caplog.text
-
-
-def test_defaults_follow_the_papers(pipe, generate):
-    parameters = inspect.signature(LMLPPipeline.__call__).parameters
-    assert (parameters["num_inference_steps"].default, parameters["guidance_scale"].default) == (50, 2.0)  # s = 1
-    scheduler = default_scheduler()
-    assert isinstance(scheduler, DPMSolverMultistepScheduler)
-    config = {k: scheduler.config[k] for k in ("algorithm_type", "beta_schedule", "beta_start", "beta_end")}
-    assert config == dict(
-        algorithm_type="dpmsolver++", beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012
-    )
-    assert (scheduler.config.num_train_timesteps, scheduler.config.prediction_type) == (1000, "epsilon")
-    assert pipe.native_size == NATIVE and generate(pipe, height=None, width=None).shape[-2:] == (NATIVE, NATIVE)
-
-
-def test_vae_slicing_and_tiling_pass_through(pipe, generate):
-    prompts = ["a red circle", "a blue square"]
-    reference = generate(pipe, prompt=prompts)
-    pipe.enable_vae_slicing()
-    pipe.enable_vae_tiling()
-    assert pipe.vae.use_slicing and pipe.vae.use_tiling
-    torch.testing.assert_close(generate(pipe, prompt=prompts), reference)
-    pipe.disable_vae_slicing()
-    pipe.disable_vae_tiling()
-    assert not pipe.vae.use_slicing and not pipe.vae.use_tiling
 
 
 @pytest.mark.skipif(not torch.accelerator.is_available(), reason="model CPU offload needs an accelerator")
@@ -197,7 +175,7 @@ def test_model_cpu_offload(make_pipe, generate):
     assert pipe.transformer.device.type == "cpu"  # back on the CPU after the call
 
 
-def test_tiny_pipeline_is_deterministic_for_a_seed_and_leaves_the_global_rng_alone():
+def test_tiny_components_are_deterministic_leave_the_global_rng_alone_and_tokenize_any_word(tmp_path):
     rng_state = torch.get_rng_state()
     first, second, other = build_tiny_pipeline(seed=0), build_tiny_pipeline(seed=0), build_tiny_pipeline(seed=1)
     assert torch.equal(torch.get_rng_state(), rng_state)
@@ -205,9 +183,7 @@ def test_tiny_pipeline_is_deterministic_for_a_seed_and_leaves_the_global_rng_alo
         weights, same = getattr(first, name).state_dict(), getattr(second, name).state_dict()
         assert all(torch.equal(weights[key], same[key]) for key in weights), name
         assert not torch.equal(*(next(getattr(p, name).parameters()) for p in (first, other)))
-
-
-def test_tiny_tokenizer_merges_common_words_and_still_tokenizes_unknown_ones(tmp_path):
+    # Its tokenizer merges common words and still tokenizes unknown ones.
     tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=tmp_path)
     assert (tmp_path / "merges.txt").read_text().startswith("#version: 0.2\n")
     assert len(json.loads((tmp_path / "vocab.json").read_text())) == len(tokenizer)
@@ -222,56 +198,34 @@ def test_tiny_tokenizer_merges_common_words_and_still_tokenizes_unknown_ones(tmp
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a zebra"
 
 
-@pytest.mark.parametrize("backbone", sorted(FAMILIES))
-def test_from_pipe_shares_every_component_and_samples_the_same_images(make_pipe, generate, backbone):
-    # diffusers' own `from_pipe` leaves out a backbone whose class is not the annotated `ModelMixin`.
-    pipe = make_pipe(backbone)
-    view = LMLPPipeline.from_pipe(pipe, scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler.config))
-    view.set_progress_bar_config(disable=True)
-    for name in ("transformer", "vae", "text_encoder", "tokenizer"):
-        assert getattr(view, name) is getattr(pipe, name)
-    assert isinstance(view.scheduler, EulerDiscreteScheduler)
-    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
-    torch.testing.assert_close(generate(view), generate(pipe), rtol=0, atol=0)
+@pytest.fixture
+def models_log(caplog, monkeypatch):
+    """The messages diffusers' models log (where `ModelMixin.to` warns)."""
+    monkeypatch.setattr(logging.getLogger("diffusers"), "propagate", True)
+    caplog.set_level(logging.WARNING, "diffusers.models.modeling_utils")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "diffusers.models.modeling_utils"]
 
 
-@contextlib.contextmanager
-def models_log() -> Iterator[list[logging.LogRecord]]:
-    """The records that diffusers' models log within the block (where `ModelMixin.to` warns)."""
-    handler, records = logging.Handler(), []
-    handler.emit = records.append
-    logging.getLogger("diffusers.models.modeling_utils").addHandler(handler)
-    try:
-        yield records
-    finally:
-        logging.getLogger("diffusers.models.modeling_utils").removeHandler(handler)
-
-
-def test_from_pipe_keeps_the_dtype_and_casts_only_when_asked(make_pipe):
+def test_from_pipe_keeps_the_dtype_and_to_casts_without_a_vacuous_warning(make_pipe, models_log):
     pipe = make_pipe().to(torch.bfloat16)
-    with models_log() as records:
-        view = LMLPPipeline.from_pipe(pipe)
+    view = LMLPPipeline.from_pipe(pipe)
     # diffusers 0.42 would cast to float32 (huggingface/diffusers#12754), and warn of float32 modules it names as none.
     assert view.dtype == pipe.dtype == pipe.transformer.dtype == torch.bfloat16
-    assert [record.getMessage() for record in records] == []
+    assert models_log() == []
     view = LMLPPipeline.from_pipe(pipe, dtype=torch.float32)  # diffusers' `from_pipe`: shared modules cast too
     assert view.dtype == pipe.transformer.dtype == torch.float32
-
-
-def test_casting_with_to_samples_in_bf16_without_warning_of_float32_modules_it_names_as_none(make_pipe):
-    pipe = make_pipe()
-    with models_log() as records:
-        pipe.to(torch.bfloat16)
-        assert pipe.transformer.dtype == pipe.vae.dtype == torch.bfloat16
-        pipe.transformer.to(torch.float32)
-        assert pipe.transformer.dtype == torch.float32
-        assert pipe.to("cpu", torch.float32) is pipe and pipe.vae.dtype == torch.float32
-        pipe.vae.to(torch.bfloat16)  # diffusers' own model, outside the pipeline's `to`: its warning stays
-        pipe.to("cpu", torch.bfloat16)
-        assert {pipe.transformer.dtype, pipe.text_encoder.dtype, pipe.vae.dtype} == {torch.bfloat16}
-        images = pipe("a red circle", num_inference_steps=2, output_type="np").images
-        assert images.shape == (1, NATIVE, NATIVE, 3) and np.isfinite(images).all()
-    assert [record.getMessage().split(":")[0] for record in records] == [
+    # Casting with `to` samples in bf16, without the warning of float32 modules it names as none.
+    pipe = make_pipe().to(torch.bfloat16)
+    assert pipe.transformer.dtype == pipe.vae.dtype == torch.bfloat16
+    pipe.transformer.to(torch.float32)
+    assert pipe.transformer.dtype == torch.float32
+    assert pipe.to("cpu", torch.float32) is pipe and pipe.vae.dtype == torch.float32
+    pipe.vae.to(torch.bfloat16)  # diffusers' own model, outside the pipeline's `to`: its warning stays
+    pipe.to("cpu", torch.bfloat16)
+    assert {pipe.transformer.dtype, pipe.text_encoder.dtype, pipe.vae.dtype} == {torch.bfloat16}
+    images = pipe("a red circle", num_inference_steps=2, output_type="np").images
+    assert images.shape == (1, NATIVE, NATIVE, 3) and np.isfinite(images).all()
+    assert [message.split(":")[0] for message in models_log()] == [
         "There are modules in AutoencoderKL that should be kept in float32"
     ]
     # Only the vacuous warning is filtered.

@@ -70,9 +70,7 @@ def loaded_samples_like(loaded: DiffusionPipeline, pipe: LMLPPipeline, generate)
 
 
 @pytest.mark.parametrize("backbone", BACKBONES)
-def test_save_writes_the_package_path_and_safetensors_and_both_loaders_read_it(
-    make_pipe, generate, tmp_path, backbone
-):
+def test_save_writes_the_package_path_and_safetensors_that_loaders_read(make_pipe, generate, tmp_path, backbone):
     pipe = make_pipe(backbone)
     pipe.save_pretrained(tmp_path)
     model_index = json.loads((tmp_path / "model_index.json").read_text())
@@ -81,24 +79,24 @@ def test_save_writes_the_package_path_and_safetensors_and_both_loaders_read_it(
     weights = [p.name for p in tmp_path.rglob("*") if p.suffix in {".safetensors", ".bin", ".pt", ".pth", ".ckpt"}]
     assert sorted(weights) == ["diffusion_pytorch_model.safetensors"] * 2 + ["model.safetensors"]
     loaded = LMLPPipeline.from_pretrained(tmp_path)
-    assert isinstance(loaded.transformer, BACKBONES[backbone])
-    loaded_samples_like(loaded, pipe, generate)
-    # `import diffusers_lmlp` registered LMLPPipeline on the diffusers namespace.
-    loaded_samples_like(DiffusionPipeline.from_pretrained(tmp_path), pipe, generate)
     transformer = BACKBONES[backbone].from_pretrained(tmp_path, subfolder="transformer")
-    loaded_samples_like(LMLPPipeline(**{**pipe.components, "transformer": transformer}), pipe, generate)
+    assert isinstance(loaded.transformer, BACKBONES[backbone])
+    # `import diffusers_lmlp` registered LMLPPipeline on the diffusers namespace.
+    for other in (
+        loaded,
+        DiffusionPipeline.from_pretrained(tmp_path),
+        LMLPPipeline.from_pipe(pipe, transformer=transformer),
+    ):
+        loaded_samples_like(other, pipe, generate)
 
 
-def test_a_hub_repo_id_loads_where_diffusers_own_loader_refuses_it(pipe, generate, hub_repo):
+def test_a_hub_repo_and_the_text2image_auto_pipeline_load(pipe, generate, hub_repo, tmp_path):
     loaded = LMLPPipeline.from_pretrained("user/tiny-lmlp", cache_dir=hub_repo)
     assert loaded.name_or_path == "user/tiny-lmlp"
     loaded_samples_like(loaded, pipe, generate)
     # diffusers 0.42 refuses components of third-party libraries from the Hub.
     with pytest.raises(ValueError, match="transformer/diffusers_lmlp.py .* does not exist"):
         DiffusionPipeline.from_pretrained("user/tiny-lmlp", cache_dir=hub_repo)
-
-
-def test_auto_pipeline_for_text2image_loads_a_folder_a_hub_repo_and_a_pipe(pipe, generate, hub_repo, tmp_path):
     # diffusers' auto pipelines find a class in their task mappings, where `import diffusers_lmlp` enters it.
     for loaded in (
         AutoPipelineForText2Image.from_pretrained(tmp_path / "saved"),
@@ -107,8 +105,7 @@ def test_auto_pipeline_for_text2image_loads_a_folder_a_hub_repo_and_a_pipe(pipe,
     ):
         assert isinstance(loaded.transformer, LMLPTransformer2DModel)
         loaded_samples_like(loaded, pipe, generate)
-    derived = AutoPipelineForText2Image.from_pipe(pipe)
-    assert all(derived.components[name] is component for name, component in pipe.components.items())
+    assert all(c is pipe.components[n] for n, c in AutoPipelineForText2Image.from_pipe(pipe).components.items())
     for auto_pipeline in (AutoPipelineForImage2Image, AutoPipelineForInpainting):
         for load in (lambda: auto_pipeline.from_pretrained(tmp_path / "saved"), lambda: auto_pipeline.from_pipe(pipe)):
             with pytest.raises(ValueError, match="can't find a pipeline linked to LMLPPipeline"):
@@ -126,12 +123,10 @@ def test_a_folder_pushed_with_code_is_not_for_the_auto_pipeline_but_for_lmlp_pip
 
 def test_dtype_torch_dtype_and_per_component_dtype(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
-    components = ("transformer", "text_encoder", "vae")
-    loaded = LMLPPipeline.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    assert {getattr(loaded, name).dtype for name in components} == {torch.bfloat16}
     with pytest.warns(FutureWarning, match="dtype"):
-        loaded = LMLPPipeline.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
-    assert {getattr(loaded, name).dtype for name in components} == {torch.bfloat16}
+        old_name = LMLPPipeline.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
+    for loaded in (LMLPPipeline.from_pretrained(tmp_path, dtype=torch.bfloat16), old_name):
+        assert {loaded.transformer.dtype, loaded.text_encoder.dtype, loaded.vae.dtype} == {torch.bfloat16}
     loaded = LMLPPipeline.from_pretrained(tmp_path, dtype={"transformer": torch.bfloat16, "default": torch.float32})
     loaded.set_progress_bar_config(disable=True)
     assert (loaded.transformer.dtype, loaded.text_encoder.dtype) == (torch.bfloat16, torch.float32)
@@ -148,31 +143,29 @@ def test_variant_round_trip(pipe, generate, tmp_path):
         LMLPPipeline.from_pretrained(tmp_path)
 
 
-def test_pickled_weights_are_refused_but_pickles_outside_the_components_are_not(pipe, tmp_path):
+def test_pickled_weights_and_missing_components_are_refused_but_other_pickles_are_not(pipe, tmp_path):
     pipe.save_pretrained(tmp_path / "pickled", safe_serialization=False)
     with pytest.raises(ValueError, match=r"transformer holds only pickled weights \(diffusion_pytorch_model.bin\)"):
         LMLPPipeline.from_pretrained(tmp_path / "pickled")
     with pytest.raises(ValueError, match="use_safetensors=False"):
         LMLPPipeline.from_pretrained(tmp_path / "pickled", use_safetensors=False)
-    # e.g. a training run's output folder, with accelerate checkpoints next to the saved pipeline.
-    pipe.save_pretrained(tmp_path / "run")
+    pipe.save_pretrained(tmp_path / "run")  # a training run's output folder, with accelerate checkpoints beside it
     (tmp_path / "run" / "checkpoint-500").mkdir()
     (tmp_path / "run" / "checkpoint-500" / "optimizer.bin").write_bytes(b"not read")
     assert isinstance(LMLPPipeline.from_pretrained(tmp_path / "run"), LMLPPipeline)
-
-
-def test_a_missing_component_folder_or_tokenizer_file_is_named(pipe, tmp_path):
-    pipe.save_pretrained(tmp_path)
+    # A missing component folder or tokenizer file is named.
+    pipe.save_pretrained(tmp_path / "broken")
     for name in ("tokenizer.json", "vocab.json"):
-        (tmp_path / "tokenizer" / name).unlink(missing_ok=True)
-    assert (tmp_path / "tokenizer" / "tokenizer_config.json").is_file()  # what is left: transformers loads it empty
+        (tmp_path / "broken" / "tokenizer" / name).unlink(missing_ok=True)
+    # What is left, tokenizer_config.json, transformers would load as an empty tokenizer.
+    assert (tmp_path / "broken" / "tokenizer" / "tokenizer_config.json").is_file()
     with pytest.raises(ValueError, match=r"tokenizer folder .* has neither tokenizer.json nor vocab.json"):
-        LMLPPipeline.from_pretrained(tmp_path)
-    shutil.rmtree(tmp_path / "tokenizer")
+        LMLPPipeline.from_pretrained(tmp_path / "broken")
+    shutil.rmtree(tmp_path / "broken" / "tokenizer")
     # Not the `model_max_length=1e30` mismatch of the empty tokenizer transformers would build.
     with pytest.raises(ValueError, match=r"has no tokenizer/ folder, but its model_index.json names the tokenizer"):
-        LMLPPipeline.from_pretrained(tmp_path)
-    assert LMLPPipeline.from_pretrained(tmp_path, tokenizer=pipe.tokenizer).tokenizer is pipe.tokenizer
+        LMLPPipeline.from_pretrained(tmp_path / "broken")
+    assert LMLPPipeline.from_pretrained(tmp_path / "broken", tokenizer=pipe.tokenizer).tokenizer is pipe.tokenizer
 
 
 def test_a_pipeline_whose_transformer_misses_a_tensor_is_refused_by_both_loaders(pipe, tmp_path):
@@ -205,9 +198,9 @@ def test_a_pipeline_whose_transformer_misses_a_tensor_is_refused_by_both_loaders
 def test_a_mistyped_folder_or_a_file_is_reported_as_no_such_local_folder(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model_index.json").write_text("{}")
-    error, message = FileNotFoundError, f"No such local folder: {name}"
+    error, message = (FileNotFoundError, f"No such local folder: {name}")
     if name == "model_index.json":
-        error, message = NotADirectoryError, "model_index.json is a file; pass the pipeline's folder"
+        error, message = (NotADirectoryError, "model_index.json is a file; pass the pipeline's folder")
     with pytest.raises(error, match=re.escape(message)) as missing:
         LMLPPipeline.from_pretrained(name)
     assert missing.value.__context__ is None  # one error, not a Hub traceback inside another

@@ -34,18 +34,12 @@ def subword_tokenizer(folder: Path) -> CLIPTokenizer:
     return CLIPTokenizer.from_pretrained(folder, model_max_length=16)
 
 
-def saved_and_reloaded(tokenizer: CLIPTokenizer, folder: Path) -> CLIPTokenizer:  # from tokenizer.json
-    tokenizer.save_pretrained(folder)
-    assert (folder / "tokenizer.json").is_file()
-    return CLIPTokenizer.from_pretrained(folder)
-
-
-@pytest.fixture  # a fresh one: test_known_words_are_decided_once_per_tokenizer counts the first look-up
+@pytest.fixture  # a fresh one: the test that counts look-ups counts the first
 def shipped_tokenizer():
     return CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")
 
 
-def test_shapes_tokenizers_are_closed_over_the_world_words(shipped_tokenizer):
+def test_shapes_tokenizers_are_closed_over_the_world_words_split_as_the_tokenizer_does(shipped_tokenizer):
     expected = tuple(sorted(word for word in WORLD_WORDS if len(word) > 1))  # "a" is a byte symbol, always known
     assert known_words(shapes_tokenizer()) == expected
     shipped = known_words(shipped_tokenizer)  # the words of the world when the shipped pipeline was trained
@@ -53,22 +47,7 @@ def test_shapes_tokenizers_are_closed_over_the_world_words(shipped_tokenizer):
     assert describe_vocabulary(shipped_tokenizer) == (
         f"{len(shipped)} words: {', '.join(shipped)}, and any single letter or digit"
     )
-
-
-@pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
-def test_whole_word_merges_are_closed_and_subword_merges_open_in_either_file_layout(tmp_path, layout):
-    closed = tiny_clip_tokenizer(16, tmp_path / "closed", words=TINY_VOCAB_WORDS)
-    subword = subword_tokenizer(tmp_path / "open")
-    if layout == "tokenizer.json":
-        closed, subword = saved_and_reloaded(closed, tmp_path / "c"), saved_and_reloaded(subword, tmp_path / "o")
-    assert known_words(closed) == tuple(sorted(word for word in TINY_VOCAB_WORDS if len(word) > 1))
-    assert unknown_words(closed, "a red cat on a beach") == ["beach"]
-    assert subword.tokenize("restaurant") == ["re", "staur", "ant</w>"]
-    assert known_words(subword) is None and describe_vocabulary(subword) is None
-    assert unknown_words(subword, "a restaurant with xylophones") == []
-
-
-def test_words_are_split_and_lower_cased_as_the_tokenizer_does(shipped_tokenizer):
+    # Words are split and lower-cased as the tokenizer does.
     prompt = "A Red, circle!! at the DOG's café 12"
     assert prompt_words(shipped_tokenizer, prompt) == "a red circle at the dog 's café 1 2".split()
     assert unknown_words(shipped_tokenizer, prompt) == ["dog", "'s", "café"]
@@ -76,9 +55,24 @@ def test_words_are_split_and_lower_cased_as_the_tokenizer_does(shipped_tokenizer
     assert unknown_words(shipped_tokenizer, "") == [] and unknown_words(shipped_tokenizer, "?!") == []
 
 
+@pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
+def test_whole_word_merges_are_closed_and_subword_merges_open_in_either_file_layout(tmp_path, layout):
+    closed = tiny_clip_tokenizer(16, tmp_path / "closed", words=TINY_VOCAB_WORDS)
+    subword = subword_tokenizer(tmp_path / "open")
+    if layout == "tokenizer.json":
+        for tokenizer, folder in ((closed, tmp_path / "c"), (subword, tmp_path / "o")):
+            tokenizer.save_pretrained(folder)
+            assert (folder / "tokenizer.json").is_file()
+        closed, subword = CLIPTokenizer.from_pretrained(tmp_path / "c"), CLIPTokenizer.from_pretrained(tmp_path / "o")
+    assert known_words(closed) == tuple(sorted(word for word in TINY_VOCAB_WORDS if len(word) > 1))
+    assert unknown_words(closed, "a red cat on a beach") == ["beach"]
+    assert subword.tokenize("restaurant") == ["re", "staur", "ant</w>"]
+    assert known_words(subword) is None and describe_vocabulary(subword) is None
+    assert unknown_words(subword, "a restaurant with xylophones") == []
+
+
 def test_known_words_are_decided_once_per_tokenizer(shipped_tokenizer, monkeypatch):
-    calls = []
-    decide = vocabulary._closed_words
+    calls, decide = [], vocabulary._closed_words
     monkeypatch.setattr(vocabulary, "_closed_words", lambda tokenizer: calls.append(tokenizer) or decide(tokenizer))
     for _ in range(3):
         known_words(shipped_tokenizer)
@@ -86,38 +80,39 @@ def test_known_words_are_decided_once_per_tokenizer(shipped_tokenizer, monkeypat
     assert calls == [shipped_tokenizer]
 
 
-def unknown_word_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "outside the tokenizer's vocabulary" in r.getMessage()]
-
-
-def test_pipeline_warns_once_per_prompt_naming_its_unknown_words(pipe, generate, caplog):
+@pytest.fixture
+def unknown_warnings(caplog):
     caplog.set_level(logging.WARNING)
+    return lambda: [r.getMessage() for r in caplog.records if "outside the tokenizer's vocabulary" in r.getMessage()]
+
+
+def test_pipeline_warns_once_per_prompt_naming_its_unknown_words_or_cut_text(pipe, generate, caplog, unknown_warnings):
     generate(pipe, prompt=["a red beach", "a red beach", "the Blue sky!"], num_inference_steps=1)
-    warnings = unknown_word_warnings(caplog)
-    assert warnings[0] == (
+    first, second = unknown_warnings()
+    assert first == (
         "The prompt 'a red beach' has words outside the tokenizer's vocabulary: 'beach'. They do not steer the image; "
         "`diffusers_lmlp.known_words(pipe.tokenizer)` lists the known ones."
     )
-    assert len(warnings) == 2
-    assert warnings[1].startswith("The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'.")
+    assert second.startswith("The prompt 'the Blue sky!' has words outside the tokenizer's vocabulary: 'sky'.")
     caplog.clear()
     generate(pipe, prompt="a red circle", negative_prompt="blurry", guidance_scale=2.0, num_inference_steps=1)
-    assert [m.split(" has ")[0] for m in unknown_word_warnings(caplog)] == ["The negative prompt 'blurry'"]
+    assert [m.split(" has ")[0] for m in unknown_warnings()] == ["The negative prompt 'blurry'"]
+    caplog.clear()  # a prompt beyond the text encoder's tokens warns with what is dropped
+    generate(pipe, prompt="a red circle on a blue square with a green triangle and a yellow shape riding a horse")
+    assert "dropped: 'shape riding a horse'" in caplog.text
 
 
-def test_pipeline_does_not_warn_for_known_words_empty_prompts_embeddings_or_an_open_vocabulary(
-    pipe, generate, tmp_path, caplog
+def test_pipeline_is_silent_for_known_words_empty_prompts_embeds_or_open_vocabularies(
+    pipe, generate, tmp_path, caplog, unknown_warnings
 ):
-    caplog.set_level(logging.WARNING)
     generate(pipe, prompt="A red circle, on a blue square.", num_inference_steps=1)
     generate(pipe, prompt="", num_inference_steps=1)
     prompt_embeds, _ = pipe.encode_prompt("a red circle", "cpu", do_classifier_free_guidance=False)
     generate(pipe, prompt=None, prompt_embeds=torch.randn_like(prompt_embeds), num_inference_steps=1)
     tokenizer = subword_tokenizer(tmp_path)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = tiny_clip_text_encoder(tokenizer)
-    open_pipe = LMLPPipeline(**{**pipe.components, "tokenizer": tokenizer, "text_encoder": text_encoder})
+    open_pipe = LMLPPipeline(
+        **{**pipe.components, "tokenizer": tokenizer, "text_encoder": tiny_clip_text_encoder(tokenizer)}
+    )
     open_pipe.set_progress_bar_config(disable=True)
     generate(open_pipe, prompt="a restaurant by the sea", num_inference_steps=1)
-    assert unknown_word_warnings(caplog) == []
+    assert unknown_warnings() == [] and "dropped" not in caplog.text

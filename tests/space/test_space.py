@@ -9,8 +9,7 @@ import gradio as gr
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from space_server import emoji_pipeline, image_std, load_app, one_cpu_thread, serve, shapes_pipeline
+from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
 from diffusers_lmlp import FAMILIES
 from diffusers_lmlp.hub import stage_pipeline
@@ -63,26 +62,18 @@ def test_validate_inputs_normalises_valid_values(shapes_pipe):
         (dict(guidance_scale="2"), r"guidance scale must be a number"),
         (dict(num_images=0), r"number of images must be a whole number from 1 to 4, got 0"),
         (dict(num_images=5), r"number of images must be a whole number from 1 to 4, got 5"),
+        (dict(prompt=f"{PROMPT} and {PROMPT}"), r"prompt is 19 tokens long .* at most 10; shorten it"),
+        (dict(negative_prompt=f"{PROMPT} and {PROMPT}"), r"negative prompt is 19 tokens long"),
+        (dict(negative_prompt="blurry"), r"negative prompt is mostly words .* \(1 of its 1 words: 'blurry'\)"),
     ],
 )
-def test_validate_inputs_refuses_bad_values_with_a_clear_message(bad, message):
+def test_validate_inputs_refuses_bad_values_with_a_clear_message(shapes_pipe, bad, message):
     with pytest.raises(gr.Error, match=message) as error:
-        app.validate_inputs(**{**VALID, **bad})
+        app.validate_inputs(**{**VALID, **bad}, pipe=shapes_pipe)
     assert error.value.title == "Invalid input" and not error.value.print_exception
 
 
-def test_validate_inputs_refuses_prompts_longer_than_the_tokenizer_takes(shapes_pipe):
-    tokenizer = shapes_pipe.tokenizer  # 10 tokens, start and end included
-    long_prompt = f"{PROMPT} and {PROMPT}"  # 69 characters, 19 tokens
-    assert len(tokenizer(long_prompt).input_ids) == 19
-    with pytest.raises(gr.Error, match=r"prompt is 19 tokens long .* at most 10; shorten it"):
-        app.validate_inputs(**{**VALID, "prompt": long_prompt}, pipe=shapes_pipe)
-    with pytest.raises(gr.Error, match=r"negative prompt is 19 tokens long"):
-        app.validate_inputs(**{**VALID, "negative_prompt": long_prompt}, pipe=shapes_pipe)
-    app.validate_inputs(**VALID, pipe=shapes_pipe)
-
-
-def test_validate_inputs_refuses_prompts_of_mostly_unknown_words_with_the_known_ones(shapes_pipe):
+def test_validate_inputs_refuses_prompts_of_mostly_unknown_words_and_flags_some(shapes_pipe):
     known = describe_vocabulary(shapes_pipe.tokenizer)
     assert "circle, cyan, green" in known and known.endswith("and any single letter or digit")
     with pytest.raises(gr.Error) as error:
@@ -91,23 +82,18 @@ def test_validate_inputs_refuses_prompts_of_mostly_unknown_words_with_the_known_
         "The prompt is mostly words this model does not know (3 of its 5 words: 'dog', 'on', 'beach'), so it would "
         f"generate noise. This model knows only {known}."
     )
-    with pytest.raises(gr.Error, match=r"negative prompt is mostly words .* \(1 of its 1 words: 'blurry'\)"):
-        app.validate_inputs(**{**VALID, "negative_prompt": "blurry"}, pipe=shapes_pipe)
-
-
-def test_validate_inputs_flags_prompts_with_some_unknown_words(shapes_pipe):
-    flag = (
-        "The prompt has words this model does not know: 'xyz'. They do not steer the images; the model panel lists "
-        "the words it knows."
-    )
+    # Some unknown words are flagged, not refused.
+    flag = "The prompt has words this model does not know: 'xyz'. They do not steer the images; the model panel lists"
     request = app.validate_inputs(**{**VALID, "prompt": "a red circle xyz"}, pipe=shapes_pipe)  # 8 tokens
-    assert request.prompt == "a red circle xyz" and request.warnings == (flag,)
+    assert request.prompt == "a red circle xyz" and request.warnings == (f"{flag} the words it knows.",)
     assert app.validate_inputs(**VALID, pipe=shapes_pipe).warnings == ()
     assert app.validate_inputs(**{**VALID, "prompt": "a dog on a beach"}).warnings == ()  # no pipeline: no check
     # An unknown word is spelled byte by byte, which is what makes this prompt too long: the message says so.
     with pytest.raises(gr.Error) as error:
         app.validate_inputs(**{**VALID, "prompt": f"{PROMPT} xyz"}, pipe=shapes_pipe)
-    assert error.value.message.endswith(f"at most 10; shorten it so that nothing is cut off. {flag}")
+    assert error.value.message.endswith(
+        f"at most 10; shorten it so that nothing is cut off. {flag} the words it knows."
+    )
 
 
 def test_the_app_takes_bf16_on_the_cpu_only_where_the_trainer_finds_it_native(monkeypatch):
@@ -116,19 +102,6 @@ def test_the_app_takes_bf16_on_the_cpu_only_where_the_trainer_finds_it_native(mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     native = this_cpu().native_bf16 is not None
     assert app.pick_device_and_dtype() == ("cpu", torch.bfloat16 if native else torch.float32)
-
-
-@pytest.mark.parametrize(
-    "environ, expected",
-    [
-        ({}, (32, 1, True)),
-        ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3", "LMLP_FREEZE": "1"}, (2, 3, True)),
-        ({"LMLP_FREEZE": " 0 "}, (32, 1, False)),
-    ],
-)
-def test_queue_and_freeze_settings_read_the_environment(environ, expected):
-    queue_size, concurrency, _, _, freeze = app.read_settings(environ)
-    assert (queue_size, concurrency, freeze) == expected
 
 
 @pytest.fixture
@@ -143,29 +116,30 @@ def fresh_process(monkeypatch):
     torch.set_num_threads(num_threads)
 
 
-@pytest.mark.parametrize(
-    "environ, concurrency, expected",
-    [
-        ({"LMLP_NUM_THREADS": "3", "OMP_NUM_THREADS": "1"}, 4, (3, "LMLP_NUM_THREADS")),
-        ({"OMP_NUM_THREADS": "2"}, 1, (2, "OMP_NUM_THREADS")),
-        ({}, 1, (8, "every core")),
-        ({}, 3, (2, "2 of 8 cores")),  # requests that run side by side share the cores
-        ({}, 16, (1, "1 of 8 cores")),
-    ],
-)
-def test_cpu_threads_are_given_else_the_user_s_else_a_share_of_the_cores(
-    fresh_process, environ, concurrency, expected
-):
+# The queue size, concurrency, CPU threads (given, else the user's, else a share of the cores) and freezing.
+# fmt: off
+SETTINGS = [
+    ({}, (32, 1, 8, "every core", True)),
+    ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3", "LMLP_FREEZE": "1"}, (2, 3, 2, "2 of 8 cores", True)),
+    ({"LMLP_FREEZE": " 0 "}, (32, 1, 8, "every core", False)),
+    ({"LMLP_NUM_THREADS": "3", "OMP_NUM_THREADS": "1", "LMLP_CONCURRENCY": "4"}, (32, 4, 3, "LMLP_NUM_THREADS", True)),
+    ({"OMP_NUM_THREADS": "2"}, (32, 1, 2, "OMP_NUM_THREADS", True)),
+    ({"LMLP_CONCURRENCY": "16"}, (32, 16, 1, "1 of 8 cores", True)),  # requests that run side by side share the cores
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("environ, expected", SETTINGS)
+def test_settings_read_the_environment(fresh_process, environ, expected):
     for name, value in environ.items():
         fresh_process.setenv(name, value)
-    fresh_process.setenv("LMLP_CONCURRENCY", str(concurrency))
-    assert app.read_settings()[2:4] == expected
+    assert app.read_settings() == expected
 
 
-BAD_SETTINGS = [("LMLP_QUEUE_SIZE", v, "a whole number of at least 1") for v in ("0", "-1")]
-BAD_SETTINGS += [("LMLP_CONCURRENCY", "two", "a whole number of at least 1")]
-BAD_SETTINGS += [("LMLP_NUM_THREADS", v, "a whole number of at least 1") for v in ("0", "-1", "two", "1.5", "")]
-BAD_SETTINGS += [("LMLP_FREEZE", v, "1 (freeze the transformer) or 0 (sample eagerly)") for v in ("yes", "2", "")]
+WHOLE, FREEZE = "a whole number of at least 1", "1 (freeze the transformer) or 0 (sample eagerly)"
+BAD_SETTINGS = [("LMLP_QUEUE_SIZE", "0", WHOLE), ("LMLP_QUEUE_SIZE", "-1", WHOLE), ("LMLP_CONCURRENCY", "two", WHOLE)]
+BAD_SETTINGS += [("LMLP_NUM_THREADS", v, WHOLE) for v in ("0", "-1", "two", "1.5", "")]
+BAD_SETTINGS += [("LMLP_FREEZE", v, FREEZE) for v in ("yes", "2", "")]
 
 
 @pytest.mark.parametrize("name, value, rule", BAD_SETTINGS)
@@ -211,17 +185,6 @@ def test_the_app_samples_with_the_transformer_frozen_and_compiled_before_the_fir
             assert np.abs(np.asarray(image).astype(int) - np.asarray(expected)).max() <= 1  # fused GEMMs round
 
 
-def test_lmlp_freeze_0_serves_the_transformer_as_it_is(fresh_process, capsys):
-    pipe = shapes_pipeline()
-    for name, value in {"LMLP_NUM_THREADS": "1", "LMLP_FREEZE": "0", "LMLP_MODEL": "shapes"}.items():
-        fresh_process.setenv(name, value)
-    fresh_process.setattr(app, "load_pipeline", lambda model, dtype: pipe)
-    fresh_process.setattr(app, "launch", lambda demo: None)
-    app.main()
-    assert "Sampling eagerly (LMLP_FREEZE=0).\n" in capsys.readouterr().out
-    assert not pipe.inductor_freezing_enabled
-
-
 def test_model_panel_describes_the_shipped_model(shapes_pipe):
     text = app.describe_model(shapes_pipe, shapes_pipe.name_or_path)
     num_params = sum(p.numel() for p in shapes_pipe.transformer.parameters())
@@ -234,6 +197,10 @@ def test_model_panel_describes_the_shipped_model(shapes_pipe):
     assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in text
     assert "**Training data:** 10400 steps on the procedural shapes world" in text
     assert "cpu, float32" in text
+    # The pipeline's vocabulary methods, which the panel and the checks use, are its tokenizer's.
+    assert shapes_pipe.describe_vocabulary() == describe_vocabulary(shapes_pipe.tokenizer)
+    assert shapes_pipe.prompt_words("A dog, a RED circle!") == ["a", "dog", "a", "red", "circle"]
+    assert shapes_pipe.unknown_words("A dog, a RED circle!") == ["dog"]
 
 
 @pytest.mark.parametrize("backbone", sorted(FAMILIES))
@@ -247,13 +214,12 @@ def test_model_panel_names_every_family_and_reads_training_data_from_the_card(ba
     assert ("experts" in text) is (backbone == "moe_mlp")
     assert f"Model: {tmp_path.name}" in text and "16×16 px" in text
     assert "**Training data:** not recorded (no model card found)" in text
-
     (tmp_path / "README.md").write_text("---\ndatasets:\n- someone/captions\n---\n\n# tiny\n", encoding="utf-8")
     text = app.describe_model(pipe, str(tmp_path))
     assert "Model: tiny" in text and "**Training data:** `someone/captions`" in text
 
 
-def test_generate_makes_native_size_images_reproducibly_and_returns_the_seed_it_used(shapes_pipe):
+def test_generate_is_reproducible_returns_its_seed_warns_of_unknown_words_and_checks_first(shapes_pipe, monkeypatch):
     generate = app.make_generate_fn(shapes_pipe)
     images, seed = generate(*VALID.values())
     assert seed == VALID["seed"] and len(images) == VALID["num_images"]
@@ -264,30 +230,14 @@ def test_generate_makes_native_size_images_reproducibly_and_returns_the_seed_it_
     assert 0 <= seed <= app.MAX_SEED
     replay, _ = generate(*{**VALID, "seed": seed}.values())
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(randomized, replay, strict=True))
-
-
-def test_generate_refuses_bad_input_before_sampling(shapes_pipe, monkeypatch):
+    # Outside a request, gradio turns `gr.Warning` into a Python warning; in the UI it is a toast.
+    with pytest.warns(UserWarning, match="The prompt has words this model does not know: 'xyz'"):
+        assert len(app.make_generate_fn(shapes_pipe)(*{**VALID, "prompt": "a red circle xyz"}.values())[0]) == 2
     monkeypatch.setattr(type(shapes_pipe), "__call__", lambda *args, **kwargs: pytest.fail("sampled"))
     with pytest.raises(gr.Error, match="number of images must be a whole number from 1 to 4, got 9"):
         app.make_generate_fn(shapes_pipe)(*{**VALID, "num_images": 9}.values())
     with pytest.raises(gr.Error, match="prompt is mostly words this model does not know"):
         app.make_generate_fn(shapes_pipe)(*{**VALID, "prompt": "a dog on a beach"}.values())
-
-
-def test_generate_shows_the_warning_for_unknown_words(shapes_pipe):
-    # Outside a request, gradio turns `gr.Warning` into a Python warning; in the UI it is a toast.
-    with pytest.warns(UserWarning, match="The prompt has words this model does not know: 'xyz'"):
-        images, _ = app.make_generate_fn(shapes_pipe)(
-            *{**VALID, "prompt": "a red circle xyz", "num_images": 1}.values()
-        )
-    assert len(images) == 1
-
-
-def test_pipeline_vocabulary_methods_are_the_tokenizer_s(shapes_pipe):
-    text = "A dog, a RED circle!"
-    assert shapes_pipe.describe_vocabulary() == describe_vocabulary(shapes_pipe.tokenizer)
-    assert shapes_pipe.prompt_words(text) == ["a", "dog", "a", "red", "circle"]
-    assert shapes_pipe.unknown_words(text) == ["dog"]
 
 
 @pytest.mark.slow
@@ -296,9 +246,7 @@ def test_with_the_package_the_app_loads_a_with_code_folder_and_runs_none_of_its_
     staged = stage_pipeline(tmp_path / "saved", "owner/tiny-lmlp", tmp_path / "code", with_code=True).folder
     for path in staged.rglob("*.py"):  # canaries: any run of the repo's code fails loudly
         path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
-
     pipe = app.load_pipeline(str(staged), torch.float32)
-
     assert type(pipe) is app.LMLPPipeline and type(pipe.transformer) is FAMILIES["lmlp"].model_class
     assert Path(app.load_pipeline("shapes", torch.float32).name_or_path).samefile(PIPELINE_PATH)
 
@@ -313,12 +261,10 @@ def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
     floors = dict(re.fullmatch(r"([\w.-]+)(.*)", requirement).groups() for requirement in install_requires)
     lines = (DEFAULT_SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
     listed = dict(re.fullmatch(r"([\w.-]+)(.*)", line).groups() for line in lines if line and not line.startswith("#"))
-
     # What the app and the model repo's code import, at the floors setup.py tests.
     assert {"torch", "diffusers", "transformers", "accelerate", "safetensors", "huggingface_hub"} <= set(listed)
-    assert {name: listed[name] for name in set(listed) & set(floors)} == {
-        name: floors[name] for name in set(listed) & set(floors)
-    }
+    common = set(listed) & set(floors)
+    assert {name: listed[name] for name in common} == {name: floors[name] for name in common}
     # diffusers-lmlp is not on PyPI (push-space vendors its source); the README's sdk_version installs gradio.
     assert not {name for name in listed if name.replace("_", "-") in ("diffusers-lmlp", "gradio")}
 
@@ -326,30 +272,3 @@ def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
 def test_the_app_serves_lmlp_models_in_order_else_the_shipped_emoji_then_shapes():
     assert app.served_models({}) == ["emoji", "shapes"]
     assert app.served_models({"LMLP_MODEL": " alice/emoji , ./shapes ,"}) == ["alice/emoji", "./shapes"]
-
-
-@pytest.mark.slow
-def test_the_model_choice_opens_on_emoji_and_samples_the_chosen_model(shapes_pipe):
-    from gradio_client import Client
-
-    with one_cpu_thread():
-        emoji_pipe = emoji_pipeline()
-        demo = app.build_demo({"emoji": emoji_pipe, "shapes": shapes_pipe}, queue_size=4)
-        [choice] = [c for c in demo.config["components"] if c["props"].get("elem_id") == "model"]
-        assert choice["props"]["value"] == "emoji" and choice["props"]["visible"]
-        [panel] = [c for c in demo.config["components"] if c["props"].get("elem_id") == "model-info"]
-        assert "emoji world" in panel["props"]["value"]
-        request = [*VALID.values()][:-1] + [1]  # one image
-        emoji_request = ["red apple", *request[1:]]
-        with serve(demo) as url:
-            client = Client(url, verbose=False)
-            default, _ = client.predict(*emoji_request, api_name="/generate")  # the first model when left out
-            shapes, _ = client.predict(*request, "shapes", api_name="/generate")
-            with pytest.raises(Exception, match="The model must be one of 'emoji', 'shapes'"):
-                client.predict(*request, "other", api_name="/generate")
-        expected_emoji = app.make_generate_fn(emoji_pipe)(*emoji_request)[0][0]
-        expected_shapes = app.make_generate_fn(shapes_pipe)(*request)[0][0]
-    for gallery, expected in ((default, expected_emoji), (shapes, expected_shapes)):
-        image = np.asarray(Image.open(gallery[0]["image"]).convert("RGB"))
-        assert np.array_equal(image, np.asarray(expected))
-    assert app.examples_for(app.describe_model(emoji_pipe, app.SHIPPED["emoji"])) == app.EXAMPLES["emoji world"]

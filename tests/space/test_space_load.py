@@ -1,6 +1,5 @@
-"""The Space under load, over loopback with gradio_client: concurrent requests all come back, right and whole, a
-full queue refuses the request beyond it with a clear message, then serves again, file uploads are refused, and
-where inductor cannot compile the app samples eagerly."""
+"""The Space under load over loopback: concurrent requests come back right, a full queue refuses the extra one, bad
+values and uploads are refused, and where inductor cannot compile the app samples eagerly."""
 
 import threading
 import time
@@ -19,21 +18,11 @@ from space_server import image_std, load_app, one_cpu_thread, serve, shapes_pipe
 
 PROMPT = "a large red circle at the center"
 NUM_REQUESTS = 8
-STEPS = 3
 TIMEOUT_S = 120  # for any one request or wait
 
 
-def request_args(seed: int, steps: int = STEPS, num_images: int = 1) -> tuple:
-    # (prompt, negative_prompt, seed, randomize_seed, num_inference_steps, guidance_scale, num_images)
-    return (PROMPT, "", seed, False, steps, 2.0, num_images)
-
-
-def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+def request_args(seed: int, steps: int = 3, num_images: int = 1) -> tuple:
+    return (PROMPT, "", seed, False, steps, 2.0, num_images)  # (prompt, negative, seed, randomize, steps, g, images)
 
 
 @pytest.mark.slow
@@ -41,48 +30,37 @@ def wait_until(condition, what: str, timeout: float = TIMEOUT_S) -> None:
 def test_concurrent_requests_all_complete_with_their_own_images(request, frozen):
     # Frozen, as the app serves on a CPU: requests run side by side in the one frozen graph they share.
     app, pipe = load_app(), request.getfixturevalue("frozen_app").pipe if frozen else shapes_pipeline()
-    # What each seed must give, computed one at a time in-process.
-    generate = app.make_generate_fn(pipe)
+    generate = app.make_generate_fn(pipe)  # what each seed must give, one at a time in-process
     expected = {seed: np.asarray(generate(*request_args(seed))[0][0]) for seed in range(NUM_REQUESTS)}
-
     with serve(app.build_demo(pipe, queue_size=32, concurrency=4)) as url:
         client = Client(url, verbose=False)
         jobs = {seed: client.submit(*request_args(seed), api_name="/generate") for seed in range(NUM_REQUESTS)}
         results = {seed: job.result(timeout=TIMEOUT_S) for seed, job in jobs.items()}
-
     for seed, (gallery, used_seed) in results.items():
-        assert used_seed == seed
-        assert len(gallery) == 1
         image = Image.open(gallery[0]["image"])
-        assert image.size == (32, 32) and image_std(image) > 8
+        assert used_seed == seed and len(gallery) == 1 and image.size == (32, 32) and image_std(image) > 8
         # Requests run side by side on one model; each still gets exactly the image of its own seed.
         assert np.array_equal(np.asarray(image.convert("RGB")), expected[seed]), f"seed {seed} came back wrong"
 
 
 def test_every_request_samples_with_its_own_tokenizer(shapes_pipe, monkeypatch):
-    # A fast tokenizer sets its padding state on every call, so one shared between threads mixes the settings of
-    # concurrent calls (seen in CI as 9 and 10 text tokens in one batch, and reproduced with 4 threads calling the
-    # shared tokenizer padded and unpadded: 47 of 1,200 padded batches came back unpadded).
-    app = load_app()
-    seen = []
+    # A fast tokenizer sets its padding state on every call: one shared between threads mixes concurrent settings.
+    app, seen = load_app(), []
 
     def record(self, *args, **kwargs):
         seen.append(self.tokenizer)
         return SimpleNamespace(images=[Image.new("RGB", (32, 32))])
 
     monkeypatch.setattr(type(shapes_pipe), "__call__", record)
-    generate = app.make_generate_fn(shapes_pipe)
     for seed in range(2):
-        generate(*request_args(seed))
+        app.make_generate_fn(shapes_pipe)(*request_args(seed))
     assert len(seen) == 2 and all(t is not shapes_pipe.tokenizer for t in seen) and seen[0] is not seen[1]
     assert seen[0](PROMPT).input_ids == shapes_pipe.tokenizer(PROMPT).input_ids  # a copy: the same tokens
 
 
 @pytest.mark.slow
-def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
-    app = load_app()
-    queue_size = 2
-    demo = app.build_demo(shapes_pipe, queue_size=queue_size, concurrency=1)
+def test_full_queue_refuses_the_extra_request_then_serves_again_but_no_bad_value_or_upload(shapes_pipe):
+    demo = load_app().build_demo(shapes_pipe, queue_size=2, concurrency=1)
     # Test-only slow-down: the first request holds the one worker inside the model until the gate opens.
     started, gate = threading.Event(), threading.Event()
 
@@ -97,8 +75,10 @@ def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
             running = client.submit(*request_args(1), api_name="/generate")
             assert started.wait(TIMEOUT_S), "the first request never started"
             waiting = [client.submit(*request_args(seed), api_name="/generate") for seed in (2, 3)]
-            wait_until(lambda: all(job.status().code == Status.IN_QUEUE for job in waiting), "the queue to fill")
-
+            deadline = time.monotonic() + TIMEOUT_S
+            while not all(job.status().code == Status.IN_QUEUE for job in waiting):
+                assert time.monotonic() < deadline, "the queue never filled"
+                time.sleep(0.05)
             with pytest.raises(QueueError, match="Queue is full"):
                 client.submit(*request_args(4), api_name="/generate").result(timeout=TIMEOUT_S)
             # What the server itself answers: HTTP 503 with the queue's size.
@@ -108,14 +88,24 @@ def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
                 json={"data": list(request_args(5)), "fn_index": fn_index, "session_hash": "load-test"},
                 timeout=TIMEOUT_S,
             )
-            assert refused.status_code == 503
-            assert refused.json()["detail"] == f"Queue is full. Max size is {queue_size} and size is {queue_size}."
-
+            full = "Queue is full. Max size is 2 and size is 2."
+            assert (refused.status_code, refused.json()["detail"]) == (503, full)
             gate.set()
             for seed, job in zip((1, 2, 3), [running, *waiting]):
                 gallery, used_seed = job.result(timeout=TIMEOUT_S)
                 assert used_seed == seed and Image.open(gallery[0]["image"]).size == (32, 32)
             hook.remove()
+            # The browser's sliders stop at their bounds; the API does not, so the server checks.
+            for args, message in [
+                (request_args(0, steps=500), "number of steps must be a whole number from 1 to 100, got 500"),
+                (request_args(-3), "seed must be a whole number from 0 to 2147483647, got -3"),
+                (request_args(0, num_images=9), "number of images must be a whole number from 1 to 4, got 9"),
+            ]:
+                with pytest.raises(AppError, match=message):
+                    client.predict(*args, api_name="/generate")
+            # The app takes no files, so anyone's upload to the server's disk is refused: HTTP 413 for 100 kB.
+            upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("x.bin", b"x" * 10**5)}, timeout=TIMEOUT_S)
+            assert (upload.status_code, upload.text) == (413, "File size exceeded maximum allowed size of 1024 bytes.")
             gallery, used_seed = client.predict(*request_args(6), api_name="/generate")
             assert used_seed == 6 and image_std(Image.open(gallery[0]["image"])) > 8
     finally:
@@ -123,35 +113,15 @@ def test_full_queue_refuses_the_extra_request_then_serves_again(shapes_pipe):
         hook.remove()
 
 
-@pytest.mark.slow
-def test_api_refuses_out_of_range_values_and_file_uploads_and_still_generates(shapes_pipe):
-    with serve(load_app().build_demo(shapes_pipe, queue_size=4)) as url:
-        client = Client(url, verbose=False)
-        # The browser's sliders stop at their bounds; the API does not, so the server checks.
-        for args, message in [
-            (request_args(0, steps=500), "number of steps must be a whole number from 1 to 100, got 500"),
-            (request_args(-3), "seed must be a whole number from 0 to 2147483647, got -3"),
-            (request_args(0, num_images=9), "number of images must be a whole number from 1 to 4, got 9"),
-        ]:
-            with pytest.raises(AppError, match=message):
-                client.predict(*args, api_name="/generate")
-        # The app takes no files, so anyone's upload to the server's disk is refused: HTTP 413 for 100 kB.
-        upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("x.bin", b"x" * 100_000)}, timeout=TIMEOUT_S)
-        assert upload.status_code == 413, upload.text
-        assert upload.text == "File size exceeded maximum allowed size of 1024 bytes."
-        gallery, _ = client.predict(*request_args(0), api_name="/generate")
-        assert Image.open(gallery[0]["image"]).size == (32, 32)
-
-
 # Last: a new freeze resets dynamo, and the frozen graph the tests above share would compile again.
 @pytest.mark.slow
 def test_the_app_samples_eagerly_where_inductor_cannot_compile(monkeypatch):
     pipe = shapes_pipeline()
 
-    def no_compiler(graph, example_inputs):
+    def no_compiler(graph, example_inputs):  # what freezing compiles with
         raise RuntimeError("Failed to find a working C++ compiler.")
 
-    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", no_compiler)  # what freezing compiles with
+    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", no_compiler)
     try:
         line = load_app().serve_frozen(pipe)
     finally:
