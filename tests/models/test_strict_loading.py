@@ -1,32 +1,32 @@
-"""Strict loading: a checkpoint fills every weight or is refused, on every diffusers path; `strict=False` warns."""
+"""Strict loading: a checkpoint fills every weight or is refused, on every diffusers path; `strict=False` warns. And
+`save_pretrained` never writes a folder of this machine (diffusers' `_name_or_path`), nor does a push."""
 
-import copy
 import inspect
 import json
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
+import huggingface_hub
 import pytest
 import torch
 from diffusers.models.modeling_utils import ModelMixin
+from diffusers.pipelines import pipeline_utils
 from safetensors.torch import load_file, save_file
 from test_models import make_inputs, make_model
+from test_pipeline_loading import fill_hub_cache
 
-from diffusers_lmlp import LMLPTransformer2DModel, MoEMLPModel, UViTTransformer2DModel
+from diffusers_lmlp import LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel, UViTTransformer2DModel
+from diffusers_lmlp.models.loading import is_local_path
 
 
 NORM_WEIGHT = "stack.mid_block.token_norm.weight"  # a LayerNorm weight: a new model initialises it to ones
 EXTRA = "stack.mid_block.extra.weight"
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 # Every way diffusers reads a checkpoint: (save_pretrained arguments, from_pretrained arguments).
-LOADING_PATHS = {
-    "default": ({}, {}),
-    "low_cpu_mem_usage=False": ({}, {"low_cpu_mem_usage": False}),
-    "device_map": ({}, {"device_map": "cpu"}),
-    "sharded": ({"max_shard_size": "20KB"}, {}),
-    "sharded, low_cpu_mem_usage=False": ({"max_shard_size": "20KB"}, {"low_cpu_mem_usage": False}),
-}
+LOADING_PATHS = [({}, {}), ({}, {"low_cpu_mem_usage": False}), ({}, {"device_map": "cpu"})]
+LOADING_PATHS += [({"max_shard_size": "20KB"}, {}), ({"max_shard_size": "20KB"}, {"low_cpu_mem_usage": False})]
 
 
 def remove_tensor(folder: Path, key: str) -> None:
@@ -41,27 +41,15 @@ def add_tensor_to(file: Path, key: str, tensor: torch.Tensor) -> None:
     save_file({**load_file(file), key: tensor}, file, metadata={"format": "pt"})
 
 
-def outputs(model: torch.nn.Module) -> torch.Tensor:
-    with torch.no_grad():
-        return model(*make_inputs()).sample
-
-
-@pytest.mark.parametrize("save, load", LOADING_PATHS.values(), ids=LOADING_PATHS)
+@pytest.mark.parametrize("save, load", LOADING_PATHS)
 def test_a_missing_tensor_is_refused_on_every_loading_path(tmp_path, save, load):
     model = make_model("lmlp")
     model.save_pretrained(tmp_path, **save)
-    # The intact checkpoint loads exactly.
-    torch.testing.assert_close(
-        outputs(LMLPTransformer2DModel.from_pretrained(tmp_path, **load)), outputs(model), rtol=0, atol=0
-    )
+    loaded = LMLPTransformer2DModel.from_pretrained(tmp_path, **load)  # the intact checkpoint loads exactly
+    torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
     remove_tensor(tmp_path, NORM_WEIGHT)
-    expected = (
-        f"The checkpoint at {tmp_path} does not match the LMLPTransformer2DModel it is loaded as: 1 weight of the "
-        f"model is missing from it ({NORM_WEIGHT}). The checkpoint is incomplete or from another model or version: "
-        "save it again with save_pretrained. To load it anyway (missing weights new, other tensors dropped), pass "
-        "strict=False to LMLPTransformer2DModel.from_pretrained"
-    )
-    with pytest.raises(ValueError, match=re.escape(expected)):
+    message = rf"at {re.escape(str(tmp_path))} .*1 weight of the model is missing from it \({NORM_WEIGHT}\)\. "
+    with pytest.raises(ValueError, match=message + r".*save it again with save_pretrained.*strict=False to LMLPTrans"):
         LMLPTransformer2DModel.from_pretrained(tmp_path, **load)
 
 
@@ -70,16 +58,15 @@ def test_a_folder_loaded_as_another_familys_class_is_refused_naming_both_classes
     make_model("lmlp").save_pretrained(tmp_path)
     name = model_class.__name__
     expected = (
-        rf"The checkpoint at {re.escape(str(tmp_path))} does not match the {name} it is loaded as: \d+ weights of the "
-        r"model are missing from it \(stack\.in_blocks.*\d+ more\); \d+ tensors in it are not weights of the model .*"
-        rf"Its config.json names the class LMLPTransformer2DModel, not {name}: load it with "
-        rf"LMLPTransformer2DModel.from_pretrained\(...\).*pass strict=False to {name}.from_pretrained"
+        rf"does not match the {name} it is loaded as: \d+ weights of the model are missing from it \(stack\.in_blocks"
+        rf".*\d+ more\); \d+ tensors in it are not weights of the model .*Its config.json names the class "
+        rf"LMLPTransformer2DModel, not {name}: load it with LMLPTransformer2DModel.from_pretrained\(...\).*strict=False"
     )
     with pytest.raises(ValueError, match=expected):
         model_class.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}], ids=["default", "low_cpu_mem_usage=False"])
+@pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}])
 def test_an_extra_tensor_is_refused_and_strict_false_loads_with_a_warning_and_new_values(tmp_path, caplog, load):
     model = make_model("lmlp")
     model.save_pretrained(tmp_path)
@@ -87,19 +74,16 @@ def test_an_extra_tensor_is_refused_and_strict_false_loads_with_a_warning_and_ne
     with pytest.raises(ValueError, match=re.escape(f"1 tensor in it is not a weight of the model ({EXTRA})")):
         LMLPTransformer2DModel.from_pretrained(tmp_path, **load)
     remove_tensor(tmp_path, NORM_WEIGHT)
-
     with caplog.at_level(logging.WARNING, logger="diffusers_lmlp"):
         loaded, info = LMLPTransformer2DModel.from_pretrained(tmp_path, strict=False, output_loading_info=True, **load)
-    warnings = [r.message for r in caplog.records if r.name.startswith("diffusers_lmlp")]
-    assert len(warnings) == 1 and "with strict=False" in warnings[0]
-    assert f"1 weight of the model is missing from it ({NORM_WEIGHT})" in warnings[0]
-    assert f"1 tensor in it is not a weight of the model ({EXTRA})" in warnings[0]
+    [warning] = [r.message for r in caplog.records if r.name.startswith("diffusers_lmlp")]
+    assert "with strict=False" in warning and f"1 weight of the model is missing from it ({NORM_WEIGHT})" in warning
+    assert f"1 tensor in it is not a weight of the model ({EXTRA})" in warning
     assert (info["missing_keys"], info["unexpected_keys"]) == ([NORM_WEIGHT], [EXTRA])
     # Every other weight is the checkpoint's; the missing LayerNorm weight is a new model's: ones.
-    expected = copy.deepcopy(model)
     with torch.no_grad():
-        expected.get_parameter(NORM_WEIGHT).fill_(1.0)
-    torch.testing.assert_close(loaded.state_dict(), expected.state_dict(), rtol=0, atol=0)
+        model.get_parameter(NORM_WEIGHT).fill_(1.0)
+    torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
     assert isinstance(loaded.get_parameter(NORM_WEIGHT), torch.nn.Parameter)
 
 
@@ -116,7 +100,8 @@ def test_weights_recreated_for_ignore_mismatched_sizes_get_a_new_models_values(t
     state = loaded.state_dict()
     assert not any(tensor.is_meta for tensor in state.values())
     assert all(torch.equal(state[key], torch.zeros_like(state[key])) for key in recreated if key.endswith(".bias"))
-    assert torch.isfinite(outputs(loaded)).all()
+    with torch.no_grad():
+        assert torch.isfinite(loaded(*make_inputs()).sample).all()
 
 
 @pytest.mark.parametrize("load", [{}, {"low_cpu_mem_usage": False}, {"device_map": "cpu"}])
@@ -150,3 +135,65 @@ def test_the_gaps_the_private_loader_override_closes_are_still_open_in_diffusers
     remove_tensor(tmp_path / "sharded", NORM_WEIGHT)
     _, info = DiffusersLoading.from_pretrained(tmp_path / "sharded", output_loading_info=True, low_cpu_mem_usage=False)
     assert info["missing_keys"] == []
+
+
+def saved_text(folder: Path) -> dict[str, str]:
+    files = [path for path in sorted(folder.rglob("*")) if path.is_file() and path.suffix in {".json", ".txt", ".md"}]
+    return {path.relative_to(folder).as_posix(): path.read_text(encoding="utf-8") for path in files}
+
+
+def configs(folder: Path) -> dict[str, dict]:
+    names = ["model_index.json", *(p.relative_to(folder).as_posix() for p in folder.glob("*/*config.json"))]
+    return {name: json.loads((folder / name).read_text()) for name in names if "tokenizer" not in name}
+
+
+def test_a_pipeline_or_backbone_loaded_from_a_folder_saves_and_pushes_no_path_of_this_machine(
+    pipe, generate, tmp_path, monkeypatch
+):
+    pipe.save_pretrained(tmp_path / "first")  # built in memory: nothing was loaded from anywhere
+    loaded = LMLPPipeline.from_pretrained(tmp_path / "first")
+    loaded.save_pretrained(tmp_path / "second")
+    assert not [name for name, text in saved_text(tmp_path / "second").items() if str(tmp_path) in text]
+    # Nothing else changed: every diffusers config reads as the one saved before the load, key for key.
+    assert configs(tmp_path / "second") == configs(tmp_path / "first")
+    # The pipeline in memory still knows where it came from, and the saved one loads and samples the same.
+    assert loaded.name_or_path == str(tmp_path / "first")
+    assert loaded.vae.config._name_or_path == str(tmp_path / "first" / "vae")  # what diffusers records
+    again = LMLPPipeline.from_pretrained(tmp_path / "second")
+    again.set_progress_bar_config(disable=True)
+    torch.testing.assert_close(generate(again), generate(pipe), rtol=0, atol=0)
+
+    backbone = LMLPTransformer2DModel.from_pretrained(tmp_path / "first", subfolder="transformer")
+    backbone.save_pretrained(tmp_path / "backbone")
+    assert "_name_or_path" not in json.loads((tmp_path / "backbone" / "config.json").read_text())
+    # diffusers' own push, its Hub calls replaced; the upload reads the folder as it would be sent.
+    uploaded = {}
+    monkeypatch.setattr(pipeline_utils, "create_repo", lambda repo_id, **kwargs: SimpleNamespace(repo_id=repo_id))
+    card = huggingface_hub.ModelCard("---\n---\n")
+    monkeypatch.setattr(pipeline_utils, "load_or_create_model_card", lambda *args, **kwargs: card)
+    upload = lambda self, folder, repo_id, **kwargs: uploaded.update(saved_text(Path(folder)))  # noqa: E731
+    monkeypatch.setattr(LMLPPipeline, "_upload_folder", upload)
+    loaded.transformer = torch.compile(loaded.transformer)  # diffusers saves the module inside
+    loaded.save_pretrained(tmp_path / "push", push_to_hub=True, repo_id="user/tiny-lmlp")
+    assert "model_index.json" in uploaded and "vae/config.json" in uploaded
+    assert not [name for name, text in uploaded.items() if str(tmp_path) in text]
+
+
+def test_a_pipeline_loaded_by_repo_id_keeps_the_id_and_leaves_out_the_cache(pipe, tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    pipe.save_pretrained(tmp_path / "saved")
+    fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp")
+    loaded = LMLPPipeline.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache")
+    assert str(tmp_path / "cache") in loaded.vae.config._name_or_path  # the snapshot, in this machine's cache
+    loaded.save_pretrained(tmp_path / "again")
+    texts = saved_text(tmp_path / "again")
+    assert not [name for name, text in texts.items() if str(tmp_path) in text]
+    assert json.loads(texts["model_index.json"])["_name_or_path"] == "user/tiny-lmlp"  # where it came from
+
+
+def test_what_counts_as_a_path_of_this_machine(tmp_path, monkeypatch):
+    assert is_local_path("/home/user/models/vae")
+    assert not any(map(is_local_path, ["stabilityai/sd-vae-ft-mse", "user/tiny-lmlp", None, 3]))
+    (tmp_path / "lmlp-shapes").mkdir()  # a relative folder that exists here counts as local
+    monkeypatch.chdir(tmp_path)
+    assert is_local_path("lmlp-shapes") and not is_local_path("lmlp-other")

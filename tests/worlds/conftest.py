@@ -6,5 +6,5 @@ from benchmark_scripts import load_benchmark
 
 @pytest.fixture(scope="module")
 def script(request):
-    """`scripts/<SCRIPT>.py`, `SCRIPT` being the test module's."""
-    return load_benchmark(request.module.SCRIPT, "scripts")
+    """`scripts/<SCRIPT>.py`, `SCRIPT` being the test module's (or the test's indirect parameter)."""
+    return load_benchmark(getattr(request, "param", request.module.SCRIPT), "scripts")

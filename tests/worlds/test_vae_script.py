@@ -15,10 +15,8 @@ SCRIPT = "train_vae"
 TINY = ["--steps", "2", "--batch-size", "4", "--num-images", "8", "--block-out-channels", "8", "8", "8"]
 
 
-def saved(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """A saved VAE's weights and config."""
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    return load_file(folder / "diffusion_pytorch_model.safetensors"), config
+def saved(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:  # a saved VAE's weights and config
+    return load_file(folder / "diffusion_pytorch_model.safetensors"), json.loads((folder / "config.json").read_text())
 
 
 @pytest.mark.slow  # trains the VAE's stages (about 4 s)
@@ -43,9 +41,7 @@ def test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents(scri
 
 
 def test_the_latent_noise_is_drawn_per_image_in_units_of_the_scaled_latents(script):
-    noise = script.latent_noise(
-        torch.Size((4000, 8, 8, 8)), 0.4, 0.5, torch.Generator().manual_seed(0)
-    )  # (b, C, h, w)
+    noise = script.latent_noise(torch.Size((4000, 8, 8, 8)), 0.4, 0.5, torch.Generator().manual_seed(0))
     per_image = (noise * 0.5).flatten(1).std(dim=1)  # (b,): in the backbone's units
     assert per_image.max() < 0.4 * 1.15  # at most --latent-noise, up to the estimate's spread over 512 values
     assert per_image.mean() == pytest.approx(0.2, abs=0.01)  # U(0, 0.4) on average
