@@ -1,6 +1,7 @@
 """The scripts of benchmarks/ (and scripts/) as the tests load them, and their commands as the docs write them."""
 
 import importlib.util
+import os
 import shlex
 import sys
 from types import ModuleType
@@ -8,6 +9,9 @@ from types import ModuleType
 import pytest
 import torch
 from documents import PAGES, ROOT, blocks
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # of a script run on one thread, offline
 
 
 def load_benchmark(name: str, folder: str = "benchmarks") -> ModuleType:
@@ -41,10 +45,11 @@ def assert_refused(parse_args, argv: list[str], message: str, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
-def check_the_commands_parse(parse_args, commands: list[list[str]], capsys) -> None:
-    """Every option and value of every command is valid; without a GPU, `--device cuda` is refused saying so."""
+def check_the_commands_parse(parse_args, commands: list[list[str]], capsys, cuda_by_default: bool = False) -> None:
+    """Every command parses; without a GPU, one on cuda (`--device cuda`, or none if `cuda_by_default`) is refused."""
     for command in commands:
-        if "cuda" in command and not torch.cuda.is_available():
+        on_cuda = "cuda" in command or (cuda_by_default and "--device" not in command)
+        if on_cuda and not torch.cuda.is_available():
             assert_refused(parse_args, command[2:], "--device cuda needs a CUDA GPU", capsys)
         else:
             parse_args(command[2:])

@@ -1,5 +1,4 @@
-"""A COCO-shaped world as a user's machine would have it, tiny but real in layout, built offline: the COCO-2014
-folder, the `CompVis/stable-diffusion-v1-4` VAE and `openai/clip-vit-large-patch14` repos (real structure, tiny
+"""A tiny COCO-shaped world, real in layout, offline: the COCO-2014 folder, SD v1-4's VAE and CLIP L/14's repos (tiny
 widths), and an HF cache holding both under their real ids, so that the recipe's default ids resolve offline."""
 
 import json
@@ -58,8 +57,7 @@ def write_coco2014(root: Path, num_train: int = 24, num_val: int = 6, seed: int 
 
 
 def write_sd_vae_repo(folder: Path, seed: int = 0) -> Path:
-    """Write `folder/model_index.json` and `folder/vae/` as `CompVis/stable-diffusion-v1-4` has them: SD's KL-f8
-    structure (4 down and up blocks of 2 layers, 4 latent channels, scale 0.18215) with widths 8 and 16."""
+    """Write `folder/model_index.json` and `folder/vae/` as SD v1-4 has them: its KL-f8 VAE, widths 8 and 16."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vae = AutoencoderKL(
@@ -68,43 +66,37 @@ def write_sd_vae_repo(folder: Path, seed: int = 0) -> Path:
             latent_channels=4, norm_num_groups=8, sample_size=512, scaling_factor=0.18215,
         )  # fmt: skip
     vae.save_pretrained(folder / "vae")
-    model_index = {
-        "_class_name": "StableDiffusionPipeline", "_diffusers_version": "0.2.2",
-        "feature_extractor": ["transformers", "CLIPImageProcessor"],
-        "safety_checker": ["stable_diffusion", "StableDiffusionSafetyChecker"],
-        "scheduler": ["diffusers", "PNDMScheduler"],
-        "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
-        "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
-    }  # fmt: skip
+    components = {"feature_extractor": ["transformers", "CLIPImageProcessor"],
+                  "safety_checker": ["stable_diffusion", "StableDiffusionSafetyChecker"],
+                  "scheduler": ["diffusers", "PNDMScheduler"],
+                  "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+                  "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}  # fmt: skip
+    model_index = {"_class_name": "StableDiffusionPipeline", "_diffusers_version": "0.2.2", **components}
     (folder / "model_index.json").write_text(json.dumps(model_index, indent=2))
     return folder
 
 
 def write_clip_repo(folder: Path, seed: int = 0) -> Path:
-    """Write the files of `openai/clip-vit-large-patch14` into `folder`: a `CLIPModel` (both towers `CLIP_TEXT_WIDTH`
-    wide, 77 text positions), its image processor, and a real byte-level BPE tokenizer with its configs."""
+    """Write `openai/clip-vit-large-patch14`'s files to `folder`: a narrow `CLIPModel`, image processor, tokenizer."""
     tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=folder, words=WORDS)
     text_config = dict(
         vocab_size=len(tokenizer), hidden_size=CLIP_TEXT_WIDTH, intermediate_size=37, num_attention_heads=4,
         num_hidden_layers=2, max_position_embeddings=77, projection_dim=CLIP_TEXT_WIDTH,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
-    vision_config = dict(
-        hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=1, image_size=28, patch_size=14
-    )
+    vision_config = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=1,
+                         image_size=28, patch_size=14)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = CLIPModel(
-            CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=CLIP_TEXT_WIDTH)
-        )
+        config = CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=CLIP_TEXT_WIDTH)
+        model = CLIPModel(config)
     model.save_pretrained(folder)
     # The image processor's config, as the real repo's (resize the short side, centre crop, CLIP's mean and std).
     CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(folder)
     special = {"content": None, "lstrip": False, "normalized": True, "rstrip": False, "single_word": False}
     bos, eos = {**special, "content": "<|startoftext|>"}, {**special, "content": "<|endoftext|>"}
-    (folder / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": bos, "eos_token": eos, "pad_token": "<|endoftext|>", "unk_token": eos}, indent=2)
-    )
+    special_tokens = {"bos_token": bos, "eos_token": eos, "pad_token": "<|endoftext|>", "unk_token": eos}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_tokens, indent=2))
     tokenizer_config = {
         "add_prefix_space": False, "bos_token": bos, "do_lower_case": True, "eos_token": eos, "errors": "replace",
         "model_max_length": 77, "name_or_path": CLIP_REPO, "pad_token": "<|endoftext|>",
@@ -116,8 +108,6 @@ def write_clip_repo(folder: Path, seed: int = 0) -> Path:
 
 def write_hub_cache(root: Path) -> Path:
     """Write both repos to `root/repos/<owner>/<name>` and into the HF cache `root/hub`; returns the cache."""
-    cache = root / "hub"
-    sd, clip = write_sd_vae_repo(root / "repos" / SD_REPO), write_clip_repo(root / "repos" / CLIP_REPO)
-    for folder, repo in ((sd, SD_REPO), (clip, CLIP_REPO)):
-        fill_hub_cache(folder, cache, repo)
-    return cache
+    fill_hub_cache(write_sd_vae_repo(root / "repos" / SD_REPO), root / "hub", SD_REPO)
+    fill_hub_cache(write_clip_repo(root / "repos" / CLIP_REPO), root / "hub", CLIP_REPO)
+    return root / "hub"

@@ -1,5 +1,4 @@
-"""The README and docs/ pages (named by their path from the repository root), for the tests that run their commands
-and read their numbers."""
+"""The README and docs/ pages (named by their path from the repository root): their text, sections and code blocks."""
 
 import re
 import textwrap
@@ -10,25 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Every page, in the order their Python examples run in one namespace (tests/project/test_readme.py): each after
 # the pages it builds on.
-PAGES = (
-    "README.md",
-    "docs/pipeline.md",
-    "docs/hub.md",
-    "docs/backbones.md",
-    "docs/lora.md",
-    "docs/index.md",
-    "docs/training.md",
-    "docs/emoji.md",
-    "docs/data.md",
-    "docs/coco.md",
-    "docs/evaluation.md",
-    "docs/analysis.md",
-    "docs/conventions.md",
-    "docs/benchmarks.md",
-    "docs/speed-gpu.md",
-    "docs/ablation.md",
-    "docs/shapes-runs.md",
-)
+DOCS = """pipeline hub backbones lora index training emoji data coco evaluation analysis conventions benchmarks
+speed-gpu ablation shapes-runs"""
+PAGES = ("README.md", *(f"docs/{name}.md" for name in DOCS.split()))
 # The languages of the command blocks: each one must be run by a test (tests/project/test_documents.py).
 COMMAND_LANGUAGES = ("bash", "sh", "console")
 
@@ -62,11 +45,10 @@ def headings(markdown: str) -> list[tuple[int, int, str]]:
 
 def section(page: str, title: str) -> str:
     """The text of `page` under the heading `title` (without its #s), to the next heading of its level or above."""
-    all_lines = text(page).splitlines()
-    found = headings(text(page))
+    lines, found = text(page).splitlines(), headings(text(page))
     [(start, level)] = [(index, level) for index, level, heading in found if heading == title]
-    end = next((index for index, depth, _ in found if index > start and depth <= level), len(all_lines))
-    return "\n".join(all_lines[start + 1 : end]) + "\n"
+    end = next((index for index, depth, _ in found if index > start and depth <= level), len(lines))
+    return "\n".join(lines[start + 1 : end]) + "\n"
 
 
 def blocks(source: str, language: str) -> list[str]:

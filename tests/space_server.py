@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 
@@ -21,16 +21,13 @@ from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 
 
-# Read by gradio at import: no usage analytics (and no network) from the tests.
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read by gradio at import: no analytics, no network
 APP_PATH = DEFAULT_SPACE_DIR / "app.py"
 
 
 @cache
 def load_app():
-    """The demo's `app.py` as a module, as the Space runs it (a script, not a module of the package); imported once
-    per session."""
+    """The demo's `app.py` as a module, imported once per session as the Space runs it (a script, not a module)."""
     spec = importlib.util.spec_from_file_location("lmlp_space_app", APP_PATH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -46,8 +43,7 @@ def free_port() -> int:
 
 @contextmanager
 def one_cpu_thread() -> Iterator[None]:
-    """Run torch on one CPU thread (restored after): the shapes model is far too small to gain from a second one,
-    and on a busy machine a second thread costs it up to 50 times its run time (see conftest.py)."""
+    """Run torch on one CPU thread (restored after): tiny models gain nothing from more, and lose on a busy machine."""
     num_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -71,8 +67,7 @@ def emoji_pipeline():
 
 
 def shapes_lora(folder: Path, std: float = 0.02) -> Path:
-    """A LoRA of the shipped shapes model in the trainer's format, written to `folder` (random B of this `std`, so that
-    it changes the model)."""
+    """Write a LoRA of the shipped shapes model to `folder` as the trainer does (random B of `std`: it has effect)."""
     from diffusers_lmlp.training.components import add_lora, lora_config, save_adapter
 
     model = shapes_pipeline().transformer
@@ -92,12 +87,7 @@ def image_std(image: Image.Image) -> float:
 
 @contextmanager
 def serve(demo) -> Iterator[str]:
-    """Serve a gradio app on 127.0.0.1 in a background thread, as the Space does (`app.launch`: its CSS and upload
-    limit); yield its URL, then shut it down.
-
-    Args:
-        demo (`gr.Blocks`): The app (already queued).
-    """
+    """Serve a queued gradio app on 127.0.0.1 in a thread as the Space does (`app.launch`); yield its URL; stop it."""
     _, url, _ = load_app().launch(
         demo, server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True
     )
@@ -109,24 +99,13 @@ def serve(demo) -> Iterator[str]:
 
 @contextmanager
 def app_process(folder: Path, env: dict[str, str], log: Path, timeout: float = 240) -> Iterator[str]:
-    """Run `python app.py` in `folder`, as a Space (or a user in a checkout) runs it, serving on a free port of
-    127.0.0.1; yield its URL once it answers, then stop it.
-
-    Args:
-        folder (`Path`): The Space folder.
-        env (`dict[str, str]`): The process's environment (the server's address is added).
-        log (`Path`): Where its stdout and stderr go.
-        timeout (`float`, *optional*, defaults to 240): Seconds it may take to start.
-    """
+    """Run `python app.py` in `folder` as a Space does, on a free port, logging to `log`; yield its URL once up."""
     port = free_port()
     env = {**env, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
     with open(log, "w") as output:
-        server = subprocess.Popen(
-            [sys.executable, "app.py"], cwd=folder, env=env, stdout=output, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}/"
+        server = subprocess.Popen([sys.executable, "app.py"], cwd=folder, env=env, stdout=output, stderr=output)
+    url, deadline = f"http://127.0.0.1:{port}/", time.monotonic() + timeout
     try:
-        deadline = time.monotonic() + timeout
         while True:
             assert server.poll() is None, f"the app exited with {server.returncode}:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"the app did not start in {timeout} s:\n{log.read_text()[-4000:]}"
@@ -139,11 +118,10 @@ def app_process(folder: Path, env: dict[str, str], log: Path, timeout: float = 2
         yield url
     finally:
         server.terminate()
-        try:
+        with suppress(subprocess.TimeoutExpired):
             server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        server.kill()  # if it is still running
+        server.wait()
 
 
 def model_panel(url: str) -> str:

@@ -1,6 +1,5 @@
-"""The README and docs/ as a whole: every command block is run by a named test, every relative link resolves, every
-page is listed, the README stays a five-minute read, and the numbers that come from a results file in the repository
-or from the code are what those say (docs/conventions.md, "Numbers in these pages")."""
+"""The README and docs/ as a whole: each command block run by a named test, links resolve, pages listed, a five-minute
+README, and the numbers from a results file or the code are what those say (docs/conventions.md)."""
 
 import ast
 import functools
@@ -12,18 +11,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmark_scripts import documented_commands, load_benchmark
+from benchmark_scripts import load_benchmark
 from documents import COMMAND_LANGUAGES, PAGES, ROOT, blocks, headings, prose, section, text
+from safetensors import safe_open
 
-from diffusers_lmlp import LMLPPipeline, from_named_config
+from diffusers_lmlp import LMLPPipeline, from_named_config, known_words
+from diffusers_lmlp.analysis.metrics import noise_band, token_mixing_measures
+from diffusers_lmlp.analysis.regions import TokenRegions
 from diffusers_lmlp.complexity import complexity
 from diffusers_lmlp.emoji.scorer import PIPELINE_PATH as EMOJI_PIPELINE_PATH
+from diffusers_lmlp.shapes import pretrained_shapes_pipeline
 from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
+from diffusers_lmlp.training.components import add_lora, lora_config
 
 
 # Which tests run each command block: a page and a line the block holds, then the tests (under tests/), the blocks of
-# each page in their order. A new, moved or reordered block fails test_every_command_block_is_run_by_a_test until it
-# is entered here.
+# each page in their order. A new, moved or reordered block fails test_every_command_block_is_run_by_a_test.
 COVERAGE = """
 README.md: pip install -e ".[train]" && accelerate launch
     training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary
@@ -38,8 +41,6 @@ README.md: python -m diffusers_lmlp.evaluation --pipeline shapes
 README.md: --model <user>/lmlp-emoji <user>/lmlp-shapes
     project/test_readme.py::test_hub_dry_run_commands_run_as_written  # each push is a dry run without the dry
 README.md: python benchmarks/roofline.py
-    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
-    benchmarks/test_roofline.py::test_the_documented_command_writes_its_tables
     benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate
 README.md: ruff check . && ruff format --check .
     project/test_readme.py::test_development_command_lints_clean
@@ -54,18 +55,18 @@ docs/hub.md: LMLP_QUEUE_SIZE=8 LMLP_CONCURRENCY=2 python app.py
     space/test_space.py::test_the_app_serves_on_the_threads_it_chose_and_says_why
 docs/hub.md: python benchmarks/space_sampling.py --num_images 1 --rounds 9
     benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
-    benchmarks/test_space_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen
+    benchmarks/test_quantized_sampling_benchmark.py::test_a_short_run_times_the_apps_request_eager_and_frozen
 docs/training.md: --decoder-from shapes-vae --latent-noise 0.4
     worlds/test_vae_script.py::test_the_documented_stages_train_the_decoder_alone_and_keep_the_latents
 docs/training.md: --preset shapes-lora
     training/test_train_lora.py::test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_after
 docs/emoji.md: python scripts/build_emoji_world.py --size 64
-    worlds/test_emoji_world.py::test_the_documented_build_commands_run_on_the_npm_layout
+    worlds/test_emoji.py::test_the_documented_build_commands_run_on_the_npm_layout
 docs/emoji.md: python scripts/train_emoji_clip.py
-    worlds/test_emoji_clip_script.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side
+    worlds/test_emoji.py::test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_side
     worlds/test_vae_script.py::test_the_documented_emoji_vae_command_trains_on_the_training_pictures
 docs/emoji.md: --pipeline emoji --captions emoji:heldout
-    worlds/test_emoji_scorer.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline
+    worlds/test_emoji.py::test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline
 docs/emoji.md: --preset emoji
     training/test_train_emoji.py::test_the_readme_emoji_command_trains_the_world_and_ends_with_its_scores
 docs/coco.md: hf download openai/clip-vit-large-patch14
@@ -101,15 +102,14 @@ docs/speed-gpu.md: examples/train_text_to_image.py
 docs/speed-gpu.md: python benchmarks/speed_vs_uvit.py --device cuda
     benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
 docs/speed-gpu.md: python benchmarks/roofline.py
-    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
     benchmarks/test_roofline.py::test_the_pages_print_the_scripts_estimate
 docs/speed-gpu.md: python benchmarks/gpu_check.py --device cpu --quick
-    benchmarks/test_gpu_check.py::test_the_documented_commands_parse
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
     benchmarks/test_gpu_check.py::test_the_quick_check_runs_every_part_but_emoji_on_a_cpu
 docs/speed-gpu.md: python benchmarks/profile_passes.py --device cuda --precision bf16 --mode regional
     benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
 docs/ablation.md: python benchmarks/ablation_shapes.py --output_dir ablation-shapes
-    project/test_documents.py::test_the_ablation_command_is_the_scripts_own
+    benchmarks/test_arguments.py::test_every_documented_command_is_one_the_script_takes
     benchmarks/test_ablation_shapes.py::test_an_entry_trains_scores_and_resumes_end_to_end_beside_a_finished_one
 """
 
@@ -159,30 +159,21 @@ def anchors(page: Path) -> set[str]:
     return found
 
 
-def links(markdown: str) -> list[str]:
-    """The targets of the Markdown links and images of a text, code blocks and inline code left out."""
-    outside_code = re.sub(r"^( *)```.*?^\1```", "", markdown, flags=re.DOTALL | re.MULTILINE)
-    outside_code = re.sub(r"`[^`\n]*`", "", outside_code)
-    return re.findall(r"\]\(([^)\s]+)\)", outside_code)
-
-
 @pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_resolves(page):
-    source = ROOT / page
-    relative = [link for link in links(text(page)) if not re.match(r"[a-z]+:", link)]
-    for link in relative:
+    # The targets of the page's Markdown links and images, code blocks and inline code left out.
+    outside_code = re.sub(r"^( *)```.*?^\1```", "", text(page), flags=re.DOTALL | re.MULTILINE)
+    source, found = ROOT / page, re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`\n]*`", "", outside_code))
+    if page == "README.md":  # links to docs/ pages, images and anchors are found
+        readme = {"docs/index.md", "#on-a-fresh-machine", "docs/training.md#fine-tune-with-lora"}
+        assert readme | {"src/diffusers_lmlp/shapes/assets/pipeline/samples.png"} <= set(found)
+    for link in [link for link in found if not re.match(r"[a-z]+:", link)]:
         path, _, anchor = link.partition("#")
         target = (source.parent / path).resolve() if path else source
         assert target.exists(), f"{page}: {link} names no file"
         if anchor:
             assert target.suffix == ".md", f"{page}: {link} has an anchor in a file that is not a page"
             assert anchor in anchors(target), f"{page}: {link} names no heading of {target.name}"
-
-
-def test_the_links_of_the_readme_are_found():
-    found = links(text("README.md"))  # to docs/ pages, images and anchors
-    assert {"docs/index.md", "#on-a-fresh-machine", "docs/training.md#fine-tune-with-lora"} <= set(found)
-    assert "src/diffusers_lmlp/shapes/assets/pipeline/samples.png" in found
 
 
 def test_the_readme_is_a_five_minute_read_with_a_table_of_contents():
@@ -194,20 +185,9 @@ def test_the_readme_is_a_five_minute_read_with_a_table_of_contents():
 
 
 def test_the_gpu_page_ran_the_readme_main_command():  # which tests/training/test_first_minutes.py runs
-    main = text("README.md").split("<!-- main-command -->", 1)[1]
-    [install_and_run] = blocks(main, "bash")[:1]
+    install_and_run = blocks(text("README.md").split("<!-- main-command -->", 1)[1], "bash")[0]
     [on_the_gpu] = blocks(section("docs/speed-gpu.md", "The README's main command, on the GPU"), "bash")
     assert on_the_gpu.strip() == install_and_run.strip().split(" && ")[-1]
-
-
-def test_the_ablation_command_is_the_scripts_own():
-    [command] = documented_commands("ablation_shapes")  # tests/benchmarks/test_ablation_shapes.py runs it, shortened
-    args, extra = load_benchmark("ablation_shapes").parse_args(command[2:])
-    assert (args.output_dir, args.minutes_per_model, extra) == ("ablation-shapes", 3.0, [])
-
-
-def percent(value: float) -> str:
-    return f"{round(100 * value)}"
 
 
 def test_the_shapes_quality_table_is_the_shipped_training_summary():
@@ -217,13 +197,9 @@ def test_the_shapes_quality_table_is_the_shipped_training_summary():
     for split, label in [("train", "32 training"), ("held-out", "all 32 held-out")]:
         [row] = re.findall(rf"^ *\| {label} \| (.*) \|$", table, flags=re.MULTILINE)
         images, *cells = [cell.strip() for cell in row.split("|")]
-        seeds = summary["images_per_caption"][split]
+        seeds, scores, intervals = (summary[key][split] for key in ("images_per_caption", "scores", "score_intervals"))
         assert images == f"{summary['shapes_fid'][split]['num_images']} ({seeds} seeds each)"
-        expected = [
-            f"{percent(summary['scores'][split][c])}% ({'-'.join(map(percent, summary['score_intervals'][split][c]))})"
-            for c in columns
-        ]
-        assert cells == expected, split
+        assert cells == [f"{scores[c]:.0%} ({'-'.join(f'{100 * v:.0f}' for v in intervals[c])})" for c in columns]
     # The run's steps and training time, in the README and docs/training.md.
     minutes, seconds = divmod(round(summary["train_seconds"]), 60)
     assert re.search(rf"of which {minutes} min\s+{seconds} s of training", training)
@@ -237,10 +213,9 @@ def test_the_emoji_quality_table_is_the_shipped_training_summary():
     for page, title in [("README.md", "Draw real pictures: the emoji world"), ("docs/emoji.md", "The preset")]:
         for split, label in [("train", "162 training"), ("held-out", "the 162 held-out tone variants")]:
             [row] = re.findall(rf"^\| {label} \| (.*) \|$", section(page, title), flags=re.MULTILINE)
-            expected = [
-                f"{percent(scores[split][name])}% / {percent(scores[split]['pixel ' + name])}%"
-                for name in ("top-5", "top-1", "tone")
-            ] + [f"{fid[split]['fid']:.3f} ({fid[split]['fid_floor']:.3f})"]
+            s = scores[split]  # each name's score / its pixel scorer's, then the FID (its floor)
+            expected = [f"{s[n]:.0%} / {s['pixel ' + n]:.0%}" for n in ("top-5", "top-1", "tone")]
+            expected.append(f"{fid[split]['fid']:.3f} ({fid[split]['fid_floor']:.3f})")
             assert [cell.strip() for cell in row.split("|")] == expected, (page, split)
         assert summary["images_per_caption"] == {"train": 2, "held-out": 2} and "two seeds per name" in prose(page)
     params = sum(p.numel() for p in LMLPPipeline.from_pretrained(EMOJI_PIPELINE_PATH).transformer.parameters())
@@ -249,8 +224,6 @@ def test_the_emoji_quality_table_is_the_shipped_training_summary():
 
 
 def test_the_shapes_models_size_is_the_shipped_ones():
-    from diffusers_lmlp.shapes import pretrained_shapes_pipeline
-
     params = sum(p.numel() for p in pretrained_shapes_pipeline().transformer.parameters())
     for page in ("README.md", "docs/training.md"):
         assert f"a UL-MLP with {params / 1e6:.2f} M parameters" in prose(page)
@@ -258,8 +231,7 @@ def test_the_shapes_models_size_is_the_shipped_ones():
     # The ablation and the H100 run trained the named configuration, the papers' layout without the projection.
     with torch.device("meta"):
         named = sum(p.numel() for p in from_named_config("shapes-S").parameters())
-    assert named < params
-    assert f"`shapes-S`'s {named:,} parameters" in prose("docs/ablation.md")
+    assert named < params and f"`shapes-S`'s {named:,} parameters" in prose("docs/ablation.md")
     assert f"the {named / 1e6:.2f}M-parameter model" in prose("docs/speed-gpu.md")
 
 
@@ -267,16 +239,12 @@ def test_the_shapes_models_layout_is_the_shipped_config():
     config = json.loads((PIPELINE_PATH / "transformer" / "config.json").read_text(encoding="utf-8"))
     grid, words = config["sample_size"] // config["patch_size"], config["text_seq_len"]
     tokens, width, depth = 1 + words + grid**2, config["hidden_size"], config["num_layers"]
-    training = prose("docs/training.md")
-    assert f"(D = {width}, {depth} + 1 layers, {tokens} tokens: 1 time, {words} text, {grid**2} image)" in training
-    analysis = prose("docs/analysis.md")
+    layers = f"(D = {width}, {depth} + 1 layers, {tokens} tokens: 1 time, {words} text, {grid**2} image)"
     layout = f"{words} text and {grid**2} image tokens on a {grid} × {grid} grid; D = {width}; {depth + 1} blocks)"
-    assert f"(L = {tokens}: 1 time, {layout}" in analysis
+    assert layers in prose("docs/training.md") and f"(L = {tokens}: 1 time, {layout}" in prose("docs/analysis.md")
 
 
 def test_the_shipped_vaes_size_is_its_weights_file():
-    from safetensors import safe_open
-
     weights = PIPELINE_PATH / "vae" / "diffusion_pytorch_model.safetensors"
     with safe_open(weights, "pt") as tensors:
         params = sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
@@ -284,16 +252,25 @@ def test_the_shipped_vaes_size_is_its_weights_file():
     assert stated in prose("docs/training.md")
 
 
-def test_the_lora_size_of_f2_deep_is_the_trainers():
-    from diffusers_lmlp.training.components import add_lora, lora_config
+def test_the_shapes_vocabulary_size_is_the_tokenizers():
+    [stated] = re.findall(r"an offline CLIP tokenizer over the world's (\d+) words", text("docs/training.md"))
+    assert int(stated) == len(known_words(pretrained_shapes_pipeline().tokenizer))
+
+
+def test_the_lora_sizes_are_the_trainers():
+    # F2-deep's at rank 8, and the shapes model's as the trainer logs them (as a share of the frozen backbone's).
+    def adapted(model) -> tuple[int, int, int]:  # the layers adapted at rank 8, the base's and the trainable params
+        base = sum(p.numel() for p in model.parameters())
+        layers = add_lora(model, lora_config(model, rank=8, alpha=None, dropout=0.0, target_modules=None))
+        return len(layers), base, sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     with torch.device("meta"):
-        model = from_named_config("F2-deep")
-    base = sum(p.numel() for p in model.parameters())
-    add_lora(model, lora_config(model, rank=8, alpha=None, dropout=0.0, target_modules=None))
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    stated = f"at rank 8, F2-deep gets {trainable / 1e6:.2f} M, {trainable / base:.1%} of its {base / 1e6:.0f} M"
-    assert stated in prose("docs/training.md")
+        _, base, trainable = adapted(from_named_config("F2-deep"))
+    page = prose("docs/training.md")
+    assert f"at rank 8, F2-deep gets {trainable / 1e6:.2f} M, {trainable / base:.1%} of its {base / 1e6:.0f} M" in page
+    layers, base, trainable = adapted(pretrained_shapes_pipeline().transformer)
+    logged = f"{layers} layers, {trainable:,} parameters ({trainable / base:.1%} of this small backbone"
+    assert f"token mixers included: {logged}" in page
 
 
 def test_the_ablation_tables_sizes_and_costs_are_the_scripts_plan():
@@ -328,24 +305,20 @@ def test_the_flops_the_speed_pages_compare_are_the_codes():
         macs = {name: complexity(model).macs for name, model in models.items()}
     # One image forward: 2 FLOPs a multiply-add.
     flops = f"{2 * macs['F2-deep'] / 1e9:.1f} and {2 * macs['U-ViT-S/2'] / 1e9:.1f} GFLOP per image forward"
-    for page in ("docs/benchmarks.md", "docs/speed-gpu.md"):
-        assert flops in prose(page), page
+    assert flops in prose("docs/benchmarks.md") and flops in prose("docs/speed-gpu.md")
     fewer = round(100 * (1 - macs["F2"] / macs["F2-deep"]))
     width = models["F2"].stack.in_blocks[0].joint_mlp.fc1.out_features
-    stated = f"despite {fewer}% fewer FLOPs. Its joint MLP is {width:,} wide"
-    assert stated in prose("docs/benchmarks.md")
+    assert f"despite {fewer}% fewer FLOPs. Its joint MLP is {width:,} wide" in prose("docs/benchmarks.md")
 
 
 def test_the_analysis_findings_are_the_printed_measures():
-    # docs/analysis.md's table (test_analysis.py checks the command prints it): each layer's left and right measures,
-    # then the two noise bands.
+    # docs/analysis.md's table (as the command prints it): each layer's measures, then the noise bands; its findings.
     [table] = blocks("docs/analysis.md", "text")
-    left, right = {}, {}
+    measured, names = {"left": {}, "right": {}}, ("diagonal", "locality", "periodicity", "mean_abs")
     pattern = r"^(\d+)\s+\S+\s+(left|right)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$"
     for layer, side, *values in re.findall(pattern, table, flags=re.MULTILINE):
-        names = ("diagonal", "locality", "periodicity", "mean_abs")
-        measures = {name: float(value) for name, value in zip(names, values) if value != "–"}
-        (left if side == "left" else right)[int(layer)] = measures
+        measured[side][int(layer)] = {name: float(value) for name, value in zip(names, values) if value != "–"}
+    left, right = measured["left"], measured["right"]
     left_band, right_band = (
         {name: (float(low), float(high)) for name, low, high in re.findall(r"(\w+) (-?[\d.]+) to (-?[\d.]+)", part)}
         for part in table.split("95% of 200 draws: ", 1)[1].split("; right: ")
@@ -357,76 +330,60 @@ def test_the_analysis_findings_are_the_printed_measures():
         return f"{min(values):.2f}–{max(values):.2f}"
 
     def layers(numbers) -> str:
-        if len(numbers) == 1:
-            return f"layer {numbers[0]}"
-        return f"layers {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+        *rest, last = numbers
+        return f"layers {', '.join(map(str, rest))} and {last}" if rest else f"layer {last}"
 
-    def above(measures, name, band) -> list[int]:
-        return [layer for layer in measures if measures[layer][name] > band[name][1]]
-
-    def below(measures, name, band) -> list[int]:
-        return [layer for layer in measures if measures[layer][name] < band[name][0]]
+    def outside(measures, name, band) -> tuple[list[int], list[int]]:  # the layers above the band, and below it
+        (low, high), values = band[name], {layer: measures[layer][name] for layer in measures}
+        return [n for n, v in values.items() if v > high], [n for n, v in values.items() if v < low]
 
     (diagonal_low, diagonal_high), (low, high) = left_band["diagonal"], left_band["periodicity"]
     assert f"it is {diagonal_low:.2f}–{diagonal_high:.2f} for the diagonal and −{-low:.3f} to {high:.3f}" in page
     # 1. Periodicity: above the band, below it (the other sign), and the layers with neither.
-    periodic, anti = above(left, "periodicity", left_band), below(left, "periodicity", left_band)
+    periodic, anti = outside(left, "periodicity", left_band)
     values = [left[layer]["periodicity"] for layer in periodic]
     assert f"above the noise band in {len(periodic)} of the 9 layers ({span(values)}: {layers(periodic)})" in page
     negative = " and ".join(f"{left[layer]['periodicity']:.2f}".replace("-", "−") for layer in anti)
     assert f"below it in {layers(anti)} ({negative}:" in page
     assert f"In {layers(sorted(set(left) - set(periodic)))} there is no repeat" in page
     # 2. Locality, and the left diagonal.
-    higher, lower = above(left, "locality", left_band), below(left, "locality", left_band)
-    band = left_band["locality"]
-    assert f"in {len(higher) + len(lower)} of the 9 layers (locality outside {span(band)})" in page
+    higher, lower = outside(left, "locality", left_band)
+    assert f"in {len(higher) + len(lower)} of the 9 layers (locality outside {span(left_band['locality'])})" in page
     assert f"in {layers(higher)} ({span([left[layer]['locality'] for layer in higher])})" in page
-    assert f"in {layers(lower)} with lower weights than distant patches ({left[3]['locality']:.2f}: layer 3" in page
-    assert lower == [3]
-    diagonal = sorted(above(left, "diagonal", left_band) + below(left, "diagonal", left_band))
-    assert f"inside its band except in {layers(diagonal)})" in page
+    assert lower == [3] and f"in layer 3 with lower weights than distant patches ({left[3]['locality']:.2f}:" in page
+    assert f"inside its band except in {layers(sorted(sum(outside(left, 'diagonal', left_band), [])))})" in page
     # 3. The right hemisphere's diagonal, and the most diagonal matrix of all.
-    right_above, right_below = above(right, "diagonal", right_band), below(right, "diagonal", right_band)
-    count = len(right_above) + len(right_below)
-    assert f"its diagonal ratio leaves its (narrower) noise band in {count} of 9 layers" in page
+    right_above, right_below = outside(right, "diagonal", right_band)
     ratios = " and ".join(f"{right[layer]['diagonal']:.2f}" for layer in right_above)
     sides_of_band = [f"above it in {layers(right_above)} ({ratios})"] if right_above else []
     sides_of_band += [f"below it in {layers(right_below)}"] if right_below else []
-    assert f"noise band in {count} of 9 layers, {' and '.join(sides_of_band)}," in page
-    sides = {("left", layer): m for layer, m in left.items()} | {("right", layer): m for layer, m in right.items()}
+    leaves = f"leaves its (narrower) noise band in {len(right_above) + len(right_below)} of 9 layers"
+    assert f"its diagonal ratio {leaves}, {' and '.join(sides_of_band)}," in page
+    sides = {(side, layer): m for side in measured for layer, m in measured[side].items()}
     (side, layer), most = max(sides.items(), key=lambda item: item[1]["diagonal"])
-    assert (
-        f"the most diagonal matrix of all is the {side} hemisphere's of layer {layer} ({most['diagonal']:.2f})" in page
-    )
-    # 4. Mean |w|: highest in the middle layers.
-    mean_left = {layer: measures["mean_abs"] for layer, measures in left.items()}
-    mean_right = {layer: measures["mean_abs"] for layer, measures in right.items()}
-    # The peak: every layer within 5% of the largest mean |w|, none of them the first or the last layers.
+    most = f"the {side} hemisphere's of layer {layer} ({most['diagonal']:.2f})"
+    assert f"the most diagonal matrix of all is {most}" in page
+    # 4. Mean |w|, highest in the middle layers: every layer within 5% of the largest, none the first or last ones.
+    mean_left, mean_right = ({n: m["mean_abs"] for n, m in side.items()} for side in (left, right))
     top = sorted(layer for layer, mean in mean_left.items() if mean >= 0.95 * max(mean_left.values()))
     assert 4 <= min(top) and max(top) <= 8
     peak = f"{min(mean_left[layer] for layer in top):.3f}–{max(mean_left[layer] for layer in top):.3f}"
     rises = f"rises from {mean_left[1]:.3f} (layer 1) to {peak} ({layers(top)})"
     assert f"left hemisphere {rises} and falls to {mean_left[9]:.3f} (layer 9)" in page
     middle = max(mean_right[layer] for layer in (3, 4, 5))
-    assert middle == max(mean_right.values())
-    falls = f"and falls to {mean_right[9]:.3f}."
-    assert f"the right one rises from {mean_right[1]:.3f} to {middle:.3f} (layers 3–5) {falls}" in page
+    rises = f"rises from {mean_right[1]:.3f} to {middle:.3f} (layers 3–5) and falls to {mean_right[9]:.3f}."
+    assert middle == max(mean_right.values()) and f"the right one {rises}" in page
 
 
 def test_the_initial_weights_scale_is_the_codes():
     torch.manual_seed(0)
-    model = from_named_config("shapes-S")
-    left = torch.cat([p.detach().flatten() for name, p in model.named_parameters() if name.endswith("left.weight")])
-    stated = f"initialised with mean |w| ≈ {left.abs().mean():.3f} (truncated normal, std 0.02)"
-    assert stated in prose("docs/analysis.md")
+    named = from_named_config("shapes-S").named_parameters()
+    left = torch.cat([p.detach().flatten() for name, p in named if name.endswith("left.weight")])
+    assert f"initialised with mean |w| ≈ {left.abs().mean():.3f} (truncated" in prose("docs/analysis.md")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # about 20 s: 200 Gaussian 334 × 334 matrices, measured as the command measures F2-deep
 def test_the_full_size_noise_band_is_the_codes():
-    # About 20 s: 200 Gaussian 334 × 334 matrices, measured as the command measures a converted F2-deep.
-    from diffusers_lmlp.analysis.metrics import noise_band, token_mixing_measures
-    from diffusers_lmlp.analysis.regions import TokenRegions
-
     with torch.device("meta"):
         regions = TokenRegions.from_config(from_named_config("F2-deep").config)
     band = noise_band(functools.partial(token_mixing_measures, regions=regions), regions.seq_len)
@@ -441,20 +398,16 @@ def test_the_named_configurations_sizes_and_costs_are_the_codes():
     assert len(rows) == 12
     checked = set()
     for names, params, macs in rows:
-        names = re.split(r", | / ", names.replace(" (the default)", ""))
-        params = params.replace(" each", "").split(" / ")
-        macs = macs.split(" / ")
-        for index, name in enumerate(names):
+        params, macs = params.replace(" each", "").split(" / "), macs.split(" / ")
+        for index, name in enumerate(re.split(r", | / ", names.replace(" (the default)", ""))):
             with torch.device("meta"):
                 cost = complexity(from_named_config(name))
-            assert f"{cost.params:,}" == params[index if len(params) > 1 else 0], name
-            assert f"{cost.macs / 1e9:.2f}" == macs[index if len(macs) > 1 else 0], name
+            stated = (params[index if len(params) > 1 else 0], macs[index if len(macs) > 1 else 0])
+            assert (f"{cost.params:,}", f"{cost.macs / 1e9:.2f}") == stated, name
             checked.add(name)
     assert {"F2-deep", "U-ViT-S/2", "4E2H", "A2"} <= checked
-    # The README's parameter count of the default model.
-    [stated] = re.findall(r"\*\*F2-deep\*\*: ([\d,]+) parameters", text("README.md"))
+    # The README's parameter count of the default model, and what docs/backbones.md's example prints.
     with torch.device("meta"):
-        assert stated == f"{complexity(from_named_config('F2-deep')).params:,}"
-        # What docs/backbones.md's example prints.
-        uvit, a2 = (complexity(from_named_config(name)).params for name in ("U-ViT-S/2", "A2"))
+        f2, uvit, a2 = (complexity(from_named_config(name)).params for name in ("F2-deep", "U-ViT-S/2", "A2"))
+    assert re.findall(r"\*\*F2-deep\*\*: ([\d,]+) parameters", text("README.md")) == [f"{f2:,}"]
     assert f"# {uvit:,} / {a2:,}" in text("docs/backbones.md")

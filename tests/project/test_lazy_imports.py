@@ -1,6 +1,5 @@
-"""Quick start-up: `import diffusers_lmlp`, every command's `--help` and its argument errors load no heavy library
-(one fresh interpreter runs them in turn, checking after each), and what the lazy names replace still holds: diffusers
-finds `LMLPPipeline` whichever is imported first, and saved folders name ["diffusers_lmlp", "<Class>"]."""
+"""Quick start-up: the package import, each command's `--help` and argument errors load no heavy library (checked in
+turn in one interpreter); diffusers finds `LMLPPipeline` whichever is imported first; classes name the package."""
 
 import json
 import os
@@ -32,8 +31,7 @@ COMMANDS = [
     (["diffusers_lmlp.hub", "push-space"], 2, "the following arguments are required"),
     (["diffusers_lmlp.hub", "push", "a", "b", "--output-dir", "x"], 2, "--output-dir only goes with --dry-run"),
 ]
-# Run by a fresh interpreter: the package import, then each `python -m <module> <args>` as runpy runs it, each
-# followed by the heavy libraries loaded so far. The last command is the one argument error that needs a model.
+# Run by a fresh interpreter: the package import, then each `python -m <module> <args>`, each with what it loaded.
 IN_TURN = """
 import contextlib, io, json, runpy, sys
 heavy, commands = set(json.loads(sys.argv[1])), json.loads(sys.argv[2])
@@ -62,22 +60,15 @@ def in_turn(tmp_path_factory) -> list[dict]:
     argv = [sys.executable, "-c", IN_TURN, json.dumps(sorted(HEAVY)), json.dumps(commands)]
     result = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found[0]["heavy"] == []  # importing the package loads no heavy library
+    return found
 
 
-def test_importing_the_package_loads_no_heavy_library(in_turn):
-    assert in_turn[0]["heavy"] == []
-
-
-@pytest.mark.parametrize(
-    ("index", "exit_code", "says"),
-    [(index, exit_code, says) for index, (_, exit_code, says) in enumerate(COMMANDS, 1)],
-    ids=[" ".join(command) for command, _, _ in COMMANDS],
-)
-def test_help_and_argument_errors_load_no_heavy_library(in_turn, index, exit_code, says):
-    result = in_turn[index]
-    assert result["code"] == exit_code and says in result["output"], result
-    assert result["heavy"] == []
+@pytest.mark.parametrize("index", range(len(COMMANDS)), ids=[" ".join(command) for command, _, _ in COMMANDS])
+def test_help_and_argument_errors_load_no_heavy_library(in_turn, index):
+    (_, exit_code, says), result = COMMANDS[index], in_turn[index + 1]
+    assert result["code"] == exit_code and says in result["output"] and result["heavy"] == [], result
 
 
 def test_a_model_config_key_check_loads_the_model_class_only_then(in_turn):
@@ -92,13 +83,11 @@ FIRST_IMPORTS = [
     "import diffusers; import diffusers_lmlp",  # diffusers first: registered at once
     "from diffusers_lmlp.models import LMLPTransformer2DModel",  # diffusers imported by a model module
     "from diffusers_lmlp import LMLPPipeline",  # by the pipelines themselves, through the lazy name
-    # diffusers' auto pipelines imported before the package: it enters the pipeline in their mapping at once
-    "from diffusers import AutoPipelineForText2Image; import diffusers_lmlp",
+    "from diffusers import AutoPipelineForText2Image; import diffusers_lmlp",  # auto pipelines first: mapped at once
 ]
-# Run after each of FIRST_IMPORTS: inductor loaded yet, the pipeline as diffusers loads it, and each public class's
-# `__module__` imported from its own module (save_pretrained writes it into model_index.json).
+# After each of FIRST_IMPORTS: inductor loaded yet, the pipeline diffusers loads, each public class's `__module__`.
 LOAD = """
-import sys
+import importlib, sys
 print("torch._inductor.compile_fx" in sys.modules)
 import diffusers_lmlp
 from diffusers import AutoPipelineForText2Image, DiffusionPipeline
@@ -106,42 +95,26 @@ pipe = DiffusionPipeline.from_pretrained(sys.argv[1])
 auto = AutoPipelineForText2Image.from_pretrained(sys.argv[1])
 print(type(pipe).__module__, type(pipe).__name__, type(pipe.transformer).__name__)
 print(type(auto).__name__, type(AutoPipelineForText2Image.from_pipe(pipe)).__name__)
+for family in diffusers_lmlp.FAMILIES.values():
+    print(getattr(importlib.import_module(f"diffusers_lmlp.models.{family.module}"), family.class_name).__module__)
+from diffusers_lmlp.pipelines.pipeline_lmlp import LMLPPipeline
+print(LMLPPipeline.__module__)
 """
-LOAD += "\n".join(
-    f"from diffusers_lmlp.models.{family.module} import {family.class_name} as c; print(c.__module__)"
-    for family in FAMILIES.values()
-)
-LOAD += "\nfrom diffusers_lmlp.pipelines.pipeline_lmlp import LMLPPipeline; print(LMLPPipeline.__module__)"
 
 
-@pytest.fixture(scope="module", params=FIRST_IMPORTS)
-def loaded(request, tmp_path_factory) -> list[str]:
-    """What LOAD prints after `request.param` on a saved tiny pipeline, diffusers' warnings made errors."""
-    from diffusers_lmlp.tiny import build_tiny_pipeline
+@pytest.mark.slow
+@pytest.mark.parametrize("first", FIRST_IMPORTS)
+def test_diffusers_loads_lmlp_pipeline_from_the_package_whichever_is_imported_first(first, tmp_path):
+    from diffusers_lmlp.tiny import build_tiny_pipeline  # LOAD after `first` on it, diffusers' warnings made errors
 
-    folder = tmp_path_factory.mktemp("pipe")
-    build_tiny_pipeline("lmlp").save_pretrained(folder)
-    argv = [sys.executable, "-W", "error::UserWarning", "-c", f"{request.param}\n{LOAD}", str(folder)]
+    build_tiny_pipeline("lmlp").save_pretrained(tmp_path)
+    argv = [sys.executable, "-W", "error::UserWarning", "-c", f"{first}\n{LOAD}", str(tmp_path)]
     result = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "could not register" not in result.stderr
-    return result.stdout.splitlines()
-
-
-@pytest.mark.slow
-def test_diffusion_pipeline_finds_lmlp_pipeline_whichever_is_imported_first(loaded):
-    assert loaded[1].split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPTransformer2DModel"]
-    assert loaded[2].split() == ["LMLPPipeline"] * 2
-
-
-@pytest.mark.slow
-def test_the_pipeline_imports_inductor_only_to_freeze(loaded):
-    assert loaded[0] == "False"
-
-
-@pytest.mark.slow
-def test_every_public_class_is_recorded_under_the_package_from_its_own_module(loaded):
-    assert loaded[3:] == ["diffusers_lmlp"] * (len(FAMILIES) + 1)
+    assert result.returncode == 0 and "could not register" not in result.stderr, result.stderr[-3000:]
+    inductor, pipe, auto, *modules = result.stdout.splitlines()
+    assert inductor == "False"  # the pipeline imports inductor only to freeze
+    assert pipe.split() == ["diffusers_lmlp", "LMLPPipeline", "LMLPTransformer2DModel"]
+    assert auto.split() == ["LMLPPipeline"] * 2 and modules == ["diffusers_lmlp"] * (len(FAMILIES) + 1)
 
 
 def test_the_package_exports_every_family_and_lists_its_names():
@@ -153,16 +126,16 @@ def test_the_package_exports_every_family_and_lists_its_names():
         diffusers_lmlp.NoSuchName  # noqa: B018
 
 
-@pytest.mark.parametrize(
-    "name, module, argv0, named",
-    [
-        ("diffusers-lmlp-train", "diffusers_lmlp.train", "<package>/train.py", "python -m diffusers_lmlp.train"),
-        ("diffusers-lmlp-hub", "diffusers_lmlp.hub", "<package>/hub/__main__.py", "python -m diffusers_lmlp.hub"),
-        ("diffusers-lmlp-train", "diffusers_lmlp.train", "/venv/bin/diffusers-lmlp-train", "diffusers-lmlp-train"),
-        ("diffusers-lmlp-train", "diffusers_lmlp.train", "examples/train_text_to_image.py", "train_text_to_image.py"),
-        ("diffusers-lmlp-train", "diffusers_lmlp.train", "/elsewhere/train.py", "train.py"),
-    ],
-)
+TRAIN = ("diffusers-lmlp-train", "diffusers_lmlp.train")
+# (command, module, argv[0], the name its usage gives): the module form for the package's own file, else the script's.
+PROGRAMS = [(*TRAIN, "<package>/train.py", "python -m diffusers_lmlp.train"),
+            ("diffusers-lmlp-hub", "diffusers_lmlp.hub", "<package>/hub/__main__.py", "python -m diffusers_lmlp.hub"),
+            (*TRAIN, "/venv/bin/diffusers-lmlp-train", "diffusers-lmlp-train"),
+            (*TRAIN, "examples/train_text_to_image.py", "train_text_to_image.py"),
+            (*TRAIN, "/elsewhere/train.py", "train.py")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, module, argv0, named", PROGRAMS)
 def test_the_module_form_of_each_command_names_itself_and_a_script_keeps_its_own_name(name, module, argv0, named):
     from diffusers_lmlp.commands import program_name
 

@@ -25,13 +25,10 @@ def test_unfloored_and_repeated_requirements_are_left_alone_and_listed_once():
     assert listed == ["peft>=0.20", "tqdm", "torchvision"]
 
 
-def test_unknown_extra_is_refused(capsys):
+def test_requirements_are_setup_pys_own_without_torch_and_an_unknown_extra_is_refused(capsys):
+    # What the lowest-versions venv installs before the package: setup.py's requirements, as written, torch apart.
     with pytest.raises(SystemExit, match=r"unknown extra\(s\) \['gpu'\]; setup.py defines"):
         lowest.main(["gpu"])
-
-
-def test_requirements_are_setup_pys_own_without_torch(capsys):
-    """What the lowest-versions venv installs before the package: setup.py's requirements, as written, torch apart."""
     lowest.main(["--requirements", "train"])
     install_requires, extras = SETUP
     printed = capsys.readouterr().out.split()
@@ -40,9 +37,7 @@ def test_requirements_are_setup_pys_own_without_torch(capsys):
 
 
 def test_the_script_refuses_an_unknown_step():
-    result = subprocess.run(
-        ["bash", ROOT / "scripts" / "test_lowest_versions.sh", "tests"], capture_output=True, text=True
-    )
-    assert result.returncode == 2
+    script = ROOT / "scripts" / "test_lowest_versions.sh"
+    result = subprocess.run(["bash", script, "tests"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""  # refused before its venv is touched
     assert "usage: bash scripts/test_lowest_versions.sh [deps|test]; got 'tests'" in result.stderr
-    assert result.stdout == ""  # refused before its venv is touched

@@ -1,6 +1,5 @@
-"""Every example of the README and docs/ runs as written on a CPU, offline: only Hub ids and the Space's address are
-replaced by local stand-ins, so a new example cannot slip through untested. The Python examples run in one namespace,
-in the order of `documents.PAGES`."""
+"""Every example of the README and docs/ runs as written on a CPU, offline, only Hub ids and the Space's address
+replaced by local stand-ins; the Python examples in one namespace, in the order of `documents.PAGES`."""
 
 import os
 import re
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from documents import PAGES, blocks
+from documents import PAGES, ROOT, blocks, text
 from PIL import Image
 from space_server import emoji_pipeline, load_app, one_cpu_thread, serve, shapes_lora, shapes_pipeline
 
@@ -24,33 +23,19 @@ from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.worlds import WORLDS
 
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-TEXT = README.read_text(encoding="utf-8")
 PYTHON_BLOCKS = [code for page in PAGES for code in blocks(page, "python")]
 BASH_BLOCKS = [code for page in PAGES for code in blocks(page, "bash")]
-SPACE_URL = "http://127.0.0.1:7860/"
+DEVELOPMENT = next(block for block in BASH_BLOCKS if "ruff check" in block)  # the README's "Development" commands
 
 
 def stand_ins(space_url: str, lora: Path, with_code: Path) -> dict[str, str]:
-    """What each placeholder becomes: the shipped shapes pipeline, a `hub push --with-code` folder, a LoRA folder, a
-    served app."""
+    """What each placeholder becomes: the shipped shapes pipeline, a `hub push --with-code` folder, a LoRA, an app."""
     return {
         '"<user>/<lmlp-repo>"': repr(str(PIPELINE_PATH)),
         '"<user>/<lmlp-repo-with-code>"': repr(str(with_code)),
         '"<user>/<lmlp-lora>"': repr(str(lora)),
-        f'"{SPACE_URL}"': repr(space_url),
+        '"http://127.0.0.1:7860/"': repr(space_url),
     }
-
-
-def localise(block: str, replacements: dict[str, str]) -> str:
-    """`block` with its placeholders replaced; fails if a Hub placeholder in live code is left over."""
-    for placeholder, local in replacements.items():
-        block = block.replace(placeholder, local)
-    live = [line.split("#", 1)[0] for line in block.splitlines()]
-    leftover = [line for line in live if "<user>" in line]
-    assert not leftover, f"README example needs a local stand-in in tests/project/test_readme.py for: {leftover}"
-    return block
 
 
 @pytest.mark.slow
@@ -62,8 +47,11 @@ def test_every_python_example_runs_in_order_on_cpu(tmp_path, monkeypatch):
     served = {"emoji": emoji_pipeline(), "shapes": shapes_pipeline()}  # as `python app.py` serves them
     with one_cpu_thread(), serve(load_app().build_demo(served, queue_size=8)) as url:
         for index, block in enumerate(PYTHON_BLOCKS):
-            code = localise(block, stand_ins(url, lora, with_code))
-            exec(compile(code, f"python block {index} of {' + '.join(PAGES)}", "exec"), namespace)
+            for placeholder, local in stand_ins(url, lora, with_code).items():
+                block = block.replace(placeholder, local)
+            leftover = [line for line in block.splitlines() if "<user>" in line.split("#", 1)[0]]
+            assert not leftover, f"give these a local stand-in in stand_ins: {leftover}"
+            exec(compile(block, f"python block {index} of {' + '.join(PAGES)}", "exec"), namespace)
 
     image = Image.open("red_circle.png")
     assert image.size == (32, 32) and np.asarray(image, dtype=np.float64).std() > 5
@@ -99,27 +87,20 @@ def test_hub_dry_run_commands_run_as_written(tmp_path, monkeypatch):
     lines = [line.split("#", 1)[0].strip() for block in BASH_BLOCKS for line in block.splitlines()]
     hub_lines = [line for line in lines if line.startswith("python -m diffusers_lmlp.hub")]
     commands = [line for line in hub_lines if "--dry-run" in line]
-    assert len(commands) == 4, commands
     pushes = {re.sub(r" --dry-run --output-dir \S+$", "", command) for command in commands}
-    assert set(hub_lines) - set(commands) == pushes, hub_lines
+    assert len(commands) == 4 and set(hub_lines) - set(commands) == pushes, hub_lines
     monkeypatch.chdir(tmp_path)
     for command in commands:  # in this process: `python -m diffusers_lmlp.hub` runs this main
         argv = shlex.split(command.replace("<user>", "alice"))
         assert argv[:3] == ["python", "-m", "diffusers_lmlp.hub"]
         hub_main(argv[3:])
-    written = [
-        "lmlp-shapes-upload/model_index.json",
-        "lmlp-shapes-code-upload/pipeline_lmlp.py",
-        "lmlp-demo-upload/app.py",
-    ]
-    written.append("lmlp-emoji-code-upload/transformer/diffusion_pytorch_model.safetensors")
+    written = ["lmlp-shapes-upload/model_index.json", "lmlp-shapes-code-upload/pipeline_lmlp.py"]
+    written += ["lmlp-demo-upload/app.py", "lmlp-emoji-code-upload/transformer/diffusion_pytorch_model.safetensors"]
     assert all((tmp_path / path).is_file() for path in written)
 
 
 def test_development_command_lints_clean():
-    """The README's "Development" command: ruff finds nothing to fix."""
-    block = next(block for block in BASH_BLOCKS if "ruff check" in block)
-    for command in re.findall(r"ruff [^&\n]+", block):
+    for command in re.findall(r"ruff [^&\n]+", DEVELOPMENT):  # ruff finds nothing to fix
         argv = [sys.executable, "-m", *shlex.split(command)]
         result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
         assert result.returncode == 0, f"{command}\n{result.stdout}{result.stderr}"
@@ -128,8 +109,7 @@ def test_development_command_lints_clean():
 @pytest.mark.slow
 def test_development_single_process_command_runs_one_test_file_without_workers():
     """The README's "Development" line for a debugger: `-n 0` runs the selected tests in one process; they pass."""
-    block = next(block for block in BASH_BLOCKS if "ruff check" in block)
-    [command] = [line for line in block.splitlines() if line.startswith("python -m pytest -n 0")]
+    [command] = [line for line in DEVELOPMENT.splitlines() if line.startswith("python -m pytest -n 0")]
     argv = [sys.executable, *shlex.split(command)[1:], "-p", "no:cacheprovider"]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -151,5 +131,5 @@ def test_the_suite_runs_in_one_worker_per_core_each_with_its_share_of_threads(re
 
 @pytest.mark.parametrize("marker", ["<!-- main-command -->", "<!-- test-command -->"])
 def test_readme_commands_pin_torch_first(marker):
-    block = TEXT.split(marker, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    block = text("README.md").split(marker, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert block.index("pip install torch==2.13.0") < block.index("pip install -e")

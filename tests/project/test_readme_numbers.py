@@ -1,25 +1,29 @@
-"""What the README and docs/ state about the code (the prompts, progress lines, upload limits, the Space's folder
-and settings, the install extra, the metadata example, the options named), compared with the code it describes."""
+"""What the README and docs/ state about the code (prompts, progress lines, limits, the Space, options), checked."""
 
 import ast
 import re
 from pathlib import Path
 
 import pytest
+from accelerate.commands.launch import launch_command_parser
 from benchmark_scripts import load_benchmark
-from documents import section
+from documents import ROOT, blocks, section
 from documents import text as page_text
 from PIL import Image
 from test_readme import PYTHON_BLOCKS, stand_ins
 
 from diffusers_lmlp import unknown_words
+from diffusers_lmlp.evaluation.__main__ import PARTIAL_REPORT, PROGRESS_FOLDER
+from diffusers_lmlp.evaluation.__main__ import build_parser as evaluation_parser
 from diffusers_lmlp.hub.space import SPACE_FILE_LIMIT, SPACE_NAME, SPACE_TOTAL_LIMIT
 from diffusers_lmlp.hub.upload import IMAGE_LIMIT, TEXT_LIMIT
 from diffusers_lmlp.progress import LINE_EVERY_FRACTION, LINE_EVERY_SECONDS
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+from diffusers_lmlp.training.arguments import DIFFUSERS_ONLY_OPTIONS
+from diffusers_lmlp.training.arguments import build_parser as training_parser
+from diffusers_lmlp.training.data import load_training_data
 
 
-ROOT = Path(__file__).resolve().parents[2]
 README = page_text("README.md")
 SPACE_DIR = ROOT / "spaces" / SPACE_NAME
 
@@ -27,16 +31,6 @@ SPACE_DIR = ROOT / "spaces" / SPACE_NAME
 def stated(pattern: str, text: str = README) -> tuple[str, ...]:  # the one match's groups; a space: any whitespace
     [match] = re.finditer(pattern.replace(" ", r"\s+"), text)
     return match.groups()
-
-
-def module_constants(path: Path) -> dict[str, object]:  # `NAME = 32` at module level, read without importing
-    constants = {}
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                if isinstance(target, ast.Name):
-                    constants[target.id] = node.value.value
-    return constants
 
 
 def requirement_name(requirement: str) -> str:  # "peft>=0.20" -> "peft"
@@ -49,28 +43,18 @@ def sampled_prompts(block: str) -> list[str]:
     prompts = []
     for node in ast.walk(ast.parse(block)):
         if isinstance(node, ast.Call):
-            if (isinstance(node.func, ast.Name) and node.func.id == "pipe") or isinstance(node.func, ast.Call):
-                prompts += [node.args[0].value] if node.args and isinstance(node.args[0], ast.Constant) else []
-            prompts += [
-                keyword.value.value
-                for keyword in node.keywords
-                if keyword.arg in ("prompt", "negative_prompt") and isinstance(keyword.value, ast.Constant)
-            ]
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            if any(isinstance(target, ast.Name) and target.id == "prompt" for target in node.targets):
-                prompts.append(node.value.value)
-    return [prompt for prompt in prompts if prompt]
+            called = isinstance(node.func, ast.Call) or getattr(node.func, "id", None) == "pipe"
+            prompts += [node.args[0]] if called and node.args else []
+            prompts += [keyword.value for keyword in node.keywords if keyword.arg in ("prompt", "negative_prompt")]
+        elif isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "prompt" for target in node.targets):
+            prompts.append(node.value)
+    return [node.value for node in prompts if isinstance(node, ast.Constant) and node.value]
 
 
 def test_every_prompt_the_readme_samples_the_shapes_model_with_is_in_its_vocabulary():
-    # The blocks that tests/project/test_readme.py runs against the shipped shapes model: with a placeholder, or
-    # loading it themselves.
-    placeholders = stand_ins("http://127.0.0.1:7860/", Path("lora"), Path("with-code"))
-    blocks = [
-        block
-        for block in PYTHON_BLOCKS
-        if any(placeholder in block for placeholder in placeholders) or "pretrained_shapes_pipeline()" in block
-    ]
+    # The blocks test_readme.py runs on the shipped shapes model: with a placeholder, or loading it themselves.
+    shapes = [*stand_ins("http://127.0.0.1:7860/", Path("lora"), Path("with-code")), "pretrained_shapes_pipeline()"]
+    blocks = [block for block in PYTHON_BLOCKS if any(marker in block for marker in shapes)]
     prompts = [sampled_prompts(block) for block in blocks]
     assert len(blocks) >= 4 and all(prompts), "every such block samples a prompt this test reads"
     tokenizer = pretrained_shapes_pipeline().tokenizer
@@ -80,8 +64,7 @@ def test_every_prompt_the_readme_samples_the_shapes_model_with_is_in_its_vocabul
 
 def test_the_log_file_progress_the_readme_describes_is_line_progress():
     percent, period = stated(r"each write a plain line at every (\d+)% of their count, at least one (a minute),")
-    assert int(percent) == round(100 * LINE_EVERY_FRACTION)
-    assert {"a minute": 60.0}[period] == LINE_EVERY_SECONDS
+    assert int(percent) == round(100 * LINE_EVERY_FRACTION) and {"a minute": 60.0}[period] == LINE_EVERY_SECONDS
 
 
 def test_the_upload_size_limits_in_the_readme_are_the_hubs():
@@ -93,23 +76,22 @@ def test_the_upload_size_limits_in_the_readme_are_the_hubs():
 
 
 def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
-    block = re.search(r"```bash\n(.*?)```", section("docs/hub.md", "Run the Space locally"), flags=re.DOTALL).group(1)
-    [folder] = re.findall(r"cd (\S+)", block)
+    commands = blocks(section("docs/hub.md", "Run the Space locally"), "bash")[0]  # the first
+    [folder] = re.findall(r"cd (\S+)", commands)
     assert (ROOT / folder).resolve() == SPACE_DIR.resolve() and (SPACE_DIR / "app.py").is_file()
     app = (SPACE_DIR / "app.py").read_text(encoding="utf-8")
-    constants = module_constants(SPACE_DIR / "app.py")
-    variables = set(re.findall(r"\b(LMLP_[A-Z_]+)=", block))  # each one the app reads
+    assigned = [node for node in ast.parse(app).body if isinstance(node, ast.Assign)]  # read without importing app
+    constants = {getattr(node.targets[0], "id", None): getattr(node.value, "value", None) for node in assigned}
+    variables = set(re.findall(r"\b(LMLP_[A-Z_]+)=", commands))  # each one the app reads
     names = {"LMLP_MODEL", "LMLP_QUEUE_SIZE", "LMLP_CONCURRENCY", constants["THREADS_VARIABLE"]}
-    assert variables == names | {constants["FREEZE_VARIABLE"]}
-    assert all(f'"{variable}"' in app for variable in variables)
+    assert variables == names | {constants["FREEZE_VARIABLE"]} and all(f'"{name}"' in app for name in variables)
     # The example's values are those its comment describes, and the defaults are the app's.
-    queue, concurrency = stated(r"LMLP_QUEUE_SIZE=(\d+) LMLP_CONCURRENCY=(\d+) python app.py", block)
+    queue, concurrency = stated(r"LMLP_QUEUE_SIZE=(\d+) LMLP_CONCURRENCY=(\d+) python app.py", commands)
     waiting, default_queue, running, default_concurrency = stated(
-        r"queue: (\d+) may wait \(default (\d+)\), (\d+) run at once \(default (\d+)\)", block
+        r"queue: (\d+) may wait \(default (\d+)\), (\d+) run at once \(default (\d+)\)", commands
     )
-    assert (queue, concurrency) == (waiting, running)
     defaults = (constants["DEFAULT_QUEUE_SIZE"], constants["DEFAULT_CONCURRENCY"])
-    assert (int(default_queue), int(default_concurrency)) == defaults
+    assert (queue, concurrency) == (waiting, running) and (int(default_queue), int(default_concurrency)) == defaults
 
 
 def test_the_spaces_requirements_the_readme_lists_are_its_requirements_txt():
@@ -129,8 +111,6 @@ def test_the_train_extra_of_the_main_command_is_setup_pys():
 
 
 def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_path):
-    from diffusers_lmlp.training.data import load_training_data
-
     layouts = section("docs/data.md", "An imagefolder, a datasets repo, a COCO folder")
     [example] = re.findall(r"```json\n(.*?)```", layouts, flags=re.DOTALL)
     folder = tmp_path / "data"
@@ -138,7 +118,6 @@ def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_pat
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (8, 8), "red").save(folder / name)
     (folder / "metadata.jsonl").write_text(example, encoding="utf-8")
-
     dataset = load_training_data(
         dataset_name=None, dataset_config_name=None, train_data_dir=str(folder), image_column="image",
         caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path / "cache"),
@@ -148,31 +127,18 @@ def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_pat
 
 
 def test_the_evaluation_progress_files_the_readme_names_are_the_commands():
-    from diffusers_lmlp.evaluation.__main__ import PARTIAL_REPORT, PROGRESS_FOLDER
-
-    text = page_text("docs/evaluation.md")
-    assert f"`OUTPUT_DIR/{PROGRESS_FOLDER}`" in text and f"`{PARTIAL_REPORT}`" in text
+    page = page_text("docs/evaluation.md")
+    assert f"`OUTPUT_DIR/{PROGRESS_FOLDER}`" in page and f"`{PARTIAL_REPORT}`" in page
 
 
-@pytest.mark.parametrize(
-    "page, title",
-    [
-        ("README.md", "Train on the shapes world"),
-        ("README.md", "Train on your own data and on COCO"),
-        ("README.md", "Evaluate"),
-        ("docs/training.md", None),  # the README's former "Train" section, LoRA fine-tuning included
-        ("docs/data.md", None),
-        ("docs/coco.md", None),  # the README's former "Train on COCO (the papers' recipe)"
-        ("docs/evaluation.md", None),  # the README's former "Evaluate: FID and CLIP score"
-    ],
-)
+# The README's training and evaluation sections, and the pages that took over its former ones.
+TITLES = ("Train on the shapes world", "Train on your own data and on COCO", "Evaluate")
+SECTIONS = [("README.md", title) for title in TITLES] + [(f"docs/{name}.md", None) for name in ("training", "data")]
+SECTIONS += [("docs/coco.md", None), ("docs/evaluation.md", None)]
+
+
+@pytest.mark.parametrize("page, title", SECTIONS)
 def test_every_option_the_readme_names_for_training_and_evaluation_exists(page, title):
-    from accelerate.commands.launch import launch_command_parser
-
-    from diffusers_lmlp.evaluation.__main__ import build_parser as evaluation_parser
-    from diffusers_lmlp.training.arguments import DIFFUSERS_ONLY_OPTIONS
-    from diffusers_lmlp.training.arguments import build_parser as training_parser
-
     parsers = (training_parser(), evaluation_parser(), launch_command_parser())
     options = {option for parser in parsers for action in parser._actions for option in action.option_strings}
     options |= set(DIFFUSERS_ONLY_OPTIONS)  # diffusers' options, which the trainer answers with what to give instead
