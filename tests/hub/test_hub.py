@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+from functools import partialmethod
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,6 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelInfo, RepoUrl, Sp
 from huggingface_hub.errors import RepositoryNotFoundError
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
-from test_pipeline_loading import fill_hub_cache
 from test_vocabulary import subword_tokenizer
 
 import diffusers_lmlp
@@ -28,7 +28,6 @@ from diffusers_lmlp.hub import space as hub_space
 from diffusers_lmlp.hub import upload as hub_upload
 from diffusers_lmlp.hub.__main__ import main
 from diffusers_lmlp.hub.card import GENERIC_PROMPT, POOLED_TEXT_PROJECTION, block_markers
-from diffusers_lmlp.hub.remote_code import remote_code_files
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT
 from diffusers_lmlp.hub.upload import TEXT_LIMIT, check_final_form, find_secret, looks_like_credential
 from diffusers_lmlp.image_grid import make_image_grid
@@ -69,8 +68,7 @@ def saved(pipe, tmp_path) -> Path:
 
 @pytest.fixture
 def hub_calls(monkeypatch):
-    """HfApi's network calls as (method, arguments bound to its real signature); `create_commit`'s also hold the
-    bytes of every file it would upload."""
+    """HfApi's network calls as (method, arguments by name); `create_commit`'s also hold each uploaded file's bytes."""
     calls, url = [], "https://huggingface.co/{repo_id}"
     results = {
         "whoami": lambda kwargs: {"name": "alice"},
@@ -81,26 +79,18 @@ def hub_calls(monkeypatch):
             commit_url=url.format(**kwargs) + "/commit/abc", commit_message="", commit_description="", oid="abc"
         ),
     }
+    signatures = {name: inspect.signature(getattr(HfApi, name)) for name in results}
 
-    def recorder(name, signature):
-        def record(self, *args, **kwargs):
-            arguments = {k: v for k, v in signature.bind(self, *args, **kwargs).arguments.items() if k != "self"}
-            if name == "create_commit":
-                arguments["files"] = {
-                    op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in arguments["operations"]
-                }
-            calls.append((name, arguments))
-            return results[name](arguments)
-
-        return record
+    def record(self, name, *args, **kwargs):
+        bound = {k: v for k, v in signatures[name].bind(self, *args, **kwargs).arguments.items() if k != "self"}
+        if name == "create_commit":
+            bound["files"] = {o.path_in_repo: Path(o.path_or_fileobj).read_bytes() for o in bound["operations"]}
+        calls.append((name, bound))
+        return results[name](bound)
 
     for name in results:
-        monkeypatch.setattr(HfApi, name, recorder(name, inspect.signature(getattr(HfApi, name))))
+        monkeypatch.setattr(HfApi, name, partialmethod(record, name))
     return calls
-
-
-def card_of(folder: Path) -> ModelCard:
-    return ModelCard.load(folder / "README.md")
 
 
 def usage_code(card: ModelCard) -> str:
@@ -152,6 +142,7 @@ def fake_secrets() -> dict[str, str]:
 
 
 HF_SECRET = fake_secrets()["a Hugging Face token (hf_...)"]
+REVOKE = "remove it from the file (and revoke it); the secret is not shown here"
 AWS_KEY = fake_secrets()["an AWS access key id (AKIA...)"]
 
 
@@ -163,20 +154,25 @@ def png_with_text(path: Path, text: str, chunk: str) -> None:
     assert chunk.encode() in path.read_bytes() and text.encode() not in path.read_bytes()
 
 
-def add_hostile_files(folder: Path, outside: Path) -> dict[str, str]:
-    """Add links (symbolic and hard), credential-like names, secrets in harmless files and names, a FIFO, an oversize
-    json and legitimate tokenizer files to a saved pipeline; return the refusals the upload must report."""
+@pytest.mark.slow
+def test_links_outside_files_credentials_secrets_and_oversize_files_are_refused_by_the_dry_run_and_the_push(
+    saved, hub_calls, generate, tmp_path, capsys, caplog, monkeypatch
+):
+    assert TEXT_LIMIT[0] > 3_642_074  # far above CLIP's tokenizer.json; a small limit here keeps the test cheap
+    monkeypatch.setattr(hub_upload, "TEXT_LIMIT", (50_000, TEXT_LIMIT[1]))
+    # Links, credential-like names, secrets in files and names, a FIFO, an oversize json: refused; tokenizer files not.
+    outside = tmp_path / "outside"
     write_files(outside, {"secret.txt": OUTSIDE_SECRET, "outside.json": OUTSIDE_SECRET, "folder/config.json": "{}"})
-    os.link(outside / "outside.json", folder / "notes.json")  # a second name for a file outside the folder
-    (folder / "a.json").write_text("{}")
-    os.link(folder / "a.json", folder / "b.json")  # two names inside the folder: a link all the same
+    os.link(outside / "outside.json", saved / "notes.json")  # a second name for a file outside the folder
+    (saved / "a.json").write_text("{}")
+    os.link(saved / "a.json", saved / "b.json")  # two names inside the folder: a link all the same
     links = {"extra": outside / "folder", "passwd.txt": "/etc/passwd", "tokenizer/copy.json": "tokenizer.json",
              "tokenizer/vocab.txt": outside / "secret.txt", "up.json": "../outside/secret.txt"}  # fmt: skip
     for path, target in links.items():  # inside the folder or out, each is refused
-        (folder / path).symlink_to(target)
-    os.mkfifo(folder / "pipe.json")  # copying a FIFO would block or fail
-    special_tokens = json.dumps(LMLPPipeline.from_pretrained(folder).tokenizer.special_tokens_map)
-    write_files(folder, {
+        (saved / path).symlink_to(target)
+    os.mkfifo(saved / "pipe.json")  # copying a FIFO would block or fail
+    special_tokens = json.dumps(LMLPPipeline.from_pretrained(saved).tokenizer.special_tokens_map)
+    write_files(saved, {
         "token.txt": "hf_abc", "secrets.json": '{"api_key": "abc"}', ".env": "HF_TOKEN=hf_abc",
         "credentials/hub.json": '{"token": "hf_abc"}', "big.json": b" " * (hub_upload.TEXT_LIMIT[0] + 1),
         "limit.json": b" " * hub_upload.TEXT_LIMIT[0],  # exactly at the limit: uploaded
@@ -185,33 +181,22 @@ def add_hostile_files(folder: Path, outside: Path) -> dict[str, str]:
         # Tokenizer files a credential rule must not catch.
         "tokenizer/special_tokens_map.json": special_tokens, "tokenizer/added_tokens.json": "{}",
     })  # fmt: skip
-    png_with_text(folder / "samples.png", f"trained with --hub_token {HF_SECRET}", "zTXt")
+    png_with_text(saved / "samples.png", f"trained with --hub_token {HF_SECRET}", "zTXt")
     hard_link = "a hard link (2 names for one file, maybe outside the folder): copy it to a file of its own"
-    revoke = "remove it from the file (and revoke it); the secret is not shown here"
-    return dict(sorted({
+    refused = dict(sorted({
         **dict.fromkeys(["a.json", "b.json", "notes.json"], hard_link),
         **dict.fromkeys(["credentials/", "secrets.json", "token.txt"], "the name looks like a credential"),
         **{path: f"a symbolic link to {target}; {LINK}" for path, target in links.items() if path != "extra"},
         "extra/": f"a symbolic link to a folder, {outside / 'folder'}; {LINK}",
         "big.json": "50,001 bytes, over the limit of 50,000 bytes for .json, .txt and .md files",
         "pipe.json": "not a regular file (a FIFO, socket or device)",
-        "run/settings.json": f"holds an AWS access key id (AKIA...) on line 2: {revoke}",
+        "run/settings.json": f"holds an AWS access key id (AKIA...) on line 2: {REVOKE}",
         "notes-<secret>.txt": "its name holds a secret (not shown here): rename it",
-        "notes.txt": f"holds a Hugging Face token (hf_...) on line 2: {revoke}",
-        "samples.png": f"holds a Hugging Face token (hf_...) in its image text chunks: {revoke}",
+        "notes.txt": f"holds a Hugging Face token (hf_...) on line 2: {REVOKE}",
+        "samples.png": f"holds a Hugging Face token (hf_...) in its image text chunks: {REVOKE}",
     }.items()))  # fmt: skip
-
-
-@pytest.mark.slow
-def test_links_outside_files_credentials_secrets_and_oversize_files_are_refused_by_the_dry_run_and_the_push(
-    saved, hub_calls, generate, tmp_path, capsys, caplog, monkeypatch
-):
-    assert TEXT_LIMIT[0] > 3_642_074  # far above CLIP's tokenizer.json; a small limit here keeps the test cheap
-    monkeypatch.setattr(hub_upload, "TEXT_LIMIT", (50_000, TEXT_LIMIT[1]))
-    refused = add_hostile_files(saved, tmp_path / "outside")
     expected = PIPELINE_FILES | {"limit.json", "tokenizer/special_tokens_map.json", "tokenizer/added_tokens.json"}
     report = "Refused, never uploaded:\n" + "".join(f"  {path}: {reason}\n" for path, reason in refused.items())
-
     main(["push", str(saved), "alice/tiny-lmlp", "--dry-run", "--output-dir", str(tmp_path / "upload")])
     dry_run = capsys.readouterr()
     staged = list((tmp_path / "upload").rglob("*"))
@@ -219,7 +204,6 @@ def test_links_outside_files_credentials_secrets_and_oversize_files_are_refused_
     assert not [p for p in staged if p.is_symlink()]
     assert report in dry_run.out and "Left out, not part of the upload:\n" in dry_run.out
     assert "  .env: a hidden file\n" in dry_run.out
-
     main(["push", str(saved), "alice/tiny-lmlp", "--token", HUB_TOKEN])
     files = hub_calls[-1][1]["files"]
     assert set(files) == expected
@@ -259,13 +243,8 @@ LOOKALIKES = [
 
 @pytest.mark.parametrize(("kind", "text"), [*fake_secrets().items(), *((None, text) for text in LOOKALIKES)])
 def test_each_kind_of_secret_is_found_and_named_without_showing_it_and_lookalikes_are_not(kind, text, tmp_path):
-    write_files(
-        tmp_path, {"notes.txt": f"run notes\nthe key: {text}\n", "word.txt": f"x{text}", "short.txt": text[:12]}
-    )
-    expected = (
-        kind and f"holds {kind} on line 2: remove it from the file (and revoke it); the secret is not shown here"
-    )
-    assert find_secret(tmp_path / "notes.txt") == expected
+    write_files(tmp_path, {"notes.txt": f"notes\nthe key: {text}\n", "word.txt": f"x{text}", "short.txt": text[:12]})
+    assert find_secret(tmp_path / "notes.txt") == (kind and f"holds {kind} on line 2: {REVOKE}")
     # Glued to a longer word, or cut short, it is no secret of that format.
     assert find_secret(tmp_path / "word.txt") is None or "PRIVATE KEY" in kind
     assert find_secret(tmp_path / "short.txt") is None
@@ -292,19 +271,13 @@ def test_a_secret_in_an_encoded_form_is_found_without_showing_it(form, tmp_path)
 
 
 @pytest.mark.slow
-def test_tokenizer_vocabularies_and_shipped_files_are_not_taken_for_secrets(pipe, tmp_path):
-    # A CLIP-layout vocabulary of the docs' English words, saved both ways CLIP tokenizers are saved.
+def test_a_tokenizer_vocabulary_of_the_docs_words_is_not_taken_for_secrets(tmp_path):
+    # Saved both ways CLIP tokenizers are saved. Shipped files: staged with `refused == {}` by the tests below.
     words = tuple(sorted(set(re.findall(r"[a-z]{2,}", documents.texts().lower()))))
     assert len(words) > 1000
-    tiny_clip_tokenizer(77, tmp_path / "clip", words=words).save_pretrained(tmp_path / "clip")
-    assert {"vocab.json", "merges.txt", "tokenizer.json"} <= {p.name for p in (tmp_path / "clip").iterdir()}
-    pipe.save_pretrained(tmp_path / "tiny")
-    # The code --with-code generates from the package.
-    code, _ = remote_code_files(json.loads((PIPELINE_PATH / "model_index.json").read_text()))
-    write_files(tmp_path / "code", {path.replace("/", "_"): text for path, text in code.items()})
-    files = [*tmp_path.rglob("*"), *PIPELINE_PATH.rglob("*"), *DEFAULT_SPACE_DIR.iterdir()]
-    found = {str(path): find_secret(path) for path in files if path.is_file()}
-    assert len(found) > 20 and not {path: reason for path, reason in found.items() if reason}
+    tiny_clip_tokenizer(77, tmp_path, words=words).save_pretrained(tmp_path)
+    assert {"vocab.json", "merges.txt", "tokenizer.json"} <= {p.name for p in tmp_path.iterdir()}
+    assert not {path.name: reason for path in tmp_path.iterdir() if (reason := find_secret(path))}
 
 
 @pytest.mark.parametrize(
@@ -397,10 +370,10 @@ def test_a_file_written_to_while_it_is_copied_is_not_uploaded(saved, tmp_path, m
     assert list((tmp_path / "upload").iterdir()) == []  # nothing of the torn copy is left to upload
 
 
-def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_path):
+def test_new_card_has_the_hub_metadata_and_an_updated_one_keeps_what_the_user_wrote(saved, tmp_path):
     (saved / "training_summary.json").write_text(json.dumps({"steps": 120, "num_processes": 2}))
     stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "up", base_model="bob/lmlp-base", datasets=["bob/captions"])
-    card, data = card_of(tmp_path / "up"), card_of(tmp_path / "up").data
+    data = (card := ModelCard.load(tmp_path / "up" / "README.md")).data
     assert (data.library_name, data.pipeline_tag, data.license) == ("diffusers", "text-to-image", "apache-2.0")
     assert data.tags == ["text-to-image", "diffusers", "diffusers-lmlp", "mlp", "l-mlp"]
     assert data.base_model == "bob/lmlp-base" and data.datasets == ["bob/captions"]
@@ -409,31 +382,27 @@ def test_new_card_has_the_hub_metadata_and_loads_from_the_repo_id(saved, tmp_pat
     assert "- Fine-tuned from [bob/lmlp-base](https://huggingface.co/bob/lmlp-base)" in card.text
     code = usage_code(card)
     assert code.index("import diffusers_lmlp") < code.index('LMLPPipeline.from_pretrained("alice/tiny-lmlp")')
-
-
-def test_card_update_keeps_what_the_user_wrote(saved, tmp_path):
+    # An update keeps what the user wrote.
     begin, end = block_markers("usage")
     (saved / "README.md").write_text(
         "---\nlicense: mit\nlanguage: en\ntags:\n- shapes\n---\n\n# My model\n\nNotes the user wrote.\n\n"
         f"{begin}\nold usage for alice/old-name\n{end}\n\n## Limitations\n\nMore user text.\n"
     )
     stage_pipeline(saved, "alice/tiny-lmlp", tmp_path / "upload", sample_prompts=["a red circle"], sample_steps=2)
-    card = card_of(tmp_path / "upload")
+    card = ModelCard.load(tmp_path / "upload" / "README.md")
     assert card.data.license == "mit" and card.data.language == "en"
     assert card.data.tags == ["shapes", "text-to-image", "diffusers", "diffusers-lmlp", "mlp", "l-mlp"]
-    assert card.data.library_name == "diffusers" and card.data.pipeline_tag == "text-to-image"
+    assert (card.data.library_name, card.data.pipeline_tag) == (data.library_name, data.pipeline_tag)
     assert card.text.startswith("\n# My model\n\nNotes the user wrote.\n\n" + begin)
     assert card.text.endswith(f"{end}\n\n## Limitations\n\nMore user text.\n")
     assert "alice/old-name" not in card.text and card.text.count(begin) == 1
     assert 'LMLPPipeline.from_pretrained("alice/tiny-lmlp")' in card.text
     assert "![samples](samples.png)" in card.text and (tmp_path / "upload" / "samples.png").is_file()
     stage_pipeline(tmp_path / "upload", "alice/tiny-lmlp", tmp_path / "again")
-    assert card_of(tmp_path / "again").content == card.content
+    assert ModelCard.load(tmp_path / "again" / "README.md").content == card.content
 
 
-def test_card_lists_the_closed_vocabulary_and_its_snippet_samples_a_caption_as_the_scores_were(
-    pipe, tmp_path, monkeypatch, caplog
-):
+def test_card_lists_a_closed_vocabulary_and_its_snippet_uses_the_scores_sampler(pipe, tmp_path, monkeypatch, caplog):
     pipe.save_pretrained(tmp_path / "tiny-lmlp")
     sampler = {"scheduler": "DPMSolverMultistepScheduler", "num_inference_steps": 3, "guidance_scale": 1.5,
                "batch_size": 100, "dtype": "float32", "resolution": 16}  # fmt: skip
@@ -495,14 +464,12 @@ def test_committed_shapes_pipeline_stages_with_its_card(tmp_path):
     staged = stage_pipeline(PIPELINE_PATH, "alice/lmlp-shapes", tmp_path / "upload")
     assert {"README.md", "samples.png", "training_summary.json", "transformer/config.json"} <= set(staged.files)
     assert staged.refused == {}  # no file of the shipped pipeline is taken for a secret or a credential
-    card = card_of(staged.folder)
+    card = ModelCard.load(staged.folder / "README.md")
     assert card.data.library_name == "diffusers" and "l-mlp" in card.data.tags
     assert "Shapes scorer on held-out captions" in card.text  # the existing description is kept
 
 
-def test_training_script_push_creates_the_repo_then_makes_one_commit(
-    saved, pipe, hub_calls, generate, tmp_path, monkeypatch
-):
+def test_training_script_push_creates_the_repo_then_makes_one_commit(saved, pipe, hub_calls, tmp_path, monkeypatch):
     monkeypatch.setattr("diffusers_lmlp.hub.upload.get_token", lambda: None)
     with pytest.raises(ValueError, match="No Hugging Face token: pass --token"):
         push_pipeline(saved, "alice/tiny-lmlp")
@@ -515,7 +482,6 @@ def test_training_script_push_creates_the_repo_then_makes_one_commit(
     args = dict(pretrained_model_name_or_path=str(tmp_path / "base"), learning_rate=1e-3, train_batch_size=64,
                 hub_model_id=None, hub_token=HUB_TOKEN)  # fmt: skip
     write_model_card(saved, pipe, args=args, summary=summary, sample_grid=saved / "samples.png")
-
     commit = push_pipeline(saved, "tiny-lmlp", token=HUB_TOKEN, private=True, commit_message="End of training")
     assert [name for name, _ in hub_calls] == ["whoami", "create_repo", "create_commit"]
     (_, create_repo), (_, create_commit) = hub_calls[1:]
@@ -530,11 +496,6 @@ def test_training_script_push_creates_the_repo_then_makes_one_commit(
     assert "- Training: 10 steps on the procedural shapes world, batch 64" in card.text
     assert card.text.count("## Use") == 1 and card.text.count("![samples](samples.png)") == 1
     assert 'from_pretrained("alice/tiny-lmlp")' in card.text and 'from_pretrained("tiny-lmlp")' not in card.text
-    write_files(tmp_path / "commit", files)
-    fill_hub_cache(tmp_path / "commit", tmp_path / "cache", "alice/tiny-lmlp")
-    monkeypatch.undo()  # the real `model_info`: offline, the download reads the cache
-    from_hub = LMLPPipeline.from_pretrained("alice/tiny-lmlp", cache_dir=tmp_path / "cache")
-    assert torch.equal(generate(from_hub), generate(LMLPPipeline.from_pretrained(saved)))
 
 
 @pytest.fixture
@@ -554,9 +515,7 @@ def demo_files(staged) -> list[str]:
     return [path for path in staged.files if not path.startswith("diffusers_lmlp/")]
 
 
-def test_space_upload_is_the_demo_and_this_package_s_source_without_links_outside_files_or_credentials(
-    space_dir, hub_calls, tmp_path, caplog
-):
+def test_space_upload_is_the_demo_and_package_source_not_links_or_credentials(space_dir, hub_calls, tmp_path, caplog):
     # An old copy of the package in the demo folder stays out: the Space gets this install's source, and only that.
     write_files(space_dir, {"diffusers_lmlp/__init__.py": "OLD = True\n", "diffusers_lmlp/models/backbone.py": "",
                             "hf_token.txt": "hf_abc", "server.pem": "-----BEGIN PRIVATE KEY-----"})  # fmt: skip
@@ -589,9 +548,7 @@ def test_space_upload_is_the_demo_and_this_package_s_source_without_links_outsid
     assert variable == {"repo_id": "alice/lmlp-demo", "key": "LMLP_MODEL", "value": "alice/tiny-lmlp"}
     assert commit["repo_id"] == "alice/lmlp-demo" and commit["repo_type"] == "space"
     assert {path: (staged.folder / path).read_bytes() for path in staged.files} == commit["files"]
-    assert not [
-        p for p, data in commit["files"].items() if OUTSIDE_SECRET in data or re.search(b"hf_(abc|Test)", data)
-    ]
+    assert not any(OUTSIDE_SECRET in data or re.search(b"hf_(abc|Test)", data) for data in commit["files"].values())
     assert "Refused, never uploaded:\n" + "".join(f"  {p}: {r}\n" for p, r in refused.items()) in caplog.text
 
     (space_dir / "app.py").rename(tmp_path / "app.py")
@@ -618,9 +575,7 @@ def test_package_demo_stages_its_three_files_and_the_package_source(tmp_path):
     assert "vendored" in card.text and "trust_remote_code" not in card.text
 
 
-def test_space_refuses_a_model_repo_without_owner_or_missing_no_app_and_oversize_files(
-    space_dir, hub_calls, tmp_path, monkeypatch
-):
+def test_space_refuses_bad_model_repos_no_app_and_oversize_files(space_dir, hub_calls, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="needs its owner: write 'owner/tiny-lmlp'"):
         push_space("alice/lmlp-demo", "tiny-lmlp", space_dir, token="hf_test")
     error = RepositoryNotFoundError("404 Repository Not Found", response=SimpleNamespace(headers={}, request=None))
@@ -664,9 +619,7 @@ def test_space_refuses_a_model_repo_without_owner_or_missing_no_app_and_oversize
         (["push", "SAVED", "alice/x", "DDIM"], "error: DDIMScheduler has clip_sample=True.*Pass clip_sample=False"),
     ],
 )  # fmt: skip
-def test_bad_input_is_refused_with_a_clear_message_before_anything_is_written(
-    pipe, saved, hub_calls, tmp_path, argv, message, capsys
-):
+def test_bad_cli_input_is_refused_before_anything_is_written(pipe, saved, hub_calls, tmp_path, argv, message, capsys):
     if "REMOVE" in argv:
         (saved / argv[-1]).unlink()
         argv = argv[:-2]

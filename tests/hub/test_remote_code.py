@@ -1,5 +1,4 @@
-"""`push --with-code`: a repo diffusers loads by repo id with `trust_remote_code=True`, without diffusers-lmlp (in a
-subprocess whose `sitecustomize.py` refuses and records every import of the package, offline from a Hub cache)."""
+"""`push --with-code`: a repo diffusers loads offline by repo id with `trust_remote_code=True`, without the package."""
 
 import ast
 import json
@@ -28,8 +27,7 @@ from diffusers_lmlp.tiny import build_tiny_pipeline
 IMAGE_FAMILIES = ("lmlp", "moe_mlp")
 CODE_FILES = {"pipeline_lmlp.py", "transformer/lmlp_transformer_2d.py"}
 REFUSAL = r"(?s)contains custom code in pipeline_lmlp\.py which must be executed.*Pass `trust_remote_code=True`"
-# Loads each "mode:repo_id" with `DiffusionPipeline.from_pretrained(repo_id, trust_remote_code=True)`: a 2-step image,
-# or one transformer forward on `inputs.safetensors`.
+# Run where `sitecustomize` refuses (and records) imports of the package: each "mode:repo_id" loaded with remote code.
 LOAD = """
 import json, sys
 import safetensors.torch
@@ -67,9 +65,7 @@ def image_of(pipe: LMLPPipeline) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def with_code(tmp_path_factory):
-    """Every family's tiny pipeline saved, staged by `push --dry-run --with-code` into a Hub cache, then loaded by repo
-    id in one subprocess that cannot import the package; beside it, the lmlp one is staged again by the command in
-    another process (`cli`), with another hash seed."""
+    """Each family's pipeline staged `--with-code` into a Hub cache and run by LOAD; lmlp's staged again by `cli`."""
     root, pipes = tmp_path_factory.mktemp("with-code"), {}
     for family in sorted(FAMILIES):
         pipes[family] = build_tiny_pipeline(family, seed=0)
@@ -121,22 +117,15 @@ def test_with_code_repo_loads_by_repo_id_without_the_package_and_matches_it(with
         assert source.startswith(f"# Generated from diffusers-lmlp {__version__} ")
         assert f"#   {remote_code.load_module(remote_code.defining_module_of(class_name)).path}\n" in source
     assert with_code.report["package_modules"] == [] and with_code.report["attempts"] == []
-    assert with_code.report["classes"][repo_id] == [
-        f"diffusers_modules.local.{name}" for name in ("pipeline_lmlp", stem)
-    ]
-    if family in IMAGE_FAMILIES:
-        expected = image_of(pipe)
-    else:
-        with torch.no_grad():
-            expected = pipe.transformer(**with_code.inputs, return_dict=False)[0]
+    assert with_code.report["classes"][repo_id] == [f"diffusers_modules.local.{n}" for n in ("pipeline_lmlp", stem)]
+    with torch.no_grad():
+        expected = image_of(pipe) if family in IMAGE_FAMILIES else pipe.transformer(**with_code.inputs)[0]
     torch.testing.assert_close(with_code.outputs[repo_id], expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("make_pipe")  # one CPU thread
-def test_without_trust_remote_code_nothing_of_the_repo_runs_and_the_package_loads_it_with_its_own_code(
-    with_code, tmp_path
-):
+def test_without_trust_remote_code_no_repo_code_runs_and_the_package_loads_it_with_its_own_code(with_code, tmp_path):
     staged = shutil.copytree(with_code.root / "upload-lmlp", tmp_path / "staged")
     for path in staged.rglob("*.py"):  # each code file fails loudly if it is ever run
         path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
@@ -197,7 +186,6 @@ def test_default_push_uploads_no_code_and_the_code_push_commits_what_its_dry_run
         "`trust_remote_code=True` downloads this repo's `pipeline_lmlp.py` and `transformer/lmlp_transformer_2d.py` "
         "and executes them on your machine when the pipeline loads: read them first"
     ) in card
-
     # Pushed again without the code: its code is left out; model_index.json and the card name the package.
     again = stage_pipeline(code.folder, "alice/tiny-lmlp", tmp_path / "again")
     assert set(again.files) == PIPELINE_FILES and set(CODE_FILES) <= set(again.left_out)
@@ -207,10 +195,8 @@ def test_default_push_uploads_no_code_and_the_code_push_commits_what_its_dry_run
     push_pipeline(tmp_path / "saved", "alice/tiny-lmlp", token="hf_test", with_code=True)
     assert hub_calls[-1][1]["files"] == {path: (code.folder / path).read_bytes() for path in code.files}
     # A component a library loads gets no code.
-    files, with_code_index = remote_code.remote_code_files(
-        {**json.loads(index), "extra": ["diffusers", "AutoencoderKL"]}
-    )
-    assert set(files) == CODE_FILES and with_code_index["extra"] == ["diffusers", "AutoencoderKL"]
+    files, extra = remote_code.remote_code_files({**json.loads(index), "extra": ["diffusers", "AutoencoderKL"]})
+    assert set(files) == CODE_FILES and extra["extra"] == ["diffusers", "AutoencoderKL"]
 
 
 PATH_KEY = (
@@ -227,9 +213,7 @@ NOT_A_COMPONENT = (
     "key, message",
     [*((key, PATH_KEY) for key in ["..", "../escape", "ABSOLUTE", "transformer/..", "a\\b", ""]), ("extra", NOT_A_COMPONENT)],
 )  # fmt: skip
-def test_a_model_index_key_that_is_a_path_or_no_component_is_refused_before_anything_is_written(
-    pipe, tmp_path, key, message
-):
+def test_a_model_index_key_that_is_a_path_or_no_component_is_refused_before_writing(pipe, tmp_path, key, message):
     pipe.save_pretrained(tmp_path / "saved")
     (tmp_path / "outside").mkdir()  # an existing folder outside the staging folder, named by an absolute key
     key = str(tmp_path / "outside") if key == "ABSOLUTE" else key
@@ -248,16 +232,11 @@ def test_with_code_entries_are_mapped_by_one_function_that_only_looks_at_the_loa
 
     # The push and LMLPPipeline.from_pretrained share it, and the pipeline's remote code carries it.
     assert remote_code.package_model_index is pipeline_lmlp.package_model_index is model_index.package_model_index
-    assert "def package_model_index(" in remote_code.bundle_source(
-        remote_code.defining_module_of("LMLPPipeline"), "LMLPPipeline"
-    )
+    source = remote_code.bundle_source(remote_code.defining_module_of("LMLPPipeline"), "LMLPPipeline")
+    assert "def package_model_index(" in source
     with_code = {"_class_name": ["pipeline_lmlp", "LMLPPipeline"], "vae": ["diffusers", "AutoencoderKL"],
                  "transformer": ["lmlp_transformer_2d", "LMLPTransformer2DModel"], "other": ["lmlp_other", "NoSuchClass"]}  # fmt: skip
-    expected = {
-        **with_code,
-        "_class_name": "LMLPPipeline",
-        "transformer": ["diffusers_lmlp", "LMLPTransformer2DModel"],
-    }
+    expected = with_code | {"_class_name": "LMLPPipeline", "transformer": ["diffusers_lmlp", "LMLPTransformer2DModel"]}
     assert model_index.package_model_index(with_code) == expected
     assert model_index.package_model_index(expected) == expected
     # A class the package exports lazily counts; without the package loaded nothing changes, and nothing is imported.

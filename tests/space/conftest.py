@@ -17,8 +17,7 @@ def shapes_pipe():
 
 @pytest.fixture(scope="session")
 def frozen_app() -> SimpleNamespace:
-    """The app's `main` run in-process (not launched) with `LMLP_FREEZE=1`, serving a fresh shapes pipeline on one
-    thread in float32: the pipeline and main's standard output."""
+    """The pipeline and output of the app's `main` run in-process, unlaunched, frozen, on one thread in float32."""
     app, pipe, output = load_app(), shapes_pipeline(), io.StringIO()
     num_threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(output):

@@ -1,21 +1,20 @@
 """The Space's `app.py` in-process, with the package installed: inputs, settings, the model panel, generation."""
 
-import ast
 import os
 import re
-from pathlib import Path
 
 import gradio as gr
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
+from documents import ROOT
 from space_server import image_std, load_app, one_cpu_thread, shapes_pipeline
 
 from diffusers_lmlp import FAMILIES
-from diffusers_lmlp.hub import stage_pipeline
+from diffusers_lmlp.cpu import this_cpu
 from diffusers_lmlp.hub.space import DEFAULT_SPACE_DIR
 from diffusers_lmlp.pipelines.vocabulary import describe_vocabulary
-from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.tiny import build_tiny_pipeline
 
 
@@ -27,10 +26,8 @@ VALID = dict(prompt=PROMPT, negative_prompt="", seed=7, randomize_seed=False, nu
 
 
 def test_validate_inputs_normalises_valid_values(shapes_pipe):
-    request = app.validate_inputs(
-        **{**VALID, "prompt": f"  {PROMPT} ", "seed": 3.0, "num_inference_steps": 5.0, "guidance_scale": 1},
-        pipe=shapes_pipe,
-    )
+    values = {**VALID, "prompt": f"  {PROMPT} ", "seed": 3.0, "num_inference_steps": 5.0, "guidance_scale": 1}
+    request = app.validate_inputs(**values, pipe=shapes_pipe)
     assert request == app.GenerationRequest(PROMPT, "", 3, False, 5, 1.0, 2)
     assert isinstance(request.seed, int) and isinstance(request.num_inference_steps, int)
     assert app.validate_inputs(**{**VALID, "negative_prompt": None}).negative_prompt == ""
@@ -97,8 +94,6 @@ def test_validate_inputs_refuses_prompts_of_mostly_unknown_words_and_flags_some(
 
 
 def test_the_app_takes_bf16_on_the_cpu_only_where_the_trainer_finds_it_native(monkeypatch):
-    from diffusers_lmlp.cpu import this_cpu
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     native = this_cpu().native_bf16 is not None
     assert app.pick_device_and_dtype() == ("cpu", torch.bfloat16 if native else torch.float32)
@@ -117,7 +112,6 @@ def fresh_process(monkeypatch):
 
 
 # The queue size, concurrency, CPU threads (given, else the user's, else a share of the cores) and freezing.
-# fmt: off
 SETTINGS = [
     ({}, (32, 1, 8, "every core", True)),
     ({"LMLP_QUEUE_SIZE": "2", "LMLP_CONCURRENCY": "3", "LMLP_FREEZE": "1"}, (2, 3, 2, "2 of 8 cores", True)),
@@ -126,7 +120,6 @@ SETTINGS = [
     ({"OMP_NUM_THREADS": "2"}, (32, 1, 2, "OMP_NUM_THREADS", True)),
     ({"LMLP_CONCURRENCY": "16"}, (32, 16, 1, "1 of 8 cores", True)),  # requests that run side by side share the cores
 ]
-# fmt: on
 
 
 @pytest.mark.parametrize("environ, expected", SETTINGS)
@@ -154,11 +147,8 @@ def test_a_bad_setting_stops_the_app_naming_it_before_it_picks_a_device(fresh_pr
 def test_the_app_serves_on_the_threads_it_chose_and_says_why(fresh_process, capsys):
     fresh_process.setenv("LMLP_NUM_THREADS", "3")
     fresh_process.setattr(app, "pick_device_and_dtype", lambda: ("cpu", torch.float32))
-
-    def stop(model, dtype):
-        raise app.CannotServe("stopped before loading")
-
-    fresh_process.setattr(app, "load_pipeline", stop)
+    stop = app.CannotServe("stopped before loading")
+    fresh_process.setattr(app, "load_pipeline", lambda model, dtype: (_ for _ in ()).throw(stop))
     with pytest.raises(SystemExit, match="error: stopped before loading"):
         app.main()
     assert torch.get_num_threads() == 3
@@ -188,15 +178,12 @@ def test_the_app_samples_with_the_transformer_frozen_and_compiled_before_the_fir
 def test_model_panel_describes_the_shipped_model(shapes_pipe):
     text = app.describe_model(shapes_pipe, shapes_pipe.name_or_path)
     num_params = sum(p.numel() for p in shapes_pipe.transformer.parameters())
-    assert num_params == 866_626  # the model card's figure
-    assert f"{num_params:,} parameters" in text
+    assert num_params == 866_626 and f"{num_params:,} parameters" in text  # the model card's figure
     assert "Model: lmlp-shapes" in text and "pretrained_shapes_pipeline()" in text
     assert "UL-MLP (`LMLPTransformer2DModel`)" in text and "MoE-MLP" not in text
-    assert "32×32 px (8×8 latents × VAE factor 4)" in text
-    assert "up to 10 tokens" in text
+    assert "32×32 px (8×8 latents × VAE factor 4)" in text and "up to 10 tokens" in text
     assert f"**Vocabulary:** closed: use only its {describe_vocabulary(shapes_pipe.tokenizer)}\n" in text
-    assert "**Training data:** 10400 steps on the procedural shapes world" in text
-    assert "cpu, float32" in text
+    assert "**Training data:** 10400 steps on the procedural shapes world" in text and "cpu, float32" in text
     # The pipeline's vocabulary methods, which the panel and the checks use, are its tokenizer's.
     assert shapes_pipe.describe_vocabulary() == describe_vocabulary(shapes_pipe.tokenizer)
     assert shapes_pipe.prompt_words("A dog, a RED circle!") == ["a", "dog", "a", "red", "circle"]
@@ -240,27 +227,13 @@ def test_generate_is_reproducible_returns_its_seed_warns_of_unknown_words_and_ch
         app.make_generate_fn(shapes_pipe)(*{**VALID, "prompt": "a dog on a beach"}.values())
 
 
-@pytest.mark.slow
-def test_with_the_package_the_app_loads_a_with_code_folder_and_runs_none_of_its_code(tmp_path):
-    build_tiny_pipeline("lmlp", seed=0).save_pretrained(tmp_path / "saved")
-    staged = stage_pipeline(tmp_path / "saved", "owner/tiny-lmlp", tmp_path / "code", with_code=True).folder
-    for path in staged.rglob("*.py"):  # canaries: any run of the repo's code fails loudly
-        path.write_text(f"raise RuntimeError('{path.name} ran')\n" + path.read_text())
-    pipe = app.load_pipeline(str(staged), torch.float32)
-    assert type(pipe) is app.LMLPPipeline and type(pipe.transformer) is FAMILIES["lmlp"].model_class
-    assert Path(app.load_pipeline("shapes", torch.float32).name_or_path).samefile(PIPELINE_PATH)
-
-
 def test_space_requirements_are_setup_py_s_without_the_package_or_gradio():
-    tree = ast.parse((Path(__file__).resolve().parents[2] / "setup.py").read_text(encoding="utf-8"))
-    (install_requires,) = [
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["install_requires"]
-    ]
-    floors = dict(re.fullmatch(r"([\w.-]+)(.*)", requirement).groups() for requirement in install_requires)
-    lines = (DEFAULT_SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
-    listed = dict(re.fullmatch(r"([\w.-]+)(.*)", line).groups() for line in lines if line and not line.startswith("#"))
+    setup_py = (ROOT / "setup.py").read_text(encoding="utf-8")
+    requirements = (DEFAULT_SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    floors, listed = (
+        dict(re.fullmatch(r"([\w.-]+)(.*)", line).groups() for line in lines if line and not line.startswith("#"))
+        for lines in (load_benchmark("lowest_requirements", "scripts").requirement_literals(setup_py)[0], requirements)
+    )
     # What the app and the model repo's code import, at the floors setup.py tests.
     assert {"torch", "diffusers", "transformers", "accelerate", "safetensors", "huggingface_hub"} <= set(listed)
     common = set(listed) & set(floors)

@@ -1,5 +1,4 @@
-"""The Space under load over loopback: concurrent requests come back right, a full queue refuses the extra one, bad
-values and uploads are refused, and where inductor cannot compile the app samples eagerly."""
+"""The Space under load over loopback: concurrent requests, a full queue, uploads refused, eager without inductor."""
 
 import threading
 import time
@@ -10,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from gradio_client import Client
-from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError, Status
 from PIL import Image
 from space_server import image_std, load_app, one_cpu_thread, serve, shapes_pipeline
@@ -21,8 +19,8 @@ NUM_REQUESTS = 8
 TIMEOUT_S = 120  # for any one request or wait
 
 
-def request_args(seed: int, steps: int = 3, num_images: int = 1) -> tuple:
-    return (PROMPT, "", seed, False, steps, 2.0, num_images)  # (prompt, negative, seed, randomize, steps, g, images)
+def request_args(seed: int) -> tuple:
+    return (PROMPT, "", seed, False, 3, 2.0, 1)  # (prompt, negative, seed, randomize, steps, guidance, images)
 
 
 @pytest.mark.slow
@@ -59,7 +57,7 @@ def test_every_request_samples_with_its_own_tokenizer(shapes_pipe, monkeypatch):
 
 
 @pytest.mark.slow
-def test_full_queue_refuses_the_extra_request_then_serves_again_but_no_bad_value_or_upload(shapes_pipe):
+def test_full_queue_refuses_the_extra_request_then_serves_again_but_no_upload(shapes_pipe):
     demo = load_app().build_demo(shapes_pipe, queue_size=2, concurrency=1)
     # Test-only slow-down: the first request holds the one worker inside the model until the gate opens.
     started, gate = threading.Event(), threading.Event()
@@ -83,26 +81,15 @@ def test_full_queue_refuses_the_extra_request_then_serves_again_but_no_bad_value
                 client.submit(*request_args(4), api_name="/generate").result(timeout=TIMEOUT_S)
             # What the server itself answers: HTTP 503 with the queue's size.
             fn_index = next(index for index, fn in demo.fns.items() if fn.api_name == "generate")
-            refused = httpx.post(
-                f"{url}gradio_api/queue/join",
-                json={"data": list(request_args(5)), "fn_index": fn_index, "session_hash": "load-test"},
-                timeout=TIMEOUT_S,
-            )
-            full = "Queue is full. Max size is 2 and size is 2."
-            assert (refused.status_code, refused.json()["detail"]) == (503, full)
+            join = {"data": list(request_args(5)), "fn_index": fn_index, "session_hash": "load-test"}
+            refused = httpx.post(f"{url}gradio_api/queue/join", json=join, timeout=TIMEOUT_S)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["detail"] == "Queue is full. Max size is 2 and size is 2."
             gate.set()
             for seed, job in zip((1, 2, 3), [running, *waiting]):
                 gallery, used_seed = job.result(timeout=TIMEOUT_S)
                 assert used_seed == seed and Image.open(gallery[0]["image"]).size == (32, 32)
             hook.remove()
-            # The browser's sliders stop at their bounds; the API does not, so the server checks.
-            for args, message in [
-                (request_args(0, steps=500), "number of steps must be a whole number from 1 to 100, got 500"),
-                (request_args(-3), "seed must be a whole number from 0 to 2147483647, got -3"),
-                (request_args(0, num_images=9), "number of images must be a whole number from 1 to 4, got 9"),
-            ]:
-                with pytest.raises(AppError, match=message):
-                    client.predict(*args, api_name="/generate")
             # The app takes no files, so anyone's upload to the server's disk is refused: HTTP 413 for 100 kB.
             upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("x.bin", b"x" * 10**5)}, timeout=TIMEOUT_S)
             assert (upload.status_code, upload.text) == (413, "File size exceeded maximum allowed size of 1024 bytes.")
