@@ -7,11 +7,7 @@ import torch
 @pytest.fixture
 def no_unpickling(monkeypatch):
     """`torch.load` (pickle) fails the test: loading must read safetensors only."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("loading unpickled a file with torch.load")
-
-    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("loading unpickled a file with torch.load"))
 
 
 @pytest.fixture

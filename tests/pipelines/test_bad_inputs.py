@@ -3,13 +3,12 @@
 import pytest
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler
+from test_models import make_inputs, make_model
 
-from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel, MoEMLPModel
+from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
 
 
 NAN, INF = float("nan"), float("inf")
-TINY = dict(sample_size=8, patch_size=2, hidden_size=32, num_layers=2, text_embed_dim=16, text_seq_len=5)
-MODELS = {name: family.model_class for name, family in FAMILIES.items()}
 TEXT = torch.zeros(1, 16, 32)  # the tiny pipeline's (1, text_seq_len, text_embed_dim)
 
 STEPS = r"`num_inference_steps` must be an integer in \[1, 999\].*got "
@@ -17,8 +16,7 @@ TIMESTEPS, SIGMAS = r"`timesteps` must be integers in \[0, 1000\), got \[", r"`s
 NOT_A_GENERATOR = (TypeError, r"`generator` must be a torch.Generator, a list of them")
 EULER = EulerDiscreteScheduler
 
-# (keyword arguments of `__call__`, what the error must say, as a regex or (type, regex)); a `scheduler` class is put
-# in the pipeline first: DDIM takes no custom timesteps, Euler takes sigmas.
+# (`__call__` kwargs, the error: a regex or (type, regex)); a `scheduler` class is set first (Euler takes sigmas).
 # fmt: off
 CASES = {
     "prompt and prompt_embeds": ({"prompt_embeds": TEXT}, "got both"),
@@ -119,35 +117,31 @@ def test_nan_from_the_transformer_the_vae_or_a_callback_raises_for_every_output_
         make_pipe()("a red circle", num_inference_steps=2, callback_on_step_end=poison, output_type=output_type)
 
 
-@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("kind", FAMILIES)
 def test_model_timesteps_and_inputs_are_checked(kind):
-    torch.manual_seed(0)
-    model = MODELS[kind](**{**TINY, **FAMILIES[kind].tiny_overrides}).eval()
-    latents, text = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16)
+    model = make_model(kind)
+    x, c, _ = make_inputs()
     lie, real = r"timestep must lie in \[0, 1000\).*got \[", r"timestep must hold real numbers.*got dtype torch\."
     for args, message in [
-        ((latents, text, -1), lie + "-1"),
-        ((latents, text, 1000), lie + "1000"),
-        ((latents, text, torch.tensor([5.0, 1e9])), lie + "1000000000"),
-        ((latents, text, torch.tensor([NAN, 5.0])), lie + r"nan\]"),
-        ((latents, text, INF), lie + "inf"),
-        ((latents, text, torch.tensor(True)), real + "bool"),
-        ((latents, text, torch.tensor([1 + 0j, 2 + 0j])), real + "complex64"),
-        ((latents.long(), text, 10), r"hidden_states must be a floating-point tensor, got torch.int64"),
-        (
-            (latents, text.to(torch.uint8), 10),
-            r"encoder_hidden_states must be a floating-point tensor, got torch.uint8",
-        ),
+        ((x, c, -1), lie + "-1"),
+        ((x, c, 1000), lie + "1000"),
+        ((x, c, torch.tensor([5.0, 1e9])), lie + "1000000000"),
+        ((x, c, torch.tensor([NAN, 5.0])), lie + r"nan\]"),
+        ((x, c, INF), lie + "inf"),
+        ((x, c, torch.tensor(True)), real + "bool"),
+        ((x, c, torch.tensor([1 + 0j, 2 + 0j])), real + "complex64"),
+        ((x.long(), c, 10), r"hidden_states must be a floating-point tensor, got torch.int64"),
+        ((x, c.to(torch.uint8), 10), r"encoder_hidden_states must be a floating-point tensor, got torch.uint8"),
     ]:
         with pytest.raises(ValueError, match=message):
             model(*args)
     with torch.no_grad():
-        assert torch.isfinite(model(latents, text, torch.tensor([0.0, 999.5])).sample).all()  # float timesteps
+        assert torch.isfinite(model(x, c, torch.tensor([0.0, 999.5])).sample).all()  # float timesteps
         # As diffusers' own transformers do: each input meets its projection in that layer's dtype.
         for dtype in (torch.bfloat16, torch.float64):
-            out = model(latents.to(dtype), text.to(dtype), 10).sample
+            out = model(x.to(dtype), c.to(dtype), 10).sample
             assert out.dtype == torch.float32
-            expected = model(latents.to(dtype).float(), text.to(dtype).float(), 10).sample
+            expected = model(x.to(dtype).float(), c.to(dtype).float(), 10).sample
             torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
@@ -162,21 +156,14 @@ BAD_CONFIGS += [({"mlp_ratio": 0}, r"mlp_ratio=0 .*positive finite number"),
                 ({"num_layers": -2}, r"num_layers must be even and >= 0.*got -2"),
                 ({"num_layers": 3}, r"num_layers must be even and >= 0.*got 3"),
                 ({"patch_size": 3}, r"sample_size \(8\) must be a multiple of patch_size \(3\)")]
+BAD_CONFIGS = [(kind, *case) for case in BAD_CONFIGS for kind in FAMILIES]
+BAD_CONFIGS += [("moe_mlp", {"num_experts": 0}, r"num_experts and num_heads must be >= 1, got 0 and 2"),
+                ("moe_mlp", {"num_heads": 0}, r"num_experts and num_heads must be >= 1, got 3 and 0"),
+                ("moe_mlp", {"num_heads": 3}, r"hidden_size \(32\) must be divisible by num_heads \(3\)")]
 # fmt: on
 
 
-@pytest.mark.parametrize("kind", MODELS)
-@pytest.mark.parametrize("config, message", BAD_CONFIGS)
+@pytest.mark.parametrize("kind, config, message", BAD_CONFIGS)
 def test_bad_configs_name_the_field(kind, config, message):
     with pytest.raises(ValueError, match=message):
-        MODELS[kind](**{**TINY, **FAMILIES[kind].tiny_overrides, **config})
-
-
-@pytest.mark.parametrize("config, message", [
-    ({"num_experts": 0}, r"num_experts and num_heads must be >= 1, got 0 and 1"),
-    ({"num_heads": 0}, r"num_experts and num_heads must be >= 1, got 4 and 0"),
-    ({"num_heads": 3}, r"hidden_size \(32\) must be divisible by num_heads \(3\)"),
-])  # fmt: skip
-def test_bad_moe_configs_name_the_field(config, message):
-    with pytest.raises(ValueError, match=message):
-        MoEMLPModel(**{**TINY, **config})
+        make_model(kind, **config)

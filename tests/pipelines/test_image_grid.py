@@ -7,8 +7,7 @@ from PIL import Image
 from diffusers_lmlp.image_grid import make_image_grid
 
 
-def tile(colour: tuple[int, int, int]) -> Image.Image:
-    """A 4×4 image: `colour` with a black top-left pixel, to check nearest-neighbour scaling."""
+def tile(colour: tuple[int, int, int]) -> Image.Image:  # 4×4, top-left pixel black: shows nearest-neighbour scaling
     pixels = np.full((4, 4, 3), colour, np.uint8)
     pixels[0, 0] = 0
     return Image.fromarray(pixels)
@@ -25,7 +24,6 @@ def test_grid_places_images_crisply_with_white_gaps_and_captions_under_them():
         assert (cell[2:, 2:] == colour).all()
     assert (grid[:, 8:10] == 255).all() and (grid[8:10, :] == 255).all()  # the gaps
     assert (grid[10:, 10:] == 255).all()  # the empty last cell
-    # Captions are drawn under their images; bad input is refused.
     grid = np.asarray(make_image_grid([tile((200, 0, 0))] * 2, captions=["red one", "a much longer caption"], cell=64))
     assert grid.shape[1] == 2 * 64 + 6
     ink = (grid[64:] < 128).any(axis=-1)  # dark pixels in the caption rows

@@ -1,5 +1,4 @@
-"""`LMLPPipeline.enable_inductor_freezing()` (weights compiled in as constants) never samples with stale weights:
-every way of changing them, through the pipeline or a `from_pipe` view, is checked against an unfrozen pipeline."""
+"""Inductor freezing (weights compiled in) never samples stale weights, however they change (vs. unfrozen)."""
 
 import copy
 
@@ -27,12 +26,6 @@ def halve_output(pipe: LMLPPipeline) -> None:
     pipe.transformer.head.proj.register_forward_hook(lambda module, args, output: 0.5 * output)
 
 
-def frozen_view(pipe: LMLPPipeline) -> LMLPPipeline:
-    view = LMLPPipeline.from_pipe(pipe, scheduler=copy.deepcopy(pipe.scheduler))
-    view.set_progress_bar_config(disable=True)
-    return view
-
-
 def test_frozen_sampling_draws_the_unfrozen_images_for_any_batch_and_view_but_not_compiled(make_pipe, generate):
     pipe, unfrozen = make_pipe(), make_pipe()
     for p in (pipe, unfrozen):  # a hook present when freezing is traced into the graph
@@ -44,7 +37,8 @@ def test_frozen_sampling_draws_the_unfrozen_images_for_any_batch_and_view_but_no
     prompts = ["a red circle", "a blue square", "a green triangle"]
     close(generate(pipe, prompt=prompts, seed=1), generate(unfrozen, prompt=prompts, seed=1))
     close(generate(pipe, num_images_per_prompt=2), generate(unfrozen, num_images_per_prompt=2))
-    view = frozen_view(pipe)
+    view = LMLPPipeline.from_pipe(pipe, scheduler=copy.deepcopy(pipe.scheduler))
+    view.set_progress_bar_config(disable=True)
     assert view.inductor_freezing_enabled and view.transformer is pipe.transformer
     close(generate(view), expected)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == compiled, "a batch size or view compiled again"
@@ -55,16 +49,13 @@ def test_frozen_sampling_draws_the_unfrozen_images_for_any_batch_and_view_but_no
     pipe.disable_inductor_freezing()
     assert not LMLPPipeline.from_pipe(pipe).inductor_freezing_enabled
     torch.testing.assert_close(generate(pipe), expected, rtol=0, atol=0)
-    # Freezing refuses a compiled or offloaded transformer.
     torch_compiled, offloaded = make_pipe(), make_pipe()
     torch_compiled.transformer = torch.compile(torch_compiled.transformer)
     add_hook_to_module(offloaded.transformer, ModelHook())
-    for pipe, message in [
-        (torch_compiled, r"compiled already \(torch.compile\).*_orig_mod"),
-        (offloaded, "model offloading.*remove_all_hooks"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            pipe.enable_inductor_freezing()
+    with pytest.raises(ValueError, match=r"compiled already \(torch.compile\).*_orig_mod"):
+        torch_compiled.enable_inductor_freezing()
+    with pytest.raises(ValueError, match="model offloading.*remove_all_hooks"):
+        offloaded.enable_inductor_freezing()
 
 
 def test_every_change_after_freezing_is_sampled_with(make_pipe, generate, tmp_path):
@@ -72,7 +63,8 @@ def test_every_change_after_freezing_is_sampled_with(make_pipe, generate, tmp_pa
     other_weights = make_pipe(seed=3).transformer.state_dict()
     pipe, unfrozen = make_pipe(), make_pipe()
     pipe.enable_inductor_freezing()
-    view = frozen_view(pipe)
+    view = LMLPPipeline.from_pipe(pipe, scheduler=copy.deepcopy(pipe.scheduler))
+    view.set_progress_bar_config(disable=True)
     previous = generate(unfrozen)
     close(generate(pipe), previous)
     changes = [  # (what, how, whether it changes the image); the view's change must reach the pipeline too
@@ -107,8 +99,7 @@ def test_every_change_after_freezing_is_sampled_with(make_pipe, generate, tmp_pa
 
 
 def test_a_frozen_graph_keeps_its_weights_and_refreezing_past_the_recompile_limit_stays_frozen():
-    # Why the pipeline fingerprints the weights. Dynamo keeps at most `recompile_limit` (8) graphs of the forward every
-    # model of a class shares, then runs it eagerly: lowered to 2 here, the freezes past it stay frozen (reset).
+    # Why weights are fingerprinted; past Dynamo's `recompile_limit` (8, here 2) graphs, freezes stay frozen (reset).
     assert torch._dynamo.config.recompile_limit == 8
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()

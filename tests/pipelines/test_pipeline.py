@@ -11,7 +11,7 @@ import torch
 from diffusers import DPMSolverMultistepScheduler, EulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffusers_lmlp import FAMILIES, LMLPPipeline, default_scheduler
+from diffusers_lmlp import LMLPPipeline, default_scheduler
 from diffusers_lmlp.models.loading import EmptyFp32ModulesWarning
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip_tokenizer
 
@@ -19,23 +19,7 @@ from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, build_tiny_pipeline, tiny_clip
 NATIVE = 16  # tiny pipeline: 8×8 latents × VAE factor 2
 LATENT_SHAPE = (4, 8, 8)
 TEXT_SHAPE = (16, 32)  # text_seq_len, text_embed_dim
-
-
-@pytest.mark.parametrize("backbone", sorted(FAMILIES))
-def test_every_backbone_generates_with_guidance_and_from_pipe_shares_its_components(make_pipe, generate, backbone):
-    pipe = make_pipe(backbone)
-    guided = generate(pipe, guidance_scale=3.0)
-    assert guided.shape == (1, 3, NATIVE, NATIVE)
-    assert torch.isfinite(guided).all() and guided.min() >= 0 and guided.max() <= 1
-    assert not torch.allclose(guided, generate(pipe, guidance_scale=1.0))
-    # diffusers' own `from_pipe` leaves out a backbone whose class is not the annotated `ModelMixin`.
-    view = LMLPPipeline.from_pipe(pipe, scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler.config))
-    view.set_progress_bar_config(disable=True)
-    assert all(
-        getattr(view, name) is getattr(pipe, name) for name in ("transformer", "vae", "text_encoder", "tokenizer")
-    )
-    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
-    torch.testing.assert_close(generate(view), generate(pipe), rtol=0, atol=0)
+MODELS_LOG = "diffusers.models.modeling_utils"
 
 
 def test_guidance_follows_diffusers_convention_with_the_empty_prompt_as_unconditional_context(pipe, generate):
@@ -56,23 +40,25 @@ def test_guidance_follows_diffusers_convention_with_the_empty_prompt_as_uncondit
     default = generate(pipe, guidance_scale=3.0)
     torch.testing.assert_close(generate(pipe, guidance_scale=3.0, negative_prompt=""), default, rtol=0, atol=0)
     assert not torch.allclose(generate(pipe, guidance_scale=3.0, negative_prompt="blue"), default)
+    # A generator or its latents reproduce the images.
+    first = generate(pipe, seed=0)
+    torch.testing.assert_close(generate(pipe, seed=0), first, rtol=0, atol=0)
+    assert not torch.allclose(generate(pipe, seed=1), first)
+    torch.testing.assert_close(generate(pipe, seed=1, latents=latents), first, rtol=0, atol=0)  # not the generator's
+    assert not torch.allclose(generate(pipe, prompt="a blue square", latents=latents), first)
 
 
-@pytest.mark.parametrize("guidance_scale, batch, encodes", [(1.0, 2, 1), (0.0, 2, 1), (2.5, 4, 2)])
-def test_one_backbone_forward_per_step(pipe, generate, record_batches, guidance_scale, batch, encodes):
+@pytest.mark.parametrize("num_prompts, per_prompt, guidance", [(1, 2, 1.0), (2, 1, 0.0), (2, 3, 2.5)])
+def test_output_shapes_and_one_backbone_forward_per_step(pipe, record_batches, num_prompts, per_prompt, guidance):
     # guidance <= 1: conditional batch only; guidance > 1: [uncond | cond] batched in one forward.
     transformer_batches, text_encoder_batches = record_batches(pipe.transformer), record_batches(pipe.text_encoder)
-    generate(pipe, prompt=["a red circle", "a blue square"], num_inference_steps=3, guidance_scale=guidance_scale)
-    assert transformer_batches == [batch] * 3 and len(text_encoder_batches) == encodes
-
-
-@pytest.mark.parametrize("num_prompts, num_images_per_prompt", [(1, 2), (2, 1), (2, 3)])
-def test_output_shapes_for_prompts_times_images_per_prompt(pipe, num_prompts, num_images_per_prompt):
-    prompts = ["a red circle", "a blue square"][:num_prompts]
-    num_images = num_prompts * num_images_per_prompt
+    prompts, num_images = ["a red circle", "a blue square"][:num_prompts], num_prompts * per_prompt
     generators = [torch.Generator().manual_seed(i) for i in range(num_images)]
-    kwargs = {"num_inference_steps": 2, "num_images_per_prompt": num_images_per_prompt, "generator": generators}
-    assert pipe(prompts, output_type="np", **kwargs).images.shape == (num_images, NATIVE, NATIVE, 3)
+    kwargs = {"num_inference_steps": 3, "num_images_per_prompt": per_prompt, "generator": generators}
+    images = pipe(prompts, output_type="np", guidance_scale=guidance, **kwargs).images
+    assert images.shape == (num_images, NATIVE, NATIVE, 3)
+    assert transformer_batches == [num_images * (1 + (guidance > 1))] * 3
+    assert len(text_encoder_batches) == 1 + (guidance > 1)
     assert len(pipe(prompts, output_type="pil", **kwargs).images) == num_images
 
 
@@ -95,21 +81,15 @@ def test_callbacks_read_and_replace_latents_and_can_change_guidance(pipe, genera
 
     def callback(pipeline, step, timestep, callback_kwargs):
         seen.append((step, tuple(callback_kwargs["latents"].shape), tuple(callback_kwargs["prompt_embeds"].shape)))
+        pipeline._guidance_scale += 1.0
         if step == pipeline.num_timesteps - 1:
             return {"latents": torch.zeros_like(callback_kwargs["latents"])}
         return {}
 
     inputs = {"callback_on_step_end": callback, "callback_on_step_end_tensor_inputs": ["latents", "prompt_embeds"]}
-    latents = generate(pipe, num_inference_steps=3, output_type="latent", **inputs)
+    latents = generate(pipe, num_inference_steps=3, guidance_scale=2.0, output_type="latent", **inputs)
     assert seen == [(step, (1, *LATENT_SHAPE), (1, *TEXT_SHAPE)) for step in range(3)]
-    assert torch.count_nonzero(latents) == 0
-
-    def more_guidance(pipeline, step, timestep, callback_kwargs):
-        pipeline._guidance_scale += 1.0
-        return callback_kwargs
-
-    generate(pipe, num_inference_steps=3, guidance_scale=2.0, callback_on_step_end=more_guidance)
-    assert pipe.guidance_scale == 2.0 + pipe.num_timesteps
+    assert torch.count_nonzero(latents) == 0 and pipe.guidance_scale == 2.0 + pipe.num_timesteps
 
 
 def test_every_output_type_decoded_with_the_vae_scaling_and_shift_sliced_or_tiled_alike(pipe, generate):
@@ -117,16 +97,12 @@ def test_every_output_type_decoded_with_the_vae_scaling_and_shift_sliced_or_tile
     latents = generate(pipe, prompt=["a red circle", "a blue square"], output_type="latent")
     with torch.no_grad():
         expected = (pipe.vae.decode(latents / 0.5 + 0.25).sample / 2 + 0.5).clamp(0, 1)
-    torch.testing.assert_close(generate(pipe, prompt=["a red circle", "a blue square"]), expected)
-    pipe.enable_vae_slicing()
-    pipe.enable_vae_tiling()
-    assert pipe.vae.use_slicing and pipe.vae.use_tiling
-    torch.testing.assert_close(generate(pipe, prompt=["a red circle", "a blue square"]), expected)
-    pipe.disable_vae_slicing()
-    pipe.disable_vae_tiling()
-    assert not pipe.vae.use_slicing and not pipe.vae.use_tiling
+    for switch in ("enable", "disable"):  # decoded whole, then sliced and tiled
+        torch.testing.assert_close(generate(pipe, prompt=["a red circle", "a blue square"]), expected)
+        getattr(pipe, f"{switch}_vae_slicing")()
+        getattr(pipe, f"{switch}_vae_tiling")()
+        assert pipe.vae.use_slicing is pipe.vae.use_tiling is (switch == "enable")
     pt = generate(pipe, output_type="pt")
-    assert pt.shape == (1, 3, NATIVE, NATIVE)
     np_images = generate(pipe, output_type="np")
     assert isinstance(np_images, np.ndarray) and np_images.shape == (1, NATIVE, NATIVE, 3)
     np.testing.assert_allclose(np_images, pt.permute(0, 2, 3, 1).numpy(), atol=1e-6)
@@ -138,17 +114,6 @@ def test_every_output_type_decoded_with_the_vae_scaling_and_shift_sliced_or_tile
     assert isinstance(out, tuple) and isinstance(out[0][0], PIL.Image.Image)
 
 
-def test_a_generator_or_its_latents_reproduce_the_images(pipe, generate):
-    first = generate(pipe, seed=0)
-    torch.testing.assert_close(generate(pipe, seed=0), first, rtol=0, atol=0)
-    assert not torch.allclose(generate(pipe, seed=1), first)
-    latents = randn_tensor((1, *LATENT_SHAPE), generator=torch.Generator().manual_seed(0))
-    from_latents = pipe("a red circle", num_inference_steps=2, latents=latents, output_type="pt").images
-    torch.testing.assert_close(from_latents, first, rtol=0, atol=0)
-    variation = pipe("a blue square", num_inference_steps=2, latents=latents, output_type="pt").images
-    assert not torch.allclose(variation, from_latents)
-
-
 def test_defaults_follow_the_papers_and_custom_timesteps_and_sigmas_pass_through(pipe, generate):
     parameters = inspect.signature(LMLPPipeline.__call__).parameters
     assert (parameters["num_inference_steps"].default, parameters["guidance_scale"].default) == (50, 2.0)  # s = 1
@@ -157,7 +122,6 @@ def test_defaults_follow_the_papers_and_custom_timesteps_and_sigmas_pass_through
     keys = ("algorithm_type", "beta_schedule", "beta_start", "beta_end", "num_train_timesteps", "prediction_type")
     assert [scheduler.config[k] for k in keys] == ["dpmsolver++", "scaled_linear", 0.00085, 0.012, 1000, "epsilon"]
     assert pipe.native_size == NATIVE and generate(pipe, height=None, width=None).shape[-2:] == (NATIVE, NATIVE)
-    # Custom timesteps and sigmas pass through.
     generate(pipe, timesteps=[999, 600, 300])
     assert pipe.scheduler.timesteps.tolist() == [999, 600, 300] and pipe.num_timesteps == 3
     pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
@@ -180,10 +144,8 @@ def test_tiny_components_are_deterministic_leave_the_global_rng_alone_and_tokeni
     first, second, other = build_tiny_pipeline(seed=0), build_tiny_pipeline(seed=0), build_tiny_pipeline(seed=1)
     assert torch.equal(torch.get_rng_state(), rng_state)
     for name in ("transformer", "text_encoder", "vae"):
-        weights, same = getattr(first, name).state_dict(), getattr(second, name).state_dict()
-        assert all(torch.equal(weights[key], same[key]) for key in weights), name
+        torch.testing.assert_close(*(getattr(p, name).state_dict() for p in (first, second)), rtol=0, atol=0)
         assert not torch.equal(*(next(getattr(p, name).parameters()) for p in (first, other)))
-    # Its tokenizer merges common words and still tokenizes unknown ones.
     tokenizer = tiny_clip_tokenizer(model_max_length=77, save_directory=tmp_path)
     assert (tmp_path / "merges.txt").read_text().startswith("#version: 0.2\n")
     assert len(json.loads((tmp_path / "vocab.json").read_text())) == len(tokenizer)
@@ -192,18 +154,16 @@ def test_tiny_components_are_deterministic_leave_the_global_rng_alone_and_tokeni
         tokens = tokenizer.convert_ids_to_tokens(tokenizer(word).input_ids)
         assert tokens == ["<|startoftext|>", f"{word}</w>", "<|endoftext|>"]
     ids = tokenizer("A zebra", padding="max_length", max_length=77).input_ids
-    assert len(ids) == 77 and tokenizer.convert_ids_to_tokens(ids[:8]) == [
-        "<|startoftext|>", "a</w>", "z", "e", "b", "r", "a</w>", "<|endoftext|>"
-    ]  # fmt: skip
-    assert tokenizer.decode(ids, skip_special_tokens=True) == "a zebra"
+    assert len(ids) == 77 and tokenizer.decode(ids, skip_special_tokens=True) == "a zebra"
+    assert tokenizer.convert_ids_to_tokens(ids[:8]) == ["<|startoftext|>", "a</w>", *"zebr", "a</w>", "<|endoftext|>"]
 
 
 @pytest.fixture
 def models_log(caplog, monkeypatch):
     """The messages diffusers' models log (where `ModelMixin.to` warns)."""
     monkeypatch.setattr(logging.getLogger("diffusers"), "propagate", True)
-    caplog.set_level(logging.WARNING, "diffusers.models.modeling_utils")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "diffusers.models.modeling_utils"]
+    caplog.set_level(logging.WARNING, MODELS_LOG)
+    return lambda: [r.getMessage() for r in caplog.records if r.name == MODELS_LOG]
 
 
 def test_from_pipe_keeps_the_dtype_and_to_casts_without_a_vacuous_warning(make_pipe, models_log):
@@ -217,8 +177,7 @@ def test_from_pipe_keeps_the_dtype_and_to_casts_without_a_vacuous_warning(make_p
     # Casting with `to` samples in bf16, without the warning of float32 modules it names as none.
     pipe = make_pipe().to(torch.bfloat16)
     assert pipe.transformer.dtype == pipe.vae.dtype == torch.bfloat16
-    pipe.transformer.to(torch.float32)
-    assert pipe.transformer.dtype == torch.float32
+    assert pipe.transformer.to(torch.float32).dtype == torch.float32
     assert pipe.to("cpu", torch.float32) is pipe and pipe.vae.dtype == torch.float32
     pipe.vae.to(torch.bfloat16)  # diffusers' own model, outside the pipeline's `to`: its warning stays
     pipe.to("cpu", torch.bfloat16)
@@ -228,8 +187,8 @@ def test_from_pipe_keeps_the_dtype_and_to_casts_without_a_vacuous_warning(make_p
     assert [message.split(":")[0] for message in models_log()] == [
         "There are modules in AutoencoderKL that should be kept in float32"
     ]
-    # Only the vacuous warning is filtered.
+    # Only the vacuous warning is filtered:
     for named, kept in [("AutoencoderKL", "[]"), ("T5EncoderModel", "['wo']")]:
         message = f"There are modules in {named} that should be kept in float32: {kept}. Casting directly with ..."
-        record = logging.LogRecord("diffusers.models.modeling_utils", logging.WARNING, "", 0, message, None, None)
+        record = logging.LogRecord(MODELS_LOG, logging.WARNING, "", 0, message, None, None)
         assert bool(EmptyFp32ModulesWarning().filter(record)) is (kept != "[]")

@@ -16,8 +16,10 @@ from diffusers import (
     AutoPipelineForInpainting,
     AutoPipelineForText2Image,
     DiffusionPipeline,
+    EulerDiscreteScheduler,
 )
 from safetensors.torch import load_file, save_file
+from test_pipeline import NATIVE
 
 from diffusers_lmlp import FAMILIES, LMLPPipeline, LMLPTransformer2DModel
 from diffusers_lmlp.hub import stage_pipeline
@@ -31,8 +33,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def fill_hub_cache(folder: Path, cache_dir: Path, repo_id: str, listed_but_not_cached: tuple[str, ...] = ()) -> None:
-    """Lay out `folder` as huggingface_hub caches a snapshot of `repo_id` at `COMMIT` (blobs, snapshot links, refs,
-    the file listing); `listed_but_not_cached` files are listed only (a download asking for them fails)."""
+    """Cache `folder` as huggingface_hub's snapshot of `repo_id` at `COMMIT`; `listed_but_not_cached`: listed only."""
     storage = cache_dir / f"models--{repo_id.replace('/', '--')}"
     (storage / "refs").mkdir(parents=True)
     (storage / "refs" / "main").write_text(COMMIT)
@@ -46,21 +47,9 @@ def fill_hub_cache(folder: Path, cache_dir: Path, repo_id: str, listed_but_not_c
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
         listing[relative] = {"size": len(data), "blob_id": hashlib.sha1(data).hexdigest()}
-    for relative in listed_but_not_cached:
-        listing[relative] = {"size": 1, "blob_id": "0" * 40}
+    listing |= {relative: {"size": 1, "blob_id": "0" * 40} for relative in listed_but_not_cached}
     (storage / "trees").mkdir()
     (storage / "trees" / f"{COMMIT}.json").write_text(json.dumps({"format_version": 1, "files": listing}))
-
-
-@pytest.fixture
-def hub_repo(pipe, tmp_path, monkeypatch) -> Path:
-    """`pipe` saved in `saved/` and cached offline as `user/tiny-lmlp` in `cache/`, listing pickled and variant
-    weights it lacks; returns the cache."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    pipe.save_pretrained(tmp_path / "saved")
-    not_cached = ("transformer/diffusion_pytorch_model.bin", "vae/diffusion_pytorch_model.fp16.safetensors")
-    fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp", listed_but_not_cached=not_cached)
-    return tmp_path / "cache"
 
 
 def loaded_samples_like(loaded: DiffusionPipeline, pipe: LMLPPipeline, generate) -> None:
@@ -70,8 +59,12 @@ def loaded_samples_like(loaded: DiffusionPipeline, pipe: LMLPPipeline, generate)
 
 
 @pytest.mark.parametrize("backbone", BACKBONES)
-def test_save_writes_the_package_path_and_safetensors_that_loaders_read(make_pipe, generate, tmp_path, backbone):
+def test_every_backbone_samples_guided_saves_safetensors_and_loads(make_pipe, generate, tmp_path, backbone):
     pipe = make_pipe(backbone)
+    guided = generate(pipe, guidance_scale=3.0)
+    assert guided.shape == (1, 3, NATIVE, NATIVE)
+    assert torch.isfinite(guided).all() and guided.min() >= 0 and guided.max() <= 1
+    assert not torch.allclose(guided, generate(pipe, guidance_scale=1.0))
     pipe.save_pretrained(tmp_path)
     model_index = json.loads((tmp_path / "model_index.json").read_text())
     assert model_index["_class_name"] == "LMLPPipeline"
@@ -79,28 +72,35 @@ def test_save_writes_the_package_path_and_safetensors_that_loaders_read(make_pip
     weights = [p.name for p in tmp_path.rglob("*") if p.suffix in {".safetensors", ".bin", ".pt", ".pth", ".ckpt"}]
     assert sorted(weights) == ["diffusion_pytorch_model.safetensors"] * 2 + ["model.safetensors"]
     loaded = LMLPPipeline.from_pretrained(tmp_path)
-    transformer = BACKBONES[backbone].from_pretrained(tmp_path, subfolder="transformer")
+    model = BACKBONES[backbone].from_pretrained(tmp_path, subfolder="transformer")
     assert isinstance(loaded.transformer, BACKBONES[backbone])
     # `import diffusers_lmlp` registered LMLPPipeline on the diffusers namespace.
-    for other in (
-        loaded,
-        DiffusionPipeline.from_pretrained(tmp_path),
-        LMLPPipeline.from_pipe(pipe, transformer=transformer),
-    ):
-        loaded_samples_like(other, pipe, generate)
+    for o in (loaded, DiffusionPipeline.from_pretrained(tmp_path), LMLPPipeline.from_pipe(pipe, transformer=model)):
+        loaded_samples_like(o, pipe, generate)
+    # diffusers' own `from_pipe` leaves out a backbone whose class is not the annotated `ModelMixin`.
+    view = LMLPPipeline.from_pipe(pipe, scheduler=EulerDiscreteScheduler.from_config(pipe.scheduler.config))
+    view.set_progress_bar_config(disable=True)
+    assert all(getattr(view, n) is getattr(pipe, n) for n in ("transformer", "vae", "text_encoder", "tokenizer"))
+    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+    torch.testing.assert_close(generate(view), generate(pipe), rtol=0, atol=0)
 
 
-def test_a_hub_repo_and_the_text2image_auto_pipeline_load(pipe, generate, hub_repo, tmp_path):
-    loaded = LMLPPipeline.from_pretrained("user/tiny-lmlp", cache_dir=hub_repo)
+def test_a_hub_repo_and_the_text2image_auto_pipeline_load(pipe, generate, tmp_path, monkeypatch):
+    # The Hub cache holds `pipe` as `user/tiny-lmlp`, offline, listing pickled and variant weights it lacks.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    pipe.save_pretrained(tmp_path / "saved")
+    not_cached = ("transformer/diffusion_pytorch_model.bin", "vae/diffusion_pytorch_model.fp16.safetensors")
+    fill_hub_cache(tmp_path / "saved", tmp_path / "cache", "user/tiny-lmlp", listed_but_not_cached=not_cached)
+    loaded = LMLPPipeline.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache")
     assert loaded.name_or_path == "user/tiny-lmlp"
     loaded_samples_like(loaded, pipe, generate)
     # diffusers 0.42 refuses components of third-party libraries from the Hub.
     with pytest.raises(ValueError, match="transformer/diffusers_lmlp.py .* does not exist"):
-        DiffusionPipeline.from_pretrained("user/tiny-lmlp", cache_dir=hub_repo)
+        DiffusionPipeline.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache")
     # diffusers' auto pipelines find a class in their task mappings, where `import diffusers_lmlp` enters it.
     for loaded in (
         AutoPipelineForText2Image.from_pretrained(tmp_path / "saved"),
-        AutoPipelineForText2Image.from_pretrained("user/tiny-lmlp", cache_dir=hub_repo),
+        AutoPipelineForText2Image.from_pretrained("user/tiny-lmlp", cache_dir=tmp_path / "cache"),
         AutoPipelineForText2Image.from_pipe(pipe),
     ):
         assert isinstance(loaded.transformer, LMLPTransformer2DModel)
@@ -110,11 +110,7 @@ def test_a_hub_repo_and_the_text2image_auto_pipeline_load(pipe, generate, hub_re
         for load in (lambda: auto_pipeline.from_pretrained(tmp_path / "saved"), lambda: auto_pipeline.from_pipe(pipe)):
             with pytest.raises(ValueError, match="can't find a pipeline linked to LMLPPipeline"):
                 load()
-
-
-def test_a_folder_pushed_with_code_is_not_for_the_auto_pipeline_but_for_lmlp_pipeline(pipe, generate, tmp_path):
-    # Its model_index.json names its own code, which diffusers' auto pipelines cannot resolve (docs/pipeline.md).
-    pipe.save_pretrained(tmp_path / "saved")
+    # A folder pushed with code names its own code, which auto pipelines cannot resolve (docs/pipeline.md).
     folder = stage_pipeline(tmp_path / "saved", "alice/tiny-lmlp", tmp_path / "with-code", with_code=True).folder
     with pytest.raises(ValueError, match=r"can't find a pipeline linked to \['pipeline_lmlp', 'LMLPPipeline'\]"):
         AutoPipelineForText2Image.from_pretrained(folder)
@@ -153,7 +149,6 @@ def test_pickled_weights_and_missing_components_are_refused_but_other_pickles_ar
     (tmp_path / "run" / "checkpoint-500").mkdir()
     (tmp_path / "run" / "checkpoint-500" / "optimizer.bin").write_bytes(b"not read")
     assert isinstance(LMLPPipeline.from_pretrained(tmp_path / "run"), LMLPPipeline)
-    # A missing component folder or tokenizer file is named.
     pipe.save_pretrained(tmp_path / "broken")
     for name in ("tokenizer.json", "vocab.json"):
         (tmp_path / "broken" / "tokenizer" / name).unlink(missing_ok=True)
@@ -220,13 +215,12 @@ def test_a_repo_id_missing_from_the_cache_is_one_clear_error_offline(tmp_path, m
     assert missing.value.__cause__ is None and missing.value.__suppress_context__
 
 
-def test_a_repo_id_that_the_hub_does_not_have_is_named_as_neither_folder_nor_repo(tmp_path, monkeypatch):
-    # Online only: a stand-in for the Hub's answer to an unknown repo id (the error needs a response's headers).
-    def not_found(repo_id, **kwargs):
-        response = SimpleNamespace(headers={}, request=None)
-        raise huggingface_hub.errors.RepositoryNotFoundError(repo_id, response=response)
+def not_on_the_hub(repo_id, **kwargs):  # the Hub's answer to an unknown repo id (the error needs a response's headers)
+    raise huggingface_hub.errors.RepositoryNotFoundError(repo_id, response=SimpleNamespace(headers={}, request=None))
 
-    monkeypatch.setattr(pipeline_loading, "snapshot_download", not_found)
+
+def test_a_repo_id_that_the_hub_does_not_have_is_named_as_neither_folder_nor_repo(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline_loading, "snapshot_download", not_on_the_hub)  # online only
     monkeypatch.chdir(tmp_path)
     expected = f"No such local folder: user/mistyped (there is no {tmp_path / 'user' / 'mistyped'}), and no Hub repo"
     with pytest.raises(FileNotFoundError, match=re.escape(expected)) as missing:

@@ -17,8 +17,7 @@ from diffusers_lmlp.shapes.text import WORLD_WORDS
 from diffusers_lmlp.tiny import TINY_VOCAB_WORDS, tiny_clip_text_encoder, tiny_clip_tokenizer
 
 
-# Subword merges as CLIP ViT-L/14 has them: "restaurant" is "re" + "staur" + "ant</w>", and the piece "staur" (as
-# "staur" and "nific" in CLIP) begins no whole-word token.
+# As CLIP ViT-L/14's: "restaurant" is "re" + "staur" + "ant</w>", and "staur" begins no whole-word token.
 SUBWORD_MERGES = [("s", "t"), ("st", "a"), ("sta", "u"), ("stau", "r"), ("a", "n"), ("an", "t</w>")]
 
 
@@ -34,25 +33,22 @@ def subword_tokenizer(folder: Path) -> CLIPTokenizer:
     return CLIPTokenizer.from_pretrained(folder, model_max_length=16)
 
 
-@pytest.fixture  # a fresh one: the test that counts look-ups counts the first
-def shipped_tokenizer():
-    return CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")
-
-
-def test_shapes_tokenizers_are_closed_over_the_world_words_split_as_the_tokenizer_does(shipped_tokenizer):
+def test_shapes_tokenizers_are_closed_over_the_world_words_split_as_the_tokenizer_does(monkeypatch):
+    calls, decide = [], vocabulary._closed_words  # known words are decided once per tokenizer
+    monkeypatch.setattr(vocabulary, "_closed_words", lambda tokenizer: calls.append(tokenizer) or decide(tokenizer))
+    shipped_tokenizer = CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")  # a fresh one, never decided
     expected = tuple(sorted(word for word in WORLD_WORDS if len(word) > 1))  # "a" is a byte symbol, always known
     assert known_words(shapes_tokenizer()) == expected
     shipped = known_words(shipped_tokenizer)  # the words of the world when the shipped pipeline was trained
     assert {"at", "the", "small", "large", "red", "circle", "square", "triangle", "top", "center"} <= set(shipped)
-    assert describe_vocabulary(shipped_tokenizer) == (
-        f"{len(shipped)} words: {', '.join(shipped)}, and any single letter or digit"
-    )
-    # Words are split and lower-cased as the tokenizer does.
+    described = describe_vocabulary(shipped_tokenizer)
+    assert described == f"{len(shipped)} words: {', '.join(shipped)}, and any single letter or digit"
     prompt = "A Red, circle!! at the DOG's café 12"
     assert prompt_words(shipped_tokenizer, prompt) == "a red circle at the dog 's café 1 2".split()
     assert unknown_words(shipped_tokenizer, prompt) == ["dog", "'s", "café"]
     assert unknown_words(shipped_tokenizer, "a dog, a DOG and a Dog") == ["dog", "and"]  # each word once
     assert unknown_words(shipped_tokenizer, "") == [] and unknown_words(shipped_tokenizer, "?!") == []
+    assert known_words(shipped_tokenizer) == shipped and sum(t is shipped_tokenizer for t in calls) == 1
 
 
 @pytest.mark.parametrize("layout", ["vocab.json and merges.txt", "tokenizer.json"])
@@ -71,22 +67,22 @@ def test_whole_word_merges_are_closed_and_subword_merges_open_in_either_file_lay
     assert unknown_words(subword, "a restaurant with xylophones") == []
 
 
-def test_known_words_are_decided_once_per_tokenizer(shipped_tokenizer, monkeypatch):
-    calls, decide = [], vocabulary._closed_words
-    monkeypatch.setattr(vocabulary, "_closed_words", lambda tokenizer: calls.append(tokenizer) or decide(tokenizer))
-    for _ in range(3):
-        known_words(shipped_tokenizer)
-        unknown_words(shipped_tokenizer, "a dog")
-    assert calls == [shipped_tokenizer]
-
-
-@pytest.fixture
-def unknown_warnings(caplog):
+def test_pipeline_warns_once_per_prompt_of_unknown_words_or_cut_text_else_silent(pipe, generate, tmp_path, caplog):
     caplog.set_level(logging.WARNING)
-    return lambda: [r.getMessage() for r in caplog.records if "outside the tokenizer's vocabulary" in r.getMessage()]
 
+    def unknown_warnings():
+        return [r.getMessage() for r in caplog.records if "outside the tokenizer's vocabulary" in r.getMessage()]
 
-def test_pipeline_warns_once_per_prompt_naming_its_unknown_words_or_cut_text(pipe, generate, caplog, unknown_warnings):
+    # Silent for known words, empty prompts, prompt embeds and open vocabularies.
+    generate(pipe, prompt="A red circle, on a blue square.", num_inference_steps=1)
+    generate(pipe, prompt="", num_inference_steps=1)
+    prompt_embeds, _ = pipe.encode_prompt("a red circle", "cpu", do_classifier_free_guidance=False)
+    generate(pipe, prompt=None, prompt_embeds=torch.randn_like(prompt_embeds), num_inference_steps=1)
+    sub = subword_tokenizer(tmp_path)
+    open_pipe = LMLPPipeline(**{**pipe.components, "tokenizer": sub, "text_encoder": tiny_clip_text_encoder(sub)})
+    open_pipe.set_progress_bar_config(disable=True)
+    generate(open_pipe, prompt="a restaurant by the sea", num_inference_steps=1)
+    assert unknown_warnings() == [] and "dropped" not in caplog.text
     generate(pipe, prompt=["a red beach", "a red beach", "the Blue sky!"], num_inference_steps=1)
     first, second = unknown_warnings()
     assert first == (
@@ -100,19 +96,3 @@ def test_pipeline_warns_once_per_prompt_naming_its_unknown_words_or_cut_text(pip
     caplog.clear()  # a prompt beyond the text encoder's tokens warns with what is dropped
     generate(pipe, prompt="a red circle on a blue square with a green triangle and a yellow shape riding a horse")
     assert "dropped: 'shape riding a horse'" in caplog.text
-
-
-def test_pipeline_is_silent_for_known_words_empty_prompts_embeds_or_open_vocabularies(
-    pipe, generate, tmp_path, caplog, unknown_warnings
-):
-    generate(pipe, prompt="A red circle, on a blue square.", num_inference_steps=1)
-    generate(pipe, prompt="", num_inference_steps=1)
-    prompt_embeds, _ = pipe.encode_prompt("a red circle", "cpu", do_classifier_free_guidance=False)
-    generate(pipe, prompt=None, prompt_embeds=torch.randn_like(prompt_embeds), num_inference_steps=1)
-    tokenizer = subword_tokenizer(tmp_path)
-    open_pipe = LMLPPipeline(
-        **{**pipe.components, "tokenizer": tokenizer, "text_encoder": tiny_clip_text_encoder(tokenizer)}
-    )
-    open_pipe.set_progress_bar_config(disable=True)
-    generate(open_pipe, prompt="a restaurant by the sea", num_inference_steps=1)
-    assert unknown_warnings() == [] and "dropped" not in caplog.text
