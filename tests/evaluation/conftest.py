@@ -3,6 +3,7 @@
 import pytest
 import torch
 from coco_fixture import write_clip_repo
+from space_server import one_cpu_thread
 
 from diffusers_lmlp.evaluation.clip_score import CLIPScorer
 
@@ -15,11 +16,8 @@ def no_unpickling(monkeypatch):
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """Models this small run fastest on one CPU thread, and much faster than on two on a busy machine."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+    with one_cpu_thread():
+        yield
 
 
 @pytest.fixture

@@ -40,11 +40,9 @@ from diffusers_lmlp.tiny import build_tiny_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = documents.text("docs/analysis.md")
-# The README's former "Look inside a model" section, now docs/analysis.md's "In short".
-README_SECTION = documents.section("docs/analysis.md", "In short")
+README_SECTION = documents.section("docs/analysis.md", "In short")  # the README's former "Look inside a model"
 CAPTIONS = ["a red circle", "a blue square", "a green triangle"]
-# The tiny pipelines' layout: 16 text tokens and a 4 × 4 patch grid, L = 33, 3 blocks.
-TINY = TokenRegions(text_seq_len=16, grid_size=4)
+TINY = TokenRegions(text_seq_len=16, grid_size=4)  # the tiny pipelines' layout: L = 33, 3 blocks
 
 
 def commands(text: str) -> list[str]:  # the analysis command lines of a Markdown text's bash blocks
@@ -88,7 +86,7 @@ def gaussian_of_patch_distance(regions: TokenRegions) -> torch.Tensor:
     return matrix
 
 
-def test_the_measures_and_attention_maps_find_locality_a_diagonal_and_row_periodicity_and_nothing_in_noise():
+def test_the_measures_find_locality_a_diagonal_and_row_periodicity_and_nothing_in_noise_as_do_attention_maps():
     regions, generator = TokenRegions(text_seq_len=7, grid_size=8), torch.Generator().manual_seed(0)
     L = regions.seq_len
     assert locality(normalise(gaussian_of_patch_distance(regions)), regions) > 10
@@ -111,13 +109,10 @@ def test_the_measures_and_attention_maps_find_locality_a_diagonal_and_row_period
     value = attention.qkv(tokens).reshape(2, 9, 3, 4, 8)[:, :, 2].transpose(1, 2)  # (B, H, L, D/H)
     mixed = (probabilities @ value).transpose(1, 2).reshape(2, 9, 32)
     assert torch.allclose(attention.proj(mixed), attention(tokens), atol=1e-5)
-
-
-def test_the_grid_distance_the_default_layers_and_the_measures_a_layout_cannot_define():
+    # The grid distance, the default layers, and the measures a layout cannot define.
     blocks = ["in_blocks.0", "in_blocks.4", "mid_block", "out_blocks.3", "out_blocks.7"]  # nnet_vis.py's, depth 16
     assert [block_name(layer, 17) for layer in default_layers(17)] == blocks
-    assert default_layers(13) == [1, 4, 7, 10, 13] and default_layers(9) == [1, 3, 5, 7, 9]
-    assert default_layers(3) == [1, 2, 3] and default_layers(1) == [1]
+    assert [default_layers(n) for n in (13, 9, 3, 1)] == [[1, 4, 7, 10, 13], [1, 3, 5, 7, 9], [1, 2, 3], [1]]
     distance = grid_distance(TokenRegions(text_seq_len=3, grid_size=3))
     assert distance[0].tolist() == [0, 1, 2, 1, 2, 3, 2, 3, 4]  # patch (0, 0) to the row-major 3 × 3 grid
     one_patch = token_mixing_measures(torch.randn(5, 5), TokenRegions(text_seq_len=3, grid_size=1))
@@ -134,9 +129,8 @@ def test_lateralization_of_a_ul_mlp_pipeline_folder_writes_its_weights_and_measu
     report = json.loads((tmp_path / "lateralization.json").read_text())
     assert report["model"] == "UL-MLP (LMLPTransformer2DModel)"
     assert report["regions"] == {"seq_len": 33, "time": [0, 1], "text": [1, 17], "image": [17, 33], "patch_grid": 4}
-    assert [(entry["layer"], entry["block"]) for entry in report["layers"]] == [
-        (1, "in_blocks.0"), (2, "mid_block"), (3, "out_blocks.0")
-    ]  # fmt: skip
+    blocks = [(entry["layer"], entry["block"]) for entry in report["layers"]]
+    assert blocks == [(1, "in_blocks.0"), (2, "mid_block"), (3, "out_blocks.0")]
     weights = load_file(tmp_path / "lateralization.safetensors")
     assert sorted(weights) == [f"layer_{k}.{side}" for k in (1, 2, 3) for side in ("left", "right")]
     saved_weights = load_file(saved["lmlp"] / "transformer" / "diffusion_pytorch_model.safetensors")
@@ -286,7 +280,6 @@ def test_every_documented_command_runs_as_written(tmp_path, monkeypatch, saved):
     documented = commands(DOCS)  # "In short" (the README's former section) included
     assert len(documented) == 9 and commands(README_SECTION) == documented[:2]
     monkeypatch.chdir(tmp_path)
-
     for name, backbone in (("lmlp-shapes-moe", "moe_mlp"), ("uvit-shapes", "uvit")):
         os.symlink(saved[backbone], name)
     reference = {f"{name}.l.weight": torch.randn(334, 334) for name in ("in_blocks.4", "out_blocks.7")}
@@ -297,9 +290,8 @@ def test_every_documented_command_runs_as_written(tmp_path, monkeypatch, saved):
     for command in set(documented) - {documented[0]}:  # the first is the README's, which the test above runs
         argv = shlex.split(command)
         assert argv[:3] == ["python", "-m", "diffusers_lmlp.analysis"], command
-        with (
-            pytest.MonkeyPatch.context() as patch
-        ):  # 200 noise draws cost minutes at L = 334; only the table needs them
+        # 200 noise draws cost minutes at L = 334; only the table needs them.
+        with pytest.MonkeyPatch.context() as patch:
             if "analysis-all-layers" not in command:
                 patch.setattr(lateralization, "noise_band", functools.partial(noise_band, draws=10))
             printed[command] = run(*argv[3:], *(["--num_inference_steps", "2"] if argv[3] == "routing" else []))

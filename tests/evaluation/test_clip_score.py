@@ -64,14 +64,11 @@ def test_the_default_id_loads_from_a_prefilled_hub_cache_offline_and_a_folder_as
 @pytest.mark.parametrize("sign", [1, -1], ids=["as-saved", "negated-text-projection"])
 def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
     # sign -1 negates every cosine, so that one of the two cases has negative ones and checks the clamp at 0.
-    model, reference = (
-        cls.from_pretrained(clip_folder, use_safetensors=True) for cls in (CLIPModel, TensorFeaturesCLIP)
-    )
+    model = TensorFeaturesCLIP.from_pretrained(clip_folder, use_safetensors=True)  # for torchmetrics and the scorer
     processor = CLIPProcessor.from_pretrained(clip_folder)
     with torch.no_grad():
         model.text_projection.weight.mul_(sign)
-        reference.text_projection.weight.mul_(sign)
-    scorer, load = CLIPScorer(model, processor, name="tiny"), lambda: (reference.eval(), processor)
+    scorer, load = CLIPScorer(model, processor, name="tiny"), lambda: (model.eval(), processor)
     images = varied_images(len(CAPTIONS))
     tensors = [torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in images]  # (3, H, W) uint8
     scores = scorer.score(images, CAPTIONS, batch_size=4)  # (6,)
@@ -91,19 +88,16 @@ def test_scores_match_torchmetrics_per_pair_and_in_mean(clip_folder, sign):
             assert value.item() == pytest.approx(scores.mean().item(), abs=1e-4)
 
 
-def test_the_batch_size_does_not_change_the_scores_and_a_float_tensor_scores_as_its_8_bit_images(clip_scorer):
+def test_the_batch_size_float_tensors_and_words_past_77_tokens_do_not_change_the_scores(clip_scorer):
     images, captions, score = varied_images(5, seed=1), CAPTIONS[:5], clip_scorer.score
     torch.testing.assert_close(score(images, captions, batch_size=2), score(images, captions), atol=1e-4, rtol=0)
     images = torch.rand(3, 3, 40, 52, generator=torch.Generator().manual_seed(0))  # (N, 3, H, W) in [0, 1]
     pixels = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, H, W, 3)
     as_pil = [Image.fromarray(array) for array in pixels]
     torch.testing.assert_close(score(images, CAPTIONS[:3]), score(as_pil, CAPTIONS[:3]), rtol=0, atol=0)
-
-
-def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(clip_scorer):
+    # A 200-word caption is truncated to 77 tokens (bos, 75 words, eos): words past them cannot change the score.
     words = [str(w) for w in np.random.default_rng(0).choice(WORDS, size=200)]
     assert len(clip_scorer.processor.tokenizer.tokenize(" ".join(words))) == 200  # one token each
-    # 77 positions: bos, the first 75 words, eos. Later words cannot change the score; the 75th still does.
     captions = [" ".join(words), " ".join(words[:75] + ["circle"] * 125), " ".join(words[:75]), " ".join(words[:74])]
     scores = clip_scorer.score(varied_images(1) * 4, captions)  # (4,)
     torch.testing.assert_close(scores[:3], scores[:1].expand(3), rtol=0, atol=1e-4)  # padding: float noise only
@@ -125,10 +119,9 @@ def test_a_200_word_caption_is_truncated_to_the_text_towers_77_tokens(clip_score
     ],
 )
 def test_bad_inputs_raise_value_errors_that_say_what_to_pass(clip_scorer, images, captions, batch_size, message):
+    images = varied_images(images) if isinstance(images, int) else images
     with pytest.raises(ValueError, match=message):
-        clip_scorer.score(
-            varied_images(images) if isinstance(images, int) else images, captions, batch_size=batch_size
-        )
+        clip_scorer.score(images, captions, batch_size=batch_size)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@ import shutil
 import sys
 import types
 from pathlib import Path
+from unittest import mock
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from coco_fixture import write_coco2014
 from PIL import Image, ImageFilter
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torchmetrics.image.fid import FrechetInceptionDistance
 
 from diffusers_lmlp import LMLPPipeline
 from diffusers_lmlp.durable import hold_lock
@@ -60,7 +63,7 @@ def corrupt(images, noise: float = 0.0, blur: float = 0.0) -> list[Image.Image]:
 def statistics_of(extractor, images) -> FIDStatistics:
     moments = FeatureMoments(extractor.num_features)
     moments.update(image_features(extractor, images_to_tensor(images)))
-    return moments.statistics()
+    return moments.statistics(getattr(extractor, "name", None))
 
 
 def png(path, dtype=np.uint8) -> np.ndarray:
@@ -73,13 +76,10 @@ def without_seconds(report: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def pipe(one_thread):
-    """The shipped shapes pipeline, on one CPU thread."""
     return pretrained_shapes_pipeline()
 
 
-def test_fid_is_the_closed_form_for_diagonal_covariances_and_equals_torchmetrics_with_the_same_network():
-    from torchmetrics.image.fid import FrechetInceptionDistance
-
+def test_fid_is_the_closed_form_for_diagonal_covariances_equals_torchmetrics_and_its_moments_add_up_in_parts():
     rng = np.random.default_rng(0)
     mu1, mu2, var1, var2 = rng.normal(size=5), rng.normal(size=5), rng.uniform(0.1, 2, 5), rng.uniform(0.1, 2, 5)
     expected = ((mu1 - mu2) ** 2).sum() + ((np.sqrt(var1) - np.sqrt(var2)) ** 2).sum()
@@ -90,23 +90,10 @@ def test_fid_is_the_closed_form_for_diagonal_covariances_and_equals_torchmetrics
     reference = FrechetInceptionDistance(feature=extractor, normalize=True, input_img_size=(3, 32, 32))
     reference.update(images_to_tensor(real), real=True)
     reference.update(images_to_tensor(fake), real=False)
-    real = statistics_of(extractor, real)
-    assert frechet_distance(statistics_of(extractor, fake), real) == pytest.approx(
-        float(reference.compute()), rel=1e-5
-    )
-    assert float(reference.compute()) > 0.01 and abs(frechet_distance(real, real)) < 1e-9
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("kind", "levels"), [("noise", [0, 0.05, 0.1, 0.2, 0.4]), ("blur", [0, 0.5, 1, 1.5, 2.5])])
-def test_shapes_fid_grows_monotonically_with_corruption(kind, levels):
-    extractor = load_extractor("shapes")
-    reference, images = statistics_of(extractor, renders(200, seed=4)), renders(200, seed=5)
-    fids = [frechet_distance(statistics_of(extractor, corrupt(images, **{kind: x})), reference) for x in levels]
-    assert fids == sorted(fids) and fids[-1] > 10 * fids[0], fids
-
-
-def test_feature_moments_give_numpys_mean_and_covariance_add_up_in_parts_and_refuse_nan():
+    real, fid = statistics_of(extractor, real), float(reference.compute())
+    assert frechet_distance(statistics_of(extractor, fake), real) == pytest.approx(fid, rel=1e-5) and fid > 0.01
+    assert abs(frechet_distance(real, real)) < 1e-9
+    # The moments give numpy's mean and covariance, the same in parts, and refuse NaN.
     features = torch.randn(37, 6, generator=torch.Generator().manual_seed(0)) * 3 + 1
     whole, parts = FeatureMoments(6), FeatureMoments(6)
     whole.update(features)
@@ -124,6 +111,15 @@ def test_feature_moments_give_numpys_mean_and_covariance_add_up_in_parts_and_ref
         moments.update(torch.zeros(2, 5))
     with pytest.raises(ValueError, match="at least 2 images"):
         moments.statistics()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "levels"), [("noise", [0, 0.05, 0.1, 0.2, 0.4]), ("blur", [0, 0.5, 1, 1.5, 2.5])])
+def test_shapes_fid_grows_monotonically_with_corruption(kind, levels):
+    extractor = load_extractor("shapes")
+    reference, images = statistics_of(extractor, renders(200, seed=4)), renders(200, seed=5)
+    fids = [frechet_distance(statistics_of(extractor, corrupt(images, **{kind: x})), reference) for x in levels]
+    assert fids == sorted(fids) and fids[-1] > 10 * fids[0], fids
 
 
 def test_statistics_round_trip_in_pytorch_fids_format(tmp_path):
@@ -171,28 +167,19 @@ def test_bad_statistics_files_are_named_and_never_unpickled(tmp_path, monkeypatc
 def test_inception_features_feed_torch_fidelity_exact_uint8_images_and_unknown_networks_are_named(monkeypatch):
     with pytest.raises(ValueError, match="Unknown FID feature network 'clip'"):
         load_extractor("clip")
-    seen = {}
-
-    class FeatureExtractorInceptionV3(torch.nn.Module):  # torch-fidelity's interface: uint8 in, a tuple out
-        def __init__(self, name, features_list, weights_path):
-            super().__init__()
-            seen["args"] = (name, features_list, weights_path)
-
-        def forward(self, x):
-            seen["input"] = x
-            return (x.float().mean(dim=(2, 3)).repeat(1, 683)[:, :2048],)
-
-    module = types.ModuleType("torch_fidelity.feature_extractor_inceptionv3")
-    module.FeatureExtractorInceptionV3 = FeatureExtractorInceptionV3
-    monkeypatch.setitem(sys.modules, "torch_fidelity", types.ModuleType("torch_fidelity"))
-    monkeypatch.setitem(sys.modules, "torch_fidelity.feature_extractor_inceptionv3", module)
+    network = mock.Mock(return_value=(torch.zeros(3, 2048),))  # torch-fidelity's interface: uint8 in, a tuple out
+    fidelity = types.SimpleNamespace(FeatureExtractorInceptionV3=mock.Mock(return_value=network))
+    for name in ("torch_fidelity", "torch_fidelity.feature_extractor_inceptionv3"):
+        monkeypatch.setitem(sys.modules, name, fidelity)
     images = renders(3, seed=0)
     assert image_features(InceptionFeatures(), images_to_tensor(images)).shape == (3, 2048)
-    assert seen["args"] == ("inception-v3-compat", ["2048"], None) and seen["input"].dtype == torch.uint8
-    np.testing.assert_array_equal(seen["input"].permute(0, 2, 3, 1).numpy(), np.stack([np.asarray(i) for i in images]))
+    fidelity.FeatureExtractorInceptionV3.assert_called_once_with("inception-v3-compat", ["2048"], None)
+    [((pixels,), _)] = network.call_args_list
+    assert pixels.dtype == torch.uint8
+    np.testing.assert_array_equal(pixels.permute(0, 2, 3, 1).numpy(), np.stack([np.asarray(i) for i in images]))
 
 
-def test_coco_captions_are_drawn_as_the_reference_protocol(tmp_path):
+def test_captions_are_drawn_from_coco_as_the_reference_protocol_from_files_and_from_the_shapes_world(tmp_path):
     root = write_coco2014(tmp_path / "coco", num_train=2, num_val=6)
     annotations = root / "annotations" / "captions_val2014.json"
     assert draw_captions(str(root), 6, seed=0) == draw_captions(str(annotations), 6, seed=0)
@@ -207,9 +194,7 @@ def test_coco_captions_are_drawn_as_the_reference_protocol(tmp_path):
     assert sorted(owners[:6]) == images and sorted(owners[6:12]) == images and owners[:6] != owners[6:12]
     assert len({caption.split()[3] for caption in drawn}) > 6  # not always an image's first caption
     assert drawn != draw_captions(str(root), 15, seed=1)
-
-
-def test_caption_files_and_the_shapes_world_canonical_and_varied(tmp_path):
+    # Caption files, and the shapes world's canonical and varied captions.
     (tmp_path / "captions.txt").write_text("# header\na red square\n\na blue circle\n", encoding="utf-8")
     assert draw_captions(str(tmp_path / "captions.txt")) == ["a red square", "a blue circle"]
     assert draw_captions(str(tmp_path / "captions.txt"), 3) == ["a red square", "a blue circle", "a red square"]
@@ -240,8 +225,6 @@ def test_shapes_references_draw_an_unstated_size_from_their_seed():
 
 
 def test_each_image_depends_only_on_its_seed_and_index_and_the_report_scores_the_saved_imagefolder(pipe, tmp_path):
-    import datasets
-
     captions = draw_captions("shapes:varied", 12, seed=0)
     assert any(parse_caption(c).size is None for c in captions) and any(parse_caption(c).size for c in captions)
     settings = dict(num_inference_steps=3, guidance_scale=2.0, seed=7, progress=False)
@@ -306,16 +289,13 @@ def test_processes_split_batches_round_robin_and_evaluate_samples_at_the_pipelin
 RESUMED = dict(fid_reference="shapes", num_inference_steps=2, batch_size=4, seed=3, progress=False)
 
 
-class PipelineCalls(list):  # each pipeline call's batch size; call number `stop_at` raises KeyboardInterrupt
-    stop_at: int | None = None
-
-
-def count_calls(pipe, patch: pytest.MonkeyPatch) -> PipelineCalls:  # on `pipe`'s class, until `patch` is undone
-    calls, call = PipelineCalls(), type(pipe).__call__
+def count_calls(pipe, patch: pytest.MonkeyPatch, stop_at: int | None = None) -> list[int]:
+    """Each call's batch size, on `pipe`'s class until `patch` is undone; call number `stop_at` raises Ctrl-C."""
+    calls, call = [], type(pipe).__call__
 
     def counting(self, prompts, *args, **kwargs):
         calls.append(len(prompts))
-        if len(calls) == calls.stop_at:
+        if len(calls) == stop_at:
             raise KeyboardInterrupt
         return call(self, prompts, *args, **kwargs)
 
@@ -324,16 +304,14 @@ def count_calls(pipe, patch: pytest.MonkeyPatch) -> PipelineCalls:  # on `pipe`'
 
 
 @pytest.fixture
-def pipeline_calls(pipe, monkeypatch) -> PipelineCalls:
+def pipeline_calls(pipe, monkeypatch) -> list[int]:
     return count_calls(pipe, monkeypatch)
 
 
-def interrupt_after_two_batches(pipe, captions, calls: PipelineCalls, **settings) -> EvaluationInterrupted:
-    calls.stop_at = 3
-    with pytest.raises(EvaluationInterrupted) as interruption:
+def interrupt_after_two_batches(pipe, captions, **settings) -> EvaluationInterrupted:
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(EvaluationInterrupted) as interruption:
+        count_calls(pipe, patch, stop_at=3)
         evaluate(pipe, captions, **settings)
-    calls.clear()
-    calls.stop_at = None
     return interruption.value
 
 
@@ -345,10 +323,9 @@ def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_
     straight, straight_grid = evaluate(
         pipe, captions, clip_model=clip_scorer, image_dir=tmp_path / "straight", **RESUMED
     )
-    pipeline_calls.clear()
     settings = dict(clip_model=clip_scorer, image_dir=tmp_path / "images", resume_dir=tmp_path / "progress", **RESUMED)
-
-    interrupted = interrupt_after_two_batches(pipe, captions, pipeline_calls, **settings)
+    interrupted = interrupt_after_two_batches(pipe, captions, **settings)
+    pipeline_calls.clear()
     assert isinstance(interrupted, KeyboardInterrupt)  # what callers that stop on Ctrl-C already catch
     partial = interrupted.report
     assert (interrupted.num_images_done, interrupted.num_images, partial["num_images_done"]) == (8, 10, 8)
@@ -357,18 +334,15 @@ def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_
     assert partial["shapes"] == accuracies([score_image(image, caption) for image, caption in zip(first, captions)])
     assert partial["clip_score"] == pytest.approx(float(clip_scorer.score(first, captions[:8]).mean()), rel=1e-5)
     assert partial["fid_reference"] == "shapes (real images of the same captions, 8 images)"
-    assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == [
-        ".evaluation.lock", "batch-000000.safetensors", "batch-000001.safetensors", "settings.json",
-    ]  # fmt: skip
+    kept = [".evaluation.lock", "batch-000000.safetensors", "batch-000001.safetensors", "settings.json"]
+    assert sorted(path.name for path in (tmp_path / "progress").iterdir()) == kept
     assert sorted(path.name for path in (tmp_path / "images").iterdir()) == [f"{i:06d}.png" for i in range(8)]
-
     resumed, resumed_grid = evaluate(pipe, captions, **settings)
     assert pipeline_calls == [2]  # only the last batch is sampled
     assert without_seconds(resumed) == without_seconds(straight)  # bit for bit: the same floats
     np.testing.assert_array_equal(np.asarray(resumed_grid), np.asarray(straight_grid))
     for name in (f"{i:06d}.png" for i in range(10)):
         np.testing.assert_array_equal(png(tmp_path / "images" / name), png(tmp_path / "straight" / name))
-
     (tmp_path / "images" / "000005.png").unlink()  # a batch whose images are gone is sampled again
     pipeline_calls.clear()
     again, _ = evaluate(pipe, captions, **settings)
@@ -378,13 +352,11 @@ def test_an_interrupted_evaluation_resumes_without_resampling_and_reports_as_an_
 
 @pytest.fixture(scope="module")
 def kept_progress(pipe, tmp_path_factory):
-    """Progress of an evaluation with `RESUMED` settings interrupted after two of its three batches, its captions,
-    and the report of the same evaluation uninterrupted."""
+    """An evaluation's progress, interrupted after two of three batches; its captions; its uninterrupted report."""
     folder = tmp_path_factory.mktemp("kept") / "progress"
     captions = draw_captions("shapes", 10, seed=0)
     straight, _ = evaluate(pipe, captions, **RESUMED)
-    with pytest.MonkeyPatch.context() as patch:
-        interrupt_after_two_batches(pipe, captions, count_calls(pipe, patch), resume_dir=folder, **RESUMED)
+    interrupt_after_two_batches(pipe, captions, resume_dir=folder, **RESUMED)
     return folder, captions, straight
 
 
@@ -404,7 +376,6 @@ def test_a_damaged_batch_file_is_sampled_again(pipe, kept_progress, pipeline_cal
             metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
         tensors["rows"][:, 1:] = 1.0
         save_file(tensors, path, metadata)
-
     resumed, _ = evaluate(pipe, captions, resume_dir=progress, **RESUMED)
     assert pipeline_calls == [4, 2]  # batch 0 is taken from disk, batches 1 and 2 are sampled
     assert without_seconds(resumed) == without_seconds(straight)
@@ -461,15 +432,13 @@ def test_progress_of_other_settings_is_refused_before_sampling_and_left_intact(
 def test_kept_progress_scores_another_reference_of_the_same_network_without_sampling(pipe, pipeline_calls, tmp_path):
     extractor, captions = load_extractor("shapes"), draw_captions("shapes", 10, seed=0)
     for seed in (1, 2):
-        statistics = statistics_of(extractor, renders(64, seed=seed))
-        FIDStatistics(statistics.mu, statistics.sigma, 64, extractor.name).save(tmp_path / f"real-{seed}.npz")
+        statistics_of(extractor, renders(64, seed=seed)).save(tmp_path / f"real-{seed}.npz")
     settings = {**RESUMED, "fid_extractor": "shapes", "resume_dir": tmp_path / "progress"}
     first, _ = evaluate(pipe, captions, **{**settings, "fid_reference": tmp_path / "real-1.npz"})
     pipeline_calls.clear()
-    second, _ = evaluate(pipe, captions, **{**settings, "fid_reference": tmp_path / "real-2.npz"})
+    settings["fid_reference"] = tmp_path / "real-2.npz"
+    second, _ = evaluate(pipe, captions, **settings)
     assert not pipeline_calls
-    straight, _ = evaluate(
-        pipe, captions, **{**settings, "fid_reference": tmp_path / "real-2.npz", "resume_dir": None}
-    )
+    straight, _ = evaluate(pipe, captions, **{**settings, "resume_dir": None})
     assert second["fid"] == straight["fid"] != first["fid"]
     assert second["fid_reference"] == str(tmp_path / "real-2.npz")

@@ -15,6 +15,7 @@ from processes import run_bounded, warnings_in
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_train_text_to_image import ENV, free_port, make_workspace, train, train_args
 
+from diffusers_lmlp.allocator import MALLOC_VARIABLES
 from diffusers_lmlp.evaluation import FIDStatistics
 from diffusers_lmlp.evaluation.__main__ import parse_args
 from diffusers_lmlp.evaluation.captions import draw_captions
@@ -54,14 +55,24 @@ def test_the_shapes_command_runs_offline_with_the_documented_defaults(tmp_path):
     argv = as_argv(COMMANDS[0])
     defaults = parse_args(argv[3:])  # after `python -m diffusers_lmlp.evaluation`
     assert defaults.num_inference_steps == 50 and len(draw_captions(defaults.captions, defaults.num_images, 0)) == 1000
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # the suite's thread share, if any
+    # Offline, with glibc's malloc as it starts, and the suite's thread share if any.
+    env = {name: value for name, value in os.environ.items() if name not in (*MALLOC_VARIABLES, "GLIBC_TUNABLES")}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     result = run_bounded([*argv, "--num_images", "12"], env=env, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    # On the CPU, glibc keeps freed buffers: without it, every pass page-faults its activations back in.
+    assert "CPU memory: glibc keeps up to 1 GiB of freed buffers for reuse" in result.stderr
     report = json.loads((tmp_path / "evaluation" / "report.json").read_text())
-    assert report["num_images"] == 12 and report["sampler"]["num_inference_steps"] == 50
+    assert report["num_images"] == 12 and report["captions"] == "shapes" and report["seed"] == 0
+    assert report["num_processes"] == 1 and "clip_score" not in report  # no CLIP on the shapes world unless asked
+    sampler = dict(scheduler="DPMSolverMultistepScheduler", num_inference_steps=50, guidance_scale=2.0, batch_size=50)
+    assert report["sampler"] == {**sampler, "dtype": "float32", "resolution": 32}
     # FID and its real-vs-real floor, both measured (on 12 images the floor is too noisy to rank them).
     assert min(report["fid"], report["fid_floor"]) > 0 and report["shapes"]["colour"] > 0.8
-    assert result.stdout.strip().endswith("report: evaluation/report.json")
+    (line,) = result.stdout.strip().splitlines()  # a one-line summary
+    assert line.startswith(f"{report['model']}: 12 images, 50 steps, guidance 2.0: FID {report['fid']:.2f} vs shapes")
+    assert f"real-vs-real floor {report['fid_floor']:.2f}" in line and "colour+position" in line
+    assert line.endswith("report: evaluation/report.json") and (tmp_path / "evaluation" / "grid.png").is_file()
 
 
 @pytest.fixture(scope="module")
