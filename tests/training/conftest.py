@@ -1,10 +1,13 @@
 """Fixtures of the trainer's tests: one tiny workspace per session, and the command run in this process."""
 
+import importlib.util
 from types import SimpleNamespace
 
 import pytest
 from coco_fixture import CLIP_REPO, SD_REPO, write_coco2014, write_hub_cache
-from test_train_text_to_image import ENV, load_script, make_workspace
+from test_train_text_to_image import ENV, make_workspace
+
+import diffusers_lmlp.train
 
 
 @pytest.fixture(scope="session")
@@ -15,7 +18,10 @@ def workspace(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def script():
-    return load_script()
+    """A fresh copy of the script's command (`diffusers_lmlp.train`), to run in this process."""
+    spec = importlib.util.spec_from_file_location("train_text_to_image", diffusers_lmlp.train.__file__)
+    spec.loader.exec_module(module := importlib.util.module_from_spec(spec))
+    return module
 
 
 @pytest.fixture(scope="session")

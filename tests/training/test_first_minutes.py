@@ -29,21 +29,8 @@ MAIN_COMMAND = MAIN_COMMAND.strip().split(" && ")[-1]  # what runs after the ins
 ACCELERATE_WARNING = "were not passed to `accelerate launch` and had defaults used instead"
 
 
-@pytest.fixture
-def clock(monkeypatch) -> SimpleNamespace:
-    """`time.monotonic`, moved only by setting `clock.now`."""
-    clock = SimpleNamespace(now=1000.0)
-    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock.now)
-    return clock
-
-
-def counts(text: str) -> list[int]:
-    """The count ("1300" of "1300/2600") of every line of a `LineProgress` output."""
-    return [int(line.split("/", 1)[0].rsplit(" ", 1)[1]) for line in text.splitlines()]
-
-
 @pytest.mark.parametrize(
-    "total, initial, step, updates, lines, last",
+    "total, initial, step, n, lines, last",
     [
         (5000, 0, 0.125, 5000, range(250, 5001, 250),  # a line at every 5%, the last one at the final step
          "steps: 100% 5000/5000, 10:25 elapsed, ETA 00:00, 8.00it/s, loss=0.0002, lr=1.00e-03"),
@@ -53,11 +40,13 @@ def counts(text: str) -> list[int]:
         (1000, 0, 0.125, 124, [50, 100, 124], "steps:  12% 124/1000, 00:15 elapsed"),  # stopped: where it got to, once
     ]
 )  # fmt: skip
-def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(clock, total, initial, step, updates, lines, last):
+def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(monkeypatch, total, initial, step, n, lines, last):
+    clock = SimpleNamespace(now=1000.0)  # `time.monotonic`, moved only by the test
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: clock.now)
     log = io.StringIO()  # not a terminal, as a file or a pipe
     bar = progress_bar(total, "steps", initial=initial, file=log)
     assert isinstance(bar, LineProgress)
-    for i in range(updates):
+    for i in range(n):  # updates
         clock.now += step  # seconds, exact in binary, as are the sums
         if total == 5000:
             bar.set_postfix(loss=f"{1 / (i + 1):.4f}", lr="1.00e-03", refresh=False)
@@ -65,7 +54,8 @@ def test_a_log_file_gets_plain_lines_every_five_percent_or_minute(clock, total, 
     bar.close()
     bar.close()
     text = log.getvalue()
-    assert "\r" not in text and text.endswith("\n") and counts(text) == list(lines) and last in text.splitlines()[-1]
+    counts = [int(line.split("/", 1)[0].rsplit(" ", 1)[1]) for line in text.splitlines()]  # "1300" of "1300/2600"
+    assert "\r" not in text and text.endswith("\n") and counts == list(lines) and last in text.splitlines()[-1]
 
 
 def test_a_terminal_keeps_tqdms_bar_and_other_processes_show_nothing(monkeypatch):
@@ -176,25 +166,15 @@ def test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summ
     finished = [line.split(",")[0] for line in sampling if line.startswith("sampling: 100% ")]
     assert finished == ["sampling: 100% 96/96", "sampling: 100% 128/128"] and len(sampling) <= 2 * 21, sampling
     assert "evaluation: {" not in text and (out / "logs" / "evaluation.json").is_file()
-    # The summary is the run's last words, and its last line loads the pipeline.
-    start = next(i for i, line in enumerate(lines) if line.startswith("Trained 20 steps in "))
-    places = dict(line.split(maxsplit=1) for line in lines[start + 1 : lines.index("", start)])
-    assert places == {
-        "pipeline": str(out), "samples": str(out / "samples.png"), "validation": f"{out / 'validation'} (2 grids)",
-        "logs": f"{out / 'logs'} (tensorboard --logdir {out / 'logs'})", "summary": str(out / "training_summary.json"),
-    }  # fmt: skip
-    # Then the scores, a blank line, "Load it in Python:" and the line itself, last.
-    assert lines[-3:-1] == ["", "Load it in Python:"], text[-3000:]
-    scores = lines[lines.index("", start) + 1 : -3]
-    assert scores[0].startswith("Scores") and " 2 DPMSolverMultistepScheduler steps" in scores[0]
-    rows = {row.split()[0] for row in scores[2:]}
-    assert scores[1].split() == ["train", "held-out"] and {"colour", "shape", "position", "colour+position"} <= rows
-    namespace = {}
-    exec(lines[-1].strip(), namespace)
+    # The summary (format_run_summary's, as tested above) is the run's last words; its last line loads the pipeline.
+    saved = json.loads((out / "training_summary.json").read_text())
+    folders = dict(sample_grid=out / "samples.png", validation_dir=out / "validation", logging_dir=out / "logs")
+    assert text.rstrip().endswith(f"\n{format_run_summary(saved, out, **folders)}"), text[-3000:]
+    assert "(2 grids)" in text and lines[-1].strip().startswith("from diffusers_lmlp import LMLPPipeline")
+    exec(lines[-1].strip(), namespace := {})
     # The VAE's latent scale travels with the pipeline, which samples at 32 px.
     pipe, vae_config = namespace["pipe"], json.loads((out / "vae" / "config.json").read_text())
     assert pipe.native_size == 32 and pipe.vae.config.scaling_factor == pytest.approx(vae_config["scaling_factor"])
-    saved = json.loads((out / "training_summary.json").read_text())
     assert saved["steps"] == 20 and set(saved["scores"]) == {"train", "held-out"}
     assert list((out / "logs").rglob("events.out.tfevents.*"))  # tensorboard logging, the default
     # Each validation scored both splits: the learning curves, which the benchmark script plots.

@@ -60,23 +60,9 @@ def test_the_output_is_a_card_and_a_lora_file_of_every_block_linear_loading_as_t
     base = LMLPPipeline.from_pretrained(workspace / "tiny").transformer
     assert adapted == block_linears(base)  # no layer silently skipped, none outside the blocks
     assert all(state[k].abs().sum() > 0 for k in state if "lora_B" in k)  # B starts at 0: every layer learned
-    # Loaded, it is the base with W + (alpha / r) B A written into each adapted layer.
-    pipe, modules = LMLPPipeline.from_pretrained(workspace / "tiny"), dict(base.named_modules())
-    with torch.no_grad():
-        for key in [k for k in state if k.endswith("lora_A.weight")]:
-            name = key.removeprefix("transformer.").removesuffix(".lora_A.weight")
-            modules[name].weight += 4 / 2 * state[key.replace("lora_A", "lora_B")] @ state[key]
-    pipe.load_lora_weights(lora_run)
-    config, generator = base.config, torch.Generator().manual_seed(0)
-    x = torch.randn(2, config.in_channels, config.sample_size, config.sample_size, generator=generator)
-    text = torch.randn(2, config.text_seq_len, config.text_embed_dim, generator=generator)
-    inputs = (x, text, torch.tensor([3, 700]))
-    with torch.no_grad():
-        adapted, expected = pipe.transformer(*inputs).sample, base(*inputs).sample
-        pipe.unload_lora_weights()
-        unadapted = pipe.transformer(*inputs).sample
-    torch.testing.assert_close(adapted, expected, rtol=1e-5, atol=1e-5)
-    assert (adapted - unadapted).abs().max() > 1e-4  # the adapter changes the output
+    pipe = LMLPPipeline.from_pretrained(workspace / "tiny")
+    pipe.load_lora_weights(lora_run)  # as W + (alpha / r) B A: test_lora_loading.py checks it for this file's writer
+    assert [(c.r, c.lora_alpha) for c in pipe.transformer.peft_config.values()] == [(2, 4)]
 
 
 @pytest.mark.slow
@@ -134,8 +120,7 @@ def test_the_documented_shapes_lora_preset_runs_offline_and_scores_before_and_af
     assert "train: base" in result.stdout and "held-out: LoRA" in result.stdout  # the table, side by side
     assert "pretrained_shapes_pipeline()" in result.stdout and "pipe.load_lora_weights(" in result.stdout
     assert "held-out: base | held-out: with LoRA" in card
-    # The shipped base is named by the function that loads it, not by its folder in this installation.
-    assert summary["base_model"] == SHIPPED_SHAPES_MODEL
+    assert summary["base_model"] == SHIPPED_SHAPES_MODEL  # named by the function that loads it, not by its folder here
     assert "the shapes model that ships with diffusers-lmlp" in card and "pretrained_shapes_pipeline()" in card
     written = [p for p in out.glob("*.*") if p.suffix in {".json", ".md"}]
     assert len(written) == 2 and not [p.name for p in written if str(ROOT) in p.read_text()]

@@ -1,15 +1,19 @@
-"""The trainer's fused AdamW and multi-tensor EMA, step by step against their updates written out in plain torch."""
+"""The trainer's fused AdamW, multi-tensor EMA and gradient norm (accelerate's; clipped only with --max_grad_norm)."""
 
 import copy
+import math
+from unittest.mock import ANY, Mock, call
 
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from diffusers.training_utils import EMAModel
 from test_train_text_to_image import train_here
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from diffusers_lmlp.models import LMLPTransformer2DModel
+from diffusers_lmlp.training import step as step_module
 from diffusers_lmlp.training import trainer
 from diffusers_lmlp.training.arguments import parse_args
 from diffusers_lmlp.training.components import add_lora, lora_config
@@ -35,15 +39,13 @@ def test_the_trainers_fused_adamw_and_foreach_ema_take_the_written_out_updates_o
     if lora:
         add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
     frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
-    # `prepare_optimization` with the shapes preset's arguments and a constant learning rate, on a CPU accelerator
     args = parse_args(["--output_dir", "unused", "--use_ema", "--lr_scheduler", "constant", "--lr_warmup_steps", "0"])
     model, ema, optimizer, lr_scheduler = trainer.prepare_optimization(args, Accelerator(cpu=True), model)
     [group] = optimizer.param_groups
     assert group["fused"] is True and isinstance(ema, EMAModel) and ema.foreach is True
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     assert [id(p) for p in group["params"]] == [id(p) for _, p in named] and bool(frozen) == lora
-    expected = [p.detach().clone() for _, p in named]
-    shadow = [s.detach().clone() for s in ema.shadow_params]
+    expected, shadow = [p.detach().clone() for _, p in named], [s.detach().clone() for s in ema.shadow_params]
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in expected]
     lr, beta1, beta2, eps = args.learning_rate, args.adam_beta1, args.adam_beta2, args.adam_epsilon
     generator = torch.Generator().manual_seed(0)
@@ -124,3 +126,55 @@ def test_the_trainers_ema_averages_the_weights_of_every_step_also_across_a_valid
     for mine, expected, start, end in zip(saved.shadow_params, reference.shadow_params, before[0], after[-1]):
         torch.testing.assert_close(mine, expected, rtol=1e-5, atol=1e-7)
         assert not torch.equal(mine, start) and not torch.equal(mine, end)  # averaged, neither left nor just copied
+
+
+def model_with_gradients(lora: bool = False) -> torch.nn.Module:
+    model = tiny_model()  # seeded: every call gives the same weights and gradients
+    if lora:  # only the adapter is trained: the backbone's weights have no gradient
+        add_lora(model, lora_config(model, rank=2, alpha=None, dropout=0.0, target_modules=None))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) if p.requires_grad else None
+    return model
+
+
+def norm_of(model: torch.nn.Module, accelerator=None, max_grad_norm=None) -> torch.Tensor:
+    """`gradient_norm` with an AdamW over every weight that requires a gradient, as the trainer builds it."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    return step_module.gradient_norm(accelerator or Accelerator(cpu=True), model, optimizer, max_grad_norm)
+
+
+@pytest.mark.parametrize("max_grad_norm, lora", [(None, False), (0.5, False), (None, True)])
+def test_the_norm_is_accelerates_before_clipping_and_the_gradients_change_only_when_clipped(max_grad_norm, lora):
+    model = model_with_gradients(lora)
+    before = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert 0 < len(before) < len(list(model.parameters())) if lora else len(before) == len(list(model.parameters()))
+    norm = norm_of(model, max_grad_norm=max_grad_norm)
+    assert torch.equal(
+        norm, Accelerator(cpu=True).clip_grad_norm_(model_with_gradients(lora).parameters(), math.inf)
+    )  # bit for bit: the same two ops, over the whole model
+    assert float(norm) == pytest.approx(float(torch.sqrt(sum((g.double() ** 2).sum() for g in before))), rel=1e-6)
+    after = [p.grad for p in model.parameters() if p.grad is not None]
+    clipped = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in after])))
+    assert all(map(torch.equal, after, before)) if max_grad_norm is None else clipped == pytest.approx(0.5, rel=1e-4)
+
+
+def test_a_nan_gradient_gives_a_nan_norm_and_no_gradient_a_zero_norm():
+    model = model_with_gradients()
+    next(model.parameters()).grad[0] = float("nan")
+    assert torch.isnan(norm_of(model))
+    model.zero_grad(set_to_none=True)
+    assert float(norm_of(model)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "distributed_type",
+    [*step_module.ACCELERATE_HELD_GRADIENTS, DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU],
+)
+def test_accelerate_measures_the_gradients_it_holds_and_plain_or_ddp_ones_are_measured_in_place(distributed_type):
+    model, accelerator = model_with_gradients(), Mock(distributed_type=distributed_type)  # recording its calls
+    norm = norm_of(model, accelerator)
+    if distributed_type in step_module.ACCELERATE_HELD_GRADIENTS:
+        assert accelerator.method_calls == [call.clip_grad_norm_(ANY, math.inf)]
+    else:
+        assert accelerator.method_calls == [call.unscale_gradients()]  # fp16's loss scale is taken out first
+        assert torch.equal(norm, Accelerator(cpu=True).clip_grad_norm_(model.parameters(), math.inf))

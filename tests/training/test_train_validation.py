@@ -1,22 +1,33 @@
-"""Bad arguments and data are refused at start-up, naming the problem; the options build one config; runs are kept."""
+"""Bad options, data and files are refused at start-up, naming the problem; the options build one config; bf16 COCO."""
 
 import contextlib
 import dataclasses
+import io
+import json
 import logging
 import shutil
+import struct
+import subprocess
+import sys
 import types
 from pathlib import Path
 
 import huggingface_hub
+import numpy as np
 import pytest
 import torch
+from diffusers import AutoencoderKL
 from diffusers.optimization import SchedulerType
-from test_train_text_to_image import train_args
+from PIL import Image
+from test_feature_store import load
+from test_train_coco import TINY
+from test_train_text_to_image import SCRIPT, start_up_error, train_args, weights
 
-from diffusers_lmlp import FAMILIES
+from diffusers_lmlp import FAMILIES, LMLPPipeline
+from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
-from diffusers_lmlp.training import TrainingConfig, arguments, components, trainer
-from diffusers_lmlp.training.arguments import PRESETS, build_parser, parse_args
+from diffusers_lmlp.training import TrainingConfig, arguments, components, trainer, validation
+from diffusers_lmlp.training.arguments import DIFFUSERS_ONLY_OPTIONS, PRESETS, build_parser, parse_args
 
 
 def tiny_args(workspace: Path, output: Path, *extra: str, data: Path | None = None) -> list[str]:
@@ -31,25 +42,16 @@ def parser_error(script, argv: list[str], capsys) -> str:
     return capsys.readouterr().err
 
 
-def start_up_error(script, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as error:
-        script.main(argv)
-    assert isinstance(error.value.code, str), error.value.code
-    return error.value.code
-
-
 def test_the_options_build_one_frozen_config_whose_defaults_and_presets_are_its_instances(script, tmp_path, capsys):
     config = script.parse_args(["--output_dir", str(tmp_path / "run"), "--max_train_steps", "7"])
     assert isinstance(config, TrainingConfig) and (config.preset, config.world) == ("shapes", "shapes")
     assert config.max_train_steps == 7 and config.train_batch_size == PRESETS["shapes"].train_batch_size == 64
-    assert config.model_overrides == {"pooled_text_projection": True} and config.model_type == "lmlp"
     # The world presets log every 10 steps, compile where it pays and choose the precision; what is given wins.
     assert (config.logging_steps, config.torch_compile, config.mixed_precision) == (10, "auto", "auto")
     assert parse_args(["--output_dir", "x", "--lora_rank", "4"]).logging_steps == 10  # shapes-lora
     given = parse_args("--output_dir x --logging_steps 1 --torch_compile no --mixed_precision no".split())
     assert (given.logging_steps, given.torch_compile, given.mixed_precision) == (1, "no", "no")
-    # Other runs (your data, the COCO recipe) log every step, as diffusers' train_text_to_image does, and keep
-    # accelerate's choice of compilation (accelerate launch --dynamo_backend).
+    # Other runs (your data, COCO) log every step, as diffusers' does, and keep accelerate launch's --dynamo_backend.
     parser, defaults = build_parser(), TrainingConfig()
     assert parser.get_default("logging_steps") == PRESETS["coco-f2"].logging_steps == 1
     assert parser.parse_args([]).torch_compile is None and PRESETS["emoji"].torch_compile == "auto"
@@ -124,10 +126,8 @@ def test_a_bad_option_is_refused_by_the_parser_naming_it(script, capsys, argv, m
     ]
 )  # fmt: skip
 def test_the_preset_and_the_options_build_the_family_and_config_asked(script, argv, model_class, config):
-    args = script.parse_args(["--output_dir", "x", *argv.split()])
-    model = components.build_model(
-        args.model_type, args.model_config, args.model_overrides, values=args.model_skeleton
-    )
+    a = script.parse_args(["--output_dir", "x", *argv.split()])
+    model = components.build_model(a.model_type, a.model_config, a.model_overrides, values=a.model_skeleton)
     assert type(model).__name__ == model_class and {key: model.config[key] for key in config} == config
     if "pooled_text_projection" in config:  # the caption's last text state, added to every image token
         projection = model.embed.pooled_text_proj
@@ -193,10 +193,7 @@ def test_push_to_hub_that_cannot_upload_is_refused_at_start_up(script, monkeypat
     [
         (None, None, "error: --model_config shapes-S with --model_overrides: hidden_size=0 cannot build"),
         ("metadata.jsonl", '{"file_name": "0.png", "text": "a red circle"}\n{"file_name": "1.png"}\n',
-         "line 2 (file_name '1.png'): it has no 'text' field"),
-        ("metadata.jsonl", '{"file_name": "0.png", "text": "a red circle"}\n{"file_name": "1.png", "text": []}\n',
-         "line 2 (file_name '1.png'): a caption must be a non-empty string or a non-empty list of them, got []"),
-        ("metadata.csv", "file_name,text\n0.png,a red circle\n1.png,\n", "line 3 (file_name '1.png'): ")
+         "line 2 (file_name '1.png'): it has no 'text' field"),  # test_feature_store.py has the other problems
     ]
 )  # fmt: skip
 def test_a_model_or_caption_that_cannot_train_stops_before_data(script, workspace, tmp_path, name, rows, problem):
@@ -234,8 +231,7 @@ def test_a_clip_layout_encoder_trains_and_its_run_is_kept(script, workspace, tmp
     # openai/clip-vit-large-patch14's layout: the tokenizer and the model in one folder, no subfolder.
     clip = shutil.copytree(workspace / "tiny" / "text_encoder", tmp_path / "clip")
     shutil.copytree(workspace / "tiny" / "tokenizer", clip, dirs_exist_ok=True)
-    # As `accelerate launch` starts its one process: its OMP_NUM_THREADS=1 is not the user's, so the run takes every
-    # core (1 here, so as not to slow the suite's other worker).
+    # As `accelerate launch` starts its one process: its OMP_NUM_THREADS=1 is not the user's; the run takes every core.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "NO")
     monkeypatch.setattr("diffusers_lmlp.threads.available_cores", lambda: 1)
@@ -275,11 +271,182 @@ def test_fp16_on_a_cpu_trains_in_float32_from_a_preset_and_is_refused_if_asked(o
 
 @pytest.mark.slow
 def test_shapes_num_images_sizes_the_shapes_world_only(script, tmp_path):
-    from diffusers_lmlp.training import load_training_data
-
     assert script.parse_args(["--output_dir", "x", "--shapes_num_images", "100"]).shapes_num_images == 100
-    common = dict(dataset_name=None, dataset_config_name=None, train_data_dir=None, image_column="image")
-    common.update(caption_column="text", max_train_samples=None, streaming=False, seed=0, cache_dir=str(tmp_path))
-    sized, default = load_training_data(shapes_num_images=100, **common), load_training_data(**common)
+    sized, default = load(None, tmp_path, shapes_num_images=100), load(None, tmp_path)  # the shapes world
     assert len(sized) == 100 and len(default) == 8000
     assert sized._fingerprint != default._fingerprint  # so the feature store of one is never read for the other
+
+
+PROMPTS_FILE = "# validation prompts\n\nA dog on a street.\n  A woman in a kitchen.  \n# a comment\nA red bus.\n"
+PROMPTS = ["A dog on a street.", "A woman in a kitchen.", "A red bus."]
+COCO = ["--preset", "coco-f2", "--train_data_dir", "coco2014"]  # with TINY's model: F2's 32×32 latents at 256 px
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, expected", [(["--allow_tf32"], True), ([], False)])
+def test_allow_tf32_is_applied_before_training_and_only_when_asked(script, monkeypatch, tmp_path, flag, expected):
+    seen, cuda, cudnn = [], torch.backends.cuda.matmul, torch.backends.cudnn
+    saved, cuda.allow_tf32, cudnn.allow_tf32 = (cuda.allow_tf32, cudnn.allow_tf32), False, False
+    flags = lambda: (cuda.allow_tf32, cudnn.allow_tf32, torch.get_float32_matmul_precision())  # noqa: E731
+    monkeypatch.setattr(trainer, "run_training", lambda *a: seen.append(flags()))
+    try:
+        script.main(["--output_dir", str(tmp_path / "out"), "--report_to", "none", *flag])
+    finally:
+        cuda.allow_tf32, cudnn.allow_tf32 = saved
+    assert seen == [(expected, expected, "high" if expected else "highest")]
+
+
+def test_validation_prompts_file_skips_blank_lines_and_comments_and_excludes_prompts(script, tmp_path, capsys):
+    (path := tmp_path / "prompts.txt").write_text(PROMPTS_FILE, encoding="utf-8")
+    args = script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
+    assert args.validation_prompts == validation.default_validation_prompts(args) == PROMPTS
+    error = parser_error(script, ["--validation_prompts", "a cat", "--validation_prompts_file", str(path)], capsys)
+    assert "--validation_prompts_file: not allowed with argument --validation_prompts" in error
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "--validation_prompts_file {path}: no such file"),
+        (b"\n# only a comment\n   \n", "--validation_prompts_file {path} has no prompts: write one prompt per line"),
+        (b"\xff\xfe\x00bad", "--validation_prompts_file {path} is not UTF-8 text"),
+        ("folder", "--validation_prompts_file {path} is a folder, not a text file of prompts"),
+    ],
+)
+def test_a_bad_validation_prompts_file_is_refused_at_start_up(script, tmp_path, capsys, content, message):
+    path = tmp_path / "prompts.txt"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    argv = ["--output_dir", "x", "--validation_prompts_file", str(path)]
+    assert message.format(path=path) in parser_error(script, argv, capsys)
+
+
+@pytest.fixture(scope="module")
+def bf16_run(coco_world) -> Path:
+    """The COCO recipe from the HF cache in bf16: 2 steps, validation at both, logged to tensorboard and wandb."""
+    (coco_world.root / "prompts.txt").write_text(PROMPTS_FILE, encoding="utf-8")
+    (wandb_dir := coco_world.root / "wandb-dir").mkdir()
+    env = {**coco_world.env, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}
+    command = [sys.executable, str(SCRIPT), *COCO, *TINY, "--mixed_precision", "bf16", "--max_train_steps", "2",
+               "--checkpointing_steps", "2", "--output_dir", "bf16", "--validation_prompts_file", "prompts.txt",
+               "--validation_steps", "1", "--validation_inference_steps", "2", "--report_to", "all"]  # fmt: skip
+    result = subprocess.run(command, cwd=coco_world.root, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "mixed precision bf16" in result.stderr, result.stderr[-5000:]
+    return coco_world.root / "bf16"
+
+
+@pytest.mark.slow
+def test_bf16_run_saves_finite_weights_and_a_pipeline_that_samples(bf16_run):
+    for folder in (bf16_run / "checkpoint-2", bf16_run):
+        saved = weights(folder)
+        assert saved and all(torch.isfinite(t).all() and t.dtype == torch.float32 for t in saved.values()), folder
+    pipe = LMLPPipeline.from_pretrained(bf16_run)
+    pipe.set_progress_bar_config(disable=True)
+    images = pipe(PROMPTS[:2], num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="pt")
+    assert images.images.shape == (2, 3, 256, 256) and torch.isfinite(images.images).all() and images.images.std() > 0
+
+
+@pytest.mark.slow
+def test_validation_grid_png_has_the_file_prompts_as_captions(bf16_run):
+    cells = [Image.new("RGB", (256, 256), colour) for colour in ("black", "white")]
+    black, white = (np.array(make_image_grid([cell] * len(PROMPTS), captions=PROMPTS)) for cell in cells)
+    samples = (black != white).any(-1, keepdims=True)  # where the grid's images go, on its white ground
+    for step in (1, 2):
+        grid = np.array(Image.open(bf16_run / "validation" / f"step-{step:07d}.png").convert("RGB"))
+        np.testing.assert_array_equal(np.where(samples, 0, grid), black)  # the same ground and captions
+        assert grid[samples[..., 0]].std() > 0  # samples, not blank cells
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    """An offline wandb run's history: 32 KiB blocks of `Record` chunks, with CRC, length, type (FULL=1, LAST=4)"""
+    from wandb.proto import wandb_internal_pb2
+
+    [data] = [path.read_bytes() for path in run_dir.glob("run-*.wandb")]
+    assert data[:4] == b":W&B"
+    rows, chunks, offset = [], [], 7
+    while offset + 7 <= len(data):
+        if (room := 32768 - offset % 32768) < 7:  # a block's tail too short for a header is padding
+            offset += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
+        chunks.append(data[offset + 7 : offset + 7 + length])
+        offset += 7 + length
+        if kind in (1, 4):
+            (record := wandb_internal_pb2.Record()).ParseFromString(b"".join(chunks))
+            chunks = []
+            if record.WhichOneof("record_type") == "history":
+                rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
+@pytest.mark.slow
+def test_validation_images_and_the_loss_reach_tensorboard_and_wandb_at_their_steps(bf16_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = bf16_run / "logs" / "lmlp-text-to-image"  # --logging_dir / --tracker_project_name
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0}).Reload()
+    assert [event.step for event in events.Images("validation")] == [1, 2]
+    for event in events.Images("validation"):  # the 3 samples side by side, as tensorboard tiles a batch of images
+        decoded = Image.open(io.BytesIO(event.encoded_image_string))
+        assert decoded.size == (3 * 256, 256) and np.array(decoded).std() > 0
+    assert [event.step for event in events.Scalars("loss")] == [1, 2]
+    [run_dir] = (bf16_run.parent / "wandb-dir" / "wandb").glob("offline-run-*")
+    history = wandb_history(run_dir)
+    logged = [row for row in history if "validation/captions" in row]
+    assert [row["_step"] for row in logged] == [1, 2] and [row["_step"] for row in history if "loss" in row] == [1, 2]
+    for row in logged:  # with their prompts
+        assert row["validation/captions"] == PROMPTS and row["validation/width"] == row["validation/height"] == 256
+        assert all(Image.open(run_dir / "files" / name).size == (256, 256) for name in row["validation/filenames"])
+
+
+@pytest.mark.parametrize(
+    "change, message, fix",
+    [(["sample_size=16"], "--resolution 256 does not match the model: sample_size 16 × VAE factor 8 = 128 px",
+      "pass --resolution 128, or --model_overrides sample_size="),
+     ("vae", "the VAE encodes 256×256 px images to 64×64 latents, but the model's sample_size is 32",
+      "its config (block_out_channels of 4 entries) gives a factor of 8, its layers downsample by 4")],
+    ids=["sample-size", "vae-layers"],
+)  # fmt: skip
+def test_a_resolution_the_vae_and_model_disagree_on_is_refused(script, coco_world, tmp_path, change, message, fix):
+    vae = tmp_path / "vae-repo" if change == "vae" else coco_world.vae
+    argv = [
+        *COCO[:3], str(coco_world.root / "coco2014"), "--pretrained_vae", str(vae), "--pretrained_text_encoder",
+        str(coco_world.text_encoder), *TINY, "--output_dir", str(tmp_path / "out"), "--mixed_precision", "no",
+        "--cache_dir", str(tmp_path / "cache")
+    ]  # fmt: skip
+    if change == "vae":  # an SD-layout VAE whose config says ×8 (4 block widths), but whose 2 blocks downsample by 4
+        AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 4,
+                      block_out_channels=(8, 16, 16, 16), layers_per_block=1, latent_channels=4,
+                      norm_num_groups=8).save_pretrained(vae / "vae")  # fmt: skip
+    else:  # one more of the --model_overrides pairs
+        argv.insert(argv.index("hidden_size=32"), change[0])
+    error = start_up_error(script, argv)
+    assert error.startswith(f"error: {message}") and fix in error
+    assert not (tmp_path / "cache").exists()  # before any dataset or feature work
+
+
+# The command of diffusers' text-to-image README (examples/text_to_image), pointed at a local folder.
+DIFFUSERS_README_COMMAND = [
+    "--pretrained_model_name_or_path=CompVis/stable-diffusion-v1-4", "--train_data_dir=data", "--use_ema",
+    "--resolution=512", "--center_crop", "--random_flip", "--train_batch_size=1", "--gradient_accumulation_steps=4",
+    "--gradient_checkpointing", "--max_train_steps=15000", "--learning_rate=1e-05", "--max_grad_norm=1",
+    "--enable_xformers_memory_efficient_attention", "--lr_scheduler=constant", "--lr_warmup_steps=0",
+    "--output_dir=sd-naruto-model"
+]  # fmt: skip
+
+
+def test_each_diffusers_only_option_says_what_to_give_instead_and_no_option_of_ours_is_one(script, capsys):
+    err = parser_error(script, DIFFUSERS_README_COMMAND, capsys)
+    named = [line.split(" is an option")[0].split()[-1] for line in err.splitlines() if "text_to_image.py:" in line]
+    assert named == ["--center_crop", "--enable_xformers_memory_efficient_attention"]
+    options = sorted(DIFFUSERS_ONLY_OPTIONS)
+    given = [part for i, option in enumerate(options) for part in ([f"{option}=1"] if i % 2 else [option, "1"])]
+    err = parser_error(script, ["--output_dir", "x", *given], capsys)
+    for option in options:  # joined (--option=1) or not
+        assert f"{option} is an option of diffusers' train_text_to_image.py: {DIFFUSERS_ONLY_OPTIONS[option]}\n" in err
+    # An option of ours in the table would be refused instead of read.
+    assert not {flag for action in build_parser()._actions for flag in action.option_strings} & set(options)
+    err = parser_error(script, ["--output_dir", "x", "--no_such_option"], capsys)
+    assert "unrecognized arguments: --no_such_option" in err and "train_text_to_image.py:" not in err
