@@ -1,6 +1,4 @@
-"""The mixers against independent re-statements: the IMLP channel MLP (AGeLU eq. 4, AMLP eq. 5, DW block §4.3) and
-its cost; MoE-linear attention (the E = H = 1 invariant, a naive re-statement, the balancing loss); ParaMixer,
-SymMixer, AsymMixer (Karakida et al. 2024: the blocks, tied weights, the symmetry-breaking penalty)."""
+"""The mixers against independent re-statements: the IMLP and its cost, MoE-linear attention, Para/Sym/AsymMixer."""
 
 import math
 import re
@@ -8,7 +6,8 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from plain_torch import gelu, layer_norm, randomize_
+from peft import LoraConfig, get_peft_model
+from plain_torch import check_block_matches_reference, gelu, layer_norm, randomize_
 from test_models import make_inputs, make_model
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -22,11 +21,8 @@ from diffusers_lmlp.models.mixers.paramixer import AsymmetricMLP, ParaMixerBlock
 def imlp_reference(state, x, num_extra, grid_size):
     """Eq. 5's AMLP, then the DW block (3×3 depthwise tap by tap, channel norm, GELU); extra tokens are 1×1 images."""
     t = x @ state["fc1.weight"].T + state["fc1.bias"]  # x W^d
-    halves = []
-    for i in range(2):  # AGeLU and AGeLU' (eq. 4)
-        a, b, c, d = (state[f"agelu.{i}.{name}"] for name in ("alpha", "beta", "gamma", "theta"))
-        halves.append(b * gelu(a * t + c) + d)
-    t = torch.cat(halves, dim=-1)  # (B, L, C')
+    agelus = [[state[f"agelu.{i}.{name}"] for name in ("alpha", "beta", "gamma", "theta")] for i in range(2)]
+    t = torch.cat([b * gelu(a * t + c) + d for a, b, c, d in agelus], dim=-1)  # AGeLU, AGeLU' (eq. 4): (B, L, C')
     kernel, bias = state["dw_conv.weight"][:, 0], state["dw_conv.bias"]  # (C', 3, 3), (C',)
     grid = F.pad(t[:, num_extra:].unflatten(1, (grid_size, grid_size)), (0, 0, 1, 1, 1, 1))  # (B, g+2, g+2, C')
     taps = [kernel[:, r, c] * grid[:, r : r + grid_size, c : c + grid_size] for r in range(3) for c in range(3)]
@@ -36,7 +32,7 @@ def imlp_reference(state, x, num_extra, grid_size):
     return out @ state["fc2.weight"].T + state["fc2.bias"]  # W^e
 
 
-def test_agelu_starts_as_the_exact_gelu_and_the_imlps_two_train_apart():  # eq. 4 at random values: the IMLP's test
+def test_agelu_starts_as_the_exact_gelu_the_imlps_two_train_apart_and_another_layout_is_refused():
     agelu, x = AGeLU(6), 3 * torch.randn(5, 6)
     torch.testing.assert_close(agelu(x), gelu(x), rtol=0, atol=1e-6)
     randomize_(agelu, seed=0)
@@ -48,6 +44,8 @@ def test_agelu_starts_as_the_exact_gelu_and_the_imlps_two_train_apart():  # eq. 
     for name in ("alpha", "beta", "gamma", "theta"):
         first, second = (getattr(agelu, name) for agelu in imlp.agelu)
         assert torch.equal(first, second) and not torch.allclose(first.grad, second.grad), name
+    with pytest.raises(ValueError, match=r"6 time/text tokens and a 4×4 image grid \(22 tokens\), got 23"):
+        imlp(torch.randn(1, 23, 32))  # an odd width: test_models.py
 
 
 @pytest.mark.parametrize(
@@ -68,11 +66,6 @@ def test_imlp_matches_a_restatement_and_its_closed_form_macs(hidden_size, mlp_ra
     assert imlp.dw_conv.groups == inner and imlp.dw_conv.kernel_size == (3, 3)
 
 
-def test_imlp_refuses_a_sequence_of_another_layout():  # an odd width: test_models.py
-    with pytest.raises(ValueError, match=r"6 time/text tokens and a 4×4 image grid \(22 tokens\), got 23"):
-        IMLP(32, 4.0, num_extra_tokens=6, grid_size=4)(torch.randn(1, 23, 32))
-
-
 @pytest.mark.parametrize("kind", ["lmlp", "moe_mlp"])
 def test_models_build_every_joint_mlp_as_an_imlp_of_their_layout_and_size(kind):
     model = make_model(kind, channel_mlp="imlp")
@@ -80,34 +73,16 @@ def test_models_build_every_joint_mlp_as_an_imlp_of_their_layout_and_size(kind):
     assert all(isinstance(block.joint_mlp, IMLP) for block in blocks)
     assert {(block.joint_mlp.num_extra_tokens, block.joint_mlp.grid_size) for block in blocks} == {(6, 4)}
     plain = make_model(kind)  # the same model with the transformer MLP differs by the channel MLPs, block by block
-    difference = sum(p.numel() for block in blocks for p in block.joint_mlp.parameters()) - sum(
-        p.numel() for m in plain.modules() if isinstance(m, JointMLP) for p in m.parameters()
-    )
-    assert model.num_parameters() - plain.num_parameters() == difference
+    imlps = sum(p.numel() for block in blocks for p in block.joint_mlp.parameters())
+    joint_mlps = sum(p.numel() for m in plain.modules() if isinstance(m, JointMLP) for p in m.parameters())
+    assert model.num_parameters() - plain.num_parameters() == imlps - joint_mlps
     # 128-wide IMLP: fc1 to 64, the depthwise 3×3 on 128 channels, fc2; the JointMLP: 32 → 128 → 32
     imlp_macs, joint_macs = 22 * (32 * 64 + 9 * 128 + 128 * 32), 22 * 2 * 32 * 128
     assert complexity(model).macs - complexity(plain).macs == 3 * (imlp_macs - joint_macs)
 
 
-def test_moe_with_one_expert_and_one_head_equals_the_lmlp():
-    lmlp = make_model("lmlp")
-    randomize_(lmlp, seed=1)
-    moe = make_model("moe_mlp", num_experts=1, num_heads=1)
-    # The L-MLP's single token matrix in the MoE layout, (1, 1, L, L) and (1, 1, L): the only expert.
-    state = {re.sub(r"left\.(weight|bias)$", r"left.expert_\1", k): v for k, v in lmlp.state_dict().items()}
-    state = {k: v[None, None] if ".left.expert_" in k else v for k, v in state.items()}
-    missing, unexpected = moe.load_state_dict(state, strict=False)
-    assert not unexpected and len(missing) == 6 and {key.split(".left.")[1] for key in missing} == {
-        "gates.0.weight", "gates.0.bias"}  # fmt: skip
-    x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([10, 900])
-    with torch.no_grad():  # any gate gives probability 1 to the only expert
-        out = moe(x, ctx, t, output_router_probs=True)
-        torch.testing.assert_close(out.sample, lmlp(x, ctx, t).sample, rtol=0, atol=0)
-    assert torch.equal(out.router_probs, torch.ones(3, 2, 1, 1))
-
-
 def naive_moe_linear_attention(mixer, x_tok):
-    """Eqs. 4–5 read literally: every expert applied to its head's channels, outputs weighted by the gate."""
+    """Eqs. 4–5 read literally: every expert on its head's channels, weighted by the gate."""
     (batch, _, dim), heads, experts = x_tok.shape, mixer.num_heads, mixer.num_experts
     head_dim, out, probs = dim // heads, torch.zeros_like(x_tok), torch.zeros(batch, heads, experts)
     for b in range(batch):
@@ -136,12 +111,11 @@ def test_moe_linear_attention_matches_naive_per_expert_computation(experts, head
     assert not torch.allclose(probs[0], probs[1])  # routing is per sample
 
 
-def test_router_probs_output_and_the_balancing_loss_trains_the_gates():
+def test_router_probs_the_balancing_loss_and_that_one_expert_and_head_is_the_lmlp():
     model = make_model("moe_mlp")
     x, ctx, t = torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([1, 2])
-    with torch.no_grad():
-        plain = model(x, ctx, t)
-        sample, probs = model(x, ctx, t, output_router_probs=True, return_dict=False)
+    plain = model(x, ctx, t)
+    sample, probs = model(x, ctx, t, output_router_probs=True, return_dict=False)
     out = model(x, ctx, t, output_router_probs=True)
     assert plain.router_probs is None and out.router_probs.shape == (3, 2, 2, 3)  # (num_blocks, B, H, E)
     torch.testing.assert_close(out.router_probs.sum(-1), torch.ones(3, 2, 2))
@@ -149,9 +123,6 @@ def test_router_probs_output_and_the_balancing_loss_trains_the_gates():
         torch.testing.assert_close(*same, rtol=0, atol=0)
     (F.mse_loss(out.sample, x) + load_balancing_loss(out.router_probs)).backward()
     assert model.stack.mid_block.left.gates[1].weight.grad.abs().sum() > 0
-
-
-def test_load_balancing_loss_values():
     uniform = torch.full((2, 5, 1, 4), 0.25)
     assert load_balancing_loss(uniform).item() == pytest.approx(0.01 * math.log(4))  # CV 0, cross-entropy log E
     # One router, usage u = mean over the batch = (0.6, 0.2, 0.2): CV² = (std/mean)², CE = -mean(log u)
@@ -160,9 +131,22 @@ def test_load_balancing_loss_values():
     expected = (u.std(correction=0) / u.mean()) ** 2 - torch.log(u).mean()
     assert load_balancing_loss(probs, weight=1.0).item() == pytest.approx(expected.item(), rel=1e-6)
     assert load_balancing_loss(probs, weight=1.0) > load_balancing_loss(torch.full((1, 2, 1, 3), 1 / 3), weight=1.0)
-    assert load_balancing_loss(torch.ones(3, 2, 1, 1)).item() == pytest.approx(0.0, abs=1e-8)  # E = 1
     with pytest.raises(ValueError, match=r"router_probs must be \(num_blocks, B, H, E\), got shape \(2, 3\)"):
         load_balancing_loss(torch.ones(2, 3))
+    # with one expert and one head, the MoE-MLP is the L-MLP
+    lmlp = make_model("lmlp")
+    randomize_(lmlp, seed=1)
+    moe = make_model("moe_mlp", num_experts=1, num_heads=1)
+    # The L-MLP's single token matrix in the MoE layout, (1, 1, L, L) and (1, 1, L): the only expert.
+    state = {re.sub(r"left\.(weight|bias)$", r"left.expert_\1", k): v for k, v in lmlp.state_dict().items()}
+    state = {k: v[None, None] if ".left.expert_" in k else v for k, v in state.items()}
+    missing, unexpected = moe.load_state_dict(state, strict=False)
+    assert not unexpected and len(missing) == 6 and {key.split(".left.")[1] for key in missing} == {
+        "gates.0.weight", "gates.0.bias"}  # fmt: skip
+    one = moe(x, ctx, t, output_router_probs=True)  # any gate gives probability 1 to the only expert
+    torch.testing.assert_close(one.sample, lmlp(x, ctx, t).sample, rtol=0, atol=0)
+    assert torch.equal(one.router_probs, torch.ones(3, 2, 1, 1))
+    assert load_balancing_loss(one.router_probs).item() == pytest.approx(0.0, abs=1e-8)  # E = 1
 
 
 MLPS = {"vanilla": VanillaMLP, "symmetric": SymmetricMLP, "asymmetric": AsymmetricMLP}
@@ -186,21 +170,18 @@ def reference_mlp(state, prefix, kind, x, axis):
 @pytest.mark.parametrize("kind", MLPS)
 def test_block_matches_plain_torch_restatement(kind, with_skip, num_iterations):
     """Eq. 32: one LayerNorm over the whole (L, D) stream, the long skip added at the input, one set of weights."""
-    block = ParaMixerBlock(12, 7, 6, 20, MLPS[kind], 1e-6, num_iterations)
-    randomize_(block, seed=0)
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 7, 12, generator=generator)
-    skip = torch.randn(3, 7, 12, generator=generator) if with_skip else None
-    state = {k: v.detach() for k, v in block.state_dict().items()}
+    block = ParaMixerBlock(24, 11, 6, 20, MLPS[kind], 1e-6, num_iterations)
     mlp_keys = {f"{branch}.{key}" for branch in ("token_mlp", "channel_mlp") for key in MLP_KEYS[kind]}
-    assert set(state) == {"norm.weight", "norm.bias"} | mlp_keys  # bias-free MLPs, one (L, D) LayerNorm
-    expected = x if skip is None else x + skip
-    for _ in range(num_iterations):
-        normed = F.layer_norm(expected, (7, 12), state["norm.weight"], state["norm.bias"], eps=1e-6)
-        expected = expected + sum(
-            reference_mlp(state, f"{b}_mlp", kind, normed, a) for b, a in [("token", "l"), ("channel", "d")]
-        )
-    torch.testing.assert_close(block(x, skip), expected, rtol=1e-5, atol=1e-5)
+    assert set(block.state_dict()) == {"norm.weight", "norm.bias"} | mlp_keys  # bias-free MLPs, one LayerNorm
+
+    def reference(state, x, skip):
+        x = x if skip is None else x + skip
+        for _ in range(num_iterations):
+            n = F.layer_norm(x, (11, 24), state["norm.weight"], state["norm.bias"], eps=1e-6)
+            x = x + reference_mlp(state, "token_mlp", kind, n, "l") + reference_mlp(state, "channel_mlp", kind, n, "d")
+        return x
+
+    check_block_matches_reference(block, reference, with_skip)
 
 
 def test_penalty_is_the_sum_of_squared_frobenius_norms_of_the_symmetry_breaking_weights_and_only_trains_them():
@@ -215,8 +196,6 @@ def test_penalty_is_the_sum_of_squared_frobenius_norms_of_the_symmetry_breaking_
         name for name, _ in model.named_parameters() if name.endswith("_mlp.fc2.weight")]  # fmt: skip
     for weight in breaking:
         torch.testing.assert_close(weight.grad, 2 * weight.detach())
-    from peft import LoraConfig, get_peft_model
-
     for family in ("paramixer", "symmixer"):
         with pytest.raises(ValueError, match="no symmetry-breaking weights.*AsymMixerTransformer2DModel"):
             symmetry_breaking_penalty(make_model(family))

@@ -46,6 +46,11 @@ def test_output_shape_return_dict_timesteps_and_determinism(kind):
     model = make_model(kind, out_channels=8)
     x, ctx, t = make_inputs()
     with torch.no_grad():
+        for train in (False, True):  # each sample's prediction is its own (no norm couples samples)
+            batched = model.train(train)(x, ctx, t).sample
+            singles = torch.cat([model(x[i : i + 1], ctx[i : i + 1], t[i : i + 1]).sample for i in range(2)])
+            torch.testing.assert_close(batched, singles, rtol=1e-5, atol=1e-5)
+        model.eval()
         out = model(x, ctx, t)
         (as_tuple,) = model(x, ctx, t, return_dict=False)
         scalar = model(x, ctx, 250).sample
@@ -56,22 +61,9 @@ def test_output_shape_return_dict_timesteps_and_determinism(kind):
     for same in (as_tuple, out.sample), (scalar, batched), (one, batched):
         torch.testing.assert_close(*same, rtol=0, atol=0)
     assert not torch.allclose(other[1], batched[1])
-    torch.testing.assert_close(
-        make_model(kind, seed=3).state_dict(), make_model(kind, seed=3).state_dict(), rtol=0, atol=0
-    )
+    torch.testing.assert_close(*(make_model(kind, seed=3).state_dict() for _ in "ab"), rtol=0, atol=0)
     for block in [*model.stack.in_blocks, model.stack.mid_block, *model.stack.out_blocks]:  # for regional compile
         assert type(block).__name__ in model._repeated_blocks and model._repeated_blocks == model._no_split_modules
-
-
-@pytest.mark.parametrize("train", [False, True])
-def test_batch_consistency(kind, train):
-    """Each sample's prediction is its own in eval and train mode (no norm couples samples)."""
-    model = make_model(kind).train(train)
-    x, ctx, t = make_inputs(batch=3)
-    with torch.no_grad():
-        batched = model(x, ctx, t).sample
-        singles = torch.cat([model(x[i : i + 1], ctx[i : i + 1], t[i : i + 1]).sample for i in range(3)])
-    torch.testing.assert_close(batched, singles, rtol=1e-5, atol=1e-5)
 
 
 def test_save_load_round_trip_uses_safetensors_and_never_unpickles(kind, tmp_path, monkeypatch):
@@ -84,14 +76,12 @@ def test_save_load_round_trip_uses_safetensors_and_never_unpickles(kind, tmp_pat
     assert public[0] == public[1] and public[0]["hidden_size"] == 32
     assert json.loads((tmp_path / "config.json").read_text())["_class_name"] == type(model).__name__
     assert family_of(loaded) is FAMILIES[kind.partition("+")[0]]
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x, ctx, t).sample, model(x, ctx, t).sample, rtol=0, atol=0)
+    torch.testing.assert_close(loaded(x, ctx, t).sample, model(x, ctx, t).sample, rtol=0, atol=0)
     # Every weight has its tensor on diffusers' other paths too, so strict loading refuses none of them.
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     for folder, options in [(tmp_path, {"low_cpu_mem_usage": False}), (tmp_path / "sharded", {})]:
         loaded = type(model).from_pretrained(folder, **options)
         torch.testing.assert_close(loaded.state_dict(), model.state_dict(), rtol=0, atol=0)
-
     model.save_pretrained(tmp_path / "pickled", safe_serialization=False)
     assert sorted(os.listdir(tmp_path / "pickled")) == ["config.json", "diffusion_pytorch_model.bin"]
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("from_pretrained unpickled a file"))
@@ -114,8 +104,7 @@ def test_bfloat16_loading_casting_and_autocast_stay_close_to_fp32(kind, tmp_path
                 out = model(x, ctx, t).sample
         elif dtype_kwarg == "layerwise":  # stores bf16, computes fp32
             model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
-            out = model(x, ctx, t).sample
-            assert out.dtype == torch.float32
+            assert (out := model(x, ctx, t).sample).dtype == torch.float32
             layers = [m for m in model.stack.mid_block.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
             norms = [m for m in model.stack.mid_block.modules() if isinstance(m, torch.nn.LayerNorm)]
             assert all(m.weight.dtype == torch.bfloat16 for m in layers)  # (SymMixer's tied weights are not Linears)
@@ -125,8 +114,7 @@ def test_bfloat16_loading_casting_and_autocast_stay_close_to_fp32(kind, tmp_path
             model.save_pretrained(tmp_path)
             loaded = type(model).from_pretrained(tmp_path, **{dtype_kwarg: torch.bfloat16})
             assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
-            out = loaded(x.bfloat16(), ctx.bfloat16(), t).sample
-            assert out.dtype == torch.bfloat16
+            assert (out := loaded(x.bfloat16(), ctx.bfloat16(), t).sample).dtype == torch.bfloat16
     assert torch.isfinite(out).all() and (out.float() - ref).norm() / ref.norm() < 0.05
 
 
@@ -148,8 +136,7 @@ def test_every_parameter_gets_a_gradient_and_checkpointing_gives_the_same(kind):
     assert checkpointing == {"UShapedStack"}
     ckpt_loss, ckpt_grads = _loss_and_grads(model, *inputs)
     torch.testing.assert_close(ckpt_loss, loss)
-    for name, grad in grads.items():
-        torch.testing.assert_close(ckpt_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(ckpt_grads, grads, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model.state_dict(), state, rtol=0, atol=0)  # the recomputation moved no statistics
     model.disable_gradient_checkpointing()
     assert not model.stack.gradient_checkpointing
@@ -174,18 +161,16 @@ def test_bad_inputs_raise_clear_errors(kind, inputs, edit, message):
 
 
 def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_token(kind, tmp_path):
-    """`pooled_text_proj` of the last text state reaches every image token; zeroed, it is the model without it."""
     model, plain = make_model(kind, pooled_text_projection=True), make_model(kind)
     assert plain.embed.pooled_text_proj is None
     extra = {name for name, _ in model.named_parameters()} - {name for name, _ in plain.named_parameters()}
     assert extra == {"embed.pooled_text_proj.weight", "embed.pooled_text_proj.bias"}
     assert model.embed.pooled_text_proj.weight.std() > 0  # initialised as every Linear, not left at zero
     latents, text, t = make_inputs()
-    with torch.no_grad():
-        model.embed.pooled_text_proj.weight.zero_()
-        model.embed.pooled_text_proj.bias.zero_()
-        plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("embed.pooled")})
-        torch.testing.assert_close(model(latents, text, t).sample, plain(latents, text, t).sample, rtol=0, atol=0)
+    model.embed.pooled_text_proj.weight.data.zero_()
+    model.embed.pooled_text_proj.bias.data.zero_()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("embed.pooled")})
+    torch.testing.assert_close(model(latents, text, t).sample, plain(latents, text, t).sample, rtol=0, atol=0)
     model.save_pretrained(tmp_path)
     assert type(model).from_pretrained(tmp_path).config.pooled_text_projection
     # One 16 → 32 Linear on one state per caption, in the complexity count too.
@@ -202,11 +187,7 @@ def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_toke
     [
         ("lmlp", dict(merging="sum"), r"merging='sum' cannot build a LMLPTransformer2DModel: merging must be one of"),
         ("lmlp", dict(long_skip="third_stage"), r"long_skip='third_stage'.*\('first_stage', 'second_stage'\) or None"),
-        (
-            "lmlp",
-            dict(lateral_mlp_ratio=2.0, lateral_activation="left"),
-            "lateral_activation='left' applies to Linear",
-        ),
+        ("lmlp", dict(lateral_mlp_ratio=2.0, lateral_activation="left"), "lateral_activation='left' applies to"),
         ("lmlp", dict(lateral_activation="right"), r"lateral_activation='right'.*one of \('none', 'left', 'both'\)"),
         ("lmlp", dict(mlp_ratio=0), r"mlp_ratio=0 cannot build.*a positive finite number or None"),
         ("lmlp", dict(hidden_size=34, mlp_ratio=1.5, channel_mlp="imlp"), r"int\(34 × 1.5\) = 51 .*C' must be even"),
@@ -217,11 +198,9 @@ def test_the_pooled_text_projection_adds_the_last_text_state_to_every_image_toke
         ("mlp_mixer", dict(channel_mlp="kan"), "channel_mlp='kan' is not a channel MLP"),
         ("mlp_mixer", dict(long_skips="yes"), "long_skips must be True or False"),
         ("gmlp", dict(long_skips=None), "long_skips must be True or False"),
-        ("gmlp", dict(mlp_ratio=0.0), "mlp_ratio must be a positive finite number"),
         ("asymmixer", dict(token_mlp_ratio=0.01), "token_mlp_ratio=0.01 gives a token MLP of int"),
         ("asymmixer", dict(token_mlp_ratio="half"), "token_mlp_ratio='half' cannot build"),
-        ("asymmixer", dict(num_iterations=0), "num_iterations=0 cannot build"),
-        ("asymmixer", dict(num_iterations=1.5), "num_iterations=1.5 cannot build"),
+        *[("asymmixer", dict(num_iterations=n), f"num_iterations={n} cannot build") for n in (0, 1.5)],
         ("uvit", dict(num_attention_heads=3), r"hidden_size \(32\) must be divisible by num_attention_heads \(3\)"),
         ("uvit", dict(num_attention_heads="8"), "num_attention_heads='8' cannot build a UViTTransformer2DModel"),
     ],

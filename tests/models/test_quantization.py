@@ -41,17 +41,9 @@ def test_dynamic_quantization_reaches_every_linear_and_keeps_the_prediction(kind
     int8 = quantized(model)
     assert sorted(name for name, module in int8.named_modules() if is_dynamically_quantized(module)) == linears
     assert not any(type(module) is nn.Linear for module in int8.modules())  # no layer skipped
-    with torch.no_grad():
-        reference, output = model(*make_inputs()).sample, int8(*make_inputs()).sample
+    reference, output = model(*make_inputs()).sample, int8(*make_inputs()).sample
     error = ((output - reference).norm() / reference.norm()).item()
     assert 0 < error < 0.05, error  # int8 rounding, not a weight left random or zero (about 100%)
-
-
-@pytest.mark.slow
-def test_the_shipped_pipeline_quantized_draws_held_out_captions():
-    captions = draw_captions("shapes:heldout", 8, seed=3)
-    images = quantized_shapes_pipeline()(captions, num_inference_steps=10, generator=torch.Generator().manual_seed(0))
-    assert score_images(images.images, captions)["all"] >= 7 / 8
 
 
 def test_saving_a_quantized_model_or_pipeline_writes_nothing(tmp_path):
@@ -66,8 +58,10 @@ def test_saving_a_quantized_model_or_pipeline_writes_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_quantized_transformer_cast_to_bf16_is_refused_before_any_model_runs_and_the_fix_samples():
-    pipe = quantized_shapes_pipeline()
+def test_the_quantized_pipeline_draws_held_out_captions_and_refuses_a_cast_to_bf16_before_any_model_runs():
+    pipe, captions = quantized_shapes_pipeline(), draw_captions("shapes:heldout", 8, seed=3)
+    images = pipe(captions, num_inference_steps=10, generator=torch.Generator().manual_seed(0)).images
+    assert score_images(images, captions)["all"] >= 7 / 8
     expected = sample(pipe)
     pipe.to(torch.bfloat16)
     calls = []
@@ -82,7 +76,7 @@ def test_a_quantized_transformer_cast_to_bf16_is_refused_before_any_model_runs_a
 
 
 @pytest.mark.slow
-def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effect(tmp_path):
+def test_a_lora_and_freezing_are_refused_by_a_quantized_transformer_and_the_fixes_work(tmp_path):
     shapes_lora(tmp_path / "lora", std=0.05)  # a LoRA that changes the images well beyond int8's rounding
     with pytest.raises(ValueError, match=r"torch's dynamic quantization \(quantize_dynamic\) replaced.*fuse it"):
         quantized_shapes_pipeline().load_lora_weights(tmp_path / "lora")
@@ -95,11 +89,7 @@ def test_a_lora_is_refused_by_a_quantized_transformer_and_the_fix_keeps_its_effe
     assert not any(type(module) is nn.Linear or "lora" in name for name, module in pipe.transformer.named_modules())
     fused_int8, base_int8 = sample(pipe), sample(quantized_shapes_pipeline())
     assert (fused_int8 - fused_float).abs().mean() < (fused_int8 - base_int8).abs().mean() / 4
-
-
-@pytest.mark.slow
-def test_freezing_refuses_a_quantized_transformer_before_compiling():
-    # The int8 layers break dynamo's graph, and the frozen model samples slower than the eager one.
+    # Freezing is refused before compiling: the int8 layers break dynamo's graph, and would sample slower frozen.
     pipe = quantized_shapes_pipeline()
     with pytest.raises(ValueError, match=r"dynamic quantization replaced \(embed.text_adapter, .*without freezing"):
         pipe.enable_inductor_freezing()

@@ -1,5 +1,4 @@
-"""Fidelity to the reference networks (zizhao-hu/L-MLP `libs/f2.py`, `libs/uvit_t2i.py`): plain-torch re-statements
-on reference keys, the converters, and U-ViT's cost."""
+"""Fidelity to zizhao-hu/L-MLP's `libs/f2.py` and `libs/uvit_t2i.py`: re-statements, the converters, U-ViT's cost."""
 
 import math
 import re
@@ -22,8 +21,7 @@ from diffusers_lmlp.models.mixers.attention import UViTBlock
 
 
 def reference_state_dict(depth, dim, seq_len, text_dim, block_layers, conv=True, unit_weights=False):
-    """Random tensors under a reference network's keys (§A.4, §B.1; patch 2, 4 channels). `block_layers(prefix)` gives
-    a block's LayerNorms (their width) and Linears ((out, in), and "no bias"); `unit_weights`: weights by fan-in^-½."""
+    """Random tensors under a reference network's keys; `block_layers(prefix)`: LayerNorm widths, Linear (out, in)."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape, scale=0.05, offset=0.0):
@@ -33,8 +31,7 @@ def reference_state_dict(depth, dim, seq_len, text_dim, block_layers, conv=True,
     layers = {"patch_embed.proj": (dim,), "context_embed": (dim, text_dim), "norm": dim, "decoder_pred": (16, dim)}
     if conv:
         sd["final_layer.weight"], layers["final_layer"] = rand(4, 4, 3, 3), (4,)
-    blocks = [f"in_blocks.{i}." for i in range(depth // 2)] + ["mid_block."]
-    for p in blocks + [f"out_blocks.{i}." for i in range(depth // 2)]:
+    for p in ["mid_block.", *(f"{half}_blocks.{i}." for half in ("in", "out") for i in range(depth // 2))]:
         layers |= {p + name: shape for name, shape in block_layers(p).items()}
     for name, shape in layers.items():
         if isinstance(shape, int):  # a LayerNorm
@@ -87,8 +84,7 @@ def lmlp_forward(sd, x, context, n, depth):
 
 
 def uvit_forward(sd, x, context, n, depth, num_heads=8):
-    """The reference UViT forward: attention is softmax(QKᵀ/√d)·V per head, qkv's 3D outputs being [q | k | v], each
-    split into heads in order."""
+    """The reference UViT forward: softmax(QKᵀ/√d)·V per head, qkv's outputs being [q | k | v], each head in order."""
 
     def attention(h, p):
         q, k, v = (t.unflatten(-1, (num_heads, -1)).transpose(1, 2) for t in linear(sd, h, p + "qkv").chunk(3, -1))
@@ -96,8 +92,7 @@ def uvit_forward(sd, x, context, n, depth, num_heads=8):
         return linear(sd, (weights @ v).transpose(1, 2).flatten(2), p + "proj")
 
     def block(p, h, skip):
-        if skip is not None:
-            h = linear(sd, torch.cat([h, skip], dim=-1), p + "skip_linear")
+        h = h if skip is None else linear(sd, torch.cat([h, skip], dim=-1), p + "skip_linear")
         h = h + attention(norm(sd, h, p + "norm1"), p + "attn.")
         return h + linear(sd, F.gelu(linear(sd, norm(sd, h, p + "norm2"), p + "mlp.fc1")), p + "mlp.fc2")
 
@@ -113,7 +108,8 @@ def tiny_inputs():
 def test_converted_tiny_lmlp_matches_reference_forward_bit_for_bit_in_fp32_and_under_bf16_autocast():
     model = LMLPTransformer2DModel(**{**TINY, "num_layers": 4, "text_embed_dim": 24}).eval()
     sd = lmlp_state_dict(depth=4, dim=32, seq_len=22, text_dim=24, mlp_hidden=128)
-    model.load_state_dict(convert_lmlp_reference_state_dict(sd), strict=True)
+    # DDP's "module." prefix is stripped
+    model.load_state_dict(convert_lmlp_reference_state_dict({f"module.{k}": v for k, v in sd.items()}), strict=True)
     streams = []
     for block in model.stack.in_blocks:
         block.register_forward_hook(lambda module, args, out: streams.append(out.dtype))
@@ -139,16 +135,15 @@ def test_converted_tiny_uvit_matches_reference_forward(depth, heads, qkv_bias, c
     config = dict(TINY, num_layers=depth, text_embed_dim=24, num_attention_heads=heads, qkv_bias=qkv_bias)
     model = UViTTransformer2DModel(**config, conv_out=conv).eval()
     sd = uvit_state_dict(depth, 32, 22, text_dim=24, mlp_hidden=128, qkv_bias=qkv_bias, conv=conv)
-    model.load_state_dict(convert_uvit_reference_state_dict(sd), strict=True)
+    prefix = "module." if qkv_bias else ""  # DDP's, stripped
+    model.load_state_dict(convert_uvit_reference_state_dict({prefix + k: v for k, v in sd.items()}), strict=True)
     x, context, t = tiny_inputs()
-    with torch.no_grad():
-        ours, expected = model(x, context, t).sample, uvit_forward(sd, x, context, t + 1, depth, heads)
+    ours, expected = model(x, context, t).sample, uvit_forward(sd, x, context, t + 1, depth, heads)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
-# The papers' models: the reference's state dict, its tensors (§A.4: 249 for depth 16; U-ViT: 11 top-level, 11 per
-# block in 13 blocks, skip_linear's 2 in 6 out blocks) and the tolerance (F2-deep: bit for bit, as the merge GEMM
-# rounds by Z's layout, which must be the reference's (left + right)).
+# The papers' models: the reference's state dict, its tensors (§A.4: 249 for depth 16; U-ViT: 11 + 13 blocks' 11 + 6
+# skip_linears' 2), the tolerance (F2-deep: bit for bit, as the merge GEMM rounds by Z's layout: the reference's l+r).
 FULL_SIZE = {
     "F2-deep": (LMLPTransformer2DModel, lmlp_state_dict, lmlp_forward, 16, 249, 47_139_122, 0),
     "U-ViT-S/2": (UViTTransformer2DModel, uvit_state_dict, uvit_forward, 12, 11 + 13 * 11 + 6 * 2, 44_692_644, 1e-5),
@@ -173,15 +168,6 @@ def test_the_papers_reference_layouts_load_one_to_one_and_match(name):
     torch.testing.assert_close(ours, expected, atol=tolerance, rtol=tolerance)
 
 
-def test_converters_strip_the_ddp_prefix():
-    for convert, key, ours in [
-        (convert_lmlp_reference_state_dict, "in_blocks.3.mlp.fc2.bias", "stack.in_blocks.3.joint_mlp.fc2.bias"),
-        (convert_uvit_reference_state_dict, "out_blocks.1.skip_linear.bias", "stack.out_blocks.1.skip_linear.bias"),
-    ]:
-        sd = {"module.context_embed.weight": torch.zeros(2, 2), f"module.{key}": torch.zeros(2)}
-        assert set(convert(sd)) == {"embed.text_adapter.weight", ours}
-
-
 @pytest.mark.parametrize(
     "convert, key, cause",
     [
@@ -199,14 +185,6 @@ def test_converters_name_the_likely_cause_of_a_foreign_key(convert, key, cause):
         convert({key: torch.zeros(3, 1)})
 
 
-def test_a_uvit_block_refuses_a_skip_it_was_not_built_for():
-    x = torch.zeros(1, 22, 32)
-    with pytest.raises(ValueError, match="skip_linear=True but got skip=None"):
-        UViTBlock(32, 4, 4.0, 1e-5, skip=True)(x)
-    with pytest.raises(ValueError, match="skip_linear=False but got skip=a tensor"):
-        UViTBlock(32, 4, 4.0, 1e-5)(x, x)
-
-
 def test_uvit_costs_lmlp_table3s_transformer_block_and_table4s_gmacs_without_the_attention_matmuls():
     macs, params = {}, {}
     with torch.device("meta"):
@@ -215,8 +193,8 @@ def test_uvit_costs_lmlp_table3s_transformer_block_and_table4s_gmacs_without_the
             with torch.no_grad(), FlopCounterMode(display=False) as counter:
                 block(x, x if skip else None)
             macs[skip], params[skip] = counter.get_total_flops() // 2, sum(p.numel() for p in block.parameters())
-    assert macs[False] == transformer_block_macs(334, 512, 4) == 1_164_906_496  # (4 + 2s)·L·D² + 2·L²·D
-    assert complexity({}, family="uvit").block_macs == macs[False]
+    counted = complexity({}, family="uvit")  # a block: (4 + 2s)·L·D² + 2·L²·D
+    assert counted.block_macs == macs[False] == transformer_block_macs(334, 512, 4) == 1_164_906_496
     # (4 + 2s)·D² weights (Table 3), two LayerNorms, the biases of proj, fc1 and fc2 (qkv has none).
     assert params[False] == 12 * 512**2 + 4 * 512 + 512 + 2048 + 512 == 3_150_848
     assert (macs[True] - macs[False], params[True] - params[False]) == (334 * 2 * 512 * 512, 2 * 512 * 512 + 512)
@@ -225,6 +203,10 @@ def test_uvit_costs_lmlp_table3s_transformer_block_and_table4s_gmacs_without_the
     assert family.details(family.full_config({})) == ", 8 attention heads"
     # L-MLP Table 4's 14.78 GMACs for U-ViT-S/2 come from ptflops, whose module hooks cannot see the functional
     # attention: our count without QKᵀ and softmax(QKᵀ)·V is within 0.3% of it, and 16.23 G with them.
-    counted = complexity({}, family="uvit")
     assert counted.macs - counted.num_blocks * 2 * 334**2 * 512 == pytest.approx(14.78e9, rel=3e-3)
     assert counted.macs == pytest.approx(16.23e9, rel=1e-3)
+    x = torch.zeros(1, 22, 32)  # a block refuses a skip it was not built for
+    with pytest.raises(ValueError, match="skip_linear=True but got skip=None"):
+        UViTBlock(32, 4, 4.0, 1e-5, skip=True)(x)
+    with pytest.raises(ValueError, match="skip_linear=False but got skip=a tensor"):
+        UViTBlock(32, 4, 4.0, 1e-5)(x, x)

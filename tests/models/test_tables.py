@@ -1,5 +1,4 @@
-"""The papers' tables: L-MLP Table 1 as named configurations (what each row's block computes; the baselines MLP-Mixer
-(A2) and gMLP (A3) against their papers), and the complexity accounting against Tables 1, 3 and 4 and the models."""
+"""The papers' tables: Table 1's rows and baselines (A2 MLP-Mixer, A3 gMLP) and the cost counts of Tables 1, 3, 4."""
 
 import re
 
@@ -8,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from plain_torch import EPS, TINY, gelu, layer_norm
+from test_reference_conversion import linear, norm
 from torch.utils.flop_counter import FlopCounterMode
 
 from diffusers_lmlp import FAMILIES, LMLPTransformer2DModel, MoEMLPModel
@@ -19,49 +19,54 @@ from diffusers_lmlp.models.mixers.lmlp import LMLPBlock
 from diffusers_lmlp.models.mixers.mlp_mixer import MLPMixerBlock
 
 
-def test_named_configs_name_their_family_and_take_overrides():
+def test_named_configs_name_their_family_and_take_overrides_and_the_long_skip_placements():
     assert LMLPTransformer2DModel.named_configs["F2-deep"] == {}  # the defaults: the reference model
     with torch.device("meta"):
         f2 = LMLPTransformer2DModel.from_named_config("F2")
         moe = from_named_config("4E2H", num_layers=0)
     assert (f2.config.num_layers, f2.config.mlp_ratio, f2.config.long_skip) == (12, 5.2, "second_stage")
     assert f2.stack.mid_block.joint_mlp.fc1.out_features == int(512 * 5.2)  # Table 1 footnote: MLP scale 5.2
-    assert type(moe) is MoEMLPModel and (moe.config.num_experts, moe.config.num_heads, moe.config.num_layers) == (
-        4,
-        2,
-        0,
-    )
+    assert type(moe) is MoEMLPModel and moe.config.num_layers == 0
+    assert (moe.config.num_experts, moe.config.num_heads) == (4, 2)
     assert named_configs()["F2"][0].name == "lmlp" and named_configs()["2E1H"][0].name == "moe_mlp"
     with pytest.raises(ValueError, match=r"Unknown named configuration 'F3'; choose one of \["):
         from_named_config("F3")
     with pytest.raises(ValueError, match=r"Unknown MoEMLPModel configuration 'F2'; choose one of \['2E1H'"):
         MoEMLPModel.from_named_config("F2")
+    assert complexity({}, family="lmlp").params == 47_139_122  # a partial config is counted with the defaults
+    with pytest.raises(ValueError, match="is not a backbone of a registered block family"):
+        complexity({"hidden_size": 32})
+    # the L-MLP's long-skip placements differ, and None builds a plain stack
+    inputs = (torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([3, 500]))
+    outputs = {}
+    for placement in ("first_stage", "second_stage", None):
+        torch.manual_seed(0)
+        model = LMLPTransformer2DModel(**TINY, long_skip=placement).eval()
+        seen = []
+        model.stack.out_blocks[0].register_forward_hook(lambda m, args, out: seen.append(args[1]))
+        outputs[placement] = model(*inputs).sample
+        assert (seen[0] is None) == (placement is None)
+    assert not torch.allclose(outputs["first_stage"], outputs["second_stage"])
+    assert not torch.allclose(outputs[None], outputs["second_stage"])
 
 
 def reference_block(p, x, skip, lateral_mlp, activation, merging, merge_proj, second_stage, skip_stage):
     """One Table 1 block re-stated over its state dict (independent of `LMLPBlock`)."""
 
-    def linear(h, name):
-        return F.linear(h, p[f"{name}.weight"], p[f"{name}.bias"])
-
-    def mlp(h, prefix):
-        return linear(F.gelu(linear(h, f"{prefix}.fc1")), f"{prefix}.fc2")
-
-    def norm(h, name):
-        return F.layer_norm(h, h.shape[-1:], p[f"{name}.weight"], p[f"{name}.bias"])
+    def mlp(p, h, prefix):
+        return linear(p, F.gelu(linear(p, h, f"{prefix}.fc1")), f"{prefix}.fc2")
 
     branch = mlp if lateral_mlp else linear
-    if skip is not None and skip_stage == "second_stage":
-        x = x + skip
+    x = x + skip if skip is not None and skip_stage == "second_stage" else x
     lateral = x + skip if skip is not None and skip_stage == "first_stage" else x
-    left = branch(norm(lateral.transpose(1, 2), "token_norm"), "left").transpose(1, 2)
-    right = branch(norm(lateral, "channel_norm"), "right")
-    x = norm(x, "channel_norm")
+    left = branch(p, norm(p, lateral.transpose(1, 2), "token_norm"), "left").transpose(1, 2)
+    right = branch(p, norm(p, lateral, "channel_norm"), "right")
+    x = norm(p, x, "channel_norm")
     left = F.gelu(left) if activation in ("left", "both") else left
     right = F.gelu(right) if activation == "both" else right
     z = {"add": left + right, "prod": left * right, "glu": left * torch.sigmoid(right)}[merging]
-    x = x + (linear(z, "merge") if merge_proj else z)
-    return x + mlp(norm(x, "channel_norm"), "joint_mlp") if second_stage else x
+    x = x + (linear(p, z, "merge") if merge_proj else z)
+    return x + mlp(p, norm(p, x, "channel_norm"), "joint_mlp") if second_stage else x
 
 
 # name -> the block its row describes: lateral MLP, activation, merging, merge projection, second stage
@@ -88,11 +93,8 @@ def test_each_rows_block_computes_what_the_row_describes(name):
         config.get("lateral_activation", "none"), config.get("merging", "add"), config.get("merge_proj", True),
         config.get("long_skip") or "second_stage",
     )  # fmt: skip
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in block.parameters():  # random everywhere, so no term hides behind an init value
-            param.copy_(0.3 * torch.randn(param.shape, generator=gen) + (1.0 if param.ndim == 1 else 0.0))
-    x, skip = torch.randn(2, 12, 16, generator=gen), torch.randn(2, 12, 16, generator=gen)
+    pt.randomize_(block, seed=0)
+    x, skip = torch.randn(2, 2, 12, 16, generator=torch.Generator().manual_seed(1))
     for s in (None, skip):
         expected = reference_block(block.state_dict(), x, s, *ROWS[name], block.skip_stage)
         torch.testing.assert_close(block(x, s), expected, rtol=1e-5, atol=1e-5)
@@ -103,28 +105,12 @@ def test_each_rows_block_computes_what_the_row_describes(name):
         assert seen == [False]
 
 
-def test_long_skip_placements_differ_and_none_builds_a_plain_stack():
-    inputs = (torch.randn(2, 4, 8, 8), torch.randn(2, 5, 16), torch.tensor([3, 500]))
-    outputs = {}
-    for placement in ("first_stage", "second_stage", None):
-        torch.manual_seed(0)
-        model = LMLPTransformer2DModel(**TINY, long_skip=placement).eval()
-        seen = []
-        model.stack.out_blocks[0].register_forward_hook(lambda m, args, out: seen.append(args[1]))
-        with torch.no_grad():
-            outputs[placement] = model(*inputs).sample
-        assert (seen[0] is None) == (placement is None)
-    assert not torch.allclose(outputs["first_stage"], outputs["second_stage"])
-    assert not torch.allclose(outputs[None], outputs["second_stage"])
-
-
 MIXER, GMLP = FAMILIES["mlp_mixer"].model_class, FAMILIES["gmlp"].model_class
 
 
 def mixer_reference(sd, x, skip):
     """MLP-Mixer eq. 1 over the block's state dict: U = X + W2 σ(W1 LN(X)) over tokens, Y = U + W4 σ(W3 LN(U))."""
-    if skip is not None:
-        x = x + skip
+    x = x if skip is None else x + skip
     n = layer_norm(x, sd["norm1.weight"], sd["norm1.bias"])
     # token mixing: every channel d is an L-vector n[:, d] mixed by the (D_S, L) and (L, D_S) matrices
     h = gelu(torch.einsum("sl,bld->bsd", sd["token_mlp.fc1.weight"], n) + sd["token_mlp.fc1.bias"][:, None])
@@ -136,12 +122,10 @@ def mixer_reference(sd, x, skip):
 
 def gmlp_reference(sd, x, skip):
     """gMLP: Z = σ(XU), Z̃ = Z_1 ⊙ (W·LN(Z_2) + b) over tokens, Y = Z̃V + X."""
-    if skip is not None:
-        x = x + skip
+    x = x if skip is None else x + skip
     n = layer_norm(x, sd["norm.weight"], sd["norm.bias"])
     z = gelu(n @ sd["channel_proj1.weight"].T + sd["channel_proj1.bias"])
-    half = z.shape[-1] // 2
-    z1, z2 = z[..., :half], z[..., half:]
+    z1, z2 = z.chunk(2, dim=-1)
     z2 = layer_norm(z2, sd["sgu.norm.weight"], sd["sgu.norm.bias"])
     gate = torch.einsum("ij,bjd->bid", sd["sgu.spatial_proj.weight"], z2) + sd["sgu.spatial_proj.bias"][:, None]
     return x + (z1 * gate) @ sd["channel_proj2.weight"].T + sd["channel_proj2.bias"]
@@ -164,19 +148,16 @@ BASELINES = {
 }
 
 
-@pytest.fixture(params=list(BASELINES))
-def baseline(request):
-    return (*BASELINES[request.param], request.param)
-
-
 @pytest.mark.parametrize("with_skip", [False, True])
-def test_block_matches_plain_torch_restatement(baseline, with_skip):
-    _, block, reference, *_ = baseline
+@pytest.mark.parametrize("name", BASELINES)
+def test_block_matches_plain_torch_restatement(name, with_skip):
+    _, block, reference, _ = BASELINES[name]
     pt.check_block_matches_reference(block, reference, with_skip)
 
 
-def test_named_config_on_a1s_skeleton_and_tiny_models_are_counted_exactly(baseline):
-    model_class, _, _, block_macs, name = baseline
+@pytest.mark.parametrize("name", BASELINES)
+def test_named_config_on_a1s_skeleton_and_tiny_models_are_counted_exactly_and_the_long_skip_switch(name, tmp_path):
+    model_class, _, _, block_macs = BASELINES[name]
     with torch.device("meta"):
         model = model_class.from_named_config(name)
     pt.check_matches_a1(model)
@@ -189,10 +170,6 @@ def test_named_config_on_a1s_skeleton_and_tiny_models_are_counted_exactly(baseli
     for long_skips in (True, False):
         model = model_class(**TINY, long_skips=long_skips)
         pt.check_counted_exactly(model, block_macs(model.config, pt.TINY_SEQ_LEN))
-
-
-def test_the_long_skip_switch(baseline, tmp_path):  # gradients: test_models.py
-    model_class = baseline[0]
     pt.check_long_skips_off_builds_a_plain_stack(model_class)
     pt.check_long_skips_on_feed_out_blocks_the_in_blocks_outputs(model_class)
     pt.check_long_skips_setting_survives_save_and_load(model_class, tmp_path)
@@ -205,7 +182,7 @@ def test_mixer_takes_any_channel_mlp(channel_mlp):
     assert complexity(model).params == sum(p.numel() for p in model.parameters())
 
 
-def test_spatial_gate_starts_near_identity():
+def test_spatial_gate_starts_near_identity_and_an_odd_width_is_refused_with_a_ratio_that_works():
     """W ~ U(±0.01), b = 1 in every block (the generic Linear init would give b = 0: a gate that closes the unit)."""
     model = GMLP(**TINY)
     units = [m for m in model.modules() if isinstance(m, SpatialGatingUnit)]
@@ -214,21 +191,16 @@ def test_spatial_gate_starts_near_identity():
     assert weights.abs().max() <= 0.01 and weights.std(dim=(1, 2)).min() > 0.004  # near zero, not zero (0.0058)
     # With U = 1 the unit's output is its gate W·LN(Z_2) + b, which starts at ≈ 1: Z_1 passes through.
     z = torch.cat([torch.ones(4, 22, 96), 3 * torch.randn(4, 22, 96, generator=torch.Generator().manual_seed(5))], -1)
-    with torch.no_grad():
-        gate = units[0](z)  # (B, L, d_ffn / 2)
+    gate = units[0](z)  # (B, L, d_ffn / 2)
     assert gate.shape == (4, 22, 96) and (gate - 1).abs().mean() < 0.05 and (gate - 1).abs().max() < 0.25
-
-
-def test_an_odd_gmlp_width_is_refused_with_a_ratio_that_works():
     with pytest.raises(ValueError, match=r"d_ffn = int\(32 × 1.03125\) = 33, which is odd") as excinfo:
         GMLP(**TINY, mlp_ratio=1.03125)
     suggested = float(re.search(r"e\.g\. mlp_ratio=([0-9.]+)", str(excinfo.value)).group(1))
-    model = GMLP(**TINY, mlp_ratio=suggested)
-    assert model.stack.mid_block.channel_proj1.out_features == 34
+    assert GMLP(**TINY, mlp_ratio=suggested).stack.mid_block.channel_proj1.out_features == 34
 
 
-# The papers' models on the COCO skeleton (L = 334): exact parameters, the size L-MLP Table 1 gives the row's group
-# (or None), and for the models compared on cost their per-sample forward MACs and blocks.
+# The papers' models (COCO, L = 334): exact parameters, Table 1's size of the row's group (or None), and for the
+# models compared on cost their per-sample forward MACs and blocks.
 NAMED = {
     **dict.fromkeys(["A1", "B1", "B2"], (23_484_738, 23.5e6, None)),
     "A2": (23_486_038, 23.5e6, None),  # MLP-Mixer
@@ -272,12 +244,10 @@ def test_named_models_are_counted_exactly(name):
         return
     params, table, cost = NAMED[name]
     assert counted.params == params and (table is None or abs(params - table) / table < 0.03)
-    if cost:
-        assert (counted.macs, counted.num_blocks, counted.seq_len) == (*cost, 334)
-    if name in ("F2-deep", "2E1H", "4E1H", "4E2H"):
-        assert 15.8e9 <= counted.macs <= 16.0e9  # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep)
-    if name.endswith("Mixer-S"):
-        assert abs(counted.params / NAMED["F2"][0] - 1) < 0.03  # sized like Table 1's F2
+    assert not cost or (counted.macs, counted.num_blocks, counted.seq_len) == (*cost, 334)
+    # L-MLP Table 4 reports 15.95 GMACs for UL-MLP (F2-deep); the Mixers are sized like Table 1's F2
+    assert name not in ("F2-deep", "2E1H", "4E1H", "4E2H") or 15.8e9 <= counted.macs <= 16.0e9
+    assert not name.endswith("Mixer-S") or abs(counted.params / NAMED["F2"][0] - 1) < 0.03
     if name == "F2-deep":  # L-MLP Table 3: 0.933 G per block
         assert counted.block_macs == lmlp_block_macs(334, 512, 4) == 10 * 334 * 512**2 + 334**2 * 512 == 932_677_632
 
@@ -294,9 +264,3 @@ def test_tiny_models_are_counted_from_the_model_or_its_config(family, overrides,
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.zeros(3, 4, 8, 8), torch.zeros(3, 5, 16), torch.zeros(3, dtype=torch.long))
     assert counter.get_total_flops() == 2 * 3 * expected_macs
-
-
-def test_a_partial_config_is_counted_with_the_defaults_and_another_refused():  # full ones: the tiny cases
-    assert complexity({}, family="lmlp").params == 47_139_122
-    with pytest.raises(ValueError, match="is not a backbone of a registered block family"):
-        complexity({"hidden_size": 32})

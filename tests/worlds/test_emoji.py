@@ -1,6 +1,4 @@
-"""The emoji world: `scripts/build_emoji_world.py` on npm-layout stand-ins, the shipped world, its CLIP
-(`scripts/train_emoji_clip.py`) and tokenizer, and its scorer: the nearest real emoji by CLIP and by pixels, the tone,
-emoji-FID's real images and floor, the caption sources and the evaluation on them."""
+"""The emoji world: its build script on npm-layout stand-ins, the shipped world, its CLIP, tokenizer and scorer."""
 
 import json
 import math
@@ -32,18 +30,12 @@ def scorer():
     return EmojiScorer.from_pretrained()
 
 
-@pytest.fixture
-def one_scorer(scorer, monkeypatch):
-    """The evaluation's emoji scorer is the module's: the world's pictures are embedded once."""
-    monkeypatch.setattr(EmojiScorer, "from_pretrained", lambda *args, **kwargs: scorer)
-
-
 def index_of(name: str) -> int:
     return next(i for i, emoji in enumerate(load_emoji()) if emoji.name == name)
 
 
 @pytest.mark.slow  # the scorer embeds the world's 3,786 pictures first (about 9 s)
-def test_every_real_picture_is_nearest_to_itself_and_not_to_another_tone_or_emoji(scorer):
+def test_every_real_picture_is_nearest_to_itself_and_emoji_fid_takes_the_captions_pictures(scorer):
     rows = split_indices("heldout")[:20] + split_indices("train")[::200]
     # any tone of the asked emoji is the emoji, but not the tone; another emoji is not the asked one
     tone = {"top-1": 1, "pixel top-1": 1, "tone": 0, "pixel tone": 0}
@@ -60,10 +52,7 @@ def test_every_real_picture_is_nearest_to_itself_and_not_to_another_tone_or_emoj
             assert math.isnan(verdict["tone"]) and math.isnan(verdict["pixel tone"])
     for verdict, (*_, expected) in zip(verdicts[len(rows) :], others):
         assert {key: verdict[key] for key in expected} == expected
-
-
-@pytest.mark.slow  # the scorer embeds the world's 3,786 pictures first (about 9 s)
-def test_emoji_fid_takes_the_captions_pictures_and_draws_the_floor_from_their_split(scorer):
+    # emoji-FID's real images are the captions' pictures, and its floor is drawn from their split
     held = [load_emoji()[i].name for i in split_indices("heldout")[:6]]
     real = scorer.renders(held, range(6), seed=0, stream=1, resolution=32)
     assert all(np.array_equal(np.asarray(image), load_images()[index_of(name)]) for image, name in zip(real, held))
@@ -74,23 +63,21 @@ def test_emoji_fid_takes_the_captions_pictures_and_draws_the_floor_from_their_sp
     assert scorer.renders(held[:1], range(1), 0, 1, 16)[0].size == (16, 16)
 
 
-def test_emoji_caption_sources_draw_each_picture_evenly_by_plain_name_or_in_any_phrasing():
+def test_emoji_caption_sources_draw_each_picture_evenly_and_other_captions_are_refused_emoji_fid(make_pipe):
     held = draw_captions("emoji:heldout", 2 * 162, seed=3)
     assert sorted(held) == sorted([load_emoji()[i].name for i in split_indices("heldout")] * 2)
     varied = draw_captions("emoji:heldout:varied", 2 * 162, seed=3)
     assert all(phrasing in load_emoji()[index_of(name)].captions for name, phrasing in zip(held, varied))  # in order
     assert len(set(draw_captions("emoji:train", 100, seed=0))) == 100
     assert len(caption_targets()["man in tuxedo"]) == 2  # a name two emoji share asks for either
-
-
-def test_evaluating_other_captions_against_emoji_fid_is_refused(make_pipe):
     with pytest.raises(ValueError, match="some captions are not emoji-world captions"):
         evaluate(make_pipe(), ["a small red circle at the top left"], fid_reference="emoji")
 
 
 @pytest.mark.slow
-def test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline(tmp_path, one_scorer):
-    """docs/emoji.md's commands in this process, each with 4 of its images at 2 steps."""
+def test_the_documented_emoji_evaluations_run_on_the_shipped_pipeline(tmp_path, scorer, monkeypatch):
+    """docs/emoji.md's commands in this process, each with 4 of its images at 2 steps, with the module's scorer."""
+    monkeypatch.setattr(EmojiScorer, "from_pretrained", lambda *args, **kwargs: scorer)
     commands = block("docs/emoji.md", "How samples are scored").strip().splitlines()
     assert len(commands) == 2
     for number, command in enumerate(commands):
@@ -144,13 +131,7 @@ def npm_stand_ins(root: Path) -> tuple[Path, Path]:
     return datasource, cldr
 
 
-def test_the_build_script_names_the_npm_install_when_a_package_is_missing(script, tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        script.main(["--emoji-datasource", str(tmp_path / "missing")])
-    assert "npm install emoji-datasource-google@16.0.0 cldr-annotations-full@48.2.0" in capsys.readouterr().err
-
-
-def test_the_shipped_world_and_its_training_dataset_hold_every_picture_with_its_plain_name():
+def test_the_shipped_world_dataset_and_tokenizer_hold_every_picture_and_hold_out_a_tenth_of_its_tones():
     emoji, images = load_emoji(), load_images()
     assert len(emoji) == 3786 and images.shape == (3786, 32, 32, 3) and sum(not e.tones for e in emoji) == 1911
     assert {"extraterrestrial alien", "surfer: dark skin tone", "red apple"} <= {e.name for e in emoji}
@@ -163,10 +144,13 @@ def test_the_shipped_world_and_its_training_dataset_hold_every_picture_with_its_
     assert len(dataset) == 3786 - 162 and row["text"] == list(first.captions) and row["image"].size == (32, 32)
     with pytest.raises(ValueError, match="choose one of"):
         make_dataset("test")
-
-
-def test_a_tenth_of_the_single_tone_variants_is_held_out_keeping_every_tone_and_emoji():
-    emoji = load_emoji()
+    tokenizer = CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")
+    assert tokenizer.model_max_length == TEXT_SEQ_LEN
+    captions = [caption for e in emoji for caption in e.captions]
+    assert max(len(ids) for ids in tokenizer(captions).input_ids) <= TEXT_SEQ_LEN
+    assert tokenizer.tokenize("extraterrestrial alien") == ["extraterrestrial</w>", "alien</w>"]
+    assert tokenizer.tokenize("são tomé") == ["sÃ£o</w>", "tomÃ©</w>"]  # whole words in UTF-8 bytes too
+    # a tenth of the single-tone variants is held out, keeping every tone and emoji in training
     held, train = [emoji[i] for i in split_indices("heldout")], [emoji[i] for i in split_indices("train")]
     assert tuple(e.unified for e in held) == HELD_OUT and len(HELD_OUT) == 162 and len(train) + 162 == len(emoji)
     single = sum(len(e.tones) == 1 for e in emoji)
@@ -182,9 +166,12 @@ def test_a_tenth_of_the_single_tone_variants_is_held_out_keeping_every_tone_and_
     assert tone_group(0) == ()  # grinning face: no tones
 
 
-def test_the_documented_build_commands_run_on_the_npm_layout(script, tmp_path, monkeypatch):
+def test_the_documented_build_commands_run_on_the_npm_layout(script, tmp_path, monkeypatch, capsys):
     install, *builds = block("docs/emoji.md", "The pictures and their names").strip().splitlines()
-    assert install.startswith("npm install emoji-datasource-google@16.0.0 cldr-annotations-full@48.2.0")
+    assert install.startswith(npm := "npm install emoji-datasource-google@16.0.0 cldr-annotations-full@48.2.0")
+    with pytest.raises(SystemExit):  # a missing package: the error names that install
+        script.main(["--emoji-datasource", str(tmp_path / "missing")])
+    assert npm in capsys.readouterr().err
     _, cldr = npm_stand_ins(tmp_path / "node_modules")  # what that install leaves in ./node_modules
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "shipped"  # the first command writes into the package: here, into a copy's place
@@ -230,15 +217,5 @@ def test_the_documented_command_writes_the_scorers_clip_and_the_pipelines_text_s
     scorer = EmojiScorer.from_pretrained(clip)  # safetensors, with its processor
     text_encoder = CLIPTextModel.from_pretrained(pipeline / "text_encoder", use_safetensors=True)
     ids = CLIPTokenizer.from_pretrained(pipeline / "tokenizer")(["red apple"], padding="max_length").input_ids
-    with torch.no_grad():  # the pipeline's text tower is the CLIP's
-        ours, theirs = text_encoder(torch.tensor(ids)), scorer.clip.model.text_model(torch.tensor(ids))
+    ours, theirs = text_encoder(torch.tensor(ids)), scorer.clip.model.text_model(torch.tensor(ids))  # the same tower
     torch.testing.assert_close(ours.last_hidden_state, theirs.last_hidden_state)
-
-
-def test_the_world_tokenizer_reads_each_word_as_one_token_and_every_phrasing_fits():
-    tokenizer = CLIPTokenizer.from_pretrained(PIPELINE_PATH / "tokenizer")
-    assert tokenizer.model_max_length == TEXT_SEQ_LEN
-    captions = [caption for emoji in load_emoji() for caption in emoji.captions]
-    assert max(len(ids) for ids in tokenizer(captions).input_ids) <= TEXT_SEQ_LEN
-    assert tokenizer.tokenize("extraterrestrial alien") == ["extraterrestrial</w>", "alien</w>"]
-    assert tokenizer.tokenize("são tomé") == ["sÃ£o</w>", "tomÃ©</w>"]  # whole words in UTF-8 bytes too

@@ -1,5 +1,4 @@
-"""The shapes world: renders, splits, datasets, the scorer, the offline text side, the committed VAE, and the feature
-network of shapes-FID (that it separates renders from corrupted ones: tests/evaluation)."""
+"""The shapes world: renders, splits, datasets, scorer, text side, committed VAE and shapes-FID's feature network."""
 
 import json
 import os
@@ -37,7 +36,7 @@ def template_of(caption: str) -> str:
     return next(template for template, pattern in zip(world.TEMPLATES, CAPTIONS) if pattern.fullmatch(caption))
 
 
-def test_scorer_reads_every_jittered_render_and_tolerates_blur_and_noise_in_colour_and_position():
+def test_scorer_reads_every_jittered_render_tolerates_blur_and_noise_and_counts_accuracies():
     rng, captions = np.random.default_rng(0), [s.caption for s in all_specs()]
     renders = [render(s, rng=rng) for s in all_specs()]
     assert score_images(renders, captions) == dict.fromkeys([*STATED, "colour+position", "all"], 1.0)
@@ -45,6 +44,12 @@ def test_scorer_reads_every_jittered_render_and_tolerates_blur_and_noise_in_colo
     noisy = [np.clip(image + rng.normal(0, 8, image.shape), 0, 255).astype(np.uint8) for image in blurred]
     scores = score_images(noisy, captions)
     assert scores["colour+position"] == 1.0 and scores["all"] >= 0.95
+    # accuracies count each attribute over the captions that state it: the second and the fourth state no size
+    results = [dict(zip(STATED, map(bool, flags))) for flags in [(1, 1, 1, 1), (1, 1, 1), (1, 0, 1, 0), (0, 1, 1)]]
+    assert accuracies(results) == {
+        "colour": 0.75, "shape": 0.75, "position": 1.0, "size": 0.5, "colour+position": 0.75, "all": 0.5,
+    }  # fmt: skip
+    assert "size" not in accuracies(results[1::2]) and accuracies(results[1::2])["all"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -61,15 +66,6 @@ def test_scorer_reads_every_jittered_render_and_tolerates_blur_and_noise_in_colo
 def test_a_caption_is_scored_on_what_it_states_and_a_blank_image_on_nothing(image, caption, expected):
     assert score_image(image, caption) == expected
     assert read_image(BLANK) is None
-
-
-def test_accuracies_count_each_attribute_over_the_captions_that_state_it():
-    # colour, shape, position and size; the second and the fourth caption state no size
-    results = [dict(zip(STATED, map(bool, flags))) for flags in [(1, 1, 1, 1), (1, 1, 1), (1, 0, 1, 0), (0, 1, 1)]]
-    assert accuracies(results) == {
-        "colour": 0.75, "shape": 0.75, "position": 1.0, "size": 0.5, "colour+position": 0.75, "all": 0.5,
-    }  # fmt: skip
-    assert "size" not in accuracies(results[1::2]) and accuracies(results[1::2])["all"] == 0.5
 
 
 def test_every_phrasing_in_any_case_parses_back_to_its_spec_and_unknown_words_are_refused():
@@ -98,10 +94,7 @@ FORMS = re.escape(": Expected one of '{object} at the {position}', '{object} in 
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("an astronaut riding a horse", FORMS),
-        ("red circle top left", FORMS),
-        ("a small red circle at top left", FORMS),
-        ("", FORMS),
+        *[(text, FORMS) for text in ("an astronaut riding a horse", "red circle top left", "a red circle at top", "")],
         ("a small purple circle at the top", "Unknown colour 'purple'; choose one of .* Expected one of"),
         ("a red circle at the upper", "Unknown position 'upper'"),
     ],
@@ -112,7 +105,7 @@ def test_foreign_text_is_refused_with_the_expected_forms(text, match):
     assert re.search(match, str(error.value)), error.value
 
 
-def test_held_out_combinations_are_never_trained_with_or_without_size_but_every_value_is():
+def test_held_out_combinations_are_never_trained_and_the_datasets_vary_their_phrasing(tmp_path):
     held_out, train = set(held_out_specs()), set(train_specs())
     assert len(all_specs()) == 2 * 6 * 3 * 9 == len(held_out) + len(train) and not held_out & train
     assert len(HELD_OUT_TRIPLES) == 16 and len(held_out) == 2 * 16  # both sizes of each triple
@@ -120,24 +113,6 @@ def test_held_out_combinations_are_never_trained_with_or_without_size_but_every_
     for attribute in ("size", "colour", "shape", "position"):  # SIZES, COLOURS, SHAPES, POSITIONS
         values = set(getattr(world, attribute.upper() + "S"))
         assert {getattr(s, attribute) for s in train} == {getattr(s, attribute) for s in held_out} == values
-
-
-def test_dataset_is_deterministic_and_uses_its_split(tmp_path):
-    first, again = make_dataset("train", num_images=40, seed=3), make_dataset("train", num_images=40, seed=3)
-    assert first.column_names == ["image", "text"] and len(first) == 40 and first["text"] == again["text"]
-    assert first["text"] != make_dataset("train", num_images=40, seed=4)["text"]
-    assert np.array_equal(np.asarray(first[7]["image"]), np.asarray(again[7]["image"]))
-    assert first[0]["image"].size == (32, 32) and first[0]["image"].mode == "RGB"
-    assert {sizeless(parse_caption(t)) for t in make_dataset("heldout", num_images=64)["text"]} <= HELD_OUT_TRIPLES
-
-    folder = world.write_imagefolder(first, tmp_path / "folder")
-    lines = (tmp_path / "folder" / "metadata.jsonl").read_text().splitlines()
-    assert len(lines) == 40 and set(json.loads(lines[0])) == {"file_name", "text"}
-    loaded = datasets.load_dataset("imagefolder", data_dir=str(folder), split="train")
-    assert sorted(loaded["text"]) == sorted(first["text"])
-
-
-def test_training_captions_vary_their_phrasing_and_never_name_a_held_out_triple():
     dataset = make_dataset("train", num_images=len(train_specs()), seed=0)  # every training combination once
     captions = dataset["text"]
     read = [parse_caption(caption) for caption in captions]
@@ -154,9 +129,21 @@ def test_training_captions_vary_their_phrasing_and_never_name_a_held_out_triple(
     assert {bool(re.search(r"(^|: )a ", caption)) for caption in captions} == {True, False}  # with and without "a"
     words = set(" ".join(captions).replace(",", " ").replace(":", " ").split())
     assert {"big", "upper", "lower", "middle", "centre", "in"} <= words
+    # a dataset is deterministic, uses its split and writes an image folder
+    first, again = make_dataset("train", num_images=40, seed=3), make_dataset("train", num_images=40, seed=3)
+    assert first.column_names == ["image", "text"] and len(first) == 40 and first["text"] == again["text"]
+    assert first["text"] != make_dataset("train", num_images=40, seed=4)["text"]
+    assert np.array_equal(np.asarray(first[7]["image"]), np.asarray(again[7]["image"]))
+    assert first[0]["image"].size == (32, 32) and first[0]["image"].mode == "RGB"
+    assert {sizeless(parse_caption(t)) for t in make_dataset("heldout", num_images=64)["text"]} <= HELD_OUT_TRIPLES
+    folder = world.write_imagefolder(first, tmp_path / "folder")
+    lines = (tmp_path / "folder" / "metadata.jsonl").read_text().splitlines()
+    assert len(lines) == 40 and set(json.loads(lines[0])) == {"file_name", "text"}
+    loaded = datasets.load_dataset("imagefolder", data_dir=str(folder), split="train")
+    assert sorted(loaded["text"]) == sorted(first["text"])
 
 
-def test_tokenizer_reads_each_world_word_as_one_token_other_words_by_bytes_and_every_phrasing_fits():
+def test_tokenizer_reads_each_world_word_as_one_token_and_the_text_encoder_is_frozen_and_seeded(monkeypatch):
     tokenizer = shapes_tokenizer()
     assert all(len(tokenizer(word, add_special_tokens=False).input_ids) == 1 for word in WORLD_WORDS)
     assert len(tokenizer("zebra", add_special_tokens=False).input_ids) > 1
@@ -166,10 +153,7 @@ def test_tokenizer_reads_each_world_word_as_one_token_other_words_by_bytes_and_e
     assert [len(i) for i in ids] == [len(re.findall(r"\w+|[,:]", c)) for c in captions]  # "," and ":" are tokens
     assert tokenizer.batch_decode(ids) == [c.replace(",", " ,").replace(":", " :") for c in captions]
     assert max(len(i) + 2 for i in ids) == tokenizer.model_max_length == TEXT_SEQ_LEN == 10  # with bos and eos
-
-
-def test_text_encoder_is_frozen_deterministic_for_a_seed_and_must_read_the_tokenizer(monkeypatch):
-    tokenizer = shapes_tokenizer()
+    # the text encoder: frozen, deterministic for a seed, and it must read the tokenizer
     ids = tokenizer(["a small red circle at the top", "a large blue square at the left"], padding="max_length")
     encoder, ids = shapes_text_encoder(tokenizer, seed=0), torch.tensor(ids.input_ids)
     assert not any(p.requires_grad for p in encoder.parameters())
@@ -189,8 +173,7 @@ def test_committed_vae_keeps_the_shapes_of_held_out_renders():
     report = reconstruction_report(vae, images, captions)
     assert min(report[key] for key in ("colour", "position", "size")) >= 0.995, report
     assert report["shape"] >= 0.985 and report["psnr"] >= 46.0 and report["foreground psnr"] >= 34.0, report
-    with torch.no_grad():
-        latents = vae.encode(to_pixels(images[:64])).latent_dist.mode()  # (64, 8, 8, 8)
+    latents = vae.encode(to_pixels(images[:64])).latent_dist.mode()  # (64, 8, 8, 8)
     assert 0.5 < (latents * vae.config.scaling_factor).std() < 2.0  # the scaling factor normalises the latents
     assert sum(f.stat().st_size for f in VAE_PATH.iterdir()) < 3_000_000  # a few MB in the package
 
@@ -240,7 +223,6 @@ def network() -> ShapesFeatureNetwork:
     return pretrained_shapes_features()
 
 
-@torch.no_grad()
 def test_shipped_network_loads_offline_gives_deterministic_per_image_features_and_saves_them(network, tmp_path):
     assert not network.training and network.num_features == 128 and network.name == "shapes-features"
     assert sum(p.numel() for p in network.parameters()) < 150_000  # a few hundred KB of fp32 weights
@@ -257,7 +239,6 @@ def test_shipped_network_loads_offline_gives_deterministic_per_image_features_an
     assert all(torch.equal(loaded.classify(images)[k], v) for k, v in network.classify(images).items())
 
 
-@torch.no_grad()
 @pytest.mark.parametrize(("count", "seed", "image_size"), [(216, SEED, 32), (108, SEED + 1, 64)])
 def test_reads_every_attribute_of_fresh_renders_at_32_and_64_pixels(network, count, seed, image_size):
     images, labels = renders(some_specs(count, seed), seed, image_size)
@@ -267,21 +248,12 @@ def test_reads_every_attribute_of_fresh_renders_at_32_and_64_pixels(network, cou
     assert min(right.values()) >= 0.98, right
 
 
-@torch.no_grad()
-def test_a_64_pixel_upsampled_image_gives_nearly_the_32_pixel_features(network):
+def test_a_64_pixel_upsampled_image_gives_nearly_the_32_pixel_features_and_bad_images_are_refused(network):
     small, _ = renders(some_specs(108, SEED + 1), SEED + 1)
     upsampled = small.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)  # (N, 3, 64, 64)
     features = network(small)  # (N, num_features)
     relative = (network(upsampled) - features).norm(dim=1) / features.norm(dim=1)  # (N,)
     assert relative.max() < 0.15, relative.max()
-
-
-@pytest.mark.parametrize(
-    "images",
-    [torch.rand(3, 32, 32), torch.rand(2, 1, 32, 32), torch.rand(2, 4, 32, 32), torch.rand(2, 32, 32, 3)]
-    + [torch.zeros(2, 3, 32, 32, dtype=torch.uint8)],
-    ids=["3-d", "grey", "rgba", "channels-last", "uint8"],
-)
-def test_bad_images_raise_a_clear_error(network, images):
-    with pytest.raises(ValueError, match=r"float tensor of shape \(B, 3, H, W\)"):
-        network.classify(images)
+    for bad in [small[0], small[:, :1], torch.rand(2, 4, 32, 32), small.permute(0, 2, 3, 1), small.to(torch.uint8)]:
+        with pytest.raises(ValueError, match=r"float tensor of shape \(B, 3, H, W\)"):  # 3-d, grey, RGBA, HWC, uint8
+            network.classify(bad)
