@@ -81,14 +81,10 @@ def test_a_part_that_would_start_past_the_budget_is_skipped(tmp_path, monkeypatc
 
 
 def test_a_failure_mid_speed_keeps_the_models_measured_before_it(tmp_path, monkeypatch):
-    measure = check.speed.measure_model
-
-    def fails_after_the_baseline(name, *args):
-        if name != "U-ViT-S/2":
-            raise RuntimeError("out of memory")
-        return measure(name, *args)
-
-    monkeypatch.setattr(check.speed, "measure_model", fails_after_the_baseline)
+    measure, oom = check.speed.measure_model, Mock(side_effect=RuntimeError("out of memory"))
+    monkeypatch.setattr(
+        check.speed, "measure_model", lambda name, *a: (measure if name == "U-ViT-S/2" else oom)(name, *a)
+    )
     monkeypatch.setattr(check.speed, "seconds", lambda step, device: 1.0)  # what is kept matters, not the times
     monkeypatch.setattr(check.speed, "time_interleaved", lambda steps, repeats, device: dict.fromkeys(steps, 1.0))
     code, results, _ = run_check(tmp_path, "--parts", "speed")

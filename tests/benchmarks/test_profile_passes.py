@@ -63,15 +63,14 @@ def test_on_the_cpu_operators_count_their_self_time_and_adamw_counts_as_the_opti
 @pytest.mark.slow
 def test_the_documented_command_profiles_each_pass_and_counts_every_gemm(tmp_path):
     # docs/benchmarks.md's command, shrunk to depth 2, batch 1 and one profiled step, eager, every kernel listed.
-    out = tmp_path / "profile"
     shrink = ["--models", "F2-deep", "--mode", "eager", "--num_layers", "2", "--batch_size", "1", "--steps", "1"]
-    shrink += ["--top", "1000", "--output_dir", str(out)]
+    shrink += ["--top", "1000", "--output_dir", str(tmp_path)]
     command = [sys.executable, *documented_commands("profile_passes")[0][1:], *shrink]
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = (out / "profile.md").read_text()
+    report = (tmp_path / "profile.md").read_text()
     assert "## Share of kernel time by kind" in report and "## F2-deep, training: the" in report
-    profiles = {p["pass_"]: p for p in json.loads((out / "profile.json").read_text())["profiles"]}
+    profiles = {p["pass_"]: p for p in json.loads((tmp_path / "profile.json").read_text())["profiles"]}
     assert set(profiles) == {"sampling", "training"}
     for profile in profiles.values():
         assert sum(profile["shares"].values()) == pytest.approx(1.0) and 0 < profile["kernel_ms"] <= profile["step_ms"]
@@ -80,7 +79,6 @@ def test_the_documented_command_profiles_each_pass_and_counts_every_gemm(tmp_pat
     # Every matrix multiply is profiled: as many mm/addmm/bmm calls as speed_vs_uvit.meta_pass traces for the pass.
     speed = sys.modules[profiler.build.__module__]
     for pass_, rows in (("sampling", 2), ("training", 1)):
-        top = profiles[pass_]["top"]
-        calls = sum(c for name, _, _, c in top if name in ("aten::mm", "aten::addmm", "aten::bmm"))
+        calls = sum(c for name, _, _, c in profiles[pass_]["top"] if name in ("aten::mm", "aten::addmm", "aten::bmm"))
         _, operands = speed.meta_pass("F2-deep", 2, rows, train=pass_ == "training")
         assert calls == len(operands) > 0

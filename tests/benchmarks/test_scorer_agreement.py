@@ -131,7 +131,6 @@ SETTINGS = [([], 50, 2.0), (["--guidance_scale", "3.5", "--num_inference_steps",
 def test_the_sampler_settings_reach_the_pipeline(options, steps, guidance):
     pipe, args = StubPipeline(), agreement.parse_args(options)
     sampler = {"num_inference_steps": steps, "guidance_scale": guidance}
-    assert agreement.sampler_settings(args, pipe) == sampler
     items = [(ShapeSpec("small", "red", "square", "top"), "a small red square at the top", seed) for seed in range(3)]
     records = agreement.sample_and_score(pipe, items, args)
     assert pipe.calls == [sampler] and all(record["independent"]["shape"] for record in records)

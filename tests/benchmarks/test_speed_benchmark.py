@@ -56,16 +56,15 @@ def test_speedup_compares_best_modes_in_the_same_window():
             ("4E2H", "regional", 2.3, {"eager": 1.7, "compile": 2.0}, {"eager": 1.9, "compile": 2.2}),
         ]
     ]
-    best = speed.best_rows(rows)
-    f2_best = best[("F2-deep", 8, "fp32", "sampling")]
-    assert f2_best.mode == "compile" and speed.speedup(f2_best, rows) == pytest.approx(3.0 / 2.5)
+    best = {key[0]: row for key, row in speed.best_rows(rows).items() if key[1:] == (8, "fp32", "sampling")}
+    assert best["F2-deep"].mode == "compile" and speed.speedup(best["F2-deep"], rows) == pytest.approx(3.0 / 2.5)
     summary = speed.summary_table(rows).splitlines()
     # Best 3.0 over U-ViT's best 2.5 in the same window; eager 2.4 over U-ViT's eager 2.0; F2-deep over itself.
     assert summary[-2] == "| F2-deep | 8 | fp32 | compile | 1.20× | – | – | 1.20× | 1.00× | 1.00× |"
     assert summary[-3] == "| U-ViT-S/2 | 8 | fp32 | compile | 1.00× | – | – | 1.00× | 1.20× | 1.20× |"
     # 4E2H over F2-deep from its own window (2.2 / 2.3, eager 1.9 / 1.8), not through two U-ViT ratios (1.04×, 1.07×).
     assert summary[-1] == "| 4E2H | 8 | fp32 | regional | 1.15× | – | – | 1.12× | 0.96× | 1.06× |"
-    assert speed.reference_time_ratio(best[("4E2H", 8, "fp32", "sampling")], rows) == pytest.approx(2.2 / 2.3)
+    assert speed.reference_time_ratio(best["4E2H"], rows) == pytest.approx(2.2 / 2.3)
     assert speed.eager_time_ratio(rows[4], rows) == pytest.approx(1.9 / 1.8)
     assert speed.eager_time_ratio(rows[0], rows) == pytest.approx(2.4 / 2.0)  # U-ViT: F2-deep's eager window
     assert rows[3].of_gemm == pytest.approx(0.5)
@@ -97,20 +96,18 @@ SMOKE = """--models 4E2H F2-deep --modes eager --precisions fp32 --num_layers 2 
 @pytest.mark.slow
 def test_the_documented_command_runs(tmp_path):
     # docs/benchmarks.md's first command, shrunk: every section writes its table, the JSON and the plot.
-    out = tmp_path / "speed"
-    command = [sys.executable, *documented_commands("speed_vs_uvit")[0][1:], "--output_dir", str(out), *SMOKE]
+    command = [sys.executable, *documented_commands("speed_vs_uvit")[0][1:], "--output_dir", str(tmp_path), *SMOKE]
     result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = (out / "results.md").read_text()
+    report = (tmp_path / "results.md").read_text()
     assert all(f"## {title}" in report for title in ("Best mode per model", "Every mode", "The pipeline", "Memory"))
-    data = json.loads((out / "results.json").read_text())
+    data = json.loads((tmp_path / "results.json").read_text())
     passes = {(m, p) for m in ("U-ViT-S/2", "F2-deep", "4E2H") for p in ("sampling", "training")}
     assert {(r["model"], r["pass_"]) for r in data["rows"]} == passes
     assert all(r["images_per_second"] > 0 and r["gflops"] > 0 for r in data["rows"])
     by_model = {r["model"]: r for r in data["rows"] if r["pass_"] == "sampling"}
-    f2 = by_model["F2-deep"]  # U-ViT timed in F2-deep's window
+    f2, moe = by_model["F2-deep"], by_model["4E2H"]  # U-ViT timed in F2-deep's window; both in the MoE-MLP's
     assert set(f2["baseline_images_per_second"]) == {"eager"} and f2["reference_images_per_second"] == {}
-    moe = by_model["4E2H"]  # U-ViT and F2-deep both timed in the MoE-MLP's window
     assert set(moe["baseline_images_per_second"]) == set(moe["reference_images_per_second"]) == {"eager"}
     summary = report.split("## Every mode")[0]
     ratio = moe["reference_images_per_second"]["eager"] / moe["images_per_second"]
@@ -121,7 +118,7 @@ def test_the_documented_command_runs(tmp_path):
     # A depth-2 F2-deep training step at batch 2 needs tens of MiB; gradient checkpointing saves some of it.
     memory = data["memory"][0]
     assert 20 * 2**20 < memory["bytes"] < 400 * 2**20 and memory["checkpointing_bytes"] < 0.9 * memory["bytes"]
-    with Image.open(out / "speed.png") as plot:
+    with Image.open(tmp_path / "speed.png") as plot:
         assert plot.width > 400 and plot.height > 80
 
 
@@ -132,8 +129,7 @@ def test_sampling_only_modes_time_sampling_alone(monkeypatch):
     monkeypatch.setattr(speed, "time_interleaved", lambda steps, repeats, device: dict.fromkeys(steps, 1.0))
     trained, meta_pass = [], speed.meta_pass
     monkeypatch.setattr(speed, "meta_pass", lambda *a, train: trained.append(train) or meta_pass(*a, train=train))
-    args = speed.parse_args(["--models", "F2-deep", "--modes", "eager", "frozen", "--num_layers", "2"])
-    args.batch_size, args.repeats = 2, 1
+    args = speed.parse_args("--models F2-deep --modes eager frozen --num_layers 2 --batch_size 2 --repeats 1".split())
     rows, steps = speed.measure_model("F2-deep", args, "fp32", {})
     assert {(r.pass_, r.mode) for r in rows} == {("sampling", "eager"), ("sampling", "frozen"), ("training", "eager")}
     assert set(steps["training"]) == {"eager"} and trained == [False, True]
@@ -141,8 +137,7 @@ def test_sampling_only_modes_time_sampling_alone(monkeypatch):
 
 @pytest.mark.slow
 def test_the_frozen_mode_compiles_and_the_pipeline_samples_with_it(tmp_path, monkeypatch):
-    """`--modes frozen`, in this process: each model's frozen compilation is timed, and the pipeline section freezes
-    the pipeline's backbone when frozen is the best mode."""
+    # Each model's frozen compilation is timed; the pipeline section freezes its backbone when frozen is the best mode.
     two_blocks = {"down_block_types": ("DownEncoderBlock2D",) * 2, "up_block_types": ("UpDecoderBlock2D",) * 2}
     tiny_vae = {**speed.SD_VAE_CONFIG, **two_blocks, "block_out_channels": (8, 16), "norm_num_groups": 4}
     monkeypatch.setattr(speed, "SD_VAE_CONFIG", tiny_vae)  # the SD VAE's decode is the documented command's to time
