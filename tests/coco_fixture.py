@@ -1,5 +1,4 @@
-"""A tiny COCO-shaped world, real in layout, offline: the COCO-2014 folder, SD v1-4's VAE and CLIP L/14's repos (tiny
-widths), and an HF cache holding both under their real ids, so that the recipe's default ids resolve offline."""
+"""A tiny offline COCO world, real in layout: COCO-2014, SD v1-4's VAE and CLIP L/14 (narrow), cached by real ids."""
 
 import json
 from pathlib import Path

@@ -19,10 +19,8 @@ from diffusers_lmlp import LMLPPipeline  # noqa: E402
 from diffusers_lmlp.tiny import build_tiny_pipeline  # noqa: E402
 
 
-# pytest-xdist runs the suite in one worker process per core (`-n auto`). Each worker, and every command a test starts
-# (the environment is inherited), then uses its share of the cores, unless OMP_NUM_THREADS says how many: a command
-# that took every core beside a busy worker would fight it for them, and run several times slower than on its share.
-# `THREAD_SHARE` is that share, or None where the suite did not set it (`-n 0`, or OMP_NUM_THREADS set by the user).
+# Under pytest-xdist (one worker per core) each worker, and every command a test starts, uses its share of the cores
+# (`THREAD_SHARE`; None under `-n 0` or a user's OMP_NUM_THREADS): a command on every core would fight the workers.
 THREAD_SHARE = None
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # not on macOS
@@ -37,8 +35,7 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def fresh_accelerate():
-    """Every test starts and ends with no accelerate state: the training script's `main`, run in this process,
-    builds an `Accelerator` whose state is process-wide (a later run with another mixed precision would be refused)."""
+    """No accelerate state before or after a test: it is process-wide (another mixed precision would be refused)."""
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -46,11 +43,7 @@ def fresh_accelerate():
 
 @pytest.fixture
 def make_pipe():
-    """Build fresh tiny pipelines (16×16 images, 16 text tokens) with the progress bar off, on one CPU thread.
-
-    With models this small, a second thread costs more in synchronisation than it saves, and much more on a busy
-    machine (a 2-step call: ~0.01 s on one thread, up to ~1 s on two).
-    """
+    """Build fresh tiny pipelines (16×16 images, 16 text tokens), progress bar off, on one CPU thread (faster)."""
 
     def make(backbone: str = "lmlp", seed: int = 0) -> LMLPPipeline:
         pipe = build_tiny_pipeline(backbone, seed=seed)

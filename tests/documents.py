@@ -7,8 +7,7 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every page, in the order their Python examples run in one namespace (tests/project/test_readme.py): each after
-# the pages it builds on.
+# Every page, each after those it builds on: the order their Python examples run in (tests/project/test_readme.py).
 DOCS = """pipeline hub backbones lora index training emoji data coco evaluation analysis conventions benchmarks
 speed-gpu ablation shapes-runs"""
 PAGES = ("README.md", *(f"docs/{name}.md" for name in DOCS.split()))

@@ -19,18 +19,14 @@ def run_bounded(argv: list[str], *, env: dict, timeout: float, cwd=None) -> subp
     except subprocess.TimeoutExpired:
         tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
         for member in tree:
-            with_gone_ignored(member.send_signal, signal.SIGABRT)
+            with suppress(psutil.NoSuchProcess):  # it may have ended meanwhile
+                member.send_signal(signal.SIGABRT)
         for member in psutil.wait_procs(tree, timeout=10)[1]:
-            with_gone_ignored(member.kill)
+            with suppress(psutil.NoSuchProcess):
+                member.kill()
         stdout, stderr = process.communicate()
         raise AssertionError(f"{argv[:6]} … hung for {timeout} s; the stacks of its processes:\n{stderr[-12000:]}")
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-
-
-def with_gone_ignored(action, *args) -> None:
-    """Call a bound `psutil.Process` method on a process that may have ended meanwhile."""
-    with suppress(psutil.NoSuchProcess):
-        action(*args)
 
 
 def warnings_in(log: str) -> list[str]:

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import httpx
@@ -52,18 +52,14 @@ def one_cpu_thread() -> Iterator[None]:
         torch.set_num_threads(num_threads)
 
 
-def shapes_pipeline():
-    """A fresh copy of the shapes pipeline that ships in the package (32×32 images), its progress bar off."""
-    pipe = pretrained_shapes_pipeline()
+def shapes_pipeline(load=pretrained_shapes_pipeline):
+    """A fresh copy of the shapes (or `load`'s) pipeline that ships in the package (32×32 images), progress bar off."""
+    pipe = load()
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
-def emoji_pipeline():
-    """A fresh copy of the emoji pipeline that ships in the package (32×32 images), its progress bar off."""
-    pipe = pretrained_emoji_pipeline()
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+emoji_pipeline = partial(shapes_pipeline, pretrained_emoji_pipeline)  # the emoji one
 
 
 def shapes_lora(folder: Path, std: float = 0.02) -> Path:
@@ -109,11 +105,9 @@ def app_process(folder: Path, env: dict[str, str], log: Path, timeout: float = 2
         while True:
             assert server.poll() is None, f"the app exited with {server.returncode}:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"the app did not start in {timeout} s:\n{log.read_text()[-4000:]}"
-            try:
+            with suppress(httpx.TransportError):  # not listening yet
                 if httpx.get(url, timeout=5).status_code == 200:
                     break
-            except httpx.TransportError:
-                pass
             time.sleep(0.5)
         yield url
     finally:

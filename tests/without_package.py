@@ -1,5 +1,4 @@
-"""Running code as if diffusers-lmlp were not installed (a subprocess whose `sitecustomize.py` is `SITECUSTOMIZE`),
-offline, on model repos that `fill_cache` lays out as huggingface_hub caches a download."""
+"""Running code offline as if diffusers-lmlp were not installed (`SITECUSTOMIZE`), on repos `fill_cache` lays out."""
 
 import os
 import shutil
@@ -44,9 +43,8 @@ def fill_cache(staged: Path, cache: Path, repo_id: str) -> None:
 
 
 def environment_without_package(root: Path) -> dict[str, str]:
-    """The environment of an offline subprocess that cannot import diffusers_lmlp: its Hub cache `root/cache` (fill
-    it with `fill_cache`), its other Hugging Face files (the remote code diffusers copies) under `root/hf_home`, and
-    its imports of the package logged to `root/imports.log`."""
+    """The environment of an offline subprocess that cannot import diffusers_lmlp: Hub cache `root/cache` (see
+    `fill_cache`), other Hugging Face files under `root/hf_home`, its imports of the package in `root/imports.log`."""
     (root / "site").mkdir(exist_ok=True)
     (root / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     hf = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root / "cache"), "HF_HOME": str(root / "hf_home")}

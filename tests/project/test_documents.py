@@ -1,5 +1,4 @@
-"""The README and docs/ as a whole: each command block run by a named test, links resolve, pages listed, a five-minute
-README, and the numbers from a results file or the code are what those say (docs/conventions.md)."""
+"""The README and docs/ as a whole: command blocks run by named tests, links, a short README, the stated numbers."""
 
 import ast
 import functools
@@ -25,8 +24,8 @@ from diffusers_lmlp.shapes.pretrained import PIPELINE_PATH
 from diffusers_lmlp.training.components import add_lora, lora_config
 
 
-# Which tests run each command block: a page and a line the block holds, then the tests (under tests/), the blocks of
-# each page in their order. A new, moved or reordered block fails test_every_command_block_is_run_by_a_test.
+# Each command block, in page order ("page: a line it holds"), then the tests under tests/ that run it; a new, moved
+# or reordered block fails test_every_command_block_is_run_by_a_test.
 COVERAGE = """
 README.md: pip install -e ".[train]" && accelerate launch
     training/test_first_minutes.py::test_readme_main_command_is_quiet_logs_plain_progress_and_ends_with_the_summary
@@ -124,15 +123,10 @@ def test_every_command_block_is_run_by_a_test():
     # Both by (page, the block's index among the page's command blocks): its code, and (a line it holds, its tests).
     language = f"(?:{'|'.join(COMMAND_LANGUAGES)})"
     found = {(page, index): code for page in PAGES for index, code in enumerate(blocks(page, language))}
-    registered, counts, tests = {}, {}, []
-    for line in COVERAGE.strip().splitlines():
-        if line.startswith(" "):
-            tests.append("tests/" + line.split("  #", 1)[0].strip())
-        else:
-            page, held = line.split(": ", 1)
-            counts[page] = counts.get(page, -1) + 1
-            tests = []
-            registered[page, counts[page]] = held, tests
+    registered = {}
+    for page, held, listed in re.findall(r"^(\S+): (.*)\n((?: .*\n)*)", COVERAGE, flags=re.MULTILINE):
+        tests = ["tests/" + line.split("  #", 1)[0].strip() for line in listed.splitlines()]
+        registered[page, sum(key[0] == page for key in registered)] = held, tests
     assert sorted(found) == sorted(registered), "enter each new or moved command block in COVERAGE"
     for key, (line, tests) in registered.items():
         assert line in found[key], f"{key} no longer holds {line!r}: update COVERAGE"
@@ -150,13 +144,9 @@ def github_anchor(title: str) -> str:
     return kept.replace(" ", "-")
 
 
-def anchors(page: Path) -> set[str]:
-    seen, found = {}, set()
-    for _, _, title in headings(page.read_text(encoding="utf-8")):
-        anchor = github_anchor(title)
-        found.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
-        seen[anchor] = seen.get(anchor, 0) + 1
-    return found
+def anchors(page: Path) -> set[str]:  # a repeated heading's anchor gets -1, -2, ...
+    titles = [github_anchor(title) for _, _, title in headings(page.read_text(encoding="utf-8"))]
+    return {f"{a}-{titles[:i].count(a)}" if a in titles[:i] else a for i, a in enumerate(titles)}
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -223,38 +213,30 @@ def test_the_emoji_quality_table_is_the_shipped_training_summary():
     assert f"{summary['steps']:,} steps" in prose("docs/emoji.md")
 
 
-def test_the_shapes_models_size_is_the_shipped_ones():
-    params = sum(p.numel() for p in pretrained_shapes_pipeline().transformer.parameters())
-    for page in ("README.md", "docs/training.md"):
-        assert f"a UL-MLP with {params / 1e6:.2f} M parameters" in prose(page)
+def test_the_shapes_models_size_layout_vae_and_vocabulary_are_the_shipped_ones():
+    pipe, training = pretrained_shapes_pipeline(), prose("docs/training.md")
+    params = sum(p.numel() for p in pipe.transformer.parameters())
+    for page in (prose("README.md"), training):
+        assert f"a UL-MLP with {params / 1e6:.2f} M parameters" in page
     assert f"(`shapes-S` with the caption projection below, {params:,} parameters)" in prose("docs/shapes-runs.md")
     # The ablation and the H100 run trained the named configuration, the papers' layout without the projection.
     with torch.device("meta"):
         named = sum(p.numel() for p in from_named_config("shapes-S").parameters())
     assert named < params and f"`shapes-S`'s {named:,} parameters" in prose("docs/ablation.md")
     assert f"the {named / 1e6:.2f}M-parameter model" in prose("docs/speed-gpu.md")
-
-
-def test_the_shapes_models_layout_is_the_shipped_config():
+    # The layout of its shipped config, its VAE's size (the weights file) and its tokenizer's vocabulary.
     config = json.loads((PIPELINE_PATH / "transformer" / "config.json").read_text(encoding="utf-8"))
     grid, words = config["sample_size"] // config["patch_size"], config["text_seq_len"]
     tokens, width, depth = 1 + words + grid**2, config["hidden_size"], config["num_layers"]
     layers = f"(D = {width}, {depth} + 1 layers, {tokens} tokens: 1 time, {words} text, {grid**2} image)"
     layout = f"{words} text and {grid**2} image tokens on a {grid} × {grid} grid; D = {width}; {depth + 1} blocks)"
-    assert layers in prose("docs/training.md") and f"(L = {tokens}: 1 time, {layout}" in prose("docs/analysis.md")
-
-
-def test_the_shipped_vaes_size_is_its_weights_file():
+    assert layers in training and f"(L = {tokens}: 1 time, {layout}" in prose("docs/analysis.md")
     weights = PIPELINE_PATH / "vae" / "diffusion_pytorch_model.safetensors"
     with safe_open(weights, "pt") as tensors:
-        params = sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
-    stated = f"The shipped VAE has {params:,} parameters ({weights.stat().st_size / 1e6:.1f} MB)"
-    assert stated in prose("docs/training.md")
-
-
-def test_the_shapes_vocabulary_size_is_the_tokenizers():
-    [stated] = re.findall(r"an offline CLIP tokenizer over the world's (\d+) words", text("docs/training.md"))
-    assert int(stated) == len(known_words(pretrained_shapes_pipeline().tokenizer))
+        vae = sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    assert f"The shipped VAE has {vae:,} parameters ({weights.stat().st_size / 1e6:.1f} MB)" in training
+    [vocabulary] = re.findall(r"an offline CLIP tokenizer over the world's (\d+) words", text("docs/training.md"))
+    assert int(vocabulary) == len(known_words(pipe.tokenizer))
 
 
 def test_the_lora_sizes_are_the_trainers():
@@ -294,9 +276,8 @@ def test_the_coco_feature_store_sizes_are_the_benchmarks_formula(capsys):
     labels = {"float32": "text states in float32 (default)", "float16": "`--cache_text_dtype float16`"}
     computed = re.findall(r"^\| (float\d+) \| [^|]* = ([\d,]+) B \| ([\d.]+ GB) \|$", printed, flags=re.MULTILINE)
     assert [dtype for dtype, _, _ in computed] == list(labels)
-    for dtype, per_image, total in computed:
-        mib = int(per_image.replace(",", "")) / 2**20
-        assert f"| {labels[dtype]} | {mib:.2f} MiB | {total} |" in table, dtype
+    for dtype, per_image, total in computed:  # the bytes per image, in MiB
+        assert f"| {labels[dtype]} | {int(per_image.replace(',', '')) / 2**20:.2f} MiB | {total} |" in table, dtype
 
 
 def test_the_flops_the_speed_pages_compare_are_the_codes():
@@ -373,13 +354,11 @@ def test_the_analysis_findings_are_the_printed_measures():
     middle = max(mean_right[layer] for layer in (3, 4, 5))
     rises = f"rises from {mean_right[1]:.3f} to {middle:.3f} (layers 3–5) and falls to {mean_right[9]:.3f}."
     assert middle == max(mean_right.values()) and f"the right one {rises}" in page
-
-
-def test_the_initial_weights_scale_is_the_codes():
+    # 5. The scale of the initial weights it compares them with.
     torch.manual_seed(0)
     named = from_named_config("shapes-S").named_parameters()
-    left = torch.cat([p.detach().flatten() for name, p in named if name.endswith("left.weight")])
-    assert f"initialised with mean |w| ≈ {left.abs().mean():.3f} (truncated" in prose("docs/analysis.md")
+    initial = torch.cat([p.detach().flatten() for name, p in named if name.endswith("left.weight")])
+    assert f"initialised with mean |w| ≈ {initial.abs().mean():.3f} (truncated" in page
 
 
 @pytest.mark.slow  # about 20 s: 200 Gaussian 334 × 334 matrices, measured as the command measures F2-deep
@@ -396,18 +375,16 @@ def test_the_named_configurations_sizes_and_costs_are_the_codes():
     table = section("docs/backbones.md", "Block families and the papers' named configurations")
     rows = re.findall(r"^\| ([^|]+) \| [^|]+ \| ([\d, /]+(?: each)?) \| ([\d. /]+) G \|$", table, flags=re.MULTILINE)
     assert len(rows) == 12
-    checked = set()
+    checked = {}
     for names, params, macs in rows:
         params, macs = params.replace(" each", "").split(" / "), macs.split(" / ")
         for index, name in enumerate(re.split(r", | / ", names.replace(" (the default)", ""))):
             with torch.device("meta"):
-                cost = complexity(from_named_config(name))
+                cost = checked[name] = complexity(from_named_config(name))
             stated = (params[index if len(params) > 1 else 0], macs[index if len(macs) > 1 else 0])
             assert (f"{cost.params:,}", f"{cost.macs / 1e9:.2f}") == stated, name
-            checked.add(name)
-    assert {"F2-deep", "U-ViT-S/2", "4E2H", "A2"} <= checked
+    assert {"F2-deep", "U-ViT-S/2", "4E2H", "A2"} <= set(checked)
     # The README's parameter count of the default model, and what docs/backbones.md's example prints.
-    with torch.device("meta"):
-        f2, uvit, a2 = (complexity(from_named_config(name)).params for name in ("F2-deep", "U-ViT-S/2", "A2"))
+    f2, uvit, a2 = (checked[name].params for name in ("F2-deep", "U-ViT-S/2", "A2"))
     assert re.findall(r"\*\*F2-deep\*\*: ([\d,]+) parameters", text("README.md")) == [f"{f2:,}"]
     assert f"# {uvit:,} / {a2:,}" in text("docs/backbones.md")

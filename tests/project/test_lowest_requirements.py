@@ -11,15 +11,13 @@ lowest = load_benchmark("lowest_requirements", "scripts")
 SETUP = lowest.requirement_literals((ROOT / "setup.py").read_text(encoding="utf-8"))
 
 
-def test_every_floor_of_setup_py_is_pinned_except_torch():
+def test_every_floor_of_setup_py_is_pinned_except_torch_and_each_requirement_listed_once():
     install_requires, extras = SETUP
     pins = lowest.lowest_constraints(install_requires + extras["train"])
     floors = [req for req in install_requires + extras["train"] if ">=" in req and not req.startswith("torch")]
     assert pins == [req.replace(">=", "==") for req in floors]
     assert "huggingface_hub==1.23" in pins and "transformers==5.0" in pins and "peft==0.20" in pins
-
-
-def test_unfloored_and_repeated_requirements_are_left_alone_and_listed_once():
+    # Unfloored requirements are left alone, repeated ones listed once.
     assert lowest.lowest_constraints(["tqdm", "torch>=2.5", "peft>=0.17", "peft>=0.20", "ruff"]) == ["peft==0.17"]
     listed = lowest.dependencies(["torch>=2.5", "peft>=0.20", "tqdm", "peft>=0.20", "torchvision"])
     assert listed == ["peft>=0.20", "tqdm", "torchvision"]

@@ -12,7 +12,7 @@ import pytest
 from documents import ROOT
 
 
-SPACE_FILES = ["README.md", "app.py", "requirements.txt"]
+SPACE_FILES, DEMO = ["README.md", "app.py", "requirements.txt"], ROOT / "spaces" / "lmlp-demo"
 
 
 def test_the_apache_license_that_setup_py_and_the_cards_name_is_there():
@@ -64,37 +64,32 @@ def test_the_wheel_installs_the_package_and_its_commands(tmp_path):  # and the d
     (wheel,) = tmp_path.glob("diffusers_lmlp-*.whl")
     subprocess.run([*pip, "--python", venv / "bin" / "python", "install", "--no-deps", wheel], check=True)
 
-    def run_installed(program: str, *args: str, **env: str) -> subprocess.CompletedProcess:  # offline, no checkout
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", **env}
+    def run_installed(program: str, *args: str, code: int = 0, **env: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", **env}  # offline, outside the checkout
         command = [venv / "bin" / program, *args]
-        return subprocess.run(command, cwd=venv, env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(command, cwd=venv, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == code, run.stderr[-2000:]
+        return run
 
-    found = run_installed("python", "-c", ENTRY_POINTS)
-    assert found.returncode == 0, found.stderr[-2000:]
-    where, *commands = found.stdout.splitlines()
+    where, *commands = run_installed("python", "-c", ENTRY_POINTS).stdout.splitlines()
     assert Path(where).is_relative_to(venv)  # the installed copy, not this checkout's src/
     assert sorted(commands) == [f"diffusers-lmlp-{name} True" for name in ("analysis", "evaluate", "hub", "train")]
     assert all((venv / "bin" / f"diffusers-lmlp-{name}").is_file() for name in ("analysis", "evaluate"))
-    trainer = run_installed("diffusers-lmlp-train", "--help")
-    assert trainer.returncode == 0 and "--lora_rank" in trainer.stdout, trainer.stderr[-2000:]
-    hub = run_installed("diffusers-lmlp-hub", "--help")  # its usage names the console script, not the module form
-    assert hub.returncode == 0 and hub.stdout.startswith("usage: diffusers-lmlp-hub [-h]"), hub.stderr[-2000:]
-    module = run_installed("python", "-m", "diffusers_lmlp.train", "--help")
-    assert module.returncode == 0 and "--preset" in module.stdout, module.stderr[-2000:]
+    assert "--lora_rank" in run_installed("diffusers-lmlp-train", "--help").stdout
+    # The hub's usage names the console script, not the module form.
+    assert run_installed("diffusers-lmlp-hub", "--help").stdout.startswith("usage: diffusers-lmlp-hub [-h]")
+    assert "--preset" in run_installed("python", "-m", "diffusers_lmlp.train", "--help").stdout
     # The demo Space where setup.py puts spaces/lmlp-demo/, byte for byte; its app stops on a bad setting at once.
     (space,) = venv.glob("lib/python*/site-packages/diffusers_lmlp/space/lmlp_demo")
     assert sorted(p.name for p in space.iterdir() if p.name != "__pycache__") == SPACE_FILES
-    assert all(
-        (space / name).read_bytes() == (ROOT / "spaces" / "lmlp-demo" / name).read_bytes() for name in SPACE_FILES
-    )
-    app = run_installed("python", str(space / "app.py"), LMLP_QUEUE_SIZE="0")
-    assert app.returncode == 1 and "error: LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
+    assert all((space / name).read_bytes() == (DEMO / name).read_bytes() for name in SPACE_FILES)
+    app = run_installed("python", str(space / "app.py"), code=1, LMLP_QUEUE_SIZE="0")
+    assert "error: LMLP_QUEUE_SIZE must be a whole number of at least 1" in app.stderr
     # Staged for a Space: the demo's three files, and the installed package's source, none of its data.
     out = tmp_path / "space"
     push = ["push-space", "owner/space", "--model", "owner/model", "--dry-run", "--output-dir", str(out)]
-    staged = run_installed("diffusers-lmlp-hub", *push)
-    assert staged.returncode == 0, staged.stderr[-2000:]
-    assert f"The folder that would be uploaded to the Space owner/space: {out}\n" in staged.stdout
+    staged = run_installed("diffusers-lmlp-hub", *push).stdout
+    assert f"The folder that would be uploaded to the Space owner/space: {out}\n" in staged
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert [name for name in files if not name.startswith("diffusers_lmlp/")] == SPACE_FILES
     package = space.parents[1]
@@ -102,5 +97,5 @@ def test_the_wheel_installs_the_package_and_its_commands(tmp_path):  # and the d
     packaged = [name for name in files if name.startswith("diffusers_lmlp/")]
     assert packaged == [name for name in source if "lmlp_demo" not in name]
     for name in ("app.py", "requirements.txt"):
-        assert (out / name).read_bytes() == (ROOT / "spaces" / "lmlp-demo" / name).read_bytes()
+        assert (out / name).read_bytes() == (DEMO / name).read_bytes()
     assert "models:\n- owner/model\n" in (out / "README.md").read_text(encoding="utf-8")

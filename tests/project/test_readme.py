@@ -1,5 +1,4 @@
-"""Every example of the README and docs/ runs as written on a CPU, offline, only Hub ids and the Space's address
-replaced by local stand-ins; the Python examples in one namespace, in the order of `documents.PAGES`."""
+"""Every example of the README and docs/ runs as written on a CPU, offline, Hub ids replaced by local stand-ins."""
 
 import os
 import re

@@ -38,8 +38,7 @@ def requirement_name(requirement: str) -> str:  # "peft>=0.20" -> "peft"
 
 
 def sampled_prompts(block: str) -> list[str]:
-    """The non-empty prompts a Python block samples with: a `pipe(...)` call's first argument (or a pipeline's loaded
-    in the same expression), `prompt` and `negative_prompt` keywords, and strings assigned to `prompt`."""
+    """A block's non-empty prompts: `pipe(...)`'s (or a just loaded one's) first argument, `(negative_)prompt=`."""
     prompts = []
     for node in ast.walk(ast.parse(block)):
         if isinstance(node, ast.Call):
@@ -58,21 +57,26 @@ def test_every_prompt_the_readme_samples_the_shapes_model_with_is_in_its_vocabul
     prompts = [sampled_prompts(block) for block in blocks]
     assert len(blocks) >= 4 and all(prompts), "every such block samples a prompt this test reads"
     tokenizer = pretrained_shapes_pipeline().tokenizer
-    unknown = {prompt: unknown_words(tokenizer, prompt) for block in prompts for prompt in block}
-    assert {prompt: words for prompt, words in unknown.items() if words} == {}
+    assert {text: words for block in prompts for text in block if (words := unknown_words(tokenizer, text))} == {}
 
 
-def test_the_log_file_progress_the_readme_describes_is_line_progress():
+def test_the_progress_lines_and_files_the_pages_describe_are_the_codes():
     percent, period = stated(r"each write a plain line at every (\d+)% of their count, at least one (a minute),")
     assert int(percent) == round(100 * LINE_EVERY_FRACTION) and {"a minute": 60.0}[period] == LINE_EVERY_SECONDS
+    page = page_text("docs/evaluation.md")  # the evaluation's progress folder and partial report
+    assert f"`OUTPUT_DIR/{PROGRESS_FOLDER}`" in page and f"`{PARTIAL_REPORT}`" in page
 
 
-def test_the_upload_size_limits_in_the_readme_are_the_hubs():
+def test_the_upload_size_limits_and_the_spaces_requirements_docs_hub_lists_are_the_codes():
     hub = page_text("docs/hub.md")
     mbs = stated(r"files other than weights over (\d+) MB \(images: (\d+) MB\)", hub)
     mbs += stated(r"A Space leaves out any file over (\d+) MB and is refused over (\d+) MB in all", hub)
     limits = (TEXT_LIMIT, IMAGE_LIMIT, SPACE_FILE_LIMIT, SPACE_TOTAL_LIMIT)
     assert [int(mb) * 10**6 for mb in mbs] == [limit for limit, _ in limits]
+    [listed] = stated(r"`requirements.txt` \(([^)]+)\) and `README.md`", hub)
+    lines = (SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    required = {requirement_name(line) for line in lines if line.strip() and not line.startswith("#")}
+    assert set(listed.replace("\n", " ").split(", ")) == required
 
 
 def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
@@ -87,18 +91,9 @@ def test_the_readme_runs_the_space_from_its_folder_with_the_apps_settings():
     assert variables == names | {constants["FREEZE_VARIABLE"]} and all(f'"{name}"' in app for name in variables)
     # The example's values are those its comment describes, and the defaults are the app's.
     queue, concurrency = stated(r"LMLP_QUEUE_SIZE=(\d+) LMLP_CONCURRENCY=(\d+) python app.py", commands)
-    waiting, default_queue, running, default_concurrency = stated(
-        r"queue: (\d+) may wait \(default (\d+)\), (\d+) run at once \(default (\d+)\)", commands
-    )
-    defaults = (constants["DEFAULT_QUEUE_SIZE"], constants["DEFAULT_CONCURRENCY"])
-    assert (queue, concurrency) == (waiting, running) and (int(default_queue), int(default_concurrency)) == defaults
-
-
-def test_the_spaces_requirements_the_readme_lists_are_its_requirements_txt():
-    [listed] = stated(r"`requirements.txt` \(([^)]+)\) and `README.md`", page_text("docs/hub.md"))
-    lines = (SPACE_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
-    required = {requirement_name(line) for line in lines if line.strip() and not line.startswith("#")}
-    assert set(listed.replace("\n", " ").split(", ")) == required
+    described = stated(r"queue: (\d+) may wait \(default (\d+)\), (\d+) run at once \(default (\d+)\)", commands)
+    defaults = [str(constants[f"DEFAULT_{name}"]) for name in ("QUEUE_SIZE", "CONCURRENCY")]
+    assert described == (queue, defaults[0], concurrency, defaults[1])
 
 
 def test_the_train_extra_of_the_main_command_is_setup_pys():
@@ -124,11 +119,6 @@ def test_the_readme_metadata_example_is_an_imagefolder_the_trainer_reads(tmp_pat
     )  # fmt: skip
     assert list(dataset["text"]) == re.findall(r'"text": "([^"]+)"', example)
     assert len(dataset) == 2 and all(image.size == (8, 8) for image in dataset["image"])
-
-
-def test_the_evaluation_progress_files_the_readme_names_are_the_commands():
-    page = page_text("docs/evaluation.md")
-    assert f"`OUTPUT_DIR/{PROGRESS_FOLDER}`" in page and f"`{PARTIAL_REPORT}`" in page
 
 
 # The README's training and evaluation sections, and the pages that took over its former ones.
