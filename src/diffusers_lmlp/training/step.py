@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
 from diffusers import DDPMScheduler
 from diffusers.training_utils import EMAModel, compute_snr
 
@@ -19,10 +18,6 @@ from ..models import load_balancing_loss, symmetry_breaking_penalty
 from .arguments import TrainingConfig
 
 
-# Where accelerate holds the gradients or shards them across processes: only its `clip_grad_norm_` measures them.
-ACCELERATE_HELD_GRADIENTS = (
-    DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA, DistributedType.MEGATRON_LM
-)  # fmt: skip
 EXPLOSION_FACTOR, EXPLOSION_WINDOW = 1e4, 100  # a step over this × the last healthy steps' median diverged
 AUTO_MIN_STEPS = 1000  # below this many steps `--torch_compile auto` does not compile: it would not pay off
 
@@ -82,10 +77,10 @@ def training_step(
     accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler,
     noise_scheduler: DDPMScheduler, latents: torch.Tensor, text_states: torch.Tensor, generator: torch.Generator,
     micro_batch_size: int, options: LossOptions, step: int, ema: EMAModel | None = None,
-    parameters: list[torch.nn.Parameter] | None = None, history: collections.deque | None = None
+    history: collections.deque | None = None,
 ) -> StepResult:  # fmt: skip
     """One optimizer step over a process's samples, in micro-batches; `DivergenceError` on every process at the same
-    step before the update, also for a step that exploded against `history`. `parameters`: the model's, listed once."""
+    step before the update, also for a step that exploded against `history`."""
     noise, timesteps = draw_noise(latents, generator, noise_scheduler.config.num_train_timesteps, options.noise_offset)
     noisy = noise_scheduler.add_noise(latents, noise, timesteps.to(latents.device))  # (B, C, h, w)
     accumulation = max(1, math.ceil(latents.shape[0] / micro_batch_size))
@@ -99,7 +94,7 @@ def training_step(
             accelerator.backward(micro_loss)
             step_loss += micro_loss.detach() / accumulation
             if accelerator.sync_gradients:
-                grad_norm = gradient_norm(accelerator, model, optimizer, options.max_grad_norm)
+                grad_norm = gradient_norm(accelerator, model, options.max_grad_norm)
                 loss = accelerator.gather(step_loss[None]).mean()  # (): the same on every process
                 try:
                     check_finite(loss, grad_norm, step, history)
@@ -110,29 +105,19 @@ def training_step(
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
     if ema is not None:
-        update_ema(ema, list(model.parameters()) if parameters is None else parameters)
+        update_ema(ema, model)
     return StepResult(loss=loss, grad_norm=torch.as_tensor(grad_norm))
 
 
-def gradient_norm(
-    accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
-) -> torch.Tensor:
-    """The 2-norm of the step's gradients before clipping to `max_grad_norm`; without clipping it is measured alone
-    (`clip_grad_norm_` always rescales) unless accelerate holds or shards the gradients."""
-    gradients = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    held = max_grad_norm is not None or accelerator.distributed_type in ACCELERATE_HELD_GRADIENTS or not gradients
-    if not held and torch.distributed.is_available():
-        from torch.distributed.tensor import DTensor  # tensor parallelism, FSDP2: the norm needs the mesh
-
-        held = any(isinstance(gradient, DTensor) for gradient in gradients)
-    if held:
-        return accelerator.clip_grad_norm_(model.parameters(), math.inf if max_grad_norm is None else max_grad_norm)
-    accelerator.unscale_gradients()
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradients)))  # ()
+def gradient_norm(accelerator, model: torch.nn.Module, max_grad_norm: float | None) -> torch.Tensor:
+    """The 2-norm of the step's gradients before clipping to `max_grad_norm` (none without it), as accelerate
+    measures it: right under DDP, FSDP, DeepSpeed and fp16's loss scale alike."""
+    return accelerator.clip_grad_norm_(model.parameters(), math.inf if max_grad_norm is None else max_grad_norm)
 
 
-def update_ema(ema: EMAModel, parameters: list[torch.nn.Parameter]) -> None:
-    """Update the EMA from `parameters`; its shadow weights, made or loaded on the CPU, first move to their device."""
+def update_ema(ema: EMAModel, model: torch.nn.Module) -> None:
+    """Update the EMA from `model`; its shadow weights, made or loaded on the CPU, first move to their device."""
+    parameters = list(model.parameters())
     if parameters and ema.shadow_params[0].device != parameters[0].device:
         ema.to(device=parameters[0].device)
     ema.step(parameters)

@@ -150,7 +150,6 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
     prompts, fid_captions = validation.validation_inputs(args)
     sampling = dict(num_inference_steps=args.validation_inference_steps, seed=args.seed)
     sampling["guidance_scale"] = args.validation_guidance_scale
-    parameters = list(model.parameters())  # the EMA's, listed once: the same tensors at every step
     history = collections.deque(maxlen=step.EXPLOSION_WINDOW)  # the recent steps' (loss, gradient norm)
     losses, grad_norms, lr = [], [], None  # the steps since the last tracker log
     start_time = time.perf_counter()
@@ -173,7 +172,7 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
                 result = training_step(
                     accelerator, model, optimizer, lr_scheduler, noise_scheduler, latents, text_states, generator,
                     micro_batch_size=args.train_batch_size, options=loss_options, step=global_step + 1, ema=ema,
-                    parameters=parameters, history=history,
+                    history=history,
                 )  # fmt: skip
             except step.DivergenceError as error:
                 message = checkpoints.diverged_message(
