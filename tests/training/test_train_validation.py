@@ -26,7 +26,7 @@ from test_train_text_to_image import SCRIPT, start_up_error, train_args, weights
 from diffusers_lmlp import FAMILIES, LMLPPipeline
 from diffusers_lmlp.image_grid import make_image_grid
 from diffusers_lmlp.models.catalog import SHAPES_SMALL
-from diffusers_lmlp.training import TrainingConfig, arguments, components, trainer, validation
+from diffusers_lmlp.training import TrainingConfig, arguments, components, trainer
 from diffusers_lmlp.training.arguments import DIFFUSERS_ONLY_OPTIONS, PRESETS, build_parser, parse_args
 
 
@@ -263,10 +263,8 @@ def test_a_clip_layout_encoder_trains_and_its_run_is_kept(script, workspace, tmp
 )  # fmt: skip
 def test_fp16_on_a_cpu_trains_in_float32_from_a_preset_and_is_refused_if_asked(option, from_preset, device, expected):
     accelerator = types.SimpleNamespace(mixed_precision="fp16", device=torch.device(device))
-    args = types.SimpleNamespace(mixed_precision=option, mixed_precision_from_preset=from_preset,
-                                 preset="coco-f2" if from_preset else None)  # fmt: skip
     with contextlib.nullcontext() if from_preset else pytest.raises(SystemExit, match=expected):
-        assert trainer.effective_precision(accelerator, args).startswith(expected)
+        assert trainer.effective_precision(accelerator, option, from_preset and "coco-f2").startswith(expected)
 
 
 @pytest.mark.slow
@@ -299,7 +297,7 @@ def test_allow_tf32_is_applied_before_training_and_only_when_asked(script, monke
 def test_validation_prompts_file_skips_blank_lines_and_comments_and_excludes_prompts(script, tmp_path, capsys):
     (path := tmp_path / "prompts.txt").write_text(PROMPTS_FILE, encoding="utf-8")
     args = script.parse_args(["--output_dir", "x", "--validation_prompts_file", str(path)])
-    assert args.validation_prompts == validation.default_validation_prompts(args) == PROMPTS
+    assert args.validation_prompts == PROMPTS
     error = parser_error(script, ["--validation_prompts", "a cat", "--validation_prompts_file", str(path)], capsys)
     assert "--validation_prompts_file: not allowed with argument --validation_prompts" in error
 

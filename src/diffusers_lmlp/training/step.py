@@ -15,7 +15,6 @@ from diffusers.training_utils import EMAModel, compute_snr
 
 from ..cpu import this_cpu
 from ..models import load_balancing_loss, symmetry_breaking_penalty
-from .arguments import TrainingConfig
 
 
 EXPLOSION_FACTOR, EXPLOSION_WINDOW = 1e4, 100  # a step over this × the last healthy steps' median diverged
@@ -173,13 +172,14 @@ def choose_precision(requested: str | None) -> tuple[str | None, str]:
     return "no", f" (auto: float32, the CPU has no native bf16 (avx512_bf16 or AMX): {cpu.describe()})"
 
 
-def effective_precision(accelerator: Accelerator, args: TrainingConfig) -> str:
-    """The precision the run trains in, for the log; on a CPU a preset's fp16 is float32, an fp16 asked for refused."""
+def effective_precision(accelerator: Accelerator, requested: str | None, preset: str | None) -> str:
+    """The precision the run trains in, for the log; on a CPU the fp16 of a `preset` (the one that chose `requested`)
+    is float32, an fp16 asked for refused."""
     precision = accelerator.mixed_precision
     if precision != "fp16" or accelerator.device.type != "cpu":
         return precision
-    if args.mixed_precision == "fp16" and args.mixed_precision_from_preset:
-        return f"float32: the {args.preset} preset's fp16 needs a GPU"
+    if requested == "fp16" and preset:
+        return f"float32: the {preset} preset's fp16 needs a GPU"
     raise SystemExit("error: fp16 mixed precision needs a GPU, and this run is on the CPU: pass --mixed_precision no.")
 
 

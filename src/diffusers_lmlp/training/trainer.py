@@ -41,9 +41,12 @@ def train(args: TrainingConfig, exit_when_done: bool = False) -> None:
     )  # fmt: skip
     if not is_terminal(sys.stderr):  # in a log file the libraries' own bars would redraw with carriage returns
         transformers_logging.disable_progress_bar()
+    precision = effective_precision(
+        accelerator, args.mixed_precision, args.mixed_precision_from_preset and args.preset
+    )
     logger.info(
         f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, {accelerator.device}, "
-        f"mixed precision {effective_precision(accelerator, args)}{why}, "
+        f"mixed precision {precision}{why}, "
         f"torch.compile {accelerator.state.dynamo_plugin.backend.value.lower()}{why_compiled}"
     )
     if args.allow_tf32:  # as diffusers' --allow_tf32
@@ -147,7 +150,10 @@ def run_training(args: TrainingConfig, accelerator: Accelerator, exit_when_done:
     progress = progress_bar(
         args.max_train_steps, "steps", initial=global_step, disable=not accelerator.is_local_main_process
     )
-    prompts, fid_captions = validation.validation_inputs(args)
+    prompts, fid_captions = validation.validation_inputs(
+        args.validation_prompts, world=args.world, fid_images=args.validation_fid_images,
+        fid_captions=args.validation_fid_captions, seed=args.seed,
+    )  # fmt: skip
     sampling = dict(num_inference_steps=args.validation_inference_steps, seed=args.seed)
     sampling["guidance_scale"] = args.validation_guidance_scale
     history = collections.deque(maxlen=step.EXPLOSION_WINDOW)  # the recent steps' (loss, gradient norm)

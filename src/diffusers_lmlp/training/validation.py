@@ -26,21 +26,16 @@ def generate(pipe: LMLPPipeline, prompts: list[str], *, seed: int, **sampling) -
     return pipe(prompts, generator=torch.Generator().manual_seed(seed), **sampling).images
 
 
-def default_validation_prompts(args) -> list[str]:
-    """`--validation_prompts`, else an embedded world's validation prompts, else none."""
-    return args.validation_prompts or (load(WORLDS[args.world].validation_prompts)() if args.world else [])
-
-
-def validation_inputs(args) -> tuple[list[str], list[str]]:
-    """The grid's prompts and the captions FID samples; says so when there are neither."""
-    prompts, fid_captions = default_validation_prompts(args), []
-    if args.validation_fid_images:
-        source = args.validation_fid_captions or WORLDS[args.world].splits["train"]
-        fid_captions = draw_captions(source, args.validation_fid_images, args.seed)
-    if not (prompts or fid_captions):
+def validation_inputs(
+    prompts: list[str] | None, *, world: str | None, fid_images: int, fid_captions: str | None, seed: int
+) -> tuple[list[str], list[str]]:
+    """The grid's prompts (`prompts`, else an embedded world's) and the captions FID samples; says so when neither."""
+    prompts = prompts or (load(WORLDS[world].validation_prompts)() if world else [])
+    drawn = draw_captions(fid_captions or WORLDS[world].splits["train"], fid_images, seed) if fid_images else []
+    if not (prompts or drawn):
         fix = "pass --validation_prompts or --validation_prompts_file to see samples every --validation_steps"
         logger.info(f"no validation during training and no sample grid at the end: your data has none ({fix})")
-    return prompts, fid_captions
+    return prompts, drawn
 
 
 def validate(
