@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from diffusers_lmlp.evaluation.shapes_features import ATTRIBUTES, FEATURES_PATH, ShapesFeatureNetwork
 from diffusers_lmlp.shapes import pretrained_shapes_pipeline
+from diffusers_lmlp.shapes.features import ATTRIBUTES, FEATURES_PATH, ShapesFeatureNetwork
 from diffusers_lmlp.shapes.scorer import read_image
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, render
 

@@ -31,6 +31,8 @@ class World:
     validation_captions: int  # captions per split, one image each, in a validation's scores
     final_seeds: dict[str, int]  # images per caption, by split, in a run's final evaluation
     example_captions: tuple[str, ...]  # what a demo offers
+    fid_features: str  # loads its FID feature network
+    caption_items: str  # (count, caption(i), phrasing(i, rng)) of a split ("train", "heldout", None: all)
     clip_model: str | None = None  # the CLIP model whose score its evaluation reports
     fid_digits: int = 2  # the decimals its FID is shown with
 
@@ -48,6 +50,8 @@ WORLDS = {
         scorer="diffusers_lmlp.shapes.scorer:ShapesScorer",
         is_caption="diffusers_lmlp.shapes.scorer:is_shapes_caption",
         validation_prompts="diffusers_lmlp.shapes.world:validation_prompts",
+        fid_features="diffusers_lmlp.shapes.features:pretrained_shapes_features",
+        caption_items="diffusers_lmlp.shapes.world:caption_items",
         splits={"train": "shapes:train", "held-out": "shapes:heldout"},
         num_captions=32,  # as many as there are held-out combinations
         validation_captions=32,
@@ -66,6 +70,8 @@ WORLDS = {
         scorer="diffusers_lmlp.emoji.scorer:EmojiScorer.from_pretrained",
         is_caption="diffusers_lmlp.emoji.scorer:is_emoji_caption",
         validation_prompts="diffusers_lmlp.emoji.world:validation_prompts",
+        fid_features="diffusers_lmlp.emoji.scorer:emoji_features",
+        caption_items="diffusers_lmlp.emoji.world:caption_items",
         splits={"train": "emoji:train", "held-out": "emoji:heldout"},
         num_captions=162,  # as many as there are held-out tone variants
         validation_captions=32,

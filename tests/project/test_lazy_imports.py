@@ -1,5 +1,6 @@
 """Fast start-up: imports, `--help` and argument errors load no heavy library; diffusers finds LMLPPipeline."""
 
+import ast
 import json
 import os
 import subprocess
@@ -130,3 +131,20 @@ def test_a_command_run_by_its_script_keeps_the_scripts_name(argv0):
     from diffusers_lmlp.commands import program_name
 
     assert program_name("diffusers-lmlp-train", "diffusers_lmlp.train", argv0) == Path(argv0).name
+
+
+def test_no_two_subpackages_import_each_other():
+    """The worlds use the evaluation's tools; the evaluation reaches a world only through `worlds.WORLDS`' names."""
+    root = Path(diffusers_lmlp.__file__).parent
+    imports = {}  # subpackage -> the subpackages its modules import, at any depth of the module
+    for path in root.glob("*/**/*.py"):
+        package, parts = path.relative_to(root).parts[0], path.relative_to(root).with_suffix("").parts
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            named = node.module.split(".")
+            target = [*parts[: len(parts) - node.level], *named] if node.level else named[1:]
+            if (node.level or named[0] == "diffusers_lmlp") and target[:1] not in ([], [package]):
+                if (root / target[0]).is_dir():
+                    imports.setdefault(package, set()).add(target[0])
+    assert not [(a, b) for a in imports for b in imports[a] if a < b and a in imports.get(b, ())]

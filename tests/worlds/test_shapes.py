@@ -11,10 +11,9 @@ import pytest
 import torch
 from PIL import Image, ImageFilter
 
-from diffusers_lmlp.evaluation import ShapesFeatureNetwork, pretrained_shapes_features
-from diffusers_lmlp.evaluation.shapes_features import ATTRIBUTES, FEATURES_PATH
 from diffusers_lmlp.shapes import make_dataset, pretrained_shapes_pipeline, shapes_tokenizer, world
 from diffusers_lmlp.shapes.autoencoder import foreground_mask, held_out_renders, psnr, reconstruction_report, to_pixels
+from diffusers_lmlp.shapes.features import ATTRIBUTES, FEATURES_PATH, ShapesFeatureNetwork, pretrained_shapes_features
 from diffusers_lmlp.shapes.scorer import CAPTIONS, accuracies, parse_caption, read_image, score_image, score_images
 from diffusers_lmlp.shapes.text import TEXT_SEQ_LEN, VAE_PATH, WORLD_WORDS, shapes_components, shapes_text_encoder
 from diffusers_lmlp.shapes.world import ShapeSpec, all_specs, describe, held_out_specs, phrasings, render, train_specs

@@ -61,6 +61,18 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def caption_items(split: str | None) -> tuple:
+    """A split's (`"train"`, `"heldout"`, None: all) pictures as `draw_captions` reads a world: how many, the plain
+    name of picture i, and one of its captions drawn with `rng`."""
+    emoji = load_emoji()
+    pictures = [emoji[i] for i in split_indices(split)] if split else emoji
+    return (
+        len(pictures),
+        lambda i: pictures[i].name,
+        lambda i, rng: pictures[i].captions[rng.integers(len(pictures[i].captions))],
+    )
+
+
 def split_indices(split: str) -> list[int]:
     """The positions in `load_emoji()` of a split's pictures: `"train"` (all but `HELD_OUT`) or `"heldout"`."""
     if split not in SPLITS:

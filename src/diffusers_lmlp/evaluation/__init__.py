@@ -14,7 +14,6 @@ _MODULES = {
     ".clip_score": ("CLIPScorer",),
     ".fid": ("FeatureMoments", "FIDStatistics", "frechet_distance", "InceptionFeatures", "load_extractor",
              "reference_statistics"),
-    ".shapes_features": ("ShapesFeatureNetwork", "pretrained_shapes_features"),
 }  # fmt: skip
 _EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = sorted([*_EXPORTS, "Processes", "evaluate"])
@@ -31,4 +30,3 @@ if TYPE_CHECKING:
         load_extractor,
         reference_statistics,
     )
-    from .shapes_features import ShapesFeatureNetwork, pretrained_shapes_features  # noqa: F401

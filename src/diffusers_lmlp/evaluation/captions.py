@@ -6,11 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..worlds import WORLDS, load
+
 
 COCO_VAL_ANNOTATIONS = Path("annotations") / "captions_val2014.json"
 # A world source is `<world>[:train|:heldout][:varied]`: a split (default: all), phrased at random with `:varied`.
 SPLITS = {"": None, ":train": "train", ":heldout": "heldout"}
-SHAPES_SPECS = {None: "all_specs", "train": "train_specs", "heldout": "held_out_specs"}
 WORLD_SOURCES = tuple(f"{w}{s}{v}" for w in ("shapes", "emoji") for v in ("", ":varied") for s in SPLITS)
 DEFAULT_NUM_IMAGES = {"coco": 30_000, "shapes": 1_000, "emoji": 1_000}
 
@@ -95,22 +96,10 @@ def world_captions(source: str, num_images: int, seed: int) -> list[str]:
     after the same order, so caption i describes the same item either way."""
     name, *parts = source.split(":")
     split = SPLITS[":" + parts[0] if parts and parts[0] != "varied" else ""]
-    if name == "shapes":
-        from ..shapes import world
-
-        specs = getattr(world, SHAPES_SPECS[split])()
-        canonical, varied = (lambda i: specs[i].caption), (lambda i: world.describe(specs[i], rng))
-    else:
-        from ..emoji.world import load_emoji, split_indices
-
-        emoji = load_emoji()
-        specs = split_indices(split) if split else range(len(emoji))
-        canonical = lambda i: emoji[specs[i]].name  # noqa: E731
-        varied = lambda i: emoji[specs[i]].captions[rng.integers(len(emoji[specs[i]].captions))]  # noqa: E731
+    count, canonical, varied = load(WORLDS[name].caption_items)(split)
     rng = np.random.default_rng(seed)
-    rounds = -(-num_images // len(specs))
-    order = np.concatenate([rng.permutation(len(specs)) for _ in range(rounds)])[:num_images]
-    return [(varied if source.endswith(":varied") else canonical)(i) for i in order]
+    order = np.concatenate([rng.permutation(count) for _ in range(-(-num_images // count))])[:num_images]
+    return [varied(i, rng) if source.endswith(":varied") else canonical(i) for i in order]
 
 
 def draw_captions(source: str, num_images: int | None = None, seed: int = 0) -> list[str]:

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..worlds import WORLDS, load
+
 
 INCEPTION, SHAPES, EMOJI = "inception", "shapes", "emoji"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
@@ -150,14 +152,8 @@ def load_extractor(extractor: str | nn.Module) -> nn.Module:
         return extractor.eval()
     if extractor == INCEPTION:
         return InceptionFeatures()
-    if extractor == SHAPES:
-        from .shapes_features import pretrained_shapes_features
-
-        return pretrained_shapes_features()
-    if extractor == EMOJI:
-        from ..emoji.scorer import emoji_features
-
-        return emoji_features()
+    if extractor in WORLDS:  # a world's own network (Inception has never seen its images)
+        return load(WORLDS[extractor].fid_features)()
     raise ValueError(
         f"Unknown FID feature network {extractor!r}: use {INCEPTION!r}, {SHAPES!r}, {EMOJI!r} or a module"
     )

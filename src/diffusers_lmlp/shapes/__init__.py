@@ -7,6 +7,7 @@ from ..exports import lazy_exports
 
 
 _MODULES = {
+    ".features": ("ShapesFeatureNetwork", "pretrained_shapes_features"),
     ".pretrained": ("pretrained_shapes_pipeline",),
     ".scorer": ("parse_caption", "score_image", "score_images"),
     ".text": ("shapes_components", "shapes_text_encoder", "shapes_tokenizer"),
@@ -18,6 +19,7 @@ __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from .features import ShapesFeatureNetwork, pretrained_shapes_features  # noqa: F401
     from .pretrained import pretrained_shapes_pipeline  # noqa: F401
     from .scorer import parse_caption, score_image, score_images  # noqa: F401
     from .text import shapes_components, shapes_text_encoder, shapes_tokenizer  # noqa: F401

@@ -129,6 +129,13 @@ def train_specs() -> list[ShapeSpec]:
     return [spec for spec in all_specs() if spec not in held_out]
 
 
+def caption_items(split: str | None) -> tuple:
+    """A split's (`"train"`, `"heldout"`, None: all) specs as `draw_captions` reads a world: how many, the caption of
+    spec i, and a phrasing of it drawn with `rng`."""
+    specs = {None: all_specs, "train": train_specs, "heldout": held_out_specs}[split]()
+    return len(specs), lambda i: specs[i].caption, lambda i, rng: describe(specs[i], rng)
+
+
 def validation_prompts() -> list[str]:
     """The validation grid's captions: 6 training combinations spread over `train_specs()`, then 2 held-out ones."""
     train = train_specs()

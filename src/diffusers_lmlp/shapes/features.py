@@ -11,10 +11,10 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from ..shapes.world import COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES
+from .world import COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES
 
 
-FEATURES_PATH = Path(__file__).resolve().parent.parent / "shapes" / "assets" / "features"
+FEATURES_PATH = Path(__file__).resolve().parent / "assets" / "features"
 ATTRIBUTES = {"size": SIZES, "colour": tuple(COLOURS), "shape": SHAPES, "position": POSITIONS}
 PIXEL_MEAN, PIXEL_STD = 0.5, 0.25  # inputs in [0, 1] → roughly [-2, 2]
 
