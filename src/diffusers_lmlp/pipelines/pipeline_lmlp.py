@@ -86,7 +86,7 @@ class LMLPPipeline(DiffusionPipeline, LMLPLoraLoaderMixin):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> Self:
         """`DiffusionPipeline.from_pretrained` of a folder or Hub repo id, safetensors only; a repo is fetched with
         `snapshot_download` (diffusers' download refuses other libraries' components), a `--with-code` folder loads
-        with this package's classes."""
+        with this package's classes. `kwargs` are diffusers'; `use_safetensors` may only be True, `strict` is refused."""
         _refuse_unpickling(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
         folder = path if os.path.isdir(path) else _hub_snapshot(pretrained_model_name_or_path, kwargs)

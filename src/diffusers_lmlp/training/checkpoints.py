@@ -214,8 +214,10 @@ def diverged_message(
     if suspect:
         kept += f" ({', '.join(suspect)}, saved just before this step, may hold the diverged weights)"
     tries = [f"a lower --learning_rate (now {learning_rate:g})"]
-    tries += ["gradient clipping, --max_grad_norm 1.0"] * (max_grad_norm is None)
-    tries += ["--mixed_precision bf16 or no (fp16 overflows)"] * (mixed_precision == "fp16")
+    if max_grad_norm is None:
+        tries.append("gradient clipping, --max_grad_norm 1.0")
+    if mixed_precision == "fp16":
+        tries.append("--mixed_precision bf16 or no (fp16 overflows)")
     if store_path is not None:
         tries.append(f"if it diverged from the first steps, deleting the feature store {store_path}")
     return f"error: {error}. Training stopped before this step's update was applied; {kept}. Try {'; '.join(tries)}."
